@@ -1,0 +1,23 @@
+"""fedopt_kernels: fused optimizer kernels for federated learning, as torch.optim classes.
+
+Public names (SPEC §6): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, neuron_lr_scales, FedNAR,
+PAdaMFed, theory_hparams, available_backends.
+"""
+from ._registry import available_backends
+from .feddecay import FedDecaySGD, WithinRoundDecay
+from .fednar import FedNAR
+from .neuron_lr import NeuronLRSGD, neuron_lr_scales
+from .padamfed import PAdaMFed, theory_hparams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FedDecaySGD",
+    "WithinRoundDecay",
+    "NeuronLRSGD",
+    "neuron_lr_scales",
+    "FedNAR",
+    "PAdaMFed",
+    "theory_hparams",
+    "available_backends",
+]

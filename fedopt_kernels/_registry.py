@@ -1,0 +1,131 @@
+"""Backend registry: each fused op is declared once, implementations are registered per backend.
+
+An *op* is one optimizer step of one algorithm family (``"sgd"``, ``"fednar"``, ``"padamfed"``),
+with the signature ``fn(groups: list[Group], ctx: StepContext) -> None`` (see ``_batch.py``).
+The ``reference`` implementation is plain PyTorch and always present; ``triton``, ``cuda`` and
+``cpu`` register themselves from ``fedopt_kernels.backends.<name>`` when their import succeeds.
+A backend whose import fails records *why*, and ``available_backends()`` reports it.
+
+The optimizer classes never mention a backend by name: they ask ``resolve(op, backend, device)``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Callable, Dict, Optional
+
+import torch
+
+BACKENDS = ("reference", "triton", "cuda", "cpu")
+OPS = ("sgd", "fednar", "padamfed")
+
+# op name -> backend name -> implementation
+_IMPLS: Dict[str, Dict[str, Callable]] = {op: {} for op in OPS}
+# backend name -> None when loaded fine, else the reason it is not usable
+_LOAD_ERRORS: Dict[str, Optional[str]] = {}
+# backend name -> predicate "can this backend run on tensors of this device?"
+_DEVICE_OK: Dict[str, Callable[[torch.device], Optional[str]]] = {}
+
+
+def register(op: str, backend: str) -> Callable[[Callable], Callable]:
+    """Decorator: register ``fn`` as ``backend``'s implementation of ``op``."""
+    if op not in _IMPLS:
+        raise ValueError(f"unknown op {op!r}; known ops: {OPS}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known backends: {BACKENDS}")
+
+    def deco(fn: Callable) -> Callable:
+        _IMPLS[op][backend] = fn
+        return fn
+
+    return deco
+
+
+def register_device_check(backend: str, check: Callable[[torch.device], Optional[str]]) -> None:
+    """``check(device)`` returns None when ``backend`` can run on that device, else a reason."""
+    _DEVICE_OK[backend] = check
+
+
+def _load(backend: str) -> Optional[str]:
+    """Import ``fedopt_kernels.backends.<backend>`` once; return None or the failure reason."""
+    if backend in _LOAD_ERRORS:
+        return _LOAD_ERRORS[backend]
+    if backend == "reference":
+        importlib.import_module("fedopt_kernels.reference")
+        _LOAD_ERRORS[backend] = None
+        return None
+    env = os.environ.get(f"FEDOPT_DISABLE_{backend.upper()}", "")
+    if env not in ("", "0"):
+        _LOAD_ERRORS[backend] = f"disabled by FEDOPT_DISABLE_{backend.upper()}={env}"
+        return _LOAD_ERRORS[backend]
+    try:
+        importlib.import_module(f"fedopt_kernels.backends.{backend}")
+        _LOAD_ERRORS[backend] = None
+    except Exception as exc:  # any failure means "not usable here"; keep the reason for the user
+        _LOAD_ERRORS[backend] = f"{type(exc).__name__}: {exc}"
+    return _LOAD_ERRORS[backend]
+
+
+def unavailable_reason(backend: str, device: Optional[torch.device] = None, op: Optional[str] = None) -> Optional[str]:
+    """None when ``backend`` can run ``op`` on ``device``; otherwise a sentence saying why not."""
+    if backend not in BACKENDS:
+        return f"unknown backend {backend!r}; choose one of {('auto',) + BACKENDS}"
+    err = _load(backend)
+    if err is not None:
+        return f"backend {backend!r} failed to load ({err})"
+    if op is not None and backend not in _IMPLS[op]:
+        return f"backend {backend!r} has no implementation of op {op!r}"
+    if device is not None and backend in _DEVICE_OK:
+        why = _DEVICE_OK[backend](torch.device(device))
+        if why is not None:
+            return f"backend {backend!r} cannot run on {device}: {why}"
+    return None
+
+
+def auto_backend(device: torch.device, op: str) -> str:
+    """SPEC §7: CUDA tensors -> cuda if built, else triton; CPU tensors -> cpu if built, else reference."""
+    order = ("cuda", "triton") if device.type == "cuda" else ("cpu",)
+    for name in order:
+        if unavailable_reason(name, device, op) is None:
+            return name
+    return "reference"
+
+
+def resolve(op: str, backend: str, device: torch.device) -> Callable:
+    """The implementation of ``op`` for ``backend`` (or ``"auto"``) on ``device``; raises if unusable."""
+    name = auto_backend(device, op) if backend == "auto" else backend
+    why = unavailable_reason(name, device, op)
+    if why is not None:
+        raise RuntimeError(f"backend={name!r} is not available: {why}")
+    return _IMPLS[op][name]
+
+
+class AvailableBackends(tuple):
+    """The usable backend names (a tuple), with ``.missing``: name -> why it is not usable."""
+
+    missing: Dict[str, str]
+
+    def __new__(cls, usable, missing):
+        obj = super().__new__(cls, usable)
+        obj.missing = dict(missing)
+        return obj
+
+    def __repr__(self) -> str:
+        lines = [f"available: {', '.join(self)}"]
+        lines += [f"  {name}: {why}" for name, why in self.missing.items()]
+        return "\n".join(lines)
+
+
+def available_backends(device: Optional[str | torch.device] = None) -> AvailableBackends:
+    """The backends usable on this machine (for ``device``, default: CUDA if present else CPU),
+    with ``.missing`` giving the reason each other backend is not usable."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    usable, missing = [], {}
+    for name in BACKENDS:
+        why = unavailable_reason(name, torch.device(device))
+        if why is None:
+            usable.append(name)
+        else:
+            missing[name] = why
+    return AvailableBackends(usable, missing)

@@ -1,0 +1,35 @@
+"""What FedDecaySGD and NeuronLRSGD share: torch.optim.SGD's options on the round API, op "sgd"."""
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+import torch
+
+from ._base import FedOptimizer, check_number
+
+
+class SGDFamily(FedOptimizer):
+    """SGD with momentum/dampening/nesterov/weight decay/maximize plus FedProx and SCAFFOLD terms."""
+
+    _op = "sgd"
+    _round_state = ("momentum_buffer",)
+
+    def _validate_group(self, group: Dict[str, Any]) -> None:
+        super()._validate_group(group)
+        check_number("momentum", group["momentum"], low=0.0)
+        check_number("dampening", group["dampening"], low=0.0, high=1.0)
+        check_number("weight_decay", group["weight_decay"], low=0.0)
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("nesterov=True requires momentum > 0 and dampening = 0")
+
+    def _step_tensors(self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any],
+                      step_inputs: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+        tensors, override = super()._step_tensors(p, group, state, step_inputs)
+        if group["momentum"] != 0:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                # zeros + dampening 0 gives buf = d on the first step, as torch's clone(d) does
+                buf = state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                override["dampening"] = 0.0
+            tensors["momentum_buffer"] = buf
+        return tensors, override

@@ -1,0 +1,44 @@
+"""FedNAR: co-clipping of gradient and weight decay (SPEC §4; seed 003)."""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable
+
+from ._base import FedOptimizer, check_number
+
+
+class FedNAR(FedOptimizer):
+    r"""Federated optimization with Normalized Annealing Regularization (FedNAR).
+
+    From "FedNAR: Federated Optimization with Normalized Annealing Regularization" (NeurIPS 2023,
+    seed 003, Eq. 3-4 and Alg. 2). With ``t`` the round index::
+
+        l_t  = lr * round_decay ** t
+        d    = g + weight_decay * x + correction + prox_mu * (x - x0)
+        s    = || d ||_2 over all parameters of the optimizer (all groups)
+        coef = min(1, max_norm / (s + eps))          (torch clip_grad_norm_ semantics)
+        x   -= l_t * coef * d
+
+    i.e. the paper's ``lambda = l_t * coef`` and ``mu = l_t * weight_decay * coef``; the update
+    norm never exceeds ``l_t * max_norm``. Run it on FedAvg (default), FedProx (``prox_mu``) or
+    SCAFFOLD (``start_round(correction=...)``).
+    """
+
+    _op = "fednar"
+
+    def __init__(self, params: Iterable, lr: float, weight_decay: float, max_norm: float = 10.0,
+                 round_decay: float = 0.998, eps: float = 1e-6, prox_mu: float = 0.0, backend: str = "auto"):
+        defaults = dict(lr=lr, weight_decay=weight_decay, max_norm=max_norm, round_decay=round_decay,
+                        eps=eps, prox_mu=prox_mu)
+        super().__init__(params, defaults, backend)
+
+    def _validate_group(self, group: Dict[str, Any]) -> None:
+        super()._validate_group(group)
+        check_number("weight_decay", group["weight_decay"], low=0.0)
+        check_number("max_norm", group["max_norm"], low=0.0, low_open=True)
+        check_number("round_decay", group["round_decay"], low=0.0, high=1.0, low_open=True)
+        check_number("eps", group["eps"], low=0.0)
+
+    def _step_hp(self, group: Dict[str, Any]) -> Dict[str, Any]:
+        hp = super()._step_hp(group)
+        hp["step_lr"] = group["lr"] * group["round_decay"] ** max(self._t, 0)
+        return hp

@@ -1,0 +1,129 @@
+"""PAdaMFed: normalized momentum with control variates and parameter-free step sizes (SPEC §5; seed 004)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from ._base import FedOptimizer, _check_tensor_list, check_number, state_dtype
+
+
+class PAdaMFed(FedOptimizer):
+    r"""Client optimizer of PAdaMFed (problem-parameter-free FL; seed 004, Alg. 1, Thm. 1-2).
+
+    Per round the client receives the global control ``c``, the global momentum ``m`` and keeps its
+    own control ``c_i``: ``start_round(global_control=c, local_control=c_i, momentum=m)`` (missing
+    lists count as zeros). With ``D = beta * (c - c_i) + (1 - beta) * m``, step k with raw gradient
+    ``G``::
+
+        v    = beta * G + D                    (variance_reduction: v = G + D - (1 - beta) * H)
+        x   -= eta * v / max(||v||_2, eps)     (norm over all parameters: each step moves x by eta)
+        acc += G
+
+    ``H`` is the gradient of the same mini-batch at the round's starting model, passed as
+    ``step(anchor_grads=[...])``. After the round, ``local_control()`` returns ``acc / K``, the
+    client's new ``c_i``. ``lr`` is ``eta``; ``theory_hparams`` gives eta, gamma and beta.
+    D and acc are kept in float32 (float64 for float64 parameters).
+    """
+
+    _op = "padamfed"
+    _accepts_correction = False
+    _float32_state = ("D", "acc")
+
+    def __init__(self, params: Iterable, lr: float, beta: float, variance_reduction: bool = False,
+                 eps: float = 1e-12, backend: str = "auto"):
+        defaults = dict(lr=lr, beta=beta, variance_reduction=bool(variance_reduction), eps=eps)
+        super().__init__(params, defaults, backend)
+
+    def _validate_group(self, group: Dict[str, Any]) -> None:
+        super()._validate_group(group)
+        check_number("beta", group["beta"], low=0.0, high=1.0)
+        check_number("eps", group["eps"], low=0.0, low_open=True)
+
+    def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
+        names_in = ("global_control", "local_control", "momentum")
+        got = {k: inputs.pop(k, None) for k in names_in}
+        super()._check_round_inputs(inputs)
+        params, names = self._all_params()
+        return {k: (None if v is None else _check_tensor_list(k, v, params, names)) for k, v in got.items()}
+
+    def _apply_round_inputs(self, inputs: Dict[str, Any]) -> None:
+        params, _ = self._all_params()
+        c, ci, m = inputs["global_control"], inputs["local_control"], inputs["momentum"]
+        i = 0
+        for group in self.param_groups:
+            beta = group["beta"]
+            for p in group["params"]:
+                dt = state_dtype(p)
+                D = torch.zeros_like(p, dtype=dt, memory_format=torch.contiguous_format)
+                if c is not None:
+                    D.add_(c[i].to(dt), alpha=beta)
+                if ci is not None:
+                    D.sub_(ci[i].to(dt), alpha=beta)
+                if m is not None:
+                    D.add_(m[i].to(dt), alpha=1 - beta)
+                st = self.state[p]
+                st["D"] = D
+                st["acc"] = torch.zeros_like(p, dtype=dt, memory_format=torch.contiguous_format)
+                i += 1
+
+    def _check_step_inputs(self, step_inputs: Dict[str, Any], params: List[torch.Tensor],
+                           names: List[str]) -> Dict[torch.Tensor, Dict[str, torch.Tensor]]:
+        anchor = step_inputs.pop("anchor_grads", None)
+        super()._check_step_inputs(step_inputs, params, names)
+        vr = [g["variance_reduction"] for g in self.param_groups]
+        if anchor is None:
+            if any(vr):
+                raise ValueError("variance_reduction=True needs step(anchor_grads=[...]): the gradients of "
+                                 "the same mini-batch at the round's starting model, one per parameter")
+            return {}
+        if not any(vr):
+            raise ValueError("anchor_grads was given but variance_reduction=False")
+        if not isinstance(anchor, (list, tuple)) or len(anchor) != len(params):
+            raise TypeError(f"anchor_grads must be a list with one tensor (or None) per parameter "
+                            f"({len(params)}), got {type(anchor).__name__}")
+        out = {}
+        for t, p, n in zip(anchor, params, names):
+            if p.grad is None:
+                continue
+            if t is None:
+                raise ValueError(f"anchor_grads entry for {n} is None but the parameter has a gradient")
+            _check_tensor_list("anchor_grads", [t], [p], [n])
+            out[p] = {"anchor_grad": t}
+        return out
+
+    def _step_tensors(self, p, group, state, step_inputs):
+        tensors, override = super()._step_tensors(p, group, state, step_inputs)
+        tensors["D"], tensors["acc"] = state["D"], state["acc"]
+        if group["variance_reduction"]:
+            tensors["anchor_grad"] = step_inputs["anchor_grad"]
+        return tensors, override
+
+    @torch.no_grad()
+    def local_control(self) -> List[torch.Tensor]:
+        """The client's new control ``c_i' = acc / K`` after the round's K steps, one per parameter."""
+        if self._k == 0:
+            raise RuntimeError("local_control() needs at least one step() since start_round()")
+        params, _ = self._all_params()
+        return [self.state[p]["acc"] / self._k for p in params]
+
+
+def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> Tuple[float, float, float]:
+    """PAdaMFed's step sizes from theory (seed 004, Thm. 1-2): returns ``(eta, gamma, beta)``.
+
+    non-VR: ``eta = 1/(K sqrt(T))``, ``gamma = (S K)^(1/4) / T^(3/4)``, ``beta = min(1, sqrt(S K / T))``;
+    VR: ``eta = 1/(K T)``, ``gamma = beta = min(1, (S K)^(1/3) / T^(2/3))``.
+    ``S``: clients sampled per round, ``K``: local steps, ``T``: rounds.
+    """
+    for name, v in (("S", S), ("K", K), ("T", T)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if variance_reduction:
+        eta = 1.0 / (K * T)
+        gamma = beta = min(1.0, (S * K) ** (1.0 / 3.0) / T ** (2.0 / 3.0))
+    else:
+        eta = 1.0 / (K * math.sqrt(T))
+        gamma = (S * K) ** 0.25 / T ** 0.75
+        beta = min(1.0, math.sqrt(S * K / T))
+    return eta, gamma, beta
