@@ -1,0 +1,93 @@
+"""The project's performance goals (issue 5), evaluated per result row as pass / miss.
+
+A goal applies to some rows only (a device type, fused backends, a size); elsewhere it is
+blank. The thresholds are the issue's; which sizes they are judged on is stated in ``where``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+from .algorithms import BASELINES
+
+Row = Dict[str, Any]
+
+FUSED = ("triton", "cuda", "cpu")
+SGD_FAMILY = ("feddecay", "feddecay_plain", "feddecay_scaffold_prox")
+
+
+@dataclass(frozen=True)
+class Goal:
+    key: str            # column name
+    text: str           # what it asks
+    where: str          # which rows it is judged on
+    device: str         # "cuda" or "cpu"
+    applies: Callable[[Row], bool]
+    value: Callable[[Row], Optional[float]]
+    threshold: float
+
+    def judge(self, row: Row) -> Optional[str]:
+        """'pass', 'miss', 'n/a' (applies but no figure), or None (does not apply)."""
+        if row.get("device_type") != self.device or not self.applies(row):
+            return None
+        v = self.value(row)
+        if v is None:
+            return "n/a"
+        return "pass" if v >= self.threshold else "miss"
+
+
+def _fused(row: Row) -> bool:
+    return row["backend"] in FUSED and not row.get("error")
+
+
+GOALS: List[Goal] = [
+    Goal("gpu: >=85% copy", "every fused algorithm >= 85% of measured copy bandwidth",
+         "fused backends, large list", "cuda",
+         lambda r: _fused(r) and r["size"] == "large", lambda r: r.get("pct_copy"), 85.0),
+    Goal("gpu: >=10x ref", ">= 10x over reference", "fused backends, ResNet-18 list", "cuda",
+         lambda r: _fused(r) and r["size"] == "resnet18", lambda r: r.get("speedup_ref"), 10.0),
+    Goal("gpu: <=1.1x SGD fused", "FedDecaySGD within 10% of torch.optim.SGD(fused=True)",
+         "FedDecaySGD on fused backends, ResNet-18 and large lists", "cuda",
+         lambda r: _fused(r) and r["algorithm"] in SGD_FAMILY and r["size"] in ("resnet18", "large"),
+         lambda r: r.get("speedup_sgd_fused"), 1 / 1.1),
+    Goal("cpu: >=70% copy", "every algorithm's cpu step >= 70% of copy bandwidth",
+         "backend cpu, ResNet-18 and large lists", "cpu",
+         lambda r: r["backend"] == "cpu" and not r.get("error") and r["size"] in ("resnet18", "large"),
+         lambda r: r.get("pct_copy"), 70.0),
+    Goal("cpu: >=5x ref", "FedNAR and PAdaMFed cpu >= 5x over reference",
+         "backend cpu, FedNAR/PAdaMFed, ResNet-18 and large lists", "cpu",
+         lambda r: r["backend"] == "cpu" and not r.get("error") and r["algorithm"].startswith(("fednar", "padamfed"))
+         and r["size"] in ("resnet18", "large"),
+         lambda r: r.get("speedup_ref"), 5.0),
+    Goal("cpu: >=1x SGD fused", "FedDecaySGD cpu no slower than torch.optim.SGD(fused=True)",
+         "backend cpu, FedDecaySGD, ResNet-18 list", "cpu",
+         lambda r: r["backend"] == "cpu" and not r.get("error") and r["algorithm"] in SGD_FAMILY
+         and r["size"] == "resnet18",
+         lambda r: r.get("speedup_sgd_fused"), 1.0),
+]
+
+
+def goals_for(device_type: str) -> List[Goal]:
+    return [g for g in GOALS if g.device == device_type]
+
+
+def judge_rows(rows: List[Row], device_type: str) -> List[Dict[str, Any]]:
+    """Set ``row["goals"]`` = {goal key: verdict} and return a summary per goal."""
+    goals = goals_for(device_type)
+    summary = []
+    for g in goals:
+        verdicts = []
+        for row in rows:
+            if row["backend"] in BASELINES:
+                continue
+            v = g.judge(row)
+            if v is not None:
+                row.setdefault("goals", {})[g.key] = v
+                verdicts.append((row, v))
+        n_pass = sum(v == "pass" for _, v in verdicts)
+        summary.append({
+            "goal": g.key, "text": g.text, "where": g.where, "judged": len(verdicts), "passed": n_pass,
+            "missed": [f"{r['algorithm']}/{r['backend']}/{r['size']}" for r, v in verdicts if v != "pass"],
+            "verdict": "n/a (no rows)" if not verdicts else ("pass" if n_pass == len(verdicts) else "miss"),
+        })
+    return summary

@@ -1,0 +1,111 @@
+"""Step timers: median wall time per call, CUDA-graph replay time, and copy bandwidth.
+
+CPU times are host wall clock around each call. CUDA times come from events recorded on the
+current stream around each call, so a step whose host overhead exceeds its GPU work is timed at
+its host rate, which is what a training loop sees.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long to time one case: ``warmup`` untimed calls, then at least ``min_reps`` timed calls
+    and ``min_time_s`` seconds, at most ``max_reps`` calls."""
+
+    warmup: int = 3
+    min_reps: int = 10
+    max_reps: int = 300
+    min_time_s: float = 1.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], None], device: torch.device, budget: Budget) -> List[float]:
+    """Seconds per call of ``fn`` for each timed call (median it: the first calls can be outliers)."""
+    for _ in range(budget.warmup):
+        fn()
+    _sync(device)
+    times: List[float] = []
+    t_start = time.perf_counter()
+    if device.type == "cuda":
+        pending = []
+        while len(pending) < budget.max_reps:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            pending.append((a, b))
+            if len(pending) >= budget.min_reps and len(pending) % 8 == 0:
+                b.synchronize()  # only to know the elapsed wall time; between timed regions
+                if time.perf_counter() - t_start >= budget.min_time_s:
+                    break
+        torch.cuda.synchronize(device)
+        times = [a.elapsed_time(b) / 1e3 for a, b in pending]
+    else:
+        while len(times) < budget.max_reps:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            if len(times) >= budget.min_reps and time.perf_counter() - t_start >= budget.min_time_s:
+                break
+    return times
+
+
+def median(xs: List[float]) -> float:
+    return statistics.median(xs)
+
+
+def time_graph(fn: Callable[[], None], device: torch.device, steps: int, budget: Budget,
+               before_capture: Optional[Callable[[int], None]] = None) -> float:
+    """Median seconds per call when ``steps`` calls are captured in one CUDA graph and replayed.
+
+    Warm-up runs on a side stream as torch's CUDA-graph notes require. ``before_capture(steps)``
+    may prepare host-side caches (e.g. extend a schedule table) so that capture allocates nothing
+    from the host.
+    """
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    if before_capture is not None:
+        before_capture(steps)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            fn()
+    times = time_calls(graph.replay, device, budget)
+    del graph
+    return median(times) / steps
+
+
+_COPY_CACHE: Dict[tuple, float] = {}
+
+
+def copy_bandwidth(nbytes: int, device: torch.device, budget: Budget) -> float:
+    """Bytes/s of ``dst.copy_(src)`` moving ``nbytes`` in total (half read, half written).
+
+    The copy moves the same traffic as the step it is compared with, so both see the same cache
+    behaviour. Cached per (size, device) within one run.
+    """
+    key = (nbytes, str(device))
+    if key not in _COPY_CACHE:
+        n = max(1, nbytes // 8)  # float32 elements: n*4 read + n*4 written = nbytes
+        src = torch.randn(n, device=device)
+        dst = torch.empty_like(src)
+        times = time_calls(lambda: dst.copy_(src), device, budget)
+        _COPY_CACHE[key] = 8 * n / median(times)
+        del src, dst
+    return _COPY_CACHE[key]
