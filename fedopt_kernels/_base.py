@@ -25,9 +25,8 @@ def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Op
                  low_open: bool = False) -> float:
     """Return ``float(value)`` or raise ValueError naming ``name`` when it is not a finite number in range."""
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
-        value = float(value)
+        # reading a CUDA tensor back would be a host sync inside step(); say so instead
+        raise TypeError(f"{name} must be a Python number, got a tensor (tensor hyperparameters are not supported)")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     v = float(value)

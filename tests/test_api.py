@@ -138,3 +138,24 @@ def test_params_without_grad_are_skipped():
         before = b.detach().clone()
         opt.step()
         assert torch.equal(b.detach(), before), name
+
+
+def test_selfcheck_catches_a_wrong_backend(monkeypatch, capsys):
+    """The install smoke test must fail when a backend computes something else than reference."""
+    from fedopt_kernels import selfcheck
+    from fedopt_kernels.reference.sgd import sgd_step
+
+    def off_by_a_bit(groups, ctx):
+        sgd_step(groups, ctx)
+        for grp in groups:
+            for p in grp.params:
+                p.mul_(1.01)
+
+    monkeypatch.setitem(_registry._LOAD_ERRORS, "cpu", None)
+    monkeypatch.setitem(_registry._IMPLS["sgd"], "cpu", off_by_a_bit)
+    monkeypatch.setitem(_registry._IMPLS["fednar"], "cpu", _registry._IMPLS["fednar"]["reference"])
+    monkeypatch.setitem(_registry._IMPLS["padamfed"], "cpu", _registry._IMPLS["padamfed"]["reference"])
+    monkeypatch.setattr(selfcheck, "TOL", {torch.float32: 2e-5})
+    assert selfcheck.main(["--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "FedDecaySGD" in out
