@@ -1,7 +1,8 @@
 """The parameter lists the benchmark steps over: three sizes that stress different limits.
 
-- ``small_cnn``: a LeNet-style CNN like the simulator's (8 tensors, ~47k parameters). One step
-  moves well under a megabyte, so the time is launch and Python overhead, not bandwidth.
+- ``small_cnn``: the simulator's CNN (``fedopt_kernels.sim.models.SmallCNN`` on 8x8 single-channel
+  images, 10 classes): 6 tensors, 3,818 parameters. One step moves ~50 KB, so its time is launch
+  and Python overhead, not bandwidth.
 - ``resnet18``: the exact parameter shapes of torchvision's ``resnet18()`` (ImageNet head,
   BatchNorm weights and biases included): 62 tensors, 11,689,512 parameters.
 - ``large``: a transformer-like list of 100M+ parameters, large enough that every backend is
@@ -17,13 +18,14 @@ from typing import Dict, List, Tuple
 Shape = Tuple[int, ...]
 
 
-def small_cnn_shapes() -> List[Shape]:
-    """conv(1->16, 5x5), conv(16->32, 5x5), fc(512->64), fc(64->10), each with a bias."""
+def small_cnn_shapes(in_channels: int = 1, hw: int = 8, num_classes: int = 10,
+                     channels: Tuple[int, int] = (8, 16)) -> List[Shape]:
+    """conv(in->8, 3x3), conv(8->16, 3x3), maxpool(2), linear(16*(hw/2)^2 -> classes), with biases."""
+    c1, c2 = channels
     return [
-        (16, 1, 5, 5), (16,),
-        (32, 16, 5, 5), (32,),
-        (64, 512), (64,),
-        (10, 64), (10,),
+        (c1, in_channels, 3, 3), (c1,),
+        (c2, c1, 3, 3), (c2,),
+        (num_classes, c2 * (hw // 2) ** 2), (num_classes,),
     ]
 
 

@@ -1,0 +1,139 @@
+"""``python -m bench``: run the benchmark matrix, print the table, write the result files.
+
+Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (four core
+algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
+``--smoke`` (small CNN only, three timed steps: checks the machinery, numbers mean little).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from .algorithms import ALGOS, CORE, FULL
+from .goals import judge_rows
+from .report import markdown, slug, write, write_latest
+from .runner import Plan, run
+from .shapes import SIZES
+from .timing import Budget
+
+ROOT = Path(__file__).resolve().parent.parent
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+MODES = {
+    # sizes on cpu, sizes on cuda, algorithms, timing budget
+    "full": (list(SIZES), list(SIZES), FULL, Budget(warmup=2, min_reps=5, max_reps=300, min_time_s=1.0)),
+    "quick": (["small_cnn", "resnet18"], list(SIZES), CORE, Budget(warmup=1, min_reps=3, max_reps=100, min_time_s=0.25)),
+    "smoke": (["small_cnn"], ["small_cnn"], CORE, Budget(warmup=1, min_reps=3, max_reps=3, min_time_s=0.0)),
+}
+
+
+def _git(*args: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _loadavg() -> Optional[float]:
+    """1-minute load average: other processes competing for the cores distort CPU timings."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def device_meta(device: torch.device) -> Dict[str, Any]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return {"device_name": name, "device_slug": "cuda-" + slug(name), "device_type": "cuda",
+                "cuda": torch.version.cuda}
+    name = f"{_cpu_name()} ({os.cpu_count()} cores)"
+    return {"device_name": name, "device_slug": f"cpu-{slug(_cpu_name())}-{os.cpu_count()}c", "device_type": "cpu"}
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--full", action="store_const", dest="mode", const="full", help="every size and configuration (default)")
+    mode.add_argument("--quick", action="store_const", dest="mode", const="quick", help="short run (README main job)")
+    mode.add_argument("--smoke", action="store_const", dest="mode", const="smoke", help="quickest run: checks the machinery")
+    ap.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
+    ap.add_argument("--sizes", nargs="+", choices=list(SIZES), help="override the mode's sizes")
+    ap.add_argument("--algos", nargs="+", choices=list(ALGOS), help="override the mode's algorithms")
+    ap.add_argument("--backends", nargs="+", help="only these fedopt backends (default: all available)")
+    ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    ap.add_argument("--graph-steps", type=int, default=10, help="optimizer steps per captured CUDA graph (0: off)")
+    ap.add_argument("--no-baselines", action="store_true", help="skip torch.optim.SGD fused/foreach")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--rebuild-latest", action="store_true", help="only rewrite LATEST.md in --out-dir")
+    args = ap.parse_args(argv)
+    args.mode = args.mode or "full"
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.rebuild_latest:
+        print(write_latest(args.out_dir))
+        return 0
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    cpu_sizes, cuda_sizes, algos, budget = MODES[args.mode]
+    sizes = args.sizes or (cuda_sizes if device.type == "cuda" else cpu_sizes)
+    plan = Plan(device=device, sizes=sizes, algos=args.algos or algos, dtype=DTYPES[args.dtype],
+                backends=args.backends, budget=budget, graph_steps=args.graph_steps,
+                baselines=not args.no_baselines)
+    meta = device_meta(device)
+    now = dt.datetime.now(dt.timezone.utc)
+    commit = _git("rev-parse", "HEAD") or os.environ.get("FEDOPT_COMMIT", "unknown")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    meta.update(date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"), mode=args.mode,
+                commit=commit, dirty=bool(status) if status is not None else None,
+                command="python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+                torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
+                dtype=args.dtype, sizes=sizes, algos=plan.algos, budget=dataclasses.asdict(budget),
+                graph_steps=args.graph_steps if device.type == "cuda" else None)
+    print(f"bench: {meta['device_name']}, mode {args.mode}, sizes {sizes}", file=sys.stderr, flush=True)
+    meta["loadavg_before"] = _loadavg()
+    t0 = time.perf_counter()
+    result = run(plan)
+    meta["wall_s"] = time.perf_counter() - t0
+    meta["loadavg_after"] = _loadavg()
+    result["meta"] = meta
+    result["goals"] = judge_rows(result["rows"], device.type)
+    print(markdown(result))
+    if not args.no_write:
+        paths = write(result, args.out_dir)
+        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# One command for a GPU machine: install + build, the whole test suite (GPU tests included), the
+# benchmark; everything lands in one folder, bench/results/gpu-<device>-<date>/, copied to
+# $OUT/<same name>/ when $OUT is set (the lent machine's return folder: at most 8 files come back,
+# so exactly 8 are written there). Finishes inside 10 minutes: each phase runs under a deadline.
+#
+#   FEDOPT_COMMIT=$(git rev-parse HEAD) bash bench/gpu_check.sh            # on the GPU machine
+#   bash bench/gpu_check.sh --no-gpu --skip-install --pytest-args "tests/test_api.py"   # CPU dry run
+#
+# Options:
+#   --no-gpu            dry run without CUDA: folder cpu-dryrun-<date>, benchmark in --smoke mode
+#   --skip-install      do not pip install / build (use what is installed)
+#   --skip-tests        do not run pytest
+#   --bench-mode MODE   full | quick | smoke (default: quick; it has all three sizes on CUDA)
+#   --pytest-args ARGS  what to test (default: "tests")
+#   --budget SECONDS    total wall-time budget (default 540; the lent machine's limit is 600)
+# The commit is read from git when the tree is a checkout, else from $FEDOPT_COMMIT (the device
+# machine gets a copy of the working tree without .git).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+
+NO_GPU=0; SKIP_INSTALL=0; SKIP_TESTS=0; BENCH_MODE=quick; PYTEST_ARGS="tests"; BUDGET=540
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-gpu) NO_GPU=1 ;;
+    --skip-install) SKIP_INSTALL=1 ;;
+    --skip-tests) SKIP_TESTS=1 ;;
+    --bench-mode) BENCH_MODE="$2"; shift ;;
+    --pytest-args) PYTEST_ARGS="$2"; shift ;;
+    --budget) BUDGET="$2"; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$BENCH_MODE" in full|quick|smoke) ;; *) echo "gpu_check.sh: --bench-mode must be full, quick or smoke" >&2; exit 2 ;; esac
+
+T0=$(date +%s)
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+elapsed() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( BUDGET - $(elapsed) )); }
+
+# torch first: everything else (device name, the build) needs it. The lent machines have it; a
+# machine with network access gets it from the registry.
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  echo "gpu_check: torch is not importable with $PY; trying pip install torch"
+  "$PY" -m pip install --retries 1 --timeout 20 torch || { echo "gpu_check: cannot install torch" >&2; exit 3; }
+fi
+
+if [ "$NO_GPU" = 0 ]; then
+  if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_check: torch sees no CUDA device (use --no-gpu for a dry run)" >&2; exit 4
+  fi
+  DEVICE=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0))")
+  PREFIX=gpu
+  BENCH_ARGS="--device cuda"
+else
+  DEVICE=cpu
+  PREFIX=cpu-dryrun
+  BENCH_MODE=smoke
+  BENCH_ARGS="--device cpu"
+fi
+SLUG=$(echo "$DEVICE" | tr 'A-Z' 'a-z' | sed -e 's/[^a-z0-9]\{1,\}/-/g' -e 's/^-//' -e 's/-$//' | cut -c1-40)
+DATE=$(date -u +%Y-%m-%d)
+NAME="$PREFIX-$SLUG-$DATE"
+[ "$PREFIX" = cpu-dryrun ] && NAME="cpu-dryrun-$DATE"
+RES="bench/results/$NAME"
+rm -rf "$RES"; mkdir -p "$RES"
+COMMIT=$(git rev-parse HEAD 2>/dev/null || echo "${FEDOPT_COMMIT:-unknown}")
+export FEDOPT_COMMIT="$COMMIT"
+SUMMARY="$RES/summary.md"
+
+{
+  echo "# GPU check: $DEVICE"
+  echo
+  echo "- date (UTC): $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "- commit: \`$COMMIT\`"
+  echo "- host: $(uname -n), $(nproc) cores, kernel $(uname -r)"
+  echo "- python: $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+  echo "- torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
+  echo "- triton: $("$PY" -c 'import triton; print(triton.__version__)' 2>/dev/null || echo not installed)"
+  echo "- nvcc: $(nvcc --version 2>/dev/null | tail -1 || echo none)"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "- nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1)"
+  fi
+  echo
+  echo "| phase | exit status | seconds |"
+  echo "|---|---|---|"
+} > "$SUMMARY"
+
+FAILED=0
+# phase NAME SECONDS CMD...: run CMD under a deadline, log to $RES/NAME.log, add a summary row.
+# SIGINT first (pytest then still writes its summary and junit file), SIGKILL 20 s later.
+phase() {
+  local name=$1 limit=$2; shift 2
+  local start=$(date +%s) rc
+  if [ "$limit" -lt 10 ]; then
+    echo "| $name | skipped: no time left | 0 |" >> "$SUMMARY"; FAILED=1; return
+  fi
+  echo "gpu_check: $name (deadline ${limit}s)"
+  timeout -s INT -k 20 "$limit" "$@" > "$RES/$name.log" 2>&1
+  rc=$?
+  [ $rc = 124 ] && echo "(stopped at the ${limit}s deadline)" >> "$RES/$name.log"
+  [ $rc != 0 ] && FAILED=1
+  echo "| $name | $rc$([ $rc = 124 ] && echo ' (deadline)') | $(( $(date +%s) - start )) |" >> "$SUMMARY"
+  tail -3 "$RES/$name.log"
+}
+
+install_pkg() {
+  export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+  # offline first (the lent machines reach no registry; their image has every test dependency),
+  # then with the registry for machines that have one
+  "$PY" -m pip install --no-index -e ".[test]" --no-build-isolation \
+    || "$PY" -m pip install --retries 1 --timeout 20 -e ".[test]" --no-build-isolation
+}
+
+if [ "$SKIP_INSTALL" = 0 ]; then
+  phase install $(( $(left) - 200 < 300 ? $(left) - 200 : 300 )) install_pkg
+else
+  echo "| install | skipped (--skip-install) | 0 |" >> "$SUMMARY"
+fi
+BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends()).replace(chr(10), '; '))" 2>&1 | tail -1)
+
+if [ "$SKIP_TESTS" = 0 ]; then
+  # leave the benchmark at least 120 s
+  # shellcheck disable=SC2086
+  phase tests $(( $(left) - 120 )) "$PY" -m pytest $PYTEST_ARGS -q -rs -p no:cacheprovider --junitxml="$RES/junit.xml"
+else
+  echo "| tests | skipped (--skip-tests) | 0 |" >> "$SUMMARY"
+fi
+
+# shellcheck disable=SC2086
+phase bench $(( $(left) - 15 )) "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS --out-dir "$RES"
+
+{
+  echo
+  echo "- backends: $BACKENDS"
+  echo "- tests: $(grep -E '(passed|failed|error|no tests ran)' "$RES/tests.log" 2>/dev/null | tail -1 || echo 'not run')"
+  echo "- wall time: $(elapsed) s of a ${BUDGET} s budget"
+  echo
+  BENCH_MD=$(ls "$RES"/*.md 2>/dev/null | grep -v -e summary.md -e LATEST.md | head -1)
+  if [ -n "$BENCH_MD" ]; then
+    echo "## Benchmark goals ($(basename "$BENCH_MD"))"
+    echo
+    sed -n '/^## Goals/,/^## Results/p' "$BENCH_MD" | sed -e '1d' -e '$d'
+  fi
+} >> "$SUMMARY"
+cat "$SUMMARY"
+
+# $OUT: 8 files at most. summary, 3 logs, junit, the benchmark's json/md/png.
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT/$NAME"
+  for f in "$RES"/summary.md "$RES"/install.log "$RES"/tests.log "$RES"/bench.log "$RES"/junit.xml \
+           $(ls "$RES"/*.json "$RES"/*.png 2>/dev/null) "${BENCH_MD:-}"; do
+    [ -f "$f" ] && cp "$f" "$OUT/$NAME/"
+  done
+  echo "gpu_check: copied $(ls "$OUT/$NAME" | wc -l) files to \$OUT/$NAME"
+fi
+echo "gpu_check: results in $RES ($(elapsed) s)"
+exit $FAILED

@@ -1,0 +1,177 @@
+"""Turn a benchmark result into files: JSON (everything), a markdown table, a PNG chart, LATEST.md."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .algorithms import BASELINES
+from .goals import goals_for
+
+SIZE_LABEL = {"small_cnn": "small CNN", "resnet18": "ResNet-18", "large": "large"}
+
+
+def _fmt_time(s: Optional[float]) -> str:
+    if s is None:
+        return "—"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def _fmt_x(v: Optional[float]) -> str:
+    return "—" if v is None else f"{v:.2f}x"
+
+
+def _fmt_bytes(b: Optional[int]) -> str:
+    if b is None:
+        return "n/a"
+    for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= k:
+            return f"{b / k:.1f} {unit}"
+    return f"{b} B"
+
+
+def _fmt_num(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    """The human-readable report: header, goal summary, one table row per case."""
+    meta = result["meta"]
+    dev_type = meta["device_type"]
+    goals = goals_for(dev_type)
+    cuda = dev_type == "cuda"
+    lines = [
+        f"# fedopt_kernels benchmark — {meta['device_name']} ({meta['date']}, {meta['mode']} mode)",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- commit: `{meta['commit']}`{' (uncommitted changes)' if meta.get('dirty') else ''}; torch {meta['torch']}; "
+        f"threads {meta['threads']}; dtype {meta['dtype']}; wall time {meta['wall_s']:.0f} s",
+        f"- backends timed: {', '.join(result['backends'])}; left out: "
+        + ("; ".join(f"{k} ({v})" for k, v in result["skipped"].items()) or "none"),
+        f"- load average (1 min) before / after: {meta.get('loadavg_before')} / {meta.get('loadavg_after')}"
+        + (" — **other processes were running: CPU timings are unreliable**"
+           if not cuda and (meta.get("loadavg_before") or 0) > 0.5 else ""),
+        "- GB/s = SPEC §7 minimum bytes per step (`bench/traffic.py`) / median step time; "
+        "% copy = that over `dst.copy_(src)` moving the same bytes on the same device in the same run; "
+        "x columns = speedup (other time / this time); peak mem = memory the optimizer adds while stepping "
+        f"({'CUDA max_memory_allocated' if cuda else 'peak RSS growth, a lower bound'}).",
+        "",
+        "## Goals",
+        "",
+        "| goal | judged on | verdict | passed | missed |",
+        "|---|---|---|---|---|",
+    ]
+    for g in result.get("goals", []):
+        missed = ", ".join(g["missed"]) or "—"
+        lines.append(f"| {g['text']} | {g['where']} | **{g['verdict']}** | {g['passed']}/{g['judged']} | {missed} |")
+    head = ["algorithm", "backend", "size", "B/elem", "median step", "GB/s", "% copy", "x ref",
+            "x SGD fused", "x SGD foreach", "peak mem"]
+    if cuda:
+        head += ["graph step", "graph GB/s"]
+    head += [g.key for g in goals]
+    lines += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["rows"]:
+        size = f"{SIZE_LABEL.get(r['size'], r['size'])} ({r['n_tensors']} t, {_fmt_num(r['numel'])})"
+        if "median_s" not in r:
+            cells = [r["algorithm"], r["backend"], size, str(r["bytes_per_element"]), f"error: {r.get('error', '?')}"]
+            cells += [""] * (len(head) - len(cells))
+        else:
+            cells = [r["algorithm"], r["backend"], size, str(r["bytes_per_element"]), _fmt_time(r["median_s"]),
+                     f"{r['gbps']:.1f}", f"{r['pct_copy']:.0f}%", _fmt_x(r.get("speedup_ref")),
+                     _fmt_x(r.get("speedup_sgd_fused")), _fmt_x(r.get("speedup_sgd_foreach")),
+                     _fmt_bytes(r.get("peak_mem_bytes"))]
+            if cuda:
+                if "graph_median_s" in r:
+                    cells += [_fmt_time(r["graph_median_s"]), f"{r['graph_gbps']:.1f}"]
+                else:
+                    cells += ["n/a" if r.get("graph_error") else "—", ""]
+            cells += [r.get("goals", {}).get(g.key, "") for g in goals]
+        lines.append("| " + " | ".join(cells) + " |")
+    graph_errors = {f"{r['algorithm']}/{r['backend']}/{r['size']}": r["graph_error"] for r in result["rows"] if r.get("graph_error")}
+    if graph_errors:
+        lines += ["", "CUDA-graph capture failures:", ""] + [f"- {k}: {v}" for k, v in graph_errors.items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def chart(result: Dict[str, Any], path: Path) -> None:
+    """Bar chart of % of copy bandwidth per algorithm and backend, one panel per size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if "pct_copy" in r]
+    sizes = [s for s in result["meta"]["sizes"] if any(r["size"] == s for r in rows)] or ["(none)"]
+    fig, axes = plt.subplots(len(sizes), 1, figsize=(11, 3.2 * len(sizes)), squeeze=False)
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    for ax, size in zip(axes[:, 0], sizes):
+        sub = [r for r in rows if r["size"] == size]
+        algos = list(dict.fromkeys(r["algorithm"] for r in sub))
+        width = 0.8 / max(1, len(backends))
+        for j, b in enumerate(backends):
+            xs, ys = [], []
+            for i, a in enumerate(algos):
+                hit = [r for r in sub if r["algorithm"] == a and r["backend"] == b]
+                if hit:
+                    xs.append(i + (j - (len(backends) - 1) / 2) * width)
+                    ys.append(hit[0]["pct_copy"])
+            if xs:
+                ax.bar(xs, ys, width, label=b)
+        ax.set_xticks(range(len(algos)))
+        ax.set_xticklabels(algos, rotation=15, fontsize=8)
+        ax.set_ylabel("% of copy bandwidth")
+        ax.set_title(f"{SIZE_LABEL.get(size, size)} — {result['meta']['device_name']}", fontsize=9)
+        ax.axhline(100, color="grey", lw=0.5)
+        ax.set_yscale("log")
+        ax.legend(fontsize=7, ncol=len(backends))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "unknown"
+
+
+def write(result: Dict[str, Any], out_dir: Path) -> Dict[str, Path]:
+    """Write ``<device>-<date>[-mode].{json,md,png}`` into ``out_dir`` and refresh LATEST.md there."""
+    meta = result["meta"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{meta['device_slug']}-{meta['date']}" + ("" if meta["mode"] == "full" else f"-{meta['mode']}")
+    paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
+    paths["json"].write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
+    paths["md"].write_text(markdown(result))
+    chart(result, paths["png"])
+    paths["latest"] = write_latest(out_dir)
+    return paths
+
+
+def write_latest(out_dir: Path) -> Path:
+    """LATEST.md: for each device and mode, the newest result files in ``out_dir`` (and GPU check folders)."""
+    newest: Dict[tuple, tuple] = {}
+    for js in sorted(out_dir.glob("*.json")) + sorted(out_dir.glob("*/*.json")):
+        try:
+            meta = json.loads(js.read_text())["meta"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        key = (meta.get("device_name", "?"), meta.get("mode", "?"), meta.get("dtype", "?"))
+        stamp = meta.get("timestamp", meta.get("date", ""))
+        if key not in newest or stamp >= newest[key][0]:
+            newest[key] = (stamp, js, meta)
+    lines = ["# Latest benchmark results", "",
+             "Written by `python -m bench`; one line per device, mode and dtype (newest run).", "",
+             "| device | mode | dtype | date | commit | table | data | chart |", "|---|---|---|---|---|---|---|---|"]
+    for (dev, mode, dtype), (_, js, meta) in sorted(newest.items(), key=lambda kv: kv[0]):
+        rel = js.relative_to(out_dir)
+        md, png = rel.with_suffix(".md"), rel.with_suffix(".png")
+        lines.append(f"| {dev} | {mode} | {dtype} | {meta.get('date', '?')} | `{str(meta.get('commit', '?'))[:10]}` "
+                     f"| [{md.name}]({md.as_posix()}) | [{rel.name}]({rel.as_posix()}) | [{png.name}]({png.as_posix()}) |")
+    path = out_dir / "LATEST.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

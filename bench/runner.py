@@ -1,0 +1,161 @@
+"""Run the benchmark matrix (algorithm x backend x size) and derive every figure of a row."""
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+import fedopt_kernels as fk
+
+from .algorithms import ALGOS, BASELINES, TORCH_FOREACH, TORCH_FUSED, Stepper, build_torch_sgd
+from .memory import PeakMemory
+from .shapes import SIZES, total_numel
+from .timing import Budget, copy_bandwidth, median, time_calls, time_graph
+from .traffic import bytes_per_element, bytes_per_step
+
+Row = Dict[str, Any]
+
+
+@dataclass
+class Plan:
+    device: torch.device
+    sizes: List[str]
+    algos: List[str]
+    dtype: torch.dtype = torch.float32
+    backends: Optional[List[str]] = None   # None: every backend available on the device
+    budget: Budget = field(default_factory=Budget)
+    graph_steps: int = 10                   # steps captured per CUDA graph (0: no graph timing)
+    baselines: bool = True                  # time torch.optim.SGD fused/foreach where comparable
+    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
+
+
+def select_backends(plan: Plan) -> tuple[List[str], Dict[str, str]]:
+    """Backends to time on ``plan.device`` and why each other one is left out."""
+    avail = fk.available_backends(plan.device)
+    skipped = dict(avail.missing)
+    chosen = []
+    for name in avail:
+        if plan.backends is not None and name not in plan.backends:
+            skipped[name] = "not requested"
+        elif name == "triton" and plan.device.type != "cuda":
+            # on CPU tensors triton runs only under TRITON_INTERPRET, whose speed means nothing
+            skipped[name] = "triton is timed on CUDA tensors only (TRITON_INTERPRET timings are meaningless)"
+        else:
+            chosen.append(name)
+    return chosen, skipped
+
+
+def _make_params(shapes, dtype: torch.dtype, device: torch.device, seed: int = 0) -> List[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    params = []
+    for shape in shapes:
+        p = (torch.randn(shape, generator=gen) * 0.1).to(device=device, dtype=dtype).requires_grad_()
+        p.grad = (torch.randn(shape, generator=gen) * 0.01).to(device=device, dtype=dtype)
+        params.append(p)
+    return params
+
+
+def _prepare_capture(stepper: Stepper, steps: int) -> None:
+    """Grow FedDecaySGD's schedule table on the device so capture never copies from the host."""
+    opt = stepper.opt
+    sched = getattr(opt, "schedule", None)
+    if sched is not None and hasattr(sched, "table"):
+        dev = opt.param_groups[0]["params"][0].device
+        sched.table(dev, getattr(opt, "round_step", 0) + 2 * steps + 2)
+
+
+def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
+    out: Row = {}
+    mem = PeakMemory(plan.device)
+    with mem:
+        stepper = build()
+        times = time_calls(stepper.step, plan.device, plan.budget)
+    out.update(median_s=median(times), min_s=min(times), reps=len(times),
+               peak_mem_bytes=mem.peak_bytes, peak_mem_method=mem.method)
+    if graph and plan.device.type == "cuda" and plan.graph_steps > 0:
+        try:
+            out["graph_median_s"] = time_graph(stepper.step, plan.device, plan.graph_steps, plan.budget,
+                                               before_capture=lambda k: _prepare_capture(stepper, k))
+        except Exception as exc:  # report, do not abort the run
+            out["graph_error"] = f"{type(exc).__name__}: {exc}"
+    del stepper
+    return out
+
+
+def _prime(plan: Plan, backends: List[str]) -> None:
+    """Step every case once on two tiny tensors, so one-time costs (lazy initialisation, kernel
+    compilation for the dtype) land in no case's time or peak memory."""
+    params = _make_params([(4, 3), (4,)], plan.dtype, plan.device)
+    for algo_name in plan.algos:
+        for backend in backends:
+            try:
+                ALGOS[algo_name].build(params, backend).step()
+            except Exception:
+                pass  # the real case will record the error
+    copy_bandwidth(64, plan.device, Budget(warmup=1, min_reps=1, max_reps=1, min_time_s=0.0))
+    gc.collect()
+
+
+def run(plan: Plan) -> Dict[str, Any]:
+    """Time every case of ``plan``; return {"rows": [...], "backends": ..., "skipped": ...}."""
+    backends, skipped = select_backends(plan)
+    _prime(plan, backends)
+    rows: List[Row] = []
+    for size in plan.sizes:
+        shapes = SIZES[size]
+        params = _make_params(shapes, plan.dtype, plan.device)
+        baseline_cache: Dict[tuple, Row] = {}
+        for algo_name in plan.algos:
+            algo = ALGOS[algo_name]
+            nbytes = bytes_per_step(algo.traffic, shapes, plan.dtype)
+            cases = [(b, (lambda b=b: algo.build(params, b))) for b in backends]
+            if plan.baselines and algo.torch_sgd is not None:
+                cases += [(w, (lambda w=w: build_torch_sgd(params, w, algo.torch_sgd))) for w in BASELINES]
+            for backend, build in cases:
+                row: Row = dict(algorithm=algo_name, label=algo.label, backend=backend, size=size,
+                                device_type=plan.device.type, dtype=str(plan.dtype).replace("torch.", ""),
+                                n_tensors=len(shapes), numel=total_numel(shapes),
+                                bytes_per_element=bytes_per_element(algo.traffic, plan.dtype),
+                                bytes_per_step=nbytes)
+                key = (backend, tuple(sorted(algo.torch_sgd.items()))) if backend in BASELINES else None
+                t0 = time.perf_counter()
+                try:
+                    if key is not None and key in baseline_cache:
+                        row.update(baseline_cache[key])  # same torch work measured for another algorithm
+                    else:
+                        row.update(_measure(build, plan, graph=backend != "reference"))
+                        if key is not None:
+                            baseline_cache[key] = {k: v for k, v in row.items() if k.endswith(("_s", "_bytes", "_method", "reps", "_error"))}
+                except Exception as exc:  # a backend that fails is a result too, not a crash
+                    row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                gc.collect()
+                rows.append(row)
+                plan.log(f"  {size:>9} {algo_name:<22} {backend:<19} "
+                         + (f"{row['median_s'] * 1e3:9.3f} ms  ({row['reps']} reps, {time.perf_counter() - t0:.1f}s)"
+                            if "median_s" in row else f"ERROR {row['error']}"))
+        del params
+        gc.collect()
+    _derive(rows, plan)
+    return {"rows": rows, "backends": backends, "skipped": skipped}
+
+
+def _derive(rows: List[Row], plan: Plan) -> None:
+    """GB/s, % of copy bandwidth, and speedups against reference and torch SGD, per row."""
+    index = {(r["algorithm"], r["backend"], r["size"]): r for r in rows}
+    for r in rows:
+        if "median_s" not in r:
+            continue
+        r["gbps"] = r["bytes_per_step"] / r["median_s"] / 1e9
+        copy = copy_bandwidth(r["bytes_per_step"], plan.device, plan.budget)
+        r["copy_gbps"] = copy / 1e9
+        r["pct_copy"] = 100.0 * r["gbps"] / r["copy_gbps"]
+        if "graph_median_s" in r:
+            r["graph_gbps"] = r["bytes_per_step"] / r["graph_median_s"] / 1e9
+        for col, other in (("speedup_ref", "reference"), ("speedup_sgd_fused", TORCH_FUSED),
+                           ("speedup_sgd_foreach", TORCH_FOREACH)):
+            o = index.get((r["algorithm"], other, r["size"]))
+            r[col] = o["median_s"] / r["median_s"] if o is not None and "median_s" in o else None

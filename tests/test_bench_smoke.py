@@ -1,0 +1,85 @@
+"""The benchmark report machinery (bench/) runs end to end in its quickest mode and writes valid files.
+
+Runs ``python -m bench --smoke`` into a temporary folder (never into bench/results) and checks the
+JSON, the markdown table, the PNG and LATEST.md; plus the pieces the figures rest on: the exact
+ResNet-18 shape list and the SPEC §7 byte counts.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.shapes import SIZES, total_numel  # noqa: E402
+from bench.traffic import Traffic, bytes_per_element, bytes_per_step  # noqa: E402
+
+
+def test_shape_lists():
+    assert (len(SIZES["resnet18"]), total_numel(SIZES["resnet18"])) == (62, 11_689_512)
+    assert total_numel(SIZES["large"]) >= 100_000_000
+    assert len(SIZES["small_cnn"]) <= 8 and total_numel(SIZES["small_cnn"]) < 100_000
+
+
+def test_small_cnn_matches_simulator():
+    models = pytest.importorskip("fedopt_kernels.sim.models")
+    model = models.SmallCNN((1, 8, 8), 10)
+    assert [tuple(p.shape) for p in model.parameters()] == SIZES["small_cnn"]
+
+
+def test_bytes_per_element_matches_spec_table():
+    f32 = torch.float32
+    assert bytes_per_element(Traffic("sgd"), f32) == 12
+    assert bytes_per_element(Traffic("sgd", momentum=True), f32) == 20
+    assert bytes_per_element(Traffic("fednar", weight_decay=True), f32) == 20
+    assert bytes_per_element(Traffic("fednar", weight_decay=True, correction=True), f32) == 28
+    assert bytes_per_element(Traffic("fednar", weight_decay=True, correction=True, prox=True), f32) == 36
+    assert bytes_per_element(Traffic("padamfed"), f32) == 32
+    # element size scales parameter streams, not PAdaMFed's float32 state
+    assert bytes_per_element(Traffic("sgd", momentum=True), torch.bfloat16) == 10
+    assert bytes_per_element(Traffic("padamfed"), torch.bfloat16) == 4 * 2 + 4 * 4  # g, g, x, x at 2 B; D, acc, acc, D at 4 B
+    # neuron scales are read once per row
+    shapes = [(3, 5), (3,)]
+    assert bytes_per_step(Traffic("sgd", neuron_scale=True), shapes, f32) == 18 * 12 + 6 * 4
+
+
+def test_smoke_run_writes_valid_files(tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--device", "cpu", "--out-dir", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jsons = list(tmp_path.glob("cpu-*-smoke.json"))
+    assert len(jsons) == 1, sorted(p.name for p in tmp_path.iterdir())
+    result = json.loads(jsons[0].read_text())
+    meta, rows = result["meta"], result["rows"]
+    assert meta["device_type"] == "cpu" and meta["mode"] == "smoke" and meta["commit"]
+    assert "reference" in result["backends"] and "triton" not in result["backends"]
+    # every core algorithm on every timed backend, plus torch SGD baselines for the SGD family
+    got = {(r["algorithm"], r["backend"]) for r in rows}
+    for algo in ("feddecay", "neuronlr", "fednar", "padamfed"):
+        for backend in result["backends"]:
+            assert (algo, backend) in got
+    assert ("feddecay", "torch.SGD(fused)") in got and ("feddecay", "torch.SGD(foreach)") in got
+    for r in rows:
+        assert "error" not in r, r
+        assert r["median_s"] > 0 and r["reps"] >= 3
+        assert math.isclose(r["gbps"], r["bytes_per_step"] / r["median_s"] / 1e9, rel_tol=1e-9)
+        assert r["copy_gbps"] > 0 and math.isclose(r["pct_copy"], 100 * r["gbps"] / r["copy_gbps"], rel_tol=1e-9)
+    ref = {r["algorithm"]: r for r in rows if r["backend"] == "reference"}
+    assert all(math.isclose(r["speedup_ref"], 1.0) for r in ref.values())
+    assert [g["goal"] for g in result["goals"]] and all("verdict" in g for g in result["goals"])
+    # markdown: one table line per row, printed and written
+    md = jsons[0].with_suffix(".md").read_text()
+    table = [ln for ln in md.splitlines() if ln.startswith("| ") and ln.count("|") > 10]
+    assert len(table) == len(rows) + 1  # + header
+    assert "% copy" in md and md.splitlines()[0] in proc.stdout
+    png = jsons[0].with_suffix(".png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
+    latest = (tmp_path / "LATEST.md").read_text()
+    assert jsons[0].name in latest and jsons[0].with_suffix(".md").name in latest
