@@ -1,0 +1,245 @@
+"""The shared multi-tensor launcher: one kernel launch covers every tensor of a pass.
+
+Design (the same for every op):
+
+* **Pointer table.** For each launch a device ``int64`` tensor ``meta`` of shape ``[T, NR]`` holds,
+  per tensor ``t``, the raw address of each role (param, grad, momentum buffer, ...; 0 where a
+  role is absent), then its ``numel`` and its row length (``numel // shape[0]``, for per-neuron
+  scales). Kernels load an address and cast it with ``.to(tl.pointer_type(DTYPE))``. The element
+  type of each role is a ``tl.constexpr`` (a structural switch), so tensors are grouped into one
+  launch per *dtype signature* (e.g. fp32 params in one launch, bf16 params in another).
+* **Chunk map.** An ``int32`` tensor ``[C, 2]`` maps chunk ``c`` to (tensor index, chunk index
+  within that tensor); a chunk is ``BLOCK`` consecutive elements. A program handles ``ROWS``
+  consecutive chunks (a "tile").
+* **Raw addresses work in both modes.** Compiled, they are device addresses. Under
+  ``TRITON_INTERPRET=1`` the interpreter reads and writes memory through the raw addresses of
+  the numpy lanes, so the same table works for CPU tensors (only tensors passed as *arguments*
+  are copied to the host by the interpreter; the table itself is one of them, the data is not).
+  CUDA tensors under the interpreter would be dereferenced on the host, so the backend refuses
+  that combination (see ``fedopt_kernels/backends/triton.py``).
+* **Two tile shapes.** Compiled (GPU): ``ROWS == 1``: a program is one chunk, the pointer is
+  marked 16-byte aligned (``tl.multiple_of``), and full chunks take an unmasked branch, so
+  float32 loads/stores are 128-bit (``ld.global.v4``). Interpreted: the interpreter pays ~0.1 ms
+  of Python per Triton op *per program*, so many programs are slow; ``ROWS > 1`` packs many
+  chunks (of many small tensors) into one 2-D ``[ROWS, BLOCK]`` program with a mask, which makes
+  a step over hundreds of tensors take milliseconds. The math helpers are shared by both shapes.
+* **Alignment / layout.** Tensors that are non-contiguous, or whose address is not 16-byte
+  aligned (views at odd offsets), are *staged*: the plan owns a contiguous buffer per such
+  tensor; it is filled before the launches and copied back after (only for written roles). This
+  keeps the table stable across steps and the fast path's alignment promise true.
+* **Cache.** A plan (tables, chunk maps, staging buffers, norm partial slots) is cached under a
+  key made of every tensor's (data_ptr, shape, stride, dtype) and the device; it is rebuilt only
+  when that set changes. The cache holds no reference to user tensors (a freed tensor's address
+  may be reused by a new one with the same shape, which the same table serves correctly).
+* **Deterministic global norms.** A norm pass runs ``min(tiles, MAX_NORM_PROGRAMS)`` programs;
+  program ``p`` sums squares over tiles ``p, p + P, ...`` in a fixed order into slot
+  ``slot_base + p`` of ``plan.partials`` (float32, no atomics). The update pass of every launch
+  reduces all slots in a fixed order on the device. Nothing is read back to the host.
+
+Building a plan copies the tables to the device (pinned + non_blocking on CUDA: no host sync);
+this happens only on a cache miss, i.e. not in a steady-state or CUDA-graph-captured step.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+# Compiled (GPU) tile: one chunk of 2048 elements per program, 4 warps -> 16 elements per thread,
+# i.e. four 128-bit accesses per tensor per thread in flight for float32.
+GPU_BLOCK = 2048
+GPU_NUM_WARPS = 4
+# Interpreter tiles: about this many lanes per program (numpy work per op), see pick_tile().
+INTERP_LANES = 1 << 15
+# Cap on norm-pass programs per launch: bounds the slots every update program must reduce.
+MAX_NORM_PROGRAMS = 512
+# Block of slots reduced per loop iteration in the update pass.
+SLOT_BLOCK = 1024
+# Plans kept (LRU). Each owns device tables and staging buffers.
+CACHE_SIZE = 8
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def interpreted() -> bool:
+    """True when Triton kernels decorated now run in the interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
+    """The Triton element type of ``t``; TypeError naming the role and dtype when unsupported."""
+    try:
+        return _TL_DTYPES[t.dtype]
+    except KeyError:
+        raise TypeError(f"backend={backend!r} supports float32, float16 and bfloat16 tensors; "
+                        f"{role!r} has dtype {t.dtype} (use backend='reference' for it)") from None
+
+
+@dataclass
+class Launch:
+    """One kernel launch: the tensors of one group that share a dtype signature."""
+
+    group: int                       # index of the Group the tensors come from
+    dtypes: Dict[str, tl.dtype]      # role -> element type (absent roles map to tl.float32)
+    present: Tuple[str, ...]         # roles that have tensors
+    meta: torch.Tensor               # int64 [T, NR]: addresses per role, numel, row length
+    chunks: torch.Tensor             # int32 [C, 2]: (tensor index, chunk index in tensor)
+    n_chunks: int
+    rows: int                        # chunks per program (1 compiled)
+    block: int                       # elements per chunk
+    n_tiles: int                     # programs of an elementwise pass
+    norm_programs: int = 0           # programs (= partial slots) of a norm pass
+    slot_base: int = 0               # first slot of this launch in Plan.partials
+
+
+@dataclass
+class Plan:
+    """Everything a step needs besides the per-step scalars, built once per tensor set."""
+
+    launches: List[Launch]
+    partials: Optional[torch.Tensor]                         # float32 [n_slots] or None
+    n_slots: int
+    staged: List[Tuple[int, str, int, torch.Tensor, bool]] = field(default_factory=list)
+    # (group, role, index in group, contiguous staging buffer, written by the op)
+
+    def stage_in(self, roles: Sequence[Dict[str, List[torch.Tensor]]]) -> None:
+        """Copy the user's non-contiguous / misaligned tensors into the staging buffers."""
+        for g, role, i, buf, _ in self.staged:
+            buf.copy_(roles[g][role][i])
+
+    def stage_out(self, roles: Sequence[Dict[str, List[torch.Tensor]]]) -> None:
+        """Copy written staging buffers back into the user's tensors."""
+        for g, role, i, buf, written in self.staged:
+            if written:
+                roles[g][role][i].copy_(buf)
+
+
+_CACHE: "OrderedDict[tuple, Plan]" = OrderedDict()
+# Counters for the tests: how many plans were built, how many steps reused one.
+stats = {"builds": 0, "hits": 0}
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
+
+
+def _key_of(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+
+
+def pick_tile(numels: Sequence[int], interp: bool) -> Tuple[int, int]:
+    """(ROWS, BLOCK) for one launch. Compiled: (1, GPU_BLOCK). Interpreted: a block near the mean
+    tensor size (few wasted lanes on small tensors) and enough rows for ~INTERP_LANES lanes."""
+    if not interp:
+        return 1, GPU_BLOCK
+    mean = max(1, sum(numels) // max(1, len(numels)))
+    block = min(4096, max(64, triton.next_power_of_2(mean)))
+    rows = max(1, INTERP_LANES // block)
+    return rows, block
+
+
+def _chunk_map(numels: List[int], block: int) -> torch.Tensor:
+    counts = torch.tensor([(n + block - 1) // block for n in numels], dtype=torch.int64)
+    tensor_idx = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int64), counts)
+    first = torch.cumsum(counts, 0) - counts
+    within = torch.arange(int(counts.sum()), dtype=torch.int64) - torch.repeat_interleave(first, counts)
+    return torch.stack([tensor_idx, within], 1).to(torch.int32)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        # pinned + non_blocking: the copy is queued on the stream, the host does not wait
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], role_names: Tuple[str, ...],
+             written: Tuple[str, ...], device: torch.device, norm: bool,
+             scale_role: Optional[str] = None) -> Plan:
+    """The cached plan for these tensors (one dict role -> list per group), building it on a miss.
+
+    ``role_names`` fixes the column order of the pointer table (the kernels' ROLE constants);
+    ``written`` names the roles the op stores into; ``norm`` asks for partial slots;
+    ``scale_role`` names the per-row scale role whose row length goes into the table.
+    """
+    key = (op, device, norm, tuple(
+        tuple(tuple(map(_key_of, r[name])) if name in r else None for name in role_names) for r in roles))
+    plan = _CACHE.get(key)
+    if plan is not None:
+        _CACHE.move_to_end(key)
+        stats["hits"] += 1
+        return plan
+    plan = _build(roles, role_names, written, device, norm, scale_role)
+    _CACHE[key] = plan
+    while len(_CACHE) > CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    stats["builds"] += 1
+    return plan
+
+
+def _build(roles, role_names, written, device, norm, scale_role) -> Plan:
+    interp = interpreted()
+    nr = len(role_names) + 2
+    launches: List[Launch] = []
+    staged: List[Tuple[int, str, int, torch.Tensor, bool]] = []
+    for g, r in enumerate(roles):
+        present = tuple(name for name in role_names if name in r)
+        n = len(r[role_names[0]])
+        # split the group by dtype signature, keeping first-seen order (deterministic)
+        by_sig: "OrderedDict[tuple, List[int]]" = OrderedDict()
+        for i in range(n):
+            if r[role_names[0]][i].numel() == 0:
+                continue  # zero-size: nothing to do, nothing in the table
+            sig = tuple(tl_dtype(r[name][i], name) for name in present)
+            by_sig.setdefault(sig, []).append(i)
+        for sig, idx in by_sig.items():
+            rows_meta = []
+            numels = []
+            for i in idx:
+                addrs = []
+                for name in role_names:
+                    if name not in r:
+                        addrs.append(0)
+                        continue
+                    t = r[name][i]
+                    if not t.is_contiguous() or t.data_ptr() % 16 != 0:
+                        buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                        staged.append((g, name, i, buf, name in written))
+                        t = buf
+                    addrs.append(t.data_ptr())
+                x = r[role_names[0]][i]
+                rowlen = x.numel() // x.shape[0] if (scale_role in r and x.dim() > 0) else 1
+                if rowlen >= 2**31 - 2 * GPU_BLOCK:
+                    raise ValueError(f"a parameter of shape {tuple(x.shape)} has rows of {rowlen} elements; "
+                                     f"the triton backend's per-row scale supports rows below 2**31 elements")
+                rows_meta.append(addrs + [x.numel(), rowlen])
+                numels.append(x.numel())
+            rows, block = pick_tile(numels, interp)
+            chunks = _chunk_map(numels, block)
+            n_chunks = chunks.shape[0]
+            n_tiles = (n_chunks + rows - 1) // rows
+            dtypes = {name: tl.float32 for name in role_names}
+            dtypes.update(zip(present, sig))
+            launches.append(Launch(
+                group=g, dtypes=dtypes, present=present,
+                meta=_to_device(torch.tensor(rows_meta, dtype=torch.int64).reshape(len(idx), nr), device),
+                chunks=_to_device(chunks.contiguous(), device),
+                n_chunks=n_chunks, rows=rows, block=block, n_tiles=n_tiles))
+    n_slots = 0
+    partials = None
+    if norm:
+        for lau in launches:
+            lau.norm_programs = min(lau.n_tiles, MAX_NORM_PROGRAMS)
+            lau.slot_base = n_slots
+            n_slots += lau.norm_programs
+        partials = torch.zeros(max(1, n_slots), dtype=torch.float32, device=device)
+    return Plan(launches=launches, partials=partials, n_slots=n_slots, staged=staged)
+
+
+def num_warps() -> int:
+    return GPU_NUM_WARPS

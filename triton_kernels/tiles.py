@@ -1,0 +1,113 @@
+"""Device-side addressing shared by every kernel: where a program's elements are, and how to load them.
+
+A program covers a *tile*: ``ROWS`` chunks of ``BLOCK`` elements (see ``launcher.py``). With
+``ROWS == 1`` (compiled) everything is 1-D and scalar per program: ``t`` (tensor index) and
+``start`` are scalars, ``col = arange(BLOCK)``. With ``ROWS > 1`` (interpreter) ``t`` and
+``start`` are ``[ROWS, 1]`` and ``col`` is ``[1, BLOCK]``; the same helpers serve both shapes.
+"""
+import triton
+import triton.language as tl
+
+from .launcher import interpreted
+
+# The interpreter converts float32 -> bfloat16 by truncation (and bfloat16 -> float32 through a
+# generic bit-twiddling path); under it, bfloat16 is converted here with integer ops instead,
+# rounding to nearest even exactly as torch does. Compiled kernels use the hardware conversions.
+INTERPRETED = tl.constexpr(interpreted())
+
+
+@triton.jit
+def bf16_to_f32(v):
+    return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def f32_to_bf16(v):
+    """Round to nearest even; NaN -> the canonical quiet NaN 0x7FC0 (as c10::BFloat16)."""
+    u = v.to(tl.uint32, bitcast=True)
+    rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+    bits = tl.where(v != v, 0x7FC0, rounded)
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def role_ptr(meta_ptr, t, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr):
+    """Typed pointer to the first element of role ``ROLE`` of tensor ``t``."""
+    ptr = tl.load(meta_ptr + t * NR + ROLE).to(tl.pointer_type(DTYPE))
+    if ROWS == 1:
+        # the launcher stages any tensor whose address is not 16-byte aligned: this promise is
+        # what lets the compiler emit 128-bit accesses on the unmasked path
+        ptr = tl.multiple_of(ptr, 16)
+    return ptr
+
+
+@triton.jit
+def load_f32(meta_ptr, t, offs, mask, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
+             ROWS: tl.constexpr):
+    """Elements ``offs`` of role ``ROLE`` of tensor ``t`` as float32 (0 where masked off)."""
+    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS) + offs
+    if mask is None:
+        v = tl.load(p)
+    else:
+        v = tl.load(p, mask=mask, other=0.0)
+    if INTERPRETED and DTYPE == tl.bfloat16:
+        v = bf16_to_f32(v)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def store_as(meta_ptr, t, offs, mask, value, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
+             ROWS: tl.constexpr):
+    """Round ``value`` to the role's storage dtype once and store it."""
+    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS) + offs
+    if INTERPRETED and DTYPE == tl.bfloat16:
+        tl.store(p, f32_to_bf16(value), mask=mask)
+    else:
+        tl.store(p, value.to(DTYPE), mask=mask)
+
+
+@triton.jit
+def chunk_of(chunks_ptr, meta_ptr, c, NR: tl.constexpr, BLOCK: tl.constexpr):
+    """Scalar (tensor index, first element, numel) of chunk ``c`` (compiled 1-D path)."""
+    t = tl.load(chunks_ptr + 2 * c)
+    j = tl.load(chunks_ptr + 2 * c + 1)
+    n = tl.load(meta_ptr + t * NR + (NR - 2))
+    start = j.to(tl.int64) * BLOCK
+    return t, start, n
+
+
+@triton.jit
+def tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """[ROWS, 1] tensor indices and first elements, [1, BLOCK] columns and the [ROWS, BLOCK] mask
+    of tile ``tile`` (interpreter 2-D path). Rows past the last chunk are masked off."""
+    c = tile * ROWS + tl.arange(0, ROWS)
+    valid = c < n_chunks
+    t = tl.load(chunks_ptr + 2 * c, mask=valid, other=0)[:, None]
+    j = tl.load(chunks_ptr + 2 * c + 1, mask=valid, other=0)[:, None]
+    n = tl.load(meta_ptr + t * NR + (NR - 2))
+    start = j.to(tl.int64) * BLOCK
+    col = tl.arange(0, BLOCK)[None, :]
+    mask = ((start + col) < n) & valid[:, None]
+    return t, start, col, mask
+
+
+@triton.jit
+def row_index(meta_ptr, t, start, col, NR: tl.constexpr):
+    """Row (first-dim index) of elements ``start + col`` of tensor ``t``, for per-neuron scales.
+
+    One 64-bit division per program, then 32-bit divisions per element (rows < 2**31 elements,
+    checked by the launcher).
+    """
+    rowlen = tl.load(meta_ptr + t * NR + (NR - 1))
+    row0 = start // rowlen
+    rem = (start - row0 * rowlen).to(tl.int32)
+    return row0 + ((rem + col) // rowlen.to(tl.int32))
+
+
+@triton.jit
+def lr_at_step(k_ptr, table_ptr, table_len, decay_every, lr):
+    """lr_k = lr * s(min(k // decay_every, len(table) - 1)), read on the device, rounded to float32."""
+    k = tl.load(k_ptr)
+    j = tl.minimum(k // decay_every, table_len - 1)
+    s = tl.load(table_ptr + j)
+    return (lr * s).to(tl.float32)
