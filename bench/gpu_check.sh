@@ -8,7 +8,7 @@
 #   bash bench/gpu_check.sh --no-gpu --skip-install --pytest-args "tests/test_api.py"   # CPU dry run
 #
 # Options:
-#   --no-gpu            dry run without CUDA: folder cpu-dryrun-<date>, benchmark in --smoke mode
+#   --no-gpu            dry run without CUDA: bench/results/tmp/cpu-dryrun-<date>, benchmark --smoke
 #   --skip-install      do not pip install / build (use what is installed)
 #   --skip-tests        do not run pytest
 #   --bench-mode MODE   full | quick | smoke (default: quick; it has all three sizes on CUDA)
@@ -66,6 +66,8 @@ DATE=$(date -u +%Y-%m-%d)
 NAME="$PREFIX-$SLUG-$DATE"
 [ "$PREFIX" = cpu-dryrun ] && NAME="cpu-dryrun-$DATE"
 RES="bench/results/$NAME"
+# dry runs go to the git-ignored tmp folder: they are checks of this script, not results
+[ "$NO_GPU" = 1 ] && RES="bench/results/tmp/$NAME"
 rm -rf "$RES"; mkdir -p "$RES"
 COMMIT=$(git rev-parse HEAD 2>/dev/null || echo "${FEDOPT_COMMIT:-unknown}")
 export FEDOPT_COMMIT="$COMMIT"
@@ -143,7 +145,7 @@ phase bench $(( $(left) - 15 )) "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS --out
   if [ -n "$BENCH_MD" ]; then
     echo "## Benchmark goals ($(basename "$BENCH_MD"))"
     echo
-    sed -n '/^## Goals/,/^## Results/p' "$BENCH_MD" | sed -e '1d' -e '$d'
+    sed -n '/^## Goals/,/^## Results/p' "$BENCH_MD" | grep '^|'
   fi
 } >> "$SUMMARY"
 cat "$SUMMARY"
