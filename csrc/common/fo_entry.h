@@ -1,0 +1,32 @@
+// One parameter tensor and its companions, as the kernels see it: raw pointers, no torch types.
+// Shared by the C++ CPU kernels and the CUDA launchers (which nvcc compiles without torch headers).
+#pragma once
+
+#include <cstdint>
+
+namespace fo {
+
+// Storage dtype of a parameter. Companion tensors use either the same dtype ("param-typed": grads,
+// momentum buffers, x0, corrections, anchor grads) or the state dtype: float32, float64 for float64
+// parameters ("state-typed": PAdaMFed's D and acc, NeuronLRSGD's scales).
+enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2, F64 = 3 };
+
+inline int dtype_size(DType t) { return t == DType::F64 ? 8 : t == DType::F32 ? 4 : 2; }
+inline int state_size(DType t) { return t == DType::F64 ? 8 : 4; }
+
+constexpr int kMaxSlots = 6;
+
+// Slot order per op (the Python glue passes the lists in this order).
+namespace sgd_slot { enum { X, G, BUF, X0, CORR, SCALE, COUNT }; }
+namespace fednar_slot { enum { X, G, X0, CORR, COUNT }; }
+namespace padamfed_slot { enum { X, G, D, ACC, H, COUNT }; }
+
+struct Entry {
+  void* ptr[kMaxSlots];  // contiguous (or same-strided dense) storage; null when the slot is absent
+  int64_t numel;         // > 0: zero-size tensors never become entries
+  int64_t row_len;       // elements per neuron-scale row; numel when the tensor has no scale
+  int32_t group;         // index into the op's per-group hyperparameters
+  DType dtype;           // parameter dtype
+};
+
+}  // namespace fo
