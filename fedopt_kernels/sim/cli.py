@@ -1,0 +1,201 @@
+"""``fedopt-sim``: run an FL simulation (or ``--validate`` a backend against the reference) from the shell.
+
+Examples::
+
+    fedopt-sim --algorithm feddecay --beta 0.5 --rounds 50 --seeds 0 1 2
+    fedopt-sim --algorithm scaffold --partition shards --clients 20 --out runs/scaffold
+    fedopt-sim --algorithm fednar --rounds 5 --validate cpu
+
+Exit status: 0 on success, 1 when ``--validate`` finds a divergence past its tolerance, 2 on bad
+input (the message names the parameter).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from .config import ALGORITHMS, DATASETS, DEVICES, PARTITIONS, SimConfig
+from .models import MODELS
+from .validate import ACC_TOL, PARAM_RTOL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = SimConfig()
+    p = argparse.ArgumentParser(
+        prog="fedopt-sim",
+        description="Federated learning simulator on the fedopt_kernels optimizers (offline data: "
+                    "scikit-learn digits, FedProx Synthetic(alpha, beta)).")
+    a = p.add_argument
+    g = p.add_argument_group("algorithm")
+    g.add_argument("--algorithm", default=d.algorithm, help=f"one of: {', '.join(ALGORITHMS)} (default %(default)s)")
+    g.add_argument("--lr", type=float, help="client learning rate (default 0.05; PAdaMFed: eta from theory_hparams)")
+    g.add_argument("--lr-scale", type=float, default=d.lr_scale, help="multiply the client lr (default %(default)s)")
+    g.add_argument("--server-lr", type=float, help="server learning rate (default 1; PAdaMFed: gamma from theory)")
+    g.add_argument("--beta", type=float, help="FedDecay decay factor (default 0.5 for feddecay, 1 for "
+                   "fedprox/scaffold) or PAdaMFed momentum parameter (default from theory)")
+    g.add_argument("--decay-schedule", default=d.decay_schedule, choices=("exponential", "linear"))
+    g.add_argument("--decay-every", type=int, default=d.decay_every, help="local steps per decay period (default %(default)s)")
+    g.add_argument("--momentum", type=float, default=d.momentum)
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    g.add_argument("--prox-mu", type=float, help="FedProx coefficient (fedprox, fednar-fedprox; default 0.01)")
+    g.add_argument("--clip-norm", type=float, help="FedNAR max_norm (default 10); gradient clipping for SGD algorithms")
+    g.add_argument("--round-decay", type=float, help="client lr *= round_decay**t (default 0.998 for FedNAR, else 1)")
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
+    g.add_argument("--partition", choices=PARTITIONS, help="default: dirichlet (digits), natural (synthetic)")
+    g.add_argument("--dirichlet-alpha", "--alpha", type=float, default=d.dirichlet_alpha,
+                   help="Dirichlet label-skew concentration, > 0 (default %(default)s)")
+    g.add_argument("--shards-per-client", type=int, default=d.shards_per_client)
+    g.add_argument("--synthetic-alpha", type=float, default=d.synthetic_alpha)
+    g.add_argument("--synthetic-beta", type=float, default=d.synthetic_beta)
+    g.add_argument("--clients", type=int, default=d.clients, help="all users, new users included (default %(default)s)")
+    g.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction,
+                   help="fraction of users held out as new users (default %(default)s)")
+    g.add_argument("--split", type=float, nargs=3, default=list(d.split), metavar=("TRAIN", "VAL", "TEST"))
+    g = p.add_argument_group("training")
+    g.add_argument("--model", default=d.model, choices=MODELS)
+    g.add_argument("--rounds", type=int, default=d.rounds)
+    g.add_argument("--local-steps", type=int, default=d.local_steps)
+    g.add_argument("--batch-size", type=int, default=d.batch_size)
+    g.add_argument("--sample-rate", type=float, default=d.sample_rate,
+                   help="fraction of training clients sampled per round (default %(default)s)")
+    g.add_argument("--clients-per-round", type=int, help="number of clients sampled per round (overrides --sample-rate)")
+    g.add_argument("--finetune-steps", type=int, default=d.finetune_steps)
+    g.add_argument("--finetune-lr", type=float, default=d.finetune_lr)
+    g.add_argument("--eval-every", type=int, default=d.eval_every)
+    g = p.add_argument_group("execution")
+    g.add_argument("--backend", default=d.backend, help="auto, reference, triton, cuda or cpu (default %(default)s)")
+    g.add_argument("--device", default=d.device, choices=DEVICES)
+    g.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0], help="one run per seed (default 0)")
+    g.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: the models are tiny, threads only add overhead)")
+    g.add_argument("--out", help="directory for metrics JSON/CSV and curves.png (default sim_runs/<algorithm>-<dataset>)")
+    g.add_argument("--no-files", action="store_true", help="write no files")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = p.add_argument_group("validation")
+    g.add_argument("--validate", metavar="BACKEND",
+                   help="run on reference and on BACKEND with identical seeds and batches; compare")
+    g.add_argument("--param-rtol", type=float, default=PARAM_RTOL,
+                   help="max relative parameter divergence per round (default %(default)s)")
+    g.add_argument("--acc-tol", type=float, default=ACC_TOL,
+                   help="max final accuracy difference, as a fraction (default %(default)s)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
+    return SimConfig(
+        algorithm=args.algorithm, dataset=args.dataset, partition=args.partition,
+        dirichlet_alpha=args.dirichlet_alpha, shards_per_client=args.shards_per_client,
+        synthetic_alpha=args.synthetic_alpha, synthetic_beta=args.synthetic_beta, clients=args.clients,
+        holdout_fraction=args.holdout_fraction, split=tuple(args.split), model=args.model, rounds=args.rounds,
+        local_steps=args.local_steps, batch_size=args.batch_size, sample_rate=args.sample_rate,
+        clients_per_round=args.clients_per_round, lr=args.lr, lr_scale=args.lr_scale, server_lr=args.server_lr,
+        beta=args.beta, decay_schedule=args.decay_schedule, decay_every=args.decay_every, momentum=args.momentum,
+        weight_decay=args.weight_decay, prox_mu=args.prox_mu, clip_norm=args.clip_norm,
+        round_decay=args.round_decay, finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr,
+        backend=args.backend, device=args.device, seed=seed, eval_every=args.eval_every,
+    ).validate()
+
+
+def _progress_bar(total: int, desc: str, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, disable=quiet or not sys.stderr.isatty(), leave=False)
+
+
+def _prepare_environment(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.threads < 1:
+        raise ValueError(f"threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    wants_triton = "triton" in (args.backend, args.validate)
+    on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    if wants_triton and on_cpu:
+        # Triton runs CPU tensors only in its interpreter, chosen when triton is first imported
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
+    from .report import format_final_table, plot_curves, write_csv, write_json
+    from .simulation import Simulation
+
+    out_dir = None if args.no_files else Path(args.out or f"sim_runs/{args.algorithm}-{args.dataset}")
+    results: List[Dict[str, Any]] = []
+    for cfg in configs:
+        sim = Simulation(cfg)
+        bar = _progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
+
+        def tick(rec: Dict[str, Any]) -> None:
+            bar.update(1)
+            if "val_acc" in rec:
+                bar.set_postfix(loss=f"{rec['train_loss']:.3f}", val_acc=f"{rec['val_acc']:.3f}")
+
+        result = sim.run(progress=tick)
+        bar.close()
+        results.append(result)
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_json(out_dir / f"metrics_seed{cfg.seed}.json", result)
+            write_csv(out_dir / f"metrics_seed{cfg.seed}.csv", result["history"])
+        if not args.quiet:
+            print(f"seed {cfg.seed}: {cfg.rounds} rounds in {result['train_seconds']:.1f} s "
+                  f"(backend {result['backend']}, device {result['device']})", file=sys.stderr)
+    if out_dir is not None:
+        plot_curves(out_dir / "curves.png", {f"seed {r['config']['seed']}": r["history"] for r in results},
+                    title=f"{args.algorithm} on {args.dataset}")
+    hp = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results[0]["hparams"].items())
+    print(f"{args.algorithm} on {args.dataset} ({configs[0].resolved_partition}), {configs[0].clients} clients, "
+          f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps; {hp}")
+    print(format_final_table(results))
+    if out_dir is not None:
+        print(f"files: {out_dir}/metrics_seed*.json, metrics_seed*.csv, curves.png")
+    return 0
+
+
+def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
+    from .validate import validate_backend
+
+    status = 0
+    for cfg in configs:
+        bar = _progress_bar(cfg.rounds, f"validate {args.validate} seed {cfg.seed}", args.quiet)
+        v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol, on_round=lambda _: bar.update(1))
+        bar.close()
+        print(f"seed {cfg.seed}: {v.report()}")
+        if not v.passed:
+            status = 1
+    return status
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.validate is not None and args.validate == "auto":
+            raise ValueError("validate needs a concrete backend name (reference, triton, cuda or cpu), not 'auto'")
+        for name in ("param_rtol", "acc_tol"):
+            v = getattr(args, name)
+            if not v >= 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        if len(set(args.seeds)) != len(args.seeds):
+            raise ValueError(f"seeds must be distinct, got {args.seeds}")
+        configs = [config_from_args(args, s) for s in args.seeds]
+        _prepare_environment(args)
+        from .simulation import resolve_backend, resolve_device
+
+        device = resolve_device(configs[0].device)
+        resolve_backend(configs[0], device)
+        if args.validate is not None:
+            resolve_backend(configs[0].replace(backend=args.validate), device)
+    except ValueError as exc:  # bad input: name the parameter, exit 2 (like argparse)
+        parser.exit(2, f"fedopt-sim: error: {exc}\n")
+    if args.validate is not None:
+        return _validate(args, configs)
+    return _run(args, configs)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""PAdaMFed's server: control variates and global momentum (SPEC §5; seed 004, Alg. 1).
+
+With S clients sampled out of the N training clients, client lr ``eta`` and K local steps::
+
+    x'  = x - gamma * mean_{i in S}(x - y_i) / (eta * K)      (plain mean: the paper's 1/S)
+    dc  = sum_{i in S} (c_i' - c_i)
+    m'  = beta * (dc / S + c) + (1 - beta) * m
+    c'  = c + dc / N
+    init: c_i = mean of K stochastic gradients at x0 (every training client), c = mean_i c_i, m = c
+
+Each client starts its round with ``start_round(global_control=c, local_control=c_i, momentum=m)``
+and returns ``c_i' = local_control()``. The VR variant also needs, at every step, the gradient of the
+same mini-batch at the round's starting model (a second copy of the model holds it).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, List
+
+import torch
+from torch.nn import functional as F
+
+from .clients import Batch
+from .strategy import AvgStrategy, ClientUpdate, Tensors
+
+
+class PAdaMFedStrategy(AvgStrategy):
+    def __init__(self, sim):
+        super().__init__(sim)
+        self.vr = sim.cfg.algorithm.endswith("-vr")
+        self.anchor_model = copy.deepcopy(sim.model) if self.vr else None
+        self.c: Tensors = []
+        self.m: Tensors = []
+        self.c_local: Dict[int, Tensors] = {}
+
+    @torch.no_grad()
+    def _mean_grad(self, cid: int) -> Tensors:
+        stream = self.sim.streams[cid]
+        acc = [torch.zeros_like(x) for x in self.sim.global_params]
+        K = self.sim.cfg.local_steps
+        for _ in range(K):
+            with torch.enable_grad():
+                self.loss_and_grad(stream.next())
+            for a, p in zip(acc, self.sim.model.parameters()):
+                a.add_(p.grad)
+        return [a / K for a in acc]
+
+    @torch.no_grad()
+    def setup(self) -> None:
+        # Alg. 1 line 1: c_i from K stochastic gradients at x0 for every client; c = mean; m = c
+        n = self.sim.cfg.num_train_clients
+        self.c = [torch.zeros_like(x) for x in self.sim.global_params]
+        for cid in range(n):
+            self.c_local[cid] = ci = self._mean_grad(cid)
+            for c, c_i in zip(self.c, ci):
+                c.add_(c_i, alpha=1.0 / n)
+        self.m = [c.clone() for c in self.c]
+
+    def round_inputs(self, cid: int, t: int) -> Dict[str, Any]:
+        if self.vr:
+            with torch.no_grad():
+                for a, g in zip(self.anchor_model.parameters(), self.sim.global_params):
+                    a.copy_(g)
+        return {"global_control": self.c, "local_control": self.c_local[cid], "momentum": self.m}
+
+    def local_step(self, cid: int, opt: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
+        loss = self.loss_and_grad(batch)
+        if not self.vr:
+            opt.step()
+            return loss
+        self.anchor_model.zero_grad(set_to_none=True)
+        x, y = batch
+        F.cross_entropy(self.anchor_model(x), y).backward()
+        opt.step(anchor_grads=[p.grad for p in self.anchor_model.parameters()])
+        return loss
+
+    @torch.no_grad()
+    def finish(self, cid: int, opt: torch.optim.Optimizer, t: int) -> ClientUpdate:
+        update = super().finish(cid, opt, t)
+        new_ci = [c.to(x.dtype) for c, x in zip(opt.local_control(), self.sim.global_params)]
+        update.extra["dc"] = [n - o for n, o in zip(new_ci, self.c_local[cid])]
+        update.extra["new_ci"] = new_ci
+        return update
+
+    @torch.no_grad()
+    def aggregate(self, updates: List[ClientUpdate], t: int) -> None:
+        S, N, K = len(updates), self.sim.cfg.num_train_clients, self.sim.cfg.local_steps
+        eta, gamma, beta = self.hp["lr"], self.hp["server_lr"], self.hp["beta"]
+        scale = gamma / (eta * K) if eta > 0 else 0.0
+        for j, x in enumerate(self.sim.global_params):
+            mean_delta = torch.zeros_like(x)
+            dc = torch.zeros_like(x)
+            for u in updates:  # fixed order: deterministic sums
+                mean_delta.add_(u.delta[j], alpha=1.0 / S)
+                dc.add_(u.extra["dc"][j])
+            x.add_(mean_delta, alpha=scale)                  # x - gamma * mean(x - y_i) / (eta K)
+            self.m[j].mul_(1 - beta).add_(dc / S + self.c[j], alpha=beta)  # uses the old c
+            self.c[j].add_(dc, alpha=1.0 / N)
+        for u in updates:
+            self.c_local[u.client_id] = u.extra["new_ci"]

@@ -1,0 +1,154 @@
+"""The round loop shared by every algorithm, and the run around it (setup, evaluation, result).
+
+Randomness comes from one ``numpy.random.SeedSequence(seed)`` split into independent streams for the
+data partition, the model initialisation, client sampling, each client's mini-batches and each
+user's fine-tuning batches. None of them depends on the optimizer backend, so runs on different
+backends with the same seed see the same clients and batches.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import _registry
+from .clients import BatchStream, ClientData
+from .config import SimConfig
+from .evaluate import evaluate_users, pooled_metrics
+from .federated_data import FederatedData, build_federated_data
+from .models import build_model
+from .padamfed_server import PAdaMFedStrategy
+from .scaffold import ScaffoldStrategy
+from .strategy import AvgStrategy
+
+_OPS = {"decay": "sgd", "nlr": "sgd", "nar": "fednar", "padamfed": "padamfed"}
+_STRATEGIES = {"avg": AvgStrategy, "scaffold": ScaffoldStrategy, "padamfed": PAdaMFedStrategy}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_backend(cfg: SimConfig, device: torch.device) -> str:
+    """The concrete backend the run's optimizers use; ValueError naming it when it cannot run here."""
+    op = _OPS[cfg.client_optimizer]
+    name = _registry.auto_backend(device, op) if cfg.backend == "auto" else cfg.backend
+    why = _registry.unavailable_reason(name, device, op)
+    if why is not None:
+        raise ValueError(f"backend={cfg.backend!r} cannot be used: {why}")
+    return name
+
+
+class Simulation:
+    """One FL run. ``run()`` does everything; ``run_round(t)`` lets a caller step runs in lockstep.
+
+    ``data`` and ``model_fn`` replace the data set / model built from ``cfg`` (tests use tiny ones).
+    """
+
+    def __init__(self, cfg: SimConfig, data: Optional[FederatedData] = None,
+                 model_fn: Optional[Callable[[], nn.Module]] = None):
+        self.cfg = cfg.validate()
+        self.hp = cfg.hparams()
+        self.device = resolve_device(cfg.device)
+        self.backend = resolve_backend(cfg, self.device)
+        ss_data, ss_init, ss_sample, ss_batch, ss_tune = np.random.SeedSequence(cfg.seed).spawn(5)
+        self.data = data if data is not None else build_federated_data(cfg, np.random.default_rng(ss_data), self.device)
+        if len(self.data.train_clients) != cfg.num_train_clients:
+            raise ValueError(f"data has {len(self.data.train_clients)} training clients, config expects "
+                             f"{cfg.num_train_clients}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(ss_init.generate_state(1)[0]))
+            model = model_fn() if model_fn is not None else build_model(cfg.model, self.data.input_shape,
+                                                                        self.data.num_classes)
+        self.model = model.to(self.device)
+        self.global_params: List[torch.Tensor] = [p.detach().clone() for p in self.model.parameters()]
+        self.sample_rng = np.random.default_rng(ss_sample)
+        self.streams = {c.client_id: BatchStream(c.train_x, c.train_y, cfg.batch_size, np.random.default_rng(s))
+                        for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)))}
+        self._tune_seed = ss_tune
+        self.strategy = _STRATEGIES[cfg.server_rule](self)
+        self.history: List[Dict[str, Any]] = []
+        self._setup_done = False
+
+    @property
+    def train_clients(self) -> List[ClientData]:
+        return self.data.train_clients
+
+    def load_global(self) -> None:
+        with torch.no_grad():
+            for p, g in zip(self.model.parameters(), self.global_params):
+                p.copy_(g)
+
+    def sample_clients(self) -> List[int]:
+        picked = self.sample_rng.choice(self.cfg.num_train_clients, size=self.cfg.sampled_per_round, replace=False)
+        return sorted(int(i) for i in picked)  # sorted: aggregation order does not depend on draw order
+
+    def run_round(self, t: int) -> Dict[str, Any]:
+        """Round ``t`` (0-based): local training of the sampled clients, then aggregation."""
+        start = time.perf_counter()
+        if not self._setup_done:
+            self.load_global()
+            self.strategy.setup()
+            self._setup_done = True
+        sampled = self.sample_clients()
+        updates, losses = [], []
+        for cid in sampled:
+            self.load_global()
+            opt = self.strategy.begin(cid, t)
+            loss_sum = torch.zeros((), device=self.device)
+            for _ in range(self.cfg.local_steps):
+                loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
+            updates.append(self.strategy.finish(cid, opt, t))
+            losses.append(float(loss_sum) / self.cfg.local_steps)
+        self.strategy.aggregate(updates, t)
+        self.load_global()
+        weights = np.array([u.weight for u in updates])
+        record: Dict[str, Any] = {"round": t + 1, "train_loss": float(np.dot(weights, losses) / weights.sum()),
+                                  "clients": sampled}
+        if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
+            val = pooled_metrics(self.model, self.train_clients, "val")
+            record.update(val_loss=val["loss"], val_acc=val["acc"])
+        record["seconds"] = time.perf_counter() - start
+        self.history.append(record)
+        return record
+
+    def final_evaluation(self) -> Dict[str, Any]:
+        """The per-user protocol on existing and new users, plus pooled test accuracy of the global model."""
+        users = self.train_clients + self.data.new_clients
+        seeds = {u.client_id: s for u, s in zip(users, self._tune_seed.spawn(len(users)))}
+
+        def stream(u: ClientData) -> BatchStream:
+            return BatchStream(u.train_x, u.train_y, self.cfg.batch_size, np.random.default_rng(seeds[u.client_id]))
+
+        out = evaluate_users(self.model, self.global_params,
+                             {"existing": self.train_clients, "new": self.data.new_clients},
+                             self.cfg.finetune_steps, self.cfg.finetune_lr, stream)
+        out["pooled_test_acc"] = pooled_metrics(self.model, users, "test")["acc"]
+        return out
+
+    def run(self, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """All rounds, then the final evaluation; returns a JSON-ready result."""
+        start = time.perf_counter()
+        for t in range(len(self.history), self.cfg.rounds):
+            record = self.run_round(t)
+            if progress is not None:
+                progress(record)
+        train_seconds = time.perf_counter() - start
+        final = self.final_evaluation()
+        return {
+            "config": self.cfg.to_dict(),
+            "hparams": self.hp,
+            "backend": self.backend,
+            "device": str(self.device),
+            "history": self.history,
+            "final": final,
+            "train_seconds": train_seconds,
+            "total_seconds": time.perf_counter() - start,
+        }
