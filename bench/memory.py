@@ -1,60 +1,71 @@
-"""Peak memory an optimizer adds while it steps (state plus temporaries), per device.
+"""Memory figures of an optimizer: its state, and the extra memory one step allocates.
 
-CUDA: ``torch.cuda.max_memory_allocated`` over the allocation at the start.
-CPU: tracemalloc cannot see torch's allocations, so this reads the process's resident set:
-the kernel's peak RSS (``VmHWM``) is reset through ``/proc/self/clear_refs`` and compared with
-the RSS at the start. Freed-but-cached heap pages are not counted as growth, so this is a lower
-bound; where ``/proc`` does not allow it the figure is None (reported as n/a).
+- ``state_bytes``: bytes of every tensor in ``optimizer.state`` (momentum buffers, control
+  variates, accumulators, anchors...), exact on any device.
+- ``step_peak_bytes``: the peak of memory allocated during one step above what was allocated
+  before it (temporaries, plus state created lazily on that step). CUDA: from
+  ``torch.cuda.max_memory_allocated``. CPU: tracemalloc cannot see torch's allocator and the
+  resident set hides reused heap pages, so this replays the step under ``torch.profiler`` with
+  ``profile_memory=True`` and sums the allocator's alloc/free events in time order (allocations
+  torch does not make, e.g. a C++ ``std::vector`` in an extension, are not seen).
 """
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import os
+from typing import Callable, Iterator, Optional
 
 import torch
 
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's log lines out of the report
 
-def _status_kib(field: str) -> Optional[int]:
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    total = 0
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size()
+    return total
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence fd 2 (kineto prints start/stop lines from C++ that Python cannot catch)."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
+        saved = os.dup(2)
     except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def step_peak_bytes(step: Callable[[], None], device: torch.device) -> Optional[int]:
+    """Peak extra bytes allocated while ``step()`` runs once (module docstring); None if unmeasurable."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
+        events = [e for e in prof.profiler.kineto_results.events()
+                  if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    except Exception:  # profiler unavailable or changed: say n/a rather than guess
         return None
-    return None
-
-
-class PeakMemory:
-    """``with PeakMemory(device) as m: ...`` then ``m.peak_bytes`` (None when not measurable)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.peak_bytes: Optional[int] = None
-        self.method = "n/a"
-        self._base = 0
-
-    def __enter__(self) -> "PeakMemory":
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.method = "cuda max_memory_allocated"
-        else:
-            try:
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")  # 5: reset the peak resident set size to the current one
-                rss = _status_kib("VmRSS")
-                if rss is not None:
-                    self._base = rss * 1024
-                    self.method = "peak RSS growth (VmHWM after clear_refs)"
-            except OSError:
-                self.method = "n/a"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._base
-        elif self.method != "n/a":
-            hwm = _status_kib("VmHWM")
-            self.peak_bytes = None if hwm is None else max(0, hwm * 1024 - self._base)
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak

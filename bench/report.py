@@ -59,8 +59,8 @@ def markdown(result: Dict[str, Any]) -> str:
            if not cuda and (meta.get("loadavg_before") or 0) > 0.5 else ""),
         "- GB/s = SPEC §7 minimum bytes per step (`bench/traffic.py`) / median step time; "
         "% copy = that over `dst.copy_(src)` moving the same bytes on the same device in the same run; "
-        "x columns = speedup (other time / this time); peak mem = memory the optimizer adds while stepping "
-        f"({'CUDA max_memory_allocated' if cuda else 'peak RSS growth, a lower bound'}).",
+        "x columns = speedup (other time / this time); state = bytes of optimizer state; step extra = peak memory one step "
+        f"allocates on top of it ({'CUDA max_memory_allocated' if cuda else 'torch CPU allocator events via torch.profiler'}).",
         "",
         "## Goals",
         "",
@@ -71,7 +71,7 @@ def markdown(result: Dict[str, Any]) -> str:
         missed = ", ".join(g["missed"]) or "—"
         lines.append(f"| {g['text']} | {g['where']} | **{g['verdict']}** | {g['passed']}/{g['judged']} | {missed} |")
     head = ["algorithm", "backend", "size", "B/elem", "median step", "GB/s", "% copy", "x ref",
-            "x SGD fused", "x SGD foreach", "peak mem"]
+            "x SGD fused", "x SGD foreach", "state", "step extra"]
     if cuda:
         head += ["graph step", "graph GB/s"]
     head += [g.key for g in goals]
@@ -85,7 +85,7 @@ def markdown(result: Dict[str, Any]) -> str:
             cells = [r["algorithm"], r["backend"], size, str(r["bytes_per_element"]), _fmt_time(r["median_s"]),
                      f"{r['gbps']:.1f}", f"{r['pct_copy']:.0f}%", _fmt_x(r.get("speedup_ref")),
                      _fmt_x(r.get("speedup_sgd_fused")), _fmt_x(r.get("speedup_sgd_foreach")),
-                     _fmt_bytes(r.get("peak_mem_bytes"))]
+                     _fmt_bytes(r.get("state_bytes")), _fmt_bytes(r.get("step_extra_bytes"))]
             if cuda:
                 if "graph_median_s" in r:
                     cells += [_fmt_time(r["graph_median_s"]), f"{r['graph_gbps']:.1f}"]

@@ -1,6 +1,7 @@
 """Run the benchmark matrix (algorithm x backend x size) and derive every figure of a row."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 import time
@@ -12,7 +13,7 @@ import torch
 import fedopt_kernels as fk
 
 from .algorithms import ALGOS, BASELINES, TORCH_FOREACH, TORCH_FUSED, Stepper, build_torch_sgd
-from .memory import PeakMemory
+from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
 from .timing import Budget, copy_bandwidth, median, time_calls, time_graph
 from .traffic import bytes_per_element, bytes_per_step
@@ -70,12 +71,14 @@ def _prepare_capture(stepper: Stepper, steps: int) -> None:
 
 def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
     out: Row = {}
-    mem = PeakMemory(plan.device)
-    with mem:
-        stepper = build()
-        times = time_calls(stepper.step, plan.device, plan.budget)
-    out.update(median_s=median(times), min_s=min(times), reps=len(times),
-               peak_mem_bytes=mem.peak_bytes, peak_mem_method=mem.method)
+    stepper = build()
+    for _ in range(plan.budget.warmup):
+        stepper.step()
+    # after warm-up all state exists, so this is what a step allocates on top of it
+    out["step_extra_bytes"] = step_peak_bytes(stepper.step, plan.device)
+    out["state_bytes"] = state_bytes(stepper.opt)
+    times = time_calls(stepper.step, plan.device, dataclasses.replace(plan.budget, warmup=1))
+    out.update(median_s=median(times), min_s=min(times), reps=len(times))
     if graph and plan.device.type == "cuda" and plan.graph_steps > 0:
         try:
             out["graph_median_s"] = time_graph(stepper.step, plan.device, plan.graph_steps, plan.budget,
@@ -129,7 +132,9 @@ def run(plan: Plan) -> Dict[str, Any]:
                     else:
                         row.update(_measure(build, plan, graph=backend != "reference"))
                         if key is not None:
-                            baseline_cache[key] = {k: v for k, v in row.items() if k.endswith(("_s", "_bytes", "_method", "reps", "_error"))}
+                            baseline_cache[key] = {k: v for k, v in row.items() if k.endswith(("_s", "_bytes", "reps", "_error"))}
+                    # the roofline, measured now: same load on the machine as the step just timed
+                    row["copy_gbps"] = copy_bandwidth(nbytes, plan.device, plan.budget) / 1e9
                 except Exception as exc:  # a backend that fails is a result too, not a crash
                     row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 gc.collect()
@@ -150,8 +155,6 @@ def _derive(rows: List[Row], plan: Plan) -> None:
         if "median_s" not in r:
             continue
         r["gbps"] = r["bytes_per_step"] / r["median_s"] / 1e9
-        copy = copy_bandwidth(r["bytes_per_step"], plan.device, plan.budget)
-        r["copy_gbps"] = copy / 1e9
         r["pct_copy"] = 100.0 * r["gbps"] / r["copy_gbps"]
         if "graph_median_s" in r:
             r["graph_gbps"] = r["bytes_per_step"] / r["graph_median_s"] / 1e9

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -91,21 +91,14 @@ def time_graph(fn: Callable[[], None], device: torch.device, steps: int, budget:
     return median(times) / steps
 
 
-_COPY_CACHE: Dict[tuple, float] = {}
-
-
 def copy_bandwidth(nbytes: int, device: torch.device, budget: Budget) -> float:
     """Bytes/s of ``dst.copy_(src)`` moving ``nbytes`` in total (half read, half written).
 
     The copy moves the same traffic as the step it is compared with, so both see the same cache
-    behaviour. Cached per (size, device) within one run.
+    behaviour; callers measure it right next to that step, under the same machine load.
     """
-    key = (nbytes, str(device))
-    if key not in _COPY_CACHE:
-        n = max(1, nbytes // 8)  # float32 elements: n*4 read + n*4 written = nbytes
-        src = torch.randn(n, device=device)
-        dst = torch.empty_like(src)
-        times = time_calls(lambda: dst.copy_(src), device, budget)
-        _COPY_CACHE[key] = 8 * n / median(times)
-        del src, dst
-    return _COPY_CACHE[key]
+    n = max(1, nbytes // 8)  # float32 elements: n*4 read + n*4 written = nbytes
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    times = time_calls(lambda: dst.copy_(src), device, budget)
+    return 8 * n / median(times)
