@@ -1,0 +1,108 @@
+"""fedopt-sim end to end: --validate on every available backend, determinism, output files, bad input."""
+import json
+import math
+
+import pytest
+import torch
+
+import fedopt_kernels
+from fedopt_kernels.sim import cli
+from fedopt_kernels.sim.config import SimConfig
+from fedopt_kernels.sim.simulation import Simulation
+from fedopt_kernels.sim.validate import Validation
+
+SHORT = ["--clients", "10", "--rounds", "2", "--local-steps", "2", "--clients-per-round", "2",
+         "--finetune-steps", "1", "--quiet", "--no-files"]
+# one algorithm per op and option: sgd, sgd + neuron scales, fednar + correction, padamfed with anchor grads
+VALIDATE_ALGORITHMS = ["fedavg", "fednlr", "fednar-scaffold", "padamfed-vr"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("backend", list(fedopt_kernels.available_backends()))
+@pytest.mark.parametrize("algorithm", VALIDATE_ALGORITHMS)
+def test_validate_every_available_backend(backend, algorithm, capsys):
+    status = cli.main(SHORT + ["--algorithm", algorithm, "--validate", backend])
+    out = capsys.readouterr().out
+    assert "PASS" in out, out
+    assert status == 0
+    assert out.count("e-") + out.count("e+") >= 2 * 2  # a divergence line per round
+
+
+def test_validate_fails_past_tolerance(monkeypatch, capsys):
+    bad = Validation(backend="reference", rounds=[{"round": 1, "max_abs": 1.0, "rel": 0.5}], acc_diff={"x": 0.0})
+    monkeypatch.setattr("fedopt_kernels.sim.validate.validate_backend", lambda *a, **k: bad)
+    assert cli.main(SHORT + ["--validate", "reference"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_validation_verdicts():
+    ok = Validation("x", rounds=[{"round": 1, "max_abs": 0.0, "rel": 1e-6}], acc_diff={"a": 0.001})
+    assert ok.passed
+    assert not Validation("x", rounds=[{"round": 1, "max_abs": 0.0, "rel": float("nan")}]).passed
+    assert not Validation("x", acc_diff={"a": float("nan")}).passed
+    assert not Validation("x", acc_diff={"a": 0.02}).passed
+    assert math.isnan(Validation("x", rounds=[{"round": 1, "max_abs": 1, "rel": 0.0},
+                                              {"round": 2, "max_abs": 1, "rel": float("nan")}]).max_rel)
+
+
+def test_run_is_deterministic_from_its_seed():
+    cfg = SimConfig(algorithm="scaffold", clients=10, rounds=3, local_steps=3, clients_per_round=3,
+                    backend="reference", finetune_steps=2)
+    a, b = Simulation(cfg).run(), Simulation(cfg).run()
+    c = Simulation(cfg.replace(seed=1)).run()
+
+    def strip(r):
+        return ([{k: v for k, v in h.items() if k != "seconds"} for h in r["history"]], r["final"])
+
+    assert strip(a) == strip(b)
+    assert strip(a) != strip(c)
+
+
+def test_files_and_table(tmp_path, capsys):
+    out = tmp_path / "run"
+    status = cli.main(["--clients", "10", "--rounds", "2", "--local-steps", "2", "--quiet", "--seeds", "0", "1",
+                       "--algorithm", "feddecay", "--beta", "0.5", "--backend", "reference", "--out", str(out)])
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "fine-tuned new bottom10%" in text and "±" in text
+    for seed in (0, 1):
+        result = json.loads((out / f"metrics_seed{seed}.json").read_text())
+        assert result["config"]["seed"] == seed and result["hparams"]["beta"] == 0.5
+        assert len(result["history"]) == 2 and "val_acc" in result["history"][-1]
+        assert set(result["final"]["finetuned"]) == {"existing", "new"}
+        lines = (out / f"metrics_seed{seed}.csv").read_text().splitlines()
+        assert lines[0].startswith("round,train_loss") and len(lines) == 3
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args,names", [
+    (["--algorithm", "fedmagic"], "algorithm"),
+    (["--dirichlet-alpha", "0"], "dirichlet_alpha"),
+    (["--alpha", "-1"], "dirichlet_alpha"),
+    (["--clients", "10", "--clients-per-round", "9"], "clients_per_round"),
+    (["--sample-rate", "0"], "sample_rate"),
+    (["--rounds", "0"], "rounds"),
+    (["--lr", "-0.1"], "lr"),
+    (["--algorithm", "fedavg", "--beta", "0.5"], "beta"),
+    (["--algorithm", "feddecay", "--beta", "1.5"], "beta"),
+    (["--algorithm", "fedavg", "--prox-mu", "0.1"], "prox_mu"),
+    (["--dataset", "synthetic"], "cnn"),
+    (["--clients", "5000"], "clients"),
+    (["--backend", "nope"], "backend"),
+    (["--validate", "auto"], "validate"),
+    (["--seeds", "1", "1"], "seeds"),
+    (["--split", "0", "0.5", "0.5"], "split"),
+])
+def test_bad_input_names_the_parameter(args, names, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(SHORT + args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert names in err, err
