@@ -16,7 +16,7 @@ from typing import Any, Dict
 import triton
 import triton.language as tl
 
-from .launcher import SLOT_BLOCK, Launch, Plan, num_warps
+from .launcher import device_fn, SLOT_BLOCK, Launch, Plan, num_warps
 from .norm import global_norm, squares
 from .tiles import chunk_of, load_f32, store_as, tile_of
 
@@ -26,19 +26,19 @@ NR = tl.constexpr(len(ROLES) + 2)
 _X, _G, _X0, _CORR = (tl.constexpr(i) for i in range(len(ROLES)))
 
 
-@triton.jit
-def _direction(meta_ptr, t, offs, mask, weight_decay, prox_mu, X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr,
+@device_fn
+def _direction(meta_ptr, t, start, col, mask, weight_decay, prox_mu, X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr,
                X0_DTYPE: tl.constexpr, CORR_DTYPE: tl.constexpr, HAS_X0: tl.constexpr, HAS_CORR: tl.constexpr,
                ROWS: tl.constexpr):
-    """(x, d) at ``offs`` of tensor ``t``, float32."""
-    x = load_f32(meta_ptr, t, offs, mask, _X, NR, X_DTYPE, ROWS)
-    d = load_f32(meta_ptr, t, offs, mask, _G, NR, G_DTYPE, ROWS)
+    """(x, d) at ``start + col`` of tensor ``t``, float32."""
+    x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DTYPE, ROWS)
+    d = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DTYPE, ROWS)
     if weight_decay != 0.0:  # runtime branch: 0 * inf must not turn into NaN when wd == 0
         d = d + weight_decay * x
     if HAS_CORR:
-        d = d + load_f32(meta_ptr, t, offs, mask, _CORR, NR, CORR_DTYPE, ROWS)
+        d = d + load_f32(meta_ptr, t, start, col, mask, _CORR, NR, CORR_DTYPE, ROWS)
     if HAS_X0:
-        d = d + prox_mu * (x - load_f32(meta_ptr, t, offs, mask, _X0, NR, X0_DTYPE, ROWS))
+        d = d + prox_mu * (x - load_f32(meta_ptr, t, start, col, mask, _X0, NR, X0_DTYPE, ROWS))
     return x, d
 
 
@@ -54,14 +54,14 @@ def fednar_norm_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, slot_base,
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for c in range(pid, n_tiles, n_prog):  # fixed order: tiles pid, pid + P, ...
             t, start, n = chunk_of(chunks_ptr, meta_ptr, c, NR, BLOCK)
-            offs = start + tl.arange(0, BLOCK)
+            col = tl.arange(0, BLOCK)
             if start + BLOCK <= n:
-                _x, d = _direction(meta_ptr, t, offs, None, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
+                _x, d = _direction(meta_ptr, t, start, col, None, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
                                    CORR_DTYPE, HAS_X0, HAS_CORR, ROWS)
                 acc += squares(d, None)
             else:
-                mask = offs < n
-                _x, d = _direction(meta_ptr, t, offs, mask, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
+                mask = col < n - start
+                _x, d = _direction(meta_ptr, t, start, col, mask, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
                                    CORR_DTYPE, HAS_X0, HAS_CORR, ROWS)
                 acc += squares(d, mask)
         tl.store(partials_ptr + slot_base + pid, tl.sum(acc, axis=0))
@@ -69,19 +69,19 @@ def fednar_norm_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, slot_base,
         acc2 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
         for tile in range(pid, n_tiles, n_prog):
             t, start, col, mask = tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR, ROWS, BLOCK)
-            _x, d = _direction(meta_ptr, t, start + col, mask, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
+            _x, d = _direction(meta_ptr, t, start, col, mask, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
                                CORR_DTYPE, HAS_X0, HAS_CORR, ROWS)
             acc2 += squares(d, mask)
         tl.store(partials_ptr + slot_base + pid, tl.sum(tl.sum(acc2, axis=1), axis=0))
 
 
-@triton.jit
-def _update_tile(meta_ptr, t, offs, mask, scale, weight_decay, prox_mu, X_DTYPE: tl.constexpr,
+@device_fn
+def _update_tile(meta_ptr, t, start, col, mask, scale, weight_decay, prox_mu, X_DTYPE: tl.constexpr,
                  G_DTYPE: tl.constexpr, X0_DTYPE: tl.constexpr, CORR_DTYPE: tl.constexpr, HAS_X0: tl.constexpr,
                  HAS_CORR: tl.constexpr, ROWS: tl.constexpr):
-    x, d = _direction(meta_ptr, t, offs, mask, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE, CORR_DTYPE,
+    x, d = _direction(meta_ptr, t, start, col, mask, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE, CORR_DTYPE,
                       HAS_X0, HAS_CORR, ROWS)
-    store_as(meta_ptr, t, offs, mask, x - scale * d, _X, NR, X_DTYPE, ROWS)
+    store_as(meta_ptr, t, start, col, mask, x - scale * d, _X, NR, X_DTYPE, ROWS)
 
 
 @triton.jit(do_not_specialize=["n_chunks", "n_slots"])
@@ -98,16 +98,16 @@ def fednar_update_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, n_slots,
     pid = tl.program_id(0)
     if ROWS == 1:
         t, start, n = chunk_of(chunks_ptr, meta_ptr, pid, NR, BLOCK)
-        offs = start + tl.arange(0, BLOCK)
+        col = tl.arange(0, BLOCK)
         if start + BLOCK <= n:
-            _update_tile(meta_ptr, t, offs, None, scale, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
+            _update_tile(meta_ptr, t, start, col, None, scale, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
                          CORR_DTYPE, HAS_X0, HAS_CORR, ROWS)
         else:
-            _update_tile(meta_ptr, t, offs, offs < n, scale, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
+            _update_tile(meta_ptr, t, start, col, col < n - start, scale, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
                          CORR_DTYPE, HAS_X0, HAS_CORR, ROWS)
     else:
         t, start, col, mask = tile_of(chunks_ptr, meta_ptr, pid, n_chunks, NR, ROWS, BLOCK)
-        _update_tile(meta_ptr, t, start + col, mask, scale, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
+        _update_tile(meta_ptr, t, start, col, mask, scale, weight_decay, prox_mu, X_DTYPE, G_DTYPE, X0_DTYPE,
                      CORR_DTYPE, HAS_X0, HAS_CORR, ROWS)
 
 

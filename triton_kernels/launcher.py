@@ -41,7 +41,6 @@ this happens only on a cache miss, i.e. not in a steady-state or CUDA-graph-capt
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -50,25 +49,61 @@ import torch
 import triton
 import triton.language as tl
 
-# Compiled (GPU) tile: one chunk of 2048 elements per program, 4 warps -> 16 elements per thread,
-# i.e. four 128-bit accesses per tensor per thread in flight for float32.
+# Compiled (GPU) tile: one chunk of 2048 elements per program, 8 warps -> 8 elements per thread,
+# i.e. two 128-bit accesses per float32 tensor per thread; keeps the fullest variant (sgd with
+# momentum, x0, correction and scales) near 70 registers (16 elements/thread needed ~150).
 GPU_BLOCK = 2048
-GPU_NUM_WARPS = 4
+GPU_NUM_WARPS = 8
 # Interpreter tiles: about this many lanes per program (numpy work per op), see pick_tile().
-INTERP_LANES = 1 << 15
+INTERP_LANES = 1 << 17
 # Cap on norm-pass programs per launch: bounds the slots every update program must reduce.
 MAX_NORM_PROGRAMS = 512
 # Block of slots reduced per loop iteration in the update pass.
 SLOT_BLOCK = 1024
 # Plans kept (LRU). Each owns device tables and staging buffers.
 CACHE_SIZE = 8
+# Tests set (ROWS, BLOCK) here to run the compiled kernels' 1-D path (ROWS == 1) under the
+# interpreter; None picks the tile with pick_tile().
+FORCE_TILE: Optional[Tuple[int, int]] = None
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+# how error messages name the kernels' roles
+ROLE_NAMES = {"x": "parameter", "g": "gradient", "buf": "momentum_buffer", "x0": "x0 (FedProx anchor)",
+              "corr": "correction", "scale": "neuron_scale", "D": "D", "acc": "acc", "H": "anchor_grad"}
 
 
 def interpreted() -> bool:
     """True when Triton kernels decorated now run in the interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return bool(triton.knobs.runtime.interpret)
+
+
+def device_fn(fn):
+    """``triton.jit`` for device helper functions called from kernels.
+
+    Under the interpreter every call of a jitted helper re-patches ``triton.language`` (about 3 ms
+    per call, which dominated a step); the helper is then called as its interpreter-rewritten
+    Python function directly, inside the patch its calling kernel already holds. Compiled, this
+    is exactly ``triton.jit``.
+    """
+    jitted = triton.jit(fn)
+    rewrite = getattr(jitted, "rewrite", None)
+    if not interpreted() or rewrite is None:
+        return jitted
+
+    class _Direct:
+        __name__ = fn.__name__
+        __doc__ = fn.__doc__
+        fn_interpreted = jitted
+
+        def __init__(self):
+            self._fn = None
+
+        def __call__(self, *args, **kwargs):
+            if self._fn is None:
+                self._fn = rewrite()
+            return self._fn(*args, **kwargs)
+
+    return _Direct()
 
 
 def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
@@ -76,8 +111,9 @@ def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
     try:
         return _TL_DTYPES[t.dtype]
     except KeyError:
-        raise TypeError(f"backend={backend!r} supports float32, float16 and bfloat16 tensors; "
-                        f"{role!r} has dtype {t.dtype} (use backend='reference' for it)") from None
+        raise TypeError(f"backend={backend!r} supports float32, float16 and bfloat16 tensors, but a "
+                        f"{ROLE_NAMES.get(role, role)} has dtype {t.dtype} (use backend='reference' "
+                        f"or 'cpu' for {t.dtype})") from None
 
 
 @dataclass
@@ -219,7 +255,7 @@ def _build(roles, role_names, written, device, norm, scale_role) -> Plan:
                                      f"the triton backend's per-row scale supports rows below 2**31 elements")
                 rows_meta.append(addrs + [x.numel(), rowlen])
                 numels.append(x.numel())
-            rows, block = pick_tile(numels, interp)
+            rows, block = FORCE_TILE or pick_tile(numels, interp)
             chunks = _chunk_map(numels, block)
             n_chunks = chunks.shape[0]
             n_tiles = (n_chunks + rows - 1) // rows

@@ -7,8 +7,10 @@ the same fixed order, so the norm is bitwise reproducible and never leaves the d
 import triton
 import triton.language as tl
 
+from .launcher import device_fn
 
-@triton.jit
+
+@device_fn
 def sum_slots(partials_ptr, n_slots, SLOT_BLOCK: tl.constexpr):
     """Sum of ``partials[0:n_slots]`` in a fixed order (blocks of SLOT_BLOCK, then a fixed tree)."""
     acc = tl.zeros([SLOT_BLOCK], dtype=tl.float32)
@@ -18,13 +20,13 @@ def sum_slots(partials_ptr, n_slots, SLOT_BLOCK: tl.constexpr):
     return tl.sum(acc, axis=0)
 
 
-@triton.jit
+@device_fn
 def global_norm(partials_ptr, n_slots, SLOT_BLOCK: tl.constexpr):
     """sqrt of the summed partials, IEEE-rounded (inf/NaN propagate as in clip_grad_norm_)."""
     return tl.sqrt_rn(sum_slots(partials_ptr, n_slots, SLOT_BLOCK))
 
 
-@triton.jit
+@device_fn
 def squares(v, mask):
     """v*v, with masked-off lanes contributing exactly 0."""
     if mask is None:

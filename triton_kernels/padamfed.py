@@ -15,7 +15,7 @@ from typing import Any, Dict
 import triton
 import triton.language as tl
 
-from .launcher import SLOT_BLOCK, Launch, Plan, num_warps
+from .launcher import device_fn, SLOT_BLOCK, Launch, Plan, num_warps
 from .norm import global_norm, squares
 from .tiles import chunk_of, load_f32, store_as, tile_of
 
@@ -25,26 +25,26 @@ NR = tl.constexpr(len(ROLES) + 2)
 _X, _G, _D, _ACC, _H = (tl.constexpr(i) for i in range(len(ROLES)))
 
 
-@triton.jit
-def _direction(meta_ptr, t, offs, mask, G, beta, one_minus_beta, D_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr,
+@device_fn
+def _direction(meta_ptr, t, start, col, mask, G, beta, one_minus_beta, D_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr,
                VR: tl.constexpr, ROWS: tl.constexpr):
-    """v at ``offs`` of tensor ``t`` given the float32 gradient G there."""
-    D = load_f32(meta_ptr, t, offs, mask, _D, NR, D_DTYPE, ROWS)
+    """v at ``start + col`` of tensor ``t`` given the float32 gradient G there."""
+    D = load_f32(meta_ptr, t, start, col, mask, _D, NR, D_DTYPE, ROWS)
     if VR:
-        v = G + D - one_minus_beta * load_f32(meta_ptr, t, offs, mask, _H, NR, H_DTYPE, ROWS)
+        v = G + D - one_minus_beta * load_f32(meta_ptr, t, start, col, mask, _H, NR, H_DTYPE, ROWS)
     else:
         v = beta * G + D
     return v
 
 
-@triton.jit
-def _norm_tile(meta_ptr, t, offs, mask, beta, one_minus_beta, G_DTYPE: tl.constexpr, D_DTYPE: tl.constexpr,
+@device_fn
+def _norm_tile(meta_ptr, t, start, col, mask, beta, one_minus_beta, G_DTYPE: tl.constexpr, D_DTYPE: tl.constexpr,
                ACC_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, VR: tl.constexpr, ROWS: tl.constexpr):
     """acc += G there; returns v*v (0 where masked off)."""
-    G = load_f32(meta_ptr, t, offs, mask, _G, NR, G_DTYPE, ROWS)
-    acc = load_f32(meta_ptr, t, offs, mask, _ACC, NR, ACC_DTYPE, ROWS)
-    store_as(meta_ptr, t, offs, mask, acc + G, _ACC, NR, ACC_DTYPE, ROWS)
-    v = _direction(meta_ptr, t, offs, mask, G, beta, one_minus_beta, D_DTYPE, H_DTYPE, VR, ROWS)
+    G = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DTYPE, ROWS)
+    acc = load_f32(meta_ptr, t, start, col, mask, _ACC, NR, ACC_DTYPE, ROWS)
+    store_as(meta_ptr, t, start, col, mask, acc + G, _ACC, NR, ACC_DTYPE, ROWS)
+    v = _direction(meta_ptr, t, start, col, mask, G, beta, one_minus_beta, D_DTYPE, H_DTYPE, VR, ROWS)
     return squares(v, mask)
 
 
@@ -60,31 +60,31 @@ def padamfed_norm_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, slot_base
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for c in range(pid, n_tiles, n_prog):  # fixed order: tiles pid, pid + P, ...
             t, start, n = chunk_of(chunks_ptr, meta_ptr, c, NR, BLOCK)
-            offs = start + tl.arange(0, BLOCK)
+            col = tl.arange(0, BLOCK)
             if start + BLOCK <= n:
-                acc += _norm_tile(meta_ptr, t, offs, None, beta, one_minus_beta, G_DTYPE, D_DTYPE, ACC_DTYPE,
+                acc += _norm_tile(meta_ptr, t, start, col, None, beta, one_minus_beta, G_DTYPE, D_DTYPE, ACC_DTYPE,
                                   H_DTYPE, VR, ROWS)
             else:
-                acc += _norm_tile(meta_ptr, t, offs, offs < n, beta, one_minus_beta, G_DTYPE, D_DTYPE, ACC_DTYPE,
+                acc += _norm_tile(meta_ptr, t, start, col, col < n - start, beta, one_minus_beta, G_DTYPE, D_DTYPE, ACC_DTYPE,
                                   H_DTYPE, VR, ROWS)
         tl.store(partials_ptr + slot_base + pid, tl.sum(acc, axis=0))
     else:
         acc2 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
         for tile in range(pid, n_tiles, n_prog):
             t, start, col, mask = tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR, ROWS, BLOCK)
-            acc2 += _norm_tile(meta_ptr, t, start + col, mask, beta, one_minus_beta, G_DTYPE, D_DTYPE, ACC_DTYPE,
+            acc2 += _norm_tile(meta_ptr, t, start, col, mask, beta, one_minus_beta, G_DTYPE, D_DTYPE, ACC_DTYPE,
                                H_DTYPE, VR, ROWS)
         tl.store(partials_ptr + slot_base + pid, tl.sum(tl.sum(acc2, axis=1), axis=0))
 
 
-@triton.jit
-def _update_tile(meta_ptr, t, offs, mask, scale, beta, one_minus_beta, X_DTYPE: tl.constexpr,
+@device_fn
+def _update_tile(meta_ptr, t, start, col, mask, scale, beta, one_minus_beta, X_DTYPE: tl.constexpr,
                  G_DTYPE: tl.constexpr, D_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, VR: tl.constexpr,
                  ROWS: tl.constexpr):
-    G = load_f32(meta_ptr, t, offs, mask, _G, NR, G_DTYPE, ROWS)
-    v = _direction(meta_ptr, t, offs, mask, G, beta, one_minus_beta, D_DTYPE, H_DTYPE, VR, ROWS)
-    x = load_f32(meta_ptr, t, offs, mask, _X, NR, X_DTYPE, ROWS)
-    store_as(meta_ptr, t, offs, mask, x - v * scale, _X, NR, X_DTYPE, ROWS)
+    G = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DTYPE, ROWS)
+    v = _direction(meta_ptr, t, start, col, mask, G, beta, one_minus_beta, D_DTYPE, H_DTYPE, VR, ROWS)
+    x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DTYPE, ROWS)
+    store_as(meta_ptr, t, start, col, mask, x - v * scale, _X, NR, X_DTYPE, ROWS)
 
 
 @triton.jit(do_not_specialize=["n_chunks", "n_slots"])
@@ -99,16 +99,16 @@ def padamfed_update_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, n_slots
     pid = tl.program_id(0)
     if ROWS == 1:
         t, start, n = chunk_of(chunks_ptr, meta_ptr, pid, NR, BLOCK)
-        offs = start + tl.arange(0, BLOCK)
+        col = tl.arange(0, BLOCK)
         if start + BLOCK <= n:
-            _update_tile(meta_ptr, t, offs, None, scale, beta, one_minus_beta, X_DTYPE, G_DTYPE, D_DTYPE, H_DTYPE,
+            _update_tile(meta_ptr, t, start, col, None, scale, beta, one_minus_beta, X_DTYPE, G_DTYPE, D_DTYPE, H_DTYPE,
                          VR, ROWS)
         else:
-            _update_tile(meta_ptr, t, offs, offs < n, scale, beta, one_minus_beta, X_DTYPE, G_DTYPE, D_DTYPE,
+            _update_tile(meta_ptr, t, start, col, col < n - start, scale, beta, one_minus_beta, X_DTYPE, G_DTYPE, D_DTYPE,
                          H_DTYPE, VR, ROWS)
     else:
         t, start, col, mask = tile_of(chunks_ptr, meta_ptr, pid, n_chunks, NR, ROWS, BLOCK)
-        _update_tile(meta_ptr, t, start + col, mask, scale, beta, one_minus_beta, X_DTYPE, G_DTYPE, D_DTYPE,
+        _update_tile(meta_ptr, t, start, col, mask, scale, beta, one_minus_beta, X_DTYPE, G_DTYPE, D_DTYPE,
                      H_DTYPE, VR, ROWS)
 
 

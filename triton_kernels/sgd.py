@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launcher import Launch, num_warps
+from .launcher import device_fn, Launch, num_warps
 from .tiles import chunk_of, load_f32, lr_at_step, row_index, store_as, tile_of
 
 ROLES = ("x", "g", "buf", "x0", "corr", "scale")
@@ -27,34 +27,33 @@ NR = tl.constexpr(len(ROLES) + 2)
 _X, _G, _BUF, _X0, _CORR, _SCALE = (tl.constexpr(i) for i in range(len(ROLES)))
 
 
-@triton.jit
+@device_fn
 def _sgd_tile(meta_ptr, t, start, col, mask, lr_k, momentum, damp1, weight_decay, gsign, prox_mu,
               X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, BUF_DTYPE: tl.constexpr, X0_DTYPE: tl.constexpr,
               CORR_DTYPE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, HAS_X0: tl.constexpr,
               HAS_CORR: tl.constexpr, HAS_SCALE: tl.constexpr, ROWS: tl.constexpr):
-    offs = start + col
-    x = load_f32(meta_ptr, t, offs, mask, _X, NR, X_DTYPE, ROWS)
-    d = load_f32(meta_ptr, t, offs, mask, _G, NR, G_DTYPE, ROWS) * gsign
+    x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DTYPE, ROWS)
+    d = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DTYPE, ROWS) * gsign
     if weight_decay != 0.0:  # runtime branch: 0 * inf must not turn into NaN when wd == 0
         d = d + weight_decay * x
     if HAS_CORR:
-        d = d + load_f32(meta_ptr, t, offs, mask, _CORR, NR, CORR_DTYPE, ROWS)
+        d = d + load_f32(meta_ptr, t, start, col, mask, _CORR, NR, CORR_DTYPE, ROWS)
     if HAS_X0:
-        d = d + prox_mu * (x - load_f32(meta_ptr, t, offs, mask, _X0, NR, X0_DTYPE, ROWS))
+        d = d + prox_mu * (x - load_f32(meta_ptr, t, start, col, mask, _X0, NR, X0_DTYPE, ROWS))
     if HAS_MOMENTUM:
-        b = load_f32(meta_ptr, t, offs, mask, _BUF, NR, BUF_DTYPE, ROWS) * momentum + damp1 * d
-        store_as(meta_ptr, t, offs, mask, b, _BUF, NR, BUF_DTYPE, ROWS)
+        b = load_f32(meta_ptr, t, start, col, mask, _BUF, NR, BUF_DTYPE, ROWS) * momentum + damp1 * d
+        store_as(meta_ptr, t, start, col, mask, b, _BUF, NR, BUF_DTYPE, ROWS)
         if NESTEROV:
             d = d + momentum * b
         else:
             d = b
     if HAS_SCALE:
-        rows = row_index(meta_ptr, t, start, col, NR)
-        r = load_f32(meta_ptr, t, rows, mask, _SCALE, NR, tl.float32, ROWS)
+        row0, rows = row_index(meta_ptr, t, start, col, NR)
+        r = load_f32(meta_ptr, t, row0, rows, mask, _SCALE, NR, tl.float32, ROWS)
         step = (lr_k * r) * d
     else:
         step = lr_k * d
-    store_as(meta_ptr, t, offs, mask, x - step, _X, NR, X_DTYPE, ROWS)
+    store_as(meta_ptr, t, start, col, mask, x - step, _X, NR, X_DTYPE, ROWS)
 
 
 @triton.jit(do_not_specialize=["n_chunks", "table_len", "decay_every"])
@@ -74,7 +73,7 @@ def sgd_kernel(meta_ptr, chunks_ptr, n_chunks, k_ptr, table_ptr, table_len, deca
                       X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
                       HAS_MOMENTUM, NESTEROV, HAS_X0, HAS_CORR, HAS_SCALE, ROWS)
         else:
-            _sgd_tile(meta_ptr, t, start, col, start + col < n, lr_k, momentum, damp1, weight_decay, gsign,
+            _sgd_tile(meta_ptr, t, start, col, col < n - start, lr_k, momentum, damp1, weight_decay, gsign,
                       prox_mu, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
                       HAS_MOMENTUM, NESTEROV, HAS_X0, HAS_CORR, HAS_SCALE, ROWS)
     else:

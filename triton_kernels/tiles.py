@@ -8,7 +8,7 @@ A program covers a *tile*: ``ROWS`` chunks of ``BLOCK`` elements (see ``launcher
 import triton
 import triton.language as tl
 
-from .launcher import interpreted
+from .launcher import device_fn, interpreted
 
 # The interpreter converts float32 -> bfloat16 by truncation (and bfloat16 -> float32 through a
 # generic bit-twiddling path); under it, bfloat16 is converted here with integer ops instead,
@@ -16,12 +16,12 @@ from .launcher import interpreted
 INTERPRETED = tl.constexpr(interpreted())
 
 
-@triton.jit
+@device_fn
 def bf16_to_f32(v):
     return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@device_fn
 def f32_to_bf16(v):
     """Round to nearest even; NaN -> the canonical quiet NaN 0x7FC0 (as c10::BFloat16)."""
     u = v.to(tl.uint32, bitcast=True)
@@ -30,7 +30,7 @@ def f32_to_bf16(v):
     return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
-@triton.jit
+@device_fn
 def role_ptr(meta_ptr, t, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr):
     """Typed pointer to the first element of role ``ROLE`` of tensor ``t``."""
     ptr = tl.load(meta_ptr + t * NR + ROLE).to(tl.pointer_type(DTYPE))
@@ -41,32 +41,35 @@ def role_ptr(meta_ptr, t, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.conste
     return ptr
 
 
-@triton.jit
-def load_f32(meta_ptr, t, offs, mask, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
+@device_fn
+def load_f32(meta_ptr, t, start, col, mask, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
              ROWS: tl.constexpr):
-    """Elements ``offs`` of role ``ROLE`` of tensor ``t`` as float32 (0 where masked off)."""
-    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS) + offs
-    if mask is None:
-        v = tl.load(p)
-    else:
-        v = tl.load(p, mask=mask, other=0.0)
+    """Elements ``start + col`` of role ``ROLE`` of tensor ``t`` as float32.
+
+    The 64-bit ``start`` is added to the base pointer once and the 32-bit ``col`` per element:
+    that keeps per-element address math (and registers) small in the compiled kernels.
+
+    Masked-off lanes are undefined (no ``other``: every use of them is masked again, and under
+    the interpreter a float ``other`` costs a full-tile dtype conversion)."""
+    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS) + start + col
+    v = tl.load(p, mask=mask)
     if INTERPRETED and DTYPE == tl.bfloat16:
         v = bf16_to_f32(v)
     return v.to(tl.float32)
 
 
-@triton.jit
-def store_as(meta_ptr, t, offs, mask, value, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
+@device_fn
+def store_as(meta_ptr, t, start, col, mask, value, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
              ROWS: tl.constexpr):
-    """Round ``value`` to the role's storage dtype once and store it."""
-    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS) + offs
+    """Round ``value`` to the role's storage dtype once and store it at ``start + col``."""
+    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS) + start + col
     if INTERPRETED and DTYPE == tl.bfloat16:
         tl.store(p, f32_to_bf16(value), mask=mask)
     else:
         tl.store(p, value.to(DTYPE), mask=mask)
 
 
-@triton.jit
+@device_fn
 def chunk_of(chunks_ptr, meta_ptr, c, NR: tl.constexpr, BLOCK: tl.constexpr):
     """Scalar (tensor index, first element, numel) of chunk ``c`` (compiled 1-D path)."""
     t = tl.load(chunks_ptr + 2 * c)
@@ -76,7 +79,7 @@ def chunk_of(chunks_ptr, meta_ptr, c, NR: tl.constexpr, BLOCK: tl.constexpr):
     return t, start, n
 
 
-@triton.jit
+@device_fn
 def tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """[ROWS, 1] tensor indices and first elements, [1, BLOCK] columns and the [ROWS, BLOCK] mask
     of tile ``tile`` (interpreter 2-D path). Rows past the last chunk are masked off."""
@@ -91,20 +94,24 @@ def tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR: tl.constexpr, ROWS: tl.con
     return t, start, col, mask
 
 
-@triton.jit
+@device_fn
 def row_index(meta_ptr, t, start, col, NR: tl.constexpr):
-    """Row (first-dim index) of elements ``start + col`` of tensor ``t``, for per-neuron scales.
-
-    One 64-bit division per program, then 32-bit divisions per element (rows < 2**31 elements,
-    checked by the launcher).
-    """
+    """Rows (first-dim index) of elements ``start + col`` of tensor ``t``, for per-neuron scales,
+    as (64-bit base, offsets): one 64-bit division per program, then 32-bit divisions per
+    element (rows < 2**31 elements, checked by the launcher)."""
     rowlen = tl.load(meta_ptr + t * NR + (NR - 1))
-    row0 = start // rowlen
-    rem = (start - row0 * rowlen).to(tl.int32)
-    return row0 + ((rem + col) // rowlen.to(tl.int32))
+    if INTERPRETED:
+        # 64-bit lanes: the interpreter checks every 32-bit op for overflow (slow on big tiles)
+        base = start * 0
+        rel = (start + col) // rowlen
+    else:
+        base = start // rowlen
+        rem = (start - base * rowlen).to(tl.int32)
+        rel = (rem + col) // rowlen.to(tl.int32)
+    return base, rel
 
 
-@triton.jit
+@device_fn
 def lr_at_step(k_ptr, table_ptr, table_len, decay_every, lr):
     """lr_k = lr * s(min(k // decay_every, len(table) - 1)), read on the device, rounded to float32."""
     k = tl.load(k_ptr)
