@@ -1,0 +1,159 @@
+"""Ahead-of-time compilation of every Triton kernel for sm_86 and sm_90, without a GPU.
+
+Triton ships ``ptxas``, so ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))``
+produces PTX and a cubin on any machine. From the artefacts we check what a GPU run would need:
+128-bit global loads (``ld.global.v4``) on the float32 paths, no register spills and a sane
+register count (``ptxas -v``).
+
+The interpreter (``TRITON_INTERPRET=1``, set by conftest.py on machines without a GPU) replaces
+``triton.jit`` at decoration time, so the compilation runs in a subprocess with the variable
+unset: ``python tests/test_triton_aot.py`` prints one JSON line per compiled variant.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+TARGETS = (86, 90)
+MAX_REGISTERS = 128
+
+
+def _variants():
+    """(name, kernel, constexprs, float32 path?) for every kernel: plain and fullest variants."""
+    import triton.language as tl
+
+    from fedopt_kernels.triton_kernels import fednar, launcher, padamfed, sgd
+
+    f32, f16, bf16 = tl.float32, tl.float16, tl.bfloat16
+    tile = dict(ROWS=1, BLOCK=launcher.GPU_BLOCK)
+
+    def sgd_c(dt, mom, nest, x0, corr, scale):
+        return dict(X_DTYPE=dt, G_DTYPE=dt, BUF_DTYPE=dt, X0_DTYPE=dt, CORR_DTYPE=dt, HAS_MOMENTUM=mom,
+                    NESTEROV=nest, HAS_X0=x0, HAS_CORR=corr, HAS_SCALE=scale, **tile)
+
+    def nar_c(dt):
+        return dict(X_DTYPE=dt, G_DTYPE=dt, X0_DTYPE=dt, CORR_DTYPE=dt, HAS_X0=True, HAS_CORR=True, **tile)
+
+    def pam_c(dt):  # D and acc are float32 state whatever the parameter dtype
+        return dict(X_DTYPE=dt, G_DTYPE=dt, D_DTYPE=f32, ACC_DTYPE=f32, H_DTYPE=dt, VR=True, **tile)
+
+    slots = dict(SLOT_BLOCK=launcher.SLOT_BLOCK)
+    return [
+        ("sgd_plain_fp32", sgd.sgd_kernel, sgd_c(f32, False, False, False, False, False), True),
+        ("sgd_full_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, True), True),
+        ("sgd_full_bf16", sgd.sgd_kernel, sgd_c(bf16, True, False, True, True, True), False),
+        ("sgd_momentum_fp16", sgd.sgd_kernel, sgd_c(f16, True, False, False, False, False), False),
+        ("fednar_norm_fp32", fednar.fednar_norm_kernel, nar_c(f32), True),
+        ("fednar_norm_bf16", fednar.fednar_norm_kernel, nar_c(bf16), False),
+        ("fednar_update_fp32", fednar.fednar_update_kernel, {**nar_c(f32), **slots}, True),
+        ("fednar_update_bf16", fednar.fednar_update_kernel, {**nar_c(bf16), **slots}, False),
+        ("padamfed_norm_fp32", padamfed.padamfed_norm_kernel, pam_c(f32), True),
+        ("padamfed_norm_bf16", padamfed.padamfed_norm_kernel, pam_c(bf16), False),
+        ("padamfed_update_fp32", padamfed.padamfed_update_kernel, {**pam_c(f32), **slots}, True),
+        ("padamfed_update_bf16", padamfed.padamfed_update_kernel, {**pam_c(bf16), **slots}, False),
+    ]
+
+
+# pointer arguments by name (every kernel uses these names); other ints are i32, floats fp32
+_POINTERS = {"meta_ptr": "*i64", "chunks_ptr": "*i32", "k_ptr": "*i32", "table_ptr": "*fp64",
+             "partials_ptr": "*fp32"}
+
+
+def _signature(kernel):
+    sig, attrs = {}, {}
+    for i, p in enumerate(kernel.params):
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+        elif p.name in _POINTERS:
+            sig[p.name] = _POINTERS[p.name]
+            attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher's 16-byte-aligned tensors specialise to
+        elif p.annotation == "fp32":
+            sig[p.name] = "fp32"
+        else:
+            sig[p.name] = "i32"
+    return sig, attrs
+
+
+def compile_all() -> list:
+    """Compile every variant for every target; one dict per (variant, target)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from fedopt_kernels.triton_kernels import launcher
+
+    results = []
+    for name, kernel, consts, is_f32 in _variants():
+        sig, attrs = _signature(kernel)
+        for cc in TARGETS:
+            src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
+            compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                                      options={"num_warps": launcher.GPU_NUM_WARPS})
+            ptx = compiled.asm["ptx"]
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+                f.write(ptx)
+            arch = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
+            out = subprocess.run([get_ptxas(cc).path, "-v", f"--gpu-name={arch}", f.name, "-o", os.devnull],
+                                 capture_output=True, text=True, check=True)
+            os.unlink(f.name)
+            info = out.stdout + out.stderr
+            regs = re.search(r"Used (\d+) registers", info)
+            spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
+            results.append(dict(
+                variant=name, cc=cc, float32=is_f32, registers=int(regs.group(1)) if regs else None,
+                spill_bytes=sum(spills), spill_lines=len(spills),
+                v4_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
+                v4_stores=len(re.findall(r"st\.global(?:\.\w+)*\.v4", ptx))))
+    return results
+
+
+@pytest.fixture(scope="module")
+def aot_results():
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())], capture_output=True, text=True,
+                          env=env, timeout=600)
+    if proc.returncode != 0:
+        if "FileNotFoundError" in proc.stderr and "ptxas" in proc.stderr:
+            pytest.skip(f"Triton's ptxas is not usable here: {proc.stderr[-500:]}")
+        raise AssertionError(f"AOT compilation failed:\n{proc.stderr[-4000:]}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_every_kernel_compiles_for_both_targets(aot_results):
+    names = {name for name, *_ in _variants()}
+    seen = {(r["variant"], r["cc"]) for r in aot_results}
+    assert seen == {(n, cc) for n in names for cc in TARGETS}
+
+
+def test_no_register_spills(aot_results):
+    for r in aot_results:
+        assert r["spill_lines"] > 0, f"ptxas -v printed no spill information for {r}"
+        assert r["spill_bytes"] == 0, f"register spills in {r}"
+
+
+def test_register_count_is_sane(aot_results):
+    for r in aot_results:
+        assert r["registers"] is not None and r["registers"] <= MAX_REGISTERS, r
+
+
+def test_float32_paths_use_128_bit_accesses(aot_results):
+    for r in aot_results:
+        if r["float32"]:
+            assert r["v4_loads"] > 0, f"no ld.global.v4 in {r}"
+        if r["variant"].startswith(("sgd", "fednar_update", "padamfed")):
+            assert r["v4_stores"] > 0, f"no st.global.v4 in {r}"
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+    for row in compile_all():
+        print(json.dumps(row))
