@@ -16,7 +16,7 @@ from .algorithms import ALGOS, BASELINES, TORCH_FOREACH, TORCH_FUSED, Stepper, b
 from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
 from .timing import Budget, copy_bandwidth, median, time_calls, time_graph
-from .traffic import bytes_per_element, bytes_per_step
+from .traffic import Traffic, bytes_per_element, bytes_per_step
 
 Row = Dict[str, Any]
 
@@ -114,15 +114,18 @@ def run(plan: Plan) -> Dict[str, Any]:
         baseline_cache: Dict[tuple, Row] = {}
         for algo_name in plan.algos:
             algo = ALGOS[algo_name]
-            nbytes = bytes_per_step(algo.traffic, shapes, plan.dtype)
             cases = [(b, (lambda b=b: algo.build(params, b))) for b in backends]
             if plan.baselines and algo.torch_sgd is not None:
                 cases += [(w, (lambda w=w: build_torch_sgd(params, w, algo.torch_sgd))) for w in BASELINES]
             for backend, build in cases:
+                # torch.optim.SGD does the plain SGD work (no neuron scales, corrections or anchors)
+                traffic = (Traffic("sgd", momentum=algo.torch_sgd["momentum"] != 0)
+                           if backend in BASELINES else algo.traffic)
+                nbytes = bytes_per_step(traffic, shapes, plan.dtype)
                 row: Row = dict(algorithm=algo_name, label=algo.label, backend=backend, size=size,
                                 device_type=plan.device.type, dtype=str(plan.dtype).replace("torch.", ""),
                                 n_tensors=len(shapes), numel=total_numel(shapes),
-                                bytes_per_element=bytes_per_element(algo.traffic, plan.dtype),
+                                bytes_per_element=bytes_per_element(traffic, plan.dtype),
                                 bytes_per_step=nbytes)
                 key = (backend, tuple(sorted(algo.torch_sgd.items()))) if backend in BASELINES else None
                 t0 = time.perf_counter()
