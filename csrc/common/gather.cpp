@@ -1,6 +1,6 @@
 #include "gather.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>

@@ -1,5 +1,6 @@
 // Python module fedopt_kernels._C_cpu: the three ops on CPU tensors (signatures: common/op_args.h).
-#include <torch/extension.h>
+// pybind11 + tensor casters only: a fraction of torch/extension.h's compile time
+#include <torch/csrc/utils/pybind.h>
 
 #include "../common/op_args.h"
 #include "cpu_ops.h"

@@ -1,0 +1,322 @@
+"""What setup.py builds natively: ``fedopt_kernels._C_cpu`` (C++) and ``fedopt_kernels._C_cuda`` (CUDA).
+
+Rules (README "Install"):
+
+* ``_C_cpu`` is built when torch and a C++ compiler are present; ``_C_cuda`` when, in addition, nvcc
+  and a CUDA build of torch with the same CUDA major version are present.
+  ``FEDOPT_BUILD_CPU=0/1`` and ``FEDOPT_BUILD_CUDA=0/1`` force either off / on.
+* GPU code targets ``TORCH_CUDA_ARCH_LIST`` when set, else sm_86 and sm_90 (plus the visible
+  GPUs' architectures, and PTX of the newest for GPUs that came later).
+* A skipped or failed extension never fails ``pip install`` nor ``import fedopt_kernels``: the build
+  prints a warning and writes ``fedopt_kernels/<ext>.build-status.txt`` with the reason, which the
+  backend's import error (and so ``available_backends()``) repeats.
+* CUDA headers torch needs besides nvcc's own are also looked up in the ``nvidia-*`` pip packages
+  (``site-packages/nvidia/*/include``), so no paths have to be set by hand.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from typing import Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEFAULT_ARCHS = ("8.6", "9.0")
+STATUS_SUFFIX = ".build-status.txt"
+
+
+def _rel(*parts: str) -> str:
+    # setuptools wants sources relative to setup.py's directory
+    return os.path.join("csrc", *parts)
+
+
+CPU_SOURCES = [_rel("cpu", f) for f in ("bindings_cpu.cpp", "sgd_cpu.cpp", "fednar_cpu.cpp", "padamfed_cpu.cpp")] + \
+    [_rel("common", f) for f in ("gather.cpp", "op_args.cpp")]
+CUDA_SOURCES = [_rel("cuda", f) for f in ("bindings_cuda.cpp", "sgd.cu", "fednar.cu", "padamfed.cu", "global_norm.cu")] + \
+    [_rel("common", f) for f in ("gather.cpp", "op_args.cpp")]
+
+
+def _warn(msg: str) -> None:
+    print(f"fedopt_kernels build: WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+def _switch(name: str) -> Optional[bool]:
+    """True / False when the env var forces a build on / off, None when unset (auto)."""
+    v = os.environ.get(name, "").strip().lower()
+    if v in ("", "auto"):
+        return None
+    return v not in ("0", "false", "no", "off")
+
+
+# ---------------------------------------------------------------------------------------- CUDA
+def _has_cuda_headers(home: str) -> bool:
+    return os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h")) or \
+        bool(glob.glob(os.path.join(home, "targets", "*", "include", "cuda_runtime_api.h")))
+
+
+def find_cuda_home() -> Optional[str]:
+    """The CUDA toolkit root: $CUDA_HOME / $CUDA_PATH, nvcc's own install (also through a wrapper
+    script such as /usr/local/bin/nvcc), or /usr/local/cuda."""
+    cands = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cands.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+        try:  # a wrapper script: ask nvcc where it lives ("#$ TOP=<home>/bin/..")
+            out = subprocess.run([nvcc, "--dryrun", "--version"], capture_output=True, text=True, timeout=60)
+            m = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.M)
+            if m:
+                cands.append(os.path.normpath(os.path.join(m.group(1).strip(), "..")))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    cands.append("/usr/local/cuda")
+    for c in cands:
+        if c and os.path.isfile(os.path.join(c, "bin", "nvcc")) and _has_cuda_headers(c):
+            return os.path.normpath(c)
+    return None
+
+
+def nvcc_version(home: str) -> Optional[Tuple[int, int]]:
+    try:
+        out = subprocess.run([os.path.join(home, "bin", "nvcc"), "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def nvcc_archs(home: str) -> List[str]:
+    """compute capabilities this nvcc can target, e.g. ['7.5', '8.0', ...] (empty if unknown)."""
+    try:
+        out = subprocess.run([os.path.join(home, "bin", "nvcc"), "--list-gpu-arch"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [f"{m[:-1]}.{m[-1]}" for m in re.findall(r"compute_(\d+)", out)]
+
+
+def arch_flags(home: str) -> List[str]:
+    """-gencode flags: TORCH_CUDA_ARCH_LIST if set, else sm_86 + sm_90 (+ visible GPUs) and PTX."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    ptx_for = set()
+    if env:
+        archs = []
+        for item in re.split(r"[;\s,]+", env):
+            if not item:
+                continue
+            base = item.replace("+PTX", "")
+            if not re.fullmatch(r"\d+\.\d+[af]?", base):
+                _warn(f"TORCH_CUDA_ARCH_LIST entry {item!r} is not of the form 8.6 / 9.0+PTX; ignored")
+                continue
+            archs.append(base)
+            if item.endswith("+PTX"):
+                ptx_for.add(base)
+    else:
+        archs = list(DEFAULT_ARCHS)
+        try:
+            import torch
+            if torch.cuda.is_available():
+                for i in range(torch.cuda.device_count()):
+                    archs.append("%d.%d" % torch.cuda.get_device_capability(i))
+        except Exception:  # no driver: the defaults
+            pass
+        ptx_for.add(max(archs, key=lambda a: float(re.sub(r"[af]$", "", a))))
+    known = nvcc_archs(home)
+    flags = []
+    for a in sorted(set(archs), key=lambda a: float(re.sub(r"[af]$", "", a))):
+        num = a.replace(".", "")
+        if known and re.sub(r"[af]$", "", a) not in known:
+            _warn(f"nvcc cannot target compute capability {a}; skipped")
+            continue
+        code = f"sm_{num}" + (f",compute_{num}" if a in ptx_for else "")
+        flags.append(f"-gencode=arch=compute_{num},code=[{code}]" if a in ptx_for else f"-gencode=arch=compute_{num},code={code}")
+    return flags
+
+
+def pip_nvidia_include_dirs() -> List[str]:
+    """include/ folders of the nvidia-* wheels (cu13 layout and the older per-library layout)."""
+    dirs = []
+    for base in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        nv = os.path.join(base, "nvidia")
+        dirs += sorted(glob.glob(os.path.join(nv, "cu*", "include"))) + sorted(glob.glob(os.path.join(nv, "*", "include")))
+    seen, out = set(), []
+    for d in dirs:
+        if os.path.isdir(d) and d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- setup
+class _Skipped:
+    """Marks an extension that is not built, with the reason (recorded in its status file)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _cxx_available() -> Optional[str]:
+    for c in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if c and shutil.which(c.split()[0]):
+            return c
+    return None
+
+
+def _placeholder(name: str, reason: str):
+    from setuptools import Extension
+    ext = Extension(name, sources=[_rel("cpu", "bindings_cpu.cpp")])
+    ext._fedopt_skip = reason  # type: ignore[attr-defined]
+    return ext
+
+
+def cpu_extension():
+    force = _switch("FEDOPT_BUILD_CPU")
+    if force is False:
+        return _placeholder("fedopt_kernels._C_cpu", "disabled by FEDOPT_BUILD_CPU=0 at build time")
+    if force is None and _cxx_available() is None:
+        return _placeholder("fedopt_kernels._C_cpu", "no C++ compiler found at build time (set CXX)")
+    import torch
+    from torch.utils.cpp_extension import CppExtension
+    cflags = ["-O3", "-ffp-contract=off"]  # no FMA contraction: same bits as the reference on any CPU
+    lflags: List[str] = []
+    if "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux"):
+        cflags.append("-fopenmp")  # at::parallel_for is inline: OpenMP must be on in our objects too
+        lflags.append("-fopenmp")
+    return CppExtension("fedopt_kernels._C_cpu", CPU_SOURCES, extra_compile_args={"cxx": cflags},
+                        extra_link_args=lflags)
+
+
+def cuda_extension():
+    name = "fedopt_kernels._C_cuda"
+    force = _switch("FEDOPT_BUILD_CUDA")
+    if force is False:
+        return _placeholder(name, "disabled by FEDOPT_BUILD_CUDA=0 at build time")
+    import torch
+    if torch.version.cuda is None and not force:
+        return _placeholder(name, f"torch {torch.__version__} is a CPU-only build")
+    home = find_cuda_home()
+    if home is None:
+        return _placeholder(name, "nvcc / the CUDA toolkit was not found at build time (set CUDA_HOME)")
+    ver = nvcc_version(home)
+    if not force and ver and torch.version.cuda and ver[0] != int(torch.version.cuda.split(".")[0]):
+        return _placeholder(name, f"nvcc {ver[0]}.{ver[1]} ({home}) does not match torch's CUDA {torch.version.cuda}")
+    # torch guesses CUDA_HOME from `which nvcc`, which is wrong for wrapper scripts: tell it
+    os.environ["CUDA_HOME"] = home
+    import torch.utils.cpp_extension as cpp_ext
+    cpp_ext.CUDA_HOME = home
+    gencode = arch_flags(home)
+    if not gencode:
+        return _placeholder(name, "no usable GPU architecture in TORCH_CUDA_ARCH_LIST for this nvcc")
+    include_dirs = pip_nvidia_include_dirs()  # after CUDA_HOME/include, which CUDAExtension puts first
+    return cpp_ext.CUDAExtension(
+        name, CUDA_SOURCES, include_dirs=include_dirs,
+        extra_compile_args={"cxx": ["-O3"],
+                            # --fmad=false: no FMA contraction, so the math rounds as the reference's
+                            "nvcc": ["-O3", "--fmad=false", "-lineinfo"] + gencode})
+
+
+def native_extensions():
+    """(ext_modules, cmdclass) for setup(); ([], {}) when torch itself is missing."""
+    try:
+        import torch  # noqa: F401
+        from torch.utils.cpp_extension import BuildExtension
+    except Exception as exc:  # pure-Python install; the backends say the extensions are missing
+        _warn(f"torch is not importable ({exc}); native backends are not built (pip install torch first, "
+              f"then pip install -e . --no-build-isolation)")
+        return [], {}
+    exts = []
+    for make in (cpu_extension, cuda_extension):
+        try:
+            exts.append(make())
+        except Exception as exc:  # configuring one extension must not stop the other
+            name = "fedopt_kernels._C_cpu" if make is cpu_extension else "fedopt_kernels._C_cuda"
+            exts.append(_placeholder(name, f"configuration failed: {type(exc).__name__}: {exc}"))
+    return exts, {"build_ext": _make_build_ext(BuildExtension)}
+
+
+def _status_name(ext) -> str:
+    return ext.name.split(".")[-1] + STATUS_SUFFIX
+
+
+def _make_build_ext(base):
+    class NativeBuild(base):
+        """torch's BuildExtension (ninja, nvcc) that records failures instead of raising them."""
+
+        def build_extensions(self) -> None:
+            self._fedopt_failed: Dict[str, str] = {}
+            skipped = [e for e in self.extensions if getattr(e, "_fedopt_skip", None)]
+            for e in skipped:
+                self._record(e, e._fedopt_skip)
+            self.extensions = [e for e in self.extensions if not getattr(e, "_fedopt_skip", None)]
+            try:
+                super().build_extensions()
+            except Exception as exc:  # a failure before any extension (e.g. the CUDA version check)
+                cuda = [e for e in self.extensions if any(s.endswith(".cu") for s in e.sources)]
+                for e in cuda:
+                    self._record(e, f"build failed: {type(exc).__name__}: {exc}")
+                self.extensions = [e for e in self.extensions if e not in cuda]
+                if cuda and self.extensions:
+                    try:
+                        super().build_extensions()
+                    except Exception as exc2:
+                        for e in self.extensions:
+                            self._record(e, f"build failed: {type(exc2).__name__}: {exc2}")
+                else:
+                    for e in self.extensions:
+                        self._record(e, f"build failed: {type(exc).__name__}: {exc}")
+            self.extensions = self.extensions + skipped
+
+        def build_extension(self, ext) -> None:
+            if getattr(ext, "_fedopt_skip", None) or ext.name in getattr(self, "_fedopt_failed", {}):
+                return
+            try:
+                super().build_extension(ext)
+            except Exception as exc:
+                self._record(ext, f"build failed: {type(exc).__name__}: {exc}")
+            else:
+                path = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), _status_name(ext))
+                if os.path.exists(path):
+                    os.remove(path)
+
+        def _record(self, ext, reason: str) -> None:
+            reason = " ".join(str(reason).split())[:2000]
+            _warn(f"{ext.name} not built: {reason}")
+            getattr(self, "_fedopt_failed", {})[ext.name] = reason
+            out = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), _status_name(ext))
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "w", encoding="utf-8") as fh:
+                fh.write(reason + "\n")
+
+        def copy_extensions_to_source(self) -> None:
+            # editable / --inplace installs: copy what was built, record what was not (and drop a
+            # stale library of an earlier build, which would otherwise be imported)
+            build_py = self.get_finalized_command("build_py")
+            for ext in self.extensions:
+                inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
+                status_src = os.path.join(os.path.dirname(regular_file), _status_name(ext))
+                status_dst = os.path.join(os.path.dirname(inplace_file), _status_name(ext))
+                if os.path.exists(regular_file) and ext.name not in getattr(self, "_fedopt_failed", {}):
+                    self.copy_file(regular_file, inplace_file, level=self.verbose)
+                    if os.path.exists(status_dst):
+                        os.remove(status_dst)
+                else:
+                    stem = ext.name.split(".")[-1]
+                    for stale in glob.glob(os.path.join(os.path.dirname(inplace_file), stem + ".*.so")) + \
+                            glob.glob(os.path.join(os.path.dirname(inplace_file), stem + ".so")):
+                        os.remove(stale)
+                    if os.path.exists(status_src) and os.path.abspath(status_src) != os.path.abspath(status_dst):
+                        shutil.copyfile(status_src, status_dst)
+
+        def get_outputs(self) -> List[str]:
+            # only what exists: a skipped extension has no library to install
+            return [p for p in super().get_outputs() if os.path.exists(p)]
+
+        def get_output_mapping(self) -> Dict[str, str]:
+            return {k: v for k, v in super().get_output_mapping().items() if os.path.exists(k)}
+
+    return NativeBuild

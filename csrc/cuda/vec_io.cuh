@@ -1,0 +1,81 @@
+// Loads and stores of kVec (= 4) consecutive elements, converted to / from the compute type:
+// one 128-bit access for float32 (LDG.E.128 / STG.E.128), 64-bit for float16/bfloat16, two
+// 128-bit ones for float64. Pointers must be aligned to 4 elements (the table's `aligned` flag).
+// float16/bfloat16 round to nearest even on store, as torch's .to() does.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+namespace fo {
+namespace cuda {
+
+// compute type: float32 for float32/float16/bfloat16, float64 for float64
+template <class T>
+using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T> __device__ __forceinline__ T from_acc(acc_t<T> v);
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <class T>
+__device__ __forceinline__ acc_t<T> load1(const T* p) { return to_acc(*p); }
+
+template <class T>
+__device__ __forceinline__ void store1(T* p, acc_t<T> v) { *p = from_acc<T>(v); }
+
+// 16-bit types: 4 elements in one 64-bit access, unpacked with bit operations (a union would
+// make ptxas keep the pack in local memory)
+__device__ __forceinline__ float bits_to_acc(unsigned short b, __half) { return __half2float(__ushort_as_half(b)); }
+__device__ __forceinline__ float bits_to_acc(unsigned short b, __nv_bfloat16) {
+  return __bfloat162float(__ushort_as_bfloat16(b));
+}
+__device__ __forceinline__ unsigned short acc_to_bits(float v, __half) { return __half_as_ushort(__float2half_rn(v)); }
+__device__ __forceinline__ unsigned short acc_to_bits(float v, __nv_bfloat16) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+template <class T>
+__device__ __forceinline__ void load4(const T* p, acc_t<T> (&v)[4]) {
+  if constexpr (std::is_same<T, float>::value) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+  } else if constexpr (std::is_same<T, double>::value) {
+    const double2 a = reinterpret_cast<const double2*>(p)[0];
+    const double2 b = reinterpret_cast<const double2*>(p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+  } else {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    v[0] = bits_to_acc(static_cast<unsigned short>(q.x & 0xffffu), T());
+    v[1] = bits_to_acc(static_cast<unsigned short>(q.x >> 16), T());
+    v[2] = bits_to_acc(static_cast<unsigned short>(q.y & 0xffffu), T());
+    v[3] = bits_to_acc(static_cast<unsigned short>(q.y >> 16), T());
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store4(T* p, const acc_t<T> (&v)[4]) {
+  if constexpr (std::is_same<T, float>::value) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else if constexpr (std::is_same<T, double>::value) {
+    reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
+    reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
+  } else {
+    uint2 q;
+    q.x = static_cast<unsigned>(acc_to_bits(v[0], T())) | (static_cast<unsigned>(acc_to_bits(v[1], T())) << 16);
+    q.y = static_cast<unsigned>(acc_to_bits(v[2], T())) | (static_cast<unsigned>(acc_to_bits(v[3], T())) << 16);
+    *reinterpret_cast<uint2*>(p) = q;
+  }
+}
+
+}  // namespace cuda
+}  // namespace fo
