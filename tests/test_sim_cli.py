@@ -35,6 +35,12 @@ def test_validate_every_available_backend(backend, algorithm, capsys):
     assert out.count("e-") + out.count("e+") >= 2 * 2  # a divergence line per round
 
 
+def test_validate_auto_picks_the_auto_backend(capsys):
+    assert cli.main(SHORT + ["--validate", "auto", "--rounds", "1", "--device", "cpu"]) == 0
+    want = "cpu" if "cpu" in fedopt_kernels.available_backends("cpu") else "reference"
+    assert f"reference vs {want}" in capsys.readouterr().out
+
+
 def test_validate_fails_past_tolerance(monkeypatch, capsys):
     bad = Validation(backend="reference", rounds=[{"round": 1, "max_abs": 1.0, "rel": 0.5}], acc_diff={"x": 0.0})
     monkeypatch.setattr("fedopt_kernels.sim.validate.validate_backend", lambda *a, **k: bad)
@@ -96,7 +102,7 @@ def test_files_and_table(tmp_path, capsys):
     (["--dataset", "synthetic"], "cnn"),
     (["--clients", "5000"], "clients"),
     (["--backend", "nope"], "backend"),
-    (["--validate", "auto"], "validate"),
+    (["--validate", "nope"], "nope"),
     (["--seeds", "1", "1"], "seeds"),
     (["--split", "0", "0.5", "0.5"], "split"),
 ])

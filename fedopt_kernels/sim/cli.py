@@ -5,6 +5,7 @@ Examples::
     fedopt-sim --algorithm feddecay --beta 0.5 --rounds 50 --seeds 0 1 2
     fedopt-sim --algorithm scaffold --partition shards --clients 20 --out runs/scaffold
     fedopt-sim --algorithm fednar --rounds 5 --validate cpu
+    fedopt-sim --algorithm fednar-scaffold --clients 20 --rounds 5 --validate auto
 
 Exit status: 0 on success, 1 when ``--validate`` finds a divergence past its tolerance, 2 on bad
 input (the message names the parameter).
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("validation")
     g.add_argument("--validate", metavar="BACKEND",
-                   help="run on reference and on BACKEND with identical seeds and batches; compare")
+                   help="run on reference and on BACKEND (or 'auto': the one backend=auto picks here) "
+                        "with identical seeds and batches; compare")
     g.add_argument("--param-rtol", type=float, default=PARAM_RTOL,
                    help="max relative parameter divergence per round (default %(default)s)")
     g.add_argument("--acc-tol", type=float, default=ACC_TOL,
@@ -160,6 +162,8 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     from .validate import validate_backend
 
     status = 0
+    if args.validate == "reference":
+        print("note: no fused backend is available for this device; comparing reference with itself")
     for cfg in configs:
         bar = _progress_bar(cfg.rounds, f"validate {args.validate} seed {cfg.seed}", args.quiet)
         v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol, on_round=lambda _: bar.update(1))
@@ -174,8 +178,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.validate is not None and args.validate == "auto":
-            raise ValueError("validate needs a concrete backend name (reference, triton, cuda or cpu), not 'auto'")
         for name in ("param_rtol", "acc_tol"):
             v = getattr(args, name)
             if not v >= 0:
@@ -189,7 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         device = resolve_device(configs[0].device)
         resolve_backend(configs[0], device)
         if args.validate is not None:
-            resolve_backend(configs[0].replace(backend=args.validate), device)
+            # "auto": whatever backend=auto would pick here (cuda > triton on GPU, cpu > reference on CPU)
+            args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)
     except ValueError as exc:  # bad input: name the parameter, exit 2 (like argparse)
         parser.exit(2, f"fedopt-sim: error: {exc}\n")
     if args.validate is not None:
