@@ -8,7 +8,8 @@ from typing import Any, Dict, Optional, Tuple
 
 from .models import MODELS
 
-# algorithm -> (server rule, client optimizer, uses prox_mu)
+# algorithm -> (server rule, client optimizer, uses prox_mu). fedsgd is FedDecay with beta = 0: only
+# the first of the local steps moves (the others have lr 0), so it sees the same batches as any beta.
 ALGORITHMS: Dict[str, Tuple[str, str, bool]] = {
     "fedavg": ("avg", "decay", False),
     "fedsgd": ("avg", "decay", False),
@@ -190,6 +191,8 @@ class SimConfig:
                 raise ValueError("clip_norm does not apply to PAdaMFed (its steps are normalized)")
         if self.round_decay is not None:
             number("round_decay", self.round_decay, 0.0, 1.0, low_open=True)
+            if self.client_optimizer == "padamfed":
+                raise ValueError("round_decay does not apply to PAdaMFed (its step sizes come from theory_hparams)")
         number("nlr_mu0", self.nlr_mu0, 0.0)
         number("nlr_c1", self.nlr_c1, 0.0)
         number("nlr_c2", self.nlr_c2, 0.0)

@@ -6,7 +6,8 @@ and afterwards sets
     c_i+ = c_i - c + (x - y_i) / sum_k lr_k
 
 where ``sum_k lr_k`` is the sum of the round's per-step learning rates (the paper's ``K * lr``; the
-sum keeps it exact under FedDecay's within-round decay). The server averages models like FedAvg
+sum keeps it exact under FedDecay's within-round decay: without momentum, ``c_i+`` is then exactly
+the lr-weighted mean of the round's gradients). The server averages models like FedAvg
 (weighted by client size, server lr) and updates ``c += sum_{i in S} (c_i+ - c_i) / N`` over all N
 training clients, so ``c`` stays the mean of the ``c_i`` under partial participation. Clients that
 never trained hold ``c_i = 0``, as does ``c`` at the start. FedNAR-SCAFFOLD is the same with FedNAR
