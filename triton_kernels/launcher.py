@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .jit_mode import interpreted
+
 # Compiled (GPU) tile: one chunk of 2048 elements per program, 8 warps -> 8 elements per thread,
 # i.e. two 128-bit accesses per float32 tensor per thread; keeps the fullest variant (sgd with
 # momentum, x0, correction and scales) near 70 registers (16 elements/thread needed ~150).
@@ -70,40 +72,6 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 # how error messages name the kernels' roles
 ROLE_NAMES = {"x": "parameter", "g": "gradient", "buf": "momentum_buffer", "x0": "x0 (FedProx anchor)",
               "corr": "correction", "scale": "neuron_scale", "D": "D", "acc": "acc", "H": "anchor_grad"}
-
-
-def interpreted() -> bool:
-    """True when Triton kernels decorated now run in the interpreter (TRITON_INTERPRET=1)."""
-    return bool(triton.knobs.runtime.interpret)
-
-
-def device_fn(fn):
-    """``triton.jit`` for device helper functions called from kernels.
-
-    Under the interpreter every call of a jitted helper re-patches ``triton.language`` (about 3 ms
-    per call, which dominated a step); the helper is then called as its interpreter-rewritten
-    Python function directly, inside the patch its calling kernel already holds. Compiled, this
-    is exactly ``triton.jit``.
-    """
-    jitted = triton.jit(fn)
-    rewrite = getattr(jitted, "rewrite", None)
-    if not interpreted() or rewrite is None:
-        return jitted
-
-    class _Direct:
-        __name__ = fn.__name__
-        __doc__ = fn.__doc__
-        fn_interpreted = jitted
-
-        def __init__(self):
-            self._fn = None
-
-        def __call__(self, *args, **kwargs):
-            if self._fn is None:
-                self._fn = rewrite()
-            return self._fn(*args, **kwargs)
-
-    return _Direct()
 
 
 def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
@@ -210,6 +178,12 @@ def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], role_names
         _CACHE.move_to_end(key)
         stats["hits"] += 1
         return plan
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # the tables would be copied from a temporary host buffer that a replay would re-read
+        raise RuntimeError(
+            "the triton backend builds its pointer tables when it first sees a set of tensors; take one "
+            "eager step() before capturing a CUDA graph, and keep parameters, gradients and optimizer "
+            "state at fixed addresses while the graph is used")
     plan = _build(roles, role_names, written, device, norm, scale_role)
     _CACHE[key] = plan
     while len(_CACHE) > CACHE_SIZE:

@@ -7,7 +7,7 @@ the same fixed order, so the norm is bitwise reproducible and never leaves the d
 import triton
 import triton.language as tl
 
-from .launcher import device_fn
+from .jit_mode import device_fn
 
 
 @device_fn

@@ -15,7 +15,8 @@ from typing import Any, Dict
 import triton
 import triton.language as tl
 
-from .launcher import device_fn, SLOT_BLOCK, Launch, Plan, num_warps
+from .jit_mode import device_fn
+from .launcher import SLOT_BLOCK, Launch, Plan, num_warps
 from .norm import global_norm, squares
 from .tiles import chunk_of, load_f32, store_as, tile_of
 

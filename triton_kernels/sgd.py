@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .launcher import device_fn, Launch, num_warps
+from .jit_mode import device_fn
+from .launcher import Launch, num_warps
 from .tiles import chunk_of, load_f32, lr_at_step, row_index, store_as, tile_of
 
 ROLES = ("x", "g", "buf", "x0", "corr", "scale")

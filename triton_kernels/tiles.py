@@ -8,7 +8,7 @@ A program covers a *tile*: ``ROWS`` chunks of ``BLOCK`` elements (see ``launcher
 import triton
 import triton.language as tl
 
-from .launcher import device_fn, interpreted
+from .jit_mode import device_fn, interpreted
 
 # The interpreter converts float32 -> bfloat16 by truncation (and bfloat16 -> float32 through a
 # generic bit-twiddling path); under it, bfloat16 is converted here with integer ops instead,

@@ -1,0 +1,51 @@
+"""Compiled or interpreted: which mode the kernels run in, and the decorator for device helpers.
+
+``TRITON_INTERPRET=1`` is read when a kernel is *decorated* (``triton.jit`` then returns an
+interpreter object), so the mode is fixed when ``fedopt_kernels.triton_kernels`` is imported.
+Things the interpreter does differently, and how the kernels cope:
+
+* every call of a jitted helper re-patches ``triton.language`` (~3 ms): ``device_fn`` below;
+* float32 -> bfloat16 casts truncate instead of rounding: ``tiles.f32_to_bf16`` (integer RTNE);
+* plain Python floats are passed through untyped (the ``tl.float32`` annotation only types the
+  compiled argument): every hyperparameter is only ever combined with float32 tensors (or, for
+  ``lr * s(j)``, with the float64 schedule value), where both modes promote the same way;
+* each program runs as Python over numpy lanes: few, wide programs (``launcher.pick_tile``);
+* 32-bit integer ops are overflow-checked (slow): wide integer math stays 64-bit there.
+"""
+from __future__ import annotations
+
+import triton
+
+
+def interpreted() -> bool:
+    """True when Triton kernels decorated now run in the interpreter (TRITON_INTERPRET=1)."""
+    return bool(triton.knobs.runtime.interpret)
+
+
+def device_fn(fn):
+    """``triton.jit`` for device helper functions called from kernels.
+
+    Under the interpreter every call of a jitted helper re-patches ``triton.language`` (about 3 ms
+    per call, which dominated a step); the helper is then called as its interpreter-rewritten
+    Python function directly, inside the patch its calling kernel already holds. Compiled, this
+    is exactly ``triton.jit``.
+    """
+    jitted = triton.jit(fn)
+    rewrite = getattr(jitted, "rewrite", None)
+    if not interpreted() or rewrite is None:
+        return jitted
+
+    class _Direct:
+        __name__ = fn.__name__
+        __doc__ = fn.__doc__
+        fn_interpreted = jitted
+
+        def __init__(self):
+            self._fn = None
+
+        def __call__(self, *args, **kwargs):
+            if self._fn is None:
+                self._fn = rewrite()
+            return self._fn(*args, **kwargs)
+
+    return _Direct()
