@@ -182,7 +182,8 @@ def cpu_extension():
         return _placeholder("fedopt_kernels._C_cpu", "no C++ compiler found at build time (set CXX)")
     import torch
     from torch.utils.cpp_extension import CppExtension
-    cflags = ["-O3", "-ffp-contract=off"]  # no FMA contraction: same bits as the reference on any CPU
+    # no FMA contraction: same bits as the reference on any CPU; -g0: no debug info (build time, size)
+    cflags = ["-O3", "-g0", "-ffp-contract=off"]
     lflags: List[str] = []
     if "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux"):
         cflags.append("-fopenmp")  # at::parallel_for is inline: OpenMP must be on in our objects too
@@ -215,7 +216,7 @@ def cuda_extension():
     include_dirs = pip_nvidia_include_dirs()  # after CUDA_HOME/include, which CUDAExtension puts first
     return cpp_ext.CUDAExtension(
         name, CUDA_SOURCES, include_dirs=include_dirs,
-        extra_compile_args={"cxx": ["-O3"],
+        extra_compile_args={"cxx": ["-O3", "-g0"],
                             # --fmad=false: no FMA contraction, so the math rounds as the reference's
                             "nvcc": ["-O3", "--fmad=false", "-lineinfo"] + gencode})
 
@@ -277,7 +278,8 @@ def _make_build_ext(base):
             try:
                 super().build_extension(ext)
             except Exception as exc:
-                self._record(ext, f"build failed: {type(exc).__name__}: {exc}")
+                self._record(ext, f"build failed: {type(exc).__name__}: {exc} (the compiler output is in the "
+                                  f"build log: pip install -v ...)")
             else:
                 path = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), _status_name(ext))
                 if os.path.exists(path):

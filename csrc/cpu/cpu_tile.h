@@ -155,20 +155,22 @@ inline void fill_rows(A* s, const A* scale, A lr, int64_t off, int64_t row_len, 
 }
 
 // Sum of squares into kLanes fixed lanes: element i always goes to lane i % kLanes of its chunk,
-// whatever the ISA's vector width, so the result is the same on every x86/ARM build.
-template <class A>
-inline void sumsq(const A* v, int n, A* lanes) {
-  A acc[kLanes];
+// whatever the ISA's vector width, so the result is the same on every x86/ARM build. Lanes are
+// float32, or float64 when the step's norm is float64 (a float64 parameter is present: the
+// reference then accumulates every tensor in float64).
+template <class L, class A>
+inline void sumsq(const A* v, int n, L* lanes) {
+  L acc[kLanes];
   for (int j = 0; j < kLanes; ++j) acc[j] = lanes[j];
   int i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += v[i + j] * v[i + j];
-  for (int j = 0; i + j < n; ++j) acc[j] += v[i + j] * v[i + j];
+    for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<L>(v[i + j]) * static_cast<L>(v[i + j]);
+  for (int j = 0; i + j < n; ++j) acc[j] += static_cast<L>(v[i + j]) * static_cast<L>(v[i + j]);
   for (int j = 0; j < kLanes; ++j) lanes[j] = acc[j];
 }
 
-template <class A>
-inline double lanes_total(const A* lanes) {
+template <class L>
+inline double lanes_total(const L* lanes) {
   double s = 0.0;
   for (int j = 0; j < kLanes; ++j) s += static_cast<double>(lanes[j]);
   return s;

@@ -36,16 +36,16 @@ const A* direction(const Entry& en, const FedNarHp& hp, int64_t off, int n, cons
   return d;
 }
 
-template <class T>
+template <class T, class L>
 double norm_chunk(const Entry& en, const FedNarHp& hp, int64_t begin, int64_t end) {
   using A = Acc<T>;
   Bufs<A> b;
-  A lanes[kLanes] = {};
+  L lanes[kLanes] = {};
   const T* X = static_cast<const T*>(en.ptr[fednar_slot::X]);
   for (int64_t off = begin; off < end; off += kTile) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
     const A* x = load<A>(X + off, n, b.x);
-    sumsq(direction<T>(en, hp, off, n, x, b), n, lanes);
+    sumsq<L>(direction<T>(en, hp, off, n, x, b), n, lanes);
   }
   return lanes_total(lanes);
 }
@@ -83,7 +83,9 @@ void fednar(const std::vector<Entry>& entries, const std::vector<FedNarHp>& hps,
       const Chunk& ch = chunks[c];
       const Entry& en = entries[ch.entry];
       dispatch(en.dtype, [&](auto tag) {
-        partial[c] = norm_chunk<decltype(tag)>(en, hps[en.group], ch.begin, ch.end);
+        using T = decltype(tag);
+        partial[c] = norm_f64 ? norm_chunk<T, double>(en, hps[en.group], ch.begin, ch.end)
+                              : norm_chunk<T, Acc<T>>(en, hps[en.group], ch.begin, ch.end);
       });
     }
   });

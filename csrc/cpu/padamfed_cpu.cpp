@@ -30,17 +30,17 @@ const A* direction(const Entry& en, const PAdamHp& hp, int64_t off, int n, const
   return b.v;
 }
 
-template <class T>
+template <class T, class L>
 double norm_chunk(const Entry& en, const PAdamHp& hp, int64_t begin, int64_t end) {
   using A = Acc<T>;
   Bufs<A> b;
-  A lanes[kLanes] = {};
+  L lanes[kLanes] = {};
   const T* Gs = static_cast<const T*>(en.ptr[padamfed_slot::G]);
   A* ACC = static_cast<A*>(en.ptr[padamfed_slot::ACC]);
   for (int64_t off = begin; off < end; off += kTile) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
     const A* G = load<A>(Gs + off, n, b.g);
-    sumsq(direction<T>(en, hp, off, n, G, b), n, lanes);
+    sumsq<L>(direction<T>(en, hp, off, n, G, b), n, lanes);
     add(ACC + off, ACC + off, G, n);
   }
   return lanes_total(lanes);
@@ -74,7 +74,9 @@ void padamfed(const std::vector<Entry>& entries, const std::vector<PAdamHp>& hps
       const Chunk& ch = chunks[c];
       const Entry& en = entries[ch.entry];
       dispatch(en.dtype, [&](auto tag) {
-        partial[c] = norm_chunk<decltype(tag)>(en, hps[en.group], ch.begin, ch.end);
+        using T = decltype(tag);
+        partial[c] = norm_f64 ? norm_chunk<T, double>(en, hps[en.group], ch.begin, ch.end)
+                              : norm_chunk<T, Acc<T>>(en, hps[en.group], ch.begin, ch.end);
       });
     }
   });

@@ -18,6 +18,7 @@ using NarTable = Table<fednar_slot::COUNT, 60, FedNarHp, 8>;
 struct NarExtra {
   double* partials;    // pass 1 writes one per chunk
   const double* scales;  // pass 2 reads its group's factor
+  int32_t norm_f64;      // accumulate the norm in float64 (a float64 parameter is present)
 };
 static_assert(sizeof(NarTable) + sizeof(NarExtra) <= kArgBytes, "fednar kernel arguments exceed 4 KiB");
 
@@ -47,7 +48,9 @@ __global__ void __launch_bounds__(kBlock) fednar_kernel(const __grid_constant__ 
   const T* C = static_cast<const T*>(tab.ptr[fednar_slot::CORR][w.i]);
   if (X0) X0 += w.begin;
   if (C) C += w.begin;
+  const bool nd64 = ex.norm_f64 != 0;
   A sq = A(0);
+  double sqd = 0.0;  // used instead of sq when nd64 (the reference then sums float32 tensors in float64)
 
   const int nvec = tab.aligned[w.i] ? w.n / kVec : 0;
   for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
@@ -71,6 +74,7 @@ __global__ void __launch_bounds__(kBlock) fednar_kernel(const __grid_constant__ 
         for (int q = 0; q < kVec; ++q) {
           const A d = direction(f, wd, mu, x[u][q], g[u][q], c[u][q], x0[u][q]);
           if (kUpdate) x[u][q] = x[u][q] - scale * d;
+          else if (nd64) sqd += static_cast<double>(d) * static_cast<double>(d);
           else sq += d * d;
         }
         if (kUpdate) store4(X + v * kVec, x[u]);
@@ -83,11 +87,12 @@ __global__ void __launch_bounds__(kBlock) fednar_kernel(const __grid_constant__ 
     const A x0 = (f & kNarProx) ? load1(X0 + j) : A(0);
     const A d = direction(f, wd, mu, x, load1(G + j), c, x0);
     if (kUpdate) store1(X + j, x - scale * d);
+    else if (nd64) sqd += static_cast<double>(d) * static_cast<double>(d);
     else sq += d * d;
   }
   if (!kUpdate) {
-    sq = block_sum<kBlock>(sq);
-    if (threadIdx.x == 0) ex.partials[w.slot] = static_cast<double>(sq);
+    const double total = nd64 ? block_sum<kBlock>(sqd) : static_cast<double>(block_sum<kBlock>(sq));
+    if (threadIdx.x == 0) ex.partials[w.slot] = total;
   }
 }
 
@@ -122,7 +127,7 @@ struct Scale {
 cudaError_t fednar(const Entry* entries, int n, const FedNarHp* hps, int ngroups, bool norm_f64, double* scratch,
                    cudaStream_t stream) {
   const int64_t slots = norm_slots(entries, n);
-  const NarExtra ex{scratch, scratch + slots + 1};
+  const NarExtra ex{scratch, scratch + slots + 1, norm_f64 ? 1 : 0};
   cudaError_t err = pass<false>(entries, n, hps, ex, stream);
   if (err == cudaSuccess) err = finalize<FedNarHp, Scale>(scratch, slots, hps, ngroups, norm_f64, stream);
   if (err == cudaSuccess) err = pass<true>(entries, n, hps, ex, stream);

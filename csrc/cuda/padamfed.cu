@@ -17,6 +17,7 @@ using PadTable = Table<padamfed_slot::COUNT, 52, PAdamHp, 8>;
 struct PadExtra {
   double* partials;
   const double* scales;
+  int32_t norm_f64;
 };
 static_assert(sizeof(PadTable) + sizeof(PadExtra) <= kArgBytes, "padamfed kernel arguments exceed 4 KiB");
 
@@ -42,7 +43,9 @@ __global__ void __launch_bounds__(kBlock) padamfed_kernel(const __grid_constant_
   A* ACC = static_cast<A*>(tab.ptr[padamfed_slot::ACC][w.i]) + w.begin;
   const T* H = static_cast<const T*>(tab.ptr[padamfed_slot::H][w.i]);
   if (H) H += w.begin;
+  const bool nd64 = ex.norm_f64 != 0;
   A sq = A(0);
+  double sqd = 0.0;  // used instead of sq when nd64 (the reference then sums float32 tensors in float64)
 
   const int nvec = tab.aligned[w.i] ? w.n / kVec : 0;
   for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
@@ -69,7 +72,8 @@ __global__ void __launch_bounds__(kBlock) padamfed_kernel(const __grid_constant_
           if (kUpdate) {
             y[u][q] = y[u][q] - vv * scale;
           } else {
-            sq += vv * vv;
+            if (nd64) sqd += static_cast<double>(vv) * static_cast<double>(vv);
+            else sq += vv * vv;
             y[u][q] = y[u][q] + g[u][q];
           }
         }
@@ -84,13 +88,14 @@ __global__ void __launch_bounds__(kBlock) padamfed_kernel(const __grid_constant_
     if (kUpdate) {
       store1(X + j, load1(X + j) - vv * scale);
     } else {
-      sq += vv * vv;
+      if (nd64) sqd += static_cast<double>(vv) * static_cast<double>(vv);
+      else sq += vv * vv;
       ACC[j] = ACC[j] + g;
     }
   }
   if (!kUpdate) {
-    sq = block_sum<kBlock>(sq);
-    if (threadIdx.x == 0) ex.partials[w.slot] = static_cast<double>(sq);
+    const double total = nd64 ? block_sum<kBlock>(sqd) : static_cast<double>(block_sum<kBlock>(sq));
+    if (threadIdx.x == 0) ex.partials[w.slot] = total;
   }
 }
 
@@ -125,7 +130,7 @@ struct Scale {
 cudaError_t padamfed(const Entry* entries, int n, const PAdamHp* hps, int ngroups, bool norm_f64, double* scratch,
                      cudaStream_t stream) {
   const int64_t slots = norm_slots(entries, n);
-  const PadExtra ex{scratch, scratch + slots + 1};
+  const PadExtra ex{scratch, scratch + slots + 1, norm_f64 ? 1 : 0};
   cudaError_t err = pass<false>(entries, n, hps, ex, stream);
   if (err == cudaSuccess) err = finalize<PAdamHp, Scale>(scratch, slots, hps, ngroups, norm_f64, stream);
   if (err == cudaSuccess) err = pass<true>(entries, n, hps, ex, stream);

@@ -1,0 +1,221 @@
+"""What is specific to the ``cpu`` backend (C++ kernels in csrc/cpu), beyond the equivalence harness:
+
+* the global norm and every update are bit-identical run to run *and* across thread counts
+  (the norm's partial sums are per fixed 16384-element chunk, never per thread);
+* float32/bfloat16 SGD is bit-identical to ``reference`` (same operation order, no FMA contraction);
+* multi-tensor edge cases: thousands of tiny tensors, tensors straddling chunk and tile edges,
+  neuron-scale rows crossing them, channels_last tensors, dtypes mixed inside one param group
+  (float64 among them makes the norm float64), several groups with their own clip thresholds;
+* bad calls into the extension fail with an error naming the tensor.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import fedopt_kernels as fk
+from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed
+from fedopt_kernels._registry import unavailable_reason
+
+_WHY = unavailable_reason("cpu", torch.device("cpu"))
+
+
+def _must_have_been_built() -> bool:
+    """A C++ compiler is here and the build was not switched off: a missing extension is a failure."""
+    return os.environ.get("FEDOPT_BUILD_CPU", "") != "0" and any(shutil.which(c) for c in ("c++", "g++", "clang++"))
+
+
+if _WHY is not None:
+    if _must_have_been_built():
+        def test_cpu_extension_was_built():
+            pytest.fail(f"a C++ compiler is present but the cpu backend is unavailable: {_WHY}")
+    pytestmark = pytest.mark.skip(reason=f"cpu backend unavailable: {_WHY}")
+
+CHUNK = 16384  # csrc/cpu/cpu_tile.h kChunk
+
+
+def _params(shapes, dtypes=(torch.float32,), seed=0, layout=None):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, s in enumerate(shapes):
+        t = torch.randn(s, generator=g).to(dtypes[i % len(dtypes)])
+        if layout == "channels_last" and t.dim() == 4:
+            t = t.contiguous(memory_format=torch.channels_last)
+        out.append(torch.nn.Parameter(t))
+    return out
+
+
+def _run(make_opt, shapes, backend, steps=3, dtypes=(torch.float32,), layout=None, grad_fn=None, seed=0):
+    params = _params(shapes, dtypes, seed, layout)
+    opt = make_opt(params, backend)
+    opt.start_round()
+    g = torch.Generator().manual_seed(seed + 1)
+    for step in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+            if layout == "channels_last" and p.dim() == 4:
+                p.grad = p.grad.contiguous(memory_format=torch.channels_last)
+            if grad_fn is not None:
+                p.grad = grad_fn(p.grad, step)
+        opt.step()
+    return [p.detach().clone() for p in params], opt
+
+
+ALGOS = {
+    "sgd": lambda ps, b: FedDecaySGD(ps, lr=0.1, beta=0.8, backend=b),
+    "sgd_momentum": lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3,
+                                              nesterov=True, prox_mu=0.01, backend=b),
+    "fednar": lambda ps, b: FedNAR(ps, lr=0.1, weight_decay=1e-2, max_norm=5.0, backend=b),
+    "fednar_unclipped": lambda ps, b: FedNAR(ps, lr=0.1, weight_decay=1e-2, max_norm=1e6, prox_mu=0.1, backend=b),
+    "padamfed": lambda ps, b: PAdaMFed(ps, lr=0.01, beta=0.4, backend=b),
+}
+
+# tensors that straddle chunk (16384) and tile (512) edges, plus small ones
+EDGE_SHAPES = [(CHUNK - 1,), (CHUNK,), (CHUNK + 1,), (3 * CHUNK + 517,), (513,), (1,), (0,), (), (37, 29), (2, 3, 3, 3)]
+
+
+def _bits(ts):
+    return [t.view(torch.int16) if t.element_size() == 2 else t for t in ts]
+
+
+def _assert_bitwise(a, b, what):
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert torch.equal(_bits([x])[0], _bits([y])[0]), f"{what}: tensor {i} differs bitwise"
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_bitwise_identical_across_thread_counts(algo):
+    old = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2, 3, 1):
+            torch.set_num_threads(threads)
+            runs.append(_run(ALGOS[algo], EDGE_SHAPES, "cpu")[0])
+    finally:
+        torch.set_num_threads(old)
+    for r in runs[1:]:
+        _assert_bitwise(runs[0], r, f"{algo} with another thread count")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("algo", ["sgd", "sgd_momentum"])
+def test_sgd_bitwise_equal_to_reference(algo, dtype):
+    """No reduction in SGD: same operation order as the reference, so the same bits."""
+    ref = _run(ALGOS[algo], EDGE_SHAPES, "reference", dtypes=(dtype,))[0]
+    got = _run(ALGOS[algo], EDGE_SHAPES, "cpu", dtypes=(dtype,))[0]
+    _assert_bitwise(ref, got, f"{algo} {dtype}")
+
+
+def _close(ref, got, rtol=2e-5, atol=2e-6):
+    for i, (x, y) in enumerate(zip(ref, got)):
+        torch.testing.assert_close(y.double(), x.double(), rtol=rtol, atol=atol, equal_nan=True,
+                                   msg=lambda m, i=i: f"tensor {i}: {m}")
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_thousands_of_tiny_tensors(algo):
+    shapes = [((i % 7),) if i % 5 else (2, i % 3 + 1) for i in range(2000)]
+    _close(_run(ALGOS[algo], shapes, "reference", steps=2)[0], _run(ALGOS[algo], shapes, "cpu", steps=2)[0])
+
+
+@pytest.mark.parametrize("algo", ["sgd_momentum", "fednar", "padamfed"])
+def test_channels_last_parameters(algo):
+    """Dense tensors whose companions share their strides are processed in place, without copies."""
+    shapes = [(8, 5, 3, 3), (16, 3, 7, 7), (5,)]
+    ref = _run(ALGOS[algo], shapes, "reference", layout="channels_last")[0]
+    got = _run(ALGOS[algo], shapes, "cpu", layout="channels_last")[0]
+    _close(ref, got)
+    assert got[0].is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("algo", ["fednar", "padamfed", "sgd_momentum"])
+def test_mixed_dtypes_in_one_group(algo):
+    """float32, bfloat16 and float64 side by side; with a float64 parameter the norm is float64."""
+    dtypes = (torch.float32, torch.bfloat16, torch.float64, torch.float16)
+    ref = _run(ALGOS[algo], EDGE_SHAPES, "reference", dtypes=dtypes)[0]
+    got = _run(ALGOS[algo], EDGE_SHAPES, "cpu", dtypes=dtypes)[0]
+    for x, y in zip(ref, got):
+        tol = {torch.float64: 1e-12, torch.float32: 2e-6}.get(x.dtype, 1e-2)
+        torch.testing.assert_close(y.double(), x.double(), rtol=tol, atol=tol)
+
+
+def test_fednar_groups_with_own_max_norm():
+    """One global norm over all groups, each group clips with its own max_norm / eps / lr."""
+    def make(ps, b):
+        return FedNAR([{"params": ps[:4], "max_norm": 0.5}, {"params": ps[4:], "max_norm": 50.0, "lr": 0.3,
+                                                             "weight_decay": 0.0}],
+                      lr=0.1, weight_decay=1e-2, backend=b)
+    _close(_run(make, EDGE_SHAPES, "reference")[0], _run(make, EDGE_SHAPES, "cpu")[0])
+
+
+@pytest.mark.parametrize("nonfinite", [float("inf"), float("nan")])
+def test_fednar_nonfinite_gradient_same_nan_pattern(nonfinite):
+    def poison(g, step):
+        if step == 1 and g.numel() > 3:
+            g = g.clone()
+            g.view(-1)[3] = nonfinite
+        return g
+    ref = _run(ALGOS["fednar"], EDGE_SHAPES, "reference", grad_fn=poison)[0]
+    got = _run(ALGOS["fednar"], EDGE_SHAPES, "cpu", grad_fn=poison)[0]
+    for x, y in zip(ref, got):
+        assert torch.equal(torch.isnan(x), torch.isnan(y))
+        assert torch.equal(torch.isinf(x), torch.isinf(y))
+    _close(ref, got)
+
+
+def test_neuron_scales_rows_cross_tiles_and_chunks():
+    """Rows of 700 and 16385 elements start inside tiles and chunks."""
+    shapes = [(30, 700), (3, CHUNK + 1), (50, 1), (7, 3, 3, 3), (5,)]
+
+    def make(ps, b):
+        opt = NeuronLRSGD(ps, lr=0.1, momentum=0.9, backend=b)
+        opt.set_neuron_scales({p: torch.linspace(0.5, 2.0, p.shape[0]) for p in ps if p.dim() >= 1})
+        return opt
+    for dtype in (torch.float32, torch.bfloat16):
+        ref = _run(make, shapes, "reference", dtypes=(dtype,))[0]
+        got = _run(make, shapes, "cpu", dtypes=(dtype,))[0]
+        _assert_bitwise(ref, got, f"NeuronLRSGD {dtype}")
+
+
+def test_padamfed_variance_reduction_mixed_dtypes():
+    shapes = [(CHUNK + 3,), (17, 5), (4,)]
+    out = {}
+    for b in ("reference", "cpu"):
+        ps = _params(shapes, (torch.float32, torch.bfloat16, torch.float64))
+        opt = PAdaMFed(ps, lr=0.01, beta=0.3, variance_reduction=True, backend=b)
+        g = torch.Generator().manual_seed(5)
+        opt.start_round(global_control=[torch.randn(p.shape, generator=g).to(p.dtype) for p in ps],
+                        momentum=[torch.randn(p.shape, generator=g).to(p.dtype) for p in ps])
+        for _ in range(3):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+            opt.step(anchor_grads=[torch.randn(p.shape, generator=g).to(p.dtype) for p in ps])
+        out[b] = [p.detach().clone() for p in ps] + opt.local_control()
+    for x, y in zip(out["reference"], out["cpu"]):
+        tol = 1e-12 if x.dtype == torch.float64 else (2e-6 if x.dtype == torch.float32 else 1e-2)
+        torch.testing.assert_close(y.double(), x.double(), rtol=tol, atol=tol)
+
+
+def test_extension_errors_name_the_tensor():
+    from fedopt_kernels import _C_cpu
+    x, g = torch.zeros(4), torch.zeros(4)
+    k, table = torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.float64)
+    hp = [[0.1, 0.9, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    with pytest.raises(RuntimeError, match="momentum_buffer"):
+        _C_cpu.sgd([[[x], [g], [torch.zeros(5)], [], [], []]], hp, k, table, 1)
+    with pytest.raises(RuntimeError, match="momentum_buffer"):
+        _C_cpu.sgd([[[x], [g], [], [], [], []]], hp, k, table, 1)
+    with pytest.raises(RuntimeError, match="neuron_scale"):
+        _C_cpu.sgd([[[x.view(2, 2)], [g.view(2, 2)], [torch.zeros(2, 2)], [], [], [torch.ones(3)]]], hp, k, table, 1)
+    with pytest.raises(RuntimeError, match="dtype"):
+        _C_cpu.fednar([[[x.int()], [g.int()], [], []]], [[0.1, 0.0, 1.0, 1e-6, 0.0]])
+    with pytest.raises(RuntimeError, match="anchor_grad"):
+        _C_cpu.padamfed([[[x], [g], [torch.zeros(4)], [torch.zeros(4)], []]], [[0.1, 0.5, 1e-12, 1.0]])
+
+
+def test_available_backends_lists_cpu():
+    assert "cpu" in fk.available_backends("cpu")
