@@ -100,7 +100,12 @@ class DecaySchedule:
             else:
                 want = max(j, len(self._values) - 1)
             self._extend(want)
-            tab = torch.tensor(self._values[: want + 1], dtype=torch.float64, device=dev)
+            tab = torch.tensor(self._values[: want + 1], dtype=torch.float64)
+            if dev.type == "cuda":
+                # pinned + non_blocking: a pageable host-to-device copy would synchronise inside step()
+                tab = tab.pin_memory().to(dev, non_blocking=True)
+            else:
+                tab = tab.to(dev)
             self._tables[dev] = tab
         return tab
 
