@@ -6,6 +6,7 @@
 * multi-tensor edge cases: thousands of tiny tensors, tensors straddling chunk and tile edges,
   neuron-scale rows crossing them, channels_last tensors, dtypes mixed inside one param group
   (float64 among them makes the norm float64), several groups with their own clip thresholds;
+* the baseline and AVX2 copies of the kernels give the same bits;
 * bad calls into the extension fail with an error naming the tensor.
 """
 from __future__ import annotations
@@ -219,3 +220,22 @@ def test_extension_errors_name_the_tensor():
 
 def test_available_backends_lists_cpu():
     assert "cpu" in fk.available_backends("cpu")
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_baseline_and_avx2_kernels_give_the_same_bits(algo):
+    """The chunk code is compiled for the baseline ISA and for AVX2 (picked at run time)."""
+    from fedopt_kernels import _C_cpu
+    try:
+        _C_cpu.set_isa("avx2")
+    except RuntimeError as exc:
+        _C_cpu.set_isa("auto")
+        pytest.skip(f"no AVX2 kernels here: {exc}")
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+    try:
+        wide = _run(ALGOS[algo], EDGE_SHAPES, "cpu", dtypes=dtypes)[0]
+        assert _C_cpu.set_isa("base") == "base"
+        narrow = _run(ALGOS[algo], EDGE_SHAPES, "cpu", dtypes=dtypes)[0]
+    finally:
+        _C_cpu.set_isa("auto")
+    _assert_bitwise(wide, narrow, f"{algo}: avx2 vs baseline")

@@ -4,7 +4,7 @@
 
 #include "../common/op_args.h"
 #include "cpu_ops.h"
-#include "cpu_tile.h"
+#include "cpu_common.h"
 
 namespace {
 
@@ -45,6 +45,15 @@ void padamfed(const fo::GroupLists& lists, const fo::HpLists& hps) {
   gat.finish();
 }
 
+// Which copy of the chunk code runs: "auto" (default: AVX2 when the CPU has it), "base" or "avx2".
+// Both give the same bits; tests use this to check that.
+std::string set_isa(const std::string& name) {
+  TORCH_CHECK(name == "auto" || name == "base" || name == "avx2", "isa must be 'auto', 'base' or 'avx2', got '",
+              name, "'");
+  TORCH_CHECK(fo::cpu::set_isa(name.c_str()), "isa '", name, "' is not available on this CPU / build");
+  return fo::cpu::active_isa();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -53,5 +62,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("table"), py::arg("decay_every"));
   m.def("fednar", &fednar, "op fednar: FedNAR step", py::arg("lists"), py::arg("hps"));
   m.def("padamfed", &padamfed, "op padamfed: PAdaMFed client step", py::arg("lists"), py::arg("hps"));
+  m.def("set_isa", &set_isa, "choose the kernels' instruction set; returns the active one", py::arg("name"));
+  m.def("active_isa", []() { return std::string(fo::cpu::active_isa()); });
   m.attr("chunk_elements") = fo::cpu::kChunk;
 }

@@ -1,67 +1,19 @@
-// Building blocks of the CPU kernels.
+// Element-wise tile loops of the CPU kernels, compiled once per ISA: the includer defines
+// FO_CPU_ISA (the namespace: base / avx2) and, for avx2, has switched the target on.
 //
-// Work is cut into fixed chunks of kChunk elements (never crossing a tensor), so the global norm's
-// partial sums, one per chunk, do not depend on the number of threads. Inside a chunk, tiles of
-// kTile elements are staged in L1-sized arrays and every optional term of the update is one tiny
-// loop over the tile: each tensor still crosses memory once per pass, and each loop is a plain
-// element-wise loop the compiler vectorises for whatever ISA it targets, without one template
-// instantiation per combination of options. float32 tensors are read and written in place
-// (no staging); float16/bfloat16 are converted to float32 on load and rounded once on store.
-#pragma once
+// Inside a chunk, tiles of kTile elements are staged in L1-sized arrays and every optional term of
+// an update is one tiny loop over the tile: each tensor still crosses memory once per pass, each
+// loop is a plain element-wise loop the compiler vectorises, and there is no template instantiation
+// per combination of options. float32 tensors are read and written in place (no staging);
+// float16/bfloat16 are converted to float32 on load and rounded once on store.
+//
+// No include guard on purpose: included once per ISA namespace.
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <type_traits>
-#include <vector>
-
-#include "../common/fo_entry.h"
-
-#if defined(__clang__)
-#define FO_IVDEP _Pragma("clang loop vectorize(assume_safety)")
-#elif defined(__GNUC__)
-#define FO_IVDEP _Pragma("GCC ivdep")
-#else
-#define FO_IVDEP
-#endif
+#include "cpu_common.h"
 
 namespace fo {
 namespace cpu {
-
-constexpr int64_t kChunk = 16384;  // elements per work item and per norm partial (fixed: determinism)
-constexpr int kTile = 512;         // elements staged per step inside a chunk
-constexpr int kLanes = 16;         // independent sum-of-squares accumulators (vector lanes)
-constexpr int64_t kGrain = 4;      // chunks below which a pass stays on one thread
-
-// Compute type: float32 for float32/float16/bfloat16, float64 for float64.
-template <class T>
-using Acc = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
-
-struct Chunk {
-  int32_t entry;
-  int64_t begin, end;
-};
-
-inline std::vector<Chunk> make_chunks(const std::vector<Entry>& entries) {
-  std::vector<Chunk> out;
-  for (size_t e = 0; e < entries.size(); ++e)
-    for (int64_t b = 0; b < entries[e].numel; b += kChunk)
-      out.push_back({static_cast<int32_t>(e), b, std::min(entries[e].numel, b + kChunk)});
-  return out;
-}
-
-// Call f(T{}) with T the C++ storage type of `t`.
-template <class F>
-inline void dispatch(DType t, F&& f) {
-  switch (t) {
-    case DType::F32: f(float{}); break;
-    case DType::F16: f(c10::Half{}); break;
-    case DType::BF16: f(c10::BFloat16{}); break;
-    case DType::F64: f(double{}); break;
-  }
-}
+namespace FO_CPU_ISA {
 
 // Read n elements as compute type: the memory itself when no conversion is needed, else `buf`.
 template <class A, class T>
@@ -160,13 +112,27 @@ inline void fill_rows(A* s, const A* scale, A lr, int64_t off, int64_t row_len, 
 // reference then accumulates every tensor in float64).
 template <class L, class A>
 inline void sumsq(const A* v, int n, L* lanes) {
-  L acc[kLanes];
-  for (int j = 0; j < kLanes; ++j) acc[j] = lanes[j];
   int i = 0;
+#if defined(__GNUC__)
+  // kLanes lanes as 16-byte vectors (SSE2 / NEON registers, also fine under AVX2), kept in registers
+  typedef L V __attribute__((vector_size(16)));
+  constexpr int kPer = 16 / sizeof(L), kRegs = kLanes / kPer;
+  V acc[kRegs];
+  std::memcpy(acc, lanes, sizeof(acc));
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma GCC unroll 8
+    for (int r = 0; r < kRegs; ++r) {
+      V x;
+      for (int q = 0; q < kPer; ++q) x[q] = static_cast<L>(v[i + r * kPer + q]);
+      acc[r] += x * x;
+    }
+  }
+  std::memcpy(lanes, acc, sizeof(acc));
+#else
   for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<L>(v[i + j]) * static_cast<L>(v[i + j]);
-  for (int j = 0; i + j < n; ++j) acc[j] += static_cast<L>(v[i + j]) * static_cast<L>(v[i + j]);
-  for (int j = 0; j < kLanes; ++j) lanes[j] = acc[j];
+    for (int j = 0; j < kLanes; ++j) lanes[j] += static_cast<L>(v[i + j]) * static_cast<L>(v[i + j]);
+#endif
+  for (int j = 0; i + j < n; ++j) lanes[j] += static_cast<L>(v[i + j]) * static_cast<L>(v[i + j]);
 }
 
 template <class L>
@@ -176,5 +142,7 @@ inline double lanes_total(const L* lanes) {
   return s;
 }
 
+
+}  // namespace FO_CPU_ISA
 }  // namespace cpu
 }  // namespace fo

@@ -1,71 +1,37 @@
 // Op "sgd" on CPU (FedDecaySGD / NeuronLRSGD): one pass, every tensor of every group.
-// Operation order = fedopt_kernels/reference/sgd.py, so float32 results match it bit for bit.
 #include <ATen/Parallel.h>
 
+#include "cpu_common.h"
 #include "cpu_ops.h"
-#include "cpu_tile.h"
+
+#define FO_CPU_ISA base
+#include "sgd_tiles.h"
+#undef FO_CPU_ISA
+
+#if FO_CPU_AVX2
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#define FO_CPU_ISA avx2
+#include "sgd_tiles.h"
+#undef FO_CPU_ISA
+#pragma GCC pop_options
+#endif
 
 namespace fo {
 namespace cpu {
-
-namespace {
-
-template <class T>
-void sgd_chunk(const Entry& en, const SgdHp& hp, double lr_k, int64_t begin, int64_t end) {
-  using A = Acc<T>;
-  alignas(64) A gbuf[kTile], xbuf[kTile], dbuf[kTile], tbuf[kTile], bbuf[kTile], nbuf[kTile], sbuf[kTile];
-  const int f = hp.flags;
-  const A lr = static_cast<A>(lr_k), wd = static_cast<A>(hp.weight_decay), mu = static_cast<A>(hp.prox_mu);
-  const A mom = static_cast<A>(hp.momentum), damp1 = static_cast<A>(hp.damp1);
-  T* X = static_cast<T*>(en.ptr[sgd_slot::X]);
-  const T* G = static_cast<const T*>(en.ptr[sgd_slot::G]);
-  T* B = static_cast<T*>(en.ptr[sgd_slot::BUF]);
-  const T* X0 = static_cast<const T*>(en.ptr[sgd_slot::X0]);
-  const T* C = static_cast<const T*>(en.ptr[sgd_slot::CORR]);
-  const A* R = static_cast<const A*>(en.ptr[sgd_slot::SCALE]);
-
-  for (int64_t off = begin; off < end; off += kTile) {
-    const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
-    const A* x = load<A>(X + off, n, xbuf);
-    const A* d = load<A>(G + off, n, gbuf);
-    if (f & kSgdMaximize) { neg(dbuf, d, n); d = dbuf; }
-    if (f & kSgdWeightDecay) { add_scaled(dbuf, d, wd, x, n); d = dbuf; }
-    if (f & kSgdCorrection) { add(dbuf, d, load<A>(C + off, n, tbuf), n); d = dbuf; }
-    if (f & kSgdProx) { add_scaled_diff(dbuf, d, mu, x, load<A>(X0 + off, n, tbuf), n); d = dbuf; }
-    if (f & kSgdMomentum) {
-      // the update uses the new buffer before it is rounded to the storage dtype, as the reference does
-      A* nb = out_ptr<A>(B + off, nbuf);
-      scale_add_scaled(nb, load<A>(B + off, n, bbuf), mom, damp1, d, n);
-      commit<A>(B + off, nb, n);
-      if (f & kSgdNesterov) { add_scaled(dbuf, d, mom, nb, n); d = dbuf; }
-      else d = nb;
-    }
-    A* xo = out_ptr<A>(X + off, xbuf);
-    if (f & kSgdScale) {
-      fill_rows(sbuf, R, lr, off, en.row_len, n);
-      sub_rowscaled(xo, x, sbuf, d, n);
-    } else {
-      sub_scaled(xo, x, lr, d, n);
-    }
-    commit<A>(X + off, xo, n);
-  }
-}
-
-}  // namespace
 
 void sgd(const std::vector<Entry>& entries, const std::vector<SgdHp>& hps, int32_t k, const double* table,
          int64_t table_len, int64_t decay_every) {
   const std::vector<Chunk> chunks = make_chunks(entries);
   std::vector<double> lr(hps.size());
   for (size_t g = 0; g < hps.size(); ++g) lr[g] = sgd_lr<double>(hps[g], k, table, table_len, decay_every);
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) {
-      const Chunk& ch = chunks[c];
-      const Entry& en = entries[ch.entry];
-      dispatch(en.dtype, [&](auto tag) {
-        sgd_chunk<decltype(tag)>(en, hps[en.group], lr[en.group], ch.begin, ch.end);
-      });
-    }
+  const bool avx2 = use_avx2();
+  at::parallel_for(0, static_cast<int64_t>(chunks.size()), kGrain, [&](int64_t lo, int64_t hi) {
+#if FO_CPU_AVX2
+    if (avx2) return avx2::sgd_chunks(chunks, lo, hi, entries, hps, lr);
+#endif
+    (void)avx2;
+    base::sgd_chunks(chunks, lo, hi, entries, hps, lr);
   });
 }
 

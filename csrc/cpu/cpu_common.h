@@ -1,0 +1,79 @@
+// What the CPU kernels share regardless of the instruction set they are compiled for.
+//
+// Work is cut into fixed chunks of kChunk elements (never crossing a tensor), so the global norm's
+// partial sums, one per chunk, do not depend on the number of threads. Each op's chunk code
+// (<op>_tiles.h) is compiled twice: for the baseline ISA of the build (SSE2 on x86-64) and, with
+// GCC on x86-64, for AVX2 via `#pragma GCC target`; use_avx2() picks one at run time, so the
+// library runs on any x86-64 CPU. Both give the same bits: the loops are element-wise, the sums
+// of squares use fixed lanes, and FMA contraction is off.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "../common/fo_entry.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FO_CPU_AVX2 1  // build an AVX2 copy of the chunk code
+#else
+#define FO_CPU_AVX2 0
+#endif
+
+#if defined(__clang__)
+#define FO_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define FO_IVDEP _Pragma("GCC ivdep")
+#else
+#define FO_IVDEP
+#endif
+
+namespace fo {
+namespace cpu {
+
+constexpr int64_t kChunk = 16384;  // elements per work item and per norm partial (fixed: determinism)
+constexpr int kTile = 512;         // elements staged per step inside a chunk
+constexpr int kLanes = 16;         // independent sum-of-squares accumulators (vector lanes)
+constexpr int64_t kGrain = 4;      // chunks below which a pass stays on one thread
+
+// Compute type: float32 for float32/float16/bfloat16, float64 for float64.
+template <class T>
+using Acc = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+
+struct Chunk {
+  int32_t entry;
+  int64_t begin, end;
+};
+
+inline std::vector<Chunk> make_chunks(const std::vector<Entry>& entries) {
+  std::vector<Chunk> out;
+  for (size_t e = 0; e < entries.size(); ++e)
+    for (int64_t b = 0; b < entries[e].numel; b += kChunk)
+      out.push_back({static_cast<int32_t>(e), b, std::min(entries[e].numel, b + kChunk)});
+  return out;
+}
+
+// Call f(T{}) with T the C++ storage type of `t`.
+template <class F>
+inline void dispatch(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: f(float{}); break;
+    case DType::F16: f(c10::Half{}); break;
+    case DType::BF16: f(c10::BFloat16{}); break;
+    case DType::F64: f(double{}); break;
+  }
+}
+
+// Run the AVX2 copy of the chunk code? (CPU support, unless set_isa() forced a choice)
+bool use_avx2();
+// "auto" (default), "base" or "avx2"; returns false when the request cannot be honoured.
+bool set_isa(const char* name);
+const char* active_isa();
+
+}  // namespace cpu
+}  // namespace fo
