@@ -184,7 +184,8 @@ def cpu_extension():
     import torch
     from torch.utils.cpp_extension import CppExtension
     # no FMA contraction: same bits as the reference on any CPU; -g0: no debug info (build time, size)
-    cflags = ["-O3", "-g0", "-ffp-contract=off"]
+    # -fvisibility=hidden: our symbols (fo::*) stay private to each extension module
+    cflags = ["-O3", "-g0", "-ffp-contract=off", "-fvisibility=hidden"]
     lflags: List[str] = []
     if "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux"):
         cflags.append("-fopenmp")  # at::parallel_for is inline: OpenMP must be on in our objects too
@@ -217,9 +218,9 @@ def cuda_extension():
     include_dirs = pip_nvidia_include_dirs()  # after CUDA_HOME/include, which CUDAExtension puts first
     return cpp_ext.CUDAExtension(
         name, CUDA_SOURCES, include_dirs=include_dirs,
-        extra_compile_args={"cxx": ["-O3", "-g0"],
+        extra_compile_args={"cxx": ["-O3", "-g0", "-fvisibility=hidden"],
                             # --fmad=false: no FMA contraction, so the math rounds as the reference's
-                            "nvcc": ["-O3", "--fmad=false", "-lineinfo"] + gencode})
+                            "nvcc": ["-O3", "--fmad=false", "-lineinfo", "-Xcompiler=-fvisibility=hidden"] + gencode})
 
 
 def native_extensions():
