@@ -69,6 +69,9 @@ ALGOS = {
     "sgd": lambda ps, b: FedDecaySGD(ps, lr=0.1, beta=0.8, backend=b),
     "sgd_momentum": lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3,
                                               nesterov=True, prox_mu=0.01, backend=b),
+    # the fused fast path (float32/float64, weight decay + momentum / Nesterov only)
+    "sgd_fast": lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3, backend=b),
+    "sgd_fast_nesterov": lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, nesterov=True, backend=b),
     "fednar": lambda ps, b: FedNAR(ps, lr=0.1, weight_decay=1e-2, max_norm=5.0, backend=b),
     "fednar_unclipped": lambda ps, b: FedNAR(ps, lr=0.1, weight_decay=1e-2, max_norm=1e6, prox_mu=0.1, backend=b),
     "padamfed": lambda ps, b: PAdaMFed(ps, lr=0.01, beta=0.4, backend=b),
@@ -102,8 +105,8 @@ def test_bitwise_identical_across_thread_counts(algo):
         _assert_bitwise(runs[0], r, f"{algo} with another thread count")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("algo", ["sgd", "sgd_momentum"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("algo", ["sgd", "sgd_momentum", "sgd_fast", "sgd_fast_nesterov"])
 def test_sgd_bitwise_equal_to_reference(algo, dtype):
     """No reduction in SGD: same operation order as the reference, so the same bits."""
     ref = _run(ALGOS[algo], EDGE_SHAPES, "reference", dtypes=(dtype,))[0]

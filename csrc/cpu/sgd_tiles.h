@@ -49,13 +49,58 @@ void sgd_chunk(const Entry& en, const SgdHp& hp, double lr_k, int64_t begin, int
   }
 }
 
+// Fast path for the most common configuration (float32/float64 storage; optional weight decay and
+// momentum / Nesterov, nothing else): one loop, no staging. Same operations in the same order as
+// sgd_chunk, so the same bits.
+template <class T, bool kWd, bool kMom, bool kNest>
+void sgd_fused_chunk(const Entry& en, const SgdHp& hp, double lr_k, int64_t begin, int64_t end) {
+  const T lr = static_cast<T>(lr_k), wd = static_cast<T>(hp.weight_decay);
+  const T mom = static_cast<T>(hp.momentum), damp1 = static_cast<T>(hp.damp1);
+  T* X = static_cast<T*>(en.ptr[sgd_slot::X]);
+  const T* G = static_cast<const T*>(en.ptr[sgd_slot::G]);
+  T* B = static_cast<T*>(en.ptr[sgd_slot::BUF]);
+  FO_IVDEP for (int64_t i = begin; i < end; ++i) {
+    const T x = X[i];
+    T d = G[i];
+    if constexpr (kWd) d = d + wd * x;
+    if constexpr (kMom) {
+      const T b = B[i] * mom + damp1 * d;
+      B[i] = b;
+      d = kNest ? d + mom * b : b;
+    }
+    X[i] = x - lr * d;
+  }
+}
+
+// The fast-path instantiation for these flags, or nullptr (then sgd_chunk handles it).
+using SgdChunkFn = void (*)(const Entry&, const SgdHp&, double, int64_t, int64_t);
+
+template <class T>
+SgdChunkFn sgd_fast_path(int f) {
+  if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value) {
+    if (f & (kSgdMaximize | kSgdCorrection | kSgdProx | kSgdScale)) return nullptr;
+    const bool wd = f & kSgdWeightDecay, mom = f & kSgdMomentum, nest = f & kSgdNesterov;
+    if (!mom) return wd ? sgd_fused_chunk<T, true, false, false> : sgd_fused_chunk<T, false, false, false>;
+    if (nest) return wd ? sgd_fused_chunk<T, true, true, true> : sgd_fused_chunk<T, false, true, true>;
+    return wd ? sgd_fused_chunk<T, true, true, false> : sgd_fused_chunk<T, false, true, false>;
+  } else {
+    (void)f;
+    return nullptr;
+  }
+}
+
 // chunks [lo, hi) of one parallel_for range
 inline void sgd_chunks(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, const std::vector<Entry>& entries,
                        const std::vector<SgdHp>& hps, const std::vector<double>& lr) {
   for (int64_t c = lo; c < hi; ++c) {
     const Chunk& ch = chunks[c];
     const Entry& en = entries[ch.entry];
-    dispatch(en.dtype, [&](auto tag) { sgd_chunk<decltype(tag)>(en, hps[en.group], lr[en.group], ch.begin, ch.end); });
+    const SgdHp& hp = hps[en.group];
+    dispatch(en.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if (const SgdChunkFn fast = sgd_fast_path<T>(hp.flags)) fast(en, hp, lr[en.group], ch.begin, ch.end);
+      else sgd_chunk<T>(en, hp, lr[en.group], ch.begin, ch.end);
+    });
   }
 }
 
