@@ -67,11 +67,12 @@ def find_cuda_home() -> Optional[str]:
     nvcc = shutil.which("nvcc")
     if nvcc:
         cands.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
-        try:  # a wrapper script: ask nvcc where it lives ("#$ TOP=<home>/bin/..")
-            out = subprocess.run([nvcc, "--dryrun", "--version"], capture_output=True, text=True, timeout=60)
+        try:  # a wrapper script: ask nvcc where it lives ("#$ TOP=<home>/bin/.." in a dry run)
+            out = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
+                                 timeout=60)
             m = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.M)
             if m:
-                cands.append(os.path.normpath(os.path.join(m.group(1).strip(), "..")))
+                cands.append(os.path.normpath(m.group(1).strip()))
         except (OSError, subprocess.SubprocessError):
             pass
     cands.append("/usr/local/cuda")
