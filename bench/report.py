@@ -40,6 +40,25 @@ def _fmt_num(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
+DISTURBED = 0.25  # cores used by other processes during a CPU case above which its figures are flagged
+
+
+def _disturbed(r: Dict[str, Any]) -> bool:
+    return r.get("device_type") == "cpu" and (r.get("other_load_cores") or 0.0) > DISTURBED
+
+
+def _contention_line(result: Dict[str, Any]) -> str:
+    loads = [r["other_load_cores"] for r in result["rows"] if r.get("other_load_cores") is not None]
+    if not loads:
+        return "- other processes' CPU use during the cases: not measured"
+    bad = sum(_disturbed(r) for r in result["rows"])
+    line = (f"- other processes' CPU use during each case: median {sorted(loads)[len(loads) // 2]:.2f}, "
+            f"max {max(loads):.2f} cores")
+    if result["meta"]["device_type"] == "cpu" and bad:
+        line += f" — **{bad} rows ran while other processes used > {DISTURBED} cores (marked ⚠): their CPU timings are disturbed**"
+    return line
+
+
 def markdown(result: Dict[str, Any]) -> str:
     """The human-readable report: header, goal summary, one table row per case."""
     meta = result["meta"]
@@ -54,9 +73,7 @@ def markdown(result: Dict[str, Any]) -> str:
         f"threads {meta['threads']}; dtype {meta['dtype']}; wall time {meta['wall_s']:.0f} s",
         f"- backends timed: {', '.join(result['backends'])}; left out: "
         + ("; ".join(f"{k} ({v})" for k, v in result["skipped"].items()) or "none"),
-        f"- load average (1 min) before / after: {meta.get('loadavg_before')} / {meta.get('loadavg_after')}"
-        + (" — **other processes were running: CPU timings are unreliable**"
-           if not cuda and (meta.get("loadavg_before") or 0) > 0.5 else ""),
+        _contention_line(result),
         "- GB/s = SPEC §7 minimum bytes per step (`bench/traffic.py`) / median step time; "
         "% copy = that over `dst.copy_(src)` moving the same bytes on the same device in the same run; "
         "x columns = speedup (other time / this time); state = bytes of optimizer state; step extra = peak memory one step "
@@ -64,12 +81,14 @@ def markdown(result: Dict[str, Any]) -> str:
         "",
         "## Goals",
         "",
-        "| goal | judged on | verdict | passed | missed |",
-        "|---|---|---|---|---|",
+        "| goal | judged on | verdict | passed | missed | judged rows disturbed (⚠) |",
+        "|---|---|---|---|---|---|",
     ]
     for g in result.get("goals", []):
         missed = ", ".join(g["missed"]) or "—"
-        lines.append(f"| {g['text']} | {g['where']} | **{g['verdict']}** | {g['passed']}/{g['judged']} | {missed} |")
+        disturbed = sum(1 for r in result["rows"] if g["goal"] in r.get("goals", {}) and _disturbed(r))
+        lines.append(f"| {g['text']} | {g['where']} | **{g['verdict']}** | {g['passed']}/{g['judged']} | {missed} "
+                     f"| {disturbed} |")
     head = ["algorithm", "backend", "size", "B/elem", "median step", "GB/s", "% copy", "x ref",
             "x SGD fused", "x SGD foreach", "state", "step extra"]
     if cuda:
@@ -82,7 +101,8 @@ def markdown(result: Dict[str, Any]) -> str:
             cells = [r["algorithm"], r["backend"], size, str(r["bytes_per_element"]), f"error: {r.get('error', '?')}"]
             cells += [""] * (len(head) - len(cells))
         else:
-            cells = [r["algorithm"], r["backend"], size, str(r["bytes_per_element"]), _fmt_time(r["median_s"]),
+            flag = " ⚠" if _disturbed(r) else ""
+            cells = [r["algorithm"], r["backend"], size, str(r["bytes_per_element"]), _fmt_time(r["median_s"]) + flag,
                      f"{r['gbps']:.1f}", f"{r['pct_copy']:.0f}%", _fmt_x(r.get("speedup_ref")),
                      _fmt_x(r.get("speedup_sgd_fused")), _fmt_x(r.get("speedup_sgd_foreach")),
                      _fmt_bytes(r.get("state_bytes")), _fmt_bytes(r.get("step_extra_bytes"))]

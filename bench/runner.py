@@ -13,6 +13,7 @@ import torch
 import fedopt_kernels as fk
 
 from .algorithms import ALGOS, BASELINES, TORCH_FOREACH, TORCH_FUSED, Stepper, build_torch_sgd
+from .contention import OtherLoad
 from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
 from .timing import Budget, copy_bandwidth, median, time_calls, time_graph
@@ -129,6 +130,7 @@ def run(plan: Plan) -> Dict[str, Any]:
                                 bytes_per_step=nbytes)
                 key = (backend, tuple(sorted(algo.torch_sgd.items()))) if backend in BASELINES else None
                 t0 = time.perf_counter()
+                others = OtherLoad().__enter__()
                 try:
                     if key is not None and key in baseline_cache:
                         row.update(baseline_cache[key])  # same torch work measured for another algorithm
@@ -140,6 +142,8 @@ def run(plan: Plan) -> Dict[str, Any]:
                     row["copy_gbps"] = copy_bandwidth(nbytes, plan.device, plan.budget) / 1e9
                 except Exception as exc:  # a backend that fails is a result too, not a crash
                     row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                others.__exit__(None, None, None)
+                row["other_load_cores"] = others.cores
                 gc.collect()
                 rows.append(row)
                 plan.log(f"  {size:>9} {algo_name:<22} {backend:<19} "
