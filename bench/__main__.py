@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .algorithms import ALGOS, CORE, FULL
+from .contention import wait_quiet
 from .goals import judge_rows
 from .report import markdown, slug, write, write_latest
 from .runner import Plan, run
@@ -88,6 +89,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
     ap.add_argument("--graph-steps", type=int, default=10, help="optimizer steps per captured CUDA graph (0: off)")
     ap.add_argument("--no-baselines", action="store_true", help="skip torch.optim.SGD fused/foreach")
+    ap.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
+                    help="first wait (at most this long) until other processes leave the CPU cores idle")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--rebuild-latest", action="store_true", help="only rewrite LATEST.md in --out-dir")
@@ -120,6 +123,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 dtype=args.dtype, sizes=sizes, algos=plan.algos, budget=dataclasses.asdict(budget),
                 graph_steps=args.graph_steps if device.type == "cuda" else None)
     print(f"bench: {meta['device_name']}, mode {args.mode}, sizes {sizes}", file=sys.stderr, flush=True)
+    if args.wait_quiet > 0:
+        cores = wait_quiet(args.wait_quiet)
+        print(f"bench: other processes use {cores if cores is None else round(cores, 2)} cores; starting",
+              file=sys.stderr, flush=True)
     meta["loadavg_before"] = _loadavg()
     t0 = time.perf_counter()
     result = run(plan)

@@ -45,3 +45,14 @@ class OtherLoad:
         wall = end[0] - self._start[0]
         if wall > 0:
             self.cores = max(0.0, ((end[1] - self._start[1]) - (end[2] - self._start[2])) / wall)
+
+
+def wait_quiet(max_wait_s: float, threshold: float = 0.25, window_s: float = 10.0) -> Optional[float]:
+    """Wait until other processes used < ``threshold`` cores over a ``window_s`` window, for at
+    most ``max_wait_s`` seconds; return the last window's figure (None where unmeasurable)."""
+    deadline = time.perf_counter() + max_wait_s
+    while True:
+        with OtherLoad() as o:
+            time.sleep(window_s)
+        if o.cores is None or o.cores < threshold or time.perf_counter() >= deadline:
+            return o.cores
