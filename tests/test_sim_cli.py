@@ -41,21 +41,53 @@ def test_validate_auto_picks_the_auto_backend(capsys):
     assert f"reference vs {want}" in capsys.readouterr().out
 
 
+def _round(rel, traj=0.0):
+    return {"round": 1, "step_max_abs": rel, "step_rel": rel, "traj_max_abs": traj, "traj_rel": traj}
+
+
 def test_validate_fails_past_tolerance(monkeypatch, capsys):
-    bad = Validation(backend="reference", rounds=[{"round": 1, "max_abs": 1.0, "rel": 0.5}], acc_diff={"x": 0.0})
+    bad = Validation(backend="reference", rounds=[_round(0.5)], acc_diff={"x": 0.0})
     monkeypatch.setattr("fedopt_kernels.sim.validate.validate_backend", lambda *a, **k: bad)
     assert cli.main(SHORT + ["--validate", "reference"]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 
 def test_validation_verdicts():
-    ok = Validation("x", rounds=[{"round": 1, "max_abs": 0.0, "rel": 1e-6}], acc_diff={"a": 0.001})
-    assert ok.passed
-    assert not Validation("x", rounds=[{"round": 1, "max_abs": 0.0, "rel": float("nan")}]).passed
+    assert Validation("x", rounds=[_round(1e-6, traj=0.5)], acc_diff={"a": 0.001}).passed  # trajectory: info only
+    assert not Validation("x", rounds=[_round(float("nan"))]).passed
     assert not Validation("x", acc_diff={"a": float("nan")}).passed
     assert not Validation("x", acc_diff={"a": 0.02}).passed
-    assert math.isnan(Validation("x", rounds=[{"round": 1, "max_abs": 1, "rel": 0.0},
-                                              {"round": 2, "max_abs": 1, "rel": float("nan")}]).max_rel)
+    assert math.isnan(Validation("x", rounds=[_round(0.0), _round(float("nan"))]).max_rel)
+
+
+def _fake_cpu_backend(monkeypatch, perturb):
+    """Register reference-sgd-plus-``perturb`` as the "cpu" backend for this test only."""
+    from fedopt_kernels import _registry
+    from fedopt_kernels.reference.sgd import sgd_step
+
+    def fake(groups, ctx):
+        sgd_step(groups, ctx)
+        with torch.no_grad():
+            for grp in groups:
+                for x in grp.params:
+                    perturb(x)
+
+    monkeypatch.setitem(_registry._LOAD_ERRORS, "cpu", None)
+    monkeypatch.setitem(_registry._DEVICE_OK, "cpu", lambda device: None)
+    monkeypatch.setitem(_registry._IMPLS["sgd"], "cpu", fake)
+
+
+def test_validate_passes_rounding_noise(monkeypatch, capsys):
+    # one ulp on every parameter after every step: what a correct fused kernel may differ by
+    _fake_cpu_backend(monkeypatch, lambda x: x.copy_(torch.nextafter(x, torch.full_like(x, math.inf))))
+    assert cli.main(SHORT + ["--validate", "cpu", "--rounds", "3"]) == 0, capsys.readouterr().out
+
+
+def test_validate_catches_a_wrong_kernel(monkeypatch, capsys):
+    # a kernel that forgets part of the update: here an extra 1e-4 shrink per step
+    _fake_cpu_backend(monkeypatch, lambda x: x.mul_(1 - 1e-4))
+    assert cli.main(SHORT + ["--validate", "cpu", "--rounds", "3"]) == 1
+    assert "FAIL" in capsys.readouterr().out
 
 
 def test_run_is_deterministic_from_its_seed():

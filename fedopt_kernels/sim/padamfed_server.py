@@ -21,7 +21,7 @@ import torch
 from torch.nn import functional as F
 
 from .clients import Batch
-from .strategy import AvgStrategy, ClientUpdate, Tensors
+from .strategy import AvgStrategy, ClientUpdate, Tensors, clone_all
 
 
 class PAdaMFedStrategy(AvgStrategy):
@@ -55,6 +55,13 @@ class PAdaMFedStrategy(AvgStrategy):
             for c, c_i in zip(self.c, ci):
                 c.add_(c_i, alpha=1.0 / n)
         self.m = [c.clone() for c in self.c]
+
+    def server_state(self) -> Dict[str, Any]:
+        return {"c": self.c, "m": self.m, "c_local": self.c_local}
+
+    def load_server_state(self, state: Dict[str, Any]) -> None:
+        self.c, self.m = clone_all(state["c"]), clone_all(state["m"])
+        self.c_local = {i: clone_all(ci) for i, ci in state["c_local"].items()}
 
     def round_inputs(self, cid: int, t: int) -> Dict[str, Any]:
         if self.vr:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from .strategy import AvgStrategy, ClientUpdate, Tensors, zeros_like_all
+from .strategy import AvgStrategy, ClientUpdate, Tensors, clone_all, zeros_like_all
 
 
 class ScaffoldStrategy(AvgStrategy):
@@ -27,6 +27,13 @@ class ScaffoldStrategy(AvgStrategy):
         super().__init__(sim)
         self.c: Tensors = zeros_like_all(sim.global_params)
         self.c_local: Dict[int, Tensors] = {}  # only clients that trained; the others are zero
+
+    def server_state(self) -> Dict[str, Any]:
+        return {"c": self.c, "c_local": self.c_local}
+
+    def load_server_state(self, state: Dict[str, Any]) -> None:
+        self.c = clone_all(state["c"])
+        self.c_local = {i: clone_all(ci) for i, ci in state["c_local"].items()}
 
     def local_control(self, cid: int) -> Tensors:
         ci = self.c_local.get(cid)

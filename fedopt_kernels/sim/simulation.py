@@ -86,6 +86,18 @@ class Simulation:
             for p, g in zip(self.model.parameters(), self.global_params):
                 p.copy_(g)
 
+    @torch.no_grad()
+    def sync_from(self, other: "Simulation") -> None:
+        """Take over ``other``'s global model and server state (same config, other backend).
+
+        Client-side state needs no copy: every round starts it afresh (momentum cleared, FedNLR scales
+        and PAdaMFed's D recomputed), and sampling and batch streams advance identically in both runs.
+        """
+        for mine, theirs in zip(self.global_params, other.global_params):
+            mine.copy_(theirs)
+        self.strategy.load_server_state(other.strategy.server_state())
+        self._setup_done = other._setup_done
+
     def sample_clients(self) -> List[int]:
         picked = self.sample_rng.choice(self.cfg.num_train_clients, size=self.cfg.sampled_per_round, replace=False)
         return sorted(int(i) for i in picked)  # sorted: aggregation order does not depend on draw order

@@ -35,6 +35,10 @@ def zeros_like_all(tensors: Tensors) -> Tensors:
     return [torch.zeros_like(t) for t in tensors]
 
 
+def clone_all(tensors: Tensors) -> Tensors:
+    return [t.detach().clone() for t in tensors]
+
+
 class AvgStrategy:
     """FedAvg's server: ``x += server_lr * sum_i n_i * delta_i / sum_i n_i`` over the sampled clients.
 
@@ -79,6 +83,13 @@ class AvgStrategy:
         return ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
 
     # ------------------------------------------------------------------ server side
+    def server_state(self) -> Dict[str, Any]:
+        """The server's tensors besides the global model (control variates, momentum, ...)."""
+        return {}
+
+    def load_server_state(self, state: Dict[str, Any]) -> None:
+        """Overwrite the server state with (copies of) ``state`` from another run of the same config."""
+
     @torch.no_grad()
     def aggregate(self, updates: List[ClientUpdate], t: int) -> None:
         total = sum(u.weight for u in updates)
