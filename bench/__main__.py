@@ -91,6 +91,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-baselines", action="store_true", help="skip torch.optim.SGD fused/foreach")
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
                     help="first wait (at most this long) until other processes leave the CPU cores idle")
+    ap.add_argument("--retries", type=int, default=None,
+                    help="CPU: redo a case that other processes disturbed up to N times (default: 2 full, 1 quick, 0 smoke)")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--rebuild-latest", action="store_true", help="only rewrite LATEST.md in --out-dir")
@@ -111,7 +113,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     sizes = args.sizes or (cuda_sizes if device.type == "cuda" else cpu_sizes)
     plan = Plan(device=device, sizes=sizes, algos=args.algos or algos, dtype=DTYPES[args.dtype],
                 backends=args.backends, budget=budget, graph_steps=args.graph_steps,
-                baselines=not args.no_baselines)
+                baselines=not args.no_baselines,
+                retries=args.retries if args.retries is not None else {"full": 2, "quick": 1, "smoke": 0}[args.mode])
     meta = device_meta(device)
     now = dt.datetime.now(dt.timezone.utc)
     commit = _git("rev-parse", "HEAD") or os.environ.get("FEDOPT_COMMIT", "unknown")
@@ -121,7 +124,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 command="python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
                 torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
                 dtype=args.dtype, sizes=sizes, algos=plan.algos, budget=dataclasses.asdict(budget),
-                graph_steps=args.graph_steps if device.type == "cuda" else None)
+                retries=plan.retries, graph_steps=args.graph_steps if device.type == "cuda" else None)
     print(f"bench: {meta['device_name']}, mode {args.mode}, sizes {sizes}", file=sys.stderr, flush=True)
     if args.wait_quiet > 0:
         cores = wait_quiet(args.wait_quiet)

@@ -11,6 +11,9 @@ import os
 import time
 from typing import Optional, Tuple
 
+# cores used by other processes during a CPU case above which its figures count as disturbed
+DISTURBED = 0.25
+
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -47,7 +50,7 @@ class OtherLoad:
             self.cores = max(0.0, ((end[1] - self._start[1]) - (end[2] - self._start[2])) / wall)
 
 
-def wait_quiet(max_wait_s: float, threshold: float = 0.25, window_s: float = 10.0) -> Optional[float]:
+def wait_quiet(max_wait_s: float, threshold: float = DISTURBED, window_s: float = 10.0) -> Optional[float]:
     """Wait until other processes used < ``threshold`` cores over a ``window_s`` window, for at
     most ``max_wait_s`` seconds; return the last window's figure (None where unmeasurable)."""
     deadline = time.perf_counter() + max_wait_s

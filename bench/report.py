@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .algorithms import BASELINES
+from .contention import DISTURBED
 from .goals import goals_for
 
 SIZE_LABEL = {"small_cnn": "small CNN", "resnet18": "ResNet-18", "large": "large"}
@@ -40,7 +41,6 @@ def _fmt_num(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
-DISTURBED = 0.25  # cores used by other processes during a CPU case above which its figures are flagged
 
 
 def _disturbed(r: Dict[str, Any]) -> bool:
