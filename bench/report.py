@@ -148,6 +148,8 @@ def chart(result: Dict[str, Any], path: Path) -> None:
         ax.set_ylabel("% of copy bandwidth")
         ax.set_title(f"{SIZE_LABEL.get(size, size)} — {result['meta']['device_name']}", fontsize=9)
         ax.axhline(100, color="grey", lw=0.5)
+        goal = 85 if result["meta"]["device_type"] == "cuda" else 70  # the fused-backend goal (bench/goals.py)
+        ax.axhline(goal, color="black", lw=0.8, ls="--")
         ax.set_yscale("log")
         ax.legend(fontsize=7, ncol=len(backends))
     fig.tight_layout()
@@ -175,7 +177,8 @@ def write(result: Dict[str, Any], out_dir: Path) -> Dict[str, Path]:
 def write_latest(out_dir: Path) -> Path:
     """LATEST.md: for each device and mode, the newest result files in ``out_dir`` (and GPU check folders)."""
     newest: Dict[tuple, tuple] = {}
-    for js in sorted(out_dir.glob("*.json")) + sorted(out_dir.glob("*/*.json")):
+    # top-level runs and GPU-check folders; tmp/ holds dry runs and scratch output
+    for js in sorted(out_dir.glob("*.json")) + sorted(out_dir.glob("gpu-*/*.json")):
         try:
             meta = json.loads(js.read_text())["meta"]
         except (OSError, ValueError, KeyError, TypeError):
