@@ -23,7 +23,7 @@ import torch
 from .algorithms import ALGOS, CORE, FULL
 from .contention import wait_quiet
 from .goals import judge_rows
-from .report import markdown, slug, write, write_latest
+from .report import markdown, render, slug, write, write_latest
 from .runner import Plan, run
 from .shapes import SIZES
 from .timing import Budget
@@ -95,6 +95,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help="CPU: redo a case that other processes disturbed up to N times (default: 2 full, 1 quick, 0 smoke)")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--render", type=Path, metavar="RESULT.json", help="only redraw that result's .md and .png")
     ap.add_argument("--rebuild-latest", action="store_true", help="only rewrite LATEST.md in --out-dir")
     args = ap.parse_args(argv)
     args.mode = args.mode or "full"
@@ -103,6 +104,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        render(args.render)
+        return 0
     if args.rebuild_latest:
         print(write_latest(args.out_dir))
         return 0

@@ -77,7 +77,9 @@ def markdown(result: Dict[str, Any]) -> str:
         "- GB/s = SPEC §7 minimum bytes per step (`bench/traffic.py`) / median step time; "
         "% copy = that over `dst.copy_(src)` moving the same bytes on the same device in the same run; "
         "x columns = speedup (other time / this time); state = bytes of optimizer state; step extra = peak memory one step "
-        f"allocates on top of it ({'CUDA max_memory_allocated' if cuda else 'torch CPU allocator events via torch.profiler'}).",
+        f"allocates on top of it ({'CUDA max_memory_allocated' if cuda else 'torch CPU allocator events via torch.profiler'})."
+        + ("" if cuda else " On a CPU, % copy can exceed 100%: a copy's stores to `dst` also read `dst` into the cache "
+           "(write-allocate), traffic the counted bytes leave out, while an in-place update reads what it writes anyway."),
         "",
         "## Goals",
         "",
@@ -172,6 +174,13 @@ def write(result: Dict[str, Any], out_dir: Path) -> Dict[str, Path]:
     chart(result, paths["png"])
     paths["latest"] = write_latest(out_dir)
     return paths
+
+
+def render(json_path: Path) -> None:
+    """Rewrite the markdown table and chart of a saved result (same numbers, current layout)."""
+    result = json.loads(json_path.read_text())
+    json_path.with_suffix(".md").write_text(markdown(result))
+    chart(result, json_path.with_suffix(".png"))
 
 
 def write_latest(out_dir: Path) -> Path:
