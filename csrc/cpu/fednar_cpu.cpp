@@ -1,10 +1,9 @@
 // Op "fednar" on CPU: pass 1 computes d and its per-chunk sums of squares, the norm and each
 // group's scale are formed from them in chunk order, pass 2 recomputes d and updates x.
 // (Recomputing d reads x and g again: that is SPEC §7's 20 B/element, cheaper than storing d.)
-#include <ATen/Parallel.h>
-
 #include "cpu_common.h"
 #include "cpu_ops.h"
+#include "two_pass.h"
 
 #define FO_CPU_ISA base
 #include "fednar_tiles.h"
@@ -23,26 +22,23 @@ namespace fo {
 namespace cpu {
 
 void fednar(const std::vector<Entry>& entries, const std::vector<FedNarHp>& hps, bool norm_f64) {
-  const std::vector<Chunk> chunks = make_chunks(entries);
-  const int64_t nc = static_cast<int64_t>(chunks.size());
   const bool avx2 = use_avx2();
   (void)avx2;
-  std::vector<double> partial(chunks.size(), 0.0);
-  at::parallel_for(0, nc, kGrain, [&](int64_t lo, int64_t hi) {
+  two_pass_norm_step(
+      entries, hps, norm_f64,
+      [&](const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, double* partial) {
 #if FO_CPU_AVX2
-    if (avx2) return avx2::fednar_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial.data());
+        if (avx2) return avx2::fednar_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial);
 #endif
-    base::fednar_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial.data());
-  });
-  const double norm = finish_norm(partial);
-  std::vector<double> scale(hps.size());
-  for (size_t g = 0; g < hps.size(); ++g) scale[g] = fednar_scale(norm, hps[g], norm_f64);
-  at::parallel_for(0, nc, kGrain, [&](int64_t lo, int64_t hi) {
+        base::fednar_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial);
+      },
+      [](double norm, const FedNarHp& hp, bool f64) { return fednar_scale(norm, hp, f64); },
+      [&](const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, const std::vector<double>& scale) {
 #if FO_CPU_AVX2
-    if (avx2) return avx2::fednar_update_chunks(chunks, lo, hi, entries, hps, scale);
+        if (avx2) return avx2::fednar_update_chunks(chunks, lo, hi, entries, hps, scale);
 #endif
-    base::fednar_update_chunks(chunks, lo, hi, entries, hps, scale);
-  });
+        base::fednar_update_chunks(chunks, lo, hi, entries, hps, scale);
+      });
 }
 
 }  // namespace cpu

@@ -2,10 +2,9 @@
 // v; the norm and each group's eta / max(norm, eps) follow in chunk order; pass 2 recomputes v and
 // moves x. Bytes per element as SPEC §7: pass 1 reads G, D, acc (+H) and writes acc, pass 2 reads
 // G, D, x (+H) and writes x.
-#include <ATen/Parallel.h>
-
 #include "cpu_common.h"
 #include "cpu_ops.h"
+#include "two_pass.h"
 
 #define FO_CPU_ISA base
 #include "padamfed_tiles.h"
@@ -24,26 +23,23 @@ namespace fo {
 namespace cpu {
 
 void padamfed(const std::vector<Entry>& entries, const std::vector<PAdamHp>& hps, bool norm_f64) {
-  const std::vector<Chunk> chunks = make_chunks(entries);
-  const int64_t nc = static_cast<int64_t>(chunks.size());
   const bool avx2 = use_avx2();
   (void)avx2;
-  std::vector<double> partial(chunks.size(), 0.0);
-  at::parallel_for(0, nc, kGrain, [&](int64_t lo, int64_t hi) {
+  two_pass_norm_step(
+      entries, hps, norm_f64,
+      [&](const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, double* partial) {
 #if FO_CPU_AVX2
-    if (avx2) return avx2::padamfed_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial.data());
+        if (avx2) return avx2::padamfed_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial);
 #endif
-    base::padamfed_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial.data());
-  });
-  const double norm = finish_norm(partial);
-  std::vector<double> scale(hps.size());
-  for (size_t g = 0; g < hps.size(); ++g) scale[g] = padamfed_scale(norm, hps[g], norm_f64);
-  at::parallel_for(0, nc, kGrain, [&](int64_t lo, int64_t hi) {
+        base::padamfed_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial);
+      },
+      [](double norm, const PAdamHp& hp, bool f64) { return padamfed_scale(norm, hp, f64); },
+      [&](const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, const std::vector<double>& scale) {
 #if FO_CPU_AVX2
-    if (avx2) return avx2::padamfed_update_chunks(chunks, lo, hi, entries, hps, scale);
+        if (avx2) return avx2::padamfed_update_chunks(chunks, lo, hi, entries, hps, scale);
 #endif
-    base::padamfed_update_chunks(chunks, lo, hi, entries, hps, scale);
-  });
+        base::padamfed_update_chunks(chunks, lo, hi, entries, hps, scale);
+      });
 }
 
 }  // namespace cpu
