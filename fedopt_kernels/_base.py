@@ -1,10 +1,11 @@
 """The round API (SPEC §1) and backend dispatch shared by every optimizer of the package.
 
-A subclass states its op name, how to validate its hyperparameters, which per-parameter tensors a
-step needs (``_step_tensors``) and which derived values go into ``Group.hp`` (``_step_hp``). This
-class does the rest: ``start_round``, FedProx anchors, SCAFFOLD corrections, splitting param groups
-into uniform ``Group`` batches, resolving the backend, and saving the round counters in
-``state_dict``.
+A subclass names its op (``_spec``, from ``_ops.py``), validates its hyperparameters
+(``_validate_group``), turns a param group into its row of the op's ``hp`` tensor (``_hp_row``)
+and says which state tensors a parameter's step needs (``_step_tensors``). This class does the
+rest: ``start_round``, FedProx anchors, SCAFFOLD corrections, the cached step plan (``_plan.py``),
+the device-side step counter, GradScaler's in-kernel unscaling, torch.compile (``_step_op.py``),
+``state_dict`` with the round counters, and copies (``copy.deepcopy``, pickle).
 """
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch.optim import Optimizer
 
-from . import _registry
-from ._batch import DeviceCounters, Group, StepContext
+from . import _registry, _step_op
+from ._ops import OpSpec
+from ._plan import StepPlan
 from .schedules import DecaySchedule
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _ROUND_KEY = "fedopt_round"
+# attributes rebuilt after a copy instead of copied: caches and the compile handle
+_TRANSIENT = ("_plan", "_handle", "_ones")
 
 
 def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Optional[float] = None,
@@ -44,59 +48,155 @@ def _param_name(gi: int, pi: int, p: torch.Tensor) -> str:
 
 
 def _check_tensor_list(name: str, tensors: Sequence[torch.Tensor], params: List[torch.Tensor],
-                       param_names: List[str]) -> List[torch.Tensor]:
-    """Check a per-parameter list (controls, corrections) against the parameters; return detached copies."""
+                       param_names: Callable[[int], str]) -> List[torch.Tensor]:
+    """Check a per-parameter list (controls, corrections) against the parameters; return it as a list."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{name} must be a list of tensors, one per parameter, got {type(tensors).__name__}")
     if len(tensors) != len(params):
         raise ValueError(f"{name} has {len(tensors)} tensors but the optimizer has {len(params)} parameters")
-    out = []
-    for t, p, pname in zip(tensors, params, param_names):
+    for i, (t, p) in enumerate(zip(tensors, params)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} entry for {pname} is {type(t).__name__}, not a tensor")
+            raise TypeError(f"{name} entry for {param_names(i)} is {type(t).__name__}, not a tensor")
         if t.shape != p.shape:
-            raise ValueError(f"{name} entry for {pname} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
+            raise ValueError(f"{name} entry for {param_names(i)} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
         if t.device != p.device:
-            raise ValueError(f"{name} entry for {pname} is on {t.device}, expected {p.device}")
+            raise ValueError(f"{name} entry for {param_names(i)} is on {t.device}, expected {p.device}")
         if t.is_complex() or t.is_sparse:
-            raise TypeError(f"{name} entry for {pname} must be a dense real tensor")
-        out.append(t)
-    return out
+            raise TypeError(f"{name} entry for {param_names(i)} must be a dense real tensor")
+    return list(tensors)
+
+
+def _extent(p: torch.Tensor) -> Optional[Tuple[int, int, int]]:
+    """(storage address, first byte, end byte) that ``p`` may touch; None for zero-size tensors."""
+    if p.numel() == 0:
+        return None
+    span = sum((s - 1) * abs(st) for s, st in zip(p.shape, p.stride()))
+    item = p.element_size()
+    start = p.storage_offset() * item
+    return p.untyped_storage().data_ptr(), start, start + (span + 1) * item
 
 
 class FedOptimizer(Optimizer):
     """Base class: an optimizer with the FL round API of SPEC §1 and a pluggable backend."""
 
-    _op: str = ""                  # registry op this optimizer's step calls
-    _round_state: Tuple[str, ...] = ()  # per-parameter state cleared by start_round(reset_state=True)
+    _spec: OpSpec
+    _round_state: Tuple[str, ...] = ()     # per-parameter state cleared by start_round(reset_state=True)
     _accepts_correction: bool = True
-    _float32_state: Tuple[str, ...] = ()  # state kept in float32 (float64 for float64 params)
+    _float32_state: Tuple[str, ...] = ()   # state kept in float32 (float64 for float64 params)
+    _state_keys: Tuple[str, ...] = ("x0", "correction")  # every per-parameter state key this class keeps
+    _step_input: Optional[str] = None      # name of the per-step tensor-list argument of step(), if any
+    # torch.amp.GradScaler hands grad_scale / found_inf to step(): unscaling happens inside the kernels
+    _step_supports_amp_scaling = True
 
     def __init__(self, params: Iterable, defaults: Dict[str, Any], backend: str = "auto"):
-        if backend != "auto" and backend not in _registry.BACKENDS:
+        if not isinstance(backend, str) or (backend != "auto" and backend not in _registry.BACKENDS):
             raise ValueError(f"backend must be 'auto' or one of {_registry.BACKENDS}, got {backend!r}")
-        super().__init__(params, defaults)
         self.backend = backend
-        self._t = -1           # index of the current round (-1: no round started yet)
-        self._k = 0            # steps since start_round
-        self._counters = DeviceCounters()
-        for gi, group in enumerate(self.param_groups):
-            for pi, p in enumerate(group["params"]):
-                if p.is_complex():
-                    raise TypeError(f"{_param_name(gi, pi, p)} is complex; {type(self).__name__} supports real parameters only")
-                if p.dtype not in _FLOAT_DTYPES:
-                    raise TypeError(f"{_param_name(gi, pi, p)} has dtype {p.dtype}; supported: {_FLOAT_DTYPES}")
+        self._t = -1               # index of the current round (-1: no round started yet)
+        self._k_host = 0           # within-round step counter, until the device counter exists
+        self._k_dev: Optional[torch.Tensor] = None  # int32 [1] on the parameters' device (authoritative)
+        self._host_steps = 0       # step() calls since start_round: an upper bound of k (table sizes)
+        self._params_flat: List[torch.Tensor] = []
+        self._plan: Optional[StepPlan] = None
+        self._ones: Dict[torch.device, torch.Tensor] = {}
+        self._handle = _step_op.register(self)
+        self._hp_names = tuple(defaults)  # what a state_dict's param groups must carry to be ours
+        super().__init__(params, defaults)
 
-    # ---------------------------------------------------------------- hyperparameters
+    # ---------------------------------------------------------------- hyperparameters and params
     def _validate_group(self, group: Dict[str, Any]) -> None:
         """Raise ValueError naming the hyperparameter that is out of range (subclasses extend)."""
         check_number("lr", group["lr"], low=0.0)
         if "prox_mu" in group:
             check_number("prox_mu", group["prox_mu"], low=0.0)
 
+    def _structure(self, group: Dict[str, Any]) -> tuple:
+        """The hyperparameter facts that decide which tensors a step needs (a change rebuilds the plan)."""
+        return (group.get("prox_mu", 0.0) != 0.0,)
+
+    def _hp_row(self, group: Dict[str, Any]) -> List[float]:
+        """This group's row of the op's hp tensor, in ``_spec.hps`` order (subclasses derive values)."""
+        return [float(group[name]) for name in self._spec.hps]
+
+    def _normalized_group(self, param_group: Dict[str, Any]) -> Dict[str, Any]:
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
+        if "params" not in param_group:
+            raise ValueError("param_group has no 'params'")
+        params = param_group["params"]
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but the "
+                            "ordering of tensors in sets will change between runs. Please use a list instead.")
+        else:
+            params = list(params)
+        group = dict(param_group)
+        group["params"] = params
+        for name, default in self.defaults.items():
+            group.setdefault(name, default)
+        return group
+
+    def _check_new_params(self, params: List[torch.Tensor], gi: int) -> None:
+        seen = {id(p) for p in self._params_flat}
+        for pi, p in enumerate(params):
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"{type(self).__name__} can only optimize Tensors, but parameter {pi} of param "
+                                f"group {gi} is a {type(p).__name__}")
+            if p.is_complex():
+                raise TypeError(f"{_param_name(gi, pi, p)} is complex; {type(self).__name__} supports real parameters only")
+            if p.dtype not in _FLOAT_DTYPES:
+                raise TypeError(f"{_param_name(gi, pi, p)} has dtype {p.dtype}; supported: {_FLOAT_DTYPES}")
+            if id(p) in seen:
+                raise ValueError(f"{_param_name(gi, pi, p)} is given twice (the same tensor in one or two param "
+                                 f"groups); a fused step would update it once where the reference updates it twice")
+            seen.add(id(p))
+        self._check_no_overlap(list(self._params_flat) + list(params))
+
+    def _check_no_overlap(self, params: Optional[List[torch.Tensor]] = None) -> None:
+        """Refuse parameters that share memory (overlapping views of one storage)."""
+        params = self._params_flat if params is None else params
+        by_storage: Dict[int, List[Tuple[int, int, int]]] = {}
+        for i, p in enumerate(params):
+            ext = _extent(p)
+            if ext is None:
+                continue
+            spans = by_storage.setdefault(ext[0], [])
+            for lo, hi, j in spans:
+                if ext[1] < hi and lo < ext[2]:
+                    raise ValueError(f"{self._name_of(j, params)} and {self._name_of(i, params)} share memory "
+                                     f"(overlapping views of one storage); each parameter must own its memory")
+            spans.append((ext[1], ext[2], i))
+
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        self._validate_group(self.param_groups[-1])
+        """torch's ``add_param_group``, validated before anything changes (a rejected group adds nothing)."""
+        group = self._normalized_group(param_group)
+        self._check_new_params(group["params"], len(self.param_groups))
+        self._validate_group(group)
+        super().add_param_group(group)
+        self._params_flat = [p for g in self.param_groups for p in g["params"]]
+        self._plan = None
+
+    def _name_of(self, idx: int, params: Optional[List[torch.Tensor]] = None) -> str:
+        """How errors name flat parameter ``idx`` (built only when raising)."""
+        params = self._params_flat if params is None else params
+        base = 0
+        for gi, group in enumerate(self.param_groups):
+            n = len(group["params"])
+            if idx < base + n:
+                return _param_name(gi, idx - base, params[idx])
+            base += n
+        return _param_name(len(self.param_groups), idx - base, params[idx])
+
+    def _check_grad(self, p: torch.Tensor, g: torch.Tensor, idx: int) -> None:
+        if g.is_sparse:
+            raise RuntimeError(f"{self._name_of(idx)} has a sparse gradient; {type(self).__name__} does not "
+                               f"support sparse gradients")
+        if g.is_complex() or p.is_complex():
+            raise TypeError(f"{self._name_of(idx)} is complex; {type(self).__name__} supports real parameters only")
+        if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+            raise RuntimeError(f"{self._name_of(idx)}: gradient of shape {tuple(g.shape)}, {g.dtype}, {g.device} "
+                               f"does not match the parameter ({tuple(p.shape)}, {p.dtype}, {p.device})")
 
     # ---------------------------------------------------------------- round API
     @property
@@ -106,16 +206,8 @@ class FedOptimizer(Optimizer):
 
     @property
     def round_step(self) -> int:
-        """k: the number of steps taken since the last start_round."""
-        return self._k
-
-    def _all_params(self) -> Tuple[List[torch.Tensor], List[str]]:
-        params, names = [], []
-        for gi, group in enumerate(self.param_groups):
-            for pi, p in enumerate(group["params"]):
-                params.append(p)
-                names.append(_param_name(gi, pi, p))
-        return params, names
+        """k: the number of steps taken since the last start_round (reads the device counter)."""
+        return int(self._k_dev.reshape(-1)[0]) if self._k_dev is not None else self._k_host
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
         """Validate the algorithm's own start_round inputs; return them normalised (subclasses)."""
@@ -136,16 +228,18 @@ class FedOptimizer(Optimizer):
         ``prox_mu > 0``, and stores the SCAFFOLD ``correction`` (``c - c_i``, one tensor per
         parameter in param-group order) that is added to every gradient of the round.
         """
-        params, names = self._all_params()
+        params = self._params_flat
         if correction is not None:
             if not self._accepts_correction:
                 raise TypeError(f"{type(self).__name__}.start_round() takes no 'correction'")
-            correction = _check_tensor_list("correction", correction, params, names)
+            correction = _check_tensor_list("correction", correction, params, self._name_of)
         inputs = self._check_round_inputs(inputs)
         # everything validated: from here on nothing raises
         self._t += 1
-        self._k = 0
-        self._counters.reset()
+        self._k_host = 0
+        self._host_steps = 0
+        if self._k_dev is not None:
+            self._k_dev.zero_()
         for group in self.param_groups:
             for p in group["params"]:
                 st = self.state[p]
@@ -160,113 +254,161 @@ class FedOptimizer(Optimizer):
             for p, c in zip(params, correction):
                 self.state[p]["correction"] = c.detach().to(dtype=p.dtype).clone()
         self._apply_round_inputs(inputs)
+        self._plan = None
 
     # ---------------------------------------------------------------- step
-    def _step_hp(self, group: Dict[str, Any]) -> Dict[str, Any]:
-        """The hyperparameters a backend sees for one group this step (subclasses add derived values)."""
-        return {k: v for k, v in group.items() if k != "params"}
-
     def _step_tensors(self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any],
-                      step_inputs: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-        """Per-parameter tensors for this step and per-tensor hp overrides (subclasses).
+                      idx: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+        """Optional-role tensors of ``p`` for its step, and per-tensor hp overrides (subclasses extend).
 
-        Tensors with the same names and overrides are batched into one ``Group``.
+        Parameters with the same roles and overrides in one group share a batch (an hp row).
         """
         out = {}
-        if "x0" in state and group.get("prox_mu", 0.0) != 0.0:
-            out["x0"] = state["x0"]
+        if group.get("prox_mu", 0.0) != 0.0:
+            if "x0" not in state:
+                if self._t >= 0:
+                    gi = self.param_groups.index(group)
+                    raise RuntimeError(f"prox_mu of param group {gi} was set after start_round(); the FedProx "
+                                       f"anchor x0 is taken at start_round(), so call start_round() again")
+            else:
+                out["x0"] = state["x0"]
         if "correction" in state:
             out["correction"] = state["correction"]
         return out, {}
 
-    def _check_step_inputs(self, step_inputs: Dict[str, Any], params: List[torch.Tensor],
-                           names: List[str]) -> Dict[torch.Tensor, Dict[str, torch.Tensor]]:
-        """Validate extra step() arguments; map param -> {name: tensor} (subclasses)."""
-        if step_inputs:
-            raise TypeError(f"{type(self).__name__}.step() got unexpected arguments {sorted(step_inputs)}")
+    def _step_roles(self) -> Tuple[str, ...]:
+        """Optional roles fed from ``step()``'s per-step input rather than from the state."""
+        return ()
+
+    def _check_step_inputs(self, value: Any) -> Dict[str, List[Optional[torch.Tensor]]]:
+        """Validate ``step(<_step_input>=value)``: role -> one tensor (or None) per parameter (subclasses)."""
         return {}
 
     def _schedule(self) -> Optional[DecaySchedule]:
         return None
 
-    def _collect(self, step_inputs: Dict[str, Any]) -> List[Group]:
-        params, names = self._all_params()
-        per_param_inputs = self._check_step_inputs(step_inputs, params, names)
-        device = None
-        for gi, group in enumerate(self.param_groups):
-            self._validate_group(group)
-            for pi, p in enumerate(group["params"]):
-                g = p.grad
-                if g is None:
-                    continue
-                pname = _param_name(gi, pi, p)
-                if g.is_sparse:
-                    raise RuntimeError(f"{pname} has a sparse gradient; {type(self).__name__} does not support sparse gradients")
-                if p.is_complex() or g.is_complex():
-                    raise TypeError(f"{pname} is complex; {type(self).__name__} supports real parameters only")
-                if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-                    raise RuntimeError(f"{pname}: gradient of shape {tuple(g.shape)}, {g.dtype}, {g.device} does not match the parameter")
-                if group.get("prox_mu", 0.0) != 0.0 and "x0" not in self.state[p] and self._t >= 0:
-                    raise RuntimeError(f"prox_mu of param group {gi} was set after start_round(); the FedProx anchor x0 "
-                                       f"is taken at start_round(), so call start_round() again")
-                if device is None:
-                    device = p.device
-                elif p.device != device:
-                    raise RuntimeError(f"{pname} is on {p.device} but other parameters are on {device}; "
-                                       f"{type(self).__name__} needs all parameters on one device")
-        batches: Dict[Tuple, Group] = {}
-        order: List[Tuple] = []
-        for gi, group in enumerate(self.param_groups):
-            hp = self._step_hp(group)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                tensors, override = self._step_tensors(p, group, self.state[p], per_param_inputs.get(p, {}))
-                key = (gi, tuple(sorted(tensors)), tuple(sorted(override.items())))
-                if key not in batches:
-                    batches[key] = Group([], [], {**hp, **override}, {name: [] for name in tensors})
-                    order.append(key)
-                b = batches[key]
-                b.params.append(p)
-                b.grads.append(p.grad)
-                for name, t in tensors.items():
-                    b.tensors[name].append(t)
-        return [batches[key] for key in order]
+    def _counter(self, device: torch.device) -> torch.Tensor:
+        k = self._k_dev
+        if k is None or k.device != device:
+            value = self.round_step
+            k = self._k_dev = torch.full((1,), value, dtype=torch.int32, device=device)
+        return k
+
+    def _one(self, device: torch.device) -> torch.Tensor:
+        t = self._ones.get(device)
+        if t is None:
+            t = self._ones[device] = torch.ones(1, dtype=torch.float64, device=device)
+        return t
+
+    @staticmethod
+    def _check_amp(name: str, t: Optional[torch.Tensor], device: torch.device) -> None:
+        if t is None:
+            return
+        if not isinstance(t, torch.Tensor) or t.numel() != 1 or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor with one element (from torch.amp.GradScaler)")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but the parameters are on {device}")
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None, **step_inputs: Any) -> Optional[float]:
-        """One local step (torch.optim semantics). Starts a round first if none was started."""
+        """One local step (torch.optim semantics). Starts a round first if none was started.
+
+        Under ``torch.amp.GradScaler`` the scaler's ``grad_scale`` / ``found_inf`` are used inside
+        the kernels: gradients are unscaled on the fly, and a step with an inf/NaN gradient leaves
+        parameters, state and the step counter unchanged, with no host synchronisation.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        if torch.compiler.is_compiling():
+            params = self._params_flat
+            extra = step_inputs.get(self._step_input, None) if self._step_input else None
+            _step_op.op()(params, [p.grad for p in params], [] if extra is None else list(extra),
+                          grad_scale, found_inf, self._handle)
+            return loss
+        if step_inputs and (self._step_input is None or set(step_inputs) != {self._step_input}):
+            raise TypeError(f"{type(self).__name__}.step() got unexpected arguments {sorted(step_inputs)}")
+        extra = step_inputs.get(self._step_input) if self._step_input else None
+        self._run(None, extra, grad_scale, found_inf)
+        return loss
+
+    def _run(self, params_given: Optional[List[torch.Tensor]], step_input: Any,
+             grad_scale: Optional[torch.Tensor], found_inf: Optional[torch.Tensor]) -> None:
+        """The eager step. ``params_given``: tensors to write instead of the parameters (compiled path)."""
         if self._t < 0:
             self.start_round()
-        groups = self._collect(step_inputs)
-        if groups:
-            fn = _registry.resolve(self._op, self.backend, groups[0].params[0].device)
-            ctx = StepContext(self._k, self._t, self._schedule(), self._counters)
-            fn(groups, ctx)
-        self._counters.advance()
-        self._k += 1
-        return loss
+        if self._step_input is not None and isinstance(step_input, (list, tuple)) and len(step_input) == 0:
+            step_input = None
+        per_step = self._check_step_inputs(step_input)
+        plan = self._plan
+        if plan is None or not plan.still_valid(self):
+            plan = self._plan = None  # a failed rebuild must not leave the old plan behind
+            plan = self._plan = StepPlan(self)
+        device = plan.device
+        self._check_amp("grad_scale", grad_scale, device)
+        self._check_amp("found_inf", found_inf, device)
+        lists = plan.lists
+        if per_step:
+            lists = dict(lists)
+            for role, per_param in per_step.items():
+                lists[role] = [per_param[i] for i in plan.step_order[role]]
+        params, cache = plan.params, plan.cache
+        if params_given is not None and params_given is not self._params_flat:
+            params = [params_given[i] for i in plan.order]
+            if any(a is not b for a, b in zip(params, plan.params)):
+                cache = None  # copies of the parameters: per-tensor caches would point at the originals
+        k = self._counter(device)
+        sched = self._schedule()
+        if sched is not None:
+            table, every = sched.table(device, self._host_steps), sched.decay_every
+        else:
+            table, every = self._one(device), 1
+        spec = self._spec
+        plan.fn(params, plan.grads, *[lists[r.name] for r in spec.optional], plan.batch, plan.present, plan.hp,
+                k, table, every, grad_scale, found_inf, plan.backend, cache=cache)
+        self._host_steps += 1
 
     def resolved_backend(self) -> str:
         """The backend ``step()`` uses for this optimizer's parameters (resolving ``"auto"``)."""
-        params, _ = self._all_params()
+        params = self._params_flat
         device = params[0].device if params else torch.device("cpu")
-        return _registry.auto_backend(device, self._op) if self.backend == "auto" else self.backend
+        return _registry.auto_backend(device, self._spec.name) if self.backend == "auto" else self.backend
 
     # ---------------------------------------------------------------- state_dict
     def state_dict(self) -> Dict[str, Any]:
         sd = super().state_dict()
-        sd[_ROUND_KEY] = {"t": self._t, "k": self._k}
+        sd[_ROUND_KEY] = {"t": self._t, "k": self.round_step, "optimizer": type(self).__name__}
         return sd
 
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+    def _check_foreign(self, state_dict: Dict[str, Any]) -> None:
+        """Refuse a state_dict of another optimizer class (SPEC §8) before anything is loaded."""
+        me = type(self).__name__
+        if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
+            raise ValueError(f"{me}.load_state_dict needs an optimizer state_dict (with 'state' and 'param_groups')")
         rnd = state_dict.get(_ROUND_KEY)
         if rnd is None:
             raise ValueError(f"state_dict has no '{_ROUND_KEY}' entry; it was not saved by a fedopt_kernels optimizer")
+        saved = rnd.get("optimizer")
+        if saved is not None and saved != me:
+            raise ValueError(f"state_dict was saved by {saved}, not {me}; load it into a {saved}")
+        want = set(self._hp_names)
+        for gi, group in enumerate(state_dict["param_groups"]):
+            missing = want - set(group)
+            if missing:
+                raise ValueError(f"param group {gi} of the state_dict lacks {sorted(missing)}: it was saved by "
+                                 f"another optimizer than {me}")
+        for pid, st in state_dict["state"].items():
+            extra = set(st) - set(self._state_keys) if isinstance(st, dict) else set()
+            if extra:
+                raise ValueError(f"state of parameter {pid} has keys {sorted(extra)} that {me} does not keep "
+                                 f"(its state keys: {list(self._state_keys)}): it was saved by another optimizer")
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._check_foreign(state_dict)
+        rnd = state_dict[_ROUND_KEY]
         # torch casts every floating state tensor to its parameter's dtype on load; the keys in
         # _float32_state are kept in float32 for low-precision parameters, so load them ourselves.
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
@@ -280,12 +422,27 @@ class FedOptimizer(Optimizer):
         sd = {k: v for k, v in state_dict.items() if k != _ROUND_KEY}
         sd["state"] = state
         super().load_state_dict(sd)
-        params, _ = self._all_params()
+        params = self._params_flat = [p for g in self.param_groups for p in g["params"]]
         for pid, p in zip(saved_ids, params):
             for key, value in kept.get(pid, {}).items():
                 self.state[p][key] = value.to(device=p.device, dtype=state_dtype(p))
-        self._t, self._k = int(rnd["t"]), int(rnd["k"])
-        self._counters.forget()
+        self._t = int(rnd["t"])
+        self._k_host = self._host_steps = int(rnd["k"])
+        self._k_dev = None
+        self._plan = None
+
+    # ---------------------------------------------------------------- copies
+    def __getstate__(self) -> Dict[str, Any]:
+        # torch's Optimizer keeps only defaults/state/param_groups; the round counters, the backend
+        # choice and the schedule are part of what continues a round, so they travel too
+        return {k: v for k, v in self.__dict__.items() if k not in _TRANSIENT}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._plan = None
+        self._ones = {}
+        self._handle = _step_op.register(self)
+        self._params_flat = [p for g in self.param_groups for p in g["params"]]
 
 
 def state_dtype(p: torch.Tensor) -> torch.dtype:

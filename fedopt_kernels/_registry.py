@@ -1,10 +1,11 @@
-"""Backend registry: each fused op is declared once, implementations are registered per backend.
+"""Backend registry: each op is declared once (``_ops.py``), implementations are registered per backend.
 
-An *op* is one optimizer step of one algorithm family (``"sgd"``, ``"fednar"``, ``"padamfed"``),
-with the signature ``fn(groups: list[Group], ctx: StepContext) -> None`` (see ``_batch.py``).
-The ``reference`` implementation is plain PyTorch and always present; ``triton``, ``cuda`` and
-``cpu`` register themselves from ``fedopt_kernels.backends.<name>`` when their import succeeds.
-A backend whose import fails records *why*, and ``available_backends()`` reports it.
+An implementation of op ``name`` takes the op's arguments in schema order (``_ops.OpSpec.schema``)
+and may accept a keyword ``cache``: a dict the caller keeps for the same tensors across steps (the
+optimizers pass one; ``torch.ops.fedopt.<op>`` calls pass none). The ``reference`` implementation
+is plain PyTorch and always present; ``triton``, ``cuda`` and ``cpu`` register themselves from
+``fedopt_kernels.backends.<name>`` when their import succeeds. A backend whose import fails records
+*why*, and ``available_backends()`` reports it.
 
 The optimizer classes never mention a backend by name: they ask ``resolve(op, backend, device)``.
 """
@@ -16,8 +17,10 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from ._ops import OPS as _SPECS
+
 BACKENDS = ("reference", "triton", "cuda", "cpu")
-OPS = ("sgd", "fednar", "padamfed")
+OPS = tuple(_SPECS)
 
 # op name -> backend name -> implementation
 _IMPLS: Dict[str, Dict[str, Callable]] = {op: {} for op in OPS}
@@ -98,6 +101,14 @@ def resolve(op: str, backend: str, device: torch.device) -> Callable:
     if why is not None:
         raise RuntimeError(f"backend={name!r} is not available: {why}")
     return _IMPLS[op][name]
+
+
+def implementation(op: str, backend: str, device: torch.device) -> Callable:
+    """Like ``resolve`` but raising ValueError (the ``torch.ops.fedopt`` entry point's bad input)."""
+    try:
+        return resolve(op, backend, device)
+    except RuntimeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class AvailableBackends(tuple):

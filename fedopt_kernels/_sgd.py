@@ -6,13 +6,15 @@ from typing import Any, Dict, Tuple
 import torch
 
 from ._base import FedOptimizer, check_number
+from ._ops import SGD
 
 
 class SGDFamily(FedOptimizer):
     """SGD with momentum/dampening/nesterov/weight decay/maximize plus FedProx and SCAFFOLD terms."""
 
-    _op = "sgd"
+    _spec = SGD
     _round_state = ("momentum_buffer",)
+    _state_keys = ("momentum_buffer", "x0", "correction")
 
     def _validate_group(self, group: Dict[str, Any]) -> None:
         super()._validate_group(group)
@@ -22,9 +24,12 @@ class SGDFamily(FedOptimizer):
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("nesterov=True requires momentum > 0 and dampening = 0")
 
+    def _structure(self, group: Dict[str, Any]) -> tuple:
+        return super()._structure(group) + (group["momentum"] != 0,)
+
     def _step_tensors(self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any],
-                      step_inputs: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-        tensors, override = super()._step_tensors(p, group, state, step_inputs)
+                      idx: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+        tensors, override = super()._step_tensors(p, group, state, idx)
         if group["momentum"] != 0:
             buf = state.get("momentum_buffer")
             if buf is None:

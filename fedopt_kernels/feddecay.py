@@ -1,4 +1,4 @@
-"""FedDecaySGD and WithinRoundDecay: within-round learning-rate decay (SPEC §2; seeds 000, 002)."""
+"""FedDecaySGD and WithinRoundDecay: within-round learning-rate decay (SPEC §2)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional
@@ -13,8 +13,9 @@ from .schedules import DecaySchedule, ScheduleLike
 class FedDecaySGD(SGDFamily):
     r"""SGD whose learning rate decays within each FL round (FedDecay).
 
-    From "FedDecay: Adapting to Data Heterogeneity in Federated Learning with Within-Round
-    Learning Rate Decay" (seed 000, Eq. 4-5) and its extended version (seed 002, App. B.2)::
+    From "FedDecay: Adapting to Data Heterogeneity in Federated Learning with Gradient Decay" (Eq. 4-5)
+    and its extended version "Balancing Model Performance and Rapid Personalization in Federated
+    Learning with Learning Rate Scheduling" (App. B.2; both anonymous submissions under review)::
 
         lr_k = lr * s(k // decay_every)       k = steps since start_round()
         s(j) = beta ** j                      (schedule="exponential", default)
@@ -48,14 +49,14 @@ class FedDecaySGD(SGDFamily):
 
     def current_lr_factor(self) -> float:
         """s(k // decay_every) for the next step."""
-        return self.schedule.factor(self._k)
+        return self.schedule.factor(self.round_step)
 
 
 class WithinRoundDecay(LRScheduler):
     """FedDecay's within-round schedule as an LR scheduler for any torch optimizer (Adam included).
 
     Call ``start_round()`` when a round starts and ``step()`` after every ``optimizer.step()``;
-    the learning rate of every group is ``base_lr * s(k // decay_every)`` (SPEC §2, seed 000 Eq. 4).
+    the learning rate of every group is ``base_lr * s(k // decay_every)`` (SPEC §2; FedDecay Eq. 4).
     """
 
     def __init__(self, optimizer: Optimizer, beta: float, schedule: ScheduleLike = "exponential",

@@ -1,20 +1,22 @@
-"""FedNAR: co-clipping of gradient and weight decay (SPEC §4; seed 003)."""
+"""FedNAR: co-clipping of gradient and weight decay (SPEC §4)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, List
 
 from ._base import FedOptimizer, check_number
+from ._ops import FEDNAR
 
 
 class FedNAR(FedOptimizer):
     r"""Federated optimization with Normalized Annealing Regularization (FedNAR).
 
-    From "FedNAR: Federated Optimization with Normalized Annealing Regularization" (NeurIPS 2023,
-    seed 003, Eq. 3-4 and Alg. 2). With ``t`` the round index::
+    From "FedNAR: Federated Optimization with Normalized Annealing Regularization" (Junbo Li, Ang Li,
+    Chong Tian, Qirong Ho, Eric P. Xing, Hongyi Wang; NeurIPS 2023), Eq. 3-4 and Alg. 2. With ``t``
+    the round index::
 
         l_t  = lr * round_decay ** t
         d    = g + weight_decay * x + correction + prox_mu * (x - x0)
-        s    = || d ||_2 over all parameters of the optimizer (all groups)
+        s    = || d ||_2 over all parameters of the optimizer (all groups; squares summed in float64)
         coef = min(1, max_norm / (s + eps))          (torch clip_grad_norm_ semantics)
         x   -= l_t * coef * d
 
@@ -23,7 +25,7 @@ class FedNAR(FedOptimizer):
     SCAFFOLD (``start_round(correction=...)``).
     """
 
-    _op = "fednar"
+    _spec = FEDNAR
 
     def __init__(self, params: Iterable, lr: float, weight_decay: float, max_norm: float = 10.0,
                  round_decay: float = 0.998, eps: float = 1e-6, prox_mu: float = 0.0, backend: str = "auto"):
@@ -38,7 +40,7 @@ class FedNAR(FedOptimizer):
         check_number("round_decay", group["round_decay"], low=0.0, high=1.0, low_open=True)
         check_number("eps", group["eps"], low=0.0)
 
-    def _step_hp(self, group: Dict[str, Any]) -> Dict[str, Any]:
-        hp = super()._step_hp(group)
-        hp["step_lr"] = group["lr"] * group["round_decay"] ** max(self._t, 0)
-        return hp
+    def _hp_row(self, group: Dict[str, Any]) -> List[float]:
+        step_lr = group["lr"] * group["round_decay"] ** max(self._t, 0)
+        return [float(step_lr), float(group["weight_decay"]), float(group["max_norm"]), float(group["eps"]),
+                float(group["prox_mu"])]

@@ -1,4 +1,4 @@
-"""NeuronLRSGD and neuron_lr_scales: neuron-wise learning rates (SPEC §3; seed 001, FedNLR)."""
+"""NeuronLRSGD and neuron_lr_scales: neuron-wise learning rates (SPEC §3; FedNLR)."""
 from __future__ import annotations
 
 import math
@@ -14,8 +14,8 @@ from ._sgd import SGDFamily
 class NeuronLRSGD(SGDFamily):
     r"""SGD with one learning-rate scale per output unit (FedNLR).
 
-    From "FedNLR: Federated Learning with Neuron-wise Learning Rates" (KDD 2024, seed 001,
-    Eq. 14-18). Each parameter ``x`` of shape ``[M, ...]`` may carry a scale vector ``r`` of
+    From "FedNLR: Federated Learning with Neuron-wise Learning Rates" (Haozhao Wang, Peirong Zheng,
+    Xingshuo Han, Wenchao Xu, Ruixuan Li, Tianwei Zhang; KDD 2024), Eq. 14-18. Each parameter ``x`` of shape ``[M, ...]`` may carry a scale vector ``r`` of
     shape ``[M]`` (default: all ones)::
 
         x[m, ...] -= lr * r[m] * buf[m, ...]
@@ -36,17 +36,17 @@ class NeuronLRSGD(SGDFamily):
             self.set_neuron_scales(neuron_scales)
 
     _float32_state = ("neuron_scale",)
+    _state_keys = SGDFamily._state_keys + ("neuron_scale",)
 
     def _check_scales(self, scales: Mapping[torch.Tensor, torch.Tensor]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         if not isinstance(scales, Mapping):
             raise TypeError(f"neuron_scales must be a mapping {{parameter: scale vector}}, got {type(scales).__name__}")
-        params, names = self._all_params()
-        index = {id(p): (p, name) for p, name in zip(params, names)}
+        index = {id(p): i for i, p in enumerate(self._params_flat)}
         out = []
         for p, r in scales.items():
             if id(p) not in index:
                 raise ValueError("neuron_scales names a tensor that is not a parameter of this optimizer")
-            _, pname = index[id(p)]
+            pname = self._name_of(index[id(p)])
             if not isinstance(r, torch.Tensor):
                 raise TypeError(f"neuron scale for {pname} must be a tensor, got {type(r).__name__}")
             if p.dim() == 0 or r.shape != (p.shape[0],):
@@ -64,6 +64,7 @@ class NeuronLRSGD(SGDFamily):
         """Set the per-output-unit scale vector of each given parameter (others keep theirs)."""
         for p, r in self._check_scales(scales):
             self.state[p]["neuron_scale"] = r.detach().to(dtype=state_dtype(p)).contiguous().clone()
+        self._plan = None
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
         scales = inputs.pop("neuron_scales", None)
@@ -74,8 +75,8 @@ class NeuronLRSGD(SGDFamily):
         if inputs["neuron_scales"] is not None:
             self.set_neuron_scales(dict(inputs["neuron_scales"]))
 
-    def _step_tensors(self, p, group, state, step_inputs):
-        tensors, override = super()._step_tensors(p, group, state, step_inputs)
+    def _step_tensors(self, p, group, state, idx):
+        tensors, override = super()._step_tensors(p, group, state, idx)
         if "neuron_scale" in state:
             tensors["neuron_scale"] = state["neuron_scale"]
         return tensors, override
@@ -90,7 +91,7 @@ def _default_layers(model: nn.Module) -> List[nn.Module]:
 def neuron_lr_scales(model: nn.Module, batches: Iterable, layers: Optional[Sequence[nn.Module]] = None,
                      mu0: float = 1.0, c1: float = 1.0, c2: float = 1.0,
                      max_batches: Optional[int] = None) -> Dict[torch.Tensor, torch.Tensor]:
-    r"""FedNLR's per-neuron learning-rate scales from mean activations (seed 001, Eq. 14-17).
+    r"""FedNLR's per-neuron learning-rate scales from mean activations (Eq. 14-17 of the FedNLR paper).
 
     For layers ``l = 1..L`` (the model's Linear/Conv modules in forward order, or ``layers``)::
 

@@ -1,16 +1,18 @@
-"""PAdaMFed: normalized momentum with control variates and parameter-free step sizes (SPEC §5; seed 004)."""
+"""PAdaMFed: normalized momentum with control variates and parameter-free step sizes (SPEC §5)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ._base import FedOptimizer, _check_tensor_list, check_number, state_dtype
+from ._ops import PADAMFED
 
 
 class PAdaMFed(FedOptimizer):
-    r"""Client optimizer of PAdaMFed (problem-parameter-free FL; seed 004, Alg. 1, Thm. 1-2).
+    r"""Client optimizer of PAdaMFed, from "Problem-Parameter-Free Federated Learning" (Wenjing Yan, Kai
+    Zhang, Xiaolu Wang, Xuanyu Cao), Alg. 1 and Thm. 1-2.
 
     Per round the client receives the global control ``c``, the global momentum ``m`` and keeps its
     own control ``c_i``: ``start_round(global_control=c, local_control=c_i, momentum=m)`` (missing
@@ -18,7 +20,8 @@ class PAdaMFed(FedOptimizer):
     ``G``::
 
         v    = beta * G + D                    (variance_reduction: v = G + D - (1 - beta) * H)
-        x   -= eta * v / max(||v||_2, eps)     (norm over all parameters: each step moves x by eta)
+        x   -= eta * v / max(||v||_2, eps)     (norm over all parameters, squares summed in float64:
+                                               each step moves x by exactly eta)
         acc += G
 
     ``H`` is the gradient of the same mini-batch at the round's starting model, passed as
@@ -27,9 +30,11 @@ class PAdaMFed(FedOptimizer):
     D and acc are kept in float32 (float64 for float64 parameters).
     """
 
-    _op = "padamfed"
+    _spec = PADAMFED
     _accepts_correction = False
     _float32_state = ("D", "acc")
+    _state_keys = ("D", "acc")
+    _step_input = "anchor_grads"
 
     def __init__(self, params: Iterable, lr: float, beta: float, variance_reduction: bool = False,
                  eps: float = 1e-12, backend: str = "auto"):
@@ -41,15 +46,20 @@ class PAdaMFed(FedOptimizer):
         check_number("beta", group["beta"], low=0.0, high=1.0)
         check_number("eps", group["eps"], low=0.0, low_open=True)
 
+    def _structure(self, group: Dict[str, Any]) -> tuple:
+        return super()._structure(group) + (bool(group["variance_reduction"]),)
+
+    def _hp_row(self, group: Dict[str, Any]) -> List[float]:
+        return [float(group["lr"]), float(group["beta"]), float(group["eps"])]
+
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
         names_in = ("global_control", "local_control", "momentum")
         got = {k: inputs.pop(k, None) for k in names_in}
         super()._check_round_inputs(inputs)
-        params, names = self._all_params()
-        return {k: (None if v is None else _check_tensor_list(k, v, params, names)) for k, v in got.items()}
+        params = self._params_flat
+        return {k: (None if v is None else _check_tensor_list(k, v, params, self._name_of)) for k, v in got.items()}
 
     def _apply_round_inputs(self, inputs: Dict[str, Any]) -> None:
-        params, _ = self._all_params()
         c, ci, m = inputs["global_control"], inputs["local_control"], inputs["momentum"]
         i = 0
         for group in self.param_groups:
@@ -68,10 +78,11 @@ class PAdaMFed(FedOptimizer):
                 st["acc"] = torch.zeros_like(p, dtype=dt, memory_format=torch.contiguous_format)
                 i += 1
 
-    def _check_step_inputs(self, step_inputs: Dict[str, Any], params: List[torch.Tensor],
-                           names: List[str]) -> Dict[torch.Tensor, Dict[str, torch.Tensor]]:
-        anchor = step_inputs.pop("anchor_grads", None)
-        super()._check_step_inputs(step_inputs, params, names)
+    def _step_roles(self) -> Tuple[str, ...]:
+        return ("anchor_grad",)
+
+    def _check_step_inputs(self, anchor: Any) -> Dict[str, List[Optional[torch.Tensor]]]:
+        params = self._params_flat
         vr = [g["variance_reduction"] for g in self.param_groups]
         if anchor is None:
             if any(vr):
@@ -82,35 +93,42 @@ class PAdaMFed(FedOptimizer):
             raise ValueError("anchor_grads was given but variance_reduction=False")
         if not isinstance(anchor, (list, tuple)) or len(anchor) != len(params):
             raise TypeError(f"anchor_grads must be a list with one tensor (or None) per parameter "
-                            f"({len(params)}), got {type(anchor).__name__}")
-        out = {}
-        for t, p, n in zip(anchor, params, names):
+                            f"({len(params)}), got {type(anchor).__name__}"
+                            + (f" of length {len(anchor)}" if isinstance(anchor, (list, tuple)) else ""))
+        for i, (t, p) in enumerate(zip(anchor, params)):
             if p.grad is None:
                 continue
             if t is None:
-                raise ValueError(f"anchor_grads entry for {n} is None but the parameter has a gradient")
-            _check_tensor_list("anchor_grads", [t], [p], [n])
-            out[p] = {"anchor_grad": t}
-        return out
+                raise ValueError(f"anchor_grads entry for {self._name_of(i)} is None but the parameter has a gradient")
+            if not isinstance(t, torch.Tensor) or t.shape != p.shape or t.device != p.device or t.is_sparse \
+                    or t.is_complex():
+                _check_tensor_list("anchor_grads", [t], [p], lambda _j, i=i: self._name_of(i))
+        return {"anchor_grad": list(anchor)}
 
-    def _step_tensors(self, p, group, state, step_inputs):
-        tensors, override = super()._step_tensors(p, group, state, step_inputs)
+    def _step_tensors(self, p, group, state, idx):
+        tensors, override = super()._step_tensors(p, group, state, idx)
+        if "D" not in state or "acc" not in state:
+            raise RuntimeError(f"{self._name_of(idx)} has no PAdaMFed round state (D, acc): it was added to the "
+                               f"optimizer after start_round(); call start_round() before the next step()")
         tensors["D"], tensors["acc"] = state["D"], state["acc"]
         if group["variance_reduction"]:
-            tensors["anchor_grad"] = step_inputs["anchor_grad"]
+            tensors["anchor_grad"] = p  # marks the role present; each step's anchor_grads fill it (_step_roles)
         return tensors, override
 
     @torch.no_grad()
     def local_control(self) -> List[torch.Tensor]:
         """The client's new control ``c_i' = acc / K`` after the round's K steps, one per parameter."""
-        if self._k == 0:
+        if self._host_steps == 0:
             raise RuntimeError("local_control() needs at least one step() since start_round()")
-        params, _ = self._all_params()
-        return [self.state[p]["acc"] / self._k for p in params]
+        k = self._k_dev
+        if k is None:
+            return [self.state[p]["acc"] / self._k_host for p in self._params_flat]
+        # K from the device counter (steps skipped by GradScaler do not count): no host sync
+        return [self.state[p]["acc"] / k.to(self.state[p]["acc"].dtype) for p in self._params_flat]
 
 
 def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> Tuple[float, float, float]:
-    """PAdaMFed's step sizes from theory (seed 004, Thm. 1-2): returns ``(eta, gamma, beta)``.
+    """PAdaMFed's step sizes from theory ("Problem-Parameter-Free Federated Learning", Thm. 1-2): returns ``(eta, gamma, beta)``.
 
     non-VR: ``eta = 1/(K sqrt(T))``, ``gamma = (S K)^(1/4) / T^(3/4)``, ``beta = min(1, sqrt(S K / T))``;
     VR: ``eta = 1/(K T)``, ``gamma = beta = min(1, (S K)^(1/3) / T^(2/3))``.

@@ -2,10 +2,11 @@
 
 ``lr_k = lr * s(k // decay_every)`` where ``k`` counts steps since ``start_round``.
 
-* ``"exponential"``: ``s(j) = beta ** j`` (seed 000, Eq. 4; ``0 ** 0 == 1``)
-* ``"linear"``: ``s(j) = max(0, 1 - j * (1 - beta))`` (seed 002, App. B.2)
+* ``"exponential"``: ``s(j) = beta ** j`` (FedDecay, Eq. 4; ``0 ** 0 == 1``)
+* ``"linear"``: ``s(j) = max(0, 1 - j * (1 - beta))`` (FedDecay's extended version, App. B.2)
 * a callable ``j -> float`` (non-increasing, ``s(0) > 0``), evaluated on the host once per distinct j
-* a 1-D tensor of length >= the number of distinct j used in a round
+* a 1-D tensor of length >= the number of distinct j used in a round (finite, non-negative,
+  non-increasing, ``s(0) > 0``: checked when the schedule is created)
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ class DecaySchedule:
             self.kind = "tensor"
             self._fn = None
             self._host = [float(v) for v in schedule.detach().double().cpu().tolist()]
+            for j, v in enumerate(self._host):
+                if not math.isfinite(v) or v < 0:
+                    raise ValueError(f"schedule tensor has s({j}) = {v!r}; every value must be finite and >= 0")
         elif callable(schedule):
             self.kind = "callable"
             self._fn = schedule

@@ -208,17 +208,26 @@ def test_extension_errors_name_the_tensor():
     from fedopt_kernels import _C_cpu
     x, g = torch.zeros(4), torch.zeros(4)
     k, table = torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.float64)
-    hp = [[0.1, 0.9, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    hp = torch.tensor([[0.1, 0.9, 0.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    # momentum buffer of the wrong shape; present mask asking for a buffer that is not there
     with pytest.raises(RuntimeError, match="momentum_buffer"):
-        _C_cpu.sgd([[[x], [g], [torch.zeros(5)], [], [], []]], hp, k, table, 1)
+        _C_cpu.sgd([[x], [g], [torch.zeros(5)], [], [], []], [0], [1], hp, k, table, 1, None, None)
     with pytest.raises(RuntimeError, match="momentum_buffer"):
-        _C_cpu.sgd([[[x], [g], [], [], [], []]], hp, k, table, 1)
+        _C_cpu.sgd([[x], [g], [], [], [], []], [0], [1], hp, k, table, 1, None, None)
     with pytest.raises(RuntimeError, match="neuron_scale"):
-        _C_cpu.sgd([[[x.view(2, 2)], [g.view(2, 2)], [torch.zeros(2, 2)], [], [], [torch.ones(3)]]], hp, k, table, 1)
+        _C_cpu.sgd([[x.view(2, 2)], [g.view(2, 2)], [torch.zeros(2, 2)], [], [], [torch.ones(3)]], [0], [9], hp, k,
+                   table, 1, None, None)
     with pytest.raises(RuntimeError, match="dtype"):
-        _C_cpu.fednar([[[x.int()], [g.int()], [], []]], [[0.1, 0.0, 1.0, 1e-6, 0.0]])
+        _C_cpu.fednar([[x.int()], [g.int()], [], []], [0], [0],
+                      torch.tensor([[0.1, 0.0, 1.0, 1e-6, 0.0]], dtype=torch.float64), k, table, 1, None, None)
     with pytest.raises(RuntimeError, match="anchor_grad"):
-        _C_cpu.padamfed([[[x], [g], [torch.zeros(4)], [torch.zeros(4)], []]], [[0.1, 0.5, 1e-12, 1.0]])
+        _C_cpu.padamfed([[x], [g], [torch.zeros(4)], [torch.zeros(4)], []], [0], [7],
+                        torch.tensor([[0.1, 0.5, 1e-12]], dtype=torch.float64), k, table, 1, None, None)
+    with pytest.raises(RuntimeError, match="hp must be"):
+        _C_cpu.sgd([[x], [g], [], [], [], []], [0], [0], hp.float(), k, table, 1, None, None)
+    with pytest.raises(RuntimeError, match="found_inf"):
+        _C_cpu.sgd([[x], [g], [], [], [], []], [0], [0], hp, k, table, 1, None, torch.zeros(1, dtype=torch.float64))
+    assert int(k) == 0, "a rejected call must not advance the step counter"
 
 
 def test_available_backends_lists_cpu():

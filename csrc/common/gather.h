@@ -1,5 +1,6 @@
-// From the Python-side lists of tensors to flat `Entry`s, with validation and a slow path for
-// tensors the kernels cannot address directly (non-contiguous, or an unexpected dtype).
+// From an op's Python-side tensor lists (one per role, optional roles compacted; see
+// fedopt_kernels/_ops.py) to flat `Entry`s, with validation and a slow path for tensors the kernels
+// cannot address directly (non-contiguous, or an unexpected dtype).
 // Shared by both extensions so the CPU tests exercise the code the CUDA backend also runs.
 #pragma once
 
@@ -15,30 +16,31 @@ namespace fo {
 enum class SlotKind { Param, State };
 
 struct SlotSpec {
-  const char* name;  // as in Group.tensors (for error messages)
+  const char* name;  // the role's name in the op's spec (for error messages)
   SlotKind kind;     // dtype: the parameter's, or float32 (float64 for float64 parameters)
   bool written;      // the op stores into it
   bool per_row;      // one value per output unit ([shape[0]]), not one per element
 };
 
-// per group: one list per slot (an empty list = the slot is absent for that group)
-using GroupLists = std::vector<std::vector<std::vector<at::Tensor>>>;
+// one list per slot: params, grads, then each optional role's compacted list
+using RoleLists = std::vector<std::vector<at::Tensor>>;
 
 struct Gathered {
-  std::vector<Entry> entries;      // non-empty parameters, in group order
-  std::vector<bool> slot_present;  // per group * kMaxSlots: group g has slot s
+  std::vector<Entry> entries;      // non-empty parameters, in argument order
+  std::vector<int32_t> present;    // per batch: mask of optional roles
   at::Device device{at::kCPU};
-  bool any_f64 = false;            // the global norm runs in float64 (SPEC: as the reference does)
+  bool any_f64 = false;            // a float64 parameter: norms are *used* in float64 (as the reference)
   // temporaries the kernels write, to be copied back into the caller's tensors afterwards
   std::vector<std::pair<at::Tensor, at::Tensor>> writeback;  // (caller's tensor, temporary)
   std::vector<at::Tensor> keep_alive;                        // read-only temporaries
 
-  bool has(int group, int slot) const { return slot_present[static_cast<size_t>(group) * kMaxSlots + slot]; }
+  int64_t nbatches() const { return static_cast<int64_t>(present.size()); }
   void finish();  // runs the writebacks
 };
 
-// `backend` names the caller in error messages ("cpu" / "cuda").
-Gathered gather(const GroupLists& lists, const std::vector<SlotSpec>& slots, const char* backend);
+// `backend` names the caller in error messages ("cpu" / "cuda"); `op` the op.
+Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
+                const std::vector<SlotSpec>& slots, const char* op, const char* backend);
 
 std::string dtype_name(at::ScalarType t);
 

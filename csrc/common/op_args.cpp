@@ -4,107 +4,76 @@
 
 namespace fo {
 
-const std::vector<SlotSpec>& sgd_slots() {
-  static const std::vector<SlotSpec> s = {
-      {"params", SlotKind::Param, true, false},   {"grads", SlotKind::Param, false, false},
-      {"momentum_buffer", SlotKind::Param, true, false}, {"x0", SlotKind::Param, false, false},
-      {"correction", SlotKind::Param, false, false}, {"neuron_scale", SlotKind::State, false, true}};
+const OpDesc& SgdOp::desc() {
+  static const OpDesc d{"sgd",
+                        {{"params", SlotKind::Param, true, false},
+                         {"grads", SlotKind::Param, false, false},
+                         {"momentum_buffer", SlotKind::Param, true, false},
+                         {"x0", SlotKind::Param, false, false},
+                         {"correction", SlotKind::Param, false, false},
+                         {"neuron_scale", SlotKind::State, false, true}},
+                        {"lr", "momentum", "dampening", "weight_decay", "prox_mu", "nesterov", "maximize"}};
+  return d;
+}
+
+const OpDesc& FedNarOp::desc() {
+  static const OpDesc d{"fednar",
+                        {{"params", SlotKind::Param, true, false},
+                         {"grads", SlotKind::Param, false, false},
+                         {"x0", SlotKind::Param, false, false},
+                         {"correction", SlotKind::Param, false, false}},
+                        {"step_lr", "weight_decay", "max_norm", "eps", "prox_mu"}};
+  return d;
+}
+
+const OpDesc& PAdamOp::desc() {
+  static const OpDesc d{"padamfed",
+                        {{"params", SlotKind::Param, true, false},
+                         {"grads", SlotKind::Param, false, false},
+                         {"D", SlotKind::State, false, false},
+                         {"acc", SlotKind::State, true, false},
+                         {"anchor_grad", SlotKind::Param, false, false}},
+                        {"lr", "beta", "eps"}};
+  return d;
+}
+
+static void check_amp(const c10::optional<at::Tensor>& t, const char* name, const at::Device& dev, const char* op,
+                      const char* backend) {
+  if (!t.has_value() || !t->defined()) return;
+  TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1 && t->device() == dev, "fedopt_kernels ", backend, " ",
+              op, ": ", name, " must be a float32 tensor with one element on ", dev, ", got ",
+              dtype_name(t->scalar_type()), " ", t->sizes(), " on ", t->device());
+}
+
+StepScalars check_scalars(const OpDesc& op, const Gathered& gat, const at::Tensor& hp, const at::Tensor& k,
+                          const at::Tensor& table, int64_t decay_every, const c10::optional<at::Tensor>& grad_scale,
+                          const c10::optional<at::Tensor>& found_inf, const char* backend) {
+  const at::Device dev = gat.entries.empty() ? k.device() : gat.device;
+  const int64_t cols = static_cast<int64_t>(op.hps.size());
+  TORCH_CHECK(hp.scalar_type() == at::kDouble && hp.dim() == 2 && hp.size(0) == gat.nbatches() && hp.size(1) == cols &&
+                  hp.is_contiguous() && hp.device() == dev,
+              "fedopt_kernels ", backend, " ", op.name, ": hp must be a contiguous float64 tensor [", gat.nbatches(),
+              ", ", cols, "] on ", dev, ", got ", dtype_name(hp.scalar_type()), " ", hp.sizes(), " on ", hp.device());
+  TORCH_CHECK(k.scalar_type() == at::kInt && k.numel() == 1 && k.device() == dev, "fedopt_kernels ", backend, " ",
+              op.name, ": k must be an int32 tensor [1] on ", dev);
+  TORCH_CHECK(table.scalar_type() == at::kDouble && table.dim() == 1 && table.numel() >= 1 && table.is_contiguous() &&
+                  table.device() == dev,
+              "fedopt_kernels ", backend, " ", op.name, ": the schedule table must be a contiguous non-empty float64 "
+              "vector on ", dev);
+  TORCH_CHECK(decay_every >= 1, "fedopt_kernels ", backend, " ", op.name, ": decay_every must be >= 1, got ",
+              decay_every);
+  check_amp(grad_scale, "grad_scale", dev, op.name, backend);
+  check_amp(found_inf, "found_inf", dev, op.name, backend);
+  StepScalars s{};
+  s.hp = hp.data_ptr<double>();
+  s.hp_cols = cols;
+  s.k = const_cast<at::Tensor&>(k).data_ptr<int32_t>();
+  s.table = table.data_ptr<double>();
+  s.table_len = table.numel();
+  s.decay_every = decay_every;
+  s.grad_scale = grad_scale.has_value() && grad_scale->defined() ? grad_scale->data_ptr<float>() : nullptr;
+  s.found_inf = found_inf.has_value() && found_inf->defined() ? found_inf->data_ptr<float>() : nullptr;
   return s;
-}
-
-const std::vector<SlotSpec>& fednar_slots() {
-  static const std::vector<SlotSpec> s = {
-      {"params", SlotKind::Param, true, false}, {"grads", SlotKind::Param, false, false},
-      {"x0", SlotKind::Param, false, false}, {"correction", SlotKind::Param, false, false}};
-  return s;
-}
-
-const std::vector<SlotSpec>& padamfed_slots() {
-  static const std::vector<SlotSpec> s = {
-      {"params", SlotKind::Param, true, false}, {"grads", SlotKind::Param, false, false},
-      {"D", SlotKind::State, false, false}, {"acc", SlotKind::State, true, false},
-      {"anchor_grad", SlotKind::Param, false, false}};
-  return s;
-}
-
-static void check_len(const HpLists& hps, const Gathered& gat, size_t want, const char* op, const char* backend) {
-  TORCH_CHECK(hps.size() * kMaxSlots == gat.slot_present.size(), "fedopt_kernels ", backend, " ", op, ": got ",
-              hps.size(), " hyperparameter lists for ", gat.slot_present.size() / kMaxSlots, " batch groups");
-  for (const auto& h : hps)
-    TORCH_CHECK(h.size() == want, "fedopt_kernels ", backend, " ", op, ": expected ", want,
-                " hyperparameters per group, got ", h.size());
-}
-
-std::vector<SgdHp> sgd_hps(const HpLists& hps, const Gathered& gat, const char* backend) {
-  check_len(hps, gat, 7, "sgd", backend);
-  std::vector<SgdHp> out;
-  for (size_t g = 0; g < hps.size(); ++g) {
-    const auto& h = hps[g];
-    SgdHp p{};
-    p.lr = h[0];
-    p.momentum = h[1];
-    p.damp1 = 1.0 - h[2];
-    p.weight_decay = h[3];
-    p.prox_mu = h[4];
-    const int gi = static_cast<int>(g);
-    if (h[6] != 0) p.flags |= kSgdMaximize;
-    if (h[3] != 0) p.flags |= kSgdWeightDecay;
-    if (gat.has(gi, sgd_slot::CORR)) p.flags |= kSgdCorrection;
-    if (gat.has(gi, sgd_slot::X0)) p.flags |= kSgdProx;
-    if (gat.has(gi, sgd_slot::SCALE)) p.flags |= kSgdScale;
-    if (h[1] != 0) {
-      p.flags |= kSgdMomentum;
-      if (h[5] != 0) p.flags |= kSgdNesterov;
-      TORCH_CHECK(gat.has(gi, sgd_slot::BUF) || !gat.has(gi, sgd_slot::X), "fedopt_kernels ", backend,
-                  " sgd: momentum=", h[1], " in batch group ", g, " but no 'momentum_buffer' tensors were given");
-    }
-    out.push_back(p);
-  }
-  return out;
-}
-
-std::vector<FedNarHp> fednar_hps(const HpLists& hps, const Gathered& gat, const char* backend) {
-  check_len(hps, gat, 5, "fednar", backend);
-  std::vector<FedNarHp> out;
-  for (size_t g = 0; g < hps.size(); ++g) {
-    const auto& h = hps[g];
-    FedNarHp p{};
-    p.step_lr = h[0];
-    p.weight_decay = h[1];
-    p.max_norm = h[2];
-    p.eps = h[3];
-    p.prox_mu = h[4];
-    const int gi = static_cast<int>(g);
-    if (h[1] != 0) p.flags |= kNarWeightDecay;
-    if (gat.has(gi, fednar_slot::CORR)) p.flags |= kNarCorrection;
-    if (gat.has(gi, fednar_slot::X0)) p.flags |= kNarProx;
-    out.push_back(p);
-  }
-  return out;
-}
-
-std::vector<PAdamHp> padamfed_hps(const HpLists& hps, const Gathered& gat, const char* backend) {
-  check_len(hps, gat, 4, "padamfed", backend);
-  std::vector<PAdamHp> out;
-  for (size_t g = 0; g < hps.size(); ++g) {
-    const auto& h = hps[g];
-    PAdamHp p{};
-    p.lr = h[0];
-    p.beta = h[1];
-    p.one_minus_beta = 1.0 - h[1];
-    p.eps = h[2];
-    const int gi = static_cast<int>(g);
-    const bool nonempty = gat.has(gi, padamfed_slot::X);
-    TORCH_CHECK(!nonempty || (gat.has(gi, padamfed_slot::D) && gat.has(gi, padamfed_slot::ACC)), "fedopt_kernels ",
-                backend, " padamfed: batch group ", g, " lacks its 'D' or 'acc' tensors");
-    if (h[3] != 0) {
-      p.flags |= kPadVarianceReduction;
-      TORCH_CHECK(!nonempty || gat.has(gi, padamfed_slot::H), "fedopt_kernels ", backend,
-                  " padamfed: variance_reduction in batch group ", g, " needs 'anchor_grad' tensors");
-    }
-    out.push_back(p);
-  }
-  return out;
 }
 
 }  // namespace fo

@@ -1,14 +1,13 @@
-// The op signatures both extensions expose, and the translation of their Python arguments
-// (per group: tensor lists in slot order + a list of floats) into Entries and hp structs.
+// The ops as the C++ bindings see them: each op's roles (slots) and hp columns, and the check of the
+// scalar arguments every op takes (hp rows, the step counter k, the schedule table, GradScaler's
+// grad_scale / found_inf). The argument layout is fedopt_kernels/_ops.py's schema:
 //
-//   sgd(lists, hps, k, table, decay_every)
-//       lists[g] = [params, grads, momentum_buffer, x0, correction, neuron_scale]  ([] = absent)
-//       hps[g]   = [lr, momentum, dampening, weight_decay, prox_mu, nesterov, maximize]
-//   fednar(lists, hps)
-//       lists[g] = [params, grads, x0, correction];  hps[g] = [step_lr, weight_decay, max_norm, eps, prox_mu]
-//   padamfed(lists, hps)
-//       lists[g] = [params, grads, D, acc, anchor_grad];  hps[g] = [lr, beta, eps, variance_reduction]
+//   op(params, grads, <optional roles, compacted>..., batch, present, hp, k, table, decay_every,
+//      grad_scale, found_inf)
 #pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
 
 #include <vector>
 
@@ -17,15 +16,31 @@
 
 namespace fo {
 
-using HpLists = std::vector<std::vector<double>>;
+struct OpDesc {
+  const char* name;
+  std::vector<SlotSpec> slots;
+  std::vector<const char*> hps;
+};
 
-const std::vector<SlotSpec>& sgd_slots();
-const std::vector<SlotSpec>& fednar_slots();
-const std::vector<SlotSpec>& padamfed_slots();
+struct SgdOp { static const OpDesc& desc(); };
+struct FedNarOp { static const OpDesc& desc(); };
+struct PAdamOp { static const OpDesc& desc(); };
 
-// Validate the hp lists against the gathered tensors and build the per-group structs.
-std::vector<SgdHp> sgd_hps(const HpLists& hps, const Gathered& gat, const char* backend);
-std::vector<FedNarHp> fednar_hps(const HpLists& hps, const Gathered& gat, const char* backend);
-std::vector<PAdamHp> padamfed_hps(const HpLists& hps, const Gathered& gat, const char* backend);
+// Pointers to the validated scalar arguments (host pointers for CPU tensors, device pointers for
+// CUDA tensors: the CUDA kernels read them on the device, so nothing is copied to the host).
+struct StepScalars {
+  const double* hp;        // [nbatches, hp_cols], row-major
+  int64_t hp_cols;
+  int32_t* k;              // within-round step counter, advanced by one unless found_inf
+  const double* table;     // within-round schedule s(j)
+  int64_t table_len;
+  int64_t decay_every;
+  const float* grad_scale; // nullable: gradients are divided by it
+  const float* found_inf;  // nullable: non-zero skips the step
+};
+
+StepScalars check_scalars(const OpDesc& op, const Gathered& gat, const at::Tensor& hp, const at::Tensor& k,
+                          const at::Tensor& table, int64_t decay_every, const c10::optional<at::Tensor>& grad_scale,
+                          const c10::optional<at::Tensor>& found_inf, const char* backend);
 
 }  // namespace fo

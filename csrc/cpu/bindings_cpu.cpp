@@ -1,49 +1,56 @@
-// Python module fedopt_kernels._C_cpu: the three ops on CPU tensors (signatures: common/op_args.h).
+// Python module fedopt_kernels._C_cpu: the ops on CPU tensors (argument layout: common/op_args.h).
 // pybind11 + tensor casters only: a fraction of torch/extension.h's compile time
 #include <torch/csrc/utils/pybind.h>
 
-#include "../common/op_args.h"
-#include "cpu_ops.h"
+#include <string>
+#include <vector>
+
+#include "../common/binding.h"
 #include "cpu_common.h"
+#include "cpu_ops.h"
 
 namespace {
 
-constexpr const char* kBackend = "cpu";
+// The CPU device for common/binding.h: scalars are host memory, so they are read directly.
+struct Cpu {
+  static constexpr const char* kName = "cpu";
 
-void check_cpu(const fo::Gathered& gat) {
-  TORCH_CHECK(gat.entries.empty() || gat.device.is_cpu(), "fedopt_kernels cpu backend needs CPU tensors, got ",
-              gat.device, " (use backend='cuda' or 'triton' for CUDA tensors)");
-}
+  static void check_device(const fo::Gathered& gat, const at::Tensor& k) {
+    TORCH_CHECK(gat.entries.empty() || gat.device.is_cpu(), "fedopt_kernels cpu backend needs CPU tensors, got ",
+                gat.device, " (use backend='cuda' or 'triton' for CUDA tensors)");
+    TORCH_CHECK(k.is_cpu(), "fedopt_kernels cpu backend: k must be a CPU tensor");
+  }
 
-void sgd(const fo::GroupLists& lists, const fo::HpLists& hps, const at::Tensor& k, const at::Tensor& table,
-         int64_t decay_every) {
-  fo::Gathered gat = fo::gather(lists, fo::sgd_slots(), kBackend);
-  check_cpu(gat);
-  const auto hp = fo::sgd_hps(hps, gat, kBackend);
-  TORCH_CHECK(k.is_cpu() && k.scalar_type() == at::kInt && k.numel() == 1, "fedopt_kernels cpu sgd: k must be a CPU int32 tensor [1]");
-  TORCH_CHECK(table.is_cpu() && table.scalar_type() == at::kDouble && table.dim() == 1 && table.numel() >= 1,
-              "fedopt_kernels cpu sgd: the schedule table must be a non-empty CPU float64 vector");
-  TORCH_CHECK(decay_every >= 1, "fedopt_kernels cpu sgd: decay_every must be >= 1, got ", decay_every);
-  const at::Tensor tab = table.contiguous();
-  fo::cpu::sgd(gat.entries, hp, k.item<int32_t>(), tab.data_ptr<double>(), tab.numel(), decay_every);
-  gat.finish();
-}
+  // the per-batch hp structs, or false when GradScaler found an inf (the step then does nothing)
+  template <class Hp, class Make>
+  static bool rows(const fo::Gathered& gat, const fo::StepScalars& sc, Make make, std::vector<Hp>& out) {
+    if (sc.found_inf && *sc.found_inf != 0.0f) return false;
+    const bool unscale = sc.grad_scale != nullptr;
+    const double inv = unscale ? fo::inv_scale_of(*sc.grad_scale) : 1.0;
+    out.clear();
+    for (int64_t b = 0; b < gat.nbatches(); ++b) out.push_back(make(sc.hp + b * sc.hp_cols, gat.present[b], unscale, inv));
+    return true;
+  }
 
-void fednar(const fo::GroupLists& lists, const fo::HpLists& hps) {
-  fo::Gathered gat = fo::gather(lists, fo::fednar_slots(), kBackend);
-  check_cpu(gat);
-  const auto hp = fo::fednar_hps(hps, gat, kBackend);
-  fo::cpu::fednar(gat.entries, hp, gat.any_f64);
-  gat.finish();
-}
-
-void padamfed(const fo::GroupLists& lists, const fo::HpLists& hps) {
-  fo::Gathered gat = fo::gather(lists, fo::padamfed_slots(), kBackend);
-  check_cpu(gat);
-  const auto hp = fo::padamfed_hps(hps, gat, kBackend);
-  fo::cpu::padamfed(gat.entries, hp, gat.any_f64);
-  gat.finish();
-}
+  static void run(fo::SgdOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    std::vector<fo::SgdHp> hp;
+    if (!rows(gat, sc, fo::sgd_hp_of, hp)) return;
+    fo::cpu::sgd(gat.entries, hp, *sc.k, sc.table, sc.table_len, sc.decay_every);
+    ++*sc.k;
+  }
+  static void run(fo::FedNarOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    std::vector<fo::FedNarHp> hp;
+    if (!rows(gat, sc, fo::fednar_hp_of, hp)) return;
+    fo::cpu::fednar(gat.entries, hp, gat.any_f64);
+    ++*sc.k;
+  }
+  static void run(fo::PAdamOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    std::vector<fo::PAdamHp> hp;
+    if (!rows(gat, sc, fo::padamfed_hp_of, hp)) return;
+    fo::cpu::padamfed(gat.entries, hp, gat.any_f64);
+    ++*sc.k;
+  }
+};
 
 // Which copy of the chunk code runs: "auto" (default: AVX2 when the CPU has it), "base" or "avx2".
 // Both give the same bits; tests use this to check that.
@@ -58,10 +65,7 @@ std::string set_isa(const std::string& name) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fedopt_kernels C++ CPU kernels (see csrc/)";
-  m.def("sgd", &sgd, "op sgd: FedDecaySGD / NeuronLRSGD step", py::arg("lists"), py::arg("hps"), py::arg("k"),
-        py::arg("table"), py::arg("decay_every"));
-  m.def("fednar", &fednar, "op fednar: FedNAR step", py::arg("lists"), py::arg("hps"));
-  m.def("padamfed", &padamfed, "op padamfed: PAdaMFed client step", py::arg("lists"), py::arg("hps"));
+  fo::bind_ops<Cpu>(m);
   m.def("set_isa", &set_isa, "choose the kernels' instruction set; returns the active one", py::arg("name"));
   m.def("active_isa", []() { return std::string(fo::cpu::active_isa()); });
   m.attr("chunk_elements") = fo::cpu::kChunk;

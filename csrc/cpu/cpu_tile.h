@@ -45,6 +45,11 @@ inline void commit(T* dst, const A* buf, int n) {
 }
 
 // ---- element-wise steps; `out` may alias the first input (same index only) ----
+// out = a * s  (GradScaler's unscaling)
+template <class A>
+inline void mul(A* out, const A* a, A s, int n) {
+  FO_IVDEP for (int i = 0; i < n; ++i) out[i] = a[i] * s;
+}
 template <class A>
 inline void neg(A* out, const A* a, int n) {
   FO_IVDEP for (int i = 0; i < n; ++i) out[i] = -a[i];
@@ -107,9 +112,8 @@ inline void fill_rows(A* s, const A* scale, A lr, int64_t off, int64_t row_len, 
 }
 
 // Sum of squares into kLanes fixed lanes: element i always goes to lane i % kLanes of its chunk,
-// whatever the ISA's vector width, so the result is the same on every x86/ARM build. Lanes are
-// float32, or float64 when the step's norm is float64 (a float64 parameter is present: the
-// reference then accumulates every tensor in float64).
+// whatever the ISA's vector width, so the result is the same on every x86/ARM build. The lanes are
+// float64 (SPEC: squares of elements in [1e-30, 1e30] neither overflow nor underflow there).
 template <class L, class A>
 inline void sumsq(const A* v, int n, L* lanes) {
   int i = 0;

@@ -28,9 +28,9 @@ void fednar(const std::vector<Entry>& entries, const std::vector<FedNarHp>& hps,
       entries, hps, norm_f64,
       [&](const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, double* partial) {
 #if FO_CPU_AVX2
-        if (avx2) return avx2::fednar_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial);
+        if (avx2) return avx2::fednar_norm_chunks(chunks, lo, hi, entries, hps, partial);
 #endif
-        base::fednar_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial);
+        base::fednar_norm_chunks(chunks, lo, hi, entries, hps, partial);
       },
       [](double norm, const FedNarHp& hp, bool f64) { return fednar_scale(norm, hp, f64); },
       [&](const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, const std::vector<double>& scale) {

@@ -17,6 +17,7 @@ template <class T, class A = Acc<T>>
 const A* nar_direction(const Entry& en, const FedNarHp& hp, int64_t off, int n, const A* x, NarBufs<A>& b) {
   const int f = hp.flags;
   const A* d = load<A>(static_cast<const T*>(en.ptr[fednar_slot::G]) + off, n, b.g);
+  if (f & kNarUnscale) { mul(b.d, d, static_cast<A>(hp.inv_scale), n); d = b.d; }
   if (f & kNarWeightDecay) { add_scaled(b.d, d, static_cast<A>(hp.weight_decay), x, n); d = b.d; }
   if (f & kNarCorrection) {
     add(b.d, d, load<A>(static_cast<const T*>(en.ptr[fednar_slot::CORR]) + off, n, b.t), n);
@@ -30,17 +31,17 @@ const A* nar_direction(const Entry& en, const FedNarHp& hp, int64_t off, int n, 
   return d;
 }
 
-// pass 1: sum of squares of d over one chunk, in lanes of type L
-template <class T, class L>
+// pass 1: sum of squares of d over one chunk, in float64 lanes
+template <class T>
 double nar_norm_chunk(const Entry& en, const FedNarHp& hp, int64_t begin, int64_t end) {
   using A = Acc<T>;
   NarBufs<A> b;
-  L lanes[kLanes] = {};
+  double lanes[kLanes] = {};
   const T* X = static_cast<const T*>(en.ptr[fednar_slot::X]);
   for (int64_t off = begin; off < end; off += kTile) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
     const A* x = load<A>(X + off, n, b.x);
-    sumsq<L>(nar_direction<T>(en, hp, off, n, x, b), n, lanes);
+    sumsq<double>(nar_direction<T>(en, hp, off, n, x, b), n, lanes);
   }
   return lanes_total(lanes);
 }
@@ -63,15 +64,12 @@ void nar_update_chunk(const Entry& en, const FedNarHp& hp, double scale, int64_t
 }
 
 inline void fednar_norm_chunks(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi,
-                               const std::vector<Entry>& entries, const std::vector<FedNarHp>& hps, bool norm_f64,
-                               double* partial) {
+                               const std::vector<Entry>& entries, const std::vector<FedNarHp>& hps, double* partial) {
   for (int64_t c = lo; c < hi; ++c) {
     const Chunk& ch = chunks[c];
     const Entry& en = entries[ch.entry];
     dispatch(en.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      partial[c] = norm_f64 ? nar_norm_chunk<T, double>(en, hps[en.group], ch.begin, ch.end)
-                            : nar_norm_chunk<T, Acc<T>>(en, hps[en.group], ch.begin, ch.end);
+      partial[c] = nar_norm_chunk<decltype(tag)>(en, hps[en.group], ch.begin, ch.end);
     });
   }
 }

@@ -29,9 +29,9 @@ void padamfed(const std::vector<Entry>& entries, const std::vector<PAdamHp>& hps
       entries, hps, norm_f64,
       [&](const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, double* partial) {
 #if FO_CPU_AVX2
-        if (avx2) return avx2::padamfed_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial);
+        if (avx2) return avx2::padamfed_norm_chunks(chunks, lo, hi, entries, hps, partial);
 #endif
-        base::padamfed_norm_chunks(chunks, lo, hi, entries, hps, norm_f64, partial);
+        base::padamfed_norm_chunks(chunks, lo, hi, entries, hps, partial);
       },
       [](double norm, const PAdamHp& hp, bool f64) { return padamfed_scale(norm, hp, f64); },
       [&](const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, const std::vector<double>& scale) {

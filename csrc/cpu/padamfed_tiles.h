@@ -25,18 +25,25 @@ const A* pad_direction(const Entry& en, const PAdamHp& hp, int64_t off, int n, c
   return b.v;
 }
 
-// pass 1: acc += G and the sum of squares of v over one chunk, in lanes of type L
-template <class T, class L>
+// G as the kernels use it: unscaled by GradScaler's factor when one is given
+template <class T, class A = Acc<T>>
+const A* pad_grad(const Entry& en, const PAdamHp& hp, int64_t off, int n, PadBufs<A>& b) {
+  const A* G = load<A>(static_cast<const T*>(en.ptr[padamfed_slot::G]) + off, n, b.g);
+  if (hp.flags & kPadUnscale) { mul(b.g, G, static_cast<A>(hp.inv_scale), n); G = b.g; }
+  return G;
+}
+
+// pass 1: acc += G and the sum of squares of v over one chunk, in float64 lanes
+template <class T>
 double pad_norm_chunk(const Entry& en, const PAdamHp& hp, int64_t begin, int64_t end) {
   using A = Acc<T>;
   PadBufs<A> b;
-  L lanes[kLanes] = {};
-  const T* Gs = static_cast<const T*>(en.ptr[padamfed_slot::G]);
+  double lanes[kLanes] = {};
   A* ACC = static_cast<A*>(en.ptr[padamfed_slot::ACC]);
   for (int64_t off = begin; off < end; off += kTile) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
-    const A* G = load<A>(Gs + off, n, b.g);
-    sumsq<L>(pad_direction<T>(en, hp, off, n, G, b), n, lanes);
+    const A* G = pad_grad<T>(en, hp, off, n, b);
+    sumsq<double>(pad_direction<T>(en, hp, off, n, G, b), n, lanes);
     add(ACC + off, ACC + off, G, n);
   }
   return lanes_total(lanes);
@@ -48,11 +55,10 @@ void pad_update_chunk(const Entry& en, const PAdamHp& hp, double scale, int64_t 
   using A = Acc<T>;
   PadBufs<A> b;
   const A s = static_cast<A>(scale);
-  const T* Gs = static_cast<const T*>(en.ptr[padamfed_slot::G]);
   T* X = static_cast<T*>(en.ptr[padamfed_slot::X]);
   for (int64_t off = begin; off < end; off += kTile) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
-    const A* v = pad_direction<T>(en, hp, off, n, load<A>(Gs + off, n, b.g), b);
+    const A* v = pad_direction<T>(en, hp, off, n, pad_grad<T>(en, hp, off, n, b), b);
     const A* x = load<A>(X + off, n, b.x);
     A* xo = out_ptr<A>(X + off, b.x);
     sub_times(xo, x, v, s, n);
@@ -61,15 +67,12 @@ void pad_update_chunk(const Entry& en, const PAdamHp& hp, double scale, int64_t 
 }
 
 inline void padamfed_norm_chunks(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi,
-                                 const std::vector<Entry>& entries, const std::vector<PAdamHp>& hps, bool norm_f64,
-                                 double* partial) {
+                                 const std::vector<Entry>& entries, const std::vector<PAdamHp>& hps, double* partial) {
   for (int64_t c = lo; c < hi; ++c) {
     const Chunk& ch = chunks[c];
     const Entry& en = entries[ch.entry];
     dispatch(en.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      partial[c] = norm_f64 ? pad_norm_chunk<T, double>(en, hps[en.group], ch.begin, ch.end)
-                            : pad_norm_chunk<T, Acc<T>>(en, hps[en.group], ch.begin, ch.end);
+      partial[c] = pad_norm_chunk<decltype(tag)>(en, hps[en.group], ch.begin, ch.end);
     });
   }
 }

@@ -26,6 +26,7 @@ void sgd_chunk(const Entry& en, const SgdHp& hp, double lr_k, int64_t begin, int
     const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
     const A* x = load<A>(X + off, n, xbuf);
     const A* d = load<A>(G + off, n, gbuf);
+    if (f & kSgdUnscale) { mul(dbuf, d, static_cast<A>(hp.inv_scale), n); d = dbuf; }
     if (f & kSgdMaximize) { neg(dbuf, d, n); d = dbuf; }
     if (f & kSgdWeightDecay) { add_scaled(dbuf, d, wd, x, n); d = dbuf; }
     if (f & kSgdCorrection) { add(dbuf, d, load<A>(C + off, n, tbuf), n); d = dbuf; }
@@ -78,7 +79,7 @@ using SgdChunkFn = void (*)(const Entry&, const SgdHp&, double, int64_t, int64_t
 template <class T>
 SgdChunkFn sgd_fast_path(int f) {
   if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value) {
-    if (f & (kSgdMaximize | kSgdCorrection | kSgdProx | kSgdScale)) return nullptr;
+    if (f & (kSgdMaximize | kSgdCorrection | kSgdProx | kSgdScale | kSgdUnscale)) return nullptr;
     const bool wd = f & kSgdWeightDecay, mom = f & kSgdMomentum, nest = f & kSgdNesterov;
     if (!mom) return wd ? sgd_fused_chunk<T, true, false, false> : sgd_fused_chunk<T, false, false, false>;
     if (nest) return wd ? sgd_fused_chunk<T, true, true, true> : sgd_fused_chunk<T, false, true, true>;

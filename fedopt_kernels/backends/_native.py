@@ -1,14 +1,13 @@
 """Glue shared by the compiled backends (``cpu`` and ``cuda``): load an extension module with a
-helpful error, and turn ``Group`` batches into the argument lists the C++ ops take
-(``csrc/common/op_args.h`` documents them)."""
+helpful error, and register its ops, one generic wrapper per op of ``_ops.OPS``."""
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
 from types import ModuleType
-from typing import List, Tuple
 
-from .._batch import Group, StepContext
+from .._ops import OPS
+from .._registry import register
 
 _PKG_DIR = Path(__file__).resolve().parent.parent
 
@@ -32,61 +31,19 @@ def load_extension(ext: str) -> ModuleType:
             f"`pip install -e . --no-build-isolation` (needs a C++ compiler; nvcc for the CUDA one)") from exc
 
 
-def _lists(grp: Group, names: Tuple[str, ...]) -> List[list]:
-    t = grp.tensors
-    return [grp.params, grp.grads] + [t.get(name, []) for name in names]
+def _wrap(fn, name: str, n_roles: int, backend: str):
+    """The registry's calling convention (schema order, optional ``cache``) -> the extension's."""
+
+    def op(*args, cache=None):
+        roles, rest = args[:n_roles], args[n_roles:]
+        batch, present, hp, k, table, decay_every, grad_scale, found_inf, _backend = rest
+        fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf)
+
+    op.__name__ = op.__qualname__ = f"{name}_{backend}"
+    return op
 
 
-def sgd_args(groups: List[Group]) -> Tuple[list, list]:
-    """[params, grads, momentum_buffer, x0, correction, neuron_scale] and
-    [lr, momentum, dampening, weight_decay, prox_mu, nesterov, maximize] per group."""
-    lists, hps = [], []
-    for grp in groups:
-        hp = grp.hp
-        lists.append(_lists(grp, ("momentum_buffer", "x0", "correction", "neuron_scale")))
-        hps.append([float(hp["lr"]), float(hp["momentum"]), float(hp["dampening"]), float(hp["weight_decay"]),
-                    float(hp.get("prox_mu", 0.0)), float(bool(hp["nesterov"])), float(bool(hp["maximize"]))])
-    return lists, hps
-
-
-def fednar_args(groups: List[Group]) -> Tuple[list, list]:
-    """[params, grads, x0, correction] and [step_lr, weight_decay, max_norm, eps, prox_mu] per group."""
-    lists, hps = [], []
-    for grp in groups:
-        hp = grp.hp
-        lists.append(_lists(grp, ("x0", "correction")))
-        hps.append([float(hp["step_lr"]), float(hp["weight_decay"]), float(hp["max_norm"]), float(hp["eps"]),
-                    float(hp.get("prox_mu", 0.0))])
-    return lists, hps
-
-
-def padamfed_args(groups: List[Group]) -> Tuple[list, list]:
-    """[params, grads, D, acc, anchor_grad] and [lr, beta, eps, variance_reduction] per group."""
-    lists, hps = [], []
-    for grp in groups:
-        hp = grp.hp
-        lists.append(_lists(grp, ("D", "acc", "anchor_grad")))
-        hps.append([float(hp["lr"]), float(hp["beta"]), float(hp["eps"]), float(bool(hp["variance_reduction"]))])
-    return lists, hps
-
-
-def make_ops(ext: ModuleType, backend: str):
-    """The three op functions ``fn(groups, ctx)`` calling ``ext``; ``backend`` names the registry entry."""
-
-    def sgd_step(groups: List[Group], ctx: StepContext) -> None:
-        dev = groups[0].params[0].device
-        lists, hps = sgd_args(groups)
-        ext.sgd(lists, hps, ctx.k_device(dev), ctx.schedule_table(dev), int(ctx.decay_every))
-
-    def fednar_step(groups: List[Group], ctx: StepContext) -> None:
-        lists, hps = fednar_args(groups)
-        ext.fednar(lists, hps)
-
-    def padamfed_step(groups: List[Group], ctx: StepContext) -> None:
-        lists, hps = padamfed_args(groups)
-        ext.padamfed(lists, hps)
-
-    for fn, op in ((sgd_step, "sgd"), (fednar_step, "fednar"), (padamfed_step, "padamfed")):
-        fn.__name__ = f"{op}_{backend}"
-        fn.__qualname__ = fn.__name__
-    return sgd_step, fednar_step, padamfed_step
+def register_extension(ext: ModuleType, backend: str) -> None:
+    """Register every op of ``ext`` as ``backend``'s implementation."""
+    for name, spec in OPS.items():
+        register(name, backend)(_wrap(getattr(ext, name), name, len(spec.roles), backend))

@@ -1,8 +1,8 @@
 """The ``cpu`` backend: C++ kernels of ``csrc/cpu`` (extension ``fedopt_kernels._C_cpu``).
 
 One ``at::parallel_for`` pass over all tensors per SPEC pass, vectorised element-wise loops, float32
-math for float16/bfloat16 (float64 for float64), and a global norm from fixed per-chunk partial sums
-added in a fixed order, so results do not depend on the number of threads.
+math for float16/bfloat16 (float64 for float64), and a global norm from fixed per-chunk float64
+partial sums added in a fixed order, so results do not depend on the number of threads.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Optional
 
 import torch
 
-from .._registry import register, register_device_check
-from ._native import load_extension, make_ops
+from .._registry import register_device_check
+from ._native import load_extension, register_extension
 
 _C = load_extension("_C_cpu")
 
@@ -23,7 +23,4 @@ def _device_check(device: torch.device) -> Optional[str]:
 
 
 register_device_check("cpu", _device_check)
-_sgd, _fednar, _padamfed = make_ops(_C, "cpu")
-sgd_step = register("sgd", "cpu")(_sgd)
-fednar_step = register("fednar", "cpu")(_fednar)
-padamfed_step = register("padamfed", "cpu")(_padamfed)
+register_extension(_C, "cpu")

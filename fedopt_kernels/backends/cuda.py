@@ -1,9 +1,10 @@
 """The ``cuda`` backend: CUDA kernels of ``csrc/cuda`` (extension ``fedopt_kernels._C_cuda``).
 
 Multi-tensor launches (one per pass and parameter dtype over all tensors), 128-bit vector access
-for float32, float32 math for float16/bfloat16, a deterministic two-phase global norm, and every
-per-step scalar (lr_k, norm, clip/normalisation factor) computed on the device, so ``step()`` never
-synchronises with the host and can be captured in a CUDA graph.
+for float32, float32 math for float16/bfloat16, a deterministic two-phase global norm in float64,
+and every per-step scalar (hp, lr_k, norm, clip/normalisation factor, GradScaler's factor) read or
+computed on the device, so ``step()`` never synchronises with the host and can be captured in a
+CUDA graph.
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Dict, Optional
 
 import torch
 
-from .._registry import register, register_device_check
-from ._native import load_extension, make_ops
+from .._registry import register_device_check
+from ._native import load_extension, register_extension
 
 _C = load_extension("_C_cuda")
 _checked: Dict[int, Optional[str]] = {}
@@ -30,7 +31,4 @@ def _device_check(device: torch.device) -> Optional[str]:
 
 
 register_device_check("cuda", _device_check)
-_sgd, _fednar, _padamfed = make_ops(_C, "cuda")
-sgd_step = register("sgd", "cuda")(_sgd)
-fednar_step = register("fednar", "cuda")(_fednar)
-padamfed_step = register("padamfed", "cuda")(_padamfed)
+register_extension(_C, "cuda")

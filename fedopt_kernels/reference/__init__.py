@@ -2,6 +2,7 @@
 
 It is the ground truth every fused backend is tested against. Math runs in float32 for
 float16/bfloat16/float32 parameters (float64 for float64), and each tensor is rounded to its
-storage dtype once, when it is written back: the fused kernels follow the same rule.
+storage dtype once, when it is written back: the fused kernels follow the same rule. Unlike the
+fused backends it reads its scalars (hp, k, found_inf) on the host, which synchronises on CUDA.
 """
 from . import fednar, padamfed, sgd  # noqa: F401  (importing registers the ops)

@@ -1,9 +1,11 @@
-"""Small helpers shared by the reference ops."""
+"""Small helpers shared by the reference ops: compute dtypes, the global norm, AMP and the counter."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, List, Optional
 
 import torch
+
+from .._args import OpArgs
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -17,13 +19,42 @@ def up(t: torch.Tensor) -> torch.Tensor:
 
 
 def norm_dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:
-    """Global norms accumulate in float64 when any tensor is float64, else float32."""
+    """The dtype the norm's *result* is used in: float64 when any tensor is float64, else float32."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def global_norm(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """L2 norm over all ``tensors`` as ``clip_grad_norm_`` computes it: norm of the per-tensor norms."""
-    if not tensors:
-        return torch.zeros((), dtype=dtype, device=device)
-    norms = [torch.linalg.vector_norm(t.to(dtype)) for t in tensors]
-    return torch.linalg.vector_norm(torch.stack(norms))
+def global_norm(tensors: List[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """L2 norm over all ``tensors`` as a float64 0-dim tensor.
+
+    Squares are summed in float64 (SPEC: a float32 sum of squares overflows for elements near 1e20
+    and underflows near 1e-23), so the norm is right to ~1e-15 for every finite input in
+    [1e-30, 1e30]; callers round it to ``norm_dtype`` before using it, as the kernels do.
+    """
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for t in tensors:
+        t64 = t.to(torch.float64)
+        total = total + torch.sum(t64 * t64)
+    return total.sqrt()
+
+
+class Amp:
+    """GradScaler's inputs as the reference applies them: skip the step when ``found_inf`` is set,
+    else divide every gradient by ``grad_scale`` (as a multiplication by its float32 reciprocal,
+    which is what ``GradScaler.unscale_`` does)."""
+
+    def __init__(self, a: OpArgs):
+        self.skip = a.found_inf is not None and float(a.found_inf.reshape(-1)[0]) != 0.0
+        self.inv = None
+        if a.grad_scale is not None:
+            self.inv = a.grad_scale.reshape(-1)[0].double().reciprocal().float()
+
+    def grad(self, g: torch.Tensor) -> torch.Tensor:
+        """The unscaled gradient in its compute dtype."""
+        gf = up(g)
+        return gf if self.inv is None else gf * self.inv.to(gf.dtype)
+
+
+def advance(a: OpArgs, amp: Optional[Amp]) -> None:
+    """k += 1, unless GradScaler found an inf (then the step did not happen)."""
+    if amp is None or not amp.skip:
+        a.k.add_(1)

@@ -1,11 +1,12 @@
-"""Reference FedNAR step (SPEC §4; seed 003, Eq. 3-4 and Alg. 2).
+"""Reference FedNAR step (SPEC §4; "FedNAR: Federated Optimization with Normalized Annealing
+Regularization", Li et al., NeurIPS 2023, Eq. 3-4 and Alg. 2).
 
-``hp``: step_lr (= lr * round_decay ** t, set by the optimizer), weight_decay, max_norm, eps,
-prox_mu. Over all groups together::
+hp row: step_lr (= lr * round_decay ** t, set by the optimizer), weight_decay, max_norm, eps,
+prox_mu. Over all batches together::
 
     d    = g + weight_decay * x + correction + prox_mu * (x - x0)
-    s    = || all d ||_2                                   # clip_grad_norm_ semantics
-    coef = min(1, max_norm / (s + eps))                    # per group (its own max_norm, eps)
+    s    = || all d ||_2                                   # squares summed in float64
+    coef = min(1, max_norm / (s + eps))                    # per batch (its own max_norm, eps)
     x   -= (step_lr * coef) * d
 
 NaN/inf in ``s`` propagate (``torch.clamp`` keeps NaN), as ``clip_grad_norm_`` does.
@@ -14,34 +15,40 @@ from __future__ import annotations
 
 import torch
 
-from .._batch import Group, StepContext
+from .._args import OpArgs
+from .._ops import FEDNAR
 from .._registry import register
-from ._math import global_norm, norm_dtype, up
+from ._math import Amp, advance, global_norm, norm_dtype, up
 
 
-def fednar_direction(grp: Group, i: int) -> torch.Tensor:
-    """d of parameter ``i`` of ``grp``, in its compute dtype."""
-    hp, x = grp.hp, grp.params[i]
-    xf = up(x)
-    d = up(grp.grads[i])
-    if hp["weight_decay"] != 0:
-        d = d + hp["weight_decay"] * xf
-    if "correction" in grp.tensors:
-        d = d + up(grp.tensors["correction"][i])
-    if "x0" in grp.tensors:
-        d = d + hp["prox_mu"] * (xf - up(grp.tensors["x0"][i]))
+def fednar_direction(t, i: int, row, amp: Amp) -> torch.Tensor:
+    """d of parameter ``i`` of a batch's tensors ``t``, in its compute dtype."""
+    _step_lr, wd, _max_norm, _eps, prox_mu = row
+    xf = up(t["params"][i])
+    d = amp.grad(t["grads"][i])
+    if wd != 0:
+        d = d + wd * xf
+    if "correction" in t:
+        d = d + up(t["correction"][i])
+    if "x0" in t:
+        d = d + prox_mu * (xf - up(t["x0"][i]))
     return d
 
 
 @register("fednar", "reference")
-def fednar_step(groups: list[Group], ctx: StepContext) -> None:
-    ds = [[fednar_direction(grp, i) for i in range(len(grp.params))] for grp in groups]
-    flat = [d for per_group in ds for d in per_group]
-    all_params = [x for grp in groups for x in grp.params]
-    s = global_norm(flat, norm_dtype(all_params), all_params[0].device)
-    for grp, per_group in zip(groups, ds):
-        hp = grp.hp
-        coef = torch.clamp(hp["max_norm"] / (s + hp["eps"]), max=1.0)
-        for x, d in zip(grp.params, per_group):
-            scale = (hp["step_lr"] * coef).to(d.dtype)
-            x.copy_(up(x) - scale * d)
+def fednar_step(*args, cache=None) -> None:
+    a = OpArgs.parse(FEDNAR, args)
+    amp = Amp(a)
+    if not amp.skip and a.lists["params"]:
+        batches = a.batches()
+        rows = {b.index: a.hp[b.index].tolist() for b in batches}
+        ds = [[fednar_direction(b.tensors, i, rows[b.index], amp) for i in range(len(b.tensors["params"]))]
+              for b in batches]
+        s = global_norm([d for per in ds for d in per], a.device).to(norm_dtype(a.lists["params"]))
+        for b, per in zip(batches, ds):
+            step_lr, _wd, max_norm, eps, _mu = rows[b.index]
+            coef = torch.clamp(max_norm / (s + eps), max=1.0)
+            for x, d in zip(b.tensors["params"], per):
+                scale = (step_lr * coef).to(d.dtype)
+                x.copy_(up(x) - scale * d)
+    advance(a, amp)

@@ -1,13 +1,13 @@
 """Reference SGD step shared by FedDecaySGD (SPEC §2) and NeuronLRSGD (SPEC §3).
 
-For each parameter ``x`` with gradient ``g`` (``hp``: lr, momentum, dampening, nesterov,
-weight_decay, maximize, prox_mu)::
+For each parameter ``x`` with gradient ``g`` (hp row: lr, momentum, dampening, weight_decay,
+prox_mu, nesterov, maximize)::
 
-    lr_k = lr * s(k // decay_every)                          # FedDecay, seed 000 Eq. 4
+    lr_k = lr * s(k // decay_every)                          # FedDecay, within-round decay
     d    = (-g if maximize else g) + weight_decay * x + correction + prox_mu * (x - x0)
     buf  = momentum * buf + (1 - dampening) * d              # torch.optim.SGD semantics
     d    = d + momentum * buf  if nesterov  else  buf        # (when momentum != 0)
-    x   -= (lr_k * r[m]) * d[m, ...]                         # FedNLR, seed 001 Eq. 18 (r = 1 without scales)
+    x   -= (lr_k * r[m]) * d[m, ...]                         # FedNLR (r = 1 without scales)
 
 A fresh momentum buffer arrives zero-filled with ``dampening = 0``, which makes ``buf = d`` on
 the first step exactly as torch does.
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from .._batch import Group, StepContext
+from .._args import OpArgs
+from .._ops import SGD
 from .._registry import register
-from ._math import up
+from ._math import Amp, advance, up
 
 
 def row_view(r: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -26,31 +27,41 @@ def row_view(r: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return r.view(-1, *([1] * (x.dim() - 1)))
 
 
+def lr_factor(a: OpArgs) -> float:
+    """s(min(k // decay_every, len(table) - 1)), read on the host."""
+    j = min(int(a.k.reshape(-1)[0]) // a.decay_every, a.table.numel() - 1)
+    return float(a.table[j])
+
+
 @register("sgd", "reference")
-def sgd_step(groups: list[Group], ctx: StepContext) -> None:
-    factor = ctx.lr_factor()
-    for grp in groups:
-        hp = grp.hp
-        lr_k = hp["lr"] * factor
-        momentum, dampening, wd = hp["momentum"], hp["dampening"], hp["weight_decay"]
-        for i, (x, g) in enumerate(zip(grp.params, grp.grads)):
-            xf = up(x)
-            d = up(g)
-            if hp["maximize"]:
-                d = -d
-            if wd != 0:
-                d = d + wd * xf
-            if "correction" in grp.tensors:
-                d = d + up(grp.tensors["correction"][i])
-            if "x0" in grp.tensors:
-                d = d + hp["prox_mu"] * (xf - up(grp.tensors["x0"][i]))
-            if momentum != 0:
-                buf = grp.tensors["momentum_buffer"][i]
-                bf = up(buf) * momentum + (1 - dampening) * d
-                buf.copy_(bf)
-                d = d + momentum * bf if hp["nesterov"] else bf
-            if "neuron_scale" in grp.tensors:
-                r = up(grp.tensors["neuron_scale"][i])
-                x.copy_(xf - row_view(lr_k * r, x) * d)
-            else:
-                x.copy_(xf - lr_k * d)
+def sgd_step(*args, cache=None) -> None:
+    a = OpArgs.parse(SGD, args)
+    amp = Amp(a)
+    if not amp.skip:
+        factor = lr_factor(a)
+        for bat in a.batches():
+            lr, momentum, dampening, wd, prox_mu, nesterov, maximize = a.hp[bat.index].tolist()
+            lr_k = lr * factor
+            t = bat.tensors
+            for i, (x, g) in enumerate(zip(t["params"], t["grads"])):
+                xf = up(x)
+                d = amp.grad(g)
+                if maximize:
+                    d = -d
+                if wd != 0:
+                    d = d + wd * xf
+                if "correction" in t:
+                    d = d + up(t["correction"][i])
+                if "x0" in t:
+                    d = d + prox_mu * (xf - up(t["x0"][i]))
+                if "momentum_buffer" in t:
+                    buf = t["momentum_buffer"][i]
+                    bf = up(buf) * momentum + (1 - dampening) * d
+                    buf.copy_(bf)
+                    d = d + momentum * bf if nesterov else bf
+                if "neuron_scale" in t:
+                    r = up(t["neuron_scale"][i])
+                    x.copy_(xf - row_view(lr_k * r, x) * d)
+                else:
+                    x.copy_(xf - lr_k * d)
+    advance(a, amp)
