@@ -29,41 +29,45 @@ def _variants():
     """(name, kernel, constexprs, float32 path?) for every kernel: plain and fullest variants."""
     import triton.language as tl
 
-    from fedopt_kernels.triton_kernels import fednar, launcher, padamfed, sgd
+    from fedopt_kernels.triton_kernels import launcher, sgd, two_pass
 
     f32, f16, bf16 = tl.float32, tl.float16, tl.bfloat16
     tile = dict(ROWS=1, BLOCK=launcher.GPU_BLOCK)
 
-    def sgd_c(dt, mom, nest, x0, corr, scale):
+    def sgd_c(dt, mom, x0, corr, scale, amp):
         return dict(X_DTYPE=dt, G_DTYPE=dt, BUF_DTYPE=dt, X0_DTYPE=dt, CORR_DTYPE=dt, HAS_MOMENTUM=mom,
-                    NESTEROV=nest, HAS_X0=x0, HAS_CORR=corr, HAS_SCALE=scale, **tile)
+                    HAS_X0=x0, HAS_CORR=corr, HAS_SCALE=scale, UNSCALE=amp, SKIPPABLE=amp, **tile)
 
-    def nar_c(dt):
-        return dict(X_DTYPE=dt, G_DTYPE=dt, X0_DTYPE=dt, CORR_DTYPE=dt, HAS_X0=True, HAS_CORR=True, **tile)
+    def two(op, dt, amp=False):
+        # roles by position: fednar x, g, x0, corr; padamfed x, g, D, acc (float32 state), H
+        if op == "fednar":
+            return dict(OP=0, NR=6, HPN=5, DT0=dt, DT1=dt, DT2=dt, DT3=dt, DT4=f32, P2=True, P3=True, P4=False,
+                        UNSCALE=amp, SKIPPABLE=amp, **tile)
+        return dict(OP=1, NR=7, HPN=3, DT0=dt, DT1=dt, DT2=f32, DT3=f32, DT4=dt, P2=True, P3=True, P4=True,
+                    UNSCALE=amp, SKIPPABLE=amp, **tile)
 
-    def pam_c(dt):  # D and acc are float32 state whatever the parameter dtype
-        return dict(X_DTYPE=dt, G_DTYPE=dt, D_DTYPE=f32, ACC_DTYPE=f32, H_DTYPE=dt, VR=True, **tile)
-
-    slots = dict(SLOT_BLOCK=launcher.SLOT_BLOCK)
+    upd = dict(ADVANCE=True, SLOT_BLOCK=launcher.SLOT_BLOCK)
     return [
         ("sgd_plain_fp32", sgd.sgd_kernel, sgd_c(f32, False, False, False, False, False), True),
-        ("sgd_full_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, True), True),
-        ("sgd_full_bf16", sgd.sgd_kernel, sgd_c(bf16, True, False, True, True, True), False),
+        ("sgd_full_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, False), True),
+        ("sgd_full_amp_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, True), True),
+        ("sgd_full_bf16", sgd.sgd_kernel, sgd_c(bf16, True, True, True, True, False), False),
         ("sgd_momentum_fp16", sgd.sgd_kernel, sgd_c(f16, True, False, False, False, False), False),
-        ("fednar_norm_fp32", fednar.fednar_norm_kernel, nar_c(f32), True),
-        ("fednar_norm_bf16", fednar.fednar_norm_kernel, nar_c(bf16), False),
-        ("fednar_update_fp32", fednar.fednar_update_kernel, {**nar_c(f32), **slots}, True),
-        ("fednar_update_bf16", fednar.fednar_update_kernel, {**nar_c(bf16), **slots}, False),
-        ("padamfed_norm_fp32", padamfed.padamfed_norm_kernel, pam_c(f32), True),
-        ("padamfed_norm_bf16", padamfed.padamfed_norm_kernel, pam_c(bf16), False),
-        ("padamfed_update_fp32", padamfed.padamfed_update_kernel, {**pam_c(f32), **slots}, True),
-        ("padamfed_update_bf16", padamfed.padamfed_update_kernel, {**pam_c(bf16), **slots}, False),
+        ("fednar_norm_fp32", two_pass.norm_kernel, two("fednar", f32), True),
+        ("fednar_norm_bf16", two_pass.norm_kernel, two("fednar", bf16), False),
+        ("fednar_update_fp32", two_pass.update_kernel, {**two("fednar", f32), **upd}, True),
+        ("fednar_update_amp_fp32", two_pass.update_kernel, {**two("fednar", f32, True), **upd}, True),
+        ("fednar_update_bf16", two_pass.update_kernel, {**two("fednar", bf16), **upd}, False),
+        ("padamfed_norm_fp32", two_pass.norm_kernel, two("padamfed", f32), True),
+        ("padamfed_norm_bf16", two_pass.norm_kernel, two("padamfed", bf16), False),
+        ("padamfed_update_fp32", two_pass.update_kernel, {**two("padamfed", f32), **upd}, True),
+        ("padamfed_update_bf16", two_pass.update_kernel, {**two("padamfed", bf16), **upd}, False),
     ]
 
 
-# pointer arguments by name (every kernel uses these names); other ints are i32, floats fp32
+# pointer arguments by name (every kernel uses these names); other ints are i32
 _POINTERS = {"meta_ptr": "*i64", "chunks_ptr": "*i32", "k_ptr": "*i32", "table_ptr": "*fp64",
-             "partials_ptr": "*fp32"}
+             "partials_ptr": "*fp64", "hp_ptr": "*fp64", "scale_ptr": "*fp32", "found_ptr": "*fp32"}
 
 
 def _signature(kernel):

@@ -116,11 +116,13 @@ def test_plan_is_reused_while_the_tensor_set_is_unchanged_and_rebuilt_when_it_ch
     opt.step()  # builds: momentum buffers are new
     opt.step()  # momentum buffers exist now, with new addresses -> one more build
     builds = launcher.stats["builds"]
+    plan = opt._plan.cache["plan"]
     for _ in range(3):
         for g, new in zip(grads, _grads(ps, 1)):
             g.copy_(new)  # same tensors, new values: no rebuild
         opt.step()
-    assert launcher.stats["builds"] == builds and launcher.stats["hits"] >= 3
+    # the optimizer's cache hands the same launcher plan back without re-keying every tensor
+    assert launcher.stats["builds"] == builds and opt._plan.cache["plan"] is plan
 
     old = ps[1].grad
     ps[1].grad = old.clone()  # a new gradient tensor (old kept alive: the address differs)

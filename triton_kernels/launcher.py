@@ -32,9 +32,10 @@ Design (the same for every op):
   when that set changes. The cache holds no reference to user tensors (a freed tensor's address
   may be reused by a new one with the same shape, which the same table serves correctly).
 * **Deterministic global norms.** A norm pass runs ``min(tiles, MAX_NORM_PROGRAMS)`` programs;
-  program ``p`` sums squares over tiles ``p, p + P, ...`` in a fixed order into slot
-  ``slot_base + p`` of ``plan.partials`` (float32, no atomics). The update pass of every launch
-  reduces all slots in a fixed order on the device. Nothing is read back to the host.
+  program ``p`` sums squares (in float64: no overflow or underflow for elements in [1e-30, 1e30])
+  over tiles ``p, p + P, ...`` in a fixed order into slot ``slot_base + p`` of ``plan.partials``
+  (float64, no atomics). The update pass of every launch reduces all slots in a fixed order on the
+  device. Nothing is read back to the host.
 
 Building a plan copies the tables to the device (pinned + non_blocking on CUDA: no host sync);
 this happens only on a cache miss, i.e. not in a steady-state or CUDA-graph-captured step.
@@ -50,6 +51,14 @@ import triton
 import triton.language as tl
 
 from .jit_mode import interpreted
+
+
+def spec_roles(op: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(role short names, written role short names) of ``op``, from its one declaration (``_ops.py``)."""
+    from fedopt_kernels._ops import OPS
+
+    spec = OPS[op]
+    return tuple(r.short for r in spec.roles), tuple(r.short for r in spec.roles if r.written)
 
 # Compiled (GPU) tile: one chunk of 2048 elements per program, 8 warps -> 8 elements per thread,
 # i.e. two 128-bit accesses per float32 tensor per thread; keeps the fullest variant (sgd with
@@ -88,7 +97,7 @@ def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
 class Launch:
     """One kernel launch: the tensors of one group that share a dtype signature."""
 
-    group: int                       # index of the Group the tensors come from
+    group: int                       # hp row (batch) of the tensors
     dtypes: Dict[str, tl.dtype]      # role -> element type (absent roles map to tl.float32)
     present: Tuple[str, ...]         # roles that have tensors
     meta: torch.Tensor               # int64 [T, NR]: addresses per role, numel, row length
@@ -106,10 +115,10 @@ class Plan:
     """Everything a step needs besides the per-step scalars, built once per tensor set."""
 
     launches: List[Launch]
-    partials: Optional[torch.Tensor]                         # float32 [n_slots] or None
+    partials: Optional[torch.Tensor]                         # float64 [n_slots] or None
     n_slots: int
     staged: List[Tuple[int, str, int, torch.Tensor, bool]] = field(default_factory=list)
-    # (group, role, index in group, contiguous staging buffer, written by the op)
+    # (position in the roles list, role, index in its lists, contiguous staging buffer, written by the op)
 
     def stage_in(self, roles: Sequence[Dict[str, List[torch.Tensor]]]) -> None:
         """Copy the user's non-contiguous / misaligned tensors into the staging buffers."""
@@ -162,17 +171,25 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], role_names: Tuple[str, ...],
-             written: Tuple[str, ...], device: torch.device, norm: bool,
-             scale_role: Optional[str] = None) -> Plan:
-    """The cached plan for these tensors (one dict role -> list per group), building it on a miss.
+def plan_key(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
+             role_names: Tuple[str, ...], device: torch.device, norm: bool) -> tuple:
+    """What a plan depends on: every tensor's address, shape, strides and dtype, and the hp rows."""
+    return (op, device, norm, tuple(rows), tuple(
+        tuple(tuple(map(_key_of, r[name])) if name in r else None for name in role_names) for r in roles))
+
+
+def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
+             role_names: Tuple[str, ...], written: Tuple[str, ...], device: torch.device, norm: bool,
+             scale_role: Optional[str] = None, key: Optional[tuple] = None) -> Plan:
+    """The cached plan for these tensors (one dict role -> list per batch, ``rows[i]`` the hp row of
+    batch ``i``), building it on a miss.
 
     ``role_names`` fixes the column order of the pointer table (the kernels' ROLE constants);
     ``written`` names the roles the op stores into; ``norm`` asks for partial slots;
     ``scale_role`` names the per-row scale role whose row length goes into the table.
     """
-    key = (op, device, norm, tuple(
-        tuple(tuple(map(_key_of, r[name])) if name in r else None for name in role_names) for r in roles))
+    if key is None:
+        key = plan_key(op, roles, rows, role_names, device, norm)
     plan = _CACHE.get(key)
     if plan is not None:
         _CACHE.move_to_end(key)
@@ -184,7 +201,7 @@ def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], role_names
             "the triton backend builds its pointer tables when it first sees a set of tensors; take one "
             "eager step() before capturing a CUDA graph, and keep parameters, gradients and optimizer "
             "state at fixed addresses while the graph is used")
-    plan = _build(roles, role_names, written, device, norm, scale_role)
+    plan = _build(roles, rows, role_names, written, device, norm, scale_role)
     _CACHE[key] = plan
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -192,7 +209,7 @@ def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], role_names
     return plan
 
 
-def _build(roles, role_names, written, device, norm, scale_role) -> Plan:
+def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Plan:
     interp = interpreted()
     nr = len(role_names) + 2
     launches: List[Launch] = []
@@ -236,7 +253,7 @@ def _build(roles, role_names, written, device, norm, scale_role) -> Plan:
             dtypes = {name: tl.float32 for name in role_names}
             dtypes.update(zip(present, sig))
             launches.append(Launch(
-                group=g, dtypes=dtypes, present=present,
+                group=int(rows_of[g]), dtypes=dtypes, present=present,
                 meta=_to_device(torch.tensor(rows_meta, dtype=torch.int64).reshape(len(idx), nr), device),
                 chunks=_to_device(chunks.contiguous(), device),
                 n_chunks=n_chunks, rows=rows, block=block, n_tiles=n_tiles))
@@ -247,7 +264,7 @@ def _build(roles, role_names, written, device, norm, scale_role) -> Plan:
             lau.norm_programs = min(lau.n_tiles, MAX_NORM_PROGRAMS)
             lau.slot_base = n_slots
             n_slots += lau.norm_programs
-        partials = torch.zeros(max(1, n_slots), dtype=torch.float32, device=device)
+        partials = torch.zeros(max(1, n_slots), dtype=torch.float64, device=device)
     return Plan(launches=launches, partials=partials, n_slots=n_slots, staged=staged)
 
 

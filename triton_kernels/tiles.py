@@ -113,8 +113,45 @@ def row_index(meta_ptr, t, start, col, NR: tl.constexpr):
 
 @device_fn
 def lr_at_step(k_ptr, table_ptr, table_len, decay_every, lr):
-    """lr_k = lr * s(min(k // decay_every, len(table) - 1)), read on the device, rounded to float32."""
+    """lr_k = lr * s(min(k // decay_every, len(table) - 1)) from the float64 ``lr``, read on the
+    device and rounded to float32 once (as the C++ kernels and the reference form it)."""
     k = tl.load(k_ptr)
     j = tl.minimum(k // decay_every, table_len - 1)
     s = tl.load(table_ptr + j)
     return (lr * s).to(tl.float32)
+
+
+@device_fn
+def hp_f32(row_ptr, I: tl.constexpr):
+    """Column ``I`` of this launch's float64 hp row, as the float32 the math uses."""
+    return tl.load(row_ptr + I).to(tl.float32)
+
+
+@device_fn
+def live_step(found_ptr, SKIPPABLE: tl.constexpr):
+    """False when GradScaler found an inf/NaN gradient: then the step changes nothing."""
+    if SKIPPABLE:
+        live = tl.load(found_ptr) == 0.0
+    else:
+        live = True
+    return live
+
+
+@device_fn
+def step_increment(found_ptr, SKIPPABLE: tl.constexpr):
+    """What the step adds to k: 1, or 0 when GradScaler found an inf/NaN gradient."""
+    if SKIPPABLE:
+        inc = (tl.load(found_ptr) == 0.0).to(tl.int32)
+    else:
+        inc = 1
+    return inc
+
+
+@device_fn
+def inv_scale(scale_ptr, UNSCALE: tl.constexpr):
+    """GradScaler's factor: the float32 rounding of 1 / grad_scale formed in float64 (1.0 without one)."""
+    if UNSCALE:
+        inv = (1.0 / tl.load(scale_ptr).to(tl.float64)).to(tl.float32)  # float64 division is IEEE-rounded
+    else:
+        inv = 1.0
+    return inv

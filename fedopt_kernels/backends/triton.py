@@ -1,10 +1,13 @@
-"""The ``triton`` backend: fused multi-tensor Triton kernels for ops sgd, fednar and padamfed.
+"""The ``triton`` backend: fused multi-tensor Triton kernels for every op of ``_ops.OPS``.
 
 Runs on CUDA tensors; on CPU tensors only under ``TRITON_INTERPRET=1`` (the Triton interpreter,
 which is how the tests check the kernels on machines without a GPU). The kernels live in
-``triton_kernels/`` (installed as ``fedopt_kernels.triton_kernels``); this module turns a step's
-``Group`` objects into per-role tensor lists, asks the launcher for the cached plan and launches.
-Nothing here reads a device value back to the host.
+``triton_kernels/`` (installed as ``fedopt_kernels.triton_kernels``); this module turns an op's
+arguments into per-batch role lists, asks the launcher for the plan (pointer tables, chunk maps)
+and launches. Nothing here reads a device value back to the host.
+
+With a ``cache`` from the optimizer, the plan is reused without re-reading every tensor's address:
+only the gradients (and per-step inputs) may differ between calls, and their addresses are compared.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -22,7 +25,8 @@ try:
 except ImportError as exc:  # the registry reports this text as the reason
     raise ImportError(f"triton is not installed ({exc}); pip install 'triton>=3.0'") from exc
 
-from .._batch import Group, StepContext
+from .._args import OpArgs
+from .._ops import OPS
 from .._registry import register, register_device_check
 
 
@@ -46,10 +50,9 @@ def _import_kernels():
 
 
 _import_kernels()
-from fedopt_kernels.triton_kernels import fednar as _fednar  # noqa: E402
 from fedopt_kernels.triton_kernels import launcher as _launcher  # noqa: E402
-from fedopt_kernels.triton_kernels import padamfed as _padamfed  # noqa: E402
 from fedopt_kernels.triton_kernels import sgd as _sgd  # noqa: E402
+from fedopt_kernels.triton_kernels import two_pass as _two_pass  # noqa: E402
 
 # Whether the kernels above were created by the interpreter (decided when they were decorated).
 _INTERPRETED = _launcher.interpreted()
@@ -77,61 +80,81 @@ def _device_check(device: torch.device) -> Optional[str]:
 register_device_check("triton", _device_check)
 
 
-def _roles(grp: Group, names: Dict[str, str]) -> Dict[str, List[torch.Tensor]]:
-    """Role name -> tensor list for one group: params, grads, then the group's tensors renamed."""
-    roles = {"x": grp.params, "g": grp.grads}
-    for key, role in names.items():
-        if key in grp.tensors:
-            roles[role] = grp.tensors[key]
-    return roles
+def _amp(a: OpArgs) -> Dict[str, Any]:
+    """GradScaler's tensors as kernel arguments (the k tensor stands in for an absent one: never read)."""
+    return {"scale": a.grad_scale if a.grad_scale is not None else a.k,
+            "found": a.found_inf if a.found_inf is not None else a.k,
+            "UNSCALE": a.grad_scale is not None, "SKIPPABLE": a.found_inf is not None}
 
 
-_SGD_TENSORS = {"momentum_buffer": "buf", "x0": "x0", "correction": "corr", "neuron_scale": "scale"}
+def _roles(a: OpArgs):
+    """Per batch: role short name -> tensor list; and each batch's hp row."""
+    short = {r.name: r.short for r in a.spec.roles}
+    batches = a.batches()
+    return [{short[name]: ts for name, ts in b.tensors.items()} for b in batches], [b.index for b in batches]
+
+
+def _per_step_ptrs(a: OpArgs, per_step: List[str]) -> tuple:
+    return tuple(t.data_ptr() for name in per_step for t in a.lists[name])
+
+
+def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> "_launcher.Plan":
+    spec = a.spec
+    names = tuple(r.short for r in spec.roles)
+    written = tuple(r.short for r in spec.roles if r.written)
+    scale_role = next((r.short for r in spec.roles if r.per_row), None)
+    # with the optimizer's cache only these lists can have changed since the plan was built
+    per_step = ["grads"] + [r.name for r in spec.optional if not r.written and r.name == "anchor_grad"]
+    if cache is not None and "plan" in cache and cache.get("ptrs") == _per_step_ptrs(a, per_step):
+        return cache["plan"]
+    roles, rows = _roles(a)
+    for r in roles:
+        for role, ts in r.items():
+            for t in ts:
+                _launcher.tl_dtype(t, role)
+    plan = _launcher.get_plan(spec.name, roles, rows, names, written, a.device, spec.norm, scale_role)
+    if cache is not None:
+        cache["plan"], cache["ptrs"] = plan, _per_step_ptrs(a, per_step)
+        cache["roles"] = roles
+    return plan
+
+
+def _stage_roles(a: OpArgs, plan, cache):
+    if not plan.staged:
+        return None
+    return _roles(a)[0]
 
 
 @register("sgd", "triton")
-def sgd_step(groups: List[Group], ctx: StepContext) -> None:
-    device = groups[0].params[0].device
-    roles = [_roles(grp, _SGD_TENSORS) for grp in groups]
-    plan = _launcher.get_plan("sgd", roles, _sgd.ROLES, _sgd.WRITTEN, device, norm=False, scale_role="scale")
-    plan.stage_in(roles)
-    k = ctx.k_device(device)
-    table = ctx.schedule_table(device)
+def sgd_step(*args, cache=None) -> None:
+    a = OpArgs.parse(OPS["sgd"], args)
+    plan = _plan(a, cache)
+    amp = _amp(a)
+    roles = _stage_roles(a, plan, cache)
+    if roles is not None:
+        plan.stage_in(roles)
     for lau in plan.launches:
-        _sgd.launch(lau, k, table, ctx.decay_every, groups[lau.group].hp)
-    plan.stage_out(roles)
+        _sgd.launch(lau, a.k, a.table, a.decay_every, a.hp, amp)
+    if roles is not None:
+        plan.stage_out(roles)
+    _two_pass.advance(a.k, amp)
 
 
-_FEDNAR_TENSORS = {"x0": "x0", "correction": "corr"}
+def _norm_op(name: str):
+    def step(*args, cache=None) -> None:
+        a = OpArgs.parse(OPS[name], args)
+        plan = _plan(a, cache)
+        amp = _amp(a)
+        roles = _stage_roles(a, plan, cache)
+        if roles is not None:
+            plan.stage_in(roles)
+        _two_pass.launch(name, plan, a.hp, a.k, amp)
+        if roles is not None:
+            plan.stage_out(roles)
+
+    step.__name__ = step.__qualname__ = f"{name}_triton"
+    return register(name, "triton")(step)
 
 
-@register("fednar", "triton")
-def fednar_step(groups: List[Group], ctx: StepContext) -> None:
-    device = groups[0].params[0].device
-    roles = [_roles(grp, _FEDNAR_TENSORS) for grp in groups]
-    plan = _launcher.get_plan("fednar", roles, _fednar.ROLES, _fednar.WRITTEN, device, norm=True)
-    plan.stage_in(roles)
-    for lau in plan.launches:
-        _fednar.launch_norm(lau, plan, groups[lau.group].hp)
-    for lau in plan.launches:
-        _fednar.launch_update(lau, plan, groups[lau.group].hp)
-    plan.stage_out(roles)
-
-
-_PADAMFED_TENSORS = {"D": "D", "acc": "acc", "anchor_grad": "H"}
-
-
-@register("padamfed", "triton")
-def padamfed_step(groups: List[Group], ctx: StepContext) -> None:
-    device = groups[0].params[0].device
-    roles = [_roles(grp, _PADAMFED_TENSORS) for grp in groups]
-    for grp, r in zip(groups, roles):
-        if grp.hp["variance_reduction"] and "H" not in r:
-            raise ValueError("PAdaMFed with variance_reduction=True needs anchor_grad tensors")
-    plan = _launcher.get_plan("padamfed", roles, _padamfed.ROLES, _padamfed.WRITTEN, device, norm=True)
-    plan.stage_in(roles)
-    for lau in plan.launches:
-        _padamfed.launch_norm(lau, plan, groups[lau.group].hp)
-    for lau in plan.launches:
-        _padamfed.launch_update(lau, plan, groups[lau.group].hp)
-    plan.stage_out(roles)
+fednar_step = _norm_op("fednar")
+padamfed_step = _norm_op("padamfed")
