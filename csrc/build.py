@@ -38,7 +38,7 @@ def _rel(*parts: str) -> str:
 CPU_SOURCES = [_rel("cpu", f) for f in ("bindings_cpu.cpp", "cpu_common.cpp", "sgd_cpu.cpp", "fednar_cpu.cpp",
                                          "padamfed_cpu.cpp")] + \
     [_rel("common", f) for f in ("gather.cpp", "op_args.cpp")]
-CUDA_SOURCES = [_rel("cuda", f) for f in ("bindings_cuda.cpp", "sgd.cu", "fednar.cu", "padamfed.cu", "global_norm.cu")] + \
+CUDA_SOURCES = [_rel("cuda", f) for f in ("bindings_cuda.cpp", "sgd.cu", "fednar.cu", "padamfed.cu", "launch_common.cu")] + \
     [_rel("common", f) for f in ("gather.cpp", "op_args.cpp")]
 
 

@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "csrc" / "cuda"
-KERNEL_FILES = ["sgd.cu", "fednar.cu", "padamfed.cu", "global_norm.cu"]
+KERNEL_FILES = ["sgd.cu", "fednar.cu", "padamfed.cu", "launch_common.cu"]
 ARCHS = ("86", "90")
 
 
@@ -84,12 +84,12 @@ def _sass_by_function(sass: str):
 def test_float32_hot_loops_use_128bit_accesses(lib, arch):
     sass = _run([_cuobjdump(), "-sass", "-arch", f"sm_{arch}", str(lib)])
     funcs = _sass_by_function(sass)
-    # float32 instantiations: sgd_kernel<float>, fednar_kernel<float, pass>, padamfed_kernel<float, pass>
-    wanted = {n: b for n, b in funcs.items() if re.search(r"(sgd|fednar|padamfed)_kernelIf", n)}
+    # float32 instantiations: sgd_kernel<float>, two_pass_kernel<NarOp|PadOp, float, pass>
+    wanted = {n: b for n, b in funcs.items() if re.search(r"sgd_kernelIf|two_pass_kernel.*(NarOp|PadOp)Ef", n)}
     assert len(wanted) == 5, f"expected 5 float32 streaming kernels, found {sorted(wanted)}"
     for name, body in wanted.items():
         assert "LDG.E.128" in body, f"{name} has no 128-bit global load"
-        writes = "fednar_kernelIfLb0" not in name  # FedNAR's norm pass only reads
+        writes = "NarOpEfLb0" not in name  # FedNAR's norm pass only reads
         if writes:
             assert "STG.E.128" in body, f"{name} has no 128-bit global store"
 
@@ -133,7 +133,7 @@ def test_ptxas_reports_no_spills(lib, tmp_path):
     for src, arch, log in results:
         entries = re.findall(r"Compiling entry function '(\S+)' for 'sm_\d+'", log)
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        if src != "global_norm.cu" or entries:
+        if src != "launch_common.cu" or entries:
             assert entries and len(spills) >= len(entries), f"unexpected ptxas output for {src}:\n{log}"
         for st, ld in spills:
             assert st == "0" and ld == "0", f"{src} sm_{arch}: ptxas reports spills:\n{log}"

@@ -21,6 +21,7 @@ void run_op(const RoleLists& lists, const std::vector<int64_t>& batch, const std
             const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
   const OpDesc& d = Op::desc();
   Gathered gat = gather(lists, batch, present, d.slots, d.name, Dev::kName);
+  if (gat.entries.empty()) gat.device = k.device();  // nothing to update: k still advances
   Dev::check_device(gat, k);
   const StepScalars sc = check_scalars(d, gat, hp, k, table, decay_every, grad_scale, found_inf, Dev::kName);
   Dev::run(Op{}, gat, sc);

@@ -1,6 +1,7 @@
-// Python module fedopt_kernels._C_cuda: the three ops on CUDA tensors (signatures: common/op_args.h).
-// Everything a step needs stays on the device: no .item(), no device-to-host copy, no sync, so a
-// step can be captured in a CUDA graph. Kernels run on the current stream of the tensors' device.
+// Python module fedopt_kernels._C_cuda: the ops on CUDA tensors (argument layout: common/op_args.h).
+// Everything a step needs stays on the device: hyperparameters, k, the schedule, GradScaler's
+// tensors are read by the kernels; no .item(), no device-to-host copy, no sync, so a step can be
+// captured in a CUDA graph. Kernels run on the current stream of the tensors' device.
 // pybind11 + tensor casters only: a fraction of torch/extension.h's compile time
 #include <torch/csrc/utils/pybind.h>
 
@@ -9,69 +10,68 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "../common/op_args.h"
+#include <string>
+
+#include "../common/binding.h"
 #include "cuda_ops.h"
 
 namespace {
 
-constexpr const char* kBackend = "cuda";
+// The CUDA device for common/binding.h: scalars stay in device memory for the kernels to read.
+struct Cuda {
+  static constexpr const char* kName = "cuda";
 
-void check_cuda(const fo::Gathered& gat) {
-  TORCH_CHECK(gat.entries.empty() || gat.device.is_cuda(), "fedopt_kernels cuda backend needs CUDA tensors, got ",
-              gat.device, " (use backend='cpu' for CPU tensors)");
-}
+  static void check_device(const fo::Gathered& gat, const at::Tensor& k) {
+    TORCH_CHECK(gat.entries.empty() || gat.device.is_cuda(), "fedopt_kernels cuda backend needs CUDA tensors, got ",
+                gat.device, " (use backend='cpu' for CPU tensors)");
+    TORCH_CHECK(k.is_cuda(), "fedopt_kernels cuda backend: k must be a CUDA tensor");
+  }
 
-cudaStream_t stream_of(const fo::Gathered& gat) { return c10::cuda::getCurrentCUDAStream(gat.device.index()).stream(); }
+  static fo::cuda::DeviceScalars device(const fo::StepScalars& s) {
+    return {s.hp, s.hp_cols, s.k, s.table, s.table_len, s.decay_every, s.grad_scale, s.found_inf};
+  }
 
-// float64 scratch for the two-pass ops: per-chunk partials, the norm, one factor per group
-at::Tensor scratch_for(const fo::Gathered& gat, size_t ngroups) {
-  const int64_t n = fo::cuda::norm_slots(gat.entries.data(), static_cast<int>(gat.entries.size())) + 1 +
-                    static_cast<int64_t>(ngroups);
-  return at::empty({n}, at::TensorOptions().dtype(at::kDouble).device(gat.device));
-}
+  static cudaStream_t stream(const at::Device& d) { return c10::cuda::getCurrentCUDAStream(d.index()).stream(); }
 
-void sgd(const fo::GroupLists& lists, const fo::HpLists& hps, const at::Tensor& k, const at::Tensor& table,
-         int64_t decay_every) {
-  fo::Gathered gat = fo::gather(lists, fo::sgd_slots(), kBackend);
-  check_cuda(gat);
-  const auto hp = fo::sgd_hps(hps, gat, kBackend);
-  if (gat.entries.empty()) return gat.finish();
-  TORCH_CHECK(k.device() == gat.device && k.scalar_type() == at::kInt && k.numel() == 1,
-              "fedopt_kernels cuda sgd: k must be an int32 tensor [1] on ", gat.device);
-  TORCH_CHECK(table.device() == gat.device && table.scalar_type() == at::kDouble && table.dim() == 1 &&
-                  table.numel() >= 1 && table.is_contiguous(),
-              "fedopt_kernels cuda sgd: the schedule table must be a contiguous float64 vector on ", gat.device);
-  TORCH_CHECK(decay_every >= 1, "fedopt_kernels cuda sgd: decay_every must be >= 1, got ", decay_every);
-  const c10::cuda::CUDAGuard guard(gat.device);
-  C10_CUDA_CHECK(fo::cuda::sgd(gat.entries.data(), static_cast<int>(gat.entries.size()), hp.data(),
-                               static_cast<int>(hp.size()), k.data_ptr<int32_t>(), table.data_ptr<double>(),
-                               table.numel(), decay_every, stream_of(gat)));
-  gat.finish();
-}
+  // float64 scratch for the two-pass ops: per-chunk partials, the norm, one factor per batch
+  static at::Tensor scratch(const fo::Gathered& gat) {
+    const int64_t n = fo::cuda::norm_slots(gat.entries.data(), static_cast<int>(gat.entries.size())) + 1 +
+                      gat.nbatches();
+    return at::empty({n}, at::TensorOptions().dtype(at::kDouble).device(gat.device));
+  }
 
-void fednar(const fo::GroupLists& lists, const fo::HpLists& hps) {
-  fo::Gathered gat = fo::gather(lists, fo::fednar_slots(), kBackend);
-  check_cuda(gat);
-  const auto hp = fo::fednar_hps(hps, gat, kBackend);
-  if (gat.entries.empty()) return gat.finish();
-  const c10::cuda::CUDAGuard guard(gat.device);
-  at::Tensor scratch = scratch_for(gat, hp.size());
-  C10_CUDA_CHECK(fo::cuda::fednar(gat.entries.data(), static_cast<int>(gat.entries.size()), hp.data(),
-                                  static_cast<int>(hp.size()), gat.any_f64, scratch.data_ptr<double>(), stream_of(gat)));
-  gat.finish();
-}
+  template <class Launch>
+  static void go(fo::Gathered& gat, const fo::StepScalars& sc, const at::Device& dev, Launch&& launch) {
+    const c10::cuda::CUDAGuard guard(dev);
+    const fo::cuda::DeviceScalars ds = device(sc);
+    if (gat.entries.empty()) {
+      C10_CUDA_CHECK(fo::cuda::advance(ds, stream(dev)));
+      return;
+    }
+    C10_CUDA_CHECK(launch(ds, stream(dev)));
+  }
 
-void padamfed(const fo::GroupLists& lists, const fo::HpLists& hps) {
-  fo::Gathered gat = fo::gather(lists, fo::padamfed_slots(), kBackend);
-  check_cuda(gat);
-  const auto hp = fo::padamfed_hps(hps, gat, kBackend);
-  if (gat.entries.empty()) return gat.finish();
-  const c10::cuda::CUDAGuard guard(gat.device);
-  at::Tensor scratch = scratch_for(gat, hp.size());
-  C10_CUDA_CHECK(fo::cuda::padamfed(gat.entries.data(), static_cast<int>(gat.entries.size()), hp.data(),
-                                    static_cast<int>(hp.size()), gat.any_f64, scratch.data_ptr<double>(), stream_of(gat)));
-  gat.finish();
-}
+  static void run(fo::SgdOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    go(gat, sc, gat.device, [&](const fo::cuda::DeviceScalars& ds, cudaStream_t st) {
+      return fo::cuda::sgd(gat.entries.data(), static_cast<int>(gat.entries.size()), gat.present.data(),
+                           static_cast<int>(gat.nbatches()), ds, st);
+    });
+  }
+  static void run(fo::FedNarOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    go(gat, sc, gat.device, [&](const fo::cuda::DeviceScalars& ds, cudaStream_t st) {
+      at::Tensor buf = scratch(gat);
+      return fo::cuda::fednar(gat.entries.data(), static_cast<int>(gat.entries.size()), gat.present.data(),
+                              static_cast<int>(gat.nbatches()), gat.any_f64, ds, buf.data_ptr<double>(), st);
+    });
+  }
+  static void run(fo::PAdamOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    go(gat, sc, gat.device, [&](const fo::cuda::DeviceScalars& ds, cudaStream_t st) {
+      at::Tensor buf = scratch(gat);
+      return fo::cuda::padamfed(gat.entries.data(), static_cast<int>(gat.entries.size()), gat.present.data(),
+                                static_cast<int>(gat.nbatches()), gat.any_f64, ds, buf.data_ptr<double>(), st);
+    });
+  }
+};
 
 // "" when this build's kernels can run on GPU `index`, else the reason (e.g. no image for its arch).
 std::string device_unsupported(int64_t index) {
@@ -91,9 +91,6 @@ std::string device_unsupported(int64_t index) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fedopt_kernels CUDA kernels (see csrc/cuda)";
-  m.def("sgd", &sgd, "op sgd: FedDecaySGD / NeuronLRSGD step", py::arg("lists"), py::arg("hps"), py::arg("k"),
-        py::arg("table"), py::arg("decay_every"));
-  m.def("fednar", &fednar, "op fednar: FedNAR step", py::arg("lists"), py::arg("hps"));
-  m.def("padamfed", &padamfed, "op padamfed: PAdaMFed client step", py::arg("lists"), py::arg("hps"));
+  fo::bind_ops<Cuda>(m);
   m.def("device_unsupported", &device_unsupported, py::arg("index"));
 }

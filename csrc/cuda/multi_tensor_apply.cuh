@@ -2,7 +2,9 @@
 //
 // The launch's tensor table travels as a kernel argument (__grid_constant__: read in place from
 // the constant bank, never copied to local memory). It holds per tensor its pointers, size, the
-// index of its first block and of its first norm-partial slot, and per group the hyperparameters.
+// index of its first block and of its first norm-partial slot, and per batch its mask of optional
+// roles and its row of the op's hp tensor (the hyperparameter *values* stay in device memory, so a
+// new learning rate changes no kernel argument: CUDA graphs replay with it).
 // A block finds its tensor by binary search over the first-block prefix, so a launch covers any
 // number of chunks; a new launch starts only when the table's tensor or group capacity (sized to
 // the portable 4 KiB kernel-argument limit) is full, and the last, partly filled table is always
@@ -29,9 +31,8 @@ constexpr int kIlp = 4;              // vector accesses in flight per thread
 constexpr size_t kArgBytes = 4096;   // kernel-argument bytes every supported CUDA version accepts
 static_assert(kChunk % (kVec * kBlock) == 0, "chunks must start vector-aligned");
 
-template <int Depth, int MaxTensors, class Hp, int MaxGroups>
+template <int Depth, int MaxTensors, int MaxGroups>
 struct Table {
-  using HpType = Hp;
   static constexpr int kDepth = Depth;
   static constexpr int kMaxTensors = MaxTensors;
   static constexpr int kMaxGroups = MaxGroups;
@@ -41,11 +42,11 @@ struct Table {
   int64_t row_len[MaxTensors];
   int32_t first_block[MaxTensors];
   int32_t first_slot[MaxTensors];
-  uint8_t group[MaxTensors];    // index into hp
+  uint8_t group[MaxTensors];    // index into present / group_id
   uint8_t aligned[MaxTensors];  // every pointer allows kVec-wide accesses
   int32_t ntensors;
-  Hp hp[MaxGroups];
-  int32_t group_id[MaxGroups];  // the op's group index of hp[j] (for per-group device scalars)
+  int32_t present[MaxGroups];   // the batch's mask of optional roles
+  int32_t group_id[MaxGroups];  // the batch's row of hp (and of per-batch device scalars)
 };
 
 // Where a block works: tensor `i` of the table, elements [begin, begin + n), norm slot `slot`.
@@ -79,10 +80,11 @@ inline int64_t chunks_of(const Entry& e) { return (e.numel + kChunk - 1) / kChun
 
 // Fill tables with the entries of dtype `dtype` (in entry order) and call
 // launch(table, nblocks) -> cudaError_t for each full table and for the last one.
-// state_slot[d]: slot d holds state-typed data (float32, or float64 for float64 parameters).
+// present[b]: batch b's mask of optional roles; state_slot[d]: slot d holds state-typed data
+// (float32, or float64 for float64 parameters).
 template <class TableT, class Launch>
-cudaError_t for_each_table(const Entry* entries, int n, DType dtype, const typename TableT::HpType* hps,
-                           const bool* state_slot, Launch&& launch) {
+cudaError_t for_each_table(const Entry* entries, int n, DType dtype, const int32_t* present, const bool* state_slot,
+                           Launch&& launch) {
   TableT tab;
   int ng = 0, nt = 0;
   int global_group[TableT::kMaxGroups];
@@ -112,7 +114,7 @@ cudaError_t for_each_table(const Entry* entries, int n, DType dtype, const typen
       if (g < 0) {
         g = ng++;
         global_group[g] = en.group;
-        tab.hp[g] = hps[en.group];
+        tab.present[g] = present[en.group];
         tab.group_id[g] = en.group;
       }
       bool aligned = true;

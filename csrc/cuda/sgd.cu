@@ -1,9 +1,10 @@
 // Op "sgd" on CUDA (FedDecaySGD / NeuronLRSGD): one launch per parameter dtype over all tensors
-// of all groups. lr_k = lr * table[min(k // decay_every, len - 1)] is read on the device, so a
-// step never syncs with the host and can be captured in a CUDA graph.
+// of all batches. The batch's hyperparameters and lr_k = lr * table[min(k // decay_every, len - 1)]
+// are read on the device, so a step never syncs with the host and can be captured in a CUDA graph.
 // Operation order = fedopt_kernels/reference/sgd.py (compiled with --fmad=false: no contraction).
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
+#include "step_args.cuh"
 #include "vec_io.cuh"
 
 namespace fo {
@@ -11,23 +12,17 @@ namespace cuda {
 
 namespace {
 
-using SgdTable = Table<sgd_slot::COUNT, 44, SgdHp, 8>;
-
-struct SgdExtra {
-  const int32_t* k;
-  const double* table;
-  int64_t table_len;
-  int64_t decay_every;
-};
-static_assert(sizeof(SgdTable) + sizeof(SgdExtra) <= kArgBytes, "sgd kernel arguments exceed 4 KiB");
+using SgdTable = Table<sgd_slot::COUNT, 48, 16>;
+static_assert(sizeof(SgdTable) + sizeof(DeviceScalars) <= kArgBytes, "sgd kernel arguments exceed 4 KiB");
 
 template <class A>
 struct SgdMath {
-  A wd, mu, mom, damp1;
+  A inv, wd, mu, mom, damp1;
   int f;
   // direction d (after momentum); updates b, the momentum buffer value, when momentum is on
   __device__ __forceinline__ A dir(A x, A g, A& b, A c, A x0) const {
     A d = g;
+    if (f & kSgdUnscale) d = d * inv;
     if (f & kSgdMaximize) d = -d;
     if (f & kSgdWeightDecay) d = d + wd * x;
     if (f & kSgdCorrection) d = d + c;
@@ -42,13 +37,15 @@ struct SgdMath {
 
 template <class T>
 __global__ void __launch_bounds__(kBlock) sgd_kernel(const __grid_constant__ SgdTable tab,
-                                                      const __grid_constant__ SgdExtra ex) {
+                                                      const __grid_constant__ DeviceScalars ex) {
   using A = acc_t<T>;
+  if (skipped(ex)) return;
   const Where w = locate(tab);
-  const SgdHp& hp = tab.hp[tab.group[w.i]];
+  const int g = tab.group[w.i];
+  const SgdHp hp = sgd_hp_of(hp_row(ex, tab.group_id[g]), tab.present[g], ex.grad_scale != nullptr, inv_scale(ex));
   const int f = hp.flags;
-  const SgdMath<A> m{static_cast<A>(hp.weight_decay), static_cast<A>(hp.prox_mu), static_cast<A>(hp.momentum),
-                     static_cast<A>(hp.damp1), f};
+  const SgdMath<A> m{static_cast<A>(hp.inv_scale), static_cast<A>(hp.weight_decay), static_cast<A>(hp.prox_mu),
+                     static_cast<A>(hp.momentum), static_cast<A>(hp.damp1), f};
   const A lr = sgd_lr<A>(hp, *ex.k, ex.table, ex.table_len, ex.decay_every);
   T* X = static_cast<T*>(tab.ptr[sgd_slot::X][w.i]) + w.begin;
   const T* G = static_cast<const T*>(tab.ptr[sgd_slot::G][w.i]) + w.begin;
@@ -108,9 +105,10 @@ __global__ void __launch_bounds__(kBlock) sgd_kernel(const __grid_constant__ Sgd
 }
 
 template <class T>
-cudaError_t launch(const Entry* entries, int n, const SgdHp* hps, const SgdExtra& ex, DType dt, cudaStream_t stream) {
+cudaError_t launch(const Entry* entries, int n, const int32_t* present, const DeviceScalars& ex, DType dt,
+                   cudaStream_t stream) {
   static const bool state_slot[sgd_slot::COUNT] = {false, false, false, false, false, true};
-  return for_each_table<SgdTable>(entries, n, dt, hps, state_slot, [&](const SgdTable& tab, int64_t blocks) {
+  return for_each_table<SgdTable>(entries, n, dt, present, state_slot, [&](const SgdTable& tab, int64_t blocks) {
     sgd_kernel<T><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(tab, ex);
     return cudaGetLastError();
   });
@@ -118,19 +116,20 @@ cudaError_t launch(const Entry* entries, int n, const SgdHp* hps, const SgdExtra
 
 }  // namespace
 
-cudaError_t sgd(const Entry* entries, int n, const SgdHp* hps, int ngroups, const int32_t* k, const double* table,
-                int64_t table_len, int64_t decay_every, cudaStream_t stream) {
-  (void)ngroups;
-  const SgdExtra ex{k, table, table_len, decay_every};
-  return for_each_dtype(entries, n, [&](DType dt) {
+cudaError_t sgd(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
+                cudaStream_t stream) {
+  (void)nbatches;
+  cudaError_t err = for_each_dtype(entries, n, [&](DType dt) {
     switch (dt) {
-      case DType::F32: return launch<float>(entries, n, hps, ex, dt, stream);
-      case DType::F16: return launch<__half>(entries, n, hps, ex, dt, stream);
-      case DType::BF16: return launch<__nv_bfloat16>(entries, n, hps, ex, dt, stream);
-      case DType::F64: return launch<double>(entries, n, hps, ex, dt, stream);
+      case DType::F32: return launch<float>(entries, n, present, s, dt, stream);
+      case DType::F16: return launch<__half>(entries, n, present, s, dt, stream);
+      case DType::BF16: return launch<__nv_bfloat16>(entries, n, present, s, dt, stream);
+      case DType::F64: return launch<double>(entries, n, present, s, dt, stream);
     }
     return cudaErrorInvalidValue;
   });
+  if (err == cudaSuccess) err = advance(s, stream);  // after every block has read k
+  return err;
 }
 
 }  // namespace cuda
