@@ -153,7 +153,7 @@ def run(plan: Plan) -> Dict[str, Any]:
                 cases += [(w, (lambda w=w: build_torch_sgd(params, w, algo.torch_sgd))) for w in BASELINES]
             for backend, build in cases:
                 # torch.optim.SGD does the plain SGD work (no neuron scales, corrections or anchors)
-                traffic = (Traffic("sgd", momentum=algo.torch_sgd["momentum"] != 0)
+                traffic = (Traffic("sgd", ("momentum_buffer",) if algo.torch_sgd.get("momentum", 0) else ())
                            if backend in BASELINES else algo.traffic)
                 nbytes = bytes_per_step(traffic, shapes, plan.dtype)
                 row: Row = dict(algorithm=algo_name, label=algo.label, backend=backend, size=size,

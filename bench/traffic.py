@@ -1,30 +1,15 @@
 """Minimum bytes one optimizer step must move through memory (SPEC §7), the roofline numerator.
 
-``bytes_per_step`` is the single definition every figure of the benchmark uses. It counts each
-tensor stream a step must read or write, once per pass that needs it, at that stream's element
-size, and assumes nothing is reused from a cache between passes or steps (true for the large
-list on any device). Streams, with ``E`` = parameter element size and ``S`` = the size of the
-float32 state (8 for float64 parameters):
+``bytes_per_step`` is the single definition every figure of the benchmark uses. The numbers come
+from each op's declaration (``fedopt_kernels/_ops.py``: for every role, how often a step reads and
+writes each element, and whether it is stored in the parameter dtype or as float32 state): a
+step reads or writes every stream once per pass that needs it, at that stream's element size,
+and nothing is reused from a cache between passes or steps (true for the large list on any
+device). Per-row streams (NeuronLRSGD's scales) count once per row. For float32 parameters:
 
-SGD family (FedDecaySGD, NeuronLRSGD, torch.optim.SGD), one pass::
-
-    read x, g; write x                        3E    (12 B for float32)
-    momentum: read + write buf               +2E    (20 B)
-    SCAFFOLD correction: read c              +E
-    FedProx: read x0                         +E
-    NeuronLRSGD scales: read r               +S per *row* (x[m, ...] shares r[m]), not per element
-
-FedNAR, two passes (global norm of d, then the update)::
-
-    norm pass: read g (+ x when weight_decay or prox needs it)      E (+E)
-    update:    read g, x; write x                                   3E
-    correction / x0: read in both passes                            +2E each    (20 / 28 / 36 B)
-
-PAdaMFed, two passes (D and acc are kept in float32, whatever the parameter dtype)::
-
-    norm pass: read g, D, acc; write acc      E + 3S
-    update:    read g, D, x; write x          3E + S                (32 B for float32)
-    variance reduction: read H in both passes                       +2E
+    SGD family (FedDecaySGD, NeuronLRSGD, torch.optim.SGD)   12 B (+8 momentum, +4 x0, +4 correction)
+    FedNAR (norm pass, then update)                          20 B (+8 x0, +8 correction)
+    PAdaMFed (D and acc are float32 state)                   32 B (+8 variance reduction)
 
 A copy ``dst.copy_(src)`` counts read + write bytes the same way, so "% of copy bandwidth" is
 the fraction of the machine's achievable streaming rate a step reaches.
@@ -36,39 +21,28 @@ from typing import Sequence, Tuple
 
 import torch
 
+from fedopt_kernels._ops import OPS
+
 Shape = Tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class Traffic:
-    """The options of a step that change its memory traffic."""
+    """An op and the optional roles its step uses (``catalogue.Config.present()``)."""
 
-    family: str                     # "sgd", "fednar" or "padamfed"
-    momentum: bool = False          # sgd: momentum buffer read + written
-    weight_decay: bool = False      # fednar: the norm pass must read x as well
-    correction: bool = False        # SCAFFOLD correction tensor read
-    prox: bool = False              # FedProx anchor x0 read
-    neuron_scale: bool = False      # NeuronLRSGD per-row scale read
-    variance_reduction: bool = False  # PAdaMFed VR: anchor gradient H read
+    op: str
+    present: Tuple[str, ...] = ()
 
 
-def _elem(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+def _sizes(dtype: torch.dtype) -> Tuple[int, int]:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return elem, 8 if dtype == torch.float64 else 4
 
 
 def bytes_per_element(t: Traffic, dtype: torch.dtype) -> int:
     """Bytes per parameter element (row terms excluded) for parameters of ``dtype``."""
-    E = _elem(dtype)
-    S = 8 if dtype == torch.float64 else 4
-    extra = E * (int(t.correction) + int(t.prox))
-    if t.family == "sgd":
-        return 3 * E + 2 * E * int(t.momentum) + extra
-    if t.family == "fednar":
-        norm = E + E * int(t.weight_decay or t.prox)
-        return norm + 3 * E + 2 * extra
-    if t.family == "padamfed":
-        return (E + 3 * S) + (3 * E + S) + 2 * E * int(t.variance_reduction)
-    raise ValueError(f"unknown traffic family {t.family!r}")
+    elem, state = _sizes(dtype)
+    return OPS[t.op].bytes_per_element(t.present, elem, state)
 
 
 def bytes_per_step(t: Traffic, shapes: Sequence[Shape], dtype: torch.dtype) -> int:
@@ -83,6 +57,8 @@ def bytes_per_step(t: Traffic, shapes: Sequence[Shape], dtype: torch.dtype) -> i
         if len(shape) > 0 and n > 0:
             rows += shape[0]
     total = numel * bytes_per_element(t, dtype)
-    if t.neuron_scale:
-        total += rows * (8 if dtype == torch.float64 else 4)
+    _, state = _sizes(dtype)
+    for role in OPS[t.op].optional:
+        if role.per_row and role.name in t.present:
+            total += rows * state * (role.reads + role.writes)
     return total

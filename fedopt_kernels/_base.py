@@ -326,7 +326,7 @@ class FedOptimizer(Optimizer):
         if torch.compiler.is_compiling():
             params = self._params_flat
             extra = step_inputs.get(self._step_input, None) if self._step_input else None
-            _step_op.op()(params, [p.grad for p in params], [] if extra is None else list(extra),
+            _step_op.OP(params, [p.grad for p in params], [] if extra is None else list(extra),
                           grad_scale, found_inf, self._handle)
             return loss
         if step_inputs and (self._step_input is None or set(step_inputs) != {self._step_input}):

@@ -40,7 +40,7 @@ class Role:
 
     ``state_typed``: float32 storage (float64 for float64 parameters) instead of the parameter's
     dtype; ``per_row``: one value per output unit (``[shape[0]]``) instead of one per element;
-    ``bytes_read``/``bytes_written``: times each element is read/written per step (SPEC traffic).
+    ``reads``/``writes``: times each element is read/written per step (SPEC §7 traffic).
     """
 
     name: str
@@ -90,14 +90,15 @@ class OpSpec:
                  "int decay_every", "Tensor? grad_scale", "Tensor? found_inf", "str backend"]
         return f"{self.name}({', '.join(args)}) -> ()"
 
-    def bytes_per_element(self, present: Tuple[str, ...] = (), elem: int = 4) -> int:
-        """Minimum bytes moved per parameter element per step (SPEC §7) with these optional roles."""
+    def bytes_per_element(self, present: Tuple[str, ...] = (), elem: int = 4, state: int = 4) -> int:
+        """Minimum bytes moved per parameter element per step (SPEC §7) with these optional roles.
+
+        ``elem``: the parameters' element size; ``state``: the state dtype's (8 for float64
+        parameters). Per-row roles are counted per row by the caller, not here."""
         total = 0
         for r in self.roles[:2] + tuple(r for r in self.optional if r.name in present):
-            if r.per_row:
-                continue  # one value per row: negligible next to the per-element traffic
-            size = 4 if r.state_typed else elem
-            total += size * (r.reads + r.writes)
+            if not r.per_row:
+                total += (state if r.state_typed else elem) * (r.reads + r.writes)
         return total
 
 
@@ -135,9 +136,6 @@ OPS: Dict[str, OpSpec] = {s.name: s for s in (SGD, FEDNAR, PADAMFED)}
 
 
 # ------------------------------------------------------------------------------- torch.library
-_LIB: Optional[torch.library.Library] = None
-
-
 def _fake(*args, **kwargs) -> None:
     """Shape propagation: the ops return nothing and only mutate their declared inputs."""
     return None
@@ -153,25 +151,25 @@ def _make_impl(name: str):
     return impl
 
 
-def library() -> torch.library.Library:
-    """Declare every op of ``OPS`` under ``torch.ops.fedopt`` (once), with its fake implementation.
+def _declare() -> torch.library.Library:
+    """Declare every op of ``OPS`` under ``torch.ops.fedopt``, with its fake implementation.
 
     The registered kernel forwards to the implementation of the op's ``backend`` argument, so
     ``torch.ops.fedopt.sgd(..., backend="cpu")`` and an optimizer with ``backend="cpu"`` run the
     same code.
     """
-    global _LIB
-    if _LIB is None:
-        lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-        for spec in OPS.values():
-            lib.define(spec.schema())
-            lib.impl(spec.name, _make_impl(spec.name), "CompositeExplicitAutograd")
-            torch.library.register_fake(f"{NAMESPACE}::{spec.name}", _fake, lib=lib)
-        _LIB = lib
-    return _LIB
+    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+    for spec in OPS.values():
+        lib.define(spec.schema())
+        lib.impl(spec.name, _make_impl(spec.name), "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{spec.name}", _fake, lib=lib)
+    return lib
+
+
+# declared at import (Dynamo must find the ops, not trace their declaration)
+_LIB = _declare()
 
 
 def torch_op(name: str):
-    """``torch.ops.fedopt.<name>`` (declaring the ops on first use)."""
-    library()
+    """``torch.ops.fedopt.<name>``."""
     return getattr(getattr(torch.ops, NAMESPACE), name)

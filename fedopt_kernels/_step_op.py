@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _HANDLES: Dict[int, "weakref.ref[FedOptimizer]"] = {}
 _next = itertools.count(1)
-_LIB: Optional[torch.library.Library] = None
 
 SCHEMA = ("optimizer_step(Tensor(a!)[] params, Tensor?[] grads, Tensor?[] step_inputs, Tensor? grad_scale, "
           "Tensor? found_inf, int handle) -> ()")
@@ -49,13 +48,14 @@ def _fake(params, grads, step_inputs, grad_scale, found_inf, handle) -> None:
     return None
 
 
-def op():
-    """``torch.ops.fedopt.optimizer_step`` (declared on first use)."""
-    global _LIB
-    if _LIB is None:
-        lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-        lib.define(SCHEMA)
-        lib.impl("optimizer_step", _impl, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{NAMESPACE}::optimizer_step", _fake, lib=lib)
-        _LIB = lib
-    return torch.ops.fedopt.optimizer_step
+def _declare() -> torch.library.Library:
+    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+    lib.define(SCHEMA)
+    lib.impl("optimizer_step", _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::optimizer_step", _fake, lib=lib)
+    return lib
+
+
+# declared at import: Dynamo must find the op, not trace its declaration
+_LIB = _declare()
+OP = torch.ops.fedopt.optimizer_step

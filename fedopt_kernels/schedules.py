@@ -96,6 +96,9 @@ class DecaySchedule:
     def table(self, device: torch.device, k: int) -> torch.Tensor:
         """float64 tensor [s(0), ..., s(J)] on ``device`` with J >= k // decay_every."""
         j = k // self.decay_every
+        tab = self._tables.get(device)
+        if tab is not None and tab.numel() > j:
+            return tab  # the per-step path: no device normalisation, no host work
         dev = torch.device(device)
         tab = self._tables.get(dev)
         if tab is None or tab.numel() <= j:

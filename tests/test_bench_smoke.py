@@ -35,18 +35,21 @@ def test_small_cnn_matches_simulator():
 
 def test_bytes_per_element_matches_spec_table():
     f32 = torch.float32
+    state = ("D", "acc")
     assert bytes_per_element(Traffic("sgd"), f32) == 12
-    assert bytes_per_element(Traffic("sgd", momentum=True), f32) == 20
-    assert bytes_per_element(Traffic("fednar", weight_decay=True), f32) == 20
-    assert bytes_per_element(Traffic("fednar", weight_decay=True, correction=True), f32) == 28
-    assert bytes_per_element(Traffic("fednar", weight_decay=True, correction=True, prox=True), f32) == 36
-    assert bytes_per_element(Traffic("padamfed"), f32) == 32
+    assert bytes_per_element(Traffic("sgd", ("momentum_buffer",)), f32) == 20
+    assert bytes_per_element(Traffic("fednar"), f32) == 20
+    assert bytes_per_element(Traffic("fednar", ("correction",)), f32) == 28
+    assert bytes_per_element(Traffic("fednar", ("correction", "x0")), f32) == 36
+    assert bytes_per_element(Traffic("padamfed", state), f32) == 32
+    assert bytes_per_element(Traffic("padamfed", state + ("anchor_grad",)), f32) == 40
     # element size scales parameter streams, not PAdaMFed's float32 state
-    assert bytes_per_element(Traffic("sgd", momentum=True), torch.bfloat16) == 10
-    assert bytes_per_element(Traffic("padamfed"), torch.bfloat16) == 4 * 2 + 4 * 4  # g, g, x, x at 2 B; D, acc, acc, D at 4 B
+    assert bytes_per_element(Traffic("sgd", ("momentum_buffer",)), torch.bfloat16) == 10
+    assert bytes_per_element(Traffic("padamfed", state), torch.bfloat16) == 4 * 2 + 4 * 4  # g, g, x, x at 2 B; D, acc, acc, D at 4 B
+    assert bytes_per_element(Traffic("padamfed", state), torch.float64) == 64
     # neuron scales are read once per row
     shapes = [(3, 5), (3,)]
-    assert bytes_per_step(Traffic("sgd", neuron_scale=True), shapes, f32) == 18 * 12 + 6 * 4
+    assert bytes_per_step(Traffic("sgd", ("neuron_scale",)), shapes, f32) == 18 * 12 + 6 * 4
 
 
 def test_smoke_run_writes_valid_files(tmp_path):

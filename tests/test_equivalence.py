@@ -57,7 +57,7 @@ def test_matches_reference(backend, algo, option, shapes, dtype, device):
 def test_bitwise_deterministic(backend, algo, device):
     """The same run twice gives identical bits (no atomics, fixed reduction order)."""
     _require(backend, device)
-    option = ALGOS[algo].full_option
+    option = ALGOS[algo].full
     a = run_case(algo, option, "chunk", torch.float32, backend, device=device)
     b = run_case(algo, option, "chunk", torch.float32, backend, device=device)
     for x, y in zip(a.params + [t for s in a.state for t in s.values()],
@@ -71,7 +71,7 @@ def test_bitwise_deterministic(backend, algo, device):
 def test_state_dict_loads_across_backends(backend, algo, dtype):
     """A state saved mid-round by ``reference`` continues on ``backend`` (and back) to the same result."""
     _require(backend, "cpu")
-    option = ALGOS[algo].full_option
+    option = ALGOS[algo].full
     full = _reference(algo, option, "odd", dtype)
     for first, second in (("reference", backend), (backend, "reference")):
         half = run_case(algo, option, "odd", dtype, first, snapshot=(1, 0))
@@ -93,17 +93,16 @@ def _nonfinite_grads(params, kind):
 @pytest.mark.parametrize("backend", FUSED_BACKENDS)
 def test_nonfinite_gradients_propagate_like_reference(backend, algo, kind):
     _require(backend, "cpu")
-    a = ALGOS[algo]
-    opts = a.options[a.full_option]
+    cfg = ALGOS[algo].options[ALGOS[algo].full]
     results = []
     for b in ("reference", backend):
         params = make_params("odd", torch.float32, 0)
-        opt = a.build(params, b, opts)
+        opt = cfg.build(params, b)
         ordered = [p for g in opt.param_groups for p in g["params"]]
-        opt.start_round(**a.round_inputs(opt, ordered, opts, 0, 0))
+        opt.start_round(**cfg.round_inputs(ordered, 0, 0))
         for p, g in zip(params, _nonfinite_grads(params, kind)):
             p.grad = g
-        opt.step(**a.step_inputs(ordered, opts, 0, 0))
+        opt.step(**cfg.step_inputs(ordered, 0, 0))
         results.append([p.detach().clone() for p in params])
     for x, y in zip(*results):
         assert torch.equal(torch.isnan(x), torch.isnan(y)), "NaN pattern differs from reference"

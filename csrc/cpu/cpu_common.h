@@ -8,6 +8,7 @@
 // of squares use fixed lanes, and FMA contraction is off.
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -40,6 +41,10 @@ constexpr int64_t kChunk = 16384;  // elements per work item and per norm partia
 constexpr int kTile = 512;         // elements staged per step inside a chunk
 constexpr int kLanes = 16;         // independent sum-of-squares accumulators (vector lanes)
 constexpr int64_t kGrain = 4;      // chunks below which a pass stays on one thread
+// A pass over fewer elements than this stays on the calling thread: waking a second thread costs
+// more than the work (and, on a machine where other processes hold the cores, a scheduler
+// quantum: milliseconds for a microsecond step).
+constexpr int64_t kSerialElements = int64_t(1) << 16;
 
 // Compute type: float32 for float32/float16/bfloat16, float64 for float64.
 template <class T>
@@ -56,6 +61,20 @@ inline std::vector<Chunk> make_chunks(const std::vector<Entry>& entries) {
     for (int64_t b = 0; b < entries[e].numel; b += kChunk)
       out.push_back({static_cast<int32_t>(e), b, std::min(entries[e].numel, b + kChunk)});
   return out;
+}
+
+// f(lo, hi) over chunk ranges: on this thread for small passes, else at::parallel_for. The
+// chunks are the same either way, so the results (and the norm's partials) are too.
+template <class F>
+inline void for_chunks(const std::vector<Chunk>& chunks, F&& f) {
+  const int64_t nc = static_cast<int64_t>(chunks.size());
+  int64_t numel = 0;
+  for (const Chunk& c : chunks) numel += c.end - c.begin;
+  if (numel < kSerialElements) {
+    if (nc > 0) f(int64_t(0), nc);
+    return;
+  }
+  at::parallel_for(0, nc, kGrain, f);
 }
 
 // Call f(T{}) with T the C++ storage type of `t`.

@@ -1,6 +1,4 @@
 // Op "sgd" on CPU (FedDecaySGD / NeuronLRSGD): one pass, every tensor of every group.
-#include <ATen/Parallel.h>
-
 #include "cpu_common.h"
 #include "cpu_ops.h"
 
@@ -26,7 +24,7 @@ void sgd(const std::vector<Entry>& entries, const std::vector<SgdHp>& hps, int32
   std::vector<double> lr(hps.size());
   for (size_t g = 0; g < hps.size(); ++g) lr[g] = sgd_lr<double>(hps[g], k, table, table_len, decay_every);
   const bool avx2 = use_avx2();
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), kGrain, [&](int64_t lo, int64_t hi) {
+  for_chunks(chunks, [&](int64_t lo, int64_t hi) {
 #if FO_CPU_AVX2
     if (avx2) return avx2::sgd_chunks(chunks, lo, hi, entries, hps, lr);
 #endif

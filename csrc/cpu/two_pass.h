@@ -3,8 +3,6 @@
 // thread (so the result does not depend on the thread count), pass 2 applies the scales.
 #pragma once
 
-#include <ATen/Parallel.h>
-
 #include <vector>
 
 #include "cpu_common.h"
@@ -19,13 +17,12 @@ template <class Hp, class NormPass, class ScaleOf, class UpdatePass>
 void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>& hps, bool norm_f64,
                         NormPass&& norm_pass, ScaleOf&& scale_of, UpdatePass&& update_pass) {
   const std::vector<Chunk> chunks = make_chunks(entries);
-  const int64_t nc = static_cast<int64_t>(chunks.size());
   std::vector<double> partial(chunks.size(), 0.0);
-  at::parallel_for(0, nc, kGrain, [&](int64_t lo, int64_t hi) { norm_pass(chunks, lo, hi, partial.data()); });
+  for_chunks(chunks, [&](int64_t lo, int64_t hi) { norm_pass(chunks, lo, hi, partial.data()); });
   const double norm = finish_norm(partial);
   std::vector<double> scale(hps.size());
   for (size_t g = 0; g < hps.size(); ++g) scale[g] = scale_of(norm, hps[g], norm_f64);
-  at::parallel_for(0, nc, kGrain, [&](int64_t lo, int64_t hi) { update_pass(chunks, lo, hi, scale); });
+  for_chunks(chunks, [&](int64_t lo, int64_t hi) { update_pass(chunks, lo, hi, scale); });
 }
 
 }  // namespace cpu
