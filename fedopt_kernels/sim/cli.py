@@ -222,6 +222,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         device = resolve_device(configs[0].device)
         resolve_backend(configs[0], device)
+        from .federated_data import check_data
+
+        check_data(configs[0])  # a missing or damaged data file: exit 2 with its message
         if args.validate is not None:
             # "auto": whatever backend=auto would pick here (cuda > triton on GPU, cpu > reference on CPU)
             args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)

@@ -50,6 +50,25 @@ def _femnist_users(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDatase
     return [writers[i][1] for i in picked]
 
 
+def check_data(cfg: SimConfig) -> None:
+    """Read ``cfg``'s data set files now (cached for the runs) and check that they fit ``cfg``.
+
+    Raises the loaders' ValueError (which file, what was expected, how to get it): the CLI calls this
+    before any run so that a bad folder exits with status 2 and a message, not a traceback.
+    """
+    if cfg.dataset == "femnist":
+        n = len(load_femnist(cfg.data_dir))
+        if cfg.clients > n:
+            raise ValueError(f"clients={cfg.clients} is more than the {n} FEMNIST writers in data_dir {cfg.data_dir!r}")
+    elif cfg.dataset in CIFAR_STATS:
+        train, test = load_cifar(cfg.dataset, cfg.data_dir, cfg.download)
+        n = len(train) + len(test)
+        per_client = cfg.shards_per_client if cfg.resolved_partition == "shards" else 1
+        if cfg.clients * per_client > n:
+            raise ValueError(f"clients={cfg.clients} (x {per_client} shards) is more than the {n} images in "
+                             f"data_dir {cfg.data_dir!r}")
+
+
 def input_spec_for(cfg: SimConfig, users: List[ArrayDataset]) -> Optional[InputSpec]:
     """The input stage of ``cfg.dataset``: None for digits/synthetic (already float)."""
     if cfg.dataset in CIFAR_STATS:
