@@ -6,6 +6,8 @@ Examples::
     fedopt-sim --algorithm scaffold --partition shards --clients 20 --out runs/scaffold
     fedopt-sim --algorithm fednar --rounds 5 --validate cpu
     fedopt-sim --algorithm fednar-scaffold --clients 20 --rounds 5 --validate auto
+    fedopt-sim --dataset cifar10 --data-dir ~/data --model resnet18-gn --augment --alpha 0.3 --clients 100
+    fedopt-sim --dataset femnist --data-dir leaf/data/femnist/data --writer-fraction 0.1 --model fedavg-cnn
 
 Exit status: 0 on success, 1 when ``--validate`` finds a divergence past its tolerance, 2 on bad
 input (the message names the parameter).
@@ -28,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fedopt-sim",
         description="Federated learning simulator on the fedopt_kernels optimizers (offline data: "
-                    "scikit-learn digits, FedProx Synthetic(alpha, beta)).")
+                    "scikit-learn digits, FedProx Synthetic(alpha, beta); CIFAR-10/100 and FEMNIST from --data-dir).")
     a = p.add_argument
     g = p.add_argument_group("algorithm")
     g.add_argument("--algorithm", default=d.algorithm, help=f"one of: {', '.join(ALGORITHMS)} (default %(default)s)")
@@ -46,13 +48,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--round-decay", type=float, help="client lr *= round_decay**t (default 0.998 for FedNAR, else 1)")
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
-    g.add_argument("--partition", choices=PARTITIONS, help="default: dirichlet (digits), natural (synthetic)")
+    g.add_argument("--partition", choices=PARTITIONS,
+                   help="default: dirichlet (digits, cifar10, cifar100), natural (synthetic, femnist: one client per writer)")
+    g.add_argument("--data-dir", help="folder with the cifar10/cifar100/femnist files (layout: docs/data.md)")
+    g.add_argument("--download", action="store_true",
+                   help="cifar10/cifar100: download into --data-dir if missing (needs torchvision: the [data] extra)")
+    g.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=d.normalize,
+                   help="cifar/femnist: per-channel (x - mean) / std (default on)")
+    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=d.augment,
+                   help="cifar: random crop (padding 4) + horizontal flip of training batches (default off)")
+    g.add_argument("--writer-fraction", type=float,
+                   help="femnist: use this fraction of the writers found (instead of --clients)")
     g.add_argument("--dirichlet-alpha", "--alpha", type=float, default=d.dirichlet_alpha,
                    help="Dirichlet label-skew concentration, > 0 (default %(default)s)")
     g.add_argument("--shards-per-client", type=int, default=d.shards_per_client)
     g.add_argument("--synthetic-alpha", type=float, default=d.synthetic_alpha)
     g.add_argument("--synthetic-beta", type=float, default=d.synthetic_beta)
-    g.add_argument("--clients", type=int, default=d.clients, help="all users, new users included (default %(default)s)")
+    g.add_argument("--clients", type=int, help=f"all users, new users included (default {d.clients}; "
+                   f"femnist: writers drawn at random)")
     g.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction,
                    help="fraction of users held out as new users (default %(default)s)")
     g.add_argument("--split", type=float, nargs=3, default=list(d.split), metavar=("TRAIN", "VAL", "TEST"))
@@ -91,8 +104,10 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
     return SimConfig(
         algorithm=args.algorithm, dataset=args.dataset, partition=args.partition,
         dirichlet_alpha=args.dirichlet_alpha, shards_per_client=args.shards_per_client,
-        synthetic_alpha=args.synthetic_alpha, synthetic_beta=args.synthetic_beta, clients=args.clients,
+        synthetic_alpha=args.synthetic_alpha, synthetic_beta=args.synthetic_beta,
+        clients=SimConfig.clients if args.clients is None else args.clients,
         holdout_fraction=args.holdout_fraction, split=tuple(args.split), model=args.model, rounds=args.rounds,
+        data_dir=args.data_dir, download=args.download, normalize=args.normalize, augment=args.augment,
         local_steps=args.local_steps, batch_size=args.batch_size, sample_rate=args.sample_rate,
         clients_per_round=args.clients_per_round, lr=args.lr, lr_scale=args.lr_scale, server_lr=args.server_lr,
         beta=args.beta, decay_schedule=args.decay_schedule, decay_every=args.decay_every, momentum=args.momentum,
@@ -100,6 +115,22 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         round_decay=args.round_decay, finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr,
         backend=args.backend, device=args.device, seed=seed, eval_every=args.eval_every,
     ).validate()
+
+
+def resolve_writer_fraction(args: argparse.Namespace) -> None:
+    """``--writer-fraction F``: set ``args.clients`` to round(F x the writers in --data-dir), at least 1."""
+    f = args.writer_fraction
+    if f is None:
+        return
+    if args.dataset != "femnist":
+        raise ValueError(f"writer_fraction only applies to dataset='femnist', not {args.dataset!r}")
+    if not (0.0 < f <= 1.0):
+        raise ValueError(f"writer_fraction must be in (0, 1], got {f}")
+    if args.clients is not None:
+        raise ValueError("give clients (--clients) or writer_fraction (--writer-fraction), not both")
+    from .data_femnist import count_writers
+
+    args.clients = max(1, int(round(f * count_writers(args.data_dir))))
 
 
 def _progress_bar(total: int, desc: str, quiet: bool):
@@ -184,12 +215,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ValueError(f"{name} must be >= 0, got {v}")
         if len(set(args.seeds)) != len(args.seeds):
             raise ValueError(f"seeds must be distinct, got {args.seeds}")
+        resolve_writer_fraction(args)
         configs = [config_from_args(args, s) for s in args.seeds]
         _prepare_environment(args)
         from .simulation import resolve_backend, resolve_device
 
         device = resolve_device(configs[0].device)
         resolve_backend(configs[0], device)
+        from .federated_data import check_data
+
+        check_data(configs[0])  # a missing or damaged data file: exit 2 with its message
         if args.validate is not None:
             # "auto": whatever backend=auto would pick here (cuda > triton on GPU, cpu > reference on CPU)
             args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)

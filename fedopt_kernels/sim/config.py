@@ -23,13 +23,15 @@ ALGORITHMS: Dict[str, Tuple[str, str, bool]] = {
     "padamfed": ("padamfed", "padamfed", False),
     "padamfed-vr": ("padamfed", "padamfed", False),
 }
-DATASETS = ("digits", "synthetic")
+DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "femnist")
+FOLDER_DATASETS = ("cifar10", "cifar100", "femnist")  # read from data_dir (see docs/data.md)
 PARTITIONS = ("dirichlet", "shards", "iid", "natural")
 DEVICES = ("auto", "cpu", "cuda")
 
 # FedDecay's beta fixed by the algorithm's name (feddecay and the rest take --beta)
 _FIXED_BETA = {"fedavg": 1.0, "fedsgd": 0.0}
 DIGITS_SIZE = 1797  # samples in scikit-learn's load_digits
+CIFAR_SIZE = 60000  # train + test images, pooled before the partition
 
 
 @dataclass
@@ -41,7 +43,7 @@ class SimConfig:
 
     algorithm: str = "fedavg"
     dataset: str = "digits"
-    partition: Optional[str] = None          # digits: dirichlet; synthetic: natural (one device = one client)
+    partition: Optional[str] = None          # digits, cifar: dirichlet; synthetic, femnist: natural
     dirichlet_alpha: float = 0.5
     shards_per_client: int = 2
     synthetic_alpha: float = 1.0
@@ -75,6 +77,10 @@ class SimConfig:
     device: str = "auto"
     seed: int = 0
     eval_every: int = 1
+    data_dir: Optional[str] = None           # cifar10/cifar100/femnist: the folder holding their files
+    download: bool = False                   # cifar: fetch into data_dir with torchvision if missing
+    normalize: bool = True                   # cifar/femnist: per-channel (x - mean) / std
+    augment: bool = False                    # cifar: random crop (padding 4) + horizontal flip in training
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -130,12 +136,16 @@ class SimConfig:
         if self.dataset == "synthetic" and part != "natural":
             raise ValueError(f"partition={part!r} does not apply to dataset='synthetic': its clients are the "
                              f"generated devices (partition='natural')")
-        if self.dataset != "synthetic" and part == "natural":
-            raise ValueError(f"partition='natural' only applies to dataset='synthetic'")
+        if self.dataset == "femnist" and part != "natural":
+            raise ValueError(f"partition={part!r} does not apply to dataset='femnist': its clients are its "
+                             f"writers (partition='natural'; choose how many with clients)")
+        if self.dataset not in ("synthetic", "femnist") and part == "natural":
+            raise ValueError(f"partition='natural' only applies to dataset='synthetic' or 'femnist'")
         number("dirichlet_alpha", self.dirichlet_alpha, 0.0, low_open=True)
         integer("shards_per_client", self.shards_per_client, 1)
-        if self.dataset == "synthetic" and self.model == "cnn":
-            raise ValueError("model='cnn' needs images; dataset='synthetic' has 60-dim vectors (use model='mlp')")
+        if self.dataset == "synthetic" and self.model != "mlp":
+            raise ValueError(f"model={self.model!r} needs images; dataset='synthetic' has 60-dim vectors "
+                             f"(use model='mlp')")
         number("synthetic_alpha", self.synthetic_alpha, 0.0)
         number("synthetic_beta", self.synthetic_beta, 0.0)
         integer("clients", self.clients, 1)
@@ -145,6 +155,26 @@ class SimConfig:
                 what = f"clients * shards_per_client = {self.clients * per_client}" if part == "shards" \
                     else f"clients={self.clients}"
                 raise ValueError(f"{what} is more than the {DIGITS_SIZE} digits (each needs >= 1 sample)")
+        if self.dataset in ("cifar10", "cifar100"):
+            per_client = self.shards_per_client if part == "shards" else 1
+            if self.clients * per_client > CIFAR_SIZE:
+                raise ValueError(f"clients={self.clients} (x {per_client} shards) is more than the {CIFAR_SIZE} "
+                                 f"CIFAR images")
+        if self.dataset in FOLDER_DATASETS:
+            if not isinstance(self.data_dir, str) or not self.data_dir:
+                raise ValueError(f"dataset={self.dataset!r} is read from a local folder: set data_dir "
+                                 f"(--data-dir DIR); see docs/data.md for the layout")
+        elif self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise ValueError(f"data_dir must be a string path, got {self.data_dir!r}")
+        for name in ("download", "normalize", "augment"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.download and self.dataset not in ("cifar10", "cifar100"):
+            extra = " (FEMNIST needs LEAF's preprocessing; see docs/data.md)" if self.dataset == "femnist" else ""
+            raise ValueError(f"download only applies to cifar10/cifar100, not dataset={self.dataset!r}{extra}")
+        if self.augment and self.dataset not in ("cifar10", "cifar100"):
+            raise ValueError(f"augment (random crop + horizontal flip) only applies to cifar10/cifar100, not "
+                             f"dataset={self.dataset!r} (a mirrored handwritten character is another character)")
         number("holdout_fraction", self.holdout_fraction, 0.0, 1.0, high_open=True)
         if len(self.split) != 3 or self.split[0] <= 0 or min(self.split) < 0 or abs(sum(self.split) - 1) > 1e-6:
             raise ValueError(f"split must be (train > 0, val >= 0, test >= 0) summing to 1, got {tuple(self.split)}")
@@ -209,7 +239,7 @@ class SimConfig:
     def resolved_partition(self) -> str:
         if self.partition is not None:
             return self.partition
-        return "natural" if self.dataset == "synthetic" else "dirichlet"
+        return "natural" if self.dataset in ("synthetic", "femnist") else "dirichlet"
 
     def hparams(self) -> Dict[str, float]:
         """Client lr, server lr, beta, prox_mu, clip_norm, round_decay with per-algorithm defaults applied."""

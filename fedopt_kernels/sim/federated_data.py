@@ -3,18 +3,25 @@
 Following the FedDecay papers' protocol (seed 000, Sec. 4): ``holdout_fraction`` of the users are
 new users who never train and are only evaluated (after fine-tuning); every user's data is split
 into train, validation and test parts.
+
+CIFAR's train and test images are pooled and then partitioned like digits, so every user has its own
+test split from its own label mix; FEMNIST's users are ``clients`` writers drawn at random from the
+folder. Image data sets keep uint8 pixels; ``input_spec`` tells the model how to turn them into inputs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from .clients import ClientData
 from .config import SimConfig
+from .data_cifar import CIFAR_STATS, load_cifar
+from .data_femnist import load_femnist
 from .datasets import ArrayDataset, load_digits_dataset, synthetic_fedprox
+from .image_input import InputSpec
 from .partition import dirichlet_partition, iid_partition, shard_partition, split_train_val_test
 
 
@@ -26,12 +33,69 @@ class FederatedData:
     new_clients: List[ClientData]
     input_shape: Tuple[int, ...]
     num_classes: int
+    input_spec: Optional[InputSpec] = None  # raw-pixel data sets: the model's input stage
+
+
+def _pooled(dsets: List[ArrayDataset]) -> ArrayDataset:
+    return ArrayDataset(np.concatenate([d.x for d in dsets]), np.concatenate([d.y for d in dsets]),
+                        dsets[0].num_classes)
+
+
+def _femnist_users(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDataset]:
+    writers = load_femnist(cfg.data_dir)
+    if cfg.clients > len(writers):
+        raise ValueError(f"clients={cfg.clients} is more than the {len(writers)} FEMNIST writers in data_dir "
+                         f"{cfg.data_dir!r}")
+    picked = np.sort(rng.choice(len(writers), size=cfg.clients, replace=False))
+    return [writers[i][1] for i in picked]
+
+
+def check_data(cfg: SimConfig) -> None:
+    """Read ``cfg``'s data set files now (cached for the runs) and check that they fit ``cfg``.
+
+    Raises the loaders' ValueError (which file, what was expected, how to get it): the CLI calls this
+    before any run so that a bad folder exits with status 2 and a message, not a traceback.
+    """
+    if cfg.dataset == "femnist":
+        n = len(load_femnist(cfg.data_dir))
+        if cfg.clients > n:
+            raise ValueError(f"clients={cfg.clients} is more than the {n} FEMNIST writers in data_dir {cfg.data_dir!r}")
+    elif cfg.dataset in CIFAR_STATS:
+        train, test = load_cifar(cfg.dataset, cfg.data_dir, cfg.download)
+        n = len(train) + len(test)
+        per_client = cfg.shards_per_client if cfg.resolved_partition == "shards" else 1
+        if cfg.clients * per_client > n:
+            raise ValueError(f"clients={cfg.clients} (x {per_client} shards) is more than the {n} images in "
+                             f"data_dir {cfg.data_dir!r}")
+
+
+def input_spec_for(cfg: SimConfig, users: List[ArrayDataset]) -> Optional[InputSpec]:
+    """The input stage of ``cfg.dataset``: None for digits/synthetic (already float)."""
+    if cfg.dataset in CIFAR_STATS:
+        mean, std = CIFAR_STATS[cfg.dataset]
+        return InputSpec(mean=mean if cfg.normalize else None, std=std if cfg.normalize else None, augment=cfg.augment)
+    if cfg.dataset == "femnist":
+        if not cfg.normalize:
+            return InputSpec()
+        # one grey channel: mean and std of the pixels of the writers in this run
+        total = sum(u.x.size for u in users)
+        s1 = sum(float(u.x.sum(dtype=np.float64)) for u in users) / 255.0
+        s2 = sum(float(np.square(u.x, dtype=np.float64).sum()) for u in users) / 255.0 ** 2
+        mean = s1 / total
+        std = max(float(np.sqrt(max(s2 / total - mean * mean, 0.0))), 1e-3)
+        return InputSpec(mean=(mean,), std=(std,))
+    return None
 
 
 def _user_datasets(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDataset]:
     if cfg.dataset == "synthetic":
         return synthetic_fedprox(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.clients, rng)
-    full = load_digits_dataset()
+    if cfg.dataset == "femnist":
+        return _femnist_users(cfg, rng)
+    if cfg.dataset in CIFAR_STATS:
+        full = _pooled(list(load_cifar(cfg.dataset, cfg.data_dir, cfg.download)))
+    else:
+        full = load_digits_dataset()
     part = cfg.resolved_partition
     if part == "dirichlet":
         parts = dirichlet_partition(full.y, cfg.clients, cfg.dirichlet_alpha, rng)
@@ -59,4 +123,5 @@ def build_federated_data(cfg: SimConfig, rng: np.random.Generator, device: torch
     # training clients are renumbered 0..N-1 (their index in every per-client table)
     train_clients = [ClientData(i, *b[1:]) for i, b in enumerate(train)]
     new_clients = [ClientData(len(train) + i, *b[1:]) for i, b in enumerate(new)]
-    return FederatedData(train_clients, new_clients, tuple(users[0].x.shape[1:]), users[0].num_classes)
+    return FederatedData(train_clients, new_clients, tuple(users[0].x.shape[1:]), users[0].num_classes,
+                         input_spec_for(cfg, users))

@@ -1,0 +1,147 @@
+"""The image models (FedAvg CNN, GroupNorm ResNet-18), their input stage and the crop + flip augmentation."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from fedopt_kernels.sim.augment import random_crop_flip
+from fedopt_kernels.sim.config import SimConfig
+from fedopt_kernels.sim.image_input import ImageClassifier, InputSpec
+from fedopt_kernels.sim.models import MODELS, build_model
+from fedopt_kernels.sim.simulation import Simulation
+from sim_data_files import write_cifar10
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def n_params(m):
+    return sum(p.numel() for p in m.parameters())
+
+
+def test_parameter_counts():
+    # the FedAvg paper's MNIST CNN has 1,663,370 parameters
+    assert n_params(build_model("fedavg-cnn", (1, 28, 28), 10)) == 1_663_370
+    assert n_params(build_model("fedavg-cnn", (1, 28, 28), 62)) == 1_690_046
+    assert n_params(build_model("fedavg-cnn", (3, 32, 32), 10)) == 2_156_490
+    # CIFAR ResNet-18: GroupNorm has the same affine parameters as BatchNorm (11,173,962 for 10 classes)
+    assert n_params(build_model("resnet18-gn", (3, 32, 32), 10)) == 11_173_962
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_models_are_batchnorm_and_buffer_free(name):
+    m = build_model(name, (3, 32, 32), 10, InputSpec(mean=(0.5,) * 3, std=(0.2,) * 3, augment=True))
+    assert isinstance(m, ImageClassifier) and list(m.buffers()) == []
+    assert not any(isinstance(x, nn.modules.batchnorm._BatchNorm) for x in m.modules())
+    assert [id(p) for p in m.parameters()] == [id(p) for p in m.net.parameters()]
+
+
+def test_resnet_uses_two_group_groupnorm_and_trains():
+    m = build_model("resnet18-gn", (3, 32, 32), 10)
+    norms = [x for x in m.modules() if isinstance(x, nn.GroupNorm)]
+    assert len(norms) == 1 + 16 + 3 and all(g.num_groups == 2 for g in norms)  # stem, 2 per block, 3 shortcuts
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 7])
+    loss = nn.functional.cross_entropy(m(x), y)
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("name, shape", [("fedavg-cnn", (1, 28, 28)), ("resnet18-gn", (3, 8, 8)), ("cnn", (3, 32, 32))])
+def test_vmap_over_clients_matches_a_loop(name, shape):
+    """What the client-batched path relies on: stacked client models under vmap = one model at a time."""
+    torch.manual_seed(0)
+    models = [build_model(name, shape, 10, InputSpec(mean=(0.5,) * shape[0], std=(0.3,) * shape[0])) for _ in range(2)]
+    params, buffers = stack_module_state([m.net for m in models])
+    raw = torch.randint(0, 256, (2, 2) + shape, dtype=torch.uint8)
+    x = torch.stack([models[0].preprocess(raw[i], train=False) for i in range(2)])
+    got = vmap(lambda p, b, xx: functional_call(models[0].net, (p, b), (xx,)))(params, buffers, x)
+    want = torch.stack([models[i](raw[i]) for i in range(2)])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_build_model_errors():
+    with pytest.raises(ValueError, match=r"model='fedavg-cnn' needs image inputs \[C, H, W\]"):
+        build_model("fedavg-cnn", (60,), 10)
+    with pytest.raises(ValueError, match=r"model='resnet18-gn' needs image inputs .* H, W >= 8"):
+        build_model("resnet18-gn", (1, 4, 4), 10)
+    with pytest.raises(ValueError, match="model must be one of"):
+        build_model("vgg", (3, 32, 32), 10)
+    with pytest.raises(ValueError, match="model='resnet18-gn' needs images; dataset='synthetic'"):
+        SimConfig(dataset="synthetic", model="resnet18-gn").validate()
+
+
+# ------------------------------------------------------------------ augmentation and the input stage
+def crops(img, p):
+    """Every crop of ``img`` ([C, H, W]) zero-padded by p, and its mirror image."""
+    c, h, w = img.shape
+    padded = torch.nn.functional.pad(img, (p, p, p, p))
+    out = []
+    for dy in range(2 * p + 1):
+        for dx in range(2 * p + 1):
+            crop = padded[:, dy:dy + h, dx:dx + w]
+            out += [crop, crop.flip(-1)]
+    return out
+
+
+def test_random_crop_flip_is_a_padded_crop_or_its_mirror():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(64, 3, 6, 5) + 0.1  # > 0 everywhere: padding zeros are recognisable
+    y = random_crop_flip(x, 2, g)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    flipped = shifted = 0
+    for a, b in zip(x, y):
+        assert any(torch.equal(b, c) for c in crops(a, 2))
+        flipped += any(torch.equal(b, c) for c in crops(a, 2)[1::2]) and not torch.equal(b, a)
+        shifted += bool((b == 0).any())
+    assert 15 < flipped < 50 and shifted > 32  # both transforms happen, flips about half the time
+
+
+def test_random_crop_flip_seeded_and_padding_zero_only_flips():
+    x = torch.rand(8, 1, 4, 4)
+    a = random_crop_flip(x, 4, torch.Generator().manual_seed(3))
+    b = random_crop_flip(x, 4, torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    z = random_crop_flip(x, 0, torch.Generator().manual_seed(1))
+    assert all(torch.equal(zi, xi) or torch.equal(zi, xi.flip(-1)) for zi, xi in zip(z, x))
+    with pytest.raises(ValueError, match="padding must be an integer >= 0"):
+        random_crop_flip(x, -1)
+    with pytest.raises(ValueError, match=r"expects images \[B, C, H, W\]"):
+        random_crop_flip(x[0], 1)
+
+
+def test_input_stage_normalises_and_augments_only_in_training():
+    spec = InputSpec(mean=(0.5, 0.25, 0.0), std=(0.5, 0.25, 1.0), augment=True)
+    m = ImageClassifier(nn.Identity(), spec)
+    raw = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8)
+    m.eval()
+    want = (raw.float() / 255 - torch.tensor([0.5, 0.25, 0.0]).view(1, 3, 1, 1)) / torch.tensor([0.5, 0.25, 1.0]).view(1, 3, 1, 1)
+    torch.testing.assert_close(m(raw), want)
+    m.train()
+    assert not torch.equal(m(raw), want)
+    assert torch.equal(ImageClassifier(nn.Identity(), InputSpec()).train()(raw), raw.float() / 255)
+    c = copy.deepcopy(m)  # a copy restarts the augmentation stream from the same seed
+    assert torch.equal(copy.deepcopy(c)(raw), c(raw))
+    with pytest.raises(ValueError, match="give both mean and std"):
+        InputSpec(mean=(0.5,))
+    with pytest.raises(ValueError, match="std must be positive"):
+        InputSpec(mean=(0.5,), std=(0.0,))
+
+
+def test_resnet18_gn_short_training_run(tmp_path):
+    write_cifar10(tmp_path, per_batch=6, test=6)
+    cfg = SimConfig(dataset="cifar10", data_dir=str(tmp_path), model="resnet18-gn", augment=True, clients=4,
+                    holdout_fraction=0.25, rounds=1, local_steps=1, batch_size=2, clients_per_round=2,
+                    finetune_steps=0, backend="reference", device="cpu")
+    sim = Simulation(cfg)
+    before = [p.detach().clone() for p in sim.global_params]
+    res = sim.run()
+    assert np.isfinite(res["history"][0]["train_loss"]) and 0 <= res["final"]["pooled_test_acc"] <= 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, sim.global_params))
