@@ -1,0 +1,38 @@
+"""Which backends the tests run on this machine: every registered backend usable on a device."""
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+import torch
+
+from fedopt_kernels import _registry
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def usable(device: str = "cpu") -> List[str]:
+    """Backends (reference first) that can run on ``device`` here."""
+    return [b for b in _registry.BACKENDS if _registry.unavailable_reason(b, torch.device(device)) is None]
+
+
+def cases(with_reference: bool = True) -> List[tuple]:
+    """(backend, device) pairs for parametrize; unusable pairs are kept and skipped with the reason."""
+    out = []
+    for device in DEVICES:
+        for b in _registry.BACKENDS:
+            if b == "reference" and not with_reference:
+                continue
+            out.append(pytest.param(b, device, id=f"{b}-{device}"))
+    return out
+
+
+def require(backend: str, device: str = "cpu") -> None:
+    why = _registry.unavailable_reason(backend, torch.device(device))
+    if why is not None:
+        pytest.skip(why)
+
+
+def supports(backend: str, dtype: torch.dtype) -> bool:
+    """triton takes float32/bfloat16/float16 only (float64 is refused with a TypeError)."""
+    return not (backend == "triton" and dtype == torch.float64)
