@@ -1,0 +1,157 @@
+"""The ops as torch.library ops: one declaration (``fedopt_kernels/_ops.py``) that every layer reads.
+
+* ``torch.library.opcheck`` on every op and backend (schema mutation annotations, fake tensors,
+  AOT dispatch) with batches that have every optional role and batches that have none;
+* the C++ bindings index the same roles and hp columns as the declaration; the Triton kernels'
+  roles come from it; the benchmark's traffic is computed from it;
+* ``torch.ops.fedopt.<op>`` computes what the optimizer's step computes;
+* bad op arguments raise an error naming what is wrong.
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import fedopt_kernels as fk
+from fedopt_kernels import _ops
+from fedopt_kernels._ops import OPS
+
+from backends import cases, require, supports
+
+SHAPES = [(5, 3), (7,), (2, 3, 2)]
+
+
+def _args(spec, device, dtype=torch.float32, backend="reference", amp=False):
+    """Arguments of ``spec``'s op: batch 0 has every optional role, batch 1 none of the optional ones
+    (PAdaMFed needs D and acc everywhere, so its batch 1 has those)."""
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(shape, dt=dtype):
+        return torch.randn(shape, generator=g).to(dtype=dt, device=device)
+
+    n = len(SHAPES)
+    batch = [0, 1, 0]
+    always = {"D", "acc"}
+    present = [(1 << len(spec.optional)) - 1, sum(1 << i for i, r in enumerate(spec.optional) if r.name in always)]
+    lists = [[rnd(s) for s in SHAPES], [rnd(s) for s in SHAPES]]
+    for i, role in enumerate(spec.optional):
+        ts = []
+        for j in range(n):
+            if present[batch[j]] >> i & 1:
+                if role.per_row:
+                    ts.append((0.5 + torch.rand(SHAPES[j][0], generator=g)).to(device))
+                else:
+                    ts.append(rnd(SHAPES[j], torch.float32 if role.state_typed else dtype))
+        lists.append(ts)
+    rows = []
+    for _ in range(2):
+        row = {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01, "prox_mu": 0.2, "nesterov": 0.0,
+               "maximize": 0.0, "step_lr": 0.1, "max_norm": 1.0, "eps": 1e-6, "beta": 0.5}
+        rows.append([row[h] for h in spec.hps])
+    hp = torch.tensor(rows, dtype=torch.float64, device=device)
+    k = torch.zeros(1, dtype=torch.int32, device=device)
+    table = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, device=device)
+    gs = torch.full((1,), 8.0, device=device) if amp else None
+    fi = torch.zeros(1, device=device) if amp else None
+    return (*lists, batch, present, hp, k, table, 1, gs, fi, backend)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["plain", "amp"])
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("backend,device", cases())
+def test_opcheck(backend, device, name, amp):
+    require(backend, device)
+    args = _args(OPS[name], device, backend=backend, amp=amp)
+    torch.library.opcheck(_ops.torch_op(name), args)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("backend,device", cases(with_reference=False))
+def test_every_backend_computes_what_reference_computes_through_torch_ops(backend, device, name):
+    require(backend, device)
+    out = []
+    for b in ("reference", backend):
+        args = _args(OPS[name], device, backend=b, amp=True)
+        _ops.torch_op(name)(*args)
+        n = len(OPS[name].roles)
+        out.append([t for lst in args[:n] for t in lst] + [args[n + 3]])
+    for a, c in zip(*out):
+        torch.testing.assert_close(c, a, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("ext", ["_C_cpu", "_C_cuda"])
+def test_bindings_index_the_declared_roles_and_hp_columns(ext):
+    try:
+        mod = importlib.import_module(f"fedopt_kernels.{ext}")
+    except ImportError as exc:
+        pytest.skip(f"{ext} not built here: {exc}")
+    for name, spec in OPS.items():
+        roles, hps = mod.op_signature(name)
+        assert roles == [r.name for r in spec.roles], name
+        assert hps == list(spec.hps), name
+
+
+def test_triton_kernels_take_their_roles_from_the_declaration():
+    require("triton")
+    from fedopt_kernels.triton_kernels import fednar, padamfed, sgd
+    for mod, name in ((sgd, "sgd"), (fednar, "fednar"), (padamfed, "padamfed")):
+        assert mod.ROLES == tuple(r.short for r in OPS[name].roles)
+
+
+def test_schema_marks_exactly_the_written_roles_as_mutated():
+    for spec in OPS.values():
+        schema = torch._C.parse_schema(f"fedopt::{spec.schema()}")
+        mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        assert mutated == {r.name for r in spec.roles if r.written} | {"k"}
+
+
+def test_optimizer_step_is_the_op_with_the_plan_s_arguments():
+    """Calling torch.ops.fedopt.sgd with what the optimizer's plan holds gives the optimizer's step."""
+    g = torch.Generator().manual_seed(3)
+    init = [torch.randn(s, generator=g) for s in SHAPES]
+    a = [torch.nn.Parameter(t.clone()) for t in init]
+    opt = fk.FedDecaySGD(a, lr=0.1, beta=0.5, momentum=0.9, backend="reference")
+    grads = [torch.randn(s, generator=g) for s in SHAPES]
+    for p, gr in zip(a, grads):
+        p.grad = gr.clone()
+    opt.step()
+    opt.step()  # a steady plan
+    plan = opt._plan
+    b = [t.clone() for t in a]
+    bufs = [t.clone() for t in plan.lists["momentum_buffer"]]
+    k = opt._k_dev.clone()
+    _ops.torch_op("sgd")(b, [p.grad for p in a], bufs, [], [], [], plan.batch, plan.present, plan.hp, k,
+                         opt.schedule.table(torch.device("cpu"), 2), 1, None, None, "reference")
+    opt.step()
+    for x, y in zip(a, b):
+        assert torch.equal(x.detach(), y)
+    assert int(k) == opt.round_step == 3
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_bad_op_arguments_are_named(backend):
+    require(backend)
+    args = list(_args(OPS["sgd"], "cpu", backend=backend))
+    bad = list(args)
+    bad[2] = bad[2][:1]  # momentum_buffer list shorter than the present masks ask for
+    with pytest.raises((ValueError, RuntimeError), match="momentum_buffer"):
+        _ops.torch_op("sgd")(*bad)
+    bad = list(args)
+    bad[8] = bad[8].float()  # hp in float32
+    with pytest.raises((ValueError, RuntimeError), match="hp must be"):
+        _ops.torch_op("sgd")(*bad)
+    bad = list(args)
+    bad[-1] = "gpu"
+    with pytest.raises(ValueError, match="gpu"):
+        _ops.torch_op("sgd")(*bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("backend,device", cases(with_reference=False))
+def test_opcheck_low_precision(backend, device, dtype):
+    require(backend, device)
+    if not supports(backend, dtype):
+        pytest.skip(f"{backend} does not take {dtype}")
+    torch.library.opcheck(_ops.torch_op("padamfed"), _args(OPS["padamfed"], device, dtype, backend))
