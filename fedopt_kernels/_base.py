@@ -16,13 +16,13 @@ from torch.optim import Optimizer
 
 from . import _registry, _step_op
 from ._ops import OpSpec
-from ._plan import StepPlan
+from ._plan import StepPlan, refuse_in_capture, to_device
 from .schedules import DecaySchedule
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _ROUND_KEY = "fedopt_round"
 # attributes rebuilt after a copy instead of copied: caches and the compile handle
-_TRANSIENT = ("_plan", "_handle", "_ones")
+_TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache")
 
 
 def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Optional[float] = None,
@@ -99,6 +99,7 @@ class FedOptimizer(Optimizer):
         self._params_flat: List[torch.Tensor] = []
         self._plan: Optional[StepPlan] = None
         self._ones: Dict[torch.device, torch.Tensor] = {}
+        self._hp_cache: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # (host rows, device copy)
         self._handle = _step_op.register(self)
         self._hp_names = tuple(defaults)  # what a state_dict's param groups must carry to be ours
         super().__init__(params, defaults)
@@ -287,9 +288,32 @@ class FedOptimizer(Optimizer):
     def _schedule(self) -> Optional[DecaySchedule]:
         return None
 
+    def _device_hp(self, host: torch.Tensor, device: torch.device,
+                   update: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The op's hp tensor on ``device`` holding ``host``; copied only when the values changed.
+
+        Plans rebuilt with the same rows (every round start, mostly) share one device tensor, so a
+        rebuild costs no host-to-device copy, and none is made while a CUDA graph is captured.
+        """
+        cached = self._hp_cache
+        if cached is not None and cached[1].device == device and cached[0].shape == host.shape \
+                and torch.equal(cached[0], host):
+            return cached[1]
+        refuse_in_capture(device, "copy new hyperparameter values to the device")
+        if update is not None and update.shape == host.shape and update.device == device:
+            # in place: a CUDA graph captured earlier reads this tensor; a fresh pinned buffer per
+            # copy, because the previous copy may still be in flight
+            update.copy_(host.pin_memory() if device.type == "cuda" else host, non_blocking=True)
+            dev = update
+        else:
+            dev = to_device(host, device)
+        self._hp_cache = (host, dev)
+        return dev
+
     def _counter(self, device: torch.device) -> torch.Tensor:
         k = self._k_dev
         if k is None or k.device != device:
+            refuse_in_capture(device, "create its step counter on the device")
             value = self.round_step
             k = self._k_dev = torch.full((1,), value, dtype=torch.int32, device=device)
         return k
@@ -441,6 +465,7 @@ class FedOptimizer(Optimizer):
         super().__setstate__(state)
         self._plan = None
         self._ones = {}
+        self._hp_cache = None
         self._handle = _step_op.register(self)
         self._params_flat = [p for g in self.param_groups for p in g["params"]]
 

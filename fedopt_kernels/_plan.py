@@ -37,6 +37,20 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def capturing(device: torch.device) -> bool:
+    """Is a CUDA graph being captured on ``device``'s current stream?"""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def refuse_in_capture(device: torch.device, what: str) -> None:
+    """A host-to-device copy inside a capture would be replayed from a freed host buffer: refuse it."""
+    if capturing(device):
+        raise RuntimeError(
+            f"step() needs to {what} while a CUDA graph is being captured; take eager steps until nothing "
+            f"changes (two steps after start_round() when momentum buffers are new, one otherwise), keep "
+            f"hyperparameters, gradients and state at fixed addresses while the graph is used, and capture then")
+
+
 class StepPlan:
     def __init__(self, opt: "FedOptimizer"):
         spec: OpSpec = opt._spec
@@ -121,7 +135,7 @@ class StepPlan:
                     if self.present[b] & spec.bit(name):
                         self.step_order[name].append(idx)
         self.grads = [params[i].grad for i in self.order]
-        self.hp = to_device(self._hp_host(), self.device)
+        self.hp = opt._device_hp(self._hp_host(), self.device)
         self.fn: Callable = _registry.resolve(spec.name, opt.backend, self.device)
         self.backend = _registry.auto_backend(self.device, spec.name) if opt.backend == "auto" else opt.backend
         self.cache: Dict[str, Any] = {}
@@ -183,12 +197,7 @@ class StepPlan:
             self.hp_keys[gi] = tuple(k for k in group if k != "params")
             self.hp_vals[gi] = tuple(group[k] for k in self.hp_keys[gi])
             self.group_rows[gi] = opt._hp_row(group)
-        host = self._hp_host()
-        if self.hp.device.type == "cuda":
-            # a fresh pinned buffer per refresh: the previous copy may still be in flight
-            self.hp.copy_(host.pin_memory(), non_blocking=True)
-        else:
-            self.hp.copy_(host)
+        self.hp = opt._device_hp(self._hp_host(), self.device, update=self.hp)
         return True
 
     def refresh_rows(self, opt: "FedOptimizer") -> None:

@@ -3,8 +3,9 @@
 * a step captured in a CUDA graph and replayed gives the same bits as eager steps (every per-step
   scalar - lr_k, the norm, the clip / normalisation factor - lives on the device);
 * ``torch.cuda.set_sync_debug_mode("error")`` raises nothing inside ``step()``;
-* launches that split (more tensors or groups than one kernel-argument table holds, 70 groups for
-  the finalize kernel's 64) and mixed dtypes still match ``reference``.
+* launches that split (more tensors or batches than one kernel-argument table holds) and mixed
+  dtypes still match ``reference``;
+* a plan change that would copy from the host while a graph is captured is refused, not recorded.
 """
 from __future__ import annotations
 
@@ -67,15 +68,18 @@ def test_cuda_graph_replay_equals_eager(algo):
     graphed = _params()
     opt = _make(algo, graphed, "cuda")
     opt.start_round()
-    static = _grads(graphed, 0)
-    for p, g in zip(graphed, static):
-        p.grad = g
-    opt.step()  # eager warm-up: creates the device counter, schedule table and state
+    static = [torch.empty_like(p) for p in graphed]
+    for p, s in zip(graphed, static):
+        p.grad = s
+    for k in range(2):  # eager warm-up: device counter, schedule table, state, a steady plan
+        for s, g in zip(static, _grads(graphed, k)):
+            s.copy_(g)
+        opt.step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         opt.step()  # recorded, not run
-    for k in range(1, STEPS):
+    for k in range(2, STEPS):
         for s, g in zip(static, _grads(graphed, k)):
             s.copy_(g)
         graph.replay()
@@ -125,3 +129,16 @@ def test_split_launches_and_mixed_dtypes_match_reference(algo):
     for i, (a, b) in enumerate(zip(out["reference"], out["cuda"])):
         tol = {torch.float64: 1e-10, torch.float32: 2e-5}.get(a.dtype, 3e-2)
         torch.testing.assert_close(b.double(), a.double(), rtol=tol, atol=tol, msg=lambda m: f"tensor {i}: {m}")
+
+
+def test_capture_refuses_a_plan_that_needs_a_host_copy():
+    params = _params()
+    opt = _make("sgd", params, "cuda")
+    for p, g in zip(params, _grads(params, 0)):
+        p.grad = g
+    opt.step()  # fresh momentum buffers: the next step builds a new plan with other hp rows
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="CUDA graph"):
+        with torch.cuda.graph(graph):
+            opt.step()
