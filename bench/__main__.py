@@ -34,8 +34,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 MODES = {
     # sizes on cpu, sizes on cuda, algorithms, timing budget
     "full": (list(SIZES), list(SIZES), FULL, Budget(warmup=2, min_reps=5, max_reps=300, min_time_s=1.0)),
-    "quick": (["small_cnn", "resnet18"], list(SIZES), CORE, Budget(warmup=1, min_reps=3, max_reps=100, min_time_s=0.25)),
-    "smoke": (["small_cnn"], ["small_cnn"], CORE, Budget(warmup=1, min_reps=3, max_reps=3, min_time_s=0.0)),
+    "quick": (["overhead", "small_cnn", "resnet18"], list(SIZES), CORE,
+              Budget(warmup=1, min_reps=3, max_reps=100, min_time_s=0.25)),
+    "smoke": (["overhead", "small_cnn"], ["overhead", "small_cnn"], CORE,
+              Budget(warmup=1, min_reps=3, max_reps=3, min_time_s=0.0)),
 }
 
 

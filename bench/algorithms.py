@@ -16,10 +16,11 @@ from fedopt_kernels import catalogue
 
 from .traffic import Traffic
 
-# Backend names of the torch.optim.SGD baselines, as they appear in result rows.
+# Backend names of the torch baselines, as they appear in result rows.
 TORCH_FUSED = "torch.SGD(fused)"
 TORCH_FOREACH = "torch.SGD(foreach)"
-BASELINES = (TORCH_FUSED, TORCH_FOREACH)
+TORCH_CLIP_SGD = "torch clip+SGD(fused)"   # what a user writes for FedNAR by hand
+BASELINES = (TORCH_FUSED, TORCH_FOREACH, TORCH_CLIP_SGD)
 
 
 @dataclass
@@ -39,6 +40,14 @@ class Algo:
     label: str
     config: catalogue.Config
     torch_sgd: Optional[Dict[str, Any]] = None  # comparable torch.optim.SGD kwargs (SGD family)
+
+    def baselines(self) -> List[str]:
+        """The torch baselines that do this case's work."""
+        if self.torch_sgd is not None:
+            return [TORCH_FUSED, TORCH_FOREACH]
+        if self.config.cls.__name__ == "FedNAR" and not self.config.correction and not self.config.kwargs.get("prox_mu"):
+            return [TORCH_CLIP_SGD]
+        return []
 
     @property
     def traffic(self) -> Traffic:
@@ -77,3 +86,24 @@ def build_torch_sgd(params: List[torch.Tensor], which: str, kwargs: Dict[str, An
     """torch.optim.SGD with the given work, fused or foreach (``which`` is a BASELINES name)."""
     flag = {"fused": True} if which == TORCH_FUSED else {"foreach": True}
     return Stepper(torch.optim.SGD(params, **kwargs, **flag))
+
+
+class ClipSGD(Stepper):
+    """FedNAR by hand with torch: ``grad += wd * x; clip_grad_norm_(foreach); SGD(fused).step()``."""
+
+    def __init__(self, params: List[torch.Tensor], kwargs: Dict[str, Any]):
+        super().__init__(torch.optim.SGD(params, lr=kwargs["lr"], fused=True))
+        self.params = params
+        self.wd, self.max_norm = kwargs["weight_decay"], kwargs["max_norm"]
+
+    def step(self) -> None:
+        grads = [p.grad for p in self.params]
+        torch._foreach_add_(grads, self.params, alpha=self.wd)
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm, foreach=True)
+        self.opt.step()
+
+
+def build_baseline(algo: Algo, params: List[torch.Tensor], which: str) -> Stepper:
+    if which == TORCH_CLIP_SGD:
+        return ClipSGD(params, dict(algo.config.kwargs))
+    return build_torch_sgd(params, which, algo.torch_sgd)

@@ -40,16 +40,29 @@ def _fused(row: Row) -> bool:
     return row["backend"] in FUSED and not row.get("error")
 
 
+def _ok(row: Row, backend: str) -> bool:
+    return row["backend"] == backend and not row.get("error")
+
+
 GOALS: List[Goal] = [
     Goal("gpu: >=85% copy", "every fused algorithm >= 85% of measured copy bandwidth",
          "fused backends, large list", "cuda",
          lambda r: _fused(r) and r["size"] == "large", lambda r: r.get("pct_copy"), 85.0),
     Goal("gpu: >=10x ref", ">= 10x over reference", "fused backends, ResNet-18 list", "cuda",
          lambda r: _fused(r) and r["size"] == "resnet18", lambda r: r.get("speedup_ref"), 10.0),
-    Goal("gpu: <=1.1x SGD fused", "FedDecaySGD within 10% of torch.optim.SGD(fused=True)",
-         "FedDecaySGD on fused backends, ResNet-18 and large lists", "cuda",
-         lambda r: _fused(r) and r["algorithm"] in SGD_FAMILY and r["size"] in ("resnet18", "large"),
+    Goal("gpu: <=1.1x SGD fused", "eager FedDecaySGD within 1.1x of torch.optim.SGD(fused=True)",
+         "FedDecaySGD (momentum, wd) on cuda, small CNN and ResNet-18 lists", "cuda",
+         lambda r: _ok(r, "cuda") and r["algorithm"] == "feddecay" and r["size"] in ("small_cnn", "resnet18"),
          lambda r: r.get("speedup_sgd_fused"), 1 / 1.1),
+    Goal("gpu: FedNAR >=2.5x clip+SGD", "eager FedNAR >= 2.5x faster than clip_grad_norm_(foreach) + SGD(fused)",
+         "FedNAR on cuda, ResNet-18 list", "cuda",
+         lambda r: _ok(r, "cuda") and r["algorithm"] == "fednar" and r["size"] == "resnet18",
+         lambda r: r.get("speedup_clip_sgd"), 2.5),
+    Goal("gpu: triton <=1.2x cuda", "triton eager within 1.2x of cuda", "triton, every algorithm and list", "cuda",
+         lambda r: _ok(r, "triton"), lambda r: r.get("speedup_cuda"), 1 / 1.2),
+    Goal("gpu: FedNAR >=90% copy", "FedNAR cuda eager >= 90% of copy bandwidth", "FedNAR on cuda, large list",
+         "cuda", lambda r: _ok(r, "cuda") and r["algorithm"] == "fednar" and r["size"] == "large",
+         lambda r: r.get("pct_copy"), 90.0),
     Goal("cpu: >=70% copy", "every algorithm's cpu step >= 70% of copy bandwidth",
          "backend cpu, ResNet-18 and large lists", "cpu",
          lambda r: r["backend"] == "cpu" and not r.get("error") and r["size"] in ("resnet18", "large"),
@@ -63,6 +76,10 @@ GOALS: List[Goal] = [
          "backend cpu, FedDecaySGD, ResNet-18 list", "cpu",
          lambda r: r["backend"] == "cpu" and not r.get("error") and r["algorithm"] in SGD_FAMILY
          and r["size"] == "resnet18",
+         lambda r: r.get("speedup_sgd_fused"), 1.0),
+    Goal("cpu: overhead <=1x SGD fused", "pure-overhead step no slower than torch.optim.SGD(fused=True)",
+         "backend cpu, FedDecaySGD, 62 one-element tensors", "cpu",
+         lambda r: _ok(r, "cpu") and r["algorithm"] == "feddecay" and r["size"] == "overhead",
          lambda r: r.get("speedup_sgd_fused"), 1.0),
 ]
 

@@ -11,7 +11,7 @@ from .algorithms import BASELINES
 from .contention import DISTURBED
 from .goals import goals_for
 
-SIZE_LABEL = {"small_cnn": "small CNN", "resnet18": "ResNet-18", "large": "large"}
+SIZE_LABEL = {"overhead": "overhead", "small_cnn": "small CNN", "resnet18": "ResNet-18", "large": "large"}
 
 
 def _fmt_time(s: Optional[float]) -> str:
@@ -76,7 +76,9 @@ def markdown(result: Dict[str, Any]) -> str:
         _contention_line(result),
         "- GB/s = SPEC §7 minimum bytes per step (`bench/traffic.py`) / median step time; "
         "% copy = that over `dst.copy_(src)` moving the same bytes on the same device in the same run; "
-        "x columns = speedup (other time / this time); state = bytes of optimizer state; step extra = peak memory one step "
+        "host/step = host time of one step() call without waiting for the device (on a CPU, the step time); "
+        "x columns = speedup (other time / this time; clip+SGD: `grad += wd*x; clip_grad_norm_(foreach); "
+        "SGD(fused)`, a user's own FedNAR); state = bytes of optimizer state; step extra = peak memory one step "
         f"allocates on top of it ({'CUDA max_memory_allocated' if cuda else 'torch CPU allocator events via torch.profiler'})."
         + ("" if cuda else " On a CPU, % copy can exceed 100%: a copy's stores to `dst` also read `dst` into the cache "
            "(write-allocate), traffic the counted bytes leave out, while an in-place update reads what it writes anyway."),
@@ -91,8 +93,10 @@ def markdown(result: Dict[str, Any]) -> str:
         disturbed = sum(1 for r in result["rows"] if g["goal"] in r.get("goals", {}) and _disturbed(r))
         lines.append(f"| {g['text']} | {g['where']} | **{g['verdict']}** | {g['passed']}/{g['judged']} | {missed} "
                      f"| {disturbed} |")
-    head = ["algorithm", "backend", "size", "B/elem", "median step", "GB/s", "% copy", "x ref",
-            "x SGD fused", "x SGD foreach", "state", "step extra"]
+    head = ["algorithm", "backend", "size", "B/elem", "median step", "host/step", "GB/s", "% copy", "x ref",
+            "x SGD fused", "x SGD foreach", "x clip+SGD", "state", "step extra"]
+    if cuda:
+        head.insert(head.index("state"), "x cuda")
     if cuda:
         head += ["graph step", "graph GB/s"]
     head += [g.key for g in goals]
@@ -105,9 +109,12 @@ def markdown(result: Dict[str, Any]) -> str:
         else:
             flag = " ⚠" if _disturbed(r) else ""
             cells = [r["algorithm"], r["backend"], size, str(r["bytes_per_element"]), _fmt_time(r["median_s"]) + flag,
-                     f"{r['gbps']:.1f}", f"{r['pct_copy']:.0f}%", _fmt_x(r.get("speedup_ref")),
-                     _fmt_x(r.get("speedup_sgd_fused")), _fmt_x(r.get("speedup_sgd_foreach")),
-                     _fmt_bytes(r.get("state_bytes")), _fmt_bytes(r.get("step_extra_bytes"))]
+                     _fmt_time(r.get("host_s")), f"{r['gbps']:.1f}", f"{r['pct_copy']:.0f}%",
+                     _fmt_x(r.get("speedup_ref")), _fmt_x(r.get("speedup_sgd_fused")),
+                     _fmt_x(r.get("speedup_sgd_foreach")), _fmt_x(r.get("speedup_clip_sgd"))]
+            if cuda:
+                cells.append(_fmt_x(r.get("speedup_cuda")))
+            cells += [_fmt_bytes(r.get("state_bytes")), _fmt_bytes(r.get("step_extra_bytes"))]
             if cuda:
                 if "graph_median_s" in r:
                     cells += [_fmt_time(r["graph_median_s"]), f"{r['graph_gbps']:.1f}"]

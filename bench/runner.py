@@ -12,11 +12,11 @@ import torch
 
 import fedopt_kernels as fk
 
-from .algorithms import ALGOS, BASELINES, TORCH_FOREACH, TORCH_FUSED, Stepper, build_torch_sgd
+from .algorithms import ALGOS, BASELINES, TORCH_CLIP_SGD, TORCH_FOREACH, TORCH_FUSED, Stepper, build_baseline
 from .contention import DISTURBED, OtherLoad, wait_quiet
 from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
-from .timing import Budget, copy_bandwidth, median, time_calls, time_graph
+from .timing import Budget, copy_bandwidth, host_time, median, time_calls, time_graph
 from .traffic import Traffic, bytes_per_element, bytes_per_step
 
 Row = Dict[str, Any]
@@ -82,6 +82,7 @@ def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
     out["state_bytes"] = state_bytes(stepper.opt)
     times = time_calls(stepper.step, plan.device, dataclasses.replace(plan.budget, warmup=1))
     out.update(median_s=median(times), min_s=min(times), reps=len(times))
+    out["host_s"] = host_time(stepper.step, plan.device) if plan.device.type == "cuda" else out["median_s"]
     if graph and plan.device.type == "cuda" and plan.graph_steps > 0:
         try:
             out["graph_median_s"] = time_graph(stepper.step, plan.device, plan.graph_steps, plan.budget,
@@ -92,7 +93,7 @@ def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
     return out
 
 
-_MEASURED = ("median_s", "min_s", "reps", "step_extra_bytes", "state_bytes", "graph_median_s", "graph_error",
+_MEASURED = ("median_s", "min_s", "reps", "host_s", "step_extra_bytes", "state_bytes", "graph_median_s", "graph_error",
              "copy_gbps", "other_load_cores", "attempts", "error")
 
 
@@ -149,19 +150,23 @@ def run(plan: Plan) -> Dict[str, Any]:
         for algo_name in plan.algos:
             algo = ALGOS[algo_name]
             cases = [(b, (lambda b=b: algo.build(params, b))) for b in backends]
-            if plan.baselines and algo.torch_sgd is not None:
-                cases += [(w, (lambda w=w: build_torch_sgd(params, w, algo.torch_sgd))) for w in BASELINES]
+            if plan.baselines:
+                cases += [(w, (lambda w=w: build_baseline(algo, params, w))) for w in algo.baselines()]
             for backend, build in cases:
-                # torch.optim.SGD does the plain SGD work (no neuron scales, corrections or anchors)
-                traffic = (Traffic("sgd", ("momentum_buffer",) if algo.torch_sgd.get("momentum", 0) else ())
-                           if backend in BASELINES else algo.traffic)
+                # torch.optim.SGD does the plain SGD work (no neuron scales, corrections or anchors);
+                # the hand-written FedNAR does FedNAR's work, counted at FedNAR's bytes
+                if backend in (TORCH_FUSED, TORCH_FOREACH):
+                    traffic = Traffic("sgd", ("momentum_buffer",) if algo.torch_sgd.get("momentum", 0) else ())
+                else:
+                    traffic = algo.traffic
                 nbytes = bytes_per_step(traffic, shapes, plan.dtype)
                 row: Row = dict(algorithm=algo_name, label=algo.label, backend=backend, size=size,
                                 device_type=plan.device.type, dtype=str(plan.dtype).replace("torch.", ""),
                                 n_tensors=len(shapes), numel=total_numel(shapes),
                                 bytes_per_element=bytes_per_element(traffic, plan.dtype),
                                 bytes_per_step=nbytes)
-                key = (backend, nbytes, tuple(sorted(algo.torch_sgd.items()))) if backend in BASELINES else None
+                key = (backend, nbytes, tuple(sorted((algo.torch_sgd or algo.config.kwargs).items()))) \
+                    if backend in BASELINES else None
                 t0 = time.perf_counter()
                 if key is not None and key in baseline_cache:
                     row.update(baseline_cache[key])  # the same torch work, measured for another algorithm
@@ -191,6 +196,7 @@ def _derive(rows: List[Row], plan: Plan) -> None:
         if "graph_median_s" in r:
             r["graph_gbps"] = r["bytes_per_step"] / r["graph_median_s"] / 1e9
         for col, other in (("speedup_ref", "reference"), ("speedup_sgd_fused", TORCH_FUSED),
-                           ("speedup_sgd_foreach", TORCH_FOREACH)):
+                           ("speedup_sgd_foreach", TORCH_FOREACH), ("speedup_clip_sgd", TORCH_CLIP_SGD),
+                           ("speedup_cuda", "cuda")):
             o = index.get((r["algorithm"], other, r["size"]))
             r[col] = o["median_s"] / r["median_s"] if o is not None and "median_s" in o else None

@@ -1,5 +1,7 @@
 """The parameter lists the benchmark steps over: three sizes that stress different limits.
 
+- ``overhead``: 62 one-element tensors (ResNet-18's tensor count, no bytes to speak of): a step's
+  time is its fixed per-step and per-tensor cost alone, host overhead included.
 - ``small_cnn``: the simulator's CNN (``fedopt_kernels.sim.models.SmallCNN`` on 8x8 single-channel
   images, 10 classes): 6 tensors, 3,818 parameters. One step moves ~50 KB, so its time is launch
   and Python overhead, not bandwidth.
@@ -69,6 +71,7 @@ def large_shapes(blocks: int = 8, width: int = 1024, vocab: int = 8192) -> List[
 
 
 SIZES: Dict[str, List[Shape]] = {
+    "overhead": [(1,)] * 62,
     "small_cnn": small_cnn_shapes(),
     "resnet18": resnet18_shapes(),
     "large": large_shapes(),

@@ -14,7 +14,7 @@ from typing import List
 import pytest
 import torch
 
-from bench.algorithms import ALGOS, BASELINES, CORE, build_torch_sgd
+from bench.algorithms import ALGOS, BASELINES, CORE, build_baseline
 from bench.runner import Plan, _make_params, select_backends
 from bench.shapes import SIZES
 from bench.traffic import bytes_per_step
@@ -42,9 +42,9 @@ def test_step(benchmark, algo: str, backend: str, size: str) -> None:
     spec = ALGOS[algo]
     params = _params(size)
     if backend in BASELINES:
-        if spec.torch_sgd is None:
-            pytest.skip(f"torch.optim.SGD does no comparable work to {algo}")
-        stepper = build_torch_sgd(params, backend, spec.torch_sgd)
+        if backend not in spec.baselines():
+            pytest.skip(f"{backend} does no comparable work to {algo}")
+        stepper = build_baseline(spec, params, backend)
     else:
         stepper = spec.build(params, backend)
     nbytes = bytes_per_step(spec.traffic, SIZES[size], torch.float32)

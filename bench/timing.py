@@ -61,6 +61,20 @@ def time_calls(fn: Callable[[], None], device: torch.device, budget: Budget) -> 
     return times
 
 
+def host_time(fn: Callable[[], None], device: torch.device, reps: int = 20) -> float:
+    """Median host seconds of one call, without waiting for the device: what a training loop pays on
+    the CPU per step (on a CPU it is the step time; on a GPU the launch overhead, when the GPU keeps up)."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    _sync(device)
+    return statistics.median(times)
+
+
 def median(xs: List[float]) -> float:
     return statistics.median(xs)
 
