@@ -34,16 +34,20 @@ class OpArgs:
     grad_scale: Optional[torch.Tensor]
     found_inf: Optional[torch.Tensor]
     backend: str
+    active: Optional[torch.Tensor] = None   # batched ops: [C] bool
 
     @classmethod
     def parse(cls, spec: OpSpec, args: Sequence) -> "OpArgs":
         n = len(spec.roles)
-        if len(args) != n + 9:
-            raise TypeError(f"fedopt::{spec.name} takes {n + 9} arguments, got {len(args)}")
+        want = n + 9 + int(spec.batched)
+        if len(args) != want:
+            raise TypeError(f"fedopt::{spec.name} takes {want} arguments, got {len(args)}")
         lists = {r.name: list(a) for r, a in zip(spec.roles, args[:n])}
-        batch, present, hp, k, table, decay_every, grad_scale, found_inf, backend = args[n:]
+        rest = list(args[n:])
+        active = rest.pop(8) if spec.batched else None
+        batch, present, hp, k, table, decay_every, grad_scale, found_inf, backend = rest
         out = cls(spec, lists, list(batch), list(present), hp, k, table, int(decay_every), grad_scale, found_inf,
-                  backend)
+                  backend, active)
         out.check()
         return out
 
@@ -53,10 +57,25 @@ class OpArgs:
         if len(self.lists["grads"]) != n or len(self.batch) != n:
             raise ValueError(f"fedopt::{spec.name}: {n} params but {len(self.lists['grads'])} grads and "
                              f"{len(self.batch)} batch indices")
-        rows = self.hp.shape[0] if self.hp.dim() == 2 else -1
-        if self.hp.dim() != 2 or self.hp.shape[1] != len(spec.hps) or self.hp.dtype != torch.float64:
-            raise ValueError(f"fedopt::{spec.name}: hp must be float64 [batches, {len(spec.hps)}] "
+        dims = 3 if spec.batched else 2
+        rows = self.hp.shape[0] if self.hp.dim() == dims else -1
+        if self.hp.dim() != dims or self.hp.shape[-1] != len(spec.hps) or self.hp.dtype != torch.float64:
+            what = "[batches, clients, " if spec.batched else "[batches, "
+            raise ValueError(f"fedopt::{spec.name}: hp must be float64 {what}{len(spec.hps)}] "
                              f"({', '.join(spec.hps)}), got {self.hp.dtype} {tuple(self.hp.shape)}")
+        if spec.batched:
+            C = self.hp.shape[1]
+            if self.k.shape != (C,):
+                raise ValueError(f"fedopt::{spec.name}: k must have one counter per client ({C}), got shape "
+                                 f"{tuple(self.k.shape)}")
+            if self.active is not None and (self.active.shape != (C,) or self.active.dtype != torch.bool):
+                raise ValueError(f"fedopt::{spec.name}: active must be a bool tensor of shape ({C},), got "
+                                 f"{self.active.dtype} {tuple(self.active.shape)}")
+            for name, ts in self.lists.items():
+                for t in ts:
+                    if t.dim() == 0 or t.shape[0] != C:
+                        raise ValueError(f"fedopt::{spec.name}: every {name} tensor must have a leading client "
+                                         f"dimension of {C}, got shape {tuple(t.shape)}")
         if len(self.present) != rows or any(not 0 <= b < rows for b in self.batch):
             raise ValueError(f"fedopt::{spec.name}: batch indices must lie in [0, {rows}) and present needs "
                              f"one mask per hp row ({rows}), got {len(self.present)}")

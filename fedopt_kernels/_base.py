@@ -115,8 +115,9 @@ class FedOptimizer(Optimizer):
         """The hyperparameter facts that decide which tensors a step needs (a change rebuilds the plan)."""
         return (group.get("prox_mu", 0.0) != 0.0,)
 
-    def _hp_row(self, group: Dict[str, Any]) -> List[float]:
-        """This group's row of the op's hp tensor, in ``_spec.hps`` order (subclasses derive values)."""
+    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
+        """This group's row of the op's hp tensor, in ``_spec.hps`` order, for round ``t`` (default:
+        the current round; subclasses derive values, e.g. FedNAR's annealed step size)."""
         return [float(group[name]) for name in self._spec.hps]
 
     def _normalized_group(self, param_group: Dict[str, Any]) -> Dict[str, Any]:
@@ -277,6 +278,14 @@ class FedOptimizer(Optimizer):
             out["correction"] = state["correction"]
         return out, {}
 
+    def _extra_present(self, tensors: Dict[str, torch.Tensor]) -> int:
+        """Bits of a batch's ``present`` mask beyond its roles (the batched SGD's FRESH)."""
+        return 0
+
+    def _hp_tensor(self, plan: StepPlan) -> torch.Tensor:
+        """The op's hp tensor on the host for this plan (batched forms: one row per client)."""
+        return plan._hp_host()
+
     def _step_roles(self) -> Tuple[str, ...]:
         """Optional roles fed from ``step()``'s per-step input rather than from the state."""
         return ()
@@ -391,8 +400,9 @@ class FedOptimizer(Optimizer):
         else:
             table, every = self._one(device), 1
         spec = self._spec
+        extra = (self._active_for(device),) if spec.batched else ()
         plan.fn(params, plan.grads, *[lists[r.name] for r in spec.optional], plan.batch, plan.present, plan.hp,
-                k, table, every, grad_scale, found_inf, plan.backend, cache=cache)
+                k, table, every, grad_scale, found_inf, *extra, plan.backend, cache=cache)
         self._host_steps += 1
 
     def resolved_backend(self) -> str:
@@ -451,7 +461,9 @@ class FedOptimizer(Optimizer):
             for key, value in kept.get(pid, {}).items():
                 self.state[p][key] = value.to(device=p.device, dtype=state_dtype(p))
         self._t = int(rnd["t"])
-        self._k_host = self._host_steps = int(rnd["k"])
+        k = rnd["k"]  # one counter, or one per client (client-batched optimizers)
+        self._k_host = [int(v) for v in k] if isinstance(k, (list, tuple)) else int(k)
+        self._host_steps = max(self._k_host, default=0) if isinstance(k, (list, tuple)) else self._k_host
         self._k_dev = None
         self._plan = None
 

@@ -20,14 +20,23 @@ same for every backend and every caller (the optimizers, ``torch.ops.fedopt.<op>
   the step changes nothing (parameters, state and ``k``);
 * ``backend``: which registered implementation runs (``_registry``).
 
+Every op also has a *client-batched* form ``<op>_batched`` (SPEC §9): every tensor carries a
+leading client dimension ``[C, *shape]`` (FedNLR scales ``[C, M]``), ``hp`` is
+``[batches, C, len(spec.hps)]`` (per-client rows: each client's own lr, round decay, ...), ``k``
+is ``[C]`` and an optional bool ``active`` ``[C]`` leaves inactive clients' parameters, state and
+``k`` untouched. Global norms are per client. Client ``c``'s result is what the op computes for
+client ``c`` alone. ``sgd_batched`` reads one more bit of ``present``: ``FRESH`` (the round
+started with new momentum buffers), under which a client at ``k == 0`` takes ``buf = d`` (torch's
+first step) instead of ``momentum * buf + (1 - dampening) * d``.
+
 The spec is what the reference and fused implementations, the C++ bindings (through
-``tests/test_op_signatures.py``), the Triton launcher, the benchmark's traffic table and the
-optimizers read; adding an op means adding one ``OpSpec`` here.
+``tests/test_ops.py``), the Triton launcher, the benchmark's traffic table and the optimizers
+read; adding an op means adding one ``OpSpec`` here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, Tuple
 
 import torch
 
@@ -60,6 +69,8 @@ class OpSpec:
     norm: bool                     # two passes: a global L2 norm, then the update
     schedule: bool                 # lr_k from the within-round schedule table
     doc: str = ""
+    batched: bool = False          # the client-batched form (module docstring)
+    base: str = ""                 # for a batched op: the per-client op it batches
 
     @property
     def optional(self) -> Tuple[Role, ...]:
@@ -87,7 +98,10 @@ class OpSpec:
         for r in self.roles:
             args.append(f"Tensor({next(alias)}!)[] {r.name}" if r.written else f"Tensor[] {r.name}")
         args += ["int[] batch", "int[] present", "Tensor hp", f"Tensor({next(alias)}!) k", "Tensor table",
-                 "int decay_every", "Tensor? grad_scale", "Tensor? found_inf", "str backend"]
+                 "int decay_every", "Tensor? grad_scale", "Tensor? found_inf"]
+        if self.batched:
+            args.append("Tensor? active")
+        args.append("str backend")
         return f"{self.name}({', '.join(args)}) -> ()"
 
     def bytes_per_element(self, present: Tuple[str, ...] = (), elem: int = 4, state: int = 4) -> int:
@@ -132,7 +146,13 @@ PADAMFED = OpSpec(
     doc="PAdaMFed: v = beta*G + D (VR: G + D - (1-beta)*H); acc += G; x -= lr * v / max(||v||, eps)",
 )
 
-OPS: Dict[str, OpSpec] = {s.name: s for s in (SGD, FEDNAR, PADAMFED)}
+# bit of sgd_batched's present mask: the round started with fresh momentum buffers
+FRESH = 1 << 16
+
+PER_CLIENT: Dict[str, OpSpec] = {s.name: s for s in (SGD, FEDNAR, PADAMFED)}
+BATCHED: Dict[str, OpSpec] = {f"{n}_batched": replace(s, name=f"{n}_batched", batched=True, base=n)
+                              for n, s in PER_CLIENT.items()}
+OPS: Dict[str, OpSpec] = {**PER_CLIENT, **BATCHED}
 
 
 # ------------------------------------------------------------------------------- torch.library

@@ -99,7 +99,7 @@ class StepPlan:
                     raise RuntimeError(f"{opt._name_of(idx)} is on {p.device} but other parameters are on {device}; "
                                        f"{type(opt).__name__} needs all parameters on one device")
                 tensors, override = opt._step_tensors(p, group, opt.state[p], idx)
-                mask = 0
+                mask = opt._extra_present(tensors)
                 for bit, role in enumerate(spec.optional):
                     if role.name in tensors:
                         mask |= 1 << bit
@@ -135,18 +135,23 @@ class StepPlan:
                     if self.present[b] & spec.bit(name):
                         self.step_order[name].append(idx)
         self.grads = [params[i].grad for i in self.order]
-        self.hp = opt._device_hp(self._hp_host(), self.device)
+        self.hp = opt._device_hp(opt._hp_tensor(self), self.device)
         self.fn: Callable = _registry.resolve(spec.name, opt.backend, self.device)
         self.backend = _registry.auto_backend(self.device, spec.name) if opt.backend == "auto" else opt.backend
         self.cache: Dict[str, Any] = {}
 
-    def _hp_host(self) -> torch.Tensor:
+    def batch_rows(self, row_of) -> List[List[float]]:
+        """Each batch's hp row: ``row_of(group index)`` with the batch's overrides applied."""
         rows = []
         for gi, override in zip(self.batch_group, self.batch_override):
-            row = list(self.group_rows[gi])
+            row = list(row_of(gi))
             for name, v in override.items():
                 row[self.spec.hp_index(name)] = float(v)
             rows.append(row)
+        return rows
+
+    def _hp_host(self) -> torch.Tensor:
+        rows = self.batch_rows(lambda gi: self.group_rows[gi])
         if not rows:
             return torch.zeros((0, len(self.spec.hps)), dtype=torch.float64)
         return torch.tensor(rows, dtype=torch.float64)
@@ -197,7 +202,7 @@ class StepPlan:
             self.hp_keys[gi] = tuple(k for k in group if k != "params")
             self.hp_vals[gi] = tuple(group[k] for k in self.hp_keys[gi])
             self.group_rows[gi] = opt._hp_row(group)
-        self.hp = opt._device_hp(self._hp_host(), self.device, update=self.hp)
+        self.hp = opt._device_hp(opt._hp_tensor(self), self.device, update=self.hp)
         return True
 
     def refresh_rows(self, opt: "FedOptimizer") -> None:

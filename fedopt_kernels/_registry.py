@@ -30,6 +30,10 @@ _LOAD_ERRORS: Dict[str, Optional[str]] = {}
 _DEVICE_OK: Dict[str, Callable[[torch.device], Optional[str]]] = {}
 
 
+def has(op: str, backend: str) -> bool:
+    return backend in _IMPLS.get(op, {})
+
+
 def register(op: str, backend: str) -> Callable[[Callable], Callable]:
     """Decorator: register ``fn`` as ``backend``'s implementation of ``op``."""
     if op not in _IMPLS:

@@ -16,7 +16,12 @@ import torch
 
 from . import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed
 from ._base import FedOptimizer
-from ._ops import OPS, OpSpec
+from ._ops import OpSpec
+from .batched import BatchedFedDecaySGD, BatchedFedNAR, BatchedNeuronLRSGD, BatchedPAdaMFed
+
+# each per-client optimizer's client-batched form (SPEC §9)
+BATCHED_FORM = {FedDecaySGD: BatchedFedDecaySGD, NeuronLRSGD: BatchedNeuronLRSGD, FedNAR: BatchedFedNAR,
+                PAdaMFed: BatchedPAdaMFed}
 
 Tensors = List[torch.Tensor]
 
@@ -68,6 +73,29 @@ class Config:
 
     def build(self, params: Tensors, backend: str = "auto") -> FedOptimizer:
         return self.cls(self.param_groups(params), backend=backend, **self.kwargs)
+
+    def build_batched(self, params: Tensors, backend: str = "auto") -> FedOptimizer:
+        """The client-batched form over stacked parameters ``[C, *shape]``."""
+        return BATCHED_FORM[self.cls](self.param_groups(params), backend=backend, **self.kwargs)
+
+    def batched_round_inputs(self, clients: List[Tensors], stacked: Tensors, rnd: int, seed: int = 0) -> Dict[str, Any]:
+        """Client c's ``round_inputs(clients[c], rnd, seed + 100 c)``, stacked for ``stacked`` params."""
+        per = [self.round_inputs(ps, rnd, seed + 100 * c) for c, ps in enumerate(clients)]
+        out: Dict[str, Any] = {}
+        for key in per[0] if per else ():
+            if isinstance(per[0][key], dict):  # neuron scales {param: r}: the same parameters for every client
+                index = [{id(p): i for i, p in enumerate(ps)} for ps in clients]
+                out[key] = {stacked[index[0][id(p)]]: torch.stack([per[c][key][clients[c][index[0][id(p)]]]
+                                                                  for c in range(len(clients))])
+                            for p in per[0][key]}
+            else:
+                out[key] = [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(stacked))]
+        return out
+
+    def batched_step_inputs(self, clients: List[Tensors], step: int, seed: int = 0) -> Dict[str, Any]:
+        per = [self.step_inputs(ps, step, seed + 100 * c) for c, ps in enumerate(clients)]
+        return {key: [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(clients[0]))]
+                for key in (per[0] if per else ())}
 
     def round_inputs(self, params: Tensors, rnd: int, seed: int = 0) -> Dict[str, Any]:
         """``start_round`` inputs of round ``rnd`` (``params`` in the optimizer's order)."""

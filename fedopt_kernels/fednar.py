@@ -1,7 +1,7 @@
 """FedNAR: co-clipping of gradient and weight decay (SPEC §4)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Optional
 
 from ._base import FedOptimizer, check_number
 from ._ops import FEDNAR
@@ -40,7 +40,7 @@ class FedNAR(FedOptimizer):
         check_number("round_decay", group["round_decay"], low=0.0, high=1.0, low_open=True)
         check_number("eps", group["eps"], low=0.0)
 
-    def _hp_row(self, group: Dict[str, Any]) -> List[float]:
-        step_lr = group["lr"] * group["round_decay"] ** max(self._t, 0)
+    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
+        step_lr = group["lr"] * group["round_decay"] ** max(self._t if t is None else t, 0)
         return [float(step_lr), float(group["weight_decay"]), float(group["max_norm"]), float(group["eps"]),
                 float(group["prox_mu"])]

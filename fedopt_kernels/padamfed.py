@@ -49,7 +49,7 @@ class PAdaMFed(FedOptimizer):
     def _structure(self, group: Dict[str, Any]) -> tuple:
         return super()._structure(group) + (bool(group["variance_reduction"]),)
 
-    def _hp_row(self, group: Dict[str, Any]) -> List[float]:
+    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
         return [float(group["lr"]), float(group["beta"]), float(group["eps"])]
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:

@@ -31,19 +31,24 @@ def load_extension(ext: str) -> ModuleType:
             f"`pip install -e . --no-build-isolation` (needs a C++ compiler; nvcc for the CUDA one)") from exc
 
 
-def _wrap(fn, name: str, n_roles: int, backend: str):
+def _wrap(fn, name: str, n_roles: int, backend: str, batched: bool):
     """The registry's calling convention (schema order, optional ``cache``) -> the extension's."""
 
     def op(*args, cache=None):
         roles, rest = args[:n_roles], args[n_roles:]
-        batch, present, hp, k, table, decay_every, grad_scale, found_inf, _backend = rest
-        fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf)
+        if batched:
+            batch, present, hp, k, table, decay_every, grad_scale, found_inf, active, _backend = rest
+            fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, active)
+        else:
+            batch, present, hp, k, table, decay_every, grad_scale, found_inf, _backend = rest
+            fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf)
 
     op.__name__ = op.__qualname__ = f"{name}_{backend}"
     return op
 
 
 def register_extension(ext: ModuleType, backend: str) -> None:
-    """Register every op of ``ext`` as ``backend``'s implementation."""
+    """Register every op ``ext`` implements as ``backend``'s implementation."""
     for name, spec in OPS.items():
-        register(name, backend)(_wrap(getattr(ext, name), name, len(spec.roles), backend))
+        if hasattr(ext, name):
+            register(name, backend)(_wrap(getattr(ext, name), name, len(spec.roles), backend, spec.batched))

@@ -1,0 +1,144 @@
+"""What turns a per-client optimizer of the package into its client-batched form (SPEC §9).
+
+Parameters are stacked client copies ``[C, *shape]``; so is every state tensor. Per-client inputs
+(round index, learning-rate scale, active mask, the within-round counter) live in ``[C]``
+tensors and per-client hp rows, so one step updates every client at once, and client ``c`` ends
+up exactly where the per-client optimizer would have taken it alone.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .._base import FedOptimizer, _param_name
+from .._ops import FRESH
+from .._plan import StepPlan, refuse_in_capture
+
+
+def _per_client(name: str, value: Any, C: int, cast) -> Optional[List]:
+    """None, one value for all clients, or one per client -> a list of C host values."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().reshape(-1).tolist() if value.dim() else value.item()
+    if isinstance(value, (list, tuple)):
+        if len(value) != C:
+            raise ValueError(f"{name} has {len(value)} values but there are {C} clients")
+        return [cast(v) for v in value]
+    return [cast(value)] * C
+
+
+class ClientBatched(FedOptimizer):
+    """Mixin placed before a per-client optimizer class: ``class BatchedX(ClientBatched, X)``."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self.num_clients: Optional[int] = None
+        self._t_clients: Optional[List[int]] = None   # per-client round index of the current round
+        self._lr_scale: Optional[List[float]] = None  # per-client learning-rate factor
+        self._fresh_round = True                      # momentum buffers are new this round
+        self._active: Optional[torch.Tensor] = None   # this step's active mask
+        super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------------------------ parameters: [C, *shape]
+    def _check_new_params(self, params: List[torch.Tensor], gi: int) -> None:
+        super()._check_new_params(params, gi)
+        for pi, p in enumerate(params):
+            if p.dim() == 0:
+                raise ValueError(f"{_param_name(gi, pi, p)} is 0-dim; client-batched parameters are stacked "
+                                 f"client copies with a leading client dimension [C, *shape]")
+            if self.num_clients is None:
+                self.num_clients = int(p.shape[0])
+            elif p.shape[0] != self.num_clients:
+                raise ValueError(f"{_param_name(gi, pi, p)} has leading (client) dimension {p.shape[0]} but other "
+                                 f"parameters have {self.num_clients}")
+
+    # ------------------------------------------------------------------ rounds
+    @property
+    def round_step(self) -> List[int]:
+        """k of every client: the steps each one took since the last start_round."""
+        if self._k_dev is not None:
+            return [int(v) for v in self._k_dev.tolist()]
+        k = self._k_host
+        return list(k) if isinstance(k, (list, tuple)) else [int(k)] * (self.num_clients or 0)
+
+    def _counter(self, device: torch.device) -> torch.Tensor:
+        k = self._k_dev
+        if k is None or k.device != device:
+            refuse_in_capture(device, "create its step counters on the device")
+            k = self._k_dev = torch.tensor(self.round_step, dtype=torch.int32, device=device)
+        return k
+
+    @torch.no_grad()
+    def start_round(self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None,
+                    round_index: Any = None, lr_scale: Any = None, **inputs: Any) -> None:
+        """Begin a round for every client (SPEC §1 per client).
+
+        ``round_index``: the round index ``t`` of each client (an int for all, or C ints; default:
+        this optimizer's own round count); ``lr_scale``: a factor on every group's learning rate
+        per client (default 1). Corrections, controls and scales are ``[C, *shape]`` tensors.
+        """
+        C = self.num_clients
+        t = _per_client("round_index", round_index, C, int)
+        scale = _per_client("lr_scale", lr_scale, C, float)
+        if t is not None and any(v < 0 for v in t):
+            raise ValueError(f"round_index must be >= 0, got {round_index!r}")
+        if scale is not None and any(not (v >= 0 and v != float("inf")) for v in scale):
+            raise ValueError(f"lr_scale must be finite and >= 0 per client, got {lr_scale!r}")
+        had_buffers = any("momentum_buffer" in self.state[p] for p in self._params_flat)
+        super().start_round(reset_state=reset_state, correction=correction, **inputs)
+        self._t_clients = t
+        self._lr_scale = scale
+        self._k_host = [0] * C
+        self._fresh_round = reset_state or not had_buffers
+
+    # ------------------------------------------------------------------ per-client hp rows
+    def _hp_tensor(self, plan: StepPlan) -> torch.Tensor:
+        C = self.num_clients
+        groups = self.param_groups
+        ts = self._t_clients or [max(self._t, 0)] * C
+        scales = self._lr_scale or [1.0] * C
+        per_client = []
+        for c in range(C):
+            rows = plan.batch_rows(lambda gi: self._hp_row(groups[gi], ts[c]))
+            for row in rows:
+                row[0] *= scales[c]  # column 0 is every op's learning rate
+            per_client.append(rows)
+        if not plan.batch_group:
+            return torch.zeros((0, C, len(self._spec.hps)), dtype=torch.float64)
+        return torch.tensor(per_client, dtype=torch.float64).transpose(0, 1).contiguous()
+
+    def _step_tensors(self, p, group, state, idx):
+        tensors, override = super()._step_tensors(p, group, state, idx)
+        # per client, the first-step rule comes from k == 0 under the FRESH bit (not a one-step plan)
+        override.pop("dampening", None)
+        return tensors, override
+
+    def _extra_present(self, tensors: Dict[str, torch.Tensor]) -> int:
+        return FRESH if ("momentum_buffer" in tensors and self._fresh_round) else 0
+
+    # ------------------------------------------------------------------ step
+    def _active_for(self, device: torch.device) -> Optional[torch.Tensor]:
+        return self._active
+
+    @torch.no_grad()
+    def step(self, closure=None, *, active: Any = None, **step_inputs: Any):
+        """One local step of every active client (``active``: C bools, default all).
+
+        An inactive client's parameters, state and step counter stay as they are: a client with
+        fewer local steps than the others sits out the rest of the round.
+        """
+        if active is not None:
+            if not isinstance(active, torch.Tensor):
+                active = torch.tensor(list(active))
+            if active.shape != (self.num_clients,) or active.dtype != torch.bool:
+                raise ValueError(f"active must be a bool tensor of shape ({self.num_clients},) (one flag per "
+                                 f"client), got {active.dtype} {tuple(active.shape)}")
+            device = self._params_flat[0].device
+            if active.device != device:
+                active = active.to(device, non_blocking=True)
+        self._active = active
+        try:
+            return super().step(closure, **step_inputs)
+        finally:
+            self._active = None
