@@ -15,21 +15,22 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import _ops
-from fedopt_kernels._ops import OPS
+from fedopt_kernels import _ops, _registry
+from fedopt_kernels._ops import BATCHED, FRESH, OPS, PER_CLIENT
 
 from backends import cases, require, supports
 
 SHAPES = [(5, 3), (7,), (2, 3, 2)]
 
 
-def _args(spec, device, dtype=torch.float32, backend="reference", amp=False):
+def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, clients=0):
     """Arguments of ``spec``'s op: batch 0 has every optional role, batch 1 none of the optional ones
-    (PAdaMFed needs D and acc everywhere, so its batch 1 has those)."""
+    (PAdaMFed needs D and acc everywhere, so its batch 1 has those). ``clients``: the batched form."""
     g = torch.Generator().manual_seed(0)
+    lead = (clients,) if clients else ()
 
     def rnd(shape, dt=dtype):
-        return torch.randn(shape, generator=g).to(dtype=dt, device=device)
+        return torch.randn(lead + tuple(shape), generator=g).to(dtype=dt, device=device)
 
     n = len(SHAPES)
     batch = [0, 1, 0]
@@ -41,7 +42,7 @@ def _args(spec, device, dtype=torch.float32, backend="reference", amp=False):
         for j in range(n):
             if present[batch[j]] >> i & 1:
                 if role.per_row:
-                    ts.append((0.5 + torch.rand(SHAPES[j][0], generator=g)).to(device))
+                    ts.append((0.5 + torch.rand(lead + SHAPES[j][:1], generator=g)).to(device))
                 else:
                     ts.append(rnd(SHAPES[j], torch.float32 if role.state_typed else dtype))
         lists.append(ts)
@@ -55,30 +56,69 @@ def _args(spec, device, dtype=torch.float32, backend="reference", amp=False):
     table = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, device=device)
     gs = torch.full((1,), 8.0, device=device) if amp else None
     fi = torch.zeros(1, device=device) if amp else None
-    return (*lists, batch, present, hp, k, table, 1, gs, fi, backend)
+    if not clients:
+        return (*lists, batch, present, hp, k, table, 1, gs, fi, backend)
+    hp = torch.stack([hp * (1 + 0.1 * c) for c in range(clients)], 1).contiguous()  # per-client rows
+    k = torch.tensor([0, 1, 0][:clients], dtype=torch.int32, device=device)
+    active = torch.tensor([True, True, False][:clients], device=device)
+    if spec.base == "sgd":
+        present = [present[0] | FRESH, present[1]]
+    return (*lists, batch, present, hp, k, table, 1, gs, fi, active, backend)
+
+
+def _require_op(backend, device, name):
+    require(backend, device)
+    why = _registry.unavailable_reason(backend, torch.device(device), name)
+    if why is not None:
+        pytest.skip(why)
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["plain", "amp"])
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("backend,device", cases())
 def test_opcheck(backend, device, name, amp):
-    require(backend, device)
-    args = _args(OPS[name], device, backend=backend, amp=amp)
+    _require_op(backend, device, name)
+    args = _args(OPS[name], device, backend=backend, amp=amp, clients=3 if OPS[name].batched else 0)
     torch.library.opcheck(_ops.torch_op(name), args)
 
 
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("backend,device", cases(with_reference=False))
 def test_every_backend_computes_what_reference_computes_through_torch_ops(backend, device, name):
-    require(backend, device)
+    _require_op(backend, device, name)
     out = []
     for b in ("reference", backend):
-        args = _args(OPS[name], device, backend=b, amp=True)
+        args = _args(OPS[name], device, backend=b, amp=True, clients=3 if OPS[name].batched else 0)
         _ops.torch_op(name)(*args)
         n = len(OPS[name].roles)
         out.append([t for lst in args[:n] for t in lst] + [args[n + 3]])
     for a, c in zip(*out):
         torch.testing.assert_close(c, a, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", list(BATCHED))
+def test_batched_reference_op_is_the_per_client_op_client_by_client(name):
+    spec = BATCHED[name]
+    args = _args(spec, "cpu", clients=3, amp=True)
+    _ops.torch_op(name)(*args)
+    n = len(spec.roles)
+    hp, k, active = args[n + 2], args[n + 3], args[n + 8]
+    for c in range(3):
+        per = _args(PER_CLIENT[spec.base], "cpu", amp=True)
+        lists = [[t[c].clone() for t in lst] for lst in _args(spec, "cpu", clients=3, amp=True)[:n]]
+        ph = hp[:, c].clone()
+        present = [m & ~FRESH for m in args[n + 1]]
+        if spec.base == "sgd" and c != 1:  # FRESH batch, client at k == 0: the first-step rule
+            ph[0, spec.hps.index("dampening")] = 0.0
+        kc = torch.tensor([[0, 1, 0][c]], dtype=torch.int32)
+        if active[c]:
+            _ops.torch_op(spec.base)(*lists, per[n], present, ph, kc, per[n + 4], 1, per[n + 6], per[n + 7],
+                                     "reference")
+        got = [t[c] for lst in args[:n] for t in lst]
+        want = [t for lst in lists for t in lst]
+        for a, b in zip(want, got):
+            assert torch.equal(a, b)
+        assert int(k[c]) == int(kc)
 
 
 @pytest.mark.parametrize("ext", ["_C_cpu", "_C_cuda"])
@@ -88,6 +128,8 @@ def test_bindings_index_the_declared_roles_and_hp_columns(ext):
     except ImportError as exc:
         pytest.skip(f"{ext} not built here: {exc}")
     for name, spec in OPS.items():
+        if not hasattr(mod, name):
+            continue  # a batched op this extension does not implement (yet)
         roles, hps = mod.op_signature(name)
         assert roles == [r.name for r in spec.roles], name
         assert hps == list(spec.hps), name
@@ -101,6 +143,7 @@ def test_triton_kernels_take_their_roles_from_the_declaration():
 
 
 def test_schema_marks_exactly_the_written_roles_as_mutated():
+    assert set(BATCHED) == {f"{n}_batched" for n in PER_CLIENT}
     for spec in OPS.values():
         schema = torch._C.parse_schema(f"fedopt::{spec.schema()}")
         mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}

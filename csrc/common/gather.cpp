@@ -32,7 +32,7 @@ void Gathered::finish() {
 }
 
 Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
-                const std::vector<SlotSpec>& slots, const char* op, const char* backend) {
+                const std::vector<SlotSpec>& slots, const char* op, const char* backend, int64_t clients) {
   Gathered out;
   const int nslots = static_cast<int>(slots.size());
   TORCH_CHECK(nslots <= kMaxSlots && nslots >= 2, "internal: bad slot layout");
@@ -60,6 +60,12 @@ Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& x = lists[0][i];
     const int64_t b = batch[i];
+    // the dimension per-row roles index: the first, or the first after the client dimension
+    const int64_t row_dim = clients > 0 ? 1 : 0;
+    if (clients > 0)
+      TORCH_CHECK(x.dim() >= 1 && x.size(0) == clients, "fedopt_kernels ", backend, " ", op, ": parameter ", i,
+                  " has shape ", x.sizes(), "; every tensor of a batched op needs a leading client dimension of ",
+                  clients);
     const at::ScalarType pt = x.scalar_type();
     TORCH_CHECK(pt == at::kFloat || pt == at::kHalf || pt == at::kBFloat16 || pt == at::kDouble, "fedopt_kernels ",
                 backend, " backend: parameter ", i, " has dtype ", dtype_name(pt),
@@ -92,9 +98,12 @@ Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const
                   " must be a dense real tensor");
       if (slots[s].per_row) {
         has_row = true;
-        TORCH_CHECK(x.dim() >= 1 && t.dim() == 1 && t.size(0) == x.size(0), "fedopt_kernels ", backend, ": ",
-                    where(slots, s, i), " has shape ", t.sizes(), ", expected [", (x.dim() ? x.size(0) : 0),
-                    "] (one value per output unit)");
+        const bool ok = clients > 0
+                            ? (x.dim() >= 2 && t.dim() == 2 && t.size(0) == clients && t.size(1) == x.size(1))
+                            : (x.dim() >= 1 && t.dim() == 1 && t.size(0) == x.size(0));
+        TORCH_CHECK(ok, "fedopt_kernels ", backend, ": ", where(slots, s, i), " has shape ", t.sizes(),
+                    clients > 0 ? ", expected [clients, M] (one value per client and output unit)"
+                                : ", expected one value per output unit [shape[0]]");
         continue;
       }
       TORCH_CHECK(t.sizes() == x.sizes(), "fedopt_kernels ", backend, ": ", where(slots, s, i), " has shape ",
@@ -105,19 +114,21 @@ Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const
     const bool flat_ok = all_contig || (!has_row && same_dense);
 
     Entry e{};
-    e.numel = x.numel();
+    e.numel = clients > 0 ? x.numel() / clients : x.numel();
     e.row_len = e.numel;
     e.group = static_cast<int32_t>(b);
     e.dtype = to_dtype(pt);
+    e.segment = 0;
     for (int s = 0; s < nslots; ++s) {
       if (!mine[s]) continue;
       at::Tensor t = *mine[s];
       const at::ScalarType want = slots[s].kind == SlotKind::Param ? pt : st;
-      const bool direct = t.scalar_type() == want && (slots[s].per_row ? t.is_contiguous() : flat_ok);
+      // batched: client slices are found by offset, so every stacked tensor must be contiguous
+      const bool direct = t.scalar_type() == want && (slots[s].per_row || clients > 0 ? t.is_contiguous() : flat_ok);
       if (!direct && e.numel > 0) {
         // slow path: a contiguous temporary of the expected dtype; written ones are copied back
         // (same strides as the others when those are used directly, contiguous otherwise)
-        const bool keep_strides = flat_ok && !slots[s].per_row;
+        const bool keep_strides = flat_ok && !slots[s].per_row && clients == 0;
         at::Tensor tmp = t.to(t.options().dtype(want), /*non_blocking=*/false, /*copy=*/true,
                               keep_strides ? at::MemoryFormat::Preserve : at::MemoryFormat::Contiguous);
         if (slots[s].written) out.writeback.emplace_back(t, tmp);
@@ -126,8 +137,32 @@ Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const
       }
       e.ptr[s] = t.data_ptr();
     }
-    if (has_row && e.numel > 0) e.row_len = e.numel / x.size(0);
-    if (e.numel > 0) out.entries.push_back(e);
+    if (has_row && e.numel > 0) e.row_len = e.numel / x.size(row_dim);
+    if (e.numel > 0) {
+      out.entries.push_back(e);
+      out.rows.push_back(x.dim() > row_dim ? x.size(row_dim) : 1);
+    }
+  }
+  return out;
+}
+
+std::vector<Entry> expand_clients(const Gathered& gat, const std::vector<SlotSpec>& slots, int64_t clients) {
+  std::vector<Entry> out;
+  out.reserve(gat.entries.size() * static_cast<size_t>(clients));
+  for (int64_t c = 0; c < clients; ++c) {
+    for (size_t i = 0; i < gat.entries.size(); ++i) {
+      Entry e = gat.entries[i];
+      const bool f64 = e.dtype == DType::F64;
+      for (size_t s = 0; s < slots.size(); ++s) {
+        if (!e.ptr[s]) continue;
+        const int size = slots[s].kind == SlotKind::Param ? dtype_size(e.dtype) : (f64 ? 8 : 4);
+        const int64_t stride = slots[s].per_row ? gat.rows[i] : e.numel;
+        e.ptr[s] = static_cast<char*>(e.ptr[s]) + c * stride * size;
+      }
+      e.group = static_cast<int32_t>(e.group * clients + c);
+      e.segment = static_cast<int32_t>(c);
+      out.push_back(e);
+    }
   }
   return out;
 }

@@ -27,6 +27,7 @@ using RoleLists = std::vector<std::vector<at::Tensor>>;
 
 struct Gathered {
   std::vector<Entry> entries;      // non-empty parameters, in argument order
+  std::vector<int64_t> rows;       // batched: per entry, M (per-row roles' length per client)
   std::vector<int32_t> present;    // per batch: mask of optional roles
   at::Device device{at::kCPU};
   bool any_f64 = false;            // a float64 parameter: norms are *used* in float64 (as the reference)
@@ -38,9 +39,17 @@ struct Gathered {
   void finish();  // runs the writebacks
 };
 
-// `backend` names the caller in error messages ("cpu" / "cuda"); `op` the op.
+// `backend` names the caller in error messages ("cpu" / "cuda"); `op` the op. `clients` > 0: the
+// batched form (every tensor [clients, *shape], per-row roles [clients, M]); each entry then
+// describes one stacked tensor (numel and row_len are per client) and `expand_clients` makes the
+// per-client entries.
 Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
-                const std::vector<SlotSpec>& slots, const char* op, const char* backend);
+                const std::vector<SlotSpec>& slots, const char* op, const char* backend, int64_t clients = 0);
+
+// The per-client entries of a batched op's stacked entries: client-major (all of client 0's tensors,
+// then client 1's, ...), entry (c, i) pointing at client c's slice of stacked tensor i, with
+// hp row group * clients + c and segment c. Per-row slots step by M per client, others by numel.
+std::vector<Entry> expand_clients(const Gathered& gat, const std::vector<SlotSpec>& slots, int64_t clients);
 
 std::string dtype_name(at::ScalarType t);
 

@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <string>
+
 namespace fo {
 
 const OpDesc& SgdOp::desc() {
@@ -37,6 +39,27 @@ const OpDesc& PAdamOp::desc() {
   return d;
 }
 
+static OpDesc batched(const OpDesc& base) {
+  static const char* names[] = {"sgd_batched", "fednar_batched", "padamfed_batched"};
+  const std::string n = std::string(base.name) + "_batched";
+  for (const char* name : names)
+    if (n == name) return OpDesc{name, base.slots, base.hps};
+  TORCH_CHECK(false, "internal: no batched form of ", base.name);
+}
+
+const OpDesc& SgdBatchedOp::desc() {
+  static const OpDesc d = batched(SgdOp::desc());
+  return d;
+}
+const OpDesc& FedNarBatchedOp::desc() {
+  static const OpDesc d = batched(FedNarOp::desc());
+  return d;
+}
+const OpDesc& PAdamBatchedOp::desc() {
+  static const OpDesc d = batched(PAdamOp::desc());
+  return d;
+}
+
 static void check_amp(const c10::optional<at::Tensor>& t, const char* name, const at::Device& dev, const char* op,
                       const char* backend) {
   if (!t.has_value() || !t->defined()) return;
@@ -47,15 +70,26 @@ static void check_amp(const c10::optional<at::Tensor>& t, const char* name, cons
 
 StepScalars check_scalars(const OpDesc& op, const Gathered& gat, const at::Tensor& hp, const at::Tensor& k,
                           const at::Tensor& table, int64_t decay_every, const c10::optional<at::Tensor>& grad_scale,
-                          const c10::optional<at::Tensor>& found_inf, const char* backend) {
+                          const c10::optional<at::Tensor>& found_inf, const char* backend, int64_t clients,
+                          const c10::optional<at::Tensor>& active) {
   const at::Device dev = gat.entries.empty() ? k.device() : gat.device;
   const int64_t cols = static_cast<int64_t>(op.hps.size());
-  TORCH_CHECK(hp.scalar_type() == at::kDouble && hp.dim() == 2 && hp.size(0) == gat.nbatches() && hp.size(1) == cols &&
-                  hp.is_contiguous() && hp.device() == dev,
+  const bool hp_ok = clients > 0 ? (hp.dim() == 3 && hp.size(1) == clients && hp.size(2) == cols)
+                                 : (hp.dim() == 2 && hp.size(1) == cols);
+  TORCH_CHECK(hp.scalar_type() == at::kDouble && hp_ok && hp.size(0) == gat.nbatches() && hp.is_contiguous() &&
+                  hp.device() == dev,
               "fedopt_kernels ", backend, " ", op.name, ": hp must be a contiguous float64 tensor [", gat.nbatches(),
-              ", ", cols, "] on ", dev, ", got ", dtype_name(hp.scalar_type()), " ", hp.sizes(), " on ", hp.device());
-  TORCH_CHECK(k.scalar_type() == at::kInt && k.numel() == 1 && k.device() == dev, "fedopt_kernels ", backend, " ",
-              op.name, ": k must be an int32 tensor [1] on ", dev);
+              clients > 0 ? ", clients" : "", ", ", cols, "] on ", dev, ", got ", dtype_name(hp.scalar_type()), " ",
+              hp.sizes(), " on ", hp.device());
+  const int64_t nk = clients > 0 ? clients : 1;
+  TORCH_CHECK(k.scalar_type() == at::kInt && k.numel() == nk && k.is_contiguous() && k.device() == dev,
+              "fedopt_kernels ", backend, " ", op.name, ": k must be a contiguous int32 tensor [", nk, "] on ", dev);
+  const bool has_active = active.has_value() && active->defined();
+  if (has_active)
+    TORCH_CHECK(clients > 0 && active->scalar_type() == at::kBool && active->numel() == clients &&
+                    active->is_contiguous() && active->device() == dev,
+                "fedopt_kernels ", backend, " ", op.name, ": active must be a contiguous bool tensor [", clients,
+                "] on ", dev);
   TORCH_CHECK(table.scalar_type() == at::kDouble && table.dim() == 1 && table.numel() >= 1 && table.is_contiguous() &&
                   table.device() == dev,
               "fedopt_kernels ", backend, " ", op.name, ": the schedule table must be a contiguous non-empty float64 "
@@ -73,6 +107,8 @@ StepScalars check_scalars(const OpDesc& op, const Gathered& gat, const at::Tenso
   s.decay_every = decay_every;
   s.grad_scale = grad_scale.has_value() && grad_scale->defined() ? grad_scale->data_ptr<float>() : nullptr;
   s.found_inf = found_inf.has_value() && found_inf->defined() ? found_inf->data_ptr<float>() : nullptr;
+  s.clients = clients;
+  s.active = has_active ? active->data_ptr<bool>() : nullptr;
   return s;
 }
 

@@ -25,6 +25,10 @@ struct OpDesc {
 struct SgdOp { static const OpDesc& desc(); };
 struct FedNarOp { static const OpDesc& desc(); };
 struct PAdamOp { static const OpDesc& desc(); };
+// client-batched forms (SPEC §9): the same roles and hp columns, named "<op>_batched"
+struct SgdBatchedOp { static const OpDesc& desc(); using Base = SgdOp; };
+struct FedNarBatchedOp { static const OpDesc& desc(); using Base = FedNarOp; };
+struct PAdamBatchedOp { static const OpDesc& desc(); using Base = PAdamOp; };
 
 // Pointers to the validated scalar arguments (host pointers for CPU tensors, device pointers for
 // CUDA tensors: the CUDA kernels read them on the device, so nothing is copied to the host).
@@ -37,10 +41,14 @@ struct StepScalars {
   int64_t decay_every;
   const float* grad_scale; // nullable: gradients are divided by it
   const float* found_inf;  // nullable: non-zero skips the step
+  int64_t clients = 0;     // batched ops: C (hp is [batches, C, cols], k and active are [C])
+  const bool* active = nullptr;  // batched ops, nullable: false leaves that client untouched
 };
 
+// `clients` > 0 checks the batched layout and `active`.
 StepScalars check_scalars(const OpDesc& op, const Gathered& gat, const at::Tensor& hp, const at::Tensor& k,
                           const at::Tensor& table, int64_t decay_every, const c10::optional<at::Tensor>& grad_scale,
-                          const c10::optional<at::Tensor>& found_inf, const char* backend);
+                          const c10::optional<at::Tensor>& found_inf, const char* backend, int64_t clients = 0,
+                          const c10::optional<at::Tensor>& active = c10::nullopt);
 
 }  // namespace fo
