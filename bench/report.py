@@ -122,9 +122,14 @@ def markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def chart(result: Dict[str, Any], path: Path) -> None:
-    """Bar chart of % of copy bandwidth per algorithm and backend, one panel per size."""
-    import matplotlib
+def chart(result: Dict[str, Any], path: Path) -> bool:
+    """Bar chart of % of copy bandwidth per algorithm and backend, one panel per size.
+
+    Returns False, drawing nothing, when matplotlib (the ``[bench]`` extra) is not installed."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -157,6 +162,7 @@ def chart(result: Dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return True
 
 
 def slug(text: str) -> str:
@@ -171,7 +177,8 @@ def write(result: Dict[str, Any], out_dir: Path) -> Dict[str, Path]:
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
     paths["json"].write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
     paths["md"].write_text(markdown(result))
-    chart(result, paths["png"])
+    if not chart(result, paths["png"]):
+        paths.pop("png").unlink(missing_ok=True)  # an earlier run's chart would not match these numbers
     paths["latest"] = write_latest(out_dir)
     return paths
 
@@ -203,7 +210,8 @@ def write_latest(out_dir: Path) -> Path:
         rel = js.relative_to(out_dir)
         md, png = rel.with_suffix(".md"), rel.with_suffix(".png")
         lines.append(f"| {dev} | {mode} | {dtype} | {meta.get('date', '?')} | `{str(meta.get('commit', '?'))[:10]}` "
-                     f"| [{md.name}]({md.as_posix()}) | [{rel.name}]({rel.as_posix()}) | [{png.name}]({png.as_posix()}) |")
+                     f"| [{md.name}]({md.as_posix()}) | [{rel.name}]({rel.as_posix()}) | "
+                     + (f"[{png.name}]({png.as_posix()}) |" if (out_dir / png).is_file() else "— |"))
     path = out_dir / "LATEST.md"
     path.write_text("\n".join(lines) + "\n")
     return path
