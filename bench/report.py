@@ -74,7 +74,7 @@ def markdown(result: Dict[str, Any]) -> str:
         f"- backends timed: {', '.join(result['backends'])}; left out: "
         + ("; ".join(f"{k} ({v})" for k, v in result["skipped"].items()) or "none"),
         _contention_line(result),
-        "- GB/s = SPEC §7 minimum bytes per step (`bench/traffic.py`) / median step time; "
+        "- GB/s = minimum bytes per step (`bench/traffic.py`, docs/benchmarks.md) / median step time; "
         "% copy = that over `dst.copy_(src)` moving the same bytes on the same device in the same run; "
         "x columns = speedup (other time / this time); state = bytes of optimizer state; step extra = peak memory one step "
         f"allocates on top of it ({'CUDA max_memory_allocated' if cuda else 'torch CPU allocator events via torch.profiler'})."
