@@ -247,8 +247,9 @@ def native_extensions():
         import torch  # noqa: F401
         from torch.utils.cpp_extension import BuildExtension
     except Exception as exc:  # pure-Python install; the backends say the extensions are missing
-        _warn(f"torch is not importable ({exc}); native backends are not built (pip install torch first, "
-              f"then pip install -e . --no-build-isolation)")
+        _warn(f"torch is not importable here ({exc}), e.g. in pip's isolated build environment: the package "
+              f"installs without compiled backends, which are then built on first use against the installed "
+              f"torch when a C++ compiler is present (or: pip install torch, then pip install --no-build-isolation)")
         return [], {}
     exts = []
     for make in (cpu_extension, cuda_extension):
