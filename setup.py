@@ -1,12 +1,26 @@
 """Build script: the pure-Python package always; native extensions when a toolchain is present.
 
 ``triton_kernels/`` (Triton sources) is installed as ``fedopt_kernels.triton_kernels`` so that no
-top-level ``triton_kernels`` module clashes with other projects.
+top-level ``triton_kernels`` module clashes with other projects. ``csrc/`` (C++/CUDA sources and
+``build.py``, which lists them) is installed as ``fedopt_kernels/csrc``: an install without the
+compiled extensions (e.g. a wheel built in an isolated environment without torch) builds them on
+first use from there (``fedopt_kernels/backends/_jit.py``).
 """
 import importlib.util
 import os
+import re
 
+import setuptools
 from setuptools import setup
+
+# pyproject.toml's SPDX `license = "..."` string needs setuptools >= 77 (PEP 639). With
+# --no-build-isolation the installed setuptools is used as is: say so instead of a schema error.
+_MIN_SETUPTOOLS = (77, 0)
+_found = tuple(int(x) for x in re.findall(r"\d+", setuptools.__version__)[:2])
+if _found < _MIN_SETUPTOOLS:
+    raise SystemExit(f"fedopt_kernels needs setuptools>={_MIN_SETUPTOOLS[0]} to build, found {setuptools.__version__}: "
+                     f"pip install -U 'setuptools>={_MIN_SETUPTOOLS[0]}' (with --no-build-isolation pip uses the "
+                     f"installed setuptools)")
 
 PACKAGES = [
     "fedopt_kernels",
@@ -14,8 +28,11 @@ PACKAGES = [
     "fedopt_kernels.reference",
     "fedopt_kernels.sim",
     "fedopt_kernels.triton_kernels",
+    "fedopt_kernels.csrc",
 ]
-PACKAGE_DIR = {"fedopt_kernels.triton_kernels": "triton_kernels"}
+PACKAGE_DIR = {"fedopt_kernels.triton_kernels": "triton_kernels", "fedopt_kernels.csrc": "csrc"}
+# the sources of the on-first-use build; build.py (the source list) is picked up as a module
+PACKAGE_DATA = {"fedopt_kernels.csrc": ["*/*.h", "*/*.cuh", "*/*.cpp", "*/*.cu"]}
 
 
 def native_extensions():
@@ -40,6 +57,7 @@ ext_modules, cmdclass = native_extensions()
 setup(
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
+    package_data=PACKAGE_DATA,
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

@@ -5,7 +5,8 @@
   measured in the same run, speedups over ``reference`` and over ``torch.optim.SGD`` (fused and
   foreach, where the work is comparable), peak memory, and on CUDA the CUDA-graph step time; the
   project's performance goals are judged per row (``bench.goals``). Files go to
-  ``bench/results/<device>-<date>.{json,md,png}`` and ``bench/results/LATEST.md``.
+  ``bench_runs/<device>-<date>.{json,md,png}`` and ``bench_runs/LATEST.md`` (git-ignored), or to
+  ``--out-dir``; the committed tables live in ``bench/results/`` (``--out-dir bench/results``).
 - ``pytest bench/``: the same cases as pytest-benchmark microbenchmarks.
 - ``bash bench/gpu_check.sh``: install, build, full test suite and benchmark on a GPU machine.
 """

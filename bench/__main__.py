@@ -3,6 +3,11 @@
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (four core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
 ``--smoke`` (small CNN only, three timed steps: checks the machinery, numbers mean little).
+
+A run never waits for the machine to be quiet and never redoes a case unless asked: rows that
+other processes disturbed are flagged (⚠). ``--wait-quiet`` and ``--retries`` are for the tables
+that get committed. Files go to ``bench_runs/`` (git-ignored); the committed tables in
+``bench/results/`` are written only when that folder is named with ``--out-dir``.
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ from .shapes import SIZES
 from .timing import Budget
 
 ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "bench_runs"          # a user's runs: git-ignored, the clone stays clean
+COMMITTED = ROOT / "bench" / "results"     # the tables kept in git: written only when named
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 MODES = {
@@ -92,16 +99,29 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--graph-steps", type=int, default=10, help="optimizer steps per captured CUDA graph (0: off)")
     ap.add_argument("--no-baselines", action="store_true", help="skip torch.optim.SGD fused/foreach")
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
-                    help="first wait (at most this long) until other processes leave the CPU cores idle")
-    ap.add_argument("--retries", type=int, default=None,
-                    help="CPU: redo a case that other processes disturbed up to N times (default: 2 full, 1 quick, 0 smoke)")
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
+                    help="first wait (at most this long) until other processes leave the CPU cores idle "
+                         "(default 0: start at once)")
+    ap.add_argument("--retries", type=int, default=0,
+                    help="CPU: redo a case that other processes disturbed up to N times, waiting for idle cores "
+                         "before each (default 0: disturbed rows are only flagged)")
+    ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT,
+                    help="where the result files and LATEST.md go (default: bench_runs/, git-ignored; "
+                         "the committed tables: --out-dir bench/results)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--render", type=Path, metavar="RESULT.json", help="only redraw that result's .md and .png")
     ap.add_argument("--rebuild-latest", action="store_true", help="only rewrite LATEST.md in --out-dir")
     args = ap.parse_args(argv)
     args.mode = args.mode or "full"
+    if args.retries < 0 or args.wait_quiet < 0:
+        ap.error("--retries and --wait-quiet must be >= 0")
     return args
+
+
+def _is_committed_folder(path: Path) -> bool:
+    try:
+        return path.resolve() == COMMITTED.resolve()
+    except OSError:
+        return False
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -119,8 +139,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     sizes = args.sizes or (cuda_sizes if device.type == "cuda" else cpu_sizes)
     plan = Plan(device=device, sizes=sizes, algos=args.algos or algos, dtype=DTYPES[args.dtype],
                 backends=args.backends, budget=budget, graph_steps=args.graph_steps,
-                baselines=not args.no_baselines,
-                retries=args.retries if args.retries is not None else {"full": 2, "quick": 1, "smoke": 0}[args.mode])
+                baselines=not args.no_baselines, retries=args.retries)
     meta = device_meta(device)
     now = dt.datetime.now(dt.timezone.utc)
     commit = _git("rev-parse", "HEAD") or os.environ.get("FEDOPT_COMMIT", "unknown")
@@ -132,6 +151,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 dtype=args.dtype, sizes=sizes, algos=plan.algos, budget=dataclasses.asdict(budget),
                 retries=plan.retries, graph_steps=args.graph_steps if device.type == "cuda" else None)
     print(f"bench: {meta['device_name']}, mode {args.mode}, sizes {sizes}", file=sys.stderr, flush=True)
+    if (not args.no_write and _is_committed_folder(args.out_dir) and device.type == "cpu"
+            and args.wait_quiet == 0 and args.retries == 0):
+        print("bench: note: writing into the committed tables (bench/results) without --wait-quiet / --retries; "
+              "disturbed rows will only be flagged", file=sys.stderr, flush=True)
     if args.wait_quiet > 0:
         cores = wait_quiet(args.wait_quiet)
         print(f"bench: other processes use {cores if cores is None else round(cores, 2)} cores; starting",
@@ -147,6 +170,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.no_write:
         paths = write(result, args.out_dir)
         print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+        if "png" not in paths:
+            print("bench: no chart drawn: matplotlib is not installed (pip install 'fedopt_kernels[bench]' "
+                  "or pip install matplotlib)", file=sys.stderr)
     return 0
 
 

@@ -8,9 +8,11 @@
 #   bash bench/gpu_check.sh --no-gpu --skip-install --pytest-args "tests/test_api.py"   # CPU dry run
 #
 # Options:
-#   --no-gpu            dry run without CUDA: bench/results/tmp/cpu-dryrun-<date>, benchmark --smoke
+#   --no-gpu            dry run without CUDA: bench/results/tmp/cpu-dryrun-<date>, benchmark --smoke,
+#                       and the install phase as `pip install --dry-run` (resolves, builds nothing)
 #   --skip-install      do not pip install / build (use what is installed)
 #   --skip-tests        do not run pytest
+#   --skip-bench        do not run the benchmark
 #   --bench-mode MODE   full | quick | smoke (default: quick; it has all three sizes on CUDA)
 #   --pytest-args ARGS  what to test (default: "tests")
 #   --budget SECONDS    total wall-time budget (default 540; the lent machine's limit is 600)
@@ -19,16 +21,17 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
-NO_GPU=0; SKIP_INSTALL=0; SKIP_TESTS=0; BENCH_MODE=quick; PYTEST_ARGS="tests"; BUDGET=540
+NO_GPU=0; SKIP_INSTALL=0; SKIP_TESTS=0; SKIP_BENCH=0; BENCH_MODE=quick; PYTEST_ARGS="tests"; BUDGET=540
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-gpu) NO_GPU=1 ;;
     --skip-install) SKIP_INSTALL=1 ;;
     --skip-tests) SKIP_TESTS=1 ;;
+    --skip-bench) SKIP_BENCH=1 ;;
     --bench-mode) BENCH_MODE="$2"; shift ;;
     --pytest-args) PYTEST_ARGS="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -111,14 +114,19 @@ phase() {
 
 install_pkg() {
   export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+  # a dry run of this script must not rebuild or reinstall the checkout it checks
+  local dry=""; [ "$NO_GPU" = 1 ] && dry="--dry-run"
   # offline first (the lent machines reach no registry; their image has every test dependency),
   # then with the registry for machines that have one
-  "$PY" -m pip install --no-index -e ".[test]" --no-build-isolation \
-    || "$PY" -m pip install --retries 1 --timeout 20 -e ".[test]" --no-build-isolation
+  "$PY" -m pip install $dry --no-index -e ".[test]" --no-build-isolation \
+    || "$PY" -m pip install $dry --retries 1 --timeout 20 -e ".[test]" --no-build-isolation
 }
+# `timeout` runs programs, not shell functions: the phase runs the function in a child bash
+export -f install_pkg
+export PY NO_GPU
 
 if [ "$SKIP_INSTALL" = 0 ]; then
-  phase install $(( $(left) - 200 < 300 ? $(left) - 200 : 300 )) install_pkg
+  phase install $(( $(left) - 200 < 300 ? $(left) - 200 : 300 )) bash -c install_pkg
 else
   echo "| install | skipped (--skip-install) | 0 |" >> "$SUMMARY"
 fi
@@ -132,8 +140,12 @@ else
   echo "| tests | skipped (--skip-tests) | 0 |" >> "$SUMMARY"
 fi
 
-# shellcheck disable=SC2086
-phase bench $(( $(left) - 15 )) "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS --out-dir "$RES"
+if [ "$SKIP_BENCH" = 0 ]; then
+  # shellcheck disable=SC2086
+  phase bench $(( $(left) - 15 )) "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS --out-dir "$RES"
+else
+  echo "| bench | skipped (--skip-bench) | 0 |" >> "$SUMMARY"
+fi
 
 {
   echo

@@ -74,7 +74,7 @@ def markdown(result: Dict[str, Any]) -> str:
         f"- backends timed: {', '.join(result['backends'])}; left out: "
         + ("; ".join(f"{k} ({v})" for k, v in result["skipped"].items()) or "none"),
         _contention_line(result),
-        "- GB/s = SPEC §7 minimum bytes per step (`bench/traffic.py`) / median step time; "
+        "- GB/s = minimum bytes per step (`bench/traffic.py`, docs/benchmarks.md) / median step time; "
         "% copy = that over `dst.copy_(src)` moving the same bytes on the same device in the same run; "
         "host/step = host time of one step() call without waiting for the device (on a CPU, the step time); "
         "x columns = speedup (other time / this time; clip+SGD: `grad += wd*x; clip_grad_norm_(foreach); "
@@ -129,9 +129,14 @@ def markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def chart(result: Dict[str, Any], path: Path) -> None:
-    """Bar chart of % of copy bandwidth per algorithm and backend, one panel per size."""
-    import matplotlib
+def chart(result: Dict[str, Any], path: Path) -> bool:
+    """Bar chart of % of copy bandwidth per algorithm and backend, one panel per size.
+
+    Returns False, drawing nothing, when matplotlib (the ``[bench]`` extra) is not installed."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -164,6 +169,7 @@ def chart(result: Dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return True
 
 
 def slug(text: str) -> str:
@@ -178,7 +184,8 @@ def write(result: Dict[str, Any], out_dir: Path) -> Dict[str, Path]:
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
     paths["json"].write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
     paths["md"].write_text(markdown(result))
-    chart(result, paths["png"])
+    if not chart(result, paths["png"]):
+        paths.pop("png").unlink(missing_ok=True)  # an earlier run's chart would not match these numbers
     paths["latest"] = write_latest(out_dir)
     return paths
 
@@ -210,7 +217,8 @@ def write_latest(out_dir: Path) -> Path:
         rel = js.relative_to(out_dir)
         md, png = rel.with_suffix(".md"), rel.with_suffix(".png")
         lines.append(f"| {dev} | {mode} | {dtype} | {meta.get('date', '?')} | `{str(meta.get('commit', '?'))[:10]}` "
-                     f"| [{md.name}]({md.as_posix()}) | [{rel.name}]({rel.as_posix()}) | [{png.name}]({png.as_posix()}) |")
+                     f"| [{md.name}]({md.as_posix()}) | [{rel.name}]({rel.as_posix()}) | "
+                     + (f"[{png.name}]({png.as_posix()}) |" if (out_dir / png).is_file() else "— |"))
     path = out_dir / "LATEST.md"
     path.write_text("\n".join(lines) + "\n")
     return path

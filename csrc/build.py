@@ -12,6 +12,11 @@ Rules (README "Install"):
   backend's import error (and so ``available_backends()``) repeats.
 * CUDA headers torch needs besides nvcc's own are also looked up in the ``nvidia-*`` pip packages
   (``site-packages/nvidia/*/include``), so no paths have to be set by hand.
+* The same source lists and flags serve the on-first-use build (``jit_spec``): an installed package
+  without a compiled extension builds it against the running torch with
+  ``torch.utils.cpp_extension.load`` (``fedopt_kernels/backends/_jit.py``). This file is installed
+  as ``fedopt_kernels/csrc/build.py`` next to the sources for that purpose, so it imports nothing
+  outside the standard library at module level.
 """
 from __future__ import annotations
 
@@ -102,8 +107,9 @@ def nvcc_archs(home: str) -> List[str]:
     return [f"{m[:-1]}.{m[-1]}" for m in re.findall(r"compute_(\d+)", out)]
 
 
-def arch_flags(home: str) -> List[str]:
-    """-gencode flags: TORCH_CUDA_ARCH_LIST if set, else sm_86 + sm_90 (+ visible GPUs) and PTX."""
+def arch_flags(home: str, defaults: Tuple[str, ...] = DEFAULT_ARCHS) -> List[str]:
+    """-gencode flags: TORCH_CUDA_ARCH_LIST if set, else ``defaults`` (sm_86 + sm_90) plus the
+    visible GPUs, and PTX of the newest."""
     env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     ptx_for = set()
     if env:
@@ -119,7 +125,7 @@ def arch_flags(home: str) -> List[str]:
             if item.endswith("+PTX"):
                 ptx_for.add(base)
     else:
-        archs = list(DEFAULT_ARCHS)
+        archs = list(defaults)
         try:
             import torch
             if torch.cuda.is_available():
@@ -127,6 +133,8 @@ def arch_flags(home: str) -> List[str]:
                     archs.append("%d.%d" % torch.cuda.get_device_capability(i))
         except Exception:  # no driver: the defaults
             pass
+        if not archs:
+            return []
         ptx_for.add(max(archs, key=lambda a: float(re.sub(r"[af]$", "", a))))
     known = nvcc_archs(home)
     flags = []
@@ -176,14 +184,9 @@ def _placeholder(name: str, reason: str):
     return ext
 
 
-def cpu_extension():
-    force = _switch("FEDOPT_BUILD_CPU")
-    if force is False:
-        return _placeholder("fedopt_kernels._C_cpu", "disabled by FEDOPT_BUILD_CPU=0 at build time")
-    if force is None and _cxx_available() is None:
-        return _placeholder("fedopt_kernels._C_cpu", "no C++ compiler found at build time (set CXX)")
+def cpu_flags() -> Tuple[List[str], List[str]]:
+    """(compile flags, link flags) of the C++ extension, for setup.py and the on-first-use build."""
     import torch
-    from torch.utils.cpp_extension import CppExtension
     # no FMA contraction: same bits as the reference on any CPU; -g0: no debug info (build time, size)
     # -fvisibility=hidden: our symbols (fo::*) stay private to each extension module
     cflags = ["-O3", "-g0", "-ffp-contract=off", "-fvisibility=hidden"]
@@ -191,6 +194,24 @@ def cpu_extension():
     if "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux"):
         cflags.append("-fopenmp")  # at::parallel_for is inline: OpenMP must be on in our objects too
         lflags.append("-fopenmp")
+    return cflags, lflags
+
+
+def cuda_flags(gencode: List[str]) -> Dict[str, List[str]]:
+    """{"cxx": host compiler flags, "nvcc": nvcc flags} of the CUDA extension."""
+    return {"cxx": ["-O3", "-g0", "-fvisibility=hidden"],
+            # --fmad=false: no FMA contraction, so the math rounds as the reference's
+            "nvcc": ["-O3", "--fmad=false", "-lineinfo", "-Xcompiler=-fvisibility=hidden"] + gencode}
+
+
+def cpu_extension():
+    force = _switch("FEDOPT_BUILD_CPU")
+    if force is False:
+        return _placeholder("fedopt_kernels._C_cpu", "disabled by FEDOPT_BUILD_CPU=0 at build time")
+    if force is None and _cxx_available() is None:
+        return _placeholder("fedopt_kernels._C_cpu", "no C++ compiler found at build time (set CXX)")
+    from torch.utils.cpp_extension import CppExtension
+    cflags, lflags = cpu_flags()
     return CppExtension("fedopt_kernels._C_cpu", CPU_SOURCES, extra_compile_args={"cxx": cflags},
                         extra_link_args=lflags)
 
@@ -217,11 +238,7 @@ def cuda_extension():
     if not gencode:
         return _placeholder(name, "no usable GPU architecture in TORCH_CUDA_ARCH_LIST for this nvcc")
     include_dirs = pip_nvidia_include_dirs()  # after CUDA_HOME/include, which CUDAExtension puts first
-    return cpp_ext.CUDAExtension(
-        name, CUDA_SOURCES, include_dirs=include_dirs,
-        extra_compile_args={"cxx": ["-O3", "-g0", "-fvisibility=hidden"],
-                            # --fmad=false: no FMA contraction, so the math rounds as the reference's
-                            "nvcc": ["-O3", "--fmad=false", "-lineinfo", "-Xcompiler=-fvisibility=hidden"] + gencode})
+    return cpp_ext.CUDAExtension(name, CUDA_SOURCES, include_dirs=include_dirs, extra_compile_args=cuda_flags(gencode))
 
 
 def native_extensions():
@@ -230,8 +247,9 @@ def native_extensions():
         import torch  # noqa: F401
         from torch.utils.cpp_extension import BuildExtension
     except Exception as exc:  # pure-Python install; the backends say the extensions are missing
-        _warn(f"torch is not importable ({exc}); native backends are not built (pip install torch first, "
-              f"then pip install -e . --no-build-isolation)")
+        _warn(f"torch is not importable here ({exc}), e.g. in pip's isolated build environment: the package "
+              f"installs without compiled backends, which are then built on first use against the installed "
+              f"torch when a C++ compiler is present (or: pip install torch, then pip install --no-build-isolation)")
         return [], {}
     exts = []
     for make in (cpu_extension, cuda_extension):
@@ -325,3 +343,66 @@ def _make_build_ext(base):
             return {k: v for k, v in super().get_output_mapping().items() if os.path.exists(k)}
 
     return NativeBuild
+
+
+# ------------------------------------------------------------------------- on-first-use build
+class CannotBuild(Exception):
+    """The on-first-use build cannot run here; the message says why, for the user."""
+
+
+class JitSpec:
+    """What ``torch.utils.cpp_extension.load`` needs to build one extension, plus ``tag``: what the
+    binary depends on besides the sources (torch, CUDA, GPU architectures), for the cache key."""
+
+    def __init__(self, name: str, sources: List[str], cflags: List[str], ldflags: List[str],
+                 cuda_cflags: Optional[List[str]] = None, include_dirs: Optional[List[str]] = None,
+                 cuda_home: Optional[str] = None, tag: str = ""):
+        self.name, self.sources, self.cflags, self.ldflags = name, sources, cflags, ldflags
+        self.cuda_cflags, self.include_dirs = cuda_cflags, include_dirs or []
+        self.cuda_home, self.tag = cuda_home, tag
+
+    @property
+    def with_cuda(self) -> bool:
+        return self.cuda_cflags is not None
+
+
+def _abs(sources: List[str]) -> List[str]:
+    return [os.path.join(ROOT, s) for s in sources]
+
+
+def jit_spec(ext: str) -> JitSpec:
+    """The on-first-use build of ``fedopt_kernels.<ext>`` ("_C_cpu" or "_C_cuda") for the running
+    torch; raises CannotBuild saying what is missing. Unlike setup.py, CUDA code is built only for
+    the GPUs that are visible (or TORCH_CUDA_ARCH_LIST), so the build is as short as it can be."""
+    import torch
+    tv = re.sub(r"[^0-9A-Za-z.]+", "_", torch.__version__)  # the local tag too: +cpu and +cu130 builds differ
+    missing = [s for s in (CPU_SOURCES if ext == "_C_cpu" else CUDA_SOURCES) if not os.path.isfile(os.path.join(ROOT, s))]
+    if missing:
+        raise CannotBuild(f"the sources are incomplete ({', '.join(missing)} missing under {ROOT})")
+    if _cxx_available() is None:
+        raise CannotBuild("no C++ compiler found (install g++ or clang++, or set CXX)")
+    if ext == "_C_cpu":
+        cflags, lflags = cpu_flags()
+        return JitSpec(ext, _abs(CPU_SOURCES), cflags, lflags, tag=f"torch{tv}-cpu")
+    if ext != "_C_cuda":
+        raise CannotBuild(f"unknown extension {ext!r}")
+    if torch.version.cuda is None:
+        raise CannotBuild(f"torch {torch.__version__} is a CPU-only build")
+    env_archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if not env_archs and not torch.cuda.is_available():
+        raise CannotBuild("no GPU is visible; the on-first-use CUDA build targets the visible GPUs "
+                          "(set TORCH_CUDA_ARCH_LIST to build for others)")
+    home = find_cuda_home()
+    if home is None:
+        raise CannotBuild("nvcc / the CUDA toolkit was not found (install it or set CUDA_HOME)")
+    ver = nvcc_version(home)
+    if ver and ver[0] != int(torch.version.cuda.split(".")[0]):
+        raise CannotBuild(f"nvcc {ver[0]}.{ver[1]} ({home}) does not match torch's CUDA {torch.version.cuda}")
+    gencode = arch_flags(home, defaults=())
+    if not gencode:
+        raise CannotBuild("no GPU architecture to build for (TORCH_CUDA_ARCH_LIST / visible GPUs)")
+    archs = "_".join(sorted(set(re.findall(r"sm_(\d+[af]?)", " ".join(gencode)))))
+    flags = cuda_flags(gencode)
+    return JitSpec(ext, _abs(CUDA_SOURCES), flags["cxx"], [], cuda_cflags=flags["nvcc"],
+                   include_dirs=pip_nvidia_include_dirs(), cuda_home=home,
+                   tag=f"torch{tv}-cu{torch.version.cuda}-sm{archs}")

@@ -18,17 +18,26 @@ def status_file(ext: str) -> Path:
 
 
 def load_extension(ext: str) -> ModuleType:
-    """Import ``fedopt_kernels.<ext>``; raise ImportError saying why it is missing."""
+    """Import ``fedopt_kernels.<ext>``; when the install has none that loads, build it on first use
+    (``_jit.py``); raise ImportError saying plainly why it is missing when neither works."""
     try:
         return importlib.import_module(f"fedopt_kernels.{ext}")
     except ImportError as exc:
         status = status_file(ext)
-        if status.is_file():
-            reason = status.read_text(encoding="utf-8", errors="replace").strip()
-            raise ImportError(f"extension fedopt_kernels.{ext} was not built: {reason}") from exc
-        raise ImportError(
-            f"extension fedopt_kernels.{ext} could not be imported ({exc}); build it with "
-            f"`pip install -e . --no-build-isolation` (needs a C++ compiler; nvcc for the CUDA one)") from exc
+        install_status = status.read_text(encoding="utf-8", errors="replace").strip() if status.is_file() else None
+        if install_status:
+            packaged = f"it was not built at install time ({install_status})"
+        elif isinstance(exc, ModuleNotFoundError) and exc.name == f"fedopt_kernels.{ext}":
+            packaged = "this install has no compiled extension (e.g. a wheel built without torch present)"
+        else:  # present but unloadable, e.g. built against another torch
+            packaged = f"the installed one does not load ({exc})"
+    from ._jit import JitUnavailable, build
+
+    try:
+        return build(ext, install_status)
+    except JitUnavailable as jexc:
+        raise ImportError(f"fedopt_kernels.{ext} is missing: {packaged}, and it cannot be built on first use: "
+                          f"{jexc}") from None
 
 
 def _wrap(fn, name: str, n_roles: int, backend: str, batched: bool):

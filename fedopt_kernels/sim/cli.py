@@ -10,7 +10,8 @@ Examples::
     fedopt-sim --dataset femnist --data-dir leaf/data/femnist/data --writer-fraction 0.1 --model fedavg-cnn
 
 Exit status: 0 on success, 1 when ``--validate`` finds a divergence past its tolerance, 2 on bad
-input (the message names the parameter).
+input (the message names the parameter), 3 when an optional dependency is missing (the message
+names the pip extra that installs it).
 """
 from __future__ import annotations
 
@@ -133,10 +134,29 @@ def resolve_writer_fraction(args: argparse.Namespace) -> None:
     args.clients = max(1, int(round(f * count_writers(args.data_dir))))
 
 
-def _progress_bar(total: int, desc: str, quiet: bool):
-    from tqdm import tqdm
+class _NoBar:
+    """Stands in for a tqdm bar when there is none to draw (--quiet, no terminal, tqdm missing)."""
 
-    return tqdm(total=total, desc=desc, disable=quiet or not sys.stderr.isatty(), leave=False)
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, desc: str, quiet: bool):
+    if quiet or not sys.stderr.isatty():
+        return _NoBar()  # tqdm is not even imported: --quiet runs need no [sim] extra for it
+    from .._extras import hint, optional
+
+    tqdm = optional("tqdm")
+    if tqdm is None:
+        print(f"fedopt-sim: no progress bar: tqdm is not installed ({hint('tqdm')})", file=sys.stderr)
+        return _NoBar()
+    return tqdm.tqdm(total=total, desc=desc, leave=False)
 
 
 def _prepare_environment(args: argparse.Namespace) -> None:
@@ -177,15 +197,19 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         if not args.quiet:
             print(f"seed {cfg.seed}: {cfg.rounds} rounds in {result['train_seconds']:.1f} s "
                   f"(backend {result['backend']}, device {result['device']})", file=sys.stderr)
-    if out_dir is not None:
-        plot_curves(out_dir / "curves.png", {f"seed {r['config']['seed']}": r["history"] for r in results},
-                    title=f"{args.algorithm} on {args.dataset}")
+    plotted = out_dir is not None and plot_curves(
+        out_dir / "curves.png", {f"seed {r['config']['seed']}": r["history"] for r in results},
+        title=f"{args.algorithm} on {args.dataset}")
     hp = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results[0]["hparams"].items())
     print(f"{args.algorithm} on {args.dataset} ({configs[0].resolved_partition}), {configs[0].clients} clients, "
           f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps; {hp}")
     print(format_final_table(results))
     if out_dir is not None:
-        print(f"files: {out_dir}/metrics_seed*.json, metrics_seed*.csv, curves.png")
+        print(f"files: {out_dir}/metrics_seed*.json, metrics_seed*.csv" + (", curves.png" if plotted else ""))
+        if not plotted:
+            from .._extras import hint
+
+            print(f"note: curves.png not drawn: matplotlib is not installed ({hint('matplotlib')})")
     return 0
 
 
@@ -199,7 +223,8 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         bar = _progress_bar(cfg.rounds, f"validate {args.validate} seed {cfg.seed}", args.quiet)
         v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol, on_round=lambda _: bar.update(1))
         bar.close()
-        print(f"seed {cfg.seed}: {v.report()}")
+        # the verdict line names the run: the main job's four --quiet runs in a row stay readable
+        print(f"seed {cfg.seed}: {v.report(name=f'{cfg.algorithm} (reference vs {v.backend}, seed {cfg.seed})')}")
         if not v.passed:
             status = 1
     return status
@@ -230,9 +255,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)
     except ValueError as exc:  # bad input: name the parameter, exit 2 (like argparse)
         parser.exit(2, f"fedopt-sim: error: {exc}\n")
-    if args.validate is not None:
-        return _validate(args, configs)
-    return _run(args, configs)
+    from .._extras import MissingExtra
+
+    try:
+        if args.validate is not None:
+            return _validate(args, configs)
+        return _run(args, configs)
+    except MissingExtra as exc:
+        parser.exit(3, f"fedopt-sim: error: {exc}\n")
 
 
 if __name__ == "__main__":  # pragma: no cover

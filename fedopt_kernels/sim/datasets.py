@@ -29,9 +29,10 @@ class ArrayDataset:
 
 def load_digits_dataset() -> ArrayDataset:
     """The 1,797 8x8 handwritten digits of scikit-learn, as [n, 1, 8, 8] images scaled to [0, 1]."""
-    from sklearn.datasets import load_digits  # imported lazily: only the simulator needs scikit-learn
+    # imported lazily: only the digits data set needs scikit-learn (the [sim] extra)
+    from .._extras import require
 
-    bunch = load_digits()
+    bunch = require("sklearn.datasets", "the digits data set (--dataset digits)").load_digits()
     x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]
     return ArrayDataset(x=x, y=bunch.target.astype(np.int64), num_classes=10)
 

@@ -24,9 +24,15 @@ def write_csv(path: Path, history: Sequence[Dict[str, Any]]) -> None:
             w.writerow({k: rec.get(k, "") for k in HISTORY_FIELDS})
 
 
-def plot_curves(path: Path, runs: Dict[str, Sequence[Dict[str, Any]]], title: str = "") -> None:
-    """Training loss and validation accuracy per round, one line per run (label -> history)."""
-    import matplotlib
+def plot_curves(path: Path, runs: Dict[str, Sequence[Dict[str, Any]]], title: str = "") -> bool:
+    """Training loss and validation accuracy per round, one line per run (label -> history).
+
+    Returns False (and draws nothing) when matplotlib, part of the ``[sim]`` extra, is missing."""
+    from .._extras import optional
+
+    matplotlib = optional("matplotlib")
+    if matplotlib is None:
+        return False
 
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
@@ -46,6 +52,7 @@ def plot_curves(path: Path, runs: Dict[str, Sequence[Dict[str, Any]]], title: st
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 def final_rows(final: Dict[str, Any]) -> Dict[str, float]:

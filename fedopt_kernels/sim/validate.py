@@ -65,7 +65,9 @@ class Validation:
         return all(r["step_rel"] <= self.param_rtol for r in self.rounds) and \
             all(v <= self.acc_tol for v in self.acc_diff.values())
 
-    def report(self) -> str:
+    def report(self, name: str = "") -> str:
+        """The per-round table and a verdict line that names the run (``name``, e.g. the algorithm),
+        so that the PASS/FAIL lines of several runs in a row say which run each belongs to."""
         lines = [f"validate: reference vs {self.backend} (same seeds and batches)",
                  f"  {'round':>5}  {'one-round max |dx|':>18}  {'relative':>10}  {'trajectory max |dx|':>19}  {'relative':>10}"]
         for r in self.rounds:
@@ -75,7 +77,8 @@ class Validation:
         for k, v in self.acc_diff.items():
             lines.append(f"    {k:<32} {100 * v:.3f}")
         verdict = "PASS" if self.passed else "FAIL"
-        lines.append(f"  {verdict}: max one-round relative divergence {self.max_rel:.3e} (tolerance {self.param_rtol:.1e}), "
+        named = f"{verdict} {name}" if name else verdict
+        lines.append(f"  {named}: max one-round relative divergence {self.max_rel:.3e} (tolerance {self.param_rtol:.1e}), "
                      f"max accuracy difference {100 * self.max_acc_diff:.3f} pp (tolerance {100 * self.acc_tol:.2f} pp)")
         return "\n".join(lines)
 

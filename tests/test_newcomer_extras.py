@@ -1,0 +1,79 @@
+"""A newcomer without the optional extras: fedopt-sim and python -m bench say which extra is missing
+(or do without it) instead of dying with a raw ModuleNotFoundError; --quiet verdict lines say
+which algorithm they belong to."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedopt_kernels.sim import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+SHORT = ["--clients", "10", "--rounds", "1", "--local-steps", "2", "--clients-per-round", "2",
+         "--finetune-steps", "1"]
+
+
+def _hide(monkeypatch, *modules):
+    """Make ``import <module>`` fail as if the package were not installed."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in modules:
+            monkeypatch.delitem(sys.modules, name)
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_quiet_validate_verdicts_name_their_algorithm(capsys):
+    for algorithm in ("fedavg", "fednar-scaffold"):
+        assert cli.main(SHORT + ["--algorithm", algorithm, "--validate", "reference", "--quiet", "--no-files"]) == 0
+    verdicts = [ln for ln in capsys.readouterr().out.splitlines() if "PASS" in ln or "FAIL" in ln]
+    assert len(verdicts) == 2, verdicts
+    assert "PASS fedavg (reference vs reference, seed 0)" in verdicts[0]
+    assert "PASS fednar-scaffold (reference vs reference, seed 0)" in verdicts[1]
+
+
+def test_sim_runs_without_tqdm(monkeypatch, capsys):
+    _hide(monkeypatch, "tqdm")
+    assert cli.main(SHORT + ["--quiet", "--no-files"]) == 0
+    # without --quiet on a terminal: a note instead of the bar, and the run goes on
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert cli.main(SHORT + ["--no-files"]) == 0
+    err = capsys.readouterr().err
+    assert "no progress bar" in err and "fedopt_kernels[sim]" in err
+
+
+def test_sim_without_sklearn_names_the_extra(monkeypatch, capsys):
+    _hide(monkeypatch, "sklearn")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(SHORT + ["--quiet", "--no-files"])
+    assert exc.value.code == 3
+    err = capsys.readouterr().err
+    assert "scikit-learn" in err and "fedopt_kernels[sim]" in err and "Traceback" not in err
+    # the synthetic data set needs no scikit-learn
+    assert cli.main(SHORT + ["--quiet", "--no-files", "--dataset", "synthetic", "--model", "mlp"]) == 0
+
+
+def test_sim_without_matplotlib_writes_everything_but_the_png(monkeypatch, tmp_path, capsys):
+    _hide(monkeypatch, "matplotlib")
+    assert cli.main(SHORT + ["--quiet", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics_seed0.csv", "metrics_seed0.json"]
+    assert "matplotlib is not installed" in capsys.readouterr().out
+
+
+def test_bench_without_matplotlib_skips_the_chart(monkeypatch, tmp_path, capsys):
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.__main__ import main
+    finally:
+        sys.path.remove(str(ROOT))
+    _hide(monkeypatch, "matplotlib")
+    args = ["--smoke", "--device", "cpu", "--algos", "feddecay", "--backends", "reference", "--no-baselines",
+            "--out-dir", str(tmp_path)]
+    assert main(args) == 0
+    js = next(tmp_path.glob("*-smoke.json"))
+    assert json.loads(js.read_text())["rows"]
+    assert "matplotlib is not installed" in capsys.readouterr().err
+    js.with_suffix(".png").write_bytes(b"an earlier run's chart")
+    assert main(args) == 0  # the same file names again: the stale chart must go
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([js.name, js.with_suffix(".md").name, "LATEST.md"])
+    assert f"[{js.with_suffix('.png').name}]" not in (tmp_path / "LATEST.md").read_text()

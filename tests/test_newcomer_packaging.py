@@ -1,0 +1,82 @@
+"""What the sdist and the wheel carry: the test helpers (conftest.py, harness.py), the documentation
+the README links, and the C++/CUDA sources with csrc/build.py inside the package (for the first-use
+build); the project metadata uses the SPDX license string."""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _build(kind: str, out: Path) -> Path:
+    """Build an sdist or wheel the way `python -m build --no-isolation` does (setuptools' PEP 517 hooks)."""
+    env = dict(os.environ, FEDOPT_BUILD_CPU="0", FEDOPT_BUILD_CUDA="0")  # no compiling here: contents only
+    code = f"from setuptools import build_meta as b; print(b.build_{kind}({str(out)!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out / proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def sdist_names(tmp_path_factory):
+    path = _build("sdist", tmp_path_factory.mktemp("sdist"))
+    with tarfile.open(path) as tar:
+        return {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+
+
+@pytest.fixture(scope="module")
+def wheel_names(tmp_path_factory):
+    path = _build("wheel", tmp_path_factory.mktemp("wheel"))
+    with zipfile.ZipFile(path) as whl:
+        return set(whl.namelist())
+
+
+def test_sdist_runs_its_own_tests(sdist_names):
+    for name in ("tests/conftest.py", "tests/harness.py", "tests/test_equivalence.py", "pyproject.toml",
+                 "setup.py", "csrc/build.py", "README.md"):
+        assert name in sdist_names, name
+
+
+def _relative_links(md: Path):
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", md.read_text()):
+        if not re.match(r"[a-z]+:", target):
+            yield target, (md.parent / target).resolve()
+
+
+def test_sdist_has_what_the_readme_links(sdist_names):
+    docs = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    links = [(md.name, t, path) for md in docs for t, path in _relative_links(md)]
+    assert links, "README.md links no file"
+    outside = [(md, t) for md, t, path in links if not path.is_relative_to(ROOT)]
+    assert not outside, f"links to files outside the repository: {outside}"
+    missing = {path.relative_to(ROOT).as_posix() for _, _, path in links} - sdist_names
+    assert not missing, f"linked but not in the sdist: {sorted(missing)}"
+
+
+def test_wheel_carries_the_sources_of_the_first_use_build(wheel_names):
+    spec = importlib.util.spec_from_file_location("_csrc_build_for_test", ROOT / "csrc" / "build.py")
+    csrc_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(csrc_build)
+    assert "fedopt_kernels/csrc/build.py" in wheel_names
+    for src in csrc_build.CPU_SOURCES + csrc_build.CUDA_SOURCES:
+        assert f"fedopt_kernels/{src}" in wheel_names, src
+    headers = {p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").rglob("*") if p.suffix in (".h", ".cuh")}
+    assert {f"fedopt_kernels/{h}" for h in headers} <= wheel_names
+    assert not [n for n in wheel_names if n.endswith(".so")]  # FEDOPT_BUILD_*=0: a pure-Python wheel
+
+
+def test_spdx_license_and_build_requirements():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^license = "Apache-2.0"$', text, re.M), "SPDX string form (PEP 639)"
+    requires = re.search(r"^requires = \[(.*)\]$", text, re.M).group(1)
+    assert '"setuptools>=77"' in requires  # what the SPDX string needs; bdist_wheel is in setuptools since 70.1
+    # the README's install names the same floor, since --no-build-isolation does not install `requires`
+    assert "setuptools>=77" in (ROOT / "README.md").read_text()
