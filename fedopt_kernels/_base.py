@@ -334,13 +334,15 @@ class FedOptimizer(Optimizer):
         return t
 
     @staticmethod
-    def _check_amp(name: str, t: Optional[torch.Tensor], device: torch.device) -> None:
+    def _check_amp(name: str, t: Optional[torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+        """GradScaler's tensor as the kernels take it (float32), or TypeError/ValueError naming it."""
         if t is None:
-            return
+            return None
         if not isinstance(t, torch.Tensor) or t.numel() != 1 or not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor with one element (from torch.amp.GradScaler)")
         if t.device != device:
             raise ValueError(f"{name} is on {t.device} but the parameters are on {device}")
+        return t if t.dtype == torch.float32 else t.float()
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None, **step_inputs: Any) -> Optional[float]:
@@ -381,8 +383,8 @@ class FedOptimizer(Optimizer):
             plan = self._plan = None  # a failed rebuild must not leave the old plan behind
             plan = self._plan = StepPlan(self)
         device = plan.device
-        self._check_amp("grad_scale", grad_scale, device)
-        self._check_amp("found_inf", found_inf, device)
+        grad_scale = self._check_amp("grad_scale", grad_scale, device)
+        found_inf = self._check_amp("found_inf", found_inf, device)
         lists = plan.lists
         if per_step:
             lists = dict(lists)

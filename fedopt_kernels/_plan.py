@@ -194,11 +194,12 @@ class StepPlan:
         return True
 
     def _refresh_hp(self, opt: "FedOptimizer", changed: List[int]) -> bool:
+        for gi in changed:  # every changed group validated before anything is updated
+            opt._validate_group(self.groups[gi])
+            if opt._structure(self.groups[gi]) != self.structure[gi]:
+                return False
         for gi in changed:
             group = self.groups[gi]
-            opt._validate_group(group)
-            if opt._structure(group) != self.structure[gi]:
-                return False
             self.hp_keys[gi] = tuple(k for k in group if k != "params")
             self.hp_vals[gi] = tuple(group[k] for k in self.hp_keys[gi])
             self.group_rows[gi] = opt._hp_row(group)

@@ -38,6 +38,12 @@ class NeuronLRSGD(SGDFamily):
     _float32_state = ("neuron_scale",)
     _state_keys = SGDFamily._state_keys + ("neuron_scale",)
 
+    def _scale_shape(self, p: torch.Tensor) -> Tuple[Optional[Tuple[int, ...]], str]:
+        """(the shape of ``p``'s scale, or None when it cannot have one; how errors describe it)."""
+        if p.dim() == 0:
+            return None, "no scale (0-dim parameter)"
+        return (p.shape[0],), f"shape ({p.shape[0]},)"
+
     def _check_scales(self, scales: Mapping[torch.Tensor, torch.Tensor]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         if not isinstance(scales, Mapping):
             raise TypeError(f"neuron_scales must be a mapping {{parameter: scale vector}}, got {type(scales).__name__}")
@@ -49,8 +55,8 @@ class NeuronLRSGD(SGDFamily):
             pname = self._name_of(index[id(p)])
             if not isinstance(r, torch.Tensor):
                 raise TypeError(f"neuron scale for {pname} must be a tensor, got {type(r).__name__}")
-            if p.dim() == 0 or r.shape != (p.shape[0],):
-                want = "no scale (0-dim parameter)" if p.dim() == 0 else f"shape ({p.shape[0]},)"
+            shape, want = self._scale_shape(p)
+            if shape is None or r.shape != shape:
                 raise ValueError(f"neuron scale for {pname} has shape {tuple(r.shape)}; expected {want}")
             if r.device != p.device:
                 raise ValueError(f"neuron scale for {pname} is on {r.device}, expected {p.device}")

@@ -255,3 +255,20 @@ def test_error_messages_are_not_built_on_the_steady_path(monkeypatch):
     oracle.state.clear()  # what start_round does to momentum
     _step(ours, a, oracle, b, 5)  # a plan rebuild builds none either
     _same(a, b)
+
+
+def test_a_rejected_hyperparameter_edit_leaves_no_stale_row_behind():
+    """Two groups edited at once, one edit invalid: after fixing it, both new values are used."""
+    a = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))]
+    opt = fk.FedDecaySGD([{"params": [a[0]]}, {"params": [a[1]]}], lr=1.0, beta=1.0, backend="reference")
+    for p in a:
+        p.grad = torch.ones(2)
+    opt.step()
+    opt.param_groups[0]["lr"] = 0.5
+    opt.param_groups[1]["lr"] = -1.0
+    with pytest.raises(ValueError, match="lr"):
+        opt.step()
+    opt.param_groups[1]["lr"] = 0.25
+    opt.step()
+    torch.testing.assert_close(a[0].detach(), torch.full((2,), -1.5))
+    torch.testing.assert_close(a[1].detach(), torch.full((2,), -1.25))

@@ -15,7 +15,7 @@ what the package's per-client optimizer computes for client ``c`` alone::
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -45,24 +45,10 @@ class BatchedNeuronLRSGD(ClientBatched, NeuronLRSGD):
 
     _spec = BATCHED["sgd_batched"]
 
-    def _check_scales(self, scales: Mapping[torch.Tensor, torch.Tensor]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        index = {id(p): i for i, p in enumerate(self._params_flat)}
-        out = []
-        for p, r in scales.items():
-            if id(p) not in index:
-                raise ValueError("neuron_scales names a tensor that is not a parameter of this optimizer")
-            pname = self._name_of(index[id(p)])
-            if not isinstance(r, torch.Tensor):
-                raise TypeError(f"neuron scale for {pname} must be a tensor, got {type(r).__name__}")
-            if p.dim() < 2 or r.shape != p.shape[:2]:
-                want = "no scale (no output dimension)" if p.dim() < 2 else f"shape {tuple(p.shape[:2])} ([clients, M])"
-                raise ValueError(f"neuron scale for {pname} has shape {tuple(r.shape)}; expected {want}")
-            if r.device != p.device:
-                raise ValueError(f"neuron scale for {pname} is on {r.device}, expected {p.device}")
-            if r.is_complex() or not r.is_floating_point():
-                raise TypeError(f"neuron scale for {pname} must be a real floating tensor, got {r.dtype}")
-            out.append((p, r))
-        return out
+    def _scale_shape(self, p: torch.Tensor) -> Tuple[Optional[Tuple[int, ...]], str]:
+        if p.dim() < 2:
+            return None, "no scale (no output dimension)"
+        return tuple(p.shape[:2]), f"shape {tuple(p.shape[:2])} ([clients, M])"
 
 
 class BatchedFedNAR(ClientBatched, FedNAR):

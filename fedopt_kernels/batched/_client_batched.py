@@ -128,6 +128,9 @@ class ClientBatched(FedOptimizer):
         An inactive client's parameters, state and step counter stay as they are: a client with
         fewer local steps than the others sits out the rest of the round.
         """
+        if torch.compiler.is_compiling():
+            raise RuntimeError("torch.compile of a client-batched step is not supported; capture the batched "
+                               "step in a CUDA graph instead (its steps never synchronise with the host)")
         if active is not None:
             if not isinstance(active, torch.Tensor):
                 active = torch.tensor(list(active))

@@ -54,6 +54,18 @@ class Amp:
         return gf if self.inv is None else gf * self.inv.to(gf.dtype)
 
 
+def add_terms(d: torch.Tensor, xf: torch.Tensor, t, i: int, weight_decay: float, prox_mu: float) -> torch.Tensor:
+    """d + weight_decay * x + correction + prox_mu * (x - x0), each term only when present (the
+    order every fused kernel follows); ``t``: a batch's tensors, ``i``: the parameter's index."""
+    if weight_decay != 0:
+        d = d + weight_decay * xf
+    if "correction" in t:
+        d = d + up(t["correction"][i])
+    if "x0" in t:
+        d = d + prox_mu * (xf - up(t["x0"][i]))
+    return d
+
+
 def advance(a: OpArgs, amp: Optional[Amp]) -> None:
     """k += 1, unless GradScaler found an inf (then the step did not happen)."""
     if amp is None or not amp.skip:

@@ -18,21 +18,13 @@ import torch
 from .._args import OpArgs
 from .._ops import FEDNAR
 from .._registry import register
-from ._math import Amp, advance, global_norm, norm_dtype, up
+from ._math import Amp, add_terms, advance, global_norm, norm_dtype, up
 
 
 def fednar_direction(t, i: int, row, amp: Amp) -> torch.Tensor:
     """d of parameter ``i`` of a batch's tensors ``t``, in its compute dtype."""
     _step_lr, wd, _max_norm, _eps, prox_mu = row
-    xf = up(t["params"][i])
-    d = amp.grad(t["grads"][i])
-    if wd != 0:
-        d = d + wd * xf
-    if "correction" in t:
-        d = d + up(t["correction"][i])
-    if "x0" in t:
-        d = d + prox_mu * (xf - up(t["x0"][i]))
-    return d
+    return add_terms(amp.grad(t["grads"][i]), up(t["params"][i]), t, i, wd, prox_mu)
 
 
 @register("fednar", "reference")

@@ -19,7 +19,7 @@ import torch
 from .._args import OpArgs
 from .._ops import SGD
 from .._registry import register
-from ._math import Amp, advance, up
+from ._math import Amp, add_terms, advance, up
 
 
 def row_view(r: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -48,12 +48,7 @@ def sgd_step(*args, cache=None) -> None:
                 d = amp.grad(g)
                 if maximize:
                     d = -d
-                if wd != 0:
-                    d = d + wd * xf
-                if "correction" in t:
-                    d = d + up(t["correction"][i])
-                if "x0" in t:
-                    d = d + prox_mu * (xf - up(t["x0"][i]))
+                d = add_terms(d, xf, t, i, wd, prox_mu)
                 if "momentum_buffer" in t:
                     buf = t["momentum_buffer"][i]
                     bf = up(buf) * momentum + (1 - dampening) * d
