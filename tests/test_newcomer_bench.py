@@ -60,7 +60,7 @@ def test_retries_and_waiting_stay_available(monkeypatch, tmp_path):
     waits = []
     monkeypatch.setattr(runner, "wait_quiet", lambda s: waits.append(s))
     monkeypatch.setattr(runner, "OtherLoad", _Busy)
-    assert bench_main.main(["--smoke", "--retries", "2", "--out-dir", str(tmp_path)] + TINY) == 0
+    assert bench_main.main(["--smoke", "--sizes", "small_cnn", "--retries", "2", "--out-dir", str(tmp_path)] + TINY) == 0
     assert len(waits) == 2  # one wait before each redo of the one (always disturbed) case
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--retries", "-1"])

@@ -15,11 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _build(kind: str, out: Path) -> Path:
+def _build(kind: str, out: Path, src: Path = ROOT) -> Path:
     """Build an sdist or wheel the way `python -m build --no-isolation` does (setuptools' PEP 517 hooks)."""
     env = dict(os.environ, FEDOPT_BUILD_CPU="0", FEDOPT_BUILD_CUDA="0")  # no compiling here: contents only
     code = f"from setuptools import build_meta as b; print(b.build_{kind}({str(out)!r}))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=src, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out / proc.stdout.strip().splitlines()[-1]
@@ -34,7 +34,12 @@ def sdist_names(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory):
-    path = _build("wheel", tmp_path_factory.mktemp("wheel"))
+    # from the sdist, as pip builds it: libraries built in place in a working tree are not part of it
+    sdist = _build("sdist", tmp_path_factory.mktemp("sdist_for_wheel"))
+    unpacked = tmp_path_factory.mktemp("unpacked")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(unpacked)
+    path = _build("wheel", tmp_path_factory.mktemp("wheel"), src=next(unpacked.iterdir()))
     with zipfile.ZipFile(path) as whl:
         return set(whl.namelist())
 
