@@ -11,7 +11,7 @@ every evaluated round's accuracy, loss and global parameters, and the clients le
 from __future__ import annotations
 
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
@@ -57,13 +57,20 @@ def run_algorithm(grid: Grid, cfg: SimConfig, *, tag: str, fraction_evaluate: fl
             "rejections": [vars(r) for r in strategy.rejections], "seconds": time.perf_counter() - start}
 
 
-def server_app() -> ServerApp:
-    """ServerApp: each algorithm of the run config in turn, each with fresh client state and the same seed."""
+def _merged(context: Context, defaults: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    return {**dict(defaults or {}), **dict(context.run_config)}
+
+
+def server_app(defaults: Optional[Mapping[str, Any]] = None) -> ServerApp:
+    """ServerApp: each algorithm of the run config in turn, each with fresh client state and the same seed.
+
+    ``defaults`` fills keys the run config lacks (e.g. when the app runs without a pyproject.toml).
+    """
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_config = context.run_config
+        run_config = _merged(context, defaults)
         cfgs = sim_configs(run_config)
         fraction_evaluate = float(run_config.get("fraction-evaluate", 0.0))
         results = {}
@@ -81,12 +88,13 @@ def server_app() -> ServerApp:
     return app
 
 
-def client_app() -> ClientApp:
-    """ClientApp: node ``partition-id = i`` is training client i of the simulator's users."""
+def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
+    """ClientApp: node ``partition-id = i`` is training client i of the simulator's users (``defaults``: as
+    for ``server_app``)."""
     app = ClientApp()
 
     def node(msg: Message, context: Context):
-        cfg = sim_configs(context.run_config)[0]  # data, model and seeds are the same for every algorithm
+        cfg = sim_configs(_merged(context, defaults))[0]  # data, model and seeds are the same for every algorithm
         sim = simulation_for(cfg)
         cid = check_partition(cfg, context.node_config)
         return sim, cid, sim.train_clients[cid], str(msg.content["config"][STATE_TAG])
