@@ -11,6 +11,7 @@ from setuptools import setup
 PACKAGES = [
     "fedopt_kernels",
     "fedopt_kernels.backends",
+    "fedopt_kernels.flower",
     "fedopt_kernels.reference",
     "fedopt_kernels.sim",
     "fedopt_kernels.triton_kernels",

@@ -13,7 +13,7 @@ try:
     from flwr.serverapp.strategy import Strategy as _Strategy  # noqa: F401  (the Message API, flwr >= 1.21)
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        'fedopt_kernels.flower needs Flower (flwr >= 1.42 with its Message API); install it with: '
+        'fedopt_kernels.flower needs Flower (flwr >= 1.42, its Message API; Python >= 3.11); install it with: '
         'pip install "fedopt_kernels[flower]"') from exc
 
 from .averaging import AveragingStrategy, FedDecay, FedNAR, FedNLR, Scaffold
