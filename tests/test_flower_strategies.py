@@ -96,6 +96,8 @@ def test_sampling_is_seeded_and_sized():
         return [m.metadata.dst_node_id for m in s.configure_train(1, arrays, ConfigRecord(), grid)]
 
     assert len(picked(0)) == 2 and picked(0) == picked(0)
+    # Flower's node ids are unsigned 64-bit (the grid's straddle 2**63): sampling must return them exactly
+    assert all(set(picked(s)) <= set(grid.get_node_ids()) for s in range(6))
     assert len({tuple(picked(s)) for s in range(6)}) > 1
 
 

@@ -181,7 +181,8 @@ class FedOptStrategy(Strategy):
     def _sample(self, nodes: List[int], count: int, rng: np.random.Generator) -> List[int]:
         if count >= len(nodes):
             return list(nodes)
-        return sorted(int(n) for n in rng.choice(nodes, size=count, replace=False))
+        # draw positions, not ids: Flower's node ids are unsigned 64-bit and numpy would round them to floats
+        return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
 
     def _config(self, config: ConfigRecord, server_round: int) -> ConfigRecord:
         out = ConfigRecord(dict(config))  # the caller's keys, then ours (ours win)

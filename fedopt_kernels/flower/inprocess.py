@@ -29,7 +29,7 @@ class InProcessGrid(Grid):
     """``num_nodes`` nodes with ids ``first_node_id + i`` and ``partition-id = i``, all served by ``app``."""
 
     def __init__(self, app: ClientFn, num_nodes: int, run_config: Optional[Mapping] = None,
-                 first_node_id: int = 100):
+                 first_node_id: int = 2**63 - 2):  # Flower ids are unsigned 64-bit: straddle int64
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
         self.app = app
