@@ -53,9 +53,12 @@ def one_thread():
 
 
 # ---------------------------------------------------------------------------------------------- agreement
-@pytest.mark.parametrize("algorithm", ["fednar-scaffold", "padamfed", "padamfed-vr"])
-def test_flower_run_equals_the_simulator(algorithm):
-    rc = run_config(algorithm, rounds=3)
+@pytest.mark.parametrize("algorithm, sample_rate", [("fednar-scaffold", 1.0), ("padamfed", 1.0),
+                                                    ("padamfed-vr", 1.0), ("fednar-scaffold", 0.5),
+                                                    ("padamfed", 0.5)])
+def test_flower_run_equals_the_simulator(algorithm, sample_rate):
+    # sample_rate 0.5: the app's strategy trains the clients fedopt-sim samples (a twin simulator draws them)
+    rc = run_config(algorithm, rounds=3, **{"sample-rate": sample_rate})
     cfg = sim_configs(rc)[0]
     out = run_algorithm(InProcessGrid(client_app(), cfg.num_train_clients, rc), cfg, tag="agree")
     assert out["rejections"] == []
@@ -74,7 +77,8 @@ def test_client_keeps_its_control_and_never_sends_it():
 
     def spy(msg, ctx):
         reply = client_app()(msg, ctx)
-        sent.append(set(reply.content.keys()))
+        if msg.metadata.message_type == MessageType.TRAIN:
+            sent.append(set(reply.content.keys()))
         return reply
 
     grid = InProcessGrid(spy, cfg.num_train_clients, rc)
@@ -99,6 +103,29 @@ def test_sampling_is_seeded_and_sized():
     # Flower's node ids are unsigned 64-bit (the grid's straddle 2**63): sampling must return them exactly
     assert all(set(picked(s)) <= set(grid.get_node_ids()) for s in range(6))
     assert len({tuple(picked(s)) for s in range(6)}) > 1
+
+
+def test_client_sampler_maps_client_ids_to_nodes(caplog):
+    rc = run_config("fedavg", clients=4)
+    cfg = sim_configs(rc)[0]
+    sim = simulation_for(cfg)
+    app = client_app()
+
+    def silent_client_3(msg, ctx):  # client 3 never says who it is
+        if ctx.node_config["partition-id"] == 3 and msg.metadata.message_type == "query.client_id":
+            return None
+        return app(msg, ctx)
+
+    grid = InProcessGrid(silent_client_3, cfg.num_train_clients, rc)
+    node_of = {ctx.node_config["partition-id"]: n for n, ctx in grid.contexts.items()}
+    strategy = strategy_for(cfg, client_sampler=lambda: [3, 0, 2])
+    arrays = to_record([n for n, _ in sim.model.named_parameters()], sim.global_params)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        msgs = strategy.configure_train(1, arrays, ConfigRecord(), grid)
+    assert [m.metadata.dst_node_id for m in msgs] == sorted([node_of[0], node_of[2]])
+    (rej,) = strategy.rejections
+    assert rej.client_id == 3 and "no node serves" in rej.reason
+    assert any("client 3 was sampled but no node serves it" in r.getMessage() for r in caplog.records)
 
 
 # ---------------------------------------------------------------------------------------------- bad input

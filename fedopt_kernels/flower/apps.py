@@ -5,7 +5,8 @@ rebuilds the same users from the seed (``simdata``), and node ``partition-id = i
 client i. The server evaluates the global model on the pooled validation data of the training
 clients after every ``eval-every`` rounds (the simulator's ``val_acc``), which it can do because
 the data set is public; ``fraction-evaluate > 0`` adds Flower's federated evaluation on the
-clients' validation splits. With ``out = "/abs/path.pt"`` the ServerApp saves, per algorithm,
+clients' validation splits. Each round trains the clients ``fedopt-sim`` would sample (a twin
+simulator draws them), so a Flower run reproduces the ``fedopt-sim`` run of the same config. With ``out = "/abs/path.pt"`` the ServerApp saves, per algorithm,
 every evaluated round's accuracy, loss and global parameters, and the clients left out.
 """
 from __future__ import annotations
@@ -14,11 +15,12 @@ import time
 from typing import Any, Dict, Mapping, Optional
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from ..sim.config import SimConfig
+from ..sim.simulation import Simulation
 from ..sim.evaluate import pooled_metrics
 from .client import evaluate_round, padamfed_init_round, train_round
 from .factory import strategy_for
@@ -34,7 +36,10 @@ def run_algorithm(grid: Grid, cfg: SimConfig, *, tag: str, fraction_evaluate: fl
     sim = simulation_for(cfg)
     names = [n for n, _ in sim.model.named_parameters()]
     model = new_model(sim)
-    strategy = strategy_for(cfg, fraction_evaluate=fraction_evaluate, seed=cfg.seed, state_tag=tag, timeout=timeout)
+    # a twin simulator draws each round's clients: the same clients as fedopt-sim, round by round
+    sampler = Simulation(cfg, data=sim.data)
+    strategy = strategy_for(cfg, fraction_evaluate=fraction_evaluate, seed=cfg.seed, state_tag=tag, timeout=timeout,
+                            client_sampler=sampler.sample_clients)
     history = []
 
     def evaluate(server_round: int, arrays) -> MetricRecord:
@@ -97,7 +102,7 @@ def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
         cfg = sim_configs(_merged(context, defaults))[0]  # data, model and seeds are the same for every algorithm
         sim = simulation_for(cfg)
         cid = check_partition(cfg, context.node_config)
-        return sim, cid, sim.train_clients[cid], str(msg.content["config"][STATE_TAG])
+        return sim, cid, sim.train_clients[cid], str(msg.content["config"].get(STATE_TAG, ""))
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -116,6 +121,11 @@ def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
                                       num_examples=client.size, client_id=cid)
         save()
         return Message(content, reply_to=msg)
+
+    @app.query("client_id")
+    def client_id(msg: Message, context: Context) -> Message:
+        _, cid, _, _ = node(msg, context)
+        return Message(RecordDict({"metrics": MetricRecord({"client-id": cid})}), reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from flwr.serverapp.strategy import Strategy
 from ..sim.config import SimConfig
 from .records import BadUpdate, Tensors, all_finite, from_record, get_record, logger, metric, to_record
 from .settings import round_config
+
+CLIENT_ID_QUERY = f"{MessageType.QUERY}.client_id"  # asks a node which client id it serves
+ClientSampler = Callable[[], Sequence[int]]
 
 
 @dataclass
@@ -86,13 +89,19 @@ class FedOptStrategy(Strategy):
     connected nodes at the first round). ``state_tag`` prefixes the clients' state keys (default:
     the algorithm's name); give each strategy of one Flower run its own tag. Federated
     evaluation asks ``fraction_evaluate`` of the nodes (0: none).
+
+    ``client_sampler`` replaces the sampling by client ids: called once per round, it returns the
+    ids of the clients to train (e.g. ``Simulation.sample_clients`` of a twin simulator, to draw
+    exactly the clients ``fedopt-sim`` draws). Nodes are then asked once, by a
+    ``"query.client_id"`` message, which client id they serve (their ``client-id`` metric).
     """
 
     server_rules: Tuple[str, ...] = ()  # the simulator's server rules this class implements
 
     def __init__(self, cfg: SimConfig, *, fraction_train: float = 1.0, clients_per_round: Optional[int] = None,
                  fraction_evaluate: float = 0.0, min_available_nodes: int = 1, num_clients: Optional[int] = None,
-                 seed: int = 0, state_tag: Optional[str] = None, timeout: float = 3600.0):
+                 seed: int = 0, state_tag: Optional[str] = None, timeout: float = 3600.0,
+                 client_sampler: Optional[ClientSampler] = None):
         if not isinstance(cfg, SimConfig):
             raise TypeError(f"cfg must be a fedopt_kernels.sim.SimConfig, got {type(cfg).__name__}")
         self.cfg = cfg.validate()
@@ -121,6 +130,9 @@ class FedOptStrategy(Strategy):
         self.rejections: List[Rejection] = []
         self._sent: Dict[Tuple[str, int], List[int]] = {}
         self._setup_done = False
+        self.client_sampler = client_sampler
+        self._node_of: Dict[int, int] = {}   # client id -> node id (with a client_sampler)
+        self._mapped_nodes: List[int] = []
 
     # ------------------------------------------------------------------ hooks of the subclasses
     def _setup(self, grid: Grid, nodes: List[int], server_round: int, config: ConfigRecord) -> None:
@@ -184,6 +196,39 @@ class FedOptStrategy(Strategy):
         # draw positions, not ids: Flower's node ids are unsigned 64-bit and numpy would round them to floats
         return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
 
+    def _client_nodes(self, grid: Grid, nodes: List[int]) -> Dict[int, int]:
+        """Client id -> node id, asked of every node whenever the set of connected nodes changes."""
+        if nodes != self._mapped_nodes:
+            content = RecordDict({"config": ConfigRecord({"server-round": 0})})
+            replies = grid.send_and_receive(self._messages(content, nodes, CLIENT_ID_QUERY, 0), timeout=self.timeout)
+            self._node_of = {}
+            for msg in replies:
+                node = int(msg.metadata.src_node_id)
+                cid = None if msg.has_error() else _client_id_of(msg.content)
+                if cid is None or cid in self._node_of:
+                    why = msg.error.reason if msg.has_error() else ("a duplicate client id" if cid is not None
+                                                                     else "no client-id")
+                    logger.warning("node %d cannot be mapped to a client id (%s); it is not sampled", node, why)
+                    continue
+                self._node_of[cid] = node
+            self._mapped_nodes = list(nodes)
+        return self._node_of
+
+    def _sample_train(self, grid: Grid, nodes: List[int], server_round: int) -> List[int]:
+        if self.client_sampler is None:
+            count = self.clients_per_round if self.clients_per_round is not None else \
+                max(1, int(round(self.fraction_train * len(nodes))))
+            return self._sample(nodes, count, self._train_rng)
+        node_of = self._client_nodes(grid, nodes)
+        picked = []
+        for cid in self.client_sampler():
+            if int(cid) in node_of:
+                picked.append(node_of[int(cid)])
+            else:
+                self.rejections.append(Rejection(server_round, "train", -1, int(cid), "no node serves this client"))
+                logger.warning("round %d: client %d was sampled but no node serves it", server_round, int(cid))
+        return sorted(picked)
+
     def _config(self, config: ConfigRecord, server_round: int) -> ConfigRecord:
         out = ConfigRecord(dict(config))  # the caller's keys, then ours (ours win)
         for k, v in round_config(self.cfg, self.hp, server_round - 1, self.state_tag).items():
@@ -246,9 +291,7 @@ class FedOptStrategy(Strategy):
         if not self._setup_done:
             self._setup(grid, nodes, server_round, config)
             self._setup_done = True
-        count = self.clients_per_round if self.clients_per_round is not None else \
-            max(1, int(round(self.fraction_train * len(nodes))))
-        sampled = self._sample(nodes, count, self._train_rng)
+        sampled = self._sample_train(grid, nodes, server_round)
         self._sent[("train", server_round)] = sampled
         logger.info("configure_train: %d of %d nodes train round %d (%s)", len(sampled), len(nodes), server_round,
                     self.cfg.algorithm)
