@@ -26,7 +26,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType  # noqa: E402
 from fedopt_kernels.flower import FedDecay, FedNAR, FedNLR, PAdaMFed, Scaffold, strategy_for  # noqa: E402
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
-from fedopt_kernels.flower.records import to_record  # noqa: E402
+from fedopt_kernels.flower.records import from_record, to_record  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
 from fedopt_kernels.flower.simdata import simulation_for  # noqa: E402
 from fedopt_kernels.server_rules import (padamfed_init, padamfed_step, scaffold_control_step,  # noqa: E402
@@ -86,6 +86,18 @@ def test_client_keeps_its_control_and_never_sends_it():
     assert sent and all(keys == {"delta", "dc", "metrics"} for keys in sent)
     for ctx in grid.contexts.values():
         assert "spy.control" in ctx.state and "spy.batches" in ctx.state
+
+
+def test_federated_evaluation_matches_the_servers_pooled_accuracy():
+    rc = run_config("fednlr", rounds=2)
+    cfg = sim_configs(rc)[0]
+    out = run_algorithm(InProcessGrid(client_app(), cfg.num_train_clients, rc), cfg, tag="eval",
+                        fraction_evaluate=1.0)
+    # every client evaluates on its validation split; the n-weighted mean is the pooled accuracy
+    for h in out["history"][1:]:
+        fed = out["evaluate_metrics"][h["round"]]
+        assert fed["eval-acc"] == pytest.approx(h["val_acc"], abs=1e-12)
+        assert fed["eval-loss"] == pytest.approx(h["val_loss"], rel=1e-6)
 
 
 def test_sampling_is_seeded_and_sized():
@@ -270,6 +282,62 @@ def test_a_round_without_usable_replies_keeps_the_model(caplog):
     assert metrics["clients-used"] == 0 and len(strategy.rejections) == cfg.num_train_clients
     assert all(torch.equal(a, b) for a, b in zip(strategy.global_params, sim.global_params))
     assert all(torch.equal(c, torch.zeros_like(c)) for c in strategy.c)
+
+
+def test_own_model_and_data_as_in_the_docs():
+    """docs/flower.md's recipe: a ClientApp around train_round, a keyword strategy, Strategy.start."""
+    from flwr.app import Message
+    from flwr.clientapp import ClientApp
+
+    from fedopt_kernels.flower import padamfed_init_round, train_round
+
+    def make_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+    def data(cid):
+        g = torch.Generator().manual_seed(cid)
+        x = torch.randn(40, 6, generator=g)
+        return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+
+    def batches(cid, context):
+        x, y = data(cid)
+        while True:
+            for i in range(0, 40, 8):
+                yield x[i:i + 8], y[i:i + 8]
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+        cid = context.node_config["partition-id"]
+        it = batches(cid, context)
+        content = train_round(make_model(), lambda: next(it), msg.content, context.state, num_examples=40,
+                              calibration=data(cid), backend="reference")
+        return Message(content, reply_to=msg)
+
+    @app.train("padamfed_init")
+    def init(msg, context):
+        it = batches(context.node_config["partition-id"], context)
+        return Message(padamfed_init_round(make_model(), lambda: next(it), msg.content, context.state,
+                                           num_examples=40), reply_to=msg)
+
+    def loss_of(arrays):
+        model = make_model()
+        names = [n for n, _ in model.named_parameters()]
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), from_record(arrays, names, list(model.parameters()), "x")):
+                p.copy_(v)
+            return sum(float(torch.nn.functional.cross_entropy(model(data(c)[0]), data(c)[1])) for c in range(3))
+
+    model = make_model()
+    names, params = zip(*model.named_parameters())
+    start = loss_of(to_record(names, params))
+    for strategy in (FedNAR(backbone="scaffold", lr=0.1, weight_decay=1e-3, local_steps=5),
+                     FedNLR(lr=0.1, local_steps=5), PAdaMFed(num_rounds=5, clients_per_round=3, local_steps=5)):
+        result = strategy.start(InProcessGrid(app, 3), to_record(names, params), num_rounds=5)
+        assert strategy.rejections == []
+        assert loss_of(result.arrays) < start, type(strategy).__name__
 
 
 # ---------------------------------------------------------------------------------------------- constructors

@@ -21,10 +21,10 @@ from .base import ClientResult, FedOptStrategy, Rejection
 from .client import evaluate_round, padamfed_init_round, train_round
 from .factory import strategy_for
 from .padamfed import INIT_MESSAGE_TYPE, PAdaMFed, PAdaMFedStrategy
-from .records import BadUpdate
+from .records import BadUpdate, from_record, to_record
 
 __all__ = [
     "AveragingStrategy", "FedDecay", "FedNAR", "FedNLR", "Scaffold", "PAdaMFed", "PAdaMFedStrategy",
     "FedOptStrategy", "ClientResult", "Rejection", "BadUpdate", "INIT_MESSAGE_TYPE", "strategy_for",
-    "train_round", "padamfed_init_round", "evaluate_round",
+    "train_round", "padamfed_init_round", "evaluate_round", "to_record", "from_record",
 ]
