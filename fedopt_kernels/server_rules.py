@@ -128,7 +128,8 @@ def padamfed_step(x: Sequence[torch.Tensor], c: Sequence[torch.Tensor], m: Seque
 
     With S = len(deltas) clients, eta = ``lr``, K = ``local_steps``, gamma = ``server_lr``::
 
-        x'  = x + gamma * mean_i(delta_i) / (eta * K)     (delta_i = y_i - x: the paper's x - gamma*mean(x - y_i)/(eta K))
+        x'  = x + gamma * mean_i(delta_i) / (eta * K)     (delta_i = y_i - x; the paper's
+                                                       x - gamma * mean(x - y_i) / (eta K))
         dc  = sum_i (ci' - ci)
         m'  = beta * (dc / S + c) + (1 - beta) * m
         c'  = c + dc / N

@@ -21,7 +21,7 @@ import pytest
 flwr = pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]'")
 
 import torch  # noqa: E402
-from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType  # noqa: E402
+from flwr.app import Array, ConfigRecord, MessageType  # noqa: E402
 
 from fedopt_kernels.flower import FedDecay, FedNAR, FedNLR, PAdaMFed, Scaffold, strategy_for  # noqa: E402
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402

@@ -6,8 +6,9 @@ client i. The server evaluates the global model on the pooled validation data of
 clients after every ``eval-every`` rounds (the simulator's ``val_acc``), which it can do because
 the data set is public; ``fraction-evaluate > 0`` adds Flower's federated evaluation on the
 clients' validation splits. Each round trains the clients ``fedopt-sim`` would sample (a twin
-simulator draws them), so a Flower run reproduces the ``fedopt-sim`` run of the same config. With ``out = "/abs/path.pt"`` the ServerApp saves, per algorithm,
-every evaluated round's accuracy, loss and global parameters, and the clients left out.
+simulator draws them), so a Flower run reproduces the ``fedopt-sim`` run of the same config.
+With ``out = "/abs/path.pt"`` the ServerApp saves, per algorithm, every evaluated round's
+accuracy, loss and global parameters, and the clients left out.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from flwr.serverapp import Grid
 from ..server_rules import padamfed_init, padamfed_step
 from ..sim.config import SimConfig
 from .base import ClientResult, FedOptStrategy, check_count
-from .records import BadUpdate, Tensors, from_record, get_record, logger, to_record
+from .records import Tensors, from_record, get_record, logger, to_record
 
 INIT_MESSAGE_TYPE = f"{MessageType.TRAIN}.padamfed_init"
 

@@ -56,7 +56,7 @@ def new_model(sim: Simulation) -> torch.nn.Module:
 
 
 def batch_stream(sim: Simulation, cid: int, state: RecordDict, tag: str) -> Tuple[Callable, Callable[[], None]]:
-    """``(next_batch, save)``: client ``cid``'s stream at the position ``state`` recorded; ``save()`` records the new one."""
+    """``(next_batch, save)``: client ``cid``'s stream where ``state`` left it; ``save()`` records the new position."""
     key = f"{tag}.batches"
     drawn = int(state[key]["drawn"]) if key in state else 0
     rng = np.random.default_rng()
