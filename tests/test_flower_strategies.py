@@ -139,6 +139,14 @@ def test_client_sampler_maps_client_ids_to_nodes(caplog):
     assert rej.client_id == 3 and "no node serves" in rej.reason
     assert any("client 3 was sampled but no node serves it" in r.getMessage() for r in caplog.records)
 
+    # everyone sampled: every node trains, and nobody is asked who they are
+    queries = []
+    counting = InProcessGrid(lambda m, c: queries.append(m.metadata.message_type) or app(m, c),
+                             cfg.num_train_clients, rc)
+    everyone = strategy_for(cfg, client_sampler=lambda: [2, 0, 3, 1])
+    msgs = everyone.configure_train(1, arrays, ConfigRecord(), counting)
+    assert sorted(m.metadata.dst_node_id for m in msgs) == sorted(counting.get_node_ids()) and queries == []
+
 
 # ---------------------------------------------------------------------------------------------- bad input
 class FaultyClient:

@@ -93,7 +93,8 @@ class FedOptStrategy(Strategy):
     ``client_sampler`` replaces the sampling by client ids: called once per round, it returns the
     ids of the clients to train (e.g. ``Simulation.sample_clients`` of a twin simulator, to draw
     exactly the clients ``fedopt-sim`` draws). Nodes are then asked once, by a
-    ``"query.client_id"`` message, which client id they serve (their ``client-id`` metric).
+    ``"query.client_id"`` message, which client id they serve (their ``client-id`` metric); a round
+    where it picks as many clients as there are nodes just sends to every node.
     """
 
     server_rules: Tuple[str, ...] = ()  # the simulator's server rules this class implements
@@ -219,14 +220,17 @@ class FedOptStrategy(Strategy):
             count = self.clients_per_round if self.clients_per_round is not None else \
                 max(1, int(round(self.fraction_train * len(nodes))))
             return self._sample(nodes, count, self._train_rng)
+        cids = [int(c) for c in self.client_sampler()]
+        if len(set(cids)) == len(nodes):
+            return list(nodes)  # everyone trains: no need to ask who is who (saves a round trip)
         node_of = self._client_nodes(grid, nodes)
         picked = []
-        for cid in self.client_sampler():
-            if int(cid) in node_of:
-                picked.append(node_of[int(cid)])
+        for cid in cids:
+            if cid in node_of:
+                picked.append(node_of[cid])
             else:
-                self.rejections.append(Rejection(server_round, "train", -1, int(cid), "no node serves this client"))
-                logger.warning("round %d: client %d was sampled but no node serves it", server_round, int(cid))
+                self.rejections.append(Rejection(server_round, "train", -1, cid, "no node serves this client"))
+                logger.warning("round %d: client %d was sampled but no node serves it", server_round, cid)
         return sorted(picked)
 
     def _config(self, config: ConfigRecord, server_round: int) -> ConfigRecord:
