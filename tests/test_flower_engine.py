@@ -46,13 +46,17 @@ def sim_config(saved: dict) -> SimConfig:
 
 def divergence_per_round(result: dict):
     """Relative divergence of the Flower run from fedopt-sim after each round (same seed and config)."""
-    torch.set_num_threads(1)
-    sim = Simulation(sim_config(result["config"]))
-    out = []
-    for t in range(sim.cfg.rounds):
-        sim.run_round(t)
-        out.append(param_divergence(sim.global_params, result["history"][t + 1]["params"])["rel"])
-    return out
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the Flower clients (one CPU each): the same summation order
+    try:
+        sim = Simulation(sim_config(result["config"]))
+        out = []
+        for t in range(sim.cfg.rounds):
+            sim.run_round(t)
+            out.append(param_divergence(sim.global_params, result["history"][t + 1]["params"])["rel"])
+        return out
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------- simulation
@@ -82,6 +86,8 @@ def suite(tmp_path_factory):
     print(f"\nFlower simulation of {len(STRATEGIES)} strategies x 3 rounds x 5 clients: "
           f"{time.perf_counter() - start:.1f} s")
     assert out.exists(), "the ServerApp did not save its results"
+    import ray
+    assert not ray.is_initialized(), "Flower left Ray running in the test process"
     return torch.load(out, weights_only=False)
 
 
