@@ -1,4 +1,5 @@
-"""PAdaMFed's server: control variates and global momentum (SPEC §5; seed 004, Alg. 1).
+"""PAdaMFed's server: control variates and global momentum (SPEC §5; "Problem-Parameter-Free Federated
+Learning", Yan, Zhang, Wang, Cao: Alg. 1).
 
 With S clients sampled out of the N training clients, client lr ``eta`` and K local steps::
 
