@@ -25,6 +25,7 @@ if _found < _MIN_SETUPTOOLS:
 PACKAGES = [
     "fedopt_kernels",
     "fedopt_kernels.backends",
+    "fedopt_kernels.flower",
     "fedopt_kernels.reference",
     "fedopt_kernels.sim",
     "fedopt_kernels.triton_kernels",

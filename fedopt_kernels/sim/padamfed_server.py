@@ -1,4 +1,5 @@
-"""PAdaMFed's server: control variates and global momentum (SPEC §5; seed 004, Alg. 1).
+"""PAdaMFed's server: control variates and global momentum (SPEC §5; "Problem-Parameter-Free Federated
+Learning", Yan, Zhang, Wang, Cao: Alg. 1).
 
 With S clients sampled out of the N training clients, client lr ``eta`` and K local steps::
 
@@ -10,7 +11,8 @@ With S clients sampled out of the N training clients, client lr ``eta`` and K lo
 
 Each client starts its round with ``start_round(global_control=c, local_control=c_i, momentum=m)``
 and returns ``c_i' = local_control()``. The VR variant also needs, at every step, the gradient of the
-same mini-batch at the round's starting model (a second copy of the model holds it).
+same mini-batch at the round's starting model (a second copy of the model holds it). The server
+rules are ``server_rules.padamfed_init`` and ``padamfed_step``, shared with the Flower strategy.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import torch
 from torch.nn import functional as F
 
 from .clients import Batch
-from .strategy import AvgStrategy, ClientUpdate, Tensors, clone_all
+from ..server_rules import padamfed_init, padamfed_step
+from .strategy import AvgStrategy, ClientUpdate, Tensors, clone_all, copy_into
 
 
 class PAdaMFedStrategy(AvgStrategy):
@@ -49,12 +52,9 @@ class PAdaMFedStrategy(AvgStrategy):
     def setup(self) -> None:
         # Alg. 1 line 1: c_i from K stochastic gradients at x0 for every client; c = mean; m = c
         n = self.sim.cfg.num_train_clients
-        self.c = [torch.zeros_like(x) for x in self.sim.global_params]
         for cid in range(n):
-            self.c_local[cid] = ci = self._mean_grad(cid)
-            for c, c_i in zip(self.c, ci):
-                c.add_(c_i, alpha=1.0 / n)
-        self.m = [c.clone() for c in self.c]
+            self.c_local[cid] = self._mean_grad(cid)
+        self.c, self.m = padamfed_init([self.c_local[cid] for cid in range(n)], n)
 
     def server_state(self) -> Dict[str, Any]:
         return {"c": self.c, "m": self.m, "c_local": self.c_local}
@@ -91,17 +91,12 @@ class PAdaMFedStrategy(AvgStrategy):
 
     @torch.no_grad()
     def aggregate(self, updates: List[ClientUpdate], t: int) -> None:
-        S, N, K = len(updates), self.sim.cfg.num_train_clients, self.sim.cfg.local_steps
-        eta, gamma, beta = self.hp["lr"], self.hp["server_lr"], self.hp["beta"]
-        scale = gamma / (eta * K) if eta > 0 else 0.0
-        for j, x in enumerate(self.sim.global_params):
-            mean_delta = torch.zeros_like(x)
-            dc = torch.zeros_like(x)
-            for u in updates:  # fixed order: deterministic sums
-                mean_delta.add_(u.delta[j], alpha=1.0 / S)
-                dc.add_(u.extra["dc"][j])
-            x.add_(mean_delta, alpha=scale)                  # x - gamma * mean(x - y_i) / (eta K)
-            self.m[j].mul_(1 - beta).add_(dc / S + self.c[j], alpha=beta)  # uses the old c
-            self.c[j].add_(dc, alpha=1.0 / N)
+        new_x, new_c, new_m = padamfed_step(
+            self.sim.global_params, self.c, self.m, [u.delta for u in updates], [u.extra["dc"] for u in updates],
+            num_clients=self.sim.cfg.num_train_clients, lr=self.hp["lr"], local_steps=self.sim.cfg.local_steps,
+            server_lr=self.hp["server_lr"], beta=self.hp["beta"])
+        copy_into(self.sim.global_params, new_x)
+        copy_into(self.c, new_c)
+        copy_into(self.m, new_m)
         for u in updates:
             self.c_local[u.client_id] = u.extra["new_ci"]

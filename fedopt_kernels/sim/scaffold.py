@@ -11,7 +11,8 @@ the lr-weighted mean of the round's gradients). The server averages models like 
 (weighted by client size, server lr) and updates ``c += sum_{i in S} (c_i+ - c_i) / N`` over all N
 training clients, so ``c`` stays the mean of the ``c_i`` under partial participation. Clients that
 never trained hold ``c_i = 0``, as does ``c`` at the start. FedNAR-SCAFFOLD is the same with FedNAR
-steps (see ``ClientOptimizers.lr_sum`` for its step-size sum).
+steps (see ``ClientOptimizers.lr_sum`` for its step-size sum). Both control rules are
+``fedopt_kernels.server_rules`` functions, shared with the Flower strategies.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from typing import Any, Dict, List
 
 import torch
 
-from .strategy import AvgStrategy, ClientUpdate, Tensors, clone_all, zeros_like_all
+from ..server_rules import scaffold_control_step, scaffold_local_control
+from .strategy import AvgStrategy, ClientUpdate, Tensors, clone_all, copy_into, zeros_like_all
 
 
 class ScaffoldStrategy(AvgStrategy):
@@ -48,10 +50,7 @@ class ScaffoldStrategy(AvgStrategy):
         update = super().finish(cid, opt, t)
         lr_sum = self.opts.lr_sum(opt, t, self.sim.cfg.local_steps)
         ci = self.local_control(cid)
-        if lr_sum > 0:
-            new_ci = [c_i - c - d / lr_sum for c_i, c, d in zip(ci, self.c, update.delta)]  # -delta = x - y_i
-        else:  # nothing moved (lr 0): option II is undefined; keep the old control
-            new_ci = [c_i.clone() for c_i in ci]
+        new_ci = scaffold_local_control(ci, self.c, update.delta, lr_sum)
         update.extra["dc"] = [n - o for n, o in zip(new_ci, ci)]
         update.extra["new_ci"] = new_ci
         return update
@@ -59,8 +58,7 @@ class ScaffoldStrategy(AvgStrategy):
     @torch.no_grad()
     def aggregate(self, updates: List[ClientUpdate], t: int) -> None:
         super().aggregate(updates, t)
-        n = self.sim.cfg.num_train_clients
+        copy_into(self.c, scaffold_control_step(self.c, [u.extra["dc"] for u in updates],
+                                                self.sim.cfg.num_train_clients))
         for u in updates:
-            for c, dc in zip(self.c, u.extra["dc"]):
-                c.add_(dc, alpha=1.0 / n)
             self.c_local[u.client_id] = u.extra["new_ci"]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List
 import torch
 from torch.nn import functional as F
 
+from ..server_rules import weighted_average_step
 from .clients import Batch
 from .local import ClientOptimizers
 
@@ -39,8 +40,15 @@ def clone_all(tensors: Tensors) -> Tensors:
     return [t.detach().clone() for t in tensors]
 
 
+def copy_into(dst: Tensors, src: Tensors) -> None:
+    """Overwrite ``dst``'s tensors in place: whoever holds them (the round loop, validation) sees the new values."""
+    for d, s in zip(dst, src):
+        d.copy_(s)
+
+
 class AvgStrategy:
-    """FedAvg's server: ``x += server_lr * sum_i n_i * delta_i / sum_i n_i`` over the sampled clients.
+    """FedAvg's server: ``x += server_lr * sum_i n_i * delta_i / sum_i n_i`` over the sampled clients
+    (``server_rules.weighted_average_step``, shared with the Flower strategies).
 
     With the client optimizer chosen by the algorithm this is FedAvg, FedSGD, FedDecay, FedProx,
     FedNLR and FedNAR (on FedAvg or FedProx).
@@ -92,9 +100,7 @@ class AvgStrategy:
 
     @torch.no_grad()
     def aggregate(self, updates: List[ClientUpdate], t: int) -> None:
-        total = sum(u.weight for u in updates)
-        for j, x in enumerate(self.sim.global_params):
-            avg = torch.zeros_like(x)
-            for u in updates:  # fixed order (sorted client ids): the sum is deterministic
-                avg.add_(u.delta[j], alpha=u.weight / total)
-            x.add_(avg, alpha=self.hp["server_lr"])
+        # updates come in sorted client-id order, so the sum is deterministic
+        new_x = weighted_average_step(self.sim.global_params, [u.delta for u in updates],
+                                      [u.weight for u in updates], self.hp["server_lr"])
+        copy_into(self.sim.global_params, new_x)

@@ -1,0 +1,1 @@
+"""fedopt_kernels' algorithms on Flower, on the simulator's digits users."""

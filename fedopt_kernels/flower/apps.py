@@ -1,0 +1,137 @@
+"""A ready ServerApp / ClientApp pair that runs ``fedopt-sim``'s algorithms and data sets on Flower.
+
+The run config (see ``runconfig``) names the algorithm(s) and the simulator options; every node
+rebuilds the same users from the seed (``simdata``), and node ``partition-id = i`` is training
+client i. The server evaluates the global model on the pooled validation data of the training
+clients after every ``eval-every`` rounds (the simulator's ``val_acc``), which it can do because
+the data set is public; ``fraction-evaluate > 0`` adds Flower's federated evaluation on the
+clients' validation splits. Each round trains the clients ``fedopt-sim`` would sample (a twin
+simulator draws them), so a Flower run reproduces the ``fedopt-sim`` run of the same config.
+With ``out = "/abs/path.pt"`` the ServerApp saves, per algorithm, every evaluated round's
+accuracy, loss and global parameters, and the clients left out.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from ..sim.config import SimConfig
+from ..sim.simulation import Simulation
+from ..sim.evaluate import pooled_metrics
+from .client import evaluate_round, padamfed_init_round, train_round
+from .factory import strategy_for
+from .records import from_record, logger, to_record
+from .runconfig import sim_configs
+from .settings import STATE_TAG
+from .simdata import batch_stream, check_partition, new_model, simulation_for
+
+
+def run_algorithm(grid: Grid, cfg: SimConfig, *, tag: str, fraction_evaluate: float = 0.0,
+                  timeout: float = 3600.0) -> Dict[str, Any]:
+    """Run ``cfg.rounds`` rounds of ``cfg.algorithm`` through ``grid``; returns its history."""
+    sim = simulation_for(cfg)
+    names = [n for n, _ in sim.model.named_parameters()]
+    model = new_model(sim)
+    # a twin simulator draws each round's clients: the same clients as fedopt-sim, round by round
+    sampler = Simulation(cfg, data=sim.data)
+    strategy = strategy_for(cfg, fraction_evaluate=fraction_evaluate, seed=cfg.seed, state_tag=tag, timeout=timeout,
+                            client_sampler=sampler.sample_clients)
+    history = []
+
+    def evaluate(server_round: int, arrays) -> MetricRecord:
+        if server_round % cfg.eval_every and server_round not in (0, cfg.rounds):
+            return None
+        params = from_record(arrays, names, sim.global_params, "global arrays")
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), params):
+                p.copy_(v)
+        val = pooled_metrics(model, sim.train_clients, "val")
+        history.append({"round": server_round, "val_acc": val["acc"], "val_loss": val["loss"], "params": params})
+        return MetricRecord({"val-acc": val["acc"], "val-loss": val["loss"]})
+
+    start = time.perf_counter()
+    result = strategy.start(grid, to_record(names, sim.global_params), num_rounds=cfg.rounds, timeout=timeout,
+                            train_config=ConfigRecord(), evaluate_config=ConfigRecord(), evaluate_fn=evaluate)
+    return {"config": cfg.to_dict(), "hparams": strategy.hp, "history": history,
+            "train_metrics": {r: dict(m) for r, m in result.train_metrics_clientapp.items()},
+            "evaluate_metrics": {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()},
+            "rejections": [vars(r) for r in strategy.rejections], "seconds": time.perf_counter() - start}
+
+
+def _merged(context: Context, defaults: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    return {**dict(defaults or {}), **dict(context.run_config)}
+
+
+def server_app(defaults: Optional[Mapping[str, Any]] = None) -> ServerApp:
+    """ServerApp: each algorithm of the run config in turn, each with fresh client state and the same seed.
+
+    ``defaults`` fills keys the run config lacks (e.g. when the app runs without a pyproject.toml).
+    """
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_config = _merged(context, defaults)
+        cfgs = sim_configs(run_config)
+        fraction_evaluate = float(run_config.get("fraction-evaluate", 0.0))
+        results = {}
+        for i, cfg in enumerate(cfgs):
+            out = run_algorithm(grid, cfg, tag=f"{i}.{cfg.algorithm}", fraction_evaluate=fraction_evaluate)
+            results[cfg.algorithm] = out
+            last = out["history"][-1] if out["history"] else {}
+            logger.info("%s: val accuracy %.4f after %d rounds (%.1f s), %d replies left out", cfg.algorithm,
+                        last.get("val_acc", float("nan")), cfg.rounds, out["seconds"], len(out["rejections"]))
+        path = str(run_config.get("out", ""))
+        if path:
+            torch.save(results, path)
+            logger.info("results saved to %s", path)
+
+    return app
+
+
+def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
+    """ClientApp: node ``partition-id = i`` is training client i of the simulator's users (``defaults``: as
+    for ``server_app``)."""
+    app = ClientApp()
+
+    def node(msg: Message, context: Context):
+        cfg = sim_configs(_merged(context, defaults))[0]  # data, model and seeds are the same for every algorithm
+        sim = simulation_for(cfg)
+        cid = check_partition(cfg, context.node_config)
+        return sim, cid, sim.train_clients[cid], str(msg.content["config"].get(STATE_TAG, ""))
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        sim, cid, client, tag = node(msg, context)
+        next_batch, save = batch_stream(sim, cid, context.state, tag)
+        content = train_round(new_model(sim), next_batch, msg.content, context.state, num_examples=client.size,
+                              client_id=cid, calibration=(client.train_x, client.train_y), backend=sim.backend)
+        save()
+        return Message(content, reply_to=msg)
+
+    @app.train("padamfed_init")
+    def padamfed_init(msg: Message, context: Context) -> Message:
+        sim, cid, client, tag = node(msg, context)
+        next_batch, save = batch_stream(sim, cid, context.state, tag)
+        content = padamfed_init_round(new_model(sim), next_batch, msg.content, context.state,
+                                      num_examples=client.size, client_id=cid)
+        save()
+        return Message(content, reply_to=msg)
+
+    @app.query("client_id")
+    def client_id(msg: Message, context: Context) -> Message:
+        _, cid, _, _ = node(msg, context)
+        return Message(RecordDict({"metrics": MetricRecord({"client-id": cid})}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        sim, cid, client, _ = node(msg, context)
+        return Message(evaluate_round(new_model(sim), client.val_x, client.val_y, msg.content, client_id=cid),
+                       reply_to=msg)
+
+    return app

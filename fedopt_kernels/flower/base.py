@@ -1,0 +1,355 @@
+"""What every strategy of this package shares on Flower: sampling, messages, checking replies, metrics.
+
+A round: ``configure_train`` samples clients (seeded, reproducible) and sends each the global model,
+the algorithm's config (``settings.round_config``) and the server-side extras of the algorithm
+(control variate, momentum); ``aggregate_train`` checks every reply, leaves out the bad ones (and
+logs which client and why), sorts the good ones by client id and applies the algorithm's server
+rule from ``fedopt_kernels.server_rules``, the same functions the simulator calls.
+
+A reply is left out when the client failed (an error reply), did not answer (dropped out or timed
+out), was not sampled or answered twice, or sent arrays that are missing, extra, misshapen, not
+floating point or not finite, or a non-positive ``num-examples``. If the new server state would
+not be finite (overflow), the round is skipped: the model and server state stay as they were.
+Every left-out reply is appended to ``strategy.rejections`` as well as logged.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from ..sim.config import SimConfig
+from .records import BadUpdate, Tensors, all_finite, from_record, get_record, logger, metric, to_record
+from .settings import round_config
+
+CLIENT_ID_QUERY = f"{MessageType.QUERY}.client_id"  # asks a node which client id it serves
+ClientSampler = Callable[[], Sequence[int]]
+
+
+@dataclass
+class ClientResult:
+    """One accepted reply: the aggregation weight, the model delta and (SCAFFOLD, PAdaMFed) the control change."""
+
+    node_id: int
+    client_id: Optional[int]
+    weight: float
+    delta: Tensors
+    dc: Optional[Tensors] = None
+    train_loss: Optional[float] = None
+
+
+@dataclass
+class Rejection:
+    """A reply left out of the aggregate (``phase``: "train", "init" or "evaluate")."""
+
+    server_round: int
+    phase: str
+    node_id: int
+    client_id: Optional[int]
+    reason: str
+
+
+def _check_fraction(name: str, value: float, allow_zero: bool) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value > 1 or value < 0 or (value == 0 and not allow_zero):
+        lo = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a number {lo} and <= 1, got {value!r}")
+
+
+def check_count(name: str, value: Optional[int], optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1{' or None' if optional else ''}, got {value!r}")
+
+
+def _client_id_of(content: Optional[RecordDict]) -> Optional[int]:
+    """The ``client-id`` metric of a reply, or None (never raises: used to name a rejected client)."""
+    try:
+        return int(metric(content, "client-id"))
+    except Exception:
+        return None
+
+
+class FedOptStrategy(Strategy):
+    """Base class of the package's Flower strategies: one algorithm of ``fedopt-sim`` on Flower.
+
+    ``cfg`` is a simulator config naming the algorithm and its options; only its algorithm fields
+    are used (and ``cfg.hparams()`` for the defaults), never its data fields. Sampling:
+    ``clients_per_round`` nodes if given, else ``max(1, round(fraction_train * connected))`` (the
+    simulator's rule), drawn without replacement by a generator seeded with ``seed``.
+    ``num_clients`` is the N that control variates are averaged over (default: the number of
+    connected nodes at the first round). ``state_tag`` prefixes the clients' state keys (default:
+    the algorithm's name); give each strategy of one Flower run its own tag. Federated
+    evaluation asks ``fraction_evaluate`` of the nodes (0: none).
+
+    ``client_sampler`` replaces the sampling by client ids: called once per round, it returns the
+    ids of the clients to train (e.g. ``Simulation.sample_clients`` of a twin simulator, to draw
+    exactly the clients ``fedopt-sim`` draws). Nodes are then asked once, by a
+    ``"query.client_id"`` message, which client id they serve (their ``client-id`` metric); a round
+    where it picks as many clients as there are nodes just sends to every node.
+    """
+
+    server_rules: Tuple[str, ...] = ()  # the simulator's server rules this class implements
+
+    def __init__(self, cfg: SimConfig, *, fraction_train: float = 1.0, clients_per_round: Optional[int] = None,
+                 fraction_evaluate: float = 0.0, min_available_nodes: int = 1, num_clients: Optional[int] = None,
+                 seed: int = 0, state_tag: Optional[str] = None, timeout: float = 3600.0,
+                 client_sampler: Optional[ClientSampler] = None):
+        if not isinstance(cfg, SimConfig):
+            raise TypeError(f"cfg must be a fedopt_kernels.sim.SimConfig, got {type(cfg).__name__}")
+        self.cfg = cfg.validate()
+        if cfg.server_rule not in self.server_rules:
+            raise ValueError(f"algorithm={cfg.algorithm!r} has server rule {cfg.server_rule!r}; "
+                             f"{type(self).__name__} implements {self.server_rules} (use strategy_for(cfg))")
+        self.server_rule = cfg.server_rule
+        _check_fraction("fraction_train", fraction_train, allow_zero=False)
+        _check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
+        check_count("clients_per_round", clients_per_round)
+        check_count("min_available_nodes", min_available_nodes, optional=False)
+        check_count("num_clients", num_clients)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        if not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout must be a number > 0, got {timeout!r}")
+        self.hp = cfg.hparams()
+        self.fraction_train, self.clients_per_round = fraction_train, clients_per_round
+        self.fraction_evaluate, self.min_available_nodes = fraction_evaluate, min_available_nodes
+        self.num_clients, self.timeout = num_clients, float(timeout)
+        self.state_tag = state_tag if state_tag is not None else cfg.algorithm
+        train_ss, eval_ss = np.random.SeedSequence(seed).spawn(2)
+        self._train_rng, self._eval_rng = np.random.default_rng(train_ss), np.random.default_rng(eval_ss)
+        self.names: List[str] = []
+        self.global_params: Tensors = []
+        self.rejections: List[Rejection] = []
+        self._sent: Dict[Tuple[str, int], List[int]] = {}
+        self._setup_done = False
+        self.client_sampler = client_sampler
+        self._node_of: Dict[int, int] = {}   # client id -> node id (with a client_sampler)
+        self._mapped_nodes: List[int] = []
+
+    # ------------------------------------------------------------------ hooks of the subclasses
+    def _setup(self, grid: Grid, nodes: List[int], server_round: int, config: ConfigRecord) -> None:
+        """Once, before the first round's sampling, with the initial global model loaded."""
+
+    def _round_records(self) -> Dict[str, ArrayRecord]:
+        """Server tensors sent with the model (control variate, momentum)."""
+        return {}
+
+    def _server_step(self, results: List[ClientResult]) -> Dict[str, Tensors]:
+        """The new server state from the sorted accepted results: {"x": ..., other server tensors}."""
+        raise NotImplementedError
+
+    def _commit(self, state: Dict[str, Tensors]) -> None:
+        self.global_params = state["x"]
+
+    def server_state(self) -> Dict[str, Tensors]:
+        """The server's tensors besides the global model (empty for FedAvg-style rules)."""
+        return {}
+
+    @property
+    def uses_controls(self) -> bool:
+        return self.server_rule in ("scaffold", "padamfed")
+
+    # ------------------------------------------------------------------ helpers
+    def summary(self) -> None:
+        logger.info("\t├── fedopt_kernels %s: algorithm=%s, hparams=%s", type(self).__name__, self.cfg.algorithm,
+                    {k: v for k, v in self.hp.items() if v is not None})
+        logger.info("\t└── local_steps=%d, clients_per_round=%s, fraction_train=%.2f, fraction_evaluate=%.2f",
+                    self.cfg.local_steps, self.clients_per_round, self.fraction_train, self.fraction_evaluate)
+
+    def _load_global(self, arrays: ArrayRecord) -> None:
+        first = not self.names
+        if first:
+            self.names = list(arrays.keys())
+            like = [torch.from_numpy(np.array(arrays[n].numpy())) for n in self.names]
+        else:
+            like = self.global_params
+        try:
+            self.global_params = from_record(arrays, self.names, like, "global arrays")
+        except BadUpdate as exc:
+            raise ValueError(f"the global arrays are unusable: {exc}") from None
+        if first:
+            self._init_server_tensors()
+
+    def _init_server_tensors(self) -> None:
+        """Server tensors that start at zero (SCAFFOLD's c); PAdaMFed's come from its ``_setup``."""
+
+    def _nodes(self, grid: Grid) -> List[int]:
+        while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
+            logger.info("Waiting for nodes to connect: %d connected (minimum required: %d).",
+                        len(nodes), self.min_available_nodes)
+            time.sleep(1)
+        if self.num_clients is None:
+            self.num_clients = len(nodes)
+        return nodes
+
+    def _sample(self, nodes: List[int], count: int, rng: np.random.Generator) -> List[int]:
+        if count >= len(nodes):
+            return list(nodes)
+        # draw positions, not ids: Flower's node ids are unsigned 64-bit and numpy would round them to floats
+        return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
+
+    def _client_nodes(self, grid: Grid, nodes: List[int]) -> Dict[int, int]:
+        """Client id -> node id, asked of every node whenever the set of connected nodes changes."""
+        if nodes != self._mapped_nodes:
+            content = RecordDict({"config": ConfigRecord({"server-round": 0})})
+            replies = grid.send_and_receive(self._messages(content, nodes, CLIENT_ID_QUERY, 0), timeout=self.timeout)
+            self._node_of = {}
+            for msg in replies:
+                node = int(msg.metadata.src_node_id)
+                cid = None if msg.has_error() else _client_id_of(msg.content)
+                if cid is None or cid in self._node_of:
+                    why = msg.error.reason if msg.has_error() else ("a duplicate client id" if cid is not None
+                                                                     else "no client-id")
+                    logger.warning("node %d cannot be mapped to a client id (%s); it is not sampled", node, why)
+                    continue
+                self._node_of[cid] = node
+            self._mapped_nodes = list(nodes)
+        return self._node_of
+
+    def _sample_train(self, grid: Grid, nodes: List[int], server_round: int) -> List[int]:
+        if self.client_sampler is None:
+            count = self.clients_per_round if self.clients_per_round is not None else \
+                max(1, int(round(self.fraction_train * len(nodes))))
+            return self._sample(nodes, count, self._train_rng)
+        cids = [int(c) for c in self.client_sampler()]
+        if len(set(cids)) == len(nodes):
+            return list(nodes)  # everyone trains: no need to ask who is who (saves a round trip)
+        node_of = self._client_nodes(grid, nodes)
+        picked = []
+        for cid in cids:
+            if cid in node_of:
+                picked.append(node_of[cid])
+            else:
+                self.rejections.append(Rejection(server_round, "train", -1, cid, "no node serves this client"))
+                logger.warning("round %d: client %d was sampled but no node serves it", server_round, cid)
+        return sorted(picked)
+
+    def _config(self, config: ConfigRecord, server_round: int) -> ConfigRecord:
+        out = ConfigRecord(dict(config))  # the caller's keys, then ours (ours win)
+        for k, v in round_config(self.cfg, self.hp, server_round - 1, self.state_tag).items():
+            out[k] = v
+        out["server-round"] = server_round
+        return out
+
+    def _messages(self, content: RecordDict, nodes: Sequence[int], message_type: str,
+                  server_round: int) -> List[Message]:
+        return [Message(content, dst_node_id=n, message_type=message_type, group_id=str(server_round))
+                for n in nodes]
+
+    def _reject(self, server_round: int, phase: str, node_id: int, client_id: Optional[int], reason: str) -> None:
+        self.rejections.append(Rejection(server_round, phase, node_id, client_id, reason))
+        who = f"node {node_id}" + (f" (client {client_id})" if client_id is not None else "")
+        logger.warning("round %d %s: left %s out of the aggregate: %s", server_round, phase, who, reason)
+
+    def _check_replies(self, replies: Iterable[Message], server_round: int, phase: str, parse) -> list:
+        """Parsed accepted replies, sorted by (client id, node id); every other reply rejected and logged."""
+        sent = self._sent.pop((phase, server_round), [])
+        accepted, seen = [], set()
+        for msg in replies:
+            node = int(msg.metadata.src_node_id)
+            content = None if msg.has_error() else msg.content
+            try:
+                if node not in sent:
+                    raise BadUpdate("reply from a node that was not asked this round")
+                if node in seen:
+                    raise BadUpdate("second reply from the same node")
+                seen.add(node)
+                if msg.has_error():
+                    raise BadUpdate(f"the client failed: {msg.error.reason}")
+                accepted.append((_client_id_of(content), node, parse(content, node)))
+            except BadUpdate as exc:
+                self._reject(server_round, phase, node, _client_id_of(content), str(exc))
+        for node in sent:
+            if node not in seen:
+                self._reject(server_round, phase, node, None, "no reply: the client dropped out or timed out")
+        accepted.sort(key=lambda a: (a[0] is None, a[0] if a[0] is not None else 0, a[1]))
+        return [a[2] for a in accepted]
+
+    def _parse_train(self, content: RecordDict, node: int) -> ClientResult:
+        weight = metric(content, "num-examples")
+        if weight <= 0:
+            raise BadUpdate(f"num-examples must be > 0, got {weight:g}")
+        delta = from_record(get_record(content, "delta", ArrayRecord, "reply"), self.names, self.global_params, "delta")
+        dc = None
+        if self.uses_controls:
+            dc = from_record(get_record(content, "dc", ArrayRecord, "reply"), self.names, self.global_params, "dc")
+        loss = None
+        if "metrics" in content and "train-loss" in content["metrics"]:
+            loss = metric(content, "train-loss")
+        return ClientResult(node, _client_id_of(content), weight, delta, dc, loss)
+
+    # ------------------------------------------------------------------ Strategy API: training
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self._load_global(arrays)
+        nodes = self._nodes(grid)
+        if not self._setup_done:
+            self._setup(grid, nodes, server_round, config)
+            self._setup_done = True
+        sampled = self._sample_train(grid, nodes, server_round)
+        self._sent[("train", server_round)] = sampled
+        logger.info("configure_train: %d of %d nodes train round %d (%s)", len(sampled), len(nodes), server_round,
+                    self.cfg.algorithm)
+        content = RecordDict({"arrays": to_record(self.names, self.global_params),
+                              "config": self._config(config, server_round), **self._round_records()})
+        return self._messages(content, sampled, MessageType.TRAIN, server_round)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> Tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        results: List[ClientResult] = self._check_replies(replies, server_round, "train", self._parse_train)
+        left_out = sum(1 for r in self.rejections if r.server_round == server_round and r.phase == "train")
+        if not results:
+            logger.warning("round %d: no usable client update; the global model and server state are unchanged",
+                           server_round)
+            return to_record(self.names, self.global_params), MetricRecord({"clients-used": 0,
+                                                                             "clients-left-out": left_out})
+        state = self._server_step(results)
+        if not all(all_finite(v) for v in state.values()):
+            logger.error("round %d: the aggregate is not finite (overflow?); round skipped, state unchanged",
+                         server_round)
+            self.rejections.append(Rejection(server_round, "train", -1, None, "aggregate not finite: round skipped"))
+        else:
+            self._commit(state)
+        metrics = {"clients-used": len(results), "clients-left-out": left_out}
+        with_loss = [r for r in results if r.train_loss is not None]
+        if with_loss:
+            total = sum(r.weight for r in with_loss)
+            metrics["train-loss"] = sum(r.weight * r.train_loss for r in with_loss) / total
+        return to_record(self.names, self.global_params), MetricRecord(metrics)
+
+    # ------------------------------------------------------------------ Strategy API: evaluation
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if self.fraction_evaluate == 0:
+            return []
+        self._load_global(arrays)
+        nodes = self._nodes(grid)
+        sampled = self._sample(nodes, max(1, int(round(self.fraction_evaluate * len(nodes)))), self._eval_rng)
+        self._sent[("evaluate", server_round)] = sampled
+        content = RecordDict({"arrays": to_record(self.names, self.global_params),
+                              "config": self._config(config, server_round)})
+        return self._messages(content, sampled, MessageType.EVALUATE, server_round)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
+        def parse(content: RecordDict, node: int) -> Tuple[float, Dict[str, float]]:
+            n = metric(content, "num-examples")
+            values = {k: metric(content, k) for k in content["metrics"].keys()
+                      if k not in ("num-examples", "client-id")}
+            return n, values
+
+        results = [r for r in self._check_replies(replies, server_round, "evaluate", parse) if r[0] > 0]
+        if not results:
+            return None
+        total = sum(n for n, _ in results)
+        keys = sorted(set().union(*(v.keys() for _, v in results)))
+        return MetricRecord({k: sum(n * v[k] for n, v in results if k in v) /
+                             sum(n for n, v in results if k in v) for k in keys} | {"num-examples": int(total)})

@@ -1,0 +1,166 @@
+"""The client side: one round of local training with this package's optimizers, from a received message.
+
+``train_round`` is what a ``ClientApp``'s train function calls: it loads the global model from the
+message, builds the algorithm's optimizer exactly as ``fedopt-sim`` does (``sim.local.ClientOptimizers``:
+same class, hyperparameters, per-round lr, FedNLR scales, round index), takes the round's local
+steps and returns the reply content the strategies expect:
+
+* ``"delta"`` (ArrayRecord): the trained model minus the received one;
+* ``"dc"`` (ArrayRecord, SCAFFOLD and PAdaMFed): the change of the client's control variate;
+* ``"metrics"`` (MetricRecord): ``num-examples`` (the aggregation weight), ``train-loss`` and,
+  when given, ``client-id`` (the strategy sums clients in this order, as the simulator does).
+
+The client's control variate ``c_i`` never leaves the client: it lives in ``context.state`` under
+``"<state-tag>.control"``. A non-finite new control is not stored (the old one is kept), so one bad
+round cannot poison the client's later rounds.
+"""
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+from typing import Callable, Optional, Tuple
+
+import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from torch import nn
+from torch.nn import functional as F
+
+from ..server_rules import scaffold_local_control
+from ..sim.evaluate import loss_and_correct
+from ..sim.local import ClientOptimizers
+from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
+from .settings import read_round_config
+
+Batch = Tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _named(model: nn.Module) -> Tuple[list, Tensors]:
+    named = list(model.named_parameters())
+    return [n for n, _ in named], [p for _, p in named]
+
+
+@torch.no_grad()
+def _load_global(model: nn.Module, content: RecordDict) -> Tuple[list, Tensors, Tensors]:
+    """Copy the received global model into ``model``; returns (names, parameters, global tensors)."""
+    names, params = _named(model)
+    x = from_record(get_record(content, "arrays", ArrayRecord, "message"), names, params, "arrays")
+    for p, g in zip(params, x):
+        p.copy_(g)
+    return names, params, x
+
+
+def _control_key(tag: str) -> str:
+    return f"{tag}.control"
+
+
+def _stored_control(state: RecordDict, tag: str, names: list, like: Tensors) -> Optional[Tensors]:
+    rec = state.get(_control_key(tag)) if _control_key(tag) in state else None
+    return None if rec is None else from_record(rec, names, like, "stored control")
+
+
+def _store_control(state: RecordDict, tag: str, names: list, ci: Tensors) -> None:
+    if all_finite(ci):
+        state[_control_key(tag)] = to_record(names, ci)
+
+
+def _metrics(num_examples: int, client_id: Optional[int], **values: float) -> MetricRecord:
+    m = {"num-examples": int(num_examples), **{k.replace("_", "-"): float(v) for k, v in values.items()}}
+    if client_id is not None:
+        m["client-id"] = int(client_id)
+    return MetricRecord(m)
+
+
+def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
+                num_examples: int, client_id: Optional[int] = None, calibration: Optional[Batch] = None,
+                backend: str = "auto", loss_fn: LossFn = F.cross_entropy) -> RecordDict:
+    """One round of local training on ``model`` from a train message's ``content``; returns the reply content.
+
+    ``next_batch()`` gives the client's next mini-batch; ``num_examples`` is its training-set size
+    (the aggregation weight). ``calibration`` (inputs, targets) is the data FedNLR computes its
+    neuron scales on (the simulator uses the whole training split); other algorithms ignore it.
+    ``state`` is ``context.state``: it keeps the control variate between rounds.
+    """
+    cfg, hp, t, tag = read_round_config(config_dict(content))
+    names, params, x = _load_global(model, content)
+    rule, K = cfg.server_rule, cfg.local_steps
+    inputs = {}
+    ci = c = None
+    if rule in ("scaffold", "padamfed"):
+        c = from_record(get_record(content, "control", ArrayRecord, "message"), names, params, "control")
+        ci = _stored_control(state, tag, names, params)
+    if rule == "scaffold":
+        ci = ci if ci is not None else [torch.zeros_like(v) for v in c]
+        inputs["correction"] = [cj - cij for cj, cij in zip(c, ci)]
+    elif rule == "padamfed":
+        m = from_record(get_record(content, "momentum", ArrayRecord, "message"), names, params, "momentum")
+        inputs.update(global_control=c, local_control=ci, momentum=m)
+    if cfg.client_optimizer == "nlr" and calibration is None:
+        raise ValueError("FedNLR needs calibration=(inputs, targets): the data its neuron scales are computed on")
+
+    opts = ClientOptimizers(cfg, hp, model, backend)
+    client = SimpleNamespace(train_x=calibration[0], train_y=calibration[1]) if calibration is not None else None
+    # a fresh optimizer per round, advanced to round t: all its per-round state restarts anyway
+    opt = opts.begin(0, client, t, **inputs)
+    anchor = copy.deepcopy(model) if cfg.algorithm.endswith("-vr") else None
+    loss_sum = torch.zeros((), device=params[0].device)
+    for _ in range(K):
+        bx, by = next_batch()
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn(model(bx), by)
+        loss.backward()
+        loss_sum += loss.detach()
+        if anchor is None:
+            opts.clip()
+            opt.step()
+        else:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
+            anchor.zero_grad(set_to_none=True)
+            loss_fn(anchor(bx), by).backward()
+            opt.step(anchor_grads=[p.grad for p in anchor.parameters()])
+
+    out = RecordDict()
+    with torch.no_grad():
+        delta = [p.detach() - g for p, g in zip(params, x)]
+        out["delta"] = to_record(names, delta)
+        if rule == "scaffold":
+            new_ci = scaffold_local_control(ci, c, delta, opts.lr_sum(opt, t, K))
+        elif rule == "padamfed":
+            new_ci = [v.to(g.dtype) for v, g in zip(opt.local_control(), x)]
+            ci = ci if ci is not None else [torch.zeros_like(g) for g in x]
+        if rule in ("scaffold", "padamfed"):
+            out["dc"] = to_record(names, [n - o for n, o in zip(new_ci, ci)])
+            _store_control(state, tag, names, new_ci)
+    out["metrics"] = _metrics(num_examples, client_id, train_loss=float(loss_sum) / K)
+    return out
+
+
+def padamfed_init_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
+                        num_examples: int, client_id: Optional[int] = None,
+                        loss_fn: LossFn = F.cross_entropy) -> RecordDict:
+    """PAdaMFed's initial control: ``c_i`` = mean of K stochastic gradients at the received model.
+
+    Kept in ``state`` and returned as ``"control"`` (the server averages them into ``c`` and ``m``).
+    """
+    cfg, _, _, tag = read_round_config(config_dict(content))
+    names, params, x = _load_global(model, content)
+    K = cfg.local_steps
+    acc = [torch.zeros_like(g) for g in x]
+    for _ in range(K):
+        bx, by = next_batch()
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(bx), by).backward()
+        with torch.no_grad():
+            for a, p in zip(acc, params):
+                a.add_(p.grad)
+    ci = [a / K for a in acc]
+    _store_control(state, tag, names, ci)
+    return RecordDict({"control": to_record(names, ci), "metrics": _metrics(num_examples, client_id)})
+
+
+def evaluate_round(model: nn.Module, x: torch.Tensor, y: torch.Tensor, content: RecordDict, *,
+                   client_id: Optional[int] = None) -> RecordDict:
+    """Loss and accuracy of the received global model on (x, y) (e.g. the client's validation split)."""
+    _load_global(model, content)
+    n = int(y.shape[0])
+    loss, correct = loss_and_correct(model, x, y) if n else (0.0, 0)
+    return RecordDict({"metrics": _metrics(n, client_id, eval_loss=loss / max(n, 1), eval_acc=correct / max(n, 1))})
