@@ -1,4 +1,4 @@
-"""Minimum bytes one optimizer step must move through memory (SPEC §7), the roofline numerator.
+"""Minimum bytes one optimizer step must move through memory (docs/benchmarks.md), the roofline numerator.
 
 ``bytes_per_step`` is the single definition every figure of the benchmark uses. The numbers come
 from each op's declaration (``fedopt_kernels/_ops.py``: for every role, how often a step reads and

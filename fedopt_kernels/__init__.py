@@ -1,6 +1,6 @@
 """fedopt_kernels: fused optimizer kernels for federated learning, as torch.optim classes.
 
-Public names (SPEC §6): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, neuron_lr_scales, FedNAR,
+Public names (docs/algorithms.md): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, neuron_lr_scales, FedNAR,
 PAdaMFed, theory_hparams, available_backends.
 """
 from ._registry import available_backends

@@ -1,4 +1,4 @@
-"""The round API (SPEC §1) and backend dispatch shared by every optimizer of the package.
+"""The round API (docs/algorithms.md) and backend dispatch shared by every optimizer of the package.
 
 A subclass names its op (``_spec``, from ``_ops.py``), validates its hyperparameters
 (``_validate_group``), turns a param group into its row of the op's ``hp`` tensor (``_hp_row``)
@@ -77,7 +77,7 @@ def _extent(p: torch.Tensor) -> Optional[Tuple[int, int, int]]:
 
 
 class FedOptimizer(Optimizer):
-    """Base class: an optimizer with the FL round API of SPEC §1 and a pluggable backend."""
+    """Base class: an optimizer with the FL round API of docs/algorithms.md and a pluggable backend."""
 
     _spec: OpSpec
     _round_state: Tuple[str, ...] = ()     # per-parameter state cleared by start_round(reset_state=True)
@@ -223,7 +223,7 @@ class FedOptimizer(Optimizer):
     @torch.no_grad()
     def start_round(self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None,
                     **inputs: Any) -> None:
-        """Begin local training on a freshly received global model (SPEC §1).
+        """Begin local training on a freshly received global model (docs/algorithms.md).
 
         Resets the within-round step counter, clears per-round state (momentum buffers, ...)
         unless ``reset_state=False``, snapshots the FedProx anchor ``x0`` for groups with
@@ -420,7 +420,7 @@ class FedOptimizer(Optimizer):
         return sd
 
     def _check_foreign(self, state_dict: Dict[str, Any]) -> None:
-        """Refuse a state_dict of another optimizer class (SPEC §8) before anything is loaded."""
+        """Refuse a state_dict of another optimizer class (docs/algorithms.md) before anything is loaded."""
         me = type(self).__name__
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError(f"{me}.load_state_dict needs an optimizer state_dict (with 'state' and 'param_groups')")

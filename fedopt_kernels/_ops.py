@@ -20,7 +20,7 @@ same for every backend and every caller (the optimizers, ``torch.ops.fedopt.<op>
   the step changes nothing (parameters, state and ``k``);
 * ``backend``: which registered implementation runs (``_registry``).
 
-Every op also has a *client-batched* form ``<op>_batched`` (SPEC §9): every tensor carries a
+Every op also has a *client-batched* form ``<op>_batched`` (docs/client_batched.md): every tensor carries a
 leading client dimension ``[C, *shape]`` (FedNLR scales ``[C, M]``), ``hp`` is
 ``[batches, C, len(spec.hps)]`` (per-client rows: each client's own lr, round decay, ...), ``k``
 is ``[C]`` and an optional bool ``active`` ``[C]`` leaves inactive clients' parameters, state and
@@ -49,7 +49,7 @@ class Role:
 
     ``state_typed``: float32 storage (float64 for float64 parameters) instead of the parameter's
     dtype; ``per_row``: one value per output unit (``[shape[0]]``) instead of one per element;
-    ``reads``/``writes``: times each element is read/written per step (SPEC §7 traffic).
+    ``reads``/``writes``: times each element is read/written per step (docs/benchmarks.md).
     """
 
     name: str
@@ -105,7 +105,7 @@ class OpSpec:
         return f"{self.name}({', '.join(args)}) -> ()"
 
     def bytes_per_element(self, present: Tuple[str, ...] = (), elem: int = 4, state: int = 4) -> int:
-        """Minimum bytes moved per parameter element per step (SPEC §7) with these optional roles.
+        """Minimum bytes moved per parameter element per step (docs/benchmarks.md) with these optional roles.
 
         ``elem``: the parameters' element size; ``state``: the state dtype's (8 for float64
         parameters). Per-row roles are counted per row by the caller, not here."""
@@ -116,7 +116,7 @@ class OpSpec:
         return total
 
 
-# Reads/writes per element follow SPEC §7: two-pass ops read their inputs once per pass.
+# Reads/writes per element (docs/benchmarks.md): two-pass ops read their inputs once per pass.
 SGD = OpSpec(
     "sgd",
     roles=(Role("params", "x", written=True, reads=1, writes=1), Role("grads", "g"),

@@ -90,7 +90,7 @@ def unavailable_reason(backend: str, device: Optional[torch.device] = None, op: 
 
 
 def auto_backend(device: torch.device, op: str) -> str:
-    """SPEC §7: CUDA tensors -> cuda if built, else triton; CPU tensors -> cpu if built, else reference."""
+    """docs/backends.md: CUDA tensors -> cuda if built, else triton; CPU tensors -> cpu if built, else reference."""
     order = ("cuda", "triton") if device.type == "cuda" else ("cpu",)
     for name in order:
         if unavailable_reason(name, device, op) is None:

@@ -19,7 +19,7 @@ from ._base import FedOptimizer
 from ._ops import OpSpec
 from .batched import BatchedFedDecaySGD, BatchedFedNAR, BatchedNeuronLRSGD, BatchedPAdaMFed
 
-# each per-client optimizer's client-batched form (SPEC §9)
+# each per-client optimizer's client-batched form (docs/client_batched.md)
 BATCHED_FORM = {FedDecaySGD: BatchedFedDecaySGD, NeuronLRSGD: BatchedNeuronLRSGD, FedNAR: BatchedFedNAR,
                 PAdaMFed: BatchedPAdaMFed}
 

@@ -1,4 +1,4 @@
-"""FedDecaySGD and WithinRoundDecay: within-round learning-rate decay (SPEC §2)."""
+"""FedDecaySGD and WithinRoundDecay: within-round learning-rate decay (docs/algorithms.md)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional
@@ -33,7 +33,7 @@ class FedDecaySGD(SGDFamily):
         decay_every: steps per decay period ``j`` (steps per local epoch for per-epoch decay).
         momentum, dampening, nesterov, weight_decay, maximize: as ``torch.optim.SGD``.
         prox_mu: FedProx coefficient (anchor taken at ``start_round``).
-        backend: "auto", "reference", "triton", "cuda" or "cpu" (SPEC §7).
+        backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, *, beta: float, schedule: ScheduleLike = "exponential",
@@ -56,7 +56,7 @@ class WithinRoundDecay(LRScheduler):
     """FedDecay's within-round schedule as an LR scheduler for any torch optimizer (Adam included).
 
     Call ``start_round()`` when a round starts and ``step()`` after every ``optimizer.step()``;
-    the learning rate of every group is ``base_lr * s(k // decay_every)`` (SPEC §2; FedDecay Eq. 4).
+    the learning rate of every group is ``base_lr * s(k // decay_every)`` (docs/algorithms.md; FedDecay Eq. 4).
     """
 
     def __init__(self, optimizer: Optimizer, beta: float, schedule: ScheduleLike = "exponential",

@@ -1,4 +1,4 @@
-"""FedNAR: co-clipping of gradient and weight decay (SPEC §4)."""
+"""FedNAR: co-clipping of gradient and weight decay (docs/algorithms.md)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional

@@ -1,4 +1,4 @@
-"""NeuronLRSGD and neuron_lr_scales: neuron-wise learning rates (SPEC §3; FedNLR)."""
+"""NeuronLRSGD and neuron_lr_scales: neuron-wise learning rates (docs/algorithms.md; FedNLR)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""PAdaMFed: normalized momentum with control variates and parameter-free step sizes (SPEC §5)."""
+"""PAdaMFed: normalized momentum with control variates and parameter-free step sizes (docs/algorithms.md)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Within-round learning-rate decay schedules s(j) of FedDecay (SPEC §2).
+"""Within-round learning-rate decay schedules s(j) of FedDecay (docs/algorithms.md).
 
 ``lr_k = lr * s(k // decay_every)`` where ``k`` counts steps since ``start_round``.
 

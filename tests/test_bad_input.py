@@ -1,4 +1,4 @@
-"""SPEC §8: bad input raises a clear error naming the parameter, and leaves parameters untouched."""
+"""docs/algorithms.md: bad input raises a clear error naming the parameter, and leaves parameters untouched."""
 import pytest
 import torch
 

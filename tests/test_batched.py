@@ -1,4 +1,4 @@
-"""Client-batched optimizers (SPEC §9): client c's result is the per-client optimizer's, alone.
+"""Client-batched optimizers (docs/client_batched.md): client c's result is the per-client optimizer's, alone.
 
 Every algorithm and option set of the catalogue runs on C stacked clients with per-client round
 indices, learning-rate scales, round inputs (corrections, scales, controls), per-step inputs and

@@ -2,7 +2,7 @@
 
 Runs ``python -m bench --smoke`` into a temporary folder (never into bench/results) and checks the
 JSON, the markdown table, the PNG and LATEST.md; plus the pieces the figures rest on: the exact
-ResNet-18 shape list and the SPEC §7 byte counts.
+ResNet-18 shape list and the docs/backends.md byte counts.
 """
 import json
 import math

@@ -1,4 +1,4 @@
-"""Hostile inputs that used to give silent wrong results or broken optimizers (SPEC §1, §8).
+"""Hostile inputs that used to give silent wrong results or broken optimizers (docs/algorithms.md).
 
 * global norms stay right (relative 1e-6) and agree across backends for every element magnitude
   in [1e-30, 1e30] (float32 sums of squares overflowed near 1e19 and underflowed near 1e-23);

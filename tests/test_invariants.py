@@ -1,4 +1,4 @@
-"""The papers' invariants (SPEC §2-5), checked on the reference backend in float64.
+"""The papers' invariants (docs/algorithms.md), checked on the reference backend in float64.
 
 These catch a wrong reference: the fused backends are only as right as the reference they match.
 """
@@ -22,7 +22,7 @@ def _set_grads(params, grads):
         p.grad = g.clone()
 
 
-# ---------------------------------------------------------------- FedDecay (SPEC §2)
+# ---------------------------------------------------------------- FedDecay (docs/algorithms.md)
 @pytest.mark.parametrize("schedule,beta,every", [
     ("exponential", 0.7, 1), ("exponential", 0.5, 3), ("linear", 0.8, 1), ("linear", 0.3, 2),
     ("exponential", 0.0, 1), ("exponential", 1.0, 1),
@@ -102,7 +102,7 @@ def test_linear_schedule_reaches_zero_and_stays():
     assert [s.value(j) for j in range(5)] == pytest.approx([1.0, 0.6, 0.2, 0.0, 0.0])
 
 
-# ---------------------------------------------------------------- FedNLR (SPEC §3)
+# ---------------------------------------------------------------- FedNLR (docs/algorithms.md)
 class _Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -192,7 +192,7 @@ def test_neuron_lr_sgd_without_scales_is_torch_sgd():
         torch.testing.assert_close(x, y, rtol=1e-13, atol=1e-13)
 
 
-# ---------------------------------------------------------------- FedNAR (SPEC §4)
+# ---------------------------------------------------------------- FedNAR (docs/algorithms.md)
 @pytest.mark.parametrize("max_norm", [0.01, 0.5, 3.0, 1e9])
 def test_fednar_update_norm_bounded_by_lr_t_times_max_norm(max_norm):
     params = _params((10, 5), (7,), seed=4)
@@ -243,7 +243,7 @@ def test_fednar_clip_matches_clip_grad_norm_and_anneals():
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
 
 
-# ---------------------------------------------------------------- PAdaMFed (SPEC §5)
+# ---------------------------------------------------------------- PAdaMFed (docs/algorithms.md)
 @pytest.mark.parametrize("vr", [False, True])
 def test_padamfed_every_step_moves_exactly_eta(vr):
     params = _params((8, 4), (5,), (1,), seed=7)

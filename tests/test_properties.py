@@ -3,7 +3,7 @@
 For every generated problem, each fused backend matches ``reference`` (parameters and state, NaN
 for NaN), and the papers' invariants hold on every backend: a FedNAR step moves the parameters by
 at most ``l_t * max_norm``, a PAdaMFed step by exactly ``eta``. Magnitudes span the range the
-global norm must handle (SPEC: elements in [1e-30, 1e30]; float16 in its own range).
+global norm must handle (elements in [1e-30, 1e30]; float16 in its own range).
 """
 from __future__ import annotations
 

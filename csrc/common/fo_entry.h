@@ -39,7 +39,7 @@ struct Entry {
   int32_t segment;       // the client it belongs to (0 for a per-client op): its norm, k and active flag
 };
 
-// Batched ops (SPEC §9): bit of a batch's `present` mask meaning "the round started with fresh
+// Batched ops (docs/client_batched.md): bit of a batch's `present` mask meaning "the round started with fresh
 // momentum buffers" (sgd_batched: a client at k == 0 takes buf = d); fedopt_kernels/_ops.py FRESH.
 constexpr int32_t kFreshBit = 1 << 16;
 

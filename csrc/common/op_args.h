@@ -25,7 +25,7 @@ struct OpDesc {
 struct SgdOp { static const OpDesc& desc(); };
 struct FedNarOp { static const OpDesc& desc(); };
 struct PAdamOp { static const OpDesc& desc(); };
-// client-batched forms (SPEC §9): the same roles and hp columns, named "<op>_batched"
+// client-batched forms (docs/client_batched.md): the same roles and hp columns, named "<op>_batched"
 struct SgdBatchedOp { static const OpDesc& desc(); using Base = SgdOp; };
 struct FedNarBatchedOp { static const OpDesc& desc(); using Base = FedNarOp; };
 struct PAdamBatchedOp { static const OpDesc& desc(); using Base = PAdamOp; };

@@ -1,6 +1,6 @@
 """The ``cpu`` backend: C++ kernels of ``csrc/cpu`` (extension ``fedopt_kernels._C_cpu``).
 
-One ``at::parallel_for`` pass over all tensors per SPEC pass, vectorised element-wise loops, float32
+One ``at::parallel_for`` pass over all tensors per pass, vectorised element-wise loops, float32
 math for float16/bfloat16 (float64 for float64), and a global norm from fixed per-chunk float64
 partial sums added in a fixed order, so results do not depend on the number of threads.
 """

@@ -1,4 +1,4 @@
-"""Client-batched optimizers (SPEC §9): many clients' local steps as one computation.
+"""Client-batched optimizers (docs/client_batched.md): many clients' local steps as one computation.
 
 Every parameter is a stack of client copies ``[C, *shape]`` (``torch.func.stack_module_state``
 makes them from C models); so are momentum buffers, corrections, controls and anchors, FedNLR

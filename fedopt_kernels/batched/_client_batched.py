@@ -1,4 +1,4 @@
-"""What turns a per-client optimizer of the package into its client-batched form (SPEC §9).
+"""What turns a per-client optimizer of the package into its client-batched form (docs/client_batched.md).
 
 Parameters are stacked client copies ``[C, *shape]``; so is every state tensor. Per-client inputs
 (round index, learning-rate scale, active mask, the within-round counter) live in ``[C]``
@@ -72,7 +72,7 @@ class ClientBatched(FedOptimizer):
     @torch.no_grad()
     def start_round(self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None,
                     round_index: Any = None, lr_scale: Any = None, **inputs: Any) -> None:
-        """Begin a round for every client (SPEC §1 per client).
+        """Begin a round for every client (docs/algorithms.md per client).
 
         ``round_index``: the round index ``t`` of each client (an int for all, or C ints; default:
         this optimizer's own round count); ``lr_scale``: a factor on every group's learning rate

@@ -1,4 +1,4 @@
-"""The ``reference`` backend: SPEC.md in plain PyTorch, one tensor at a time.
+"""The ``reference`` backend: docs/algorithms.md in plain PyTorch, one tensor at a time.
 
 It is the ground truth every fused backend is tested against. Math runs in float32 for
 float16/bfloat16/float32 parameters (float64 for float64), and each tensor is rounded to its

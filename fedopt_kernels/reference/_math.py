@@ -9,7 +9,7 @@ from .._args import OpArgs
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
-    """float64 for float64 tensors, float32 otherwise (SPEC §7: math in float32)."""
+    """float64 for float64 tensors, float32 otherwise (docs/backends.md: math in float32)."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
@@ -26,7 +26,7 @@ def norm_dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:
 def global_norm(tensors: List[torch.Tensor], device: torch.device) -> torch.Tensor:
     """L2 norm over all ``tensors`` as a float64 0-dim tensor.
 
-    Squares are summed in float64 (SPEC: a float32 sum of squares overflows for elements near 1e20
+    Squares are summed in float64 (a float32 sum of squares overflows for elements near 1e20
     and underflows near 1e-23), so the norm is right to ~1e-15 for every finite input in
     [1e-30, 1e30]; callers round it to ``norm_dtype`` before using it, as the kernels do.
     """

@@ -1,8 +1,8 @@
-"""Reference client-batched ops (SPEC §9): the per-client reference step, client by client.
+"""Reference client-batched ops (docs/client_batched.md): the per-client reference step, client by client.
 
 Client ``c`` of a batched op runs exactly the per-client op on the ``c``-th slices of every
 tensor, its own hp rows ``hp[:, c]`` and its own counter ``k[c]``; inactive clients are skipped
-(nothing of theirs changes). That is SPEC §9's definition, which the fused batched kernels are
+(nothing of theirs changes). That is docs/client_batched.md's definition, which the fused batched kernels are
 tested against. For ``sgd_batched``, a client at ``k == 0`` in a round whose momentum buffers are
 new (the ``FRESH`` bit) takes the first-step rule ``buf = d``: its rows get ``dampening = 0``,
 which is how the per-client op's first step is formed.

@@ -1,4 +1,4 @@
-"""Reference FedNAR step (SPEC §4; "FedNAR: Federated Optimization with Normalized Annealing
+"""Reference FedNAR step (docs/algorithms.md; "FedNAR: Federated Optimization with Normalized Annealing
 Regularization", Li et al., NeurIPS 2023, Eq. 3-4 and Alg. 2).
 
 hp row: step_lr (= lr * round_decay ** t, set by the optimizer), weight_decay, max_norm, eps,

@@ -1,4 +1,4 @@
-"""Reference PAdaMFed client step (SPEC §5; "Problem-Parameter-Free Federated Learning",
+"""Reference PAdaMFed client step (docs/algorithms.md; "Problem-Parameter-Free Federated Learning",
 Alg. 1, Thm. 1-2).
 
 hp row: lr (eta), beta, eps. Per-tensor inputs: ``D`` (= beta*(c - c_i) + (1-beta)*m, fixed for

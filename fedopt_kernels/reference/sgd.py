@@ -1,4 +1,4 @@
-"""Reference SGD step shared by FedDecaySGD (SPEC §2) and NeuronLRSGD (SPEC §3).
+"""Reference SGD step shared by FedDecaySGD (docs/algorithms.md) and NeuronLRSGD (docs/algorithms.md).
 
 For each parameter ``x`` with gradient ``g`` (hp row: lr, momentum, dampening, weight_decay,
 prox_mu, nesterov, maximize)::
