@@ -3,7 +3,11 @@
 * it holds SASS for sm_86 and sm_90 (and PTX for forward compatibility);
 * the float32 hot loops use 128-bit global loads and stores (LDG.E.128 / STG.E.128);
 * no kernel spills: ``ptxas -v`` reports 0 spill bytes when the .cu files are compiled with the
-  build's flags, and the resource usage of the built kernels shows no stack / local memory.
+  build's flags, and the resource usage of the built kernels shows no stack / local memory;
+* every kernel's arguments (the __grid_constant__ tensor tables) fit the portable 4 KiB;
+* the client-batched ops (``<op>_batched``) are bound and run these same kernels: their tables hold
+  one row per stacked tensor and the client count, so the checks above cover them too, and no
+  separate batched kernel exists.
 
 Skipped (with the reason) when the extension was deliberately not built (no nvcc, CPU-only torch,
 FEDOPT_BUILD_CUDA=0); a *failed* build with nvcc present is a test failure.
@@ -92,6 +96,30 @@ def test_float32_hot_loops_use_128bit_accesses(lib, arch):
         writes = "NarOpEfLb0" not in name  # FedNAR's norm pass only reads
         if writes:
             assert "STG.E.128" in body, f"{name} has no 128-bit global store"
+
+
+def test_kernel_arguments_fit_the_portable_4kib(lib):
+    """The tables are sized to the 4 KiB every supported CUDA version accepts (static_asserts in
+    csrc/cuda); this reads what the compiler laid out: end of the last parameter of each kernel."""
+    elf = _run([_cuobjdump(), "-elf", str(lib)])
+    ends = {}
+    for section in re.split(r"\n(?=\.nv\.info\.)", elf)[1:]:
+        name = section.split("\n", 1)[0][len(".nv.info."):].strip()
+        for off, size in re.findall(r"Offset\s*:\s*0x([0-9a-f]+)\s+Size\s*:\s*0x([0-9a-f]+)", section):
+            ends[name] = max(ends.get(name, 0), int(off, 16) + int(size, 16))
+    streaming = {n: e for n, e in ends.items() if re.search(r"sgd_kernel|two_pass_kernel", n)}
+    assert len(streaming) >= 20, f"expected the 20 streaming kernels' parameter info, found {sorted(ends)}"
+    for name, end in ends.items():
+        assert end <= 4096, f"{name} takes {end} bytes of kernel arguments (> 4 KiB)"
+    # the tables use most of the room: a table that shrank by accident (fewer tensors per launch) shows
+    assert min(streaming.values()) > 3000, streaming
+
+
+def test_batched_ops_are_bound_with_the_per_client_roles(lib):
+    import fedopt_kernels._C_cuda as ext
+    for base in ("sgd", "fednar", "padamfed"):
+        assert hasattr(ext, f"{base}_batched"), f"_C_cuda has no {base}_batched"
+        assert ext.op_signature(f"{base}_batched") == ext.op_signature(base)
 
 
 def test_built_kernels_use_no_local_memory(lib):

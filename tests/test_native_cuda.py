@@ -5,14 +5,20 @@
 * ``torch.cuda.set_sync_debug_mode("error")`` raises nothing inside ``step()``;
 * launches that split (more tensors or batches than one kernel-argument table holds) and mixed
   dtypes still match ``reference``;
-* a plan change that would copy from the host while a graph is captured is refused, not recorded.
+* a plan change that would copy from the host while a graph is captured is refused, not recorded;
+* the client-batched ops (one launch per pass and dtype over every client): each client equals the
+  reference batched op (the per-client reference step) with clients that span several chunks,
+  clients whose slices are not 16-byte aligned, split tables, mixed dtypes, per-client k / active /
+  FRESH, and C = 1000 clients of the simulator's small CNN; their norms are deterministic; batched
+  optimizer steps replay from a CUDA graph bit for bit and never sync.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed
+from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed, _ops, catalogue
+from fedopt_kernels._ops import BATCHED, FRESH, OPS
 from fedopt_kernels._registry import unavailable_reason
 
 pytestmark = pytest.mark.gpu
@@ -142,3 +148,254 @@ def test_capture_refuses_a_plan_that_needs_a_host_copy():
     with pytest.raises(RuntimeError, match="CUDA graph"):
         with torch.cuda.graph(graph):
             opt.step()
+
+
+def test_per_client_sgd_ignores_the_fresh_bit():
+    """FRESH belongs to sgd_batched; the per-client op computes what it computes without it."""
+    out = []
+    for backend in ("reference", "cuda"):
+        args = _op_args(OPS["sgd"], [((1000, 37), torch.float32, 0), ((7,), torch.float32, 0)], backend)
+        args[len(OPS["sgd"].roles) + 1][0] |= FRESH
+        _ops.torch_op("sgd")(*args)
+        out.append(args)
+    _assert_same_roles(OPS["sgd"], out[0], out[1], exact=False)
+
+
+# ------------------------------------------------------------------ client-batched ops (SPEC §9)
+def _op_args(spec, layout, backend, clients=0, seed=0):
+    """Arguments of op ``spec``: ``layout`` lists (per-client shape, dtype, batch) per parameter.
+    Even batches carry every optional role, odd ones only PAdaMFed's D and acc. Batched
+    (``clients`` > 0): every tensor gets a leading client dimension, hp rows differ per client, k
+    is 0 for every third client (sgd's FRESH rule applies to it in batch 0) and every fourth client
+    is inactive."""
+    g = torch.Generator().manual_seed(seed)
+    lead = (clients,) if clients else ()
+    nb = 1 + max(b for _, _, b in layout)
+    always = {"D", "acc"}
+    present = [(1 << len(spec.optional)) - 1 if b % 2 == 0 else
+               sum(1 << i for i, r in enumerate(spec.optional) if r.name in always) for b in range(nb)]
+
+    def rnd(shape, dt):
+        return torch.randn(lead + tuple(shape), generator=g).to(dtype=dt, device="cuda")
+
+    lists = [[rnd(s, dt) for s, dt, _ in layout], [rnd(s, dt) for s, dt, _ in layout]]
+    for i, role in enumerate(spec.optional):
+        ts = []
+        for s, dt, b in layout:
+            if present[b] >> i & 1:
+                st = torch.float64 if dt == torch.float64 else torch.float32
+                if role.per_row:
+                    ts.append((0.5 + torch.rand(lead + tuple(s[:1]), generator=g)).to(dtype=st, device="cuda"))
+                else:
+                    ts.append(rnd(s, st if role.state_typed else dt))
+        lists.append(ts)
+    base = {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01, "prox_mu": 0.2, "nesterov": 1.0,
+            "maximize": 0.0, "step_lr": 0.1, "max_norm": 1.0, "eps": 1e-6, "beta": 0.5}
+    hp = torch.tensor([[base[h] for h in spec.hps] for _ in range(nb)], dtype=torch.float64)
+    for b in range(nb):
+        hp[b, 0] *= 1 + 0.05 * b
+    batch = [b for _, _, b in layout]
+    table = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, device="cuda")
+    gs = torch.full((1,), 4.0, device="cuda")
+    fi = torch.zeros(1, device="cuda")
+    if not clients:
+        k = torch.zeros(1, dtype=torch.int32, device="cuda")
+        return [*lists, batch, present, hp.cuda(), k, table, 1, gs, fi, backend]
+    hp = torch.stack([hp * (1 + 0.1 * (c % 7)) for c in range(clients)], 1).contiguous().cuda()
+    k = torch.tensor([0 if c % 3 == 0 else 1 + c % 2 for c in range(clients)], dtype=torch.int32, device="cuda")
+    active = torch.tensor([c % 4 != 3 for c in range(clients)], device="cuda")
+    if spec.base == "sgd":
+        present = [m | FRESH if b == 0 else m for b, m in enumerate(present)]
+    return [*lists, batch, present, hp, k, table, 1, gs, fi, active, backend]
+
+
+def _tol(dtype):
+    return {torch.float64: 1e-10, torch.float32: 2e-5}.get(dtype, 3e-2)
+
+
+def _assert_same_roles(spec, ref, got, exact):
+    """Every role tensor and k of two argument lists (on any devices) agree."""
+    n = len(spec.roles)
+    for r, (la, lb) in enumerate(zip(ref[:n], got[:n])):
+        assert len(la) == len(lb)
+        for i, (a, b) in enumerate(zip(la, lb)):
+            a, b = a.cpu(), b.cpu()
+            if exact:
+                assert torch.equal(a, b), f"{spec.roles[r].name}[{i}] differs"
+            else:
+                tol = _tol(a.dtype)
+                torch.testing.assert_close(b.double(), a.double(), rtol=tol, atol=tol,
+                                           msg=lambda m: f"{spec.roles[r].name}[{i}]: {m}")
+    assert torch.equal(ref[n + 3].cpu(), got[n + 3].cpu()), "k differs"
+
+
+F32, F64, BF16, F16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
+# per-client shapes: two chunks per client (16384 + 4619 elements; 21003 is odd, so every other
+# client's slice is misaligned), 5 (misaligned), aligned ones, a one-element tensor, a zero-size one
+MIXED = [((3, 7001), F32, 0), ((5,), F32, 1), ((64, 3, 3, 3), BF16, 0), ((1,), F64, 2), ((0,), F32, 0),
+         ((33, 2), F16, 1), ((17, 1025), F64, 0), ((2, 2), F32, 2)]
+# more stacked tensors (65 float32 ones) and batches (20) than one kernel-argument table holds
+MANY = [(((i * 37) % 300 + 1,) if i % 3 else (i % 5 + 1, 9), (F32, F32, BF16, F64)[i % 4], i % 20) for i in range(130)]
+
+
+@pytest.mark.parametrize("layout", [MIXED, MANY], ids=["mixed", "many"])
+@pytest.mark.parametrize("name", list(BATCHED))
+def test_batched_op_matches_reference_per_client(name, layout):
+    spec = BATCHED[name]
+    C = 6
+    out = {}
+    for backend in ("reference", "cuda"):
+        args = _op_args(spec, layout, backend, clients=C)
+        for _ in range(3):  # k advances per active client; FRESH only at a client's k == 0
+            _ops.torch_op(name)(*args)
+        out[backend] = args
+    _assert_same_roles(spec, out["reference"], out["cuda"], exact=False)
+    n = len(spec.roles)
+    assert out["cuda"][n + 3].tolist() == [(0 if c % 3 == 0 else 1 + c % 2) + (3 if c % 4 != 3 else 0)
+                                           for c in range(C)]
+
+
+@pytest.mark.parametrize("name", list(BATCHED))
+def test_batched_client_is_bitwise_the_per_client_cuda_op(name):
+    """Same kernels, same slot order per client: client c of a batched step has the bits of the
+    per-client cuda op run on client c's slices alone (FRESH at k == 0 spelled as dampening 0)."""
+    spec = BATCHED[name]
+    n = len(spec.roles)
+    C = 5
+    args = _op_args(spec, MIXED, "cuda", clients=C, seed=3)
+    init = [[t.clone() for t in lst] for lst in args[:n]]
+    k0 = args[n + 3].clone()
+    _ops.torch_op(name)(*args)
+    batch, present, hp = args[n], args[n + 1], args[n + 2]
+    for c in range(C):
+        if not bool(args[n + 8][c]):
+            continue
+        lists = [[t[c].clone() for t in lst] for lst in init]
+        hc = hp[:, c].clone()
+        if spec.base == "sgd" and int(k0[c]) == 0:
+            for b, m in enumerate(present):
+                if m & FRESH:
+                    hc[b, spec.hps.index("dampening")] = 0.0
+        kc = k0[c:c + 1].clone()
+        _ops.torch_op(spec.base)(*lists, batch, [m & ~FRESH for m in present], hc, kc, *args[n + 4:n + 8], "cuda")
+        for r, (want, got) in enumerate(zip(lists, args[:n])):
+            for i, (a, b) in enumerate(zip(want, got)):
+                assert torch.equal(a, b[c]), f"client {c}: {spec.roles[r].name}[{i}] differs from the per-client op"
+        assert int(kc) == int(args[n + 3][c])
+
+
+@pytest.mark.parametrize("name", list(BATCHED))
+def test_batched_op_is_deterministic(name):
+    spec = BATCHED[name]
+    runs = []
+    for _ in range(2):
+        args = _op_args(spec, MIXED, "cuda", clients=9, seed=5)
+        for _ in range(2):
+            _ops.torch_op(name)(*args)
+        runs.append(args)
+    _assert_same_roles(spec, runs[0], runs[1], exact=True)
+
+
+def test_batched_op_skips_everything_on_found_inf():
+    spec = BATCHED["fednar_batched"]
+    n = len(spec.roles)
+    args = _op_args(spec, MIXED, "cuda", clients=4)
+    args[n + 7] = torch.ones(1, device="cuda")  # found_inf
+    before = [[t.clone() for t in lst] for lst in args[:n]] + [None] * 3 + [args[n + 3].clone()]
+    _ops.torch_op("fednar_batched")(*args)
+    _assert_same_roles(spec, before, args, exact=True)
+
+
+def _small_cnn_shapes():
+    from fedopt_kernels.sim.models import SmallCNN
+    return [tuple(p.shape) for p in SmallCNN((1, 28, 28), 10).parameters()]
+
+
+@pytest.mark.parametrize("name", list(BATCHED))
+def test_thousand_clients_small_cnn_match_reference(name):
+    """C = 1000 clients of the simulator's small CNN: 7 blocks per client, one launch per pass."""
+    spec = BATCHED[name]
+    layout = [(s, F32, 0) for s in _small_cnn_shapes()]
+    args = _op_args(spec, layout, "cuda", clients=1000, seed=2)
+    n = len(spec.roles)
+    # the reference on CPU copies (1000 per-client steps are quicker there than as tiny GPU launches)
+    ref = [[t.cpu() for t in lst] for lst in args[:n]] + [a.cpu() if isinstance(a, torch.Tensor) else a
+                                                         for a in args[n:-1]] + ["reference"]
+    for _ in range(2):
+        _ops.torch_op(name)(*args)
+        _ops.torch_op(name)(*ref)
+    _assert_same_roles(spec, ref, args, exact=False)
+
+
+BATCHED_CFGS = [("feddecay", "momentum"), ("neuron_lr", "scales_all"), ("fednar", "prox_correction"),
+                ("padamfed", "controls")]
+C_GRAPH = 5
+
+
+def _batched_setup(algo, option):
+    cfg = catalogue.config(algo, option)
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn((C_GRAPH,) + s, generator=g).cuda())
+              for s in [(1000, 37), (16385,), (64, 3, 3, 3), (7,), (513, 3)]]
+    opt = cfg.build_batched(params, "cuda")
+    ordered = [p for grp in opt.param_groups for p in grp["params"]]
+    views = [[p[c] for p in ordered] for c in range(C_GRAPH)]
+    opt.start_round(round_index=[c % 3 for c in range(C_GRAPH)], lr_scale=[1.0 + 0.25 * c for c in range(C_GRAPH)],
+                    **cfg.batched_round_inputs(views, ordered, 0))
+    return params, opt
+
+
+def _active(k):
+    return torch.tensor([(c + k) % 4 != 0 for c in range(C_GRAPH)], device="cuda")
+
+
+@pytest.mark.parametrize("algo,option", BATCHED_CFGS)
+def test_batched_cuda_graph_replay_equals_eager(algo, option):
+    eager, opt = _batched_setup(algo, option)
+    for k in range(STEPS):
+        for p, g in zip(eager, _grads(eager, k)):
+            p.grad = g
+        opt.step(active=_active(k))
+
+    graphed, opt = _batched_setup(algo, option)
+    static = [torch.empty_like(p) for p in graphed]
+    active = _active(0)
+    for p, s in zip(graphed, static):
+        p.grad = s
+    for k in range(2):  # eager warm-up: counters, state, a steady plan
+        for s, g in zip(static, _grads(graphed, k)):
+            s.copy_(g)
+        active.copy_(_active(k))
+        opt.step(active=active)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step(active=active)  # recorded, not run
+    for k in range(2, STEPS):
+        for s, g in zip(static, _grads(graphed, k)):
+            s.copy_(g)
+        active.copy_(_active(k))
+        graph.replay()
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(eager, graphed)):
+        assert torch.equal(a, b), f"{algo}/{option}: parameter {i} differs between eager and graph replay"
+    assert opt.round_step == [sum((c + k) % 4 != 0 for k in range(STEPS)) for c in range(C_GRAPH)]
+
+
+@pytest.mark.parametrize("algo,option", BATCHED_CFGS)
+def test_batched_step_never_syncs(algo, option):
+    params, opt = _batched_setup(algo, option)
+    active = _active(0)
+    for p, g in zip(params, _grads(params, 0)):
+        p.grad = g
+    opt.step(active=active)  # first step: lazily created device tensors may copy from the host
+    grads = [_grads(params, k) for k in range(1, 4)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for gs in grads:
+            for p, g in zip(params, gs):
+                p.grad = g
+            opt.step(active=active)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

@@ -27,16 +27,19 @@ struct Cuda {
     TORCH_CHECK(k.is_cuda(), "fedopt_kernels cuda backend: k must be a CUDA tensor");
   }
 
+  // clients: C for a batched op (StepScalars.clients), 1 for a per-client op
   static fo::cuda::DeviceScalars device(const fo::StepScalars& s) {
-    return {s.hp, s.hp_cols, s.k, s.table, s.table_len, s.decay_every, s.grad_scale, s.found_inf};
+    return {s.hp, s.hp_cols, s.k, s.table, s.table_len, s.decay_every, s.grad_scale, s.found_inf,
+            s.clients > 0 ? s.clients : 1, s.active};
   }
 
   static cudaStream_t stream(const at::Device& d) { return c10::cuda::getCurrentCUDAStream(d.index()).stream(); }
 
-  // float64 scratch for the two-pass ops: per-chunk partials, the norm, one factor per batch
-  static at::Tensor scratch(const fo::Gathered& gat) {
-    const int64_t n = fo::cuda::norm_slots(gat.entries.data(), static_cast<int>(gat.entries.size())) + 1 +
-                      gat.nbatches();
+  // float64 scratch for the two-pass ops: per (client, chunk) partials, each client's norm, one
+  // factor per (batch, client)
+  static at::Tensor scratch(const fo::Gathered& gat, const fo::cuda::DeviceScalars& ds) {
+    const int64_t n = fo::cuda::two_pass_scratch(gat.entries.data(), static_cast<int>(gat.entries.size()),
+                                                 static_cast<int>(gat.nbatches()), ds.clients);
     return at::empty({n}, at::TensorOptions().dtype(at::kDouble).device(gat.device));
   }
 
@@ -51,25 +54,41 @@ struct Cuda {
     C10_CUDA_CHECK(launch(ds, stream(dev)));
   }
 
-  static void run(fo::SgdOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+  static int count(const fo::Gathered& gat) { return static_cast<int>(gat.entries.size()); }
+  static int batches(const fo::Gathered& gat) { return static_cast<int>(gat.nbatches()); }
+
+  // sgd / sgd_batched: `fn` is fo::cuda::sgd or fo::cuda::sgd_batched (which honours FRESH)
+  template <class Fn>
+  static void sgd_like(Fn fn, fo::Gathered& gat, const fo::StepScalars& sc) {
     go(gat, sc, gat.device, [&](const fo::cuda::DeviceScalars& ds, cudaStream_t st) {
-      return fo::cuda::sgd(gat.entries.data(), static_cast<int>(gat.entries.size()), gat.present.data(),
-                           static_cast<int>(gat.nbatches()), ds, st);
+      return fn(gat.entries.data(), count(gat), gat.present.data(), batches(gat), ds, st);
     });
   }
-  static void run(fo::FedNarOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+
+  // the two-pass ops: `fn` is fo::cuda::fednar or fo::cuda::padamfed (one norm per client)
+  template <class Fn>
+  static void two_pass(Fn fn, fo::Gathered& gat, const fo::StepScalars& sc) {
     go(gat, sc, gat.device, [&](const fo::cuda::DeviceScalars& ds, cudaStream_t st) {
-      at::Tensor buf = scratch(gat);
-      return fo::cuda::fednar(gat.entries.data(), static_cast<int>(gat.entries.size()), gat.present.data(),
-                              static_cast<int>(gat.nbatches()), gat.any_f64, ds, buf.data_ptr<double>(), st);
+      at::Tensor buf = scratch(gat, ds);
+      return fn(gat.entries.data(), count(gat), gat.present.data(), batches(gat), gat.any_f64, ds,
+                buf.data_ptr<double>(), st);
     });
   }
-  static void run(fo::PAdamOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    go(gat, sc, gat.device, [&](const fo::cuda::DeviceScalars& ds, cudaStream_t st) {
-      at::Tensor buf = scratch(gat);
-      return fo::cuda::padamfed(gat.entries.data(), static_cast<int>(gat.entries.size()), gat.present.data(),
-                                static_cast<int>(gat.nbatches()), gat.any_f64, ds, buf.data_ptr<double>(), st);
-    });
+
+  static void run(fo::SgdOp, fo::Gathered& gat, const fo::StepScalars& sc) { sgd_like(fo::cuda::sgd, gat, sc); }
+  static void run(fo::FedNarOp, fo::Gathered& gat, const fo::StepScalars& sc) { two_pass(fo::cuda::fednar, gat, sc); }
+  static void run(fo::PAdamOp, fo::Gathered& gat, const fo::StepScalars& sc) { two_pass(fo::cuda::padamfed, gat, sc); }
+
+  // Client-batched ops (SPEC §9): gat.entries are the stacked tensors (numel per client), which the
+  // kernels split into clients arithmetically; sc.clients = C, sc.active the mask.
+  static void run(fo::SgdBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    sgd_like(fo::cuda::sgd_batched, gat, sc);
+  }
+  static void run(fo::FedNarBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    two_pass(fo::cuda::fednar, gat, sc);
+  }
+  static void run(fo::PAdamBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    two_pass(fo::cuda::padamfed, gat, sc);
   }
 };
 
@@ -92,5 +111,6 @@ std::string device_unsupported(int64_t index) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fedopt_kernels CUDA kernels (see csrc/cuda)";
   fo::bind_ops<Cuda>(m);
+  fo::bind_batched_ops<Cuda>(m);
   m.def("device_unsupported", &device_unsupported, py::arg("index"));
 }

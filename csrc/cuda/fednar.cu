@@ -1,7 +1,7 @@
-// Op "fednar" on CUDA: the per-chunk math of both passes (two_pass.cuh runs them). Pass 1: d and
-// its float64 sum of squares; pass 2: x -= factor * d, with the batch's
-// step_lr * min(1, max_norm / (norm + eps)) formed once on the device (common/fo_hp.h, the code the
-// CPU backend also runs).
+// Ops "fednar" and "fednar_batched" on CUDA: the per-chunk math of both passes (two_pass.cuh runs
+// them, with one norm per client). Pass 1: d and its float64 sum of squares; pass 2:
+// x -= factor * d, with the (batch, client)'s step_lr * min(1, max_norm / (norm + eps)) formed once
+// on the device (common/fo_hp.h, the code the CPU backend also runs).
 #include "cuda_ops.h"
 #include "two_pass.cuh"
 
@@ -44,7 +44,7 @@ struct NarOp {
     if (C) C += w.begin;
     double sq = 0.0;
 
-    const int nvec = tab.aligned[w.i] ? w.n / kVec : 0;
+    const int nvec = w.aligned ? w.n / kVec : 0;
     for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
       A x[kIlp][kVec], g[kIlp][kVec], c[kIlp][kVec], x0[kIlp][kVec];
 #pragma unroll

@@ -10,8 +10,15 @@
 // the portable 4 KiB kernel-argument limit) is full, and the last, partly filled table is always
 // launched. Zero-size tensors never reach the table (the gather step drops them).
 //
-// Norm partial slots are numbered over all entries of the op in order (whatever their dtype), so
-// the final reduction adds them in a fixed order: deterministic, no atomics.
+// Client-batched ops (SPEC §9) use the same table: a row is one *stacked* tensor [C, *shape]
+// (numel = elements per client) and `clients` = C. Its C * chunks blocks are client-major, so a
+// block's client and chunk follow arithmetically: client c's slice starts at element c * numel
+// (per-row roles at c * M, which `begin / row_len` gives, since numel = M * row_len). A per-client
+// op is the case C = 1, so both run the same kernels.
+//
+// Norm partial slots are numbered per client over all entries of the op in order (whatever their
+// dtype): client c owns slots [c * S, (c + 1) * S), S = `client_slots`, so a client's norm adds
+// its slots in a fixed order: deterministic, no atomics.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,14 +52,19 @@ struct Table {
   uint8_t group[MaxTensors];    // index into present / group_id
   uint8_t aligned[MaxTensors];  // every pointer allows kVec-wide accesses
   int32_t ntensors;
+  int32_t clients;              // C of a batched op, 1 for a per-client op
+  int64_t client_slots;         // norm slots per client (S)
   int32_t present[MaxGroups];   // the batch's mask of optional roles
   int32_t group_id[MaxGroups];  // the batch's row of hp (and of per-batch device scalars)
 };
 
-// Where a block works: tensor `i` of the table, elements [begin, begin + n), norm slot `slot`.
+// Where a block works: tensor `i` of the table, client `c`, elements [begin, begin + n) of the
+// stacked tensor (client offset included), norm slot `slot`; `aligned`: kVec-wide accesses allowed.
 struct Where {
   int i;
   int n;
+  int c;
+  bool aligned;
   int64_t begin;
   int64_t slot;
 };
@@ -66,13 +78,24 @@ __device__ __forceinline__ Where locate(const TableT& tab) {
     if (tab.first_block[mid] <= b) lo = mid;
     else hi = mid - 1;
   }
-  const int64_t chunk = b - tab.first_block[lo];
+  const int64_t numel = tab.numel[lo];
+  int chunk = b - tab.first_block[lo], c = 0;
+  if (tab.clients != 1) {
+    // chunks per client: <= INT_MAX (the host checks), so the split is a 32-bit division
+    const int per = static_cast<int>((numel + kChunk - 1) / kChunk);
+    c = chunk / per;
+    chunk -= c * per;
+  }
+  const int64_t slice = static_cast<int64_t>(c) * numel;  // client c's first element
   Where w;
   w.i = lo;
-  w.begin = chunk * kChunk;
-  const int64_t left = tab.numel[lo] - w.begin;
+  w.c = c;
+  w.begin = slice + static_cast<int64_t>(chunk) * kChunk;
+  const int64_t left = numel - static_cast<int64_t>(chunk) * kChunk;
   w.n = static_cast<int>(left < kChunk ? left : kChunk);
-  w.slot = tab.first_slot[lo] + chunk;
+  // base pointers aligned (host) and the slice offset a multiple of kVec (chunks are)
+  w.aligned = tab.aligned[lo] && (slice % kVec) == 0;
+  w.slot = static_cast<int64_t>(c) * tab.client_slots + tab.first_slot[lo] + chunk;
   return w;
 }
 
@@ -81,11 +104,18 @@ inline int64_t chunks_of(const Entry& e) { return (e.numel + kChunk - 1) / kChun
 // Fill tables with the entries of dtype `dtype` (in entry order) and call
 // launch(table, nblocks) -> cudaError_t for each full table and for the last one.
 // present[b]: batch b's mask of optional roles; state_slot[d]: slot d holds state-typed data
-// (float32, or float64 for float64 parameters).
+// (float32, or float64 for float64 parameters); clients: C (entries are stacked tensors, numel per
+// client), 1 for a per-client op.
 template <class TableT, class Launch>
 cudaError_t for_each_table(const Entry* entries, int n, DType dtype, const int32_t* present, const bool* state_slot,
-                           Launch&& launch) {
+                           int64_t clients, Launch&& launch) {
+  if (clients < 1 || clients > INT_MAX) return cudaErrorInvalidValue;
   TableT tab;
+  int64_t per_client = 0;  // norm slots of one client: every entry's chunks, all dtypes
+  for (int e = 0; e < n; ++e) per_client += chunks_of(entries[e]);
+  if (per_client > INT_MAX) return cudaErrorInvalidValue;  // first_slot is 32-bit
+  tab.clients = static_cast<int32_t>(clients);
+  tab.client_slots = per_client;
   int ng = 0, nt = 0;
   int global_group[TableT::kMaxGroups];
   int64_t blocks = 0, slot = 0;
@@ -102,15 +132,16 @@ cudaError_t for_each_table(const Entry* entries, int n, DType dtype, const int32
     const Entry& en = entries[e];
     const int64_t chunks = chunks_of(en);
     if (en.dtype == dtype) {
+      const int64_t nblk = chunks * clients;  // every client's chunks of this tensor
       int g = -1;
       for (int j = 0; j < ng; ++j)
         if (global_group[j] == en.group) g = j;
-      if (nt == TableT::kMaxTensors || (g < 0 && ng == TableT::kMaxGroups) || blocks + chunks > INT_MAX) {
+      if (nt == TableT::kMaxTensors || (g < 0 && ng == TableT::kMaxGroups) || blocks + nblk > INT_MAX) {
         const cudaError_t err = flush();
         if (err != cudaSuccess) return err;
         g = -1;
       }
-      if (chunks > INT_MAX || slot > INT_MAX) return cudaErrorInvalidValue;  // > 3.5e13 elements
+      if (nblk > INT_MAX) return cudaErrorInvalidValue;  // > 3.5e13 elements in one launch
       if (g < 0) {
         g = ng++;
         global_group[g] = en.group;
@@ -130,7 +161,7 @@ cudaError_t for_each_table(const Entry* entries, int n, DType dtype, const int32
       tab.group[nt] = static_cast<uint8_t>(g);
       tab.aligned[nt] = aligned ? 1 : 0;
       ++nt;
-      blocks += chunks;
+      blocks += nblk;
     }
     slot += chunks;
   }

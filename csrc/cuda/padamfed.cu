@@ -1,6 +1,7 @@
-// Op "padamfed" on CUDA: the per-chunk math of both passes (two_pass.cuh runs them). Pass 1:
-// G = g * inv_scale, v = beta*G + D (VR: (G + D) - (1-beta)*H), acc += G, the float64 sum of
-// squares of v; pass 2: x -= v * (eta / max(norm, eps)), the factor formed once on the device.
+// Ops "padamfed" and "padamfed_batched" on CUDA: the per-chunk math of both passes (two_pass.cuh
+// runs them, with one norm per client). Pass 1: G = g * inv_scale, v = beta*G + D
+// (VR: (G + D) - (1-beta)*H), acc += G, the float64 sum of squares of v; pass 2:
+// x -= v * (eta / max(norm, eps)), the factor formed once on the device.
 #include "cuda_ops.h"
 #include "two_pass.cuh"
 
@@ -41,7 +42,7 @@ struct PadOp {
     if (H) H += w.begin;
     double sq = 0.0;
 
-    const int nvec = tab.aligned[w.i] ? w.n / kVec : 0;
+    const int nvec = w.aligned ? w.n / kVec : 0;
     for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
       A g[kIlp][kVec], d[kIlp][kVec], h[kIlp][kVec], y[kIlp][kVec];  // y: acc (pass 1) or x (pass 2)
 #pragma unroll

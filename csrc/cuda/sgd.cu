@@ -1,11 +1,14 @@
-// Op "sgd" on CUDA (FedDecaySGD / NeuronLRSGD): one launch per parameter dtype over all tensors
-// of all batches. The batch's hyperparameters and lr_k = lr * table[min(k // decay_every, len - 1)]
-// are read on the device, so a step never syncs with the host and can be captured in a CUDA graph.
+// Ops "sgd" and "sgd_batched" on CUDA (FedDecaySGD / NeuronLRSGD): one launch per parameter dtype
+// over all tensors of all batches (and all clients). The batch's hyperparameters and
+// lr_k = lr * table[min(k // decay_every, len - 1)] are read on the device (per client: its own hp
+// row and k[c]), so a step never syncs with the host and can be captured in a CUDA graph.
 // Operation order = fedopt_kernels/reference/sgd.py (compiled with --fmad=false: no contraction).
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
 #include "step_args.cuh"
 #include "vec_io.cuh"
+
+#include <vector>
 
 namespace fo {
 namespace cuda {
@@ -41,12 +44,18 @@ __global__ void __launch_bounds__(kBlock) sgd_kernel(const __grid_constant__ Sgd
   using A = acc_t<T>;
   if (skipped(ex)) return;
   const Where w = locate(tab);
+  if (inactive(ex, w.c)) return;
   const int g = tab.group[w.i];
-  const SgdHp hp = sgd_hp_of(hp_row(ex, tab.group_id[g]), tab.present[g], ex.grad_scale != nullptr, inv_scale(ex));
+  const int32_t present = tab.present[g];
+  SgdHp hp = sgd_hp_of(hp_row(ex, tab.group_id[g], w.c), present, ex.grad_scale != nullptr, inv_scale(ex));
+  const int32_t k = ex.k[w.c];
+  // batched, new momentum buffers: a client's first step takes buf = d (torch's first-step rule,
+  // dampening 0); per-client ops never carry the bit (sgd() clears it)
+  if ((present & kFreshBit) && k == 0) hp.damp1 = 1.0;
   const int f = hp.flags;
   const SgdMath<A> m{static_cast<A>(hp.inv_scale), static_cast<A>(hp.weight_decay), static_cast<A>(hp.prox_mu),
                      static_cast<A>(hp.momentum), static_cast<A>(hp.damp1), f};
-  const A lr = sgd_lr<A>(hp, *ex.k, ex.table, ex.table_len, ex.decay_every);
+  const A lr = sgd_lr<A>(hp, k, ex.table, ex.table_len, ex.decay_every);
   T* X = static_cast<T*>(tab.ptr[sgd_slot::X][w.i]) + w.begin;
   const T* G = static_cast<const T*>(tab.ptr[sgd_slot::G][w.i]) + w.begin;
   T* B = static_cast<T*>(tab.ptr[sgd_slot::BUF][w.i]);
@@ -57,10 +66,11 @@ __global__ void __launch_bounds__(kBlock) sgd_kernel(const __grid_constant__ Sgd
   if (X0) X0 += w.begin;
   if (C) C += w.begin;
   const int64_t row_len = tab.row_len[w.i];
-  // per-element step size: lr, or lr * r[row] for NeuronLRSGD (row of tensor element begin + j)
+  // per-element step size: lr, or lr * r[row] for NeuronLRSGD (row of tensor element begin + j;
+  // batched: begin includes c * numel = c * M * row_len, so the row index includes client c's c * M)
   auto rate = [&](int j) -> A { return (f & kSgdScale) ? lr * R[(w.begin + j) / row_len] : lr; };
 
-  const int nvec = tab.aligned[w.i] ? w.n / kVec : 0;
+  const int nvec = w.aligned ? w.n / kVec : 0;
   for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
     A x[kIlp][kVec], g[kIlp][kVec], b[kIlp][kVec], c[kIlp][kVec], x0[kIlp][kVec];
 #pragma unroll
@@ -108,17 +118,14 @@ template <class T>
 cudaError_t launch(const Entry* entries, int n, const int32_t* present, const DeviceScalars& ex, DType dt,
                    cudaStream_t stream) {
   static const bool state_slot[sgd_slot::COUNT] = {false, false, false, false, false, true};
-  return for_each_table<SgdTable>(entries, n, dt, present, state_slot, [&](const SgdTable& tab, int64_t blocks) {
-    sgd_kernel<T><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(tab, ex);
-    return cudaGetLastError();
-  });
+  return for_each_table<SgdTable>(entries, n, dt, present, state_slot, ex.clients,
+                                  [&](const SgdTable& tab, int64_t blocks) {
+                                    sgd_kernel<T><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(tab, ex);
+                                    return cudaGetLastError();
+                                  });
 }
 
-}  // namespace
-
-cudaError_t sgd(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
-                cudaStream_t stream) {
-  (void)nbatches;
+cudaError_t run(const Entry* entries, int n, const int32_t* present, const DeviceScalars& s, cudaStream_t stream) {
   cudaError_t err = for_each_dtype(entries, n, [&](DType dt) {
     switch (dt) {
       case DType::F32: return launch<float>(entries, n, present, s, dt, stream);
@@ -130,6 +137,25 @@ cudaError_t sgd(const Entry* entries, int n, const int32_t* present, int nbatche
   });
   if (err == cudaSuccess) err = advance(s, stream);  // after every block has read k
   return err;
+}
+
+}  // namespace
+
+cudaError_t sgd(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
+                cudaStream_t stream) {
+  // FRESH belongs to sgd_batched: a per-client op ignores the bit (as the reference does)
+  bool fresh = false;
+  for (int b = 0; b < nbatches; ++b) fresh = fresh || (present[b] & kFreshBit);
+  if (!fresh) return run(entries, n, present, s, stream);
+  std::vector<int32_t> plain(present, present + nbatches);
+  for (int32_t& p : plain) p &= ~kFreshBit;
+  return run(entries, n, plain.data(), s, stream);
+}
+
+cudaError_t sgd_batched(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
+                        cudaStream_t stream) {
+  (void)nbatches;
+  return run(entries, n, present, s, stream);
 }
 
 }  // namespace cuda

@@ -1,8 +1,10 @@
 // Device-side reading of an op's scalars (cuda_ops.h DeviceScalars): whether the step is skipped,
-// and GradScaler's factor. Nothing is read on the host.
+// GradScaler's factor, a client's hp row, counter and active flag. Nothing is read on the host.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "cuda_ops.h"
 
@@ -12,12 +14,17 @@ namespace cuda {
 // GradScaler found an inf/NaN gradient: the step changes nothing (a whole block leaves together)
 __device__ __forceinline__ bool skipped(const DeviceScalars& s) { return s.found_inf && *s.found_inf != 0.0f; }
 
+// client c sits this step out (batched ops' active mask)
+__device__ __forceinline__ bool inactive(const DeviceScalars& s, int c) { return s.active && !s.active[c]; }
+
 __device__ __forceinline__ double inv_scale(const DeviceScalars& s) {
   return s.grad_scale ? inv_scale_of(*s.grad_scale) : 1.0;
 }
 
-// this batch's row of the hp tensor
-__device__ __forceinline__ const double* hp_row(const DeviceScalars& s, int batch) { return s.hp + batch * s.hp_cols; }
+// client c's row of the hp tensor for this batch: hp viewed as [nbatches * clients, cols]
+__device__ __forceinline__ const double* hp_row(const DeviceScalars& s, int batch, int c) {
+  return s.hp + (static_cast<int64_t>(batch) * s.clients + c) * s.hp_cols;
+}
 
 }  // namespace cuda
 }  // namespace fo

@@ -1,4 +1,5 @@
-// The two-pass (global norm, then update) driver shared by every norm op (FedNAR, PAdaMFed).
+// The two-pass (global norm, then update) driver shared by every norm op (FedNAR, PAdaMFed), for
+// per-client ops (1 client) and client-batched ops (C clients, one norm each) alike.
 //
 // An op is a struct (apex-style functor) with
 //   TableT                     its tensor table (multi_tensor_apply.cuh)
@@ -8,13 +9,15 @@
 //   chunk<T, kUpdate>(tab, w, hp, scale) -> double
 //                              one block's chunk: pass 1 returns this thread's float64 sum of
 //                              squares (and may write, e.g. acc), pass 2 applies the factor
-// and this file runs: pass 1 over every dtype (one partial per chunk into its fixed slot), one
-// block adding the slots in a fixed order and forming each batch's factor, pass 2 over every
-// dtype, then k += 1. Deterministic (no atomics), no host sync, graph-capturable.
+// and this file runs: pass 1 over every dtype (one partial per (client, chunk) into its fixed
+// slot), one block per client adding its slots in a fixed order and forming each of its
+// (batch, client) factors, pass 2 over every dtype, then k[c] += 1. Deterministic (no atomics),
+// no host sync, graph-capturable. Inactive clients' blocks return at once.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "block_reduce.cuh"
@@ -30,8 +33,8 @@ constexpr int kFinalThreads = 512;
 
 struct TwoPassExtra {
   DeviceScalars s;
-  double* partials;      // pass 1 writes one per chunk
-  const double* scales;  // pass 2 reads its batch's factor
+  double* partials;      // pass 1 writes one per (client, chunk)
+  const double* scales;  // pass 2 reads its (batch, client) factor
 };
 
 template <class Op, class T, bool kUpdate>
@@ -39,11 +42,13 @@ __global__ void __launch_bounds__(kBlock) two_pass_kernel(const __grid_constant_
                                                            const __grid_constant__ TwoPassExtra ex) {
   if (skipped(ex.s)) return;
   const Where w = locate(tab);
+  if (inactive(ex.s, w.c)) return;
   const int g = tab.group[w.i];
   const int batch = tab.group_id[g];
-  const typename Op::Hp hp = Op::hp_of(hp_row(ex.s, batch), tab.present[g], ex.s.grad_scale != nullptr, inv_scale(ex.s));
+  const typename Op::Hp hp =
+      Op::hp_of(hp_row(ex.s, batch, w.c), tab.present[g], ex.s.grad_scale != nullptr, inv_scale(ex.s));
   using A = acc_t<T>;
-  const A scale = kUpdate ? static_cast<A>(ex.scales[batch]) : A(0);
+  const A scale = kUpdate ? static_cast<A>(ex.scales[static_cast<int64_t>(batch) * ex.s.clients + w.c]) : A(0);
   const double sq = Op::template chunk<T, kUpdate>(tab, w, hp, scale);
   if (!kUpdate) {
     const double total = block_sum<kBlock>(sq);
@@ -51,24 +56,28 @@ __global__ void __launch_bounds__(kBlock) two_pass_kernel(const __grid_constant_
   }
 }
 
-// One block: the norm from the partials in a fixed order (thread t adds slots t, t + 512, ...,
-// then a fixed butterfly), and every batch's factor from it.
+// One block per client c (grid = clients): its norm from its `per_client` partials in a fixed
+// order (thread t adds slots t, t + 512, ..., then a fixed butterfly), and its factor for every
+// batch b into scales[b * clients + c]. A client's bits do not depend on the other clients.
 template <class Op>
-__global__ void __launch_bounds__(kFinalThreads) finalize_kernel(const double* partials, int64_t n, double* norm_out,
-                                                                  double* scales, const DeviceScalars s, int32_t nbatches,
-                                                                  int32_t norm_f64) {
-  if (skipped(s)) return;
+__global__ void __launch_bounds__(kFinalThreads) finalize_kernel(const double* partials, int64_t per_client,
+                                                                  double* norms, double* scales, const DeviceScalars s,
+                                                                  int32_t nbatches, int32_t norm_f64) {
+  const int c = static_cast<int>(blockIdx.x);
+  if (skipped(s) || inactive(s, c)) return;
   __shared__ double norm;
+  const double* mine = partials + c * per_client;
   double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += kFinalThreads) acc += partials[i];
+  for (int64_t i = threadIdx.x; i < per_client; i += kFinalThreads) acc += mine[i];
   acc = block_sum<kFinalThreads>(acc);
   if (threadIdx.x == 0) {
     norm = sqrt(acc);
-    *norm_out = norm;
+    norms[c] = norm;
   }
   __syncthreads();
   for (int b = threadIdx.x; b < nbatches; b += kFinalThreads)
-    scales[b] = Op::scale(norm, Op::hp_of(hp_row(s, b), 0, false, 1.0), norm_f64 != 0);
+    scales[static_cast<int64_t>(b) * s.clients + c] =
+        Op::scale(norm, Op::hp_of(hp_row(s, b, c), 0, false, 1.0), norm_f64 != 0);
 }
 
 template <class Op, class T, bool kUpdate>
@@ -76,7 +85,8 @@ cudaError_t two_pass_launch(const Entry* entries, int n, const int32_t* present,
                             cudaStream_t stream) {
   using TableT = typename Op::TableT;
   static_assert(sizeof(TableT) + sizeof(TwoPassExtra) <= kArgBytes, "kernel arguments exceed 4 KiB");
-  return for_each_table<TableT>(entries, n, dt, present, Op::kStateSlot, [&](const TableT& tab, int64_t blocks) {
+  return for_each_table<TableT>(entries, n, dt, present, Op::kStateSlot, ex.s.clients,
+                                [&](const TableT& tab, int64_t blocks) {
     two_pass_kernel<Op, T, kUpdate><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(tab, ex);
     return cudaGetLastError();
   });
@@ -96,16 +106,20 @@ cudaError_t two_pass_pass(const Entry* entries, int n, const int32_t* present, c
   });
 }
 
-// scratch layout: [partials: slots][norm: 1][factors: nbatches]
+// scratch layout (cuda_ops.h two_pass_scratch): [partials: clients x slots][norms: clients]
+// [factors: nbatches x clients]
 template <class Op>
 cudaError_t two_pass(const Entry* entries, int n, const int32_t* present, int nbatches, bool norm_f64,
                      const DeviceScalars& s, double* scratch, cudaStream_t stream) {
-  const int64_t slots = norm_slots(entries, n);
-  const TwoPassExtra ex{s, scratch, scratch + slots + 1};
+  if (s.clients < 1 || s.clients > INT_MAX) return cudaErrorInvalidValue;
+  const int64_t slots = norm_slots(entries, n);  // per client
+  double* norms = scratch + s.clients * slots;
+  double* scales = norms + s.clients;
+  const TwoPassExtra ex{s, scratch, scales};
   cudaError_t err = two_pass_pass<Op, false>(entries, n, present, ex, stream);
   if (err == cudaSuccess) {
-    finalize_kernel<Op><<<1, kFinalThreads, 0, stream>>>(scratch, slots, scratch + slots, scratch + slots + 1, s,
-                                                         nbatches, norm_f64 ? 1 : 0);
+    finalize_kernel<Op><<<static_cast<unsigned>(s.clients), kFinalThreads, 0, stream>>>(
+        scratch, slots, norms, scales, s, nbatches, norm_f64 ? 1 : 0);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = two_pass_pass<Op, true>(entries, n, present, ex, stream);

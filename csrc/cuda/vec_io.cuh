@@ -1,6 +1,7 @@
 // Loads and stores of kVec (= 4) consecutive elements, converted to / from the compute type:
 // one 128-bit access for float32 (LDG.E.128 / STG.E.128), 64-bit for float16/bfloat16, two
-// 128-bit ones for float64. Pointers must be aligned to 4 elements (the table's `aligned` flag).
+// 128-bit ones for float64. Pointers must be aligned to 4 elements (locate()'s `aligned` flag) and,
+// for stores, point to global memory (every tensor the ops write does).
 // float16/bfloat16 round to nearest even on store, as torch's .to() does.
 #pragma once
 
@@ -62,18 +63,24 @@ __device__ __forceinline__ void load4(const T* p, acc_t<T> (&v)[4]) {
   }
 }
 
+// Stores are written as PTX vector stores: for a batched client's slice (which starts at element
+// c * numel) NVVM splits a plain float4 / uint2 store into scalar ones (the address is formed
+// differently from the load's, so the load's alignment does not carry over). The "memory" clobber
+// keeps them ordered with every other memory access, as a plain store is.
 template <class T>
 __device__ __forceinline__ void store4(T* p, const acc_t<T> (&v)[4]) {
   if constexpr (std::is_same<T, float>::value) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+                 : "memory");
   } else if constexpr (std::is_same<T, double>::value) {
-    reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
-    reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
+    asm volatile("st.global.v2.f64 [%0], {%1, %2};" ::"l"(p), "d"(v[0]), "d"(v[1]) : "memory");
+    asm volatile("st.global.v2.f64 [%0], {%1, %2};" ::"l"(p + 2), "d"(v[2]), "d"(v[3]) : "memory");
   } else {
-    uint2 q;
-    q.x = static_cast<unsigned>(acc_to_bits(v[0], T())) | (static_cast<unsigned>(acc_to_bits(v[1], T())) << 16);
-    q.y = static_cast<unsigned>(acc_to_bits(v[2], T())) | (static_cast<unsigned>(acc_to_bits(v[3], T())) << 16);
-    *reinterpret_cast<uint2*>(p) = q;
+    const unsigned lo = static_cast<unsigned>(acc_to_bits(v[0], T())) |
+                        (static_cast<unsigned>(acc_to_bits(v[1], T())) << 16);
+    const unsigned hi = static_cast<unsigned>(acc_to_bits(v[2], T())) |
+                        (static_cast<unsigned>(acc_to_bits(v[3], T())) << 16);
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(lo), "r"(hi) : "memory");
   }
 }
 
