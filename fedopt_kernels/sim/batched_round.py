@@ -81,6 +81,8 @@ class BatchedClients:
         chunks = math.ceil(S / n)
         self.parallel = n
         self.size = math.ceil(S / chunks)  # equal chunks: at most one inactive slot in the last
+        # "cuda": replay each step from a CUDA graph; tests set "emulate" (step_graph.py) before round 0
+        self.graph_mode = "cuda" if cfg.cuda_graph else None
         self._trainer: BatchedTrainer = None  # built at the first round (after the strategy's setup)
 
     def resolve_parallel(self) -> int:
@@ -97,11 +99,11 @@ class BatchedClients:
         if self._trainer is None:
             hp = self.sim.hp
             clip = hp["clip_norm"] if self.kind in ("decay", "nlr") else None  # as ClientOptimizers.clip
-            graph = "cuda" if self.cfg.cuda_graph else None
             self._trainer = BatchedTrainer(
                 self.loss, self.sim.global_params, self.size,
                 lambda params: self.opts.build_on(params, form=BATCHED_FORM.__getitem__),
-                steps=self.cfg.local_steps, clip_norm=clip, anchor=self.anchor_model is not None, graph=graph)
+                steps=self.cfg.local_steps, clip_norm=clip, anchor=self.anchor_model is not None,
+                graph=self.graph_mode)
         return self._trainer
 
     # ------------------------------------------------------------------ one round
@@ -150,7 +152,7 @@ class BatchedClients:
         if self.anchor_model is not None and _is_random(self.anchor_model):
             anchor_x = apply_stage(self.anchor_model.preprocess, batches, True)  # its own random stream
         active = None
-        if m < self.size or cfg.cuda_graph:
+        if m < self.size or self.graph_mode is not None:
             active = torch.arange(self.size, device=sim.device) < m
         pad = lambda v: None if v is None else _pad_clients(v, self.size)  # noqa: E731
         total = tr.run(pad(x), pad(batches.y), pad(batches.w), pad(anchor_x), active)

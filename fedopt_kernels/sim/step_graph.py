@@ -137,7 +137,8 @@ class StepGraph:
         else:
             self._gradients()
             fn, args, kwargs = self.recorded
-            fn(*args, **kwargs)
+            with torch.no_grad():  # as inside step()
+                fn(*args, **kwargs)
         opt._host_steps += 1  # what step() counts on the host; a replay does not run it
         return self.loss
 
