@@ -317,7 +317,7 @@ def markdown(result: Dict[str, Any]) -> str:
     ]
     for g in result.get("goals", []):
         v = g["value"]
-        shown = "—" if v is None else (f"{v:,.0f}" if g["threshold"] > 100 else f"{v:.2f}")
+        shown = "—" if v is None else (f"{v:,.0f}" if g["threshold"] > 100 else f"{v:.3g}x")
         lines.append(f"| {g['goal']} | {shown} | **{g['verdict']}** |")
     lines += ["", "## Client-steps per second", "",
               "| clients | " + " | ".join(modes) + " | best fused / sequential | best fused / plain |",

@@ -24,7 +24,7 @@ from fedopt_kernels.sim.clients import BatchStream, ClientData
 from fedopt_kernels.sim.config import ALGORITHMS, SimConfig
 from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.models import SmallCNN
-from fedopt_kernels.sim.parallel_size import activation_bytes, auto_client_parallel
+from fedopt_kernels.sim.parallel_size import MAX_AUTO, activation_bytes, auto_client_parallel
 from fedopt_kernels.sim.simulation import Simulation
 from fedopt_kernels.sim.validate import validate_client_parallel
 
@@ -219,6 +219,7 @@ def test_auto_fits_the_estimate():
     assert auto_client_parallel(model, x, y, 2, 1000, budget=3 * per_client + 1) == 3
     assert auto_client_parallel(model, x, y, 2, 1000, budget=per_client // 2) == 1  # never below 1
     assert auto_client_parallel(model, x, y, 2, 7, budget=1 << 40) == 7           # never above the sampled
+    assert auto_client_parallel(model, x, y, 2, 5000, budget=1 << 40) == MAX_AUTO  # nor past the cap
     sim = Simulation(tiny_config("padamfed", client_parallel="auto"), data=tiny_images(), model_fn=model_fn)
     assert sim.batched.parallel == sim.batched.size == 4  # a tiny model: every sampled client at once
     assert sim.model.training  # the measurement left the model as it was

@@ -12,7 +12,9 @@ Per client, the batched round keeps (bytes):
                                   training client's data; x2 for the activation gradients the backward pass creates
 
 and ``N = floor(budget / (persistent + activations))``, at least 1, at most the clients sampled per
-round. ``budget`` is half of the free device memory on CUDA (``torch.cuda.mem_get_info``; the
+round and at most ``MAX_AUTO`` = 256: past a few hundred clients one computation gets slower *per
+client* (activation tensors leave the caches, convolution libraries are not tuned for thousands of
+groups; ``python -m bench clients`` measures it), and chunks of that size lose nothing. ``budget`` is half of the free device memory on CUDA (``torch.cuda.mem_get_info``; the
 other half is left to the allocator's fragmentation, cuDNN/cuBLAS workspaces and the evaluation),
 and a quarter of ``MemAvailable`` on a CPU (other processes share it), 4 GiB where that is unknown.
 The estimate is deliberately rough; give N explicitly to override it.
@@ -26,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 _CPU_FALLBACK = 4 << 30
+MAX_AUTO = 256
 
 
 def state_copies(kind: str, cfg) -> int:
@@ -75,11 +78,11 @@ def free_bytes(device: torch.device) -> int:
 
 def auto_client_parallel(model: nn.Module, x: torch.Tensor, y: torch.Tensor, state: int, limit: int,
                          budget: int) -> int:
-    """Clients that fit in ``budget`` bytes (module docstring), between 1 and ``limit``.
+    """Clients that fit in ``budget`` bytes (module docstring), between 1 and ``min(limit, MAX_AUTO)``.
 
     ``x``, ``y``: one batch of one client (as the model takes it, e.g. raw pixels for image
     models); ``state``: optimizer state copies per parameter (``state_copies``).
     """
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     per_client = param_bytes * (4 + state) + 2 * activation_bytes(model, x, y)
-    return max(1, min(limit, budget // max(per_client, 1)))
+    return max(1, min(limit, MAX_AUTO, budget // max(per_client, 1)))
