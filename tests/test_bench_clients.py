@@ -1,6 +1,5 @@
 """``python -m bench clients --smoke`` runs every CPU mode and writes valid JSON/MD/PNG (never into bench/results)."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,10 +32,15 @@ def test_plain_torch_fednar_is_fednar_per_client():
             torch.testing.assert_close(s[c], w, rtol=1e-5, atol=1e-6)
 
 
-def test_smoke_run_writes_valid_files(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench", "clients", "--smoke", "--threads", "1", "--device", "cpu",
-                           "--out-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_smoke_run_writes_valid_files(tmp_path, capsys):
+    from bench.__main__ import main
+
+    threads = torch.get_num_threads()
+    try:  # in-process (a subprocess would import torch again): `python -m bench clients --smoke ...`
+        assert main(["clients", "--smoke", "--threads", "1", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    stdout = capsys.readouterr().out
     jsons = list(tmp_path.glob("clients-cpu-*-smoke.json"))
     assert len(jsons) == 1, sorted(p.name for p in tmp_path.iterdir())
     result = json.loads(jsons[0].read_text())
@@ -52,6 +56,6 @@ def test_smoke_run_writes_valid_files(tmp_path):
     assert len(parts) == 6 and all(r["step_s"] > 0 for r in rows if "part" in r)
     assert [g["verdict"] for g in result["goals"]] == ["n/a", "n/a"]  # C=50 not measured in a smoke run
     md = jsons[0].with_suffix(".md").read_text()
-    assert md.splitlines()[0] in proc.stdout and "| 4 |" in md
+    assert md.splitlines()[0] in stdout and "| 4 |" in md
     assert jsons[0].with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert jsons[0].name in (tmp_path / "LATEST.md").read_text()
