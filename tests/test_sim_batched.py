@@ -159,6 +159,19 @@ def test_padded_batches_give_each_clients_mean_gradient():
                 torch.testing.assert_close(g[c], w, rtol=1e-5, atol=1e-7)
 
 
+def test_augmentation_draws_the_sequential_random_crops(tmp_path):
+    """CIFAR with --augment: the input stage runs outside vmap, batch by batch, client after client
+    (and PAdaMFed-VR's anchor model from its own stream), so the crops are the sequential run's."""
+    from sim_data_files import write_cifar10
+
+    write_cifar10(tmp_path, per_batch=8, test=4)
+    cfg = SimConfig(algorithm="padamfed-vr", dataset="cifar10", data_dir=str(tmp_path), model="cnn", augment=True,
+                    clients=6, holdout_fraction=0.0, rounds=2, local_steps=2, batch_size=3, clients_per_round=3,
+                    finetune_steps=1, backend="reference", device="cpu", client_parallel=2)
+    v = validate_client_parallel(cfg)
+    assert v.passed and v.max_rel <= 1e-5, v.report()
+
+
 def test_per_client_clipping_is_clip_grad_norm():
     grads = [torch.randn(3, 4, 5), torch.randn(3, 7)]
     for g in grads:
