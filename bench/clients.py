@@ -207,15 +207,20 @@ def measure(C: int, args: argparse.Namespace, device: torch.device, log: Callabl
         tr = fused_trainer(wl, loss, None)
         add(FUSED, backend, lambda: fused_round(wl, tr))
         del tr
+    # the reference batched ops read step counters on the host: not capturable (a failed capture
+    # can leave the stream unusable for the cases after it)
+    graph = "cuda" if device.type == "cuda" and backend != "reference" else None
     if GRAPH in modes and device.type == "cuda":
-        tr = fused_trainer(wl, loss, "cuda")
-        add(GRAPH, backend, lambda: fused_round(wl, tr))
-        del tr
+        if graph is None:
+            rows.append(dict(base, mode=GRAPH, skipped="no fused client-batched backend to capture (reference)"))
+        else:
+            tr = fused_trainer(wl, loss, graph)
+            add(GRAPH, backend, lambda: fused_round(wl, tr))
+            del tr
     if CHUNKED in modes and C > args.chunk:
         chunks = math.ceil(C / args.chunk)
         size = math.ceil(C / chunks)
-        tr = BatchedTrainer(loss, wl.glob, size, lambda ps: BatchedFedNAR(ps, **HP), steps=wl.steps,
-                            graph="cuda" if device.type == "cuda" else None)
+        tr = BatchedTrainer(loss, wl.glob, size, lambda ps: BatchedFedNAR(ps, **HP), steps=wl.steps, graph=graph)
         add(CHUNKED, backend, lambda: chunked_round(wl, tr))
         rows[-1]["chunk"] = size
         del tr
