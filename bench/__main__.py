@@ -1,5 +1,7 @@
 """``python -m bench``: run the benchmark matrix, print the table, write the result files.
 
+``python -m bench clients``: the client-batched training benchmark instead (bench/clients.py).
+
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (four core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
 ``--smoke`` (small CNN only, three timed steps: checks the machinery, numbers mean little).
@@ -125,6 +127,11 @@ def _is_committed_folder(path: Path) -> bool:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["clients"]:
+        # the client-batched training benchmark (bench/clients.py): python -m bench clients --help
+        from .clients import main as clients_main
+
+        return clients_main((sys.argv[1:] if argv is None else argv)[1:])
     args = parse_args(argv)
     if args.render:
         render(args.render)

@@ -16,6 +16,7 @@
 #   --bench-mode MODE   full | quick | smoke (default: quick; it has all three sizes on CUDA)
 #   --pytest-args ARGS  what to test (default: "tests")
 #   --budget SECONDS    total wall-time budget (default 540; the lent machine's limit is 600)
+# Phases: install, tests, bench (python -m bench), bench_clients (python -m bench clients, 90 s).
 # The commit is read from git when the tree is a checkout, else from $FEDOPT_COMMIT (the device
 # machine gets a copy of the working tree without .git).
 set -u -o pipefail
@@ -132,17 +133,23 @@ else
 fi
 BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends()).replace(chr(10), '; '))" 2>&1 | tail -1)
 
+CLIENTS_S=90  # the client-batched benchmark's share (bench/clients.py; ~30 s on an H100/H200)
 if [ "$SKIP_TESTS" = 0 ]; then
-  # leave the benchmark at least 120 s
+  # leave the benchmarks at least 120 + CLIENTS_S s
   # shellcheck disable=SC2086
-  phase tests $(( $(left) - 120 )) "$PY" -m pytest $PYTEST_ARGS -q -rs -p no:cacheprovider --junitxml="$RES/junit.xml"
+  phase tests $(( $(left) - 120 - CLIENTS_S )) "$PY" -m pytest $PYTEST_ARGS -q -rs -p no:cacheprovider --junitxml="$RES/junit.xml"
 else
   echo "| tests | skipped (--skip-tests) | 0 |" >> "$SUMMARY"
 fi
 
 if [ "$SKIP_BENCH" = 0 ]; then
   # shellcheck disable=SC2086
-  phase bench $(( $(left) - 15 )) "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS --out-dir "$RES"
+  phase bench $(( $(left) - 15 - CLIENTS_S )) "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS --out-dir "$RES"
+  # client-batched training: sequential vs batched plain torch vs batched fused (+ CUDA graph), C = 10..1000
+  CLIENTS_ARGS=""
+  [ "$BENCH_MODE" = smoke ] && CLIENTS_ARGS="--smoke"
+  # shellcheck disable=SC2086
+  phase bench_clients $(( $(left) - 15 )) "$PY" -m bench clients $CLIENTS_ARGS $BENCH_ARGS --out-dir "$RES"
 else
   echo "| bench | skipped (--skip-bench) | 0 |" >> "$SUMMARY"
 fi
@@ -153,20 +160,32 @@ fi
   echo "- tests: $(grep -E '(passed|failed|error|no tests ran)' "$RES/tests.log" 2>/dev/null | tail -1 || echo 'not run')"
   echo "- wall time: $(elapsed) s of a ${BUDGET} s budget"
   echo
-  BENCH_MD=$(ls "$RES"/*.md 2>/dev/null | grep -v -e summary.md -e LATEST.md | head -1)
+  BENCH_MD=$(ls "$RES"/*.md 2>/dev/null | grep -v -e summary.md -e LATEST.md -e /clients- | head -1)
   if [ -n "$BENCH_MD" ]; then
     echo "## Benchmark goals ($(basename "$BENCH_MD"))"
     echo
     sed -n '/^## Goals/,/^## Results/p' "$BENCH_MD" | grep '^|'
   fi
+  CLIENTS_MD=$(ls "$RES"/clients-*.md 2>/dev/null | head -1)
+  if [ -n "$CLIENTS_MD" ]; then
+    # the whole table here: only its JSON travels back (redraw: python -m bench clients --render X.json)
+    echo
+    echo "## Client-batched benchmark ($(basename "$CLIENTS_MD"))"
+    sed -n '/^## Goals/,$p' "$CLIENTS_MD"
+  fi
 } >> "$SUMMARY"
 cat "$SUMMARY"
 
-# $OUT: 8 files at most. summary, 3 logs, junit, the benchmark's json/md/png.
+# $OUT: 8 files at most. summary (with the client-batched table), tests.log, bench.log (both
+# benchmarks' logs), junit, the benchmark's json/md/png, the client-batched json; install.log
+# only when the install failed (in place of the client-batched json, which then means nothing).
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT/$NAME"
-  for f in "$RES"/summary.md "$RES"/install.log "$RES"/tests.log "$RES"/bench.log "$RES"/junit.xml \
-           $(ls "$RES"/*.json "$RES"/*.png 2>/dev/null) "${BENCH_MD:-}"; do
+  [ -f "$RES/bench_clients.log" ] && { echo; echo "=== bench_clients ==="; cat "$RES/bench_clients.log"; } >> "$RES/bench.log"
+  EXTRA=$(ls "$RES"/clients-*.json 2>/dev/null | head -1)
+  grep -q '^| install | 0 |' "$SUMMARY" || grep -q '^| install | skipped' "$SUMMARY" || EXTRA="$RES/install.log"
+  for f in "$RES"/summary.md "$RES"/tests.log "$RES"/bench.log "$RES"/junit.xml \
+           $(ls "$RES"/*.json "$RES"/*.png 2>/dev/null | grep -v /clients-) "${BENCH_MD:-}" "$EXTRA"; do
     [ -f "$f" ] && cp "$f" "$OUT/$NAME/"
   done
   echo "gpu_check: copied $(ls "$OUT/$NAME" | wc -l) files to \$OUT/$NAME"

@@ -7,9 +7,13 @@ Modules, one idea each: ``datasets`` (digits, Synthetic), ``partition`` (Dirichl
 ``federated_data`` (users and the new-user holdout), ``models``, ``local`` (client optimizers),
 ``strategy`` / ``scaffold`` / ``padamfed_server`` (server rules), ``simulation`` (the round loop),
 ``evaluate`` (the per-user protocol), ``validate`` (backend vs reference), ``report``, ``cli``.
+Client-parallel rounds (``--client-parallel N``, docs/client_batched.md): ``batched_round`` (the
+round), ``batched_trainer`` (stacked clients + batched optimizer), ``client_loss`` (vmapped
+gradients), ``client_batches`` (padded per-client batches), ``step_graph`` (CUDA-graph replay),
+``parallel_size`` (``auto``).
 """
 from .config import ALGORITHMS, SimConfig
 from .simulation import Simulation
-from .validate import validate_backend
+from .validate import validate_backend, validate_client_parallel
 
-__all__ = ["ALGORITHMS", "SimConfig", "Simulation", "validate_backend"]
+__all__ = ["ALGORITHMS", "SimConfig", "Simulation", "validate_backend", "validate_client_parallel"]

@@ -41,11 +41,15 @@ class BatchStream:
         self.x, self.y, self.batch_size, self.rng = x, y, batch_size, rng
         self._order: List[int] = []
 
-    def next(self) -> Batch:
+    def next_indices(self) -> List[int]:
+        """The sample indices of the next batch (what ``next`` returns the samples of)."""
         if not self._order:
             self._order = self.rng.permutation(self.y.shape[0]).tolist()
         take, self._order = self._order[: self.batch_size], self._order[self.batch_size:]
-        idx = torch.tensor(take, dtype=torch.long, device=self.y.device)
+        return take
+
+    def next(self) -> Batch:
+        idx = torch.tensor(self.next_indices(), dtype=torch.long, device=self.y.device)
         return self.x[idx], self.y[idx]
 
     def __iter__(self) -> Iterator[Batch]:

@@ -81,6 +81,8 @@ class SimConfig:
     download: bool = False                   # cifar: fetch into data_dir with torchvision if missing
     normalize: bool = True                   # cifar/femnist: per-channel (x - mean) / std
     augment: bool = False                    # cifar: random crop (padding 4) + horizontal flip in training
+    client_parallel: Any = 1                 # clients trained at once (vmap); "auto": as many as fit; 1: sequential
+    cuda_graph: bool = False                 # client-parallel on CUDA: replay each local step from a CUDA graph
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -232,7 +234,26 @@ class SimConfig:
             raise ValueError(f"backend must be a string, got {self.backend!r}")
         integer("seed", self.seed, 0)
         integer("eval_every", self.eval_every, 1)
+        self._validate_client_parallel()
         return self
+
+    def _validate_client_parallel(self) -> None:
+        if self.client_parallel != "auto":
+            v = self.client_parallel
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"client_parallel must be an integer >= 1 or 'auto', got {v!r}")
+        if not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
+        if self.cuda_graph and self.client_parallel == 1:
+            raise ValueError("cuda_graph captures the client-parallel local step: it needs client_parallel "
+                             "(--client-parallel N or auto), not the sequential path (client_parallel=1)")
+        if self.cuda_graph and self.device == "cpu":
+            raise ValueError("cuda_graph needs device='cuda' (CUDA graphs do not exist on the CPU)")
+
+    @property
+    def parallel(self) -> bool:
+        """Are the sampled clients trained client-batched (``client_parallel`` other than 1)?"""
+        return self.client_parallel != 1
 
     # ------------------------------------------------------------------ defaults
     @property

@@ -8,7 +8,7 @@ global model before each client trains.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Callable, Dict, List
 
 import torch
 from torch import nn
@@ -48,21 +48,29 @@ class ClientOptimizers:
         return opt
 
     def _build(self) -> Optimizer:
-        cfg, hp, params = self.cfg, self.hp, list(self.model.parameters())
+        return self.build_on(list(self.model.parameters()))
+
+    def build_on(self, params: List[torch.Tensor], form: Callable[[type], type] = lambda cls: cls) -> Optimizer:
+        """This run's client optimizer on ``params``; ``form`` maps the class (e.g. to its client-batched form)."""
+        cfg, hp = self.cfg, self.hp
         if self.kind == "decay":
-            return FedDecaySGD(params, lr=hp["lr"], beta=hp["beta"], schedule=cfg.decay_schedule,
-                               decay_every=cfg.decay_every, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay, prox_mu=hp["prox_mu"], backend=self.backend)
+            return form(FedDecaySGD)(params, lr=hp["lr"], beta=hp["beta"], schedule=cfg.decay_schedule,
+                                     decay_every=cfg.decay_every, momentum=cfg.momentum,
+                                     weight_decay=cfg.weight_decay, prox_mu=hp["prox_mu"], backend=self.backend)
         if self.kind == "nlr":
-            return NeuronLRSGD(params, lr=hp["lr"], momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                               backend=self.backend)
+            return form(NeuronLRSGD)(params, lr=hp["lr"], momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                                     backend=self.backend)
         if self.kind == "nar":
-            return FedNAR(params, lr=hp["lr"], weight_decay=cfg.weight_decay, max_norm=hp["clip_norm"],
-                          round_decay=hp["round_decay"], prox_mu=hp["prox_mu"], backend=self.backend)
+            return form(FedNAR)(params, lr=hp["lr"], weight_decay=cfg.weight_decay, max_norm=hp["clip_norm"],
+                                round_decay=hp["round_decay"], prox_mu=hp["prox_mu"], backend=self.backend)
         if self.kind == "padamfed":
-            return PAdaMFed(params, lr=hp["lr"], beta=hp["beta"],
-                            variance_reduction=cfg.algorithm.endswith("-vr"), backend=self.backend)
+            return form(PAdaMFed)(params, lr=hp["lr"], beta=hp["beta"],
+                                  variance_reduction=cfg.algorithm.endswith("-vr"), backend=self.backend)
         raise ValueError(f"unknown client optimizer kind {self.kind!r}")
+
+    def round_lr(self, t: int) -> float:
+        """The SGD optimizers' lr in round ``t`` (FedNAR anneals by itself, PAdaMFed keeps eta)."""
+        return self.hp["lr"] * self.hp["round_decay"] ** t
 
     def begin(self, cid: int, client: ClientData, t: int, **round_inputs: Any) -> Optimizer:
         """Start round ``t`` on client ``cid``'s optimizer (the model already holds the global weights)."""
@@ -70,7 +78,7 @@ class ClientOptimizers:
         if self.kind in ("decay", "nlr"):
             # FedNAR anneals by itself; the SGD optimizers get the same per-round decay through their lr
             for group in opt.param_groups:
-                group["lr"] = self.hp["lr"] * self.hp["round_decay"] ** t
+                group["lr"] = self.round_lr(t)
         if self.kind == "nlr":
             # FedNLR: scales from the received model's activations on this client's data (seed 001, Alg. 1)
             round_inputs["neuron_scales"] = neuron_lr_scales(

@@ -37,12 +37,21 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_backend(cfg: SimConfig, device: torch.device) -> str:
-    """The concrete backend the run's optimizers use; ValueError naming it when it cannot run here."""
-    op = _OPS[cfg.client_optimizer]
+    """The concrete backend the run's optimizers use; ValueError naming it when it cannot run here.
+
+    Client-parallel runs use the client-batched form of the op (``<op>_batched``).
+    """
+    op = _OPS[cfg.client_optimizer] + ("_batched" if cfg.parallel else "")
     name = _registry.auto_backend(device, op) if cfg.backend == "auto" else cfg.backend
     why = _registry.unavailable_reason(name, device, op)
     if why is not None:
         raise ValueError(f"backend={cfg.backend!r} cannot be used: {why}")
+    if cfg.cuda_graph:
+        if device.type != "cuda":
+            raise ValueError(f"cuda_graph needs a CUDA device, but the run is on {device}")
+        if name == "reference":
+            raise ValueError(f"cuda_graph needs a fused client-batched backend (cuda or triton); backend="
+                             f"{cfg.backend!r} is 'reference' here, whose batched ops read step counters on the host")
     return name
 
 
@@ -74,6 +83,11 @@ class Simulation:
                         for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)))}
         self._tune_seed = ss_tune
         self.strategy = _STRATEGIES[cfg.server_rule](self)
+        self.batched = None
+        if cfg.parallel:  # --client-parallel: the sampled clients train N at a time (batched_round.py)
+            from .batched_round import BatchedClients
+
+            self.batched = BatchedClients(self)
         self.history: List[Dict[str, Any]] = []
         self._setup_done = False
 
@@ -110,15 +124,18 @@ class Simulation:
             self.strategy.setup()
             self._setup_done = True
         sampled = self.sample_clients()
-        updates, losses = [], []
-        for cid in sampled:
-            self.load_global()
-            opt = self.strategy.begin(cid, t)
-            loss_sum = torch.zeros((), device=self.device)
-            for _ in range(self.cfg.local_steps):
-                loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
-            updates.append(self.strategy.finish(cid, opt, t))
-            losses.append(float(loss_sum) / self.cfg.local_steps)
+        if self.batched is not None:
+            updates, losses = self.batched.train(sampled, t)
+        else:
+            updates, losses = [], []
+            for cid in sampled:
+                self.load_global()
+                opt = self.strategy.begin(cid, t)
+                loss_sum = torch.zeros((), device=self.device)
+                for _ in range(self.cfg.local_steps):
+                    loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
+                updates.append(self.strategy.finish(cid, opt, t))
+                losses.append(float(loss_sum) / self.cfg.local_steps)
         self.strategy.aggregate(updates, t)
         self.load_global()
         weights = np.array([u.weight for u in updates])

@@ -1,5 +1,8 @@
 """``--validate BACKEND``: the same run on ``reference`` and on BACKEND, in lockstep, compared.
 
+(``--validate sequential`` with ``--client-parallel N`` does the same with the sequential run in
+the reference's place and the client-parallel run as the one checked: ``validate_client_parallel``.)
+
 All runs share the data and every seed, so they see the same clients and mini-batches; they differ
 only in the optimizer kernels. Three runs step together:
 
@@ -24,8 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
+from torch import nn
 
 from .config import SimConfig
+from .federated_data import FederatedData
 from .report import final_rows
 from .simulation import Simulation
 
@@ -45,11 +50,12 @@ def _nan_max(values: Iterable[float]) -> float:
 
 @dataclass
 class Validation:
-    backend: str
+    backend: str                                                  # what was checked (label)
     rounds: List[Dict[str, float]] = field(default_factory=list)  # per round: step_* and traj_* divergences
     acc_diff: Dict[str, float] = field(default_factory=dict)      # final metric -> |ref - backend|
     param_rtol: float = PARAM_RTOL
     acc_tol: float = ACC_TOL
+    reference: str = "reference"                                  # what it was checked against (label)
 
     @property
     def max_rel(self) -> float:
@@ -68,12 +74,13 @@ class Validation:
     def report(self, name: str = "") -> str:
         """The per-round table and a verdict line that names the run (``name``, e.g. the algorithm),
         so that the PASS/FAIL lines of several runs in a row say which run each belongs to."""
-        lines = [f"validate: reference vs {self.backend} (same seeds and batches)",
+        lines = [f"validate: {self.reference} vs {self.backend} (same seeds and batches)",
                  f"  {'round':>5}  {'one-round max |dx|':>18}  {'relative':>10}  {'trajectory max |dx|':>19}  {'relative':>10}"]
         for r in self.rounds:
             lines.append(f"  {r['round']:>5}  {r['step_max_abs']:>18.3e}  {r['step_rel']:>10.3e}  "
                          f"{r['traj_max_abs']:>19.3e}  {r['traj_rel']:>10.3e}")
-        lines.append("  final accuracy differences, end-to-end run (|reference - backend|, percentage points):")
+        lines.append(f"  final accuracy differences, end-to-end run (|{self.reference} - {self.backend}|, "
+                     f"percentage points):")
         for k, v in self.acc_diff.items():
             lines.append(f"    {k:<32} {100 * v:.3f}")
         verdict = "PASS" if self.passed else "FAIL"
@@ -97,6 +104,33 @@ def validate_backend(cfg: SimConfig, backend: str, param_rtol: float = PARAM_RTO
     free = Simulation(cfg.replace(backend=backend), data=ref.data)
     synced = Simulation(cfg.replace(backend=backend), data=ref.data)
     out = Validation(backend=free.backend, param_rtol=param_rtol, acc_tol=acc_tol)
+    return _compare(cfg, ref, free, synced, out, on_round)
+
+
+def validate_client_parallel(cfg: SimConfig, param_rtol: float = PARAM_RTOL, acc_tol: float = ACC_TOL,
+                             on_round: Optional[Callable[[Dict[str, Any]], None]] = None,
+                             data: Optional[FederatedData] = None,
+                             model_fn: Optional[Callable[[], nn.Module]] = None) -> Validation:
+    """The client-parallel run ``cfg`` against the same config trained one client after another.
+
+    Both use ``cfg.backend`` (``auto`` resolves per path: the per-client op sequentially, the
+    batched op in parallel); same tolerances, same one-round / end-to-end protocol as above.
+    ``data`` / ``model_fn`` replace the config's data set / model, as for ``Simulation``.
+    """
+    if not cfg.parallel:
+        raise ValueError("validate_client_parallel needs a client-parallel config (client_parallel != 1)")
+    ref = Simulation(cfg.replace(client_parallel=1, cuda_graph=False), data=data, model_fn=model_fn)
+    free = Simulation(cfg, data=ref.data, model_fn=model_fn)
+    synced = Simulation(cfg, data=ref.data, model_fn=model_fn)
+    b = free.batched
+    chunks = f" (chunks of {b.size})" if b.size != b.parallel else ""
+    out = Validation(backend=f"client-parallel {b.parallel}{chunks} [{free.backend}]",
+                     reference=f"sequential [{ref.backend}]", param_rtol=param_rtol, acc_tol=acc_tol)
+    return _compare(cfg, ref, free, synced, out, on_round)
+
+
+def _compare(cfg: SimConfig, ref: Simulation, free: Simulation, synced: Simulation, out: Validation,
+             on_round: Optional[Callable[[Dict[str, Any]], None]]) -> Validation:
     for t in range(cfg.rounds):
         if t > 0:
             synced.sync_from(ref)  # start the round from the reference's state

@@ -1,0 +1,167 @@
+"""The client-parallel round (``--client-parallel N``): the sampled clients' local training, N at a time.
+
+What the sequential loop of ``Simulation.run_round`` does client by client happens here for a
+chunk of clients at once, with the same inputs and the same server rules:
+
+* every client's round inputs come from the strategy as sequentially (``strategy.round_inputs``:
+  SCAFFOLD corrections, PAdaMFed controls and momentum; FedNLR scales from ``neuron_lr_scales`` on
+  the client's data with the received global model) and are stacked ``[C, ...]``; every client
+  gets the global round index ``t`` (FedNAR's annealing) and the round's lr;
+* every client draws its K batches from its own ``BatchStream`` (``client_batches.py``);
+* K batched steps (``BatchedTrainer``; ``--cuda-graph``: replayed from a CUDA graph);
+* every client's result becomes the ``ClientUpdate`` that the strategy's own ``finish`` builds
+  (the client's parameters are put into the simulation's model for it, and the optimizer is seen
+  through a one-client view), so ``aggregate`` and the server state are untouched.
+
+The sampled clients are split into equal chunks of at most N; the last chunk may be one client
+short, and its empty slot is filled with a copy of its first client, inactive (the batched
+optimizers' active mask), so one trainer (and one CUDA graph) serves every chunk.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
+
+import torch
+
+from .. import neuron_lr_scales
+from ..catalogue import BATCHED_FORM
+from .batched_trainer import BatchedTrainer
+from .client_batches import BatchPool, apply_stage
+from .client_loss import ClientLoss
+from .image_input import ImageClassifier
+from .parallel_size import auto_client_parallel, free_bytes, state_copies
+from .strategy import ClientUpdate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .simulation import Simulation
+
+
+class _OneClient:
+    """The batched optimizer as the strategies' ``finish`` sees a client's optimizer: client ``c`` of it."""
+
+    def __init__(self, opt: Any, c: int, controls: Sequence[torch.Tensor]):
+        self._opt, self._c, self._controls = opt, c, controls
+
+    def local_control(self) -> List[torch.Tensor]:
+        # a copy: a view would keep the whole [C, ...] tensor alive in the server's c_local
+        return [t[self._c].clone() for t in self._controls]
+
+    def __getattr__(self, name: str) -> Any:  # param_groups, schedule (SCAFFOLD's lr_sum)
+        return getattr(self._opt, name)
+
+
+def _is_random(model: torch.nn.Module) -> bool:
+    """Does the model's input stage draw random numbers in training (augmentation)?"""
+    return isinstance(model, ImageClassifier) and model.spec.augment and model.training
+
+
+def _pad_clients(t: torch.Tensor, size: int) -> torch.Tensor:
+    """``t`` [K, m, ...] with its client axis padded to ``size`` by copies of client 0."""
+    m = t.shape[1]
+    if m == size:
+        return t
+    return torch.cat([t, t[:, :1].expand(t.shape[0], size - m, *t.shape[2:])], dim=1)
+
+
+class BatchedClients:
+    """A simulation's client-parallel local training (see the module docstring)."""
+
+    def __init__(self, sim: "Simulation"):
+        self.sim = sim
+        cfg = sim.cfg
+        self.cfg = cfg
+        self.loss = ClientLoss(sim.model)  # ValueError for BatchNorm / buffers
+        self.opts = sim.strategy.opts
+        self.kind = self.opts.kind
+        self.anchor_model = getattr(sim.strategy, "anchor_model", None)
+        self.pool = BatchPool(sim.train_clients, cfg.batch_size)
+        S = cfg.sampled_per_round
+        n = self.resolve_parallel()
+        chunks = math.ceil(S / n)
+        self.parallel = n
+        self.size = math.ceil(S / chunks)  # equal chunks: at most one inactive slot in the last
+        # "cuda": replay each step from a CUDA graph; tests set "emulate" (step_graph.py) before round 0
+        self.graph_mode = "cuda" if cfg.cuda_graph else None
+        self._trainer: BatchedTrainer = None  # built at the first round (after the strategy's setup)
+
+    def resolve_parallel(self) -> int:
+        """``client_parallel`` as a number (``auto``: parallel_size.py's estimate), at most the sampled clients."""
+        cfg, S = self.cfg, self.cfg.sampled_per_round
+        if cfg.client_parallel != "auto":
+            return min(int(cfg.client_parallel), S)
+        client = self.sim.train_clients[0]
+        x, y = client.train_x[:cfg.batch_size], client.train_y[:cfg.batch_size]
+        return auto_client_parallel(self.sim.model, x, y, state_copies(self.kind, cfg), S, free_bytes(self.sim.device))
+
+    @property
+    def trainer(self) -> BatchedTrainer:
+        if self._trainer is None:
+            hp = self.sim.hp
+            clip = hp["clip_norm"] if self.kind in ("decay", "nlr") else None  # as ClientOptimizers.clip
+            self._trainer = BatchedTrainer(
+                self.loss, self.sim.global_params, self.size,
+                lambda params: self.opts.build_on(params, form=BATCHED_FORM.__getitem__),
+                steps=self.cfg.local_steps, clip_norm=clip, anchor=self.anchor_model is not None,
+                graph=self.graph_mode)
+        return self._trainer
+
+    # ------------------------------------------------------------------ one round
+    def train(self, sampled: Sequence[int], t: int) -> Tuple[List[ClientUpdate], List[float]]:
+        """Local training of ``sampled`` in round ``t``; their updates and mean losses, in that order."""
+        updates: List[ClientUpdate] = []
+        losses: List[float] = []
+        for i in range(0, len(sampled), self.size):
+            u, l = self._chunk(list(sampled[i:i + self.size]), t)
+            updates += u
+            losses += l
+        return updates, losses
+
+    def _round_inputs(self, chunk: List[int], t: int, stacked: List[torch.Tensor]) -> Dict[str, Any]:
+        sim, per = self.sim, []
+        for cid in chunk:
+            inputs = dict(self.sim.strategy.round_inputs(cid, t))
+            if self.kind == "nlr":  # FedNLR: scales from the received model on this client's data
+                client = sim.train_clients[cid]
+                inputs["neuron_scales"] = neuron_lr_scales(sim.model, [(client.train_x, client.train_y)],
+                                                           mu0=self.cfg.nlr_mu0, c1=self.cfg.nlr_c1, c2=self.cfg.nlr_c2)
+            per.append(inputs)
+        per += [per[0]] * (self.size - len(chunk))  # inactive slots: any valid inputs
+        index = {id(p): i for i, p in enumerate(sim.model.parameters())}
+        out: Dict[str, Any] = {}
+        for key, first in per[0].items():
+            if isinstance(first, dict):  # {model parameter: [M]} -> {stacked parameter: [C, M]}
+                out[key] = {stacked[index[id(p)]]: torch.stack([d[key][p] for d in per]) for p in first}
+            else:
+                out[key] = [torch.stack([d[key][j] for d in per]) for j in range(len(first))]
+        return out
+
+    def _chunk(self, chunk: List[int], t: int) -> Tuple[List[ClientUpdate], List[float]]:
+        sim, cfg, tr = self.sim, self.cfg, self.trainer
+        K, m = cfg.local_steps, len(chunk)
+        sim.load_global()  # FedNLR's scales and PAdaMFed-VR's anchor copy read the global model
+        inputs = self._round_inputs(chunk, t, tr.stacked)
+        tr.load(sim.global_params)
+        if self.kind in ("decay", "nlr"):
+            for group in tr.opt.param_groups:
+                group["lr"] = self.opts.round_lr(t)
+        tr.start_round(round_index=t, **inputs)
+        batches = self.pool.draw(sim.streams, chunk, K)
+        x = apply_stage(self.loss.input_stage, batches, _is_random(sim.model))
+        anchor_x = None
+        if self.anchor_model is not None and _is_random(self.anchor_model):
+            anchor_x = apply_stage(self.anchor_model.preprocess, batches, True)  # its own random stream
+        active = None
+        if m < self.size or self.graph_mode is not None:
+            active = torch.arange(self.size, device=sim.device) < m
+        pad = lambda v: None if v is None else _pad_clients(v, self.size)  # noqa: E731
+        total = tr.run(pad(x), pad(batches.y), pad(batches.w), pad(anchor_x), active)
+        controls = tr.opt.local_control() if self.kind == "padamfed" else []
+        updates = []
+        params = list(sim.model.parameters())
+        for c, cid in enumerate(chunk):
+            with torch.no_grad():
+                for p, s in zip(params, tr.stacked):
+                    p.copy_(s[c])
+            updates.append(sim.strategy.finish(cid, _OneClient(tr.opt, c, controls), t))
+        return updates, [v / K for v in total[:m].tolist()]

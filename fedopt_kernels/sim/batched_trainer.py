@@ -1,0 +1,111 @@
+"""C clients' local steps as one computation: stacked parameters, vmapped gradients, a batched optimizer.
+
+``BatchedTrainer`` owns C copies of the model's parameters (``[C, *shape]`` each) and a
+client-batched optimizer over them (``fedopt_kernels.batched``). A local step of every client::
+
+    g_c, loss_c = grad of client c's mean loss on its batch, at its parameters   (ClientLoss, vmap)
+    clip g_c by its own norm (SGD algorithms with clip_norm, as clip_grad_norm_ does per client)
+    H_c         = grad of the same batch at the round's starting model           (PAdaMFed-VR only)
+    optimizer.step(anchor_grads=H, active=mask)                                   (one op for all clients)
+
+``step_graph.StepGraph`` replays that step from a CUDA graph instead (``graph="cuda"``).
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .._base import FedOptimizer
+from .client_loss import ClientLoss
+
+Tensors = List[torch.Tensor]
+
+
+@torch.no_grad()
+def clip_per_client_(grads: Sequence[torch.Tensor], max_norm: float) -> None:
+    """``clip_grad_norm_(client c's gradients, max_norm)`` for every client c of stacked ``[C, ...]`` grads.
+
+    The same arithmetic as torch's (per-tensor 2-norms, their 2-norm, ``max_norm / (norm + 1e-6)``
+    clamped to 1), computed for all clients at once.
+    """
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in grads])
+    coef = (max_norm / (torch.linalg.vector_norm(norms, dim=0) + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
+
+
+class BatchedTrainer:
+    """C stacked clients of one model and their batched optimizer.
+
+    ``make_optimizer(stacked_params)`` builds the client-batched optimizer; ``clip_norm``: clip each
+    client's gradient first; ``anchor``: pass PAdaMFed-VR anchor gradients; ``graph``: None (eager),
+    ``"cuda"`` (CUDA-graph replay) or ``"emulate"`` (the same bookkeeping without CUDA, for tests).
+    """
+
+    def __init__(self, loss: ClientLoss, like: Sequence[torch.Tensor], clients: int,
+                 make_optimizer: Callable[[List[nn.Parameter]], FedOptimizer], steps: int,
+                 clip_norm: Optional[float] = None, anchor: bool = False, graph: Optional[str] = None):
+        if clients < 1:
+            raise ValueError(f"clients must be >= 1, got {clients}")
+        self.loss = loss
+        self.clients = clients
+        self.steps = steps
+        self.clip_norm = clip_norm
+        self.anchor = anchor
+        self.stacked = [nn.Parameter(p.detach().unsqueeze(0).repeat(clients, *([1] * p.dim())).contiguous())
+                        for p in like]
+        self.views = [p.detach() for p in self.stacked]  # same storage, no autograd history: vmap's inputs
+        self.shared = [p.detach().clone() for p in like]  # the round's starting model (anchor gradients)
+        self.opt = make_optimizer(self.stacked)
+        self.graph = None
+        if graph is not None:
+            from .step_graph import StepGraph
+
+            self.graph = StepGraph(self, mode=graph)
+
+    @torch.no_grad()
+    def load(self, params: Sequence[torch.Tensor]) -> None:
+        """Every client starts from ``params`` (the global model)."""
+        for s, sh, p in zip(self.stacked, self.shared, params):
+            s.copy_(p.unsqueeze(0).expand_as(s))
+            sh.copy_(p)
+
+    def start_round(self, **inputs) -> None:
+        """``start_round`` of the batched optimizer (stacked round inputs, ``round_index``, ...)."""
+        self.opt.start_round(**inputs)
+        if self.graph is not None:
+            self.graph.begin_round()
+
+    def gradients(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                  anchor_x: Optional[torch.Tensor]) -> tuple:
+        """(per-client gradients, clipped; per-client loss [C]; anchor gradients or None)."""
+        grads, loss = self.loss.grads(self.views, x, y, w)
+        if self.clip_norm is not None:
+            clip_per_client_(grads, self.clip_norm)
+        anchors = None
+        if self.anchor:
+            anchors, _ = self.loss.grads_at(self.shared, x if anchor_x is None else anchor_x, y, w)
+        return grads, loss, anchors
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor] = None,
+             active: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """One local step of every (active) client on ``x`` [C, B, ...]; returns the losses [C]."""
+        if self.graph is not None:
+            return self.graph.step(x, y, w, anchor_x, active)
+        grads, loss, anchors = self.gradients(x, y, w, anchor_x)
+        for p, g in zip(self.stacked, grads):
+            p.grad = g
+        kwargs = {"anchor_grads": list(anchors)} if anchors is not None else {}
+        self.opt.step(active=active, **kwargs)
+        return loss
+
+    def run(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor] = None,
+            active: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """All ``x.shape[0]`` local steps (inputs ``[K, C, B, ...]``); returns each client's summed loss [C]."""
+        total = torch.zeros(self.clients, device=x.device)
+        for k in range(x.shape[0]):
+            loss = self.step(x[k], y[k], w[k], None if anchor_x is None else anchor_x[k], active)
+            total += loss.detach()
+        return total

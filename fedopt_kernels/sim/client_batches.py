@@ -1,0 +1,99 @@
+"""A round's mini-batches for many clients at once: drawn as the sequential run draws them, padded, stacked.
+
+Client ``c`` takes its ``K`` batches from its own ``BatchStream`` (same generator, same order as
+when it trains alone), so seeds, sampling and batch order are those of the sequential run. Batches
+differ in size (a client with fewer samples than the batch size, the last batch of an epoch): each
+is padded to the batch size ``B`` with copies of one of its own samples, and the sample weights
+are ``1/n`` on the ``n`` real samples and 0 on the copies, so the weighted loss is the mean over
+the real samples, as ``F.cross_entropy`` computes it sequentially. All clients' training data sit
+in one pooled tensor, so a round's ``[K, C, B, ...]`` inputs come from one gather.
+
+A random input stage (augmentation) must draw the same random numbers as sequentially: it is then
+applied batch by batch, client after client, on the real samples only; a deterministic stage runs
+once on the whole gathered tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .clients import BatchStream, ClientData
+
+Stage = Callable[[torch.Tensor, bool], torch.Tensor]
+
+
+@dataclass
+class RoundBatches:
+    """Inputs of K local steps of C clients: ``x`` [K, C, B, ...], ``y`` [K, C, B], ``w`` [K, C, B]."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    w: torch.Tensor
+    counts: torch.Tensor                     # [K, C] real samples per batch (host, int64)
+    anchor_x: Optional[torch.Tensor] = None  # PAdaMFed-VR: the anchor model's own view of the batches
+
+
+class BatchPool:
+    """The training splits of ``clients`` pooled on their device, indexed by client id."""
+
+    def __init__(self, clients: Sequence[ClientData], batch_size: int):
+        if not clients:
+            raise ValueError("BatchPool needs at least one client")
+        self.batch_size = batch_size
+        self.x = torch.cat([c.train_x for c in clients])
+        self.y = torch.cat([c.train_y for c in clients])
+        sizes = [c.size for c in clients]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.start: Dict[int, int] = {c.client_id: int(s) for c, s in zip(clients, starts)}
+
+    def draw(self, streams: Dict[int, BatchStream], cids: Sequence[int], steps: int) -> RoundBatches:
+        """The next ``steps`` batches of every client in ``cids`` from its stream, padded and gathered."""
+        B, C = self.batch_size, len(cids)
+        idx = np.empty((steps, C, B), dtype=np.int64)
+        counts = np.empty((steps, C), dtype=np.int64)
+        for c, cid in enumerate(cids):
+            stream, start = streams[cid], self.start[cid]
+            for k in range(steps):
+                take = stream.next_indices()
+                n = len(take)
+                idx[k, c, :n] = take
+                idx[k, c, n:] = take[0]  # padding: copies of a real sample (finite activations)
+                counts[k, c] = n
+        idx += np.array([self.start[cid] for cid in cids], dtype=np.int64)[None, :, None]
+        device = self.y.device
+        flat = torch.from_numpy(idx).to(device).view(-1)
+        x = self.x[flat].view(steps, C, B, *self.x.shape[1:])
+        y = self.y[flat].view(steps, C, B)
+        n = torch.from_numpy(counts)
+        real = torch.arange(B)[None, None, :] < n[..., None]
+        w = (real.to(torch.float32) / n[..., None].to(torch.float32)).to(device)
+        return RoundBatches(x, y, w, n)
+
+
+def apply_stage(stage: Optional[Stage], batches: RoundBatches, random: bool, train: bool = True) -> torch.Tensor:
+    """The model inputs of ``batches``: ``stage(x, train)`` (None: x itself).
+
+    ``random``: the stage draws random numbers (augmentation); it then sees each client's real
+    samples of each step separately, clients in order, as in the sequential run.
+    """
+    x = batches.x
+    if stage is None:
+        return x
+    K, C, B = x.shape[:3]
+    if not random:
+        out = stage(x.reshape(K * C * B, *x.shape[3:]), train)
+        return out.view(K, C, B, *out.shape[1:])
+    out: Optional[torch.Tensor] = None
+    counts = batches.counts.tolist()
+    for c in range(C):
+        for k in range(K):
+            n = counts[k][c]
+            part = stage(x[k, c, :n], train)
+            if out is None:
+                out = part.new_empty((K, C, B) + tuple(part.shape[1:]))
+            out[k, c, :n] = part
+            out[k, c, n:] = part[:1]
+    return out

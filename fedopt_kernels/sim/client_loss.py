@@ -1,0 +1,85 @@
+"""Per-client loss and gradients of many client models at once: ``torch.func`` over stacked parameters.
+
+Client ``c`` holds its own copy of every parameter (row ``c`` of a ``[C, *shape]`` tensor) and its
+own padded mini-batch ``x[c]`` (``[B, ...]``) with sample weights ``w[c]`` (``1/n_c`` on its ``n_c``
+real samples, 0 on padding). ``torch.func.vmap(torch.func.grad_and_value(loss))`` then gives every
+client's gradient of its mean cross-entropy over its real samples, in one computation::
+
+    loss_c(theta_c) = sum_b w[c, b] * CE(f(theta_c; x[c, b]), y[c, b])
+
+This needs a functional model: no BatchNorm (running statistics are state updated in place, and
+their aggregation is another algorithm) and no buffers at all. The simulator's models qualify.
+An input stage with randomness (``ImageClassifier``'s augmentation) stays outside: the network
+after it is what gets vmapped, and the caller preprocesses the batches (``client_batches.py``).
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+from torch.nn import functional as F
+
+from .image_input import ImageClassifier
+
+Tensors = List[torch.Tensor]
+
+
+def check_vmappable(model: nn.Module) -> None:
+    """ValueError naming what stops ``model`` from being trained client-batched (BatchNorm, buffers)."""
+    norms = [name or type(model).__name__ for name, m in model.named_modules()
+             if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    buffers = [name for name, _ in model.named_buffers()]
+    if not norms and not buffers:
+        return
+    found = []
+    if norms:
+        found.append(f"BatchNorm layer(s) {', '.join(norms[:4])}{' ...' if len(norms) > 4 else ''}")
+    if buffers:
+        found.append(f"buffer(s) {', '.join(buffers[:4])}{' ...' if len(buffers) > 4 else ''}")
+    raise ValueError(
+        f"--client-parallel needs a BatchNorm- and buffer-free model (client copies under torch.func.vmap "
+        f"cannot carry running statistics or other buffers), but {type(model).__name__} has {' and '.join(found)}. "
+        f"Use a GroupNorm/LayerNorm model (the simulator's mlp, cnn, fedavg-cnn, resnet18-gn) or "
+        f"client_parallel=1 (--client-parallel 1, the sequential path)")
+
+
+class ClientLoss:
+    """The loss of one client as a function of its parameters, and its vmapped gradient.
+
+    ``model``'s parameters (in ``model.parameters()`` order) are what the functions take, as a
+    tuple. For an ``ImageClassifier`` the vmapped function is its network; ``input_stage`` is
+    then its ``preprocess`` (applied by the caller, outside vmap).
+    """
+
+    def __init__(self, model: nn.Module):
+        check_vmappable(model)
+        self.model = model
+        net = model.net if isinstance(model, ImageClassifier) else model
+        self.net = net
+        self.input_stage: Optional[Callable[[torch.Tensor, bool], torch.Tensor]] = \
+            model.preprocess if isinstance(model, ImageClassifier) else None
+        named = list(net.named_parameters())
+        if [id(p) for _, p in named] != [id(p) for p in model.parameters()]:
+            raise ValueError(f"{type(model).__name__}: its parameters are not those of its network in the same order")
+        self.names = [n for n, _ in named]
+        # grad of client c's loss at its own parameters (in_dims 0) or at shared ones (None: the
+        # PAdaMFed-VR anchor, every client's batch at the round's starting model)
+        self.per_client = vmap(grad_and_value(self.loss), in_dims=(0, 0, 0, 0))
+        self.at_shared = vmap(grad_and_value(self.loss), in_dims=(None, 0, 0, 0))
+
+    def loss(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """One client's weighted cross-entropy (``w``: 1/n on real samples, 0 on padding)."""
+        out = functional_call(self.net, dict(zip(self.names, params)), (x,))
+        return (F.cross_entropy(out, y, reduction="none") * w).sum()
+
+    def grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+              w: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
+        """Every client's gradient (``[C, *shape]`` each) and loss (``[C]``)."""
+        return self.per_client(tuple(params), x, y, w)
+
+    def grads_at(self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                 w: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
+        """Every client's gradient at the same (unstacked) parameters ``shared``."""
+        return self.at_shared(tuple(shared), x, y, w)

@@ -1,0 +1,183 @@
+"""The batched local step captured once in a CUDA graph and replayed for every later step and round.
+
+Eager, a client-batched step at small C is host-bound: vmap's forward and backward plus the
+optimizer launch hundreds of small kernels, and the CPU, not the GPU, sets the pace. A CUDA graph
+replays the whole step (forward, backward, clipping, anchor gradients, the fused batched update)
+in one launch. Replaying is correct only if every tensor the step reads or writes stays at the
+address it had during capture and holds this step's values:
+
+* inputs: static ``x``/``y``/``w`` (and anchor ``x``) buffers, copied into before each replay;
+* gradients: static ``p.grad`` tensors the vmapped gradients are copied into, inside the graph;
+* parameters: the trainer's stacked parameters (loaded in place every round);
+* optimizer state: ``start_round`` makes new state tensors (momentum cleared, FedProx anchor,
+  SCAFFOLD correction, FedNLR scales, PAdaMFed's D/acc); ``begin_round`` copies their values into
+  the tensors the graph was captured with and puts those back into the optimizer's state, and
+  momentum buffers are inserted zeroed (with the batched SGD's first-step rule, ``k == 0`` in a
+  round whose buffers are new, the first step is then ``buf = d``, as eagerly);
+* hyperparameters: the captured step plan's hp tensor gets the new round's rows (FedNAR's
+  annealed lr, the per-round SGD lr) copied in; step counters are zeroed in place by start_round.
+
+The first ``warmup`` steps of the first rounds run eagerly on a side stream (lazy initialisation,
+the optimizer's plan and device counters are built there, as torch's CUDA-graph notes ask), the
+next step is captured, and from then on every step is a replay. The optimizer's host-side step
+count, which replays do not advance, is advanced here (PAdaMFed's ``local_control`` checks it).
+
+``mode="emulate"`` does the same bookkeeping without CUDA: "capture" records the optimizer's op
+call, and a "replay" recomputes the gradients into the static buffers and repeats that recorded
+call with the same tensors, so the state and hp handling above is tested on a CPU.
+
+This reaches into the optimizer's step plan (``_plan``, ``_hp_tensor``, ``_host_steps``); see
+docs/client_batched.md for the public hooks that would replace that.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .._sgd import SGDFamily
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .batched_trainer import BatchedTrainer
+
+MODES = ("cuda", "emulate")
+
+
+class StepGraph:
+    def __init__(self, trainer: "BatchedTrainer", mode: str = "cuda", warmup: int = 2):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        device = trainer.stacked[0].device
+        if mode == "cuda" and device.type != "cuda":
+            raise ValueError(f"a CUDA graph needs CUDA parameters, got {device}")
+        self.tr = trainer
+        self.mode = mode
+        self.device = device
+        self.warmup = warmup
+        self.eager_steps = 0
+        self.graph: Optional[Any] = None
+        self.plan = None                        # the optimizer's step plan the graph was captured with
+        self.recorded: Optional[Tuple[Any, tuple, dict]] = None  # emulate: (fn, args, kwargs)
+        self.state: Dict[Tuple[int, str], torch.Tensor] = {}
+        opt = trainer.opt
+        # static gradients: the optimizer sees the same tensors every step
+        for p in trainer.stacked:
+            p.grad = torch.zeros_like(p)
+        self.grads = [p.grad for p in trainer.stacked]
+        self.anchors = [torch.zeros_like(p) for p in trainer.stacked] if trainer.anchor else None
+        self.active = torch.ones(trainer.clients, dtype=torch.bool, device=device)
+        self.inputs: Optional[List[torch.Tensor]] = None  # x, y, w, anchor x: allocated at the first step
+        self.loss = torch.zeros(trainer.clients, device=device)
+        self._momentum = [isinstance(opt, SGDFamily) and g["momentum"] != 0
+                          for g in opt.param_groups for _ in g["params"]]
+
+    # ------------------------------------------------------------------ rounds
+    @torch.no_grad()
+    def begin_round(self) -> None:
+        """After ``opt.start_round``: state back at the captured addresses, this round's hp in place."""
+        opt = self.tr.opt
+        params = [p for g in opt.param_groups for p in g["params"]]
+        for p, momentum in zip(params, self._momentum):
+            st = opt.state[p]
+            if momentum and "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch.zeros_like(p)  # adopted below (or zeroed into the static one)
+            for key, value in list(st.items()):
+                static = self.state.get((id(p), key))
+                if static is None:
+                    self.state[(id(p), key)] = value
+                elif static is not value:
+                    static.copy_(value)
+                    st[key] = static
+        if self.plan is not None:
+            host = opt._hp_tensor(self.plan)
+            self.plan.hp.copy_(host)
+            opt._plan = self.plan
+            opt._hp_cache = (host, self.plan.hp)
+
+    # ------------------------------------------------------------------ steps
+    def _set_inputs(self, x, y, w, anchor_x, active) -> None:
+        new = [x, y, w] + ([anchor_x if anchor_x is not None else x] if self.tr.anchor else [])
+        if self.inputs is None:
+            self.inputs = [t.clone() for t in new]
+        else:
+            for s, t in zip(self.inputs, new):
+                s.copy_(t)
+        if active is None:
+            self.active.fill_(True)
+        else:
+            self.active.copy_(active)
+
+    def _gradients(self) -> None:
+        """Everything of a step before the optimizer's op, into the static buffers."""
+        x, y, w = self.inputs[:3]
+        grads, loss, anchors = self.tr.gradients(x, y, w, self.inputs[3] if self.tr.anchor else None)
+        for s, g in zip(self.grads, grads):
+            s.copy_(g)
+        self.loss.copy_(loss)
+        if anchors is not None:
+            for s, g in zip(self.anchors, anchors):
+                s.copy_(g)
+
+    def _body(self) -> None:
+        self._gradients()
+        kwargs = {"anchor_grads": self.anchors} if self.anchors is not None else {}
+        self.tr.opt.step(active=self.active, **kwargs)
+
+    def step(self, x, y, w, anchor_x=None, active=None) -> torch.Tensor:
+        self._set_inputs(x, y, w, anchor_x, active)
+        opt = self.tr.opt
+        if self.plan is None:
+            if self.eager_steps < self.warmup:
+                self._eager()
+            else:
+                self._capture()
+            return self.loss
+        if self.mode == "cuda":
+            self.graph.replay()
+        else:
+            self._gradients()
+            fn, args, kwargs = self.recorded
+            with torch.no_grad():  # as inside step()
+                fn(*args, **kwargs)
+        opt._host_steps += 1  # what step() counts on the host; a replay does not run it
+        return self.loss
+
+    def _eager(self) -> None:
+        if self.mode == "cuda":
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._body()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+        else:
+            self._body()
+        self.eager_steps += 1
+
+    def _capture(self) -> None:
+        opt = self.tr.opt
+        sched = getattr(opt, "schedule", None)
+        if sched is not None:  # the decay table must cover every step of a round before capture
+            sched.table(self.device, self.tr.steps)
+        if self.mode == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._body()
+            self.plan = opt._plan
+            self.graph.replay()  # capture records; this replay takes the step
+            return
+        plan = opt._plan
+        fn = plan.fn
+
+        def record(*args, **kwargs):
+            self.recorded = (fn, args, kwargs)
+            return fn(*args, **kwargs)
+
+        plan.fn = record
+        try:
+            self._body()
+        finally:
+            plan.fn = fn
+        if self.recorded is None or opt._plan is not plan:
+            raise RuntimeError("the optimizer rebuilt its step plan during capture; take more warm-up steps")
+        self.plan = plan
