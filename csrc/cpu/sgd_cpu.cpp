@@ -1,4 +1,5 @@
-// Op "sgd" on CPU (FedDecaySGD / NeuronLRSGD): one pass, every tensor of every group.
+// Op "sgd" (and "sgd_batched") on CPU (FedDecaySGD / NeuronLRSGD): one pass, every tensor of every
+// group (of every client).
 #include "cpu_common.h"
 #include "cpu_ops.h"
 
