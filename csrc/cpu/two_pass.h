@@ -5,6 +5,7 @@
 // the scales.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "cpu_common.h"
@@ -21,11 +22,15 @@ void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>
   const std::vector<Chunk> chunks = make_chunks(entries);
   std::vector<double> partial(chunks.size(), 0.0);
   for_chunks(chunks, [&](int64_t lo, int64_t hi) { norm_pass(chunks, lo, hi, partial.data()); });
-  const std::vector<double> norm = segment_norms(chunks, entries, partial);
   // a group's entries all belong to one segment (hp row b * C + c is client c's); groups without
   // entries get segment 0's norm, and their scale is never read
   std::vector<int32_t> segment_of(hps.size(), 0);
-  for (const Entry& e : entries) segment_of[e.group] = e.segment;
+  int32_t segments = 1;
+  for (const Entry& e : entries) {
+    segment_of[e.group] = e.segment;
+    segments = std::max(segments, e.segment + 1);
+  }
+  const std::vector<double> norm = segment_norms(chunks, entries, partial, segments);
   std::vector<double> scale(hps.size());
   for (size_t g = 0; g < hps.size(); ++g) scale[g] = scale_of(norm[segment_of[g]], hps[g], norm_f64);
   for_chunks(chunks, [&](int64_t lo, int64_t hi) { update_pass(chunks, lo, hi, scale); });
