@@ -251,3 +251,161 @@ def test_baseline_and_avx2_kernels_give_the_same_bits(algo):
     finally:
         _C_cpu.set_isa("auto")
     _assert_bitwise(wide, narrow, f"{algo}: avx2 vs baseline")
+
+
+# ---------------------------------------------------------------- client-batched ops (SPEC §9)
+# One pass over all clients' tensors; FedNAR / PAdaMFed form one norm per client from the same
+# fixed-chunk partials as the per-client op, so each client's result is the per-client kernel's.
+
+from fedopt_kernels.batched import BatchedFedDecaySGD, BatchedFedNAR, BatchedPAdaMFed  # noqa: E402
+
+# (batched maker, per-client maker); SGD with dampening so the FRESH first-step rule matters
+_SGD_KW = dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1, weight_decay=1e-3, prox_mu=0.01)
+_NAR_KW = dict(lr=0.1, weight_decay=1e-2, max_norm=5.0, prox_mu=0.1)
+_PAD_KW = dict(lr=0.01, beta=0.4)
+BATCHED_ALGOS = {
+    "sgd_momentum": (lambda ps, b: BatchedFedDecaySGD(ps, backend=b, **_SGD_KW),
+                     lambda ps, b: FedDecaySGD(ps, backend=b, **_SGD_KW)),
+    "sgd_fast": (lambda ps, b: BatchedFedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3, backend=b),
+                 lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3, backend=b)),
+    "fednar": (lambda ps, b: BatchedFedNAR(ps, backend=b, **_NAR_KW), lambda ps, b: FedNAR(ps, backend=b, **_NAR_KW)),
+    "padamfed": (lambda ps, b: BatchedPAdaMFed(ps, backend=b, **_PAD_KW),
+                 lambda ps, b: PAdaMFed(ps, backend=b, **_PAD_KW)),
+}
+BATCHED_SHAPES = EDGE_SHAPES  # a () parameter is a [C] stack of scalars
+BATCHED_STEPS = 3
+
+
+def _active(step, clients):
+    """Client c sits out step s when (c + s) % 4 == 1: counters diverge, client 1's first step comes late."""
+    return [(c + step) % 4 != 1 for c in range(clients)]
+
+
+def _client_grads(shapes, clients, steps, dtypes, seed=1):
+    """grads[step][c][i]; client c's gradients scaled by 0.05 * (c + 1) so some clip and some do not."""
+    g = torch.Generator().manual_seed(seed)
+    return [[[(torch.randn(s, generator=g) * 0.05 * (c + 1)).to(dtypes[i % len(dtypes)])
+              for i, s in enumerate(shapes)] for c in range(clients)] for _ in range(steps)]
+
+
+def _run_batched(make, shapes, clients, backend, dtypes=(torch.float32,), steps=BATCHED_STEPS, round_inputs=None):
+    init = [_params(shapes, dtypes, seed=10 + c) for c in range(clients)]
+    params = [torch.nn.Parameter(torch.stack([init[c][i].detach() for c in range(clients)]))
+              for i in range(len(shapes))]
+    opt = make(params, backend)
+    opt.start_round(**(round_inputs or {}))
+    grads = _client_grads(shapes, clients, steps, dtypes)
+    for step in range(steps):
+        for i, p in enumerate(params):
+            p.grad = torch.stack([grads[step][c][i] for c in range(clients)])
+        opt.step(active=torch.tensor(_active(step, clients)))
+    return [p.detach().clone() for p in params], opt
+
+
+def _run_alone(make, shapes, clients, c, backend, dtypes=(torch.float32,), steps=BATCHED_STEPS):
+    """Client c with the per-client optimizer, taking the steps its active mask gives it."""
+    params = _params(shapes, dtypes, seed=10 + c)
+    opt = make(params, backend)
+    opt.start_round()
+    grads = _client_grads(shapes, clients, steps, dtypes)
+    for step in range(steps):
+        if not _active(step, clients)[c]:
+            continue
+        for i, p in enumerate(params):
+            p.grad = grads[step][c][i]
+        opt.step()
+    return [p.detach().clone() for p in params], opt
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32,), (torch.float32, torch.bfloat16, torch.float64, torch.float16)],
+                         ids=["fp32", "mixed"])
+@pytest.mark.parametrize("algo", sorted(BATCHED_ALGOS))
+def test_batched_each_client_bitwise_equal_to_the_per_client_kernel(algo, dtypes):
+    """Same chunks, same partials, same order: client c of the batched op is the per-client op's bits
+    (its own norm, its own k, late first steps under FRESH, skipped steps while inactive)."""
+    make_b, make_1 = BATCHED_ALGOS[algo]
+    C = 4
+    got, opt = _run_batched(make_b, BATCHED_SHAPES, C, "cpu", dtypes)
+    for c in range(C):
+        want, alone = _run_alone(make_1, BATCHED_SHAPES, C, c, "cpu", dtypes)
+        _assert_bitwise(want, [t[c] for t in got], f"{algo} client {c}")
+        assert opt.round_step[c] == alone.round_step
+    assert opt.round_step != [opt.round_step[0]] * C  # the masks did make the counters differ
+
+
+@pytest.mark.parametrize("algo", sorted(BATCHED_ALGOS))
+def test_batched_bitwise_identical_across_thread_counts_and_runs(algo):
+    make = BATCHED_ALGOS[algo][0]
+    old = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2, 2, 1):
+            torch.set_num_threads(threads)
+            runs.append(_run_batched(make, BATCHED_SHAPES, 3, "cpu")[0])
+    finally:
+        torch.set_num_threads(old)
+    assert sum(t.numel() for t in runs[0]) >= 4 * CHUNK  # large enough for the parallel path
+    for r in runs[1:]:
+        _assert_bitwise(runs[0], r, f"batched {algo} with another thread count / run")
+
+
+@pytest.mark.parametrize("algo", sorted(BATCHED_ALGOS))
+def test_batched_baseline_and_avx2_kernels_give_the_same_bits(algo):
+    from fedopt_kernels import _C_cpu
+    try:
+        _C_cpu.set_isa("avx2")
+    except RuntimeError as exc:
+        _C_cpu.set_isa("auto")
+        pytest.skip(f"no AVX2 kernels here: {exc}")
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+    make = BATCHED_ALGOS[algo][0]
+    try:
+        wide = _run_batched(make, BATCHED_SHAPES, 3, "cpu", dtypes)[0]
+        assert _C_cpu.set_isa("base") == "base"
+        narrow = _run_batched(make, BATCHED_SHAPES, 3, "cpu", dtypes)[0]
+    finally:
+        _C_cpu.set_isa("auto")
+    _assert_bitwise(wide, narrow, f"batched {algo}: avx2 vs baseline")
+
+
+@pytest.mark.parametrize("algo", sorted(BATCHED_ALGOS))
+def test_batched_fifty_small_cnn_clients_match_reference(algo):
+    """The simulator's CNN, 50 clients with their own round index, lr scale and active masks."""
+    from bench.shapes import SIZES
+    make = BATCHED_ALGOS[algo][0]
+    C = 50
+    inputs = dict(round_index=[c % 4 for c in range(C)], lr_scale=[0.5 + c / C for c in range(C)])
+    ref, ref_opt = _run_batched(make, SIZES["small_cnn"], C, "reference", round_inputs=inputs)
+    got, opt = _run_batched(make, SIZES["small_cnn"], C, "cpu", round_inputs=inputs)
+    if algo.startswith("sgd"):
+        _assert_bitwise(ref, got, f"batched {algo}")  # no reduction: the reference's bits
+    else:
+        _close(ref, got)
+    assert opt.round_step == ref_opt.round_step
+
+
+@pytest.mark.parametrize("op", ["sgd_batched", "fednar_batched", "padamfed_batched"])
+def test_batched_found_inf_changes_nothing(op):
+    """GradScaler found an inf: no client moves and no counter advances (active or not)."""
+    from fedopt_kernels import _C_cpu
+    from fedopt_kernels._ops import BATCHED
+    spec = BATCHED[op]
+    C, g = 3, torch.Generator().manual_seed(3)
+    x, grad = torch.randn(C, 4, 5, generator=g), torch.randn(C, 4, 5, generator=g)
+    lists = [[x], [grad]] + [[] for _ in spec.optional]
+    present = [0]
+    if op == "padamfed_batched":  # D and acc are always there
+        lists[2], lists[3], present = [torch.zeros(C, 4, 5)], [torch.zeros(C, 4, 5)], [3]
+    hp = torch.full((1, C, len(spec.hps)), 0.5, dtype=torch.float64)
+    k = torch.tensor([0, 2, 1], dtype=torch.int32)
+    table = torch.ones(1, dtype=torch.float64)
+    before = [t.clone() for lst in lists for t in lst]
+    getattr(_C_cpu, op)(lists, [0], present, hp, k, table, 1, torch.full((1,), 4.0), torch.ones(1),
+                        torch.tensor([True, False, True]))
+    for a, b in zip(before, [t for lst in lists for t in lst]):
+        assert torch.equal(a, b)
+    assert k.tolist() == [0, 2, 1]
+    getattr(_C_cpu, op)(lists, [0], present, hp, k, table, 1, torch.full((1,), 4.0), torch.zeros(1),
+                        torch.tensor([True, False, True]))
+    assert k.tolist() == [1, 2, 2]
+    assert not torch.equal(lists[0][0][0], before[0][0]) and torch.equal(lists[0][0][1], before[0][1])

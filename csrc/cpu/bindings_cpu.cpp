@@ -8,6 +8,7 @@
 #include "../common/binding.h"
 #include "cpu_common.h"
 #include "cpu_ops.h"
+#include "step_rows.h"
 
 namespace {
 
@@ -21,34 +22,42 @@ struct Cpu {
     TORCH_CHECK(k.is_cpu(), "fedopt_kernels cpu backend: k must be a CPU tensor");
   }
 
-  // the per-batch hp structs, or false when GradScaler found an inf (the step then does nothing)
-  template <class Hp, class Make>
-  static bool rows(const fo::Gathered& gat, const fo::StepScalars& sc, Make make, std::vector<Hp>& out) {
-    if (sc.found_inf && *sc.found_inf != 0.0f) return false;
-    const bool unscale = sc.grad_scale != nullptr;
-    const double inv = unscale ? fo::inv_scale_of(*sc.grad_scale) : 1.0;
-    out.clear();
-    for (int64_t b = 0; b < gat.nbatches(); ++b) out.push_back(make(sc.hp + b * sc.hp_cols, gat.present[b], unscale, inv));
-    return true;
-  }
-
+  // Per-client ops update every entry; batched ops their active clients' slices (step_rows.h).
   static void run(fo::SgdOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    std::vector<fo::SgdHp> hp;
-    if (!rows(gat, sc, fo::sgd_hp_of, hp)) return;
-    fo::cpu::sgd(gat.entries, hp, *sc.k, sc.table, sc.table_len, sc.decay_every);
-    ++*sc.k;
+    if (!fo::cpu::skipped(sc)) sgd(gat.entries, gat, sc);
+  }
+  static void run(fo::SgdBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    if (!fo::cpu::skipped(sc)) sgd(fo::cpu::active_client_entries(gat, fo::SgdBatchedOp::desc().slots, sc), gat, sc);
   }
   static void run(fo::FedNarOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    std::vector<fo::FedNarHp> hp;
-    if (!rows(gat, sc, fo::fednar_hp_of, hp)) return;
-    fo::cpu::fednar(gat.entries, hp, gat.any_f64);
-    ++*sc.k;
+    if (!fo::cpu::skipped(sc)) fednar(gat.entries, gat, sc);
+  }
+  static void run(fo::FedNarBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    if (!fo::cpu::skipped(sc))
+      fednar(fo::cpu::active_client_entries(gat, fo::FedNarBatchedOp::desc().slots, sc), gat, sc);
   }
   static void run(fo::PAdamOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    std::vector<fo::PAdamHp> hp;
-    if (!rows(gat, sc, fo::padamfed_hp_of, hp)) return;
-    fo::cpu::padamfed(gat.entries, hp, gat.any_f64);
-    ++*sc.k;
+    if (!fo::cpu::skipped(sc)) padamfed(gat.entries, gat, sc);
+  }
+  static void run(fo::PAdamBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+    if (!fo::cpu::skipped(sc))
+      padamfed(fo::cpu::active_client_entries(gat, fo::PAdamBatchedOp::desc().slots, sc), gat, sc);
+  }
+
+  static void sgd(const std::vector<fo::Entry>& entries, const fo::Gathered& gat, const fo::StepScalars& sc) {
+    std::vector<fo::SgdHp> hp;
+    std::vector<double> lr;
+    fo::cpu::sgd_rows(gat, sc, hp, lr);
+    fo::cpu::sgd(entries, hp, lr);
+    fo::cpu::advance_counters(sc);
+  }
+  static void fednar(const std::vector<fo::Entry>& entries, const fo::Gathered& gat, const fo::StepScalars& sc) {
+    fo::cpu::fednar(entries, fo::cpu::hp_rows<fo::FedNarHp>(gat, sc, fo::fednar_hp_of), gat.any_f64);
+    fo::cpu::advance_counters(sc);
+  }
+  static void padamfed(const std::vector<fo::Entry>& entries, const fo::Gathered& gat, const fo::StepScalars& sc) {
+    fo::cpu::padamfed(entries, fo::cpu::hp_rows<fo::PAdamHp>(gat, sc, fo::padamfed_hp_of), gat.any_f64);
+    fo::cpu::advance_counters(sc);
   }
 };
 
@@ -66,6 +75,7 @@ std::string set_isa(const std::string& name) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fedopt_kernels C++ CPU kernels (see csrc/)";
   fo::bind_ops<Cpu>(m);
+  fo::bind_batched_ops<Cpu>(m);
   m.def("set_isa", &set_isa, "choose the kernels' instruction set; returns the active one", py::arg("name"));
   m.def("active_isa", []() { return std::string(fo::cpu::active_isa()); });
   m.attr("chunk_elements") = fo::cpu::kChunk;

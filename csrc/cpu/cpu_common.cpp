@@ -1,4 +1,4 @@
-// Run-time choice of the chunk code's ISA, and the fixed-order end of the norm.
+// Run-time choice of the chunk code's ISA, and the fixed-order end of the per-segment norms.
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -38,10 +38,17 @@ bool set_isa(const char* name) {
 
 const char* active_isa() { return use_avx2() ? "avx2" : "base"; }
 
-double finish_norm(const std::vector<double>& partials) {
-  double total = 0.0;
-  for (double p : partials) total += p;  // chunk order, whatever the thread count
-  return std::sqrt(total);
+std::vector<double> segment_norms(const std::vector<Chunk>& chunks, const std::vector<Entry>& entries,
+                                  const std::vector<double>& partials, int32_t segments) {
+  std::vector<double> total(segments, 0.0);
+  // chunk order, whatever the thread count; a segment's chunks are added in the order they come
+  if (segments == 1) {
+    for (double p : partials) total[0] += p;  // a per-client op: no lookup per chunk
+  } else {
+    for (size_t c = 0; c < chunks.size(); ++c) total[entries[chunks[c].entry].segment] += partials[c];
+  }
+  for (double& t : total) t = std::sqrt(t);
+  return total;
 }
 
 }  // namespace cpu

@@ -63,6 +63,11 @@ inline std::vector<Chunk> make_chunks(const std::vector<Entry>& entries) {
   return out;
 }
 
+// Norm of each segment (index = Entry::segment < segments): sqrt of the sum of its chunks'
+// partials, added in chunk order on the calling thread.
+std::vector<double> segment_norms(const std::vector<Chunk>& chunks, const std::vector<Entry>& entries,
+                                  const std::vector<double>& partials, int32_t segments);
+
 // f(lo, hi) over chunk ranges: on this thread for small passes, else at::parallel_for. The
 // chunks are the same either way, so the results (and the norm's partials) are too.
 template <class F>

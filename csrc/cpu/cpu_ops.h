@@ -1,4 +1,5 @@
-// The CPU kernels: one parallel pass over all tensors per SPEC pass.
+// The CPU kernels: one parallel pass over all tensors per SPEC pass. An entry's `group` picks its hp
+// row; FedNAR / PAdaMFed form one norm per `segment` (one client of a batched op).
 #pragma once
 
 #include <cstdint>
@@ -10,15 +11,12 @@
 namespace fo {
 namespace cpu {
 
-void sgd(const std::vector<Entry>& entries, const std::vector<SgdHp>& hps, int32_t k, const double* table,
-         int64_t table_len, int64_t decay_every);
+// lr[g]: hp row g's learning rate of this step (lr_k: the caller applies the schedule and k)
+void sgd(const std::vector<Entry>& entries, const std::vector<SgdHp>& hps, const std::vector<double>& lr);
 
 void fednar(const std::vector<Entry>& entries, const std::vector<FedNarHp>& hps, bool norm_f64);
 
 void padamfed(const std::vector<Entry>& entries, const std::vector<PAdamHp>& hps, bool norm_f64);
-
-// sqrt of the sum of the per-chunk partials, added in chunk order.
-double finish_norm(const std::vector<double>& partials);
 
 }  // namespace cpu
 }  // namespace fo

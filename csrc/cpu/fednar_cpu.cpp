@@ -1,5 +1,6 @@
-// Op "fednar" on CPU: pass 1 computes d and its per-chunk sums of squares, the norm and each
-// group's scale are formed from them in chunk order, pass 2 recomputes d and updates x.
+// Op "fednar" (and "fednar_batched") on CPU: pass 1 computes d and its per-chunk sums of squares,
+// each segment's norm (one per client) and each group's scale are formed from them in chunk order,
+// pass 2 recomputes d and updates x.
 // (Recomputing d reads x and g again: that is SPEC §7's 20 B/element, cheaper than storing d.)
 #include "cpu_common.h"
 #include "cpu_ops.h"

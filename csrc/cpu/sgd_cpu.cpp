@@ -1,4 +1,5 @@
-// Op "sgd" on CPU (FedDecaySGD / NeuronLRSGD): one pass, every tensor of every group.
+// Op "sgd" (and "sgd_batched") on CPU (FedDecaySGD / NeuronLRSGD): one pass, every tensor of every
+// group (of every client).
 #include "cpu_common.h"
 #include "cpu_ops.h"
 
@@ -18,11 +19,8 @@
 namespace fo {
 namespace cpu {
 
-void sgd(const std::vector<Entry>& entries, const std::vector<SgdHp>& hps, int32_t k, const double* table,
-         int64_t table_len, int64_t decay_every) {
+void sgd(const std::vector<Entry>& entries, const std::vector<SgdHp>& hps, const std::vector<double>& lr) {
   const std::vector<Chunk> chunks = make_chunks(entries);
-  std::vector<double> lr(hps.size());
-  for (size_t g = 0; g < hps.size(); ++g) lr[g] = sgd_lr<double>(hps[g], k, table, table_len, decay_every);
   const bool avx2 = use_avx2();
   for_chunks(chunks, [&](int64_t lo, int64_t hi) {
 #if FO_CPU_AVX2

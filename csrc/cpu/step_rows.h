@@ -1,0 +1,71 @@
+// From a step's validated arguments to what the CPU kernels take, for per-client and client-batched
+// ops alike: the entries to update, one hp struct per hp row, SGD's lr_k per row, and the step
+// counters to advance. A per-client op is the one-client case (hp row b, counter k[0], no mask).
+//
+// Batched ops (SPEC §9): hp is [B, C, cols], i.e. row g = b * C + c is client c's row of batch b,
+// and client c's entries carry group g and segment c (common/gather.h expand_clients). Inactive
+// clients are dropped before any pass, so nothing of theirs is read or written.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "../common/op_args.h"
+#include "cpu_ops.h"
+
+namespace fo {
+namespace cpu {
+
+// hp rows per batch: C for a batched op, 1 for a per-client op
+inline int64_t clients_of(const StepScalars& sc) { return sc.clients > 0 ? sc.clients : 1; }
+
+// GradScaler found an inf: the step does nothing at all (no client moves, no counter advances)
+inline bool skipped(const StepScalars& sc) { return sc.found_inf && *sc.found_inf != 0.0f; }
+
+inline bool takes_part(const StepScalars& sc, int64_t c) { return !sc.active || sc.active[c]; }
+
+// A batched op's per-client entries (client-major), less those of inactive clients.
+inline std::vector<Entry> active_client_entries(const Gathered& gat, const std::vector<SlotSpec>& slots,
+                                                const StepScalars& sc) {
+  std::vector<Entry> out = expand_clients(gat, slots, sc.clients);
+  if (sc.active)
+    out.erase(std::remove_if(out.begin(), out.end(), [&](const Entry& e) { return !takes_part(sc, e.segment); }),
+              out.end());
+  return out;
+}
+
+// One hp struct per hp row; a row's optional roles are its batch's (present mask of batch g / C).
+template <class Hp, class Make>
+std::vector<Hp> hp_rows(const Gathered& gat, const StepScalars& sc, Make make) {
+  const bool unscale = sc.grad_scale != nullptr;
+  const double inv = unscale ? inv_scale_of(*sc.grad_scale) : 1.0;
+  const int64_t per = clients_of(sc), rows = gat.nbatches() * per;
+  std::vector<Hp> out;
+  out.reserve(static_cast<size_t>(rows));
+  for (int64_t g = 0; g < rows; ++g) out.push_back(make(sc.hp + g * sc.hp_cols, gat.present[g / per], unscale, inv));
+  return out;
+}
+
+// SGD's rows and each row's lr_k from its client's counter. sgd_batched's first-step rule: in a
+// batch flagged FRESH (new momentum buffers this round), a client at k == 0 takes dampening 0
+// (buf = d), as the per-client optimizer does on its first step.
+inline void sgd_rows(const Gathered& gat, const StepScalars& sc, std::vector<SgdHp>& hps, std::vector<double>& lr) {
+  hps = hp_rows<SgdHp>(gat, sc, sgd_hp_of);
+  const int64_t per = clients_of(sc);
+  lr.resize(hps.size());
+  for (size_t g = 0; g < hps.size(); ++g) {
+    const int32_t k = sc.k[static_cast<int64_t>(g) % per];
+    lr[g] = sgd_lr<double>(hps[g], k, sc.table, sc.table_len, sc.decay_every);
+    if (sc.clients > 0 && k == 0 && (gat.present[static_cast<int64_t>(g) / per] & kFreshBit)) hps[g].damp1 = 1.0;
+  }
+}
+
+// Every client that took part advances its counter by one.
+inline void advance_counters(const StepScalars& sc) {
+  for (int64_t c = 0; c < clients_of(sc); ++c)
+    if (takes_part(sc, c)) ++sc.k[c];
+}
+
+}  // namespace cpu
+}  // namespace fo
