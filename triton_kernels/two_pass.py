@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from . import fednar, padamfed
-from .jit_mode import device_fn
+from .jit_mode import device_fn, interpreted
 from .launcher import SLOT_BLOCK, Launch, Plan, num_warps
 from .norm import add_slots, global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of
@@ -48,6 +48,9 @@ from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, st
 OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}
 # clients per program of advance_kernel
 ADVANCE_BLOCK = 1024
+# finalize_kernel under the interpreter: (clients per program, slots per lane block); compiled it runs
+# one program per client over SLOT_BLOCK lanes
+FINALIZE_INTERP = (128, 64)
 
 
 @device_fn
@@ -188,21 +191,32 @@ def update_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, n_slots, factors
 @triton.jit(do_not_specialize=["n_launches", "n_clients", "n_rows"])
 def finalize_kernel(partials_ptr, seg_ptr, n_launches, n_clients, factors_ptr, hp_ptr, n_rows, found_ptr, active_ptr,
                     k_ptr, OP: tl.constexpr, HPN: tl.constexpr, SKIPPABLE: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-                    SLOT_BLOCK: tl.constexpr):
-    """Client ``program_id``: its norm over its slots of every launch (``seg[l, c]:seg[l, c + 1]``,
-    in launch order), the factor of each of its hp rows, and ``k[c] += 1``."""
-    c = tl.program_id(0)
+                    CLIENTS: tl.constexpr, SLOT_BLOCK: tl.constexpr):
+    """Clients ``c`` of this program (``CLIENTS`` of them: 1 compiled, many under the interpreter,
+    whose cost is per program): the norm over each one's slots of every launch
+    (``seg[l, c]:seg[l, c + 1]``, launch by launch, lane ``i`` taking slots ``i, i + SLOT_BLOCK``, ...),
+    the factor of each of its hp rows, and ``k[c] += 1``. Inactive clients are left alone."""
+    c = tl.program_id(0) * CLIENTS + tl.arange(0, CLIENTS)
+    inside = c < n_clients
+    todo = inside
+    if HAS_ACTIVE:
+        todo = todo & (tl.load(active_ptr + c, mask=inside, other=0) != 0)
+    c = tl.where(inside, c, 0)  # in-bounds addresses for the lanes past the last client (never stored)
     if live_step(found_ptr, SKIPPABLE):
-        if client_active(active_ptr, c, HAS_ACTIVE):
-            acc = tl.zeros([SLOT_BLOCK], dtype=tl.float64)
-            for lau in range(n_launches):
-                base = seg_ptr + lau * (n_clients + 1) + c
-                acc = add_slots(acc, partials_ptr, tl.load(base), tl.load(base + 1), SLOT_BLOCK)
-            norm = tl.sqrt(tl.sum(acc, axis=0))  # float64 sqrt: IEEE-rounded, inf/NaN propagate
-            for b in range(n_rows):
-                hp_row = b * n_clients + c
-                tl.store(factors_ptr + hp_row, _factor(OP, norm, hp_ptr + hp_row * HPN))
-            tl.store(k_ptr + c, tl.load(k_ptr + c) + 1)
+        lane = tl.arange(0, SLOT_BLOCK)[None, :]
+        acc = tl.zeros([CLIENTS, SLOT_BLOCK], dtype=tl.float64)
+        for lau in range(n_launches):
+            base = seg_ptr + lau * (n_clients + 1) + c
+            lo = tl.load(base, mask=todo, other=0)
+            hi = tl.load(base + 1, mask=todo, other=0)
+            for s0 in range(0, tl.max(hi - lo, axis=0), SLOT_BLOCK):
+                idx = (lo + s0)[:, None] + lane
+                acc += tl.load(partials_ptr + idx, mask=idx < hi[:, None], other=0.0)
+        norm = tl.sqrt(tl.sum(acc, axis=1))  # float64 sqrt: IEEE-rounded, inf/NaN propagate
+        for b in range(n_rows):
+            hp_row = b * n_clients + c
+            tl.store(factors_ptr + hp_row, _factor(OP, norm, hp_ptr + hp_row * HPN), mask=todo)
+        tl.store(k_ptr + c, tl.load(k_ptr + c, mask=todo, other=0) + 1, mask=todo)
 
 
 @triton.jit(do_not_specialize=["n_clients"])
@@ -240,10 +254,11 @@ def launch(op: str, plan: Plan, hp: torch.Tensor, k: torch.Tensor, amp: Dict[str
             lau.meta, lau.chunks, lau.n_chunks, plan.partials, lau.slot_base, hp, lau.group, amp["scale"],
             amp["found"], act, OP=code, **_dtype_args(op, lau), **flags, num_warps=num_warps())
     if plan.clients:
-        finalize_kernel[(plan.clients,)](
+        per, slot_block = FINALIZE_INTERP if interpreted() else (1, SLOT_BLOCK)
+        finalize_kernel[(triton.cdiv(plan.clients, per),)](
             plan.partials, plan.seg, len(plan.launches), plan.clients, plan.factors, hp, plan.hp_rows, amp["found"],
             act, k, OP=code, HPN=mod.HPN, SKIPPABLE=amp["SKIPPABLE"], HAS_ACTIVE=active is not None,
-            SLOT_BLOCK=SLOT_BLOCK, num_warps=num_warps())
+            CLIENTS=per, SLOT_BLOCK=slot_block, num_warps=num_warps())
     factors = plan.factors if plan.factors is not None else plan.partials  # per-client: never read
     last = len(plan.launches) - 1
     for i, lau in enumerate(plan.launches):
