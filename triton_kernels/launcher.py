@@ -37,6 +37,13 @@ Design (the same for every op):
   (float64, no atomics). The update pass of every launch reduces all slots in a fixed order on the
   device. Nothing is read back to the host.
 
+* **Client-batched plans** (``get_batched_plan``, the ``<op>_batched`` ops): every tensor is a
+  stack ``[C, *shape]``; each client's slice is a *virtual tensor*, one table row with its own
+  address (``base + c * stride(0)``) and two more columns, its hp row ``b * C + c`` and its client
+  ``c``, so one launch covers every tensor of every client. Rows are grouped into launches by
+  (roles present, dtypes, 16-byte alignment of the slice, FRESH), client-major. Norm ops get one
+  partial slot per chunk and a per-client ``seg`` table for ``two_pass.finalize_kernel``.
+
 Building a plan copies the tables to the device (pinned + non_blocking on CUDA: no host sync);
 this happens only on a cache miss, i.e. not in a steady-state or CUDA-graph-captured step.
 """

@@ -8,6 +8,9 @@ and launches. Nothing here reads a device value back to the host.
 
 With a ``cache`` from the optimizer, the plan is reused without re-reading every tensor's address:
 only the gradients (and per-step inputs) may differ between calls, and their addresses are compared.
+
+The client-batched ops (``<op>_batched``) run the same kernels over client slices of stacked
+tensors (``launcher.get_batched_plan``; design in ``docs/triton_batched.md``).
 """
 from __future__ import annotations
 
@@ -87,6 +90,14 @@ def _amp(a: OpArgs) -> Dict[str, Any]:
             "UNSCALE": a.grad_scale is not None, "SKIPPABLE": a.found_inf is not None}
 
 
+def _active(a: OpArgs) -> Optional[torch.Tensor]:
+    """The batched ops' active mask, which the kernels read on the parameters' device."""
+    if a.active is not None and a.active.device != a.device:
+        raise ValueError(f"fedopt::{a.spec.name}: active is on {a.active.device} but the parameters are on "
+                         f"{a.device}")
+    return a.active
+
+
 def _hp(a: OpArgs) -> torch.Tensor:
     """hp with contiguous rows (the kernels address row ``r`` at ``r * len(hps)``)."""
     return a.hp if a.hp.is_contiguous() else a.hp.contiguous()
@@ -142,6 +153,7 @@ def _sgd_op(name: str):
     active client) on the device. The batched op is the same kernel over client slices."""
     def step(*args, cache=None) -> None:
         a = OpArgs.parse(OPS[name], args)
+        active = _active(a)
         plan = _plan(a, cache)
         amp = _amp(a)
         hp = _hp(a)
@@ -149,10 +161,10 @@ def _sgd_op(name: str):
         if roles is not None:
             plan.stage_in(roles)
         for lau in plan.launches:
-            _sgd.launch(lau, a.k, a.table, a.decay_every, hp, amp, a.active)
+            _sgd.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
         if roles is not None:
             plan.stage_out(roles)
-        _two_pass.advance(a.k, amp, a.active)
+        _two_pass.advance(a.k, amp, active)
 
     step.__name__ = step.__qualname__ = f"{name}_triton"
     return register(name, "triton")(step)
@@ -163,12 +175,13 @@ def _norm_op(name: str):
     update pass."""
     def step(*args, cache=None) -> None:
         a = OpArgs.parse(OPS[name], args)
+        active = _active(a)
         plan = _plan(a, cache)
         amp = _amp(a)
         roles = _stage_roles(a, plan, cache)
         if roles is not None:
             plan.stage_in(roles)
-        _two_pass.launch(OPS[name].base or name, plan, _hp(a), a.k, amp, a.active)
+        _two_pass.launch(OPS[name].base or name, plan, _hp(a), a.k, amp, active)
         if roles is not None:
             plan.stage_out(roles)
 
