@@ -71,6 +71,7 @@ def _variants():
         ("padamfed_norm_bf16", two_pass.norm_kernel, two("padamfed", bf16), False),
         ("padamfed_update_fp32", two_pass.update_kernel, {**two("padamfed", f32), **upd}, True),
         ("padamfed_update_bf16", two_pass.update_kernel, {**two("padamfed", bf16), **upd}, False),
+        ("advance", two_pass.advance_kernel, dict(SKIPPABLE=True, HAS_ACTIVE=False, BLOCK=1), False),
         # client-batched (active mask and GradScaler in use: the fullest variants)
         ("sgd_batched_full_amp_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, True, True), True),
         ("sgd_batched_full_amp_fp32_unaligned", sgd.sgd_kernel,
