@@ -90,9 +90,10 @@ def chunk_of(chunks_ptr, meta_ptr, c, NR: tl.constexpr, BLOCK: tl.constexpr):
 def tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """[ROWS, 1] tensor indices and first elements, [1, BLOCK] columns and the [ROWS, BLOCK] mask
     of tile ``tile`` (interpreter 2-D path). Rows past the last chunk are masked off."""
-    c = tile * ROWS + tl.arange(0, ROWS)
+    # 64-bit indices: the interpreter checks every 32-bit integer op for overflow, which is slow
+    c = tile * ROWS + tl.arange(0, ROWS).to(tl.int64)
     valid = c < n_chunks
-    t = tl.load(chunks_ptr + 2 * c, mask=valid, other=0)[:, None]
+    t = tl.load(chunks_ptr + 2 * c, mask=valid, other=0).to(tl.int64)[:, None]
     j = tl.load(chunks_ptr + 2 * c + 1, mask=valid, other=0)[:, None]
     n = tl.load(meta_ptr + t * NR + (NR - 2))
     start = j.to(tl.int64) * BLOCK
