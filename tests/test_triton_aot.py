@@ -26,7 +26,9 @@ MAX_REGISTERS = 128
 
 
 def _variants():
-    """(name, kernel, constexprs, float32 path?) for every kernel: plain and fullest variants."""
+    """(name, kernel, constexprs, float32 path?) for every kernel: plain and fullest variants, per-client
+    and client-batched (``_unaligned``: client slices off 16-byte alignment, which must get no
+    128-bit access)."""
     import triton.language as tl
 
     from fedopt_kernels.triton_kernels import launcher, sgd, two_pass
@@ -34,19 +36,26 @@ def _variants():
     f32, f16, bf16 = tl.float32, tl.float16, tl.bfloat16
     tile = dict(ROWS=1, BLOCK=launcher.GPU_BLOCK)
 
-    def sgd_c(dt, mom, x0, corr, scale, amp):
-        return dict(X_DTYPE=dt, G_DTYPE=dt, BUF_DTYPE=dt, X0_DTYPE=dt, CORR_DTYPE=dt, HAS_MOMENTUM=mom,
-                    HAS_X0=x0, HAS_CORR=corr, HAS_SCALE=scale, UNSCALE=amp, SKIPPABLE=amp, **tile)
+    def sgd_c(dt, mom, x0, corr, scale, amp, batched=False, aligned=True):
+        return dict(NR=8 + 2 * batched, X_DTYPE=dt, G_DTYPE=dt, BUF_DTYPE=dt, X0_DTYPE=dt, CORR_DTYPE=dt,
+                    HAS_MOMENTUM=mom, HAS_X0=x0, HAS_CORR=corr, HAS_SCALE=scale, UNSCALE=amp, SKIPPABLE=amp,
+                    HAS_ACTIVE=batched, BATCHED=batched, ALIGNED=aligned, **tile)
 
-    def two(op, dt, amp=False):
+    def two(op, dt, amp=False, batched=False, aligned=True):
         # roles by position: fednar x, g, x0, corr; padamfed x, g, D, acc (float32 state), H
+        flags = dict(UNSCALE=amp, SKIPPABLE=amp, HAS_ACTIVE=batched, BATCHED=batched, ALIGNED=aligned, **tile)
         if op == "fednar":
-            return dict(OP=0, NR=6, HPN=5, DT0=dt, DT1=dt, DT2=dt, DT3=dt, DT4=f32, P2=True, P3=True, P4=False,
-                        UNSCALE=amp, SKIPPABLE=amp, **tile)
-        return dict(OP=1, NR=7, HPN=3, DT0=dt, DT1=dt, DT2=f32, DT3=f32, DT4=dt, P2=True, P3=True, P4=True,
-                    UNSCALE=amp, SKIPPABLE=amp, **tile)
+            return dict(OP=0, NR=6 + 2 * batched, HPN=5, DT0=dt, DT1=dt, DT2=dt, DT3=dt, DT4=f32, P2=True, P3=True,
+                        P4=False, **flags)
+        return dict(OP=1, NR=7 + 2 * batched, HPN=3, DT0=dt, DT1=dt, DT2=f32, DT3=f32, DT4=dt, P2=True, P3=True,
+                    P4=True, **flags)
+
+    def fin(op):
+        return dict(OP=0 if op == "fednar" else 1, HPN=5 if op == "fednar" else 3, SKIPPABLE=True, HAS_ACTIVE=True,
+                    CLIENTS=1, SLOT_BLOCK=launcher.SLOT_BLOCK)
 
     upd = dict(ADVANCE=True, SLOT_BLOCK=launcher.SLOT_BLOCK)
+    bupd = dict(ADVANCE=False, SLOT_BLOCK=launcher.SLOT_BLOCK)
     return [
         ("sgd_plain_fp32", sgd.sgd_kernel, sgd_c(f32, False, False, False, False, False), True),
         ("sgd_full_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, False), True),
@@ -62,12 +71,29 @@ def _variants():
         ("padamfed_norm_bf16", two_pass.norm_kernel, two("padamfed", bf16), False),
         ("padamfed_update_fp32", two_pass.update_kernel, {**two("padamfed", f32), **upd}, True),
         ("padamfed_update_bf16", two_pass.update_kernel, {**two("padamfed", bf16), **upd}, False),
+        ("advance", two_pass.advance_kernel, dict(SKIPPABLE=True, HAS_ACTIVE=False, BLOCK=1), False),
+        # client-batched (active mask and GradScaler in use: the fullest variants)
+        ("sgd_batched_full_amp_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, True, True), True),
+        ("sgd_batched_full_amp_fp32_unaligned", sgd.sgd_kernel,
+         sgd_c(f32, True, True, True, True, True, True, False), False),
+        ("fednar_batched_norm_fp32", two_pass.norm_kernel, two("fednar", f32, True, True), True),
+        ("fednar_batched_update_fp32", two_pass.update_kernel, {**two("fednar", f32, True, True), **bupd}, True),
+        ("fednar_batched_update_fp32_unaligned", two_pass.update_kernel,
+         {**two("fednar", f32, True, True, False), **bupd}, False),
+        ("padamfed_batched_norm_fp32", two_pass.norm_kernel, two("padamfed", f32, True, True), True),
+        ("padamfed_batched_norm_bf16", two_pass.norm_kernel, two("padamfed", bf16, True, True), False),
+        ("padamfed_batched_update_fp32", two_pass.update_kernel, {**two("padamfed", f32, True, True), **bupd}, True),
+        ("fednar_finalize", two_pass.finalize_kernel, fin("fednar"), False),
+        ("padamfed_finalize", two_pass.finalize_kernel, fin("padamfed"), False),
+        ("advance_batched", two_pass.advance_kernel,
+         dict(SKIPPABLE=True, HAS_ACTIVE=True, BLOCK=two_pass.ADVANCE_BLOCK), False),
     ]
 
 
 # pointer arguments by name (every kernel uses these names); other ints are i32
 _POINTERS = {"meta_ptr": "*i64", "chunks_ptr": "*i32", "k_ptr": "*i32", "table_ptr": "*fp64",
-             "partials_ptr": "*fp64", "hp_ptr": "*fp64", "scale_ptr": "*fp32", "found_ptr": "*fp32"}
+             "partials_ptr": "*fp64", "hp_ptr": "*fp64", "scale_ptr": "*fp32", "found_ptr": "*fp32",
+             "active_ptr": "*i1", "factors_ptr": "*fp32", "seg_ptr": "*i32"}
 
 
 def _signature(kernel):
@@ -85,8 +111,9 @@ def _signature(kernel):
     return sig, attrs
 
 
-def compile_all() -> list:
-    """Compile every variant for every target; one dict per (variant, target)."""
+def compile_all(shard: int = 0, shards: int = 1) -> list:
+    """Compile every variant (every ``shards``-th from ``shard``) for every target; one dict per
+    (variant, target)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
@@ -95,7 +122,7 @@ def compile_all() -> list:
     from fedopt_kernels.triton_kernels import launcher
 
     results = []
-    for name, kernel, consts, is_f32 in _variants():
+    for name, kernel, consts, is_f32 in _variants()[shard::shards]:
         sig, attrs = _signature(kernel)
         for cc in TARGETS:
             src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
@@ -123,13 +150,20 @@ def compile_all() -> list:
 def aot_results():
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())], capture_output=True, text=True,
-                          env=env, timeout=600)
-    if proc.returncode != 0:
-        if "FileNotFoundError" in proc.stderr and "ptxas" in proc.stderr:
-            pytest.skip(f"Triton's ptxas is not usable here: {proc.stderr[-500:]}")
-        raise AssertionError(f"AOT compilation failed:\n{proc.stderr[-4000:]}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    # one compiling process per core (CI has two): the variants are independent
+    shards = max(1, min(2, os.cpu_count() or 1))
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(i), str(shards)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(shards)]
+    rows = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            if "FileNotFoundError" in err and "ptxas" in err:
+                pytest.skip(f"Triton's ptxas is not usable here: {err[-500:]}")
+            raise AssertionError(f"AOT compilation failed:\n{err[-4000:]}")
+        rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return rows
 
 
 def test_every_kernel_compiles_for_both_targets(aot_results):
@@ -151,13 +185,21 @@ def test_register_count_is_sane(aot_results):
 
 def test_float32_paths_use_128_bit_accesses(aot_results):
     for r in aot_results:
+        name = r["variant"]
         if r["float32"]:
             assert r["v4_loads"] > 0, f"no ld.global.v4 in {r}"
-        if r["variant"].startswith(("sgd", "fednar_update", "padamfed")):
+        if name.endswith("_unaligned"):
+            # a client slice off 16-byte alignment: a 128-bit access there would fault
+            assert r["v4_loads"] == 0 and r["v4_stores"] == 0, f"128-bit access without the alignment promise: {r}"
+        elif name.startswith(("sgd", "fednar_update", "fednar_batched_update", "padamfed")) \
+                and "finalize" not in name:
             assert r["v4_stores"] > 0, f"no st.global.v4 in {r}"
 
 
 if __name__ == "__main__":
     os.environ.pop("TRITON_INTERPRET", None)
-    for row in compile_all():
+    # compile this checkout's kernels (sys.path[0] is tests/, which would pick an installed copy)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    shard, shards = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) == 3 else (0, 1)
+    for row in compile_all(shard, shards):
         print(json.dumps(row))

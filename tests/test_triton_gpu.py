@@ -1,6 +1,6 @@
-"""GPU-only properties of the Triton backend (skipped without CUDA): a step is CUDA-graph
-capturable and replays to the eager result, never synchronises with the host, and changing
-hyperparameters between steps compiles nothing new."""
+"""GPU-only properties of the Triton backend (skipped without CUDA): a step (per-client or
+client-batched) is CUDA-graph capturable and replays to the eager result, never synchronises with
+the host, and changing hyperparameters between steps compiles nothing new."""
 from __future__ import annotations
 
 import pytest
@@ -88,7 +88,8 @@ def test_step_never_synchronises_with_the_host(name):
 
 def _compiled_variants() -> int:
     from fedopt_kernels.triton_kernels import sgd, two_pass
-    kernels = [sgd.sgd_kernel, two_pass.norm_kernel, two_pass.update_kernel, two_pass.advance_kernel]
+    kernels = [sgd.sgd_kernel, two_pass.norm_kernel, two_pass.update_kernel, two_pass.finalize_kernel,
+               two_pass.advance_kernel]
     return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
 
 
@@ -113,3 +114,77 @@ def test_changing_hyperparameters_compiles_nothing_new():
             opt.step()
         torch.cuda.synchronize()
         assert _compiled_variants() == before, f"{name}: a hyperparameter change compiled a new kernel"
+
+
+# ---------------------------------------------------------------- client-batched optimizers
+C = 5
+
+
+def _stacked(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn((C,) + s, generator=g).cuda()) for s in SHAPES]
+
+
+def _batched_builders():
+    from fedopt_kernels.batched import BatchedFedDecaySGD, BatchedFedNAR, BatchedNeuronLRSGD, BatchedPAdaMFed
+    return {
+        "feddecay": lambda ps: BatchedFedDecaySGD(ps, lr=0.1, beta=0.8, momentum=0.9, weight_decay=0.01,
+                                                  backend="triton"),
+        "neuron_lr": lambda ps: BatchedNeuronLRSGD(ps, lr=0.1, momentum=0.5, backend="triton", neuron_scales={
+            p: torch.linspace(0.5, 1.5, C * p.shape[1], device="cuda").view(C, -1) for p in ps if p.dim() >= 2}),
+        "fednar": lambda ps: BatchedFedNAR(ps, lr=0.1, weight_decay=0.05, max_norm=0.5, backend="triton"),
+        "padamfed": lambda ps: BatchedPAdaMFed(ps, lr=0.05, beta=0.5, backend="triton"),
+    }
+
+
+@needs_triton_cuda
+@pytest.mark.parametrize("name", sorted(_batched_builders()))
+def test_batched_cuda_graph_replays_to_the_eager_result(name):
+    """K batched steps, each with its own active mask (fixed device tensors), replay to the eager
+    steps, per-client k included."""
+    K = 3
+    masks = [torch.tensor([c != s for c in range(C)], device="cuda") for s in range(K)]
+    eager_ps, graph_ps = _stacked(), _stacked()
+    _with_static_grads(eager_ps)
+    _with_static_grads(graph_ps)
+    eager, graphed = _batched_builders()[name](eager_ps), _batched_builders()[name](graph_ps)
+    eager.start_round(round_index=[0, 1, 2, 3, 4], lr_scale=[1.0, 0.5, 2.0, 1.0, 0.25])
+    graphed.start_round(round_index=[0, 1, 2, 3, 4], lr_scale=[1.0, 0.5, 2.0, 1.0, 0.25])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graphed.step(active=masks[0])  # warm-up: plans, state and tables are built outside the capture
+        graphed.step(active=masks[1])
+    torch.cuda.current_stream().wait_stream(side)
+    eager.step(active=masks[0])
+    eager.step(active=masks[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for s in range(K):
+            graphed.step(active=masks[s])
+    graph.replay()
+    for s in range(K):
+        eager.step(active=masks[s])
+    torch.cuda.synchronize()
+    for a, b in zip(eager_ps, graph_ps):
+        assert torch.equal(a.detach(), b.detach()), name
+    assert eager.round_step == graphed.round_step
+
+
+@needs_triton_cuda
+@pytest.mark.parametrize("name", sorted(_batched_builders()))
+def test_batched_step_never_synchronises_with_the_host(name):
+    ps = _stacked()
+    _with_static_grads(ps)
+    opt = _batched_builders()[name](ps)
+    active = torch.tensor([True, False, True, True, False], device="cuda")
+    opt.step(active=active)
+    opt.step(active=active)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            opt.step(active=active)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

@@ -218,6 +218,132 @@ def test_bitwise_deterministic_across_runs_and_plan_rebuilds(op, monkeypatch):
         assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
+# ---------------------------------------------------------------- client-batched ops
+def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0, amp: bool = True,
+                  found: float = 0.0):
+    """Arguments of ``<name>_batched`` over stacked ``[C, *shape]`` tensors: even-indexed tensors in
+    batch 0 (every optional role; FRESH for sgd), odd ones in batch 1 (none but PAdaMFed's D/acc);
+    per-client hp rows, per-client k (0, 1, 2, 0, ...) and an active mask with clients 2, 5, ...
+    off. ``dtype`` may be a list (one per shape)."""
+    from fedopt_kernels._ops import FRESH, OPS
+    spec = OPS[f"{name}_batched"]
+    g = torch.Generator().manual_seed(seed)
+    dts = dtype if isinstance(dtype, list) else [dtype] * len(shapes)
+
+    def rnd(shape, dt):
+        return torch.randn((C,) + tuple(shape), generator=g).to(dtype=dt, device=DEVICE)
+
+    batch = [i % 2 for i in range(len(shapes))]
+    present = [(1 << len(spec.optional)) - 1,
+               sum(1 << i for i, r in enumerate(spec.optional) if r.name in ("D", "acc"))]
+    lists = [[rnd(s, dt) for s, dt in zip(shapes, dts)], [rnd(s, dt) for s, dt in zip(shapes, dts)]]
+    for i, role in enumerate(spec.optional):
+        ts = []
+        for j, (s, dt) in enumerate(zip(shapes, dts)):
+            if present[batch[j]] >> i & 1:
+                if role.per_row:
+                    ts.append((0.5 + torch.rand((C,) + tuple(s[:1]), generator=g)).to(DEVICE))
+                else:
+                    ts.append(rnd(s, torch.float32 if role.state_typed else dt))
+        lists.append(ts)
+    base = {"lr": 0.1, "momentum": 0.9, "dampening": 0.2, "weight_decay": 0.01, "prox_mu": 0.2, "nesterov": 0.0,
+            "maximize": 0.0, "step_lr": 0.1, "max_norm": 0.5, "eps": 1e-6, "beta": 0.5}
+    hp = torch.tensor([[[base[h] * (1 + 0.1 * c + 0.3 * b) for h in spec.hps] for c in range(C)] for b in range(2)],
+                      dtype=torch.float64, device=DEVICE)
+    if "nesterov" in spec.hps:
+        hp[1, :, spec.hps.index("nesterov")] = 1.0
+    if spec.base == "sgd":
+        present[0] |= FRESH
+    k = torch.tensor([c % 3 for c in range(C)], dtype=torch.int32, device=DEVICE)
+    active = torch.tensor([c % 3 != 2 for c in range(C)], device=DEVICE)
+    table = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, device=DEVICE)
+    gs = torch.full((1,), 4.0, device=DEVICE) if amp else None
+    fi = torch.full((1,), found, device=DEVICE) if amp else None
+    return [*lists, batch, present, hp, k, table, 1, gs, fi, active]
+
+
+def _run_batched(name: str, args, backend: str, steps: int = 2) -> List[torch.Tensor]:
+    """``steps`` calls of the op on copies of ``args``; every tensor it may write, and k."""
+    from fedopt_kernels import _ops
+    n = len(_ops.OPS[f"{name}_batched"].roles)
+    lists = [[t.clone() for t in lst] for lst in args[:n]]
+    rest = list(args[n:])
+    rest[3] = rest[3].clone()  # k
+    for _ in range(steps):
+        _ops.torch_op(f"{name}_batched")(*lists, *rest, backend)
+    return [t for lst in lists for t in lst] + [rest[3]]
+
+
+BATCHED_SHAPES = [(64,), (65,), (1,), (0,), (5, 13), (3, 30)]
+
+
+@interpreter_only
+@pytest.mark.parametrize("op", sorted(BUILDERS))
+def test_batched_one_chunk_per_program_path_matches_reference(op, monkeypatch):
+    """The compiled kernels' 1-D path for the batched ops (float32; the dtype helpers are the
+    per-client ones): client slices off 16-byte alignment ((65,): client 1) go to launches
+    without the 128-bit promise; two steps, so FRESH applies to client 0's first one only."""
+    monkeypatch.setattr(launcher, "FORCE_TILE", (1, 64))
+    args = _batched_args(op, BATCHED_SHAPES, 3)
+    want = _run_batched(op, args, "reference")
+    got = _run_batched(op, args, "triton")
+    _assert_close(got, want, torch.float32)
+    lau = _last_plan().launches
+    assert all(la.batched and la.rows == 1 and la.block == 64 for la in lau)
+    assert {la.aligned for la in lau} == {True, False}
+
+
+@pytest.mark.parametrize("op", sorted(BUILDERS))
+def test_batched_found_inf_skips_every_client(op):
+    args = _batched_args(op, [(5, 3), (7,)], 4, found=1.0)
+    before = [t.clone() for lst in args[:-9] for t in lst] + [args[-6].clone()]
+    got = _run_batched(op, args, "triton", steps=1)
+    for a, b in zip(got, before):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("op", sorted(BUILDERS))
+def test_batched_bitwise_deterministic_across_runs_and_plan_rebuilds(op, monkeypatch):
+    if INTERPRETED:  # several chunks per tile and per client, two launches (dtypes) in each client's norm
+        monkeypatch.setattr(launcher, "FORCE_TILE", (2, 64))
+    shapes = [(130,), (17, 5), (1,), (64, 3)]
+    args = _batched_args(op, shapes, 3, [torch.float32] * 3 + [torch.bfloat16], seed=3)
+    first = _run_batched(op, args, "triton", steps=1)
+    launcher.clear_cache()
+    second = _run_batched(op, args, "triton", steps=1)
+    for a, b in zip(first, second):
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("op", sorted(BUILDERS))
+def test_batched_many_clients_small_cnn_matches_reference(op):
+    """C = 50 clients of the simulator's small CNN: per-client norms, k, hp rows and active flags."""
+    from bench.shapes import SIZES
+    args = _batched_args(op, SIZES["small_cnn"], 50, seed=5)
+    want = _run_batched(op, args, "reference", steps=1)
+    got = _run_batched(op, args, "triton", steps=1)
+    _assert_close(got, want, torch.float32)
+
+
+def test_batched_fresh_bit_follows_the_round():
+    """A round kept with its momentum buffers (reset_state=False) is not FRESH: the plan (cached by
+    the optimizer) must not keep the first round's dampening-0 rule."""
+    from fedopt_kernels.batched import BatchedFedDecaySGD
+    init = _params([(3, 4, 3), (3, 5)], seed=7)
+    out = []
+    for backend in ("reference", "triton"):
+        ps = _copy(init)
+        opt = BatchedFedDecaySGD(ps, lr=0.1, beta=0.5, momentum=0.9, dampening=0.5, backend=backend)
+        for rnd in range(2):
+            opt.start_round(reset_state=rnd == 0)
+            for s in range(2):
+                for p, g in zip(ps, _grads(ps, 10 * rnd + s)):
+                    p.grad = g
+                opt.step(active=[True, s == 0, True])
+        out.append([p.detach().clone() for p in ps] + [opt.state[p]["momentum_buffer"].clone() for p in ps])
+    _assert_close(out[1], out[0], torch.float32)
+
+
 # ---------------------------------------------------------------- speed of the interpreter path
 @interpreter_only
 def test_step_over_250_small_tensors_is_fast_under_the_interpreter():

@@ -21,12 +21,13 @@ _WHY = _registry.unavailable_reason("triton", torch.device("cuda" if torch.cuda.
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 
 STRUCTURAL = re.compile(r"^(?:[A-Z0-9]+_DTYPE|HAS_[A-Z0-9_]+|DT\d|P\d|OP|NR|HPN|UNSCALE|SKIPPABLE|ADVANCE|ROWS|"
-                        r"BLOCK|SLOT_BLOCK)$")
+                        r"BLOCK|SLOT_BLOCK|BATCHED|ALIGNED|CLIENTS)$")
 
 
 def _kernels():
     from fedopt_kernels.triton_kernels import sgd, two_pass
-    return [sgd.sgd_kernel, two_pass.norm_kernel, two_pass.update_kernel, two_pass.advance_kernel]
+    return [sgd.sgd_kernel, two_pass.norm_kernel, two_pass.update_kernel, two_pass.finalize_kernel,
+            two_pass.advance_kernel]
 
 
 def _annotation(param: inspect.Parameter) -> str:
@@ -61,7 +62,9 @@ def test_no_float_arguments_hyperparameters_come_from_hp_rows(kernel):
     floats = {name for name, p in params.items() if _annotation(p) in ("tl.float32", "float32", "fp32", "tl.float64")}
     assert not floats, f"{kernel.__name__}: float arguments {sorted(floats)} would be baked into a CUDA graph"
     if kernel.__name__ != "advance_kernel":
-        assert "hp_ptr" in params and "row" in params
+        assert "hp_ptr" in params
+    if kernel.__name__ not in ("advance_kernel", "finalize_kernel"):  # those two work per client, not per row
+        assert "row" in params
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)

@@ -25,23 +25,28 @@ HPN = 5                                 # step_lr, weight_decay, max_norm, eps, 
 @device_fn
 def elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS: tl.constexpr, NR: tl.constexpr,
          DT0: tl.constexpr, DT1: tl.constexpr, DT2: tl.constexpr, DT3: tl.constexpr, DT4: tl.constexpr,
-         P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, UNSCALE: tl.constexpr, ROWS: tl.constexpr):
+         P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, UNSCALE: tl.constexpr, ROWS: tl.constexpr,
+         ALIGNED: tl.constexpr, VEC: tl.constexpr):
     """Pass 0: squares of d at ``start + col`` of tensor ``t``; pass 1: x -= scale * d there."""
-    x = load_f32(meta_ptr, t, start, col, mask, 0, NR, DT0, ROWS)
-    d = load_f32(meta_ptr, t, start, col, mask, 1, NR, DT1, ROWS)
+    x = load_f32(meta_ptr, t, start, col, mask, 0, NR, DT0, ROWS, ALIGNED)
+    d = load_f32(meta_ptr, t, start, col, mask, 1, NR, DT1, ROWS, ALIGNED)
     if UNSCALE:
         d = d * inv
     weight_decay = hp_f32(r, 1)
-    if weight_decay != 0.0:  # runtime branch: 0 * inf must not turn into NaN when wd == 0
-        d = d + weight_decay * x
+    # wd == 0 must leave d alone: 0 * inf would turn into NaN
+    if VEC:  # batched 2-D tile: one weight decay per row
+        d = tl.where(weight_decay != 0.0, d + weight_decay * x, d)
+    else:
+        if weight_decay != 0.0:
+            d = d + weight_decay * x
     if P3:
-        d = d + load_f32(meta_ptr, t, start, col, mask, 3, NR, DT3, ROWS)
+        d = d + load_f32(meta_ptr, t, start, col, mask, 3, NR, DT3, ROWS, ALIGNED)
     if P2:
-        d = d + hp_f32(r, 4) * (x - load_f32(meta_ptr, t, start, col, mask, 2, NR, DT2, ROWS))
+        d = d + hp_f32(r, 4) * (x - load_f32(meta_ptr, t, start, col, mask, 2, NR, DT2, ROWS, ALIGNED))
     if PASS == 0:
         out = squares(d, mask)
     else:
-        store_as(meta_ptr, t, start, col, mask, x - scale * d, 0, NR, DT0, ROWS)
+        store_as(meta_ptr, t, start, col, mask, x - scale * d, 0, NR, DT0, ROWS, ALIGNED)
         out = 0.0
     return out
 

@@ -37,6 +37,13 @@ Design (the same for every op):
   (float64, no atomics). The update pass of every launch reduces all slots in a fixed order on the
   device. Nothing is read back to the host.
 
+* **Client-batched plans** (``get_batched_plan``, the ``<op>_batched`` ops): every tensor is a
+  stack ``[C, *shape]``; each client's slice is a *virtual tensor*, one table row with its own
+  address (``base + c * stride(0)``) and two more columns, its hp row ``b * C + c`` and its client
+  ``c``, so one launch covers every tensor of every client. Rows are grouped into launches by
+  (roles present, dtypes, 16-byte alignment of the slice, FRESH), client-major. Norm ops get one
+  partial slot per chunk and a per-client ``seg`` table for ``two_pass.finalize_kernel``.
+
 Building a plan copies the tables to the device (pinned + non_blocking on CUDA: no host sync);
 this happens only on a cache miss, i.e. not in a steady-state or CUDA-graph-captured step.
 """
@@ -46,6 +53,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -97,7 +105,6 @@ def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
 class Launch:
     """One kernel launch: the tensors of one group that share a dtype signature."""
 
-    group: int                       # hp row (batch) of the tensors
     dtypes: Dict[str, tl.dtype]      # role -> element type (absent roles map to tl.float32)
     present: Tuple[str, ...]         # roles that have tensors
     meta: torch.Tensor               # int64 [T, NR]: addresses per role, numel, row length
@@ -106,8 +113,12 @@ class Launch:
     rows: int                        # chunks per program (1 compiled)
     block: int                       # elements per chunk
     n_tiles: int                     # programs of an elementwise pass
-    norm_programs: int = 0           # programs (= partial slots) of a norm pass
+    group: int = 0                   # hp row (batch) of the tensors (per-client launches)
+    norm_programs: int = 0           # programs of a norm pass
     slot_base: int = 0               # first slot of this launch in Plan.partials
+    batched: bool = False            # rows are client slices: meta is [T, NR + 2] (hp row, client)
+    aligned: bool = True             # every role of every row is 16-byte aligned (the ROWS == 1 promise)
+    fresh: int = 0                   # sgd_batched: the FRESH bit of this launch's batches
 
 
 @dataclass
@@ -119,6 +130,14 @@ class Plan:
     n_slots: int
     staged: List[Tuple[int, str, int, torch.Tensor, bool]] = field(default_factory=list)
     # (position in the roles list, role, index in its lists, contiguous staging buffer, written by the op)
+    clients: int = 0                        # batched plans: C (0: a per-client plan)
+    hp_rows: int = 0                        # batched plans: B of hp [B, C, cols]
+    seg: Optional[torch.Tensor] = None      # batched norm: int32 [launches, C + 1], slot where client c begins
+    factors: Optional[torch.Tensor] = None  # batched norm: float32 [B * C], each hp row's update factor
+
+    @property
+    def batched(self) -> bool:
+        return self.clients > 0
 
     def stage_in(self, roles: Sequence[Dict[str, List[torch.Tensor]]]) -> None:
         """Copy the user's non-contiguous / misaligned tensors into the staging buffers."""
@@ -157,11 +176,12 @@ def pick_tile(numels: Sequence[int], interp: bool) -> Tuple[int, int]:
 
 
 def _chunk_map(numels: List[int], block: int) -> torch.Tensor:
-    counts = torch.tensor([(n + block - 1) // block for n in numels], dtype=torch.int64)
-    tensor_idx = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int64), counts)
-    first = torch.cumsum(counts, 0) - counts
-    within = torch.arange(int(counts.sum()), dtype=torch.int64) - torch.repeat_interleave(first, counts)
-    return torch.stack([tensor_idx, within], 1).to(torch.int32)
+    # numpy: torch.repeat_interleave costs ~20 ms per call on CPU here, even for ten elements
+    counts = (np.asarray(numels, dtype=np.int64) + block - 1) // block
+    tensor_idx = np.repeat(np.arange(len(numels), dtype=np.int64), counts)
+    first = np.cumsum(counts) - counts
+    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(first, counts)
+    return torch.from_numpy(np.stack([tensor_idx, within], 1).astype(np.int32))
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -190,6 +210,23 @@ def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequ
     """
     if key is None:
         key = plan_key(op, roles, rows, role_names, device, norm)
+    return _cached(key, device, lambda: _build(roles, rows, role_names, written, device, norm, scale_role))
+
+
+def get_batched_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
+                     fresh: Sequence[bool], clients: int, hp_rows: int, role_names: Tuple[str, ...],
+                     written: Tuple[str, ...], device: torch.device, norm: bool,
+                     scale_role: Optional[str] = None) -> Plan:
+    """``get_plan`` for a client-batched op: every tensor is stacked ``[clients, *shape]``, batch
+    ``i`` uses hp rows ``rows[i] * clients + c`` of hp viewed as ``[hp_rows * clients, cols]``,
+    and ``fresh[i]`` is its FRESH bit (``sgd_batched``)."""
+    key = ("batched", clients, hp_rows, tuple(bool(f) for f in fresh)) + \
+        plan_key(op, roles, rows, role_names, device, norm)
+    return _cached(key, device, lambda: _build_batched(roles, rows, fresh, clients, hp_rows, role_names, written,
+                                                       device, norm, scale_role))
+
+
+def _cached(key: tuple, device: torch.device, build) -> Plan:
     plan = _CACHE.get(key)
     if plan is not None:
         _CACHE.move_to_end(key)
@@ -201,12 +238,36 @@ def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequ
             "the triton backend builds its pointer tables when it first sees a set of tensors; take one "
             "eager step() before capturing a CUDA graph, and keep parameters, gradients and optimizer "
             "state at fixed addresses while the graph is used")
-    plan = _build(roles, rows, role_names, written, device, norm, scale_role)
+    plan = build()
     _CACHE[key] = plan
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
     stats["builds"] += 1
     return plan
+
+
+def _check_rowlen(rowlen: int, shape: tuple) -> None:
+    if rowlen >= 2**31 - 2 * GPU_BLOCK:
+        raise ValueError(f"a parameter of shape {shape} has rows of {rowlen} elements; "
+                         f"the triton backend's per-row scale supports rows below 2**31 elements")
+
+
+def _launch_of(rows_meta: List[List[int]], numels: List[int], nr: int, present: Tuple[str, ...], sig: tuple,
+               role_names: Tuple[str, ...], device: torch.device, interp: bool, **kw) -> Launch:
+    """One launch over the table rows ``rows_meta`` (their element counts ``numels``)."""
+    rows, block = FORCE_TILE or pick_tile(numels, interp)
+    chunks = _chunk_map(numels, block)
+    n_chunks = chunks.shape[0]
+    if kw.get("batched") and FORCE_TILE is None:
+        # no more rows than chunks: the interpreter's cost is per lane, used or not
+        rows = min(rows, triton.next_power_of_2(n_chunks))
+    dtypes = {name: tl.float32 for name in role_names}
+    dtypes.update(zip(present, sig))
+    return Launch(
+        dtypes=dtypes, present=present,
+        meta=_to_device(torch.tensor(rows_meta, dtype=torch.int64).reshape(len(rows_meta), nr), device),
+        chunks=_to_device(chunks.contiguous(), device),
+        n_chunks=n_chunks, rows=rows, block=block, n_tiles=(n_chunks + rows - 1) // rows, **kw)
 
 
 def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Plan:
@@ -241,22 +302,11 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Pla
                     addrs.append(t.data_ptr())
                 x = r[role_names[0]][i]
                 rowlen = x.numel() // x.shape[0] if (scale_role in r and x.dim() > 0) else 1
-                if rowlen >= 2**31 - 2 * GPU_BLOCK:
-                    raise ValueError(f"a parameter of shape {tuple(x.shape)} has rows of {rowlen} elements; "
-                                     f"the triton backend's per-row scale supports rows below 2**31 elements")
+                _check_rowlen(rowlen, tuple(x.shape))
                 rows_meta.append(addrs + [x.numel(), rowlen])
                 numels.append(x.numel())
-            rows, block = FORCE_TILE or pick_tile(numels, interp)
-            chunks = _chunk_map(numels, block)
-            n_chunks = chunks.shape[0]
-            n_tiles = (n_chunks + rows - 1) // rows
-            dtypes = {name: tl.float32 for name in role_names}
-            dtypes.update(zip(present, sig))
-            launches.append(Launch(
-                group=int(rows_of[g]), dtypes=dtypes, present=present,
-                meta=_to_device(torch.tensor(rows_meta, dtype=torch.int64).reshape(len(idx), nr), device),
-                chunks=_to_device(chunks.contiguous(), device),
-                n_chunks=n_chunks, rows=rows, block=block, n_tiles=n_tiles))
+            launches.append(_launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp,
+                                       group=int(rows_of[g])))
     n_slots = 0
     partials = None
     if norm:
@@ -266,6 +316,81 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Pla
             n_slots += lau.norm_programs
         partials = torch.zeros(max(1, n_slots), dtype=torch.float64, device=device)
     return Plan(launches=launches, partials=partials, n_slots=n_slots, staged=staged)
+
+
+def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, device, norm, scale_role) -> Plan:
+    """Virtual tensors: client ``c``'s slice of stacked tensor ``i`` of batch ``g`` is one table row
+    (its address ``base + c * stride(0)``, hp row ``rows_of[g] * C + c``, client ``c``). Rows are
+    grouped into launches by (roles present, dtypes, alignment, FRESH), client-major inside each
+    launch, so a client's chunks are contiguous there (its norm slots form one range per launch).
+
+    Client slices are not staged for alignment (a [C, 10] bias has every other slice 8 bytes off):
+    misaligned rows go to a launch that makes no 128-bit promise. Only stacked tensors whose
+    client slices are not contiguous are staged, whole."""
+    interp = interpreted()
+    nr = len(role_names) + 4
+    staged: List[Tuple[int, str, int, torch.Tensor, bool]] = []
+    entries = []
+    for g, r in enumerate(roles):
+        present = tuple(name for name in role_names if name in r)
+        for i, x in enumerate(r[role_names[0]]):
+            per = x.numel() // C if C else 0
+            if per == 0:
+                continue
+            sig = tuple(tl_dtype(r[name][i], name) for name in present)
+            base, step = [], []
+            for name in role_names:
+                if name not in r:
+                    base.append(0)
+                    step.append(0)
+                    continue
+                t = r[name][i]
+                if not t[0].is_contiguous():
+                    buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                    staged.append((g, name, i, buf, name in written))
+                    t = buf
+                base.append(t.data_ptr())
+                step.append(t.stride(0) * t.element_size())
+            rowlen = per // x.shape[1] if (scale_role in r and x.dim() > 1) else 1
+            _check_rowlen(rowlen, tuple(x.shape[1:]))
+            # roles whose 16-byte alignment the kernels may promise (never the per-row scale)
+            checked = [j for j, name in enumerate(role_names) if name in r and name != scale_role]
+            entries.append((int(rows_of[g]), present, sig, base, step, checked, per, rowlen, int(bool(fresh[g]))))
+    # the interpreter's 2-D tiles make no alignment promise: no reason to launch apart
+    split_aligned = not interp or FORCE_TILE is not None
+    groups: "OrderedDict[tuple, Tuple[list, list, list]]" = OrderedDict()
+    for c in range(C):
+        for row, present, sig, base, step, checked, per, rowlen, fr in entries:
+            addrs = [b + c * s for b, s in zip(base, step)]
+            aligned = not split_aligned or all(addrs[j] % 16 == 0 for j in checked)
+            rows_meta, numels, clients = groups.setdefault((present, sig, aligned, fr), ([], [], []))
+            rows_meta.append(addrs + [row * C + c, c, per, rowlen])
+            numels.append(per)
+            clients.append(c)
+    launches: List[Launch] = []
+    seg = []
+    n_slots = 0
+    for (present, sig, aligned, fr), (rows_meta, numels, clients) in groups.items():
+        lau = _launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp, group=0, batched=True,
+                         aligned=aligned, fresh=fr)
+        launches.append(lau)
+        if norm:
+            lau.norm_programs = lau.n_tiles
+            lau.slot_base = n_slots
+            counts = (np.asarray(numels, dtype=np.int64) + lau.block - 1) // lau.block
+            per_client = np.zeros(C + 1, dtype=np.int64)
+            np.add.at(per_client, np.asarray(clients, dtype=np.int64) + 1, counts)
+            seg.append(n_slots + np.cumsum(per_client))  # seg[c]: first slot of client c
+            n_slots += lau.n_chunks
+    plan = Plan(launches=launches, partials=None, n_slots=n_slots, staged=staged, clients=C, hp_rows=hp_rows)
+    if norm:
+        if n_slots >= 2**31:
+            raise ValueError(f"the triton backend's batched norm supports fewer than 2**31 chunks, got {n_slots}")
+        table = np.stack(seg) if seg else np.zeros((1, C + 1), dtype=np.int64)
+        plan.seg = _to_device(torch.from_numpy(table.astype(np.int32)), device)
+        plan.partials = torch.zeros(max(1, n_slots), dtype=torch.float64, device=device)
+        plan.factors = torch.zeros(max(1, hp_rows * C), dtype=torch.float32, device=device)
+    return plan
 
 
 def num_warps() -> int:

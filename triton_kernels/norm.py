@@ -13,12 +13,19 @@ from .jit_mode import device_fn
 
 
 @device_fn
+def add_slots(acc, partials_ptr, lo, hi, SLOT_BLOCK: tl.constexpr):
+    """``acc`` (float64 [SLOT_BLOCK]) plus ``partials[lo:hi]``, lane ``i`` taking slots ``lo + i``,
+    ``lo + i + SLOT_BLOCK``, ...: a fixed order."""
+    for s0 in range(lo, hi, SLOT_BLOCK):
+        idx = s0 + tl.arange(0, SLOT_BLOCK)
+        acc += tl.load(partials_ptr + idx, mask=idx < hi, other=0.0)
+    return acc
+
+
+@device_fn
 def sum_slots(partials_ptr, n_slots, SLOT_BLOCK: tl.constexpr):
     """Sum of ``partials[0:n_slots]`` in a fixed order (blocks of SLOT_BLOCK, then a fixed tree)."""
-    acc = tl.zeros([SLOT_BLOCK], dtype=tl.float64)
-    for s0 in range(0, n_slots, SLOT_BLOCK):
-        idx = s0 + tl.arange(0, SLOT_BLOCK)
-        acc += tl.load(partials_ptr + idx, mask=idx < n_slots, other=0.0)
+    acc = add_slots(tl.zeros([SLOT_BLOCK], dtype=tl.float64), partials_ptr, 0, n_slots, SLOT_BLOCK)
     return tl.sum(acc, axis=0)
 
 

@@ -25,24 +25,25 @@ HPN = 3                                   # lr, beta, eps
 @device_fn
 def elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS: tl.constexpr, NR: tl.constexpr,
          DT0: tl.constexpr, DT1: tl.constexpr, DT2: tl.constexpr, DT3: tl.constexpr, DT4: tl.constexpr,
-         P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, UNSCALE: tl.constexpr, ROWS: tl.constexpr):
+         P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, UNSCALE: tl.constexpr, ROWS: tl.constexpr,
+         ALIGNED: tl.constexpr, VEC: tl.constexpr):
     """Pass 0: acc += G and the squares of v; pass 1: x -= v * scale."""
-    G = load_f32(meta_ptr, t, start, col, mask, 1, NR, DT1, ROWS)
+    G = load_f32(meta_ptr, t, start, col, mask, 1, NR, DT1, ROWS, ALIGNED)
     if UNSCALE:
         G = G * inv
-    D = load_f32(meta_ptr, t, start, col, mask, 2, NR, DT2, ROWS)
+    D = load_f32(meta_ptr, t, start, col, mask, 2, NR, DT2, ROWS, ALIGNED)
     if P4:
         one_minus_beta = (1.0 - tl.load(r + 1)).to(tl.float32)
-        v = G + D - one_minus_beta * load_f32(meta_ptr, t, start, col, mask, 4, NR, DT4, ROWS)
+        v = G + D - one_minus_beta * load_f32(meta_ptr, t, start, col, mask, 4, NR, DT4, ROWS, ALIGNED)
     else:
         v = hp_f32(r, 1) * G + D
     if PASS == 0:
-        acc = load_f32(meta_ptr, t, start, col, mask, 3, NR, DT3, ROWS)
-        store_as(meta_ptr, t, start, col, mask, acc + G, 3, NR, DT3, ROWS)
+        acc = load_f32(meta_ptr, t, start, col, mask, 3, NR, DT3, ROWS, ALIGNED)
+        store_as(meta_ptr, t, start, col, mask, acc + G, 3, NR, DT3, ROWS, ALIGNED)
         out = squares(v, mask)
     else:
-        x = load_f32(meta_ptr, t, start, col, mask, 0, NR, DT0, ROWS)
-        store_as(meta_ptr, t, start, col, mask, x - v * scale, 0, NR, DT0, ROWS)
+        x = load_f32(meta_ptr, t, start, col, mask, 0, NR, DT0, ROWS, ALIGNED)
+        store_as(meta_ptr, t, start, col, mask, x - v * scale, 0, NR, DT0, ROWS, ALIGNED)
         out = 0.0
     return out
 

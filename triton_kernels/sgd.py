@@ -9,10 +9,15 @@ Per element, in float32 (``fedopt_kernels/reference/sgd.py`` is the contract, sa
 
 Hyperparameters are read from the batch's float64 row of ``hp`` on the device; the constexprs are
 dtypes, which tensors exist, whether GradScaler is in use, and the tile shape.
+
+The same kernel runs ``sgd_batched`` (``BATCHED``): each tensor of the table is one client's slice,
+with its own hp row and client, so ``k`` (hence ``lr_k``) is the client's, an inactive client's
+tiles are skipped, and under the round's FRESH bit (a per-launch flag) a client at ``k == 0``
+takes ``dampening = 0`` (``buf = d``, torch's first step).
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 import triton
@@ -20,10 +25,10 @@ import triton.language as tl
 
 from .jit_mode import device_fn
 from .launcher import Launch, num_warps, spec_roles
-from .tiles import chunk_of, hp_f32, inv_scale, live_step, load_f32, lr_at_step, row_index, store_as, tile_of
+from .tiles import (chunk_of, client_active, hp_f32, inv_scale, live_step, load_f32, lr_at_step, row_client, row_index,
+                    store_as, tile_of)
 
 ROLES, WRITTEN = spec_roles("sgd")
-NR = tl.constexpr(len(ROLES) + 2)
 _X, _G, _BUF, _X0, _CORR, _SCALE = (tl.constexpr(i) for i in range(len(ROLES)))
 # hp columns (fedopt_kernels/_ops.py SGD.hps)
 _LR, _MOM, _DAMP, _WD, _PROX, _NEST, _MAX = (tl.constexpr(i) for i in range(7))
@@ -31,81 +36,109 @@ HPN = tl.constexpr(7)
 
 
 @device_fn
+def _sgd_hp(hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED: tl.constexpr):
+    """The float32 factors of hp row ``hp_row`` (scalars, or [ROWS, 1] for a batched 2-D tile)."""
+    r = hp_ptr + hp_row * HPN
+    k = tl.load(k_ptr + client)
+    lr_k = lr_at_step(k, table_ptr, table_len, decay_every, tl.load(r + _LR))
+    damp = tl.load(r + _DAMP)
+    if BATCHED:  # FRESH round, client's first step: buf = d (the per-client op's first-step hp row)
+        damp = tl.where((fresh != 0) & (k == 0), 0.0, damp)
+    damp1 = (1.0 - damp).to(tl.float32)
+    nesterov = tl.load(r + _NEST) != 0.0
+    gsign = tl.where(tl.load(r + _MAX) != 0.0, -1.0, 1.0).to(tl.float32)
+    return lr_k, hp_f32(r, _MOM), damp1, hp_f32(r, _WD), gsign, hp_f32(r, _PROX), nesterov
+
+
+@device_fn
 def _sgd_tile(meta_ptr, t, start, col, mask, lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov, inv,
-              X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, BUF_DTYPE: tl.constexpr, X0_DTYPE: tl.constexpr,
-              CORR_DTYPE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, HAS_X0: tl.constexpr, HAS_CORR: tl.constexpr,
-              HAS_SCALE: tl.constexpr, UNSCALE: tl.constexpr, ROWS: tl.constexpr):
-    x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DTYPE, ROWS)
-    d = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DTYPE, ROWS)
+              NR: tl.constexpr, X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, BUF_DTYPE: tl.constexpr,
+              X0_DTYPE: tl.constexpr, CORR_DTYPE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, HAS_X0: tl.constexpr,
+              HAS_CORR: tl.constexpr, HAS_SCALE: tl.constexpr, UNSCALE: tl.constexpr, ROWS: tl.constexpr,
+              ALIGNED: tl.constexpr, BATCHED: tl.constexpr):
+    VEC: tl.constexpr = BATCHED and ROWS > 1  # hyperparameters are [ROWS, 1]: selects instead of branches
+    x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DTYPE, ROWS, ALIGNED)
+    d = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DTYPE, ROWS, ALIGNED)
     if UNSCALE:
         d = d * inv
     d = d * gsign
-    if weight_decay != 0.0:  # runtime branch: 0 * inf must not turn into NaN when wd == 0
-        d = d + weight_decay * x
+    # wd == 0 must leave d alone: 0 * inf would turn into NaN
+    if VEC:
+        d = tl.where(weight_decay != 0.0, d + weight_decay * x, d)
+    else:
+        if weight_decay != 0.0:
+            d = d + weight_decay * x
     if HAS_CORR:
-        d = d + load_f32(meta_ptr, t, start, col, mask, _CORR, NR, CORR_DTYPE, ROWS)
+        d = d + load_f32(meta_ptr, t, start, col, mask, _CORR, NR, CORR_DTYPE, ROWS, ALIGNED)
     if HAS_X0:
-        d = d + prox_mu * (x - load_f32(meta_ptr, t, start, col, mask, _X0, NR, X0_DTYPE, ROWS))
+        d = d + prox_mu * (x - load_f32(meta_ptr, t, start, col, mask, _X0, NR, X0_DTYPE, ROWS, ALIGNED))
     if HAS_MOMENTUM:
-        b = load_f32(meta_ptr, t, start, col, mask, _BUF, NR, BUF_DTYPE, ROWS) * momentum + damp1 * d
-        store_as(meta_ptr, t, start, col, mask, b, _BUF, NR, BUF_DTYPE, ROWS)
-        if nesterov:
-            d = d + momentum * b
+        b = load_f32(meta_ptr, t, start, col, mask, _BUF, NR, BUF_DTYPE, ROWS, ALIGNED) * momentum + damp1 * d
+        store_as(meta_ptr, t, start, col, mask, b, _BUF, NR, BUF_DTYPE, ROWS, ALIGNED)
+        if VEC:
+            d = tl.where(nesterov, d + momentum * b, b)
         else:
-            d = b
+            if nesterov:
+                d = d + momentum * b
+            else:
+                d = b
     if HAS_SCALE:
         row0, rows = row_index(meta_ptr, t, start, col, NR)
-        r = load_f32(meta_ptr, t, row0, rows, mask, _SCALE, NR, tl.float32, ROWS)
+        # a client's slice of a [C, M] scale is aligned only when M is: never promised when batched
+        r = load_f32(meta_ptr, t, row0, rows, mask, _SCALE, NR, tl.float32, ROWS, ALIGNED and not BATCHED)
         step = (lr_k * r) * d
     else:
         step = lr_k * d
-    store_as(meta_ptr, t, start, col, mask, x - step, _X, NR, X_DTYPE, ROWS)
+    store_as(meta_ptr, t, start, col, mask, x - step, _X, NR, X_DTYPE, ROWS, ALIGNED)
 
 
-@triton.jit(do_not_specialize=["n_chunks", "table_len", "decay_every", "row"])
-def sgd_kernel(meta_ptr, chunks_ptr, n_chunks, k_ptr, table_ptr, table_len, decay_every, hp_ptr, row,
-               scale_ptr, found_ptr,
+@triton.jit(do_not_specialize=["n_chunks", "table_len", "decay_every", "row", "fresh"])
+def sgd_kernel(meta_ptr, chunks_ptr, n_chunks, k_ptr, table_ptr, table_len, decay_every, hp_ptr, row, fresh,
+               scale_ptr, found_ptr, active_ptr, NR: tl.constexpr,
                X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, BUF_DTYPE: tl.constexpr, X0_DTYPE: tl.constexpr,
                CORR_DTYPE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, HAS_X0: tl.constexpr, HAS_CORR: tl.constexpr,
-               HAS_SCALE: tl.constexpr, UNSCALE: tl.constexpr, SKIPPABLE: tl.constexpr, ROWS: tl.constexpr,
-               BLOCK: tl.constexpr):
+               HAS_SCALE: tl.constexpr, UNSCALE: tl.constexpr, SKIPPABLE: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+               BATCHED: tl.constexpr, ALIGNED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     if live_step(found_ptr, SKIPPABLE):
-        r = hp_ptr + row * HPN
-        lr_k = lr_at_step(k_ptr, table_ptr, table_len, decay_every, tl.load(r + _LR))
-        momentum = hp_f32(r, _MOM)
-        damp1 = (1.0 - tl.load(r + _DAMP)).to(tl.float32)
-        weight_decay = hp_f32(r, _WD)
-        prox_mu = hp_f32(r, _PROX)
-        nesterov = tl.load(r + _NEST) != 0.0
-        gsign = tl.where(tl.load(r + _MAX) != 0.0, -1.0, 1.0).to(tl.float32)
         inv = inv_scale(scale_ptr, UNSCALE)
         pid = tl.program_id(0)
         if ROWS == 1:
             t, start, n = chunk_of(chunks_ptr, meta_ptr, pid, NR, BLOCK)
-            col = tl.arange(0, BLOCK)
-            if start + BLOCK <= n:  # full chunk: unmasked, 128-bit accesses
-                _sgd_tile(meta_ptr, t, start, col, None, lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov,
-                          inv, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
-                          HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS)
-            else:
-                _sgd_tile(meta_ptr, t, start, col, col < n - start, lr_k, momentum, damp1, weight_decay, gsign,
-                          prox_mu, nesterov, inv, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
-                          HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS)
+            hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
+            if client_active(active_ptr, client, HAS_ACTIVE):
+                lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov = _sgd_hp(
+                    hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED)
+                col = tl.arange(0, BLOCK)
+                if start + BLOCK <= n:  # full chunk: unmasked, 128-bit accesses
+                    _sgd_tile(meta_ptr, t, start, col, None, lr_k, momentum, damp1, weight_decay, gsign, prox_mu,
+                              nesterov, inv, NR, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
+                              HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS, ALIGNED, BATCHED)
+                else:
+                    _sgd_tile(meta_ptr, t, start, col, col < n - start, lr_k, momentum, damp1, weight_decay, gsign,
+                              prox_mu, nesterov, inv, NR, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
+                              HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS, ALIGNED, BATCHED)
         else:
             t, start, col, mask = tile_of(chunks_ptr, meta_ptr, pid, n_chunks, NR, ROWS, BLOCK)
+            hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
+            if HAS_ACTIVE:
+                mask = mask & client_active(active_ptr, client, HAS_ACTIVE)
+            lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov = _sgd_hp(
+                hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED)
             _sgd_tile(meta_ptr, t, start, col, mask, lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov,
-                      inv, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
-                      HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS)
+                      inv, NR, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
+                      HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS, ALIGNED, BATCHED)
 
 
 def launch(lau: Launch, k: torch.Tensor, table: torch.Tensor, decay_every: int, hp: torch.Tensor,
-           amp: Dict[str, Any]) -> None:
-    """One update launch over ``lau``'s tensors with its batch's row of ``hp``."""
+           amp: Dict[str, Any], active: Optional[torch.Tensor] = None) -> None:
+    """One update launch over ``lau``'s tensors: per-client, with its batch's row of ``hp``;
+    batched (``lau.batched``), with each table row's own hp row and client."""
     dt = lau.dtypes
     sgd_kernel[(lau.n_tiles,)](
-        lau.meta, lau.chunks, lau.n_chunks, k, table, table.numel(), int(decay_every), hp, lau.group,
-        amp["scale"], amp["found"],
+        lau.meta, lau.chunks, lau.n_chunks, k, table, table.numel(), int(decay_every), hp, lau.group, lau.fresh,
+        amp["scale"], amp["found"], active if active is not None else k, NR=lau.meta.shape[1],
         X_DTYPE=dt["x"], G_DTYPE=dt["g"], BUF_DTYPE=dt["buf"], X0_DTYPE=dt["x0"], CORR_DTYPE=dt["corr"],
         HAS_MOMENTUM="buf" in lau.present, HAS_X0="x0" in lau.present, HAS_CORR="corr" in lau.present,
         HAS_SCALE="scale" in lau.present, UNSCALE=amp["UNSCALE"], SKIPPABLE=amp["SKIPPABLE"],
+        HAS_ACTIVE=active is not None, BATCHED=lau.batched, ALIGNED=lau.aligned,
         ROWS=lau.rows, BLOCK=lau.block, num_warps=num_warps())

@@ -4,6 +4,11 @@ A program covers a *tile*: ``ROWS`` chunks of ``BLOCK`` elements (see ``launcher
 ``ROWS == 1`` (compiled) everything is 1-D and scalar per program: ``t`` (tensor index) and
 ``start`` are scalars, ``col = arange(BLOCK)``. With ``ROWS > 1`` (interpreter) ``t`` and
 ``start`` are ``[ROWS, 1]`` and ``col`` is ``[1, BLOCK]``; the same helpers serve both shapes.
+
+Client-batched launches (``BATCHED``) address *virtual tensors*: one client's slice of a stacked
+``[C, *shape]`` tensor, with two more table columns, its hp row and its client (``row_client``).
+Their hyperparameters are then per tensor, i.e. per row of a 2-D tile: ``[ROWS, 1]`` vectors
+where the per-client kernels have scalars (the kernels' ``VEC`` switch).
 """
 import triton
 import triton.language as tl
@@ -31,19 +36,21 @@ def f32_to_bf16(v):
 
 
 @device_fn
-def role_ptr(meta_ptr, t, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr):
+def role_ptr(meta_ptr, t, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr,
+             ALIGNED: tl.constexpr):
     """Typed pointer to the first element of role ``ROLE`` of tensor ``t``."""
     ptr = tl.load(meta_ptr + t * NR + ROLE).to(tl.pointer_type(DTYPE))
-    if ROWS == 1:
-        # the launcher stages any tensor whose address is not 16-byte aligned: this promise is
-        # what lets the compiler emit 128-bit accesses on the unmasked path
+    if ROWS == 1 and ALIGNED:
+        # the launcher stages (or, for client slices, launches apart) every tensor whose address
+        # is not 16-byte aligned: this promise is what lets the compiler emit 128-bit accesses on
+        # the unmasked path
         ptr = tl.multiple_of(ptr, 16)
     return ptr
 
 
 @device_fn
 def load_f32(meta_ptr, t, start, col, mask, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
-             ROWS: tl.constexpr):
+             ROWS: tl.constexpr, ALIGNED: tl.constexpr):
     """Elements ``start + col`` of role ``ROLE`` of tensor ``t`` as float32.
 
     The 64-bit ``start`` is added to the base pointer once and the 32-bit ``col`` per element:
@@ -51,7 +58,7 @@ def load_f32(meta_ptr, t, start, col, mask, ROLE: tl.constexpr, NR: tl.constexpr
 
     Masked-off lanes are undefined (no ``other``: every use of them is masked again, and under
     the interpreter a float ``other`` costs a full-tile dtype conversion)."""
-    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS) + start + col
+    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS, ALIGNED) + start + col
     v = tl.load(p, mask=mask)
     if INTERPRETED and DTYPE == tl.bfloat16:
         v = bf16_to_f32(v)
@@ -60,9 +67,9 @@ def load_f32(meta_ptr, t, start, col, mask, ROLE: tl.constexpr, NR: tl.constexpr
 
 @device_fn
 def store_as(meta_ptr, t, start, col, mask, value, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
-             ROWS: tl.constexpr):
+             ROWS: tl.constexpr, ALIGNED: tl.constexpr):
     """Round ``value`` to the role's storage dtype once and store it at ``start + col``."""
-    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS) + start + col
+    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS, ALIGNED) + start + col
     if INTERPRETED and DTYPE == tl.bfloat16:
         tl.store(p, f32_to_bf16(value), mask=mask)
     else:
@@ -83,9 +90,10 @@ def chunk_of(chunks_ptr, meta_ptr, c, NR: tl.constexpr, BLOCK: tl.constexpr):
 def tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """[ROWS, 1] tensor indices and first elements, [1, BLOCK] columns and the [ROWS, BLOCK] mask
     of tile ``tile`` (interpreter 2-D path). Rows past the last chunk are masked off."""
-    c = tile * ROWS + tl.arange(0, ROWS)
+    # 64-bit indices: the interpreter checks every 32-bit integer op for overflow, which is slow
+    c = tile * ROWS + tl.arange(0, ROWS).to(tl.int64)
     valid = c < n_chunks
-    t = tl.load(chunks_ptr + 2 * c, mask=valid, other=0)[:, None]
+    t = tl.load(chunks_ptr + 2 * c, mask=valid, other=0).to(tl.int64)[:, None]
     j = tl.load(chunks_ptr + 2 * c + 1, mask=valid, other=0)[:, None]
     n = tl.load(meta_ptr + t * NR + (NR - 2))
     start = j.to(tl.int64) * BLOCK
@@ -112,10 +120,33 @@ def row_index(meta_ptr, t, start, col, NR: tl.constexpr):
 
 
 @device_fn
-def lr_at_step(k_ptr, table_ptr, table_len, decay_every, lr):
-    """lr_k = lr * s(min(k // decay_every, len(table) - 1)) from the float64 ``lr``, read on the
-    device and rounded to float32 once (as the C++ kernels and the reference form it)."""
-    k = tl.load(k_ptr)
+def row_client(meta_ptr, t, row, NR: tl.constexpr, BATCHED: tl.constexpr):
+    """(hp row, client) of tensor ``t``: a batched table's two columns before numel and row length;
+    for a per-client launch, its one ``row`` and client 0."""
+    if BATCHED:
+        hp_row = tl.load(meta_ptr + t * NR + (NR - 4))
+        client = tl.load(meta_ptr + t * NR + (NR - 3))
+    else:
+        hp_row = row
+        client = 0
+    return hp_row, client
+
+
+@device_fn
+def client_active(active_ptr, client, HAS_ACTIVE: tl.constexpr):
+    """Whether ``client`` takes this step (the batched ops' ``active`` mask; True without one)."""
+    if HAS_ACTIVE:
+        act = tl.load(active_ptr + client) != 0
+    else:
+        act = True
+    return act
+
+
+@device_fn
+def lr_at_step(k, table_ptr, table_len, decay_every, lr):
+    """lr_k = lr * s(min(k // decay_every, len(table) - 1)) from the float64 ``lr`` and the step
+    counter ``k`` (read on the device), rounded to float32 once (as the C++ kernels and the
+    reference form it)."""
     j = tl.minimum(k // decay_every, table_len - 1)
     s = tl.load(table_ptr + j)
     return (lr * s).to(tl.float32)

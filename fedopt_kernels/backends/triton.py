@@ -8,6 +8,9 @@ and launches. Nothing here reads a device value back to the host.
 
 With a ``cache`` from the optimizer, the plan is reused without re-reading every tensor's address:
 only the gradients (and per-step inputs) may differ between calls, and their addresses are compared.
+
+The client-batched ops (``<op>_batched``) run the same kernels over client slices of stacked
+tensors (``launcher.get_batched_plan``; design in ``docs/triton_batched.md``).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ except ImportError as exc:  # the registry reports this text as the reason
     raise ImportError(f"triton is not installed ({exc}); pip install 'triton>=3.0'") from exc
 
 from .._args import OpArgs
-from .._ops import OPS
+from .._ops import FRESH, OPS
 from .._registry import register, register_device_check
 
 
@@ -87,6 +90,19 @@ def _amp(a: OpArgs) -> Dict[str, Any]:
             "UNSCALE": a.grad_scale is not None, "SKIPPABLE": a.found_inf is not None}
 
 
+def _active(a: OpArgs) -> Optional[torch.Tensor]:
+    """The batched ops' active mask, which the kernels read on the parameters' device."""
+    if a.active is not None and a.active.device != a.device:
+        raise ValueError(f"fedopt::{a.spec.name}: active is on {a.active.device} but the parameters are on "
+                         f"{a.device}")
+    return a.active
+
+
+def _hp(a: OpArgs) -> torch.Tensor:
+    """hp with contiguous rows (the kernels address row ``r`` at ``r * len(hps)``)."""
+    return a.hp if a.hp.is_contiguous() else a.hp.contiguous()
+
+
 def _roles(a: OpArgs):
     """Per batch: role short name -> tensor list; and each batch's hp row."""
     short = {r.name: r.short for r in a.spec.roles}
@@ -95,7 +111,9 @@ def _roles(a: OpArgs):
 
 
 def _per_step_ptrs(a: OpArgs, per_step: List[str]) -> tuple:
-    return tuple(t.data_ptr() for name in per_step for t in a.lists[name])
+    ptrs = tuple(t.data_ptr() for name in per_step for t in a.lists[name])
+    # batched: the FRESH bits are in the plan too (they change with the round, the tensors may not)
+    return (ptrs, tuple(a.present)) if a.spec.batched else ptrs
 
 
 def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> "_launcher.Plan":
@@ -112,7 +130,12 @@ def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> "_launcher.Plan":
         for role, ts in r.items():
             for t in ts:
                 _launcher.tl_dtype(t, role)
-    plan = _launcher.get_plan(spec.name, roles, rows, names, written, a.device, spec.norm, scale_role)
+    if spec.batched:
+        fresh = [bool(a.present[b] & FRESH) for b in rows]
+        plan = _launcher.get_batched_plan(spec.name, roles, rows, fresh, a.hp.shape[1], a.hp.shape[0], names,
+                                          written, a.device, spec.norm, scale_role)
+    else:
+        plan = _launcher.get_plan(spec.name, roles, rows, names, written, a.device, spec.norm, scale_role)
     if cache is not None:
         cache["plan"], cache["ptrs"] = plan, _per_step_ptrs(a, per_step)
         cache["roles"] = roles
@@ -125,30 +148,40 @@ def _stage_roles(a: OpArgs, plan, cache):
     return _roles(a)[0]
 
 
-@register("sgd", "triton")
-def sgd_step(*args, cache=None) -> None:
-    a = OpArgs.parse(OPS["sgd"], args)
-    plan = _plan(a, cache)
-    amp = _amp(a)
-    roles = _stage_roles(a, plan, cache)
-    if roles is not None:
-        plan.stage_in(roles)
-    for lau in plan.launches:
-        _sgd.launch(lau, a.k, a.table, a.decay_every, a.hp, amp)
-    if roles is not None:
-        plan.stage_out(roles)
-    _two_pass.advance(a.k, amp)
+def _sgd_op(name: str):
+    """``sgd`` and ``sgd_batched``: one update launch per launch of the plan, then k += 1 (per
+    active client) on the device. The batched op is the same kernel over client slices."""
+    def step(*args, cache=None) -> None:
+        a = OpArgs.parse(OPS[name], args)
+        active = _active(a)
+        plan = _plan(a, cache)
+        amp = _amp(a)
+        hp = _hp(a)
+        roles = _stage_roles(a, plan, cache)
+        if roles is not None:
+            plan.stage_in(roles)
+        for lau in plan.launches:
+            _sgd.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
+        if roles is not None:
+            plan.stage_out(roles)
+        _two_pass.advance(a.k, amp, active)
+
+    step.__name__ = step.__qualname__ = f"{name}_triton"
+    return register(name, "triton")(step)
 
 
 def _norm_op(name: str):
+    """``fednar``/``padamfed`` and their batched forms: norm pass, (batched: per-client finalize),
+    update pass."""
     def step(*args, cache=None) -> None:
         a = OpArgs.parse(OPS[name], args)
+        active = _active(a)
         plan = _plan(a, cache)
         amp = _amp(a)
         roles = _stage_roles(a, plan, cache)
         if roles is not None:
             plan.stage_in(roles)
-        _two_pass.launch(name, plan, a.hp, a.k, amp)
+        _two_pass.launch(OPS[name].base or name, plan, _hp(a), a.k, amp, active)
         if roles is not None:
             plan.stage_out(roles)
 
@@ -156,5 +189,9 @@ def _norm_op(name: str):
     return register(name, "triton")(step)
 
 
+sgd_step = _sgd_op("sgd")
+sgd_batched_step = _sgd_op("sgd_batched")
 fednar_step = _norm_op("fednar")
 padamfed_step = _norm_op("padamfed")
+fednar_batched_step = _norm_op("fednar_batched")
+padamfed_batched_step = _norm_op("padamfed_batched")
