@@ -21,3 +21,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module (the simulator's models are tiny: threads only add overhead)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

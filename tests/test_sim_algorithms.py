@@ -22,12 +22,8 @@ SIZES = (2, 3, 5)
 K, ROUNDS, LR, SERVER_LR = 2, 2, 0.3, 0.7
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# the simulator's tiny models: one torch thread (conftest.py), as fedopt-sim's --threads default
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_data(sizes=SIZES, new=0) -> FederatedData:

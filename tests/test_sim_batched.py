@@ -33,12 +33,8 @@ SHAPE = (1, 8, 8)
 ROUNDS = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# the simulator's tiny models: one torch thread (conftest.py), as fedopt-sim's --threads default
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_images(sizes=SIZES) -> FederatedData:

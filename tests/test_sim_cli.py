@@ -17,12 +17,8 @@ SHORT = ["--clients", "10", "--rounds", "2", "--local-steps", "2", "--clients-pe
 VALIDATE_ALGORITHMS = ["fedavg", "fednlr", "fednar-scaffold", "padamfed-vr"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# the simulator's tiny models: one torch thread (conftest.py), as fedopt-sim's --threads default
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("backend", list(fedopt_kernels.available_backends()))

@@ -13,12 +13,8 @@ from fedopt_kernels.sim.simulation import Simulation
 from sim_data_files import write_femnist
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# the simulator's tiny models: one torch thread (conftest.py), as fedopt-sim's --threads default
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,8 @@ from fedopt_kernels.sim.simulation import Simulation
 from sim_data_files import write_cifar10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# the simulator's tiny models: one torch thread (conftest.py), as fedopt-sim's --threads default
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def n_params(m):
