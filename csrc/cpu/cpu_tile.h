@@ -118,16 +118,19 @@ template <class L, class A>
 inline void sumsq(const A* v, int n, L* lanes) {
   int i = 0;
 #if defined(__GNUC__)
-  // kLanes lanes as 16-byte vectors (SSE2 / NEON registers, also fine under AVX2), kept in registers
-  typedef L V __attribute__((vector_size(16)));
-  constexpr int kPer = 16 / sizeof(L), kRegs = kLanes / kPer;
-  V acc[kRegs];
+  // kLanes lanes as 4-wide vectors: four elements are loaded and widened at once (vcvtps2pd under
+  // AVX2, two SSE halves on the baseline build), element i still lands in lane i % kLanes
+  typedef A VA __attribute__((vector_size(4 * sizeof(A)), aligned(alignof(A))));
+  typedef L VL __attribute__((vector_size(4 * sizeof(L))));
+  constexpr int kRegs = kLanes / 4;
+  VL acc[kRegs];
   std::memcpy(acc, lanes, sizeof(acc));
   for (; i + kLanes <= n; i += kLanes) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int r = 0; r < kRegs; ++r) {
-      V x;
-      for (int q = 0; q < kPer; ++q) x[q] = static_cast<L>(v[i + r * kPer + q]);
+      VA a;
+      std::memcpy(&a, v + i + 4 * r, sizeof(a));
+      const VL x = __builtin_convertvector(a, VL);
       acc[r] += x * x;
     }
   }
