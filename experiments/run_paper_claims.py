@@ -128,7 +128,7 @@ def feddecay(r: Runner) -> str:
     labels = list(res)
     best = max(labels[1:-1], key=lambda k: stat(res[k], "fine-tuned new mean")[0])
     lines = [
-        "## 1. FedDecay: within-round decay, after fine-tuning (seed 000 Sec. 4, seed 002)",
+        "## 1. FedDecay: within-round decay, after fine-tuning (FedDecay paper Sec. 4; the learning-rate scheduling paper)",
         "",
         f"FedDecaySGD, lr {LR} for every β (the papers fix lr and vary β), decay every 2 local steps "
         "(about one local epoch on these clients), 10 local steps, "
@@ -162,7 +162,7 @@ def fednar(r: Runner) -> str:
         settings[f"FedNAR-{base}, wd 0.1, max norm 1"] = cfg(nar, 0.1, 1.0)
     res = r.run(settings)
     lines = [
-        "## 2. FedNAR vs. its backbone when the weight decay is too high (seed 003 Sec. 5, Fig. 4)",
+        "## 2. FedNAR vs. its backbone when the weight decay is too high (FedNAR paper Sec. 5, Fig. 4)",
         "",
         f"The paper's recipe for every method: client lr {LR} decayed by 0.998 per round, a max norm for "
         "gradient clipping (baselines) or for co-clipping gradient + weight decay (FedNAR), "
@@ -209,7 +209,7 @@ def padamfed(r: Runner) -> str:
         rows.append(f"| ×{s:g} | " + " | ".join(fmt(sweep[f"{a} ×{s:g}"], "pooled test acc")
                                                   for a in ("PAdaMFed", "fedavg", "scaffold")) + " |")
     lines = [
-        "## 3. PAdaMFed with theory step sizes vs. tuned FedAvg and SCAFFOLD (seed 004)",
+        "## 3. PAdaMFed with theory step sizes vs. tuned FedAvg and SCAFFOLD (Problem-Parameter-Free Federated Learning)",
         "",
         f"PAdaMFed uses `theory_hparams(S={S}, K=10, T={r.rounds})`: η = {eta:.4g}, γ = {gamma:.4g}, β = {beta:.4g}, "
         f"no tuning. FedAvg and SCAFFOLD pick their client lr from {grid} by the final validation accuracy "
@@ -249,7 +249,7 @@ def fednlr(r: Runner) -> str:
         settings[f"FedNLR, {name}"] = dict(algorithm="fednlr", lr=LR, **kw)
     res = r.run(settings)
     lines = [
-        "## 4. FedNLR vs. FedAvg under strong label skew (seed 001)",
+        "## 4. FedNLR vs. FedAvg under strong label skew (FedNLR paper)",
         "",
         f"Same lr {LR} for both; FedNLR recalibrates its per-neuron scales every round on each client's data "
         "with the received model (μ0 = c1 = c2 = 1).",

@@ -253,7 +253,7 @@ def test_baseline_and_avx2_kernels_give_the_same_bits(algo):
     _assert_bitwise(wide, narrow, f"{algo}: avx2 vs baseline")
 
 
-# ---------------------------------------------------------------- client-batched ops (SPEC §9)
+# ---------------------------------------------------------------- client-batched ops (docs/client_batched.md)
 # One pass over all clients' tensors; FedNAR / PAdaMFed form one norm per client from the same
 # fixed-chunk partials as the per-client op, so each client's result is the per-client kernel's.
 

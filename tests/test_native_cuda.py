@@ -161,7 +161,7 @@ def test_per_client_sgd_ignores_the_fresh_bit():
     _assert_same_roles(OPS["sgd"], out[0], out[1], exact=False)
 
 
-# ------------------------------------------------------------------ client-batched ops (SPEC §9)
+# ------------------------------------------------------------------ client-batched ops (docs/client_batched.md)
 def _op_args(spec, layout, backend, clients=0, seed=0):
     """Arguments of op ``spec``: ``layout`` lists (per-client shape, dtype, batch) per parameter.
     Even batches carry every optional role, odd ones only PAdaMFed's D and acc. Batched

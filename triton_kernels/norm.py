@@ -2,7 +2,7 @@
 
 Pass 1 (the norm kernel) writes one float64 partial sum of squares per program into a fixed slot:
 float64, because squares of float32 values overflow float32 above ~1.8e19 and underflow below
-~1e-23 (SPEC: the norm must be right for every element in [1e-30, 1e30]). Pass 2 (the update
+~1e-23 (the norm must be right for every element in [1e-30, 1e30]). Pass 2 (the update
 kernel) calls ``global_norm``: every program reduces all slots in the same fixed order, so the
 norm is bitwise reproducible and never leaves the device.
 """

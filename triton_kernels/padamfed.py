@@ -1,4 +1,4 @@
-"""Op "padamfed" (PAdaMFed client step, SPEC §5): the per-element math and the per-batch factor;
+"""Op "padamfed" (PAdaMFed client step, docs/algorithms.md): the per-element math and the per-batch factor;
 the two passes that run them are ``two_pass.py``'s.
 
     G = g * inv_scale ;  v = beta * G + D       (variance reduction: v = (G + D) - (1 - beta) * H)
@@ -6,7 +6,7 @@ the two passes that run them are ``two_pass.py``'s.
     pass 2:  n = max(norm, eps);  x -= v * (eta * (1 / n))
 
 Pass 1 reads G, D, acc (+H) and writes acc; pass 2 reads G, D, x (+H) and writes x: 32 bytes per
-float32 element (SPEC §7). ``eta / n`` is formed as torch forms ``scalar / tensor`` (reciprocal,
+float32 element. ``eta / n`` is formed as torch forms ``scalar / tensor`` (reciprocal,
 then multiply); the clamp keeps a NaN norm NaN.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// The CPU kernels: one parallel pass over all tensors per SPEC pass. An entry's `group` picks its hp
+// The CPU kernels: one parallel pass over all tensors per pass of the algorithm. An entry's `group` picks its hp
 // row; FedNAR / PAdaMFed form one norm per `segment` (one client of a batched op).
 #pragma once
 

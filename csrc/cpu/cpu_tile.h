@@ -113,7 +113,7 @@ inline void fill_rows(A* s, const A* scale, A lr, int64_t off, int64_t row_len, 
 
 // Sum of squares into kLanes fixed lanes: element i always goes to lane i % kLanes of its chunk,
 // whatever the ISA's vector width, so the result is the same on every x86/ARM build. The lanes are
-// float64 (SPEC: squares of elements in [1e-30, 1e30] neither overflow nor underflow there).
+// float64 (squares of elements in [1e-30, 1e30] neither overflow nor underflow there).
 template <class L, class A>
 inline void sumsq(const A* v, int n, L* lanes) {
   int i = 0;

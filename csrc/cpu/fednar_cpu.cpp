@@ -1,7 +1,7 @@
 // Op "fednar" (and "fednar_batched") on CPU: pass 1 computes d and its per-chunk sums of squares,
 // each segment's norm (one per client) and each group's scale are formed from them in chunk order,
 // pass 2 recomputes d and updates x.
-// (Recomputing d reads x and g again: that is SPEC §7's 20 B/element, cheaper than storing d.)
+// (Recomputing d reads x and g again: that is the 20 B/element counted in docs/benchmarks.md, cheaper than storing d.)
 #include "cpu_common.h"
 #include "cpu_ops.h"
 #include "two_pass.h"

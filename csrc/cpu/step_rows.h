@@ -2,7 +2,7 @@
 // ops alike: the entries to update, one hp struct per hp row, SGD's lr_k per row, and the step
 // counters to advance. A per-client op is the one-client case (hp row b, counter k[0], no mask).
 //
-// Batched ops (SPEC §9): hp is [B, C, cols], i.e. row g = b * C + c is client c's row of batch b,
+// Batched ops (docs/client_batched.md): hp is [B, C, cols], i.e. row g = b * C + c is client c's row of batch b,
 // and client c's entries carry group g and segment c (common/gather.h expand_clients). Inactive
 // clients are dropped before any pass, so nothing of theirs is read or written.
 #pragma once

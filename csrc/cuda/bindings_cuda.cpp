@@ -79,7 +79,7 @@ struct Cuda {
   static void run(fo::FedNarOp, fo::Gathered& gat, const fo::StepScalars& sc) { two_pass(fo::cuda::fednar, gat, sc); }
   static void run(fo::PAdamOp, fo::Gathered& gat, const fo::StepScalars& sc) { two_pass(fo::cuda::padamfed, gat, sc); }
 
-  // Client-batched ops (SPEC §9): gat.entries are the stacked tensors (numel per client), which the
+  // Client-batched ops (docs/client_batched.md): gat.entries are the stacked tensors (numel per client), which the
   // kernels split into clients arithmetically; sc.clients = C, sc.active the mask.
   static void run(fo::SgdBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
     sgd_like(fo::cuda::sgd_batched, gat, sc);

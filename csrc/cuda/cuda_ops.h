@@ -35,7 +35,7 @@ int64_t norm_slots(const Entry* entries, int n);
 int64_t two_pass_scratch(const Entry* entries, int n, int nbatches, int64_t clients);
 
 // present[b]: batch b's mask of optional roles (host memory: it is copied into the kernel tables).
-// Per-client ops take s.clients = 1 and entries of whole tensors; the batched ops (SPEC §9) take
+// Per-client ops take s.clients = 1 and entries of whole tensors; the batched ops (docs/client_batched.md) take
 // s.clients = C and one entry per stacked tensor [C, *shape] (numel and row_len per client, group
 // = batch). Both run the same kernels.
 cudaError_t sgd(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,

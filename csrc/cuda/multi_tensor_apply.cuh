@@ -10,7 +10,7 @@
 // the portable 4 KiB kernel-argument limit) is full, and the last, partly filled table is always
 // launched. Zero-size tensors never reach the table (the gather step drops them).
 //
-// Client-batched ops (SPEC §9) use the same table: a row is one *stacked* tensor [C, *shape]
+// Client-batched ops (docs/client_batched.md) use the same table: a row is one *stacked* tensor [C, *shape]
 // (numel = elements per client) and `clients` = C. Its C * chunks blocks are client-major, so a
 // block's client and chunk follow arithmetically: client c's slice starts at element c * numel
 // (per-row roles at c * M, which `begin / row_len` gives, since numel = M * row_len). A per-client

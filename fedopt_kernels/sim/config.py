@@ -212,7 +212,7 @@ class SimConfig:
             raise ValueError(f"momentum does not apply to algorithm={self.algorithm!r} (its optimizer has none)")
         number("weight_decay", self.weight_decay, 0.0)
         if self.weight_decay and self.client_optimizer == "padamfed":
-            raise ValueError("weight_decay does not apply to PAdaMFed (SPEC §5 has no weight decay term)")
+            raise ValueError("weight_decay does not apply to PAdaMFed (its client step has no weight decay term)")
         if self.prox_mu is not None:
             number("prox_mu", self.prox_mu, 0.0)
             if not ALGORITHMS[self.algorithm][2]:

@@ -1,6 +1,6 @@
 """From a config to the users of a simulation: partition, per-user train/val/test, new-user holdout.
 
-Following the FedDecay papers' protocol (seed 000, Sec. 4): ``holdout_fraction`` of the users are
+Following the FedDecay papers' protocol (FedDecay paper, Sec. 4): ``holdout_fraction`` of the users are
 new users who never train and are only evaluated (after fine-tuning); every user's data is split
 into train, validation and test parts.
 

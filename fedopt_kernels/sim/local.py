@@ -80,7 +80,7 @@ class ClientOptimizers:
             for group in opt.param_groups:
                 group["lr"] = self.round_lr(t)
         if self.kind == "nlr":
-            # FedNLR: scales from the received model's activations on this client's data (seed 001, Alg. 1)
+            # FedNLR: scales from the received model's activations on this client's data (FedNLR paper, Alg. 1)
             round_inputs["neuron_scales"] = neuron_lr_scales(
                 self.model, [(client.train_x, client.train_y)],
                 mu0=self.cfg.nlr_mu0, c1=self.cfg.nlr_c1, c2=self.cfg.nlr_c2)

@@ -1,4 +1,4 @@
-"""PAdaMFed's server: control variates and global momentum (SPEC §5; "Problem-Parameter-Free Federated
+"""PAdaMFed's server: control variates and global momentum (docs/algorithms.md; "Problem-Parameter-Free Federated
 Learning", Yan, Zhang, Wang, Cao: Alg. 1).
 
 With S clients sampled out of the N training clients, client lr ``eta`` and K local steps::

@@ -18,7 +18,7 @@ only in the optimizer kernels. Three runs step together:
 Tolerances (documented defaults, overridable on the command line):
     PARAM_RTOL = 1e-4   one-round divergence, max_j |x_ref_j - x_j| / max_j |x_ref_j|, every round
     ACC_TOL    = 0.01   |difference| of each final accuracy of the end-to-end run (one percentage point)
-A fused fp32 backend differs from the reference by rounding only (SPEC §7: ~1e-5 relative per
+A fused fp32 backend differs from the reference by rounding only (~1e-5 relative per
 step); a wrong kernel (a missed term, a wrong coefficient) moves a round by far more than 1e-4.
 """
 from __future__ import annotations
