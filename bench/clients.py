@@ -20,16 +20,14 @@ the best of ``--rounds`` timed rounds. Modes:
 Parts, per step at each C (median of repeated calls): the vmapped gradient alone, and the
 optimizer update alone (plain torch vs BatchedFedNAR on fixed gradients): the "optimizer part".
 
-Results: ``clients-<device>-<date>.{json,md,png}`` in ``--out-dir`` (default bench/results/),
-listed in LATEST.md. Rerun after the fused kernels land with the same command: ``backend=auto``
-picks them up.
+Results: ``clients-<device>-<date>.{json,md,png}`` in ``--out-dir`` (default ``bench_runs/``,
+git-ignored; ``--out-dir bench/results`` for the committed tables), listed in LATEST.md there.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import gc
-import json
 import math
 import os
 import platform
@@ -357,8 +355,12 @@ def markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def chart(result: Dict[str, Any], path: Path) -> None:
-    import matplotlib
+def chart(result: Dict[str, Any], path: Path) -> bool:
+    """Client-steps/s and time per step against C; False, drawing nothing, without matplotlib."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -390,26 +392,23 @@ def chart(result: Dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return True
 
 
 def write(result: Dict[str, Any], out_dir: Path) -> Dict[str, Path]:
-    from .report import write_latest
+    """Write ``clients-<device>-<date>[-smoke].{json,md,png}`` into ``out_dir`` and refresh LATEST.md there."""
+    from .report import save
 
     meta = result["meta"]
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"clients-{meta['device_slug']}-{meta['date']}" + ("-smoke" if meta.get("smoke") else "")
-    paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
-    paths["md"].write_text(markdown(result))
-    chart(result, paths["png"])
-    paths["latest"] = write_latest(out_dir)
-    return paths
+    return save(result, out_dir, stem, markdown, chart)
 
 
 def render(json_path: Path) -> None:
-    result = json.loads(json_path.read_text())
-    json_path.with_suffix(".md").write_text(markdown(result))
-    chart(result, json_path.with_suffix(".png"))
+    """Rewrite the markdown table and chart of a saved result (same numbers, current layout)."""
+    from .report import rerender
+
+    rerender(json_path, markdown, chart)
 
 
 # ------------------------------------------------------------------ command line
@@ -430,7 +429,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                          "so its rate does not depend on C, and C=1000 takes minutes)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's default)")
     ap.add_argument("--smoke", action="store_true", help="C in {2, 4}, K=2, one round: checks the machinery")
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs",
+                    help="where the result files and LATEST.md go (default: bench_runs/, git-ignored)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--render", type=Path, metavar="RESULT.json", help="only redraw that result's .md and .png")
     args = ap.parse_args(argv)
@@ -488,6 +488,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.no_write:
         paths = write(result, args.out_dir)
         log("wrote " + ", ".join(str(p) for p in paths.values()))
+        if "png" not in paths:
+            log("bench clients: no chart drawn: matplotlib is not installed (pip install 'fedopt_kernels[bench]' "
+                "or pip install matplotlib)")
     return 0
 
 

@@ -5,7 +5,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .algorithms import BASELINES
 from .contention import DISTURBED
@@ -176,25 +176,37 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "unknown"
 
 
-def write(result: Dict[str, Any], out_dir: Path) -> Dict[str, Path]:
-    """Write ``<device>-<date>[-mode].{json,md,png}`` into ``out_dir`` and refresh LATEST.md there."""
-    meta = result["meta"]
+def save(result: Dict[str, Any], out_dir: Path, stem: str, markdown_fn: Callable[[Dict[str, Any]], str],
+         chart_fn: Callable[[Dict[str, Any], Path], bool]) -> Dict[str, Path]:
+    """Write ``stem.{json,md,png}`` into ``out_dir`` (no PNG where ``chart_fn`` draws nothing) and refresh LATEST.md."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{meta['device_slug']}-{meta['date']}" + ("" if meta["mode"] == "full" else f"-{meta['mode']}")
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
     paths["json"].write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
-    paths["md"].write_text(markdown(result))
-    if not chart(result, paths["png"]):
+    paths["md"].write_text(markdown_fn(result))
+    if not chart_fn(result, paths["png"]):
         paths.pop("png").unlink(missing_ok=True)  # an earlier run's chart would not match these numbers
     paths["latest"] = write_latest(out_dir)
     return paths
 
 
-def render(json_path: Path) -> None:
+def rerender(json_path: Path, markdown_fn: Callable[[Dict[str, Any]], str],
+             chart_fn: Callable[[Dict[str, Any], Path], bool]) -> None:
     """Rewrite the markdown table and chart of a saved result (same numbers, current layout)."""
     result = json.loads(json_path.read_text())
-    json_path.with_suffix(".md").write_text(markdown(result))
-    chart(result, json_path.with_suffix(".png"))
+    json_path.with_suffix(".md").write_text(markdown_fn(result))
+    chart_fn(result, json_path.with_suffix(".png"))
+
+
+def write(result: Dict[str, Any], out_dir: Path) -> Dict[str, Path]:
+    """Write ``<device>-<date>[-mode].{json,md,png}`` into ``out_dir`` and refresh LATEST.md there."""
+    meta = result["meta"]
+    stem = f"{meta['device_slug']}-{meta['date']}" + ("" if meta["mode"] == "full" else f"-{meta['mode']}")
+    return save(result, out_dir, stem, markdown, chart)
+
+
+def render(json_path: Path) -> None:
+    """Rewrite the markdown table and chart of a saved result (same numbers, current layout)."""
+    rerender(json_path, markdown, chart)
 
 
 def write_latest(out_dir: Path) -> Path:

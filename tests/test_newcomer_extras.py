@@ -77,3 +77,19 @@ def test_bench_without_matplotlib_skips_the_chart(monkeypatch, tmp_path, capsys)
     assert main(args) == 0  # the same file names again: the stale chart must go
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([js.name, js.with_suffix(".md").name, "LATEST.md"])
     assert f"[{js.with_suffix('.png').name}]" not in (tmp_path / "LATEST.md").read_text()
+
+
+def test_bench_clients_without_matplotlib_skips_the_chart(monkeypatch, tmp_path):
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench import clients
+    finally:
+        sys.path.remove(str(ROOT))
+    saved = next((ROOT / "bench" / "results").glob("clients-*.json"))
+    result = json.loads(saved.read_text())
+    _hide(monkeypatch, "matplotlib")
+    paths = clients.write(result, tmp_path)
+    assert "png" not in paths
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([saved.name, saved.with_suffix(".md").name, "LATEST.md"])
+    assert "| 50 |" in (tmp_path / saved.with_suffix(".md").name).read_text()
