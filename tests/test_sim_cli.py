@@ -139,3 +139,13 @@ def test_bad_input_names_the_parameter(args, names, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert names in err, err
+
+
+@pytest.mark.parametrize("extra, want", [([], 1), (["--client-parallel", "2"], 3), (["--threads", "2"], 2)])
+def test_threads_default_depends_on_client_parallel(extra, want):
+    """One thread when clients train one after another (tiny models); torch's thread count is left
+    alone for client-parallel rounds (one larger computation, where threads pay); --threads wins."""
+    torch.set_num_threads(3)  # stands for torch's default; the module fixture restores the thread count
+    assert cli.main(SHORT + ["--algorithm", "fedavg"] + extra) == 0
+    assert torch.get_num_threads() == want
+    torch.set_num_threads(1)

@@ -96,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cuda-graph", action="store_true",
                    help="with --client-parallel on CUDA: capture the batched local step in a CUDA graph and "
                         "replay it (needs a fused backend)")
-    g.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: the models are tiny, threads only add overhead)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: 1 when clients train one after another, where the models "
+                        "are too small for threads to pay; torch's default with --client-parallel other than 1)")
     g.add_argument("--out", help="directory for metrics JSON/CSV and curves.png (default sim_runs/<algorithm>-<dataset>)")
     g.add_argument("--no-files", action="store_true", help="write no files")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -188,9 +189,12 @@ def _progress_bar(total: int, desc: str, quiet: bool):
 def _prepare_environment(args: argparse.Namespace) -> None:
     import torch
 
-    if args.threads < 1:
+    if args.threads is not None and args.threads < 1:
         raise ValueError(f"threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    elif args.client_parallel.strip() == "1":
+        torch.set_num_threads(1)  # one small model at a time: threads cost more than they give
     wants_triton = "triton" in (args.backend, args.validate)
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     if wants_triton and on_cpu:
