@@ -15,27 +15,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 import torch
 
 from .algorithms import ALGOS, CORE, FULL
 from .contention import wait_quiet
 from .goals import judge_rows
-from .report import markdown, render, slug, write, write_latest
+from .machine import ROOT, loadavg, run_meta
+from .report import markdown, render, write, write_latest
 from .runner import Plan, run
 from .shapes import SIZES
 from .timing import Budget
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench_runs"          # a user's runs: git-ignored, the clone stays clean
 COMMITTED = ROOT / "bench" / "results"     # the tables kept in git: written only when named
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,42 +44,6 @@ MODES = {
     "smoke": (["overhead", "small_cnn"], ["overhead", "small_cnn"], CORE,
               Budget(warmup=1, min_reps=3, max_reps=3, min_time_s=0.0)),
 }
-
-
-def _git(*args: str) -> Optional[str]:
-    try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _loadavg() -> Optional[float]:
-    """1-minute load average: other processes competing for the cores distort CPU timings."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
-
-
-def device_meta(device: torch.device) -> Dict[str, Any]:
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return {"device_name": name, "device_slug": "cuda-" + slug(name), "device_type": "cuda",
-                "cuda": torch.version.cuda}
-    name = f"{_cpu_name()} ({os.cpu_count()} cores)"
-    return {"device_name": name, "device_slug": f"cpu-{slug(_cpu_name())}-{os.cpu_count()}c", "device_type": "cpu"}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -147,15 +107,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     plan = Plan(device=device, sizes=sizes, algos=args.algos or algos, dtype=DTYPES[args.dtype],
                 backends=args.backends, budget=budget, graph_steps=args.graph_steps,
                 baselines=not args.no_baselines, retries=args.retries)
-    meta = device_meta(device)
-    now = dt.datetime.now(dt.timezone.utc)
-    commit = _git("rev-parse", "HEAD") or os.environ.get("FEDOPT_COMMIT", "unknown")
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    meta.update(date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"), mode=args.mode,
-                commit=commit, dirty=bool(status) if status is not None else None,
-                command="python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-                torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
-                dtype=args.dtype, sizes=sizes, algos=plan.algos, budget=dataclasses.asdict(budget),
+    meta = run_meta(device, "python -m bench " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
+    meta.update(mode=args.mode, dtype=args.dtype, sizes=sizes, algos=plan.algos, budget=dataclasses.asdict(budget),
                 retries=plan.retries, graph_steps=args.graph_steps if device.type == "cuda" else None)
     print(f"bench: {meta['device_name']}, mode {args.mode}, sizes {sizes}", file=sys.stderr, flush=True)
     if (not args.no_write and _is_committed_folder(args.out_dir) and device.type == "cpu"
@@ -166,11 +120,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         cores = wait_quiet(args.wait_quiet)
         print(f"bench: other processes use {cores if cores is None else round(cores, 2)} cores; starting",
               file=sys.stderr, flush=True)
-    meta["loadavg_before"] = _loadavg()
+    meta["loadavg_before"] = loadavg()
     t0 = time.perf_counter()
     result = run(plan)
     meta["wall_s"] = time.perf_counter() - t0
-    meta["loadavg_after"] = _loadavg()
+    meta["loadavg_after"] = loadavg()
     result["meta"] = meta
     result["goals"] = judge_rows(result["rows"], device.type)
     print(markdown(result))

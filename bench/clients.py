@@ -26,11 +26,8 @@ git-ignored; ``--out-dir bench/results`` for the committed tables), listed in LA
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import math
-import os
-import platform
 import shlex
 import sys
 import time
@@ -48,9 +45,9 @@ from fedopt_kernels.sim.client_loss import ClientLoss
 from fedopt_kernels.sim.models import SmallCNN
 
 from .contention import OtherLoad
+from .machine import ROOT, loadavg, run_meta
 from .timing import Budget, median, time_calls
 
-ROOT = Path(__file__).resolve().parent.parent
 HP = dict(lr=0.05, weight_decay=5e-4, max_norm=10.0)
 SEQ, PLAIN, FUSED, GRAPH = "sequential", "batched-plain-torch", "batched-fused", "batched-fused-graph"
 CHUNKED = "batched-fused-chunked"
@@ -451,8 +448,6 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from .__main__ import _git, _loadavg, device_meta
-
     args = parse_args(argv)
     if args.render:
         render(args.render)
@@ -462,26 +457,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--device cuda: torch sees no CUDA device")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    meta = device_meta(device)
-    now = dt.datetime.now(dt.timezone.utc)
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    meta.update(date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"), mode="clients",
-                dtype="float32", commit=_git("rev-parse", "HEAD") or os.environ.get("FEDOPT_COMMIT", "unknown"),
-                dirty=bool(status) if status is not None else None, smoke=args.smoke,
-                command="python -m bench clients " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:])),
-                torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
+    meta = run_meta(device, "python -m bench clients " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:])))
+    meta.update(mode="clients", dtype="float32", smoke=args.smoke,
                 clients=args.clients, steps=args.steps, batch=args.batch, rounds=args.rounds,
                 fused_backend=_fused_backend(device),
                 sequential_backend=_registry.auto_backend(device, "fednar"), hp=HP)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"bench clients: {meta['device_name']}, C in {args.clients}, K={args.steps}, batch {args.batch}")
-    meta["loadavg_before"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    meta["loadavg_before"] = loadavg()
     t0 = time.perf_counter()
     rows: List[Dict[str, Any]] = []
     for C in args.clients:
         rows += measure(C, args, device, log)
     meta["wall_s"] = time.perf_counter() - t0
-    meta["loadavg_after"] = _loadavg()
+    meta["loadavg_after"] = loadavg()
     result = {"meta": meta, "rows": rows}
     result["goals"] = judge(result)
     print(markdown(result))

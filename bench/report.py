@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
-from .algorithms import BASELINES
 from .contention import DISTURBED
 from .goals import goals_for
 

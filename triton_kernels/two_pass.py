@@ -42,7 +42,7 @@ import triton.language as tl
 from . import fednar, padamfed
 from .jit_mode import device_fn, interpreted
 from .launcher import SLOT_BLOCK, Launch, Plan, num_warps
-from .norm import add_slots, global_norm
+from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of
 
 OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}

@@ -36,7 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fedopt-sim",
         description="Federated learning simulator on the fedopt_kernels optimizers (offline data: "
                     "scikit-learn digits, FedProx Synthetic(alpha, beta); CIFAR-10/100 and FEMNIST from --data-dir).")
-    a = p.add_argument
     g = p.add_argument_group("algorithm")
     g.add_argument("--algorithm", default=d.algorithm, help=f"one of: {', '.join(ALGORITHMS)} (default %(default)s)")
     g.add_argument("--lr", type=float, help="client learning rate (default 0.05; PAdaMFed: eta from theory_hparams)")

@@ -55,7 +55,7 @@ class BatchPool:
         idx = np.empty((steps, C, B), dtype=np.int64)
         counts = np.empty((steps, C), dtype=np.int64)
         for c, cid in enumerate(cids):
-            stream, start = streams[cid], self.start[cid]
+            stream = streams[cid]
             for k in range(steps):
                 take = stream.next_indices()
                 n = len(take)

@@ -142,7 +142,7 @@ class SimConfig:
             raise ValueError(f"partition={part!r} does not apply to dataset='femnist': its clients are its "
                              f"writers (partition='natural'; choose how many with clients)")
         if self.dataset not in ("synthetic", "femnist") and part == "natural":
-            raise ValueError(f"partition='natural' only applies to dataset='synthetic' or 'femnist'")
+            raise ValueError("partition='natural' only applies to dataset='synthetic' or 'femnist'")
         number("dirichlet_alpha", self.dirichlet_alpha, 0.0, low_open=True)
         integer("shards_per_client", self.shards_per_client, 1)
         if self.dataset == "synthetic" and self.model != "mlp":

@@ -1,0 +1,65 @@
+"""What a benchmark ran on and from: the device, the commit, the load; the header of every result."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+from .report import slug
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git(*args: str) -> Optional[str]:
+    """``git <args>`` in the checkout: its stdout, or None (no git, not a checkout, an error)."""
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def loadavg() -> Optional[float]:
+    """1-minute load average: other processes competing for the cores distort CPU timings."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def device_meta(device: torch.device) -> Dict[str, Any]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return {"device_name": name, "device_slug": "cuda-" + slug(name), "device_type": "cuda",
+                "cuda": torch.version.cuda}
+    name = f"{cpu_name()} ({os.cpu_count()} cores)"
+    return {"device_name": name, "device_slug": f"cpu-{slug(cpu_name())}-{os.cpu_count()}c", "device_type": "cpu"}
+
+
+def run_meta(device: torch.device, command: str) -> Dict[str, Any]:
+    """Device, date, commit (FEDOPT_COMMIT outside a checkout), whether tracked files differ from it,
+    the command, versions and thread count: what makes a result reproducible."""
+    now = dt.datetime.now(dt.timezone.utc)
+    status = git("status", "--porcelain", "--untracked-files=no")
+    meta = device_meta(device)
+    meta.update(date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"),
+                commit=git("rev-parse", "HEAD") or os.environ.get("FEDOPT_COMMIT", "unknown"),
+                dirty=bool(status) if status is not None else None, command=command,
+                torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads())
+    return meta
