@@ -84,5 +84,5 @@ def test_main_job_failure_does_not_close_the_shell():
 
 
 def test_readme_states_how_long_the_commands_take():
-    assert re.search(r"main job took \d+(\.\d+)? (s|min)", README), "measured main-job time"
-    assert re.search(r"tests command took \d+(\.\d+)? (s|min)", README), "measured test time"
+    assert re.search(r"main job took\s+\d+(\.\d+)?\s(s|min)", README), "measured main-job time"
+    assert re.search(r"tests\s+command\s+took\s+\d+(\.\d+)?\s(s|min)", README), "measured test time"
