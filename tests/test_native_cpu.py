@@ -171,15 +171,18 @@ def test_fednar_nonfinite_gradient_same_nan_pattern(nonfinite):
     _close(ref, got)
 
 
-def test_neuron_scales_rows_cross_tiles_and_chunks():
-    """Rows of 700 and 16385 elements start inside tiles and chunks."""
+@pytest.mark.parametrize("options", [dict(momentum=0.9), dict(momentum=0.9, weight_decay=1e-3, nesterov=True),
+                                     dict(weight_decay=1e-3), dict(momentum=0.9, prox_mu=0.1)])
+def test_neuron_scales_rows_cross_tiles_and_chunks(options):
+    """Rows of 700 and 16385 elements start inside tiles and chunks; float32/float64 without FedProx
+    take the fast path (one loop per row), the others the staged one: both give the reference's bits."""
     shapes = [(30, 700), (3, CHUNK + 1), (50, 1), (7, 3, 3, 3), (5,)]
 
     def make(ps, b):
-        opt = NeuronLRSGD(ps, lr=0.1, momentum=0.9, backend=b)
+        opt = NeuronLRSGD(ps, lr=0.1, backend=b, **options)
         opt.set_neuron_scales({p: torch.linspace(0.5, 2.0, p.shape[0]) for p in ps if p.dim() >= 1})
         return opt
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
         ref = _run(make, shapes, "reference", dtypes=(dtype,))[0]
         got = _run(make, shapes, "cpu", dtypes=(dtype,))[0]
         _assert_bitwise(ref, got, f"NeuronLRSGD {dtype}")

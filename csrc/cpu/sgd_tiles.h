@@ -50,40 +50,58 @@ void sgd_chunk(const Entry& en, const SgdHp& hp, double lr_k, int64_t begin, int
   }
 }
 
-// Fast path for the most common configuration (float32/float64 storage; optional weight decay and
-// momentum / Nesterov, nothing else): one loop, no staging. Same operations in the same order as
-// sgd_chunk, so the same bits.
-template <class T, bool kWd, bool kMom, bool kNest>
+// Fast path for the common configurations (float32/float64 storage; optional weight decay, momentum /
+// Nesterov and neuron scales, nothing else): one loop per scale row, no staging, so the compiler
+// vectorises it with the row's rate as a constant. Same operations in the same order as sgd_chunk
+// (rate = lr * scale[row], then x - rate * d), so the same bits.
+template <class T, bool kWd, bool kMom, bool kNest, bool kScale>
 void sgd_fused_chunk(const Entry& en, const SgdHp& hp, double lr_k, int64_t begin, int64_t end) {
   const T lr = static_cast<T>(lr_k), wd = static_cast<T>(hp.weight_decay);
   const T mom = static_cast<T>(hp.momentum), damp1 = static_cast<T>(hp.damp1);
   T* X = static_cast<T*>(en.ptr[sgd_slot::X]);
   const T* G = static_cast<const T*>(en.ptr[sgd_slot::G]);
   T* B = static_cast<T*>(en.ptr[sgd_slot::BUF]);
-  FO_IVDEP for (int64_t i = begin; i < end; ++i) {
-    const T x = X[i];
-    T d = G[i];
-    if constexpr (kWd) d = d + wd * x;
-    if constexpr (kMom) {
-      const T b = B[i] * mom + damp1 * d;
-      B[i] = b;
-      d = kNest ? d + mom * b : b;
+  const auto span = [&](int64_t lo, int64_t hi, const T rate) {
+    FO_IVDEP for (int64_t i = lo; i < hi; ++i) {
+      const T x = X[i];
+      T d = G[i];
+      if constexpr (kWd) d = d + wd * x;
+      if constexpr (kMom) {
+        const T b = B[i] * mom + damp1 * d;
+        B[i] = b;
+        d = kNest ? d + mom * b : b;
+      }
+      X[i] = x - rate * d;
     }
-    X[i] = x - lr * d;
+  };
+  if constexpr (!kScale) {
+    span(begin, end, lr);
+  } else {
+    const T* R = static_cast<const T*>(en.ptr[sgd_slot::SCALE]);
+    for (int64_t lo = begin, row = begin / en.row_len; lo < end; ++row) {
+      const int64_t hi = std::min(end, (row + 1) * en.row_len);
+      span(lo, hi, lr * R[row]);
+      lo = hi;
+    }
   }
 }
 
 // The fast-path instantiation for these flags, or nullptr (then sgd_chunk handles it).
 using SgdChunkFn = void (*)(const Entry&, const SgdHp&, double, int64_t, int64_t);
 
+template <class T, bool kScale>
+SgdChunkFn sgd_fast_path_of(int f) {
+  const bool wd = f & kSgdWeightDecay, mom = f & kSgdMomentum, nest = f & kSgdNesterov;
+  if (!mom) return wd ? sgd_fused_chunk<T, true, false, false, kScale> : sgd_fused_chunk<T, false, false, false, kScale>;
+  if (nest) return wd ? sgd_fused_chunk<T, true, true, true, kScale> : sgd_fused_chunk<T, false, true, true, kScale>;
+  return wd ? sgd_fused_chunk<T, true, true, false, kScale> : sgd_fused_chunk<T, false, true, false, kScale>;
+}
+
 template <class T>
 SgdChunkFn sgd_fast_path(int f) {
   if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value) {
-    if (f & (kSgdMaximize | kSgdCorrection | kSgdProx | kSgdScale | kSgdUnscale)) return nullptr;
-    const bool wd = f & kSgdWeightDecay, mom = f & kSgdMomentum, nest = f & kSgdNesterov;
-    if (!mom) return wd ? sgd_fused_chunk<T, true, false, false> : sgd_fused_chunk<T, false, false, false>;
-    if (nest) return wd ? sgd_fused_chunk<T, true, true, true> : sgd_fused_chunk<T, false, true, true>;
-    return wd ? sgd_fused_chunk<T, true, true, false> : sgd_fused_chunk<T, false, true, false>;
+    if (f & (kSgdMaximize | kSgdCorrection | kSgdProx | kSgdUnscale)) return nullptr;
+    return (f & kSgdScale) ? sgd_fast_path_of<T, true>(f) : sgd_fast_path_of<T, false>(f);
   } else {
     (void)f;
     return nullptr;
