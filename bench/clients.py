@@ -352,6 +352,20 @@ def markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _loglog(ax: Any, series: Dict[str, List[Any]], unit: float, ylabel: str, title: str) -> None:
+    """One panel: a line per series of (C, value or None) points, values times ``unit``, log-log."""
+    for label, pts in series.items():
+        pts = [(C, v * unit) for C, v in pts if v is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("clients per round (C)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+
+
 def chart(result: Dict[str, Any], path: Path) -> bool:
     """Client-steps/s and time per step against C; False, drawing nothing, without matplotlib."""
     try:
@@ -363,28 +377,10 @@ def chart(result: Dict[str, Any], path: Path) -> bool:
 
     sizes = result["meta"]["clients"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for m in MODES:
-        pts = [(C, _rate(result, C, m)) for C in sizes]
-        pts = [(C, v) for C, v in pts if v is not None]
-        if pts:
-            a.plot(*zip(*pts), marker="o", label=m)
-    a.set_xscale("log")
-    a.set_yscale("log")
-    a.set_xlabel("clients per round (C)")
-    a.set_ylabel("client-steps / s")
-    a.set_title("round throughput", fontsize=9)
-    a.legend(fontsize=7)
-    for name in ("vmap grad", "update plain torch", "update fused"):
-        pts = [(C, _part(result, C, name)) for C in sizes]
-        pts = [(C, v * 1e3) for C, v in pts if v is not None]
-        if pts:
-            b.plot(*zip(*pts), marker="o", label=name)
-    b.set_xscale("log")
-    b.set_yscale("log")
-    b.set_xlabel("clients per round (C)")
-    b.set_ylabel("ms per step")
-    b.set_title("parts of one batched step", fontsize=9)
-    b.legend(fontsize=7)
+    rates = {m: [(C, _rate(result, C, m)) for C in sizes] for m in MODES}
+    parts = {n: [(C, _part(result, C, n)) for C in sizes] for n in ("vmap grad", "update plain torch", "update fused")}
+    _loglog(a, rates, 1.0, "client-steps / s", "round throughput")
+    _loglog(b, parts, 1e3, "ms per step", "parts of one batched step")
     fig.suptitle(f"client-batched FedNAR — {result['meta']['device_name']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

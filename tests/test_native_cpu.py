@@ -237,23 +237,30 @@ def test_available_backends_lists_cpu():
     assert "cpu" in fk.available_backends("cpu")
 
 
-@pytest.mark.parametrize("algo", sorted(ALGOS))
-def test_baseline_and_avx2_kernels_give_the_same_bits(algo):
-    """The chunk code is compiled for the baseline ISA and for AVX2 (picked at run time)."""
+def _assert_avx2_same_bits_as_baseline(run, what):
+    """``run()`` (the tensors a run ends with) under the AVX2 kernels, then the baseline ones: same bits."""
     from fedopt_kernels import _C_cpu
     try:
         _C_cpu.set_isa("avx2")
     except RuntimeError as exc:
         _C_cpu.set_isa("auto")
         pytest.skip(f"no AVX2 kernels here: {exc}")
-    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
     try:
-        wide = _run(ALGOS[algo], EDGE_SHAPES, "cpu", dtypes=dtypes)[0]
+        wide = run()
         assert _C_cpu.set_isa("base") == "base"
-        narrow = _run(ALGOS[algo], EDGE_SHAPES, "cpu", dtypes=dtypes)[0]
+        narrow = run()
     finally:
         _C_cpu.set_isa("auto")
-    _assert_bitwise(wide, narrow, f"{algo}: avx2 vs baseline")
+    _assert_bitwise(wide, narrow, f"{what}: avx2 vs baseline")
+
+
+ALL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_baseline_and_avx2_kernels_give_the_same_bits(algo):
+    """The chunk code is compiled for the baseline ISA and for AVX2 (picked at run time)."""
+    _assert_avx2_same_bits_as_baseline(lambda: _run(ALGOS[algo], EDGE_SHAPES, "cpu", dtypes=ALL_DTYPES)[0], algo)
 
 
 # ---------------------------------------------------------------- client-batched ops (docs/client_batched.md)
@@ -354,21 +361,9 @@ def test_batched_bitwise_identical_across_thread_counts_and_runs(algo):
 
 @pytest.mark.parametrize("algo", sorted(BATCHED_ALGOS))
 def test_batched_baseline_and_avx2_kernels_give_the_same_bits(algo):
-    from fedopt_kernels import _C_cpu
-    try:
-        _C_cpu.set_isa("avx2")
-    except RuntimeError as exc:
-        _C_cpu.set_isa("auto")
-        pytest.skip(f"no AVX2 kernels here: {exc}")
-    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
     make = BATCHED_ALGOS[algo][0]
-    try:
-        wide = _run_batched(make, BATCHED_SHAPES, 3, "cpu", dtypes)[0]
-        assert _C_cpu.set_isa("base") == "base"
-        narrow = _run_batched(make, BATCHED_SHAPES, 3, "cpu", dtypes)[0]
-    finally:
-        _C_cpu.set_isa("auto")
-    _assert_bitwise(wide, narrow, f"batched {algo}: avx2 vs baseline")
+    _assert_avx2_same_bits_as_baseline(lambda: _run_batched(make, BATCHED_SHAPES, 3, "cpu", ALL_DTYPES)[0],
+                                       f"batched {algo}")
 
 
 @pytest.mark.parametrize("algo", sorted(BATCHED_ALGOS))
