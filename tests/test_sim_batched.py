@@ -3,8 +3,10 @@
 Tiny image data (8x8, 4 classes) on the simulator's CNN, clients of very different sizes (one
 smaller than the batch size, others whose epochs end in a short batch), chunks that leave an
 inactive slot. The sequential run (one client after another, per-client optimizers) is the
-reference: the client-parallel run must stay within rounding of it (observed ~1e-7 relative;
-the documented tolerance is 1e-4).
+reference: the client-parallel run must stay within rounding of it. The validations run in float64
+(validate.py's docstring says why): rounding-only divergences are then ~1e-16 relative on any CPU
+(observed 1.2e-16), so ``ROUNDING_RTOL`` (float64's eps times 1e6 for the amplification by
+normalised or cancelling updates) still sits six orders of magnitude below the documented 1e-4.
 """
 import math
 
@@ -28,6 +30,7 @@ from fedopt_kernels.sim.parallel_size import MAX_AUTO, activation_bytes, auto_cl
 from fedopt_kernels.sim.simulation import _OPS, Simulation
 from fedopt_kernels.sim.validate import PARAM_RTOL, validate_client_parallel
 
+ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
 SIZES = (3, 9, 14, 6, 22)   # batch size 4: client 0 always short, the others end epochs short
 SHAPE = (1, 8, 8)
 ROUNDS = 2
@@ -80,9 +83,9 @@ def test_client_parallel_reproduces_the_sequential_run(algorithm, backend):
     cfg = tiny_config(algorithm, backend=backend, **EXTRA.get(algorithm, {}))
     v = validate_client_parallel(cfg, data=tiny_images(), model_fn=model_fn)
     assert v.passed, v.report()
-    # reference on both sides: rounding only (vmap's convolutions sum in another order), so a bound
-    # one order of magnitude below the documented tolerance catches a wrong term early
-    assert v.max_rel <= (1e-5 if backend == "reference" else PARAM_RTOL), v.report()
+    # backends with float64 kernels: rounding only (vmap's convolutions sum in another order), so a
+    # bound far below the documented tolerance catches a wrong term early
+    assert v.max_rel <= (ROUNDING_RTOL if v.dtype == "float64" else PARAM_RTOL), v.report()
     assert len(v.rounds) == ROUNDS
 
 
@@ -165,13 +168,15 @@ def test_augmentation_draws_the_sequential_random_crops(tmp_path):
                     clients=6, holdout_fraction=0.0, rounds=2, local_steps=2, batch_size=3, clients_per_round=3,
                     finetune_steps=1, backend="reference", device="cpu", client_parallel=2)
     v = validate_client_parallel(cfg)
-    assert v.passed and v.max_rel <= 1e-5, v.report()
+    assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
 
 
 @pytest.mark.parametrize("algorithm", ["fednar-scaffold", "padamfed"])
 def test_fedavg_cnn_on_cifar_matches_the_sequential_run(tmp_path, algorithm):
     """The FedAvg paper's CNN (2.2M parameters, 5x5 convs, two pools) with augmentation, on the fused
-    backend auto picks: client-parallel rounds reproduce the sequential ones."""
+    backend auto picks: client-parallel rounds reproduce the sequential ones. (In float32 this failed
+    on AVX-512 CPUs: a max-pool/ReLU decision taken differently by the two roundings of oneDNN's
+    convolutions moved one client's conv gradient by 1e-3 relative; the validation runs in float64.)"""
     from sim_data_files import write_cifar10
 
     write_cifar10(tmp_path, per_batch=12, test=6)
@@ -179,7 +184,7 @@ def test_fedavg_cnn_on_cifar_matches_the_sequential_run(tmp_path, algorithm):
                     augment=True, clients=6, holdout_fraction=0.0, rounds=2, local_steps=2, batch_size=4,
                     clients_per_round=3, finetune_steps=0, backend="auto", device="cpu", client_parallel=3)
     v = validate_client_parallel(cfg)
-    assert v.passed and v.max_rel <= 1e-5, v.report()
+    assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
 
 
 def test_per_client_clipping_is_clip_grad_norm():

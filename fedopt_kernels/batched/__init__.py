@@ -15,10 +15,11 @@ what the package's per-client optimizer computes for client ``c`` alone::
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from .._base import state_dtype
 from .._ops import BATCHED
 from ..feddecay import FedDecaySGD
 from ..fednar import FedNAR
@@ -61,20 +62,37 @@ class BatchedFedNAR(ClientBatched, FedNAR):
 class BatchedPAdaMFed(ClientBatched, PAdaMFed):
     """PAdaMFed's client step for ``C`` stacked clients: every client's step moves its own
     parameters by exactly ``eta`` (per-client normalisation); ``local_control()`` is each
-    client's ``acc / K_c``."""
+    client's ``acc / K_c``, or for a client that took no step the local control it was given."""
 
     _spec = BATCHED["padamfed_batched"]
+    # the local control given to start_round: what a client without a step this round keeps
+    _float32_state = PAdaMFed._float32_state + ("local_control",)
+    _state_keys = PAdaMFed._state_keys + ("local_control",)
+
+    def _apply_round_inputs(self, inputs: Dict[str, Any]) -> None:
+        super()._apply_round_inputs(inputs)
+        ci = inputs["local_control"]
+        for i, p in enumerate(self._params_flat):
+            if ci is None:
+                self.state[p].pop("local_control", None)
+            else:
+                self.state[p]["local_control"] = ci[i].detach().to(state_dtype(p)).clone(
+                    memory_format=torch.contiguous_format)
 
     @torch.no_grad()
     def local_control(self) -> List[torch.Tensor]:
-        """Each client's new control ``acc / K_c`` (``K_c``: the steps client c took), stacked ``[C, ...]``."""
-        if self._host_steps == 0:
-            raise RuntimeError("local_control() needs at least one step() since start_round()")
+        """Each client's new control ``acc / K_c`` (``K_c``: the steps client c took), stacked ``[C, ...]``;
+        a client with ``K_c = 0`` keeps the local control it was given at start_round (zeros if none)."""
         out = []
         for p in self._params_flat:
-            acc = self.state[p]["acc"]
-            k = self._k_dev.to(acc.dtype) if self._k_dev is not None else torch.tensor(self._k_host, dtype=acc.dtype)
-            out.append(acc / k.view(-1, *([1] * (acc.dim() - 1))))
+            st = self.state[p]
+            acc = st["acc"]
+            k = self._k_dev.to(acc.dtype) if self._k_dev is not None else torch.tensor(self.round_step, dtype=acc.dtype)
+            k = k.to(acc.device).view(-1, *([1] * (acc.dim() - 1)))
+            given = st.get("local_control")
+            kept = given if given is not None else torch.zeros_like(acc)
+            # no host sync: the choice is made on the device, per client
+            out.append(torch.where(k > 0, acc / k.clamp(min=1), kept))
         return out
 
 

@@ -7,26 +7,44 @@ up exactly where the per-client optimizer would have taken it alone.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+import math
+import numbers
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .._base import FedOptimizer, _param_name
+from .._base import _ROUND_KEY, FedOptimizer, _param_name
 from .._ops import FRESH
 from .._plan import StepPlan, refuse_in_capture
 
 
-def _per_client(name: str, value: Any, C: int, cast) -> Optional[List]:
-    """None, one value for all clients, or one per client -> a list of C host values."""
+def _per_client(name: str, value: Any, C: int, cast: Callable[[str, Any], Any]) -> Optional[List]:
+    """None, one value for all clients, or one per client -> a list of C host values (``cast`` checks each)."""
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"{name} must hold real numbers, got a {value.dtype} tensor")
         value = value.detach().cpu().reshape(-1).tolist() if value.dim() else value.item()
     if isinstance(value, (list, tuple)):
         if len(value) != C:
             raise ValueError(f"{name} has {len(value)} values but there are {C} clients")
-        return [cast(v) for v in value]
-    return [cast(value)] * C
+        return [cast(name, v) for v in value]
+    return [cast(name, value)] * C
+
+
+def _real(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{name} must hold numbers, got {v!r}")
+    return float(v)
+
+
+def _round_number(name: str, v: Any) -> int:
+    """A round index: a non-negative integer (an integral float counts); fractions, NaN, inf refused, not truncated."""
+    x = _real(name, v)
+    if not (math.isfinite(x) and x >= 0 and x == int(x)):
+        raise ValueError(f"{name} must hold non-negative integers, got {v!r}")
+    return int(x)
 
 
 class ClientBatched(FedOptimizer):
@@ -48,6 +66,9 @@ class ClientBatched(FedOptimizer):
                 raise ValueError(f"{_param_name(gi, pi, p)} is 0-dim; client-batched parameters are stacked "
                                  f"client copies with a leading client dimension [C, *shape]")
             if self.num_clients is None:
+                if p.shape[0] == 0:
+                    raise ValueError(f"{_param_name(gi, pi, p)} has leading (client) dimension 0: a client-batched "
+                                     f"optimizer needs at least one client")
                 self.num_clients = int(p.shape[0])
             elif p.shape[0] != self.num_clients:
                 raise ValueError(f"{_param_name(gi, pi, p)} has leading (client) dimension {p.shape[0]} but other "
@@ -79,10 +100,8 @@ class ClientBatched(FedOptimizer):
         per client (default 1). Corrections, controls and scales are ``[C, *shape]`` tensors.
         """
         C = self.num_clients
-        t = _per_client("round_index", round_index, C, int)
-        scale = _per_client("lr_scale", lr_scale, C, float)
-        if t is not None and any(v < 0 for v in t):
-            raise ValueError(f"round_index must be >= 0, got {round_index!r}")
+        t = _per_client("round_index", round_index, C, _round_number)
+        scale = _per_client("lr_scale", lr_scale, C, _real)
         if scale is not None and any(not (v >= 0 and v != float("inf")) for v in scale):
             raise ValueError(f"lr_scale must be finite and >= 0 per client, got {lr_scale!r}")
         had_buffers = any("momentum_buffer" in self.state[p] for p in self._params_flat)
@@ -91,6 +110,34 @@ class ClientBatched(FedOptimizer):
         self._lr_scale = scale
         self._k_host = [0] * C
         self._fresh_round = reset_state or not had_buffers
+
+    @property
+    def client_round_index(self) -> List[int]:
+        """t of every client in the current round (given to start_round, else this optimizer's round count)."""
+        return list(self._t_clients) if self._t_clients is not None else [max(self._t, 0)] * self.num_clients
+
+    # ------------------------------------------------------------------ state_dict: what start_round was given
+    def state_dict(self) -> Dict[str, Any]:
+        sd = super().state_dict()
+        sd[_ROUND_KEY].update(clients=self.num_clients, client_round_index=self._t_clients,
+                              lr_scale=self._lr_scale, fresh_round=self._fresh_round)
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        rnd = state_dict.get(_ROUND_KEY) if isinstance(state_dict, dict) else None
+        if isinstance(rnd, dict):  # checked before anything is loaded (a refused load changes nothing)
+            counts = {"clients": rnd.get("clients")}
+            for key in ("k", "client_round_index", "lr_scale"):
+                if isinstance(rnd.get(key), (list, tuple)):
+                    counts[key] = len(rnd[key])
+            for key, n in counts.items():
+                if n is not None and n != self.num_clients:
+                    raise ValueError(f"state_dict was saved by a client-batched optimizer with {n} clients ({key}), "
+                                     f"this one has {self.num_clients} clients")
+        super().load_state_dict(state_dict)
+        self._t_clients = None if rnd.get("client_round_index") is None else [int(v) for v in rnd["client_round_index"]]
+        self._lr_scale = None if rnd.get("lr_scale") is None else [float(v) for v in rnd["lr_scale"]]
+        self._fresh_round = bool(rnd.get("fresh_round", True))
 
     # ------------------------------------------------------------------ per-client hp rows
     def _hp_tensor(self, plan: StepPlan) -> torch.Tensor:

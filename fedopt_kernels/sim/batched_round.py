@@ -75,7 +75,7 @@ class BatchedClients:
         self.opts = sim.strategy.opts
         self.kind = self.opts.kind
         self.anchor_model = getattr(sim.strategy, "anchor_model", None)
-        self.pool = BatchPool(sim.train_clients, cfg.batch_size)
+        self.pool = BatchPool(sim.train_clients, cfg.batch_size, dtype=sim.global_params[0].dtype)
         S = cfg.sampled_per_round
         n = self.resolve_parallel()
         chunks = math.ceil(S / n)

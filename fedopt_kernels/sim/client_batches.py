@@ -37,12 +37,16 @@ class RoundBatches:
 
 
 class BatchPool:
-    """The training splits of ``clients`` pooled on their device, indexed by client id."""
+    """The training splits of ``clients`` pooled on their device, indexed by client id.
 
-    def __init__(self, clients: Sequence[ClientData], batch_size: int):
+    ``dtype``: of the sample weights (the model's: ``1/n`` rounded as the sequential mean rounds it).
+    """
+
+    def __init__(self, clients: Sequence[ClientData], batch_size: int, dtype: torch.dtype = torch.float32):
         if not clients:
             raise ValueError("BatchPool needs at least one client")
         self.batch_size = batch_size
+        self.dtype = dtype
         self.x = torch.cat([c.train_x for c in clients])
         self.y = torch.cat([c.train_y for c in clients])
         sizes = [c.size for c in clients]
@@ -69,7 +73,7 @@ class BatchPool:
         y = self.y[flat].view(steps, C, B)
         n = torch.from_numpy(counts)
         real = torch.arange(B)[None, None, :] < n[..., None]
-        w = (real.to(torch.float32) / n[..., None].to(torch.float32)).to(device)
+        w = (real.to(self.dtype) / n[..., None].to(self.dtype)).to(device)
         return RoundBatches(x, y, w, n)
 
 

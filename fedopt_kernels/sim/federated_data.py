@@ -35,6 +35,15 @@ class FederatedData:
     num_classes: int
     input_spec: Optional[InputSpec] = None  # raw-pixel data sets: the model's input stage
 
+    def to_dtype(self, dtype: torch.dtype) -> "FederatedData":
+        """The same users with floating-point inputs cast to ``dtype`` (raw uint8 pixels and labels as they are)."""
+        def cast(c: ClientData) -> ClientData:
+            return ClientData(c.client_id, *(t.to(dtype) if t.is_floating_point() else t for t in
+                                             (c.train_x, c.train_y, c.val_x, c.val_y, c.test_x, c.test_y)))
+
+        return FederatedData([cast(c) for c in self.train_clients], [cast(c) for c in self.new_clients],
+                             self.input_shape, self.num_classes, self.input_spec)
+
 
 def _pooled(dsets: List[ArrayDataset]) -> ArrayDataset:
     return ArrayDataset(np.concatenate([d.x for d in dsets]), np.concatenate([d.y for d in dsets]),

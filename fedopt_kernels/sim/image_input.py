@@ -43,7 +43,7 @@ class InputSpec:
 class ImageClassifier(nn.Module):
     """``net(preprocess(x))``: the input stage of ``spec`` in front of a classifier network.
 
-    ``preprocess`` casts to float32, divides by ``spec.scale``, augments (training mode and
+    ``preprocess`` casts to float32 (the network's dtype if it was cast), divides by ``spec.scale``, augments (training mode and
     ``spec.augment`` only; random crop + flip from a generator seeded at construction from torch's
     RNG, so a seeded run is reproducible) and normalises. Evaluation (``eval()`` mode) never augments.
 
@@ -77,7 +77,8 @@ class ImageClassifier(nn.Module):
 
     def preprocess(self, x: torch.Tensor, train: bool) -> torch.Tensor:
         s = self.spec
-        x = x.to(torch.float32) / s.scale
+        w = next(self.net.parameters(), None)  # float32, or the dtype the model was cast to
+        x = x.to(w.dtype if w is not None and w.is_floating_point() else torch.float32) / s.scale
         if train and s.augment:
             x = random_crop_flip(x, s.padding, self._generator(x.device))
         if s.mean is not None:

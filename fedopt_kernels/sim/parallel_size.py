@@ -38,7 +38,8 @@ def state_copies(kind: str, cfg) -> int:
         return n + (1 if kind == "nlr" else 0)  # nlr: scales (per row; counted as a copy, an upper bound)
     if kind == "nar":
         return int(cfg.server_rule == "scaffold") + int(cfg.algorithm == "fednar-fedprox")
-    return 2 + (1 if cfg.algorithm.endswith("-vr") else 0)  # padamfed: D, acc (+ anchor gradients)
+    # padamfed: D, acc, the given local control (+ anchor gradients)
+    return 3 + (1 if cfg.algorithm.endswith("-vr") else 0)
 
 
 def activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:

@@ -59,16 +59,20 @@ class Simulation:
     """One FL run. ``run()`` does everything; ``run_round(t)`` lets a caller step runs in lockstep.
 
     ``data`` and ``model_fn`` replace the data set / model built from ``cfg`` (tests use tiny ones).
+    ``dtype`` (e.g. ``torch.float64``) casts the model and the floating-point data to it; the
+    validations use it to compare two computations of the same mathematics far below any tolerance.
     """
 
     def __init__(self, cfg: SimConfig, data: Optional[FederatedData] = None,
-                 model_fn: Optional[Callable[[], nn.Module]] = None):
+                 model_fn: Optional[Callable[[], nn.Module]] = None, dtype: Optional[torch.dtype] = None):
         self.cfg = cfg.validate()
         self.hp = cfg.hparams()
         self.device = resolve_device(cfg.device)
         self.backend = resolve_backend(cfg, self.device)
         ss_data, ss_init, ss_sample, ss_batch, ss_tune = np.random.SeedSequence(cfg.seed).spawn(5)
         self.data = data if data is not None else build_federated_data(cfg, np.random.default_rng(ss_data), self.device)
+        if dtype is not None:
+            self.data = self.data.to_dtype(dtype)
         if len(self.data.train_clients) != cfg.num_train_clients:
             raise ValueError(f"data has {len(self.data.train_clients)} training clients, config expects "
                              f"{cfg.num_train_clients}")
@@ -76,7 +80,7 @@ class Simulation:
             torch.manual_seed(int(ss_init.generate_state(1)[0]))
             model = model_fn() if model_fn is not None else build_model(cfg.model, self.data.input_shape,
                                                                         self.data.num_classes, self.data.input_spec)
-        self.model = model.to(self.device)
+        self.model = model.to(self.device) if dtype is None else model.to(self.device, dtype)
         self.global_params: List[torch.Tensor] = [p.detach().clone() for p in self.model.parameters()]
         self.sample_rng = np.random.default_rng(ss_sample)
         self.streams = {c.client_id: BatchStream(c.train_x, c.train_y, cfg.batch_size, np.random.default_rng(s))
