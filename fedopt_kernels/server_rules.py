@@ -52,6 +52,10 @@ def weighted_average_step(x: Sequence[torch.Tensor], deltas: Sequence[Sequence[t
     if any(not math.isfinite(w) or w <= 0 for w in weights):
         raise ValueError(f"weights must be finite and > 0, got {list(weights)}")
     total = sum(weights)
+    if not math.isfinite(total):  # finite weights whose sum overflows: normalise by the largest first
+        top = max(weights)
+        weights = [w / top for w in weights]
+        total = sum(weights)
     out = []
     for j, xj in enumerate(x):
         avg = torch.zeros_like(xj)

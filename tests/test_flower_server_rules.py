@@ -29,6 +29,22 @@ def test_weighted_average_step_matches_hand():
         torch.testing.assert_close(out[j], expect)
 
 
+@pytest.mark.parametrize("weights", [[1e308, 1e308], [1e308, 1e308, 1.0], [2.0 ** 53, 1.0, 3.0],
+                                     [1.7e308, 5e-324], [5e-324, 5e-324]])
+def test_weighted_average_weights_sum_to_one_without_overflow(weights):
+    """Finite positive weights of any size: the step is the weighted mean, never a frozen model (a sum of
+    weights that overflows to inf once made every weight 0)."""
+    x = tensors(*SHAPES, seed=1)
+    deltas = [tensors(*SHAPES, seed=s) for s in range(2, 2 + len(weights))]
+    out = weighted_average_step(x, deltas, weights, server_lr=1.0)
+    top = max(weights)
+    rel = [w / top for w in weights]  # the same mean, from weights that cannot overflow
+    for j in range(len(x)):
+        expect = x[j] + sum(r * d[j] for r, d in zip(rel, deltas)) / sum(rel)
+        torch.testing.assert_close(out[j], expect, rtol=1e-12, atol=1e-12)
+        assert torch.isfinite(out[j]).all() and not torch.equal(out[j], x[j])
+
+
 def test_scaffold_rules_match_hand():
     ci, c, delta = tensors(*SHAPES, seed=1), tensors(*SHAPES, seed=2), tensors(*SHAPES, seed=3)
     new = scaffold_local_control(ci, c, delta, lr_sum=0.25)

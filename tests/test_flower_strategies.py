@@ -155,16 +155,22 @@ class FaultyClient:
     def __init__(self, rc, bad, fault, bad_round=1, phase=MessageType.TRAIN):
         self.app, self.bad, self.fault, self.bad_round, self.phase = client_app(), bad, fault, bad_round, phase
         self.replies = {}  # (message type, server round, client id) -> reply content as sent
+        self.messages = {}  # the same keys -> reply message as sent
 
     def __call__(self, msg, ctx):
         cid = ctx.node_config["partition-id"]
         rnd = int(msg.content["config"]["server-round"])
-        hit = cid == self.bad and rnd == self.bad_round and msg.metadata.message_type == self.phase
+        bad = self.bad if isinstance(self.bad, tuple) else (self.bad,)
+        hit = cid in bad and rnd == self.bad_round and msg.metadata.message_type == self.phase
         if hit and self.fault == "dropout":
             return None
         if hit and self.fault == "crash":
             raise RuntimeError("simulated crash in the middle of local training")
+        if hit and self.fault == "stale":  # its reply to the previous round's instruction, delivered late
+            return self.messages[(msg.metadata.message_type, rnd - 1, cid)]
         reply = self.app(msg, ctx)
+        if hit and self.fault.startswith("count="):
+            reply.content["metrics"]["num-examples"] = eval(self.fault[len("count="):])
         key = "control" if "control" in reply.content and "delta" not in reply.content else "delta"
         if hit and self.fault in ("nan", "shape"):
             rec = reply.content[key]
@@ -177,6 +183,7 @@ class FaultyClient:
             name = next(iter(rec.keys()))
             rec[name] = Array(np.full(rec[name].numpy().shape, np.inf, np.float32))
         self.replies[(msg.metadata.message_type, rnd, cid)] = reply.content
+        self.messages[(msg.metadata.message_type, rnd, cid)] = reply
         return reply
 
 
@@ -275,6 +282,50 @@ def test_padamfed_initialisation_leaves_a_bad_client_out(fault, caplog):
     recovered = [c - sum(d[j] for d in dcs) / cfg.num_train_clients for j, c in enumerate(strategy.c)]
     for a, b in zip(recovered, c0):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["fednar-scaffold", "padamfed"])
+@pytest.mark.parametrize("fault,bad,reason", [
+    ("count=1e308", (1, 3), "num-examples"),      # two such counts overflowed the weight sum: model frozen
+    ("count=2.5", (2,), "num-examples"),
+    ("count=2**53 + 2", (0,), "num-examples"),
+    ("count=0", (2,), "num-examples"),
+    ("count=-4", (2,), "num-examples"),
+    ("stale", (1,), "round"),                      # a node asked in round 2 answers with its round-1 reply
+])
+def test_a_bad_count_or_a_stale_reply_is_a_logged_dropout(algorithm, fault, bad, reason, caplog):
+    rc = run_config(algorithm)
+    cfg = sim_configs(rc)[0]
+    sim = simulation_for(cfg)
+    names = [n for n, _ in sim.model.named_parameters()]
+    client = FaultyClient(rc, bad, fault, bad_round=2)
+    grid = InProcessGrid(client, cfg.num_train_clients, rc)
+    strategy = strategy_for(cfg, state_tag=f"c-{algorithm}-{len(bad)}")
+    arrays, _ = drive_round(strategy, grid, 1, to_record(names, sim.global_params))
+    assert strategy.rejections == []
+    msgs = strategy.configure_train(2, arrays, ConfigRecord(), grid)
+    x0 = [t.clone() for t in strategy.global_params]
+    state0 = {k: [t.clone() for t in v] for k, v in strategy.server_state().items()}
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, metrics = strategy.aggregate_train(2, grid.send_and_receive(msgs))
+    assert metrics["clients-used"] == cfg.num_train_clients - len(bad)
+    assert len(strategy.rejections) == len(bad)
+    assert all(r.server_round == 2 and reason in r.reason for r in strategy.rejections), strategy.rejections
+    assert sum("left node" in r.getMessage() and reason in r.getMessage() for r in caplog.records) == len(bad)
+    good = [client.replies[(MessageType.TRAIN, 2, c)] for c in range(cfg.num_train_clients) if c not in bad]
+    deltas = [tensors_of(r["delta"], names) for r in good]
+    if cfg.server_rule == "padamfed":
+        expect, _, _ = padamfed_step(x0, state0["c"], state0["m"], deltas, [tensors_of(r["dc"], names) for r in good],
+                                     num_clients=cfg.num_train_clients, lr=strategy.hp["lr"],
+                                     local_steps=cfg.local_steps, server_lr=strategy.hp["server_lr"],
+                                     beta=strategy.hp["beta"])
+    else:
+        expect = weighted_average_step(x0, deltas, [float(r["metrics"]["num-examples"]) for r in good],
+                                       strategy.hp["server_lr"])
+    for a, b, before in zip(strategy.global_params, expect, x0):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert any(not torch.equal(a, b) for a, b in zip(strategy.global_params, x0))  # not frozen
 
 
 def test_a_round_without_usable_replies_keeps_the_model(caplog):

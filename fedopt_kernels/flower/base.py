@@ -7,8 +7,10 @@ logs which client and why), sorts the good ones by client id and applies the alg
 rule from ``fedopt_kernels.server_rules``, the same functions the simulator calls.
 
 A reply is left out when the client failed (an error reply), did not answer (dropped out or timed
-out), was not sampled or answered twice, or sent arrays that are missing, extra, misshapen, not
-floating point or not finite, or a non-positive ``num-examples``. If the new server state would
+out), was not sampled or answered twice, answers another round (its group id, which Flower copies
+from the instruction, is not this round's), or sent arrays that are missing, extra, misshapen, not
+floating point or not finite, or a ``num-examples`` that is not an integer in [1, 2**53] (exact in
+float64, so the weights always sum to 1 without overflow). If the new server state would
 not be finite (overflow), the round is skipped: the model and server state stay as they were.
 Every left-out reply is appended to ``strategy.rejections`` as well as logged.
 """
@@ -26,7 +28,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from ..sim.config import SimConfig
-from .records import BadUpdate, Tensors, all_finite, from_record, get_record, logger, metric, to_record
+from .records import (BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric,
+                      to_record)
 from .settings import round_config
 
 CLIENT_ID_QUERY = f"{MessageType.QUERY}.client_id"  # asks a node which client id it serves
@@ -253,7 +256,7 @@ class FedOptStrategy(Strategy):
     def _check_replies(self, replies: Iterable[Message], server_round: int, phase: str, parse) -> list:
         """Parsed accepted replies, sorted by (client id, node id); every other reply rejected and logged."""
         sent = self._sent.pop((phase, server_round), [])
-        accepted, seen = [], set()
+        accepted, seen, stale = [], set(), set()
         for msg in replies:
             node = int(msg.metadata.src_node_id)
             content = None if msg.has_error() else msg.content
@@ -262,6 +265,10 @@ class FedOptStrategy(Strategy):
                     raise BadUpdate("reply from a node that was not asked this round")
                 if node in seen:
                     raise BadUpdate("second reply from the same node")
+                if msg.metadata.group_id != str(server_round):  # a late reply to an earlier round's instruction
+                    stale.add(node)
+                    raise BadUpdate(f"reply tagged for round {msg.metadata.group_id!r}, not this round "
+                                    f"({server_round}): stale")
                 seen.add(node)
                 if msg.has_error():
                     raise BadUpdate(f"the client failed: {msg.error.reason}")
@@ -269,15 +276,13 @@ class FedOptStrategy(Strategy):
             except BadUpdate as exc:
                 self._reject(server_round, phase, node, _client_id_of(content), str(exc))
         for node in sent:
-            if node not in seen:
+            if node not in seen and node not in stale:  # a stale reply is already this node's logged dropout
                 self._reject(server_round, phase, node, None, "no reply: the client dropped out or timed out")
         accepted.sort(key=lambda a: (a[0] is None, a[0] if a[0] is not None else 0, a[1]))
         return [a[2] for a in accepted]
 
     def _parse_train(self, content: RecordDict, node: int) -> ClientResult:
-        weight = metric(content, "num-examples")
-        if weight <= 0:
-            raise BadUpdate(f"num-examples must be > 0, got {weight:g}")
+        weight = example_count(content)
         delta = from_record(get_record(content, "delta", ArrayRecord, "reply"), self.names, self.global_params, "delta")
         dc = None
         if self.uses_controls:
@@ -341,7 +346,7 @@ class FedOptStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         def parse(content: RecordDict, node: int) -> Tuple[float, Dict[str, float]]:
-            n = metric(content, "num-examples")
+            n = example_count(content, allow_zero=True)
             values = {k: metric(content, k) for k in content["metrics"].keys()
                       if k not in ("num-examples", "client-id")}
             return n, values

@@ -85,6 +85,26 @@ def metric(content: RecordDict, name: str, what: str = "metrics") -> float:
     return float(v)
 
 
+MAX_EXAMPLES = 2 ** 53  # the largest count every integer below which a float64 holds exactly
+
+
+def example_count(content: RecordDict, allow_zero: bool = False) -> float:
+    """The reply's ``num-examples``: an integer in [1, 2**53] ([0, 2**53] with ``allow_zero``); BadUpdate otherwise.
+
+    The bound keeps every count exact in float64 and any sum of counts far from overflow, so the
+    aggregation weights always sum to 1.
+    """
+    rec = get_record(content, "metrics", MetricRecord, "metrics")
+    if "num-examples" not in rec:
+        raise BadUpdate("metrics: the MetricRecord has no 'num-examples'")
+    v = rec["num-examples"]
+    integral = isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+    low = 0 if allow_zero else 1
+    if isinstance(v, bool) or not integral or not low <= v <= MAX_EXAMPLES:
+        raise BadUpdate(f"num-examples must be an integer in [{low}, 2**53], got {v!r}")
+    return float(v)
+
+
 def config_dict(content: RecordDict, key: str = "config") -> Dict[str, object]:
     rec = get_record(content, key, ConfigRecord, "message")
     return dict(rec)
