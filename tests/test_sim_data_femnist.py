@@ -107,6 +107,26 @@ def _user(x=None, y=None):
      r"pixel values must lie in \[0, 1\]"),
     ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[["a"] * 784] * 2)}},
      r"'x' must be a list of 784-number lists"),
+    # 'users' holding lists or objects (unhashable ids), numbers; counts that are not integers
+    ({"users": [["u"]], "num_samples": [2], "user_data": {"u": _user()}}, r"'users' must hold user ids .*position 0"),
+    ({"users": ["u", {"v": 1}], "num_samples": [2, 2], "user_data": {"u": _user()}}, r"'users' must hold user ids"),
+    ({"users": [7], "num_samples": [2], "user_data": {"7": _user()}}, r"'users' must hold user ids"),
+    ({"users": ["u"], "num_samples": ["2"], "user_data": {"u": _user()}}, r"'num_samples' must hold integers >= 0"),
+    ({"users": ["u"], "num_samples": [[2]], "user_data": {"u": _user()}}, r"'num_samples' must hold integers >= 0"),
+    ({"users": ["u"], "num_samples": [2.5], "user_data": {"u": _user()}}, r"'num_samples' must hold integers >= 0"),
+    ({"users": ["u"], "num_samples": [2], "user_data": [_user()]}, r"'user_data' an object"),
+    ({"users": ["u"], "num_samples": [2], "user_data": {"u": [_user()]}}, r"user 'u' is listed in 'users' but has no"),
+    # x/y that do not pair up, pixels that are not numbers
+    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=[1])}}, r"'x' has shape \(2, 784\) and 'y' \(1,\)"),
+    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=[[1], [2]])}}, r"expected \[n, 784\] and \[n\]"),
+    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[None] * 784] * 2)}},
+     r"'x' must be a list of 784-number lists"),
+    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[0.5] * 784, [0.5] * 10])}},
+     r"'x' must be a list of 784-number lists"),
+    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x={"a": 1})}}, r"'x' must be a list"),
+    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=["a", "b"])}}, r"'y' a list of integers"),
+    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[True] * 784] * 2)}},
+     r"'x' must be a list of 784-number lists"),
 ])
 def test_malformed_json(tmp_path, content, match):
     _one_file(tmp_path, content)
@@ -132,3 +152,17 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--dataset", "femnist", "--data-dir", str(tmp_path), "--quiet", "--no-files"])
     assert exc.value.code == 2 and "not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [
+    {"users": [["u"]], "num_samples": [2], "user_data": {"u": _user()}},
+    {"users": ["u"], "num_samples": [{"n": 2}], "user_data": {"u": _user()}},
+    {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[[0.5]] * 784] * 2)}},
+])
+def test_malformed_json_is_a_one_line_cli_error(tmp_path, capsys, content):
+    _one_file(tmp_path, content)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--dataset", "femnist", "--data-dir", str(tmp_path), "--quiet", "--no-files"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err, err
+    assert err.startswith("fedopt-sim: error: ") and "a.json" in err, err

@@ -55,17 +55,26 @@ def _read_file(path: Path) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
         raise _fail(path, "'users' and 'num_samples' must be lists and 'user_data' an object")
     if len(users) != len(counts):
         raise _fail(path, f"{len(users)} users but {len(counts)} entries in 'num_samples'")
+    for i, (uid, n) in enumerate(zip(users, counts)):  # ids are the keys of 'user_data': JSON strings
+        if not isinstance(uid, str):
+            raise _fail(path, f"'users' must hold user ids (strings, the keys of 'user_data'), got "
+                              f"{type(uid).__name__} {uid!r} at position {i}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise _fail(path, f"'num_samples' must hold integers >= 0, got {n!r} for user {uid!r}")
     out: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
     for uid, n in zip(users, counts):
         u = data.get(uid)
         if not isinstance(u, dict) or "x" not in u or "y" not in u:
             raise _fail(path, f"user {uid!r} is listed in 'users' but has no {{'x', 'y'}} in 'user_data'")
         try:
-            x = np.asarray(u["x"], dtype=np.float32)
-            y = np.asarray(u["y"], dtype=np.float64)
-        except (TypeError, ValueError):
+            # no dtype here: None, strings or booleans would be converted silently (None -> NaN)
+            x, y = np.asarray(u["x"]), np.asarray(u["y"])
+        except (TypeError, ValueError):  # ragged lists
+            x = y = np.empty(0, dtype=object)
+        if x.dtype.kind not in "fiu" or y.dtype.kind not in "fiu":
             raise _fail(path, f"user {uid!r}: 'x' must be a list of 784-number lists and 'y' a list of "
-                              f"integers") from None
+                              f"integers")
+        x, y = x.astype(np.float32), y.astype(np.float64)
         if x.ndim != 2 or x.shape[1] != 784 or y.ndim != 1 or len(y) != len(x):
             raise _fail(path, f"user {uid!r}: 'x' has shape {x.shape} and 'y' {y.shape}, expected [n, 784] "
                               f"and [n]")
