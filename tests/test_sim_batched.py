@@ -187,6 +187,45 @@ def test_fedavg_cnn_on_cifar_matches_the_sequential_run(tmp_path, algorithm):
     assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
 
 
+_OTHER_ISA = """
+import sys, tempfile, pathlib
+import torch
+torch.set_num_threads(1)
+from sim_data_files import write_cifar10
+from fedopt_kernels.sim.config import SimConfig
+from fedopt_kernels.sim.validate import validate_client_parallel
+root = pathlib.Path(tempfile.mkdtemp())
+write_cifar10(root, per_batch=12, test=6)
+for algorithm in ("fednar-scaffold", "padamfed"):
+    cfg = SimConfig(algorithm=algorithm, dataset="cifar10", data_dir=str(root), model="fedavg-cnn", augment=True,
+                    clients=6, holdout_fraction=0.0, rounds=2, local_steps=2, batch_size=4, clients_per_round=3,
+                    finetune_steps=0, backend="auto", device="cpu", client_parallel=3)
+    v = validate_client_parallel(cfg)
+    print(algorithm, v.passed, v.dtype, repr(v.max_rel))
+"""
+
+
+def test_validation_holds_on_other_cpu_kernels():
+    """The CIFAR validation above in a fresh process that selects other CPU kernels: oneDNN limited to
+    AVX2 and ATen's baseline kernels (one thread: ~15-30 s). The in-process run covers this
+    machine's defaults; docs/testing.md has the full sweep over instruction sets and threads."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="default", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", _OTHER_ISA], env=env, cwd=tests.parent, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    assert [r[0] for r in rows] == ["fednar-scaffold", "padamfed"], out.stdout
+    for name, passed, dtype, rel in rows:
+        assert passed == "True" and dtype == "float64" and float(rel) <= ROUNDING_RTOL, out.stdout
+
+
 def test_per_client_clipping_is_clip_grad_norm():
     grads = [torch.randn(3, 4, 5), torch.randn(3, 7)]
     for g in grads:
