@@ -22,6 +22,7 @@ from .federated_data import FederatedData, build_federated_data
 from .models import build_model
 from .padamfed_server import PAdaMFedStrategy
 from .scaffold import ScaffoldStrategy
+from .screen import logger, screen_updates
 from .strategy import AvgStrategy
 
 _OPS = {"decay": "sgd", "nlr": "sgd", "nar": "fednar", "padamfed": "padamfed"}
@@ -140,11 +141,19 @@ class Simulation:
                     loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
                 updates.append(self.strategy.finish(cid, opt, t))
                 losses.append(float(loss_sum) / self.cfg.local_steps)
-        self.strategy.aggregate(updates, t)
+        accepted, refused = screen_updates(updates, self.global_params, t)
+        if accepted:
+            self.strategy.aggregate(accepted, t)
+        else:
+            logger.warning("round %d: no usable client update; the global model and server state are unchanged", t + 1)
         self.load_global()
-        weights = np.array([u.weight for u in updates])
-        record: Dict[str, Any] = {"round": t + 1, "train_loss": float(np.dot(weights, losses) / weights.sum()),
-                                  "clients": sampled}
+        ok = {id(u) for u in accepted}
+        kept = [(u.weight, loss) for u, loss in zip(updates, losses) if id(u) in ok]
+        weights = np.array([w for w, _ in kept])
+        train_loss = float(np.dot(weights, [v for _, v in kept]) / weights.sum()) if kept else float("nan")
+        record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled}
+        if refused:
+            record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
         if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
             val = pooled_metrics(self.model, self.train_clients, "val")
             record.update(val_loss=val["loss"], val_acc=val["acc"])
