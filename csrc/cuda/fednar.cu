@@ -31,7 +31,7 @@ struct NarOp {
   }
   __device__ static double scale(double norm, const Hp& hp, bool norm_f64) { return fednar_scale(norm, hp, norm_f64); }
 
-  template <class T, bool kUpdate>
+  template <class T, bool kUpdate, bool kVector>
   __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
     using A = acc_t<T>;
     const int f = hp.flags;
@@ -44,7 +44,7 @@ struct NarOp {
     if (C) C += w.begin;
     double sq = 0.0;
 
-    const int nvec = w.aligned ? w.n / kVec : 0;
+    const int nvec = w.n / kVec;  // the same split with and without vector accesses (two_pass.cuh)
     for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
       A x[kIlp][kVec], g[kIlp][kVec], c[kIlp][kVec], x0[kIlp][kVec];
 #pragma unroll
@@ -52,10 +52,10 @@ struct NarOp {
         const int v = v0 + u * kBlock;
         if (v < nvec) {
           const int j = v * kVec;
-          load4(X + j, x[u]);
-          load4(G + j, g[u]);
-          if (f & kNarCorrection) load4(C + j, c[u]);
-          if (f & kNarProx) load4(X0 + j, x0[u]);
+          load4_any<kVector>(X + j, x[u]);
+          load4_any<kVector>(G + j, g[u]);
+          if (f & kNarCorrection) load4_any<kVector>(C + j, c[u]);
+          if (f & kNarProx) load4_any<kVector>(X0 + j, x0[u]);
         }
       }
 #pragma unroll
@@ -68,7 +68,7 @@ struct NarOp {
             if (kUpdate) x[u][q] = x[u][q] - scale * d;
             else sq += static_cast<double>(d) * static_cast<double>(d);
           }
-          if (kUpdate) store4(X + v * kVec, x[u]);
+          if (kUpdate) store4_any<kVector>(X + v * kVec, x[u]);
         }
       }
     }

@@ -27,7 +27,7 @@ struct PadOp {
   __device__ static double scale(double norm, const Hp& hp, bool norm_f64) { return padamfed_scale(norm, hp, norm_f64); }
 
   // pass 1 reads G, D, acc, H and writes acc; pass 2 reads G, D, x, H and writes x
-  template <class T, bool kUpdate>
+  template <class T, bool kUpdate, bool kVector>
   __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
     using A = acc_t<T>;
     const bool vr = (hp.flags & kPadVarianceReduction) != 0;
@@ -42,7 +42,7 @@ struct PadOp {
     if (H) H += w.begin;
     double sq = 0.0;
 
-    const int nvec = w.aligned ? w.n / kVec : 0;
+    const int nvec = w.n / kVec;  // the same split with and without vector accesses (two_pass.cuh)
     for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
       A g[kIlp][kVec], d[kIlp][kVec], h[kIlp][kVec], y[kIlp][kVec];  // y: acc (pass 1) or x (pass 2)
 #pragma unroll
@@ -50,11 +50,11 @@ struct PadOp {
         const int v = v0 + u * kBlock;
         if (v < nvec) {
           const int j = v * kVec;
-          load4(G + j, g[u]);
-          load4(D + j, d[u]);
-          if (vr) load4(H + j, h[u]);
-          if (kUpdate) load4(X + j, y[u]);
-          else load4(ACC + j, y[u]);
+          load4_any<kVector>(G + j, g[u]);
+          load4_any<kVector>(D + j, d[u]);
+          if (vr) load4_any<kVector>(H + j, h[u]);
+          if (kUpdate) load4_any<kVector>(X + j, y[u]);
+          else load4_any<kVector>(ACC + j, y[u]);
         }
       }
 #pragma unroll
@@ -72,8 +72,8 @@ struct PadOp {
               y[u][q] = y[u][q] + gg;
             }
           }
-          if (kUpdate) store4(X + v * kVec, y[u]);
-          else store4(ACC + v * kVec, y[u]);
+          if (kUpdate) store4_any<kVector>(X + v * kVec, y[u]);
+          else store4_any<kVector>(ACC + v * kVec, y[u]);
         }
       }
     }

@@ -84,5 +84,29 @@ __device__ __forceinline__ void store4(T* p, const acc_t<T> (&v)[4]) {
   }
 }
 
+// 4 consecutive elements as one vector access (kVector: the pointer is aligned) or as 4 scalar
+// ones. A norm op runs both forms through one loop, so element i is summed by the same thread in
+// the same order whatever the pointer's alignment: an unaligned view and its aligned clone (or a
+// batched client's misaligned slice and the per-client op on it) give the same norm, bit for bit.
+template <bool kVector, class T>
+__device__ __forceinline__ void load4_any(const T* p, acc_t<T> (&v)[4]) {
+  if constexpr (kVector) {
+    load4(p, v);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = load1(p + q);
+  }
+}
+
+template <bool kVector, class T>
+__device__ __forceinline__ void store4_any(T* p, const acc_t<T> (&v)[4]) {
+  if constexpr (kVector) {
+    store4(p, v);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) store1(p + q, v[q]);
+  }
+}
+
 }  // namespace cuda
 }  // namespace fo
