@@ -80,7 +80,8 @@ def time_settled(fn: Callable[[], None], device: torch.device, budget: Budget, b
     blocks. A block is disturbed when its median exceeds ``agree`` x the fastest block's or, on a
     CPU, when other processes kept more than ``DISTURBED`` cores busy while it ran; another block
     is timed for each disturbed one, up to ``max_blocks`` in all. Returns the undisturbed blocks'
-    calls (when none is: those of the blocks as fast as the fastest).
+    calls (when none is: those of the blocks as fast as the fastest), topped up with the next
+    fastest blocks to at least ``budget.min_reps`` calls.
 
     One stalled call cannot move a median, but a stall of a few hundred milliseconds can fill a
     whole short timing loop: a multi-threaded kernel waits for its descheduled thread on every
@@ -96,13 +97,18 @@ def time_settled(fn: Callable[[], None], device: torch.device, budget: Budget, b
         with OtherLoad() as others:
             timed.append(time_calls(fn, device, per))
         loaded.append(device.type == "cpu" and others.cores is not None and others.cores > DISTURBED)
-        fastest = min(statistics.median(b) for b in timed)
-        fast = [statistics.median(b) <= agree * fastest for b in timed]
-        quiet = [b for b, f, busy in zip(timed, fast, loaded) if f and not busy]
+        medians = [statistics.median(b) for b in timed]
+        fast = [m <= agree * min(medians) for m in medians]
+        quiet = [i for i in range(len(timed)) if fast[i] and not loaded[i]]
         if len(quiet) >= blocks or len(timed) >= max_blocks:
             break
-    chosen = quiet or [b for b, f in zip(timed, fast) if f]
-    return [t for b in chosen for t in b]
+    chosen = quiet or [i for i in range(len(timed)) if fast[i]]
+    for i in sorted(range(len(timed)), key=medians.__getitem__):
+        if sum(len(timed[j]) for j in chosen) >= budget.min_reps:
+            break
+        if i not in chosen:
+            chosen.append(i)
+    return [t for i in chosen for t in timed[i]]
 
 
 def host_time(fn: Callable[[], None], device: torch.device, reps: int = 20) -> float:
