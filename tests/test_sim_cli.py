@@ -154,7 +154,7 @@ def test_threads_default_depends_on_client_parallel(extra, want):
 
 @pytest.mark.parametrize("option", ["--backend", "--validate"])
 def test_triton_on_the_cpu_is_refused_unless_the_interpreter_is_asked_for(option, monkeypatch, capsys):
-    """Triton on CPU tensors runs its interpreter (about 20x slower than cpu): never by surprise."""
+    """Triton on CPU tensors runs its interpreter (many times slower than cpu): never by surprise."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(SystemExit) as exc:
         cli.main(SHORT + [option, "triton", "--device", "cpu"])

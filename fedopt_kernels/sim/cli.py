@@ -201,8 +201,8 @@ def _prepare_environment(args: argparse.Namespace) -> None:
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     for name in ("backend", "validate"):
         if getattr(args, name) == "triton" and on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
-            # on CPU tensors Triton runs only in its interpreter: correct, but ~20x slower than cpu
-            raise ValueError(f"{name}='triton' on the CPU would run Triton's interpreter, about 20x slower than "
+            # on CPU tensors Triton runs only in its interpreter: correct, but many times slower than cpu
+            raise ValueError(f"{name}='triton' on the CPU would run Triton's interpreter, many times slower than "
                              f"the cpu backend; use --{name} cpu (or auto), or set TRITON_INTERPRET=1 to run "
                              f"the interpreter on purpose")
 
