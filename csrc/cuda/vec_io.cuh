@@ -66,9 +66,13 @@ __device__ __forceinline__ void load4(const T* p, acc_t<T> (&v)[4]) {
 // Stores are written as PTX vector stores: for a batched client's slice (which starts at element
 // c * numel) NVVM splits a plain float4 / uint2 store into scalar ones (the address is formed
 // differently from the load's, so the load's alignment does not carry over). The "memory" clobber
-// keeps them ordered with every other memory access, as a plain store is.
+// keeps them ordered with every other memory access, as a plain store is. (Compiled for the host,
+// by tests/cuda_host, they are plain stores.)
 template <class T>
 __device__ __forceinline__ void store4(T* p, const acc_t<T> (&v)[4]) {
+#if !defined(__CUDA_ARCH__)
+  for (int q = 0; q < 4; ++q) p[q] = from_acc<T>(v[q]);
+#else
   if constexpr (std::is_same<T, float>::value) {
     asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
                  : "memory");
@@ -82,6 +86,7 @@ __device__ __forceinline__ void store4(T* p, const acc_t<T> (&v)[4]) {
                         (static_cast<unsigned>(acc_to_bits(v[3], T())) << 16);
     asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(lo), "r"(hi) : "memory");
   }
+#endif
 }
 
 // 4 consecutive elements as one vector access (kVector: the pointer is aligned) or as 4 scalar
