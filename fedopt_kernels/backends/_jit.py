@@ -11,8 +11,8 @@ source digest, so later processes only import it.
 Switches: ``FEDOPT_JIT_BUILD=0`` turns the build off (a build already in the cache is still
 loaded); ``FEDOPT_CACHE_DIR`` moves the cache (default
 ``$XDG_CACHE_HOME/fedopt_kernels`` or ``~/.cache/fedopt_kernels``). An extension disabled on purpose
-at install time (``FEDOPT_BUILD_CPU=0`` / ``FEDOPT_BUILD_CUDA=0``, then or now) is not built
-here either. A failed build is remembered (its log kept) so that every later import does not
+(``FEDOPT_BUILD_CPU=0`` / ``FEDOPT_BUILD_CUDA=0``, now, or at install time unless
+``FEDOPT_JIT_BUILD=1``) is neither built nor loaded here. A failed build is remembered (its log kept) so that every later import does not
 retry it; delete its cache folder to try again.
 """
 from __future__ import annotations
