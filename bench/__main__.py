@@ -6,8 +6,9 @@ Modes: default (full: every size, every configuration, ~1 s per case), ``--quick
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
 ``--smoke`` (small CNN only, three timed steps: checks the machinery, numbers mean little).
 
-A run never waits for the machine to be quiet and never redoes a case unless asked: rows that
-other processes disturbed are flagged (⚠). ``--wait-quiet`` and ``--retries`` are for the tables
+A run never waits for the machine to be quiet and never redoes a case unless asked (inside a case,
+a disturbed block of timed steps is replaced: ``timing.time_settled``): rows that other processes
+disturbed are flagged (⚠). ``--wait-quiet`` and ``--retries`` are for the tables
 that get committed. Files go to ``bench_runs/`` (git-ignored); the committed tables in
 ``bench/results/`` are written only when that folder is named with ``--out-dir``.
 """

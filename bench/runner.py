@@ -16,7 +16,7 @@ from .algorithms import ALGOS, BASELINES, TORCH_CLIP_SGD, TORCH_FOREACH, TORCH_F
 from .contention import DISTURBED, OtherLoad, wait_quiet
 from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
-from .timing import Budget, copy_bandwidth, host_time, median, time_calls, time_graph
+from .timing import Budget, copy_bandwidth, host_time, median, time_graph, time_settled
 from .traffic import Traffic, bytes_per_element, bytes_per_step
 
 Row = Dict[str, Any]
@@ -80,7 +80,7 @@ def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
     # after warm-up all state exists, so this is what a step allocates on top of it
     out["step_extra_bytes"] = step_peak_bytes(stepper.step, plan.device)
     out["state_bytes"] = state_bytes(stepper.opt)
-    times = time_calls(stepper.step, plan.device, dataclasses.replace(plan.budget, warmup=1))
+    times = time_settled(stepper.step, plan.device, dataclasses.replace(plan.budget, warmup=1))
     out.update(median_s=median(times), min_s=min(times), reps=len(times))
     out["host_s"] = host_time(stepper.step, plan.device) if plan.device.type == "cuda" else out["median_s"]
     if graph and plan.device.type == "cuda" and plan.graph_steps > 0:

@@ -3,6 +3,10 @@
 CPU times are host wall clock around each call. CUDA times come from events recorded on the
 current stream around each call, so a step whose host overhead exceeds its GPU work is timed at
 its host rate, which is what a training loop sees.
+
+``time_settled`` times a case in a few short blocks and drops the blocks that a disturbance
+slowed (docs/benchmarks.md): a stall of another process only ever adds time, so a block whose
+median is well above the fastest block's was disturbed.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import torch
+
+from .contention import DISTURBED, OtherLoad
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,50 @@ def time_calls(fn: Callable[[], None], device: torch.device, budget: Budget) -> 
             if len(times) >= budget.min_reps and time.perf_counter() - t_start >= budget.min_time_s:
                 break
     return times
+
+
+# time_settled: blocks timed at first and at most, and how much slower than the fastest block's
+# median a block may be and still count as undisturbed
+BLOCKS = 3
+MAX_BLOCKS = 6
+AGREE = 1.5
+
+
+def time_settled(fn: Callable[[], None], device: torch.device, budget: Budget, blocks: int = BLOCKS,
+                 max_blocks: int = MAX_BLOCKS, agree: float = AGREE) -> List[float]:
+    """Seconds per call, like ``time_calls`` with the same budget in total, but timed in ``blocks``
+    blocks. A block is disturbed when its median exceeds ``agree`` x the fastest block's or, on a
+    CPU, when other processes kept more than ``DISTURBED`` cores busy while it ran; another block
+    is timed for each disturbed one, up to ``max_blocks`` in all. Returns the undisturbed blocks'
+    calls (when none is: those of the blocks as fast as the fastest), topped up with the next
+    fastest blocks to at least ``budget.min_reps`` calls.
+
+    One stalled call cannot move a median, but a stall of a few hundred milliseconds can fill a
+    whole short timing loop: a multi-threaded kernel waits for its descheduled thread on every
+    call. A disturbance longer than every block stays in the figures, and the runner flags the row."""
+    per_max = max(1, budget.max_reps // blocks)
+    per = Budget(warmup=0, min_reps=min(per_max, -(-budget.min_reps // blocks)), max_reps=per_max,
+                 min_time_s=budget.min_time_s / blocks)
+    for _ in range(budget.warmup):
+        fn()
+    timed: List[List[float]] = []
+    loaded: List[bool] = []
+    while True:
+        with OtherLoad() as others:
+            timed.append(time_calls(fn, device, per))
+        loaded.append(device.type == "cpu" and others.cores is not None and others.cores > DISTURBED)
+        medians = [statistics.median(b) for b in timed]
+        fast = [m <= agree * min(medians) for m in medians]
+        quiet = [i for i in range(len(timed)) if fast[i] and not loaded[i]]
+        if len(quiet) >= blocks or len(timed) >= max_blocks:
+            break
+    chosen = quiet or [i for i in range(len(timed)) if fast[i]]
+    for i in sorted(range(len(timed)), key=medians.__getitem__):
+        if sum(len(timed[j]) for j in chosen) >= budget.min_reps:
+            break
+        if i not in chosen:
+            chosen.append(i)
+    return [t for i in chosen for t in timed[i]]
 
 
 def host_time(fn: Callable[[], None], device: torch.device, reps: int = 20) -> float:
@@ -114,5 +164,5 @@ def copy_bandwidth(nbytes: int, device: torch.device, budget: Budget) -> float:
     n = max(1, nbytes // 8)  # float32 elements: n*4 read + n*4 written = nbytes
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    times = time_calls(lambda: dst.copy_(src), device, budget)
+    times = time_settled(lambda: dst.copy_(src), device, budget)
     return 8 * n / median(times)

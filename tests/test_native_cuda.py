@@ -10,7 +10,9 @@
   reference batched op (the per-client reference step) with clients that span several chunks,
   clients whose slices are not 16-byte aligned, split tables, mixed dtypes, per-client k / active /
   FRESH, and C = 1000 clients of the simulator's small CNN; their norms are deterministic; batched
-  optimizer steps replay from a CUDA graph bit for bit and never sync.
+  optimizer steps replay from a CUDA graph bit for bit and never sync;
+* the norm ops (per-client and batched) on views one element off alignment give the bits of the
+  same op on aligned clones: the scalar and the vector path sum in one element-to-thread order.
 """
 from __future__ import annotations
 
@@ -282,6 +284,37 @@ def test_batched_client_is_bitwise_the_per_client_cuda_op(name):
             for i, (a, b) in enumerate(zip(want, got)):
                 assert torch.equal(a, b[c]), f"client {c}: {spec.roles[r].name}[{i}] differs from the per-client op"
         assert int(kc) == int(args[n + 3][c])
+
+
+# odd sizes (every chunk ends in a partial vector) and float64 tensors: the norm and its factor are
+# then float64, so x shows any difference in the norm's bits
+ODD = [((3, 7001), F64, 0), ((5,), F32, 0), ((33, 3), F16, 0), ((17, 1025), F32, 0), ((1001,), BF16, 0),
+       ((7,), F64, 0)]
+
+
+def _shifted(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a view one element into a larger buffer: off every vector alignment."""
+    out = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape)
+    return out.copy_(t)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["per_client", "batched"])
+@pytest.mark.parametrize("base", ["fednar", "padamfed"])
+def test_norm_op_on_unaligned_views_is_bitwise_the_aligned_op(base, batched):
+    """The scalar (unaligned) path gives each thread the elements the vector path gives it, in the
+    same order, so the norm, and x through it, does not depend on where the tensors start."""
+    name = f"{base}_batched" if batched else base
+    spec = OPS[name]
+    n = len(spec.roles)
+    aligned = _op_args(spec, ODD, "cuda", clients=4 if batched else 0, seed=11)
+    shifted = [[_shifted(t) for t in lst] for lst in aligned[:n]] + list(aligned[n:])
+    shifted[n + 3] = aligned[n + 3].clone()  # k advances in place
+    assert all(t.data_ptr() % 16 for lst in shifted[:n] for t in lst)
+    assert all(t.data_ptr() % 256 == 0 for lst in aligned[:n] for t in lst)
+    for _ in range(2):
+        _ops.torch_op(name)(*aligned)
+        _ops.torch_op(name)(*shifted)
+    _assert_same_roles(spec, aligned, shifted, exact=True)
 
 
 @pytest.mark.parametrize("name", list(BATCHED))

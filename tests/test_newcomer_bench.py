@@ -105,3 +105,72 @@ def test_gpu_check_dry_run_with_its_install_phase():
     res = next(p for p in (ROOT / "bench" / "results" / "tmp").glob("cpu-dryrun-*") if p.is_dir())
     log = (res / "install.log").read_text()
     assert "Would install" in log, log[-2000:]  # pip resolved the install, changed nothing
+
+
+class _FakeTime:
+    """Stands in for bench.timing's ``time``: the clock moves only when the timed step runs; a
+    step takes ``fast`` seconds, except the calls numbered in ``stalled``, which take ``stall``."""
+
+    def __init__(self, fast: float, stall: float, stalled: range):
+        self.now, self.calls = 0.0, 0
+        self.fast, self.stall, self.stalled = fast, stall, stalled
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def step(self) -> None:
+        self.calls += 1
+        self.now += self.stall if self.calls in self.stalled else self.fast
+
+
+class _FakeLoad:
+    """Stands in for bench.timing's OtherLoad: another process kept a core busy during any block in
+    which a stalled call ran (the cause of a stall on a shared machine)."""
+
+    clock: _FakeTime
+
+    def __enter__(self):
+        self.first, self.cores = self.clock.calls + 1, None
+        return self
+
+    def __exit__(self, *exc):
+        ran = range(self.first, self.clock.calls + 1)
+        self.cores = 1.0 if any(c in self.clock.stalled for c in ran) else 0.0
+
+
+class _FakeOpt:
+    def step(self) -> None:
+        pass
+
+
+def _quick_row(monkeypatch, clock: _FakeTime) -> dict:
+    """One case measured as the quick benchmark does, on the fake clock (no memory probes)."""
+    import bench.timing as timing
+    from bench.algorithms import Stepper
+
+    class Timed(Stepper):
+        def step(self) -> None:
+            clock.step()
+
+    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(timing, "OtherLoad", type("Load", (_FakeLoad,), {"clock": clock}), raising=False)
+    monkeypatch.setattr(runner, "step_peak_bytes", lambda step, device: 0)
+    monkeypatch.setattr(runner, "state_bytes", lambda opt: 0)
+    budget = bench_main.MODES["quick"][3]
+    plan = runner.Plan(device=runner.torch.device("cpu"), sizes=[], algos=[], budget=budget)
+    return runner._measure(lambda: Timed(_FakeOpt()), plan, graph=False)
+
+
+@pytest.mark.parametrize("stalled", [range(5, 6), range(1, 2)], ids=["mid_run", "first_timed"])
+def test_one_huge_outlier_does_not_move_a_row(monkeypatch, stalled):
+    row = _quick_row(monkeypatch, _FakeTime(fast=1e-5, stall=2.0, stalled=stalled))
+    assert row["median_s"] == pytest.approx(1e-5, rel=1e-6)
+
+
+def test_a_stall_over_a_whole_timing_block_does_not_move_a_row(monkeypatch):
+    """A descheduled thread makes every call of a multi-threaded step wait (here 48 ms each) while
+    it lasts; a stall longer than the quick budget's 0.25 s used to be all a row measured."""
+    clock = _FakeTime(fast=1e-5, stall=0.048, stalled=range(1, 12))
+    row = _quick_row(monkeypatch, clock)
+    assert row["median_s"] == pytest.approx(1e-5, rel=1e-6)
+    assert row["reps"] >= bench_main.MODES["quick"][3].min_reps

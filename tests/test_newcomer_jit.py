@@ -62,6 +62,48 @@ def test_switched_off_says_so(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+CACHED = """
+    sys.modules["fedopt_kernels._C_cpu"] = None   # as if the install had no compiled extension
+    import fedopt_kernels
+    print("AVAILABLE", "cpu" in fedopt_kernels.available_backends("cpu"))
+    from fedopt_kernels import _C_cpu
+    print("LIB", _C_cpu.__file__)
+"""
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="needs a C++ compiler")
+def test_switched_off_still_loads_a_cached_build(tmp_path, monkeypatch):
+    """FEDOPT_JIT_BUILD=0 stops compiling, not importing: a build already in the cache (here the
+    checkout's own extension put where the first-use build keeps it) is loaded, nothing is built."""
+    built = importlib.util.find_spec("fedopt_kernels._C_cpu")
+    if built is None or not built.origin:
+        pytest.skip("no built fedopt_kernels._C_cpu to place in the cache")
+    from fedopt_kernels.backends import _jit
+
+    monkeypatch.setenv("FEDOPT_CACHE_DIR", str(tmp_path))
+    script = _jit.build_script()
+    folder = _jit.cache_folder("_C_cpu", script, _jit._load_build_module(script).jit_spec("_C_cpu"))
+    folder.mkdir(parents=True)
+    shutil.copy(built.origin, folder / "_C_cpu.so")
+    (folder / "OK").write_text("placed by the test\n")
+    before = sorted(p.name for p in folder.iterdir())
+    proc = _child(CACHED, ROOT, FEDOPT_JIT_BUILD="0", FEDOPT_CACHE_DIR=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"LIB {folder / '_C_cpu.so'}" in proc.stdout and "AVAILABLE True" in proc.stdout, proc.stdout
+    assert "building" not in proc.stderr, proc.stderr[-3000:]
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_switched_on_overrides_an_install_time_switch(monkeypatch):
+    from fedopt_kernels.backends import _jit
+
+    monkeypatch.delenv("FEDOPT_BUILD_CPU", raising=False)
+    monkeypatch.setenv("FEDOPT_JIT_BUILD", "1")
+    assert _jit.disabled_reason("_C_cpu", "disabled by FEDOPT_BUILD_CPU=0 at build time") is None
+    monkeypatch.setenv("FEDOPT_JIT_BUILD", "0")
+    assert "FEDOPT_JIT_BUILD=0" in _jit.disabled_reason("_C_cpu")
+
+
 def test_no_compiler_says_so(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()

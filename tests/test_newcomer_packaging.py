@@ -46,7 +46,8 @@ def wheel_names(tmp_path_factory):
 
 def test_sdist_runs_its_own_tests(sdist_names):
     for name in ("tests/conftest.py", "tests/harness.py", "tests/test_equivalence.py", "pyproject.toml",
-                 "setup.py", "csrc/build.py", "README.md"):
+                 "setup.py", "csrc/build.py", "README.md", "tests/cuda_host/chunk_order.cpp",
+                 "tests/cuda_host/include/cuda_runtime.h"):
         assert name in sdist_names, name
 
 

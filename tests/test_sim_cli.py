@@ -1,4 +1,5 @@
 """fedopt-sim end to end: --validate on every available backend, determinism, output files, bad input."""
+import argparse
 import json
 import math
 
@@ -149,3 +150,78 @@ def test_threads_default_depends_on_client_parallel(extra, want):
     assert cli.main(SHORT + ["--algorithm", "fedavg"] + extra) == 0
     assert torch.get_num_threads() == want
     torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("option", ["--backend", "--validate"])
+def test_triton_on_the_cpu_is_refused_unless_the_interpreter_is_asked_for(option, monkeypatch, capsys):
+    """Triton on CPU tensors runs its interpreter (many times slower than cpu): never by surprise."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(SHORT + [option, "triton", "--device", "cpu"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedopt-sim: error:") and len(err.splitlines()) == 1, err
+    assert option.lstrip("-") in err and "TRITON_INTERPRET=1" in err and "cpu" in err, err
+    # TRITON_INTERPRET=1 in the environment is the explicit request: nothing to refuse
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cli._prepare_environment(cli.build_parser().parse_args(SHORT + [option, "triton", "--device", "cpu"]))
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def test_help_shows_every_default(capsys):
+    parser = cli.build_parser()
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    fmt = parser._get_formatter()
+    fmt.add_arguments(parser._actions)  # the same column layout as the whole --help
+    missing = []
+    for action in parser._actions:
+        flag = isinstance(action, argparse._StoreTrueAction) and action.default is False  # off unless given
+        if not action.option_strings or action.default in (None, argparse.SUPPRESS) or flag:
+            continue
+        own = " ".join(fmt._format_action(action).split())  # the option's lines of --help
+        if "default" not in own or _shown(action.default) not in own or own not in text:
+            missing.append(f"{action.option_strings[0]} (default {_shown(action.default)}): {own!r}")
+    assert not missing, "--help does not show these defaults:\n" + "\n".join(missing)
+
+
+FILES = ["--clients", "10", "--rounds", "1", "--local-steps", "1", "--clients-per-round", "2", "--finetune-steps",
+         "1", "--quiet", "--backend", "reference", "--algorithm", "fedavg"]
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_run_never_replaces_an_earlier_runs_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    first = tmp_path / "sim_runs" / "fedavg-digits"
+    assert cli.main(FILES) == 0
+    kept = _snapshot(first)
+    assert "metrics_seed0.json" in kept
+    # no --out: the next free numbered folder, and the output says which
+    assert cli.main(FILES + ["--seeds", "1"]) == 0
+    second = tmp_path / "sim_runs" / "fedavg-digits-2"
+    assert (second / "metrics_seed1.json").is_file()
+    assert "sim_runs/fedavg-digits-2" in capsys.readouterr().out
+    assert _snapshot(first) == kept
+    # --out naming a folder with a run in it: refused, exit 2, nothing touched
+    with pytest.raises(SystemExit) as exc:
+        cli.main(FILES + ["--out", str(first)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "out" in err and "--overwrite" in err, err
+    assert _snapshot(first) == kept
+    # --overwrite: that run's files are replaced (no stale seed left), other files stay
+    (first / "notes.txt").write_text("mine")
+    assert cli.main(FILES + ["--out", str(first), "--overwrite", "--seeds", "2"]) == 0
+    names = set(p.name for p in first.iterdir())
+    assert "metrics_seed2.json" in names and "notes.txt" in names and "metrics_seed0.json" not in names

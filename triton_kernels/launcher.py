@@ -49,6 +49,7 @@ this happens only on a cache miss, i.e. not in a steady-state or CUDA-graph-capt
 """
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -391,6 +392,15 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
         plan.partials = torch.zeros(max(1, n_slots), dtype=torch.float64, device=device)
         plan.factors = torch.zeros(max(1, hp_rows * C), dtype=torch.float32, device=device)
     return plan
+
+
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
+    """The context a step launches in: Triton launches on the *current* CUDA device (and its current
+    stream), so tensors on another GPU make it current for the step. Entered only when the index
+    differs (a host-side device switch, no sync); CPU tensors (the interpreter) need nothing."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device.index)
+    return contextlib.nullcontext()
 
 
 def num_warps() -> int:

@@ -2,97 +2,13 @@
 // runs them, with one norm per client). Pass 1: G = g * inv_scale, v = beta*G + D
 // (VR: (G + D) - (1-beta)*H), acc += G, the float64 sum of squares of v; pass 2:
 // x -= v * (eta / max(norm, eps)), the factor formed once on the device.
+// The per-chunk math is PadOp (padamfed_op.cuh).
 #include "cuda_ops.h"
+#include "padamfed_op.cuh"
 #include "two_pass.cuh"
 
 namespace fo {
 namespace cuda {
-
-namespace {
-
-template <class A>
-__device__ __forceinline__ A direction(bool vr, A beta, A omb, A g, A D, A h) {
-  return vr ? (g + D) - omb * h : beta * g + D;
-}
-
-struct PadOp {
-  using TableT = Table<padamfed_slot::COUNT, 52, 16>;
-  using Hp = PAdamHp;
-  // D and acc are state-typed: float32, float64 for float64 params
-  static constexpr bool kStateSlot[padamfed_slot::COUNT] = {false, false, true, true, false};
-
-  __device__ static Hp hp_of(const double* row, int32_t present, bool unscale, double inv) {
-    return padamfed_hp_of(row, present, unscale, inv);
-  }
-  __device__ static double scale(double norm, const Hp& hp, bool norm_f64) { return padamfed_scale(norm, hp, norm_f64); }
-
-  // pass 1 reads G, D, acc, H and writes acc; pass 2 reads G, D, x, H and writes x
-  template <class T, bool kUpdate>
-  __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
-    using A = acc_t<T>;
-    const bool vr = (hp.flags & kPadVarianceReduction) != 0;
-    const bool unscale = (hp.flags & kPadUnscale) != 0;
-    const A inv = static_cast<A>(hp.inv_scale);
-    const A beta = static_cast<A>(hp.beta), omb = static_cast<A>(hp.one_minus_beta);
-    T* X = static_cast<T*>(tab.ptr[padamfed_slot::X][w.i]) + w.begin;
-    const T* G = static_cast<const T*>(tab.ptr[padamfed_slot::G][w.i]) + w.begin;
-    const A* D = static_cast<const A*>(tab.ptr[padamfed_slot::D][w.i]) + w.begin;
-    A* ACC = static_cast<A*>(tab.ptr[padamfed_slot::ACC][w.i]) + w.begin;
-    const T* H = static_cast<const T*>(tab.ptr[padamfed_slot::H][w.i]);
-    if (H) H += w.begin;
-    double sq = 0.0;
-
-    const int nvec = w.aligned ? w.n / kVec : 0;
-    for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
-      A g[kIlp][kVec], d[kIlp][kVec], h[kIlp][kVec], y[kIlp][kVec];  // y: acc (pass 1) or x (pass 2)
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int v = v0 + u * kBlock;
-        if (v < nvec) {
-          const int j = v * kVec;
-          load4(G + j, g[u]);
-          load4(D + j, d[u]);
-          if (vr) load4(H + j, h[u]);
-          if (kUpdate) load4(X + j, y[u]);
-          else load4(ACC + j, y[u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int v = v0 + u * kBlock;
-        if (v < nvec) {
-#pragma unroll
-          for (int q = 0; q < kVec; ++q) {
-            const A gg = unscale ? g[u][q] * inv : g[u][q];
-            const A vv = direction(vr, beta, omb, gg, d[u][q], h[u][q]);
-            if (kUpdate) {
-              y[u][q] = y[u][q] - vv * scale;
-            } else {
-              sq += static_cast<double>(vv) * static_cast<double>(vv);
-              y[u][q] = y[u][q] + gg;
-            }
-          }
-          if (kUpdate) store4(X + v * kVec, y[u]);
-          else store4(ACC + v * kVec, y[u]);
-        }
-      }
-    }
-    for (int j = nvec * kVec + threadIdx.x; j < w.n; j += kBlock) {
-      const A g0 = load1(G + j);
-      const A g = unscale ? g0 * inv : g0;
-      const A vv = direction(vr, beta, omb, g, D[j], vr ? load1(H + j) : A(0));
-      if (kUpdate) {
-        store1(X + j, load1(X + j) - vv * scale);
-      } else {
-        sq += static_cast<double>(vv) * static_cast<double>(vv);
-        ACC[j] = ACC[j] + g;
-      }
-    }
-    return sq;
-  }
-};
-
-}  // namespace
 
 cudaError_t padamfed(const Entry* entries, int n, const int32_t* present, int nbatches, bool norm_f64,
                      const DeviceScalars& s, double* scratch, cudaStream_t stream) {

@@ -6,9 +6,13 @@
 //   Hp, hp_of(row, present, unscale, inv)   its per-batch struct from a row of hp (common/fo_hp.h)
 //   scale(norm, hp, norm_f64)  the batch's factor from the global norm
 //   kStateSlot[]               which slots are state-typed (float32 / float64 storage)
-//   chunk<T, kUpdate>(tab, w, hp, scale) -> double
+//   chunk<T, kUpdate, kVector>(tab, w, hp, scale) -> double
 //                              one block's chunk: pass 1 returns this thread's float64 sum of
-//                              squares (and may write, e.g. acc), pass 2 applies the factor
+//                              squares (and may write, e.g. acc), pass 2 applies the factor.
+//                              kVector only picks vector or scalar accesses (norm_chunk.cuh):
+//                              thread t takes elements 4v..4v+3 of vectors v = t, t + kBlock, ...
+//                              in that order, then tail element 4 * (n / 4) + t, on both paths,
+//                              so a sum never depends on alignment
 // and this file runs: pass 1 over every dtype (one partial per (client, chunk) into its fixed
 // slot), one block per client adding its slots in a fixed order and forming each of its
 // (batch, client) factors, pass 2 over every dtype, then k[c] += 1. Deterministic (no atomics),
@@ -23,6 +27,7 @@
 #include "block_reduce.cuh"
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
+#include "norm_chunk.cuh"
 #include "step_args.cuh"
 #include "vec_io.cuh"
 
@@ -49,7 +54,7 @@ __global__ void __launch_bounds__(kBlock) two_pass_kernel(const __grid_constant_
       Op::hp_of(hp_row(ex.s, batch, w.c), tab.present[g], ex.s.grad_scale != nullptr, inv_scale(ex.s));
   using A = acc_t<T>;
   const A scale = kUpdate ? static_cast<A>(ex.scales[static_cast<int64_t>(batch) * ex.s.clients + w.c]) : A(0);
-  const double sq = Op::template chunk<T, kUpdate>(tab, w, hp, scale);
+  const double sq = norm_chunk<Op, T, kUpdate>(tab, w, hp, scale);
   if (!kUpdate) {
     const double total = block_sum<kBlock>(sq);
     if (threadIdx.x == 0) ex.partials[w.slot] = total;

@@ -66,9 +66,13 @@ __device__ __forceinline__ void load4(const T* p, acc_t<T> (&v)[4]) {
 // Stores are written as PTX vector stores: for a batched client's slice (which starts at element
 // c * numel) NVVM splits a plain float4 / uint2 store into scalar ones (the address is formed
 // differently from the load's, so the load's alignment does not carry over). The "memory" clobber
-// keeps them ordered with every other memory access, as a plain store is.
+// keeps them ordered with every other memory access, as a plain store is. (Compiled for the host,
+// by tests/cuda_host, they are plain stores.)
 template <class T>
 __device__ __forceinline__ void store4(T* p, const acc_t<T> (&v)[4]) {
+#if !defined(__CUDA_ARCH__)
+  for (int q = 0; q < 4; ++q) p[q] = from_acc<T>(v[q]);
+#else
   if constexpr (std::is_same<T, float>::value) {
     asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
                  : "memory");
@@ -81,6 +85,31 @@ __device__ __forceinline__ void store4(T* p, const acc_t<T> (&v)[4]) {
     const unsigned hi = static_cast<unsigned>(acc_to_bits(v[2], T())) |
                         (static_cast<unsigned>(acc_to_bits(v[3], T())) << 16);
     asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(lo), "r"(hi) : "memory");
+  }
+#endif
+}
+
+// 4 consecutive elements as one vector access (kVector: the pointer is aligned) or as 4 scalar
+// ones. A norm op runs both forms through one loop, so element i is summed by the same thread in
+// the same order whatever the pointer's alignment: an unaligned view and its aligned clone (or a
+// batched client's misaligned slice and the per-client op on it) give the same norm, bit for bit.
+template <bool kVector, class T>
+__device__ __forceinline__ void load4_any(const T* p, acc_t<T> (&v)[4]) {
+  if constexpr (kVector) {
+    load4(p, v);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = load1(p + q);
+  }
+}
+
+template <bool kVector, class T>
+__device__ __forceinline__ void store4_any(T* p, const acc_t<T> (&v)[4]) {
+  if constexpr (kVector) {
+    store4(p, v);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) store1(p + q, v[q]);
   }
 }
 

@@ -8,10 +8,11 @@ compiler (and nvcc for CUDA) is present, this module compiles the installed sour
 builder does — and caches the result per extension, torch, CUDA version, GPU architectures and
 source digest, so later processes only import it.
 
-Switches: ``FEDOPT_JIT_BUILD=0`` turns it off; ``FEDOPT_CACHE_DIR`` moves the cache (default
+Switches: ``FEDOPT_JIT_BUILD=0`` turns the build off (a build already in the cache is still
+loaded); ``FEDOPT_CACHE_DIR`` moves the cache (default
 ``$XDG_CACHE_HOME/fedopt_kernels`` or ``~/.cache/fedopt_kernels``). An extension disabled on purpose
-at install time (``FEDOPT_BUILD_CPU=0`` / ``FEDOPT_BUILD_CUDA=0``, then or now) is not built
-here either. A failed build is remembered (its log kept) so that every later import does not
+(``FEDOPT_BUILD_CPU=0`` / ``FEDOPT_BUILD_CUDA=0``, now, or at install time unless
+``FEDOPT_JIT_BUILD=1``) is neither built nor loaded here. A failed build is remembered (its log kept) so that every later import does not
 retry it; delete its cache folder to try again.
 """
 from __future__ import annotations
@@ -42,16 +43,26 @@ def _off(value: Optional[str]) -> bool:
     return value is not None and value.strip().lower() in ("0", "false", "no", "off")
 
 
+def _on(value: Optional[str]) -> bool:
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _switched_off(ext: str, install_status: Optional[str]) -> Optional[str]:
+    """Why ``ext`` is not wanted at all (its build switch, now or at install time), or None."""
+    switch = _SWITCH[ext]
+    if _off(os.environ.get(switch)):
+        return f"disabled by {switch}=0"
+    if install_status and install_status.startswith(f"disabled by {switch}=0") \
+            and not _on(os.environ.get("FEDOPT_JIT_BUILD")):
+        return f"disabled at install time ({switch}=0); reinstall without it, or set FEDOPT_JIT_BUILD=1 to build it now"
+    return None
+
+
 def disabled_reason(ext: str, install_status: Optional[str] = None) -> Optional[str]:
     """Why the on-first-use build of ``ext`` is switched off, or None when it may run."""
     if _off(os.environ.get("FEDOPT_JIT_BUILD")):
         return "the on-first-use build is off (FEDOPT_JIT_BUILD=0)"
-    switch = _SWITCH[ext]
-    if _off(os.environ.get(switch)):
-        return f"disabled by {switch}=0"
-    if install_status and install_status.startswith(f"disabled by {switch}=0"):
-        return f"disabled at install time ({switch}=0); reinstall without it, or set FEDOPT_JIT_BUILD=1 to build it now"
-    return None
+    return _switched_off(ext, install_status)
 
 
 def cache_root() -> Path:
@@ -89,6 +100,11 @@ def _digest(csrc: Path, spec) -> str:
     for part in (spec.tag, sys.version, *spec.cflags, "|", *spec.ldflags, "|", *(spec.cuda_cflags or [])):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
+
+
+def cache_folder(ext: str, script: Path, spec) -> Path:
+    """The cache folder of ``ext`` built from ``script``'s sources with ``spec`` (jit_spec)."""
+    return cache_root() / f"{ext}-{spec.tag}-py{sys.version_info[0]}{sys.version_info[1]}-{_digest(script.parent, spec)}"
 
 
 def _say(msg: str) -> None:
@@ -137,24 +153,28 @@ def _failure_summary(text: str) -> str:
 
 def build(ext: str, install_status: Optional[str] = None) -> ModuleType:
     """Import ``fedopt_kernels.<ext>`` from the cache, building it first if needed; raise
-    JitUnavailable saying why when it cannot be had."""
-    why = disabled_reason(ext, install_status)
+    JitUnavailable saying why when it cannot be had. ``FEDOPT_JIT_BUILD=0`` stops the build, not
+    the import of a build already in the cache."""
+    why = _switched_off(ext, install_status)
     if why:
         raise JitUnavailable(why)
+    no_build = disabled_reason(ext, install_status)  # FEDOPT_JIT_BUILD=0: only a cached build is used
     script = build_script()
     if script is None:
-        raise JitUnavailable("the C++/CUDA sources are not installed with the package (no csrc/build.py)")
+        raise JitUnavailable(no_build or "the C++/CUDA sources are not installed with the package (no csrc/build.py)")
     try:
         import torch  # noqa: F401  (the extension links against it: loaded first)
         mod = _load_build_module(script)
         spec = mod.jit_spec(ext)
     except Exception as exc:  # CannotBuild, or the build script failing: the reason, not a traceback
-        raise JitUnavailable(str(exc) if type(exc).__name__ == "CannotBuild"
-                             else f"the build configuration failed ({type(exc).__name__}: {exc})") from None
-    out = cache_root() / f"{ext}-{spec.tag}-py{sys.version_info[0]}{sys.version_info[1]}-{_digest(script.parent, spec)}"
+        raise JitUnavailable(no_build or (str(exc) if type(exc).__name__ == "CannotBuild"
+                             else f"the build configuration failed ({type(exc).__name__}: {exc})")) from None
+    out = cache_folder(ext, script, spec)
     library, ok, failed = out / f"{ext}.so", out / "OK", out / "FAILED"
     if ok.is_file() and library.is_file():
         return _publish(ext, _import(ext, library))
+    if no_build:
+        raise JitUnavailable(f"{no_build}, and no build of it is cached in {cache_root()}")
     if failed.is_file():
         raise JitUnavailable(f"its on-first-use build failed earlier ({failed.read_text().strip()}); "
                              f"log: {out / 'build.log'}; delete {out} to try again")

@@ -4,7 +4,8 @@ Runs on CUDA tensors; on CPU tensors only under ``TRITON_INTERPRET=1`` (the Trit
 which is how the tests check the kernels on machines without a GPU). The kernels live in
 ``triton_kernels/`` (installed as ``fedopt_kernels.triton_kernels``); this module turns an op's
 arguments into per-batch role lists, asks the launcher for the plan (pointer tables, chunk maps)
-and launches. Nothing here reads a device value back to the host.
+and launches on the tensors' device (``launcher.device_guard``). Nothing here reads a device value
+back to the host.
 
 With a ``cache`` from the optimizer, the plan is reused without re-reading every tensor's address:
 only the gradients (and per-step inputs) may differ between calls, and their addresses are compared.
@@ -154,17 +155,18 @@ def _sgd_op(name: str):
     def step(*args, cache=None) -> None:
         a = OpArgs.parse(OPS[name], args)
         active = _active(a)
-        plan = _plan(a, cache)
-        amp = _amp(a)
-        hp = _hp(a)
-        roles = _stage_roles(a, plan, cache)
-        if roles is not None:
-            plan.stage_in(roles)
-        for lau in plan.launches:
-            _sgd.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
-        if roles is not None:
-            plan.stage_out(roles)
-        _two_pass.advance(a.k, amp, active)
+        with _launcher.device_guard(a.device):
+            plan = _plan(a, cache)
+            amp = _amp(a)
+            hp = _hp(a)
+            roles = _stage_roles(a, plan, cache)
+            if roles is not None:
+                plan.stage_in(roles)
+            for lau in plan.launches:
+                _sgd.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
+            if roles is not None:
+                plan.stage_out(roles)
+            _two_pass.advance(a.k, amp, active)
 
     step.__name__ = step.__qualname__ = f"{name}_triton"
     return register(name, "triton")(step)
@@ -176,14 +178,15 @@ def _norm_op(name: str):
     def step(*args, cache=None) -> None:
         a = OpArgs.parse(OPS[name], args)
         active = _active(a)
-        plan = _plan(a, cache)
-        amp = _amp(a)
-        roles = _stage_roles(a, plan, cache)
-        if roles is not None:
-            plan.stage_in(roles)
-        _two_pass.launch(OPS[name].base or name, plan, _hp(a), a.k, amp, active)
-        if roles is not None:
-            plan.stage_out(roles)
+        with _launcher.device_guard(a.device):
+            plan = _plan(a, cache)
+            amp = _amp(a)
+            roles = _stage_roles(a, plan, cache)
+            if roles is not None:
+                plan.stage_in(roles)
+            _two_pass.launch(OPS[name].base or name, plan, _hp(a), a.k, amp, active)
+            if roles is not None:
+                plan.stage_out(roles)
 
     step.__name__ = step.__qualname__ = f"{name}_triton"
     return register(name, "triton")(step)

@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .config import ALGORITHMS, DATASETS, DEVICES, PARTITIONS, SimConfig
+from .help_format import DefaultsHelpFormatter
 from .models import MODELS
+from .run_folder import choose_out_dir, clear_earlier_run
 from .validate import ACC_TOL, PARAM_RTOL
 
 SEQUENTIAL = "sequential"  # --validate sequential: the client-parallel run against the sequential one
@@ -33,7 +34,7 @@ SEQUENTIAL = "sequential"  # --validate sequential: the client-parallel run agai
 def build_parser() -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(
-        prog="fedopt-sim",
+        prog="fedopt-sim", formatter_class=DefaultsHelpFormatter,
         description="Federated learning simulator on the fedopt_kernels optimizers (offline data: "
                     "scikit-learn digits, FedProx Synthetic(alpha, beta); CIFAR-10/100 and FEMNIST from --data-dir).")
     g = p.add_argument_group("algorithm")
@@ -98,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: 1 when clients train one after another, where the models "
                         "are too small for threads to pay; torch's default with --client-parallel other than 1)")
-    g.add_argument("--out", help="directory for metrics JSON/CSV and curves.png (default sim_runs/<algorithm>-<dataset>)")
+    g.add_argument("--out", help="directory for metrics JSON/CSV and curves.png (default sim_runs/<algorithm>-<dataset>, "
+                   "or the first free <that>-2, -3, ... when an earlier run's files are there)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="let --out replace an earlier run's files there (refused without it)")
     g.add_argument("--no-files", action="store_true", help="write no files")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("validation")
@@ -194,18 +198,20 @@ def _prepare_environment(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     elif args.client_parallel.strip() == "1":
         torch.set_num_threads(1)  # one small model at a time: threads cost more than they give
-    wants_triton = "triton" in (args.backend, args.validate)
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-    if wants_triton and on_cpu:
-        # Triton runs CPU tensors only in its interpreter, chosen when triton is first imported
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    for name in ("backend", "validate"):
+        if getattr(args, name) == "triton" and on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
+            # on CPU tensors Triton runs only in its interpreter: correct, but many times slower than cpu
+            raise ValueError(f"{name}='triton' on the CPU would run Triton's interpreter, many times slower than "
+                             f"the cpu backend; use --{name} cpu (or auto), or set TRITON_INTERPRET=1 to run "
+                             f"the interpreter on purpose")
 
 
 def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     from .report import format_final_table, plot_curves, write_csv, write_json
     from .simulation import Simulation
 
-    out_dir = None if args.no_files else Path(args.out or f"sim_runs/{args.algorithm}-{args.dataset}")
+    out_dir = args.out_dir
     results: List[Dict[str, Any]] = []
     for cfg in configs:
         sim = Simulation(cfg)
@@ -220,6 +226,8 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         bar.close()
         results.append(result)
         if out_dir is not None:
+            if len(results) == 1 and args.overwrite:
+                clear_earlier_run(out_dir)  # just before the first file of this run
             out_dir.mkdir(parents=True, exist_ok=True)
             write_json(out_dir / f"metrics_seed{cfg.seed}.json", result)
             write_csv(out_dir / f"metrics_seed{cfg.seed}.csv", result["history"])
@@ -277,6 +285,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         resolve_writer_fraction(args)
         configs = [config_from_args(args, s) for s in args.seeds]
         _prepare_environment(args)
+        args.out_dir = None if args.no_files or args.validate is not None else choose_out_dir(
+            args.out, f"sim_runs/{args.algorithm}-{args.dataset}", args.overwrite)
         from .simulation import resolve_backend, resolve_device
 
         device = resolve_device(configs[0].device)

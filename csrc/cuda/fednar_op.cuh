@@ -1,0 +1,88 @@
+// FedNAR's per-chunk math on CUDA (ops "fednar", "fednar_batched"; two_pass.cuh runs it): pass 1
+// forms d and its float64 sum of squares, pass 2 applies x -= factor * d. A header of its own so
+// that tests/cuda_host can compile the very same code on the host (tests/test_cuda_chunk_order.py).
+#pragma once
+
+#include "cuda_ops.h"
+#include "multi_tensor_apply.cuh"
+#include "vec_io.cuh"
+
+namespace fo {
+namespace cuda {
+
+// d = g * inv_scale + weight_decay * x + correction + prox_mu * (x - x0), in the reference's order
+template <class A>
+__device__ __forceinline__ A nar_direction(int f, A inv, A wd, A mu, A x, A g, A c, A x0) {
+  A d = g;
+  if (f & kNarUnscale) d = d * inv;
+  if (f & kNarWeightDecay) d = d + wd * x;
+  if (f & kNarCorrection) d = d + c;
+  if (f & kNarProx) d = d + mu * (x - x0);
+  return d;
+}
+
+struct NarOp {
+  using TableT = Table<fednar_slot::COUNT, 60, 16>;
+  using Hp = FedNarHp;
+  static constexpr bool kStateSlot[fednar_slot::COUNT] = {false, false, false, false};
+
+  __device__ static Hp hp_of(const double* row, int32_t present, bool unscale, double inv) {
+    return fednar_hp_of(row, present, unscale, inv);
+  }
+  __device__ static double scale(double norm, const Hp& hp, bool norm_f64) { return fednar_scale(norm, hp, norm_f64); }
+
+  template <class T, bool kUpdate, bool kVector>
+  __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
+    using A = acc_t<T>;
+    const int f = hp.flags;
+    const A inv = static_cast<A>(hp.inv_scale), wd = static_cast<A>(hp.weight_decay), mu = static_cast<A>(hp.prox_mu);
+    T* X = static_cast<T*>(tab.ptr[fednar_slot::X][w.i]) + w.begin;
+    const T* G = static_cast<const T*>(tab.ptr[fednar_slot::G][w.i]) + w.begin;
+    const T* X0 = static_cast<const T*>(tab.ptr[fednar_slot::X0][w.i]);
+    const T* C = static_cast<const T*>(tab.ptr[fednar_slot::CORR][w.i]);
+    if (X0) X0 += w.begin;
+    if (C) C += w.begin;
+    double sq = 0.0;
+
+    const int nvec = w.n / kVec;  // the same split with and without vector accesses (norm_chunk.cuh)
+    for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
+      A x[kIlp][kVec], g[kIlp][kVec], c[kIlp][kVec], x0[kIlp][kVec];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int v = v0 + u * kBlock;
+        if (v < nvec) {
+          const int j = v * kVec;
+          load4_any<kVector>(X + j, x[u]);
+          load4_any<kVector>(G + j, g[u]);
+          if (f & kNarCorrection) load4_any<kVector>(C + j, c[u]);
+          if (f & kNarProx) load4_any<kVector>(X0 + j, x0[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int v = v0 + u * kBlock;
+        if (v < nvec) {
+#pragma unroll
+          for (int q = 0; q < kVec; ++q) {
+            const A d = nar_direction(f, inv, wd, mu, x[u][q], g[u][q], c[u][q], x0[u][q]);
+            if (kUpdate) x[u][q] = x[u][q] - scale * d;
+            else sq += static_cast<double>(d) * static_cast<double>(d);
+          }
+          if (kUpdate) store4_any<kVector>(X + v * kVec, x[u]);
+        }
+      }
+    }
+    for (int j = nvec * kVec + threadIdx.x; j < w.n; j += kBlock) {
+      const A x = load1(X + j);
+      const A c = (f & kNarCorrection) ? load1(C + j) : A(0);
+      const A x0 = (f & kNarProx) ? load1(X0 + j) : A(0);
+      const A d = nar_direction(f, inv, wd, mu, x, load1(G + j), c, x0);
+      if (kUpdate) store1(X + j, x - scale * d);
+      else sq += static_cast<double>(d) * static_cast<double>(d);
+    }
+    return sq;
+  }
+};
+
+}  // namespace cuda
+}  // namespace fo
