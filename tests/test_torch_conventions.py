@@ -569,3 +569,29 @@ def _save_load_continue(case, variant: str) -> None:
         case.start_round(o, 1)
         case.step(o, ps, 3)
     _same_run(params, opt, twin, other)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_within_round_decay_fills_a_tensor_lr_in_place(backend):
+    """FedDecay's scheduler treats a tensor lr as torch's schedulers do: in place, same values."""
+    from fedopt_kernels import FedNAR, WithinRoundDecay
+
+    runs = []
+    for lr in (torch.tensor(0.1, dtype=torch.float64), 0.1):
+        params = Case("fednar", "wd", "client", backend, "cpu").params()
+        opt = FedNAR(params, lr=lr, weight_decay=1e-3, backend=backend)
+        sched = WithinRoundDecay(opt, beta=0.5)
+        for rnd in range(2):
+            opt.start_round()
+            sched.start_round()
+            for k in range(2):
+                for p, g in zip(params, catalogue.rand_like_list(params, 700 + 2 * rnd + k, 1.0)):
+                    p.grad = g
+                opt.step()
+                sched.step()
+        if isinstance(lr, torch.Tensor):
+            assert opt.param_groups[0]["lr"] is lr
+        runs.append((params, opt))
+    (pa, a), (pb, b) = runs
+    assert float(a.param_groups[0]["lr"]) == b.param_groups[0]["lr"]
+    _same_run(pa, a, pb, b)
