@@ -457,6 +457,8 @@ class FedOptimizer(Optimizer):
         if plan is None or not plan.still_valid(self):
             plan = self._plan = None  # a failed rebuild must not leave the old plan behind
             plan = self._plan = StepPlan(self)
+        if not plan.params:
+            return  # no parameter has a gradient: as in torch.optim, nothing changes (k included)
         plan.load_lrs()
         device = plan.device
         grad_scale = self._check_amp("grad_scale", grad_scale, device)

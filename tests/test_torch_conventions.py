@@ -517,7 +517,8 @@ def test_deepcopy_continues_exactly_as_the_original(case, lr):
 @pytest.mark.parametrize("case", ALL)
 @pytest.mark.parametrize("when", ["fresh", "mid_round"])
 def test_step_without_grads_changes_nothing(case, when):
-    """Mid-round, or as the first call (which starts a round: compared with a started twin)."""
+    """Mid-round, or as the first call (which starts a round: compared with a started twin); the
+    within-round step counter does not count such a step."""
     params = case.params()
     opt = case.build(params)
     if when == "mid_round":
@@ -536,6 +537,7 @@ def test_step_without_grads_changes_nothing(case, when):
     assert all(opt.state.values()), "the step made empty state entries"
     after = opt.state_dict()
     _same(after["state"], state["state"], "state")
+    _same(after["fedopt_round"], state["fedopt_round"], "round counters")  # k does not count it
     _same(after["param_groups"], state["param_groups"], "param_groups")
 
 
