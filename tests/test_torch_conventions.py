@@ -388,10 +388,11 @@ def test_tensor_lr_step_reads_no_value_back(case, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [c for c in SOME if c.values[0].device == "cuda"])
+@pytest.mark.parametrize("case", [c for c in SOME if c.values[0].device == "cuda" and c.values[0].backend != "reference"])
 @pytest.mark.parametrize("kind", ["tensor", "device"])
 def test_tensor_lr_step_does_not_sync_the_device(case, kind):
-    """A 0-d lr on the CPU or the parameters' device, changed in place between steps: no host sync."""
+    """A 0-d lr on the CPU or the parameters' device, changed in place between steps: no host sync
+    (fused backends; the reference reads its step counter back)."""
     params = case.params()
     opt = case.build(params, lr=kind)
     case.start_round(opt, 0)
