@@ -145,7 +145,8 @@ def _same(a: Any, b: Any, where: str = "") -> None:
     """Bitwise equality of nested state_dict-like structures (tensors: dtype, shape and bits)."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{where}: tensor vs {type(b).__name__}"
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"
+        assert a.dtype == b.dtype and a.shape == b.shape, \
+            f"{where}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"
         assert torch.equal(a.detach().cpu(), b.detach().cpu()), f"{where}: values differ"
     elif isinstance(a, dict):
         # key order is not compared (torch compares state_dicts as dicts, too)
@@ -388,7 +389,8 @@ def test_tensor_lr_step_reads_no_value_back(case, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [c for c in SOME if c.values[0].device == "cuda" and c.values[0].backend != "reference"])
+@pytest.mark.parametrize("case", [c for c in SOME if c.values[0].device == "cuda"
+                                  and c.values[0].backend != "reference"])
 @pytest.mark.parametrize("kind", ["tensor", "device"])
 def test_tensor_lr_step_does_not_sync_the_device(case, kind):
     """A 0-d lr on the CPU or the parameters' device, changed in place between steps: no host sync
