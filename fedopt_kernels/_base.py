@@ -29,8 +29,8 @@ def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Op
                  low_open: bool = False) -> float:
     """Return ``float(value)`` or raise ValueError naming ``name`` when it is not a finite number in range."""
     if isinstance(value, torch.Tensor):
-        # reading a CUDA tensor back would be a host sync inside step(); say so instead
-        raise TypeError(f"{name} must be a Python number, got a tensor (tensor hyperparameters are not supported)")
+        # reading a CUDA tensor back would be a host sync inside step(); only lr has a sync-free path
+        raise TypeError(f"{name} must be a Python number, got a tensor (only lr may be a tensor, as in torch.optim)")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     v = float(value)
@@ -43,8 +43,31 @@ def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Op
     return v
 
 
-def _param_name(gi: int, pi: int, p: torch.Tensor) -> str:
-    return f"parameter {pi} of param group {gi} (shape {tuple(p.shape)})"
+def check_lr_tensor(lr: torch.Tensor, device: Optional[torch.device], *, read_value: bool) -> None:
+    """Check a tensor learning rate (docs/torch_optim.md); its value only when ``read_value``.
+
+    The value check reads the tensor back (a host sync for a device tensor), so the caller asks
+    for it only outside ``step()`` or for CPU tensors.
+    """
+    if lr.numel() != 1:
+        raise ValueError(f"lr must be a number or a tensor with one element (0-d), got a tensor of shape "
+                         f"{tuple(lr.shape)}")
+    if not lr.is_floating_point() or lr.is_complex():
+        # an integer tensor would truncate what a scheduler writes into it with fill_
+        raise TypeError(f"lr tensor must have a real floating-point dtype, got {lr.dtype}")
+    if lr.device.type != "cpu" and device is not None and lr.device != device:
+        raise ValueError(f"lr tensor is on {lr.device}; it must be on the CPU or on the parameters' device ({device})")
+    if read_value:
+        v = float(lr.detach().reshape(()).double())
+        if v != v or v in (float("inf"), float("-inf")):
+            raise ValueError(f"lr must be finite, got {v!r} (tensor)")
+        if v < 0:
+            raise ValueError(f"lr must be >= 0.0, got {v!r} (tensor)")
+
+
+def _param_name(gi: int, pi: int, p: torch.Tensor, name: Optional[str] = None) -> str:
+    named = f" ({name!r})" if name is not None else ""
+    return f"parameter {pi}{named} of param group {gi} (shape {tuple(p.shape)})"
 
 
 def _check_tensor_list(name: str, tensors: Sequence[torch.Tensor], params: List[torch.Tensor],
@@ -102,14 +125,32 @@ class FedOptimizer(Optimizer):
         self._hp_cache: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # (host rows, device copy)
         self._handle = _step_op.register(self)
         self._hp_names = tuple(defaults)  # what a state_dict's param groups must carry to be ours
+        self._lr_checked: List[torch.Tensor] = []  # tensor lrs whose value was validated (by identity)
         super().__init__(params, defaults)
 
     # ---------------------------------------------------------------- hyperparameters and params
     def _validate_group(self, group: Dict[str, Any]) -> None:
         """Raise ValueError naming the hyperparameter that is out of range (subclasses extend)."""
-        check_number("lr", group["lr"], low=0.0)
+        if isinstance(group["lr"], torch.Tensor):
+            self._check_lr(group, read_value=None)
+        else:
+            check_number("lr", group["lr"], low=0.0)
         if "prox_mu" in group:
             check_number("prox_mu", group["prox_mu"], low=0.0)
+
+    def _check_lr(self, group: Dict[str, Any], read_value: Optional[bool]) -> None:
+        """Check a group's tensor lr. Its value is read when ``read_value``; when None (inside
+        ``step()``), only for a tensor object not seen before that lives on the CPU: reading a device
+        tensor would wait for the device. A tensor changed in place is never re-read (as in torch)."""
+        lr = group["lr"]
+        params = group["params"]
+        seen = any(t is lr for t in self._lr_checked)
+        if read_value is None:
+            read_value = not seen and lr.device.type == "cpu"
+        check_lr_tensor(lr, params[0].device if params else None, read_value=read_value)
+        if not seen:
+            live = [g["lr"] for g in self.param_groups if isinstance(g["lr"], torch.Tensor)]
+            self._lr_checked = [t for t in self._lr_checked if any(t is x for x in live)] + [lr]
 
     def _structure(self, group: Dict[str, Any]) -> tuple:
         """The hyperparameter facts that decide which tensors a step needs (a change rebuilds the plan)."""
@@ -119,6 +160,22 @@ class FedOptimizer(Optimizer):
         """This group's row of the op's hp tensor, in ``_spec.hps`` order, for round ``t`` (default:
         the current round; subclasses derive values, e.g. FedNAR's annealed step size)."""
         return [float(group[name]) for name in self._spec.hps]
+
+    def _lr_factor(self, group: Dict[str, Any], t: Optional[int] = None) -> float:
+        """What ``_hp_row`` multiplies the learning rate by (FedNAR: its round annealing)."""
+        return 1.0
+
+    def _row_of(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
+        """``_hp_row`` without reading a tensor lr (its column is filled on the device, ``_plan.py``)."""
+        if isinstance(group["lr"], torch.Tensor):
+            group = dict(group, lr=0.0)
+        return self._hp_row(group, t)
+
+    def _lr_factors(self, plan: StepPlan, gi: int, count: int) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """(a, b) with the hp lr column of group ``gi``'s ``count`` batches equal to ``(lr * a) * b``,
+        in the order and rounding of ``_hp_row`` (None: a factor of exactly 1)."""
+        f = self._lr_factor(plan.groups[gi])
+        return (None if f == 1.0 else torch.full((count,), f, dtype=torch.float64)), None
 
     def _normalized_group(self, param_group: Dict[str, Any]) -> Dict[str, Any]:
         if not isinstance(param_group, dict):
@@ -134,6 +191,17 @@ class FedOptimizer(Optimizer):
         else:
             params = list(params)
         group = dict(param_group)
+        named = [isinstance(p, tuple) for p in params]
+        if any(named):  # (name, tensor) pairs, e.g. model.named_parameters(): torch.optim keeps the names
+            if not all(named):
+                raise ValueError("all optimizer params should be with/without names. Some param names are missing")
+            gi = len(self.param_groups)
+            for pi, item in enumerate(params):
+                if len(item) != 2 or not isinstance(item[0], str):
+                    raise TypeError(f"named parameter {pi} of param group {gi} must be a (name, tensor) pair with "
+                                    f"a str name, got {item!r:.80}")
+            group["param_names"] = [name for name, _ in params]
+            params = [p for _, p in params]
         group["params"] = params
         for name, default in self.defaults.items():
             group.setdefault(name, default)
@@ -174,6 +242,8 @@ class FedOptimizer(Optimizer):
         """torch's ``add_param_group``, validated before anything changes (a rejected group adds nothing)."""
         group = self._normalized_group(param_group)
         self._check_new_params(group["params"], len(self.param_groups))
+        if isinstance(group["lr"], torch.Tensor):
+            self._check_lr(group, read_value=True)  # outside step(): the value is checked once, here
         self._validate_group(group)
         super().add_param_group(group)
         self._params_flat = [p for g in self.param_groups for p in g["params"]]
@@ -186,7 +256,8 @@ class FedOptimizer(Optimizer):
         for gi, group in enumerate(self.param_groups):
             n = len(group["params"])
             if idx < base + n:
-                return _param_name(gi, idx - base, params[idx])
+                names = group.get("param_names")
+                return _param_name(gi, idx - base, params[idx], names[idx - base] if names else None)
             base += n
         return _param_name(len(self.param_groups), idx - base, params[idx])
 
@@ -244,14 +315,17 @@ class FedOptimizer(Optimizer):
             self._k_dev.zero_()
         for group in self.param_groups:
             for p in group["params"]:
-                st = self.state[p]
-                if reset_state:
-                    for key in self._round_state:
-                        st.pop(key, None)
-                st.pop("correction", None)
-                st.pop("x0", None)
+                st = self.state.get(p)  # never create an empty entry (torch keeps none)
+                if st is not None:
+                    if reset_state:
+                        for key in self._round_state:
+                            st.pop(key, None)
+                    st.pop("correction", None)
+                    st.pop("x0", None)
+                    if not st:
+                        del self.state[p]
                 if group.get("prox_mu", 0.0) != 0.0:
-                    st["x0"] = p.detach().clone(memory_format=torch.preserve_format)
+                    self.state[p]["x0"] = p.detach().clone(memory_format=torch.preserve_format)
         if correction is not None:
             for p, c in zip(params, correction):
                 self.state[p]["correction"] = c.detach().to(dtype=p.dtype).clone()
@@ -298,14 +372,15 @@ class FedOptimizer(Optimizer):
         return None
 
     def _device_hp(self, host: torch.Tensor, device: torch.device,
-                   update: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   update: Optional[torch.Tensor] = None, shared: bool = True) -> torch.Tensor:
         """The op's hp tensor on ``device`` holding ``host``; copied only when the values changed.
 
         Plans rebuilt with the same rows (every round start, mostly) share one device tensor, so a
         rebuild costs no host-to-device copy, and none is made while a CUDA graph is captured.
+        ``shared=False``: the plan writes tensor lrs into its hp, so it neither takes nor leaves one.
         """
         cached = self._hp_cache
-        if cached is not None and cached[1].device == device and cached[0].shape == host.shape \
+        if shared and cached is not None and cached[1].device == device and cached[0].shape == host.shape \
                 and torch.equal(cached[0], host):
             return cached[1]
         refuse_in_capture(device, "copy new hyperparameter values to the device")
@@ -316,7 +391,7 @@ class FedOptimizer(Optimizer):
             dev = update
         else:
             dev = to_device(host, device)
-        self._hp_cache = (host, dev)
+        self._hp_cache = (host, dev) if shared else None
         return dev
 
     def _counter(self, device: torch.device) -> torch.Tensor:
@@ -382,6 +457,9 @@ class FedOptimizer(Optimizer):
         if plan is None or not plan.still_valid(self):
             plan = self._plan = None  # a failed rebuild must not leave the old plan behind
             plan = self._plan = StepPlan(self)
+        if not plan.params:
+            return  # no parameter has a gradient: as in torch.optim, nothing changes (k included)
+        plan.load_lrs()
         device = plan.device
         grad_scale = self._check_amp("grad_scale", grad_scale, device)
         found_inf = self._check_amp("found_inf", found_inf, device)
@@ -444,6 +522,10 @@ class FedOptimizer(Optimizer):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._check_foreign(state_dict)
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            lr = saved.get("lr") if isinstance(saved, dict) else None
+            if isinstance(lr, torch.Tensor):  # outside step(): its value is checked here, once
+                check_lr_tensor(lr, group["params"][0].device if group["params"] else None, read_value=True)
         rnd = state_dict[_ROUND_KEY]
         # torch casts every floating state tensor to its parameter's dtype on load; the keys in
         # _float32_state are kept in float32 for low-precision parameters, so load them ourselves.
@@ -458,6 +540,9 @@ class FedOptimizer(Optimizer):
         sd = {k: v for k, v in state_dict.items() if k != _ROUND_KEY}
         sd["state"] = state
         super().load_state_dict(sd)
+        for p in [p for p, st in self.state.items() if isinstance(st, dict) and not st]:
+            del self.state[p]  # empty entries of older state_dicts: torch keeps none
+        self._lr_checked = [g["lr"] for g in self.param_groups if isinstance(g["lr"], torch.Tensor)]
         params = self._params_flat = [p for g in self.param_groups for p in g["params"]]
         for pid, p in zip(saved_ids, params):
             for key, value in kept.get(pid, {}).items():
@@ -477,6 +562,7 @@ class FedOptimizer(Optimizer):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
+        self.__dict__.setdefault("_lr_checked", [])
         self._plan = None
         self._ones = {}
         self._hp_cache = None

@@ -6,7 +6,9 @@ implementation and a cache dict the implementation may keep per-tensor data in (
 Per step ``StepPlan.still_valid`` checks, cheaply, what can change behind the optimizer's back:
 
 * a hyperparameter value of a param group (re-validated; a value that changes which tensors the
-  step needs, such as momentum 0 -> 0.9, rebuilds the plan, any other only rewrites ``hp``);
+  step needs, such as momentum 0 -> 0.9, rebuilds the plan, any other only rewrites ``hp``); a
+  tensor lr is compared by identity and copied into ``hp`` on the device at every step
+  (``load_lrs``), so a scheduler's in-place change takes effect without a host sync;
 * a gradient appearing, disappearing or being replaced (a new gradient tensor is checked);
 * a parameter's storage (``p.data = ...``, which also covers dtype and device changes).
 
@@ -42,6 +44,12 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def _same(a: tuple, b: tuple) -> bool:
+    """Hyperparameter values unchanged? Tensors (lr) by identity: comparing values would sync."""
+    return len(a) == len(b) and all(
+        x is y or not (isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor)) and x == y for x, y in zip(a, b))
+
+
 def refuse_in_capture(device: torch.device, what: str) -> None:
     """A host-to-device copy inside a capture would be replayed from a freed host buffer: refuse it."""
     if capturing(device):
@@ -74,7 +82,7 @@ class StepPlan:
             self.hp_keys.append(keys)
             self.hp_vals.append(tuple(group[k] for k in keys))
             self.structure.append(opt._structure(group))
-            rows.append(opt._hp_row(group))
+            rows.append(opt._row_of(group))
         self.group_rows = rows
 
         # batches: (group, present roles, hp overrides) in first-seen order
@@ -98,7 +106,13 @@ class StepPlan:
                 elif p.device != device:
                     raise RuntimeError(f"{opt._name_of(idx)} is on {p.device} but other parameters are on {device}; "
                                        f"{type(opt).__name__} needs all parameters on one device")
-                tensors, override = opt._step_tensors(p, group, opt.state[p], idx)
+                st = opt.state.get(p)  # an entry is made only for state the step creates
+                fresh = st is None
+                if fresh:
+                    st = {}
+                tensors, override = opt._step_tensors(p, group, st, idx)
+                if fresh and st:
+                    opt.state[p] = st
                 mask = opt._extra_present(tensors)
                 for bit, role in enumerate(spec.optional):
                     if role.name in tensors:
@@ -135,7 +149,8 @@ class StepPlan:
                     if self.present[b] & spec.bit(name):
                         self.step_order[name].append(idx)
         self.grads = [params[i].grad for i in self.order]
-        self.hp = opt._device_hp(opt._hp_tensor(self), self.device)
+        self.hp = opt._device_hp(opt._hp_tensor(self), self.device, shared=not self._has_tensor_lr())
+        self._bind_lrs(opt)
         self.fn: Callable = _registry.resolve(spec.name, opt.backend, self.device)
         self.backend = _registry.auto_backend(self.device, spec.name) if opt.backend == "auto" else opt.backend
         self.cache: Dict[str, Any] = {}
@@ -156,6 +171,37 @@ class StepPlan:
             return torch.zeros((0, len(self.spec.hps)), dtype=torch.float64)
         return torch.tensor(rows, dtype=torch.float64)
 
+    # ------------------------------------------------------------------ tensor learning rates
+    def _has_tensor_lr(self) -> bool:
+        return any(isinstance(g["lr"], torch.Tensor) for g in self.groups)
+
+    def _bind_lrs(self, opt: "FedOptimizer") -> None:
+        """For each group with a tensor lr: its slice of hp's lr column and the factors around it."""
+        self.tensor_lrs: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = []
+        for gi, group in enumerate(self.groups):
+            lr = group["lr"]
+            if not isinstance(lr, torch.Tensor):
+                continue
+            rows = [b for b, g in enumerate(self.batch_group) if g == gi]
+            if not rows:
+                continue
+            lo, hi = rows[0], rows[-1] + 1  # a group's batches are consecutive (made group by group)
+            a, b = opt._lr_factors(self, gi, hi - lo)
+            a, b = (None if f is None else to_device(f, self.device) for f in (a, b))
+            self.tensor_lrs.append((lr.detach().reshape(()), self.hp[lo:hi, ..., 0], a, b))
+
+    def load_lrs(self) -> None:
+        """Copy every tensor lr into hp (tensor to tensor: no host sync for a device lr)."""
+        for lr, col, a, b in self.tensor_lrs:
+            if lr.device.type == "cpu" and capturing(self.device):
+                raise RuntimeError("a CPU tensor lr cannot be read inside a CUDA graph (it would be replayed "
+                                   "frozen); put the lr tensor on the parameters' device")
+            col.fill_(lr)  # a CPU 0-d value is read on the host, a device one copied on the device
+            if a is not None:
+                col.mul_(a)
+            if b is not None:
+                col.mul_(b)
+
     # ------------------------------------------------------------------ per-step checks
     def still_valid(self, opt: "FedOptimizer") -> bool:
         """Update what can be updated in place; False when the plan must be rebuilt."""
@@ -174,7 +220,7 @@ class StepPlan:
                 vals = tuple(group[k] for k in keys)
             except KeyError:
                 return False
-            if len(group) != len(keys) + 1 or vals != self.hp_vals[gi]:
+            if len(group) != len(keys) + 1 or not _same(vals, self.hp_vals[gi]):
                 changed = [gi] if changed is None else changed + [gi]
         if changed is not None and not self._refresh_hp(opt, changed):
             return False
@@ -202,8 +248,9 @@ class StepPlan:
             group = self.groups[gi]
             self.hp_keys[gi] = tuple(k for k in group if k != "params")
             self.hp_vals[gi] = tuple(group[k] for k in self.hp_keys[gi])
-            self.group_rows[gi] = opt._hp_row(group)
-        self.hp = opt._device_hp(opt._hp_tensor(self), self.device, update=self.hp)
+            self.group_rows[gi] = opt._row_of(group)
+        self.hp = opt._device_hp(opt._hp_tensor(self), self.device, update=self.hp, shared=not self._has_tensor_lr())
+        self._bind_lrs(opt)
         return True
 
     def refresh_rows(self, opt: "FedOptimizer") -> None:

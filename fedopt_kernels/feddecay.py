@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional
 
+import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -72,8 +73,12 @@ class WithinRoundDecay(LRScheduler):
         """Reset k to 0: every group gets its base learning rate back."""
         self.last_epoch = 0
         for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
-            group["lr"] = lr
-        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)  # in place, as torch's schedulers treat a tensor lr
+            else:
+                group["lr"] = lr
+        self._last_lr = [group["lr"].clone() if isinstance(group["lr"], torch.Tensor) else group["lr"]
+                         for group in self.optimizer.param_groups]
 
     def state_dict(self) -> Dict[str, Any]:
         # the schedule (possibly a user callable) is configuration, not state

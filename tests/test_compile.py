@@ -22,21 +22,30 @@ CONFIGS = [("feddecay", "linear_every2"), ("feddecay", "prox_correction"), ("neu
            ("fednar", "prox_correction"), ("padamfed", "vr")]
 
 
-def _twins(cfg, backend, device):
+def _twins(cfg, backend, device, lr_on=None):
+    """Two equal optimizers; ``lr_on``: the first group's lr as a 0-d tensor on that device."""
     g = torch.Generator().manual_seed(0)
     init = [torch.randn(s, generator=g) for s in ((6, 3), (5,), (2, 2, 3))]
     a = [torch.nn.Parameter(t.clone().to(device)) for t in init]
     b = [torch.nn.Parameter(t.clone().to(device)) for t in init]
-    return cfg.build(a, backend), a, cfg.build(b, backend), b
+    if lr_on is None:
+        return cfg.build(a, backend), a, cfg.build(b, backend), b
+    kw = lambda: {**cfg.kwargs, "lr": torch.tensor(cfg.kwargs["lr"], dtype=torch.float64, device=lr_on)}
+    return (cfg.cls(cfg.param_groups(a), backend=backend, **kw()), a,
+            cfg.cls(cfg.param_groups(b), backend=backend, **kw()), b)
 
 
+@pytest.mark.parametrize("lr_on", [None, "cpu", "params"], ids=["float_lr", "cpu_tensor_lr", "device_tensor_lr"])
 @pytest.mark.parametrize("algo,option", CONFIGS)
 @pytest.mark.parametrize("backend,device", cases())
-def test_compiled_step_equals_eager_and_a_scheduler_recompiles_nothing(backend, device, algo, option):
+def test_compiled_step_equals_eager_and_a_scheduler_recompiles_nothing(backend, device, algo, option, lr_on):
+    """A scheduler changes a float lr by assignment and a tensor lr in place: no new graph either way."""
     require(backend, device)
+    if lr_on == "params" and device == "cpu":
+        pytest.skip("the parameters are on the CPU: covered by cpu_tensor_lr")
     torch._dynamo.reset()
     cfg = catalogue.config(algo, option)
-    eager, a, comp, b = _twins(cfg, backend, device)
+    eager, a, comp, b = _twins(cfg, backend, device, None if lr_on is None else "cpu" if lr_on == "cpu" else device)
     counter = CompileCounterWithBackend("inductor")
     # compiled before the schedulers exist: a scheduler wraps opt.step in a function Dynamo skips
     step = torch.compile(comp.step, backend=counter, fullgraph=True)
@@ -59,6 +68,9 @@ def test_compiled_step_equals_eager_and_a_scheduler_recompiles_nothing(backend, 
                     s.step()
     assert counter.frame_count == 1, f"{counter.frame_count} graphs compiled"
     assert comp.round_step == eager.round_step == 3
+    if lr_on is not None:  # the scheduler filled the tensor in place
+        assert isinstance(comp.param_groups[0]["lr"], torch.Tensor)
+        assert float(comp.param_groups[0]["lr"]) == cfg.kwargs["lr"] * 0.9 ** 6
     for p, q in zip(a, b):
         assert torch.equal(p.detach(), q.detach())
         for key, value in eager.state[p].items():

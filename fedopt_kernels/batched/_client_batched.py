@@ -104,7 +104,7 @@ class ClientBatched(FedOptimizer):
         scale = _per_client("lr_scale", lr_scale, C, _real)
         if scale is not None and any(not (v >= 0 and v != float("inf")) for v in scale):
             raise ValueError(f"lr_scale must be finite and >= 0 per client, got {lr_scale!r}")
-        had_buffers = any("momentum_buffer" in self.state[p] for p in self._params_flat)
+        had_buffers = any("momentum_buffer" in self.state.get(p, ()) for p in self._params_flat)
         super().start_round(reset_state=reset_state, correction=correction, **inputs)
         self._t_clients = t
         self._lr_scale = scale
@@ -147,13 +147,22 @@ class ClientBatched(FedOptimizer):
         scales = self._lr_scale or [1.0] * C
         per_client = []
         for c in range(C):
-            rows = plan.batch_rows(lambda gi: self._hp_row(groups[gi], ts[c]))
+            rows = plan.batch_rows(lambda gi: self._row_of(groups[gi], ts[c]))
             for row in rows:
                 row[0] *= scales[c]  # column 0 is every op's learning rate
             per_client.append(rows)
         if not plan.batch_group:
             return torch.zeros((0, C, len(self._spec.hps)), dtype=torch.float64)
         return torch.tensor(per_client, dtype=torch.float64).transpose(0, 1).contiguous()
+
+    def _lr_factors(self, plan: StepPlan, gi: int, count: int):
+        # as _hp_tensor: (lr * the algorithm's factor for client c's round) * lr_scale[c]
+        C = self.num_clients
+        ts = self._t_clients or [max(self._t, 0)] * C
+        scales = self._lr_scale or [1.0] * C
+        a = [self._lr_factor(plan.groups[gi], ts[c]) for c in range(C)]
+        return tuple(None if all(v == 1.0 for v in f) else torch.tensor([f] * count, dtype=torch.float64)
+                     for f in (a, scales))
 
     def _step_tensors(self, p, group, state, idx):
         tensors, override = super()._step_tensors(p, group, state, idx)
@@ -189,6 +198,8 @@ class ClientBatched(FedOptimizer):
                 active = active.to(device, non_blocking=True)
         self._active = active
         try:
-            return super().step(closure, **step_inputs)
+            # not super().step: torch wraps each instantiated class's step with the hooks, so the
+            # per-client class's step may be wrapped too and would run them a second time
+            return FedOptimizer.step(self, closure, **step_inputs)
         finally:
             self._active = None
