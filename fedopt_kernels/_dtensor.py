@@ -187,11 +187,18 @@ def place_loaded_state(opt: "FedOptimizer") -> None:
 
 
 # ------------------------------------------------------------------------------ the step
-def _reduce_group(mesh) -> Any:
-    """The process group spanning every rank of ``mesh``: one all-reduce per step."""
+def _reduce_groups(mesh) -> list:
+    """Process groups whose all-reduces, one after the other, sum over every rank of ``mesh``: the
+    mesh's own group (1-D), the whole world or the flattened mesh (one all-reduce); else one per mesh dim."""
+    import torch.distributed as dist
+
     if mesh.ndim == 1:
-        return mesh.get_group()
-    return mesh._flatten().get_group()
+        return [mesh.get_group()]
+    if mesh.size() == dist.get_world_size():
+        return [dist.group.WORLD]
+    if mesh.mesh_dim_names:
+        return [mesh._flatten().get_group()]
+    return [mesh.get_group(d) for d in range(mesh.ndim)]
 
 
 def _owner(p: torch.Tensor) -> bool:
@@ -247,7 +254,7 @@ class ShardedPlan(StepPlan):
             if self.backend == "cpu":
                 # the C++ kernels hand over one sum per non-empty tensor (zero-size ones make no entry)
                 weights = [w for w, p in zip(weights, self.params) if p.numel() > 0]
-            reduce = _norm_reduce(torch.tensor(weights, dtype=torch.float64), _reduce_group(self.mesh))
+            reduce = _norm_reduce(torch.tensor(weights, dtype=torch.float64), _reduce_groups(self.mesh))
             step = _with_reduce(inner, reduce, self.backend, n_roles)
         self.fn = step
 
@@ -263,7 +270,7 @@ class ShardedPlan(StepPlan):
         return [local(p).data_ptr() for p in self.all_params] == self.local_ptrs
 
 
-def _norm_reduce(weights: torch.Tensor, group: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+def _norm_reduce(weights: torch.Tensor, groups: list) -> Callable[[torch.Tensor], torch.Tensor]:
     """sums (float64 ``[n]``: this rank's sum of squares per tensor) -> the sum over every rank (float64 ``[1]``)."""
     import torch.distributed as dist
 
@@ -271,7 +278,8 @@ def _norm_reduce(weights: torch.Tensor, group: Any) -> Callable[[torch.Tensor], 
         if sums.numel() != weights.numel():
             raise RuntimeError(f"fedopt_kernels: the norm pass gave {sums.numel()} sums for {weights.numel()} tensors")
         total = torch.dot(sums, weights.to(sums.device)).reshape(1)
-        dist.all_reduce(total, group=group)
+        for group in groups:
+            dist.all_reduce(total, group=group)
         return total
 
     return reduce
