@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from fedopt_kernels import catalogue
-from spawn_world import gloo_unavailable, run_world
+from fedopt_kernels.local_world import gloo_unavailable, run_local_world
 
 pytestmark = pytest.mark.skipif(gloo_unavailable() is not None, reason=f"no gloo: {gloo_unavailable()}")
 
@@ -336,7 +336,7 @@ def _errors_world(rank: int, n: int) -> Dict[str, str]:
 # ------------------------------------------------------------------------------ the worlds (one each per module)
 @pytest.fixture(scope="module")
 def two_ranks() -> Dict[str, Any]:
-    res = run_world(_world2, 2)
+    res = run_local_world(_world2, 2)
     return {"agree": _merge([r["agree"] for r in res]), "fsdp": res[0]["fsdp"], "errors": res[0]["errors"],
             "errors_all": [r["errors"] for r in res]}
 
@@ -353,7 +353,7 @@ def _world4(rank: int, n: int) -> Dict[tuple, Dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def four_ranks() -> Dict[tuple, Dict[str, Any]]:
-    return _merge(run_world(_world4, 4))
+    return _merge(run_local_world(_world4, 4))
 
 
 def _check_agreement(key: tuple, row: Dict[str, Any]) -> None:
