@@ -240,12 +240,23 @@ class ShardedPlan(StepPlan):
         self.params = [local(p) for p in self.params]
         self.grads = self._local_grads = [local(g) for g in self.grads]
         self.lists = {name: [local(t) for t in ts] for name, ts in self.lists.items()}
-        self.local_ptrs = [local(p).data_ptr() for p in self.all_params]
+        self.local_ptrs = [p._local_tensor.data_ptr() for p in self.all_params]
+        # per step, only what does not come from this plan can be a DTensor: per-step inputs
+        # (anchor gradients) and parameters handed in by torch.compile's op
+        outside = (0,) + tuple(i for i, r in enumerate(spec.roles) if r.name in self.step_roles)
+        own_params = self.params
         inner = self.fn
-        n_roles = len(spec.roles)
+
+        def localized(args: tuple) -> list:
+            args = list(args)
+            for i in outside:
+                if i or args[0] is not own_params:
+                    args[i] = [local(t) for t in args[i]]
+            return args
+
         if not spec.norm:
             def step(*args, cache=None):
-                inner(*[[local(t) for t in ts] for ts in args[:n_roles]], *args[n_roles:], cache=cache)
+                inner(*localized(args), cache=cache)
         else:
             if self.backend not in NORM_BACKENDS:
                 raise RuntimeError(f"{type(opt).__name__} with DTensor parameters needs backend 'cpu' or 'reference': "
@@ -255,7 +266,7 @@ class ShardedPlan(StepPlan):
                 # the C++ kernels hand over one sum per non-empty tensor (zero-size ones make no entry)
                 weights = [w for w, p in zip(weights, self.params) if p.numel() > 0]
             reduce = _norm_reduce(torch.tensor(weights, dtype=torch.float64), _reduce_groups(self.mesh))
-            step = _with_reduce(inner, reduce, self.backend, n_roles)
+            step = _with_reduce(inner, reduce, self.backend, localized)
         self.fn = step
 
     def still_valid(self, opt: "FedOptimizer") -> bool:
@@ -267,7 +278,7 @@ class ShardedPlan(StepPlan):
                         or g.device_mesh != self.mesh or g.placements != self.all_params[i].placements:
                     return False  # rebuilt, which names the misplaced gradient
             self.grads = self._local_grads = [local(g) for g in self.grads]
-        return [local(p).data_ptr() for p in self.all_params] == self.local_ptrs
+        return [p._local_tensor.data_ptr() for p in self.all_params] == self.local_ptrs
 
 
 def _norm_reduce(weights: torch.Tensor, groups: list) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -285,18 +296,18 @@ def _norm_reduce(weights: torch.Tensor, groups: list) -> Callable[[torch.Tensor]
     return reduce
 
 
-def _with_reduce(inner: Callable, reduce: Callable, backend: str, n_roles: int) -> Callable:
+def _with_reduce(inner: Callable, reduce: Callable, backend: str, localized: Callable) -> Callable:
     if backend == "cpu":
         from .backends.cpu import _C
 
         def step(*args, cache=None):
-            args = [[local(t) for t in ts] for ts in args[:n_roles]] + list(args[n_roles:])
+            args = localized(args)
             _C.run_with_norm_reduce(reduce, lambda: inner(*args, cache=cache))
     else:
         from .reference._math import reducing_norms
 
         def step(*args, cache=None):
-            args = [[local(t) for t in ts] for ts in args[:n_roles]] + list(args[n_roles:])
+            args = localized(args)
             with reducing_norms(reduce):
                 inner(*args, cache=cache)
     return step
