@@ -217,6 +217,9 @@ class ShardedPlan(StepPlan):
     """
 
     def __init__(self, opt: "FedOptimizer"):
+        if opt._spec.batched:
+            raise TypeError(f"{type(opt).__name__} takes no DTensor parameters: a client-batched optimizer "
+                            f"stacks clients along dim 0 of each tensor; shard per-client optimizers instead")
         super().__init__(opt)
         spec = self.spec
         self.mesh = self.all_params[0].device_mesh if self.all_params else None

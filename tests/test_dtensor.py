@@ -324,6 +324,11 @@ def _errors_world(rank: int, n: int) -> Dict[str, str]:
     catch("scale_placement", lambda: nl.set_neuron_scales(
         {w: distribute_tensor(torch.ones(4), mesh, [Replicate()], src_data_rank=None)}))
     catch("scale_shape", lambda: nl.set_neuron_scales({w: torch.ones(2)}))
+    from fedopt_kernels.batched import BatchedFedNAR
+
+    stacked = torch.nn.Parameter(distribute_tensor(torch.ones(2, 4), mesh, [Shard(1)], src_data_rank=None))
+    stacked.grad = distribute_tensor(torch.ones(2, 4), mesh, [Shard(1)], src_data_rank=None)
+    catch("batched", BatchedFedNAR([stacked], lr=0.1, weight_decay=0.0).step, stacked.to_local())
     plain = fk.FedNAR([torch.nn.Parameter(torch.ones(4, 3))], lr=0.1, weight_decay=0.0, prox_mu=0.1)
     plain.start_round()
     sd = opt.state_dict()
@@ -400,6 +405,7 @@ def test_fsdp2_training_and_checkpoints(two_ranks, name, backend):
     ("anchor_placement", "ValueError: anchor_grads entry for parameter 0"),
     ("scale_placement", "ValueError: neuron scale for parameter 0 .*Shard\\(dim=0\\)"),
     ("scale_shape", "ValueError: neuron scale for parameter 0 .*shape"),
+    ("batched", "TypeError: BatchedFedNAR takes no DTensor parameters"),
     ("dtensor_state_into_plain", "ValueError: state 'x0' of parameter 0 .*full_state_dict"),
 ])
 def test_misplaced_inputs_are_refused(two_ranks, key, pattern):
@@ -409,3 +415,17 @@ def test_misplaced_inputs_are_refused(two_ranks, key, pattern):
         assert re.match(pattern, errors[key], re.S), errors[key]
         assert "CHANGED STATE" not in errors[key]
     assert two_ranks["errors"]["x0_kept"] == "True"
+
+
+
+def test_plain_tensors_keep_the_ordinary_plan():
+    """An optimizer over ordinary tensors plans and steps exactly as before (no sharded plan)."""
+    import fedopt_kernels as fk
+    from fedopt_kernels._plan import StepPlan
+
+    p = torch.nn.Parameter(torch.ones(5))
+    p.grad = torch.ones(5)
+    for opt in (fk.FedNAR([p], lr=0.1, weight_decay=0.0), fk.FedDecaySGD([p], lr=0.1, beta=0.5)):
+        opt.step()
+        opt.step()
+        assert type(opt._plan) is StepPlan
