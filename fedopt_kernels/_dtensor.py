@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._base import FedOptimizer
 
 # backends whose norm ops take a cross-rank reduction between their passes
-NORM_BACKENDS = ("reference", "cpu")
+NORM_BACKENDS = ("reference", "cpu", "triton")
 
 
 def _dtensor_type() -> Optional[type]:
@@ -262,13 +262,26 @@ class ShardedPlan(StepPlan):
                 inner(*localized(args), cache=cache)
         else:
             if self.backend not in NORM_BACKENDS:
-                raise RuntimeError(f"{type(opt).__name__} with DTensor parameters needs backend 'cpu' or 'reference': "
-                                   f"the cross-rank global norm is not implemented for backend {self.backend!r}")
+                raise RuntimeError(f"{type(opt).__name__} with DTensor parameters needs backend 'cpu', 'triton' or "
+                                   f"'reference': the cross-rank global norm is not implemented for backend "
+                                   f"{self.backend!r}")
             weights = [1.0 if _owner(p) else 0.0 for p in (opt._params_flat[i] for i in self.order)]
-            if self.backend == "cpu":
-                # the C++ kernels hand over one sum per non-empty tensor (zero-size ones make no entry)
-                weights = [w for w, p in zip(weights, self.params) if p.numel() > 0]
-            reduce = _norm_reduce(torch.tensor(weights, dtype=torch.float64), _reduce_groups(self.mesh))
+            groups = _reduce_groups(self.mesh)
+            if self.backend == "triton":
+                # its norm pass leaves sums per program, each over tiles of several tensors: one
+                # weight for all of this rank's tensors
+                # decided from the placements, the same on every rank (a refusal on one rank only
+                # would leave the others waiting in the all-reduce)
+                if len({tuple(pl.is_replicate() for pl in opt._params_flat[i].placements) for i in self.order}) > 1:
+                    raise RuntimeError(f"{type(opt).__name__} on backend 'triton' needs every parameter placed alike "
+                                       f"along the mesh dims where any is replicated (e.g. all Shard, as FSDP2 "
+                                       f"places them); use backend 'cpu' or 'reference' for this mix")
+                reduce = _slot_reduce(weights[0] if weights else 1.0, groups)
+            else:
+                if self.backend == "cpu":
+                    # the C++ kernels hand over one sum per non-empty tensor (zero-size ones make no entry)
+                    weights = [w for w, p in zip(weights, self.params) if p.numel() > 0]
+                reduce = _norm_reduce(torch.tensor(weights, dtype=torch.float64), groups)
             step = _with_reduce(inner, reduce, self.backend, localized)
         self.fn = step
 
@@ -299,8 +312,31 @@ def _norm_reduce(weights: torch.Tensor, groups: list) -> Callable[[torch.Tensor]
     return reduce
 
 
+def _slot_reduce(weight: float, groups: list) -> Callable[[torch.Tensor], None]:
+    """slots (float64 ``[n]`` on the device, this rank's norm pass) -> slot 0 holds the weighted sum
+    over every rank, the others 0: on the device, no host synchronisation."""
+    import torch.distributed as dist
+
+    def reduce(slots: torch.Tensor) -> None:
+        total = (slots.sum() * weight).reshape(1)
+        for group in groups:
+            dist.all_reduce(total, group=group)
+        if slots.numel():
+            slots.zero_()
+            slots[:1].copy_(total)
+
+    return reduce
+
+
 def _with_reduce(inner: Callable, reduce: Callable, backend: str, localized: Callable) -> Callable:
-    if backend == "cpu":
+    if backend == "triton":
+        from .triton_kernels.two_pass import reducing_slots
+
+        def step(*args, cache=None):
+            args = localized(args)
+            with reducing_slots(reduce):
+                inner(*args, cache=cache)
+    elif backend == "cpu":
         from .backends.cpu import _C
 
         def step(*args, cache=None):

@@ -38,6 +38,10 @@ BACKENDS = ("reference", "cpu")
 ROUNDS, STEPS = 2, 3
 # (algo, option, dtype, placements): every option in float32 on every placement, the full option
 # sets in float64 and bfloat16 on the mixed placement
+# the triton backend (interpreted on the CPU, slow): the norm algorithms, fewer and smaller tensors
+TRITON_CASES = [("fednar", "prox_correction", "float32", "shard0"), ("fednar", "clipped", "float32", "shard_last"),
+                ("padamfed", "vr", "float32", "shard0")]
+TRITON_SHAPES = SHAPES[:5]
 CASES = [(a, o, "float32", pl) for a, algo in catalogue.ALGOS.items() for o in algo.options for pl in PLACEMENTS] + \
         [(a, catalogue.ALGOS[a].full, dt, "mixed") for a in catalogue.ALGOS for dt in ("float64", "bfloat16")]
 
@@ -92,26 +96,27 @@ def _ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.finfo(x.dtype).eps * torch.maximum(big, torch.full_like(big, torch.finfo(x.dtype).tiny))
 
 
-def _compare_config(algo: str, option: str, dtype_name: str, kind: str, backend: str, mesh) -> Dict[str, Any]:
+def _compare_config(algo: str, option: str, dtype_name: str, kind: str, backend: str, mesh, shapes=SHAPES,
+                    rounds: int = ROUNDS, steps: int = STEPS) -> Dict[str, Any]:
     """Run one configuration sharded and unsharded; this rank's worst differences and bounds."""
     cfg = catalogue.config(algo, option)
     dtype = getattr(torch, dtype_name)
     g = torch.Generator().manual_seed(1)
-    whole = [torch.randn(s, generator=g).to(dtype) for s in SHAPES]
+    whole = [torch.randn(s, generator=g).to(dtype) for s in shapes]
     plain = [torch.nn.Parameter(t.clone()) for t in whole]
     sharded = [torch.nn.Parameter(_like(t.clone(), _Ghost(mesh, _placements(kind, i, t.shape, mesh.ndim))))
                for i, t in enumerate(whole)]
     opt_p, opt_s = cfg.build(plain, backend), cfg.build(sharded, backend)
     order_p = [p for grp in opt_p.param_groups for p in grp["params"]]
     order_s = [p for grp in opt_s.param_groups for p in grp["params"]]
-    bound = [torch.zeros(s, dtype=torch.float64) for s in SHAPES]
+    bound = [torch.zeros(s, dtype=torch.float64) for s in shapes]
     eps_c = _eps(dtype)
-    for rnd in range(ROUNDS):
+    for rnd in range(rounds):
         inputs = cfg.round_inputs(order_p, rnd)
         opt_p.start_round(**inputs)
         opt_s.start_round(**_sharded_inputs(inputs, order_p, order_s))
-        for step in range(STEPS):
-            gstep = rnd * STEPS + step
+        for step in range(steps):
+            gstep = rnd * steps + step
             grads = catalogue.rand_like_list(plain, gstep, 1.0)
             before = [p.detach().double() for p in plain]
             for p, q, gr in zip(plain, sharded, grads):
@@ -342,13 +347,39 @@ def _errors_world(rank: int, n: int) -> Dict[str, str]:
 @pytest.fixture(scope="module")
 def two_ranks() -> Dict[str, Any]:
     res = run_local_world(_world2, 2)
+    triton = res[0]["triton"]
+    if "unavailable" not in triton:
+        triton = {**_merge([{k: v for k, v in r["triton"].items() if k != "mixed"} for r in res]),
+                  "mixed": triton["mixed"]}
     return {"agree": _merge([r["agree"] for r in res]), "fsdp": res[0]["fsdp"], "errors": res[0]["errors"],
-            "errors_all": [r["errors"] for r in res]}
+            "errors_all": [r["errors"] for r in res], "triton": triton}
+
+
+def _triton_world(rank: int, n: int) -> Dict[Any, Any]:
+    import fedopt_kernels as fk
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    why = fk.available_backends("cpu").missing.get("triton")
+    if why is not None:
+        return {"unavailable": why}
+    mesh = init_device_mesh("cpu", (n,))
+    out: Dict[Any, Any] = {case: _compare_config(*case, "triton", mesh, shapes=TRITON_SHAPES, rounds=1, steps=2)
+                           for case in TRITON_CASES}
+    ps = [torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [pl], src_data_rank=None))
+          for pl in (Shard(0), Replicate())]
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    try:
+        fk.FedNAR(ps, lr=0.1, weight_decay=0.0, backend="triton").step()
+        out["mixed"] = "no error"
+    except RuntimeError as exc:
+        out["mixed"] = str(exc)
+    return out
 
 
 def _world2(rank: int, n: int) -> Dict[str, Any]:
     return {"agree": _agreement_world(rank, n, CASES, (n,)), "fsdp": _fsdp_world(rank, n),
-            "errors": _errors_world(rank, n)}
+            "errors": _errors_world(rank, n), "triton": _triton_world(rank, n)}
 
 
 def _world4(rank: int, n: int) -> Dict[tuple, Dict[str, Any]]:
@@ -375,6 +406,21 @@ def _check_agreement(key: tuple, row: Dict[str, Any]) -> None:
 @pytest.mark.parametrize("algo,option,dtype,kind", CASES)
 def test_sharded_step_equals_unsharded(two_ranks, algo, option, dtype, kind, backend):
     _check_agreement((algo, option, dtype, kind, backend), two_ranks["agree"][(algo, option, dtype, kind, backend)])
+
+
+@pytest.mark.parametrize("case", TRITON_CASES)
+def test_sharded_triton_interpreted_equals_unsharded(two_ranks, case):
+    res = two_ranks["triton"]
+    if "unavailable" in res:
+        pytest.skip(f"triton backend: {res['unavailable']}")
+    _check_agreement(case + ("triton",), res[case])
+
+
+def test_triton_refuses_replicated_mixed_with_sharded(two_ranks):
+    res = two_ranks["triton"]
+    if "unavailable" in res:
+        pytest.skip(f"triton backend: {res['unavailable']}")
+    assert "placed alike" in res["mixed"], res["mixed"]
 
 
 def test_two_by_two_mesh_equals_unsharded(four_ranks):
