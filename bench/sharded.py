@@ -8,11 +8,15 @@ For each algorithm x size x backend, on a gloo world of ``--world`` processes wi
   without DTensors or any communication);
 * ``sharded``: the step on the ``Shard(0)`` DTensor parameters: the same kernels on the local
   shards, plus, for the norm algorithms, one all-reduce of one float64 per step;
+* ``local + all-reduce``: that local step followed by a one-float64 all-reduce: the same work and
+  the same synchronisation of the ranks as a sharded norm step, written by hand;
 * the all-reduces and bytes each sharded step sends (counted by wrapping
   ``torch.distributed.all_reduce`` during one step), and the latency of a bare one-float64
   all-reduce on this world.
 
-``sharded - local`` is the cost of sharding a step (unwrapping, placement checks, the all-reduce).
+``sharded - local`` is the cost of sharding a step (unwrapping, placement checks, the all-reduce and
+the wait for the slowest rank it implies); ``sharded - (local + all-reduce)`` what the optimizer
+adds beyond that all-reduce.
 Every rank times the same fixed number of steps (a step with a collective must run on all ranks);
 a figure is the slowest rank's median. Results go to ``bench_runs/`` (JSON and Markdown).
 """
@@ -106,7 +110,9 @@ def _world(rank: int, n: int, cases: List[tuple], reps: int) -> Dict[str, Any]:
         dist.barrier()
         sharded = _sharded_params(whole, mesh)
         local = _local_params(sharded)
-        row["local_s"] = statistics.median(time_calls(_stepper(algo, local, whole, backend), cpu, budget))
+        local_step = _stepper(algo, local, whole, backend)
+        row["local_s"] = statistics.median(time_calls(local_step, cpu, budget))
+        row["local_ar_s"] = statistics.median(time_calls(lambda: (local_step(), dist.all_reduce(x)), cpu, budget))
         step = _stepper(algo, sharded, whole, backend)
         step()
         calls: List[int] = []
@@ -133,7 +139,7 @@ def _merge(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
     rows = []
     for i, row in enumerate(per_rank[0]["rows"]):
         merged = dict(row)
-        for key in ("local_s", "sharded_s"):
+        for key in ("local_s", "local_ar_s", "sharded_s"):
             merged[key] = max(r["rows"][i][key] for r in per_rank)  # the slowest rank sets the pace
         merged["local_numel"] = max(r["rows"][i]["local_numel"] for r in per_rank)
         rows.append(merged)
@@ -148,13 +154,15 @@ def markdown(result: Dict[str, Any]) -> str:
              f"torch {meta['torch']}; load average {meta['loadavg_before']} before, {meta['loadavg_after']} after. "
              f"Command: `{meta['command']}`.", "",
              f"A bare all-reduce of one float64 on this world: {us(result['allreduce_s'])}.", "",
-             "| algorithm | size | backend | whole, 1 process | local shard, plain tensors | sharded (DTensor) "
-             "| sharded - local | all-reduces / step | bytes all-reduced / step |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| algorithm | size | backend | whole, 1 process | local shard, plain tensors | local + all-reduce "
+             "| sharded (DTensor) | sharded - local | sharded - (local + all-reduce) | all-reduces / step "
+             "| bytes all-reduced / step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {ALGOS[r['algo']].label} | {r['size']} ({r['numel']:,} -> {r['local_numel']:,} per rank) "
-                     f"| {r['backend']} | {us(r['whole_s'])} | {us(r['local_s'])} | {us(r['sharded_s'])} "
-                     f"| {us(r['sharded_s'] - r['local_s'])} | {r['allreduces']} | {r['allreduce_bytes']} |")
+                     f"| {r['backend']} | {us(r['whole_s'])} | {us(r['local_s'])} | {us(r['local_ar_s'])} "
+                     f"| {us(r['sharded_s'])} | {us(r['sharded_s'] - r['local_s'])} "
+                     f"| {us(r['sharded_s'] - r['local_ar_s'])} | {r['allreduces']} | {r['allreduce_bytes']} |")
     return "\n".join(lines) + "\n"
 
 
