@@ -4,9 +4,9 @@ A sharded optimizer's step runs the same op, through the same kernels, on each r
 shards: parameters, gradients and every state tensor are DTensors placed like their parameter,
 and the plan hands the kernels their local tensors. Element-wise algorithms need nothing more.
 A global norm (FedNAR, PAdaMFed) must cover the whole logical tensors: between its two passes
-the kernel gives this rank's float64 sum of squares per tensor, replicated tensors are counted on
-one rank of their replicas only (weight 0 elsewhere), and one all-reduce over the mesh sums the
-ranks. Ordinary tensors never reach this module's per-step code (``ShardedPlan`` is used only
+the kernel gives this rank's float64 sums of squares (per tensor; per program on Triton),
+replicated tensors are counted on one rank of their replicas only (weight 0 elsewhere), and one
+all-reduce over the mesh sums the ranks. Ordinary tensors never reach this module's per-step code (``ShardedPlan`` is used only
 when the optimizer holds DTensors).
 """
 from __future__ import annotations

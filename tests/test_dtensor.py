@@ -13,7 +13,8 @@ workers return what they measured and the tests below assert on it.
   ulps of the compute dtype, eps_c), so a step's update may differ by ``4 eps_c |update|`` and the
   rounded parameter by one ulp of its storage dtype. The bound per element is the sum of both
   over the steps, from the unsharded run; state that does not depend on the norm is bitwise.
-* A 2 x 2 mesh (4 ranks, placements over both mesh dims, the all-reduce over the flattened mesh).
+* The norm algorithms on the triton backend (interpreted on the CPU), a few configurations.
+* A 2 x 2 mesh (4 ranks, placements over both mesh dims, one all-reduce over the whole world).
 * An FSDP2 ``fully_shard`` model trained on 2 ranks equals the one-process run on both ranks' data.
 * state_dict through ``torch.distributed.checkpoint.state_dict``, sharded and full, and across
   sharded / unsharded optimizers.
