@@ -1,6 +1,7 @@
 """``python -m bench``: run the benchmark matrix, print the table, write the result files.
 
 ``python -m bench clients``: the client-batched training benchmark instead (bench/clients.py).
+``python -m bench sharded``: the step on DTensor parameters over 2 CPU processes (bench/sharded.py).
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (four core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
@@ -93,6 +94,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .clients import main as clients_main
 
         return clients_main((sys.argv[1:] if argv is None else argv)[1:])
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["sharded"]:
+        # the optimizers on DTensor parameters over a 2-process gloo world (bench/sharded.py)
+        from .sharded import main as sharded_main
+
+        return sharded_main((sys.argv[1:] if argv is None else argv)[1:])
     args = parse_args(argv)
     if args.render:
         render(args.render)

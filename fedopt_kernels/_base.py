@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch.optim import Optimizer
 
-from . import _registry, _step_op
+from . import _dtensor, _registry, _step_op
 from ._ops import OpSpec
 from ._plan import StepPlan, refuse_in_capture, to_device
 from .schedules import DecaySchedule
@@ -86,11 +86,13 @@ def _check_tensor_list(name: str, tensors: Sequence[torch.Tensor], params: List[
             raise ValueError(f"{name} entry for {param_names(i)} is on {t.device}, expected {p.device}")
         if t.is_complex() or t.is_sparse:
             raise TypeError(f"{name} entry for {param_names(i)} must be a dense real tensor")
+        _dtensor.check_placed_like(name, t, p, param_names(i))
     return list(tensors)
 
 
 def _extent(p: torch.Tensor) -> Optional[Tuple[int, int, int]]:
     """(storage address, first byte, end byte) that ``p`` may touch; None for zero-size tensors."""
+    p = _dtensor.local(p)
     if p.numel() == 0:
         return None
     span = sum((s - 1) * abs(st) for s, st in zip(p.shape, p.stride()))
@@ -110,6 +112,7 @@ class FedOptimizer(Optimizer):
     _step_input: Optional[str] = None      # name of the per-step tensor-list argument of step(), if any
     # torch.amp.GradScaler hands grad_scale / found_inf to step(): unscaling happens inside the kernels
     _step_supports_amp_scaling = True
+    _plan_cls: type = StepPlan             # _dtensor.ShardedPlan when the parameters are DTensors
 
     def __init__(self, params: Iterable, defaults: Dict[str, Any], backend: str = "auto"):
         if not isinstance(backend, str) or (backend != "auto" and backend not in _registry.BACKENDS):
@@ -244,9 +247,11 @@ class FedOptimizer(Optimizer):
         self._check_new_params(group["params"], len(self.param_groups))
         if isinstance(group["lr"], torch.Tensor):
             self._check_lr(group, read_value=True)  # outside step(): the value is checked once, here
+        sharded = _dtensor.check_params(self, list(self._params_flat) + group["params"])
         self._validate_group(group)
         super().add_param_group(group)
         self._params_flat = [p for g in self.param_groups for p in g["params"]]
+        self._plan_cls = _dtensor.plan_class(sharded)
         self._plan = None
 
     def _name_of(self, idx: int, params: Optional[List[torch.Tensor]] = None) -> str:
@@ -456,7 +461,7 @@ class FedOptimizer(Optimizer):
         plan = self._plan
         if plan is None or not plan.still_valid(self):
             plan = self._plan = None  # a failed rebuild must not leave the old plan behind
-            plan = self._plan = StepPlan(self)
+            plan = self._plan = self._plan_cls(self)
         if not plan.params:
             return  # no parameter has a gradient: as in torch.optim, nothing changes (k included)
         plan.load_lrs()
@@ -495,6 +500,8 @@ class FedOptimizer(Optimizer):
     def state_dict(self) -> Dict[str, Any]:
         sd = super().state_dict()
         sd[_ROUND_KEY] = {"t": self._t, "k": self.round_step, "optimizer": type(self).__name__}
+        for group in sd["param_groups"]:  # torch.distributed.checkpoint keeps only state and param_groups
+            group[_ROUND_KEY] = dict(sd[_ROUND_KEY])
         return sd
 
     def _check_foreign(self, state_dict: Dict[str, Any]) -> None:
@@ -502,7 +509,7 @@ class FedOptimizer(Optimizer):
         me = type(self).__name__
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError(f"{me}.load_state_dict needs an optimizer state_dict (with 'state' and 'param_groups')")
-        rnd = state_dict.get(_ROUND_KEY)
+        rnd = _round_entry(state_dict)
         if rnd is None:
             raise ValueError(f"state_dict has no '{_ROUND_KEY}' entry; it was not saved by a fedopt_kernels optimizer")
         saved = rnd.get("optimizer")
@@ -526,7 +533,8 @@ class FedOptimizer(Optimizer):
             lr = saved.get("lr") if isinstance(saved, dict) else None
             if isinstance(lr, torch.Tensor):  # outside step(): its value is checked here, once
                 check_lr_tensor(lr, group["params"][0].device if group["params"] else None, read_value=True)
-        rnd = state_dict[_ROUND_KEY]
+        _dtensor.check_loadable(self, state_dict)
+        rnd = _round_entry(state_dict)
         # torch casts every floating state tensor to its parameter's dtype on load; the keys in
         # _float32_state are kept in float32 for low-precision parameters, so load them ourselves.
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
@@ -539,6 +547,7 @@ class FedOptimizer(Optimizer):
             state[pid] = st
         sd = {k: v for k, v in state_dict.items() if k != _ROUND_KEY}
         sd["state"] = state
+        sd["param_groups"] = [{k: v for k, v in g.items() if k != _ROUND_KEY} for g in state_dict["param_groups"]]
         super().load_state_dict(sd)
         for p in [p for p, st in self.state.items() if isinstance(st, dict) and not st]:
             del self.state[p]  # empty entries of older state_dicts: torch keeps none
@@ -547,6 +556,7 @@ class FedOptimizer(Optimizer):
         for pid, p in zip(saved_ids, params):
             for key, value in kept.get(pid, {}).items():
                 self.state[p][key] = value.to(device=p.device, dtype=state_dtype(p))
+        _dtensor.place_loaded_state(self)
         self._t = int(rnd["t"])
         k = rnd["k"]  # one counter, or one per client (client-batched optimizers)
         self._k_host = [int(v) for v in k] if isinstance(k, (list, tuple)) else int(k)
@@ -568,6 +578,14 @@ class FedOptimizer(Optimizer):
         self._hp_cache = None
         self._handle = _step_op.register(self)
         self._params_flat = [p for g in self.param_groups for p in g["params"]]
+
+
+def _round_entry(state_dict: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The saved round counters: top level, or (torch.distributed.checkpoint) in the param groups."""
+    rnd = state_dict.get(_ROUND_KEY)
+    if rnd is None and state_dict.get("param_groups"):
+        rnd = state_dict["param_groups"][0].get(_ROUND_KEY)
+    return rnd
 
 
 def state_dtype(p: torch.Tensor) -> torch.dtype:

@@ -7,6 +7,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from . import _dtensor
 from ._base import state_dtype
 from ._sgd import SGDFamily
 
@@ -62,6 +63,7 @@ class NeuronLRSGD(SGDFamily):
                 raise ValueError(f"neuron scale for {pname} is on {r.device}, expected {p.device}")
             if r.is_complex() or not r.is_floating_point():
                 raise TypeError(f"neuron scale for {pname} must be a real floating tensor, got {r.dtype}")
+            _dtensor.check_row_scale(p, r, pname)
             out.append((p, r))
         return out
 
@@ -69,7 +71,7 @@ class NeuronLRSGD(SGDFamily):
     def set_neuron_scales(self, scales: Mapping[torch.Tensor, torch.Tensor]) -> None:
         """Set the per-output-unit scale vector of each given parameter (others keep theirs)."""
         for p, r in self._check_scales(scales):
-            self.state[p]["neuron_scale"] = r.detach().to(dtype=state_dtype(p)).contiguous().clone()
+            self.state[p]["neuron_scale"] = _dtensor.row_scale(p, r.detach().to(dtype=state_dtype(p)).contiguous().clone())
         self._plan = None
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:

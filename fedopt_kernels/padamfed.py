@@ -6,6 +6,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from . import _dtensor
 from ._base import FedOptimizer, _check_tensor_list, check_number, state_dtype
 from ._ops import PADAMFED
 
@@ -101,7 +102,7 @@ class PAdaMFed(FedOptimizer):
             if t is None:
                 raise ValueError(f"anchor_grads entry for {self._name_of(i)} is None but the parameter has a gradient")
             if not isinstance(t, torch.Tensor) or t.shape != p.shape or t.device != p.device or t.is_sparse \
-                    or t.is_complex():
+                    or t.is_complex() or _dtensor.misplaced(t, p):
                 _check_tensor_list("anchor_grads", [t], [p], lambda _j, i=i: self._name_of(i))
         return {"anchor_grad": list(anchor)}
 
@@ -124,7 +125,7 @@ class PAdaMFed(FedOptimizer):
         if k is None:
             return [self.state[p]["acc"] / self._k_host for p in self._params_flat]
         # K from the device counter (steps skipped by GradScaler do not count): no host sync
-        return [self.state[p]["acc"] / k.to(self.state[p]["acc"].dtype) for p in self._params_flat]
+        return [_dtensor.divided(self.state[p]["acc"], k) for p in self._params_flat]
 
 
 def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> Tuple[float, float, float]:

@@ -33,7 +33,9 @@ launch.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 import triton
@@ -46,6 +48,22 @@ from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of
 
 OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}
+# A cross-rank reduction of a per-client op's norm slots (sharded parameters, fedopt_kernels/_dtensor.py),
+# set for one op call on this thread by reducing_slots.
+_SHARDED = threading.local()
+
+
+@contextmanager
+def reducing_slots(reduce: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Within the block, a per-client op calls ``reduce(partials)`` between its passes: the float64
+    slots of its norm pass, which ``reduce`` rewrites in place (on the device) so that they sum to
+    the sum of squares over every rank."""
+    saved = getattr(_SHARDED, "reduce", None)
+    _SHARDED.reduce = reduce
+    try:
+        yield
+    finally:
+        _SHARDED.reduce = saved
 # clients per program of advance_kernel
 ADVANCE_BLOCK = 1024
 # finalize_kernel under the interpreter: (clients per program, slots per lane block); compiled it runs
@@ -253,6 +271,9 @@ def launch(op: str, plan: Plan, hp: torch.Tensor, k: torch.Tensor, amp: Dict[str
         norm_kernel[(lau.norm_programs,)](
             lau.meta, lau.chunks, lau.n_chunks, plan.partials, lau.slot_base, hp, lau.group, amp["scale"],
             amp["found"], act, OP=code, **_dtype_args(op, lau), **flags, num_warps=num_warps())
+    reduce = getattr(_SHARDED, "reduce", None)
+    if reduce is not None:
+        reduce(plan.partials[:plan.n_slots])
     if plan.clients:
         per, slot_block = FINALIZE_INTERP if interpreted() else (1, SLOT_BLOCK)
         finalize_kernel[(triton.cdiv(plan.clients, per),)](

@@ -1,5 +1,6 @@
 // Python module fedopt_kernels._C_cpu: the ops on CPU tensors (argument layout: common/op_args.h).
 // pybind11 + tensor casters only: a fraction of torch/extension.h's compile time
+#include <ATen/ops/empty.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
@@ -70,6 +71,24 @@ std::string set_isa(const std::string& name) {
   return fo::cpu::active_isa();
 }
 
+// fedopt_kernels/_dtensor.py: run `body` (one op call) with `reduce` between the passes of its norm.
+// `reduce(sums)` gets this rank's float64 sum of squares per entry and returns the sum over every
+// rank as a one-element float64 CPU tensor.
+double call_norm_reduce(void* ctx, const double* per_entry, int64_t n) {
+  const py::function& reduce = *static_cast<const py::function*>(ctx);
+  at::Tensor sums = at::empty({n}, at::kDouble);
+  std::copy(per_entry, per_entry + n, sums.data_ptr<double>());
+  const at::Tensor total = reduce(sums).cast<at::Tensor>();
+  TORCH_CHECK(total.is_cpu() && total.scalar_type() == at::kDouble && total.numel() == 1,
+              "fedopt_kernels cpu: the norm reduction must return one float64 CPU value");
+  return total.contiguous().data_ptr<double>()[0];
+}
+
+void run_with_norm_reduce(const py::function& reduce, const py::function& body) {
+  fo::cpu::NormReduceScope scope(&call_norm_reduce, const_cast<py::function*>(&reduce));
+  body();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -78,5 +97,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fo::bind_batched_ops<Cpu>(m);
   m.def("set_isa", &set_isa, "choose the kernels' instruction set; returns the active one", py::arg("name"));
   m.def("active_isa", []() { return std::string(fo::cpu::active_isa()); });
+  m.def("run_with_norm_reduce", &run_with_norm_reduce,
+        "call body() with reduce(per-entry sums of squares) -> total between the passes of its norm",
+        py::arg("reduce"), py::arg("body"));
   m.attr("chunk_elements") = fo::cpu::kChunk;
 }

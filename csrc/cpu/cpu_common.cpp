@@ -51,5 +51,17 @@ std::vector<double> segment_norms(const std::vector<Chunk>& chunks, const std::v
   return total;
 }
 
+NormReduceHook& norm_reduce_hook() {
+  static thread_local NormReduceHook hook;
+  return hook;
+}
+
+std::vector<double> reduced_norm(const std::vector<Chunk>& chunks, size_t n_entries, const std::vector<double>& partials,
+                                 const NormReduceHook& hook) {
+  std::vector<double> per_entry(n_entries, 0.0);
+  for (size_t c = 0; c < chunks.size(); ++c) per_entry[chunks[c].entry] += partials[c];
+  return {std::sqrt(hook.fn(hook.ctx, per_entry.data(), static_cast<int64_t>(n_entries)))};
+}
+
 }  // namespace cpu
 }  // namespace fo

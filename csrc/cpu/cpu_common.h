@@ -63,6 +63,33 @@ inline std::vector<Chunk> make_chunks(const std::vector<Entry>& entries) {
   return out;
 }
 
+// Sharded parameters (fedopt_kernels/_dtensor.py): a per-client norm op's rank holds only its
+// shards, so its sum of squares is reduced over the ranks between the two passes. The hook gets
+// this rank's float64 sum of squares of each entry (in entry order) and returns the sum over every
+// rank; it is set for one op call on the calling thread (NormReduceScope), and null otherwise.
+using NormReduce = double (*)(void* ctx, const double* per_entry, int64_t n);
+struct NormReduceHook {
+  NormReduce fn = nullptr;
+  void* ctx = nullptr;
+};
+NormReduceHook& norm_reduce_hook();
+
+class NormReduceScope {
+ public:
+  NormReduceScope(NormReduce fn, void* ctx) : saved_(norm_reduce_hook()) { norm_reduce_hook() = {fn, ctx}; }
+  ~NormReduceScope() { norm_reduce_hook() = saved_; }
+  NormReduceScope(const NormReduceScope&) = delete;
+  NormReduceScope& operator=(const NormReduceScope&) = delete;
+
+ private:
+  NormReduceHook saved_;
+};
+
+// The one norm of a per-client op whose sums are reduced by `hook`: entry sums in chunk order,
+// then the hook.
+std::vector<double> reduced_norm(const std::vector<Chunk>& chunks, size_t n_entries, const std::vector<double>& partials,
+                                 const NormReduceHook& hook);
+
 // Norm of each segment (index = Entry::segment < segments): sqrt of the sum of its chunks'
 // partials, added in chunk order on the calling thread.
 std::vector<double> segment_norms(const std::vector<Chunk>& chunks, const std::vector<Entry>& entries,

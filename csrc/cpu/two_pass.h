@@ -5,6 +5,8 @@
 // the scales.
 #pragma once
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -30,7 +32,10 @@ void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>
     segment_of[e.group] = e.segment;
     segments = std::max(segments, e.segment + 1);
   }
-  const std::vector<double> norm = segment_norms(chunks, entries, partial, segments);
+  const NormReduceHook& hook = norm_reduce_hook();
+  TORCH_CHECK(!hook.fn || segments == 1, "fedopt_kernels cpu: a cross-rank norm needs a per-client op");
+  const std::vector<double> norm =
+      hook.fn ? reduced_norm(chunks, entries.size(), partial, hook) : segment_norms(chunks, entries, partial, segments);
   std::vector<double> scale(hps.size());
   for (size_t g = 0; g < hps.size(); ++g) scale[g] = scale_of(norm[segment_of[g]], hps[g], norm_f64);
   for_chunks(chunks, [&](int64_t lo, int64_t hi) { update_pass(chunks, lo, hi, scale); });

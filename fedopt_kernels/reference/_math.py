@@ -1,7 +1,9 @@
 """Small helpers shared by the reference ops: compute dtypes, the global norm, AMP and the counter."""
 from __future__ import annotations
 
-from typing import Iterable, List, Optional
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, List, Optional
 
 import torch
 
@@ -23,6 +25,22 @@ def norm_dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
+# A cross-rank reduction of the norm's sums (sharded parameters, fedopt_kernels/_dtensor.py), set
+# for one op call on this thread by reducing_norms.
+_SHARDED = threading.local()
+
+
+@contextmanager
+def reducing_norms(reduce: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Within the block, ``global_norm`` is ``sqrt(reduce(float64 sum of squares per tensor))``."""
+    saved = getattr(_SHARDED, "reduce", None)
+    _SHARDED.reduce = reduce
+    try:
+        yield
+    finally:
+        _SHARDED.reduce = saved
+
+
 def global_norm(tensors: List[torch.Tensor], device: torch.device) -> torch.Tensor:
     """L2 norm over all ``tensors`` as a float64 0-dim tensor.
 
@@ -30,6 +48,11 @@ def global_norm(tensors: List[torch.Tensor], device: torch.device) -> torch.Tens
     and underflows near 1e-23), so the norm is right to ~1e-15 for every finite input in
     [1e-30, 1e30]; callers round it to ``norm_dtype`` before using it, as the kernels do.
     """
+    reduce = getattr(_SHARDED, "reduce", None)
+    if reduce is not None:
+        sums = [torch.sum(t.to(torch.float64) * t.to(torch.float64)) for t in tensors]
+        per_tensor = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64, device=device)
+        return reduce(per_tensor).reshape(()).sqrt()
     total = torch.zeros((), dtype=torch.float64, device=device)
     for t in tensors:
         t64 = t.to(torch.float64)
