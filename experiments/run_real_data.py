@@ -11,7 +11,8 @@ Each writes ``experiments/real/<name>.json`` (every run's final metrics, its wal
 load average before and after) and prints a markdown table; ``experiments/results_real.md`` holds
 the tables with the papers' numbers beside them. Settings are fixed below before any result was
 seen; every scale-down against the paper is listed in ``SCALE_DOWN``. Runs are in-process, one after
-another, with torch's default threads (client-parallel) or one thread (sequential).
+another, on one torch thread (``FEDOPT_THREADS=N`` for more: on a quiet machine 2 threads help the
+client-parallel runs; on a loaded one they spin against each other).
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def sweep(name: str, settings: Dict[str, Dict[str, Any]], seeds: Sequence[int]) 
     """label -> config; every label over every seed. Returns (label -> runs, timing)."""
     import torch
 
+    torch.set_num_threads(int(os.environ.get("FEDOPT_THREADS", "1")))  # 1: the fastest on a shared, busy machine
     info = {"load_before": load(), "machine": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     start = time.perf_counter()
@@ -173,7 +175,7 @@ PADAMFED_LRS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 
 
 def padamfed(args: argparse.Namespace) -> None:
-    base = dict(dataset="fmnist", data_dir=args.fmnist, model="cnn", partition="dirichlet", dirichlet_alpha=1.0,
+    base = dict(dataset="fmnist", data_dir=args.fmnist, model="mlp", partition="dirichlet", dirichlet_alpha=1.0,
                 clients=50, holdout_fraction=0.0, clients_per_round=10, local_steps=10, batch_size=32,
                 rounds=3 if args.quick else 30, eval_every=30, finetune_steps=0, split=(0.8, 0.1, 0.1),
                 backend="reference", device="cpu", client_parallel=10)
@@ -198,10 +200,10 @@ def padamfed(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------ FedNAR: Shakespeare table, scaled down
 def fednar(args: argparse.Namespace) -> None:
-    base = dict(dataset="shakespeare", data_dir=args.shakespeare, model="char-transformer", clients=100,
-                holdout_fraction=0.0, clients_per_round=20, local_steps=10, batch_size=20, lr=0.1,
-                round_decay=0.998, clip_norm=10.0, rounds=2 if args.quick else args.rounds, eval_every=10 ** 6,
-                finetune_steps=0, split=(0.8, 0.1, 0.1), backend="reference", device="cpu", client_parallel=20)
+    base = dict(dataset="shakespeare", data_dir=args.shakespeare, model="char-transformer", hidden=32, context=40, clients=100,
+                holdout_fraction=0.0, clients_per_round=10, local_steps=20, batch_size=10, lr=0.1,
+                round_decay=0.998, clip_norm=10.0, rounds=2 if args.quick else args.rounds, eval_every=10,
+                finetune_steps=0, split=(0.8, 0.1, 0.1), backend="reference", device="cpu", client_parallel=10)
     pairs = [("fedavg", "fednar")] + ([] if args.quick else [("fedprox", "fednar-fedprox"),
                                                             ("scaffold", "fednar-scaffold")][: args.extra_rows])
     settings = {}
@@ -225,10 +227,10 @@ FEDDECAY_BETAS = (("FedSGD (β=0)", "fedsgd", None), ("FedDecay β=0.25", "fedde
 
 
 def feddecay(args: argparse.Namespace) -> None:
-    base = dict(dataset="shakespeare", data_dir=args.shakespeare, model="char-transformer", clients=100,
-                holdout_fraction=0.2, clients_per_round=16, local_steps=10, batch_size=20, lr=0.1,
-                rounds=2 if args.quick else args.rounds, eval_every=10 ** 6, finetune_steps=5, finetune_lr=0.1,
-                split=(0.6, 0.2, 0.2), backend="reference", device="cpu", client_parallel=16)
+    base = dict(dataset="shakespeare", data_dir=args.shakespeare, model="char-transformer", hidden=32, context=40, clients=100,
+                holdout_fraction=0.2, clients_per_round=10, local_steps=20, batch_size=10, lr=0.5,
+                rounds=2 if args.quick else args.rounds, eval_every=10, finetune_steps=5, finetune_lr=0.5,
+                split=(0.6, 0.2, 0.2), backend="reference", device="cpu", client_parallel=10)
     settings = {label: dict(base, algorithm=algo, **({} if beta is None else {"beta": beta}))
                 for label, algo, beta in FEDDECAY_BETAS}
     seeds = [0] if args.quick else list(range(args.seeds))
@@ -249,7 +251,7 @@ def main(argv: Sequence[str] = None) -> int:
     p.add_argument("--mnist", help="MNIST folder (IDX files)")
     p.add_argument("--fmnist", help="Fashion-MNIST folder (IDX files)")
     p.add_argument("--shakespeare", help="Shakespeare folder (LEAF JSON, from build_shakespeare)")
-    p.add_argument("--rounds", type=int, default=60, help="fednar/feddecay rounds (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=40, help="fednar/feddecay rounds (default %(default)s)")
     p.add_argument("--seeds", type=int, default=1, help="feddecay seeds (default %(default)s)")
     p.add_argument("--extra-rows", type=int, default=0, help="fednar: also FedProx (1) and SCAFFOLD (2) rows")
     p.add_argument("--quick", action="store_true")

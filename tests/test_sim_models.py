@@ -218,3 +218,16 @@ def test_client_parallel_refuses_an_lstm():
         ClientLoss(build_model("char-lstm", (80,), 80, hidden=8))
     with pytest.raises(ValueError, match="cannot train model='char-lstm'"):
         SimConfig(dataset="shakespeare", data_dir="x", model="char-lstm", client_parallel=4).validate()
+
+
+def test_char_transformer_context_reads_the_last_characters():
+    torch.manual_seed(0)
+    m = build_model("char-transformer", (80,), 80, hidden=16, context=40)
+    assert m.pos.shape == (40, 16)
+    x = torch.randint(0, 80, (2, 80))
+    y = x.clone()
+    y[:, :40] = torch.randint(0, 80, (2, 40))  # what lies before the context does not matter
+    torch.testing.assert_close(m(x), m(y), rtol=0, atol=0)
+    torch.testing.assert_close(m(x), m(x[:, 40:]), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="context only applies to model='char-transformer'"):
+        SimConfig(dataset="shakespeare", data_dir="x", model="char-gru", context=10).validate()

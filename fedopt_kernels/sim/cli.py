@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=d.model, choices=MODELS)
     g.add_argument("--hidden", type=int, help="mlp/mlp1 hidden width (default 64/25); char-* models: state size "
                    "(default 256 char-lstm, 128 char-gru, 64 char-transformer)")
+    g.add_argument("--context", type=int, help="char-transformer: read only the last N characters of each window")
     g.add_argument("--rounds", type=int, default=d.rounds)
     g.add_argument("--local-steps", type=int, default=d.local_steps)
     g.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -123,7 +124,7 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         dirichlet_alpha=args.dirichlet_alpha, shards_per_client=args.shards_per_client,
         synthetic_alpha=args.synthetic_alpha, synthetic_beta=args.synthetic_beta,
         clients=SimConfig.clients if args.clients is None else args.clients,
-        holdout_fraction=args.holdout_fraction, split=tuple(args.split), model=args.model, hidden=args.hidden,
+        holdout_fraction=args.holdout_fraction, split=tuple(args.split), model=args.model, hidden=args.hidden, context=args.context,
         rounds=args.rounds,
         data_dir=args.data_dir, download=args.download, normalize=args.normalize, augment=args.augment,
         local_steps=args.local_steps, batch_size=args.batch_size, sample_rate=args.sample_rate,

@@ -55,6 +55,7 @@ class SimConfig:
     split: Tuple[float, float, float] = (0.6, 0.2, 0.2)
     model: str = "cnn"
     hidden: Optional[int] = None             # mlp / mlp1 hidden width (default 64 / 25); char models: state size
+    context: Optional[int] = None            # char-transformer: read the last `context` characters of a window
     rounds: int = 50
     local_steps: int = 10
     batch_size: int = 10
@@ -152,6 +153,10 @@ class SimConfig:
         if (self.dataset == "shakespeare") != (self.model in TEXT_MODELS):
             raise ValueError(f"model={self.model!r} does not fit dataset={self.dataset!r}: the character models "
                              f"{TEXT_MODELS} read Shakespeare's 80-character windows, and only they do")
+        if self.context is not None:
+            integer("context", self.context, 1)
+            if self.model != "char-transformer":
+                raise ValueError(f"context only applies to model='char-transformer', not {self.model!r}")
         if self.hidden is not None:
             integer("hidden", self.hidden, 1)
             if self.model not in ("mlp", "mlp1") + TEXT_MODELS:

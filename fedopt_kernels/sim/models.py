@@ -101,13 +101,15 @@ def _image_shape(name: str, input_shape: Tuple[int, ...], min_side: int) -> Tupl
 
 
 def build_model(name: str, input_shape: Tuple[int, ...], num_classes: int,
-                input_spec: Optional[InputSpec] = None, hidden: Optional[int] = None) -> nn.Module:
+                input_spec: Optional[InputSpec] = None, hidden: Optional[int] = None,
+                context: Optional[int] = None) -> nn.Module:
     """``name`` in MODELS; the MLPs take any input, the CNNs images ``[C, H, W]``, the character models
     windows ``[T]`` of indices below ``num_classes``.
 
     ``input_spec`` (set by image data sets that keep raw pixels) wraps the network in its input stage;
     ``hidden``: the MLPs' width (default 64 for mlp, 25 for mlp1), the character models' state size
-    (default 256 for char-lstm, 128 for char-gru, 64 for char-transformer).
+    (default 256 for char-lstm, 128 for char-gru, 64 for char-transformer); ``context``: the
+    char-transformer reads only the last ``context`` characters of a window.
     """
     if name in TEXT_MODELS:
         if len(input_shape) != 1:
@@ -117,7 +119,7 @@ def build_model(name: str, input_shape: Tuple[int, ...], num_classes: int,
             return CharLSTM(num_classes, hidden=hidden or 256)
         if name == "char-gru":
             return CharGRU(num_classes, hidden=hidden or 128)
-        return CharTransformer(num_classes, input_shape[0], dim=hidden or 64)
+        return CharTransformer(num_classes, input_shape[0], dim=hidden or 64, context=context)
     if name == "mlp":
         net: nn.Module = MLP(math.prod(input_shape), num_classes, hidden=hidden or 64)
     elif name == "mlp1":

@@ -17,6 +17,7 @@ None has BatchNorm or buffers (the causal mask is built in ``forward``).
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -101,10 +102,16 @@ class _Block(nn.Module):
 
 class CharTransformer(nn.Module):
     """Token + learned position embeddings (dim) -> ``layers`` causal pre-LN blocks (``heads`` heads,
-    feed-forward ``4 * dim``) -> LayerNorm -> Linear(vocab) at the last position."""
+    feed-forward ``4 * dim``) -> LayerNorm -> Linear(vocab) at the last position.
 
-    def __init__(self, vocab: int, seq_len: int, dim: int = 64, layers: int = 2, heads: int = 4):
+    ``context``: read only the last ``context`` characters of each window (attention costs grow with
+    its square; None: the whole window)."""
+
+    def __init__(self, vocab: int, seq_len: int, dim: int = 64, layers: int = 2, heads: int = 4,
+                 context: Optional[int] = None):
         super().__init__()
+        self.context = context
+        seq_len = min(seq_len, context or seq_len)
         if dim % heads:
             raise ValueError(f"char-transformer: the width ({dim}) must be a multiple of the {heads} heads")
         self.embed = nn.Embedding(vocab, dim)
@@ -114,6 +121,8 @@ class CharTransformer(nn.Module):
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.context is not None:
+            x = x[:, -self.context:]
         h = self.embed(x) + self.pos[: x.shape[1]]
         for block in self.blocks:
             h = block(h)
