@@ -201,22 +201,25 @@ def padamfed(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ FedNAR: Shakespeare table, scaled down
 def fednar(args: argparse.Namespace) -> None:
     base = dict(dataset="shakespeare", data_dir=args.shakespeare, model="char-transformer", hidden=32, context=40, clients=100,
-                holdout_fraction=0.0, clients_per_round=10, local_steps=20, batch_size=10, lr=0.1,
+                holdout_fraction=0.0, clients_per_round=10, local_steps=20, batch_size=10, lr=args.lr or 0.1,
                 round_decay=0.998, clip_norm=10.0, rounds=2 if args.quick else args.rounds, eval_every=10,
                 finetune_steps=0, split=(0.8, 0.1, 0.1), backend="reference", device="cpu", client_parallel=10)
     pairs = [("fedavg", "fednar")] + ([] if args.quick else [("fedprox", "fednar-fedprox"),
                                                             ("scaffold", "fednar-scaffold")][: args.extra_rows])
     settings = {}
+    wds = tuple(args.weight_decays)
     for base_algo, nar_algo in pairs:
-        for wd in (1e-4, 1e-3):
+        for wd in wds:
             settings[f"{base_algo} wd={wd}"] = dict(base, algorithm=base_algo, weight_decay=wd)
             settings[f"{nar_algo} wd={wd}"] = dict(base, algorithm=nar_algo, weight_decay=wd)
-    runs, info = sweep("fednar", settings, [0])
-    save("fednar", {"runs": runs, "timing": info})
-    print("| algorithm | wd 1e-4 baseline | wd 1e-4 FedNAR | wd 1e-3 baseline | wd 1e-3 FedNAR |\n|---|---|---|---|---|")
+    name = "fednar" + (f"-lr{args.lr}" if args.lr else "")
+    runs, info = sweep(name, settings, [0])
+    save(name, {"runs": runs, "timing": info})
+    print("| algorithm | " + " | ".join(f"wd {wd} {k}" for wd in wds for k in ("baseline", "FedNAR")) + " |\n"
+          + "|---" * (1 + 2 * len(wds)) + "|")
     for base_algo, nar_algo in pairs:
         cells = [mean_std([r["final"]["pooled test acc"] for r in runs[f"{a} wd={wd}"]])
-                 for wd in (1e-4, 1e-3) for a in (base_algo, nar_algo)]
+                 for wd in wds for a in (base_algo, nar_algo)]
         print(f"| {base_algo} | " + " | ".join(cells) + " |")
     print(f"wall {info['wall_seconds']:.0f} s, load {info['load_before']} -> {info['load_after']}")
 
@@ -239,7 +242,7 @@ def feddecay(args: argparse.Namespace) -> None:
     keys = [("new users, fine-tuned: mean", "fine-tuned new mean"), ("bottom 10%", "fine-tuned new bottom10%"),
             ("std", "fine-tuned new std"), ("existing users, fine-tuned: mean", "fine-tuned existing mean"),
             ("new users, global model", "global new mean")]
-    print("| method | " + " | ".join(k for k, _ in keys) + " |\n|---" * (len(keys) + 1) + "|")
+    print("| method | " + " | ".join(k for k, _ in keys) + " |\n" + "|---" * (len(keys) + 1) + "|")
     for label, rs in runs.items():
         print(f"| {label} | " + " | ".join(mean_std([r["final"][m] for r in rs]) for _, m in keys) + " |")
     print(f"wall {info['wall_seconds']:.0f} s, load {info['load_before']} -> {info['load_after']}")
@@ -254,6 +257,8 @@ def main(argv: Sequence[str] = None) -> int:
     p.add_argument("--rounds", type=int, default=40, help="fednar/feddecay rounds (default %(default)s)")
     p.add_argument("--seeds", type=int, default=1, help="feddecay seeds (default %(default)s)")
     p.add_argument("--extra-rows", type=int, default=0, help="fednar: also FedProx (1) and SCAFFOLD (2) rows")
+    p.add_argument("--lr", type=float, help="fednar: client lr instead of the paper's 0.1 (results go to fednar-lr<LR>.json)")
+    p.add_argument("--weight-decays", type=float, nargs="+", default=[1e-4, 1e-3], help="fednar (default %(default)s)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     need = {"fednlr": "mnist", "padamfed": "fmnist", "fednar": "shakespeare", "feddecay": "shakespeare"}
