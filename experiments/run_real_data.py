@@ -185,16 +185,18 @@ def padamfed(args: argparse.Namespace) -> None:
         for lr in lrs:
             settings[f"{algo} lr={lr}"] = dict(base, algorithm=algo, lr=lr)
     settings["padamfed theory"] = dict(base, algorithm="padamfed")
-    runs, info = sweep("padamfed", settings, [0])
-    save("padamfed", {"runs": runs, "timing": info})
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    name = "padamfed" + (f"-seeds{seeds[0]}-{seeds[-1]}" if seeds != [0] else "")
+    runs, info = sweep(name, settings, seeds)
+    save(name, {"runs": runs, "timing": info})
     print("| lr | " + " | ".join(("FedAvg", "SCAFFOLD", "PAdaMFed")) + " |\n|---|---|---|---|")
     for lr in lrs:
         cells = [mean_std([r["final"]["pooled test acc"] for r in runs[f"{a} lr={lr}"]])
                  for a in ("fedavg", "scaffold", "padamfed")]
         print(f"| {lr} | " + " | ".join(cells) + " |")
-    th = runs["padamfed theory"][0]
-    print(f"PAdaMFed at its theory step sizes (lr {th['hparams']['lr']:.4g}): "
-          f"{100 * th['final']['pooled test acc']:.2f}%")
+    th = runs["padamfed theory"]
+    print(f"PAdaMFed at its theory step sizes (lr {th[0]['hparams']['lr']:.4g}): "
+          f"{mean_std([r['final']['pooled test acc'] for r in th])}%")
     print(f"wall {info['wall_seconds']:.0f} s, load {info['load_before']} -> {info['load_after']}")
 
 
@@ -255,7 +257,8 @@ def main(argv: Sequence[str] = None) -> int:
     p.add_argument("--fmnist", help="Fashion-MNIST folder (IDX files)")
     p.add_argument("--shakespeare", help="Shakespeare folder (LEAF JSON, from build_shakespeare)")
     p.add_argument("--rounds", type=int, default=40, help="fednar/feddecay rounds (default %(default)s)")
-    p.add_argument("--seeds", type=int, default=1, help="feddecay seeds (default %(default)s)")
+    p.add_argument("--seeds", type=int, default=1, help="feddecay, padamfed: seeds (default %(default)s)")
+    p.add_argument("--first-seed", type=int, default=0, help="padamfed: the first seed (default %(default)s)")
     p.add_argument("--extra-rows", type=int, default=0, help="fednar: also FedProx (1) and SCAFFOLD (2) rows")
     p.add_argument("--lr", type=float, help="fednar: client lr instead of the paper's 0.1 (results go to fednar-lr<LR>.json)")
     p.add_argument("--weight-decays", type=float, nargs="+", default=[1e-4, 1e-3], help="fednar (default %(default)s)")
