@@ -214,7 +214,7 @@ def fednar(args: argparse.Namespace) -> None:
         for wd in wds:
             settings[f"{base_algo} wd={wd}"] = dict(base, algorithm=base_algo, weight_decay=wd)
             settings[f"{nar_algo} wd={wd}"] = dict(base, algorithm=nar_algo, weight_decay=wd)
-    name = "fednar" + (f"-lr{args.lr}" if args.lr else "")
+    name = "fednar" + (f"-lr{args.lr}" if args.lr else "") + (f"-r{args.rounds}" if args.rounds != 40 else "")
     runs, info = sweep(name, settings, [0])
     save(name, {"runs": runs, "timing": info})
     print("| algorithm | " + " | ".join(f"wd {wd} {k}" for wd in wds for k in ("baseline", "FedNAR")) + " |\n"
@@ -238,9 +238,10 @@ def feddecay(args: argparse.Namespace) -> None:
                 split=(0.6, 0.2, 0.2), backend="reference", device="cpu", client_parallel=10)
     settings = {label: dict(base, algorithm=algo, **({} if beta is None else {"beta": beta}))
                 for label, algo, beta in FEDDECAY_BETAS}
-    seeds = [0] if args.quick else list(range(args.seeds))
-    runs, info = sweep("feddecay", settings, seeds)
-    save("feddecay", {"runs": runs, "timing": info})
+    seeds = [0] if args.quick else list(range(args.first_seed, args.first_seed + args.seeds))
+    name = "feddecay" + (f"-seeds{seeds[0]}-{seeds[-1]}" if seeds != [0] else "")
+    runs, info = sweep(name, settings, seeds)
+    save(name, {"runs": runs, "timing": info})
     keys = [("new users, fine-tuned: mean", "fine-tuned new mean"), ("bottom 10%", "fine-tuned new bottom10%"),
             ("std", "fine-tuned new std"), ("existing users, fine-tuned: mean", "fine-tuned existing mean"),
             ("new users, global model", "global new mean")]
@@ -258,7 +259,7 @@ def main(argv: Sequence[str] = None) -> int:
     p.add_argument("--shakespeare", help="Shakespeare folder (LEAF JSON, from build_shakespeare)")
     p.add_argument("--rounds", type=int, default=40, help="fednar/feddecay rounds (default %(default)s)")
     p.add_argument("--seeds", type=int, default=1, help="feddecay, padamfed: seeds (default %(default)s)")
-    p.add_argument("--first-seed", type=int, default=0, help="padamfed: the first seed (default %(default)s)")
+    p.add_argument("--first-seed", type=int, default=0, help="padamfed, feddecay: the first seed (default %(default)s)")
     p.add_argument("--extra-rows", type=int, default=0, help="fednar: also FedProx (1) and SCAFFOLD (2) rows")
     p.add_argument("--lr", type=float, help="fednar: client lr instead of the paper's 0.1 (results go to fednar-lr<LR>.json)")
     p.add_argument("--weight-decays", type=float, nargs="+", default=[1e-4, 1e-3], help="fednar (default %(default)s)")
