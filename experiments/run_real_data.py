@@ -6,6 +6,7 @@
     python experiments/run_real_data.py fednar   --shakespeare DIR
     python experiments/run_real_data.py feddecay --shakespeare DIR
     python experiments/run_real_data.py ... --quick   # 1 seed, a few rounds: checks the script runs
+                                                      # (its JSON goes to the temp folder)
 
 Each writes ``experiments/real/<name>.json`` (every run's final metrics, its wall time, the machine's
 load average before and after) and prints a markdown table; ``experiments/results_real.md`` holds
@@ -21,6 +22,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
@@ -28,7 +30,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "real"
+OUT = Path(os.environ.get("FEDOPT_REAL_OUT", HERE / "real"))  # where the JSON goes
 sys.path.insert(0, str(HERE.parent))
 
 
@@ -265,6 +267,9 @@ def main(argv: Sequence[str] = None) -> int:
     p.add_argument("--weight-decays", type=float, nargs="+", default=[1e-4, 1e-3], help="fednar (default %(default)s)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
+    if args.quick:  # a smoke test: keep the committed results
+        global OUT
+        OUT = Path(tempfile.gettempdir()) / "fedopt-real-quick"
     need = {"fednlr": "mnist", "padamfed": "fmnist", "fednar": "shakespeare", "feddecay": "shakespeare"}
     if getattr(args, need[args.experiment]) is None:
         p.error(f"{args.experiment} needs --{need[args.experiment]} DIR (bash experiments/get_data.sh)")
