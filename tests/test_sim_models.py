@@ -10,7 +10,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from fedopt_kernels.sim.augment import random_crop_flip
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.image_input import ImageClassifier, InputSpec
-from fedopt_kernels.sim.models import MODELS, build_model
+from fedopt_kernels.sim.models import MODELS, TEXT_MODELS, build_model
 from fedopt_kernels.sim.simulation import Simulation
 from sim_data_files import write_cifar10
 
@@ -32,7 +32,7 @@ def test_parameter_counts():
     assert n_params(build_model("resnet18-gn", (3, 32, 32), 10)) == 11_173_962
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [m for m in MODELS if m not in TEXT_MODELS])
 def test_models_are_batchnorm_and_buffer_free(name):
     m = build_model(name, (3, 32, 32), 10, InputSpec(mean=(0.5,) * 3, std=(0.2,) * 3, augment=True))
     assert isinstance(m, ImageClassifier) and list(m.buffers()) == []
@@ -141,3 +141,93 @@ def test_resnet18_gn_short_training_run(tmp_path):
     res = sim.run()
     assert np.isfinite(res["history"][0]["train_loss"]) and 0 <= res["final"]["pooled_test_acc"] <= 1
     assert any(not torch.equal(a, b) for a, b in zip(before, sim.global_params))
+
+
+# ------------------------------------------------------------------ 28x28 models and the character models
+def test_28x28_models_and_mlp_widths():
+    # FedNLR's 2-layer MLP: 784 -> 25 -> 10
+    assert n_params(build_model("mlp1", (1, 28, 28), 10)) == 784 * 25 + 25 + 25 * 10 + 10
+    assert n_params(build_model("mlp1", (1, 28, 28), 10, hidden=7)) == 784 * 7 + 7 + 7 * 10 + 10
+    assert n_params(build_model("mlp", (1, 28, 28), 10, hidden=5)) == 784 * 5 + 5 + 5 * 5 + 5 + 5 * 10 + 10
+    x = torch.randint(0, 256, (3, 1, 28, 28), dtype=torch.uint8)
+    for name in ("mlp", "mlp1", "cnn", "fedavg-cnn"):
+        m = build_model(name, (1, 28, 28), 10, InputSpec(mean=(0.13,), std=(0.31,)))
+        assert m(x).shape == (3, 10) and list(m.buffers()) == []
+
+
+@pytest.mark.parametrize("name", TEXT_MODELS)
+def test_character_models_shapes_and_training_step(name):
+    torch.manual_seed(0)
+    m = build_model(name, (80,), 80, hidden=16)
+    assert list(m.buffers()) == [] and not any(isinstance(x, nn.modules.batchnorm._BatchNorm) for x in m.modules())
+    x, y = torch.randint(0, 80, (4, 80)), torch.randint(0, 80, (4,))
+    loss = nn.functional.cross_entropy(m(x), y)
+    loss.backward()
+    assert m(x).shape == (4, 80) and all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+    with pytest.raises(ValueError, match=rf"model='{name}' needs windows of character indices"):
+        build_model(name, (1, 28, 28), 10)
+
+
+def test_leaf_lstm_size():
+    # LEAF's Shakespeare model: Embedding(80, 8), 2-layer LSTM(256), Linear(256, 80)
+    lstm = 4 * (256 * 8 + 256 * 256 + 2 * 256) + 4 * (256 * 256 + 256 * 256 + 2 * 256)
+    assert n_params(build_model("char-lstm", (80,), 80)) == 80 * 8 + lstm + 256 * 80 + 80
+
+
+def test_char_gru_is_torchs_gru():
+    """The plain-ops GRU computes torch's GRU equations (same weights, same outputs)."""
+    torch.manual_seed(0)
+    m = build_model("char-gru", (80,), 80, hidden=12)
+    ref = nn.GRU(8, 12, num_layers=2, batch_first=True)
+    with torch.no_grad():
+        for i, layer in enumerate(m.layers):
+            getattr(ref, f"weight_ih_l{i}").copy_(layer.w_ih.weight)
+            getattr(ref, f"bias_ih_l{i}").copy_(layer.w_ih.bias)
+            getattr(ref, f"weight_hh_l{i}").copy_(layer.w_hh.weight)
+            getattr(ref, f"bias_hh_l{i}").copy_(layer.w_hh.bias)
+    x = torch.randint(0, 80, (3, 80))
+    out, _ = ref(m.embed(x))
+    torch.testing.assert_close(m(x), m.head(out[:, -1]), rtol=1e-5, atol=1e-6)
+
+
+def test_char_transformer_is_causal():
+    """Position t sees positions <= t only: the last output on a prefix = position t's output on the whole."""
+    torch.manual_seed(0)
+    m = build_model("char-transformer", (80,), 80, hidden=16)
+    x = torch.randint(0, 80, (2, 80))
+    h = m.embed(x) + m.pos
+    for block in m.blocks:
+        h = block(h)
+    torch.testing.assert_close(m(x[:, :50]), m.head(m.ln(h[:, 49])), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["char-gru", "char-transformer"])
+def test_character_models_vmap_over_clients_matches_a_loop(name):
+    torch.manual_seed(0)
+    models = [build_model(name, (80,), 80, hidden=16) for _ in range(3)]
+    params, buffers = stack_module_state(models)
+    x = torch.randint(0, 80, (3, 4, 80))
+    got = vmap(lambda p, b, xx: functional_call(models[0], (p, b), (xx,)))(params, buffers, x)
+    torch.testing.assert_close(got, torch.stack([models[i](x[i]) for i in range(3)]), rtol=1e-4, atol=1e-5)
+
+
+def test_client_parallel_refuses_an_lstm():
+    from fedopt_kernels.sim.client_loss import ClientLoss
+
+    with pytest.raises(ValueError, match=r"vmap cannot batch the fused recurrent layer lstm \(LSTM\)"):
+        ClientLoss(build_model("char-lstm", (80,), 80, hidden=8))
+    with pytest.raises(ValueError, match="cannot train model='char-lstm'"):
+        SimConfig(dataset="shakespeare", data_dir="x", model="char-lstm", client_parallel=4).validate()
+
+
+def test_char_transformer_context_reads_the_last_characters():
+    torch.manual_seed(0)
+    m = build_model("char-transformer", (80,), 80, hidden=16, context=40)
+    assert m.pos.shape == (40, 16)
+    x = torch.randint(0, 80, (2, 80))
+    y = x.clone()
+    y[:, :40] = torch.randint(0, 80, (2, 40))  # what lies before the context does not matter
+    torch.testing.assert_close(m(x), m(y), rtol=0, atol=0)
+    torch.testing.assert_close(m(x), m(x[:, 40:]), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="context only applies to model='char-transformer'"):
+        SimConfig(dataset="shakespeare", data_dir="x", model="char-gru", context=10).validate()

@@ -54,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
     g.add_argument("--partition", choices=PARTITIONS,
-                   help="default: dirichlet (digits, cifar10, cifar100), natural (synthetic, femnist: one client per writer)")
-    g.add_argument("--data-dir", help="folder with the cifar10/cifar100/femnist files (layout: docs/data.md)")
+                   help="default: dirichlet (digits, cifar10, cifar100, mnist, fmnist), natural (synthetic, femnist: "
+                        "one client per writer; shakespeare: one per (play, role)); classes: one class per client")
+    g.add_argument("--data-dir", help="folder with the cifar10/cifar100/femnist/mnist/fmnist/shakespeare files "
+                   "(layout: docs/data.md)")
     g.add_argument("--download", action="store_true",
                    help="cifar10/cifar100: download into --data-dir if missing (needs torchvision: the [data] extra)")
     g.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=d.normalize,
@@ -76,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--split", type=float, nargs=3, default=list(d.split), metavar=("TRAIN", "VAL", "TEST"))
     g = p.add_argument_group("training")
     g.add_argument("--model", default=d.model, choices=MODELS)
+    g.add_argument("--hidden", type=int, help="mlp/mlp1 hidden width (default 64/25); char-* models: state size "
+                   "(default 256 char-lstm, 128 char-gru, 64 char-transformer)")
+    g.add_argument("--context", type=int, help="char-transformer: read only the last N characters of each window")
     g.add_argument("--rounds", type=int, default=d.rounds)
     g.add_argument("--local-steps", type=int, default=d.local_steps)
     g.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -123,7 +128,8 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         dirichlet_alpha=args.dirichlet_alpha, shards_per_client=args.shards_per_client,
         synthetic_alpha=args.synthetic_alpha, synthetic_beta=args.synthetic_beta,
         clients=SimConfig.clients if args.clients is None else args.clients,
-        holdout_fraction=args.holdout_fraction, split=tuple(args.split), model=args.model, rounds=args.rounds,
+        holdout_fraction=args.holdout_fraction, split=tuple(args.split), model=args.model, hidden=args.hidden, context=args.context,
+        rounds=args.rounds,
         data_dir=args.data_dir, download=args.download, normalize=args.normalize, augment=args.augment,
         local_steps=args.local_steps, batch_size=args.batch_size, sample_rate=args.sample_rate,
         clients_per_round=args.clients_per_round, lr=args.lr, lr_scale=args.lr_scale, server_lr=args.server_lr,

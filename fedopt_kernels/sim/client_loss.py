@@ -28,6 +28,13 @@ Tensors = List[torch.Tensor]
 
 def check_vmappable(model: nn.Module) -> None:
     """ValueError naming what stops ``model`` from being trained client-batched (BatchNorm, buffers)."""
+    rnns = [f"{name or type(model).__name__} ({type(m).__name__})" for name, m in model.named_modules()
+            if isinstance(m, nn.RNNBase)]
+    if rnns:  # its fused kernel has no batching rule: vmap would not batch the clients
+        raise ValueError(
+            f"--client-parallel cannot train {type(model).__name__}: torch.func.vmap cannot batch the fused "
+            f"recurrent layer {', '.join(rnns[:4])} over client copies. Use a model written in plain tensor ops "
+            f"(char-gru, char-transformer) or client_parallel=1 (--client-parallel 1, the sequential path)")
     norms = [name or type(model).__name__ for name, m in model.named_modules()
              if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     buffers = [name for name, _ in model.named_buffers()]

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from .models import MODELS
+from .models import MODELS, TEXT_MODELS
 
 # algorithm -> (server rule, client optimizer, uses prox_mu). fedsgd is FedDecay with beta = 0: only
 # the first of the local steps moves (the others have lr 0), so it sees the same batches as any beta.
@@ -23,15 +23,17 @@ ALGORITHMS: Dict[str, Tuple[str, str, bool]] = {
     "padamfed": ("padamfed", "padamfed", False),
     "padamfed-vr": ("padamfed", "padamfed", False),
 }
-DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "femnist")
-FOLDER_DATASETS = ("cifar10", "cifar100", "femnist")  # read from data_dir (see docs/data.md)
-PARTITIONS = ("dirichlet", "shards", "iid", "natural")
+DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "femnist", "mnist", "fmnist", "shakespeare")
+FOLDER_DATASETS = ("cifar10", "cifar100", "femnist", "mnist", "fmnist", "shakespeare")  # read from data_dir (see docs/data.md)
+NATURAL_DATASETS = ("synthetic", "femnist", "shakespeare")  # their clients are given: partition="natural"
+PARTITIONS = ("dirichlet", "shards", "iid", "natural", "classes")
 DEVICES = ("auto", "cpu", "cuda")
 
 # FedDecay's beta fixed by the algorithm's name (feddecay and the rest take --beta)
 _FIXED_BETA = {"fedavg": 1.0, "fedsgd": 0.0}
 DIGITS_SIZE = 1797  # samples in scikit-learn's load_digits
 CIFAR_SIZE = 60000  # train + test images, pooled before the partition
+IDX_SIZE = 70000  # MNIST / Fashion-MNIST train + test images
 
 
 @dataclass
@@ -52,6 +54,8 @@ class SimConfig:
     holdout_fraction: float = 0.2            # new users: never train, evaluated after fine-tuning
     split: Tuple[float, float, float] = (0.6, 0.2, 0.2)
     model: str = "cnn"
+    hidden: Optional[int] = None             # mlp / mlp1 hidden width (default 64 / 25); char models: state size
+    context: Optional[int] = None            # char-transformer: read the last `context` characters of a window
     rounds: int = 50
     local_steps: int = 10
     batch_size: int = 10
@@ -141,8 +145,22 @@ class SimConfig:
         if self.dataset == "femnist" and part != "natural":
             raise ValueError(f"partition={part!r} does not apply to dataset='femnist': its clients are its "
                              f"writers (partition='natural'; choose how many with clients)")
-        if self.dataset not in ("synthetic", "femnist") and part == "natural":
-            raise ValueError("partition='natural' only applies to dataset='synthetic' or 'femnist'")
+        if self.dataset == "shakespeare" and part != "natural":
+            raise ValueError(f"partition={part!r} does not apply to dataset='shakespeare': its clients are its "
+                             f"(play, role) pairs (partition='natural'; choose how many with clients)")
+        if self.dataset not in NATURAL_DATASETS and part == "natural":
+            raise ValueError("partition='natural' only applies to dataset='synthetic', 'femnist' or 'shakespeare'")
+        if (self.dataset == "shakespeare") != (self.model in TEXT_MODELS):
+            raise ValueError(f"model={self.model!r} does not fit dataset={self.dataset!r}: the character models "
+                             f"{TEXT_MODELS} read Shakespeare's 80-character windows, and only they do")
+        if self.context is not None:
+            integer("context", self.context, 1)
+            if self.model != "char-transformer":
+                raise ValueError(f"context only applies to model='char-transformer', not {self.model!r}")
+        if self.hidden is not None:
+            integer("hidden", self.hidden, 1)
+            if self.model not in ("mlp", "mlp1") + TEXT_MODELS:
+                raise ValueError(f"hidden only applies to model='mlp', 'mlp1' or {TEXT_MODELS}, not {self.model!r}")
         number("dirichlet_alpha", self.dirichlet_alpha, 0.0, low_open=True)
         integer("shards_per_client", self.shards_per_client, 1)
         if self.dataset == "synthetic" and self.model != "mlp":
@@ -157,6 +175,11 @@ class SimConfig:
                 what = f"clients * shards_per_client = {self.clients * per_client}" if part == "shards" \
                     else f"clients={self.clients}"
                 raise ValueError(f"{what} is more than the {DIGITS_SIZE} digits (each needs >= 1 sample)")
+        if self.dataset in ("mnist", "fmnist"):
+            per_client = self.shards_per_client if part == "shards" else 1
+            if self.clients * per_client > IDX_SIZE:
+                raise ValueError(f"clients={self.clients} (x {per_client} shards) is more than the {IDX_SIZE} "
+                                 f"{self.dataset} images")
         if self.dataset in ("cifar10", "cifar100"):
             per_client = self.shards_per_client if part == "shards" else 1
             if self.clients * per_client > CIFAR_SIZE:
@@ -242,6 +265,10 @@ class SimConfig:
             v = self.client_parallel
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"client_parallel must be an integer >= 1 or 'auto', got {v!r}")
+        if self.client_parallel != 1 and self.model == "char-lstm":
+            raise ValueError("client_parallel (--client-parallel) cannot train model='char-lstm': torch.func.vmap "
+                             "cannot batch nn.LSTM's fused kernel over client copies. Use model='char-gru' or "
+                             "'char-transformer' (plain tensor ops) or client_parallel=1 (the sequential path)")
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
         if self.cuda_graph and self.client_parallel == 1:
@@ -260,7 +287,7 @@ class SimConfig:
     def resolved_partition(self) -> str:
         if self.partition is not None:
             return self.partition
-        return "natural" if self.dataset in ("synthetic", "femnist") else "dirichlet"
+        return "natural" if self.dataset in NATURAL_DATASETS else "dirichlet"
 
     def hparams(self) -> Dict[str, float]:
         """Client lr, server lr, beta, prox_mu, clip_norm, round_decay with per-algorithm defaults applied."""

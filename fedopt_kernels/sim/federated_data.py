@@ -20,9 +20,14 @@ from .clients import ClientData
 from .config import SimConfig
 from .data_cifar import CIFAR_STATS, load_cifar
 from .data_femnist import load_femnist
+from .data_idx import load_idx_dataset
+from .data_shakespeare import load_shakespeare
 from .datasets import ArrayDataset, load_digits_dataset, synthetic_fedprox
 from .image_input import InputSpec
-from .partition import dirichlet_partition, iid_partition, shard_partition, split_train_val_test
+from .partition import class_partition, dirichlet_partition, iid_partition, shard_partition, split_train_val_test
+
+# per-channel mean and std of the training images, in [0, 1] units (the usual normalisation)
+IDX_STATS = {"mnist": ((0.1307,), (0.3081,)), "fmnist": ((0.2860,), (0.3530,))}
 
 
 @dataclass
@@ -59,6 +64,15 @@ def _femnist_users(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDatase
     return [writers[i][1] for i in picked]
 
 
+def _shakespeare_users(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDataset]:
+    users = load_shakespeare(cfg.data_dir)
+    if cfg.clients > len(users):
+        raise ValueError(f"clients={cfg.clients} is more than the {len(users)} Shakespeare users (play, role) in "
+                         f"data_dir {cfg.data_dir!r}")
+    picked = np.sort(rng.choice(len(users), size=cfg.clients, replace=False))
+    return [users[i][1] for i in picked]
+
+
 def check_data(cfg: SimConfig) -> None:
     """Read ``cfg``'s data set files now (cached for the runs) and check that they fit ``cfg``.
 
@@ -69,8 +83,13 @@ def check_data(cfg: SimConfig) -> None:
         n = len(load_femnist(cfg.data_dir))
         if cfg.clients > n:
             raise ValueError(f"clients={cfg.clients} is more than the {n} FEMNIST writers in data_dir {cfg.data_dir!r}")
-    elif cfg.dataset in CIFAR_STATS:
-        train, test = load_cifar(cfg.dataset, cfg.data_dir, cfg.download)
+    elif cfg.dataset == "shakespeare":
+        n = len(load_shakespeare(cfg.data_dir))
+        if cfg.clients > n:
+            raise ValueError(f"clients={cfg.clients} is more than the {n} Shakespeare users (play, role) in data_dir "
+                             f"{cfg.data_dir!r}")
+    elif cfg.dataset in CIFAR_STATS or cfg.dataset in IDX_STATS:
+        train, test = _train_test(cfg)
         n = len(train) + len(test)
         per_client = cfg.shards_per_client if cfg.resolved_partition == "shards" else 1
         if cfg.clients * per_client > n:
@@ -80,8 +99,8 @@ def check_data(cfg: SimConfig) -> None:
 
 def input_spec_for(cfg: SimConfig, users: List[ArrayDataset]) -> Optional[InputSpec]:
     """The input stage of ``cfg.dataset``: None for digits/synthetic (already float)."""
-    if cfg.dataset in CIFAR_STATS:
-        mean, std = CIFAR_STATS[cfg.dataset]
+    if cfg.dataset in CIFAR_STATS or cfg.dataset in IDX_STATS:
+        mean, std = {**CIFAR_STATS, **IDX_STATS}[cfg.dataset]
         return InputSpec(mean=mean if cfg.normalize else None, std=std if cfg.normalize else None, augment=cfg.augment)
     if cfg.dataset == "femnist":
         if not cfg.normalize:
@@ -96,13 +115,21 @@ def input_spec_for(cfg: SimConfig, users: List[ArrayDataset]) -> Optional[InputS
     return None
 
 
+def _train_test(cfg: SimConfig) -> Tuple[ArrayDataset, ArrayDataset]:
+    if cfg.dataset in IDX_STATS:
+        return load_idx_dataset(cfg.dataset, cfg.data_dir)
+    return load_cifar(cfg.dataset, cfg.data_dir, cfg.download)
+
+
 def _user_datasets(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDataset]:
     if cfg.dataset == "synthetic":
         return synthetic_fedprox(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.clients, rng)
     if cfg.dataset == "femnist":
         return _femnist_users(cfg, rng)
-    if cfg.dataset in CIFAR_STATS:
-        full = _pooled(list(load_cifar(cfg.dataset, cfg.data_dir, cfg.download)))
+    if cfg.dataset == "shakespeare":
+        return _shakespeare_users(cfg, rng)
+    if cfg.dataset in CIFAR_STATS or cfg.dataset in IDX_STATS:
+        full = _pooled(list(_train_test(cfg)))
     else:
         full = load_digits_dataset()
     part = cfg.resolved_partition
@@ -110,6 +137,8 @@ def _user_datasets(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDatase
         parts = dirichlet_partition(full.y, cfg.clients, cfg.dirichlet_alpha, rng)
     elif part == "shards":
         parts = shard_partition(full.y, cfg.clients, cfg.shards_per_client, rng)
+    elif part == "classes":
+        parts = class_partition(full.y, cfg.clients, rng)
     else:
         parts = iid_partition(full.y, cfg.clients, rng)
     return [ArrayDataset(full.x[idx], full.y[idx], full.num_classes) for idx in parts]

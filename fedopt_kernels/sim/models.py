@@ -15,9 +15,11 @@ import torch
 from torch import nn
 
 from .image_input import ImageClassifier, InputSpec
+from .models_text import CharGRU, CharLSTM, CharTransformer
 from .resnet_gn import ResNet18GN
 
-MODELS = ("mlp", "cnn", "fedavg-cnn", "resnet18-gn")
+TEXT_MODELS = ("char-lstm", "char-gru", "char-transformer")  # Shakespeare: [B, T] character indices in
+MODELS = ("mlp", "mlp1", "cnn", "fedavg-cnn", "resnet18-gn") + TEXT_MODELS
 
 
 class MLP(nn.Module):
@@ -31,6 +33,19 @@ class MLP(nn.Module):
             nn.Linear(hidden, hidden), nn.ReLU(),
             nn.Linear(hidden, num_classes),
         )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class OneHiddenMLP(nn.Module):
+    """Flatten -> Linear(hidden) -> ReLU -> Linear(classes): the 2-layer MLP of FedNLR's verification
+    experiment (25 hidden neurons on MNIST; Zhao et al., "FedNLR: Federated Learning with Neuron-wise
+    Learning Rates", KDD 2024, appendix A)."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 25):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -86,13 +101,29 @@ def _image_shape(name: str, input_shape: Tuple[int, ...], min_side: int) -> Tupl
 
 
 def build_model(name: str, input_shape: Tuple[int, ...], num_classes: int,
-                input_spec: Optional[InputSpec] = None) -> nn.Module:
-    """``name`` in MODELS; all but the MLP need image inputs ``[C, H, W]``.
+                input_spec: Optional[InputSpec] = None, hidden: Optional[int] = None,
+                context: Optional[int] = None) -> nn.Module:
+    """``name`` in MODELS; the MLPs take any input, the CNNs images ``[C, H, W]``, the character models
+    windows ``[T]`` of indices below ``num_classes``.
 
-    ``input_spec`` (set by image data sets that keep raw pixels) wraps the network in its input stage.
+    ``input_spec`` (set by image data sets that keep raw pixels) wraps the network in its input stage;
+    ``hidden``: the MLPs' width (default 64 for mlp, 25 for mlp1), the character models' state size
+    (default 256 for char-lstm, 128 for char-gru, 64 for char-transformer); ``context``: the
+    char-transformer reads only the last ``context`` characters of a window.
     """
+    if name in TEXT_MODELS:
+        if len(input_shape) != 1:
+            raise ValueError(f"model={name!r} needs windows of character indices [T]; this data set has inputs "
+                             f"of shape {tuple(input_shape)}")
+        if name == "char-lstm":
+            return CharLSTM(num_classes, hidden=hidden or 256)
+        if name == "char-gru":
+            return CharGRU(num_classes, hidden=hidden or 128)
+        return CharTransformer(num_classes, input_shape[0], dim=hidden or 64, context=context)
     if name == "mlp":
-        net: nn.Module = MLP(math.prod(input_shape), num_classes)
+        net: nn.Module = MLP(math.prod(input_shape), num_classes, hidden=hidden or 64)
+    elif name == "mlp1":
+        net = OneHiddenMLP(math.prod(input_shape), num_classes, hidden=hidden or 25)
     elif name == "cnn":
         net = SmallCNN(_image_shape(name, input_shape, 2), num_classes)
     elif name == "fedavg-cnn":

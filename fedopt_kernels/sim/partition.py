@@ -80,6 +80,24 @@ def shard_partition(labels: np.ndarray, num_clients: int, shards_per_client: int
     return [np.sort(np.concatenate([shards[s] for s in row])) for row in deal]
 
 
+def class_partition(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> List[np.ndarray]:
+    """One class per client (the pathological split of FedNLR's verification experiment): client ``i``
+    holds only class ``classes[i % num_classes]``; the clients of one class share its samples in
+    near-equal random parts. With fewer clients than classes, the classes past ``num_clients`` go unused."""
+    n = len(labels)
+    _check_clients(n, num_clients)
+    classes = np.unique(labels)
+    parts: List[np.ndarray] = [np.empty(0, dtype=np.int64)] * num_clients
+    for j, c in enumerate(classes[:num_clients]):
+        owners = list(range(j, num_clients, len(classes)))
+        pool = rng.permutation(np.flatnonzero(labels == c))
+        if len(pool) < len(owners):
+            raise ValueError(f"class {c} has {len(pool)} samples, fewer than its {len(owners)} clients")
+        for i, part in zip(owners, np.split(pool, np.cumsum(_equal_sizes(len(pool), len(owners)))[:-1])):
+            parts[i] = np.sort(part)
+    return parts
+
+
 def split_train_val_test(indices: np.ndarray, fractions: Sequence[float],
                          rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Shuffle a client's indices and cut them by ``fractions`` (train, val, test; summing to 1).

@@ -80,7 +80,8 @@ class Simulation:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(ss_init.generate_state(1)[0]))
             model = model_fn() if model_fn is not None else build_model(cfg.model, self.data.input_shape,
-                                                                        self.data.num_classes, self.data.input_spec)
+                                                                        self.data.num_classes, self.data.input_spec,
+                                                                        cfg.hidden, cfg.context)
         self.model = model.to(self.device) if dtype is None else model.to(self.device, dtype)
         self.global_params: List[torch.Tensor] = [p.detach().clone() for p in self.model.parameters()]
         self.sample_rng = np.random.default_rng(ss_sample)
