@@ -21,7 +21,6 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 
 class CharLSTM(nn.Module):
