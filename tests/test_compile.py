@@ -79,29 +79,39 @@ def test_compiled_step_equals_eager_and_a_scheduler_recompiles_nothing(backend, 
 
 @pytest.mark.parametrize("backend,device", cases())
 def test_compiled_training_step_with_forward_and_backward(backend, device):
-    """A whole compiled training step (forward, backward, step, zero_grad) trains as eager does."""
+    """A whole compiled training step (forward, backward, step, zero_grad) trains as the same step
+    with only the model compiled does.
+
+    The baseline compiles the model too: inductor's code for the model is not ours to test, and on
+    some CPU settings (e.g. ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine) it computes another
+    forward than eager does; what this test checks is that compiling the optimizer step with it
+    changes nothing.
+    """
     require(backend, device)
-    torch._dynamo.reset()
     x = torch.randn(32, 4, generator=torch.Generator().manual_seed(1)).to(device)
     y = x.sum(1, keepdim=True)
     runs = []
-    for compiled in (False, True):
+    for mode in ("eager", "model compiled", "whole step compiled"):
+        torch._dynamo.reset()
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).to(device)
         opt = fk.FedNAR(model.parameters(), lr=0.05, weight_decay=1e-3, max_norm=1.0, backend=backend)
         opt.start_round()
+        forward = lambda: torch.nn.functional.mse_loss(model(x), y)  # noqa: E731
+        if mode == "model compiled":
+            forward = torch.compile(forward)
 
         def train():
-            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss = forward()
             loss.backward()
             opt.step()
             opt.zero_grad()
             return loss
 
-        fn = torch.compile(train) if compiled else train
+        fn = torch.compile(train) if mode == "whole step compiled" else train
         runs.append([float(fn()) for _ in range(30)])
         assert opt.round_step == 30
-    eager, comp = runs
+    eager, model_only, comp = runs
     assert eager[-1] < 0.3 * eager[0]
-    for a, b in zip(eager, comp):  # inductor may fuse the model's math differently: close, not equal
+    for a, b in zip(model_only, comp):  # inductor may fuse the model's math differently: close, not equal
         assert abs(a - b) <= 1e-4 * max(1.0, abs(a))
