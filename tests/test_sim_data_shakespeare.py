@@ -109,6 +109,10 @@ def test_natural_partition_and_client_parallel_training(leaf, capsys):
      "num_samples says 2 but it has 1"),
     ({"users": ["u"], "num_samples": [1], "user_data": {}}, "user 'u' is listed in 'users' but has no"),
     ([1, 2], "expected an object with 'users'"),
+    ({"users": [["u"]], "num_samples": [1], "user_data": {"u": {"x": ["a" * 80], "y": ["b"]}}},
+     "'users' must hold user ids"),
+    ({"users": ["u"], "num_samples": [1.5], "user_data": {"u": {"x": ["a" * 80], "y": ["b"]}}},
+     "'num_samples' must hold integers"),
 ])
 def test_malformed_json(tmp_path, content, match):
     (tmp_path / "train").mkdir()
