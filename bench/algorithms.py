@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from fedopt_kernels import catalogue
+from fedopt_kernels import algorithm, catalogue
 
 from .traffic import Traffic
 
@@ -40,12 +40,13 @@ class Algo:
     label: str
     config: catalogue.Config
     torch_sgd: Optional[Dict[str, Any]] = None  # comparable torch.optim.SGD kwargs (SGD family)
+    clip_sgd: bool = False                      # compared with clip_grad_norm_ + SGD(fused)
 
     def baselines(self) -> List[str]:
         """The torch baselines that do this case's work."""
         if self.torch_sgd is not None:
             return [TORCH_FUSED, TORCH_FOREACH]
-        if self.config.cls.__name__ == "FedNAR" and not self.config.correction and not self.config.kwargs.get("prox_mu"):
+        if self.clip_sgd:
             return [TORCH_CLIP_SGD]
         return []
 
@@ -60,26 +61,15 @@ class Algo:
         return Stepper(opt, cfg.step_inputs(params, 0, seed=1))
 
 
-def _case(name: str, label: str, algo: str, option: str, torch_sgd: Optional[Dict[str, Any]] = None) -> Algo:
-    return Algo(name, label, catalogue.config(algo, option), torch_sgd)
+# every algorithm's benchmark rows, from its descriptor (fedopt_kernels.algorithm), in registration order
+ALGOS: Dict[str, Algo] = {
+    case.name: Algo(case.name, case.label, catalogue.config(a.name, case.option),
+                    dict(case.torch_sgd) if case.torch_sgd is not None else None, case.clip_sgd)
+    for a in algorithm.ALGORITHMS.values() for case in a.bench}
 
-
-ALGOS: Dict[str, Algo] = {a.name: a for a in [
-    _case("feddecay", "FedDecaySGD momentum=0.9 wd", "feddecay", "momentum_wd",
-          torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4)),
-    _case("feddecay_plain", "FedDecaySGD no momentum", "feddecay", "plain", torch_sgd=dict(lr=0.1)),
-    _case("feddecay_scaffold_prox", "FedDecaySGD momentum + SCAFFOLD + FedProx", "feddecay", "prox_correction"),
-    _case("neuronlr", "NeuronLRSGD momentum=0.9 wd, scales on every tensor", "neuron_lr", "every_row",
-          torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4)),
-    _case("fednar", "FedNAR wd max_norm=10", "fednar", "wd"),
-    _case("fednar_scaffold_prox", "FedNAR + SCAFFOLD + FedProx", "fednar", "prox_correction"),
-    _case("padamfed", "PAdaMFed beta=0.3, controls", "padamfed", "controls"),
-    _case("padamfed_vr", "PAdaMFed variance reduction", "padamfed", "vr"),
-]}
-
-# The four paper algorithms in their common configuration; the variants add traffic options.
-CORE = ["feddecay", "neuronlr", "fednar", "padamfed"]
-FULL = CORE + ["feddecay_plain", "feddecay_scaffold_prox", "fednar_scaffold_prox", "padamfed_vr"]
+# each algorithm's paper configuration; the other rows add traffic options
+CORE = [case.name for a in algorithm.ALGORITHMS.values() for case in a.bench if case.core]
+FULL = CORE + [name for name in ALGOS if name not in CORE]
 
 
 def build_torch_sgd(params: List[torch.Tensor], which: str, kwargs: Dict[str, Any]) -> Stepper:

@@ -4,9 +4,10 @@ Public names (docs/algorithms.md): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, n
 PAdaMFed, theory_hparams, available_backends.
 """
 from ._registry import available_backends
-from .feddecay import FedDecaySGD, WithinRoundDecay
-from .fednar import FedNAR
+# each algorithm's module registers its descriptor (fedopt_kernels.algorithm) on import, in this order
+from .feddecay import FedDecaySGD, WithinRoundDecay  # noqa: I001
 from .neuron_lr import NeuronLRSGD, neuron_lr_scales
+from .fednar import FedNAR
 from .padamfed import PAdaMFed, theory_hparams
 
 __version__ = "0.1.0"

@@ -1,11 +1,13 @@
 """What FedDecaySGD and NeuronLRSGD share: torch.optim.SGD's options on the round API, op "sgd"."""
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
 from ._base import FedOptimizer, check_number
+from .aggregation import RULES
+from .algorithm import Algorithm, Variant
 from ._ops import SGD
 
 
@@ -38,3 +40,18 @@ class SGDFamily(FedOptimizer):
                 override["dampening"] = 0.0
             tensors["momentum_buffer"] = buf
         return tensors, override
+
+
+class SGDAlgorithm(Algorithm):
+    """The client side of the SGD-family algorithms: the round's lr is set by the run
+    (``lr * round_decay ** t``) and ``clip_norm`` clips gradients before the step."""
+
+    def round_lr(self, hp: Mapping[str, Any], t: int) -> Optional[float]:
+        return hp["lr"] * hp["round_decay"] ** t
+
+    def clip_norm(self, hp: Mapping[str, Any]) -> Optional[float]:
+        return hp["clip_norm"]
+
+    def state_copies(self, cfg: Any, variant: Variant) -> int:
+        # momentum buffer, a correction from what the client keeps (SCAFFOLD), FedProx anchor
+        return int(cfg.momentum != 0) + int(RULES[variant.server].keeps) + int(variant.prox)

@@ -5,7 +5,8 @@ parameters and what a client would hand it per round (SCAFFOLD corrections, FedN
 PAdaMFed controls) and per step (PAdaMFed-VR anchor gradients), from seeds, so that two runs on
 two backends see exactly the same inputs. The equivalence harness, the property tests, the
 self-check, the torch.compile / AMP tests and the benchmark all take their configurations from
-here: a fifth optimizer is added once, here, and every check covers it.
+here. The option sets themselves are part of each algorithm's descriptor
+(``fedopt_kernels.algorithm``): an algorithm registered there is covered by every check.
 """
 from __future__ import annotations
 
@@ -14,14 +15,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from . import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed
+from . import algorithm
 from ._base import FedOptimizer
 from ._ops import OpSpec
-from .batched import BatchedFedDecaySGD, BatchedFedNAR, BatchedNeuronLRSGD, BatchedPAdaMFed
-
-# each per-client optimizer's client-batched form (docs/client_batched.md)
-BATCHED_FORM = {FedDecaySGD: BatchedFedDecaySGD, NeuronLRSGD: BatchedNeuronLRSGD, FedNAR: BatchedFedNAR,
-                PAdaMFed: BatchedPAdaMFed}
 
 Tensors = List[torch.Tensor]
 
@@ -76,7 +72,7 @@ class Config:
 
     def build_batched(self, params: Tensors, backend: str = "auto") -> FedOptimizer:
         """The client-batched form over stacked parameters ``[C, *shape]``."""
-        return BATCHED_FORM[self.cls](self.param_groups(params), backend=backend, **self.kwargs)
+        return algorithm.of_optimizer(self.cls).batched(self.param_groups(params), backend=backend, **self.kwargs)
 
     def batched_round_inputs(self, clients: List[Tensors], stacked: Tensors, rnd: int, seed: int = 0) -> Dict[str, Any]:
         """Client c's ``round_inputs(clients[c], rnd, seed + 100 c)``, stacked for ``stacked`` params."""
@@ -118,19 +114,7 @@ class Config:
 
     def present(self) -> Tuple[str, ...]:
         """The optional roles of the op this configuration's steps use (for traffic figures)."""
-        kw = self.kwargs
-        names = []
-        if kw.get("momentum", 0):
-            names.append("momentum_buffer")
-        if kw.get("prox_mu", 0):
-            names.append("x0")
-        if self.correction:
-            names.append("correction")
-        if self.scales:
-            names.append("neuron_scale")
-        if self.cls is PAdaMFed:
-            names += ["D", "acc"] + (["anchor_grad"] if kw.get("variance_reduction") else [])
-        return tuple(names)
+        return algorithm.of_optimizer(self.cls).present(self.kwargs, self.correction, self.scales)
 
 
 @dataclass
@@ -155,39 +139,8 @@ def _algo(name: str, cls: type, full: str, options: Dict[str, Dict[str, Any]]) -
     return algo
 
 
-ALGOS: Dict[str, Algo] = {a.name: a for a in [
-    _algo("feddecay", FedDecaySGD, "prox_correction", {
-        "plain": dict(lr=0.1, beta=0.5),
-        "momentum": dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1),
-        "nesterov": dict(lr=0.05, beta=0.7, momentum=0.9, nesterov=True, weight_decay=0.01),
-        "wd_maximize": dict(lr=0.1, beta=0.9, weight_decay=0.05, maximize=True),
-        "prox_correction": dict(lr=0.1, beta=0.6, prox_mu=0.5, correction=True, momentum=0.5),
-        "linear_every2": dict(lr=0.1, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
-        "fedsgd_beta0": dict(lr=0.1, beta=0.0),
-        "momentum_wd": dict(lr=0.05, beta=0.9, momentum=0.9, weight_decay=5e-4),
-        "groups": dict(lr=0.1, beta=0.5, momentum=0.9, groups=dict(lr=0.03, weight_decay=0.1)),
-    }),
-    _algo("neuron_lr", NeuronLRSGD, "scales_all", {
-        "scales": dict(lr=0.1, scales=True),
-        "scales_momentum": dict(lr=0.05, momentum=0.9, nesterov=True, scales=True),
-        "scales_all": dict(lr=0.05, momentum=0.5, weight_decay=0.01, prox_mu=0.2, correction=True, scales=True),
-        "groups": dict(lr=0.1, scales=True, groups=dict(lr=0.01, momentum=0.9)),
-        "every_row": dict(lr=0.05, momentum=0.9, weight_decay=5e-4, scales="every"),
-    }),
-    _algo("fednar", FedNAR, "prox_correction", {
-        "unclipped": dict(lr=0.1, weight_decay=0.01, max_norm=1e6),
-        "wd": dict(lr=0.1, weight_decay=5e-4, max_norm=10.0),
-        "clipped": dict(lr=0.1, weight_decay=0.1, max_norm=0.5, round_decay=0.9),
-        "prox_correction": dict(lr=0.1, weight_decay=0.05, max_norm=2.0, prox_mu=0.3, correction=True),
-        "groups": dict(lr=0.1, weight_decay=0.01, max_norm=1.0, groups=dict(lr=0.5, max_norm=3.0, weight_decay=0.0)),
-    }),
-    _algo("padamfed", PAdaMFed, "controls", {
-        "plain": dict(lr=0.05, beta=0.5),
-        "controls": dict(lr=0.05, beta=0.3, controls=True),
-        "vr": dict(lr=0.02, beta=0.4, variance_reduction=True, controls=True),
-        "groups": dict(lr=0.05, beta=0.5, controls=True, groups=dict(lr=0.01, beta=0.9)),
-    }),
-]}
+ALGOS: Dict[str, Algo] = {a.name: _algo(a.name, a.optimizer, a.full, a.options)
+                          for a in algorithm.ALGORITHMS.values()}
 
 
 def config(algo: str, option: Optional[str] = None) -> Config:
@@ -212,6 +165,9 @@ def run(cfg: Config, params: Tensors, backend: str, rounds: int = 2, steps: int 
             for p, g in zip(params, new):
                 p.grad = g
             opt.step(**cfg.step_inputs(ordered, gstep, seed))
+        end_round = getattr(opt, "end_round", None)  # optimizers with per-client state kept across rounds
+        if end_round is not None:
+            end_round()
     return opt
 
 

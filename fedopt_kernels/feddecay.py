@@ -7,7 +7,11 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from ._sgd import SGDFamily
+from . import algorithm
+from ._ops import BATCHED
+from ._sgd import SGDAlgorithm, SGDFamily
+from .algorithm import BenchCase, Variant
+from .batched._client_batched import ClientBatched
 from .schedules import DecaySchedule, ScheduleLike
 
 
@@ -51,6 +55,55 @@ class FedDecaySGD(SGDFamily):
     def current_lr_factor(self) -> float:
         """s(k // decay_every) for the next step."""
         return self.schedule.factor(self.round_step)
+
+
+class BatchedFedDecaySGD(ClientBatched, FedDecaySGD):
+    """FedDecaySGD for ``C`` stacked clients: ``lr_k = lr * lr_scale[c] * s(k_c // decay_every)``
+    per client, then torch.optim.SGD's step per client (FedDecay; SCAFFOLD ``correction`` and
+    FedProx ``prox_mu`` as in the per-client optimizer)."""
+
+    _spec = BATCHED["sgd_batched"]
+
+    def current_lr_factor(self) -> List[float]:
+        """s(k_c // decay_every) of each client's next step."""
+        return [self.schedule.factor(k) for k in self.round_step]
+
+
+class _FedDecay(SGDAlgorithm):
+    def make(self, params, cfg, variant, hp, backend, batched=False):
+        cls = self.batched if batched else self.optimizer
+        return cls(params, lr=hp["lr"], beta=hp["beta"], schedule=cfg.decay_schedule, decay_every=cfg.decay_every,
+                   momentum=cfg.momentum, weight_decay=cfg.weight_decay, prox_mu=hp["prox_mu"], backend=backend)
+
+    def lr_sum(self, opt, hp, t, steps):
+        # exact under within-round decay: lr_t * sum_k s(k // decay_every)
+        return opt.param_groups[0]["lr"] * sum(opt.schedule.factor(k) for k in range(steps))
+
+
+DESCRIPTOR = algorithm.register(_FedDecay(
+    "feddecay", FedDecaySGD, BatchedFedDecaySGD,
+    title="FedDecay: Adapting to Data Heterogeneity in Federated Learning with Gradient Decay",
+    settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay"),
+    # fedsgd is FedDecay with beta = 0: only the first of the local steps moves (the others have lr 0)
+    variants=(Variant("fedavg", "avg", beta=1.0), Variant("fedsgd", "avg", beta=0.0),
+              Variant("feddecay", "avg", defaults={"beta": 0.5}), Variant("fedprox", "avg", prox=True),
+              Variant("scaffold", "scaffold")),
+    full="prox_correction",
+    bench=(BenchCase("feddecay", "FedDecaySGD momentum=0.9 wd", "momentum_wd", core=True,
+                     torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4)),
+           BenchCase("feddecay_plain", "FedDecaySGD no momentum", "plain", torch_sgd=dict(lr=0.1)),
+           BenchCase("feddecay_scaffold_prox", "FedDecaySGD momentum + SCAFFOLD + FedProx", "prox_correction")),
+    options={
+        "plain": dict(lr=0.1, beta=0.5),
+        "momentum": dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1),
+        "nesterov": dict(lr=0.05, beta=0.7, momentum=0.9, nesterov=True, weight_decay=0.01),
+        "wd_maximize": dict(lr=0.1, beta=0.9, weight_decay=0.05, maximize=True),
+        "prox_correction": dict(lr=0.1, beta=0.6, prox_mu=0.5, correction=True, momentum=0.5),
+        "linear_every2": dict(lr=0.1, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
+        "fedsgd_beta0": dict(lr=0.1, beta=0.0),
+        "momentum_wd": dict(lr=0.05, beta=0.9, momentum=0.9, weight_decay=5e-4),
+        "groups": dict(lr=0.1, beta=0.5, momentum=0.9, groups=dict(lr=0.03, weight_decay=0.1)),
+    }))
 
 
 class WithinRoundDecay(LRScheduler):

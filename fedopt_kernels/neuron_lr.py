@@ -7,9 +7,12 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from . import _dtensor
+from . import _dtensor, algorithm
 from ._base import state_dtype
-from ._sgd import SGDFamily
+from ._ops import BATCHED
+from ._sgd import SGDAlgorithm, SGDFamily
+from .algorithm import BenchCase, Variant
+from .batched._client_batched import ClientBatched
 
 
 class NeuronLRSGD(SGDFamily):
@@ -174,3 +177,47 @@ def neuron_lr_scales(model: nn.Module, batches: Iterable, layers: Optional[Seque
         if getattr(module, "bias", None) is not None:
             out[module.bias] = r.clone()
     return out
+
+
+class BatchedNeuronLRSGD(ClientBatched, NeuronLRSGD):
+    """NeuronLRSGD for ``C`` stacked clients; each client's per-neuron scales are one row of a
+    ``[C, M]`` tensor (FedNLR: x[c, m, ...] -= lr * r[c, m] * buf[c, m, ...])."""
+
+    _spec = BATCHED["sgd_batched"]
+
+    def _scale_shape(self, p: torch.Tensor) -> Tuple[Optional[Tuple[int, ...]], str]:
+        if p.dim() < 2:
+            return None, "no scale (no output dimension)"
+        return tuple(p.shape[:2]), f"shape {tuple(p.shape[:2])} ([clients, M])"
+
+
+class _FedNLR(SGDAlgorithm):
+    def make(self, params, cfg, variant, hp, backend, batched=False):
+        cls = self.batched if batched else self.optimizer
+        return cls(params, lr=hp["lr"], momentum=cfg.momentum, weight_decay=cfg.weight_decay, backend=backend)
+
+    def calibrate(self, model, data, cfg):
+        if data is None:
+            raise ValueError("FedNLR needs calibration=(inputs, targets): the data its neuron scales are computed on")
+        # FedNLR's scales from the received model's activations on the client's data (FedNLR paper, Alg. 1)
+        return {"neuron_scales": neuron_lr_scales(model, data, mu0=cfg.nlr_mu0, c1=cfg.nlr_c1, c2=cfg.nlr_c2)}
+
+    def state_copies(self, cfg, variant):
+        return super().state_copies(cfg, variant) + 1  # the scales (per row; counted as a copy, an upper bound)
+
+
+DESCRIPTOR = algorithm.register(_FedNLR(
+    "neuron_lr", NeuronLRSGD, BatchedNeuronLRSGD,
+    title="FedNLR: Federated Learning with Neuron-wise Learning Rates",
+    settings=("momentum", "weight_decay", "clip_norm", "round_decay"),
+    variants=(Variant("fednlr", "avg"),),
+    full="scales_all",
+    bench=(BenchCase("neuronlr", "NeuronLRSGD momentum=0.9 wd, scales on every tensor", "every_row", core=True,
+                     torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4)),),
+    options={
+        "scales": dict(lr=0.1, scales=True),
+        "scales_momentum": dict(lr=0.05, momentum=0.9, nesterov=True, scales=True),
+        "scales_all": dict(lr=0.05, momentum=0.5, weight_decay=0.01, prox_mu=0.2, correction=True, scales=True),
+        "groups": dict(lr=0.1, scales=True, groups=dict(lr=0.01, momentum=0.9)),
+        "every_row": dict(lr=0.05, momentum=0.9, weight_decay=5e-4, scales="every"),
+    }))

@@ -6,9 +6,11 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from . import _dtensor
+from . import _dtensor, algorithm
 from ._base import FedOptimizer, _check_tensor_list, check_number, state_dtype
-from ._ops import PADAMFED
+from ._ops import BATCHED, PADAMFED
+from .algorithm import Algorithm, BenchCase, Variant
+from .batched._client_batched import ClientBatched
 
 
 class PAdaMFed(FedOptimizer):
@@ -128,6 +130,43 @@ class PAdaMFed(FedOptimizer):
         return [_dtensor.divided(self.state[p]["acc"], k) for p in self._params_flat]
 
 
+class BatchedPAdaMFed(ClientBatched, PAdaMFed):
+    """PAdaMFed's client step for ``C`` stacked clients: every client's step moves its own
+    parameters by exactly ``eta`` (per-client normalisation); ``local_control()`` is each
+    client's ``acc / K_c``, or for a client that took no step the local control it was given."""
+
+    _spec = BATCHED["padamfed_batched"]
+    # the local control given to start_round: what a client without a step this round keeps
+    _float32_state = PAdaMFed._float32_state + ("local_control",)
+    _state_keys = PAdaMFed._state_keys + ("local_control",)
+
+    def _apply_round_inputs(self, inputs: Dict[str, Any]) -> None:
+        super()._apply_round_inputs(inputs)
+        ci = inputs["local_control"]
+        for i, p in enumerate(self._params_flat):
+            if ci is None:
+                self.state[p].pop("local_control", None)
+            else:
+                self.state[p]["local_control"] = ci[i].detach().to(state_dtype(p)).clone(
+                    memory_format=torch.contiguous_format)
+
+    @torch.no_grad()
+    def local_control(self) -> List[torch.Tensor]:
+        """Each client's new control ``acc / K_c`` (``K_c``: the steps client c took), stacked ``[C, ...]``;
+        a client with ``K_c = 0`` keeps the local control it was given at start_round (zeros if none)."""
+        out = []
+        for p in self._params_flat:
+            st = self.state[p]
+            acc = st["acc"]
+            k = self._k_dev.to(acc.dtype) if self._k_dev is not None else torch.tensor(self.round_step, dtype=acc.dtype)
+            k = k.to(acc.device).view(-1, *([1] * (acc.dim() - 1)))
+            given = st.get("local_control")
+            kept = given if given is not None else torch.zeros_like(acc)
+            # no host sync: the choice is made on the device, per client
+            out.append(torch.where(k > 0, acc / k.clamp(min=1), kept))
+        return out
+
+
 def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> Tuple[float, float, float]:
     """PAdaMFed's step sizes from theory ("Problem-Parameter-Free Federated Learning", Thm. 1-2): returns ``(eta, gamma, beta)``.
 
@@ -146,3 +185,47 @@ def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> 
         gamma = (S * K) ** 0.25 / T ** 0.75
         beta = min(1.0, math.sqrt(S * K / T))
     return eta, gamma, beta
+
+
+class _PAdaMFed(Algorithm):
+    def hparams(self, cfg, variant):
+        eta, gamma, beta = theory_hparams(cfg.sampled_per_round, cfg.local_steps, cfg.rounds,
+                                          variance_reduction=variant.options.get("variance_reduction", False))
+        return {"lr": (eta if cfg.lr is None else cfg.lr) * cfg.lr_scale,
+                "server_lr": gamma if cfg.server_lr is None else cfg.server_lr,
+                "beta": beta if cfg.beta is None else cfg.beta,
+                "prox_mu": 0.0, "clip_norm": None, "round_decay": 1.0}
+
+    def make(self, params, cfg, variant, hp, backend, batched=False):
+        cls = self.batched if batched else self.optimizer
+        return cls(params, lr=hp["lr"], beta=hp["beta"], backend=backend, **variant.options)
+
+    def state_copies(self, cfg, variant):
+        # D, acc, the given local control (+ anchor gradients)
+        return 3 + int(bool(variant.options.get("variance_reduction")))
+
+    def needs_anchor(self, variant):
+        return bool(variant.options.get("variance_reduction"))
+
+    def present(self, kwargs, correction, scales):
+        return ("D", "acc") + (("anchor_grad",) if kwargs.get("variance_reduction") else ())
+
+
+DESCRIPTOR = algorithm.register(_PAdaMFed(
+    "padamfed", PAdaMFed, BatchedPAdaMFed,
+    title="Problem-Parameter-Free Federated Learning",
+    settings=("beta",),
+    refusals={"momentum": "its optimizer has none", "weight_decay": "its client step has no weight decay term",
+              "clip_norm": "its steps are normalized", "round_decay": "its step sizes come from theory_hparams"},
+    variants=(Variant("padamfed", "padamfed"),
+              Variant("padamfed-vr", "padamfed", options={"variance_reduction": True})),
+    round_outputs=("local_control",),
+    full="controls",
+    bench=(BenchCase("padamfed", "PAdaMFed beta=0.3, controls", "controls", core=True),
+           BenchCase("padamfed_vr", "PAdaMFed variance reduction", "vr")),
+    options={
+        "plain": dict(lr=0.05, beta=0.5),
+        "controls": dict(lr=0.05, beta=0.3, controls=True),
+        "vr": dict(lr=0.02, beta=0.4, variance_reduction=True, controls=True),
+        "groups": dict(lr=0.05, beta=0.5, controls=True, groups=dict(lr=0.01, beta=0.9)),
+    }))

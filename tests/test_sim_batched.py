@@ -27,7 +27,7 @@ from fedopt_kernels.sim.config import ALGORITHMS, SimConfig
 from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.models import SmallCNN
 from fedopt_kernels.sim.parallel_size import MAX_AUTO, activation_bytes, auto_client_parallel
-from fedopt_kernels.sim.simulation import _OPS, Simulation
+from fedopt_kernels.sim.simulation import Simulation
 from fedopt_kernels.sim.validate import PARAM_RTOL, validate_client_parallel
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
@@ -71,7 +71,7 @@ EXTRA = {"feddecay": dict(momentum=0.9, clip_norm=0.5, round_decay=0.9, beta=0.7
 
 
 def _op(algorithm: str) -> str:
-    return _OPS[ALGORITHMS[algorithm][1]] + "_batched"
+    return SimConfig(algorithm=algorithm).algo.op.name + "_batched"
 
 
 @pytest.mark.parametrize("backend", _registry.BACKENDS)

@@ -1,57 +1,29 @@
 """Strategies whose server averages model deltas: FedDecay, FedNLR, FedNAR (on FedAvg, FedProx, SCAFFOLD), SCAFFOLD.
 
-The server step is ``server_rules.weighted_average_step``; with SCAFFOLD (and FedNAR-SCAFFOLD) the
-server also keeps the control variate ``c``, sends it with every round and updates it by
-``server_rules.scaffold_control_step``. Each client keeps its own ``c_i`` (``client.train_round``).
+The server step is the run's server rule (``fedopt_kernels.aggregation``): with SCAFFOLD (and
+FedNAR-SCAFFOLD) the server also keeps the control variate ``c``, sends it with every round and
+updates it; each client keeps its own ``c_i`` (``client.train_round``).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
-import torch
-from flwr.app import ArrayRecord
-
-from ..server_rules import scaffold_control_step, weighted_average_step
-from ..sim.config import SimConfig
-from .base import ClientResult, FedOptStrategy
-from .records import Tensors, to_record
+from ..aggregation import ServerRule
+from ..fl_config import FLConfig
+from .base import FedOptStrategy
 
 
 class AveragingStrategy(FedOptStrategy):
-    """FedAvg's server, ``x += server_lr * sum_i n_i delta_i / sum_i n_i``, plus SCAFFOLD's control variate.
-
-    SCAFFOLD ("SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", Karimireddy et
-    al., ICML 2020), option II: ``c += sum_{i in S} (c_i' - c_i) / N``, where N is ``num_clients``.
-    Built from a simulator config; see the paper-named subclasses for keyword constructors.
+    """The strategy of every server rule without an initial round: FedAvg's
+    ``x += server_lr * sum_i n_i delta_i / sum_i n_i``, plus the rule's server tensors (SCAFFOLD's
+    control variate: "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", Karimireddy et
+    al., ICML 2020, option II: ``c += sum_{i in S} (c_i' - c_i) / N``, where N is ``num_clients``).
+    Built from an ``FLConfig``; see the paper-named subclasses for keyword constructors.
     """
 
-    server_rules = ("avg", "scaffold")
-
-    def __init__(self, cfg: SimConfig, **strategy_kw: Any):
-        super().__init__(cfg, **strategy_kw)
-        self.c: Tensors = []
-
-    def _init_server_tensors(self) -> None:
-        if self.server_rule == "scaffold":
-            self.c = [torch.zeros_like(x) for x in self.global_params]
-
-    def _round_records(self) -> Dict[str, ArrayRecord]:
-        return {"control": to_record(self.names, self.c)} if self.server_rule == "scaffold" else {}
-
-    def _server_step(self, results: List[ClientResult]) -> Dict[str, Tensors]:
-        out = {"x": weighted_average_step(self.global_params, [r.delta for r in results],
-                                          [r.weight for r in results], self.hp["server_lr"])}
-        if self.server_rule == "scaffold":
-            out["c"] = scaffold_control_step(self.c, [r.dc for r in results], self.num_clients)
-        return out
-
-    def _commit(self, state: Dict[str, Tensors]) -> None:
-        super()._commit(state)
-        if "c" in state:
-            self.c = state["c"]
-
-    def server_state(self) -> Dict[str, Tensors]:
-        return {"c": self.c} if self.server_rule == "scaffold" else {}
+    @classmethod
+    def _implements(cls, rule: ServerRule) -> bool:
+        return not rule.init_controls
 
 
 class FedDecay(AveragingStrategy):
@@ -67,7 +39,7 @@ class FedDecay(AveragingStrategy):
                  decay_schedule: str = "exponential", decay_every: int = 1, momentum: float = 0.0,
                  weight_decay: float = 0.0, clip_norm: Optional[float] = None, round_decay: float = 1.0,
                  **strategy_kw: Any):
-        super().__init__(SimConfig(algorithm="feddecay", beta=beta, lr=lr, server_lr=server_lr,
+        super().__init__(FLConfig(algorithm="feddecay", beta=beta, lr=lr, server_lr=server_lr,
                                    local_steps=local_steps, decay_schedule=decay_schedule, decay_every=decay_every,
                                    momentum=momentum, weight_decay=weight_decay, clip_norm=clip_norm,
                                    round_decay=round_decay), **strategy_kw)
@@ -84,7 +56,7 @@ class FedNLR(AveragingStrategy):
     def __init__(self, *, lr: float = 0.05, server_lr: float = 1.0, local_steps: int = 10, momentum: float = 0.0,
                  weight_decay: float = 0.0, clip_norm: Optional[float] = None, round_decay: float = 1.0,
                  mu0: float = 1.0, c1: float = 1.0, c2: float = 1.0, **strategy_kw: Any):
-        super().__init__(SimConfig(algorithm="fednlr", lr=lr, server_lr=server_lr, local_steps=local_steps,
+        super().__init__(FLConfig(algorithm="fednlr", lr=lr, server_lr=server_lr, local_steps=local_steps,
                                    momentum=momentum, weight_decay=weight_decay, clip_norm=clip_norm,
                                    round_decay=round_decay, nlr_mu0=mu0, nlr_c1=c1, nlr_c2=c2), **strategy_kw)
 
@@ -105,7 +77,7 @@ class FedNAR(AveragingStrategy):
                  server_lr: float = 1.0, local_steps: int = 10, **strategy_kw: Any):
         if backbone not in self._ALGORITHMS:
             raise ValueError(f"backbone must be one of {tuple(self._ALGORITHMS)}, got {backbone!r}")
-        super().__init__(SimConfig(algorithm=self._ALGORITHMS[backbone], lr=lr, weight_decay=weight_decay,
+        super().__init__(FLConfig(algorithm=self._ALGORITHMS[backbone], lr=lr, weight_decay=weight_decay,
                                    clip_norm=max_norm, round_decay=round_decay, prox_mu=prox_mu,
                                    server_lr=server_lr, local_steps=local_steps), **strategy_kw)
 
@@ -118,6 +90,6 @@ class Scaffold(AveragingStrategy):
     def __init__(self, *, lr: float = 0.05, server_lr: float = 1.0, local_steps: int = 10, beta: float = 1.0,
                  momentum: float = 0.0, weight_decay: float = 0.0, clip_norm: Optional[float] = None,
                  round_decay: float = 1.0, **strategy_kw: Any):
-        super().__init__(SimConfig(algorithm="scaffold", lr=lr, server_lr=server_lr, local_steps=local_steps,
+        super().__init__(FLConfig(algorithm="scaffold", lr=lr, server_lr=server_lr, local_steps=local_steps,
                                    beta=beta, momentum=momentum, weight_decay=weight_decay, clip_norm=clip_norm,
                                    round_decay=round_decay), **strategy_kw)

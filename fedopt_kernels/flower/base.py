@@ -27,12 +27,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..sim.config import SimConfig
+from ..aggregation import RULES, ServerRule
+from ..fl_config import FLConfig
 from .records import (BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric,
                       to_record)
 from .settings import round_config
 
 CLIENT_ID_QUERY = f"{MessageType.QUERY}.client_id"  # asks a node which client id it serves
+INIT_MESSAGE_TYPE = f"{MessageType.TRAIN}.padamfed_init"  # a rule's initial round: every client's first control
 ClientSampler = Callable[[], Sequence[int]]
 
 
@@ -82,10 +84,12 @@ def _client_id_of(content: Optional[RecordDict]) -> Optional[int]:
 
 
 class FedOptStrategy(Strategy):
-    """Base class of the package's Flower strategies: one algorithm of ``fedopt-sim`` on Flower.
+    """The package's Flower strategy: one algorithm of ``fedopt-sim`` on Flower, its server rule
+    read from the rule's descriptor (``fedopt_kernels.aggregation``): the server tensors it keeps
+    (``server_state()``; also attributes, e.g. ``strategy.c``), sends with the model, and updates.
 
-    ``cfg`` is a simulator config naming the algorithm and its options; only its algorithm fields
-    are used (and ``cfg.hparams()`` for the defaults), never its data fields. Sampling:
+    ``cfg`` is an ``FLConfig`` (a simulator ``SimConfig`` is one) naming the algorithm and its
+    options; only its algorithm fields are used (and ``cfg.hparams()`` for the defaults). Sampling:
     ``clients_per_round`` nodes if given, else ``max(1, round(fraction_train * connected))`` (the
     simulator's rule), drawn without replacement by a generator seeded with ``seed``.
     ``num_clients`` is the N that control variates are averaged over (default: the number of
@@ -100,19 +104,20 @@ class FedOptStrategy(Strategy):
     where it picks as many clients as there are nodes just sends to every node.
     """
 
-    server_rules: Tuple[str, ...] = ()  # the simulator's server rules this class implements
-
-    def __init__(self, cfg: SimConfig, *, fraction_train: float = 1.0, clients_per_round: Optional[int] = None,
+    def __init__(self, cfg: FLConfig, *, fraction_train: float = 1.0, clients_per_round: Optional[int] = None,
                  fraction_evaluate: float = 0.0, min_available_nodes: int = 1, num_clients: Optional[int] = None,
                  seed: int = 0, state_tag: Optional[str] = None, timeout: float = 3600.0,
                  client_sampler: Optional[ClientSampler] = None):
-        if not isinstance(cfg, SimConfig):
-            raise TypeError(f"cfg must be a fedopt_kernels.sim.SimConfig, got {type(cfg).__name__}")
+        if not isinstance(cfg, FLConfig):
+            raise TypeError(f"cfg must be a fedopt_kernels.FLConfig (or a sim.SimConfig), got {type(cfg).__name__}")
         self.cfg = cfg.validate()
-        if cfg.server_rule not in self.server_rules:
+        self.rule: ServerRule = RULES[cfg.server_rule]
+        if not self._implements(self.rule):
+            implemented = tuple(name for name, rule in RULES.items() if self._implements(rule))
             raise ValueError(f"algorithm={cfg.algorithm!r} has server rule {cfg.server_rule!r}; "
-                             f"{type(self).__name__} implements {self.server_rules} (use strategy_for(cfg))")
+                             f"{type(self).__name__} implements {implemented} (use strategy_for(cfg))")
         self.server_rule = cfg.server_rule
+        self.state: Dict[str, Tensors] = {}
         _check_fraction("fraction_train", fraction_train, allow_zero=False)
         _check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
         check_count("clients_per_round", clients_per_round)
@@ -138,28 +143,63 @@ class FedOptStrategy(Strategy):
         self._node_of: Dict[int, int] = {}   # client id -> node id (with a client_sampler)
         self._mapped_nodes: List[int] = []
 
-    # ------------------------------------------------------------------ hooks of the subclasses
+    # ------------------------------------------------------------------ the server rule
+    @classmethod
+    def _implements(cls, rule: ServerRule) -> bool:
+        """Can this class run ``rule``? (every rule; subclasses narrow it)."""
+        return True
+
+    def __getattr__(self, name: str):  # the rule's server tensors: strategy.c, strategy.m, ...
+        state = self.__dict__.get("state", {})
+        if name in state:
+            return state[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
     def _setup(self, grid: Grid, nodes: List[int], server_round: int, config: ConfigRecord) -> None:
-        """Once, before the first round's sampling, with the initial global model loaded."""
+        """Once, before the first round's sampling: a rule's initial round (every node's first control)."""
+        if not self.rule.init_controls:
+            return
+        # every node, as the simulator initialises every training client
+        self._sent[("init", server_round)] = list(nodes)
+        content = RecordDict({"arrays": to_record(self.names, self.global_params),
+                              "config": self._config(config, server_round)})
+        replies = grid.send_and_receive(self._messages(content, nodes, INIT_MESSAGE_TYPE, server_round),
+                                        timeout=self.timeout)
+
+        def parse(reply: RecordDict, node: int) -> Tensors:
+            return from_record(get_record(reply, "control", ArrayRecord, "reply"), self.names, self.global_params,
+                               "control")
+
+        controls = self._check_replies(replies, server_round, "init", parse)
+        if controls:
+            self.state = self.rule.initial_state(controls, self.num_clients)
+        else:
+            logger.error("%s initialisation: no usable client control; starting from zero server state",
+                         self.cfg.algorithm)
+        logger.info("%s initialisation: server state from %d of %d clients", self.cfg.algorithm, len(controls),
+                    len(nodes))
 
     def _round_records(self) -> Dict[str, ArrayRecord]:
         """Server tensors sent with the model (control variate, momentum)."""
-        return {}
+        return {rec: to_record(self.names, self.state[key]) for rec, key in self.rule.sent.items()}
 
     def _server_step(self, results: List[ClientResult]) -> Dict[str, Tensors]:
         """The new server state from the sorted accepted results: {"x": ..., other server tensors}."""
-        raise NotImplementedError
+        replies = [{"dc": r.dc} if r.dc is not None else {} for r in results]
+        return self.rule.step(self.global_params, self.state, [r.delta for r in results], [r.weight for r in results],
+                              replies, self.hp, self.num_clients, self.cfg.local_steps)
 
     def _commit(self, state: Dict[str, Tensors]) -> None:
         self.global_params = state["x"]
+        self.state = {key: v for key, v in state.items() if key != "x"}
 
     def server_state(self) -> Dict[str, Tensors]:
         """The server's tensors besides the global model (empty for FedAvg-style rules)."""
-        return {}
+        return dict(self.state)
 
     @property
     def uses_controls(self) -> bool:
-        return self.server_rule in ("scaffold", "padamfed")
+        return "dc" in self.rule.reply
 
     # ------------------------------------------------------------------ helpers
     def summary(self) -> None:
@@ -183,7 +223,8 @@ class FedOptStrategy(Strategy):
             self._init_server_tensors()
 
     def _init_server_tensors(self) -> None:
-        """Server tensors that start at zero (SCAFFOLD's c); PAdaMFed's come from its ``_setup``."""
+        """Server tensors before the first round (zeros; a rule's initial round may replace them)."""
+        self.state = self.rule.init_state(self.global_params)
 
     def _nodes(self, grid: Grid) -> List[int]:
         while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:

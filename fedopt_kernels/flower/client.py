@@ -1,17 +1,17 @@
 """The client side: one round of local training with this package's optimizers, from a received message.
 
 ``train_round`` is what a ``ClientApp``'s train function calls: it loads the global model from the
-message, builds the algorithm's optimizer exactly as ``fedopt-sim`` does (``sim.local.ClientOptimizers``:
-same class, hyperparameters, per-round lr, FedNLR scales, round index), takes the round's local
-steps and returns the reply content the strategies expect:
+message, builds the algorithm's optimizer exactly as ``fedopt-sim`` does (``ClientOptimizers``, from
+the algorithm's descriptor: same class, hyperparameters, per-round lr, FedNLR scales, round index),
+takes the round's local steps and returns the reply content the strategies expect:
 
 * ``"delta"`` (ArrayRecord): the trained model minus the received one;
-* ``"dc"`` (ArrayRecord, SCAFFOLD and PAdaMFed): the change of the client's control variate;
+* the server rule's reply tensors (``"dc"``, SCAFFOLD and PAdaMFed: the change of the client's control variate);
 * ``"metrics"`` (MetricRecord): ``num-examples`` (the aggregation weight), ``train-loss`` and,
   when given, ``client-id`` (the strategy sums clients in this order, as the simulator does).
 
-The client's control variate ``c_i`` never leaves the client: it lives in ``context.state`` under
-``"<state-tag>.control"``. A non-finite new control is not stored (the old one is kept), so one bad
+What the client keeps between rounds (its control variate ``c_i``, FedDyn's ``g_i``) never leaves
+the client: it lives in ``context.state`` under ``"<state-tag>.control"``. A non-finite new control is not stored (the old one is kept), so one bad
 round cannot poison the client's later rounds.
 """
 from __future__ import annotations
@@ -25,9 +25,8 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from ..server_rules import scaffold_local_control
-from ..sim.evaluate import loss_and_correct
-from ..sim.local import ClientOptimizers
+from ..aggregation import RULES
+from ..client_round import ClientOptimizers, loss_and_correct
 from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
 from .settings import read_round_config
 
@@ -83,26 +82,17 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
     """
     cfg, hp, t, tag = read_round_config(config_dict(content))
     names, params, x = _load_global(model, content)
-    rule, K = cfg.server_rule, cfg.local_steps
-    inputs = {}
-    ci = c = None
-    if rule in ("scaffold", "padamfed"):
-        c = from_record(get_record(content, "control", ArrayRecord, "message"), names, params, "control")
-        ci = _stored_control(state, tag, names, params)
-    if rule == "scaffold":
-        ci = ci if ci is not None else [torch.zeros_like(v) for v in c]
-        inputs["correction"] = [cj - cij for cj, cij in zip(c, ci)]
-    elif rule == "padamfed":
-        m = from_record(get_record(content, "momentum", ArrayRecord, "message"), names, params, "momentum")
-        inputs.update(global_control=c, local_control=ci, momentum=m)
-    if cfg.client_optimizer == "nlr" and calibration is None:
-        raise ValueError("FedNLR needs calibration=(inputs, targets): the data its neuron scales are computed on")
+    rule, K = RULES[cfg.server_rule], cfg.local_steps
+    got = {key: from_record(get_record(content, rec, ArrayRecord, "message"), names, params, rec)
+           for rec, key in rule.sent.items()}
+    kept = _stored_control(state, tag, names, params) if rule.keeps else None
+    inputs = rule.client_inputs(got, kept)
 
     opts = ClientOptimizers(cfg, hp, model, backend)
     client = SimpleNamespace(train_x=calibration[0], train_y=calibration[1]) if calibration is not None else None
     # a fresh optimizer per round, advanced to round t: all its per-round state restarts anyway
     opt = opts.begin(0, client, t, **inputs)
-    anchor = copy.deepcopy(model) if cfg.algorithm.endswith("-vr") else None
+    anchor = copy.deepcopy(model) if opts.algo.needs_anchor(cfg.variant) else None
     loss_sum = torch.zeros((), device=params[0].device)
     for _ in range(K):
         bx, by = next_batch()
@@ -122,14 +112,11 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
     with torch.no_grad():
         delta = [p.detach() - g for p, g in zip(params, x)]
         out["delta"] = to_record(names, delta)
-        if rule == "scaffold":
-            new_ci = scaffold_local_control(ci, c, delta, opts.lr_sum(opt, t, K))
-        elif rule == "padamfed":
-            new_ci = [v.to(g.dtype) for v, g in zip(opt.local_control(), x)]
-            ci = ci if ci is not None else [torch.zeros_like(g) for g in x]
-        if rule in ("scaffold", "padamfed"):
-            out["dc"] = to_record(names, [n - o for n, o in zip(new_ci, ci)])
-            _store_control(state, tag, names, new_ci)
+        new_kept, reply = rule.client_finish(opt, opts.algo, hp, t, K, got, kept, delta)
+        for name, tensors in reply.items():
+            out[name] = to_record(names, tensors)
+        if new_kept is not None:
+            _store_control(state, tag, names, new_kept)
     out["metrics"] = _metrics(num_examples, client_id, train_loss=float(loss_sum) / K)
     return out
 

@@ -7,18 +7,13 @@ averages the replies into ``c`` and ``m`` (``server_rules.padamfed_init``). Each
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
-import torch
-from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
-from flwr.serverapp import Grid
+from ..aggregation import ServerRule
+from ..fl_config import FLConfig
+from .base import INIT_MESSAGE_TYPE, FedOptStrategy, check_count
 
-from ..server_rules import padamfed_init, padamfed_step
-from ..sim.config import SimConfig
-from .base import ClientResult, FedOptStrategy, check_count
-from .records import Tensors, from_record, get_record, logger, to_record
-
-INIT_MESSAGE_TYPE = f"{MessageType.TRAIN}.padamfed_init"
+__all__ = ["INIT_MESSAGE_TYPE", "PAdaMFedStrategy", "PAdaMFed"]
 
 
 class PAdaMFedStrategy(FedOptStrategy):
@@ -30,54 +25,14 @@ class PAdaMFedStrategy(FedOptStrategy):
         m' = beta * (sum_i dc_i / S + c) + (1 - beta) * m
         c' = c + sum_i dc_i / N                        (dc_i = c_i' - c_i, sent by client i)
 
-    Built from a simulator config (algorithm "padamfed" or "padamfed-vr"); ``PAdaMFed`` is the
-    keyword constructor with the theory step sizes as defaults.
+    Built from an ``FLConfig`` (algorithm "padamfed" or "padamfed-vr"); ``PAdaMFed`` is the
+    keyword constructor with the theory step sizes as defaults. The initial round, the server
+    tensors and their update are the rule's (``fedopt_kernels.aggregation``), as in the simulator.
     """
 
-    server_rules = ("padamfed",)
-
-    def __init__(self, cfg: SimConfig, **strategy_kw: Any):
-        super().__init__(cfg, **strategy_kw)
-        self.c: Tensors = []
-        self.m: Tensors = []
-
-    def _setup(self, grid: Grid, nodes: List[int], server_round: int, config: ConfigRecord) -> None:
-        # every node, as the simulator initialises every training client
-        self._sent[("init", server_round)] = list(nodes)
-        content = RecordDict({"arrays": to_record(self.names, self.global_params),
-                              "config": self._config(config, server_round)})
-        replies = grid.send_and_receive(self._messages(content, nodes, INIT_MESSAGE_TYPE, server_round),
-                                        timeout=self.timeout)
-
-        def parse(reply: RecordDict, node: int) -> Tensors:
-            return from_record(get_record(reply, "control", ArrayRecord, "reply"), self.names, self.global_params,
-                               "control")
-
-        controls = self._check_replies(replies, server_round, "init", parse)
-        if controls:
-            self.c, self.m = padamfed_init(controls, self.num_clients)
-        else:
-            logger.error("PAdaMFed initialisation: no usable client control; starting from c = m = 0")
-            self.c = [torch.zeros_like(x) for x in self.global_params]
-            self.m = [torch.zeros_like(x) for x in self.global_params]
-        logger.info("PAdaMFed initialisation: c and m from %d of %d clients", len(controls), len(nodes))
-
-    def _round_records(self) -> Dict[str, ArrayRecord]:
-        return {"control": to_record(self.names, self.c), "momentum": to_record(self.names, self.m)}
-
-    def _server_step(self, results: List[ClientResult]) -> Dict[str, Tensors]:
-        x, c, m = padamfed_step(self.global_params, self.c, self.m, [r.delta for r in results],
-                                [r.dc for r in results], num_clients=self.num_clients, lr=self.hp["lr"],
-                                local_steps=self.cfg.local_steps, server_lr=self.hp["server_lr"],
-                                beta=self.hp["beta"])
-        return {"x": x, "c": c, "m": m}
-
-    def _commit(self, state: Dict[str, Tensors]) -> None:
-        super()._commit(state)
-        self.c, self.m = state["c"], state["m"]
-
-    def server_state(self) -> Dict[str, Tensors]:
-        return {"c": self.c, "m": self.m}
+    @classmethod
+    def _implements(cls, rule: ServerRule) -> bool:
+        return rule.init_controls
 
 
 class PAdaMFed(PAdaMFedStrategy):
@@ -96,7 +51,7 @@ class PAdaMFed(PAdaMFedStrategy):
         if "fraction_train" in strategy_kw:
             raise ValueError("PAdaMFed samples clients_per_round clients; fraction_train does not apply")
         algorithm = "padamfed-vr" if variance_reduction else "padamfed"
-        cfg = SimConfig(algorithm=algorithm, rounds=num_rounds, clients=clients_per_round, holdout_fraction=0.0,
+        cfg = FLConfig(algorithm=algorithm, rounds=num_rounds, clients=clients_per_round, holdout_fraction=0.0,
                         clients_per_round=clients_per_round, local_steps=local_steps, lr=lr, server_lr=server_lr,
                         beta=beta)
         super().__init__(cfg, clients_per_round=clients_per_round, **strategy_kw)

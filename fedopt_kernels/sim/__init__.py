@@ -4,8 +4,8 @@
     result = Simulation(SimConfig(algorithm="feddecay", beta=0.5, rounds=50)).run()
 
 Modules, one idea each: ``datasets`` (digits, Synthetic), ``partition`` (Dirichlet, shards, splits),
-``federated_data`` (users and the new-user holdout), ``models``, ``local`` (client optimizers),
-``strategy`` / ``scaffold`` / ``padamfed_server`` (server rules), ``simulation`` (the round loop),
+``federated_data`` (users and the new-user holdout), ``models``, ``strategy`` (an algorithm on the
+round loop: its client optimizer and server rule, read from their descriptors), ``simulation`` (the round loop),
 ``evaluate`` (the per-user protocol), ``validate`` (backend vs reference), ``report``, ``cli``.
 Client-parallel rounds (``--client-parallel N``, docs/client_batched.md): ``batched_round`` (the
 round), ``batched_trainer`` (stacked clients + batched optimizer), ``client_loss`` (vmapped

@@ -24,8 +24,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
 import torch
 
-from .. import neuron_lr_scales
-from ..catalogue import BATCHED_FORM
 from .batched_trainer import BatchedTrainer
 from .client_batches import BatchPool, apply_stage
 from .client_loss import ClientLoss
@@ -38,16 +36,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class _OneClient:
-    """The batched optimizer as the strategies' ``finish`` sees a client's optimizer: client ``c`` of it."""
+    """The batched optimizer as the strategies' ``finish`` sees a client's optimizer: client ``c`` of it.
 
-    def __init__(self, opt: Any, c: int, controls: Sequence[torch.Tensor]):
-        self._opt, self._c, self._controls = opt, c, controls
+    ``outputs``: the algorithm's round outputs (``Algorithm.round_outputs``, e.g. PAdaMFed's
+    ``local_control``), computed once for the chunk, stacked ``[C, ...]``; each is a method here.
+    """
 
-    def local_control(self) -> List[torch.Tensor]:
-        # a copy: a view would keep the whole [C, ...] tensor alive in the server's c_local
-        return [t[self._c].clone() for t in self._controls]
+    def __init__(self, opt: Any, c: int, outputs: Dict[str, Sequence[torch.Tensor]]):
+        self._opt, self._c, self._outputs = opt, c, outputs
 
-    def __getattr__(self, name: str) -> Any:  # param_groups, schedule (SCAFFOLD's lr_sum)
+    def __getattr__(self, name: str) -> Any:  # param_groups, schedule (SCAFFOLD's lr_sum), round outputs
+        if name in self._outputs:
+            # copies: a view would keep the whole [C, ...] tensor alive in the server's state
+            return lambda: [t[self._c].clone() for t in self._outputs[name]]
         return getattr(self._opt, name)
 
 
@@ -73,7 +74,7 @@ class BatchedClients:
         self.cfg = cfg
         self.loss = ClientLoss(sim.model)  # ValueError for BatchNorm / buffers
         self.opts = sim.strategy.opts
-        self.kind = self.opts.kind
+        self.algo = self.opts.algo
         self.anchor_model = getattr(sim.strategy, "anchor_model", None)
         self.pool = BatchPool(sim.train_clients, cfg.batch_size, dtype=sim.global_params[0].dtype)
         S = cfg.sampled_per_round
@@ -92,16 +93,15 @@ class BatchedClients:
             return min(int(cfg.client_parallel), S)
         client = self.sim.train_clients[0]
         x, y = client.train_x[:cfg.batch_size], client.train_y[:cfg.batch_size]
-        return auto_client_parallel(self.sim.model, x, y, state_copies(self.kind, cfg), S, free_bytes(self.sim.device))
+        return auto_client_parallel(self.sim.model, x, y, state_copies(cfg), S, free_bytes(self.sim.device))
 
     @property
     def trainer(self) -> BatchedTrainer:
         if self._trainer is None:
-            hp = self.sim.hp
-            clip = hp["clip_norm"] if self.kind in ("decay", "nlr") else None  # as ClientOptimizers.clip
+            clip = self.algo.clip_norm(self.sim.hp)  # as ClientOptimizers.clip
             self._trainer = BatchedTrainer(
                 self.loss, self.sim.global_params, self.size,
-                lambda params: self.opts.build_on(params, form=BATCHED_FORM.__getitem__),
+                lambda params: self.opts.build_on(params, batched=True),
                 steps=self.cfg.local_steps, clip_norm=clip, anchor=self.anchor_model is not None,
                 graph=self.graph_mode)
         return self._trainer
@@ -121,10 +121,7 @@ class BatchedClients:
         sim, per = self.sim, []
         for cid in chunk:
             inputs = dict(self.sim.strategy.round_inputs(cid, t))
-            if self.kind == "nlr":  # FedNLR: scales from the received model on this client's data
-                client = sim.train_clients[cid]
-                inputs["neuron_scales"] = neuron_lr_scales(sim.model, [(client.train_x, client.train_y)],
-                                                           mu0=self.cfg.nlr_mu0, c1=self.cfg.nlr_c1, c2=self.cfg.nlr_c2)
+            inputs.update(self.opts.calibrate(sim.train_clients[cid]))  # FedNLR: scales from the received model
             per.append(inputs)
         per += [per[0]] * (self.size - len(chunk))  # inactive slots: any valid inputs
         index = {id(p): i for i, p in enumerate(sim.model.parameters())}
@@ -142,9 +139,7 @@ class BatchedClients:
         sim.load_global()  # FedNLR's scales and PAdaMFed-VR's anchor copy read the global model
         inputs = self._round_inputs(chunk, t, tr.stacked)
         tr.load(sim.global_params)
-        if self.kind in ("decay", "nlr"):
-            for group in tr.opt.param_groups:
-                group["lr"] = self.opts.round_lr(t)
+        self.opts.set_round_lr(tr.opt, t)
         tr.start_round(round_index=t, **inputs)
         batches = self.pool.draw(sim.streams, chunk, K)
         x = apply_stage(self.loss.input_stage, batches, _is_random(sim.model))
@@ -156,12 +151,12 @@ class BatchedClients:
             active = torch.arange(self.size, device=sim.device) < m
         pad = lambda v: None if v is None else _pad_clients(v, self.size)  # noqa: E731
         total = tr.run(pad(x), pad(batches.y), pad(batches.w), pad(anchor_x), active)
-        controls = tr.opt.local_control() if self.kind == "padamfed" else []
+        outputs = {name: getattr(tr.opt, name)() for name in self.algo.round_outputs}
         updates = []
         params = list(sim.model.parameters())
         for c, cid in enumerate(chunk):
             with torch.no_grad():
                 for p, s in zip(params, tr.stacked):
                     p.copy_(s[c])
-            updates.append(sim.strategy.finish(cid, _OneClient(tr.opt, c, controls), t))
+            updates.append(sim.strategy.finish(cid, _OneClient(tr.opt, c, outputs), t))
         return updates, [v / K for v in total[:m].tolist()]

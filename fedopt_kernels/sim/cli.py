@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..fl_config import algorithm_settings
 from .config import ALGORITHMS, DATASETS, DEVICES, PARTITIONS, SimConfig
 from .help_format import DefaultsHelpFormatter
 from .models import MODELS
@@ -39,18 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "scikit-learn digits, FedProx Synthetic(alpha, beta); CIFAR-10/100 and FEMNIST from --data-dir).")
     g = p.add_argument_group("algorithm")
     g.add_argument("--algorithm", default=d.algorithm, help=f"one of: {', '.join(ALGORITHMS)} (default %(default)s)")
-    g.add_argument("--lr", type=float, help="client learning rate (default 0.05; PAdaMFed: eta from theory_hparams)")
-    g.add_argument("--lr-scale", type=float, default=d.lr_scale, help="multiply the client lr (default %(default)s)")
-    g.add_argument("--server-lr", type=float, help="server learning rate (default 1; PAdaMFed: gamma from theory)")
-    g.add_argument("--beta", type=float, help="FedDecay decay factor (default 0.5 for feddecay, 1 for "
-                   "fedprox/scaffold) or PAdaMFed momentum parameter (default from theory)")
-    g.add_argument("--decay-schedule", default=d.decay_schedule, choices=("exponential", "linear"))
-    g.add_argument("--decay-every", type=int, default=d.decay_every, help="local steps per decay period (default %(default)s)")
-    g.add_argument("--momentum", type=float, default=d.momentum)
-    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    g.add_argument("--prox-mu", type=float, help="FedProx coefficient (fedprox, fednar-fedprox; default 0.01)")
-    g.add_argument("--clip-norm", type=float, help="FedNAR max_norm (default 10); gradient clipping for SGD algorithms")
-    g.add_argument("--round-decay", type=float, help="client lr *= round_decay**t (default 0.998 for FedNAR, else 1)")
+    for f in algorithm_settings(SimConfig):  # the algorithms' own settings, declared with their fields
+        kind = f.metadata["type"]
+        g.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=f.metadata["cli"],
+                       **({"choices": f.metadata["choices"]} if f.metadata["choices"] else {}))
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
     g.add_argument("--partition", choices=PARTITIONS,
@@ -132,12 +125,10 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         rounds=args.rounds,
         data_dir=args.data_dir, download=args.download, normalize=args.normalize, augment=args.augment,
         local_steps=args.local_steps, batch_size=args.batch_size, sample_rate=args.sample_rate,
-        clients_per_round=args.clients_per_round, lr=args.lr, lr_scale=args.lr_scale, server_lr=args.server_lr,
-        beta=args.beta, decay_schedule=args.decay_schedule, decay_every=args.decay_every, momentum=args.momentum,
-        weight_decay=args.weight_decay, prox_mu=args.prox_mu, clip_norm=args.clip_norm,
-        round_decay=args.round_decay, finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr,
+        clients_per_round=args.clients_per_round, finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr,
         backend=args.backend, device=args.device, seed=seed, eval_every=args.eval_every,
         client_parallel=parse_client_parallel(args.client_parallel), cuda_graph=args.cuda_graph,
+        **{f.name: getattr(args, f.name) for f in algorithm_settings(SimConfig)},
     ).validate()
 
 

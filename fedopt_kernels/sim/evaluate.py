@@ -8,32 +8,15 @@ equally, whatever their size. The global model's accuracy before fine-tuning is 
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..client_round import loss_and_correct
 from .clients import BatchStream, ClientData
-
-_EVAL_CHUNK = 4096
-
-
-@torch.no_grad()
-def loss_and_correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Tuple[float, int]:
-    """Summed cross-entropy and number of correct predictions of ``model`` on (x, y)."""
-    was_training = model.training
-    model.eval()
-    loss, correct = 0.0, 0
-    for i in range(0, y.shape[0], _EVAL_CHUNK):
-        out = model(x[i:i + _EVAL_CHUNK])
-        yy = y[i:i + _EVAL_CHUNK]
-        loss += float(F.cross_entropy(out, yy, reduction="sum"))
-        correct += int((out.argmax(dim=1) == yy).sum())
-    model.train(was_training)
-    return loss, correct
-
 
 def pooled_metrics(model: nn.Module, clients: Sequence[ClientData], split: str) -> Dict[str, float]:
     """Loss and accuracy over the union of the clients' ``split`` ("val" or "test") data."""

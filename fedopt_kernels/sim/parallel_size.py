@@ -31,15 +31,9 @@ _CPU_FALLBACK = 4 << 30
 MAX_AUTO = 256
 
 
-def state_copies(kind: str, cfg) -> int:
+def state_copies(cfg) -> int:
     """Optimizer state tensors per parameter, per client, for the run's client optimizer."""
-    if kind in ("decay", "nlr"):
-        n = int(cfg.momentum != 0) + int(cfg.server_rule == "scaffold") + int(cfg.algorithm in ("fedprox",))
-        return n + (1 if kind == "nlr" else 0)  # nlr: scales (per row; counted as a copy, an upper bound)
-    if kind == "nar":
-        return int(cfg.server_rule == "scaffold") + int(cfg.algorithm == "fednar-fedprox")
-    # padamfed: D, acc, the given local control (+ anchor gradients)
-    return 3 + (1 if cfg.algorithm.endswith("-vr") else 0)
+    return cfg.algo.state_copies(cfg, cfg.variant)
 
 
 def activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:

@@ -20,13 +20,9 @@ from .config import SimConfig
 from .evaluate import evaluate_users, pooled_metrics
 from .federated_data import FederatedData, build_federated_data
 from .models import build_model
-from .padamfed_server import PAdaMFedStrategy
-from .scaffold import ScaffoldStrategy
 from .screen import logger, screen_updates
-from .strategy import AvgStrategy
+from .strategy import Strategy
 
-_OPS = {"decay": "sgd", "nlr": "sgd", "nar": "fednar", "padamfed": "padamfed"}
-_STRATEGIES = {"avg": AvgStrategy, "scaffold": ScaffoldStrategy, "padamfed": PAdaMFedStrategy}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -42,7 +38,7 @@ def resolve_backend(cfg: SimConfig, device: torch.device) -> str:
 
     Client-parallel runs use the client-batched form of the op (``<op>_batched``).
     """
-    op = _OPS[cfg.client_optimizer] + ("_batched" if cfg.parallel else "")
+    op = cfg.algo.op.name + ("_batched" if cfg.parallel else "")
     name = _registry.auto_backend(device, op) if cfg.backend == "auto" else cfg.backend
     why = _registry.unavailable_reason(name, device, op)
     if why is not None:
@@ -88,7 +84,7 @@ class Simulation:
         self.streams = {c.client_id: BatchStream(c.train_x, c.train_y, cfg.batch_size, np.random.default_rng(s))
                         for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)))}
         self._tune_seed = ss_tune
-        self.strategy = _STRATEGIES[cfg.server_rule](self)
+        self.strategy = Strategy(self)
         self.batched = None
         if cfg.parallel:  # --client-parallel: the sampled clients train N at a time (batched_round.py)
             from .batched_round import BatchedClients

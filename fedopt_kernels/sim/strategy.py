@@ -1,20 +1,22 @@
-"""The shared shape of an FL algorithm on the round loop, and its plainest instance: weighted averaging.
+"""An FL algorithm on the round loop: its client optimizer and its server rule, from their descriptors.
 
 A round (``Simulation.run_round``): sample clients; for each, load the global model, ``begin`` the
 client's round, take ``local_steps`` steps with ``local_step``, ``finish`` into a ``ClientUpdate``;
-then ``aggregate`` the updates into the global model. Subclasses change only what differs.
+then ``aggregate`` the updates into the global model. What differs between algorithms is in their
+descriptors (``fedopt_kernels.algorithm``, ``fedopt_kernels.aggregation``), not here.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List
 
 import torch
 from torch.nn import functional as F
 
-from ..server_rules import weighted_average_step
+from ..aggregation import RULES
 from .clients import Batch
-from .local import ClientOptimizers
+from ..client_round import ClientOptimizers
 
 if TYPE_CHECKING:  # pragma: no cover
     from .simulation import Simulation
@@ -46,26 +48,70 @@ def copy_into(dst: Tensors, src: Tensors) -> None:
         d.copy_(s)
 
 
-class AvgStrategy:
-    """FedAvg's server: ``x += server_lr * sum_i n_i * delta_i / sum_i n_i`` over the sampled clients
-    (``server_rules.weighted_average_step``, shared with the Flower strategies).
+class Strategy:
+    """The round loop's algorithm: the run's client optimizer (``ClientOptimizers``, from the
+    algorithm descriptor) and its server rule (``fedopt_kernels.aggregation``).
 
-    With the client optimizer chosen by the algorithm this is FedAvg, FedSGD, FedDecay, FedProx,
-    FedNLR and FedNAR (on FedAvg or FedProx).
+    The server keeps the rule's state (SCAFFOLD's ``c``, PAdaMFed's ``c`` and ``m``, FedDyn's
+    ``h``; readable as attributes, e.g. ``strategy.c``) and, for a rule whose clients keep tensors
+    between rounds, each client's (``kept``; ``c_local`` is the same dict): clients that never
+    trained have none. With FedAvg's rule this is FedAvg, FedSGD, FedDecay, FedProx, FedNLR and
+    FedNAR; with SCAFFOLD's, SCAFFOLD and FedNAR-SCAFFOLD; and so on for every registered variant.
     """
 
     def __init__(self, sim: "Simulation"):
         self.sim = sim
         self.hp = sim.hp
+        self.rule = RULES[sim.cfg.server_rule]
         self.opts = ClientOptimizers(sim.cfg, sim.hp, sim.model, sim.backend)
+        self.state: Dict[str, Tensors] = self.rule.init_state(sim.global_params)
+        self.kept: Dict[int, Tensors] = {}  # only clients that trained (or were initialised)
+        # steps that also take the same batch's gradient at the round's starting model (PAdaMFed-VR)
+        self.anchor_model = copy.deepcopy(sim.model) if self.opts.algo.needs_anchor(sim.cfg.variant) else None
+
+    def __getattr__(self, name: str) -> Any:  # the rule's server tensors: strategy.c, strategy.m, ...
+        state = self.__dict__.get("state", {})
+        if name in state:
+            return state[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    @property
+    def c_local(self) -> Dict[int, Tensors]:
+        return self.kept
 
     # ------------------------------------------------------------------ client side
+    @torch.no_grad()
     def setup(self) -> None:
         """Once, before round 0, with the model holding the initial global weights."""
+        if self.rule.init_controls:
+            # every training client: c_i from K stochastic gradients at the initial model (PAdaMFed Alg. 1, line 1)
+            n = self.sim.cfg.num_train_clients
+            for cid in range(n):
+                self.kept[cid] = self._mean_grad(cid)
+            self.state = self.rule.initial_state([self.kept[cid] for cid in range(n)], n)
+
+    @torch.no_grad()
+    def _mean_grad(self, cid: int) -> Tensors:
+        stream = self.sim.streams[cid]
+        acc = [torch.zeros_like(x) for x in self.sim.global_params]
+        K = self.sim.cfg.local_steps
+        for _ in range(K):
+            with torch.enable_grad():
+                self.loss_and_grad(stream.next())
+            for a, p in zip(acc, self.sim.model.parameters()):
+                a.add_(p.grad)
+        return [a / K for a in acc]
+
+    def _sent(self) -> Dict[str, Tensors]:
+        return {key: self.state[key] for key in self.rule.sent.values()}
 
     def round_inputs(self, cid: int, t: int) -> Dict[str, Any]:
-        """Extra ``start_round`` inputs for client ``cid`` (control variates, ...)."""
-        return {}
+        """Client ``cid``'s ``start_round`` inputs from the server state and what it kept."""
+        if self.anchor_model is not None:
+            with torch.no_grad():
+                for a, g in zip(self.anchor_model.parameters(), self.sim.global_params):
+                    a.copy_(g)
+        return self.rule.client_inputs(self._sent(), self.kept.get(cid))
 
     def begin(self, cid: int, t: int) -> torch.optim.Optimizer:
         return self.opts.begin(cid, self.sim.train_clients[cid], t, **self.round_inputs(cid, t))
@@ -81,26 +127,47 @@ class AvgStrategy:
 
     def local_step(self, cid: int, opt: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         loss = self.loss_and_grad(batch)
-        self.opts.clip()
-        opt.step()
+        if self.anchor_model is None:
+            self.opts.clip()
+            opt.step()
+            return loss
+        self.anchor_model.zero_grad(set_to_none=True)
+        x, y = batch
+        F.cross_entropy(self.anchor_model(x), y).backward()
+        opt.step(anchor_grads=[p.grad for p in self.anchor_model.parameters()])
         return loss
 
+    @torch.no_grad()
     def finish(self, cid: int, opt: torch.optim.Optimizer, t: int) -> ClientUpdate:
-        with torch.no_grad():
-            delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params)]
-        return ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
+        delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params)]
+        update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
+        new_kept, reply = self.rule.client_finish(opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps,
+                                                  self._sent(), self.kept.get(cid), delta)
+        update.extra.update(reply)
+        if new_kept is not None:
+            update.extra["new_kept"] = new_kept  # kept only if the server accepts the update
+        return update
 
     # ------------------------------------------------------------------ server side
     def server_state(self) -> Dict[str, Any]:
-        """The server's tensors besides the global model (control variates, momentum, ...)."""
-        return {}
+        """The server's tensors besides the global model (the rule's state, what clients kept)."""
+        return {**self.state, "kept": self.kept} if self.rule.keeps else dict(self.state)
 
     def load_server_state(self, state: Dict[str, Any]) -> None:
         """Overwrite the server state with (copies of) ``state`` from another run of the same config."""
+        self.state = {key: clone_all(state[key]) for key in self.state}
+        if self.rule.keeps:
+            self.kept = {i: clone_all(v) for i, v in state["kept"].items()}
 
     @torch.no_grad()
     def aggregate(self, updates: List[ClientUpdate], t: int) -> None:
-        # updates come in sorted client-id order, so the sum is deterministic
-        new_x = weighted_average_step(self.sim.global_params, [u.delta for u in updates],
-                                      [u.weight for u in updates], self.hp["server_lr"])
-        copy_into(self.sim.global_params, new_x)
+        # updates come in sorted client-id order, so the sums are deterministic
+        out = self.rule.step(self.sim.global_params, self.state, [u.delta for u in updates],
+                             [u.weight for u in updates], [u.extra for u in updates], self.hp,
+                             self.sim.cfg.num_train_clients, self.sim.cfg.local_steps)
+        copy_into(self.sim.global_params, out.pop("x"))
+        for key, value in out.items():
+            copy_into(self.state[key], value)
+        for u in updates:
+            if "new_kept" in u.extra:
+                self.kept[u.client_id] = u.extra["new_kept"]

@@ -1,0 +1,175 @@
+"""The settings of an FL algorithm's run, shared by the simulator and the Flower strategies.
+
+``FLConfig`` holds what decides the algorithm's arithmetic: its name (a registered variant such as
+``fedavg``, ``scaffold`` or ``fednar``), the sampling sizes PAdaMFed's theory step sizes read, the
+client and server hyperparameters. The simulator's ``SimConfig`` extends it with data, model and
+execution settings; a Flower strategy needs only this.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from . import algorithm as _algorithm
+
+
+def check_choice(name: str, value: Any, options) -> None:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
+
+
+def check_integer(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def check_real(name: str, value: Any, low: float, high: float = math.inf, low_open: bool = False,
+               high_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        lo = f"{'>' if low_open else '>='} {low}"
+        hi = "" if high == math.inf else f" and {'<' if high_open else '<='} {high}"
+        raise ValueError(f"{name} must be a finite number {lo}{hi}, got {value!r}")
+
+
+def _setting(default: Any, kind: type, help: str, choices: Optional[tuple] = None, some: bool = False) -> Any:
+    """A field that is also a ``fedopt-sim`` option (``--name-with-dashes``, in its "algorithm" group).
+
+    ``some``: only some algorithms take it; a run of another one refuses it when it is set
+    (``Algorithm.settings`` lists the ones an algorithm takes)."""
+    return field(default=default, metadata={"cli": help, "type": kind, "choices": choices, "some": some})
+
+
+def algorithm_settings(cfg_type: type) -> List[Any]:
+    """The fields of ``cfg_type`` that are ``fedopt-sim`` options of the "algorithm" group."""
+    return [f for f in dataclasses.fields(cfg_type) if "cli" in f.metadata]
+
+
+@dataclass
+class FLConfig:
+    """An FL algorithm's settings; ``None`` means "the algorithm's default" (see ``hparams()``)."""
+
+    algorithm: str = "fedavg"
+    clients: int = 50                        # all users, held-out new users included
+    holdout_fraction: float = 0.2            # new users: never train, evaluated after fine-tuning
+    rounds: int = 50
+    local_steps: int = 10
+    batch_size: int = 10
+    sample_rate: float = 0.2                 # fraction of the training clients sampled per round
+    clients_per_round: Optional[int] = None  # overrides sample_rate
+    lr: Optional[float] = _setting(None, float, "client learning rate (default 0.05; PAdaMFed: eta from theory_hparams)")
+    lr_scale: float = _setting(1.0, float, "multiply the client lr (default %(default)s; for lr-robustness sweeps)")
+    server_lr: Optional[float] = _setting(None, float, "server learning rate (default 1; PAdaMFed: gamma from theory)")
+    beta: Optional[float] = _setting(None, float, "FedDecay decay factor (default 0.5 for feddecay, 1 for fedprox/"
+                                     "scaffold) or PAdaMFed momentum parameter (default from theory)", some=True)
+    decay_schedule: str = _setting("exponential", str, "within-round decay schedule", choices=("exponential", "linear"))
+    decay_every: int = _setting(1, int, "local steps per decay period (default %(default)s)")
+    momentum: float = _setting(0.0, float, "client momentum (default %(default)s)", some=True)
+    weight_decay: float = _setting(0.0, float, "client weight decay (default %(default)s)", some=True)
+    prox_mu: Optional[float] = _setting(None, float, "FedProx coefficient (fedprox, fednar-fedprox; default 0.01)")
+    clip_norm: Optional[float] = _setting(None, float, "FedNAR max_norm (default 10); gradient clipping for SGD "
+                                          "algorithms", some=True)
+    round_decay: Optional[float] = _setting(None, float, "client lr *= round_decay**t (default 0.998 for FedNAR, "
+                                            "else 1)", some=True)
+    nlr_mu0: float = 1.0                     # FedNLR's scale-range constants (neuron_lr_scales)
+    nlr_c1: float = 1.0
+    nlr_c2: float = 1.0
+    backend: str = "auto"
+    seed: int = 0
+
+    # ------------------------------------------------------------------ the algorithm
+    @property
+    def variant(self) -> _algorithm.Variant:
+        return _algorithm.variant(self.algorithm)
+
+    @property
+    def algo(self) -> _algorithm.Algorithm:
+        """The descriptor of the algorithm the clients train with."""
+        return _algorithm.of(self.algorithm)
+
+    @property
+    def server_rule(self) -> str:
+        return self.variant.server
+
+    @property
+    def client_optimizer(self) -> str:
+        """The registered algorithm whose optimizer the clients use (e.g. "feddecay" for fedavg)."""
+        return self.variant.algorithm
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def num_holdout(self) -> int:
+        return int(round(self.holdout_fraction * self.clients))
+
+    @property
+    def num_train_clients(self) -> int:
+        return self.clients - self.num_holdout
+
+    @property
+    def sampled_per_round(self) -> int:
+        if self.clients_per_round is not None:
+            return self.clients_per_round
+        return max(1, int(round(self.sample_rate * self.num_train_clients)))
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> "FLConfig":
+        """Raise ValueError naming the first parameter that is out of range; return self."""
+        self.validate_algorithm()
+        return self
+
+    def validate_algorithm(self) -> None:
+        """The algorithm's settings and the sampling sizes they depend on."""
+        check_choice("algorithm", self.algorithm, _algorithm.VARIANTS)
+        check_choice("decay_schedule", self.decay_schedule, ("exponential", "linear"))
+        check_integer("clients", self.clients, 1)
+        check_real("holdout_fraction", self.holdout_fraction, 0.0, 1.0, high_open=True)
+        if self.num_train_clients < 1:
+            raise ValueError(f"clients={self.clients} with holdout_fraction={self.holdout_fraction} leaves no "
+                             f"training clients")
+        check_integer("rounds", self.rounds, 1)
+        check_integer("local_steps", self.local_steps, 1)
+        check_integer("batch_size", self.batch_size, 1)
+        check_real("sample_rate", self.sample_rate, 0.0, 1.0, low_open=True)
+        if self.clients_per_round is not None:
+            check_integer("clients_per_round", self.clients_per_round, 1)
+            if self.clients_per_round > self.num_train_clients:
+                raise ValueError(f"clients_per_round={self.clients_per_round} is more than the "
+                                 f"{self.num_train_clients} training clients ({self.clients} clients, "
+                                 f"{self.num_holdout} held out as new users)")
+        if self.lr is not None:
+            check_real("lr", self.lr, 0.0)
+        check_real("lr_scale", self.lr_scale, 0.0, low_open=True)
+        if self.server_lr is not None:
+            check_real("server_lr", self.server_lr, 0.0, low_open=True)
+        if self.beta is not None:
+            check_real("beta", self.beta, 0.0, 1.0)
+        check_integer("decay_every", self.decay_every, 1)
+        check_real("momentum", self.momentum, 0.0, 1.0, high_open=True)
+        check_real("weight_decay", self.weight_decay, 0.0)
+        if self.prox_mu is not None:
+            check_real("prox_mu", self.prox_mu, 0.0)
+        if self.clip_norm is not None:
+            check_real("clip_norm", self.clip_norm, 0.0, low_open=True)
+        if self.round_decay is not None:
+            check_real("round_decay", self.round_decay, 0.0, 1.0, low_open=True)
+        check_real("nlr_mu0", self.nlr_mu0, 0.0)
+        check_real("nlr_c1", self.nlr_c1, 0.0)
+        check_real("nlr_c2", self.nlr_c2, 0.0)
+        self.algo.check(self, self.variant)
+        if not isinstance(self.backend, str):
+            raise ValueError(f"backend must be a string, got {self.backend!r}")
+        check_integer("seed", self.seed, 0)
+
+    # ------------------------------------------------------------------ defaults
+    def hparams(self) -> Dict[str, Any]:
+        """Client lr, server lr, beta, prox_mu, clip_norm, round_decay (+ the algorithm's own) with defaults."""
+        return self.algo.hparams(self, self.variant)
+
+    def replace(self, **changes: Any) -> "FLConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,107 @@
+"""docs/dispatch.md's "Adding an algorithm" checklist, as a test: every registered algorithm is wired
+into every layer that should pick it up from its descriptor, and a descriptor that misses one is named.
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import List
+
+import pytest
+import torch
+
+import fedopt_kernels
+from fedopt_kernels import _ops, _registry, algorithm, catalogue
+from fedopt_kernels._base import FedOptimizer
+from fedopt_kernels.aggregation import RULES
+from fedopt_kernels.algorithm import Algorithm, Variant
+from fedopt_kernels.batched._client_batched import ClientBatched
+from fedopt_kernels.fl_config import FLConfig
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = (ROOT / "docs" / "algorithms.md").read_text()
+
+
+def missing_registrations(a: Algorithm) -> List[str]:
+    """What the checklist finds missing for descriptor ``a`` (empty: fully wired)."""
+    out = []
+    opt, batched = a.optimizer, a.batched
+    if not (isinstance(opt, type) and issubclass(opt, FedOptimizer)):
+        out.append("optimizer: not a FedOptimizer subclass")
+        return out
+    spec = getattr(opt, "_spec", None)
+    if spec is None or _ops.PER_CLIENT.get(spec.name) is not spec:
+        out.append("op: the optimizer's _spec is not an op declared in _ops.PER_CLIENT")
+        return out
+    if not (isinstance(batched, type) and issubclass(batched, ClientBatched) and issubclass(batched, opt)):
+        out.append("batched form: not ClientBatched + the per-client class")
+    elif batched._spec is not _ops.BATCHED.get(f"{spec.name}_batched"):
+        out.append(f"batched form: its _spec is not {spec.name}_batched")
+    if getattr(fedopt_kernels, opt.__name__, None) is not opt or opt.__name__ not in fedopt_kernels.__all__:
+        out.append(f"export: fedopt_kernels.{opt.__name__} (and __all__)")
+    if isinstance(batched, type) and getattr(fedopt_kernels.batched, batched.__name__, None) is not batched:
+        out.append(f"export: fedopt_kernels.batched.{batched.__name__}")
+    if algorithm.ALGORITHMS.get(a.name) is not a:
+        out.append("registry: algorithm.register(...) was not called")
+    for op in (spec.name, f"{spec.name}_batched"):
+        if _registry.unavailable_reason("reference", op=op) is not None:
+            out.append(f"reference: no implementation of op {op!r}")
+    if a.name not in catalogue.ALGOS or a.full not in catalogue.ALGOS[a.name].options:
+        out.append("catalogue: its option sets")
+    if not any(case.core for case in a.bench):
+        out.append("bench: no core benchmark row")
+    if not a.variants:
+        out.append("simulator/Flower: no variant (fedopt-sim --algorithm name)")
+    for v in a.variants:
+        if v.server not in RULES:
+            out.append(f"variant {v.name!r}: server rule {v.server!r} is not registered (aggregation.register_rule)")
+    if f"## {opt.__name__}" not in DOCS and f"`{opt.__name__}`" not in DOCS:
+        out.append(f"docs/algorithms.md: no section on {opt.__name__}")
+    return out
+
+
+@pytest.mark.parametrize("name", list(algorithm.ALGORITHMS))
+def test_every_registered_algorithm_is_wired_everywhere(name):
+    assert missing_registrations(algorithm.ALGORITHMS[name]) == []
+
+
+@pytest.mark.parametrize("variant", list(algorithm.VARIANTS))
+def test_every_variant_runs_through_the_simulator_and_flower_settings(variant):
+    """Its settings resolve, the client optimizer builds (both forms) and takes a round and a step."""
+    cfg = FLConfig(algorithm=variant, clients=4, clients_per_round=2, rounds=3, local_steps=2).validate()
+    hp = cfg.hparams()
+    a = cfg.algo
+    for batched in (False, True):
+        w = torch.nn.Parameter(torch.randn(2, 3, 4) if batched else torch.randn(3, 4))
+        opt = a.make([w], cfg, cfg.variant, hp, "reference", batched=batched)
+        assert isinstance(opt, a.batched if batched else a.optimizer)
+        inputs = RULES[cfg.server_rule].client_inputs({k: [torch.zeros_like(w)] for k in RULES[cfg.server_rule].sent.values()},
+                                                      None)
+        if inputs.get("local_control") is None:
+            inputs.pop("local_control", None)
+        opt.start_round(**inputs)
+        w.grad = torch.ones_like(w)
+        step_inputs = {"anchor_grads": [torch.ones_like(w)]} if a.needs_anchor(cfg.variant) else {}
+        before = w.detach().clone()
+        opt.step(**step_inputs)
+        assert not torch.equal(before, w.detach())
+
+
+def test_the_checklist_names_what_a_descriptor_misses():
+    """A descriptor registered nowhere, without bench rows, variants or docs: each gap is named."""
+
+    class Undocumented(fedopt_kernels.FedDecaySGD):
+        pass
+
+    fake = Algorithm("undocumented", Undocumented, fedopt_kernels.batched.BatchedFedDecaySGD,
+                     options={"plain": dict(lr=0.1, beta=0.5)}, full="plain",
+                     variants=(Variant("undoc", "no-such-rule"),))
+    missing = missing_registrations(fake)
+    for what in ("batched form", "export: fedopt_kernels.Undocumented", "registry", "catalogue", "bench",
+                 "server rule 'no-such-rule'", "docs/algorithms.md"):
+        assert any(what in m for m in missing), (what, missing)
+
+
+def test_registering_a_name_twice_is_refused():
+    a = algorithm.ALGORITHMS["feddecay"]
+    with pytest.raises(ValueError, match="registered twice"):
+        algorithm.register(a)
