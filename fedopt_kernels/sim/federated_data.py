@@ -55,22 +55,20 @@ def _pooled(dsets: List[ArrayDataset]) -> ArrayDataset:
                         dsets[0].num_classes)
 
 
+def _some_users(users: List, cfg: SimConfig, rng: np.random.Generator, what: str) -> List[ArrayDataset]:
+    """``cfg.clients`` of a data set's natural users (``(id, data)`` pairs), drawn without replacement."""
+    if cfg.clients > len(users):
+        raise ValueError(f"clients={cfg.clients} is more than the {len(users)} {what} in data_dir {cfg.data_dir!r}")
+    picked = np.sort(rng.choice(len(users), size=cfg.clients, replace=False))
+    return [users[i][1] for i in picked]
+
+
 def _femnist_users(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDataset]:
-    writers = load_femnist(cfg.data_dir)
-    if cfg.clients > len(writers):
-        raise ValueError(f"clients={cfg.clients} is more than the {len(writers)} FEMNIST writers in data_dir "
-                         f"{cfg.data_dir!r}")
-    picked = np.sort(rng.choice(len(writers), size=cfg.clients, replace=False))
-    return [writers[i][1] for i in picked]
+    return _some_users(load_femnist(cfg.data_dir), cfg, rng, "FEMNIST writers")
 
 
 def _shakespeare_users(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDataset]:
-    users = load_shakespeare(cfg.data_dir)
-    if cfg.clients > len(users):
-        raise ValueError(f"clients={cfg.clients} is more than the {len(users)} Shakespeare users (play, role) in "
-                         f"data_dir {cfg.data_dir!r}")
-    picked = np.sort(rng.choice(len(users), size=cfg.clients, replace=False))
-    return [users[i][1] for i in picked]
+    return _some_users(load_shakespeare(cfg.data_dir), cfg, rng, "Shakespeare users (play, role)")
 
 
 def check_data(cfg: SimConfig) -> None:
