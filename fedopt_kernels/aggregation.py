@@ -47,8 +47,9 @@ class ServerRule:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ client side
-    def client_inputs(self, got: Mapping[str, Tensors], kept: Optional[Tensors]) -> Dict[str, Any]:
-        """``start_round`` inputs from what the server sent (by state key) and what the client kept."""
+    def client_inputs(self, got: Mapping[str, Tensors], kept: Optional[Tensors], x: Tensors) -> Dict[str, Any]:
+        """``start_round`` inputs from what the server sent (by state key), what the client kept (None
+        before its first round) and the received model ``x``."""
         return {}
 
     def client_finish(self, opt: Any, algo: Any, hp: Mapping[str, Any], t: int, steps: int,
@@ -77,7 +78,7 @@ class Scaffold(ServerRule):
     keeps = True
     reply = ("dc",)
 
-    def client_inputs(self, got, kept):
+    def client_inputs(self, got, kept, x):
         c = got["c"]
         ci = kept if kept is not None else [torch.zeros_like(v) for v in c]
         return {"correction": [cj - cij for cj, cij in zip(c, ci)]}
@@ -111,7 +112,7 @@ class PAdaMFedRule(ServerRule):
         c, m = padamfed_init(controls, num_clients)
         return {"c": c, "m": m}
 
-    def client_inputs(self, got, kept):
+    def client_inputs(self, got, kept, x):
         return {"global_control": got["c"], "local_control": kept, "momentum": got["m"]}
 
     def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):

@@ -35,12 +35,15 @@ def check_real(name: str, value: Any, low: float, high: float = math.inf, low_op
         raise ValueError(f"{name} must be a finite number {lo}{hi}, got {value!r}")
 
 
-def _setting(default: Any, kind: type, help: str, choices: Optional[tuple] = None, some: bool = False) -> Any:
-    """A field that is also a ``fedopt-sim`` option (``--name-with-dashes``, in its "algorithm" group).
+def _setting(default: Any, kind: type, help: str, *, low: float = 0.0, high: float = math.inf, low_open: bool = False,
+             high_open: bool = False, choices: Optional[tuple] = None, some: bool = False) -> Any:
+    """A field that is also a ``fedopt-sim`` option (``--name-with-dashes``, in its "algorithm" group),
+    with its range (``validate`` checks it; None is "the default" where the default is None).
 
     ``some``: only some algorithms take it; a run of another one refuses it when it is set
     (``Algorithm.settings`` lists the ones an algorithm takes)."""
-    return field(default=default, metadata={"cli": help, "type": kind, "choices": choices, "some": some})
+    return field(default=default, metadata={"cli": help, "type": kind, "choices": choices, "some": some,
+                                            "range": (low, high, low_open, high_open)})
 
 
 def algorithm_settings(cfg_type: type) -> List[Any]:
@@ -61,19 +64,22 @@ class FLConfig:
     sample_rate: float = 0.2                 # fraction of the training clients sampled per round
     clients_per_round: Optional[int] = None  # overrides sample_rate
     lr: Optional[float] = _setting(None, float, "client learning rate (default 0.05; PAdaMFed: eta from theory_hparams)")
-    lr_scale: float = _setting(1.0, float, "multiply the client lr (default %(default)s; for lr-robustness sweeps)")
-    server_lr: Optional[float] = _setting(None, float, "server learning rate (default 1; PAdaMFed: gamma from theory)")
+    lr_scale: float = _setting(1.0, float, "multiply the client lr (default %(default)s; for lr-robustness sweeps)",
+                               low_open=True)
+    server_lr: Optional[float] = _setting(None, float, "server learning rate (default 1; PAdaMFed: gamma from theory)",
+                                          low_open=True)
     beta: Optional[float] = _setting(None, float, "FedDecay decay factor (default 0.5 for feddecay, 1 for fedprox/"
-                                     "scaffold) or PAdaMFed momentum parameter (default from theory)", some=True)
+                                     "scaffold) or PAdaMFed momentum parameter (default from theory)", high=1.0,
+                                     some=True)
     decay_schedule: str = _setting("exponential", str, "within-round decay schedule", choices=("exponential", "linear"))
-    decay_every: int = _setting(1, int, "local steps per decay period (default %(default)s)")
-    momentum: float = _setting(0.0, float, "client momentum (default %(default)s)", some=True)
+    decay_every: int = _setting(1, int, "local steps per decay period (default %(default)s)", low=1)
+    momentum: float = _setting(0.0, float, "client momentum (default %(default)s)", high=1.0, high_open=True, some=True)
     weight_decay: float = _setting(0.0, float, "client weight decay (default %(default)s)", some=True)
     prox_mu: Optional[float] = _setting(None, float, "FedProx coefficient (fedprox, fednar-fedprox; default 0.01)")
     clip_norm: Optional[float] = _setting(None, float, "FedNAR max_norm (default 10); gradient clipping for SGD "
-                                          "algorithms", some=True)
+                                          "algorithms", low_open=True, some=True)
     round_decay: Optional[float] = _setting(None, float, "client lr *= round_decay**t (default 0.998 for FedNAR, "
-                                            "else 1)", some=True)
+                                            "else 1)", high=1.0, low_open=True, some=True)
     nlr_mu0: float = 1.0                     # FedNLR's scale-range constants (neuron_lr_scales)
     nlr_c1: float = 1.0
     nlr_c2: float = 1.0
@@ -123,7 +129,6 @@ class FLConfig:
     def validate_algorithm(self) -> None:
         """The algorithm's settings and the sampling sizes they depend on."""
         check_choice("algorithm", self.algorithm, _algorithm.VARIANTS)
-        check_choice("decay_schedule", self.decay_schedule, ("exponential", "linear"))
         check_integer("clients", self.clients, 1)
         check_real("holdout_fraction", self.holdout_fraction, 0.0, 1.0, high_open=True)
         if self.num_train_clients < 1:
@@ -139,22 +144,17 @@ class FLConfig:
                 raise ValueError(f"clients_per_round={self.clients_per_round} is more than the "
                                  f"{self.num_train_clients} training clients ({self.clients} clients, "
                                  f"{self.num_holdout} held out as new users)")
-        if self.lr is not None:
-            check_real("lr", self.lr, 0.0)
-        check_real("lr_scale", self.lr_scale, 0.0, low_open=True)
-        if self.server_lr is not None:
-            check_real("server_lr", self.server_lr, 0.0, low_open=True)
-        if self.beta is not None:
-            check_real("beta", self.beta, 0.0, 1.0)
-        check_integer("decay_every", self.decay_every, 1)
-        check_real("momentum", self.momentum, 0.0, 1.0, high_open=True)
-        check_real("weight_decay", self.weight_decay, 0.0)
-        if self.prox_mu is not None:
-            check_real("prox_mu", self.prox_mu, 0.0)
-        if self.clip_norm is not None:
-            check_real("clip_norm", self.clip_norm, 0.0, low_open=True)
-        if self.round_decay is not None:
-            check_real("round_decay", self.round_decay, 0.0, 1.0, low_open=True)
+        for f in algorithm_settings(type(self)):
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            if f.metadata["choices"]:
+                check_choice(f.name, value, f.metadata["choices"])
+            elif f.metadata["type"] is int:
+                check_integer(f.name, value, int(f.metadata["range"][0]))
+            else:
+                low, high, low_open, high_open = f.metadata["range"]
+                check_real(f.name, value, low, high, low_open=low_open, high_open=high_open)
         check_real("nlr_mu0", self.nlr_mu0, 0.0)
         check_real("nlr_c1", self.nlr_c1, 0.0)
         check_real("nlr_c2", self.nlr_c2, 0.0)

@@ -74,8 +74,8 @@ def test_every_variant_runs_through_the_simulator_and_flower_settings(variant):
         w = torch.nn.Parameter(torch.randn(2, 3, 4) if batched else torch.randn(3, 4))
         opt = a.make([w], cfg, cfg.variant, hp, "reference", batched=batched)
         assert isinstance(opt, a.batched if batched else a.optimizer)
-        inputs = RULES[cfg.server_rule].client_inputs({k: [torch.zeros_like(w)] for k in RULES[cfg.server_rule].sent.values()},
-                                                      None)
+        rule = RULES[cfg.server_rule]
+        inputs = rule.client_inputs({k: [torch.zeros_like(w)] for k in rule.sent.values()}, None, [w.detach()])
         if inputs.get("local_control") is None:
             inputs.pop("local_control", None)
         opt.start_round(**inputs)

@@ -86,7 +86,7 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
     got = {key: from_record(get_record(content, rec, ArrayRecord, "message"), names, params, rec)
            for rec, key in rule.sent.items()}
     kept = _stored_control(state, tag, names, params) if rule.keeps else None
-    inputs = rule.client_inputs(got, kept)
+    inputs = rule.client_inputs(got, kept, x)
 
     opts = ClientOptimizers(cfg, hp, model, backend)
     client = SimpleNamespace(train_x=calibration[0], train_y=calibration[1]) if calibration is not None else None

@@ -111,7 +111,7 @@ class Strategy:
             with torch.no_grad():
                 for a, g in zip(self.anchor_model.parameters(), self.sim.global_params):
                     a.copy_(g)
-        return self.rule.client_inputs(self._sent(), self.kept.get(cid))
+        return self.rule.client_inputs(self._sent(), self.kept.get(cid), self.sim.global_params)
 
     def begin(self, cid: int, t: int) -> torch.optim.Optimizer:
         return self.opts.begin(cid, self.sim.train_clients[cid], t, **self.round_inputs(cid, t))
