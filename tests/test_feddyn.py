@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import io
-import math
 
 import pytest
 import torch
@@ -227,9 +226,9 @@ def _assert_unchanged(saved, opt, params):
     now = opt.state_dict()
     assert now["fedopt_round"] == sd["fedopt_round"] and (opt.round_index, opt.round_step) == (t, k)
     assert now["state"].keys() == sd["state"].keys()
-    for pid, st in sd["state"].items():
-        assert st.keys() == now["state"][pid].keys()
-        for key, v in st.items():
+    for pid, entry in sd["state"].items():
+        assert entry.keys() == now["state"][pid].keys()
+        for key, v in entry.items():
             assert torch.equal(v, now["state"][pid][key]), key
     assert [{k: v for k, v in g.items() if k != "fedopt_round"} for g in now["param_groups"]] == \
            [{k: v for k, v in g.items() if k != "fedopt_round"} for g in sd["param_groups"]]
@@ -349,3 +348,307 @@ def test_bitwise_deterministic(backend):
     for x, y in zip(a.params + [t for s in a.state for t in s.values()],
                     b.params + [t for s in b.state for t in s.values()]):
         assert torch.equal(x, y)
+
+
+# ---------------------------------------------------------------- properties
+COMMON = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+shapes_st = st.lists(st.lists(st.integers(0, 6), min_size=0, max_size=3).map(tuple), min_size=1, max_size=4)
+EPS = {dt: torch.finfo(dt).eps for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16)}
+
+
+@COMMON
+@given(shapes=shapes_st, dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
+       alphas=st.tuples(st.floats(1e-3, 10.0), st.floats(1e-3, 10.0)), momentum=st.sampled_from([0.0, 0.9]),
+       seed=st.integers(0, 2 ** 16), backend=st.sampled_from(["reference"] + FUSED))
+def test_end_round_is_the_dyn_grad_rule(shapes, dtype, alphas, momentum, seed, backend):
+    """Each round, g_i' = g_i - alpha * (x - x0) for the stored g_i, x0 and final x, to one rounding
+    of the state's dtype (the math runs in float32, or float64 for float64 parameters)."""
+    if not supports(backend, dtype):
+        return
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype)) for s in shapes]
+    opt = FedDyn([{"params": params[0::2]}, {"params": params[1::2], "alpha": alphas[1]}], lr=0.05,
+                 alpha=alphas[0], momentum=momentum, backend=backend)
+    ordered = params[0::2] + params[1::2]
+    alpha_of = [alphas[0]] * len(params[0::2]) + [alphas[1]] * len(params[1::2])
+    compute_eps = EPS[torch.float64 if dtype == torch.float64 else torch.float32]
+    for rnd in range(3):
+        gi = [g.double() for g in opt.dyn_grad()]
+        opt.start_round()
+        x0 = [p.detach().double().clone() for p in ordered]
+        for _ in range(2):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen).to(dtype)
+            opt.step()
+        opt.end_round()
+        for g_old, a, x, y, g_new in zip(gi, alpha_of, x0, ordered, opt.dyn_grad()):
+            y = y.detach().double()
+            want = g_old - a * (y - x)
+            # one rounding to the state dtype, and a few float32 roundings of each term
+            tol = EPS[dtype] * want.abs() + 4 * compute_eps * (g_old.abs() + a * (y.abs() + x.abs()))
+            assert bool(((g_new.double() - want).abs() <= tol).all()), (rnd, a)
+
+
+@COMMON
+@given(n=st.integers(1, 8), alpha=st.floats(1e-2, 10.0), seed=st.integers(0, 2 ** 16),
+       backend=st.sampled_from(["reference"] + FUSED), data=st.data())
+def test_after_a_converged_round_dyn_grad_is_the_local_gradient(n, alpha, seed, backend, data):
+    """FedDyn's first-order condition: a round run to convergence ends at the minimiser of
+    L_i(x) - <g_i, x> + alpha/2 ||x - x0||^2, where grad L_i(x) - g_i + alpha (x - x0) = 0, so the
+    updated g_i' = g_i - alpha (x - x0) equals grad L_i(x). Here L_i(x) = sum q/2 (x - b)^2 per
+    coordinate (q in [0.5, 2]); the server moves x0 arbitrarily between rounds."""
+    if not supports(backend, torch.float64):
+        return
+    gen = torch.Generator().manual_seed(seed)
+    q = 0.5 + 1.5 * torch.rand(n, generator=gen, dtype=torch.float64)
+    b = torch.randn(n, generator=gen, dtype=torch.float64)
+    x = torch.nn.Parameter(torch.randn(n, generator=gen, dtype=torch.float64))
+    # gradient descent on a curvature in [q + alpha]: lr = 1 / (max q + alpha) contracts by at most
+    # 1 - (0.5 + alpha) / (2 + alpha) <= 0.75 per step, so 150 steps reach 1e-18 of the start
+    opt = FedDyn([x], lr=1.0 / (float(q.max()) + alpha), alpha=alpha, backend=backend)
+    momentum_free_steps = 150
+    for rnd in range(3):
+        with torch.no_grad():
+            x.add_(data.draw(st.floats(-2.0, 2.0), label="server move"))
+        opt.start_round()
+        for _ in range(momentum_free_steps):
+            x.grad = q * (x.detach() - b)
+            opt.step()
+        opt.end_round()
+        grad = q * (x.detach() - b)
+        torch.testing.assert_close(opt.dyn_grad()[0], grad, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------- state_dict mid-training
+def _resume(backend_before: str, backend_after: str, dtype: torch.dtype, at_step: int):
+    """Rounds 0-1, then round 2 up to ``at_step`` steps; save (torch.save / weights_only load);
+    continue in a fresh optimizer on fresh parameters to the end of round 3."""
+    cfg = config(CATALOGUE_FULL)
+    params = make_params("odd", dtype, 0)
+    opt = cfg.build(params, backend_before)
+    drive(opt, params, "odd", range(2), 3)
+    if at_step:
+        opt.start_round()
+        for step in range(at_step):
+            for p, g in zip(params, make_grads(params, "odd", 2 * 3 + step, 0)):
+                p.grad = g
+            opt.step()
+    buf = io.BytesIO()
+    torch.save({"params": [p.detach() for p in params], "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    fresh = make_params("odd", dtype, 99)
+    with torch.no_grad():
+        for p, v in zip(fresh, saved["params"]):
+            p.copy_(v)
+    opt2 = cfg.build(fresh, backend_after)
+    opt2.load_state_dict(saved["opt"])
+    drive(opt2, fresh, "odd", range(2, 4), 3, first_step=at_step)
+    return RunResult([p.detach().clone() for p in fresh], _state(opt2, fresh), opt2)
+
+
+@pytest.mark.parametrize("at_step", [0, 2], ids=["between_rounds", "mid_round"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+def test_state_dict_resume_is_bitwise_on_reference(dtype, at_step):
+    full = run(CATALOGUE_FULL, "odd", dtype, "reference", rounds=4)
+    rest = _resume("reference", "reference", dtype, at_step)
+    for a, b in zip(full.params + [t for s in full.state for t in s.values()],
+                    rest.params + [t for s in rest.state for t in s.values()]):
+        assert torch.equal(a, b)
+    assert [sorted(s) for s in full.state] == [sorted(s) for s in rest.state]
+
+
+@pytest.mark.parametrize("at_step", [0, 2], ids=["between_rounds", "mid_round"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("backend", FUSED)
+def test_state_dict_loads_across_backends(backend, dtype, at_step):
+    full = run(CATALOGUE_FULL, "odd", dtype, "reference", rounds=4)
+    for first, second in (("reference", backend), (backend, "reference")):
+        assert_close_runs(full, _resume(first, second, dtype, at_step), dtype, what=f"{first}->{second}")
+
+
+# ---------------------------------------------------------------- client-batched form
+C, B_ROUNDS, B_STEPS = 3, 3, 3
+B_SHAPES = [(4, 3), (7,), (2, 3, 2), (0,), (33,)]
+SCALE = [1.0, 0.5, 2.0]
+# per round, per step: which clients step; client 1 sits out all of round 1 (keeps its g_i)
+ACTIVE = [[[True] * C, [True, False, True], [False, False, True]],
+          [[True, False, True], [True, False, False], [True, False, True]],
+          [[True] * C, [True] * C, [False, True, True]]]
+
+
+def _client_grad(step, c, p):
+    g = torch.Generator().manual_seed(1000 + 10 * step + c)
+    return torch.randn(p.shape, generator=g).to(p.dtype)
+
+
+def _per_client(cfg, init, c):
+    params = [torch.nn.Parameter(t.clone()) for t in init[c]]
+    opt = cfg.build(params, "reference")
+    base = [g["lr"] for g in opt.param_groups]
+    for rnd in range(B_ROUNDS):
+        opt.start_round()
+        for group, lr in zip(opt.param_groups, base):
+            group["lr"] = lr * SCALE[c]
+        for k in range(B_STEPS):
+            if ACTIVE[rnd][k][c]:
+                for p in params:
+                    p.grad = _client_grad(rnd * B_STEPS + k, c, p)
+                opt.step()
+        opt.end_round()
+    return params, opt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("option", list(CATALOGUE_OPTIONS))
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_each_batched_client_matches_the_per_client_optimizer(backend, option, dtype):
+    _skip_unless(backend)
+    cfg = config(option)
+    gen = torch.Generator().manual_seed(0)
+    init = [[torch.randn(s, generator=gen).to(dtype) for s in B_SHAPES] for _ in range(C)]
+    stacked = [torch.nn.Parameter(torch.stack([init[c][i] for c in range(C)])) for i in range(len(B_SHAPES))]
+    opt = BatchedFedDyn(cfg.param_groups(stacked), backend=backend, **cfg.kwargs)
+    for rnd in range(B_ROUNDS):
+        opt.start_round(lr_scale=SCALE)
+        for k in range(B_STEPS):
+            for p in stacked:
+                p.grad = torch.stack([_client_grad(rnd * B_STEPS + k, c, p[c]) for c in range(C)])
+            opt.step(active=torch.tensor(ACTIVE[rnd][k]))
+        opt.end_round()
+    rtol, atol = TOLERANCE[dtype]
+    for c in range(C):
+        ref, ref_opt = _per_client(cfg, init, c)
+        for i, (a, b) in enumerate(zip(ref, stacked)):
+            got = [b.detach()[c]] + [opt.state[b][key][c] for key in sorted(ref_opt.state[a])]
+            want = [a.detach()] + [ref_opt.state[a][key] for key in sorted(ref_opt.state[a])]
+            assert sorted(opt.state[b]) == sorted(ref_opt.state[a])
+            for u, v in zip(got, want):
+                if backend == "reference":
+                    assert torch.equal(u, v), (c, i)
+                else:
+                    torch.testing.assert_close(u, v, rtol=rtol, atol=atol)
+        for u, v in zip(opt.dyn_grad(), ref_opt.dyn_grad()):
+            torch.testing.assert_close(u[c], v, rtol=rtol, atol=atol)
+    assert opt.current_lr_factor() == [opt.schedule.factor(k) for k in opt.round_step]
+    assert opt.round_step == [sum(ACTIVE[-1][k][c] for k in range(B_STEPS)) for c in range(C)]
+
+
+def test_batched_end_round_is_refused_twice_and_a_client_without_steps_keeps_its_dyn_grad():
+    p = torch.nn.Parameter(torch.randn(2, 5))
+    opt = BatchedFedDyn([p], lr=0.1, alpha=0.3)
+    opt.start_round()
+    p.grad = torch.ones(2, 5)
+    opt.step()
+    opt.end_round()
+    kept = opt.dyn_grad()[0].clone()
+    with pytest.raises(RuntimeError, match="already called"):
+        opt.end_round()
+    opt.start_round()
+    opt.step(active=torch.tensor([True, False]))
+    opt.end_round()
+    now = opt.dyn_grad()[0]
+    assert torch.equal(now[1], kept[1]) and not torch.equal(now[0], kept[0])
+
+
+# ---------------------------------------------------------------- the server rule
+def _server_f64(x, h, deltas, alpha, m):
+    total = [sum(d[j].double() for d in deltas) for j in range(len(x))]
+    h2 = [h[j].double() - alpha / m * total[j] for j in range(len(x))]
+    return [x[j].double() + total[j] / len(deltas) - h2[j] / alpha for j in range(len(x))], h2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=DTYPE_IDS.get)
+def test_server_step_matches_the_float64_rule_over_rounds(dtype):
+    gen = torch.Generator().manual_seed(5)
+    shapes, m, alpha = [(3, 4), (5,), ()], 5, 0.3
+    x = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    h = [torch.zeros(s, dtype=dtype) for s in shapes]
+    for clients in ([0, 1, 2], [1, 3], [0, 2, 3, 4]):  # a different set of replies each round
+        deltas = [[torch.randn(s, generator=gen).to(dtype) for s in shapes] for _ in clients]
+        before = [t.clone() for t in x + h + [t for d in deltas for t in d]]
+        want_x, want_h = _server_f64(x, h, deltas, alpha, m)
+        new_x, new_h = feddyn_server_step(x, h, deltas, alpha, m)
+        for a, b in zip(before, x + h + [t for d in deltas for t in d]):
+            assert torch.equal(a, b)  # nothing modified in place
+        eps = EPS[dtype]
+        for got, want, t in zip(new_x + new_h, want_x + want_h, x + h):
+            # a few roundings of terms of size |x|, |h| / alpha and the deltas' sum (<= 10 here)
+            scale = float(t.double().abs().max()) + float(want.abs().max()) / alpha + 10.0
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=16 * eps * scale)
+        x, h = new_x, new_h
+    assert float(h[0].abs().max()) > 0.01
+
+
+def test_server_step_sums_clients_in_the_given_order_bitwise():
+    gen = torch.Generator().manual_seed(6)
+    x = [torch.randn(1000, generator=gen)]
+    h = [torch.randn(1000, generator=gen)]
+    deltas = [[torch.randn(1000, generator=gen) * 10 ** k] for k in range(-3, 4)]
+    a = feddyn_server_step(x, h, deltas, 0.1, 10)
+    b = feddyn_server_step(x, h, deltas, 0.1, 10)
+    assert all(torch.equal(u, v) for u, v in zip(a[0] + a[1], b[0] + b[1]))
+
+
+def test_server_step_bad_input():
+    x, h = [torch.zeros(3), torch.zeros(2)], [torch.zeros(3), torch.zeros(2)]
+    d = [[torch.ones(3), torch.ones(2)]]
+    with pytest.raises(ValueError, match="deltas is empty"):
+        feddyn_server_step(x, h, [], 0.1, 4)
+    with pytest.raises(ValueError, match=r"deltas\[0\]\[1\]"):
+        feddyn_server_step(x, h, [[torch.ones(3), torch.ones(3)]], 0.1, 4)
+    with pytest.raises(ValueError, match="h"):
+        feddyn_server_step(x, h[:1], d, 0.1, 4)
+    for alpha in (0.0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="alpha"):
+            feddyn_server_step(x, h, d, alpha, 4)
+    for m in (0, 1.5, True):
+        with pytest.raises(ValueError, match="num_clients"):
+            feddyn_server_step(x, h, d + d, 0.1, m)
+    with pytest.raises(ValueError, match="num_clients"):
+        feddyn_server_step(x, h, d + d, 0.1, 1)  # fewer clients in the federation than replies
+
+
+def _federate(kind: str, rounds: int, sample, K: int = 30, lr: float = 0.1, alpha: float = 1.0):
+    """Clients with L_i(x) = sum q_i/2 (x - b_i)^2 (heterogeneous curvature), K local GD steps per
+    round, FedDyn (this module's client and server) or FedAvg (FedDecaySGD with beta=1, plain average)."""
+    gen = torch.Generator().manual_seed(0)
+    m, n = 4, 6
+    Q = 0.5 + 3.5 * torch.rand(m, n, generator=gen, dtype=torch.float64)
+    B = 2 * torch.randn(m, n, generator=gen, dtype=torch.float64)
+    x_star = (Q * B).sum(0) / Q.sum(0)  # the global minimiser of sum_i L_i
+    x, h = torch.zeros(n, dtype=torch.float64), [torch.zeros(n, dtype=torch.float64)]
+    clients = [torch.nn.Parameter(torch.zeros(n, dtype=torch.float64)) for _ in range(m)]
+    opts = [FedDyn([w], lr=lr, alpha=alpha, backend="reference") if kind == "feddyn"
+            else FedDecaySGD([w], lr=lr, beta=1.0, backend="reference") for w in clients]
+    for rnd in range(rounds):
+        deltas = []
+        for i in sample(rnd, m):
+            with torch.no_grad():
+                clients[i].copy_(x)
+            opts[i].start_round()
+            for _ in range(K):
+                clients[i].grad = Q[i] * (clients[i].detach() - B[i])
+                opts[i].step()
+            if kind == "feddyn":
+                opts[i].end_round()
+            deltas.append([clients[i].detach() - x])
+        if kind == "feddyn":
+            (x,), h = feddyn_server_step([x], h, deltas, alpha, m)
+        else:
+            (x,) = weighted_average_step([x], deltas, [1.0] * len(deltas), 1.0)
+    return float((x - x_star).norm()), float(x_star.norm())
+
+
+@pytest.mark.parametrize("participation", ["full", "half"])
+def test_feddyn_reaches_the_global_minimiser_where_fedavg_does_not(participation):
+    """FedDyn's claim on a heterogeneous quadratic (|x*| = 3.5). Seen here (float64, reference backend,
+    30 rounds): FedAvg sits at its biased fixed point 0.83 from the minimiser with full participation
+    (1.9 with two of four clients per round, where it follows the sampled clients); FedDyn is 3.3e-5
+    away (full; ~17x closer every 10 rounds) and 1.3e-2 (half). The run is seeded float64 arithmetic,
+    so the bounds only need to separate the two: FedAvg > 0.35, FedDyn < 3.5e-3 (full) / 0.18 (half)."""
+    sample = (lambda rnd, m: range(m)) if participation == "full" else (lambda rnd, m: [rnd % m, (rnd + 1) % m])
+    dyn, norm = _federate("feddyn", 30, sample)
+    avg, _ = _federate("fedavg", 30, sample)
+    assert avg > 0.1 * norm, avg
+    assert dyn < (1e-3 if participation == "full" else 0.05) * norm, dyn
