@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ._base import _ROUND_KEY, check_number
+from ._base import _ROUND_KEY, _check_tensor_list, check_number
 from ._ops import BATCHED
 from ._sgd import SGDFamily
 from .batched._client_batched import ClientBatched
@@ -48,7 +48,7 @@ class FedDyn(FedDecaySGD):
 
     ``x0`` is taken at every ``start_round()``; ``g_i`` persists across rounds and is part of the
     ``state_dict`` (as ``-g_i``, key ``"dyn_correction"``, in the parameter's dtype);
-    ``dyn_grad()`` returns it. The server rule is ``feddyn_server_step``. FedDyn's own terms take
+    ``dyn_grad()`` returns it and ``start_round(dyn_grad=...)`` sets it. The server rule is ``feddyn_server_step``. FedDyn's own terms take
     the places of FedProx and SCAFFOLD: ``prox_mu`` and ``start_round(correction=...)`` are refused.
 
     Args:
@@ -94,18 +94,37 @@ class FedDyn(FedDecaySGD):
     def start_round(self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None,
                     **inputs: Any) -> None:
         """Begin local training on a freshly received global model: ``x0 = x`` for every parameter,
-        the step counter to 0, momentum buffers cleared unless ``reset_state=False``; ``g_i`` is kept."""
+        the step counter to 0, momentum buffers cleared unless ``reset_state=False``.
+
+        ``g_i`` is kept from the previous round, unless ``dyn_grad=[...]`` (one tensor per parameter
+        in param-group order, e.g. what ``dyn_grad()`` returned) gives the client's ``g_i``: a client
+        whose optimizer does not live across rounds hands its state back this way.
+        """
         if correction is not None:
             raise TypeError("FedDyn.start_round() takes no correction: FedDyn's own -g_i term takes SCAFFOLD's "
                             "place (its g_i is kept by the optimizer and updated by end_round())")
         super().start_round(reset_state=reset_state, **inputs)
 
+    def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
+        given = inputs.pop("dyn_grad", None)
+        super()._check_round_inputs(inputs)
+        if given is not None:
+            given = _check_tensor_list("dyn_grad", given, self._params_flat, self._name_of)
+            for i, t in enumerate(given):
+                if not t.is_floating_point():
+                    raise TypeError(f"dyn_grad entry for {self._name_of(i)} has dtype {t.dtype}; it must be floating point")
+        return {"dyn_grad": given}
+
     def _apply_round_inputs(self, inputs: Dict[str, Any]) -> None:
         super()._apply_round_inputs(inputs)
-        for p in self._params_flat:
+        given = inputs.get("dyn_grad")
+        for i, p in enumerate(self._params_flat):
             st = self.state[p]
             st["x0"] = p.detach().clone(memory_format=torch.preserve_format)
-            if _NEG_G not in st:
+            if given is not None:  # stored negated (exact) in the parameter's dtype
+                neg = torch.empty_like(p, memory_format=torch.preserve_format)
+                st[_NEG_G] = neg.copy_(given[i].detach()).neg_()
+            elif _NEG_G not in st:
                 st[_NEG_G] = torch.zeros_like(p, memory_format=torch.preserve_format)
         self._round_ended = False
 

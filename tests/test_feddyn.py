@@ -180,6 +180,58 @@ def test_alpha_edit_in_the_group_takes_effect():
     assert torch.equal(a, b) and torch.equal(opts[0].dyn_grad()[0], opts[1].dyn_grad()[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("backend", ["reference"] + FUSED)
+def test_a_client_rebuilt_every_round_with_its_dyn_grad_matches_a_kept_optimizer(backend, dtype):
+    """start_round(dyn_grad=...) hands g_i to a fresh optimizer (a client without a live optimizer
+    between rounds): bit for bit the run of one optimizer kept across rounds."""
+    _skip_unless(backend)
+    cfg = config("groups")
+    kept = make_params("odd", dtype, 2)
+    opt = cfg.build(kept, backend)
+    drive(opt, kept, "odd", range(3), 2)
+    fresh = make_params("odd", dtype, 2)
+    g_i = None
+    for rnd in range(3):
+        o = cfg.build(fresh, backend)
+        o.start_round(**({} if g_i is None else {"dyn_grad": g_i}))
+        for step in range(2):
+            for p, g in zip(fresh, make_grads(fresh, "odd", rnd * 2 + step, 0)):
+                p.grad = g
+            o.step()
+        o.end_round()
+        g_i = o.dyn_grad()
+    for a, b in zip(kept, fresh):
+        assert torch.equal(a, b)
+    for a, b in zip(opt.dyn_grad(), g_i):
+        assert torch.equal(a, b)
+    assert any(float(g.abs().max()) > 0 for g in g_i)
+
+
+def test_bad_dyn_grad_is_refused_naming_it_and_changes_nothing():
+    params = [torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2, 2))]
+    opt = FedDyn(params, lr=0.1, alpha=0.2, momentum=0.9)
+    drive(opt, params, "odd", range(1), 2)
+    opt.start_round()
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    saved = _snapshot(opt, params)
+    for bad, exc in (([torch.zeros(3)], ValueError), ([torch.zeros(3), torch.zeros(4)], ValueError),
+                     (torch.zeros(3), TypeError), ([torch.zeros(3), "x"], TypeError),
+                     ([torch.zeros(3, dtype=torch.int64), torch.zeros(2, 2)], TypeError)):
+        with pytest.raises(exc, match="dyn_grad"):
+            opt.start_round(dyn_grad=bad)
+        _assert_unchanged(saved, opt, params)
+    with pytest.raises(TypeError, match="unexpected"):
+        opt.start_round(global_control=[torch.zeros(3), torch.zeros(2, 2)])
+    _assert_unchanged(saved, opt, params)
+    given = [torch.full((3,), 0.5, dtype=torch.float64), torch.full((2, 2), -2.0)]
+    opt.start_round(dyn_grad=given)  # any floating dtype, stored in the parameter's
+    assert [g.dtype for g in opt.dyn_grad()] == [torch.float32] * 2
+    assert all(torch.equal(a, b.float()) for a, b in zip(opt.dyn_grad(), given))
+
+
 # ---------------------------------------------------------------- end_round semantics
 def test_end_round_before_start_round_and_twice_are_refused_and_change_nothing():
     p = torch.nn.Parameter(torch.randn(5))
@@ -549,6 +601,21 @@ def test_batched_end_round_is_refused_twice_and_a_client_without_steps_keeps_its
     opt.end_round()
     now = opt.dyn_grad()[0]
     assert torch.equal(now[1], kept[1]) and not torch.equal(now[0], kept[0])
+
+
+def test_batched_start_round_takes_every_clients_dyn_grad():
+    p = torch.nn.Parameter(torch.randn(3, 4))
+    opt = BatchedFedDyn([p], lr=0.1, alpha=0.3)
+    given = torch.randn(3, 4)
+    opt.start_round(dyn_grad=[given])
+    assert torch.equal(opt.dyn_grad()[0], given)
+    p.grad = torch.randn(3, 4)
+    x = p.detach().clone()
+    opt.step()
+    # d = g - g_i + alpha * 0 on the first step
+    torch.testing.assert_close(p.detach(), x - 0.1 * (p.grad - given))
+    with pytest.raises(ValueError, match="dyn_grad"):
+        opt.start_round(dyn_grad=[given[0]])
 
 
 # ---------------------------------------------------------------- the server rule
