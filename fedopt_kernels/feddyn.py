@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ._base import _ROUND_KEY, _check_tensor_list, check_number
+from ._base import _ROUND_KEY, _check_tensor_list, _round_entry, check_number
 from ._ops import BATCHED
 from ._sgd import SGDFamily
 from .batched._client_batched import ClientBatched
@@ -48,8 +48,9 @@ class FedDyn(FedDecaySGD):
 
     ``x0`` is taken at every ``start_round()``; ``g_i`` persists across rounds and is part of the
     ``state_dict`` (as ``-g_i``, key ``"dyn_correction"``, in the parameter's dtype);
-    ``dyn_grad()`` returns it and ``start_round(dyn_grad=...)`` sets it. The server rule is ``feddyn_server_step``. FedDyn's own terms take
-    the places of FedProx and SCAFFOLD: ``prox_mu`` and ``start_round(correction=...)`` are refused.
+    ``dyn_grad()`` returns it and ``start_round(dyn_grad=...)`` sets it. The server rule is
+    ``feddyn_server_step``. FedDyn's own terms take the places of FedProx and SCAFFOLD: ``prox_mu``
+    and ``start_round(correction=...)`` are refused.
 
     Args:
         params: parameters or param groups.
@@ -189,8 +190,7 @@ class FedDyn(FedDecaySGD):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        rnd = state_dict.get(_ROUND_KEY) or state_dict["param_groups"][0].get(_ROUND_KEY, {})
-        self._round_ended = bool(rnd.get("round_ended", False))
+        self._round_ended = bool(_round_entry(state_dict).get("round_ended", False))
 
 
 class BatchedFedDyn(ClientBatched, FedDyn):

@@ -551,9 +551,12 @@ def _per_client(cfg, init, c):
     return params, opt
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
-@pytest.mark.parametrize("option", list(CATALOGUE_OPTIONS))
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+BATCHED_CASES = [(b, o, d) for b in ("reference", "cpu") for o in CATALOGUE_OPTIONS
+                 for d in (torch.float32, torch.bfloat16)] + \
+                [("triton", o, torch.float32) for o in (CATALOGUE_FULL, "groups")]  # interpreted: a subset
+
+
+@pytest.mark.parametrize("backend,option,dtype", BATCHED_CASES)
 def test_each_batched_client_matches_the_per_client_optimizer(backend, option, dtype):
     _skip_unless(backend)
     cfg = config(option)
