@@ -40,14 +40,16 @@ def drive(opt, params, shape_set: str, rounds, steps: int, seed: int = 0, first_
             opt.start_round()
         for step in range(first_step if i == 0 else 0, steps):
             for p, g in zip(params, make_grads(params, shape_set, rnd * steps + step, seed)):
-                p.grad = g
+                p.grad = None if g is None else g.to(p.device)
             opt.step()
         opt.end_round()
 
 
 def run(option: str, shape_set: str, dtype: torch.dtype, backend: str, rounds: int = 3, steps: int = 3,
-        seed: int = 0) -> RunResult:
+        seed: int = 0, device: str = "cpu") -> RunResult:
     params = make_params(shape_set, dtype, seed)
+    if device != "cpu":
+        params = [torch.nn.Parameter(p.detach().to(device)) for p in params]
     opt = config(option).build(params, backend)
     drive(opt, params, shape_set, range(rounds), steps, seed)
     return RunResult([p.detach().clone() for p in params], _state(opt, params), opt)
@@ -436,8 +438,11 @@ def test_end_round_is_the_dyn_grad_rule(shapes, dtype, alphas, momentum, seed, b
         for g_old, a, x, y, g_new in zip(gi, alpha_of, x0, ordered, opt.dyn_grad()):
             y = y.detach().double()
             want = g_old - a * (y - x)
-            # one rounding to the state dtype, and a few float32 roundings of each term
-            tol = EPS[dtype] * want.abs() + 4 * compute_eps * (g_old.abs() + a * (y.abs() + x.abs()))
+            # one rounding to the state dtype (absolute below its smallest normal: subnormal spacing),
+            # and a few float32 roundings of each term
+            info = torch.finfo(dtype)
+            tol = EPS[dtype] * want.abs() + info.smallest_normal * info.eps \
+                + 4 * compute_eps * (g_old.abs() + a * (y.abs() + x.abs()))
             assert bool(((g_new.double() - want).abs() <= tol).all()), (rnd, a)
 
 
@@ -722,3 +727,41 @@ def test_feddyn_reaches_the_global_minimiser_where_fedavg_does_not(participation
     avg, _ = _federate("fedavg", 30, sample)
     assert avg > 0.1 * norm, avg
     assert dyn < (1e-3 if participation == "full" else 0.05) * norm, dyn
+
+
+# ---------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_gpu_backends_match_reference(backend, dtype):
+    why = backend_skip_reason(backend, "cuda")
+    if why is not None:
+        pytest.skip(why)
+    ref = run(CATALOGUE_FULL, "noncontig", dtype, "reference", device="cuda")
+    got = run(CATALOGUE_FULL, "noncontig", dtype, backend, device="cuda")
+    assert_close_runs(ref, got, dtype, what=f"{backend}/cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_gpu_steps_and_end_round_never_synchronise_with_the_host(backend):
+    why = backend_skip_reason(backend, "cuda")
+    if why is not None:
+        pytest.skip(why)
+    params = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in ((64, 33), (7,), (1000,))]
+    opt = FedDyn([{"params": params[:2]}, {"params": params[2:], "alpha": 0.5}], lr=0.05, alpha=0.1,
+                 momentum=0.9, backend=backend)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.start_round()
+    opt.step()
+    opt.step()  # state, plan and schedule table exist from here on
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            opt.step()
+        opt.end_round()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
