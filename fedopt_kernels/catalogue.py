@@ -165,9 +165,14 @@ def run(cfg: Config, params: Tensors, backend: str, rounds: int = 2, steps: int 
             for p, g in zip(params, new):
                 p.grad = g
             opt.step(**cfg.step_inputs(ordered, gstep, seed))
-        end_round = getattr(opt, "end_round", None)  # optimizers with per-client state kept across rounds
-        if end_round is not None:
-            end_round()
+        end_round(opt)
     return opt
+
+
+def end_round(opt: torch.optim.Optimizer) -> None:
+    """End the round on an optimizer that updates per-client state after local training (FedDyn)."""
+    finish = getattr(opt, "end_round", None)
+    if finish is not None:
+        finish()
 
 

@@ -127,6 +127,7 @@ def run_case(algo_name: str, option: str, shape_set: str, dtype: torch.dtype, ba
                 res = RunResult([p.detach().clone() for p in params], _state(opt, params), opt)
                 res.state_dict = opt.state_dict()
                 return res
+        catalogue.end_round(opt)
     return RunResult([p.detach().clone() for p in params], _state(opt, params), opt)
 
 

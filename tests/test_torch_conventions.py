@@ -97,6 +97,7 @@ class Case:
                 self.step(opt, params, rnd * steps + k)
                 if between is not None:
                     between(opt, rnd * steps + k)
+            catalogue.end_round(opt)
 
     def __repr__(self) -> str:
         return f"{self.cfg.algo}-{self.cfg.option}-{self.form}-{self.backend}-{self.device}"
