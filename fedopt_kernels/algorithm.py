@@ -175,6 +175,14 @@ class Algorithm:
         return tuple(names)
 
 
+def end_round(opt: Any) -> None:
+    """End the round on an optimizer that updates per-client state after local training (FedDyn's
+    ``end_round``); nothing for the others. Called once per optimizer and round, before its round outputs."""
+    finish = getattr(opt, "end_round", None)
+    if finish is not None:
+        finish()
+
+
 def _given(cfg: Any, name: str) -> bool:
     """Was run setting ``name`` set away from its neutral value (None, 0, or the dataclass default)?"""
     value = getattr(cfg, name, None)

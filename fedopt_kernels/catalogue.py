@@ -165,14 +165,8 @@ def run(cfg: Config, params: Tensors, backend: str, rounds: int = 2, steps: int 
             for p, g in zip(params, new):
                 p.grad = g
             opt.step(**cfg.step_inputs(ordered, gstep, seed))
-        end_round(opt)
+        algorithm.end_round(opt)
     return opt
 
-
-def end_round(opt: torch.optim.Optimizer) -> None:
-    """End the round on an optimizer that updates per-client state after local training (FedDyn)."""
-    finish = getattr(opt, "end_round", None)
-    if finish is not None:
-        finish()
 
 

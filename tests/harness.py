@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from fedopt_kernels import _registry, catalogue
+from fedopt_kernels import _registry, algorithm, catalogue
 
 FUSED_BACKENDS = [b for b in _registry.BACKENDS if b != "reference"]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -127,7 +127,7 @@ def run_case(algo_name: str, option: str, shape_set: str, dtype: torch.dtype, ba
                 res = RunResult([p.detach().clone() for p in params], _state(opt, params), opt)
                 res.state_dict = opt.state_dict()
                 return res
-        catalogue.end_round(opt)
+        algorithm.end_round(opt)
     return RunResult([p.detach().clone() for p in params], _state(opt, params), opt)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 import torch
 
-from fedopt_kernels import _registry, catalogue
+from fedopt_kernels import _registry, algorithm, catalogue
 
 SHAPES = [(4, 3), (5,), (2, 3, 2)]
 C = 2                      # clients of the batched form
@@ -97,7 +97,7 @@ class Case:
                 self.step(opt, params, rnd * steps + k)
                 if between is not None:
                     between(opt, rnd * steps + k)
-            catalogue.end_round(opt)
+            algorithm.end_round(opt)
 
     def __repr__(self) -> str:
         return f"{self.cfg.algo}-{self.cfg.option}-{self.form}-{self.backend}-{self.device}"

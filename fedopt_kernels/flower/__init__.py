@@ -2,9 +2,9 @@
 
 Strategies (server side, ``flwr.serverapp.strategy.Strategy`` subclasses):
 ``FedDecay``, ``FedNLR``, ``FedNAR`` (backbone fedavg / fedprox / scaffold), ``Scaffold``,
-``PAdaMFed`` (and ``variance_reduction=True``), or ``strategy_for(SimConfig(...))`` for any
-``fedopt-sim`` algorithm. Their server math is ``fedopt_kernels.server_rules``, shared with the
-simulator. Client side: ``train_round`` / ``padamfed_init_round`` / ``evaluate_round`` run a
+``PAdaMFed`` (and ``variance_reduction=True``), or ``strategy_for(FLConfig(...))`` for any
+``fedopt-sim`` algorithm (a simulator ``SimConfig`` works too). Their server rules are
+``fedopt_kernels.aggregation``'s, shared with the simulator. Client side: ``train_round`` / ``padamfed_init_round`` / ``evaluate_round`` run a
 round with this package's optimizers from a received message. ``apps`` holds a ready
 ServerApp/ClientApp pair on the simulator's data sets (see ``examples/flower-digits``).
 """
@@ -16,6 +16,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'fedopt_kernels.flower needs Flower (flwr >= 1.42, its Message API; Python >= 3.11); install it with: '
         'pip install "fedopt_kernels[flower]"') from exc
 
+from ..fl_config import FLConfig
 from .averaging import AveragingStrategy, FedDecay, FedNAR, FedNLR, Scaffold
 from .base import ClientResult, FedOptStrategy, Rejection
 from .client import evaluate_round, padamfed_init_round, train_round
@@ -26,5 +27,5 @@ from .records import BadUpdate, from_record, to_record
 __all__ = [
     "AveragingStrategy", "FedDecay", "FedNAR", "FedNLR", "Scaffold", "PAdaMFed", "PAdaMFedStrategy",
     "FedOptStrategy", "ClientResult", "Rejection", "BadUpdate", "INIT_MESSAGE_TYPE", "strategy_for",
-    "train_round", "padamfed_init_round", "evaluate_round", "to_record", "from_record",
+    "train_round", "padamfed_init_round", "evaluate_round", "to_record", "from_record", "FLConfig",
 ]

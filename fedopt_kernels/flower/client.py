@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..aggregation import RULES
+from ..algorithm import end_round
 from ..client_round import ClientOptimizers, loss_and_correct
 from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
 from .settings import read_round_config
@@ -110,6 +111,7 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
 
     out = RecordDict()
     with torch.no_grad():
+        end_round(opt)
         delta = [p.detach() - g for p, g in zip(params, x)]
         out["delta"] = to_record(names, delta)
         new_kept, reply = rule.client_finish(opt, opts.algo, hp, t, K, got, kept, delta)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
 import torch
 
+from ..algorithm import end_round
 from .batched_trainer import BatchedTrainer
 from .client_batches import BatchPool, apply_stage
 from .client_loss import ClientLoss
@@ -44,6 +45,9 @@ class _OneClient:
 
     def __init__(self, opt: Any, c: int, outputs: Dict[str, Sequence[torch.Tensor]]):
         self._opt, self._c, self._outputs = opt, c, outputs
+
+    def end_round(self) -> None:
+        """Nothing: the chunk's optimizer ended the round for every client at once."""
 
     def __getattr__(self, name: str) -> Any:  # param_groups, schedule (SCAFFOLD's lr_sum), round outputs
         if name in self._outputs:
@@ -151,6 +155,7 @@ class BatchedClients:
             active = torch.arange(self.size, device=sim.device) < m
         pad = lambda v: None if v is None else _pad_clients(v, self.size)  # noqa: E731
         total = tr.run(pad(x), pad(batches.y), pad(batches.w), pad(anchor_x), active)
+        end_round(tr.opt)
         outputs = {name: getattr(tr.opt, name)() for name in self.algo.round_outputs}
         updates = []
         params = list(sim.model.parameters())

@@ -15,6 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from ..aggregation import RULES
+from ..algorithm import end_round
 from .clients import Batch
 from ..client_round import ClientOptimizers
 
@@ -139,6 +140,7 @@ class Strategy:
 
     @torch.no_grad()
     def finish(self, cid: int, opt: torch.optim.Optimizer, t: int) -> ClientUpdate:
+        end_round(opt)
         delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params)]
         update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
         new_kept, reply = self.rule.client_finish(opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps,
