@@ -1,7 +1,7 @@
 """fedopt_kernels: fused optimizer kernels for federated learning, as torch.optim classes.
 
 Public names (docs/algorithms.md): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, neuron_lr_scales, FedNAR,
-PAdaMFed, theory_hparams, available_backends.
+PAdaMFed, theory_hparams, FedDyn, available_backends.
 """
 from ._registry import available_backends
 # each algorithm's module registers its descriptor (fedopt_kernels.algorithm) on import, in this order
@@ -9,6 +9,7 @@ from .feddecay import FedDecaySGD, WithinRoundDecay  # noqa: I001
 from .neuron_lr import NeuronLRSGD, neuron_lr_scales
 from .fednar import FedNAR
 from .padamfed import PAdaMFed, theory_hparams
+from .feddyn import FedDyn
 
 __version__ = "0.1.0"
 
@@ -20,5 +21,6 @@ __all__ = [
     "FedNAR",
     "PAdaMFed",
     "theory_hparams",
+    "FedDyn",
     "available_backends",
 ]

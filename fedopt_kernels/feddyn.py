@@ -11,9 +11,12 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import algorithm
 from ._base import _ROUND_KEY, _check_tensor_list, _round_entry, check_number
 from ._ops import BATCHED
-from ._sgd import SGDFamily
+from ._sgd import SGDAlgorithm, SGDFamily
+from .aggregation import ServerRule, register_rule
+from .algorithm import BenchCase, Variant
 from .batched._client_batched import ClientBatched
 from .feddecay import FedDecaySGD
 from .schedules import DecaySchedule, ScheduleLike
@@ -240,16 +243,57 @@ def feddyn_server_step(x: Sequence[torch.Tensor], h: Sequence[torch.Tensor],
     return x_out, h_out
 
 
-# Option sets for the catalogue (fedopt_kernels/catalogue.py's _algo format). Every one uses the
-# x0 and correction roles (alpha * (x - x0) and -g_i); CATALOGUE_FULL adds momentum.
-CATALOGUE_OPTIONS: Dict[str, Dict[str, Any]] = {
-    "plain": dict(lr=0.1, alpha=0.1),
-    "momentum": dict(lr=0.05, alpha=0.3, momentum=0.9, dampening=0.1),
-    "nesterov_wd": dict(lr=0.05, alpha=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
-    "decay_wd": dict(lr=0.1, alpha=0.5, beta=0.7, weight_decay=0.01),
-    "linear_every2": dict(lr=0.1, alpha=0.2, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
-    "groups": dict(lr=0.1, alpha=0.1, momentum=0.9, groups=dict(lr=0.03, alpha=0.5)),
-}
-CATALOGUE_FULL = "momentum"
+class FedDynRule(ServerRule):
+    """FedDyn's server: ``h`` kept by the server, ``g_i`` by each client (``feddyn_server_step``)."""
 
-__all__ = ["FedDyn", "BatchedFedDyn", "feddyn_server_step", "CATALOGUE_OPTIONS", "CATALOGUE_FULL"]
+    name = "feddyn"
+    state = ("h",)
+    keeps = True
+
+    def client_inputs(self, got, kept, x):
+        return {"dyn_grad": kept if kept is not None else [torch.zeros_like(v) for v in x]}
+
+    def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):
+        return opt.dyn_grad(), {}  # the round was ended (end_round) before the client finishes
+
+    def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
+        new_x, h = feddyn_server_step(x, state["h"], deltas, hp["dyn_alpha"], num_clients)
+        return {"x": new_x, "h": h}
+
+
+class _FedDyn(SGDAlgorithm):
+    def hparams(self, cfg, variant):
+        return {**super().hparams(cfg, variant), "dyn_alpha": 0.01 if cfg.dyn_alpha is None else cfg.dyn_alpha}
+
+    def make(self, params, cfg, variant, hp, backend, batched=False):
+        cls = self.batched if batched else self.optimizer
+        return cls(params, lr=hp["lr"], alpha=hp["dyn_alpha"], beta=hp["beta"], schedule=cfg.decay_schedule,
+                   decay_every=cfg.decay_every, momentum=cfg.momentum, weight_decay=cfg.weight_decay, backend=backend)
+
+    def state_copies(self, cfg, variant):
+        return int(cfg.momentum != 0) + 3  # momentum, x0, -g_i and the g_i the run keeps for the client
+
+    def present(self, kwargs, correction, scales):
+        return (("momentum_buffer",) if kwargs.get("momentum", 0) else ()) + ("x0", "correction")
+
+
+register_rule(FedDynRule())
+DESCRIPTOR = algorithm.register(_FedDyn(
+    "feddyn", FedDyn, BatchedFedDyn,
+    title="Federated Learning Based on Dynamic Regularization",
+    settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay", "dyn_alpha"),
+    variants=(Variant("feddyn", "feddyn"),),
+    round_outputs=("dyn_grad",),
+    full="momentum",
+    bench=(BenchCase("feddyn", "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)", "momentum", core=True),),
+    # every option set uses the x0 and correction roles (alpha * (x - x0) and -g_i)
+    options={
+        "plain": dict(lr=0.1, alpha=0.1),
+        "momentum": dict(lr=0.05, alpha=0.3, momentum=0.9, dampening=0.1),
+        "nesterov_wd": dict(lr=0.05, alpha=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+        "decay_wd": dict(lr=0.1, alpha=0.5, beta=0.7, weight_decay=0.01),
+        "linear_every2": dict(lr=0.1, alpha=0.2, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
+        "groups": dict(lr=0.1, alpha=0.1, momentum=0.9, groups=dict(lr=0.03, alpha=0.5)),
+    }))
+
+__all__ = ["FedDyn", "BatchedFedDyn", "feddyn_server_step", "FedDynRule"]

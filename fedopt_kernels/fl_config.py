@@ -80,6 +80,8 @@ class FLConfig:
                                           "algorithms", low_open=True, some=True)
     round_decay: Optional[float] = _setting(None, float, "client lr *= round_decay**t (default 0.998 for FedNAR, "
                                             "else 1)", high=1.0, low_open=True, some=True)
+    dyn_alpha: Optional[float] = _setting(None, float, "FedDyn's regularisation coefficient alpha (default 0.01)",
+                                          low_open=True, some=True)
     nlr_mu0: float = 1.0                     # FedNLR's scale-range constants (neuron_lr_scales)
     nlr_c1: float = 1.0
     nlr_c2: float = 1.0

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from fedopt_kernels import FedDecaySGD, catalogue
-from fedopt_kernels.feddyn import (CATALOGUE_FULL, CATALOGUE_OPTIONS, BatchedFedDyn, FedDyn,
-                                   feddyn_server_step)
+from fedopt_kernels.feddyn import BatchedFedDyn, FedDyn, feddyn_server_step
 from fedopt_kernels.server_rules import weighted_average_step
 
 from backends import supports, usable
@@ -26,11 +25,13 @@ FUSED = [b for b in usable("cpu") if b != "reference"]
 DTYPE_IDS = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+# FedDyn's catalogue option sets (from its descriptor); the full one uses every role
+CATALOGUE_OPTIONS = catalogue.ALGOS["feddyn"].options
+CATALOGUE_FULL = catalogue.ALGOS["feddyn"].full
+
+
 def config(option: str) -> catalogue.Config:
-    """A catalogue configuration from this module's option sets (as catalogue._algo builds them)."""
-    spec = dict(CATALOGUE_OPTIONS[option])
-    groups = spec.pop("groups", None)
-    return catalogue.Config("feddyn", option, FedDyn, spec, groups=groups)
+    return catalogue.config("feddyn", option)
 
 
 def drive(opt, params, shape_set: str, rounds, steps: int, seed: int = 0, first_step: int = 0) -> None:
