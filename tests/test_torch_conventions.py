@@ -30,7 +30,7 @@ class Case:
     def __init__(self, algo: str, option: str, form: str, backend: str, device: str):
         self.cfg = catalogue.config(algo, option)
         self.form, self.backend, self.device = form, backend, device
-        self.cls = self.cfg.cls if form == "client" else catalogue.BATCHED_FORM[self.cfg.cls]
+        self.cls = self.cfg.cls if form == "client" else algorithm.of_optimizer(self.cfg.cls).batched
 
     # ------------------------------------------------------------------ building
     def params(self, seed: int = 0) -> List[torch.nn.Parameter]:
