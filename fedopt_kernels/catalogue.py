@@ -158,6 +158,8 @@ def run(cfg: Config, params: Tensors, backend: str, rounds: int = 2, steps: int 
     opt = cfg.build(params, backend)
     ordered = [p for g in opt.param_groups for p in g["params"]]
     for rnd in range(rounds):
+        if rnd > 0:  # the previous round ends when the next one starts; the last one stays open
+            algorithm.end_round(opt)
         opt.start_round(**cfg.round_inputs(ordered, rnd, seed))
         for step in range(steps):
             gstep = rnd * steps + step
@@ -165,7 +167,6 @@ def run(cfg: Config, params: Tensors, backend: str, rounds: int = 2, steps: int 
             for p, g in zip(params, new):
                 p.grad = g
             opt.step(**cfg.step_inputs(ordered, gstep, seed))
-        algorithm.end_round(opt)
     return opt
 
 

@@ -117,6 +117,8 @@ def run_case(algo_name: str, option: str, shape_set: str, dtype: torch.dtype, ba
     r0, s0 = start_at
     for rnd in range(r0, rounds):
         if not (load_from is not None and rnd == r0 and s0 > 0):
+            if rnd > 0:  # the previous round ends when the next one starts (as catalogue.run)
+                algorithm.end_round(opt)
             opt.start_round(**cfg.round_inputs(ordered, rnd, seed))
         for step in range(s0 if rnd == r0 else 0, steps):
             gstep = rnd * steps + step
@@ -127,7 +129,6 @@ def run_case(algo_name: str, option: str, shape_set: str, dtype: torch.dtype, ba
                 res = RunResult([p.detach().clone() for p in params], _state(opt, params), opt)
                 res.state_dict = opt.state_dict()
                 return res
-        algorithm.end_round(opt)
     return RunResult([p.detach().clone() for p in params], _state(opt, params), opt)
 
 

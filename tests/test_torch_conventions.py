@@ -92,12 +92,13 @@ class Case:
 
     def run(self, opt, params, rounds: int = 2, steps: int = 2, client_inputs: bool = False, between=None) -> None:
         for rnd in range(rounds):
+            if rnd > 0:  # the previous round ends when the next one starts (as catalogue.run)
+                algorithm.end_round(opt)
             self.start_round(opt, rnd, client_inputs)
             for k in range(steps):
                 self.step(opt, params, rnd * steps + k)
                 if between is not None:
                     between(opt, rnd * steps + k)
-            algorithm.end_round(opt)
 
     def __repr__(self) -> str:
         return f"{self.cfg.algo}-{self.cfg.option}-{self.form}-{self.backend}-{self.device}"
