@@ -147,13 +147,17 @@ def _nvcc() -> str:
 
 
 def test_ptxas_reports_no_spills(lib, tmp_path):
+    from fedopt_kernels import _op_header
+
     nvcc = _nvcc()
+    generated = _op_header.write(str(tmp_path / "generated"))  # op_table.h, as the build generates it
 
     def compile_one(job):
         src, arch = job
         # the build's device flags (csrc/build.py); -cubin skips host compilation
         return src, arch, _run([nvcc, "-cubin", "-O3", "--fmad=false", "-std=c++17", f"-arch=sm_{arch}",
-                                "-Xptxas", "-v", "-o", str(tmp_path / f"{src}.{arch}.cubin"), str(CUDA_DIR / src)])
+                                "-Xptxas", "-v", "-I", generated, "-o", str(tmp_path / f"{src}.{arch}.cubin"),
+                                str(CUDA_DIR / src)])
 
     jobs = [(f, a) for f in KERNEL_FILES for a in ARCHS]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:

@@ -28,10 +28,13 @@ def _compiler() -> str:
 
 
 def test_scalar_and_vector_paths_sum_in_one_order(tmp_path):
+    from fedopt_kernels import _op_header
+
     exe = tmp_path / "chunk_order"
+    generated = _op_header.write(str(tmp_path / "generated"))  # op_table.h, as the build generates it
     # -ffp-contract=off: no FMA contraction, as the CUDA build's --fmad=false
     build = subprocess.run([_compiler(), "-std=c++17", "-O1", "-ffp-contract=off", "-Wno-unknown-pragmas",
-                            "-I", str(HOST / "include"), "-I", str(ROOT / "csrc" / "cuda"),
+                            "-I", str(HOST / "include"), "-I", str(ROOT / "csrc" / "cuda"), "-I", generated,
                             str(HOST / "chunk_order.cpp"), "-o", str(exe)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)

@@ -5,6 +5,7 @@
 
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
+#include "two_pass_op.cuh"
 #include "vec_io.cuh"
 
 namespace fo {
@@ -21,16 +22,7 @@ __device__ __forceinline__ A nar_direction(int f, A inv, A wd, A mu, A x, A g, A
   return d;
 }
 
-struct NarOp {
-  using TableT = Table<fednar_slot::COUNT, 60, 16>;
-  using Hp = FedNarHp;
-  static constexpr bool kStateSlot[fednar_slot::COUNT] = {false, false, false, false};
-
-  __device__ static Hp hp_of(const double* row, int32_t present, bool unscale, double inv) {
-    return fednar_hp_of(row, present, unscale, inv);
-  }
-  __device__ static double scale(double norm, const Hp& hp, bool norm_f64) { return fednar_scale(norm, hp, norm_f64); }
-
+struct NarOp : TwoPassOp<spec::fednar, FedNarHp, 60> {
   template <class T, bool kUpdate, bool kVector>
   __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
     using A = acc_t<T>;

@@ -6,6 +6,7 @@
 
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
+#include "two_pass_op.cuh"
 #include "vec_io.cuh"
 
 namespace fo {
@@ -16,17 +17,8 @@ __device__ __forceinline__ A pad_direction(bool vr, A beta, A omb, A g, A D, A h
   return vr ? (g + D) - omb * h : beta * g + D;
 }
 
-struct PadOp {
-  using TableT = Table<padamfed_slot::COUNT, 52, 16>;
-  using Hp = PAdamHp;
-  // D and acc are state-typed: float32, float64 for float64 params
-  static constexpr bool kStateSlot[padamfed_slot::COUNT] = {false, false, true, true, false};
-
-  __device__ static Hp hp_of(const double* row, int32_t present, bool unscale, double inv) {
-    return padamfed_hp_of(row, present, unscale, inv);
-  }
-  __device__ static double scale(double norm, const Hp& hp, bool norm_f64) { return padamfed_scale(norm, hp, norm_f64); }
-
+// D and acc are state-typed (op_table.h): float32, float64 for float64 params
+struct PadOp : TwoPassOp<spec::padamfed, PAdamHp, 52> {
   // pass 1 reads G, D, acc, H and writes acc; pass 2 reads G, D, x, H and writes x
   template <class T, bool kUpdate, bool kVector>
   __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
