@@ -35,43 +35,34 @@ struct NarOp : TwoPassOp<spec::fednar, FedNarHp, 60> {
     if (X0) X0 += w.begin;
     if (C) C += w.begin;
     double sq = 0.0;
-
-    const int nvec = w.n / kVec;  // the same split with and without vector accesses (norm_chunk.cuh)
-    for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
+    struct Regs {
       A x[kIlp][kVec], g[kIlp][kVec], c[kIlp][kVec], x0[kIlp][kVec];
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int v = v0 + u * kBlock;
-        if (v < nvec) {
-          const int j = v * kVec;
-          load4_any<kVector>(X + j, x[u]);
-          load4_any<kVector>(G + j, g[u]);
-          if (f & kNarCorrection) load4_any<kVector>(C + j, c[u]);
-          if (f & kNarProx) load4_any<kVector>(X0 + j, x0[u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int v = v0 + u * kBlock;
-        if (v < nvec) {
+    };
+    walk_chunk<Regs>(
+        w.n,
+        [&](Regs& r, int u, int j) {
+          load4_any<kVector>(X + j, r.x[u]);
+          load4_any<kVector>(G + j, r.g[u]);
+          if (f & kNarCorrection) load4_any<kVector>(C + j, r.c[u]);
+          if (f & kNarProx) load4_any<kVector>(X0 + j, r.x0[u]);
+        },
+        [&](Regs& r, int u, int j) {
 #pragma unroll
           for (int q = 0; q < kVec; ++q) {
-            const A d = nar_direction(f, inv, wd, mu, x[u][q], g[u][q], c[u][q], x0[u][q]);
-            if (kUpdate) x[u][q] = x[u][q] - scale * d;
+            const A d = nar_direction(f, inv, wd, mu, r.x[u][q], r.g[u][q], r.c[u][q], r.x0[u][q]);
+            if (kUpdate) r.x[u][q] = r.x[u][q] - scale * d;
             else sq += static_cast<double>(d) * static_cast<double>(d);
           }
-          if (kUpdate) store4_any<kVector>(X + v * kVec, x[u]);
-        }
-      }
-    }
-    for (int j = nvec * kVec + threadIdx.x; j < w.n; j += kBlock) {
-      const A x = load1(X + j);
-      const A c = (f & kNarCorrection) ? load1(C + j) : A(0);
-      const A x0 = (f & kNarProx) ? load1(X0 + j) : A(0);
-      const A d = nar_direction(f, inv, wd, mu, x, load1(G + j), c, x0);
-      if (kUpdate) store1(X + j, x - scale * d);
-      else sq += static_cast<double>(d) * static_cast<double>(d);
-    }
+          if (kUpdate) store4_any<kVector>(X + j, r.x[u]);
+        },
+        [&](int j) {
+          const A x = load1(X + j);
+          const A c = (f & kNarCorrection) ? load1(C + j) : A(0);
+          const A x0 = (f & kNarProx) ? load1(X0 + j) : A(0);
+          const A d = nar_direction(f, inv, wd, mu, x, load1(G + j), c, x0);
+          if (kUpdate) store1(X + j, x - scale * d);
+          else sq += static_cast<double>(d) * static_cast<double>(d);
+        });
     return sq;
   }
 };
