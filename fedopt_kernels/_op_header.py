@@ -10,7 +10,7 @@ holds:
 * ``<op>_bit::<SHORT>``: each optional role's bit of a batch's ``present`` mask;
 * ``<op>_hp::<NAME>``: each hp column, ``<op>_hp::COUNT``;
 * ``spec::<op>``: names (the op's and its batched form's), role table (name, state-typed, written,
-  per-row), hp names, ``kNorm`` / ``kSchedule``;
+  per-row, present bit), hp names, ``kNorm`` / ``kSchedule``;
 
 and, for all ops, ``kFreshBit`` (``_ops.FRESH``), ``kMaxSlots`` and ``FO_FOR_EACH_OP(X)``, which
 expands ``X(<op>)`` once per per-client op.
@@ -65,8 +65,9 @@ def _op_block(spec: OpSpec, batched_name: str) -> List[str]:
         if len(set(names)) != len(names):
             raise ValueError(f"{op}: {what} collide in C++: {names}")
     opt = slots[2:]
-    roles = ",\n      ".join(f'{{"{r.name}", {_bool(r.state_typed)}, {_bool(r.written)}, {_bool(r.per_row)}}}'
-                             for r in spec.roles)
+    bits = [0, 0] + [spec.bit(r.name) for r in spec.optional]
+    roles = ",\n      ".join(f'{{"{r.name}", {_bool(r.state_typed)}, {_bool(r.written)}, {_bool(r.per_row)}, {b}}}'
+                             for r, b in zip(spec.roles, bits))
     hp_names = ", ".join(f'"{h}"' for h in spec.hps)
     state = ", ".join(_bool(r.state_typed) for r in spec.roles)
     lines = [
@@ -120,6 +121,7 @@ def render(ops: Optional[Mapping[str, OpSpec]] = None, fresh: int = FRESH) -> st
         "  bool state_typed;  // float32 storage (float64 for float64 parameters), not the parameter's dtype",
         "  bool written;      // the op stores into it",
         "  bool per_row;      // one value per output unit ([shape[0]]), not one per element",
+        "  int32_t bit;       // its bit of a batch's `present` mask (optional roles); 0: every batch has it",
         "};",
         "",
         "// bit of sgd_batched's present mask: the round started with fresh momentum buffers (_ops.FRESH)",

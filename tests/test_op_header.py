@@ -33,8 +33,8 @@ PRINTER = r"""
 using namespace fo;
 template <class S> void roles() {
   for (int i = 0; i < S::kSlots; ++i)
-    std::printf("%s role %d %s %d %d %d %d\n", S::kName, i, S::kRoles[i].name, S::kRoles[i].state_typed,
-                S::kRoles[i].written, S::kRoles[i].per_row, S::kStateSlot[i]);
+    std::printf("%s role %d %s %d %d %d %d %d\n", S::kName, i, S::kRoles[i].name, S::kRoles[i].state_typed,
+                S::kRoles[i].written, S::kRoles[i].per_row, static_cast<int>(S::kRoles[i].bit), S::kStateSlot[i]);
   for (int i = 0; i < S::kHps; ++i) std::printf("%s hp %d %s\n", S::kName, i, S::kHpNames[i]);
   std::printf("%s flags %s %d %d\n", S::kName, S::kBatchedName, S::kNorm, S::kSchedule);
 }
@@ -69,7 +69,8 @@ def _expected() -> list:
     for spec in PER_CLIENT.values():
         op = spec.name
         for i, r in enumerate(spec.roles):
-            out.append(f"{op} role {i} {r.name} {int(r.state_typed)} {int(r.written)} {int(r.per_row)} "
+            bit = spec.bit(r.name) if i >= 2 else 0
+            out.append(f"{op} role {i} {r.name} {int(r.state_typed)} {int(r.written)} {int(r.per_row)} {bit} "
                        f"{int(r.state_typed)}")
         out += [f"{op} hp {i} {h}" for i, h in enumerate(spec.hps)]
         out.append(f"{op} flags {op}_batched {int(spec.norm)} {int(spec.schedule)}")

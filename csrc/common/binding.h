@@ -66,7 +66,7 @@ void run_batched_op(const RoleLists& lists, const std::vector<int64_t>& batch, c
 
 // (role names, hp names) as the kernels index them
 using Signature = std::pair<std::vector<std::string>, std::vector<std::string>>;
-// per role (name, state-typed, written, per-row, present bit or 0 for params/grads); hp names;
+// per role (name, state-typed, written, per-row, present bit: 0 for params and grads); hp names;
 // FRESH's bit
 using Layout = std::tuple<std::vector<std::tuple<std::string, bool, bool, bool, int64_t>>, std::vector<std::string>,
                           int64_t>;
@@ -82,10 +82,7 @@ Signature signature_of() {
 template <class Spec>
 Layout layout_of() {
   Layout out;
-  for (int i = 0; i < Spec::kSlots; ++i) {
-    const RoleDecl& r = Spec::kRoles[i];
-    std::get<0>(out).emplace_back(r.name, r.state_typed, r.written, r.per_row, i < 2 ? 0 : int64_t(1) << (i - 2));
-  }
+  for (const RoleDecl& r : Spec::kRoles) std::get<0>(out).emplace_back(r.name, r.state_typed, r.written, r.per_row, r.bit);
   std::get<1>(out) = signature_of<Spec>().second;
   std::get<2>(out) = kFreshBit;
   return out;

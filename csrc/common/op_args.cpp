@@ -10,7 +10,7 @@ OpDesc describe(const char* name, const RoleDecl* roles, int nroles, const char*
   OpDesc d{name, {}, {hps, hps + nhps}};
   for (int i = 0; i < nroles; ++i)
     d.slots.push_back({roles[i].name, roles[i].state_typed ? SlotKind::State : SlotKind::Param, roles[i].written,
-                       roles[i].per_row});
+                       roles[i].per_row, roles[i].bit});
   return d;
 }
 
