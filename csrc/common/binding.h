@@ -23,7 +23,7 @@ namespace fo {
 template <class Dev>
 void check_device(const Gathered& gat, const at::Tensor& k) {
   TORCH_CHECK(gat.entries.empty() || gat.device.type() == Dev::kDevice, "fedopt_kernels ", Dev::kName,
-              " backend needs ", c10::DeviceTypeName(Dev::kDevice, true), " tensors, got ", gat.device, " (",
+              " backend needs ", c10::DeviceTypeName(Dev::kDevice), " tensors, got ", gat.device, " (",
               Dev::kElsewhere, ")");
   TORCH_CHECK(k.device().type() == Dev::kDevice, "fedopt_kernels ", Dev::kName, " backend: k must be a ",
               c10::DeviceTypeName(Dev::kDevice), " tensor");
@@ -82,7 +82,8 @@ Signature signature_of() {
 template <class Spec>
 Layout layout_of() {
   Layout out;
-  for (const RoleDecl& r : Spec::kRoles) std::get<0>(out).emplace_back(r.name, r.state_typed, r.written, r.per_row, r.bit);
+  for (const RoleDecl& r : Spec::kRoles)
+    std::get<0>(out).emplace_back(r.name, r.state_typed, r.written, r.per_row, r.bit);
   std::get<1>(out) = signature_of<Spec>().second;
   std::get<2>(out) = kFreshBit;
   return out;
@@ -95,8 +96,8 @@ void bind_op(pybind11::module& m) {
                                     py::arg("table"), py::arg("decay_every"), py::arg("grad_scale"),
                                     py::arg("found_inf"));
   std::apply([&](auto... a) {
-    m.def(Spec::kName, &run_op<Dev, OpTag<Spec, false>>, "one step of this op (argument layout: fedopt_kernels/_ops.py)",
-          a...);
+    m.def(Spec::kName, &run_op<Dev, OpTag<Spec, false>>,
+          "one step of this op (argument layout: fedopt_kernels/_ops.py)", a...);
     m.def(Spec::kBatchedName, &run_batched_op<Dev, OpTag<Spec, true>>,
           "one step of this client-batched op (argument layout: fedopt_kernels/_ops.py)", a..., py::arg("active"));
   }, args);

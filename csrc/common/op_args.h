@@ -1,6 +1,7 @@
 // The ops as the C++ bindings see them: each op's roles (slots) and hp columns, from the generated
-// op_table.h (fedopt_kernels/_ops.py), and the check of the scalar arguments every op takes (hp rows, the step counter k, the schedule table, GradScaler's
-// grad_scale / found_inf). The argument layout is fedopt_kernels/_ops.py's schema:
+// op_table.h (fedopt_kernels/_ops.py), and the check of the scalar arguments every op takes (hp
+// rows, the step counter k, the schedule table, GradScaler's grad_scale / found_inf). The argument
+// layout is fedopt_kernels/_ops.py's schema:
 //
 //   op(params, grads, <optional roles, compacted>..., batch, present, hp, k, table, decay_every,
 //      grad_scale, found_inf)
@@ -30,8 +31,6 @@ OpDesc describe(const char* name, const RoleDecl* roles, int nroles, const char*
 // client-batched form.
 template <class Spec, bool Batched>
 struct OpTag {
-  using S = Spec;
-  static constexpr bool kBatched = Batched;
   static const OpDesc& desc() {
     static const OpDesc d = describe(Batched ? Spec::kBatchedName : Spec::kName, Spec::kRoles, Spec::kSlots,
                                      Spec::kHpNames, Spec::kHps);
