@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from host_cxx import generated_include
+
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "csrc" / "cuda"
 KERNEL_FILES = ["sgd.cu", "fednar.cu", "padamfed.cu", "launch_common.cu"]
@@ -147,10 +149,8 @@ def _nvcc() -> str:
 
 
 def test_ptxas_reports_no_spills(lib, tmp_path):
-    from fedopt_kernels import _op_header
-
     nvcc = _nvcc()
-    generated = _op_header.write(str(tmp_path / "generated"))  # op_table.h, as the build generates it
+    generated = generated_include(tmp_path)
 
     def compile_one(job):
         src, arch = job

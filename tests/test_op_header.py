@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import re
-import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +21,8 @@ import pytest
 
 from fedopt_kernels import _op_header
 from fedopt_kernels._ops import FRESH, OPS, PER_CLIENT, Role
+
+from host_cxx import compiler, generated_include
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,19 +83,12 @@ def _expected() -> list:
     return out
 
 
-def _compiler() -> str:
-    for cxx in (os.environ.get("CXX"), "g++", "clang++", "c++"):
-        if cxx and shutil.which(cxx):
-            return cxx
-    pytest.skip("no C++ compiler")
-
-
 def test_generated_header_declares_every_op_as_ops_py(tmp_path):
-    generated = _op_header.write(str(tmp_path / "generated"))
+    generated = generated_include(tmp_path)
     src = tmp_path / "printer.cpp"
     src.write_text(PRINTER.replace("%CONSTANTS%", _constants()))
     exe = tmp_path / "printer"
-    build = subprocess.run([_compiler(), "-std=c++17", "-Wall", "-Werror", "-I", generated, str(src), "-o", str(exe)],
+    build = subprocess.run([compiler(), "-std=c++17", "-Wall", "-Werror", "-I", generated, str(src), "-o", str(exe)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
