@@ -17,6 +17,7 @@ expands ``X(<op>)`` once per per-client op.
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Mapping, Optional
 
 from ._ops import FRESH, OPS, OpSpec
@@ -62,8 +63,8 @@ def _op_block(spec: OpSpec, batched_name: str) -> List[str]:
     slots = [_ident(r.short, f"role short name of {op}") for r in spec.roles]
     hps = [_ident(h, f"hp column of {op}") for h in spec.hps]
     for what, names in (("role short names", slots), ("hp columns", hps)):
-        if len(set(names)) != len(names):
-            raise ValueError(f"{op}: {what} collide in C++: {names}")
+        if len(set(names)) != len(names) or "COUNT" in names:
+            raise ValueError(f"{op}: {what} collide in C++ (with each other or COUNT): {names}")
     opt = slots[2:]
     bits = [0, 0] + [spec.bit(r.name) for r in spec.optional]
     roles = ",\n      ".join(f'{{"{r.name}", {_bool(r.state_typed)}, {_bool(r.written)}, {_bool(r.per_row)}, {b}}}'
@@ -71,7 +72,7 @@ def _op_block(spec: OpSpec, batched_name: str) -> List[str]:
     hp_names = ", ".join(f'"{h}"' for h in spec.hps)
     state = ", ".join(_bool(r.state_typed) for r in spec.roles)
     lines = [
-        f"// ---- {op}: {spec.doc}" if spec.doc else f"// ---- {op}",
+        f"// ---- {op}: {' '.join(spec.doc.split())}" if spec.doc else f"// ---- {op}",
         _enum(f"{op}_slot", slots, list(range(len(slots))), len(slots)),
     ]
     if opt:
@@ -144,8 +145,6 @@ def render(ops: Optional[Mapping[str, OpSpec]] = None, fresh: int = FRESH) -> st
 def write(folder: str, text: Optional[str] = None) -> str:
     """Write ``op_table.h`` into ``folder`` (only when its text changes, so builds stay incremental);
     returns ``folder``, the directory to put on the include path."""
-    import os
-
     text = render() if text is None else text
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, HEADER_NAME)
