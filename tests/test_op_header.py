@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -142,6 +144,15 @@ def test_the_build_generates_the_header_and_csrc_holds_no_copy(tmp_path):
     folder = build.write_op_header(str(tmp_path / "gen"))
     assert (Path(folder) / "op_table.h").read_text() == _op_header.render()
     assert not list((ROOT / "csrc").rglob("op_table.h")), "op_table.h is generated into the build's folder only"
+    # as in setup.py's process: the package is not imported, its sources beside csrc/ are read
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('b', sys.argv[1]); "
+            "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b); "
+            "b.write_op_header(sys.argv[2]); assert 'fedopt_kernels' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "csrc" / "build.py"), str(tmp_path / "setup")],
+                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=""), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "setup" / "op_table.h").read_text() == _op_header.render()
 
 
 def test_no_cpp_source_spells_a_role_or_hp_name():
