@@ -12,6 +12,10 @@ Rules (README "Install"):
   backend's import error (and so ``available_backends()``) repeats.
 * CUDA headers torch needs besides nvcc's own are also looked up in the ``nvidia-*`` pip packages
   (``site-packages/nvidia/*/include``), so no paths have to be set by hand.
+* The sources index every op's arguments with ``op_table.h``, which is generated from
+  ``fedopt_kernels/_ops.py`` (``fedopt_kernels/_op_header.py``) into the build's own folder and put on
+  the include path (``write_op_header``): setup.py's build writes it under ``build_temp``, the
+  on-first-use build into its cache folder. It is never part of the sources.
 * The same source lists and flags serve the on-first-use build (``jit_spec``): an installed package
   without a compiled extension builds it against the running torch with
   ``torch.utils.cpp_extension.load`` (``fedopt_kernels/backends/_jit.py``). This file is installed
@@ -21,12 +25,14 @@ Rules (README "Install"):
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import types
 from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,6 +51,32 @@ CPU_SOURCES = [_rel("cpu", f) for f in ("bindings_cpu.cpp", "cpu_common.cpp", "s
     [_rel("common", f) for f in ("gather.cpp", "op_args.cpp")]
 CUDA_SOURCES = [_rel("cuda", f) for f in ("bindings_cuda.cpp", "sgd.cu", "fednar.cu", "padamfed.cu", "launch_common.cu")] + \
     [_rel("common", f) for f in ("gather.cpp", "op_args.cpp")]
+
+
+# ------------------------------------------------------------------------------ op_table.h
+def _op_header_module():
+    """fedopt_kernels/_op_header.py: the running package's when it is imported (its ops are declared
+    with torch once per process), else the copy beside these sources, loaded without the package's
+    __init__ (setup.py, where only torch is importable)."""
+    if "fedopt_kernels._ops" in sys.modules:
+        return importlib.import_module("fedopt_kernels._op_header")
+    for pkg_dir in (os.path.join(ROOT, "fedopt_kernels"), ROOT):  # a checkout; an installed package
+        if os.path.isfile(os.path.join(pkg_dir, "_op_header.py")):
+            break
+    else:
+        raise FileNotFoundError(f"fedopt_kernels/_op_header.py not found beside {HERE}")
+    name = "_fedopt_kernels_build_src"
+    if name not in sys.modules:
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [pkg_dir]
+        sys.modules[name] = pkg
+    return importlib.import_module(f"{name}._op_header")
+
+
+def write_op_header(folder: str) -> str:
+    """Generate op_table.h (every op's slots, present bits and hp columns) into ``folder``; returns
+    the folder, for the include path."""
+    return _op_header_module().write(os.path.abspath(folder))
 
 
 def _warn(msg: str) -> None:
@@ -275,6 +307,17 @@ def _make_build_ext(base):
             for e in skipped:
                 self._record(e, e._fedopt_skip)
             self.extensions = [e for e in self.extensions if not getattr(e, "_fedopt_skip", None)]
+            if self.extensions:
+                try:
+                    generated = write_op_header(os.path.join(self.build_temp, "fedopt_generated"))
+                except Exception as exc:  # no header, no build: say why instead of a compiler error
+                    for e in self.extensions:
+                        self._record(e, f"build failed: cannot generate op_table.h from fedopt_kernels/_ops.py "
+                                        f"({type(exc).__name__}: {exc})")
+                    self.extensions = self.extensions + skipped
+                    return
+                for e in self.extensions:
+                    e.include_dirs.append(generated)
             try:
                 super().build_extensions()
             except Exception as exc:  # a failure before any extension (e.g. the CUDA version check)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from host_cxx import generated_include
+
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "csrc" / "cuda"
 KERNEL_FILES = ["sgd.cu", "fednar.cu", "padamfed.cu", "launch_common.cu"]
@@ -148,12 +150,14 @@ def _nvcc() -> str:
 
 def test_ptxas_reports_no_spills(lib, tmp_path):
     nvcc = _nvcc()
+    generated = generated_include(tmp_path)
 
     def compile_one(job):
         src, arch = job
         # the build's device flags (csrc/build.py); -cubin skips host compilation
         return src, arch, _run([nvcc, "-cubin", "-O3", "--fmad=false", "-std=c++17", f"-arch=sm_{arch}",
-                                "-Xptxas", "-v", "-o", str(tmp_path / f"{src}.{arch}.cubin"), str(CUDA_DIR / src)])
+                                "-Xptxas", "-v", "-I", generated, "-o", str(tmp_path / f"{src}.{arch}.cubin"),
+                                str(CUDA_DIR / src)])
 
     jobs = [(f, a) for f in KERNEL_FILES for a in ARCHS]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:

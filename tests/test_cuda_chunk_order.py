@@ -9,29 +9,21 @@ the ops themselves: tests/test_native_cuda.py::test_norm_op_on_unaligned_views_i
 """
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from host_cxx import compiler, generated_include
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = ROOT / "tests" / "cuda_host"
 
 
-def _compiler() -> str:
-    for cxx in (os.environ.get("CXX"), "g++", "clang++", "c++"):
-        if cxx and shutil.which(cxx):
-            return cxx
-    pytest.skip("no C++ compiler")
-
-
 def test_scalar_and_vector_paths_sum_in_one_order(tmp_path):
     exe = tmp_path / "chunk_order"
+    generated = generated_include(tmp_path)
     # -ffp-contract=off: no FMA contraction, as the CUDA build's --fmad=false
-    build = subprocess.run([_compiler(), "-std=c++17", "-O1", "-ffp-contract=off", "-Wno-unknown-pragmas",
-                            "-I", str(HOST / "include"), "-I", str(ROOT / "csrc" / "cuda"),
+    build = subprocess.run([compiler(), "-std=c++17", "-O1", "-ffp-contract=off", "-Wno-unknown-pragmas",
+                            "-I", str(HOST / "include"), "-I", str(ROOT / "csrc" / "cuda"), "-I", generated,
                             str(HOST / "chunk_order.cpp"), "-o", str(exe)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)

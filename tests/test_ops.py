@@ -2,14 +2,14 @@
 
 * ``torch.library.opcheck`` on every op and backend (schema mutation annotations, fake tensors,
   AOT dispatch) with batches that have every optional role and batches that have none;
-* the C++ bindings index the same roles and hp columns as the declaration; the Triton kernels'
-  roles come from it; the benchmark's traffic is computed from it;
+* the Triton kernels' roles and hp columns come from it; the benchmark's traffic is computed from it
+  (the C++ side is generated from it: tests/test_op_header.py);
 * ``torch.ops.fedopt.<op>`` computes what the optimizer's step computes;
 * bad op arguments raise an error naming what is wrong.
 """
 from __future__ import annotations
 
-import importlib
+from dataclasses import replace
 
 import pytest
 import torch
@@ -121,25 +121,24 @@ def test_batched_reference_op_is_the_per_client_op_client_by_client(name):
         assert int(k[c]) == int(kc)
 
 
-@pytest.mark.parametrize("ext", ["_C_cpu", "_C_cuda"])
-def test_bindings_index_the_declared_roles_and_hp_columns(ext):
-    try:
-        mod = importlib.import_module(f"fedopt_kernels.{ext}")
-    except ImportError as exc:
-        pytest.skip(f"{ext} not built here: {exc}")
-    for name, spec in OPS.items():
-        if not hasattr(mod, name):
-            continue  # a batched op this extension does not implement (yet)
-        roles, hps = mod.op_signature(name)
-        assert roles == [r.name for r in spec.roles], name
-        assert hps == list(spec.hps), name
-
-
-def test_triton_kernels_take_their_roles_from_the_declaration():
+def test_triton_kernels_take_their_slots_and_columns_from_the_declaration(monkeypatch):
     require("triton")
-    from fedopt_kernels.triton_kernels import fednar, padamfed, sgd
+    from fedopt_kernels.triton_kernels import fednar, launcher, padamfed, sgd
     for mod, name in ((sgd, "sgd"), (fednar, "fednar"), (padamfed, "padamfed")):
-        assert mod.ROLES == tuple(r.short for r in OPS[name].roles)
+        spec = OPS[name]
+        assert mod.ROLES == tuple(r.short for r in spec.roles)
+        assert mod.HPN.value == len(spec.hps)
+    shorts = [r.short for r in OPS["padamfed"].roles]
+    assert (padamfed._ACC.value, padamfed._H.value) == (shorts.index("acc"), shorts.index("H"))
+    assert (sgd._LR.value, sgd._NEST.value, sgd._MAX.value) == tuple(
+        OPS["sgd"].hp_index(h) for h in ("lr", "nesterov", "maximize"))
+    assert (fednar._MAX_NORM.value, fednar._PROX.value) == (OPS["fednar"].hp_index("max_norm"),
+                                                            OPS["fednar"].hp_index("prox_mu"))
+    # the constants follow the declaration, whatever its order
+    monkeypatch.setitem(_ops.OPS, "padamfed", replace(OPS["padamfed"], hps=("eps", "beta", "lr")))
+    assert [c.value for c in launcher.spec_columns("padamfed", "lr", "eps")] == [2, 0, 3]
+    with pytest.raises(KeyError, match="no role"):
+        launcher.spec_slots("padamfed", "buf")
 
 
 def test_schema_marks_exactly_the_written_roles_as_mutated():

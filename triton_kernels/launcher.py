@@ -69,6 +69,23 @@ def spec_roles(op: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     spec = OPS[op]
     return tuple(r.short for r in spec.roles), tuple(r.short for r in spec.roles if r.written)
 
+
+def spec_slots(op: str, *shorts: str) -> Tuple[tl.constexpr, ...]:
+    """The role slots (tensor-list positions) of ``op``'s roles ``shorts``, as kernel constants."""
+    roles, _ = spec_roles(op)
+    missing = [s for s in shorts if s not in roles]
+    if missing:
+        raise KeyError(f"op {op!r} has no role {missing} (its roles: {roles})")
+    return tuple(tl.constexpr(roles.index(s)) for s in shorts)
+
+
+def spec_columns(op: str, *names: str) -> Tuple[tl.constexpr, ...]:
+    """The hp columns of ``op``'s hyperparameters ``names``, as kernel constants; then the column count."""
+    from fedopt_kernels._ops import OPS
+
+    spec = OPS[op]
+    return tuple(tl.constexpr(spec.hp_index(n)) for n in names) + (tl.constexpr(len(spec.hps)),)
+
 # Compiled (GPU) tile: one chunk of 2048 elements per program, 8 warps -> 8 elements per thread,
 # i.e. two 128-bit accesses per float32 tensor per thread; keeps the fullest variant (sgd with
 # momentum, x0, correction and scales) near 70 registers (16 elements/thread needed ~150).

@@ -24,15 +24,15 @@ import triton
 import triton.language as tl
 
 from .jit_mode import device_fn
-from .launcher import Launch, num_warps, spec_roles
-from .tiles import (chunk_of, client_active, hp_f32, inv_scale, live_step, load_f32, lr_at_step, row_client, row_index,
-                    store_as, tile_of)
+from .launcher import Launch, num_warps, spec_columns, spec_roles, spec_slots
+from .tiles import (add_terms, chunk_of, client_active, hp_f32, inv_scale, live_step, load_f32, lr_at_step,
+                    row_client, row_index, store_as, tile_rows)
 
+# role slots and hp columns, from the op's declaration (fedopt_kernels/_ops.py)
 ROLES, WRITTEN = spec_roles("sgd")
-_X, _G, _BUF, _X0, _CORR, _SCALE = (tl.constexpr(i) for i in range(len(ROLES)))
-# hp columns (fedopt_kernels/_ops.py SGD.hps)
-_LR, _MOM, _DAMP, _WD, _PROX, _NEST, _MAX = (tl.constexpr(i) for i in range(7))
-HPN = tl.constexpr(7)
+_X, _G, _BUF, _X0, _CORR, _SCALE = spec_slots("sgd", "x", "g", "buf", "x0", "corr", "scale")
+_LR, _MOM, _DAMP, _WD, _PROX, _NEST, _MAX, HPN = spec_columns(
+    "sgd", "lr", "momentum", "dampening", "weight_decay", "prox_mu", "nesterov", "maximize")
 
 
 @device_fn
@@ -61,17 +61,8 @@ def _sgd_tile(meta_ptr, t, start, col, mask, lr_k, momentum, damp1, weight_decay
     d = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DTYPE, ROWS, ALIGNED)
     if UNSCALE:
         d = d * inv
-    d = d * gsign
-    # wd == 0 must leave d alone: 0 * inf would turn into NaN
-    if VEC:
-        d = tl.where(weight_decay != 0.0, d + weight_decay * x, d)
-    else:
-        if weight_decay != 0.0:
-            d = d + weight_decay * x
-    if HAS_CORR:
-        d = d + load_f32(meta_ptr, t, start, col, mask, _CORR, NR, CORR_DTYPE, ROWS, ALIGNED)
-    if HAS_X0:
-        d = d + prox_mu * (x - load_f32(meta_ptr, t, start, col, mask, _X0, NR, X0_DTYPE, ROWS, ALIGNED))
+    d = add_terms(d * gsign, x, weight_decay, prox_mu, meta_ptr, t, start, col, mask, _CORR, _X0, NR, CORR_DTYPE,
+                  X0_DTYPE, HAS_CORR, HAS_X0, ROWS, ALIGNED, VEC)
     if HAS_MOMENTUM:
         b = load_f32(meta_ptr, t, start, col, mask, _BUF, NR, BUF_DTYPE, ROWS, ALIGNED) * momentum + damp1 * d
         store_as(meta_ptr, t, start, col, mask, b, _BUF, NR, BUF_DTYPE, ROWS, ALIGNED)
@@ -118,10 +109,8 @@ def sgd_kernel(meta_ptr, chunks_ptr, n_chunks, k_ptr, table_ptr, table_len, deca
                               prox_mu, nesterov, inv, NR, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
                               HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS, ALIGNED, BATCHED)
         else:
-            t, start, col, mask = tile_of(chunks_ptr, meta_ptr, pid, n_chunks, NR, ROWS, BLOCK)
-            hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
-            if HAS_ACTIVE:
-                mask = mask & client_active(active_ptr, client, HAS_ACTIVE)
+            t, start, col, mask, hp_row, client = tile_rows(chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR,
+                                                            ROWS, BLOCK, BATCHED, HAS_ACTIVE)
             lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov = _sgd_hp(
                 hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED)
             _sgd_tile(meta_ptr, t, start, col, mask, lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov,

@@ -103,6 +103,18 @@ def tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR: tl.constexpr, ROWS: tl.con
 
 
 @device_fn
+def tile_rows(chunks_ptr, meta_ptr, active_ptr, tile, n_chunks, row, NR: tl.constexpr, ROWS: tl.constexpr,
+              BLOCK: tl.constexpr, BATCHED: tl.constexpr, HAS_ACTIVE: tl.constexpr):
+    """``tile_of`` with each row's (hp row, client) (``row_client``); inactive clients' rows are
+    masked off."""
+    t, start, col, mask = tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR, ROWS, BLOCK)
+    hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
+    if HAS_ACTIVE:
+        mask = mask & client_active(active_ptr, client, HAS_ACTIVE)
+    return t, start, col, mask, hp_row, client
+
+
+@device_fn
 def row_index(meta_ptr, t, start, col, NR: tl.constexpr):
     """Rows (first-dim index) of elements ``start + col`` of tensor ``t``, for per-neuron scales,
     as (64-bit base, offsets): one 64-bit division per program, then 32-bit divisions per
@@ -140,6 +152,26 @@ def client_active(active_ptr, client, HAS_ACTIVE: tl.constexpr):
     else:
         act = True
     return act
+
+
+@device_fn
+def add_terms(d, x, weight_decay, prox_mu, meta_ptr, t, start, col, mask, CORR: tl.constexpr, X0: tl.constexpr,
+              NR: tl.constexpr, CORR_DT: tl.constexpr, X0_DT: tl.constexpr, HAS_CORR: tl.constexpr,
+              HAS_X0: tl.constexpr, ROWS: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr):
+    """d + weight_decay * x + correction + prox_mu * (x - x0), in the reference's order (SGD's and
+    FedNAR's terms); roles CORR and X0 are read only when present. ``VEC``: a batched 2-D tile,
+    whose hyperparameters are [ROWS, 1] (selects instead of branches)."""
+    # wd == 0 must leave d alone: 0 * inf would turn into NaN
+    if VEC:
+        d = tl.where(weight_decay != 0.0, d + weight_decay * x, d)
+    else:
+        if weight_decay != 0.0:
+            d = d + weight_decay * x
+    if HAS_CORR:
+        d = d + load_f32(meta_ptr, t, start, col, mask, CORR, NR, CORR_DT, ROWS, ALIGNED)
+    if HAS_X0:
+        d = d + prox_mu * (x - load_f32(meta_ptr, t, start, col, mask, X0, NR, X0_DT, ROWS, ALIGNED))
+    return d
 
 
 @device_fn

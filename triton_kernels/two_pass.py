@@ -45,7 +45,7 @@ from . import fednar, padamfed
 from .jit_mode import device_fn, interpreted
 from .launcher import SLOT_BLOCK, Launch, Plan, num_warps
 from .norm import global_norm
-from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of
+from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of, tile_rows
 
 OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}
 # A cross-rank reduction of a per-client op's norm slots (sharded parameters, fedopt_kernels/_dtensor.py),
@@ -58,8 +58,7 @@ def reducing_slots(reduce: Callable[[torch.Tensor], None]) -> Iterator[None]:
     """Within the block, a per-client op calls ``reduce(partials)`` between its passes: the float64
     slots of its norm pass, which ``reduce`` rewrites in place (on the device) so that they sum to
     the sum of squares over every rank."""
-    saved = getattr(_SHARDED, "reduce", None)
-    _SHARDED.reduce = reduce
+    saved, _SHARDED.reduce = getattr(_SHARDED, "reduce", None), reduce
     try:
         yield
     finally:
@@ -76,12 +75,13 @@ def _elem(OP: tl.constexpr, meta_ptr, t, start, col, mask, r, inv, scale, PASS: 
           DT0: tl.constexpr, DT1: tl.constexpr, DT2: tl.constexpr, DT3: tl.constexpr, DT4: tl.constexpr,
           P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, UNSCALE: tl.constexpr, ROWS: tl.constexpr,
           ALIGNED: tl.constexpr, VEC: tl.constexpr):
+    # DTi / Pi: role i of the op's declaration (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H)
     if OP == 0:
-        out = fednar.elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, DT4,
-                          P2, P3, P4, UNSCALE, ROWS, ALIGNED, VEC)
+        out = fednar.elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, P2, P3,
+                          UNSCALE, ROWS, ALIGNED, VEC)
     else:
-        out = padamfed.elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, DT4,
-                            P2, P3, P4, UNSCALE, ROWS, ALIGNED, VEC)
+        out = padamfed.elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, DT4, P4,
+                            UNSCALE, ROWS, ALIGNED)
     return out
 
 
@@ -121,10 +121,8 @@ def norm_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, slot_base, hp_ptr,
                                    DT3, DT4, P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
                     tl.store(partials_ptr + slot_base + pid, tl.sum(sq, axis=0))
             else:
-                t, start, col, mask = tile_of(chunks_ptr, meta_ptr, pid, n_chunks, NR, ROWS, BLOCK)
-                hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
-                if HAS_ACTIVE:
-                    mask = mask & client_active(active_ptr, client, HAS_ACTIVE)
+                t, start, col, mask, hp_row, client = tile_rows(chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row,
+                                                                NR, ROWS, BLOCK, BATCHED, HAS_ACTIVE)
                 sq = _elem(OP, meta_ptr, t, start, col, mask, hp_ptr + hp_row * HPN, inv, 0.0, 0, NR, DT0, DT1, DT2,
                            DT3, DT4, P2, P3, P4, UNSCALE, ROWS, ALIGNED, True)
                 c = pid * ROWS + tl.arange(0, ROWS)
@@ -193,10 +191,8 @@ def update_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, n_slots, factors
                     _elem(OP, meta_ptr, t, start, col, col < n - start, r, inv, scale, 1, NR, DT0, DT1, DT2, DT3,
                           DT4, P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
         else:
-            t, start, col, mask = tile_of(chunks_ptr, meta_ptr, pid, n_chunks, NR, ROWS, BLOCK)
-            hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
-            if HAS_ACTIVE:
-                mask = mask & client_active(active_ptr, client, HAS_ACTIVE)
+            t, start, col, mask, hp_row, client = tile_rows(chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR,
+                                                            ROWS, BLOCK, BATCHED, HAS_ACTIVE)
             r = hp_ptr + hp_row * HPN
             scale = _scale_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
             _elem(OP, meta_ptr, t, start, col, mask, r, inv, scale, 1, NR, DT0, DT1, DT2, DT3, DT4,

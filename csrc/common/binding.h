@@ -1,13 +1,16 @@
-// The one binding template both extensions use: every op of the package becomes a Python function
-// `_C_<device>.<op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf)` that
-// gathers the tensors, checks the scalars and hands both to the device's kernels (`Dev::run`).
-// `op_signature(op)` exports each op's role and hp names for the test that holds them against
-// fedopt_kernels/_ops.py.
+// The one binding template both extensions use: every op of op_table.h (generated from
+// fedopt_kernels/_ops.py) becomes a Python function
+// `_C_<device>.<op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf)`, and its
+// client-batched form `<op>_batched(..., active)`, that gathers the tensors, checks the scalars and
+// hands both to the device's kernels (`Dev::run(OpTag<spec::<op>, batched>{}, gathered, scalars)`).
+// `op_signature(op)` / `op_layout(op)` export each op's layout as the kernels index it, for the test
+// that holds the built extension against fedopt_kernels/_ops.py.
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -15,17 +18,38 @@
 
 namespace fo {
 
+// A device (Dev) names itself (kName), its tensors' device type (kDevice) and where else such
+// tensors can go (kElsewhere, for the error message).
+template <class Dev>
+void check_device(const Gathered& gat, const at::Tensor& k) {
+  TORCH_CHECK(gat.entries.empty() || gat.device.type() == Dev::kDevice, "fedopt_kernels ", Dev::kName,
+              " backend needs ", c10::DeviceTypeName(Dev::kDevice), " tensors, got ", gat.device, " (",
+              Dev::kElsewhere, ")");
+  TORCH_CHECK(k.device().type() == Dev::kDevice, "fedopt_kernels ", Dev::kName, " backend: k must be a ",
+              c10::DeviceTypeName(Dev::kDevice), " tensor");
+}
+
+// clients > 0: the batched form (hp [batches, clients, cols], `active`)
+template <class Dev, class Op>
+void run_any(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
+             const at::Tensor& hp, const at::Tensor& k, const at::Tensor& table, int64_t decay_every,
+             const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+             int64_t clients, const c10::optional<at::Tensor>& active) {
+  const OpDesc& d = Op::desc();
+  Gathered gat = gather(lists, batch, present, d.slots, d.name, Dev::kName, clients);
+  if (gat.entries.empty()) gat.device = k.device();  // nothing to update: k still advances
+  check_device<Dev>(gat, k);
+  const StepScalars sc = check_scalars(d, gat, hp, k, table, decay_every, grad_scale, found_inf, Dev::kName,
+                                       clients, active);
+  Dev::run(Op{}, gat, sc);
+  gat.finish();
+}
+
 template <class Dev, class Op>
 void run_op(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
             const at::Tensor& hp, const at::Tensor& k, const at::Tensor& table, int64_t decay_every,
             const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
-  const OpDesc& d = Op::desc();
-  Gathered gat = gather(lists, batch, present, d.slots, d.name, Dev::kName);
-  if (gat.entries.empty()) gat.device = k.device();  // nothing to update: k still advances
-  Dev::check_device(gat, k);
-  const StepScalars sc = check_scalars(d, gat, hp, k, table, decay_every, grad_scale, found_inf, Dev::kName);
-  Dev::run(Op{}, gat, sc);
-  gat.finish();
+  run_any<Dev, Op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, 0, c10::nullopt);
 }
 
 // the batched form: one more argument (active), and the client count from the hp tensor [B, C, cols]
@@ -37,59 +61,72 @@ void run_batched_op(const RoleLists& lists, const std::vector<int64_t>& batch, c
   const OpDesc& d = Op::desc();
   TORCH_CHECK(hp.dim() == 3, "fedopt_kernels ", Dev::kName, " ", d.name, ": hp must be [batches, clients, ",
               d.hps.size(), "], got ", hp.sizes());
-  const int64_t clients = hp.size(1);
-  Gathered gat = gather(lists, batch, present, d.slots, d.name, Dev::kName, clients);
-  if (gat.entries.empty()) gat.device = k.device();
-  Dev::check_device(gat, k);
-  const StepScalars sc = check_scalars(d, gat, hp, k, table, decay_every, grad_scale, found_inf, Dev::kName,
-                                       clients, active);
-  Dev::run(Op{}, gat, sc);
-  gat.finish();
+  run_any<Dev, Op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, hp.size(1), active);
 }
 
-template <class Op>
-std::pair<std::vector<std::string>, std::vector<std::string>> signature_of() {
-  std::vector<std::string> roles, hps;
-  for (const auto& s : Op::desc().slots) roles.emplace_back(s.name);
-  for (const char* h : Op::desc().hps) hps.emplace_back(h);
-  return {roles, hps};
+// (role names, hp names) as the kernels index them
+using Signature = std::pair<std::vector<std::string>, std::vector<std::string>>;
+// per role (name, state-typed, written, per-row, present bit: 0 for params and grads); hp names;
+// FRESH's bit
+using Layout = std::tuple<std::vector<std::tuple<std::string, bool, bool, bool, int64_t>>, std::vector<std::string>,
+                          int64_t>;
+
+template <class Spec>
+Signature signature_of() {
+  Signature s;
+  for (const RoleDecl& r : Spec::kRoles) s.first.emplace_back(r.name);
+  for (const char* h : Spec::kHpNames) s.second.emplace_back(h);
+  return s;
 }
 
+template <class Spec>
+Layout layout_of() {
+  Layout out;
+  for (const RoleDecl& r : Spec::kRoles)
+    std::get<0>(out).emplace_back(r.name, r.state_typed, r.written, r.per_row, r.bit);
+  std::get<1>(out) = signature_of<Spec>().second;
+  std::get<2>(out) = kFreshBit;
+  return out;
+}
+
+template <class Dev, class Spec>
+void bind_op(pybind11::module& m) {
+  namespace py = pybind11;
+  const auto args = std::make_tuple(py::arg("lists"), py::arg("batch"), py::arg("present"), py::arg("hp"), py::arg("k"),
+                                    py::arg("table"), py::arg("decay_every"), py::arg("grad_scale"),
+                                    py::arg("found_inf"));
+  std::apply([&](auto... a) {
+    m.def(Spec::kName, &run_op<Dev, OpTag<Spec, false>>,
+          "one step of this op (argument layout: fedopt_kernels/_ops.py)", a...);
+    m.def(Spec::kBatchedName, &run_batched_op<Dev, OpTag<Spec, true>>,
+          "one step of this client-batched op (argument layout: fedopt_kernels/_ops.py)", a..., py::arg("active"));
+  }, args);
+}
+
+// f(spec::<op>{}) for the op named `name` (or its batched form); ValueError for an unknown name
+template <class F>
+auto with_spec(const std::string& name, F&& f) {
+#define FO_MATCH_OP(NAME) \
+  if (name == spec::NAME::kName || name == spec::NAME::kBatchedName) return f(spec::NAME{});
+  FO_FOR_EACH_OP(FO_MATCH_OP)
+#undef FO_MATCH_OP
+  throw pybind11::value_error("unknown op '" + name + "'");
+}
+
+// Every op of op_table.h and its batched form, for a device that implements Dev::run for each.
 template <class Dev>
 void bind_ops(pybind11::module& m) {
   namespace py = pybind11;
-  auto def = [&](auto fn, const char* name) {
-    m.def(name, fn, "one step of this op (argument layout: fedopt_kernels/_ops.py)", py::arg("lists"),
-          py::arg("batch"), py::arg("present"), py::arg("hp"), py::arg("k"), py::arg("table"),
-          py::arg("decay_every"), py::arg("grad_scale"), py::arg("found_inf"));
-  };
-  def(&run_op<Dev, SgdOp>, SgdOp::desc().name);
-  def(&run_op<Dev, FedNarOp>, FedNarOp::desc().name);
-  def(&run_op<Dev, PAdamOp>, PAdamOp::desc().name);
+#define FO_BIND_OP(NAME) bind_op<Dev, spec::NAME>(m);
+  FO_FOR_EACH_OP(FO_BIND_OP)
+#undef FO_BIND_OP
   m.def("op_signature", [](const std::string& op) {
-    if (op == SgdBatchedOp::desc().name) return signature_of<SgdBatchedOp>();
-    if (op == FedNarBatchedOp::desc().name) return signature_of<FedNarBatchedOp>();
-    if (op == PAdamBatchedOp::desc().name) return signature_of<PAdamBatchedOp>();
-    if (op == SgdOp::desc().name) return signature_of<SgdOp>();
-    if (op == FedNarOp::desc().name) return signature_of<FedNarOp>();
-    if (op == PAdamOp::desc().name) return signature_of<PAdamOp>();
-    throw py::value_error("unknown op '" + op + "'");
+    return with_spec(op, [](auto s) { return signature_of<decltype(s)>(); });
   }, "(role names, hp names) of an op as the kernels index them", py::arg("op"));
-}
-
-// The batched ops, for a device that implements Dev::run for SgdBatchedOp, FedNarBatchedOp and
-// PAdamBatchedOp (call after bind_ops).
-template <class Dev>
-void bind_batched_ops(pybind11::module& m) {
-  namespace py = pybind11;
-  auto def = [&](auto fn, const char* name) {
-    m.def(name, fn, "one step of this client-batched op (argument layout: fedopt_kernels/_ops.py)", py::arg("lists"),
-          py::arg("batch"), py::arg("present"), py::arg("hp"), py::arg("k"), py::arg("table"),
-          py::arg("decay_every"), py::arg("grad_scale"), py::arg("found_inf"), py::arg("active"));
-  };
-  def(&run_batched_op<Dev, SgdBatchedOp>, SgdBatchedOp::desc().name);
-  def(&run_batched_op<Dev, FedNarBatchedOp>, FedNarBatchedOp::desc().name);
-  def(&run_batched_op<Dev, PAdamBatchedOp>, PAdamBatchedOp::desc().name);
+  m.def("op_layout", [](const std::string& op) {
+    return with_spec(op, [](auto s) { return layout_of<decltype(s)>(); });
+  }, "([(role, state_typed, written, per_row, present bit)], hp names, FRESH bit) of an op as this build's "
+     "generated op_table.h declares it", py::arg("op"));
 }
 
 }  // namespace fo

@@ -28,77 +28,60 @@ enum SgdFlag : int32_t {
 enum FedNarFlag : int32_t { kNarWeightDecay = 1, kNarCorrection = 2, kNarProx = 4, kNarUnscale = 8 };
 enum PAdamFlag : int32_t { kPadVarianceReduction = 1, kPadUnscale = 2 };
 
+// One op's float64 hp row (columns: op_table.h <op>_hp) -> the struct its kernels use: `of(row,
+// present, unscale, inv)`, with `present` the batch's mask of optional roles (op_table.h <op>_bit)
+// and `inv` GradScaler's factor when `unscale`.
 struct SgdHp {
   double lr, momentum, damp1 /* 1 - dampening */, weight_decay, prox_mu, inv_scale;
   int32_t flags;
+  FO_HD static SgdHp of(const double* r, int32_t present, bool unscale, double inv);
 };
 
 struct FedNarHp {
   double step_lr, weight_decay, max_norm, eps, prox_mu, inv_scale;
   int32_t flags;
+  FO_HD static FedNarHp of(const double* r, int32_t present, bool unscale, double inv);
 };
 
 struct PAdamHp {
   double lr, beta, one_minus_beta, eps, inv_scale;
   int32_t flags;
+  FO_HD static PAdamHp of(const double* r, int32_t present, bool unscale, double inv);
 };
 
 // GradScaler: gradients are multiplied by the float32 reciprocal of the scale, formed in double and
 // rounded once (torch.amp.GradScaler.unscale_: scale.double().reciprocal().float()).
 FO_HD double inv_scale_of(float scale) { return static_cast<double>(static_cast<float>(1.0 / static_cast<double>(scale))); }
 
-// Rows of the op's hp tensor -> the structs the kernels use. `present` is the batch's mask of
-// optional roles (bit i = i-th optional role: sgd buf, x0, corr, scale; fednar x0, corr; padamfed
-// D, acc, H).
-FO_HD SgdHp sgd_hp_of(const double* r, int32_t present, bool unscale, double inv) {
-  SgdHp h{};
-  h.lr = r[sgd_hp::LR];
-  h.momentum = r[sgd_hp::MOMENTUM];
-  h.damp1 = 1.0 - r[sgd_hp::DAMPENING];
-  h.weight_decay = r[sgd_hp::WEIGHT_DECAY];
-  h.prox_mu = r[sgd_hp::PROX_MU];
-  h.inv_scale = inv;
-  int32_t f = 0;
-  if (r[sgd_hp::MAXIMIZE] != 0) f |= kSgdMaximize;
-  if (h.weight_decay != 0) f |= kSgdWeightDecay;
-  if (present & 1) f |= kSgdMomentum;
-  if ((present & 1) && r[sgd_hp::NESTEROV] != 0) f |= kSgdNesterov;
-  if (present & 2) f |= kSgdProx;
-  if (present & 4) f |= kSgdCorrection;
-  if (present & 8) f |= kSgdScale;
-  if (unscale) f |= kSgdUnscale;
-  h.flags = f;
+FO_HD SgdHp SgdHp::of(const double* r, int32_t present, bool unscale, double inv) {
+  SgdHp h{r[sgd_hp::LR], r[sgd_hp::MOMENTUM], 1.0 - r[sgd_hp::DAMPENING], r[sgd_hp::WEIGHT_DECAY], r[sgd_hp::PROX_MU],
+          inv, 0};
+  if (r[sgd_hp::MAXIMIZE] != 0) h.flags |= kSgdMaximize;
+  if (h.weight_decay != 0) h.flags |= kSgdWeightDecay;
+  if (present & sgd_bit::BUF) h.flags |= kSgdMomentum;
+  if ((present & sgd_bit::BUF) && r[sgd_hp::NESTEROV] != 0) h.flags |= kSgdNesterov;
+  if (present & sgd_bit::X0) h.flags |= kSgdProx;
+  if (present & sgd_bit::CORR) h.flags |= kSgdCorrection;
+  if (present & sgd_bit::SCALE) h.flags |= kSgdScale;
+  if (unscale) h.flags |= kSgdUnscale;
   return h;
 }
 
-FO_HD FedNarHp fednar_hp_of(const double* r, int32_t present, bool unscale, double inv) {
-  FedNarHp h{};
-  h.step_lr = r[fednar_hp::STEP_LR];
-  h.weight_decay = r[fednar_hp::WEIGHT_DECAY];
-  h.max_norm = r[fednar_hp::MAX_NORM];
-  h.eps = r[fednar_hp::EPS];
-  h.prox_mu = r[fednar_hp::PROX_MU];
-  h.inv_scale = inv;
-  int32_t f = 0;
-  if (h.weight_decay != 0) f |= kNarWeightDecay;
-  if (present & 1) f |= kNarProx;
-  if (present & 2) f |= kNarCorrection;
-  if (unscale) f |= kNarUnscale;
-  h.flags = f;
+FO_HD FedNarHp FedNarHp::of(const double* r, int32_t present, bool unscale, double inv) {
+  FedNarHp h{r[fednar_hp::STEP_LR], r[fednar_hp::WEIGHT_DECAY], r[fednar_hp::MAX_NORM], r[fednar_hp::EPS],
+             r[fednar_hp::PROX_MU], inv, 0};
+  if (h.weight_decay != 0) h.flags |= kNarWeightDecay;
+  if (present & fednar_bit::X0) h.flags |= kNarProx;
+  if (present & fednar_bit::CORR) h.flags |= kNarCorrection;
+  if (unscale) h.flags |= kNarUnscale;
   return h;
 }
 
-FO_HD PAdamHp padamfed_hp_of(const double* r, int32_t present, bool unscale, double inv) {
-  PAdamHp h{};
-  h.lr = r[padamfed_hp::LR];
-  h.beta = r[padamfed_hp::BETA];
-  h.one_minus_beta = 1.0 - h.beta;
-  h.eps = r[padamfed_hp::EPS];
-  h.inv_scale = inv;
-  int32_t f = 0;
-  if (present & 4) f |= kPadVarianceReduction;
-  if (unscale) f |= kPadUnscale;
-  h.flags = f;
+FO_HD PAdamHp PAdamHp::of(const double* r, int32_t present, bool unscale, double inv) {
+  const double beta = r[padamfed_hp::BETA];
+  PAdamHp h{r[padamfed_hp::LR], beta, 1.0 - beta, r[padamfed_hp::EPS], inv, 0};
+  if (present & padamfed_bit::H) h.flags |= kPadVarianceReduction;
+  if (unscale) h.flags |= kPadUnscale;
   return h;
 }
 
@@ -133,11 +116,12 @@ FO_HD N padamfed_scale_in(double norm, const PAdamHp& hp) {
 // The norm is always accumulated in float64 (no overflow / underflow for elements in
 // [1e-30, 1e30]); the dtype it is *used* in is float64 when any parameter is float64, else float32,
 // and each tensor rounds the factor to its compute type (torch's `.to(d.dtype)`).
-FO_HD double fednar_scale(double norm, const FedNarHp& hp, bool norm_f64) {
+// norm_factor(norm, hp, norm_f64): a two-pass op's factor, overloaded on the op's hp struct.
+FO_HD double norm_factor(double norm, const FedNarHp& hp, bool norm_f64) {
   return norm_f64 ? fednar_scale_in<double>(norm, hp) : static_cast<double>(fednar_scale_in<float>(norm, hp));
 }
 
-FO_HD double padamfed_scale(double norm, const PAdamHp& hp, bool norm_f64) {
+FO_HD double norm_factor(double norm, const PAdamHp& hp, bool norm_f64) {
   return norm_f64 ? padamfed_scale_in<double>(norm, hp) : static_cast<double>(padamfed_scale_in<float>(norm, hp));
 }
 

@@ -51,7 +51,7 @@ Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const
     for (size_t i = 0; i < n; ++i) {
       TORCH_CHECK(batch[i] >= 0 && batch[i] < nb, "fedopt_kernels ", backend, " ", op, ": batch index ", batch[i],
                   " of parameter ", i, " is outside [0, ", nb, ")");
-      if (present[batch[i]] >> (s - 2) & 1) ++want;
+      if (present[batch[i]] & slots[s].bit) ++want;
     }
     TORCH_CHECK(lists[s].size() == want, "fedopt_kernels ", backend, " ", op, ": '", slots[s].name, "' has ",
                 lists[s].size(), " tensors but the batches' present masks ask for ", want);
@@ -83,7 +83,7 @@ Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const
     const at::Tensor* mine[kMaxSlots] = {};
     for (int s = 0; s < nslots; ++s) {
       if (s < 2) mine[s] = &lists[s][i];
-      else if (present[b] >> (s - 2) & 1) mine[s] = &lists[s][cursor[s]++];
+      else if (present[b] & slots[s].bit) mine[s] = &lists[s][cursor[s]++];
     }
     // Which tensors of this parameter can the kernels address as flat memory? All contiguous;
     // or (no per-row scale) all dense with the same strides, e.g. channels_last everywhere.

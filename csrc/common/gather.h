@@ -20,6 +20,7 @@ struct SlotSpec {
   SlotKind kind;     // dtype: the parameter's, or float32 (float64 for float64 parameters)
   bool written;      // the op stores into it
   bool per_row;      // one value per output unit ([shape[0]]), not one per element
+  int32_t bit;       // its bit of a batch's `present` mask; 0 for params and grads (every batch has them)
 };
 
 // one list per slot: params, grads, then each optional role's compacted list

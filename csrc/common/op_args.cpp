@@ -6,57 +6,11 @@
 
 namespace fo {
 
-const OpDesc& SgdOp::desc() {
-  static const OpDesc d{"sgd",
-                        {{"params", SlotKind::Param, true, false},
-                         {"grads", SlotKind::Param, false, false},
-                         {"momentum_buffer", SlotKind::Param, true, false},
-                         {"x0", SlotKind::Param, false, false},
-                         {"correction", SlotKind::Param, false, false},
-                         {"neuron_scale", SlotKind::State, false, true}},
-                        {"lr", "momentum", "dampening", "weight_decay", "prox_mu", "nesterov", "maximize"}};
-  return d;
-}
-
-const OpDesc& FedNarOp::desc() {
-  static const OpDesc d{"fednar",
-                        {{"params", SlotKind::Param, true, false},
-                         {"grads", SlotKind::Param, false, false},
-                         {"x0", SlotKind::Param, false, false},
-                         {"correction", SlotKind::Param, false, false}},
-                        {"step_lr", "weight_decay", "max_norm", "eps", "prox_mu"}};
-  return d;
-}
-
-const OpDesc& PAdamOp::desc() {
-  static const OpDesc d{"padamfed",
-                        {{"params", SlotKind::Param, true, false},
-                         {"grads", SlotKind::Param, false, false},
-                         {"D", SlotKind::State, false, false},
-                         {"acc", SlotKind::State, true, false},
-                         {"anchor_grad", SlotKind::Param, false, false}},
-                        {"lr", "beta", "eps"}};
-  return d;
-}
-
-static OpDesc batched(const OpDesc& base) {
-  static const char* names[] = {"sgd_batched", "fednar_batched", "padamfed_batched"};
-  const std::string n = std::string(base.name) + "_batched";
-  for (const char* name : names)
-    if (n == name) return OpDesc{name, base.slots, base.hps};
-  TORCH_CHECK(false, "internal: no batched form of ", base.name);
-}
-
-const OpDesc& SgdBatchedOp::desc() {
-  static const OpDesc d = batched(SgdOp::desc());
-  return d;
-}
-const OpDesc& FedNarBatchedOp::desc() {
-  static const OpDesc d = batched(FedNarOp::desc());
-  return d;
-}
-const OpDesc& PAdamBatchedOp::desc() {
-  static const OpDesc d = batched(PAdamOp::desc());
+OpDesc describe(const char* name, const RoleDecl* roles, int nroles, const char* const* hps, int nhps) {
+  OpDesc d{name, {}, {hps, hps + nhps}};
+  for (int i = 0; i < nroles; ++i)
+    d.slots.push_back({roles[i].name, roles[i].state_typed ? SlotKind::State : SlotKind::Param, roles[i].written,
+                       roles[i].per_row, roles[i].bit});
   return d;
 }
 

@@ -1,6 +1,7 @@
-// The ops as the C++ bindings see them: each op's roles (slots) and hp columns, and the check of the
-// scalar arguments every op takes (hp rows, the step counter k, the schedule table, GradScaler's
-// grad_scale / found_inf). The argument layout is fedopt_kernels/_ops.py's schema:
+// The ops as the C++ bindings see them: each op's roles (slots) and hp columns, from the generated
+// op_table.h (fedopt_kernels/_ops.py), and the check of the scalar arguments every op takes (hp
+// rows, the step counter k, the schedule table, GradScaler's grad_scale / found_inf). The argument
+// layout is fedopt_kernels/_ops.py's schema:
 //
 //   op(params, grads, <optional roles, compacted>..., batch, present, hp, k, table, decay_every,
 //      grad_scale, found_inf)
@@ -22,13 +23,20 @@ struct OpDesc {
   std::vector<const char*> hps;
 };
 
-struct SgdOp { static const OpDesc& desc(); };
-struct FedNarOp { static const OpDesc& desc(); };
-struct PAdamOp { static const OpDesc& desc(); };
-// client-batched forms (docs/client_batched.md): the same roles and hp columns, named "<op>_batched"
-struct SgdBatchedOp { static const OpDesc& desc(); using Base = SgdOp; };
-struct FedNarBatchedOp { static const OpDesc& desc(); using Base = FedNarOp; };
-struct PAdamBatchedOp { static const OpDesc& desc(); using Base = PAdamOp; };
+// The description of a generated op spec (op_table.h spec::<op>), or of its client-batched form
+// (docs/client_batched.md: the same roles and hp columns, named "<op>_batched").
+OpDesc describe(const char* name, const RoleDecl* roles, int nroles, const char* const* hps, int nhps);
+
+// An op as the bindings and devices see it: Spec is op_table.h's spec::<op>, Batched its
+// client-batched form.
+template <class Spec, bool Batched>
+struct OpTag {
+  static const OpDesc& desc() {
+    static const OpDesc d = describe(Batched ? Spec::kBatchedName : Spec::kName, Spec::kRoles, Spec::kSlots,
+                                     Spec::kHpNames, Spec::kHps);
+    return d;
+  }
+};
 
 // Pointers to the validated scalar arguments (host pointers for CPU tensors, device pointers for
 // CUDA tensors: the CUDA kernels read them on the device, so nothing is copied to the host).

@@ -16,49 +16,32 @@ namespace {
 // The CPU device for common/binding.h: scalars are host memory, so they are read directly.
 struct Cpu {
   static constexpr const char* kName = "cpu";
-
-  static void check_device(const fo::Gathered& gat, const at::Tensor& k) {
-    TORCH_CHECK(gat.entries.empty() || gat.device.is_cpu(), "fedopt_kernels cpu backend needs CPU tensors, got ",
-                gat.device, " (use backend='cuda' or 'triton' for CUDA tensors)");
-    TORCH_CHECK(k.is_cpu(), "fedopt_kernels cpu backend: k must be a CPU tensor");
-  }
+  static constexpr c10::DeviceType kDevice = c10::DeviceType::CPU;
+  static constexpr const char* kElsewhere = "use backend='cuda' or 'triton' for CUDA tensors";
 
   // Per-client ops update every entry; batched ops their active clients' slices (step_rows.h).
-  static void run(fo::SgdOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    if (!fo::cpu::skipped(sc)) sgd(gat.entries, gat, sc);
-  }
-  static void run(fo::SgdBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    if (!fo::cpu::skipped(sc)) sgd(fo::cpu::active_client_entries(gat, fo::SgdBatchedOp::desc().slots, sc), gat, sc);
-  }
-  static void run(fo::FedNarOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    if (!fo::cpu::skipped(sc)) fednar(gat.entries, gat, sc);
-  }
-  static void run(fo::FedNarBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    if (!fo::cpu::skipped(sc))
-      fednar(fo::cpu::active_client_entries(gat, fo::FedNarBatchedOp::desc().slots, sc), gat, sc);
-  }
-  static void run(fo::PAdamOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    if (!fo::cpu::skipped(sc)) padamfed(gat.entries, gat, sc);
-  }
-  static void run(fo::PAdamBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    if (!fo::cpu::skipped(sc))
-      padamfed(fo::cpu::active_client_entries(gat, fo::PAdamBatchedOp::desc().slots, sc), gat, sc);
+  template <class Spec, bool Batched>
+  static void run(fo::OpTag<Spec, Batched> op, fo::Gathered& gat, const fo::StepScalars& sc) {
+    if (fo::cpu::skipped(sc)) return;
+    if (Batched) step(Spec{}, fo::cpu::active_client_entries(gat, op.desc().slots, sc), gat, sc);
+    else step(Spec{}, gat.entries, gat, sc);
+    fo::cpu::advance_counters(sc);
   }
 
-  static void sgd(const std::vector<fo::Entry>& entries, const fo::Gathered& gat, const fo::StepScalars& sc) {
+  static void step(fo::spec::sgd, const std::vector<fo::Entry>& entries, const fo::Gathered& gat,
+                   const fo::StepScalars& sc) {
     std::vector<fo::SgdHp> hp;
     std::vector<double> lr;
     fo::cpu::sgd_rows(gat, sc, hp, lr);
     fo::cpu::sgd(entries, hp, lr);
-    fo::cpu::advance_counters(sc);
   }
-  static void fednar(const std::vector<fo::Entry>& entries, const fo::Gathered& gat, const fo::StepScalars& sc) {
-    fo::cpu::fednar(entries, fo::cpu::hp_rows<fo::FedNarHp>(gat, sc, fo::fednar_hp_of), gat.any_f64);
-    fo::cpu::advance_counters(sc);
+  static void step(fo::spec::fednar, const std::vector<fo::Entry>& entries, const fo::Gathered& gat,
+                   const fo::StepScalars& sc) {
+    fo::cpu::fednar(entries, fo::cpu::hp_rows<fo::FedNarHp>(gat, sc), gat.any_f64);
   }
-  static void padamfed(const std::vector<fo::Entry>& entries, const fo::Gathered& gat, const fo::StepScalars& sc) {
-    fo::cpu::padamfed(entries, fo::cpu::hp_rows<fo::PAdamHp>(gat, sc, fo::padamfed_hp_of), gat.any_f64);
-    fo::cpu::advance_counters(sc);
+  static void step(fo::spec::padamfed, const std::vector<fo::Entry>& entries, const fo::Gathered& gat,
+                   const fo::StepScalars& sc) {
+    fo::cpu::padamfed(entries, fo::cpu::hp_rows<fo::PAdamHp>(gat, sc), gat.any_f64);
   }
 };
 
@@ -94,7 +77,6 @@ void run_with_norm_reduce(const py::function& reduce, const py::function& body) 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fedopt_kernels C++ CPU kernels (see csrc/)";
   fo::bind_ops<Cpu>(m);
-  fo::bind_batched_ops<Cpu>(m);
   m.def("set_isa", &set_isa, "choose the kernels' instruction set; returns the active one", py::arg("name"));
   m.def("active_isa", []() { return std::string(fo::cpu::active_isa()); });
   m.def("run_with_norm_reduce", &run_with_norm_reduce,

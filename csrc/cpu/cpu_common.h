@@ -26,6 +26,14 @@
 #define FO_CPU_AVX2 0
 #endif
 
+// The copies of chunk code K (isa_copies.h) as template arguments <base::K, avx2::K>, for the
+// drivers that pick one with use_avx2() at run time.
+#if FO_CPU_AVX2
+#define FO_CPU_COPIES(K) base::K, avx2::K
+#else
+#define FO_CPU_COPIES(K) base::K, base::K
+#endif
+
 #if defined(__clang__)
 #define FO_IVDEP _Pragma("clang loop vectorize(assume_safety)")
 #elif defined(__GNUC__)
@@ -41,6 +49,7 @@ constexpr int64_t kChunk = 16384;  // elements per work item and per norm partia
 constexpr int kTile = 512;         // elements staged per step inside a chunk
 constexpr int kLanes = 16;         // independent sum-of-squares accumulators (vector lanes)
 constexpr int64_t kGrain = 4;      // chunks below which a pass stays on one thread
+constexpr int kParamSlot = 0;      // every op's first role is its parameters (fedopt_kernels/_ops.py)
 // A pass over fewer elements than this stays on the calling thread: waking a second thread costs
 // more than the work (and, on a machine where other processes hold the cores, a scheduler
 // quantum: milliseconds for a microsecond step).

@@ -149,6 +149,74 @@ inline double lanes_total(const L* lanes) {
   return s;
 }
 
+// Staging buffers of one tile of a two-pass op: the parameters, the gradients, the op's direction
+// (FedNAR's d, PAdaMFed's v) and one more staged input (a correction, x0 or anchor gradient)
+template <class A>
+struct TileBufs {
+  alignas(64) A x[kTile], g[kTile], d[kTile], t[kTile];
+};
+
+// f(tag, c, chunk, entry) for chunks [lo, hi) of one parallel_for range, `tag` of the entry's C++
+// storage type
+template <class F>
+inline void each_chunk(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, const std::vector<Entry>& entries,
+                       F&& f) {
+  for (int64_t c = lo; c < hi; ++c) {
+    const Chunk& ch = chunks[c];
+    const Entry& en = entries[ch.entry];
+    dispatch(en.dtype, [&](auto tag) { f(tag, c, ch, en); });
+  }
+}
+
+// The chunk loops of a two-pass op (two_pass.h), for its tile code K (CRTP: struct K : TwoPass<K>):
+//   K::norm_tile<T>(en, hp, off, n, bufs) -> const A*   pass 1: the n values whose squares form
+//                                                the norm (and the pass's writes, e.g. acc)
+//   K::update_tile<T>(xo, X, s, en, hp, off, n, bufs)  pass 2: the moved parameters into xo
+//                                                (out_ptr of X) from the stored X and factor s
+template <class K>
+struct TwoPass {
+  template <class T, class Hp>
+  static double norm_chunk(const Entry& en, const Hp& hp, int64_t begin, int64_t end) {
+    TileBufs<Acc<T>> b;
+    double lanes[kLanes] = {};
+    for (int64_t off = begin; off < end; off += kTile) {
+      const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
+      sumsq<double>(K::template norm_tile<T>(en, hp, off, n, b), n, lanes);
+    }
+    return lanes_total(lanes);
+  }
+
+  template <class T, class Hp>
+  static void update_chunk(const Entry& en, const Hp& hp, double scale, int64_t begin, int64_t end) {
+    using A = Acc<T>;
+    TileBufs<A> b;
+    T* X = static_cast<T*>(en.ptr[kParamSlot]);
+    for (int64_t off = begin; off < end; off += kTile) {
+      const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
+      A* xo = out_ptr<A>(X + off, b.x);
+      K::template update_tile<T>(xo, X + off, static_cast<A>(scale), en, hp, off, n, b);
+      commit<A>(X + off, xo, n);
+    }
+  }
+
+  template <class Hp>
+  static void norm_chunks(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, const std::vector<Entry>& entries,
+                          const std::vector<Hp>& hps, double* partial) {
+    each_chunk(chunks, lo, hi, entries, [&](auto tag, int64_t c, const Chunk& ch, const Entry& en) {
+      partial[c] = norm_chunk<decltype(tag)>(en, hps[en.group], ch.begin, ch.end);
+    });
+  }
+
+  template <class Hp>
+  static void update_chunks(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi,
+                            const std::vector<Entry>& entries, const std::vector<Hp>& hps,
+                            const std::vector<double>& scale) {
+    each_chunk(chunks, lo, hi, entries, [&](auto tag, int64_t, const Chunk& ch, const Entry& en) {
+      update_chunk<decltype(tag)>(en, hps[en.group], scale[en.group], ch.begin, ch.end);
+    });
+  }
+};
+
 
 }  // namespace FO_CPU_ISA
 }  // namespace cpu

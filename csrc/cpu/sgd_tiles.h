@@ -1,4 +1,4 @@
-// Op "sgd" chunk code for one ISA (see cpu_common.h); included by sgd_cpu.cpp once per ISA.
+// Op "sgd" chunk code for one ISA (see cpu_common.h); included by sgd_cpu.cpp once per ISA (isa_copies.h).
 // Operation order = fedopt_kernels/reference/sgd.py, so float32 results match it bit for bit.
 #include "cpu_tile.h"
 
@@ -109,19 +109,17 @@ SgdChunkFn sgd_fast_path(int f) {
 }
 
 // chunks [lo, hi) of one parallel_for range
-inline void sgd_chunks(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, const std::vector<Entry>& entries,
-                       const std::vector<SgdHp>& hps, const std::vector<double>& lr) {
-  for (int64_t c = lo; c < hi; ++c) {
-    const Chunk& ch = chunks[c];
-    const Entry& en = entries[ch.entry];
-    const SgdHp& hp = hps[en.group];
-    dispatch(en.dtype, [&](auto tag) {
+struct SgdKernel {
+  static void chunks(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi, const std::vector<Entry>& entries,
+                     const std::vector<SgdHp>& hps, const std::vector<double>& lr) {
+    each_chunk(chunks, lo, hi, entries, [&](auto tag, int64_t, const Chunk& ch, const Entry& en) {
       using T = decltype(tag);
+      const SgdHp& hp = hps[en.group];
       if (const SgdChunkFn fast = sgd_fast_path<T>(hp.flags)) fast(en, hp, lr[en.group], ch.begin, ch.end);
       else sgd_chunk<T>(en, hp, lr[en.group], ch.begin, ch.end);
     });
   }
-}
+};
 
 }  // namespace FO_CPU_ISA
 }  // namespace cpu

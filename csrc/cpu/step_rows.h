@@ -35,15 +35,16 @@ inline std::vector<Entry> active_client_entries(const Gathered& gat, const std::
   return out;
 }
 
-// One hp struct per hp row; a row's optional roles are its batch's (present mask of batch g / C).
-template <class Hp, class Make>
-std::vector<Hp> hp_rows(const Gathered& gat, const StepScalars& sc, Make make) {
+// One hp struct per hp row (fo_hp.h Hp::of); a row's optional roles are its batch's (present mask
+// of batch g / C).
+template <class Hp>
+std::vector<Hp> hp_rows(const Gathered& gat, const StepScalars& sc) {
   const bool unscale = sc.grad_scale != nullptr;
   const double inv = unscale ? inv_scale_of(*sc.grad_scale) : 1.0;
   const int64_t per = clients_of(sc), rows = gat.nbatches() * per;
   std::vector<Hp> out;
   out.reserve(static_cast<size_t>(rows));
-  for (int64_t g = 0; g < rows; ++g) out.push_back(make(sc.hp + g * sc.hp_cols, gat.present[g / per], unscale, inv));
+  for (int64_t g = 0; g < rows; ++g) out.push_back(Hp::of(sc.hp + g * sc.hp_cols, gat.present[g / per], unscale, inv));
   return out;
 }
 
@@ -51,7 +52,7 @@ std::vector<Hp> hp_rows(const Gathered& gat, const StepScalars& sc, Make make) {
 // batch flagged FRESH (new momentum buffers this round), a client at k == 0 takes dampening 0
 // (buf = d), as the per-client optimizer does on its first step.
 inline void sgd_rows(const Gathered& gat, const StepScalars& sc, std::vector<SgdHp>& hps, std::vector<double>& lr) {
-  hps = hp_rows<SgdHp>(gat, sc, sgd_hp_of);
+  hps = hp_rows<SgdHp>(gat, sc);
   const int64_t per = clients_of(sc);
   lr.resize(hps.size());
   for (size_t g = 0; g < hps.size(); ++g) {

@@ -1,8 +1,8 @@
 // The driver both global-norm ops (FedNAR, PAdaMFed) share on the CPU: pass 1 writes one sum of
 // squares per fixed chunk, each segment's norm (a client of a batched op; the whole step of a
-// per-client op, which is the one-segment case) and each group's scale are formed from them in
-// chunk order on this thread (so the result does not depend on the thread count), pass 2 applies
-// the scales.
+// per-client op, which is the one-segment case) and each group's factor (fo_hp.h norm_factor) are
+// formed from them in chunk order on this thread (so the result does not depend on the thread
+// count), pass 2 applies the factors.
 #pragma once
 
 #include <c10/util/Exception.h>
@@ -10,20 +10,23 @@
 #include <algorithm>
 #include <vector>
 
+#include "../common/fo_hp.h"
 #include "cpu_common.h"
 #include "cpu_ops.h"
 
 namespace fo {
 namespace cpu {
 
-// norm_pass(chunks, lo, hi, partials) and update_pass(chunks, lo, hi, scales) run chunks [lo, hi);
-// scale_of(norm, hp, norm_f64) gives one group's factor from the norm of the group's segment.
-template <class Hp, class NormPass, class ScaleOf, class UpdatePass>
-void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>& hps, bool norm_f64,
-                        NormPass&& norm_pass, ScaleOf&& scale_of, UpdatePass&& update_pass) {
+// Base / Avx2: the two copies (FO_CPU_COPIES) of the op's chunk code, a TwoPass<K> (cpu_tile.h).
+template <class Base, class Avx2, class Hp>
+void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>& hps, bool norm_f64) {
+  const bool avx2 = use_avx2();
   const std::vector<Chunk> chunks = make_chunks(entries);
   std::vector<double> partial(chunks.size(), 0.0);
-  for_chunks(chunks, [&](int64_t lo, int64_t hi) { norm_pass(chunks, lo, hi, partial.data()); });
+  for_chunks(chunks, [&](int64_t lo, int64_t hi) {
+    if (avx2) Avx2::norm_chunks(chunks, lo, hi, entries, hps, partial.data());
+    else Base::norm_chunks(chunks, lo, hi, entries, hps, partial.data());
+  });
   // a group's entries all belong to one segment (hp row b * C + c is client c's); groups without
   // entries get segment 0's norm, and their scale is never read
   std::vector<int32_t> segment_of(hps.size(), 0);
@@ -37,9 +40,19 @@ void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>
   const std::vector<double> norm =
       hook.fn ? reduced_norm(chunks, entries.size(), partial, hook) : segment_norms(chunks, entries, partial, segments);
   std::vector<double> scale(hps.size());
-  for (size_t g = 0; g < hps.size(); ++g) scale[g] = scale_of(norm[segment_of[g]], hps[g], norm_f64);
-  for_chunks(chunks, [&](int64_t lo, int64_t hi) { update_pass(chunks, lo, hi, scale); });
+  for (size_t g = 0; g < hps.size(); ++g) scale[g] = norm_factor(norm[segment_of[g]], hps[g], norm_f64);
+  for_chunks(chunks, [&](int64_t lo, int64_t hi) {
+    if (avx2) Avx2::update_chunks(chunks, lo, hi, entries, hps, scale);
+    else Base::update_chunks(chunks, lo, hi, entries, hps, scale);
+  });
 }
 
 }  // namespace cpu
 }  // namespace fo
+
+// Defines the op `fo::cpu::NAME(entries, hps, norm_f64)` of cpu_ops.h from the chunk code K of the
+// op's tiles header (compiled per ISA by isa_copies.h, included before this macro).
+#define FO_CPU_TWO_PASS_OP(NAME, HP, K)                                                          \
+  void fo::cpu::NAME(const std::vector<Entry>& entries, const std::vector<HP>& hps, bool norm_f64) { \
+    two_pass_norm_step<FO_CPU_COPIES(K)>(entries, hps, norm_f64);                                \
+  }

@@ -20,12 +20,8 @@ namespace {
 // The CUDA device for common/binding.h: scalars stay in device memory for the kernels to read.
 struct Cuda {
   static constexpr const char* kName = "cuda";
-
-  static void check_device(const fo::Gathered& gat, const at::Tensor& k) {
-    TORCH_CHECK(gat.entries.empty() || gat.device.is_cuda(), "fedopt_kernels cuda backend needs CUDA tensors, got ",
-                gat.device, " (use backend='cpu' for CPU tensors)");
-    TORCH_CHECK(k.is_cuda(), "fedopt_kernels cuda backend: k must be a CUDA tensor");
-  }
+  static constexpr c10::DeviceType kDevice = c10::DeviceType::CUDA;
+  static constexpr const char* kElsewhere = "use backend='cpu' for CPU tensors";
 
   // clients: C for a batched op (StepScalars.clients), 1 for a per-client op
   static fo::cuda::DeviceScalars device(const fo::StepScalars& s) {
@@ -75,19 +71,19 @@ struct Cuda {
     });
   }
 
-  static void run(fo::SgdOp, fo::Gathered& gat, const fo::StepScalars& sc) { sgd_like(fo::cuda::sgd, gat, sc); }
-  static void run(fo::FedNarOp, fo::Gathered& gat, const fo::StepScalars& sc) { two_pass(fo::cuda::fednar, gat, sc); }
-  static void run(fo::PAdamOp, fo::Gathered& gat, const fo::StepScalars& sc) { two_pass(fo::cuda::padamfed, gat, sc); }
-
-  // Client-batched ops (docs/client_batched.md): gat.entries are the stacked tensors (numel per client), which the
-  // kernels split into clients arithmetically; sc.clients = C, sc.active the mask.
-  static void run(fo::SgdBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
-    sgd_like(fo::cuda::sgd_batched, gat, sc);
+  // Per-client and client-batched ops (docs/client_batched.md) run the same kernels: for a batched op
+  // gat.entries are the stacked tensors (numel per client), which the kernels split into clients
+  // arithmetically; sc.clients = C, sc.active the mask. sgd_batched honours FRESH.
+  template <bool Batched>
+  static void run(fo::OpTag<fo::spec::sgd, Batched>, fo::Gathered& gat, const fo::StepScalars& sc) {
+    sgd_like(Batched ? fo::cuda::sgd_batched : fo::cuda::sgd, gat, sc);
   }
-  static void run(fo::FedNarBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+  template <bool Batched>
+  static void run(fo::OpTag<fo::spec::fednar, Batched>, fo::Gathered& gat, const fo::StepScalars& sc) {
     two_pass(fo::cuda::fednar, gat, sc);
   }
-  static void run(fo::PAdamBatchedOp, fo::Gathered& gat, const fo::StepScalars& sc) {
+  template <bool Batched>
+  static void run(fo::OpTag<fo::spec::padamfed, Batched>, fo::Gathered& gat, const fo::StepScalars& sc) {
     two_pass(fo::cuda::padamfed, gat, sc);
   }
 };
@@ -111,6 +107,5 @@ std::string device_unsupported(int64_t index) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fedopt_kernels CUDA kernels (see csrc/cuda)";
   fo::bind_ops<Cuda>(m);
-  fo::bind_batched_ops<Cuda>(m);
   m.def("device_unsupported", &device_unsupported, py::arg("index"));
 }

@@ -40,7 +40,7 @@ int64_t two_pass_scratch(const Entry* entries, int n, int nbatches, int64_t clie
 // = batch). Both run the same kernels.
 cudaError_t sgd(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
                 cudaStream_t stream);
-// as sgd, and a batch with the FRESH bit (fo_entry.h) gives a client at k == 0 buf = d
+// as sgd, and a batch with the FRESH bit (op_table.h kFreshBit) gives a client at k == 0 buf = d
 cudaError_t sgd_batched(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
                         cudaStream_t stream);
 

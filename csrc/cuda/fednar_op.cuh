@@ -5,6 +5,7 @@
 
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
+#include "two_pass_op.cuh"
 #include "vec_io.cuh"
 
 namespace fo {
@@ -21,16 +22,7 @@ __device__ __forceinline__ A nar_direction(int f, A inv, A wd, A mu, A x, A g, A
   return d;
 }
 
-struct NarOp {
-  using TableT = Table<fednar_slot::COUNT, 60, 16>;
-  using Hp = FedNarHp;
-  static constexpr bool kStateSlot[fednar_slot::COUNT] = {false, false, false, false};
-
-  __device__ static Hp hp_of(const double* row, int32_t present, bool unscale, double inv) {
-    return fednar_hp_of(row, present, unscale, inv);
-  }
-  __device__ static double scale(double norm, const Hp& hp, bool norm_f64) { return fednar_scale(norm, hp, norm_f64); }
-
+struct NarOp : TwoPassOp<spec::fednar, FedNarHp, 60> {
   template <class T, bool kUpdate, bool kVector>
   __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
     using A = acc_t<T>;
@@ -43,43 +35,34 @@ struct NarOp {
     if (X0) X0 += w.begin;
     if (C) C += w.begin;
     double sq = 0.0;
-
-    const int nvec = w.n / kVec;  // the same split with and without vector accesses (norm_chunk.cuh)
-    for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
+    struct Regs {
       A x[kIlp][kVec], g[kIlp][kVec], c[kIlp][kVec], x0[kIlp][kVec];
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int v = v0 + u * kBlock;
-        if (v < nvec) {
-          const int j = v * kVec;
-          load4_any<kVector>(X + j, x[u]);
-          load4_any<kVector>(G + j, g[u]);
-          if (f & kNarCorrection) load4_any<kVector>(C + j, c[u]);
-          if (f & kNarProx) load4_any<kVector>(X0 + j, x0[u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int v = v0 + u * kBlock;
-        if (v < nvec) {
+    };
+    walk_chunk<Regs>(
+        w.n,
+        [&](Regs& r, int u, int j) {
+          load4_any<kVector>(X + j, r.x[u]);
+          load4_any<kVector>(G + j, r.g[u]);
+          if (f & kNarCorrection) load4_any<kVector>(C + j, r.c[u]);
+          if (f & kNarProx) load4_any<kVector>(X0 + j, r.x0[u]);
+        },
+        [&](Regs& r, int u, int j) {
 #pragma unroll
           for (int q = 0; q < kVec; ++q) {
-            const A d = nar_direction(f, inv, wd, mu, x[u][q], g[u][q], c[u][q], x0[u][q]);
-            if (kUpdate) x[u][q] = x[u][q] - scale * d;
+            const A d = nar_direction(f, inv, wd, mu, r.x[u][q], r.g[u][q], r.c[u][q], r.x0[u][q]);
+            if (kUpdate) r.x[u][q] = r.x[u][q] - scale * d;
             else sq += static_cast<double>(d) * static_cast<double>(d);
           }
-          if (kUpdate) store4_any<kVector>(X + v * kVec, x[u]);
-        }
-      }
-    }
-    for (int j = nvec * kVec + threadIdx.x; j < w.n; j += kBlock) {
-      const A x = load1(X + j);
-      const A c = (f & kNarCorrection) ? load1(C + j) : A(0);
-      const A x0 = (f & kNarProx) ? load1(X0 + j) : A(0);
-      const A d = nar_direction(f, inv, wd, mu, x, load1(G + j), c, x0);
-      if (kUpdate) store1(X + j, x - scale * d);
-      else sq += static_cast<double>(d) * static_cast<double>(d);
-    }
+          if (kUpdate) store4_any<kVector>(X + j, r.x[u]);
+        },
+        [&](int j) {
+          const A x = load1(X + j);
+          const A c = (f & kNarCorrection) ? load1(C + j) : A(0);
+          const A x0 = (f & kNarProx) ? load1(X0 + j) : A(0);
+          const A d = nar_direction(f, inv, wd, mu, x, load1(G + j), c, x0);
+          if (kUpdate) store1(X + j, x - scale * d);
+          else sq += static_cast<double>(d) * static_cast<double>(d);
+        });
     return sq;
   }
 };

@@ -3,17 +3,7 @@
 // (VR: (G + D) - (1-beta)*H), acc += G, the float64 sum of squares of v; pass 2:
 // x -= v * (eta / max(norm, eps)), the factor formed once on the device.
 // The per-chunk math is PadOp (padamfed_op.cuh).
-#include "cuda_ops.h"
 #include "padamfed_op.cuh"
 #include "two_pass.cuh"
 
-namespace fo {
-namespace cuda {
-
-cudaError_t padamfed(const Entry* entries, int n, const int32_t* present, int nbatches, bool norm_f64,
-                     const DeviceScalars& s, double* scratch, cudaStream_t stream) {
-  return two_pass<PadOp>(entries, n, present, nbatches, norm_f64, s, scratch, stream);
-}
-
-}  // namespace cuda
-}  // namespace fo
+FO_CUDA_TWO_PASS_OP(padamfed, PadOp)

@@ -6,6 +6,7 @@
 
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
+#include "two_pass_op.cuh"
 #include "vec_io.cuh"
 
 namespace fo {
@@ -16,17 +17,8 @@ __device__ __forceinline__ A pad_direction(bool vr, A beta, A omb, A g, A D, A h
   return vr ? (g + D) - omb * h : beta * g + D;
 }
 
-struct PadOp {
-  using TableT = Table<padamfed_slot::COUNT, 52, 16>;
-  using Hp = PAdamHp;
-  // D and acc are state-typed: float32, float64 for float64 params
-  static constexpr bool kStateSlot[padamfed_slot::COUNT] = {false, false, true, true, false};
-
-  __device__ static Hp hp_of(const double* row, int32_t present, bool unscale, double inv) {
-    return padamfed_hp_of(row, present, unscale, inv);
-  }
-  __device__ static double scale(double norm, const Hp& hp, bool norm_f64) { return padamfed_scale(norm, hp, norm_f64); }
-
+// D and acc are state-typed (op_table.h): float32, float64 for float64 params
+struct PadOp : TwoPassOp<spec::padamfed, PAdamHp, 52> {
   // pass 1 reads G, D, acc, H and writes acc; pass 2 reads G, D, x, H and writes x
   template <class T, bool kUpdate, bool kVector>
   __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
@@ -42,53 +34,44 @@ struct PadOp {
     const T* H = static_cast<const T*>(tab.ptr[padamfed_slot::H][w.i]);
     if (H) H += w.begin;
     double sq = 0.0;
-
-    const int nvec = w.n / kVec;  // the same split with and without vector accesses (norm_chunk.cuh)
-    for (int v0 = threadIdx.x; v0 < nvec; v0 += kBlock * kIlp) {
+    struct Regs {
       A g[kIlp][kVec], d[kIlp][kVec], h[kIlp][kVec], y[kIlp][kVec];  // y: acc (pass 1) or x (pass 2)
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int v = v0 + u * kBlock;
-        if (v < nvec) {
-          const int j = v * kVec;
-          load4_any<kVector>(G + j, g[u]);
-          load4_any<kVector>(D + j, d[u]);
-          if (vr) load4_any<kVector>(H + j, h[u]);
-          if (kUpdate) load4_any<kVector>(X + j, y[u]);
-          else load4_any<kVector>(ACC + j, y[u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int v = v0 + u * kBlock;
-        if (v < nvec) {
+    };
+    walk_chunk<Regs>(
+        w.n,
+        [&](Regs& r, int u, int j) {
+          load4_any<kVector>(G + j, r.g[u]);
+          load4_any<kVector>(D + j, r.d[u]);
+          if (vr) load4_any<kVector>(H + j, r.h[u]);
+          if (kUpdate) load4_any<kVector>(X + j, r.y[u]);
+          else load4_any<kVector>(ACC + j, r.y[u]);
+        },
+        [&](Regs& r, int u, int j) {
 #pragma unroll
           for (int q = 0; q < kVec; ++q) {
-            const A gg = unscale ? g[u][q] * inv : g[u][q];
-            const A vv = pad_direction(vr, beta, omb, gg, d[u][q], h[u][q]);
+            const A gg = unscale ? r.g[u][q] * inv : r.g[u][q];
+            const A vv = pad_direction(vr, beta, omb, gg, r.d[u][q], r.h[u][q]);
             if (kUpdate) {
-              y[u][q] = y[u][q] - vv * scale;
+              r.y[u][q] = r.y[u][q] - vv * scale;
             } else {
               sq += static_cast<double>(vv) * static_cast<double>(vv);
-              y[u][q] = y[u][q] + gg;
+              r.y[u][q] = r.y[u][q] + gg;
             }
           }
-          if (kUpdate) store4_any<kVector>(X + v * kVec, y[u]);
-          else store4_any<kVector>(ACC + v * kVec, y[u]);
-        }
-      }
-    }
-    for (int j = nvec * kVec + threadIdx.x; j < w.n; j += kBlock) {
-      const A g0 = load1(G + j);
-      const A g = unscale ? g0 * inv : g0;
-      const A vv = pad_direction(vr, beta, omb, g, D[j], vr ? load1(H + j) : A(0));
-      if (kUpdate) {
-        store1(X + j, load1(X + j) - vv * scale);
-      } else {
-        sq += static_cast<double>(vv) * static_cast<double>(vv);
-        ACC[j] = ACC[j] + g;
-      }
-    }
+          if (kUpdate) store4_any<kVector>(X + j, r.y[u]);
+          else store4_any<kVector>(ACC + j, r.y[u]);
+        },
+        [&](int j) {
+          const A g0 = load1(G + j);
+          const A g = unscale ? g0 * inv : g0;
+          const A vv = pad_direction(vr, beta, omb, g, D[j], vr ? load1(H + j) : A(0));
+          if (kUpdate) {
+            store1(X + j, load1(X + j) - vv * scale);
+          } else {
+            sq += static_cast<double>(vv) * static_cast<double>(vv);
+            ACC[j] = ACC[j] + g;
+          }
+        });
     return sq;
   }
 };

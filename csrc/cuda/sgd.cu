@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kBlock) sgd_kernel(const __grid_constant__ Sgd
   if (inactive(ex, w.c)) return;
   const int g = tab.group[w.i];
   const int32_t present = tab.present[g];
-  SgdHp hp = sgd_hp_of(hp_row(ex, tab.group_id[g], w.c), present, ex.grad_scale != nullptr, inv_scale(ex));
+  SgdHp hp = SgdHp::of(hp_row(ex, tab.group_id[g], w.c), present, ex.grad_scale != nullptr, inv_scale(ex));
   const int32_t k = ex.k[w.c];
   // batched, new momentum buffers: a client's first step takes buf = d (torch's first-step rule,
   // dampening 0); per-client ops never carry the bit (sgd() clears it)
@@ -117,8 +117,7 @@ __global__ void __launch_bounds__(kBlock) sgd_kernel(const __grid_constant__ Sgd
 template <class T>
 cudaError_t launch(const Entry* entries, int n, const int32_t* present, const DeviceScalars& ex, DType dt,
                    cudaStream_t stream) {
-  static const bool state_slot[sgd_slot::COUNT] = {false, false, false, false, false, true};
-  return for_each_table<SgdTable>(entries, n, dt, present, state_slot, ex.clients,
+  return for_each_table<SgdTable>(entries, n, dt, present, spec::sgd::kStateSlot, ex.clients,
                                   [&](const SgdTable& tab, int64_t blocks) {
                                     sgd_kernel<T><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(tab, ex);
                                     return cudaGetLastError();

@@ -1,11 +1,12 @@
 // The two-pass (global norm, then update) driver shared by every norm op (FedNAR, PAdaMFed), for
 // per-client ops (1 client) and client-batched ops (C clients, one norm each) alike.
 //
-// An op is a struct (apex-style functor) with
+// An op is a struct (apex-style functor) deriving from TwoPassOp (two_pass_op.cuh), which gives
 //   TableT                     its tensor table (multi_tensor_apply.cuh)
-//   Hp, hp_of(row, present, unscale, inv)   its per-batch struct from a row of hp (common/fo_hp.h)
-//   scale(norm, hp, norm_f64)  the batch's factor from the global norm
+//   Hp                         its per-batch struct (common/fo_hp.h: Hp::of(row, present, unscale,
+//                              inv) from a row of hp, norm_factor(norm, hp, norm_f64) the factor)
 //   kStateSlot[]               which slots are state-typed (float32 / float64 storage)
+// and has
 //   chunk<T, kUpdate, kVector>(tab, w, hp, scale) -> double
 //                              one block's chunk: pass 1 returns this thread's float64 sum of
 //                              squares (and may write, e.g. acc), pass 2 applies the factor.
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kBlock) two_pass_kernel(const __grid_constant_
   const int g = tab.group[w.i];
   const int batch = tab.group_id[g];
   const typename Op::Hp hp =
-      Op::hp_of(hp_row(ex.s, batch, w.c), tab.present[g], ex.s.grad_scale != nullptr, inv_scale(ex.s));
+      Op::Hp::of(hp_row(ex.s, batch, w.c), tab.present[g], ex.s.grad_scale != nullptr, inv_scale(ex.s));
   using A = acc_t<T>;
   const A scale = kUpdate ? static_cast<A>(ex.scales[static_cast<int64_t>(batch) * ex.s.clients + w.c]) : A(0);
   const double sq = norm_chunk<Op, T, kUpdate>(tab, w, hp, scale);
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kFinalThreads) finalize_kernel(const double* p
   __syncthreads();
   for (int b = threadIdx.x; b < nbatches; b += kFinalThreads)
     scales[static_cast<int64_t>(b) * s.clients + c] =
-        Op::scale(norm, Op::hp_of(hp_row(s, b, c), 0, false, 1.0), norm_f64 != 0);
+        norm_factor(norm, Op::Hp::of(hp_row(s, b, c), 0, false, 1.0), norm_f64 != 0);
 }
 
 template <class Op, class T, bool kUpdate>
@@ -134,3 +135,10 @@ cudaError_t two_pass(const Entry* entries, int n, const int32_t* present, int nb
 
 }  // namespace cuda
 }  // namespace fo
+
+// Defines the op `fo::cuda::NAME` of cuda_ops.h (the two passes of Op, one norm per client).
+#define FO_CUDA_TWO_PASS_OP(NAME, Op)                                                                   \
+  cudaError_t fo::cuda::NAME(const Entry* entries, int n, const int32_t* present, int nbatches, bool norm_f64, \
+                             const DeviceScalars& s, double* scratch, cudaStream_t stream) {             \
+    return two_pass<Op>(entries, n, present, nbatches, norm_f64, s, scratch, stream);                  \
+  }

@@ -6,7 +6,9 @@ compiler (and nvcc for CUDA) is present, this module compiles the installed sour
 (``fedopt_kernels/csrc``, listed by its ``build.py``, the same list setup.py builds) with
 ``torch.utils.cpp_extension.load`` the first time a backend is asked for — as DeepSpeed's op
 builder does — and caches the result per extension, torch, CUDA version, GPU architectures and
-source digest, so later processes only import it.
+source digest, so later processes only import it. The header of every op's argument layout
+(``op_table.h``) is generated from the running package's ``_ops.py`` into the cache folder and is
+part of the digest.
 
 Switches: ``FEDOPT_JIT_BUILD=0`` turns the build off (a build already in the cache is still
 loaded); ``FEDOPT_CACHE_DIR`` moves the cache (default
@@ -27,6 +29,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
+
+from .. import _op_header
 
 _PKG_DIR = Path(__file__).resolve().parent.parent
 _SWITCH = {"_C_cpu": "FEDOPT_BUILD_CPU", "_C_cuda": "FEDOPT_BUILD_CUDA"}
@@ -93,8 +97,10 @@ def _load_build_module(path: Path) -> ModuleType:
 
 
 def _digest(csrc: Path, spec) -> str:
-    """Hash of every source and header under csrc/ and of the build's flags and target."""
+    """Hash of every source and header under csrc/, of the generated op_table.h and of the build's
+    flags and target."""
     h = hashlib.sha256()
+    h.update(_op_header.render().encode() + b"\0")
     for f in sorted(p for p in csrc.rglob("*") if p.suffix in _SOURCE_SUFFIXES and p.is_file()):
         h.update(str(f.relative_to(csrc)).encode() + b"\0" + f.read_bytes() + b"\0")
     for part in (spec.tag, sys.version, *spec.cflags, "|", *spec.ldflags, "|", *(spec.cuda_cflags or [])):
@@ -226,11 +232,12 @@ def _compile(ext: str, spec, out: Path, cpp_extension) -> ModuleType:
             if shutil.which(cxx):
                 os.environ["CXX"] = cxx  # torch compiles with $CXX, else c++
                 break
+    generated = _op_header.write(str(out / "generated"))  # the sources include op_table.h from here
     t0 = time.perf_counter()
     try:
         mod = cpp_extension.load(name=ext, sources=spec.sources, extra_cflags=spec.cflags,
                                  extra_ldflags=spec.ldflags, extra_cuda_cflags=spec.cuda_cflags,
-                                 extra_include_paths=spec.include_dirs, build_directory=str(out),
+                                 extra_include_paths=spec.include_dirs + [generated], build_directory=str(out),
                                  with_cuda=spec.with_cuda, verbose=False)
     except Exception as exc:  # the compiler's output is in the exception's text
         text = f"{type(exc).__name__}: {exc}"

@@ -149,52 +149,43 @@ def _stage_roles(a: OpArgs, plan, cache):
     return _roles(a)[0]
 
 
-def _sgd_op(name: str):
+def _op(name: str, launch_all):
+    """Register ``name``'s Triton implementation: parse, plan, stage what the plan stages, run
+    ``launch_all(args, plan, amp, active)`` (every launch of the step, k += 1 included), unstage."""
+    def step(*args, cache=None) -> None:
+        a = OpArgs.parse(OPS[name], args)
+        active = _active(a)
+        with _launcher.device_guard(a.device):
+            plan = _plan(a, cache)
+            roles = _stage_roles(a, plan, cache)
+            if roles is not None:
+                plan.stage_in(roles)
+            launch_all(a, plan, _amp(a), active)
+            if roles is not None:
+                plan.stage_out(roles)
+
+    step.__name__ = step.__qualname__ = f"{name}_triton"
+    return register(name, "triton")(step)
+
+
+def _sgd_launches(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
     """``sgd`` and ``sgd_batched``: one update launch per launch of the plan, then k += 1 (per
     active client) on the device. The batched op is the same kernel over client slices."""
-    def step(*args, cache=None) -> None:
-        a = OpArgs.parse(OPS[name], args)
-        active = _active(a)
-        with _launcher.device_guard(a.device):
-            plan = _plan(a, cache)
-            amp = _amp(a)
-            hp = _hp(a)
-            roles = _stage_roles(a, plan, cache)
-            if roles is not None:
-                plan.stage_in(roles)
-            for lau in plan.launches:
-                _sgd.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
-            if roles is not None:
-                plan.stage_out(roles)
-            _two_pass.advance(a.k, amp, active)
-
-    step.__name__ = step.__qualname__ = f"{name}_triton"
-    return register(name, "triton")(step)
+    hp = _hp(a)
+    for lau in plan.launches:
+        _sgd.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
+    _two_pass.advance(a.k, amp, active)
 
 
-def _norm_op(name: str):
+def _norm_launches(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
     """``fednar``/``padamfed`` and their batched forms: norm pass, (batched: per-client finalize),
     update pass."""
-    def step(*args, cache=None) -> None:
-        a = OpArgs.parse(OPS[name], args)
-        active = _active(a)
-        with _launcher.device_guard(a.device):
-            plan = _plan(a, cache)
-            amp = _amp(a)
-            roles = _stage_roles(a, plan, cache)
-            if roles is not None:
-                plan.stage_in(roles)
-            _two_pass.launch(OPS[name].base or name, plan, _hp(a), a.k, amp, active)
-            if roles is not None:
-                plan.stage_out(roles)
-
-    step.__name__ = step.__qualname__ = f"{name}_triton"
-    return register(name, "triton")(step)
+    _two_pass.launch(a.spec.base or a.spec.name, plan, _hp(a), a.k, amp, active)
 
 
-sgd_step = _sgd_op("sgd")
-sgd_batched_step = _sgd_op("sgd_batched")
-fednar_step = _norm_op("fednar")
-padamfed_step = _norm_op("padamfed")
-fednar_batched_step = _norm_op("fednar_batched")
-padamfed_batched_step = _norm_op("padamfed_batched")
+sgd_step = _op("sgd", _sgd_launches)
+sgd_batched_step = _op("sgd_batched", _sgd_launches)
+fednar_step = _op("fednar", _norm_launches)
+padamfed_step = _op("padamfed", _norm_launches)
+fednar_batched_step = _op("fednar_batched", _norm_launches)
+padamfed_batched_step = _op("padamfed_batched", _norm_launches)

@@ -122,7 +122,7 @@ int main() {
   nar.inv_scale = 0.25;
   nar.flags = kNarWeightDecay | kNarProx | kNarCorrection | kNarUnscale;
   const bool nar_present[fednar_slot::COUNT] = {true, true, true, true};
-  const bool nar_state[fednar_slot::COUNT] = {false, false, false, false};
+  const bool* nar_state = spec::fednar::kStateSlot;
   bool ok = true;
   for (int n : sizes) {
     ok = ok && check<NarOp, float>("fednar float32", n, nar, nar_present, nar_state, fednar_slot::COUNT);
@@ -136,7 +136,7 @@ int main() {
       pad.inv_scale = 0.25;
       pad.flags = kPadUnscale | (vr ? kPadVarianceReduction : 0);
       const bool pad_present[padamfed_slot::COUNT] = {true, true, true, true, vr == 1};
-      const bool pad_state[padamfed_slot::COUNT] = {false, false, true, true, false};
+      const bool* pad_state = spec::padamfed::kStateSlot;
       ok = ok && check<PadOp, float>(vr ? "padamfed-vr float32" : "padamfed float32", n, pad, pad_present,
                                      pad_state, padamfed_slot::COUNT);
       ok = ok && check<PadOp, double>(vr ? "padamfed-vr float64" : "padamfed float64", n, pad, pad_present,
