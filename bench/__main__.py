@@ -3,7 +3,7 @@
 ``python -m bench clients``: the client-batched training benchmark instead (bench/clients.py).
 ``python -m bench sharded``: the step on DTensor parameters over 2 CPU processes (bench/sharded.py).
 
-Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (four core
+Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
 ``--smoke`` (small CNN only, three timed steps: checks the machinery, numbers mean little).
 
