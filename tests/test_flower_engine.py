@@ -25,14 +25,14 @@ pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[f
 
 import torch  # noqa: E402
 
+from fedopt_kernels.algorithm import VARIANTS  # noqa: E402
 from fedopt_kernels.sim import Simulation  # noqa: E402
 from fedopt_kernels.sim.config import SimConfig  # noqa: E402
 from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "flower-digits"
-STRATEGIES = ["feddecay", "fednlr", "fednar", "fednar-fedprox", "scaffold", "fednar-scaffold", "padamfed",
-              "padamfed-vr"]
+STRATEGIES = list(VARIANTS)  # every registered algorithm variant
 # mlp and a larger lr (lr-scale multiplies every client lr, PAdaMFed's theory eta too) so that three
 # rounds move accuracy clearly for every algorithm; decay-every=5 lets FedDecay's lr decay per half round
 SUITE = {"algorithm": ",".join(STRATEGIES), "clients": 5, "holdout-fraction": 0.0, "rounds": 3, "local-steps": 10,

@@ -23,6 +23,8 @@ flwr = pytest.importorskip("flwr", reason="Flower is not installed: pip install 
 import torch  # noqa: E402
 from flwr.app import Array, ConfigRecord, MessageType  # noqa: E402
 
+from fedopt_kernels.aggregation import RULES  # noqa: E402
+from fedopt_kernels.algorithm import VARIANTS  # noqa: E402
 from fedopt_kernels.flower import FedDecay, FedNAR, FedNLR, PAdaMFed, Scaffold, strategy_for  # noqa: E402
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
@@ -53,9 +55,9 @@ def one_thread():
 
 
 # ---------------------------------------------------------------------------------------------- agreement
-@pytest.mark.parametrize("algorithm, sample_rate", [("fednar-scaffold", 1.0), ("padamfed", 1.0),
-                                                    ("padamfed-vr", 1.0), ("fednar-scaffold", 0.5),
-                                                    ("padamfed", 0.5)])
+# every registered variant with everyone training, and partial participation for each rule with server state
+@pytest.mark.parametrize("algorithm, sample_rate", [(v, 1.0) for v in VARIANTS] +
+                         [(v.name, 0.5) for v in VARIANTS.values() if RULES[v.server].state])
 def test_flower_run_equals_the_simulator(algorithm, sample_rate):
     # sample_rate 0.5: the app's strategy trains the clients fedopt-sim samples (a twin simulator draws them)
     rc = run_config(algorithm, rounds=3, **{"sample-rate": sample_rate})
@@ -70,8 +72,9 @@ def test_flower_run_equals_the_simulator(algorithm, sample_rate):
     assert out["history"][-1]["val_acc"] == pytest.approx(sim.history[-1]["val_acc"], abs=1e-9)
 
 
-def test_client_keeps_its_control_and_never_sends_it():
-    rc = run_config("scaffold", rounds=1)
+@pytest.mark.parametrize("algorithm", [v.name for v in VARIANTS.values() if RULES[v.server].keeps])
+def test_client_keeps_its_control_and_never_sends_it(algorithm):
+    rc = run_config(algorithm, rounds=1)
     cfg = sim_configs(rc)[0]
     sent = []
 
@@ -83,7 +86,8 @@ def test_client_keeps_its_control_and_never_sends_it():
 
     grid = InProcessGrid(spy, cfg.num_train_clients, rc)
     run_algorithm(grid, cfg, tag="spy")
-    assert sent and all(keys == {"delta", "dc", "metrics"} for keys in sent)
+    expected = {"delta", "metrics", *RULES[cfg.server_rule].reply}
+    assert sent and all(keys == expected for keys in sent)
     for ctx in grid.contexts.values():
         assert "spy.control" in ctx.state and "spy.batches" in ctx.state
 
