@@ -32,14 +32,14 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .algorithms import ALGOS
+from .algorithms import ALGOS, CORE
 from .machine import ROOT, loadavg, run_meta
 from .report import slug
 from .runner import _make_params
 from .shapes import SIZES
 from .timing import Budget, time_calls
 
-DEFAULT_ALGOS = ["feddecay", "neuronlr", "fednar", "padamfed"]
+DEFAULT_ALGOS = CORE  # each algorithm's core row
 DEFAULT_SIZES = ["small_cnn", "resnet18"]
 
 

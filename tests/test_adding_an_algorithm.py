@@ -15,7 +15,7 @@ from fedopt_kernels._base import FedOptimizer
 from fedopt_kernels.aggregation import RULES
 from fedopt_kernels.algorithm import Algorithm, Variant
 from fedopt_kernels.batched._client_batched import ClientBatched
-from fedopt_kernels.fl_config import FLConfig
+from fedopt_kernels.fl_config import FLConfig, algorithm_settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "docs" / "algorithms.md").read_text()
@@ -105,3 +105,88 @@ def test_registering_a_name_twice_is_refused():
     a = algorithm.ALGORITHMS["feddecay"]
     with pytest.raises(ValueError, match="registered twice"):
         algorithm.register(a)
+
+
+# where an algorithm's name may stand as a string: its descriptor module, the server rules, the
+# kernels, and these few places that name one on purpose (a default, the paper-named Flower
+# constructors, the benchmark's goals and its client-batched workload)
+_NAME_HOMES = {"fedopt_kernels/feddecay.py", "fedopt_kernels/neuron_lr.py", "fedopt_kernels/fednar.py",
+               "fedopt_kernels/padamfed.py", "fedopt_kernels/feddyn.py", "fedopt_kernels/aggregation.py",
+               "fedopt_kernels/server_rules.py", "fedopt_kernels/_ops.py"}
+_NAME_FOLDERS = ("fedopt_kernels/reference/", "fedopt_kernels/backends/", "triton_kernels/")
+_NAMED_ON_PURPOSE = {"fedopt_kernels/fl_config.py": {"fedavg"}, "fedopt_kernels/flower/runconfig.py": {"fedavg"},
+                     "fedopt_kernels/flower/averaging.py": {"fedavg", "fedprox", "scaffold", "fednar", "fednar-fedprox",
+                                                            "fednar-scaffold", "feddecay", "fednlr"},
+                     "fedopt_kernels/flower/padamfed.py": {"padamfed", "padamfed-vr"},
+                     "bench/goals.py": {"feddecay", "fednar", "padamfed"}, "bench/clients.py": {"fednar"}}
+
+
+_OLD_KINDS = {"decay", "nlr", "nar"}  # the simulator's old optimizer kinds, as whole strings
+
+
+def _string_names(path: pathlib.Path, names) -> List[tuple]:
+    """(line, name) of every string constant (docstrings aside) that is, or mentions as a word, an algorithm name."""
+    import ast
+    import re
+
+    pat = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")(?![\w-])")
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs and \
+                len(node.value) < 40:  # names and keys, not messages
+            out += [(node.lineno, m.group(0)) for m in pat.finditer(node.value)]
+            if node.value in _OLD_KINDS:
+                out.append((node.lineno, node.value))
+    return out
+
+
+def test_no_algorithm_name_outside_its_descriptor_and_kernels():
+    names = set(algorithm.VARIANTS) | set(algorithm.ALGORITHMS)
+    found = []
+    for path in sorted(ROOT.glob("fedopt_kernels/**/*.py")) + sorted(ROOT.glob("bench/*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in _NAME_HOMES or rel.startswith(_NAME_FOLDERS):
+            continue
+        allowed = _NAMED_ON_PURPOSE.get(rel, set())
+        found += [f"{rel}:{line}: {name!r}" for line, name in _string_names(path, names) if name not in allowed]
+    assert found == []
+
+
+def _out_of_range(f) -> list:
+    low, high, low_open, _ = f.metadata["range"]
+    if f.metadata["choices"]:
+        return ["no-such-choice", 3]
+    bad = [float("nan"), float("inf"), True, "1"]
+    bad.append(low - 1 if not low_open else low)
+    if high != float("inf"):
+        bad.append(high + 1)
+    return bad
+
+
+@pytest.mark.parametrize("setting", [f.name for f in algorithm_settings(FLConfig)])
+def test_every_algorithm_setting_refuses_bad_values_naming_itself(setting):
+    f = next(f for f in algorithm_settings(FLConfig) if f.name == setting)
+    takes = next(v for v in algorithm.VARIANTS.values()
+                 if not f.metadata["some"] or setting in algorithm.ALGORITHMS[v.algorithm].settings)
+    for value in _out_of_range(f):
+        with pytest.raises(ValueError, match=setting):
+            FLConfig(algorithm=takes.name, **{setting: value}).validate()
+
+
+@pytest.mark.parametrize("setting", [f.name for f in algorithm_settings(FLConfig) if f.metadata["some"]])
+def test_a_setting_is_refused_by_the_algorithms_that_do_not_take_it(setting):
+    f = next(f for f in algorithm_settings(FLConfig) if f.name == setting)
+    given = {"beta": 0.5, "momentum": 0.5, "weight_decay": 0.1, "clip_norm": 1.0, "round_decay": 0.9}.get(setting, 0.5)
+    assert f.default != given
+    for v in algorithm.VARIANTS.values():
+        cfg = FLConfig(algorithm=v.name, **{setting: given})
+        if setting in algorithm.ALGORITHMS[v.algorithm].settings:
+            if v.beta is None or setting != "beta":
+                cfg.validate()
+        else:
+            with pytest.raises(ValueError, match=f"{setting} does not apply"):
+                cfg.validate()
