@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import _base
+from fedopt_kernels import _params
 
 from backends import cases, require
 
@@ -248,7 +248,7 @@ def test_error_messages_are_not_built_on_the_steady_path(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("an error message was built on a step that raised nothing")
 
-    monkeypatch.setattr(_base, "_param_name", boom)
+    monkeypatch.setattr(_params, "param_name", boom)
     for s in range(1, 4):
         _step(ours, a, oracle, b, s)  # new gradient tensors every step: still no message built
     ours.start_round()
