@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
 import torch
 
+from ._between_passes import reducing
 from ._plan import StepPlan
 from ._plan_inputs import PlanInputs
 
@@ -335,25 +336,16 @@ def _slot_reduce(weight: float, groups: list) -> Callable[[torch.Tensor], None]:
 
 
 def _with_reduce(inner: Callable, reduce: Callable, backend: str, localized: Callable) -> Callable:
-    if backend == "triton":
-        from .triton_kernels.two_pass import reducing_slots
-
-        def step(*args, cache=None):
-            args = localized(args)
-            with reducing_slots(reduce):
-                inner(*args, cache=cache)
-    elif backend == "cpu":
+    if backend == "cpu":
         from .backends.cpu import _C
 
         def step(*args, cache=None):
             args = localized(args)
             _C.run_with_norm_reduce(reduce, lambda: inner(*args, cache=cache))
-    else:
-        from .reference._math import reducing_norms
-
+    else:  # reference, triton
         def step(*args, cache=None):
             args = localized(args)
-            with reducing_norms(reduce):
+            with reducing(reduce):
                 inner(*args, cache=cache)
     return step
 
