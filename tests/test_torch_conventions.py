@@ -185,6 +185,17 @@ def _continue_alike(case, runs, gstep: int, rnd: Optional[int] = None, before=No
         _same_run(p0, o0, ps, o)
 
 
+def _tensor_and_float_lr(case, kind: str):
+    """(params, optimizer with a tensor lr of ``kind``, twin params, twin optimizer whose lr is the float
+    with the tensor's value: a float32 tensor rounds it)."""
+    params = case.params()
+    opt = case.build(params, lr=kind)
+    twin, ref = case.twin(params)
+    for gt, gf in zip(opt.param_groups, ref.param_groups):
+        gf["lr"] = float(gt["lr"])
+    return params, opt, twin, ref
+
+
 def _without_lr(sd: Dict[str, Any]) -> Dict[str, Any]:
     """A state_dict with every group's lr as a float (to compare a tensor-lr run with a float-lr one)."""
     sd = dict(sd)
@@ -276,11 +287,7 @@ def test_named_and_unnamed_groups_do_not_mix(case):
 def test_tensor_lr_gives_the_bits_of_a_float_lr(case, kind):
     if kind == "device" and case.device == "cpu":
         pytest.skip("the parameters are on the CPU: covered by 'tensor'")
-    params = case.params()
-    opt = case.build(params, lr=kind)
-    twin, ref = case.twin(params)
-    for gt, gf in zip(opt.param_groups, ref.param_groups):
-        gf["lr"] = float(gt["lr"])  # the float with the tensor's value (a float32 tensor rounds it)
+    params, opt, twin, ref = _tensor_and_float_lr(case, kind)
     case.run(opt, params, rounds=2, client_inputs=True)
     case.run(ref, twin, rounds=2, client_inputs=True)
     _same_run(params, opt, twin, ref)
@@ -291,11 +298,7 @@ def test_tensor_lr_gives_the_bits_of_a_float_lr(case, kind):
 @pytest.mark.parametrize("case", SOME)
 def test_tensor_lr_changed_in_place_or_replaced_takes_effect(case):
     """In place (as torch's schedulers change a tensor lr) and by a new tensor object."""
-    params = case.params()
-    opt = case.build(params, lr="tensor64")
-    twin, ref = case.twin(params)
-    for gt, gf in zip(opt.param_groups, ref.param_groups):
-        gf["lr"] = float(gt["lr"])
+    params, opt, twin, ref = _tensor_and_float_lr(case, "tensor64")
 
     def tensor_change(o, gstep):
         for gi, g in enumerate(o.param_groups):
@@ -316,11 +319,7 @@ def test_tensor_lr_changed_in_place_or_replaced_takes_effect(case):
 @pytest.mark.parametrize("case", SOME)
 def test_an_lr_scheduler_changes_a_tensor_lr(case):
     """torch's LRScheduler fills a tensor lr in place; the steps follow it as they follow a float lr."""
-    params = case.params()
-    opt = case.build(params, lr="tensor64")
-    twin, ref = case.twin(params)
-    for gt, gf in zip(opt.param_groups, ref.param_groups):
-        gf["lr"] = float(gt["lr"])
+    params, opt, twin, ref = _tensor_and_float_lr(case, "tensor64")
     lrs = [id(g["lr"]) for g in opt.param_groups]
     scheds = [torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.7) for o in (opt, ref)]
     case.run(opt, params, between=lambda o, k: scheds[0].step())
