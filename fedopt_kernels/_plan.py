@@ -178,6 +178,9 @@ class StepPlan:
         out = []
         for gi, override in zip(self.batch_group, self.batch_override):
             g = groups[gi]
+            if not override and g.lr_scale is None:  # the rows as gathered (the common case)
+                out.append(g.rows if batched else g.rows[0])
+                continue
             per_client = []
             for c, base in enumerate(g.rows):
                 row = list(base)
@@ -265,13 +268,14 @@ class StepPlan:
             if g.structure != groups[gi].structure:
                 return False
             groups[gi] = g
-        tensor_lr = any(g.lr is not None for g in groups)
+        tensor_lr = any([g.lr is not None for g in groups])
         self.hp = self.hp_cache.device_hp(self.hp_rows(groups), self.device, update=self.hp, shared=not tensor_lr)
         self.group_inputs = groups
         for gi, g in new.items():
             self.hp_keys[gi] = g.keys
             self.hp_vals[gi] = g.values
-        self._bind_lrs()
+        if tensor_lr or self.tensor_lrs:
+            self._bind_lrs()
         return True
 
     def name(self, idx: int) -> str:

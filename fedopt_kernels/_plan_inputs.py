@@ -7,7 +7,7 @@ back into the optimizer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -16,14 +16,14 @@ from ._ops import OpSpec
 Factor = Union[float, Tuple[float, ...]]  # one value, or one per client (client-batched optimizers)
 
 
-@dataclass(frozen=True)
-class GroupInputs:
+class GroupInputs(NamedTuple):
     """One validated param group.
 
     ``rows``: its hp row per client (one row for a per-client optimizer), a tensor lr read as 0;
     ``lr_factor``: what a tensor lr is multiplied by in the lr column (None: exactly 1);
     ``lr_scale``: per-client factor on column 0 of every row and on a tensor lr (None: none).
     ``keys``/``values``: its hyperparameters as gathered, compared with the group at every step.
+    (A named tuple, as ``Member``: one is made per changed group at a step that edits hyperparameters.)
     """
 
     group: Dict[str, Any]
@@ -36,8 +36,7 @@ class GroupInputs:
     lr_scale: Optional[Tuple[float, ...]] = None
 
 
-@dataclass(frozen=True)
-class Member:
+class Member(NamedTuple):
     """A parameter with a gradient: its flat index, group, optional-role tensors, per-tensor hp
     overrides and ``present`` bits beyond its roles (the batched SGD's FRESH)."""
 
