@@ -5,7 +5,9 @@ A subclass names its op (``_spec``, from ``_ops.py``), validates its hyperparame
 and says which state tensors a parameter's step needs (``_step_tensors``). This class does the
 rest: ``start_round``, FedProx anchors, SCAFFOLD corrections, the cached step plan (``_plan.py``),
 the device-side step counter, GradScaler's in-kernel unscaling, torch.compile (``_step_op.py``),
-``state_dict`` with the round counters, and copies (``copy.deepcopy``, pickle).
+``state_dict`` with the round counters, and copies (``copy.deepcopy``, pickle). The step plan is
+built from what ``_plan_inputs`` gathers with these hooks (``_plan_inputs.py``): the plan never
+calls them itself.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from torch.optim import Optimizer
 
 from . import _dtensor, _registry, _step_op
 from ._ops import OpSpec
-from ._plan import StepPlan, refuse_in_capture, to_device
+from ._params import check_grad, name_of, param_name
+from ._plan import HpCache, StepPlan, refuse_in_capture
+from ._plan_inputs import GroupInputs, Member, PlanInputs
 from .schedules import DecaySchedule
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -63,11 +67,6 @@ def check_lr_tensor(lr: torch.Tensor, device: Optional[torch.device], *, read_va
             raise ValueError(f"lr must be finite, got {v!r} (tensor)")
         if v < 0:
             raise ValueError(f"lr must be >= 0.0, got {v!r} (tensor)")
-
-
-def _param_name(gi: int, pi: int, p: torch.Tensor, name: Optional[str] = None) -> str:
-    named = f" ({name!r})" if name is not None else ""
-    return f"parameter {pi}{named} of param group {gi} (shape {tuple(p.shape)})"
 
 
 def _check_tensor_list(name: str, tensors: Sequence[torch.Tensor], params: List[torch.Tensor],
@@ -125,8 +124,8 @@ class FedOptimizer(Optimizer):
         self._params_flat: List[torch.Tensor] = []
         self._plan: Optional[StepPlan] = None
         self._ones: Dict[torch.device, torch.Tensor] = {}
-        self._hp_cache: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # (host rows, device copy)
-        self._handle = _step_op.register(self)
+        self._hp_cache = HpCache()  # the last hp rows and their device copy, shared by rebuilt plans
+        self._handle = _step_op.register(self._run)
         self._hp_names = tuple(defaults)  # what a state_dict's param groups must carry to be ours
         self._lr_checked: List[torch.Tensor] = []  # tensor lrs whose value was validated (by identity)
         super().__init__(params, defaults)
@@ -174,11 +173,26 @@ class FedOptimizer(Optimizer):
             group = dict(group, lr=0.0)
         return self._hp_row(group, t)
 
-    def _lr_factors(self, plan: StepPlan, gi: int, count: int) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """(a, b) with the hp lr column of group ``gi``'s ``count`` batches equal to ``(lr * a) * b``,
-        in the order and rounding of ``_hp_row`` (None: a factor of exactly 1)."""
-        f = self._lr_factor(plan.groups[gi])
-        return (None if f == 1.0 else torch.full((count,), f, dtype=torch.float64)), None
+    def _group_rows(self, group: Dict[str, Any]) -> Tuple[tuple, Any, Optional[Tuple[float, ...]]]:
+        """A validated group's (hp rows, one per client; the factor on a tensor lr, None for exactly 1;
+        per-client lr scales or None): ``GroupInputs``' fields (client-batched forms override)."""
+        f = self._lr_factor(group) if isinstance(group["lr"], torch.Tensor) else 1.0
+        return (tuple(self._row_of(group)),), (None if f == 1.0 else f), None
+
+    def _group_inputs(self, indexes: Sequence[int]) -> Dict[int, GroupInputs]:
+        """The plan's record of each group in ``indexes``: all of them validated before any is built."""
+        groups = self.param_groups
+        for gi in indexes:
+            self._validate_group(groups[gi])
+        out = {}
+        for gi in indexes:
+            group = groups[gi]
+            keys = tuple(k for k in group if k != "params")
+            rows, factor, scale = self._group_rows(group)
+            lr = group["lr"]
+            out[gi] = GroupInputs(group, keys, tuple(group[k] for k in keys), self._structure(group), rows,
+                                  lr if isinstance(lr, torch.Tensor) else None, factor, scale)
+        return out
 
     def _normalized_group(self, param_group: Dict[str, Any]) -> Dict[str, Any]:
         if not isinstance(param_group, dict):
@@ -217,11 +231,11 @@ class FedOptimizer(Optimizer):
                 raise TypeError(f"{type(self).__name__} can only optimize Tensors, but parameter {pi} of param "
                                 f"group {gi} is a {type(p).__name__}")
             if p.is_complex():
-                raise TypeError(f"{_param_name(gi, pi, p)} is complex; {type(self).__name__} supports real parameters only")
+                raise TypeError(f"{param_name(gi, pi, p)} is complex; {type(self).__name__} supports real parameters only")
             if p.dtype not in _FLOAT_DTYPES:
-                raise TypeError(f"{_param_name(gi, pi, p)} has dtype {p.dtype}; supported: {_FLOAT_DTYPES}")
+                raise TypeError(f"{param_name(gi, pi, p)} has dtype {p.dtype}; supported: {_FLOAT_DTYPES}")
             if id(p) in seen:
-                raise ValueError(f"{_param_name(gi, pi, p)} is given twice (the same tensor in one or two param "
+                raise ValueError(f"{param_name(gi, pi, p)} is given twice (the same tensor in one or two param "
                                  f"groups); a fused step would update it once where the reference updates it twice")
             seen.add(id(p))
         self._check_no_overlap(list(self._params_flat) + list(params))
@@ -256,25 +270,10 @@ class FedOptimizer(Optimizer):
 
     def _name_of(self, idx: int, params: Optional[List[torch.Tensor]] = None) -> str:
         """How errors name flat parameter ``idx`` (built only when raising)."""
-        params = self._params_flat if params is None else params
-        base = 0
-        for gi, group in enumerate(self.param_groups):
-            n = len(group["params"])
-            if idx < base + n:
-                names = group.get("param_names")
-                return _param_name(gi, idx - base, params[idx], names[idx - base] if names else None)
-            base += n
-        return _param_name(len(self.param_groups), idx - base, params[idx])
+        return name_of(self.param_groups, idx, self._params_flat if params is None else params)
 
     def _check_grad(self, p: torch.Tensor, g: torch.Tensor, idx: int) -> None:
-        if g.is_sparse:
-            raise RuntimeError(f"{self._name_of(idx)} has a sparse gradient; {type(self).__name__} does not "
-                               f"support sparse gradients")
-        if g.is_complex() or p.is_complex():
-            raise TypeError(f"{self._name_of(idx)} is complex; {type(self).__name__} supports real parameters only")
-        if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-            raise RuntimeError(f"{self._name_of(idx)}: gradient of shape {tuple(g.shape)}, {g.dtype}, {g.device} "
-                               f"does not match the parameter ({tuple(p.shape)}, {p.dtype}, {p.device})")
+        check_grad(p, g, idx, self.param_groups, self._params_flat, type(self).__name__)
 
     # ---------------------------------------------------------------- round API
     @property
@@ -361,10 +360,6 @@ class FedOptimizer(Optimizer):
         """Bits of a batch's ``present`` mask beyond its roles (the batched SGD's FRESH)."""
         return 0
 
-    def _hp_tensor(self, plan: StepPlan) -> torch.Tensor:
-        """The op's hp tensor on the host for this plan (batched forms: one row per client)."""
-        return plan._hp_host()
-
     def _step_roles(self) -> Tuple[str, ...]:
         """Optional roles fed from ``step()``'s per-step input rather than from the state."""
         return ()
@@ -376,28 +371,45 @@ class FedOptimizer(Optimizer):
     def _schedule(self) -> Optional[DecaySchedule]:
         return None
 
-    def _device_hp(self, host: torch.Tensor, device: torch.device,
-                   update: Optional[torch.Tensor] = None, shared: bool = True) -> torch.Tensor:
-        """The op's hp tensor on ``device`` holding ``host``; copied only when the values changed.
+    def _clients(self) -> Optional[int]:
+        """Clients of a client-batched optimizer (hp rows per client); None for a per-client one."""
+        return None
 
-        Plans rebuilt with the same rows (every round start, mostly) share one device tensor, so a
-        rebuild costs no host-to-device copy, and none is made while a CUDA graph is captured.
-        ``shared=False``: the plan writes tensor lrs into its hp, so it neither takes nor leaves one.
-        """
-        cached = self._hp_cache
-        if shared and cached is not None and cached[1].device == device and cached[0].shape == host.shape \
-                and torch.equal(cached[0], host):
-            return cached[1]
-        refuse_in_capture(device, "copy new hyperparameter values to the device")
-        if update is not None and update.shape == host.shape and update.device == device:
-            # in place: a CUDA graph captured earlier reads this tensor; a fresh pinned buffer per
-            # copy, because the previous copy may still be in flight
-            update.copy_(host.pin_memory() if device.type == "cuda" else host, non_blocking=True)
-            dev = update
-        else:
-            dev = to_device(host, device)
-        self._hp_cache = (host, dev) if shared else None
-        return dev
+    def _plan_inputs(self) -> PlanInputs:
+        """What the step plan is built from, gathered with this class's hooks. Creates the state
+        tensors this step needs (momentum buffers) and checks every gradient, naming the parameter."""
+        spec, owner = self._spec, type(self).__name__
+        self._plan_cls.refuse(spec, owner)
+        groups = self._group_inputs(range(len(self.param_groups)))
+        members: List[Member] = []
+        device: Optional[torch.device] = None
+        idx = -1
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                idx += 1
+                g = p.grad
+                if g is None:
+                    continue
+                self._check_grad(p, g, idx)
+                if device is None:
+                    device = p.device
+                elif p.device != device:
+                    raise RuntimeError(f"{self._name_of(idx)} is on {p.device} but other parameters are on {device}; "
+                                       f"{owner} needs all parameters on one device")
+                st = self.state.get(p)  # an entry is made only for state the step creates
+                fresh = st is None
+                if fresh:
+                    st = {}
+                tensors, override = self._step_tensors(p, group, st, idx)
+                if fresh and st:
+                    self.state[p] = st
+                members.append(Member(idx, gi, tensors, override, self._extra_present(tensors)))
+        self._check_no_overlap()
+        params = self._params_flat
+        if device is None:
+            device = params[0].device if params else torch.device("cpu")
+        return PlanInputs(spec, self.backend, owner, params, tuple(groups.values()), tuple(members), device,
+                          self._step_roles(), self._clients(), self._hp_cache)
 
     def _counter(self, device: torch.device) -> torch.Tensor:
         k = self._k_dev
@@ -459,9 +471,10 @@ class FedOptimizer(Optimizer):
             step_input = None
         per_step = self._check_step_inputs(step_input)
         plan = self._plan
-        if plan is None or not plan.still_valid(self):
+        verdict = False if plan is None else plan.still_valid(self.param_groups)
+        if verdict is not True and (verdict is False or not plan.update_groups(self._group_inputs(verdict))):
             plan = self._plan = None  # a failed rebuild must not leave the old plan behind
-            plan = self._plan = self._plan_cls(self)
+            plan = self._plan = self._plan_cls(self._plan_inputs())
         if not plan.params:
             return  # no parameter has a gradient: as in torch.optim, nothing changes (k included)
         plan.load_lrs()
@@ -575,8 +588,8 @@ class FedOptimizer(Optimizer):
         self.__dict__.setdefault("_lr_checked", [])
         self._plan = None
         self._ones = {}
-        self._hp_cache = None
-        self._handle = _step_op.register(self)
+        self._hp_cache = HpCache()
+        self._handle = _step_op.register(self._run)
         self._params_flat = [p for g in self.param_groups for p in g["params"]]
 
 

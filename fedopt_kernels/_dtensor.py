@@ -12,11 +12,13 @@ when the optimizer holds DTensors).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
 import torch
 
+from ._between_passes import reducing
 from ._plan import StepPlan
+from ._plan_inputs import PlanInputs
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._base import FedOptimizer
@@ -216,19 +218,23 @@ class ShardedPlan(StepPlan):
     implementation is wrapped so that its sums of squares are all-reduced between its passes.
     """
 
-    def __init__(self, opt: "FedOptimizer"):
-        if opt._spec.batched:
-            raise TypeError(f"{type(opt).__name__} takes no DTensor parameters: a client-batched optimizer "
-                            f"stacks clients along dim 0 of each tensor; shard per-client optimizers instead")
-        super().__init__(opt)
+    @staticmethod
+    def refuse(spec, owner: str) -> None:
+        if spec.batched:
+            raise TypeError(f"{owner} takes no DTensor parameters: a client-batched optimizer stacks clients "
+                            f"along dim 0 of each tensor; shard per-client optimizers instead")
+
+    def __init__(self, inputs: PlanInputs):
+        self.refuse(inputs.spec, inputs.owner)
+        super().__init__(inputs)
         spec = self.spec
         self.mesh = self.all_params[0].device_mesh if self.all_params else None
-        names = opt._name_of
+        names = self.name
         for idx, p in zip(self.order, self.params):
             check_placed_like("gradient", p.grad, p, names(idx))
         cursor = {name: 0 for name in self.lists}
         for b, idx in zip(self.batch, self.order):
-            p = opt._params_flat[idx]
+            p = self.all_params[idx]
             for role in spec.optional:
                 if role.name in self.step_roles or not self.present[b] & spec.bit(role.name):
                     continue
@@ -262,18 +268,18 @@ class ShardedPlan(StepPlan):
                 inner(*localized(args), cache=cache)
         else:
             if self.backend not in NORM_BACKENDS:
-                raise RuntimeError(f"{type(opt).__name__} with DTensor parameters needs backend 'cpu', 'triton' or "
+                raise RuntimeError(f"{inputs.owner} with DTensor parameters needs backend 'cpu', 'triton' or "
                                    f"'reference': the cross-rank global norm is not implemented for backend "
                                    f"{self.backend!r}")
-            weights = [1.0 if _owner(p) else 0.0 for p in (opt._params_flat[i] for i in self.order)]
+            weights = [1.0 if _owner(p) else 0.0 for p in (self.all_params[i] for i in self.order)]
             groups = _reduce_groups(self.mesh)
             if self.backend == "triton":
                 # its norm pass leaves sums per program, each over tiles of several tensors: one
                 # weight for all of this rank's tensors
                 # decided from the placements, the same on every rank (a refusal on one rank only
                 # would leave the others waiting in the all-reduce)
-                if len({tuple(pl.is_replicate() for pl in opt._params_flat[i].placements) for i in self.order}) > 1:
-                    raise RuntimeError(f"{type(opt).__name__} on backend 'triton' needs every parameter placed alike "
+                if len({tuple(pl.is_replicate() for pl in self.all_params[i].placements) for i in self.order}) > 1:
+                    raise RuntimeError(f"{inputs.owner} on backend 'triton' needs every parameter placed alike "
                                        f"along the mesh dims where any is replicated (e.g. all Shard, as FSDP2 "
                                        f"places them); use backend 'cpu' or 'reference' for this mix")
                 reduce = _slot_reduce(weights[0] if weights else 1.0, groups)
@@ -285,8 +291,9 @@ class ShardedPlan(StepPlan):
             step = _with_reduce(inner, reduce, self.backend, localized)
         self.fn = step
 
-    def still_valid(self, opt: "FedOptimizer") -> bool:
-        if not super().still_valid(opt):
+    def still_valid(self, groups: list) -> Union[bool, List[int]]:
+        verdict = super().still_valid(groups)
+        if verdict is False:
             return False
         if self.grads is not self._local_grads:  # a new gradient DTensor: the base plan took it as given
             for i, g in zip(self.order, self.grads):
@@ -294,7 +301,7 @@ class ShardedPlan(StepPlan):
                         or g.device_mesh != self.mesh or g.placements != self.all_params[i].placements:
                     return False  # rebuilt, which names the misplaced gradient
             self.grads = self._local_grads = [local(g) for g in self.grads]
-        return [p._local_tensor.data_ptr() for p in self.all_params] == self.local_ptrs
+        return verdict if [p._local_tensor.data_ptr() for p in self.all_params] == self.local_ptrs else False
 
 
 def _norm_reduce(weights: torch.Tensor, groups: list) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -329,25 +336,16 @@ def _slot_reduce(weight: float, groups: list) -> Callable[[torch.Tensor], None]:
 
 
 def _with_reduce(inner: Callable, reduce: Callable, backend: str, localized: Callable) -> Callable:
-    if backend == "triton":
-        from .triton_kernels.two_pass import reducing_slots
-
-        def step(*args, cache=None):
-            args = localized(args)
-            with reducing_slots(reduce):
-                inner(*args, cache=cache)
-    elif backend == "cpu":
+    if backend == "cpu":
         from .backends.cpu import _C
 
         def step(*args, cache=None):
             args = localized(args)
             _C.run_with_norm_reduce(reduce, lambda: inner(*args, cache=cache))
-    else:
-        from .reference._math import reducing_norms
-
+    else:  # reference, triton
         def step(*args, cache=None):
             args = localized(args)
-            with reducing_norms(reduce):
+            with reducing(reduce):
                 inner(*args, cache=cache)
     return step
 

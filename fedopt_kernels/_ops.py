@@ -161,27 +161,16 @@ def _fake(*args, **kwargs) -> None:
     return None
 
 
-def _make_impl(name: str):
-    def impl(*args):
-        from . import _registry  # late: the registry imports the backends, which import this module
-
-        return _registry.implementation(name, args[-1], args[0][0].device if args[0] else torch.device("cpu"))(*args)
-
-    impl.__name__ = f"{name}_dispatch"
-    return impl
-
-
 def _declare() -> torch.library.Library:
     """Declare every op of ``OPS`` under ``torch.ops.fedopt``, with its fake implementation.
 
-    The registered kernel forwards to the implementation of the op's ``backend`` argument, so
-    ``torch.ops.fedopt.sgd(..., backend="cpu")`` and an optimizer with ``backend="cpu"`` run the
-    same code.
+    Its kernel, which forwards to the implementation the ``backend`` argument names, is installed
+    by ``_registry.py`` (imported with the package): the registry imports this module, not the
+    other way round.
     """
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     for spec in OPS.values():
         lib.define(spec.schema())
-        lib.impl(spec.name, _make_impl(spec.name), "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{spec.name}", _fake, lib=lib)
     return lib
 

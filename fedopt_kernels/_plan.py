@@ -1,14 +1,17 @@
 """The cached step plan: everything ``step()`` derives from the param groups, built once and reused.
 
-A plan holds the op's argument lists (parameters with a gradient, their gradients and state tensors,
-split into uniform batches), the validated hyperparameters as a device tensor, the resolved
-implementation and a cache dict the implementation may keep per-tensor data in (pointer tables).
-Per step ``StepPlan.still_valid`` checks, cheaply, what can change behind the optimizer's back:
+A plan is built from ``PlanInputs`` (``_plan_inputs.py``), plain data the optimizer gathers with its
+hooks; it never calls back into the optimizer. It holds the op's argument lists (parameters with a
+gradient, their gradients and state tensors, split into uniform batches), the hyperparameter rows
+as a device tensor, the resolved implementation and a cache dict the implementation may keep
+per-tensor data in (pointer tables). Per step ``StepPlan.still_valid`` checks, cheaply, what can
+change behind the optimizer's back:
 
-* a hyperparameter value of a param group (re-validated; a value that changes which tensors the
-  step needs, such as momentum 0 -> 0.9, rebuilds the plan, any other only rewrites ``hp``); a
-  tensor lr is compared by identity and copied into ``hp`` on the device at every step
-  (``load_lrs``), so a scheduler's in-place change takes effect without a host sync;
+* a hyperparameter value of a param group: the plan names the groups whose values changed and the
+  optimizer hands their re-validated ``GroupInputs`` to ``update_groups``, which rewrites ``hp``
+  (or refuses, when the change alters which tensors the step needs, such as momentum 0 -> 0.9:
+  the plan is rebuilt); a tensor lr is compared by identity and copied into ``hp`` on the device
+  at every step (``load_lrs``), so a scheduler's in-place change takes effect without a host sync;
 * a gradient appearing, disappearing or being replaced (a new gradient tensor is checked);
 * a parameter's storage (``p.data = ...``, which also covers dtype and device changes).
 
@@ -19,15 +22,13 @@ include freshly created momentum buffers (first step of a round) lives for one s
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
 from . import _registry
-from ._ops import OpSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._base import FedOptimizer
+from ._params import check_grad, name_of
+from ._plan_inputs import GroupInputs, PlanInputs
 
 _versions = itertools.count(1)
 
@@ -59,31 +60,63 @@ def refuse_in_capture(device: torch.device, what: str) -> None:
             f"hyperparameters, gradients and state at fixed addresses while the graph is used, and capture then")
 
 
+class HpCache:
+    """An optimizer's last hp rows on the host and their device copy.
+
+    Plans rebuilt with the same rows (every round start, mostly) share one device tensor, so a
+    rebuild costs no host-to-device copy, and none is made while a CUDA graph is captured.
+    """
+
+    def __init__(self) -> None:
+        self.host: Optional[torch.Tensor] = None
+        self.device: Optional[torch.Tensor] = None
+
+    def keep(self, host: Optional[torch.Tensor], dev: Optional[torch.Tensor]) -> None:
+        self.host, self.device = host, dev
+
+    def device_hp(self, host: torch.Tensor, device: torch.device, update: Optional[torch.Tensor] = None,
+                  shared: bool = True) -> torch.Tensor:
+        """The hp tensor on ``device`` holding ``host``; copied only when the values changed.
+        ``shared=False``: the plan writes tensor lrs into its hp, so it neither takes nor leaves one."""
+        dev = self.device
+        if shared and dev is not None and dev.device == device and self.host.shape == host.shape \
+                and torch.equal(self.host, host):
+            return dev
+        refuse_in_capture(device, "copy new hyperparameter values to the device")
+        if update is not None and update.shape == host.shape and update.device == device:
+            # in place: a CUDA graph captured earlier reads this tensor; a fresh pinned buffer per
+            # copy, because the previous copy may still be in flight
+            update.copy_(host.pin_memory() if device.type == "cuda" else host, non_blocking=True)
+            dev = update
+        else:
+            dev = to_device(host, device)
+        self.keep(*((host, dev) if shared else (None, None)))
+        return dev
+
+
 class StepPlan:
-    def __init__(self, opt: "FedOptimizer"):
-        spec: OpSpec = opt._spec
-        self.spec = spec
+    """The kernel arguments of one optimizer's step, arranged from ``PlanInputs``."""
+
+    @staticmethod
+    def refuse(spec, owner: str) -> None:
+        """Raise before anything is gathered when this kind of plan cannot serve the op (ShardedPlan)."""
+
+    def __init__(self, inputs: PlanInputs):
+        spec = self.spec = inputs.spec
         self.version = next(_versions)
         self.one_shot = False
-        params = opt._params_flat
-        self.all_params: List[torch.Tensor] = params
+        self.owner = inputs.owner
+        self.clients = inputs.clients
+        self.hp_cache = inputs.hp_cache
+        params = self.all_params = inputs.params
         self.grads_seen: List[Optional[torch.Tensor]] = [p.grad for p in params]
         self.ptrs: List[int] = [p.data_ptr() for p in params]
-        self.groups = list(opt.param_groups)
+        self.group_inputs: List[GroupInputs] = list(inputs.groups)
+        self.groups = [g.group for g in self.group_inputs]
         self.group_params = [g["params"] for g in self.groups]
         self.group_lens = [len(g["params"]) for g in self.groups]
-        self.hp_keys: List[Tuple[str, ...]] = []
-        self.hp_vals: List[tuple] = []
-        self.structure: List[tuple] = []
-        rows: List[List[float]] = []
-        for gi, group in enumerate(self.groups):
-            opt._validate_group(group)
-            keys = tuple(k for k in group if k != "params")
-            self.hp_keys.append(keys)
-            self.hp_vals.append(tuple(group[k] for k in keys))
-            self.structure.append(opt._structure(group))
-            rows.append(opt._row_of(group))
-        self.group_rows = rows
+        self.hp_keys: List[Tuple[str, ...]] = [g.keys for g in self.group_inputs]
+        self.hp_vals: List[tuple] = [g.values for g in self.group_inputs]
 
         # batches: (group, present roles, hp overrides) in first-seen order
         batch_of: Dict[tuple, int] = {}
@@ -91,104 +124,93 @@ class StepPlan:
         self.batch_override: List[Dict[str, float]] = []
         self.present: List[int] = []
         self.order: List[int] = []           # index into all_params of each kernel parameter
-        members: List[List[Tuple[int, Dict[str, torch.Tensor]]]] = []
-        device: Optional[torch.device] = None
-        flat = 0
-        for gi, group in enumerate(self.groups):
-            for p in group["params"]:
-                idx, flat = flat, flat + 1
-                g = p.grad
-                if g is None:
-                    continue
-                opt._check_grad(p, g, idx)
-                if device is None:
-                    device = p.device
-                elif p.device != device:
-                    raise RuntimeError(f"{opt._name_of(idx)} is on {p.device} but other parameters are on {device}; "
-                                       f"{type(opt).__name__} needs all parameters on one device")
-                st = opt.state.get(p)  # an entry is made only for state the step creates
-                fresh = st is None
-                if fresh:
-                    st = {}
-                tensors, override = opt._step_tensors(p, group, st, idx)
-                if fresh and st:
-                    opt.state[p] = st
-                mask = opt._extra_present(tensors)
-                for bit, role in enumerate(spec.optional):
-                    if role.name in tensors:
-                        mask |= 1 << bit
-                key = (gi, mask, tuple(sorted(override.items())))
-                b = batch_of.get(key)
-                if b is None:
-                    b = batch_of[key] = len(self.batch_group)
-                    self.batch_group.append(gi)
-                    self.batch_override.append(override)
-                    self.present.append(mask)
-                    members.append([])
-                    if override:
-                        self.one_shot = True
-                members[b].append((idx, tensors))
-        opt._check_no_overlap()
-        self.device = device if device is not None else (params[0].device if params else torch.device("cpu"))
+        members: List[list] = []
+        for m in inputs.members:
+            mask = m.extra
+            for bit, role in enumerate(spec.optional):
+                if role.name in m.tensors:
+                    mask |= 1 << bit
+            key = (m.group, mask, tuple(sorted(m.override.items())))
+            b = batch_of.get(key)
+            if b is None:
+                b = batch_of[key] = len(self.batch_group)
+                self.batch_group.append(m.group)
+                self.batch_override.append(m.override)
+                self.present.append(mask)
+                members.append([])
+                if m.override:
+                    self.one_shot = True
+            members[b].append(m)
+        self.device = inputs.device
 
         # argument lists, batch by batch (the norm's summation order is this order: fixed)
         self.params: List[torch.Tensor] = []
         self.batch: List[int] = []
         self.lists: Dict[str, List[torch.Tensor]] = {r.name: [] for r in spec.optional}
-        self.step_roles = opt._step_roles()
+        self.step_roles = inputs.step_roles
         self.step_order: Dict[str, List[int]] = {name: [] for name in self.step_roles}
         for b, mem in enumerate(members):
-            for idx, tensors in mem:
-                self.order.append(idx)
-                self.params.append(params[idx])
+            for m in mem:
+                self.order.append(m.index)
+                self.params.append(params[m.index])
                 self.batch.append(b)
-                for name, t in tensors.items():
+                for name, t in m.tensors.items():
                     if name not in self.step_roles:  # per-step inputs are filled in at each step
                         self.lists[name].append(t)
                 for name in self.step_roles:
                     if self.present[b] & spec.bit(name):
-                        self.step_order[name].append(idx)
+                        self.step_order[name].append(m.index)
         self.grads = [params[i].grad for i in self.order]
-        self.hp = opt._device_hp(opt._hp_tensor(self), self.device, shared=not self._has_tensor_lr())
-        self._bind_lrs(opt)
-        self.fn: Callable = _registry.resolve(spec.name, opt.backend, self.device)
-        self.backend = _registry.auto_backend(self.device, spec.name) if opt.backend == "auto" else opt.backend
+        self.hp = self.hp_cache.device_hp(self.hp_rows(), self.device, shared=not self._has_tensor_lr())
+        self._bind_lrs()
+        self.fn: Callable = _registry.resolve(spec.name, inputs.backend, self.device)
+        self.backend = _registry.auto_backend(self.device, spec.name) if inputs.backend == "auto" else inputs.backend
         self.cache: Dict[str, Any] = {}
 
-    def batch_rows(self, row_of) -> List[List[float]]:
-        """Each batch's hp row: ``row_of(group index)`` with the batch's overrides applied."""
-        rows = []
+    def hp_rows(self, groups: Optional[List[GroupInputs]] = None) -> torch.Tensor:
+        """The op's hp tensor on the host: each batch's rows (one per client for a client-batched op)
+        with its overrides applied, for ``groups`` (default: the plan's)."""
+        groups = self.group_inputs if groups is None else groups
+        H = len(self.spec.hps)
+        batched = self.clients is not None
+        if not self.batch_group:
+            return torch.zeros((0, self.clients, H) if batched else (0, H), dtype=torch.float64)
+        out = []
         for gi, override in zip(self.batch_group, self.batch_override):
-            row = list(row_of(gi))
-            for name, v in override.items():
-                row[self.spec.hp_index(name)] = float(v)
-            rows.append(row)
-        return rows
-
-    def _hp_host(self) -> torch.Tensor:
-        rows = self.batch_rows(lambda gi: self.group_rows[gi])
-        if not rows:
-            return torch.zeros((0, len(self.spec.hps)), dtype=torch.float64)
-        return torch.tensor(rows, dtype=torch.float64)
+            g = groups[gi]
+            if not override and g.lr_scale is None:  # the rows as gathered (the common case)
+                out.append(g.rows if batched else g.rows[0])
+                continue
+            per_client = []
+            for c, base in enumerate(g.rows):
+                row = list(base)
+                for name, v in override.items():
+                    row[self.spec.hp_index(name)] = float(v)
+                if g.lr_scale is not None:
+                    row[0] *= g.lr_scale[c]  # column 0 is every op's learning rate
+                per_client.append(row)
+            out.append(per_client if batched else per_client[0])
+        return torch.tensor(out, dtype=torch.float64)
 
     # ------------------------------------------------------------------ tensor learning rates
     def _has_tensor_lr(self) -> bool:
-        return any(isinstance(g["lr"], torch.Tensor) for g in self.groups)
+        return any(g.lr is not None for g in self.group_inputs)
 
-    def _bind_lrs(self, opt: "FedOptimizer") -> None:
+    def _bind_lrs(self) -> None:
         """For each group with a tensor lr: its slice of hp's lr column and the factors around it."""
         self.tensor_lrs: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = []
-        for gi, group in enumerate(self.groups):
-            lr = group["lr"]
-            if not isinstance(lr, torch.Tensor):
+        for gi, g in enumerate(self.group_inputs):
+            if g.lr is None:
                 continue
-            rows = [b for b, g in enumerate(self.batch_group) if g == gi]
+            rows = [b for b, bg in enumerate(self.batch_group) if bg == gi]
             if not rows:
                 continue
             lo, hi = rows[0], rows[-1] + 1  # a group's batches are consecutive (made group by group)
-            a, b = opt._lr_factors(self, gi, hi - lo)
-            a, b = (None if f is None else to_device(f, self.device) for f in (a, b))
-            self.tensor_lrs.append((lr.detach().reshape(()), self.hp[lo:hi, ..., 0], a, b))
+            scale = None if g.lr_scale is None or all(v == 1.0 for v in g.lr_scale) else g.lr_scale
+            # (lr * factor) * scale, in the order and rounding of the rows' own computation
+            a, b = (None if f is None else to_device(torch.tensor([f] * (hi - lo), dtype=torch.float64), self.device)
+                    for f in (g.lr_factor, scale))
+            self.tensor_lrs.append((g.lr.detach().reshape(()), self.hp[lo:hi, ..., 0], a, b))
 
     def load_lrs(self) -> None:
         """Copy every tensor lr into hp (tensor to tensor: no host sync for a device lr)."""
@@ -203,11 +225,12 @@ class StepPlan:
                 col.mul_(b)
 
     # ------------------------------------------------------------------ per-step checks
-    def still_valid(self, opt: "FedOptimizer") -> bool:
-        """Update what can be updated in place; False when the plan must be rebuilt."""
+    def still_valid(self, groups: List[Dict[str, Any]]) -> Union[bool, List[int]]:
+        """True when the plan serves this step as it is; False when it must be rebuilt; else the
+        indexes of the groups whose hyperparameter values changed: the caller hands their new
+        ``GroupInputs`` to ``update_groups`` before the step."""
         if self.one_shot:
             return False
-        groups = opt.param_groups
         if len(groups) != len(self.groups):
             return False
         changed = None
@@ -222,8 +245,6 @@ class StepPlan:
                 return False
             if len(group) != len(keys) + 1 or not _same(vals, self.hp_vals[gi]):
                 changed = [gi] if changed is None else changed + [gi]
-        if changed is not None and not self._refresh_hp(opt, changed):
-            return False
         params = self.all_params
         grads = [p.grad for p in params]
         seen = self.grads_seen
@@ -232,27 +253,31 @@ class StepPlan:
                 if a is not b:
                     if (a is None) != (b is None):
                         return False
-                    opt._check_grad(params[i], a, i)
+                    check_grad(params[i], a, i, self.groups, params, self.owner)
             self.grads_seen = grads
             self.grads = [grads[i] for i in self.order]
         if [p.data_ptr() for p in params] != self.ptrs:
             return False
-        return True
+        return True if changed is None else changed
 
-    def _refresh_hp(self, opt: "FedOptimizer", changed: List[int]) -> bool:
-        for gi in changed:  # every changed group validated before anything is updated
-            opt._validate_group(self.groups[gi])
-            if opt._structure(self.groups[gi]) != self.structure[gi]:
+    def update_groups(self, new: Dict[int, GroupInputs]) -> bool:
+        """Take re-validated groups (``still_valid``'s list); False when one needs other tensors (rebuild).
+        Nothing changes when the new rows cannot be copied to the device (during a capture)."""
+        groups = list(self.group_inputs)
+        for gi, g in new.items():
+            if g.structure != groups[gi].structure:
                 return False
-        for gi in changed:
-            group = self.groups[gi]
-            self.hp_keys[gi] = tuple(k for k in group if k != "params")
-            self.hp_vals[gi] = tuple(group[k] for k in self.hp_keys[gi])
-            self.group_rows[gi] = opt._row_of(group)
-        self.hp = opt._device_hp(opt._hp_tensor(self), self.device, update=self.hp, shared=not self._has_tensor_lr())
-        self._bind_lrs(opt)
+            groups[gi] = g
+        tensor_lr = any([g.lr is not None for g in groups])
+        self.hp = self.hp_cache.device_hp(self.hp_rows(groups), self.device, update=self.hp, shared=not tensor_lr)
+        self.group_inputs = groups
+        for gi, g in new.items():
+            self.hp_keys[gi] = g.keys
+            self.hp_vals[gi] = g.values
+        if tensor_lr or self.tensor_lrs:
+            self._bind_lrs()
         return True
 
-    def refresh_rows(self, opt: "FedOptimizer") -> None:
-        """Recompute every group's hp row (the optimizer's derived values changed, e.g. the round)."""
-        self._refresh_hp(opt, list(range(len(self.groups))))
+    def name(self, idx: int) -> str:
+        """How errors name flat parameter ``idx``."""
+        return name_of(self.groups, idx, self.all_params)

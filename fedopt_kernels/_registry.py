@@ -5,9 +5,12 @@ and may accept a keyword ``cache``: a dict the caller keeps for the same tensors
 optimizers pass one; ``torch.ops.fedopt.<op>`` calls pass none). The ``reference`` implementation
 is plain PyTorch and always present; ``triton``, ``cuda`` and ``cpu`` register themselves from
 ``fedopt_kernels.backends.<name>`` when their import succeeds. A backend whose import fails records
-*why*, and ``available_backends()`` reports it.
+*why*, and ``available_backends()`` reports it. Backends register into the table of
+``_impl_table.py`` (re-exported here), which imports nothing that loads them.
 
 The optimizer classes never mention a backend by name: they ask ``resolve(op, backend, device)``.
+This module also installs the kernel behind every ``torch.ops.fedopt.<op>``: the implementation
+its ``backend`` argument names.
 """
 from __future__ import annotations
 
@@ -17,40 +20,11 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from ._ops import OPS as _SPECS
+from ._impl_table import _DEVICE_OK, _IMPLS, BACKENDS, OPS, has, register, register_device_check  # noqa: F401
+from ._ops import NAMESPACE
 
-BACKENDS = ("reference", "triton", "cuda", "cpu")
-OPS = tuple(_SPECS)
-
-# op name -> backend name -> implementation
-_IMPLS: Dict[str, Dict[str, Callable]] = {op: {} for op in OPS}
 # backend name -> None when loaded fine, else the reason it is not usable
 _LOAD_ERRORS: Dict[str, Optional[str]] = {}
-# backend name -> predicate "can this backend run on tensors of this device?"
-_DEVICE_OK: Dict[str, Callable[[torch.device], Optional[str]]] = {}
-
-
-def has(op: str, backend: str) -> bool:
-    return backend in _IMPLS.get(op, {})
-
-
-def register(op: str, backend: str) -> Callable[[Callable], Callable]:
-    """Decorator: register ``fn`` as ``backend``'s implementation of ``op``."""
-    if op not in _IMPLS:
-        raise ValueError(f"unknown op {op!r}; known ops: {OPS}")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known backends: {BACKENDS}")
-
-    def deco(fn: Callable) -> Callable:
-        _IMPLS[op][backend] = fn
-        return fn
-
-    return deco
-
-
-def register_device_check(backend: str, check: Callable[[torch.device], Optional[str]]) -> None:
-    """``check(device)`` returns None when ``backend`` can run on that device, else a reason."""
-    _DEVICE_OK[backend] = check
 
 
 def _load(backend: str) -> Optional[str]:
@@ -144,3 +118,25 @@ def available_backends(device: Optional[str | torch.device] = None) -> Available
         else:
             missing[name] = why
     return AvailableBackends(usable, missing)
+
+
+# ------------------------------------------------------------------------------- torch.library
+def _make_impl(name: str) -> Callable:
+    def impl(*args):
+        return implementation(name, args[-1], args[0][0].device if args[0] else torch.device("cpu"))(*args)
+
+    impl.__name__ = f"{name}_dispatch"
+    return impl
+
+
+def _install() -> torch.library.Library:
+    """The kernel of every op ``_ops.py`` declares forwards to the implementation of its ``backend``
+    argument, so ``torch.ops.fedopt.sgd(..., backend="cpu")`` and an optimizer with backend "cpu"
+    run the same code."""
+    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+    for name in OPS:
+        lib.impl(name, _make_impl(name), "CompositeExplicitAutograd")
+    return lib
+
+
+_LIB = _install()

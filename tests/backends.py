@@ -1,7 +1,7 @@
 """Which backends the tests run on this machine: every registered backend usable on a device."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import pytest
 import torch
@@ -27,10 +27,13 @@ def cases(with_reference: bool = True) -> List[tuple]:
     return out
 
 
-def require(backend: str, device: str = "cpu") -> None:
+def require(backend: str, device: str = "cpu", dtype: Optional[torch.dtype] = None) -> None:
+    """Skip unless ``backend`` runs on ``device`` here (and takes ``dtype``, when given)."""
     why = _registry.unavailable_reason(backend, torch.device(device))
     if why is not None:
         pytest.skip(why)
+    if dtype is not None and not supports(backend, dtype):
+        pytest.skip(f"{backend} does not take {dtype}")
 
 
 def supports(backend: str, dtype: torch.dtype) -> bool:

@@ -22,6 +22,21 @@ def _set_grads(params, grads):
         p.grad = g.clone()
 
 
+def _same_as_torch_sgd(make, a, sgd_kw, steps=3):
+    """``make(a)`` and ``torch.optim.SGD(copy of a, **sgd_kw)`` stepped with the same float64 gradients
+    end with the same parameters (to float64 rounding)."""
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    ours, theirs = make(a), torch.optim.SGD(b, **sgd_kw)
+    for _ in range(steps):
+        grads = [torch.randn(p.shape, **F64) for p in a]
+        _set_grads(a, grads)
+        _set_grads(b, grads)
+        ours.step()
+        theirs.step()
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-13, atol=1e-13)
+
+
 # ---------------------------------------------------------------- FedDecay (docs/algorithms.md)
 @pytest.mark.parametrize("schedule,beta,every", [
     ("exponential", 0.7, 1), ("exponential", 0.5, 3), ("linear", 0.8, 1), ("linear", 0.3, 2),
@@ -178,18 +193,8 @@ def test_neuron_lr_sgd_scales_rows():
 
 
 def test_neuron_lr_sgd_without_scales_is_torch_sgd():
-    a = _params((4, 3), (4,), seed=3)
-    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
-    ours = fk.NeuronLRSGD(a, lr=0.1, momentum=0.9, weight_decay=0.01, backend="reference")
-    theirs = torch.optim.SGD(b, lr=0.1, momentum=0.9, weight_decay=0.01)
-    for _ in range(3):
-        grads = [torch.randn(p.shape, **F64) for p in a]
-        _set_grads(a, grads)
-        _set_grads(b, grads)
-        ours.step()
-        theirs.step()
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x, y, rtol=1e-13, atol=1e-13)
+    kw = dict(lr=0.1, momentum=0.9, weight_decay=0.01)
+    _same_as_torch_sgd(lambda a: fk.NeuronLRSGD(a, backend="reference", **kw), _params((4, 3), (4,), seed=3), kw)
 
 
 # ---------------------------------------------------------------- FedNAR (docs/algorithms.md)
@@ -209,18 +214,8 @@ def test_fednar_update_norm_bounded_by_lr_t_times_max_norm(max_norm):
 
 
 def test_fednar_equals_sgd_with_weight_decay_when_unclipped():
-    a = _params((6, 3), (3,), seed=5)
-    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
-    ours = fk.FedNAR(a, lr=0.1, weight_decay=0.01, max_norm=1e6, backend="reference")
-    theirs = torch.optim.SGD(b, lr=0.1, weight_decay=0.01)
-    for _ in range(3):
-        grads = [torch.randn(p.shape, **F64) for p in a]
-        _set_grads(a, grads)
-        _set_grads(b, grads)
-        ours.step()
-        theirs.step()
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x, y, rtol=1e-13, atol=1e-13)
+    kw = dict(lr=0.1, weight_decay=0.01)
+    _same_as_torch_sgd(lambda a: fk.FedNAR(a, max_norm=1e6, backend="reference", **kw), _params((6, 3), (3,), seed=5), kw)
 
 
 def test_fednar_clip_matches_clip_grad_norm_and_anneals():

@@ -23,6 +23,8 @@ from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed, _ops, cat
 from fedopt_kernels._ops import BATCHED, FRESH, OPS
 from fedopt_kernels._registry import unavailable_reason
 
+from no_sync import no_host_sync
+
 pytestmark = pytest.mark.gpu
 
 if torch.cuda.is_available():
@@ -101,19 +103,20 @@ def test_step_never_syncs(algo):
     params = _params()
     opt = _make(algo, params, "cuda")
     opt.start_round()
-    for p, g in zip(params, _grads(params, 0)):
-        p.grad = g
-    opt.step()  # first step: lazily created device tensors (counter, schedule table) may copy from the host
-    grads = [_grads(params, k) for k in range(1, 4)]
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for gs in grads:
-            for p, g in zip(params, gs):
-                p.grad = g
-            opt.step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    _steps_never_sync(opt, params)
+
+
+def _steps_never_sync(opt, params, **step_kwargs) -> None:
+    """A first step (lazily created device tensors, counter and schedule table, may copy from the
+    host), then three steps with new gradients where a host synchronisation raises."""
+    for k in range(4):
+        for p, g in zip(params, _grads(params, k)):
+            p.grad = g
+        if k == 0:
+            opt.step(**step_kwargs)
+            continue
+        with no_host_sync():
+            opt.step(**step_kwargs)
 
 
 @pytest.mark.parametrize("algo", ["sgd", "fednar", "padamfed"])
@@ -418,17 +421,4 @@ def test_batched_cuda_graph_replay_equals_eager(algo, option):
 @pytest.mark.parametrize("algo,option", BATCHED_CFGS)
 def test_batched_step_never_syncs(algo, option):
     params, opt = _batched_setup(algo, option)
-    active = _active(0)
-    for p, g in zip(params, _grads(params, 0)):
-        p.grad = g
-    opt.step(active=active)  # first step: lazily created device tensors may copy from the host
-    grads = [_grads(params, k) for k in range(1, 4)]
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for gs in grads:
-            for p, g in zip(params, gs):
-                p.grad = g
-            opt.step(active=active)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    _steps_never_sync(opt, params, active=_active(0))

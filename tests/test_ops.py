@@ -18,7 +18,7 @@ import fedopt_kernels as fk
 from fedopt_kernels import _ops, _registry
 from fedopt_kernels._ops import BATCHED, FRESH, OPS, PER_CLIENT
 
-from backends import cases, require, supports
+from backends import cases, require
 
 SHAPES = [(5, 3), (7,), (2, 3, 2)]
 
@@ -193,7 +193,5 @@ def test_bad_op_arguments_are_named(backend):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("backend,device", cases(with_reference=False))
 def test_opcheck_low_precision(backend, device, dtype):
-    require(backend, device)
-    if not supports(backend, dtype):
-        pytest.skip(f"{backend} does not take {dtype}")
+    require(backend, device, dtype)
     torch.library.opcheck(_ops.torch_op("padamfed"), _args(OPS["padamfed"], device, dtype, backend))

@@ -13,186 +13,164 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import _base
+from fedopt_kernels import _params
 
 from backends import cases, require
 
 KW = dict(lr=0.1, momentum=0.9, weight_decay=0.01)
 
 
-def _pair(shapes=((3, 2), (4,), (5,)), seed=0, device="cpu", backend="reference", **kw):
-    """(ours, params) and (torch SGD, params) starting from the same values."""
-    g = torch.Generator().manual_seed(seed)
-    init = [torch.randn(s, generator=g) for s in shapes]
-    a = [torch.nn.Parameter(t.clone().to(device)) for t in init]
-    b = [torch.nn.Parameter(t.clone().to(device)) for t in init]
-    kw = {**KW, **kw}
-    ours = fk.FedDecaySGD(a, beta=1.0, backend=backend, **kw)
-    oracle = torch.optim.SGD(b, foreach=False, **kw)
-    return ours, a, oracle, b
+class Pair:
+    """FedDecaySGD with beta=1 (torch's SGD on the round API) and ``torch.optim.SGD``, from the same
+    values, stepped with the same gradients: ``ours``/``a`` and ``oracle``/``b``."""
 
+    def __init__(self, backend="reference", device="cpu", shapes=((3, 2), (4,), (5,)), seed=0, steps=0, **kw):
+        require(backend, device)
+        g = torch.Generator().manual_seed(seed)
+        init = [torch.randn(s, generator=g) for s in shapes]
+        self.device = device
+        self.a = [torch.nn.Parameter(t.clone().to(device)) for t in init]
+        self.b = [torch.nn.Parameter(t.clone().to(device)) for t in init]
+        kw = {**KW, **kw}
+        self.ours = fk.FedDecaySGD(self.a, beta=1.0, backend=backend, **kw)
+        self.oracle = torch.optim.SGD(self.b, foreach=False, **kw)
+        for s in range(steps):
+            self.step(s)
 
-def _grads(params, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(p.shape, generator=g).to(dtype=p.dtype, device=p.device) for p in params]
+    def step(self, seed, skip=()):
+        g = torch.Generator().manual_seed(seed)
+        for i, (p, q) in enumerate(zip(self.a, self.b)):
+            grad = torch.randn(p.shape, generator=g).to(dtype=p.dtype, device=p.device)
+            p.grad = None if i in skip else grad
+            q.grad = None if i in skip else grad.clone()
+        self.ours.step()
+        self.oracle.step()
 
+    def both(self, fn):
+        """``fn(optimizer, params)`` applied to ours and to the oracle (the same change to both)."""
+        fn(self.ours, self.a)
+        fn(self.oracle, self.b)
 
-def _step(ours, a, oracle, b, seed, skip=()):
-    for i, (p, q, g) in enumerate(zip(a, b, _grads(a, seed))):
-        p.grad = None if i in skip else g
-        q.grad = None if i in skip else g.clone()
-    ours.step()
-    oracle.step()
-
-
-def _same(a, b, rtol=1e-6, atol=1e-7):
-    for p, q in zip(a, b):
-        torch.testing.assert_close(p.detach().cpu().double(), q.detach().cpu().double(), rtol=rtol, atol=atol)
+    def check(self, rtol=1e-6, atol=1e-7):
+        for p, q in zip(self.a, self.b):
+            torch.testing.assert_close(p.detach().cpu().double(), q.detach().cpu().double(), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("backend,device", cases())
 def test_plan_is_reused_between_unchanged_steps(backend, device):
-    require(backend, device)
-    ours, a, oracle, b = _pair(device=device, backend=backend)
-    _step(ours, a, oracle, b, 0)  # fresh momentum buffers: a one-step plan
-    _step(ours, a, oracle, b, 1)
-    plan = ours._plan
+    run = Pair(backend, device, steps=2)  # the first step's fresh momentum buffers: a one-step plan
+    plan = run.ours._plan
     for s in range(2, 5):
-        _step(ours, a, oracle, b, s)
-        assert ours._plan is plan
-    _same(a, b)
+        run.step(s)
+        assert run.ours._plan is plan
+    run.check()
 
 
 @pytest.mark.parametrize("backend,device", cases())
 def test_lr_change_refreshes_values_without_rebuilding(backend, device):
-    require(backend, device)
-    ours, a, oracle, b = _pair(device=device, backend=backend)
-    sched_a = torch.optim.lr_scheduler.LambdaLR(ours, lambda e: 0.5 ** e)
-    sched_b = torch.optim.lr_scheduler.LambdaLR(oracle, lambda e: 0.5 ** e)
-    _step(ours, a, oracle, b, 0)
-    _step(ours, a, oracle, b, 1)
-    plan = ours._plan
+    run = Pair(backend, device)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.5 ** e) for o in (run.ours, run.oracle)]
+    run.step(0)
+    run.step(1)
+    plan = run.ours._plan
     for s in range(2, 6):
-        sched_a.step()
-        sched_b.step()
-        _step(ours, a, oracle, b, s)
-    assert ours._plan is plan
-    _same(a, b)
+        for sched in scheds:
+            sched.step()
+        run.step(s)
+    assert run.ours._plan is plan
+    run.check()
 
 
 @pytest.mark.parametrize("backend,device", cases())
 def test_structural_hyperparameter_change_rebuilds(backend, device):
-    require(backend, device)
-    ours, a, oracle, b = _pair(device=device, backend=backend, momentum=0.0, weight_decay=0.0)
-    _step(ours, a, oracle, b, 0)
-    for o in (ours, oracle):
-        o.param_groups[0]["momentum"] = 0.5   # momentum buffers appear
-        o.param_groups[0]["weight_decay"] = 0.1
-        o.param_groups[0]["nesterov"] = True
+    run = Pair(backend, device, momentum=0.0, weight_decay=0.0, steps=1)
+    # momentum buffers appear
+    run.both(lambda o, _: o.param_groups[0].update(momentum=0.5, weight_decay=0.1, nesterov=True))
     for s in range(1, 4):
-        _step(ours, a, oracle, b, s)
-    _same(a, b)
+        run.step(s)
+    run.check()
     with pytest.raises(ValueError, match="momentum"):
-        ours.param_groups[0]["momentum"] = -1.0
-        _step(ours, a, oracle, b, 9)
+        run.ours.param_groups[0]["momentum"] = -1.0
+        run.step(9)
 
 
 @pytest.mark.parametrize("backend,device", cases())
 def test_gradient_appearing_and_disappearing(backend, device):
-    require(backend, device)
-    ours, a, oracle, b = _pair(device=device, backend=backend)
-    _step(ours, a, oracle, b, 0, skip=(1,))
-    _step(ours, a, oracle, b, 1)
-    _step(ours, a, oracle, b, 2, skip=(0, 2))
-    _step(ours, a, oracle, b, 3)
-    _same(a, b)
+    run = Pair(backend, device)
+    for s, skip in enumerate([(1,), (), (0, 2), ()]):
+        run.step(s, skip=skip)
+    run.check()
 
 
 @pytest.mark.parametrize("backend,device", cases())
 def test_new_gradient_tensors_each_step(backend, device):
     """zero_grad(set_to_none=True): every step sees new gradient tensors (possibly at new addresses)."""
-    require(backend, device)
-    ours, a, oracle, b = _pair(device=device, backend=backend)
+    run = Pair(backend, device)
     keep = []
     for s in range(4):
-        keep.append([p.grad for p in a])  # old gradients stay alive: the new ones get new addresses
-        _step(ours, a, oracle, b, s)
-    _same(a, b)
+        keep.append([p.grad for p in run.a])  # old gradients stay alive: the new ones get new addresses
+        run.step(s)
+    run.check()
 
 
 @pytest.mark.parametrize("backend,device", cases())
 def test_parameter_storage_replaced(backend, device):
-    require(backend, device)
-    ours, a, oracle, b = _pair(device=device, backend=backend)
-    _step(ours, a, oracle, b, 0)
-    _step(ours, a, oracle, b, 1)
-    with torch.no_grad():
-        new = torch.randn(4, device=device)
-        a[1].data = new.clone()
-        b[1].data = new.clone()
-    _step(ours, a, oracle, b, 2)
-    _step(ours, a, oracle, b, 3)
-    _same(a, b)
+    run = Pair(backend, device, steps=2)
+    new = torch.randn(4, device=device)
+    run.both(lambda _, ps: setattr(ps[1], "data", new.clone()))
+    run.step(2)
+    run.step(3)
+    run.check()
 
 
 def test_dtype_change_through_data():
-    ours, a, oracle, b = _pair(momentum=0.0)
-    _step(ours, a, oracle, b, 0)
-    a[0].data = a[0].data.double()
-    b[0].data = b[0].data.double()
-    _step(ours, a, oracle, b, 1)
-    _same(a, b)
-    assert a[0].dtype == torch.float64
+    run = Pair(momentum=0.0, steps=1)
+    run.both(lambda _, ps: setattr(ps[0], "data", ps[0].data.double()))
+    run.step(1)
+    run.check()
+    assert run.a[0].dtype == torch.float64
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.gpu
 def test_device_change_through_data():
-    ours, a, oracle, b = _pair(momentum=0.0)
-    _step(ours, a, oracle, b, 0)
-    for ps in (a, b):
-        for p in ps:
-            p.data = p.data.cuda()
-    _step(ours, a, oracle, b, 1)
-    _same(a, b)
-    assert ours._plan.device.type == "cuda"
+    run = Pair(momentum=0.0, steps=1)
+    run.both(lambda _, ps: [setattr(p, "data", p.data.cuda()) for p in ps])
+    run.step(1)
+    run.check()
+    assert run.ours._plan.device.type == "cuda"
 
 
 @pytest.mark.parametrize("backend,device", cases())
 def test_add_param_group_mid_run(backend, device):
-    require(backend, device)
-    ours, a, oracle, b = _pair(device=device, backend=backend)
-    _step(ours, a, oracle, b, 0)
+    run = Pair(backend, device, steps=1)
     extra = torch.randn(6, device=device)
-    pa, pb = torch.nn.Parameter(extra.clone()), torch.nn.Parameter(extra.clone())
-    ours.add_param_group({"params": [pa], "lr": 0.05})
-    oracle.add_param_group({"params": [pb], "lr": 0.05})
-    a.append(pa)
-    b.append(pb)
+
+    def add(opt, ps):
+        ps.append(torch.nn.Parameter(extra.clone()))
+        opt.add_param_group({"params": [ps[-1]], "lr": 0.05})
+
+    run.both(add)
     for s in range(1, 4):
-        _step(ours, a, oracle, b, s)
-    _same(a, b)
+        run.step(s)
+    run.check()
 
 
 @pytest.mark.parametrize("backend,device", cases())
 def test_load_state_dict_mid_run(backend, device):
-    require(backend, device)
-    ours, a, oracle, b = _pair(device=device, backend=backend)
-    _step(ours, a, oracle, b, 0)
-    _step(ours, a, oracle, b, 1)
+    run = Pair(backend, device, steps=2)
     # a second optimizer's state (other momentum buffers) loaded into ours
-    other = fk.FedDecaySGD(a, beta=1.0, backend=backend, **KW)
+    other = fk.FedDecaySGD(run.a, beta=1.0, backend=backend, **KW)
     other.start_round()  # a round in progress (t = 0): loading it continues that round
-    for p in a:
+    for p in run.a:
         other.state[p]["momentum_buffer"] = torch.full_like(p, 0.5)
-    sd = other.state_dict()
-    ours.load_state_dict(sd)
-    oracle_sd = oracle.state_dict()
+    run.ours.load_state_dict(other.state_dict())
+    oracle_sd = run.oracle.state_dict()
     for i in oracle_sd["state"]:
-        oracle_sd["state"][i]["momentum_buffer"] = torch.full_like(b[i], 0.5)
-    oracle.load_state_dict(oracle_sd)
-    _step(ours, a, oracle, b, 2)
-    _same(a, b)
+        oracle_sd["state"][i]["momentum_buffer"] = torch.full_like(run.b[i], 0.5)
+    run.oracle.load_state_dict(oracle_sd)
+    run.step(2)
+    run.check()
 
 
 @pytest.mark.parametrize("backend,device", cases())
@@ -242,19 +220,18 @@ def test_padamfed_controls_of_each_round_are_used(backend, device):
 
 
 def test_error_messages_are_not_built_on_the_steady_path(monkeypatch):
-    ours, a, oracle, b = _pair(backend="reference")
-    _step(ours, a, oracle, b, 0)
+    run = Pair(steps=1)
 
     def boom(*args, **kwargs):
         raise AssertionError("an error message was built on a step that raised nothing")
 
-    monkeypatch.setattr(_base, "_param_name", boom)
+    monkeypatch.setattr(_params, "param_name", boom)
     for s in range(1, 4):
-        _step(ours, a, oracle, b, s)  # new gradient tensors every step: still no message built
-    ours.start_round()
-    oracle.state.clear()  # what start_round does to momentum
-    _step(ours, a, oracle, b, 5)  # a plan rebuild builds none either
-    _same(a, b)
+        run.step(s)  # new gradient tensors every step: still no message built
+    run.ours.start_round()
+    run.oracle.state.clear()  # what start_round does to momentum
+    run.step(5)  # a plan rebuild builds none either
+    run.check()
 
 
 def test_a_rejected_hyperparameter_edit_leaves_no_stale_row_behind():
@@ -272,3 +249,31 @@ def test_a_rejected_hyperparameter_edit_leaves_no_stale_row_behind():
     opt.step()
     torch.testing.assert_close(a[0].detach(), torch.full((2,), -1.5))
     torch.testing.assert_close(a[1].detach(), torch.full((2,), -1.25))
+
+
+def test_the_plan_is_built_from_data_alone(monkeypatch):
+    """Once the optimizer has gathered ``PlanInputs``, building, checking and updating a plan calls none
+    of its hooks: the same plan comes out with every hook replaced by one that raises."""
+    from fedopt_kernels._plan import StepPlan
+
+    run = Pair(steps=2)
+    opt = run.ours
+    inputs = opt._plan_inputs()
+    new_lr = opt._group_inputs([0])
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the plan called back into the optimizer")
+
+    for name in ("_validate_group", "_structure", "_hp_row", "_row_of", "_lr_factor", "_step_tensors",
+                 "_extra_present", "_step_roles", "_check_grad", "_name_of", "_group_rows", "_group_inputs",
+                 "_plan_inputs", "_schedule", "_run"):
+        monkeypatch.setattr(opt, name, boom)
+    plan = StepPlan(inputs)
+    assert torch.equal(plan.hp, opt._plan.hp) and plan.order == opt._plan.order
+    assert plan.lists.keys() == opt._plan.lists.keys()
+    assert all(x is y for r in plan.lists for x, y in zip(plan.lists[r], opt._plan.lists[r]))
+    assert plan.still_valid(opt.param_groups) is True
+    opt.param_groups[0]["lr"] = 0.05
+    assert plan.still_valid(opt.param_groups) == [0]
+    assert plan.update_groups(new_lr)  # the record gathered before the edit: hp rows as given
+    assert plan.hp[0, 0].item() == KW["lr"]

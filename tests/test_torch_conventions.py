@@ -18,6 +18,8 @@ import torch
 
 from fedopt_kernels import _registry, algorithm, catalogue
 
+from no_sync import no_host_sync
+
 SHAPES = [(4, 3), (5,), (2, 3, 2)]
 C = 2                      # clients of the batched form
 ROUND_INDEX, LR_SCALE = [0, 3], [1.0, 0.5]  # batched per-client round inputs (tensor-lr bits test)
@@ -170,6 +172,32 @@ def _same_run(params_a, opt_a, params_b, opt_b) -> None:
     _same(opt_a.state_dict()["state"], opt_b.state_dict()["state"], "state")
 
 
+def _continue_alike(case, runs, gstep: int, rnd: Optional[int] = None, before=None) -> None:
+    """Step every ``(params, optimizer)`` of ``runs`` at ``gstep`` (after ``before(optimizer)``), then, with
+    ``rnd``, start round ``rnd`` and step again: every run ends with the bits of the first."""
+    for ps, o in runs:
+        if before is not None:
+            before(o)
+        case.step(o, ps, gstep)
+        if rnd is not None:
+            case.start_round(o, rnd)
+            case.step(o, ps, gstep + 1)
+    (p0, o0), *others = runs
+    for ps, o in others:
+        _same_run(p0, o0, ps, o)
+
+
+def _tensor_and_float_lr(case, kind: str):
+    """(params, optimizer with a tensor lr of ``kind``, twin params, twin optimizer whose lr is the float
+    with the tensor's value: a float32 tensor rounds it)."""
+    params = case.params()
+    opt = case.build(params, lr=kind)
+    twin, ref = case.twin(params)
+    for gt, gf in zip(opt.param_groups, ref.param_groups):
+        gf["lr"] = float(gt["lr"])
+    return params, opt, twin, ref
+
+
 def _without_lr(sd: Dict[str, Any]) -> Dict[str, Any]:
     """A state_dict with every group's lr as a float (to compare a tensor-lr run with a float-lr one)."""
     sd = dict(sd)
@@ -214,12 +242,7 @@ def test_state_dict_loads_across_named_and_unnamed(case):
         other.load_state_dict(copy.deepcopy(saved))
         assert [g["param_names"] for g in other.param_groups] == names
         loaded.append((twin, other))
-    for ps, o in [(params, opt)] + loaded:
-        case.step(o, ps, 11)
-        case.start_round(o, 3)
-        case.step(o, ps, 12)
-    for twin, other in loaded:
-        _same_run(params, opt, twin, other)
+    _continue_alike(case, [(params, opt)] + loaded, 11, rnd=3)
 
 
 @pytest.mark.parametrize("case", SOME)
@@ -238,9 +261,7 @@ def test_state_dict_is_deterministic(case, named):
     twin, c = case.twin(pa, named=named)
     c.load_state_dict(copy.deepcopy(a.state_dict()))  # as torch: load aliases tensors it need not cast
     _same(c.state_dict(), a.state_dict(), "state_dict after load")
-    case.step(a, pa, 20)
-    case.step(c, twin, 20)
-    _same_run(pa, a, twin, c)
+    _continue_alike(case, [(pa, a), (twin, c)], 20)
 
 
 @pytest.mark.parametrize("case", SOME)
@@ -268,11 +289,7 @@ def test_named_and_unnamed_groups_do_not_mix(case):
 def test_tensor_lr_gives_the_bits_of_a_float_lr(case, kind):
     if kind == "device" and case.device == "cpu":
         pytest.skip("the parameters are on the CPU: covered by 'tensor'")
-    params = case.params()
-    opt = case.build(params, lr=kind)
-    twin, ref = case.twin(params)
-    for gt, gf in zip(opt.param_groups, ref.param_groups):
-        gf["lr"] = float(gt["lr"])  # the float with the tensor's value (a float32 tensor rounds it)
+    params, opt, twin, ref = _tensor_and_float_lr(case, kind)
     case.run(opt, params, rounds=2, client_inputs=True)
     case.run(ref, twin, rounds=2, client_inputs=True)
     _same_run(params, opt, twin, ref)
@@ -283,11 +300,7 @@ def test_tensor_lr_gives_the_bits_of_a_float_lr(case, kind):
 @pytest.mark.parametrize("case", SOME)
 def test_tensor_lr_changed_in_place_or_replaced_takes_effect(case):
     """In place (as torch's schedulers change a tensor lr) and by a new tensor object."""
-    params = case.params()
-    opt = case.build(params, lr="tensor64")
-    twin, ref = case.twin(params)
-    for gt, gf in zip(opt.param_groups, ref.param_groups):
-        gf["lr"] = float(gt["lr"])
+    params, opt, twin, ref = _tensor_and_float_lr(case, "tensor64")
 
     def tensor_change(o, gstep):
         for gi, g in enumerate(o.param_groups):
@@ -308,11 +321,7 @@ def test_tensor_lr_changed_in_place_or_replaced_takes_effect(case):
 @pytest.mark.parametrize("case", SOME)
 def test_an_lr_scheduler_changes_a_tensor_lr(case):
     """torch's LRScheduler fills a tensor lr in place; the steps follow it as they follow a float lr."""
-    params = case.params()
-    opt = case.build(params, lr="tensor64")
-    twin, ref = case.twin(params)
-    for gt, gf in zip(opt.param_groups, ref.param_groups):
-        gf["lr"] = float(gt["lr"])
+    params, opt, twin, ref = _tensor_and_float_lr(case, "tensor64")
     lrs = [id(g["lr"]) for g in opt.param_groups]
     scheds = [torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.7) for o in (opt, ref)]
     case.run(opt, params, between=lambda o, k: scheds[0].step())
@@ -404,17 +413,13 @@ def test_tensor_lr_step_does_not_sync_the_device(case, kind):
         case.step(opt, params, k)
     grads = [catalogue.rand_like_list(params, 900 + k, 1.0) for k in range(3)]
     inputs = [case.step_inputs(opt, 900 + k) for k in range(3)]
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for k in range(3):
             for p, g in zip(params, grads[k]):
                 p.grad = g
             opt.step(**inputs[k])
             for g in opt.param_groups:
                 g["lr"].mul_(0.9)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert all(torch.isfinite(p).all() for p in params)
 
 
@@ -445,13 +450,7 @@ def test_a_state_dict_with_empty_entries_still_loads(case):
     twin, other = case.twin(params)
     other.load_state_dict(sd)
     assert all(other.state.values())
-    case.step(opt, params, 3)
-    case.step(other, twin, 3)
-    case.start_round(opt, 1)
-    case.start_round(other, 1)
-    case.step(opt, params, 4)
-    case.step(other, twin, 4)
-    _same_run(params, opt, twin, other)
+    _continue_alike(case, [(params, opt), (twin, other)], 3, rnd=1)
 
 
 # ---------------------------------------------------------------- torch.optim machinery
@@ -509,13 +508,11 @@ def test_deepcopy_continues_exactly_as_the_original(case, lr):
     twin, copied = copy.deepcopy((params, opt))
     if lr is not None:
         assert copied.param_groups[0]["lr"] is not opt.param_groups[0]["lr"]
-    for ps, o in ((params, opt), (twin, copied)):
+    def halve_lr(o):
         for g in o.param_groups:
             g["lr"] = g["lr"].mul_(0.5) if lr is not None else g["lr"] * 0.5
-        case.step(o, ps, 1)
-        case.start_round(o, 1)
-        case.step(o, ps, 2)
-    _same_run(params, opt, twin, copied)
+
+    _continue_alike(case, [(params, opt), (twin, copied)], 1, rnd=1, before=halve_lr)
     assert copied.round_step == opt.round_step and copied.round_index == opt.round_index
 
 

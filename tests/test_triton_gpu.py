@@ -9,6 +9,8 @@ import torch
 import fedopt_kernels as fk
 from fedopt_kernels import _registry
 
+from no_sync import no_host_sync
+
 pytestmark = pytest.mark.gpu
 
 HAS_TRITON_CUDA = torch.cuda.is_available() and _registry.unavailable_reason("triton", torch.device("cuda")) is None
@@ -74,15 +76,17 @@ def test_cuda_graph_of_k_steps_replays_to_the_eager_result(name, dtype):
 def test_step_never_synchronises_with_the_host(name):
     ps = _params()
     _with_static_grads(ps)
-    opt = _builders()[name](ps)
-    opt.step()  # first step: state and schedule tables are created (outside the checked region)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    _steps_never_sync(_builders()[name](ps).step)
+
+
+def _steps_never_sync(step, warm: int = 1) -> None:
+    """``step()`` ``warm`` times (state and schedule tables are created outside the checked region),
+    then three times where a host synchronisation raises."""
+    for _ in range(warm):
+        step()
+    with no_host_sync():
         for _ in range(3):
-            opt.step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+            step()
     torch.cuda.synchronize()
 
 
@@ -178,13 +182,4 @@ def test_batched_step_never_synchronises_with_the_host(name):
     _with_static_grads(ps)
     opt = _batched_builders()[name](ps)
     active = torch.tensor([True, False, True, True, False], device="cuda")
-    opt.step(active=active)
-    opt.step(active=active)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            opt.step(active=active)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+    _steps_never_sync(lambda: opt.step(active=active), warm=2)

@@ -33,9 +33,7 @@ launch.
 """
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Dict, Optional
 
 import torch
 import triton
@@ -48,21 +46,8 @@ from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of, tile_rows
 
 OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}
-# A cross-rank reduction of a per-client op's norm slots (sharded parameters, fedopt_kernels/_dtensor.py),
-# set for one op call on this thread by reducing_slots.
-_SHARDED = threading.local()
-
-
-@contextmanager
-def reducing_slots(reduce: Callable[[torch.Tensor], None]) -> Iterator[None]:
-    """Within the block, a per-client op calls ``reduce(partials)`` between its passes: the float64
-    slots of its norm pass, which ``reduce`` rewrites in place (on the device) so that they sum to
-    the sum of squares over every rank."""
-    saved, _SHARDED.reduce = getattr(_SHARDED, "reduce", None), reduce
-    try:
-        yield
-    finally:
-        _SHARDED.reduce = saved
+# a per-client op calls _SHARDED.reduce(partials) between its passes, when set (sharded parameters)
+from fedopt_kernels._between_passes import current as _SHARDED  # noqa: E402
 # clients per program of advance_kernel
 ADVANCE_BLOCK = 1024
 # finalize_kernel under the interpreter: (clients per program, slots per lane block); compiled it runs

@@ -13,9 +13,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .._base import _ROUND_KEY, FedOptimizer, _param_name
+from .._base import _ROUND_KEY, FedOptimizer
 from .._ops import FRESH
-from .._plan import StepPlan, refuse_in_capture
+from .._params import param_name
+from .._plan import refuse_in_capture
 
 
 def _per_client(name: str, value: Any, C: int, cast: Callable[[str, Any], Any]) -> Optional[List]:
@@ -63,15 +64,15 @@ class ClientBatched(FedOptimizer):
         super()._check_new_params(params, gi)
         for pi, p in enumerate(params):
             if p.dim() == 0:
-                raise ValueError(f"{_param_name(gi, pi, p)} is 0-dim; client-batched parameters are stacked "
+                raise ValueError(f"{param_name(gi, pi, p)} is 0-dim; client-batched parameters are stacked "
                                  f"client copies with a leading client dimension [C, *shape]")
             if self.num_clients is None:
                 if p.shape[0] == 0:
-                    raise ValueError(f"{_param_name(gi, pi, p)} has leading (client) dimension 0: a client-batched "
+                    raise ValueError(f"{param_name(gi, pi, p)} has leading (client) dimension 0: a client-batched "
                                      f"optimizer needs at least one client")
                 self.num_clients = int(p.shape[0])
             elif p.shape[0] != self.num_clients:
-                raise ValueError(f"{_param_name(gi, pi, p)} has leading (client) dimension {p.shape[0]} but other "
+                raise ValueError(f"{param_name(gi, pi, p)} has leading (client) dimension {p.shape[0]} but other "
                                  f"parameters have {self.num_clients}")
 
     # ------------------------------------------------------------------ rounds
@@ -140,29 +141,20 @@ class ClientBatched(FedOptimizer):
         self._fresh_round = bool(rnd.get("fresh_round", True))
 
     # ------------------------------------------------------------------ per-client hp rows
-    def _hp_tensor(self, plan: StepPlan) -> torch.Tensor:
-        C = self.num_clients
-        groups = self.param_groups
-        ts = self._t_clients or [max(self._t, 0)] * C
-        scales = self._lr_scale or [1.0] * C
-        per_client = []
-        for c in range(C):
-            rows = plan.batch_rows(lambda gi: self._row_of(groups[gi], ts[c]))
-            for row in rows:
-                row[0] *= scales[c]  # column 0 is every op's learning rate
-            per_client.append(rows)
-        if not plan.batch_group:
-            return torch.zeros((0, C, len(self._spec.hps)), dtype=torch.float64)
-        return torch.tensor(per_client, dtype=torch.float64).transpose(0, 1).contiguous()
+    def _clients(self) -> Optional[int]:
+        return self.num_clients
 
-    def _lr_factors(self, plan: StepPlan, gi: int, count: int):
-        # as _hp_tensor: (lr * the algorithm's factor for client c's round) * lr_scale[c]
+    def _group_rows(self, group: Dict[str, Any]):
+        # client c's row is the per-client optimizer's row for its round, column 0 (every op's
+        # learning rate) times lr_scale[c]; a tensor lr becomes (lr * factor of c's round) * lr_scale[c]
         C = self.num_clients
         ts = self._t_clients or [max(self._t, 0)] * C
-        scales = self._lr_scale or [1.0] * C
-        a = [self._lr_factor(plan.groups[gi], ts[c]) for c in range(C)]
-        return tuple(None if all(v == 1.0 for v in f) else torch.tensor([f] * count, dtype=torch.float64)
-                     for f in (a, scales))
+        rows = tuple(tuple(self._row_of(group, t)) for t in ts)
+        factor = None
+        if isinstance(group["lr"], torch.Tensor):
+            a = tuple(self._lr_factor(group, t) for t in ts)
+            factor = None if all(v == 1.0 for v in a) else a
+        return rows, factor, None if self._lr_scale is None else tuple(self._lr_scale)
 
     def _step_tensors(self, p, group, state, idx):
         tensors, override = super()._step_tensors(p, group, state, idx)

@@ -1,13 +1,13 @@
 """Small helpers shared by the reference ops: compute dtypes, the global norm, AMP and the counter."""
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, List, Optional
+from typing import Callable, Iterable, List, Optional
 
 import torch
 
 from .._args import OpArgs
+from .._between_passes import current as _SHARDED
+from .._ops import OpSpec
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -25,24 +25,9 @@ def norm_dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-# A cross-rank reduction of the norm's sums (sharded parameters, fedopt_kernels/_dtensor.py), set
-# for one op call on this thread by reducing_norms.
-_SHARDED = threading.local()
-
-
-@contextmanager
-def reducing_norms(reduce: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
-    """Within the block, ``global_norm`` is ``sqrt(reduce(float64 sum of squares per tensor))``."""
-    saved = getattr(_SHARDED, "reduce", None)
-    _SHARDED.reduce = reduce
-    try:
-        yield
-    finally:
-        _SHARDED.reduce = saved
-
-
 def global_norm(tensors: List[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """L2 norm over all ``tensors`` as a float64 0-dim tensor.
+    """L2 norm over all ``tensors`` as a float64 0-dim tensor; with sharded parameters
+    (``_between_passes.reducing``) ``sqrt(reduce(float64 sum of squares per tensor))``.
 
     Squares are summed in float64 (a float32 sum of squares overflows for elements near 1e20
     and underflows near 1e-23), so the norm is right to ~1e-15 for every finite input in
@@ -93,3 +78,24 @@ def advance(a: OpArgs, amp: Optional[Amp]) -> None:
     """k += 1, unless GradScaler found an inf (then the step did not happen)."""
     if amp is None or not amp.skip:
         a.k.add_(1)
+
+
+Direction = Callable[[dict, int, List[float], Amp], torch.Tensor]
+Update = Callable[[List[torch.Tensor], List[torch.Tensor], List[float], torch.Tensor], None]
+
+
+def norm_step(spec: OpSpec, args: tuple, direction: Direction, update: Update) -> None:
+    """A norm op's step: ``direction(batch tensors, i, hp row, amp)`` of every parameter, batch by
+    batch (pass 1), their global norm rounded as the kernels round it, then ``update(params, directions,
+    hp row, norm)`` per batch (pass 2); a step skipped by GradScaler changes nothing."""
+    a = OpArgs.parse(spec, args)
+    amp = Amp(a)
+    if not amp.skip and a.lists["params"]:
+        batches = a.batches()
+        rows = {b.index: a.hp[b.index].tolist() for b in batches}
+        ds = [[direction(b.tensors, i, rows[b.index], amp) for i in range(len(b.tensors["params"]))]
+              for b in batches]
+        norm = global_norm([d for per in ds for d in per], a.device).to(norm_dtype(a.lists["params"]))
+        for b, per in zip(batches, ds):
+            update(b.tensors["params"], per, rows[b.index], norm)
+    advance(a, amp)

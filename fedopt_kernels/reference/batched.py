@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .._args import OpArgs
 from .._ops import BATCHED, FRESH, PER_CLIENT
-from .._registry import register, resolve
+from .._impl_table import register, registered
 
 
 def _per_client(name: str):
@@ -20,7 +20,7 @@ def _per_client(name: str):
 
     def step(*args, cache=None) -> None:
         a = OpArgs.parse(spec, args)
-        fn = resolve(base.name, "reference", a.device)
+        fn = registered(base.name, "reference")
         active = None if a.active is None else a.active.tolist()
         ks = a.k.tolist()
         damp = base.hps.index("dampening") if "dampening" in base.hps else None

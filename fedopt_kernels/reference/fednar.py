@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from .._args import OpArgs
+from .._impl_table import register
 from .._ops import FEDNAR
-from .._registry import register
-from ._math import Amp, add_terms, advance, global_norm, norm_dtype, up
+from ._math import Amp, add_terms, norm_step, up
 
 
 def fednar_direction(t, i: int, row, amp: Amp) -> torch.Tensor:
@@ -27,20 +26,14 @@ def fednar_direction(t, i: int, row, amp: Amp) -> torch.Tensor:
     return add_terms(amp.grad(t["grads"][i]), up(t["params"][i]), t, i, wd, prox_mu)
 
 
+def _clipped_update(xs, ds, row, s: torch.Tensor) -> None:
+    step_lr, _wd, max_norm, eps, _mu = row
+    coef = torch.clamp(max_norm / (s + eps), max=1.0)
+    for x, d in zip(xs, ds):
+        scale = (step_lr * coef).to(d.dtype)
+        x.copy_(up(x) - scale * d)
+
+
 @register("fednar", "reference")
 def fednar_step(*args, cache=None) -> None:
-    a = OpArgs.parse(FEDNAR, args)
-    amp = Amp(a)
-    if not amp.skip and a.lists["params"]:
-        batches = a.batches()
-        rows = {b.index: a.hp[b.index].tolist() for b in batches}
-        ds = [[fednar_direction(b.tensors, i, rows[b.index], amp) for i in range(len(b.tensors["params"]))]
-              for b in batches]
-        s = global_norm([d for per in ds for d in per], a.device).to(norm_dtype(a.lists["params"]))
-        for b, per in zip(batches, ds):
-            step_lr, _wd, max_norm, eps, _mu = rows[b.index]
-            coef = torch.clamp(max_norm / (s + eps), max=1.0)
-            for x, d in zip(b.tensors["params"], per):
-                scale = (step_lr * coef).to(d.dtype)
-                x.copy_(up(x) - scale * d)
-    advance(a, amp)
+    norm_step(FEDNAR, args, fednar_direction, _clipped_update)

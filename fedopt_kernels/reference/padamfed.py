@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from .._args import OpArgs
+from .._impl_table import register
 from .._ops import PADAMFED
-from .._registry import register
-from ._math import Amp, advance, global_norm, norm_dtype, up
+from ._math import Amp, norm_step, up
 
 
 def padamfed_direction(t, i: int, beta: float, G: torch.Tensor) -> torch.Tensor:
@@ -28,27 +27,21 @@ def padamfed_direction(t, i: int, beta: float, G: torch.Tensor) -> torch.Tensor:
     return beta * G + D
 
 
+def _direction_and_sum(t, i: int, row, amp: Amp) -> torch.Tensor:
+    """v of parameter ``i``; adds its unscaled gradient to ``acc`` (pass 1)."""
+    G = amp.grad(t["grads"][i])
+    v = padamfed_direction(t, i, row[1], G)
+    t["acc"][i].add_(G)
+    return v
+
+
+def _normalized_update(xs, vs, row, norm: torch.Tensor) -> None:
+    lr, _beta, eps = row
+    scale_all = lr / torch.clamp(norm, min=eps)
+    for x, v in zip(xs, vs):
+        x.copy_(up(x) - v * scale_all.to(v.dtype))
+
+
 @register("padamfed", "reference")
 def padamfed_step(*args, cache=None) -> None:
-    a = OpArgs.parse(PADAMFED, args)
-    amp = Amp(a)
-    if not amp.skip and a.lists["params"]:
-        batches = a.batches()
-        rows = {b.index: a.hp[b.index].tolist() for b in batches}
-        vs = []
-        for b in batches:
-            t, beta = b.tensors, rows[b.index][1]
-            per = []
-            for i in range(len(t["params"])):
-                G = amp.grad(t["grads"][i])
-                per.append(padamfed_direction(t, i, beta, G))
-                t["acc"][i].add_(G)
-            vs.append(per)
-        norm = global_norm([v for per in vs for v in per], a.device).to(norm_dtype(a.lists["params"]))
-        for b, per in zip(batches, vs):
-            lr, _beta, eps = rows[b.index]
-            n = torch.clamp(norm, min=eps)
-            scale_all = lr / n
-            for x, v in zip(b.tensors["params"], per):
-                x.copy_(up(x) - v * scale_all.to(v.dtype))
-    advance(a, amp)
+    norm_step(PADAMFED, args, _direction_and_sum, _normalized_update)

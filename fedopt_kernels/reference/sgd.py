@@ -18,7 +18,7 @@ import torch
 
 from .._args import OpArgs
 from .._ops import SGD
-from .._registry import register
+from .._impl_table import register
 from ._math import Amp, add_terms, advance, up
 
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from .._base import FedOptimizer
 from .client_loss import ClientLoss
+from .step_graph import StepGraph
 
 Tensors = List[torch.Tensor]
 
@@ -59,11 +60,7 @@ class BatchedTrainer:
         self.views = [p.detach() for p in self.stacked]  # same storage, no autograd history: vmap's inputs
         self.shared = [p.detach().clone() for p in like]  # the round's starting model (anchor gradients)
         self.opt = make_optimizer(self.stacked)
-        self.graph = None
-        if graph is not None:
-            from .step_graph import StepGraph
-
-            self.graph = StepGraph(self, mode=graph)
+        self.graph = None if graph is None else StepGraph(self, mode=graph)
 
     @torch.no_grad()
     def load(self, params: Sequence[torch.Tensor]) -> None:

@@ -26,25 +26,36 @@ count, which replays do not advance, is advanced here (PAdaMFed's ``local_contro
 call, and a "replay" recomputes the gradients into the static buffers and repeats that recorded
 call with the same tensors, so the state and hp handling above is tested on a CPU.
 
-This reaches into the optimizer's step plan (``_plan``, ``_hp_tensor``, ``_host_steps``); see
-docs/client_batched.md for the public hooks that would replace that.
+This reaches into the optimizer's step plan (``_plan``, ``_group_inputs``, ``_hp_cache``,
+``_host_steps``); see docs/client_batched.md for the public hooks that would replace that.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
+from .._base import FedOptimizer
 from .._sgd import SGDFamily
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .batched_trainer import BatchedTrainer
 
 MODES = ("cuda", "emulate")
 
 
+class Trainer(Protocol):
+    """What a step graph uses of its trainer (``batched_trainer.BatchedTrainer``)."""
+
+    opt: FedOptimizer
+    stacked: Sequence[torch.Tensor]
+    clients: int
+    steps: int
+    anchor: bool
+
+    def gradients(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                  anchor_x: Optional[torch.Tensor]) -> tuple: ...
+
+
 class StepGraph:
-    def __init__(self, trainer: "BatchedTrainer", mode: str = "cuda", warmup: int = 2):
+    def __init__(self, trainer: Trainer, mode: str = "cuda", warmup: int = 2):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         device = trainer.stacked[0].device
@@ -89,10 +100,11 @@ class StepGraph:
                     static.copy_(value)
                     st[key] = static
         if self.plan is not None:
-            host = opt._hp_tensor(self.plan)
-            self.plan.hp.copy_(host)
+            groups = opt._group_inputs(range(len(opt.param_groups)))
+            host = self.plan.hp_rows([groups[gi] for gi in range(len(groups))])
+            self.plan.hp.copy_(host)  # in place: the graph reads this tensor
             opt._plan = self.plan
-            opt._hp_cache = (host, self.plan.hp)
+            opt._hp_cache.keep(host, self.plan.hp)
 
     # ------------------------------------------------------------------ steps
     def _set_inputs(self, x, y, w, anchor_x, active) -> None:
