@@ -55,7 +55,6 @@ def _import_kernels():
 
 _import_kernels()
 from fedopt_kernels.triton_kernels import launcher as _launcher  # noqa: E402
-from fedopt_kernels.triton_kernels import sgd as _sgd  # noqa: E402
 from fedopt_kernels.triton_kernels import two_pass as _two_pass  # noqa: E402
 
 # Whether the kernels above were created by the interpreter (decided when they were decorated).
@@ -168,24 +167,32 @@ def _op(name: str, launch_all):
     return register(name, "triton")(step)
 
 
-def _sgd_launches(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
-    """``sgd`` and ``sgd_batched``: one update launch per launch of the plan, then k += 1 (per
-    active client) on the device. The batched op is the same kernel over client slices."""
-    hp = _hp(a)
-    for lau in plan.launches:
-        _sgd.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
-    _two_pass.advance(a.k, amp, active)
+def _one_pass_launches(kernels):
+    """A one-pass op (``sgd`` and its batched form): one update launch of ``kernels.launch`` per
+    launch of the plan, then k += 1 (per active client) on the device. The batched op is the same
+    kernel over client slices."""
+    def launch_all(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
+        hp = _hp(a)
+        for lau in plan.launches:
+            kernels.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
+        _two_pass.advance(a.k, amp, active)
+
+    return launch_all
 
 
 def _norm_launches(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
-    """``fednar``/``padamfed`` and their batched forms: norm pass, (batched: per-client finalize),
-    update pass."""
+    """A norm op (``fednar``/``padamfed``) and its batched form: norm pass, (batched: per-client
+    finalize), update pass, through the two-pass driver."""
     _two_pass.launch(a.spec.base or a.spec.name, plan, _hp(a), a.k, amp, active)
 
 
-sgd_step = _op("sgd", _sgd_launches)
-sgd_batched_step = _op("sgd_batched", _sgd_launches)
-fednar_step = _op("fednar", _norm_launches)
-padamfed_step = _op("padamfed", _norm_launches)
-fednar_batched_step = _op("fednar_batched", _norm_launches)
-padamfed_batched_step = _op("padamfed_batched", _norm_launches)
+def _launches_of(spec) -> Any:
+    """Every op of the declaration runs: a norm op through the two-pass driver, a one-pass op through
+    ``triton_kernels/<op>.py``'s ``launch``."""
+    if spec.norm:
+        return _norm_launches
+    return _one_pass_launches(importlib.import_module(f"fedopt_kernels.triton_kernels.{spec.base or spec.name}"))
+
+
+# one registered step per declared op (per-client and client-batched)
+STEPS = {name: _op(name, _launches_of(spec)) for name, spec in OPS.items()}
