@@ -29,9 +29,9 @@ client ``c`` alone. ``sgd_batched`` reads one more bit of ``present``: ``FRESH``
 started with new momentum buffers), under which a client at ``k == 0`` takes ``buf = d`` (torch's
 first step) instead of ``momentum * buf + (1 - dampening) * d``.
 
-The spec is what the reference and fused implementations, the C++ bindings (through
-``tests/test_ops.py``), the Triton launcher, the benchmark's traffic table and the optimizers
-read; adding an op means adding one ``OpSpec`` here.
+The spec is what the reference and fused implementations, the C++ kernels (``op_table.h`` is
+generated from it at build time), the Triton kernels' slots and columns, the benchmark's traffic
+table and the optimizers read; adding an op means adding one ``OpSpec`` here (docs/dispatch.md).
 """
 from __future__ import annotations
 
