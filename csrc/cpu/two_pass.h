@@ -13,6 +13,7 @@
 #include "../common/fo_hp.h"
 #include "cpu_common.h"
 #include "cpu_ops.h"
+#include "step_rows.h"
 
 namespace fo {
 namespace cpu {
@@ -50,9 +51,14 @@ void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>
 }  // namespace cpu
 }  // namespace fo
 
-// Defines the op `fo::cpu::NAME(entries, hps, norm_f64)` of cpu_ops.h from the chunk code K of the
-// op's tiles header (compiled per ISA by isa_copies.h, included before this macro).
-#define FO_CPU_TWO_PASS_OP(NAME, HP, K)                                                          \
-  void fo::cpu::NAME(const std::vector<Entry>& entries, const std::vector<HP>& hps, bool norm_f64) { \
-    two_pass_norm_step<FO_CPU_COPIES(K)>(entries, hps, norm_f64);                                \
+// Defines op NAME's entry point (cpu_ops.h) from its hp struct HP and the chunk code K of its tiles
+// header (compiled per ISA by isa_copies.h, included before this macro).
+#define FO_CPU_TWO_PASS_OP(NAME, HP, K)                                                                   \
+  namespace fo {                                                                                          \
+  namespace cpu {                                                                                         \
+  template <>                                                                                             \
+  void step<spec::NAME>(const std::vector<Entry>& entries, const Gathered& gat, const StepScalars& sc) { \
+    two_pass_norm_step<FO_CPU_COPIES(K)>(entries, hp_rows<HP>(gat, sc), gat.any_f64);                   \
+  }                                                                                                       \
+  }                                                                                                       \
   }
