@@ -1,5 +1,6 @@
 // Op "sgd" (and "sgd_batched") on CPU (FedDecaySGD / NeuronLRSGD): one pass, every tensor of every
 // group (of every client).
+#include "../common/sgd_hp.h"
 #include "step_rows.h"
 #define FO_CPU_TILES "sgd_tiles.h"
 #include "isa_copies.h"

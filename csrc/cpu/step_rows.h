@@ -35,7 +35,7 @@ inline std::vector<Entry> active_client_entries(const Gathered& gat, const std::
   return out;
 }
 
-// One hp struct per hp row (fo_hp.h Hp::of); a row's optional roles are its batch's (present mask
+// One hp struct per hp row (common/<op>_hp.h Hp::of); a row's optional roles are its batch's (present mask
 // of batch g / C).
 template <class Hp>
 std::vector<Hp> hp_rows(const Gathered& gat, const StepScalars& sc) {

@@ -1,8 +1,8 @@
 // The driver both global-norm ops (FedNAR, PAdaMFed) share on the CPU: pass 1 writes one sum of
 // squares per fixed chunk, each segment's norm (a client of a batched op; the whole step of a
-// per-client op, which is the one-segment case) and each group's factor (fo_hp.h norm_factor) are
-// formed from them in chunk order on this thread (so the result does not depend on the thread
-// count), pass 2 applies the factors.
+// per-client op, which is the one-segment case) and each group's factor (common/<op>_hp.h
+// norm_factor) are formed from them in chunk order on this thread (so the result does not depend on
+// the thread count), pass 2 applies the factors.
 #pragma once
 
 #include <c10/util/Exception.h>

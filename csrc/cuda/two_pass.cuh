@@ -3,7 +3,7 @@
 //
 // An op is a struct (apex-style functor) deriving from TwoPassOp (two_pass_op.cuh), which gives
 //   TableT                     its tensor table (multi_tensor_apply.cuh)
-//   Hp                         its per-batch struct (common/fo_hp.h: Hp::of(row, present, unscale,
+//   Hp                         its per-batch struct (common/<op>_hp.h: Hp::of(row, present, unscale,
 //                              inv) from a row of hp, norm_factor(norm, hp, norm_f64) the factor)
 //   kStateSlot[]               which slots are state-typed (float32 / float64 storage)
 // and has
