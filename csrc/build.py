@@ -447,11 +447,9 @@ def jit_spec(ext: str) -> JitSpec:
     the GPUs that are visible (or TORCH_CUDA_ARCH_LIST), so the build is as short as it can be."""
     import torch
     tv = re.sub(r"[^0-9A-Za-z.]+", "_", torch.__version__)  # the local tag too: +cpu and +cu130 builds differ
-    sources = CPU_SOURCES if ext == "_C_cpu" else CUDA_SOURCES
-    missing = [s for s in sources if not os.path.isfile(os.path.join(ROOT, s))]
-    if missing or sources == COMMON_SOURCES:
-        raise CannotBuild(f"the sources are incomplete ({', '.join(missing) or 'csrc/cpu, csrc/cuda'} missing "
-                          f"under {ROOT})")
+    folder = "cpu" if ext == "_C_cpu" else "cuda"
+    if not _sources_in(folder, ".cpp", ".cu"):
+        raise CannotBuild(f"the sources are incomplete (no C++ sources under {os.path.join(HERE, folder)})")
     missing = missing_op_sources(ext) if ext in OP_SOURCE else []
     if missing:
         raise CannotBuild(_missing_message(missing))

@@ -43,7 +43,7 @@ struct Launch {
   int n;
   const int32_t* present;  // [nbatches]: batch b's mask of optional roles (host memory: copied into the kernel tables)
   int nbatches;
-  bool batched;            // the client-batched form (sgd_batched honours the FRESH bit, op_table.h kFreshBit)
+  bool batched;            // the client-batched form (the only one that reads op_table.h kFreshBit)
   bool norm_f64;           // a norm op uses its norm in float64 (some parameter is float64)
   DeviceScalars s;
   double* scratch;         // a norm op (spec kNorm): device float64 buffer of two_pass_scratch(entries, n,
