@@ -46,11 +46,21 @@ def _rel(*parts: str) -> str:
     return os.path.join("csrc", *parts)
 
 
-CPU_SOURCES = [_rel("cpu", f) for f in ("bindings_cpu.cpp", "cpu_common.cpp", "sgd_cpu.cpp", "fednar_cpu.cpp",
-                                         "padamfed_cpu.cpp")] + \
-    [_rel("common", f) for f in ("gather.cpp", "op_args.cpp")]
-CUDA_SOURCES = [_rel("cuda", f) for f in ("bindings_cuda.cpp", "sgd.cu", "fednar.cu", "padamfed.cu", "launch_common.cu")] + \
-    [_rel("common", f) for f in ("gather.cpp", "op_args.cpp")]
+def _sources_in(folder: str, *suffixes: str) -> List[str]:
+    """Every source of csrc/<folder> with one of ``suffixes``, sorted (the build is the same wherever
+    it runs: a checkout, an sdist, the installed package's fedopt_kernels/csrc)."""
+    path = os.path.join(HERE, folder)
+    names = os.listdir(path) if os.path.isdir(path) else []
+    return sorted(_rel(folder, f) for f in names if f.endswith(suffixes) and os.path.isfile(os.path.join(path, f)))
+
+
+# Every source of the folder is built: an op's own files (csrc/cpu/<op>_cpu.cpp, csrc/cuda/<op>.cu)
+# join the build by being there, with no list to keep (docs/dispatch.md, "Adding an algorithm").
+COMMON_SOURCES = _sources_in("common", ".cpp")
+CPU_SOURCES = _sources_in("cpu", ".cpp") + COMMON_SOURCES
+CUDA_SOURCES = _sources_in("cuda", ".cpp", ".cu") + COMMON_SOURCES
+# The file of each op (op_table.h FO_FOR_EACH_OP) that defines its entry point, per extension
+OP_SOURCE = {"_C_cpu": ("cpu", "{op}_cpu.cpp"), "_C_cuda": ("cuda", "{op}.cu")}
 
 
 # ------------------------------------------------------------------------------ op_table.h
@@ -77,6 +87,21 @@ def write_op_header(folder: str) -> str:
     """Generate op_table.h (every op's slots, present bits and hp columns) into ``folder``; returns
     the folder, for the include path."""
     return _op_header_module().write(os.path.abspath(folder))
+
+
+def missing_op_sources(ext: str) -> List[str]:
+    """The entry-point files ``ext`` ("_C_cpu" or "_C_cuda") lacks: one per op of the declaration
+    without its file (OP_SOURCE). The bindings dispatch to every declared op, so without this check
+    a missing file would surface only as an undefined symbol when the extension is imported."""
+    folder, pattern = OP_SOURCE[ext]
+    sources = set(CPU_SOURCES if ext == "_C_cpu" else CUDA_SOURCES)
+    ops = [name for name, spec in _op_header_module().OPS.items() if not spec.batched]
+    return [f for f in (_rel(folder, pattern.format(op=op)) for op in ops) if f not in sources]
+
+
+def _missing_message(missing: List[str]) -> str:
+    return (f"an op declared in fedopt_kernels/_ops.py has no kernel file: {', '.join(missing)} "
+            f"(docs/dispatch.md, \"Adding an algorithm\")")
 
 
 def _warn(msg: str) -> None:
@@ -318,6 +343,9 @@ def _make_build_ext(base):
                     return
                 for e in self.extensions:
                     e.include_dirs.append(generated)
+                    missing = missing_op_sources(e.name.split(".")[-1])
+                    if missing:  # build_extension skips what is recorded
+                        self._record(e, f"build failed: {_missing_message(missing)}")
             try:
                 super().build_extensions()
             except Exception as exc:  # a failure before any extension (e.g. the CUDA version check)
@@ -419,9 +447,12 @@ def jit_spec(ext: str) -> JitSpec:
     the GPUs that are visible (or TORCH_CUDA_ARCH_LIST), so the build is as short as it can be."""
     import torch
     tv = re.sub(r"[^0-9A-Za-z.]+", "_", torch.__version__)  # the local tag too: +cpu and +cu130 builds differ
-    missing = [s for s in (CPU_SOURCES if ext == "_C_cpu" else CUDA_SOURCES) if not os.path.isfile(os.path.join(ROOT, s))]
+    folder = "cpu" if ext == "_C_cpu" else "cuda"
+    if not _sources_in(folder, ".cpp", ".cu"):
+        raise CannotBuild(f"the sources are incomplete (no C++ sources under {os.path.join(HERE, folder)})")
+    missing = missing_op_sources(ext) if ext in OP_SOURCE else []
     if missing:
-        raise CannotBuild(f"the sources are incomplete ({', '.join(missing)} missing under {ROOT})")
+        raise CannotBuild(_missing_message(missing))
     if _cxx_available() is None:
         raise CannotBuild("no C++ compiler found (install g++ or clang++, or set CXX)")
     if ext == "_C_cpu":

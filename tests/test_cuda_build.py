@@ -28,7 +28,7 @@ from host_cxx import generated_include
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "csrc" / "cuda"
-KERNEL_FILES = ["sgd.cu", "fednar.cu", "padamfed.cu", "launch_common.cu"]
+KERNEL_FILES = sorted(p.name for p in CUDA_DIR.glob("*.cu"))  # every .cu is built (csrc/build.py)
 ARCHS = ("86", "90")
 
 

@@ -23,25 +23,9 @@ struct Cpu {
   template <class Spec, bool Batched>
   static void run(fo::OpTag<Spec, Batched> op, fo::Gathered& gat, const fo::StepScalars& sc) {
     if (fo::cpu::skipped(sc)) return;
-    if (Batched) step(Spec{}, fo::cpu::active_client_entries(gat, op.desc().slots, sc), gat, sc);
-    else step(Spec{}, gat.entries, gat, sc);
+    if (Batched) fo::cpu::step<Spec>(fo::cpu::active_client_entries(gat, op.desc().slots, sc), gat, sc);
+    else fo::cpu::step<Spec>(gat.entries, gat, sc);
     fo::cpu::advance_counters(sc);
-  }
-
-  static void step(fo::spec::sgd, const std::vector<fo::Entry>& entries, const fo::Gathered& gat,
-                   const fo::StepScalars& sc) {
-    std::vector<fo::SgdHp> hp;
-    std::vector<double> lr;
-    fo::cpu::sgd_rows(gat, sc, hp, lr);
-    fo::cpu::sgd(entries, hp, lr);
-  }
-  static void step(fo::spec::fednar, const std::vector<fo::Entry>& entries, const fo::Gathered& gat,
-                   const fo::StepScalars& sc) {
-    fo::cpu::fednar(entries, fo::cpu::hp_rows<fo::FedNarHp>(gat, sc), gat.any_f64);
-  }
-  static void step(fo::spec::padamfed, const std::vector<fo::Entry>& entries, const fo::Gathered& gat,
-                   const fo::StepScalars& sc) {
-    fo::cpu::padamfed(entries, fo::cpu::hp_rows<fo::PAdamHp>(gat, sc), gat.any_f64);
   }
 };
 

@@ -1,22 +1,31 @@
-// The CPU kernels: one parallel pass over all tensors per pass of the algorithm. An entry's `group` picks its hp
-// row; FedNAR / PAdaMFed form one norm per `segment` (one client of a batched op).
+// The CPU entry point of every op: fo::cpu::step<spec::<op>>(entries, gat, sc), one step of the op
+// over `entries` (a per-client op's tensors, or the slices of a batched op's active clients:
+// step_rows.h) with the step's gathered arguments and validated scalars. Each op's own
+// <op>_cpu.cpp defines its specialisation; the bindings call it for every op op_table.h lists,
+// so no op is named here. An entry's `group` picks its hp row; a norm op forms one norm per
+// `segment` (one client of a batched op).
 #pragma once
 
-#include <cstdint>
 #include <vector>
 
 #include "../common/fo_entry.h"
-#include "../common/fo_hp.h"
 
 namespace fo {
+
+struct Gathered;     // common/gather.h
+struct StepScalars;  // common/op_args.h
+
 namespace cpu {
 
-// lr[g]: hp row g's learning rate of this step (lr_k: the caller applies the schedule and k)
-void sgd(const std::vector<Entry>& entries, const std::vector<SgdHp>& hps, const std::vector<double>& lr);
+template <class Spec>
+void step(const std::vector<Entry>& entries, const Gathered& gat, const StepScalars& sc);
 
-void fednar(const std::vector<Entry>& entries, const std::vector<FedNarHp>& hps, bool norm_f64);
-
-void padamfed(const std::vector<Entry>& entries, const std::vector<PAdamHp>& hps, bool norm_f64);
+// the specialisation of every declared op, defined in its <op>_cpu.cpp
+#define FO_CPU_DECLARE_STEP(NAME) \
+  template <>                     \
+  void step<spec::NAME>(const std::vector<Entry>& entries, const Gathered& gat, const StepScalars& sc);
+FO_FOR_EACH_OP(FO_CPU_DECLARE_STEP)
+#undef FO_CPU_DECLARE_STEP
 
 }  // namespace cpu
 }  // namespace fo

@@ -2,7 +2,7 @@
 // (isa_copies.h).
 #include "cpu_tile.h"
 
-#include "../common/fo_hp.h"
+#include "../common/fednar_hp.h"
 
 namespace fo {
 namespace cpu {

@@ -2,7 +2,7 @@
 // Operation order = fedopt_kernels/reference/sgd.py, so float32 results match it bit for bit.
 #include "cpu_tile.h"
 
-#include "../common/fo_hp.h"
+#include "../common/sgd_hp.h"
 
 namespace fo {
 namespace cpu {

@@ -1,6 +1,6 @@
 // From a step's validated arguments to what the CPU kernels take, for per-client and client-batched
-// ops alike: the entries to update, one hp struct per hp row, SGD's lr_k per row, and the step
-// counters to advance. A per-client op is the one-client case (hp row b, counter k[0], no mask).
+// ops alike: the entries to update, one hp struct per hp row, and the step counters to advance. A
+// per-client op is the one-client case (hp row b, counter k[0], no mask).
 //
 // Batched ops (docs/client_batched.md): hp is [B, C, cols], i.e. row g = b * C + c is client c's row of batch b,
 // and client c's entries carry group g and segment c (common/gather.h expand_clients). Inactive
@@ -35,7 +35,7 @@ inline std::vector<Entry> active_client_entries(const Gathered& gat, const std::
   return out;
 }
 
-// One hp struct per hp row (fo_hp.h Hp::of); a row's optional roles are its batch's (present mask
+// One hp struct per hp row (common/<op>_hp.h Hp::of); a row's optional roles are its batch's (present mask
 // of batch g / C).
 template <class Hp>
 std::vector<Hp> hp_rows(const Gathered& gat, const StepScalars& sc) {
@@ -46,20 +46,6 @@ std::vector<Hp> hp_rows(const Gathered& gat, const StepScalars& sc) {
   out.reserve(static_cast<size_t>(rows));
   for (int64_t g = 0; g < rows; ++g) out.push_back(Hp::of(sc.hp + g * sc.hp_cols, gat.present[g / per], unscale, inv));
   return out;
-}
-
-// SGD's rows and each row's lr_k from its client's counter. sgd_batched's first-step rule: in a
-// batch flagged FRESH (new momentum buffers this round), a client at k == 0 takes dampening 0
-// (buf = d), as the per-client optimizer does on its first step.
-inline void sgd_rows(const Gathered& gat, const StepScalars& sc, std::vector<SgdHp>& hps, std::vector<double>& lr) {
-  hps = hp_rows<SgdHp>(gat, sc);
-  const int64_t per = clients_of(sc);
-  lr.resize(hps.size());
-  for (size_t g = 0; g < hps.size(); ++g) {
-    const int32_t k = sc.k[static_cast<int64_t>(g) % per];
-    lr[g] = sgd_lr<double>(hps[g], k, sc.table, sc.table_len, sc.decay_every);
-    if (sc.clients > 0 && k == 0 && (gat.present[static_cast<int64_t>(g) / per] & kFreshBit)) hps[g].damp1 = 1.0;
-  }
 }
 
 // Every client that took part advances its counter by one.

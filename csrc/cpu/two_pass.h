@@ -1,8 +1,8 @@
 // The driver both global-norm ops (FedNAR, PAdaMFed) share on the CPU: pass 1 writes one sum of
 // squares per fixed chunk, each segment's norm (a client of a batched op; the whole step of a
-// per-client op, which is the one-segment case) and each group's factor (fo_hp.h norm_factor) are
-// formed from them in chunk order on this thread (so the result does not depend on the thread
-// count), pass 2 applies the factors.
+// per-client op, which is the one-segment case) and each group's factor (common/<op>_hp.h
+// norm_factor) are formed from them in chunk order on this thread (so the result does not depend on
+// the thread count), pass 2 applies the factors.
 #pragma once
 
 #include <c10/util/Exception.h>
@@ -13,6 +13,7 @@
 #include "../common/fo_hp.h"
 #include "cpu_common.h"
 #include "cpu_ops.h"
+#include "step_rows.h"
 
 namespace fo {
 namespace cpu {
@@ -50,9 +51,14 @@ void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>
 }  // namespace cpu
 }  // namespace fo
 
-// Defines the op `fo::cpu::NAME(entries, hps, norm_f64)` of cpu_ops.h from the chunk code K of the
-// op's tiles header (compiled per ISA by isa_copies.h, included before this macro).
-#define FO_CPU_TWO_PASS_OP(NAME, HP, K)                                                          \
-  void fo::cpu::NAME(const std::vector<Entry>& entries, const std::vector<HP>& hps, bool norm_f64) { \
-    two_pass_norm_step<FO_CPU_COPIES(K)>(entries, hps, norm_f64);                                \
+// Defines op NAME's entry point (cpu_ops.h) from its hp struct HP and the chunk code K of its tiles
+// header (compiled per ISA by isa_copies.h, included before this macro).
+#define FO_CPU_TWO_PASS_OP(NAME, HP, K)                                                                   \
+  namespace fo {                                                                                          \
+  namespace cpu {                                                                                         \
+  template <>                                                                                             \
+  void step<spec::NAME>(const std::vector<Entry>& entries, const Gathered& gat, const StepScalars& sc) { \
+    two_pass_norm_step<FO_CPU_COPIES(K)>(entries, hp_rows<HP>(gat, sc), gat.any_f64);                   \
+  }                                                                                                       \
+  }                                                                                                       \
   }

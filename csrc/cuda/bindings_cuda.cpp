@@ -39,52 +39,23 @@ struct Cuda {
     return at::empty({n}, at::TensorOptions().dtype(at::kDouble).device(gat.device));
   }
 
-  template <class Launch>
-  static void go(fo::Gathered& gat, const fo::StepScalars& sc, const at::Device& dev, Launch&& launch) {
-    const c10::cuda::CUDAGuard guard(dev);
-    const fo::cuda::DeviceScalars ds = device(sc);
-    if (gat.entries.empty()) {
-      C10_CUDA_CHECK(fo::cuda::advance(ds, stream(dev)));
-      return;
-    }
-    C10_CUDA_CHECK(launch(ds, stream(dev)));
-  }
-
-  static int count(const fo::Gathered& gat) { return static_cast<int>(gat.entries.size()); }
-  static int batches(const fo::Gathered& gat) { return static_cast<int>(gat.nbatches()); }
-
-  // sgd / sgd_batched: `fn` is fo::cuda::sgd or fo::cuda::sgd_batched (which honours FRESH)
-  template <class Fn>
-  static void sgd_like(Fn fn, fo::Gathered& gat, const fo::StepScalars& sc) {
-    go(gat, sc, gat.device, [&](const fo::cuda::DeviceScalars& ds, cudaStream_t st) {
-      return fn(gat.entries.data(), count(gat), gat.present.data(), batches(gat), ds, st);
-    });
-  }
-
-  // the two-pass ops: `fn` is fo::cuda::fednar or fo::cuda::padamfed (one norm per client)
-  template <class Fn>
-  static void two_pass(Fn fn, fo::Gathered& gat, const fo::StepScalars& sc) {
-    go(gat, sc, gat.device, [&](const fo::cuda::DeviceScalars& ds, cudaStream_t st) {
-      at::Tensor buf = scratch(gat, ds);
-      return fn(gat.entries.data(), count(gat), gat.present.data(), batches(gat), gat.any_f64, ds,
-                buf.data_ptr<double>(), st);
-    });
-  }
-
   // Per-client and client-batched ops (docs/client_batched.md) run the same kernels: for a batched op
   // gat.entries are the stacked tensors (numel per client), which the kernels split into clients
-  // arithmetically; sc.clients = C, sc.active the mask. sgd_batched honours FRESH.
-  template <bool Batched>
-  static void run(fo::OpTag<fo::spec::sgd, Batched>, fo::Gathered& gat, const fo::StepScalars& sc) {
-    sgd_like(Batched ? fo::cuda::sgd_batched : fo::cuda::sgd, gat, sc);
-  }
-  template <bool Batched>
-  static void run(fo::OpTag<fo::spec::fednar, Batched>, fo::Gathered& gat, const fo::StepScalars& sc) {
-    two_pass(fo::cuda::fednar, gat, sc);
-  }
-  template <bool Batched>
-  static void run(fo::OpTag<fo::spec::padamfed, Batched>, fo::Gathered& gat, const fo::StepScalars& sc) {
-    two_pass(fo::cuda::padamfed, gat, sc);
+  // arithmetically; sc.clients = C, sc.active the mask.
+  template <class Spec, bool Batched>
+  static void run(fo::OpTag<Spec, Batched>, fo::Gathered& gat, const fo::StepScalars& sc) {
+    const c10::cuda::CUDAGuard guard(gat.device);
+    const fo::cuda::DeviceScalars ds = device(sc);
+    const cudaStream_t st = stream(gat.device);
+    if (gat.entries.empty()) {
+      C10_CUDA_CHECK(fo::cuda::advance(ds, st));
+      return;
+    }
+    const at::Tensor buf = Spec::kNorm ? scratch(gat, ds) : at::Tensor();
+    const fo::cuda::Launch launch{gat.entries.data(), static_cast<int>(gat.entries.size()), gat.present.data(),
+                                  static_cast<int>(gat.nbatches()), Batched, gat.any_f64, ds,
+                                  Spec::kNorm ? buf.data_ptr<double>() : nullptr, st};
+    C10_CUDA_CHECK(fo::cuda::step<Spec>(launch));
   }
 };
 

@@ -1,6 +1,7 @@
 // Host entry points of the CUDA kernels. Plain C++ (no torch headers), so nvcc compiles the .cu
 // files quickly; bindings_cuda.cpp calls these with pointers gathered from torch tensors.
-// Each returns the first CUDA error of its launches (cudaSuccess when all went out).
+// Each returns the first CUDA error of its launches (cudaSuccess when all went out). No op is named
+// here: every op's step<spec::<op>> is declared from op_table.h's list.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,23 +35,32 @@ int64_t norm_slots(const Entry* entries, int n);
 // each (batch, client)'s factor.
 int64_t two_pass_scratch(const Entry* entries, int n, int nbatches, int64_t clients);
 
-// present[b]: batch b's mask of optional roles (host memory: it is copied into the kernel tables).
-// Per-client ops take s.clients = 1 and entries of whole tensors; the batched ops (docs/client_batched.md) take
-// s.clients = C and one entry per stacked tensor [C, *shape] (numel and row_len per client, group
-// = batch). Both run the same kernels.
-cudaError_t sgd(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
-                cudaStream_t stream);
-// as sgd, and a batch with the FRESH bit (op_table.h kFreshBit) gives a client at k == 0 buf = d
-cudaError_t sgd_batched(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
-                        cudaStream_t stream);
+// One step's launch of any op. Per-client ops take s.clients = 1 and entries of whole tensors; the
+// batched ops (docs/client_batched.md) take s.clients = C and one entry per stacked tensor
+// [C, *shape] (numel and row_len per client, group = batch). Both run the same kernels.
+struct Launch {
+  const Entry* entries;
+  int n;
+  const int32_t* present;  // [nbatches]: batch b's mask of optional roles (host memory: copied into the kernel tables)
+  int nbatches;
+  bool batched;            // the client-batched form (the only one that reads op_table.h kFreshBit)
+  bool norm_f64;           // a norm op uses its norm in float64 (some parameter is float64)
+  DeviceScalars s;
+  double* scratch;         // a norm op (spec kNorm): device float64 buffer of two_pass_scratch(entries, n,
+                           // nbatches, s.clients) values; null otherwise. Global norms are per client.
+  cudaStream_t stream;
+};
 
-// `scratch`: device float64 buffer of two_pass_scratch(entries, n, nbatches, s.clients) values.
-// Global norms are per client.
-cudaError_t fednar(const Entry* entries, int n, const int32_t* present, int nbatches, bool norm_f64,
-                   const DeviceScalars& s, double* scratch, cudaStream_t stream);
+// The CUDA entry point of every op: fo::cuda::step<spec::<op>>(launch). Each op's own <op>.cu
+// defines its specialisation; bindings_cuda.cpp calls it for every op op_table.h lists.
+template <class Spec>
+cudaError_t step(const Launch& l);
 
-cudaError_t padamfed(const Entry* entries, int n, const int32_t* present, int nbatches, bool norm_f64,
-                     const DeviceScalars& s, double* scratch, cudaStream_t stream);
+#define FO_CUDA_DECLARE_STEP(NAME) \
+  template <>                      \
+  cudaError_t step<spec::NAME>(const Launch& l);
+FO_FOR_EACH_OP(FO_CUDA_DECLARE_STEP)
+#undef FO_CUDA_DECLARE_STEP
 
 // k[c] += 1 for every active client unless found_inf is set (after every kernel that reads k).
 cudaError_t advance(const DeviceScalars& s, cudaStream_t stream);

@@ -3,6 +3,7 @@
 // that tests/cuda_host can compile the very same code on the host (tests/test_cuda_chunk_order.py).
 #pragma once
 
+#include "../common/fednar_hp.h"
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
 #include "two_pass_op.cuh"

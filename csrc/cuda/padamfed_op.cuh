@@ -4,6 +4,7 @@
 // (tests/test_cuda_chunk_order.py).
 #pragma once
 
+#include "../common/padamfed_hp.h"
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
 #include "two_pass_op.cuh"

@@ -3,6 +3,7 @@
 // lr_k = lr * table[min(k // decay_every, len - 1)] are read on the device (per client: its own hp
 // row and k[c]), so a step never syncs with the host and can be captured in a CUDA graph.
 // Operation order = fedopt_kernels/reference/sgd.py (compiled with --fmad=false: no contraction).
+#include "../common/sgd_hp.h"
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"
 #include "step_args.cuh"
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(kBlock) sgd_kernel(const __grid_constant__ Sgd
   SgdHp hp = SgdHp::of(hp_row(ex, tab.group_id[g], w.c), present, ex.grad_scale != nullptr, inv_scale(ex));
   const int32_t k = ex.k[w.c];
   // batched, new momentum buffers: a client's first step takes buf = d (torch's first-step rule,
-  // dampening 0); per-client ops never carry the bit (sgd() clears it)
+  // dampening 0); per-client ops never carry the bit (step<spec::sgd> clears it)
   if ((present & kFreshBit) && k == 0) hp.damp1 = 1.0;
   const int f = hp.flags;
   const SgdMath<A> m{static_cast<A>(hp.inv_scale), static_cast<A>(hp.weight_decay), static_cast<A>(hp.prox_mu),
@@ -140,21 +141,15 @@ cudaError_t run(const Entry* entries, int n, const int32_t* present, const Devic
 
 }  // namespace
 
-cudaError_t sgd(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
-                cudaStream_t stream) {
-  // FRESH belongs to sgd_batched: a per-client op ignores the bit (as the reference does)
+// sgd_batched honours FRESH; a per-client op ignores the bit (as the reference does)
+template <>
+cudaError_t step<spec::sgd>(const Launch& l) {
   bool fresh = false;
-  for (int b = 0; b < nbatches; ++b) fresh = fresh || (present[b] & kFreshBit);
-  if (!fresh) return run(entries, n, present, s, stream);
-  std::vector<int32_t> plain(present, present + nbatches);
+  for (int b = 0; !l.batched && b < l.nbatches; ++b) fresh = fresh || (l.present[b] & kFreshBit);
+  if (!fresh) return run(l.entries, l.n, l.present, l.s, l.stream);
+  std::vector<int32_t> plain(l.present, l.present + l.nbatches);
   for (int32_t& p : plain) p &= ~kFreshBit;
-  return run(entries, n, plain.data(), s, stream);
-}
-
-cudaError_t sgd_batched(const Entry* entries, int n, const int32_t* present, int nbatches, const DeviceScalars& s,
-                        cudaStream_t stream) {
-  (void)nbatches;
-  return run(entries, n, present, s, stream);
+  return run(l.entries, l.n, plain.data(), l.s, l.stream);
 }
 
 }  // namespace cuda

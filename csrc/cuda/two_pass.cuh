@@ -3,7 +3,7 @@
 //
 // An op is a struct (apex-style functor) deriving from TwoPassOp (two_pass_op.cuh), which gives
 //   TableT                     its tensor table (multi_tensor_apply.cuh)
-//   Hp                         its per-batch struct (common/fo_hp.h: Hp::of(row, present, unscale,
+//   Hp                         its per-batch struct (common/<op>_hp.h: Hp::of(row, present, unscale,
 //                              inv) from a row of hp, norm_factor(norm, hp, norm_f64) the factor)
 //   kStateSlot[]               which slots are state-typed (float32 / float64 storage)
 // and has
@@ -136,9 +136,14 @@ cudaError_t two_pass(const Entry* entries, int n, const int32_t* present, int nb
 }  // namespace cuda
 }  // namespace fo
 
-// Defines the op `fo::cuda::NAME` of cuda_ops.h (the two passes of Op, one norm per client).
+// Defines op NAME's entry point (cuda_ops.h step<spec::NAME>): the two passes of Op, one norm per
+// client.
 #define FO_CUDA_TWO_PASS_OP(NAME, Op)                                                                   \
-  cudaError_t fo::cuda::NAME(const Entry* entries, int n, const int32_t* present, int nbatches, bool norm_f64, \
-                             const DeviceScalars& s, double* scratch, cudaStream_t stream) {             \
-    return two_pass<Op>(entries, n, present, nbatches, norm_f64, s, scratch, stream);                  \
+  namespace fo {                                                                                        \
+  namespace cuda {                                                                                      \
+  template <>                                                                                           \
+  cudaError_t step<spec::NAME>(const Launch& l) {                                                       \
+    return two_pass<Op>(l.entries, l.n, l.present, l.nbatches, l.norm_f64, l.s, l.scratch, l.stream);   \
+  }                                                                                                     \
+  }                                                                                                     \
   }
