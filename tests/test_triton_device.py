@@ -26,10 +26,11 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 if _WHY is None:
     from fedopt_kernels.backends import triton as backend
     from fedopt_kernels.triton_kernels import launcher
+    from fedopt_kernels.triton_kernels import sgd as triton_sgd
 
 SHAPES = [(5, 3), (7,), (2, 2, 3)]
-# one option set per algorithm that gives every op its common roles
-OPTIONS = {"feddecay": "momentum", "neuron_lr": "scales", "fednar": "prox_correction", "padamfed": "controls"}
+# every algorithm's option set that uses every role of its op
+OPTIONS = {name: a.full for name, a in catalogue.ALGOS.items()}
 C = 3
 
 
@@ -79,7 +80,7 @@ def test_every_launch_happens_inside_the_tensors_device_guard(algo, stacked, mon
 
     # raising=False: without a guard in the launcher the fake is never called and the asserts say so
     monkeypatch.setattr(launcher, "device_guard", guard, raising=False)
-    for mod, name in ((backend._sgd, "launch"), (backend._two_pass, "launch"), (backend._two_pass, "advance")):
+    for mod, name in ((triton_sgd, "launch"), (backend._two_pass, "launch"), (backend._two_pass, "advance")):
         monkeypatch.setattr(mod, name, recording(getattr(mod, name)))
     _step_once(algo, DEVICE, stacked)
     assert entered and all(d == DEVICE for d in entered), f"guard entered with {entered}, tensors on {DEVICE}"
