@@ -3,18 +3,20 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
+from fedopt_kernels import catalogue
 
 
 def _p(*shape):
     return torch.nn.Parameter(torch.randn(*shape))
 
 
-BUILDERS = {
-    "feddecay": lambda ps, **kw: fk.FedDecaySGD(ps, **{"lr": 0.1, "beta": 0.5, **kw}),
-    "neuron_lr": lambda ps, **kw: fk.NeuronLRSGD(ps, **{"lr": 0.1, **kw}),
-    "fednar": lambda ps, **kw: fk.FedNAR(ps, **{"lr": 0.1, "weight_decay": 0.01, **kw}),
-    "padamfed": lambda ps, **kw: fk.PAdaMFed(ps, **{"lr": 0.1, "beta": 0.5, **kw}),
-}
+def _builder(name):
+    cfg = catalogue.config(name, next(iter(catalogue.ALGOS[name].options)))  # its first, plainest option set
+    return lambda ps, **kw: cfg.cls(ps, **{**cfg.kwargs, **kw})
+
+
+# every registered algorithm, built from its catalogue options (keywords override them)
+BUILDERS = {name: _builder(name) for name in catalogue.ALGOS}
 
 
 @pytest.mark.parametrize("algo", list(BUILDERS))

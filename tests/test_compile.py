@@ -18,8 +18,8 @@ from fedopt_kernels import catalogue
 
 from backends import cases, require
 
-CONFIGS = [("feddecay", "linear_every2"), ("feddecay", "prox_correction"), ("neuron_lr", "scales_all"),
-           ("fednar", "prox_correction"), ("padamfed", "vr")]
+# every algorithm's full option set, and the schedule and variance-reduction variants
+CONFIGS = [(name, a.full) for name, a in catalogue.ALGOS.items()] + [("feddecay", "linear_every2"), ("padamfed", "vr")]
 
 
 def _twins(cfg, backend, device, lr_on=None):

@@ -363,8 +363,7 @@ def test_thousand_clients_small_cnn_match_reference(name):
     _assert_same_roles(spec, ref, args, exact=False)
 
 
-BATCHED_CFGS = [("feddecay", "momentum"), ("neuron_lr", "scales_all"), ("fednar", "prox_correction"),
-                ("padamfed", "controls")]
+BATCHED_CFGS = [(name, a.full) for name, a in catalogue.ALGOS.items()]  # every algorithm, every role
 C_GRAPH = 5
 
 
