@@ -20,7 +20,8 @@ from .traffic import Traffic
 TORCH_FUSED = "torch.SGD(fused)"
 TORCH_FOREACH = "torch.SGD(foreach)"
 TORCH_CLIP_SGD = "torch clip+SGD(fused)"   # what a user writes for FedNAR by hand
-BASELINES = (TORCH_FUSED, TORCH_FOREACH, TORCH_CLIP_SGD)
+TORCH_PROX_SGD = "torch foreach+SGD(fused)"  # proximal term and correction by hand, then SGD (FedDyn)
+BASELINES = (TORCH_FUSED, TORCH_FOREACH, TORCH_CLIP_SGD, TORCH_PROX_SGD)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Algo:
     config: catalogue.Config
     torch_sgd: Optional[Dict[str, Any]] = None  # comparable torch.optim.SGD kwargs (SGD family)
     clip_sgd: bool = False                      # compared with clip_grad_norm_ + SGD(fused)
+    prox_sgd: bool = False                      # compared with foreach gradient terms + SGD(fused)
 
     def baselines(self) -> List[str]:
         """The torch baselines that do this case's work."""
@@ -48,6 +50,8 @@ class Algo:
             return [TORCH_FUSED, TORCH_FOREACH]
         if self.clip_sgd:
             return [TORCH_CLIP_SGD]
+        if self.prox_sgd:
+            return [TORCH_PROX_SGD]
         return []
 
     @property
@@ -64,7 +68,7 @@ class Algo:
 # every algorithm's benchmark rows, from its descriptor (fedopt_kernels.algorithm), in registration order
 ALGOS: Dict[str, Algo] = {
     case.name: Algo(case.name, case.label, catalogue.config(a.name, case.option),
-                    dict(case.torch_sgd) if case.torch_sgd is not None else None, case.clip_sgd)
+                    dict(case.torch_sgd) if case.torch_sgd is not None else None, case.clip_sgd, case.prox_sgd)
     for a in algorithm.ALGORITHMS.values() for case in a.bench}
 
 # each algorithm's paper configuration; the other rows add traffic options
@@ -93,7 +97,28 @@ class ClipSGD(Stepper):
         self.opt.step()
 
 
+class ProxSGD(Stepper):
+    """FedDyn by hand with torch: ``grad += alpha * (x - x0) - g_i`` (foreach ops), then
+    ``SGD(fused)`` with the same momentum, dampening and weight decay."""
+
+    def __init__(self, params: List[torch.Tensor], kwargs: Dict[str, Any]):
+        sgd = {k: kwargs[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov") if k in kwargs}
+        super().__init__(torch.optim.SGD(params, **sgd, fused=True))
+        self.params, self.alpha = params, kwargs["alpha"]
+        self.x0 = [p.detach().clone() for p in params]
+        self.g_i = [torch.randn_like(p) for p in params]
+
+    def step(self) -> None:
+        grads = [p.grad for p in self.params]
+        torch._foreach_add_(grads, self.params, alpha=self.alpha)
+        torch._foreach_add_(grads, self.x0, alpha=-self.alpha)
+        torch._foreach_sub_(grads, self.g_i)
+        self.opt.step()
+
+
 def build_baseline(algo: Algo, params: List[torch.Tensor], which: str) -> Stepper:
     if which == TORCH_CLIP_SGD:
         return ClipSGD(params, dict(algo.config.kwargs))
+    if which == TORCH_PROX_SGD:
+        return ProxSGD(params, dict(algo.config.kwargs))
     return build_torch_sgd(params, which, algo.torch_sgd)

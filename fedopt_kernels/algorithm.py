@@ -55,7 +55,9 @@ class BenchCase:
 
     ``core``: in the default table (the paper configuration); ``torch_sgd``: the
     ``torch.optim.SGD`` keywords that do the same work (the fused/foreach baselines);
-    ``clip_sgd``: compared with clip_grad_norm_ + SGD(fused), what a user writes for FedNAR by hand.
+    ``clip_sgd``: compared with clip_grad_norm_ + SGD(fused), what a user writes for FedNAR by hand;
+    ``prox_sgd``: compared with the gradient terms added by foreach ops + SGD(fused), what a user
+    writes by hand for an SGD step with a proximal term and a correction (FedDyn).
     """
 
     name: str
@@ -64,6 +66,7 @@ class BenchCase:
     core: bool = False
     torch_sgd: Optional[Mapping[str, Any]] = None
     clip_sgd: bool = False
+    prox_sgd: bool = False
 
 
 class Algorithm:

@@ -285,7 +285,8 @@ DESCRIPTOR = algorithm.register(_FedDyn(
     variants=(Variant("feddyn", "feddyn"),),
     round_outputs=("dyn_grad",),
     full="momentum",
-    bench=(BenchCase("feddyn", "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)", "momentum", core=True),),
+    bench=(BenchCase("feddyn", "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)", "momentum", core=True,
+                     prox_sgd=True),),
     # every option set uses the x0 and correction roles (alpha * (x - x0) and -g_i)
     options={
         "plain": dict(lr=0.1, alpha=0.1),
