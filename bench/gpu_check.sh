@@ -14,15 +14,20 @@
 #   --skip-tests        do not run pytest
 #   --skip-bench        do not run the benchmark
 #   --bench-mode MODE   full | quick | smoke (default: quick; it has all three sizes on CUDA)
-#   --pytest-args ARGS  what to test (default: "tests")
+#   --pytest-args ARGS  what to test (default: the GPU-relevant tests: -k "cuda or gpu or triton or replay",
+#                       which takes the tests marked gpu too; the CPU-only tests are CI's job)
 #   --budget SECONDS    total wall-time budget (default 540; the lent machine's limit is 600)
 # Phases: install, tests, bench (python -m bench), bench_clients (python -m bench clients, 90 s).
-# The commit is read from git when the tree is a checkout, else from $FEDOPT_COMMIT (the device
-# machine gets a copy of the working tree without .git).
+# install: offline with every test extra; else offline the package alone (a lent GPU machine has
+# torch, triton, pytest, pytest-xdist, pytest-timeout and hypothesis but no flwr: the tests that need
+# a missing extra skip with the reason); else with the registry. tests: in parallel when pytest-xdist
+# is installed. The commit is $FEDOPT_COMMIT when set, else HEAD when this folder is a checkout's
+# top level (never an enclosing repository's), else "unknown".
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
-NO_GPU=0; SKIP_INSTALL=0; SKIP_TESTS=0; SKIP_BENCH=0; BENCH_MODE=quick; PYTEST_ARGS="tests"; BUDGET=540
+NO_GPU=0; SKIP_INSTALL=0; SKIP_TESTS=0; SKIP_BENCH=0; BENCH_MODE=quick; BUDGET=540
+PYTEST_ARGS='tests -k "cuda or gpu or triton or replay"'
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-gpu) NO_GPU=1 ;;
@@ -73,7 +78,13 @@ RES="bench/results/$NAME"
 # dry runs go to the git-ignored tmp folder: they are checks of this script, not results
 [ "$NO_GPU" = 1 ] && RES="bench/results/tmp/$NAME"
 rm -rf "$RES"; mkdir -p "$RES"
-COMMIT=$(git rev-parse HEAD 2>/dev/null || echo "${FEDOPT_COMMIT:-unknown}")
+if [ -n "${FEDOPT_COMMIT:-}" ]; then
+  COMMIT=$FEDOPT_COMMIT
+elif [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$(pwd -P)" ]; then
+  COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+else
+  COMMIT=unknown
+fi
 export FEDOPT_COMMIT="$COMMIT"
 SUMMARY="$RES/summary.md"
 
@@ -115,12 +126,28 @@ phase() {
 
 install_pkg() {
   export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+  # build for this GPU only (a third of the compile time of the default architecture list)
+  if [ "$NO_GPU" = 0 ] && [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+    export TORCH_CUDA_ARCH_LIST=$("$PY" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
+  fi
   # a dry run of this script must not rebuild or reinstall the checkout it checks
   local dry=""; [ "$NO_GPU" = 1 ] && dry="--dry-run"
-  # offline first (the lent machines reach no registry; their image has every test dependency),
-  # then with the registry for machines that have one
-  "$PY" -m pip install $dry --no-index -e ".[test]" --no-build-isolation \
-    || "$PY" -m pip install $dry --retries 1 --timeout 20 -e ".[test]" --no-build-isolation
+  echo "== offline, with the test extra"
+  "$PY" -m pip install $dry --no-index -e ".[test]" --no-build-isolation && return 0
+  echo "== offline, the package alone (tests that need a missing extra skip, saying which)"
+  if "$PY" -m pip install $dry --no-index --no-deps -e . --no-build-isolation; then
+    "$PY" - <<'PYEOF'
+import importlib.util
+wanted = {"flwr": "[flower]", "sklearn": "[sim]", "matplotlib": "[sim]", "tqdm": "[sim]",
+          "hypothesis": "[test]", "pytest_benchmark": "[bench]", "xdist": "pytest-xdist",
+          "pytest_timeout": "pytest-timeout", "triton": "[triton]"}
+missing = [f"{m} ({extra})" for m, extra in wanted.items() if importlib.util.find_spec(m) is None]
+print("missing here:", ", ".join(missing) if missing else "nothing")
+PYEOF
+    return 0
+  fi
+  echo "== with the registry"
+  "$PY" -m pip install $dry --retries 1 --timeout 20 -e ".[test]" --no-build-isolation
 }
 # `timeout` runs programs, not shell functions: the phase runs the function in a child bash
 export -f install_pkg
@@ -136,8 +163,16 @@ BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends
 CLIENTS_S=90  # the client-batched benchmark's share (bench/clients.py; ~30 s on an H100/H200)
 if [ "$SKIP_TESTS" = 0 ]; then
   # leave the benchmarks at least 120 + CLIENTS_S s
+  PAR=""
+  if "$PY" -c "import xdist" >/dev/null 2>&1; then
+    # a worker per two cores, at most 12: GPU tests share one device
+    W=$(( $(nproc) / 2 )); [ "$W" -gt 12 ] && W=12; [ "$W" -lt 1 ] && W=1
+    PAR="-n $W"
+  fi
+  "$PY" -c "import pytest_timeout" >/dev/null 2>&1 && PAR="$PAR --timeout 240"
   # shellcheck disable=SC2086
-  phase tests $(( $(left) - 120 - CLIENTS_S )) "$PY" -m pytest $PYTEST_ARGS -q -rs -p no:cacheprovider --junitxml="$RES/junit.xml"
+  eval phase tests $(( $(left) - 120 - CLIENTS_S )) "$PY" -m pytest $PYTEST_ARGS $PAR -q -rs -p no:cacheprovider \
+    --junitxml="$RES/junit.xml"
 else
   echo "| tests | skipped (--skip-tests) | 0 |" >> "$SUMMARY"
 fi
@@ -157,6 +192,8 @@ fi
 {
   echo
   echo "- backends: $BACKENDS"
+  echo "- test selection: pytest $PYTEST_ARGS"
+  grep -h '^missing here:' "$RES/install.log" 2>/dev/null | sed 's/^/- /' 
   echo "- tests: $(grep -E '(passed|failed|error|no tests ran)' "$RES/tests.log" 2>/dev/null | tail -1 || echo 'not run')"
   echo "- wall time: $(elapsed) s of a ${BUDGET} s budget"
   echo

@@ -15,13 +15,27 @@ from .report import slug
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def git(*args: str) -> Optional[str]:
-    """``git <args>`` in the checkout: its stdout, or None (no git, not a checkout, an error)."""
-    try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+def git(*args: str, root: Path = ROOT) -> Optional[str]:
+    """``git <args>`` in ``root`` when ``root`` is a checkout's top level: its stdout, or None (no git,
+    not a checkout, an error). A copy of the tree inside another repository is not a checkout of
+    this project: git would answer for the enclosing one."""
+    def run(*a: str) -> Optional[str]:
+        try:
+            out = subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    top = run("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != Path(root).resolve():
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return run(*args)
+
+
+def commit_of(root: Path = ROOT) -> str:
+    """The commit a result was made from: ``FEDOPT_COMMIT`` when set (the lent GPU machines get a copy
+    of the tree without .git), else the checkout's HEAD, else "unknown" - never a guess."""
+    return os.environ.get("FEDOPT_COMMIT") or git("rev-parse", "HEAD", root=root) or "unknown"
 
 
 def cpu_name() -> str:
@@ -53,13 +67,13 @@ def device_meta(device: torch.device) -> Dict[str, Any]:
 
 
 def run_meta(device: torch.device, command: str) -> Dict[str, Any]:
-    """Device, date, commit (FEDOPT_COMMIT outside a checkout), whether tracked files differ from it,
+    """Device, date, commit (``commit_of``), whether tracked files differ from it,
     the command, versions and thread count: what makes a result reproducible."""
     now = dt.datetime.now(dt.timezone.utc)
     status = git("status", "--porcelain", "--untracked-files=no")
     meta = device_meta(device)
     meta.update(date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"),
-                commit=git("rev-parse", "HEAD") or os.environ.get("FEDOPT_COMMIT", "unknown"),
+                commit=commit_of(),
                 dirty=bool(status) if status is not None else None, command=command,
                 torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads())
     return meta

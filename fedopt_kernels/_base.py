@@ -16,17 +16,17 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch.optim import Optimizer
 
-from . import _dtensor, _registry, _step_op
+from . import _dtensor, _registry, _replay, _step_op
 from ._ops import OpSpec
 from ._params import check_grad, name_of, param_name
-from ._plan import HpCache, StepPlan, refuse_in_capture
+from ._plan import HpCache, StepPlan, capturing, refuse_in_capture
 from ._plan_inputs import GroupInputs, Member, PlanInputs
 from .schedules import DecaySchedule
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _ROUND_KEY = "fedopt_round"
 # attributes rebuilt after a copy instead of copied: caches and the compile handle
-_TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache")
+_TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache", "_replay")
 
 
 def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Optional[float] = None,
@@ -54,8 +54,9 @@ def check_lr_tensor(lr: torch.Tensor, device: Optional[torch.device], *, read_va
     for it only outside ``step()`` or for CPU tensors.
     """
     if lr.numel() != 1:
-        raise ValueError(f"lr must be a number or a tensor with one element (0-d), got a tensor of shape "
-                         f"{tuple(lr.shape)}")
+        # torch.optim's wording first (its generic optimizer tests match it), then ours
+        raise ValueError(f"Tensor lr must be 1-element: lr must be a number or a tensor with one element "
+                         f"(0-d), got a tensor of shape {tuple(lr.shape)}")
     if not lr.is_floating_point() or lr.is_complex():
         # an integer tensor would truncate what a scheduler writes into it with fill_
         raise TypeError(f"lr tensor must have a real floating-point dtype, got {lr.dtype}")
@@ -113,10 +114,13 @@ class FedOptimizer(Optimizer):
     _step_supports_amp_scaling = True
     _plan_cls: type = StepPlan             # _dtensor.ShardedPlan when the parameters are DTensors
 
-    def __init__(self, params: Iterable, defaults: Dict[str, Any], backend: str = "auto"):
+    def __init__(self, params: Iterable, defaults: Dict[str, Any], backend: str = "auto",
+                 replay: Optional[bool] = None):
         if not isinstance(backend, str) or (backend != "auto" and backend not in _registry.BACKENDS):
             raise ValueError(f"backend must be 'auto' or one of {_registry.BACKENDS}, got {backend!r}")
         self.backend = backend
+        self._replay_on = _replay.resolve_switch(replay)  # docs/replay.md
+        self._replay: Optional[_replay.StepReplay] = _replay.StepReplay() if self._replay_on else None
         self._t = -1               # index of the current round (-1: no round started yet)
         self._k_host = 0           # within-round step counter, until the device counter exists
         self._k_dev: Optional[torch.Tensor] = None  # int32 [1] on the parameters' device (authoritative)
@@ -499,9 +503,30 @@ class FedOptimizer(Optimizer):
             table, every = self._one(device), 1
         spec = self._spec
         extra = (self._active_for(device),) if spec.batched else ()
-        plan.fn(params, plan.grads, *[lists[r.name] for r in spec.optional], plan.batch, plan.present, plan.hp,
-                k, table, every, grad_scale, found_inf, *extra, plan.backend, cache=cache)
+        rep = self._replay
+        if rep is None or params_given is not None or plan.one_shot or type(plan) is not StepPlan \
+                or plan.backend not in _replay.BACKENDS or device.type != "cuda" or capturing(device):
+            plan.fn(params, plan.grads, *[lists[r.name] for r in spec.optional], plan.batch, plan.present, plan.hp,
+                    k, table, every, grad_scale, found_inf, *extra, plan.backend, cache=cache)
+        else:  # docs/replay.md: eager, recorded or replayed, bitwise the same step
+            grad_scale, found_inf = rep.amp_buffers(device, grad_scale, found_inf)
+            key = rep.key(plan, [lists[r] for r in per_step], plan.hp, k, table, every,
+                          (grad_scale is not None, found_inf is not None), extra[0] if extra else None)
+            args = (params, plan.grads, *[lists[r.name] for r in spec.optional], plan.batch, plan.present, plan.hp,
+                    k, table, every, grad_scale, found_inf, *extra, plan.backend)
+            rep.launch(key, device, lambda: plan.fn(*args, cache=cache), cache)
         self._host_steps += 1
+
+    def replay_stats(self) -> Dict[str, Any]:
+        """How this optimizer's steps ran on a GPU (docs/replay.md): ``eager``, ``recorded`` (a CUDA
+        graph made, and replayed for that step), ``replayed`` and ``wasted`` (recordings dropped
+        without a replay) step counts, ``recordings`` held now, and ``on`` / ``off_reason``."""
+        rep = self._replay
+        if rep is None:
+            return {"on": False, "off_reason": "replay=False or FEDOPT_REPLAY=0", "eager": 0, "recorded": 0,
+                    "replayed": 0, "wasted": 0, "recordings": 0}
+        return {"on": rep.off_reason is None, "off_reason": rep.off_reason, **rep.stats,
+                "recordings": len(rep.recordings)}
 
     def resolved_backend(self) -> str:
         """The backend ``step()`` uses for this optimizer's parameters (resolving ``"auto"``)."""
@@ -591,6 +616,8 @@ class FedOptimizer(Optimizer):
         self._hp_cache = HpCache()
         self._handle = _step_op.register(self._run)
         self._params_flat = [p for g in self.param_groups for p in g["params"]]
+        self.__dict__.setdefault("_replay_on", _replay.default_on())
+        self._replay = _replay.StepReplay() if self._replay_on else None
 
 
 def _round_entry(state_dict: Dict[str, Any]) -> Optional[Dict[str, Any]]:

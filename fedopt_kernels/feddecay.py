@@ -39,15 +39,18 @@ class FedDecaySGD(SGDFamily):
         momentum, dampening, nesterov, weight_decay, maximize: as ``torch.optim.SGD``.
         prox_mu: FedProx coefficient (anchor taken at ``start_round``).
         backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
+        replay: record a GPU step in a CUDA graph and replay it while its launch inputs stay the
+            same (docs/replay.md); None: on unless ``FEDOPT_REPLAY=0``.
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, *, beta: float, schedule: ScheduleLike = "exponential",
                  decay_every: int = 1, momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
-                 weight_decay: float = 0.0, maximize: bool = False, prox_mu: float = 0.0, backend: str = "auto"):
+                 weight_decay: float = 0.0, maximize: bool = False, prox_mu: float = 0.0, backend: str = "auto",
+                 replay: Optional[bool] = None):
         self.schedule = DecaySchedule(beta, schedule, decay_every)
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
                         weight_decay=weight_decay, maximize=maximize, prox_mu=prox_mu)
-        super().__init__(params, defaults, backend)
+        super().__init__(params, defaults, backend, replay)
 
     def _schedule(self) -> Optional[DecaySchedule]:
         return self.schedule

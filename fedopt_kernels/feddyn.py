@@ -62,6 +62,8 @@ class FedDyn(FedDecaySGD):
         beta, schedule, decay_every: FedDecaySGD's within-round decay (default: none).
         momentum, dampening, nesterov, weight_decay, maximize: as ``torch.optim.SGD``.
         backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
+        replay: record a GPU step in a CUDA graph and replay it while its launch inputs stay the
+            same (docs/replay.md); None: on unless ``FEDOPT_REPLAY=0``.
     """
 
     _accepts_correction = False
@@ -70,7 +72,8 @@ class FedDyn(FedDecaySGD):
     def __init__(self, params: Iterable, lr: float = 1e-3, *, alpha: float, beta: float = 1.0,
                  schedule: ScheduleLike = "exponential", decay_every: int = 1, momentum: float = 0.0,
                  dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
-                 maximize: bool = False, backend: str = "auto", **unsupported: Any):
+                 maximize: bool = False, backend: str = "auto", replay: Optional[bool] = None,
+                 **unsupported: Any):
         if "prox_mu" in unsupported:
             raise TypeError("FedDyn takes no prox_mu: its alpha * (x - x0) term takes FedProx's place (use alpha)")
         if unsupported:
@@ -81,7 +84,7 @@ class FedDyn(FedDecaySGD):
         defaults = dict(lr=lr, alpha=alpha, momentum=momentum, dampening=dampening, nesterov=nesterov,
                         weight_decay=weight_decay, maximize=maximize)
         # FedDecaySGD's constructor would add prox_mu to the groups: build from the SGD family directly
-        SGDFamily.__init__(self, params, defaults, backend)
+        SGDFamily.__init__(self, params, defaults, backend, replay)
 
     # ---------------------------------------------------------------- hyperparameters
     def _validate_group(self, group: Dict[str, Any]) -> None:

@@ -32,10 +32,11 @@ class FedNAR(FedOptimizer):
     _spec = FEDNAR
 
     def __init__(self, params: Iterable, lr: float, weight_decay: float, max_norm: float = 10.0,
-                 round_decay: float = 0.998, eps: float = 1e-6, prox_mu: float = 0.0, backend: str = "auto"):
+                 round_decay: float = 0.998, eps: float = 1e-6, prox_mu: float = 0.0, backend: str = "auto",
+                 replay: Optional[bool] = None):
         defaults = dict(lr=lr, weight_decay=weight_decay, max_norm=max_norm, round_decay=round_decay,
                         eps=eps, prox_mu=prox_mu)
-        super().__init__(params, defaults, backend)
+        super().__init__(params, defaults, backend, replay)
 
     def _validate_group(self, group: Dict[str, Any]) -> None:
         super()._validate_group(group)

@@ -32,10 +32,11 @@ class NeuronLRSGD(SGDFamily):
 
     def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  nesterov: bool = False, weight_decay: float = 0.0, maximize: bool = False, prox_mu: float = 0.0,
-                 neuron_scales: Optional[Mapping[torch.Tensor, torch.Tensor]] = None, backend: str = "auto"):
+                 neuron_scales: Optional[Mapping[torch.Tensor, torch.Tensor]] = None, backend: str = "auto",
+                 replay: Optional[bool] = None):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
                         weight_decay=weight_decay, maximize=maximize, prox_mu=prox_mu)
-        super().__init__(params, defaults, backend)
+        super().__init__(params, defaults, backend, replay)
         if neuron_scales is not None:
             self.set_neuron_scales(neuron_scales)
 

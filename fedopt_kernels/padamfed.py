@@ -40,9 +40,10 @@ class PAdaMFed(FedOptimizer):
     _step_input = "anchor_grads"
 
     def __init__(self, params: Iterable, lr: float, beta: float, variance_reduction: bool = False,
-                 eps: float = 1e-12, backend: str = "auto"):
+                 eps: float = 1e-12, backend: str = "auto",
+                 replay: Optional[bool] = None):
         defaults = dict(lr=lr, beta=beta, variance_reduction=bool(variance_reduction), eps=eps)
-        super().__init__(params, defaults, backend)
+        super().__init__(params, defaults, backend, replay)
 
     def _validate_group(self, group: Dict[str, Any]) -> None:
         super()._validate_group(group)

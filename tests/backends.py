@@ -39,3 +39,18 @@ def require(backend: str, device: str = "cpu", dtype: Optional[torch.dtype] = No
 def supports(backend: str, dtype: torch.dtype) -> bool:
     """triton takes float32/bfloat16/float16 only (float64 is refused with a TypeError)."""
     return not (backend == "triton" and dtype == torch.float64)
+
+
+def grad_scaler_unscales(device: str, dtype: torch.dtype) -> Optional[str]:
+    """None when torch's GradScaler can unscale ``dtype`` gradients on ``device``; else why not.
+
+    Feature-tested, not looked up by version: torch 2.11's CUDA kernel behind
+    ``GradScaler.unscale_`` has no bfloat16 case (torch's own optimizers hit the same error).
+    """
+    found = torch.zeros(1, device=device)
+    inv = torch.ones(1, device=device)
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_([torch.ones(2, dtype=dtype, device=device)], found, inv)
+    except (NotImplementedError, RuntimeError) as exc:
+        return f"torch {torch.__version__} cannot unscale {dtype} gradients on {device} ({exc})"
+    return None

@@ -35,19 +35,21 @@ if torch.cuda.is_available():
 SHAPES = [(1000, 37), (16385,), (64, 3, 3, 3), (0,), (7,), (), (513, 3)]
 
 
-def _make(name, params, backend):
+def _make(name, params, backend, replay=True):
+    """``replay=False``: the optimizer records no graphs of its own (tests of a user's own capture)."""
+    kw = {} if replay else {"replay": False}
     if name == "sgd":
         return FedDecaySGD(params, lr=0.1, beta=0.7, momentum=0.9, weight_decay=1e-3, nesterov=True,
-                           decay_every=2, backend=backend)
+                           decay_every=2, backend=backend, **kw)
     if name == "neuron":
-        opt = NeuronLRSGD(params, lr=0.1, momentum=0.5, backend=backend)
+        opt = NeuronLRSGD(params, lr=0.1, momentum=0.5, backend=backend, **kw)
         opt.set_neuron_scales({p: torch.linspace(0.5, 2.0, p.shape[0], device=p.device)
                                for p in params if p.dim() >= 1})
         return opt
     if name == "fednar":
-        return FedNAR(params, lr=0.1, weight_decay=1e-2, max_norm=1.0, prox_mu=0.01, backend=backend)
+        return FedNAR(params, lr=0.1, weight_decay=1e-2, max_norm=1.0, prox_mu=0.01, backend=backend, **kw)
     if name == "padamfed":
-        return PAdaMFed(params, lr=0.01, beta=0.3, backend=backend)
+        return PAdaMFed(params, lr=0.01, beta=0.3, backend=backend, **kw)
     raise ValueError(name)
 
 
@@ -65,8 +67,12 @@ ALGOS = ["sgd", "neuron", "fednar", "padamfed"]
 STEPS = 6
 
 
+@pytest.mark.parametrize("warmup", [1, 2], ids=["after-first-step", "after-two-steps"])
 @pytest.mark.parametrize("algo", ALGOS)
-def test_cuda_graph_replay_equals_eager(algo):
+def test_cuda_graph_replay_equals_eager(algo, warmup):
+    """A user's own capture of ``step()`` replays to the eager bits; capturing right after the first
+    (fresh-momentum) step needs no host copy either: the rebuilt plan's hp rows are already on the
+    device."""
     eager = _params()
     opt = _make(algo, eager, "cuda")
     opt.start_round()
@@ -76,12 +82,12 @@ def test_cuda_graph_replay_equals_eager(algo):
         opt.step()
 
     graphed = _params()
-    opt = _make(algo, graphed, "cuda")
+    opt = _make(algo, graphed, "cuda", replay=False)
     opt.start_round()
     static = [torch.empty_like(p) for p in graphed]
     for p, s in zip(graphed, static):
         p.grad = s
-    for k in range(2):  # eager warm-up: device counter, schedule table, state, a steady plan
+    for k in range(warmup):  # eager warm-up: device counter, schedule table, state
         for s, g in zip(static, _grads(graphed, k)):
             s.copy_(g)
         opt.step()
@@ -89,7 +95,7 @@ def test_cuda_graph_replay_equals_eager(algo):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         opt.step()  # recorded, not run
-    for k in range(2, STEPS):
+    for k in range(warmup, STEPS):
         for s, g in zip(static, _grads(graphed, k)):
             s.copy_(g)
         graph.replay()
@@ -142,17 +148,31 @@ def test_split_launches_and_mixed_dtypes_match_reference(algo):
         torch.testing.assert_close(b.double(), a.double(), rtol=tol, atol=tol, msg=lambda m: f"tensor {i}: {m}")
 
 
-def test_capture_refuses_a_plan_that_needs_a_host_copy():
+@pytest.mark.parametrize("algo", ALGOS)
+def test_capture_refuses_a_hyperparameter_change_that_needs_a_host_copy(algo):
+    """New hyperparameter values reach the device by a host copy, which a graph would replay from a
+    freed host buffer: a capture that needs one raises, naming the CUDA graph, and changes nothing."""
     params = _params()
-    opt = _make("sgd", params, "cuda")
-    for p, g in zip(params, _grads(params, 0)):
-        p.grad = g
-    opt.step()  # fresh momentum buffers: the next step builds a new plan with other hp rows
+    opt = _make(algo, params, "cuda", replay=False)
+    opt.start_round()
+    for k in range(2):
+        for p, g in zip(params, _grads(params, k)):
+            p.grad = g
+        opt.step()
+    group = opt.param_groups[0]
+    group["lr"] = group["lr"] * 0.5
+    before = [p.detach().clone() for p in params]
+    k_before = opt.round_step
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="CUDA graph"):
         with torch.cuda.graph(graph):
             opt.step()
+    assert opt.round_step == k_before
+    for a, b in zip(before, params):
+        assert torch.equal(a, b.detach())
+    opt.step()  # eagerly, the new lr is taken
+    assert opt.round_step == k_before + 1
 
 
 def test_per_client_sgd_ignores_the_fresh_bit():

@@ -107,6 +107,44 @@ def test_gpu_check_dry_run_with_its_install_phase():
     assert "Would install" in log, log[-2000:]  # pip resolved the install, changed nothing
 
 
+def test_gpu_check_installs_the_package_alone_when_an_extra_is_not_to_be_had(tmp_path):
+    """A lent GPU machine has no network and no flwr: the offline install of the test extra fails
+    there, and the check installs the package alone and goes on (simulated here with a constraint no
+    flwr meets); the GPU-relevant tests are what it selects."""
+    pins = tmp_path / "no-flwr.txt"
+    pins.write_text("flwr==0.0.0\n")
+    env = dict(os.environ, PYTHON=sys.executable, PIP_CONSTRAINT=str(pins))
+    env.pop("OUT", None)
+    proc = subprocess.run(["bash", "bench/gpu_check.sh", "--no-gpu", "--skip-tests", "--skip-bench"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    summary = proc.stdout
+    assert "| install | 0 |" in summary, summary[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, summary[-3000:] + proc.stderr[-2000:]
+    res = next(p for p in (ROOT / "bench" / "results" / "tmp").glob("cpu-dryrun-*") if p.is_dir())
+    log = (res / "install.log").read_text()
+    assert "== offline, the package alone" in log, log[-2000:]
+    assert "Would install" in log.split("== offline, the package alone")[1], log[-2000:]
+    assert 'test selection: pytest tests -k "cuda or gpu or triton or replay"' in summary, summary[-3000:]
+
+
+def test_result_files_name_no_enclosing_repository_commit(tmp_path, monkeypatch):
+    """A copy of the tree inside another repository is not a checkout: its results say "unknown", or
+    FEDOPT_COMMIT when that is set, never the enclosing repository's HEAD."""
+    from bench.machine import commit_of
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    outer = tmp_path / "outer"
+    (outer / "copy").mkdir(parents=True)
+    for args in (["init", "-q"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty",
+                                  "-m", "outer"]):
+        subprocess.run(["git", *args], cwd=outer, check=True, capture_output=True)
+    monkeypatch.delenv("FEDOPT_COMMIT", raising=False)
+    assert commit_of(outer / "copy") == "unknown"
+    assert commit_of(outer) != "unknown"  # the repository's own top level is a checkout
+    monkeypatch.setenv("FEDOPT_COMMIT", "abc123")
+    assert commit_of(outer / "copy") == "abc123"
+
+
 class _FakeTime:
     """Stands in for bench.timing's ``time``: the clock moves only when the timed step runs; a
     step takes ``fast`` seconds, except the calls numbered in ``stalled``, which take ``stall``."""

@@ -28,9 +28,17 @@ the two roundings take differently routes a gradient elsewhere (a 1e-3 relative 
 client's conv gradient was seen from a last-bit difference of oneDNN's AVX-512 convolutions), and
 normalised or cancelling updates (PAdaMFed, SCAFFOLD) amplify what is left. In float64 rounding
 is 1e-16 relative, such ties essentially never flip, and rounding-only divergences sit ~10 orders
-of magnitude below the tolerance on every CPU and thread count. The ``dtype`` argument overrides
-the choice (float32 checks the float32 kernels end to end, with that caveat); backends without
-float64 kernels (the GPU ones) are validated in float32.
+of magnitude below the tolerance on every CPU and thread count (and on a GPU with cuDNN). The
+``dtype`` argument overrides the choice (float32 checks the float32 kernels end to end, with that
+caveat). ``cuda`` has float64 kernels for every op; ``triton`` has none, so
+
+* ``--validate triton`` compares it with ``reference`` in float32: both run the same model code and
+  differ only in the optimizer kernels;
+* ``--validate sequential`` on triton splits the claim in two (``validate_client_parallel``): the
+  two gradient paths (client by client vs vmapped, where cuDNN's float32 orders differ) are checked
+  in float64 with a backend that has float64 kernels (``cuda``, else ``reference``), and triton's
+  batched kernels are checked against the reference batched op on the client-parallel path in
+  float32, where only the optimizer kernels differ.
 """
 from __future__ import annotations
 
@@ -47,7 +55,7 @@ from .simulation import Simulation, resolve_backend, resolve_device
 
 PARAM_RTOL = 1e-4
 ACC_TOL = 0.01
-FLOAT64_BACKENDS = ("reference", "cpu")  # backends with float64 kernels for every op
+FLOAT64_BACKENDS = ("reference", "cpu", "cuda")  # backends with float64 kernels for every op
 
 
 def validation_dtype(*backends: str) -> torch.dtype:
@@ -74,6 +82,7 @@ class Validation:
     acc_tol: float = ACC_TOL
     reference: str = "reference"                                  # what it was checked against (label)
     dtype: str = "float32"                                        # precision both sides ran in
+    parts: List["Validation"] = field(default_factory=list)      # further checks of the same claim
 
     @property
     def max_rel(self) -> float:
@@ -87,12 +96,13 @@ class Validation:
     def passed(self) -> bool:
         # "<=" is False for NaN: a run that blew up on one side fails
         return all(r["step_rel"] <= self.param_rtol for r in self.rounds) and \
-            all(v <= self.acc_tol for v in self.acc_diff.values())
+            all(v <= self.acc_tol for v in self.acc_diff.values()) and all(p.passed for p in self.parts)
 
     def report(self, name: str = "") -> str:
         """The per-round table and a verdict line that names the run (``name``, e.g. the algorithm),
         so that the PASS/FAIL lines of several runs in a row say which run each belongs to."""
-        lines = [f"validate: {self.reference} vs {self.backend} (same seeds and batches, {self.dtype})",
+        lines = [part.report(name) for part in self.parts]
+        lines += [f"validate: {self.reference} vs {self.backend} (same seeds and batches, {self.dtype})",
                  f"  {'round':>5}  {'one-round max |dx|':>18}  {'relative':>10}  {'trajectory max |dx|':>19}  {'relative':>10}"]
         for r in self.rounds:
             lines.append(f"  {r['round']:>5}  {r['step_max_abs']:>18.3e}  {r['step_rel']:>10.3e}  "
@@ -147,7 +157,10 @@ def validate_client_parallel(cfg: SimConfig, param_rtol: float = PARAM_RTOL, acc
         raise ValueError("validate_client_parallel needs a client-parallel config (client_parallel != 1)")
     seq_cfg = cfg.replace(client_parallel=1, cuda_graph=False)
     device = resolve_device(cfg.device)
-    dtype = dtype or validation_dtype(resolve_backend(seq_cfg, device), resolve_backend(cfg, device))
+    backends = (resolve_backend(seq_cfg, device), resolve_backend(cfg, device))
+    if dtype is None and not all(b in FLOAT64_BACKENDS for b in backends):
+        return _paths_and_kernels(cfg, device, param_rtol, acc_tol, on_round, data, model_fn)
+    dtype = dtype or validation_dtype(*backends)
     ref = Simulation(seq_cfg, data=data, model_fn=model_fn, dtype=dtype)
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=dtype)
     synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=dtype)
@@ -156,6 +169,25 @@ def validate_client_parallel(cfg: SimConfig, param_rtol: float = PARAM_RTOL, acc
     out = Validation(backend=f"client-parallel {b.parallel}{chunks} [{free.backend}]",
                      reference=f"sequential [{ref.backend}]", param_rtol=param_rtol, acc_tol=acc_tol,
                      dtype=_name(dtype))
+    return _compare(cfg, ref, free, synced, out, on_round)
+
+
+def _paths_and_kernels(cfg: SimConfig, device: torch.device, param_rtol: float, acc_tol: float,
+                       on_round: Optional[Callable[[Dict[str, Any]], None]], data: Optional[FederatedData],
+                       model_fn: Optional[Callable[[], nn.Module]]) -> Validation:
+    """``validate_client_parallel`` for a backend without float64 kernels (module docstring): the
+    paths in float64 with a stand-in backend, then the kernels on the client-parallel path in float32."""
+    stand_in = "cuda" if device.type == "cuda" and resolve_backend(cfg.replace(backend="cuda"), device) == "cuda" \
+        else "reference"
+    paths = validate_client_parallel(cfg.replace(backend=stand_in), param_rtol, acc_tol, on_round, data, model_fn,
+                                     dtype=torch.float64)
+    ref = Simulation(cfg.replace(backend="reference"), data=data, model_fn=model_fn, dtype=torch.float32)
+    free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
+    synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
+    b = free.batched
+    out = Validation(backend=f"client-parallel {b.parallel} [{free.backend}]",
+                     reference=f"client-parallel {b.parallel} [{ref.backend}]", param_rtol=param_rtol,
+                     acc_tol=acc_tol, dtype="float32", parts=[paths])
     return _compare(cfg, ref, free, synced, out, on_round)
 
 
