@@ -1,4 +1,4 @@
-"""fedopt_kernels microbenchmarks (issue 5).
+"""fedopt_kernels microbenchmarks.
 
 - ``python -m bench [--quick | --smoke]``: the report. For each algorithm x backend x size it
   prints and writes median step time, effective GB/s (``bench.traffic``), % of the copy bandwidth

@@ -22,6 +22,19 @@ TORCH_FOREACH = "torch.SGD(foreach)"
 TORCH_CLIP_SGD = "torch clip+SGD(fused)"   # what a user writes for FedNAR by hand
 TORCH_PROX_SGD = "torch foreach+SGD(fused)"  # proximal term and correction by hand, then SGD (FedDyn)
 BASELINES = (TORCH_FUSED, TORCH_FOREACH, TORCH_CLIP_SGD, TORCH_PROX_SGD)
+# On a GPU the fused backends replay recorded steps by default (docs/replay.md); each also gets a
+# row with replay=False, named "<backend> eager".
+REPLAYING = ("cuda", "triton")
+EAGER = " eager"
+
+
+def eager_name(backend: str) -> str:
+    return backend + EAGER
+
+
+def base_backend(name: str) -> str:
+    """The fedopt backend behind a row's backend name ("cuda eager" -> "cuda")."""
+    return name[: -len(EAGER)] if name.endswith(EAGER) else name
 
 
 @dataclass
@@ -58,9 +71,9 @@ class Algo:
     def traffic(self) -> Traffic:
         return Traffic(self.config.spec.name, self.config.present())
 
-    def build(self, params: List[torch.Tensor], backend: str) -> Stepper:
+    def build(self, params: List[torch.Tensor], backend: str, replay: Optional[bool] = None) -> Stepper:
         cfg = self.config
-        opt = cfg.build(params, backend)
+        opt = cfg.build(params, backend, replay=replay)
         opt.start_round(**cfg.round_inputs(params, 0, seed=1))
         return Stepper(opt, cfg.step_inputs(params, 0, seed=1))
 

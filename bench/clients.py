@@ -54,7 +54,7 @@ CHUNKED = "batched-fused-chunked"
 MODES = (SEQ, PLAIN, FUSED, GRAPH, CHUNKED)
 PART_BUDGET = Budget(warmup=2, min_reps=5, max_reps=200, min_time_s=0.5)
 
-# the targets (benchmark goals, not tests)
+# the project's targets (benchmark goals, not tests)
 GOALS = {
     "cpu": [("batched-fused >= 8x sequential at C=50", lambda r: _ratio(r, 50, FUSED, SEQ), 8.0),
             ("optimizer part: batched-fused update >= 1.3x plain torch at C=50",

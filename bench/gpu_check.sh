@@ -161,8 +161,9 @@ fi
 BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends()).replace(chr(10), '; '))" 2>&1 | tail -1)
 
 CLIENTS_S=90  # the client-batched benchmark's share (bench/clients.py; ~30 s on an H100/H200)
+LOOP_S=60     # the training-loop benchmark's share (bench/loop.py)
 if [ "$SKIP_TESTS" = 0 ]; then
-  # leave the benchmarks at least 120 + CLIENTS_S s
+  # leave the benchmarks at least 120 + LOOP_S + CLIENTS_S s
   PAR=""
   if "$PY" -c "import xdist" >/dev/null 2>&1; then
     # a worker per two cores, at most 12: GPU tests share one device
@@ -171,7 +172,7 @@ if [ "$SKIP_TESTS" = 0 ]; then
   fi
   "$PY" -c "import pytest_timeout" >/dev/null 2>&1 && PAR="$PAR --timeout 240"
   # shellcheck disable=SC2086
-  eval phase tests $(( $(left) - 120 - CLIENTS_S )) "$PY" -m pytest $PYTEST_ARGS $PAR -q -rs -p no:cacheprovider \
+  eval phase tests $(( $(left) - 120 - LOOP_S - CLIENTS_S )) "$PY" -m pytest $PYTEST_ARGS $PAR -q -rs -p no:cacheprovider \
     --junitxml="$RES/junit.xml"
 else
   echo "| tests | skipped (--skip-tests) | 0 |" >> "$SUMMARY"
@@ -179,7 +180,11 @@ fi
 
 if [ "$SKIP_BENCH" = 0 ]; then
   # shellcheck disable=SC2086
-  phase bench $(( $(left) - 15 - CLIENTS_S )) "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS --out-dir "$RES"
+  phase bench $(( $(left) - 15 - LOOP_S - CLIENTS_S )) "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS --out-dir "$RES"
+  # a user's training loop (zero_grad(set_to_none=True), forward, backward, step): GPU only
+  if [ "$NO_GPU" = 0 ]; then
+    phase bench_loop $(( $(left) - 15 - CLIENTS_S )) "$PY" -m bench loop --device cuda --out-dir "$RES"
+  fi
   # client-batched training: sequential vs batched plain torch vs batched fused (+ CUDA graph), C = 10..1000
   CLIENTS_ARGS=""
   [ "$BENCH_MODE" = smoke ] && CLIENTS_ARGS="--smoke"
@@ -197,11 +202,17 @@ fi
   echo "- tests: $(grep -E '(passed|failed|error|no tests ran)' "$RES/tests.log" 2>/dev/null | tail -1 || echo 'not run')"
   echo "- wall time: $(elapsed) s of a ${BUDGET} s budget"
   echo
-  BENCH_MD=$(ls "$RES"/*.md 2>/dev/null | grep -v -e summary.md -e LATEST.md -e /clients- | head -1)
+  BENCH_MD=$(ls "$RES"/*.md 2>/dev/null | grep -v -e summary.md -e LATEST.md -e /clients- -e /loop- | head -1)
   if [ -n "$BENCH_MD" ]; then
     echo "## Benchmark goals ($(basename "$BENCH_MD"))"
     echo
     sed -n '/^## Goals/,/^## Results/p' "$BENCH_MD" | grep '^|'
+  fi
+  LOOP_MD=$(ls "$RES"/loop-*.md 2>/dev/null | head -1)
+  if [ -n "$LOOP_MD" ]; then
+    echo
+    echo "## Training loop ($(basename "$LOOP_MD"))"
+    sed -n '2,$p' "$LOOP_MD"
   fi
   CLIENTS_MD=$(ls "$RES"/clients-*.md 2>/dev/null | head -1)
   if [ -n "$CLIENTS_MD" ]; then
@@ -218,11 +229,12 @@ cat "$SUMMARY"
 # only when the install failed (in place of the client-batched json, which then means nothing).
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT/$NAME"
+  [ -f "$RES/bench_loop.log" ] && { echo; echo "=== bench_loop ==="; cat "$RES/bench_loop.log"; } >> "$RES/bench.log"
   [ -f "$RES/bench_clients.log" ] && { echo; echo "=== bench_clients ==="; cat "$RES/bench_clients.log"; } >> "$RES/bench.log"
   EXTRA=$(ls "$RES"/clients-*.json 2>/dev/null | head -1)
   grep -q '^| install | 0 |' "$SUMMARY" || grep -q '^| install | skipped' "$SUMMARY" || EXTRA="$RES/install.log"
   for f in "$RES"/summary.md "$RES"/tests.log "$RES"/bench.log "$RES"/junit.xml \
-           $(ls "$RES"/*.json "$RES"/*.png 2>/dev/null | grep -v /clients-) "${BENCH_MD:-}" "$EXTRA"; do
+           $(ls "$RES"/*.json "$RES"/*.png 2>/dev/null | grep -v -e /clients- -e /loop-) "${BENCH_MD:-}" "$EXTRA"; do
     [ -f "$f" ] && cp "$f" "$OUT/$NAME/"
   done
   echo "gpu_check: copied $(ls "$OUT/$NAME" | wc -l) files to \$OUT/$NAME"

@@ -95,6 +95,7 @@ def markdown(result: Dict[str, Any]) -> str:
             "x SGD fused", "x SGD foreach", "x clip+SGD", "state", "step extra"]
     if cuda:
         head.insert(head.index("state"), "x cuda")
+        head.insert(head.index("state"), "step / torch SGD step")
     if cuda:
         head += ["graph step", "graph GB/s"]
     head += [g.key for g in goals]
@@ -112,6 +113,8 @@ def markdown(result: Dict[str, Any]) -> str:
                      _fmt_x(r.get("speedup_sgd_foreach")), _fmt_x(r.get("speedup_clip_sgd"))]
             if cuda:
                 cells.append(_fmt_x(r.get("speedup_cuda")))
+                v = r.get("vs_torch_sgd_step")
+                cells.append(f"{v:.2f}" if v is not None else "—")
             cells += [_fmt_bytes(r.get("state_bytes")), _fmt_bytes(r.get("step_extra_bytes"))]
             if cuda:
                 if "graph_median_s" in r:

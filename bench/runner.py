@@ -12,7 +12,8 @@ import torch
 
 import fedopt_kernels as fk
 
-from .algorithms import ALGOS, BASELINES, TORCH_CLIP_SGD, TORCH_FOREACH, TORCH_FUSED, Stepper, build_baseline
+from .algorithms import (ALGOS, BASELINES, EAGER, REPLAYING, TORCH_CLIP_SGD, TORCH_FOREACH, TORCH_FUSED, Stepper,
+                         build_baseline, eager_name)
 from .contention import DISTURBED, OtherLoad, wait_quiet
 from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
@@ -32,6 +33,7 @@ class Plan:
     budget: Budget = field(default_factory=Budget)
     graph_steps: int = 10                   # steps captured per CUDA graph (0: no graph timing)
     baselines: bool = True                  # time torch.optim.SGD fused/foreach where comparable
+    eager_rows: bool = True                 # on CUDA: also each replaying backend with replay=False
     retries: int = 0                        # CPU: redo a case disturbed by other processes this often
     quiet_wait_s: float = 60.0              # ... after waiting at most this long for idle cores
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
@@ -150,6 +152,9 @@ def run(plan: Plan) -> Dict[str, Any]:
         for algo_name in plan.algos:
             algo = ALGOS[algo_name]
             cases = [(b, (lambda b=b: algo.build(params, b))) for b in backends]
+            if plan.eager_rows and plan.device.type == "cuda":
+                cases += [(eager_name(b), (lambda b=b: algo.build(params, b, replay=False)))
+                          for b in backends if b in REPLAYING]
             if plan.baselines:
                 cases += [(w, (lambda w=w: build_baseline(algo, params, w))) for w in algo.baselines()]
             for backend, build in cases:
@@ -195,8 +200,13 @@ def _derive(rows: List[Row], plan: Plan) -> None:
         r["pct_copy"] = 100.0 * r["gbps"] / r["copy_gbps"]
         if "graph_median_s" in r:
             r["graph_gbps"] = r["bytes_per_step"] / r["graph_median_s"] / 1e9
+        cuda = "cuda" + EAGER if r["backend"].endswith(EAGER) else "cuda"  # eager against eager
         for col, other in (("speedup_ref", "reference"), ("speedup_sgd_fused", TORCH_FUSED),
                            ("speedup_sgd_foreach", TORCH_FOREACH), ("speedup_clip_sgd", TORCH_CLIP_SGD),
-                           ("speedup_cuda", "cuda")):
+                           ("speedup_cuda", cuda)):
             o = index.get((r["algorithm"], other, r["size"]))
             r[col] = o["median_s"] / r["median_s"] if o is not None and "median_s" in o else None
+        # torch's fused SGD on the same list, whatever the algorithm: the step a user has today
+        sgd = next((o for (a, b, z), o in index.items() if b == TORCH_FUSED and z == r["size"] and "median_s" in o),
+                   None)
+        r["vs_torch_sgd_step"] = r["median_s"] / sgd["median_s"] if sgd is not None else None

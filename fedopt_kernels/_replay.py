@@ -168,9 +168,7 @@ class StepReplay:
         while len(self.recordings) > MAX_RECORDINGS:
             self._retire(self.recordings.popitem(last=False)[1])
         self.stats["recorded"] += 1
-        rec.graph.replay()  # recording runs nothing: this replay is the step
-        rec.replays += 1
-        self.wasted_in_row = 0
+        rec.graph.replay()  # recording runs nothing: this replay is the step (not counted as a reuse)
 
     def _record(self, device: torch.device, run) -> Optional["torch.cuda.CUDAGraph"]:
         stream = self._streams.get(device)
@@ -181,17 +179,21 @@ class StepReplay:
         graph = torch.cuda.CUDAGraph()
         failure: Optional[BaseException] = None
         with torch.cuda.stream(stream):
-            # thread_local: other threads (data loaders) may keep using CUDA while this records
-            graph.capture_begin(capture_error_mode="thread_local")
             try:
-                run()
+                # thread_local: other threads (data loaders) may keep using CUDA while this records
+                graph.capture_begin(capture_error_mode="thread_local")
             except Exception as exc:  # noqa: BLE001 - any failure means "not recordable here"
                 failure = exc
-            finally:
+            else:
                 try:
-                    graph.capture_end()
+                    run()
                 except Exception as exc:  # noqa: BLE001
-                    failure = failure or exc
+                    failure = exc
+                finally:
+                    try:
+                        graph.capture_end()
+                    except Exception as exc:  # noqa: BLE001
+                        failure = failure or exc
         current.wait_stream(stream)
         if failure is not None:
             self.off_reason = f"{type(failure).__name__}: {failure}"

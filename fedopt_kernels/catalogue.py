@@ -67,12 +67,13 @@ class Config:
             return [{"params": list(params)}]
         return [{"params": list(params[0::2])}, {"params": list(params[1::2]), **self.groups}]
 
-    def build(self, params: Tensors, backend: str = "auto") -> FedOptimizer:
-        return self.cls(self.param_groups(params), backend=backend, **self.kwargs)
+    def build(self, params: Tensors, backend: str = "auto", replay: Optional[bool] = None) -> FedOptimizer:
+        return self.cls(self.param_groups(params), backend=backend, replay=replay, **self.kwargs)
 
-    def build_batched(self, params: Tensors, backend: str = "auto") -> FedOptimizer:
+    def build_batched(self, params: Tensors, backend: str = "auto", replay: Optional[bool] = None) -> FedOptimizer:
         """The client-batched form over stacked parameters ``[C, *shape]``."""
-        return algorithm.of_optimizer(self.cls).batched(self.param_groups(params), backend=backend, **self.kwargs)
+        return algorithm.of_optimizer(self.cls).batched(self.param_groups(params), backend=backend, replay=replay,
+                                                        **self.kwargs)
 
     def batched_round_inputs(self, clients: List[Tensors], stacked: Tensors, rnd: int, seed: int = 0) -> Dict[str, Any]:
         """Client c's ``round_inputs(clients[c], rnd, seed + 100 c)``, stacked for ``stacked`` params."""

@@ -328,13 +328,32 @@ def test_cli_validate_sequential_on_digits(capsys):
     assert "client-parallel" in cli.build_parser().format_help()
 
 
+def test_validate_sequential_without_float64_kernels_checks_paths_and_kernels_apart():
+    """triton (interpreted here) has no float64 kernels: the two gradient paths are validated in
+    float64 on a stand-in backend, and triton's batched kernels against the reference batched op on
+    the client-parallel path in float32. A wrong kernel fails the second part."""
+    why = _registry.unavailable_reason("triton", torch.device("cpu"), "fednar_batched")
+    if why is not None:
+        pytest.skip(why)
+    cfg = tiny_config("fednar-scaffold", **dict(EXTRA.get("fednar-scaffold", {}), backend="triton", rounds=2,
+                                                local_steps=2, clients_per_round=3))
+    v = validate_client_parallel(cfg, data=tiny_images(), model_fn=model_fn)
+    assert v.passed, v.report()
+    assert [p.dtype for p in v.parts] == ["float64"] and v.dtype == "float32"
+    assert "[reference]" in v.parts[0].backend and "[triton]" in v.backend
+    assert "PASS" in v.report("x")
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("algorithm", ["feddecay", "fednar-scaffold", "padamfed-vr"])
-def test_cuda_graph_matches_eager_on_gpu(algorithm):
-    """The real capture: a fused batched backend on CUDA, graph replay vs eager (same backend)."""
-    backend = _registry.auto_backend(torch.device("cuda"), _op(algorithm))
-    if backend == "reference":
-        pytest.skip("no fused client-batched backend on CUDA")
+def test_cuda_graph_matches_eager_on_gpu(algorithm, backend):
+    """The real capture: a fused batched backend on CUDA, graph replay vs eager (same backend); then
+    ``--validate sequential`` with the graph: in float64 on cuda; on triton (no float64 kernels) the
+    paths in float64 on cuda and triton's kernels against the reference on the client-parallel path."""
+    why = _registry.unavailable_reason(backend, torch.device("cuda"), _op(algorithm) + "_batched")
+    if why is not None:
+        pytest.skip(why)
     kw = dict(EXTRA.get(algorithm, {}), device="cuda", backend=backend, rounds=3, local_steps=4, clients_per_round=5)
     cfg = tiny_config(algorithm, **kw)
     data = tiny_images()
@@ -352,4 +371,9 @@ def test_cuda_graph_matches_eager_on_gpu(algorithm):
     seq = validate_client_parallel(cfg.replace(cuda_graph=True), data=data, model_fn=model_fn)
     assert seq.passed, seq.report()
     assert math.isfinite(seq.max_rel)
+    if backend == "cuda":
+        assert seq.dtype == "float64" and not seq.parts
+    else:
+        assert seq.dtype == "float32" and [p.dtype for p in seq.parts] == ["float64"]
+        assert "[reference]" in seq.reference and "[triton]" in seq.backend
     assert fedopt_kernels.available_backends("cuda")

@@ -127,7 +127,7 @@ def compile_all(shard: int = 0, shards: int = 1) -> list:
         for cc in TARGETS:
             src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
             compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                                      options={"num_warps": launcher.GPU_NUM_WARPS})
+                                      options=launcher.launch_options())
             ptx = compiled.asm["ptx"]
             with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
                 f.write(ptx)

@@ -420,5 +420,8 @@ def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def num_warps() -> int:
-    return GPU_NUM_WARPS
+def launch_options() -> dict:
+    """Compile options of every launch. No FMA contraction: the math rounds as the reference's and the
+    cuda backend's (``--fmad=false``), and every specialisation of a kernel (aligned or not, per
+    client or client-batched) rounds alike, so a client's batched result is the per-client op's."""
+    return {"num_warps": GPU_NUM_WARPS, "enable_fp_fusion": False}

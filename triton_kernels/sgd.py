@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .jit_mode import device_fn
-from .launcher import Launch, num_warps, spec_columns, spec_roles, spec_slots
+from .launcher import Launch, launch_options, spec_columns, spec_roles, spec_slots
 from .tiles import (add_terms, chunk_of, client_active, hp_f32, inv_scale, live_step, load_f32, lr_at_step,
                     row_client, row_index, store_as, tile_rows)
 
@@ -130,4 +130,4 @@ def launch(lau: Launch, k: torch.Tensor, table: torch.Tensor, decay_every: int, 
         HAS_MOMENTUM="buf" in lau.present, HAS_X0="x0" in lau.present, HAS_CORR="corr" in lau.present,
         HAS_SCALE="scale" in lau.present, UNSCALE=amp["UNSCALE"], SKIPPABLE=amp["SKIPPABLE"],
         HAS_ACTIVE=active is not None, BATCHED=lau.batched, ALIGNED=lau.aligned,
-        ROWS=lau.rows, BLOCK=lau.block, num_warps=num_warps())
+        ROWS=lau.rows, BLOCK=lau.block, **launch_options())

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from . import fednar, padamfed
 from .jit_mode import device_fn, interpreted
-from .launcher import SLOT_BLOCK, Launch, Plan, num_warps
+from .launcher import SLOT_BLOCK, Launch, Plan, launch_options
 from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of, tile_rows
 
@@ -251,7 +251,7 @@ def launch(op: str, plan: Plan, hp: torch.Tensor, k: torch.Tensor, amp: Dict[str
     for lau in plan.launches:
         norm_kernel[(lau.norm_programs,)](
             lau.meta, lau.chunks, lau.n_chunks, plan.partials, lau.slot_base, hp, lau.group, amp["scale"],
-            amp["found"], act, OP=code, **_dtype_args(op, lau), **flags, num_warps=num_warps())
+            amp["found"], act, OP=code, **_dtype_args(op, lau), **flags, **launch_options())
     reduce = getattr(_SHARDED, "reduce", None)
     if reduce is not None:
         reduce(plan.partials[:plan.n_slots])
@@ -260,14 +260,14 @@ def launch(op: str, plan: Plan, hp: torch.Tensor, k: torch.Tensor, amp: Dict[str
         finalize_kernel[(triton.cdiv(plan.clients, per),)](
             plan.partials, plan.seg, len(plan.launches), plan.clients, plan.factors, hp, plan.hp_rows, amp["found"],
             act, k, OP=code, HPN=mod.HPN, SKIPPABLE=amp["SKIPPABLE"], HAS_ACTIVE=active is not None,
-            CLIENTS=per, SLOT_BLOCK=slot_block, num_warps=num_warps())
+            CLIENTS=per, SLOT_BLOCK=slot_block, **launch_options())
     factors = plan.factors if plan.factors is not None else plan.partials  # per-client: never read
     last = len(plan.launches) - 1
     for i, lau in enumerate(plan.launches):
         update_kernel[(lau.n_tiles,)](
             lau.meta, lau.chunks, lau.n_chunks, plan.partials, plan.n_slots, factors, hp, lau.group,
             amp["scale"], amp["found"], act, k, OP=code, **_dtype_args(op, lau), **flags,
-            ADVANCE=i == last and not lau.batched, SLOT_BLOCK=SLOT_BLOCK, num_warps=num_warps())
+            ADVANCE=i == last and not lau.batched, SLOT_BLOCK=SLOT_BLOCK, **launch_options())
     if not plan.launches and not plan.batched:
         advance(k, amp)
 

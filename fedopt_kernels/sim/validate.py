@@ -48,6 +48,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import torch
 from torch import nn
 
+from .. import _registry
 from .config import SimConfig
 from .federated_data import FederatedData
 from .report import final_rows
@@ -177,11 +178,14 @@ def _paths_and_kernels(cfg: SimConfig, device: torch.device, param_rtol: float, 
                        model_fn: Optional[Callable[[], nn.Module]]) -> Validation:
     """``validate_client_parallel`` for a backend without float64 kernels (module docstring): the
     paths in float64 with a stand-in backend, then the kernels on the client-parallel path in float32."""
-    stand_in = "cuda" if device.type == "cuda" and resolve_backend(cfg.replace(backend="cuda"), device) == "cuda" \
-        else "reference"
-    paths = validate_client_parallel(cfg.replace(backend=stand_in), param_rtol, acc_tol, on_round, data, model_fn,
-                                     dtype=torch.float64)
-    ref = Simulation(cfg.replace(backend="reference"), data=data, model_fn=model_fn, dtype=torch.float32)
+    ops = [cfg.algo.op.name, cfg.algo.op.name + "_batched"]
+    if all(_registry.unavailable_reason("cuda", device, op) is None for op in ops):
+        paths_cfg = cfg.replace(backend="cuda")
+    else:  # the reference's batched ops read step counters on the host: no CUDA graph there
+        paths_cfg = cfg.replace(backend="reference", cuda_graph=False)
+    paths = validate_client_parallel(paths_cfg, param_rtol, acc_tol, on_round, data, model_fn, dtype=torch.float64)
+    ref = Simulation(cfg.replace(backend="reference", cuda_graph=False), data=data, model_fn=model_fn,
+                     dtype=torch.float32)
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     b = free.batched
