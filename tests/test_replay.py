@@ -174,6 +174,25 @@ def _grads(params, step: int) -> List[torch.Tensor]:
     return [torch.randn(p.shape, generator=g).to(p.device) for p in params]
 
 
+class _StepInputs:
+    """The catalogue's per-step inputs (PAdaMFed-VR's anchor gradients) copied into tensors kept
+    across steps, as a client would keep them: their addresses are part of the launch key."""
+
+    def __init__(self, make):
+        self.make = make
+        self.kept = None
+
+    def __call__(self, *args):
+        fresh = self.make(*args)
+        if self.kept is None:
+            self.kept = fresh
+        else:
+            for key, ts in fresh.items():
+                for a, b in zip(self.kept[key], ts):
+                    a.copy_(b)
+        return self.kept
+
+
 def _same_bits(a_params, a_opt, b_params, b_opt, what: str) -> None:
     torch.cuda.synchronize()
     for i, (a, b) in enumerate(zip(a_params, b_params)):
@@ -192,6 +211,7 @@ def _run_script(cfg, backend: str, replay: bool):
     order = [p for g in opt.param_groups for p in g["params"]]
     fixed = [torch.zeros_like(p) for p in params]   # gradients at fixed addresses
     other = [torch.zeros_like(p) for p in params]   # a second address set, alternating with the first
+    step_inputs = _StepInputs(cfg.step_inputs)
     step = 0
     for rnd in range(3):
         opt.start_round(**cfg.round_inputs(order, rnd))
@@ -210,7 +230,7 @@ def _run_script(cfg, backend: str, replay: bool):
                 opt.param_groups[0]["lr"] *= 0.5
             if k == 5 and rnd == 0 and "weight_decay" in opt.param_groups[-1]:
                 opt.param_groups[-1]["weight_decay"] = opt.param_groups[-1]["weight_decay"] + 1e-3
-            opt.step(**cfg.step_inputs(order, step))
+            opt.step(**step_inputs(order, step))
             step += 1
             if rnd == 1 and k == 2:  # a checkpoint reloaded mid-round
                 opt.load_state_dict(opt.state_dict())
@@ -245,6 +265,7 @@ def test_grad_scaler_with_a_skipped_step_replays_to_the_eager_bits(backend, algo
         scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 10, growth_interval=3)
         opt.start_round(**cfg.round_inputs(order, 0))
         slots = [torch.zeros_like(p) for p in params]
+        step_inputs = _StepInputs(cfg.step_inputs)
         for k in range(10):
             grads = _grads(params, k)
             if k in (4, 7):
@@ -252,7 +273,7 @@ def test_grad_scaler_with_a_skipped_step_replays_to_the_eager_bits(backend, algo
             for p, s, g in zip(params, slots, grads):
                 s.copy_(scaler.scale(g))
                 p.grad = s
-            scaler.step(opt, **cfg.step_inputs(order, k))
+            scaler.step(opt, **step_inputs(order, k))
             scaler.update()
         runs.append((params, opt, scaler.get_scale()))
     (a, ea, sa), (b, eb, sb) = runs
@@ -304,6 +325,7 @@ def test_client_batched_steps_replay_to_the_eager_bits(backend, algo):
         views = [[p[c] for p in order] for c in range(C)]
         slots = [torch.zeros_like(p) for p in params]
         active = torch.ones(C, dtype=torch.bool, device="cuda")
+        step_inputs = _StepInputs(cfg.batched_step_inputs)
         for rnd in range(2):
             opt.start_round(round_index=[rnd] * C, **cfg.batched_round_inputs(views, order, rnd))
             for k in range(6):
@@ -313,7 +335,7 @@ def test_client_batched_steps_replay_to_the_eager_bits(backend, algo):
                 active.fill_(True)
                 if k >= 4:
                     active[1] = False  # client 1 sits out the round's last steps
-                opt.step(active=active, **cfg.batched_step_inputs(views, rnd * 6 + k))
+                opt.step(active=active, **step_inputs(views, rnd * 6 + k))
         runs.append((params, opt))
     torch.cuda.synchronize()
     (a, ea), (b, eb) = runs
@@ -335,15 +357,17 @@ def test_replayed_and_recording_steps_never_sync(backend, algo):
     order = [p for g in opt.param_groups for p in g["params"]]
     opt.start_round(**cfg.round_inputs(order, 0))
     slots = [torch.zeros_like(p) for p in params]
+    step_inputs = _StepInputs(cfg.step_inputs)
     for k in range(6):
         for p, s, g in zip(params, slots, _grads(params, k)):
             s.copy_(g)
             p.grad = s
+        inputs = step_inputs(order, k)
         if k < 2:
-            opt.step(**cfg.step_inputs(order, k))
+            opt.step(**inputs)
             continue
         with no_host_sync():  # the recording step (k == 2 or 3) and the replays
-            opt.step(**cfg.step_inputs(order, k))
+            opt.step(**inputs)
     assert opt.replay_stats()["replayed"] > 0
 
 
