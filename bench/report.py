@@ -96,6 +96,7 @@ def markdown(result: Dict[str, Any]) -> str:
     if cuda:
         head.insert(head.index("state"), "x cuda")
         head.insert(head.index("state"), "step / torch SGD step")
+        head.insert(head.index("state"), "recording step (host)")
     if cuda:
         head += ["graph step", "graph GB/s"]
     head += [g.key for g in goals]
@@ -115,6 +116,7 @@ def markdown(result: Dict[str, Any]) -> str:
                 cells.append(_fmt_x(r.get("speedup_cuda")))
                 v = r.get("vs_torch_sgd_step")
                 cells.append(f"{v:.2f}" if v is not None else "—")
+                cells.append(_fmt_time(r.get("record_host_s")) if r.get("record_host_s") else "—")
             cells += [_fmt_bytes(r.get("state_bytes")), _fmt_bytes(r.get("step_extra_bytes"))]
             if cuda:
                 if "graph_median_s" in r:

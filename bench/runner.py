@@ -74,8 +74,33 @@ def _prepare_capture(stepper: Stepper, steps: int) -> None:
         sched.table(dev, getattr(opt, "round_step", 0) + 2 * steps + 2)
 
 
+def record_host_time(build: Callable[[], Stepper], device: torch.device, tries: int = 3) -> Optional[float]:
+    """Median host seconds of the step that records a CUDA graph (docs/replay.md), in a fresh
+    optimizer's first steps; None for an optimizer that does not replay or records nothing."""
+    times = []
+    for _ in range(tries):
+        stepper = build()
+        stats = getattr(stepper.opt, "replay_stats", None)
+        if stats is None or not stats()["on"]:
+            return None
+        for _ in range(4):  # eager steps (a fresh-momentum step, a new plan), then the recording
+            torch.cuda.synchronize(device)
+            before = stats()["recorded"]
+            t0 = time.perf_counter()
+            stepper.step()
+            t = time.perf_counter() - t0
+            if stats()["recorded"] > before:
+                times.append(t)
+                break
+        torch.cuda.synchronize(device)
+        del stepper
+    return median(times) if times else None
+
+
 def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
     out: Row = {}
+    if plan.device.type == "cuda":
+        out["record_host_s"] = record_host_time(build, plan.device)
     stepper = build()
     for _ in range(plan.budget.warmup):
         stepper.step()
@@ -95,7 +120,7 @@ def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
     return out
 
 
-_MEASURED = ("median_s", "min_s", "reps", "host_s", "step_extra_bytes", "state_bytes", "graph_median_s", "graph_error",
+_MEASURED = ("median_s", "min_s", "reps", "host_s", "record_host_s", "step_extra_bytes", "state_bytes", "graph_median_s", "graph_error",
              "copy_gbps", "other_load_cores", "attempts", "error")
 
 
