@@ -37,7 +37,9 @@ class OpArgs:
     active: Optional[torch.Tensor] = None   # batched ops: [C] bool
 
     @classmethod
-    def parse(cls, spec: OpSpec, args: Sequence) -> "OpArgs":
+    def parse(cls, spec: OpSpec, args: Sequence, checked: bool = False) -> "OpArgs":
+        """``checked``: the caller's step plan fixes the lists' structure and an earlier call with it
+        passed ``check()`` (the optimizers' cached path): the per-step check is skipped."""
         n = len(spec.roles)
         want = n + 9 + int(spec.batched)
         if len(args) != want:
@@ -48,7 +50,8 @@ class OpArgs:
         batch, present, hp, k, table, decay_every, grad_scale, found_inf, backend = rest
         out = cls(spec, lists, list(batch), list(present), hp, k, table, int(decay_every), grad_scale, found_inf,
                   backend, active)
-        out.check()
+        if not checked:
+            out.check()
         return out
 
     def check(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch.optim import Optimizer
 
-from . import _dtensor, _registry, _replay, _step_op
+from . import _dtensor, _registry, _replay, _step_hooks, _step_op
 from ._ops import OpSpec
 from ._params import check_grad, name_of, param_name
 from ._plan import HpCache, StepPlan, capturing, refuse_in_capture
@@ -133,6 +133,13 @@ class FedOptimizer(Optimizer):
         self._hp_names = tuple(defaults)  # what a state_dict's param groups must carry to be ours
         self._lr_checked: List[torch.Tensor] = []  # tensor lrs whose value was validated (by identity)
         super().__init__(params, defaults)
+
+    def _patch_step_function(self) -> None:
+        # torch.optim's hooks and profiler range, the range entered only while a profiler records
+        self._zero_grad_profile_name = f"Optimizer.zero_grad#{type(self).__name__}.zero_grad"
+        cls = type(self)
+        if not getattr(cls.step, "hooked", None):
+            cls.step = _step_hooks.hooked_step(cls.step)  # type: ignore[method-assign]
 
     # ---------------------------------------------------------------- hyperparameters and params
     def _validate_group(self, group: Dict[str, Any]) -> None:

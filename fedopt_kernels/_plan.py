@@ -22,6 +22,7 @@ include freshly created momentum buffers (first step of a round) lives for one s
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -31,6 +32,8 @@ from ._params import check_grad, name_of
 from ._plan_inputs import GroupInputs, PlanInputs
 
 _versions = itertools.count(1)
+_GRAD = operator.attrgetter("grad")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -246,9 +249,10 @@ class StepPlan:
             if len(group) != len(keys) + 1 or not _same(vals, self.hp_vals[gi]):
                 changed = [gi] if changed is None else changed + [gi]
         params = self.all_params
-        grads = [p.grad for p in params]
+        # map() with C callables: these run at every step over every parameter (host time)
+        grads = list(map(_GRAD, params))
         seen = self.grads_seen
-        if any(a is not b for a, b in zip(grads, seen)):
+        if not all(map(operator.is_, grads, seen)):
             for i, (a, b) in enumerate(zip(grads, seen)):
                 if a is not b:
                     if (a is None) != (b is None):
@@ -256,7 +260,7 @@ class StepPlan:
                     check_grad(params[i], a, i, self.groups, params, self.owner)
             self.grads_seen = grads
             self.grads = [grads[i] for i in self.order]
-        if [p.data_ptr() for p in params] != self.ptrs:
+        if list(map(_DATA_PTR, params)) != self.ptrs:
             return False
         return True if changed is None else changed
 

@@ -49,6 +49,9 @@ def resolve_switch(replay: Optional[bool]) -> bool:
     return replay
 
 
+_DATA_PTR = torch.Tensor.data_ptr
+
+
 def _layout(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), t.dtype)
 
@@ -99,7 +102,7 @@ class StepReplay:
         seen = getattr(plan, "replay_grads", None)
         if seen is None or seen[0] is not grads:
             plan.replay_grads = seen = (grads, tuple([g.stride() for g in grads]))
-        return (tuple([g.data_ptr() for g in grads]), seen[1])
+        return (tuple(map(_DATA_PTR, grads)), seen[1])
 
     def key(self, plan: Any, per_step: Sequence[List[torch.Tensor]], hp: torch.Tensor, k: torch.Tensor,
             table: torch.Tensor, every: int, amp: Tuple[bool, bool], active: Optional[torch.Tensor]) -> tuple:

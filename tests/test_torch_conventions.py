@@ -487,6 +487,30 @@ def test_hooks_run(case):
 
 
 @pytest.mark.parametrize("case", SOME)
+def test_global_hooks_and_the_profilers_range(case):
+    """torch.optim's global step hooks run around every step, and a running profiler sees the step as
+    ``Optimizer.step#<Class>.step`` (the range is entered only while a profiler records)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    params = case.params()
+    opt = case.build(params)
+    calls: List[str] = []
+    handles = [register_optimizer_step_pre_hook(lambda o, a, k: calls.append("pre") if o is opt else None),
+               register_optimizer_step_post_hook(lambda o, a, k: calls.append("post") if o is opt else None)]
+    opt.register_step_pre_hook(lambda o, a, k: calls.append("own_pre"))
+    opt.register_step_post_hook(lambda o, a, k: calls.append("own_post"))
+    try:
+        case.start_round(opt, 0)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            case.step(opt, params, 0)
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls == ["pre", "own_pre", "own_post", "post"]
+    names = {e.name for e in prof.events()}
+    assert f"Optimizer.step#{type(opt).__name__}.step" in names, sorted(names)[:20]
+
+
+@pytest.mark.parametrize("case", SOME)
 @pytest.mark.parametrize("lr", [None, "tensor"], ids=["float_lr", "tensor_lr"])
 def test_repr_shows_every_group(case, lr):
     params = case.params()

@@ -52,7 +52,7 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -137,6 +137,7 @@ class Launch:
     batched: bool = False            # rows are client slices: meta is [T, NR + 2] (hp row, client)
     aligned: bool = True             # every role of every row is 16-byte aligned (the ROWS == 1 promise)
     fresh: int = 0                   # sgd_batched: the FRESH bit of this launch's batches
+    consts: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # op -> its constexprs
 
 
 @dataclass

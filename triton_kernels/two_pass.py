@@ -232,6 +232,14 @@ def advance_kernel(k_ptr, found_ptr, active_ptr, n_clients, SKIPPABLE: tl.conste
 
 
 def _dtype_args(op: str, lau: Launch) -> Dict[str, Any]:
+    """The constexprs of ``lau`` for ``op``, computed once per launch (a step's Python work)."""
+    out = lau.consts.get(op)
+    if out is None:
+        out = lau.consts[op] = _compute_dtype_args(op, lau)
+    return out
+
+
+def _compute_dtype_args(op: str, lau: Launch) -> Dict[str, Any]:
     _, mod = OPS[op]
     roles = mod.ROLES
     dt = [lau.dtypes.get(r, tl.float32) for r in roles] + [tl.float32] * (5 - len(roles))

@@ -152,7 +152,10 @@ def _op(name: str, launch_all):
     """Register ``name``'s Triton implementation: parse, plan, stage what the plan stages, run
     ``launch_all(args, plan, amp, active)`` (every launch of the step, k += 1 included), unstage."""
     def step(*args, cache=None) -> None:
-        a = OpArgs.parse(OPS[name], args)
+        # an optimizer's cache belongs to one step plan: its structure was checked at the first call
+        a = OpArgs.parse(OPS[name], args, checked=cache is not None and cache.get("checked", False))
+        if cache is not None:
+            cache["checked"] = True
         active = _active(a)
         with _launcher.device_guard(a.device):
             plan = _plan(a, cache)
