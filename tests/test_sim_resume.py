@@ -278,3 +278,54 @@ def test_augmentation_generators_are_restored(tmp_path, mode):
                     augment=True, clients=6, holdout_fraction=0.0, rounds=3, local_steps=2, batch_size=3,
                     clients_per_round=3, finetune_steps=1, backend="auto", device="cpu", **MODES[mode])
     _stop_and_resume(cfg, tmp_path / "ckpt")
+
+
+# ---------------------------------------------------------------- fedopt-sim's flags
+CLI = ["--clients", "6", "--rounds", "2", "--local-steps", "1", "--clients-per-round", "2", "--finetune-steps", "1",
+       "--model", "mlp", "--quiet", "--algorithm", "scaffold"]
+
+
+def _exit_code(argv, capsys):
+    from fedopt_kernels.sim import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    return exc.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--checkpoint-every", "-1"], "--checkpoint-every"),
+    (["--resume", "--overwrite"], "--overwrite"),
+    (["--resume", "--checkpoint-every", "0"], "--checkpoint-every 0"),
+    (["--resume", "--no-files"], "--checkpoint-dir"),
+    (["--validate", "reference", "--resume"], "--validate"),
+])
+def test_cli_refuses_flag_combinations_naming_them(tmp_path, monkeypatch, capsys, extra, named):
+    monkeypatch.chdir(tmp_path)
+    code, err = _exit_code(CLI + extra, capsys)
+    assert code == 2 and named in err, err
+
+
+def test_cli_resume_and_refusals(tmp_path, monkeypatch, capsys):
+    from fedopt_kernels.sim import cli
+
+    monkeypatch.chdir(tmp_path)
+    # a custom checkpoint folder, without --out files: written per seed
+    assert cli.main(CLI + ["--no-files", "--checkpoint-dir", "ck", "--seeds", "0", "1"]) == 0
+    assert {p.name for p in (tmp_path / "ck").iterdir()} == {"seed0", "seed1"}
+    # a new run may not replace them ...
+    code, err = _exit_code(CLI + ["--no-files", "--checkpoint-dir", "ck"], capsys)
+    assert code == 2 and "--resume" in err and "--overwrite" in err, err
+    # ... nor resume them with other settings: exit 2 naming the setting
+    code, err = _exit_code(CLI + ["--no-files", "--checkpoint-dir", "ck", "--resume", "--lr", "0.2"], capsys)
+    assert code == 2 and "lr: " in err, err
+    # the same settings resume (here: a finished run, so nothing is left to train)
+    assert cli.main(CLI + ["--no-files", "--checkpoint-dir", "ck", "--resume", "--seeds", "0", "1"]) == 0
+    # --checkpoint-every 0: no checkpoints beside the results
+    assert cli.main(CLI + ["--out", "plain", "--checkpoint-every", "0"]) == 0
+    assert not (tmp_path / "plain" / "checkpoints").exists()
+    # --resume without --out continues the default folder of a first run without --out
+    assert cli.main(CLI) == 0
+    assert (tmp_path / "sim_runs" / "scaffold-digits" / "checkpoints" / "seed0" / MANIFEST).is_file()
+    assert cli.main(CLI + ["--resume"]) == 0
+    assert not (tmp_path / "sim_runs" / "scaffold-digits-2").exists()
