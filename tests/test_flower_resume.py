@@ -8,6 +8,8 @@ state (control variates, FedDyn's g_i, batch positions) must come back from thei
 global model of every round, the server's metrics and the replies left out must equal those of an
 uninterrupted run bit for bit. Flower's simulation engine (Ray) runs the same for one algorithm.
 """
+import json
+
 import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]'")
@@ -103,3 +105,40 @@ def test_other_settings_are_refused(tmp_path):
         run(rc, stop=2)
     with pytest.raises(CheckpointError, match="lr: "):
         run(dict(rc, lr=0.2))
+
+
+# ---------------------------------------------------------------------------------------------- Ray engine
+def test_simulation_engine_server_restart(tmp_path, monkeypatch):
+    """Flower's simulation engine (Ray): the ServerApp stops in round 3 (after round 2's checkpoint);
+    a new simulation of the same app continues with round 3 on fresh nodes and ends where the
+    uninterrupted in-process run ends, bit for bit (one thread per client on both sides)."""
+    pytest.importorskip("ray", reason="Flower's simulation engine needs Ray: pip install -e '.[flower]'")
+    from flwr.simulation import run_simulation
+
+    from fedopt_kernels.flower.apps import server_app
+    from fedopt_kernels.flower.base import FedOptStrategy
+
+    algorithm = "scaffold"
+    want = run(run_config(algorithm, ""), tag=f"0.{algorithm}")
+    rc = run_config(algorithm, tmp_path / "ckpt", out=str(tmp_path / "result.pt"))
+    configure_train = FedOptStrategy.configure_train
+
+    def stopping(self, server_round, *args, **kw):
+        if server_round == 3:
+            raise Stopped("the server stops in round 3")
+        return configure_train(self, server_round, *args, **kw)
+
+    def simulate():
+        run_simulation(server_app(rc), client_app(rc), num_supernodes=5,
+                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+
+    monkeypatch.setattr(FedOptStrategy, "configure_train", stopping)
+    with pytest.raises(Stopped):  # the engine re-raises what stopped the ServerApp
+        simulate()
+    assert not (tmp_path / "result.pt").exists(), "the stopped server should not have finished"
+    server = tmp_path / "ckpt" / f"0.{algorithm}" / "server"
+    assert json.loads((server / MANIFEST).read_text())["rounds"] == 2
+    monkeypatch.setattr(FedOptStrategy, "configure_train", configure_train)
+    simulate()
+    got = torch.load(tmp_path / "result.pt", weights_only=False)[algorithm]
+    assert_same(got, want)

@@ -37,7 +37,7 @@ RUNS = {
 # file and the manifest (the testing hook), and wherever it is once round 6 is checkpointed
 KILLS = {"scaffold": ["2:payload", "4:commit", "anywhere"], "padamfed-vr": ["3:commit"]}
 COMMON = ["--clients", "8", "--rounds", str(ROUNDS), "--local-steps", "6", "--model", "mlp", "--finetune-steps", "2",
-          "--device", "cpu", "--threads", "1", "--quiet", "--seeds", "3"]
+          "--device", "cpu", "--threads", "1", "--quiet", "--seeds", "3", "--checkpoint-every", "1"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

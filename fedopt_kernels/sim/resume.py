@@ -88,7 +88,8 @@ def _set_augment_generators(module: torch.nn.Module, saved: Dict[str, Dict[str, 
 
 
 def _cpu(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
-    return [t.detach().to("cpu", copy=True) for t in tensors]
+    # no copy: torch.save writes the tensors as they are now (a CUDA tensor through a host copy)
+    return [t.detach() for t in tensors]
 
 
 def capture(sim: "Simulation") -> Dict[str, Any]:
@@ -109,7 +110,7 @@ def capture(sim: "Simulation") -> Dict[str, Any]:
                     for _, s in sorted(sim.streams.items())],
         "stream_ids": sorted(sim.streams),
         "generators": {k: _augment_generators(m) for k, m in models.items()},
-        "buffers": {k: {n: b.detach().to("cpu", copy=True) for n, b in m.named_buffers()} for k, m in models.items()},
+        "buffers": {k: {n: b.detach() for n, b in m.named_buffers()} for k, m in models.items()},
         "rng": global_rng_state(),
     }
 

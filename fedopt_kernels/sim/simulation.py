@@ -70,7 +70,7 @@ class Simulation:
 
     def __init__(self, cfg: SimConfig, data: Optional[FederatedData] = None,
                  model_fn: Optional[Callable[[], nn.Module]] = None, dtype: Optional[torch.dtype] = None,
-                 checkpoint_dir: Optional[Union[str, os.PathLike]] = None, checkpoint_every: int = 1):
+                 checkpoint_dir: Optional[Union[str, os.PathLike]] = None, checkpoint_every: int = 5):
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
         self.checkpoint = None if checkpoint_dir is None else CheckpointDir(Path(checkpoint_dir), _resume.KIND)
