@@ -3,6 +3,7 @@
 ``python -m bench clients``: the client-batched training benchmark instead (bench/clients.py).
 ``python -m bench sharded``: the step on DTensor parameters over 2 CPU processes (bench/sharded.py).
 ``python -m bench loop``: a user's training loop on a GPU, wall time per iteration (bench/loop.py).
+``python -m bench checkpoints``: bytes and seconds of a simulator checkpoint (bench/checkpoints.py).
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
@@ -100,6 +101,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .loop import main as loop_main
 
         return loop_main((sys.argv[1:] if argv is None else argv)[1:])
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["checkpoints"]:
+        # bytes and seconds of a simulator checkpoint (bench/checkpoints.py)
+        from .checkpoints import main as checkpoints_main
+
+        return checkpoints_main((sys.argv[1:] if argv is None else argv)[1:])
     if (sys.argv[1:] if argv is None else argv)[:1] == ["sharded"]:
         # the optimizers on DTensor parameters over a 2-process gloo world (bench/sharded.py)
         from .sharded import main as sharded_main

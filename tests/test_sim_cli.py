@@ -198,7 +198,8 @@ FILES = ["--clients", "10", "--rounds", "1", "--local-steps", "1", "--clients-pe
 
 
 def _snapshot(folder):
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    """Every file under ``folder`` (its checkpoints/ subfolder included), by relative path."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_a_run_never_replaces_an_earlier_runs_files(tmp_path, monkeypatch, capsys):

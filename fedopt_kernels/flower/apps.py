@@ -9,6 +9,12 @@ clients' validation splits. Each round trains the clients ``fedopt-sim`` would s
 simulator draws them), so a Flower run reproduces the ``fedopt-sim`` run of the same config.
 With ``out = "/abs/path.pt"`` the ServerApp saves, per algorithm, every evaluated round's
 accuracy, loss and global parameters, and the clients left out.
+
+With ``checkpoint-dir = "/abs/folder"`` the run survives a restart of the ServerApp (and of the
+clients): the server checkpoints after every ``checkpoint-every`` rounds (default 1) into
+``<folder>/<tag>/server``, each client its kept state after each round it trains into
+``<folder>/<tag>/clients/client<id>``, and the same run started again with the same folder
+continues after the last checkpointed round (``flower/resume.py``, ``docs/checkpoints.md``).
 """
 from __future__ import annotations
 
@@ -20,20 +26,25 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from ..checkpoint import atomic_file
 from ..sim.config import SimConfig
 from ..sim.simulation import Simulation
 from ..sim.evaluate import pooled_metrics
 from .client import evaluate_round, padamfed_init_round, train_round
 from .factory import strategy_for
 from .records import from_record, logger, to_record
+from .resume import client_folder, restore_client_state, save_client_state, server_folder
 from .runconfig import sim_configs
-from .settings import STATE_TAG
+from .settings import CHECKPOINTED, RESUMED_AT, STATE_TAG
 from .simdata import batch_stream, check_partition, new_model, simulation_for
 
 
 def run_algorithm(grid: Grid, cfg: SimConfig, *, tag: str, fraction_evaluate: float = 0.0,
-                  timeout: float = 3600.0) -> Dict[str, Any]:
-    """Run ``cfg.rounds`` rounds of ``cfg.algorithm`` through ``grid``; returns its history."""
+                  timeout: float = 3600.0, checkpoint_dir: str = "", checkpoint_every: int = 1) -> Dict[str, Any]:
+    """Run ``cfg.rounds`` rounds of ``cfg.algorithm`` through ``grid``; returns its history.
+
+    ``checkpoint_dir``: checkpoint the server into ``<checkpoint_dir>/<tag>/server`` every
+    ``checkpoint_every`` rounds, and continue from the checkpoint found there."""
     sim = simulation_for(cfg)
     names = [n for n, _ in sim.model.named_parameters()]
     model = new_model(sim)
@@ -54,9 +65,20 @@ def run_algorithm(grid: Grid, cfg: SimConfig, *, tag: str, fraction_evaluate: fl
         history.append({"round": server_round, "val_acc": val["acc"], "val_loss": val["loss"], "params": params})
         return MetricRecord({"val-acc": val["acc"], "val-loss": val["loss"]})
 
+    def extra_state() -> Dict[str, Any]:
+        return {"history": history, "sample_rng": sampler.sample_rng.bit_generator.state}
+
+    def load_extra_state(saved: Dict[str, Any]) -> None:
+        history[:] = saved["history"]
+        sampler.sample_rng.bit_generator.state = saved["sample_rng"]
+
+    folder = server_folder(checkpoint_dir, tag)
+    resumable = {} if folder is None else dict(checkpoint_dir=folder, checkpoint_every=checkpoint_every,
+                                                extra_state=extra_state, load_extra_state=load_extra_state)
     start = time.perf_counter()
     result = strategy.start(grid, to_record(names, sim.global_params), num_rounds=cfg.rounds, timeout=timeout,
-                            train_config=ConfigRecord(), evaluate_config=ConfigRecord(), evaluate_fn=evaluate)
+                            train_config=ConfigRecord(), evaluate_config=ConfigRecord(), evaluate_fn=evaluate,
+                            **resumable)
     return {"config": cfg.to_dict(), "hparams": strategy.hp, "history": history,
             "train_metrics": {r: dict(m) for r, m in result.train_metrics_clientapp.items()},
             "evaluate_metrics": {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()},
@@ -80,15 +102,19 @@ def server_app(defaults: Optional[Mapping[str, Any]] = None) -> ServerApp:
         cfgs = sim_configs(run_config)
         fraction_evaluate = float(run_config.get("fraction-evaluate", 0.0))
         results = {}
+        checkpoint_dir = str(run_config.get("checkpoint-dir", ""))
+        checkpoint_every = int(run_config.get("checkpoint-every", 1))
         for i, cfg in enumerate(cfgs):
-            out = run_algorithm(grid, cfg, tag=f"{i}.{cfg.algorithm}", fraction_evaluate=fraction_evaluate)
+            out = run_algorithm(grid, cfg, tag=f"{i}.{cfg.algorithm}", fraction_evaluate=fraction_evaluate,
+                                checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
             results[cfg.algorithm] = out
             last = out["history"][-1] if out["history"] else {}
             logger.info("%s: val accuracy %.4f after %d rounds (%.1f s), %d replies left out", cfg.algorithm,
                         last.get("val_acc", float("nan")), cfg.rounds, out["seconds"], len(out["rejections"]))
         path = str(run_config.get("out", ""))
         if path:
-            torch.save(results, path)
+            with atomic_file(path, "wb") as f:  # whole or not at all
+                torch.save(results, f)
             logger.info("results saved to %s", path)
 
     return app
@@ -105,22 +131,38 @@ def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
         cid = check_partition(cfg, context.node_config)
         return sim, cid, sim.train_clients[cid], str(msg.content["config"].get(STATE_TAG, ""))
 
+    def kept_state(msg: Message, context: Context, cid: int, tag: str):
+        """With a checkpointing server: restore the client's kept state after a restart; returns the
+        function that writes it after this round (flower/resume.py), or a no-op."""
+        config = msg.content["config"]
+        folder = client_folder(str(_merged(context, defaults).get("checkpoint-dir", "")), tag, cid)
+        if folder is None or RESUMED_AT not in config:
+            return lambda: None
+        keys = [f"{tag}.control", f"{tag}.batches"]  # client.train_round's and simdata.batch_stream's
+        restore_client_state(context.state, folder, keys, int(config[RESUMED_AT]))
+        rnd = 0 if msg.metadata.message_type.endswith("padamfed_init") else int(config["server-round"])
+        return lambda: save_client_state(context.state, folder, keys, rnd, int(config[CHECKPOINTED]))
+
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         sim, cid, client, tag = node(msg, context)
+        persist = kept_state(msg, context, cid, tag)
         next_batch, save = batch_stream(sim, cid, context.state, tag)
         content = train_round(new_model(sim), next_batch, msg.content, context.state, num_examples=client.size,
                               client_id=cid, calibration=(client.train_x, client.train_y), backend=sim.backend)
         save()
+        persist()
         return Message(content, reply_to=msg)
 
     @app.train("padamfed_init")
     def padamfed_init(msg: Message, context: Context) -> Message:
         sim, cid, client, tag = node(msg, context)
+        persist = kept_state(msg, context, cid, tag)
         next_batch, save = batch_stream(sim, cid, context.state, tag)
         content = padamfed_init_round(new_model(sim), next_batch, msg.content, context.state,
                                       num_examples=client.size, client_id=cid)
         save()
+        persist()
         return Message(content, reply_to=msg)
 
     @app.query("client_id")

@@ -16,26 +16,33 @@ Every left-out reply is appended to ``strategy.rejections`` as well as logged.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
+import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from ..aggregation import RULES, ServerRule
+from ..checkpoint import CheckpointDir, plain_settings
 from ..fl_config import FLConfig
 from .records import (BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric,
                       to_record)
-from .settings import round_config
+from .resume import metric_dicts
+from .settings import CHECKPOINTED, RESUMED_AT, round_config
 
 CLIENT_ID_QUERY = f"{MessageType.QUERY}.client_id"  # asks a node which client id it serves
 INIT_MESSAGE_TYPE = f"{MessageType.TRAIN}.padamfed_init"  # a rule's initial round: every client's first control
 ClientSampler = Callable[[], Sequence[int]]
+CHECKPOINT_KIND = "flower-server"
 
 
 @dataclass
@@ -137,6 +144,8 @@ class FedOptStrategy(Strategy):
         self.names: List[str] = []
         self.global_params: Tensors = []
         self.rejections: List[Rejection] = []
+        self._resumed_at: Optional[int] = None  # checkpointing start(): rounds done when it began
+        self._checkpointed = 0                  # ... and in its newest checkpoint
         self._sent: Dict[Tuple[str, int], List[int]] = {}
         self._setup_done = False
         self.client_sampler = client_sampler
@@ -200,6 +209,108 @@ class FedOptStrategy(Strategy):
     @property
     def uses_controls(self) -> bool:
         return "dc" in self.rule.reply
+
+    # ------------------------------------------------------------------ checkpoints (flower/resume.py)
+    def checkpoint_settings(self, num_rounds: int, initial_arrays: ArrayRecord) -> Dict[str, Any]:
+        """What a checkpoint must have been saved with to continue this strategy's run."""
+        h = hashlib.sha256()
+        for name, arr in initial_arrays.items():
+            a = np.ascontiguousarray(arr.numpy())
+            h.update(f"{name}{a.dtype}{a.shape}".encode())
+            h.update(a.tobytes())
+        return plain_settings({
+            "strategy": type(self).__name__, "config": dataclasses.asdict(self.cfg), "hparams": self.hp,
+            "num_rounds": num_rounds, "fraction_train": self.fraction_train,
+            "clients_per_round": self.clients_per_round, "fraction_evaluate": self.fraction_evaluate,
+            "configured num_clients": self.num_clients, "state_tag": self.state_tag,
+            "initial arrays sha256": h.hexdigest()[:16], "client sampler": self.client_sampler is not None})
+
+    def checkpoint_state(self) -> Dict[str, Any]:
+        """The server's part of a checkpoint: model, rule state, N, initial round done, generators, rejections."""
+        return {"names": list(self.names), "global": [t.detach().cpu().clone() for t in self.global_params],
+                "state": {k: [t.detach().cpu().clone() for t in v] for k, v in self.state.items()},
+                "num_clients": self.num_clients, "setup_done": self._setup_done,
+                "train_rng": self._train_rng.bit_generator.state, "eval_rng": self._eval_rng.bit_generator.state,
+                "rejections": [vars(r) for r in self.rejections]}
+
+    def load_checkpoint_state(self, saved: Dict[str, Any]) -> None:
+        """Take back what ``checkpoint_state`` returned (from a checkpoint of the same settings)."""
+        self.names = list(saved["names"])
+        self.global_params = list(saved["global"])
+        self.state = {k: list(v) for k, v in saved["state"].items()}
+        self.num_clients = saved["num_clients"]
+        self._setup_done = bool(saved["setup_done"])
+        self._train_rng.bit_generator.state = saved["train_rng"]
+        self._eval_rng.bit_generator.state = saved["eval_rng"]
+        self.rejections = [Rejection(**r) for r in saved["rejections"]]
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: Optional[ConfigRecord] = None, evaluate_config: Optional[ConfigRecord] = None,
+              evaluate_fn: Optional[Callable[[int, ArrayRecord], Optional[MetricRecord]]] = None, *,
+              checkpoint_dir: Optional[Union[str, os.PathLike]] = None, checkpoint_every: int = 1,
+              extra_state: Optional[Callable[[], Dict[str, Any]]] = None,
+              load_extra_state: Optional[Callable[[Dict[str, Any]], None]] = None) -> Result:
+        """Flower's ``Strategy.start``; with ``checkpoint_dir``, a run that survives a restart.
+
+        The strategy then checkpoints into ``checkpoint_dir`` after every ``checkpoint_every`` rounds
+        and after the last one; started again with the same folder and settings, it continues after
+        the checkpoint's round (``evaluate_fn`` is not called again for rounds already done). A
+        checkpoint of other settings or a damaged one raises ``CheckpointError``. ``extra_state()``
+        adds the caller's own plain data and tensors to each checkpoint; ``load_extra_state`` gets
+        them back on a restart. Without ``checkpoint_dir`` this is Flower's ``start`` unchanged.
+        """
+        if checkpoint_dir is None:
+            return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                                 train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+        ckpt = CheckpointDir(Path(checkpoint_dir), CHECKPOINT_KIND)
+        settings = self.checkpoint_settings(num_rounds, initial_arrays)
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        result = Result()
+        arrays, done = initial_arrays, 0
+        if ckpt.exists():
+            done, saved = ckpt.load(settings)
+            self.load_checkpoint_state(saved["strategy"])
+            if load_extra_state is not None:
+                load_extra_state(saved["extra"])
+            arrays = to_record(self.names, self.global_params)
+            result.arrays = arrays
+            for name in ("train_metrics_clientapp", "evaluate_metrics_clientapp", "evaluate_metrics_serverapp"):
+                getattr(result, name).update({r: MetricRecord(m) for r, m in saved["result"][name].items()})
+            logger.info("%s: resumed from the checkpoint of round %d in %s", self.cfg.algorithm, done, ckpt.folder)
+        elif evaluate_fn is not None:
+            res = evaluate_fn(0, initial_arrays)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+        self._resumed_at = self._checkpointed = done
+        for rnd in range(done + 1, num_rounds + 1):
+            logger.info("[ROUND %s/%s]", rnd, num_rounds)
+            replies = grid.send_and_receive(self.configure_train(rnd, arrays, train_config, grid), timeout=timeout)
+            new_arrays, metrics = self.aggregate_train(rnd, replies)
+            if new_arrays is not None:
+                result.arrays = arrays = new_arrays
+            if metrics is not None:
+                result.train_metrics_clientapp[rnd] = metrics
+            replies = grid.send_and_receive(self.configure_evaluate(rnd, arrays, evaluate_config, grid),
+                                            timeout=timeout)
+            metrics = self.aggregate_evaluate(rnd, replies)
+            if metrics is not None:
+                result.evaluate_metrics_clientapp[rnd] = metrics
+            if evaluate_fn is not None:
+                res = evaluate_fn(rnd, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[rnd] = res
+            if rnd % checkpoint_every == 0 or rnd == num_rounds:
+                ckpt.save(rnd, settings, {
+                    "strategy": self.checkpoint_state(),
+                    "extra": extra_state() if extra_state is not None else {},
+                    "result": {name: metric_dicts(getattr(result, name)) for name in
+                               ("train_metrics_clientapp", "evaluate_metrics_clientapp",
+                                "evaluate_metrics_serverapp")}})
+                self._checkpointed = rnd
+        return result
 
     # ------------------------------------------------------------------ helpers
     def summary(self) -> None:
@@ -282,6 +393,9 @@ class FedOptStrategy(Strategy):
         for k, v in round_config(self.cfg, self.hp, server_round - 1, self.state_tag).items():
             out[k] = v
         out["server-round"] = server_round
+        if self._resumed_at is not None:  # clients keep their state files by these (flower/resume.py)
+            out[RESUMED_AT] = self._resumed_at
+            out[CHECKPOINTED] = self._checkpointed
         return out
 
     def _messages(self, content: RecordDict, nodes: Sequence[int], message_type: str,

@@ -19,6 +19,10 @@ from ..fl_config import FLConfig
 _ALWAYS = ("lr", "server_lr")
 ROUND_INDEX = "round-index"   # t, 0-based, counted over the whole run (FedNAR anneals by it)
 STATE_TAG = "state-tag"       # client state keys are prefixed by it (several algorithms in one run)
+# checkpointing servers (flower/resume.py): rounds completed when the server (re)started, and the
+# rounds of its newest checkpoint; clients keep their state files by them
+RESUMED_AT = "resumed-at-round"
+CHECKPOINTED = "checkpointed-round"
 _FIELDS = tuple(f.name for f in dataclasses.fields(FLConfig))
 
 

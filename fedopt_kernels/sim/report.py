@@ -9,15 +9,21 @@ from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
+from ..checkpoint import atomic_file, write_text_atomic
+
 HISTORY_FIELDS = ("round", "train_loss", "val_loss", "val_acc", "seconds")
 
 
+# result files are written whole or not at all (a temporary file renamed into place): a run killed
+# while writing them leaves the earlier file, never half of a new one
+
+
 def write_json(path: Path, result: Dict[str, Any]) -> None:
-    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(path, json.dumps(result, indent=2, sort_keys=True) + "\n")
 
 
 def write_csv(path: Path, history: Sequence[Dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
+    with atomic_file(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
         w.writeheader()
         for rec in history:
@@ -50,7 +56,8 @@ def plot_curves(path: Path, runs: Dict[str, Sequence[Dict[str, Any]]], title: st
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, dpi=100, format="png")
     plt.close(fig)
     return True
 

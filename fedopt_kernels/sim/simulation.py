@@ -7,19 +7,23 @@ backends with the same seed see the same clients and batches.
 """
 from __future__ import annotations
 
+import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
 import torch
 from torch import nn
 
 from .. import _registry
+from ..checkpoint import CheckpointDir
 from .clients import BatchStream, ClientData
 from .config import SimConfig
 from .evaluate import evaluate_users, pooled_metrics
 from .federated_data import FederatedData, build_federated_data
 from .models import build_model
+from . import resume as _resume
 from .screen import logger, screen_updates
 from .strategy import Strategy
 
@@ -58,10 +62,21 @@ class Simulation:
     ``data`` and ``model_fn`` replace the data set / model built from ``cfg`` (tests use tiny ones).
     ``dtype`` (e.g. ``torch.float64``) casts the model and the floating-point data to it; the
     validations use it to compare two computations of the same mathematics far below any tolerance.
+
+    ``checkpoint_dir``: ``run()`` checkpoints into this folder after every ``checkpoint_every``
+    completed rounds and after the last one (``sim.resume`` and ``docs/checkpoints.md``);
+    ``run(resume=True)`` first continues from the checkpoint found there, if any.
     """
 
     def __init__(self, cfg: SimConfig, data: Optional[FederatedData] = None,
-                 model_fn: Optional[Callable[[], nn.Module]] = None, dtype: Optional[torch.dtype] = None):
+                 model_fn: Optional[Callable[[], nn.Module]] = None, dtype: Optional[torch.dtype] = None,
+                 checkpoint_dir: Optional[Union[str, os.PathLike]] = None, checkpoint_every: int = 5):
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+        self.checkpoint = None if checkpoint_dir is None else CheckpointDir(Path(checkpoint_dir), _resume.KIND)
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_stats: List[Dict[str, float]] = []  # bytes and seconds of each checkpoint this run wrote
+        self.resumed_from = 0
         self.cfg = cfg.validate()
         self.hp = cfg.hparams()
         self.device = resolve_device(cfg.device)
@@ -80,6 +95,7 @@ class Simulation:
                                                                         cfg.hidden, cfg.context)
         self.model = model.to(self.device) if dtype is None else model.to(self.device, dtype)
         self.global_params: List[torch.Tensor] = [p.detach().clone() for p in self.model.parameters()]
+        self.initial_model_digest = _resume.tensor_digest(self.global_params)
         self.sample_rng = np.random.default_rng(ss_sample)
         self.streams = {c.client_id: BatchStream(c.train_x, c.train_y, cfg.batch_size, np.random.default_rng(s))
                         for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)))}
@@ -92,6 +108,7 @@ class Simulation:
             self.batched = BatchedClients(self)
         self.history: List[Dict[str, Any]] = []
         self._setup_done = False
+        self._settings: Optional[Dict[str, Any]] = None
 
     @property
     def train_clients(self) -> List[ClientData]:
@@ -172,11 +189,54 @@ class Simulation:
         out["pooled_test_acc"] = pooled_metrics(self.model, users, "test")["acc"]
         return out
 
-    def run(self, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
-        """All rounds, then the final evaluation; returns a JSON-ready result."""
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_settings(self) -> Dict[str, Any]:
+        """What a checkpoint must have been saved with to continue this run (``resume.run_settings``)."""
+        if self._settings is None:
+            self._settings = _resume.run_settings(self)
+        return self._settings
+
+    def save_checkpoint(self) -> Dict[str, float]:
+        """Checkpoint the run after its ``len(history)`` completed rounds; returns its bytes and seconds."""
+        if self.checkpoint is None:
+            raise ValueError("save_checkpoint needs checkpoint_dir (Simulation(..., checkpoint_dir=...))")
+        stats = self.checkpoint.save(len(self.history), self.checkpoint_settings(), _resume.capture(self))
+        self.checkpoint_stats.append(stats)
+        return stats
+
+    def load_checkpoint(self) -> bool:
+        """Continue from the checkpoint in ``checkpoint_dir``: False (nothing changed) if there is none.
+
+        Raises ``fedopt_kernels.checkpoint.CheckpointError`` (a ValueError) naming the reason for a
+        checkpoint saved with other settings, or a damaged one; the run is then left untouched.
+        """
+        if self.checkpoint is None:
+            raise ValueError("load_checkpoint needs checkpoint_dir (Simulation(..., checkpoint_dir=...))")
+        if not self.checkpoint.exists():
+            return False
+        rounds, state = self.checkpoint.load(self.checkpoint_settings())
+        _resume.restore(self, state)
+        self.resumed_from = rounds
+        return True
+
+    def _checkpoint_due(self, rounds_done: int) -> bool:
+        return self.checkpoint is not None and (rounds_done % self.checkpoint_every == 0
+                                                or rounds_done == self.cfg.rounds)
+
+    def run(self, progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+            resume: bool = False) -> Dict[str, Any]:
+        """All rounds, then the final evaluation; returns a JSON-ready result.
+
+        ``resume``: continue from the checkpoint in ``checkpoint_dir`` (if there is one) instead of
+        round 1. ``progress(record)`` is called after each round, once its checkpoint (if due) is saved.
+        """
+        if resume:
+            self.load_checkpoint()
         start = time.perf_counter()
         for t in range(len(self.history), self.cfg.rounds):
             record = self.run_round(t)
+            if self._checkpoint_due(t + 1):
+                self.save_checkpoint()
             if progress is not None:
                 progress(record)
         train_seconds = time.perf_counter() - start
@@ -190,4 +250,5 @@ class Simulation:
             "final": final,
             "train_seconds": train_seconds,
             "total_seconds": time.perf_counter() - start,
+            "resumed_from_round": self.resumed_from,
         }

@@ -1,0 +1,168 @@
+"""What a simulation checkpoints after a round, and how a resumed run takes it back.
+
+Everything the next round reads that is not rebuilt identically from the settings:
+
+* the global model, the server rule's state (SCAFFOLD's ``c``, PAdaMFed's ``c`` and ``m``,
+  FedDyn's ``h``) and every client's kept tensors (control variates, FedDyn's ``g_i``);
+* whether the rule's initial round ran (PAdaMFed's first controls);
+* every random generator: client sampling, each client's mini-batch stream (its generator and its
+  place in the current epoch), the augmentation generators of the model and of PAdaMFed-VR's anchor
+  copy, and torch's (CPU, CUDA), numpy's and Python's global generators;
+* buffers of the model (a user model with BatchNorm keeps running statistics across rounds);
+* the per-round metrics so far.
+
+Not saved, because they restart every round or are rebuilt from the seed: the data partition and
+the initial model (the settings' fingerprints check them), each client's optimizer (momentum is
+cleared at every ``start_round``, FedNLR scales are recomputed from the received model, and the
+round index is advanced to the global round, see ``client_round.advance_to_round``), and the
+client-parallel trainer. The tests resume every registered algorithm and compare bitwise with an
+uninterrupted run, which is what keeps this list complete.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any, Dict, List
+
+import torch
+
+from ..checkpoint import global_rng_state, set_global_rng_state
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .simulation import Simulation
+
+KIND = "fedopt-sim"
+# settings that cannot change a run's numbers (a download flag) are not compared on resume
+_NOT_COMPARED = ("download",)
+
+
+def tensor_digest(tensors: List[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def data_digest(sim: "Simulation") -> str:
+    """A fingerprint of the users' data (train/val/test of existing and new users), in client order."""
+    tensors = []
+    for c in sim.data.train_clients + sim.data.new_clients:
+        tensors += [c.train_x, c.train_y, c.val_x, c.val_y, c.test_x, c.test_y]
+    return tensor_digest(tensors)
+
+
+def run_settings(sim: "Simulation") -> Dict[str, Any]:
+    """The settings a checkpoint must have been saved with to continue ``sim``: its config, and what a
+    caller may give besides it (data, model, dtype) as fingerprints, plus the resolved backend,
+    device and clients trained at once."""
+    out = {k: v for k, v in sim.cfg.to_dict().items() if k not in _NOT_COMPARED}
+    out.update({
+        "resolved backend": sim.backend,
+        "resolved device": str(sim.device),
+        "dtype": str(sim.global_params[0].dtype) if sim.global_params else "none",
+        "model parameters": [f"{n} {tuple(p.shape)}" for n, p in sim.model.named_parameters()],
+        "initial model sha256": sim.initial_model_digest,
+        "data sha256": data_digest(sim),
+        "clients trained at once": sim.batched.size if sim.batched is not None else 1,
+    })
+    return out
+
+
+def _augment_generators(module: torch.nn.Module) -> Dict[str, Dict[str, torch.Tensor]]:
+    """The states of the augmentation generators (``ImageClassifier._generators``) inside ``module``."""
+    out = {}
+    for name, m in module.named_modules():
+        gens = getattr(m, "_generators", None)
+        if isinstance(gens, dict) and gens:
+            out[name] = {dev: g.get_state() for dev, g in gens.items()}
+    return out
+
+
+def _set_augment_generators(module: torch.nn.Module, saved: Dict[str, Dict[str, torch.Tensor]]) -> None:
+    mods = dict(module.named_modules())
+    for name, gens in saved.items():
+        m = mods[name]
+        for dev, st in gens.items():
+            m._generator(torch.device(dev)).set_state(st)
+
+
+def _cpu(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+    # no copy: torch.save writes the tensors as they are now (a CUDA tensor through a host copy)
+    return [t.detach() for t in tensors]
+
+
+def capture(sim: "Simulation") -> Dict[str, Any]:
+    """The state to checkpoint after ``len(sim.history)`` completed rounds (tensors and plain data)."""
+    st = sim.strategy
+    models = {"model": sim.model}
+    if st.anchor_model is not None:
+        models["anchor"] = st.anchor_model
+    return {
+        "rounds": len(sim.history),
+        "history": sim.history,
+        "global": _cpu(sim.global_params),
+        "server": {k: _cpu(v) for k, v in st.state.items()},
+        "kept": {int(cid): _cpu(v) for cid, v in st.kept.items()},
+        "setup_done": bool(sim._setup_done),
+        "sample_rng": sim.sample_rng.bit_generator.state,
+        "streams": [{"rng": s.rng.bit_generator.state, "order": list(s._order)}
+                    for _, s in sorted(sim.streams.items())],
+        "stream_ids": sorted(sim.streams),
+        "generators": {k: _augment_generators(m) for k, m in models.items()},
+        "buffers": {k: {n: b.detach() for n, b in m.named_buffers()} for k, m in models.items()},
+        "rng": global_rng_state(),
+    }
+
+
+def _check_like(what: str, got: List[torch.Tensor], like: List[torch.Tensor]) -> None:
+    if len(got) != len(like) or any(g.shape != w.shape or g.dtype != w.dtype for g, w in zip(got, like)):
+        raise ValueError(f"checkpoint's {what} does not match the model's parameters")
+
+
+@torch.no_grad()
+def restore(sim: "Simulation", state: Dict[str, Any]) -> None:
+    """Put ``state`` (from ``capture`` on a run with the same settings) into ``sim``.
+
+    Everything is checked and converted before the first change to ``sim``: a state that does not
+    fit raises ValueError and leaves ``sim`` as it was.
+    """
+    dev, st = sim.device, sim.strategy
+    _check_like("global model", state["global"], sim.global_params)
+    server = {k: [t.to(dev) for t in v] for k, v in state["server"].items()}
+    if set(server) != set(st.state):
+        raise ValueError(f"checkpoint's server state has {sorted(server)}, the rule keeps {sorted(st.state)}")
+    for k, v in server.items():
+        _check_like(f"server state {k!r}", v, st.state[k])
+    kept = {int(cid): [t.to(dev) for t in v] for cid, v in state["kept"].items()}
+    for cid, v in kept.items():
+        if not 0 <= cid < sim.cfg.num_train_clients:
+            raise ValueError(f"checkpoint keeps state of client {cid}, which this run does not have")
+    if state["stream_ids"] != sorted(sim.streams):
+        raise ValueError("checkpoint's batch streams are not this run's clients")
+    models = {"model": sim.model, "anchor": st.anchor_model}
+    for key, bufs in state["buffers"].items():
+        mine = dict(models[key].named_buffers()) if models.get(key) is not None else {}
+        if set(bufs) != set(mine):
+            raise ValueError(f"checkpoint's buffers of the {key} do not match the model's")
+    # from here on nothing raises
+    for p, v in zip(sim.global_params, state["global"]):
+        p.copy_(v)
+    st.state = server
+    st.kept = kept
+    sim._setup_done = bool(state["setup_done"])
+    sim.sample_rng.bit_generator.state = state["sample_rng"]
+    for cid, s in zip(state["stream_ids"], state["streams"]):
+        stream = sim.streams[cid]
+        stream.rng.bit_generator.state = s["rng"]
+        stream._order = [int(i) for i in s["order"]]
+    for key, gens in state["generators"].items():
+        if models.get(key) is not None:
+            _set_augment_generators(models[key], gens)
+    for key, bufs in state["buffers"].items():
+        if models.get(key) is not None:
+            for n, b in models[key].named_buffers():
+                b.copy_(bufs[n])
+    set_global_rng_state(state["rng"])
+    sim.history = list(state["history"])
+    sim.load_global()
