@@ -12,18 +12,19 @@ Examples::
     fedopt-sim --dataset femnist --data-dir leaf/data/femnist/data --writer-fraction 0.1 --model fedavg-cnn
 
 Exit status: 0 on success, 1 when ``--validate`` finds a divergence past its tolerance, 2 on bad
-input (the message names the parameter), 3 when an optional dependency is missing (the message
+input (the message names the option), 3 when an optional dependency is missing (the message
 names the pip extra that installs it).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..fl_config import algorithm_settings
-from .config import ALGORITHMS, DATASETS, DEVICES, PARTITIONS, SimConfig
+from .config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
 from .help_format import DefaultsHelpFormatter
 from .models import MODELS
 from .run_folder import choose_out_dir, clear_earlier_run
@@ -32,12 +33,17 @@ from .validate import ACC_TOL, PARAM_RTOL
 SEQUENTIAL = "sequential"  # --validate sequential: the client-parallel run against the sequential one
 
 
+def _folder_datasets() -> str:
+    """The data sets read from --data-dir, for --help: "a, b and c"."""
+    return ", ".join(FOLDER_DATASETS[:-1]) + " and " + FOLDER_DATASETS[-1]
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(
         prog="fedopt-sim", formatter_class=DefaultsHelpFormatter,
-        description="Federated learning simulator on the fedopt_kernels optimizers (offline data: "
-                    "scikit-learn digits, FedProx Synthetic(alpha, beta); CIFAR-10/100 and FEMNIST from --data-dir).")
+        description=f"Federated learning simulator on the fedopt_kernels optimizers (offline data: "
+                    f"scikit-learn digits, FedProx Synthetic(alpha, beta); {_folder_datasets()} from --data-dir).")
     g = p.add_argument_group("algorithm")
     g.add_argument("--algorithm", default=d.algorithm, help=f"one of: {', '.join(ALGORITHMS)} (default %(default)s)")
     for f in algorithm_settings(SimConfig):  # the algorithms' own settings, declared with their fields
@@ -49,8 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--partition", choices=PARTITIONS,
                    help="default: dirichlet (digits, cifar10, cifar100, mnist, fmnist), natural (synthetic, femnist: "
                         "one client per writer; shakespeare: one per (play, role)); classes: one class per client")
-    g.add_argument("--data-dir", help="folder with the cifar10/cifar100/femnist/mnist/fmnist/shakespeare files "
-                   "(layout: docs/data.md)")
+    g.add_argument("--data-dir", help=f"folder with the {_folder_datasets()} files (layout: docs/data.md)")
     g.add_argument("--download", action="store_true",
                    help="cifar10/cifar100: download into --data-dir if missing (needs torchvision: the [data] extra)")
     g.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=d.normalize,
@@ -145,6 +150,26 @@ def parse_client_parallel(text: str) -> Any:
     return value
 
 
+# settings whose option has another name than the field (one run per --seeds value)
+_FLAG_OF_FIELD = {"seed": "--seeds"}
+
+
+def name_flags(message: str, parser: argparse.ArgumentParser) -> str:
+    """A settings error (which names the field, as the Python API does) in the terms of the command
+    line: ``rounds must be ...`` -> ``--rounds must be ...``, ``dataset='cifar10'`` -> ``--dataset
+    'cifar10'``, ``clients (--clients)`` -> ``--clients``. Only a field as the message's subject or
+    as ``field=value`` is renamed: words such as "clients" stay words elsewhere."""
+    flags = {a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+             for a in parser._actions if a.option_strings and a.dest != "help"}
+    flags.update(_FLAG_OF_FIELD)
+    for field, flag in flags.items():
+        name = rf"(?<![\w-]){re.escape(field)}(?![\w-])"
+        message = re.sub(rf"{name} \(({re.escape(flag)}[^)]*)\)", r"\1", message)  # already named: once
+        message = re.sub(rf"{name}=", flag + " ", message)
+        message = re.sub(rf"^{name}(?= )", flag, message)
+    return message
+
+
 def resolve_writer_fraction(args: argparse.Namespace) -> None:
     """``--writer-fraction F``: set ``args.clients`` to round(F x the writers in --data-dir), at least 1."""
     f = args.writer_fraction
@@ -228,10 +253,10 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             out_dir.mkdir(parents=True, exist_ok=True)
             write_json(out_dir / f"metrics_seed{cfg.seed}.json", result)
             write_csv(out_dir / f"metrics_seed{cfg.seed}.csv", result["history"])
-        if not args.quiet:
-            par = f", {sim.batched.size} clients at once" if sim.batched is not None else ""
-            print(f"seed {cfg.seed}: {cfg.rounds} rounds in {result['train_seconds']:.1f} s "
-                  f"(backend {result['backend']}, device {result['device']}{par})", file=sys.stderr)
+        # kept under --quiet, which hides only the progress bar: the time is part of the result
+        par = f", {sim.batched.size} clients at once" if sim.batched is not None else ""
+        print(f"seed {cfg.seed}: {cfg.rounds} rounds in {result['train_seconds']:.1f} s "
+              f"(backend {result['backend']}, device {result['device']}{par})", file=sys.stderr)
     plotted = out_dir is not None and plot_curves(
         out_dir / "curves.png", {f"seed {r['config']['seed']}": r["history"] for r in results},
         title=f"{args.algorithm} on {args.dataset}")
@@ -298,9 +323,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             resolve_backend(configs[0].replace(client_parallel=1, cuda_graph=False), device)
         elif args.validate is not None:
             # "auto": whatever backend=auto would pick here (cuda > triton on GPU, cpu > reference on CPU)
-            args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)
-    except ValueError as exc:  # bad input: name the parameter, exit 2 (like argparse)
-        parser.exit(2, f"fedopt-sim: error: {exc}\n")
+            try:
+                args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)
+            except ValueError as exc:  # the backend --validate names, not --backend
+                raise ValueError(str(exc).replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1))
+    except ValueError as exc:  # bad input: name the option, exit 2 (like argparse)
+        parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
     from .._extras import MissingExtra
 
     try:
