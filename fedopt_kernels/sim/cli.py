@@ -100,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --client-parallel on CUDA: capture the batched local step in a CUDA graph and "
                         "replay it (needs a fused backend)")
     g.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: 1 when clients train one after another, where the models "
-                        "are too small for threads to pay; torch's default with --client-parallel other than 1)")
+                   help="torch CPU threads (default 1, also with --client-parallel: more pay only on cores no "
+                        "other process uses, for large client-parallel rounds; README, \"Client-batched training\")")
     g.add_argument("--out", help="directory for metrics JSON/CSV and curves.png (default sim_runs/<algorithm>-<dataset>, "
                    "or the first free <that>-2, -3, ... when an earlier run's files are there)")
     g.add_argument("--overwrite", action="store_true",
@@ -216,10 +216,10 @@ def _prepare_environment(args: argparse.Namespace) -> None:
 
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"threads must be >= 1, got {args.threads}")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    elif args.client_parallel.strip() == "1":
-        torch.set_num_threads(1)  # one small model at a time: threads cost more than they give
+    # One thread unless --threads asks for more, on both paths and in evaluation: torch's threads
+    # wait for each other at every operator, so another process taking a core made 2-thread
+    # client-parallel runs several times slower than sequential ones (README, "Client-batched training")
+    torch.set_num_threads(1 if args.threads is None else args.threads)
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     for name in ("backend", "validate"):
         if getattr(args, name) == "triton" and on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
