@@ -46,7 +46,8 @@ def _fresh_clone(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def sdist_names(tmp_path_factory):
-    path = _build("sdist", tmp_path_factory.mktemp("sdist"), src=_fresh_clone(tmp_path_factory.mktemp("clone")))
+    clone = _fresh_clone(tmp_path_factory.mktemp("clone"))
+    path = _build("sdist", tmp_path_factory.mktemp("sdist"), src=clone)
     with tarfile.open(path) as tar:
         return {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
 
@@ -54,7 +55,8 @@ def sdist_names(tmp_path_factory):
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory):
     # from the sdist, as pip builds it: libraries built in place in a working tree are not part of it
-    sdist = _build("sdist", tmp_path_factory.mktemp("sdist_for_wheel"), src=_fresh_clone(tmp_path_factory.mktemp("clone")))
+    clone = _fresh_clone(tmp_path_factory.mktemp("clone"))
+    sdist = _build("sdist", tmp_path_factory.mktemp("sdist_for_wheel"), src=clone)
     unpacked = tmp_path_factory.mktemp("unpacked")
     with tarfile.open(sdist) as tar:
         tar.extractall(unpacked)

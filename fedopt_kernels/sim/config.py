@@ -125,7 +125,8 @@ class SimConfig(FLConfig):
             raise ValueError(f"augment (random crop + horizontal flip) only applies to cifar10/cifar100, not "
                              f"dataset={self.dataset!r} (a mirrored handwritten character is another character)")
         finite = all(isinstance(x, (int, float)) and math.isfinite(x) for x in self.split)  # NaN passes < and >
-        if len(self.split) != 3 or not finite or self.split[0] <= 0 or min(self.split) < 0 or abs(sum(self.split) - 1) > 1e-6:
+        if len(self.split) != 3 or not finite or self.split[0] <= 0 or min(self.split) < 0 \
+                or abs(sum(self.split) - 1) > 1e-6:
             raise ValueError(f"split must be (train > 0, val >= 0, test >= 0) summing to 1, got {tuple(self.split)}")
         self.validate_algorithm()
         integer("finetune_steps", self.finetune_steps, 0)
