@@ -11,7 +11,7 @@ import os
 import re
 
 import setuptools
-from setuptools import setup
+from setuptools import find_packages, setup
 
 # pyproject.toml's SPDX `license = "..."` string needs setuptools >= 77 (PEP 639). With
 # --no-build-isolation the installed setuptools is used as is: say so instead of a schema error.
@@ -22,15 +22,14 @@ if _found < _MIN_SETUPTOOLS:
                      f"pip install -U 'setuptools>={_MIN_SETUPTOOLS[0]}' (with --no-build-isolation pip uses the "
                      f"installed setuptools)")
 
-PACKAGES = [
-    "fedopt_kernels",
-    "fedopt_kernels.backends",
-    "fedopt_kernels.flower",
-    "fedopt_kernels.reference",
-    "fedopt_kernels.sim",
-    "fedopt_kernels.triton_kernels",
-    "fedopt_kernels.csrc",
-]
+# Found from the folders, so that a new subpackage ships without a list to keep: every folder of
+# fedopt_kernels/ and triton_kernels/ with an __init__.py (tests/test_newcomer_packaging.py checks
+# that no folder holding Python files is left out), plus csrc/ (sources and build.py, no __init__.py).
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGES = (find_packages(HERE, include=["fedopt_kernels", "fedopt_kernels.*"])
+            + ["fedopt_kernels.triton_kernels"]
+            + [f"fedopt_kernels.triton_kernels.{p}" for p in find_packages(os.path.join(HERE, "triton_kernels"))]
+            + ["fedopt_kernels.csrc"])
 PACKAGE_DIR = {"fedopt_kernels.triton_kernels": "triton_kernels", "fedopt_kernels.csrc": "csrc"}
 # the sources of the on-first-use build; build.py (the source list) is picked up as a module
 PACKAGE_DATA = {"fedopt_kernels.csrc": ["*/*.h", "*/*.cuh", "*/*.cpp", "*/*.cu"]}
@@ -42,7 +41,7 @@ def native_extensions():
     A skipped or failed extension never fails the install: csrc/build.py records why, and
     ``fedopt_kernels.available_backends()`` reports it.
     """
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "build.py")
+    path = os.path.join(HERE, "csrc", "build.py")
     try:
         spec = importlib.util.spec_from_file_location("fedopt_native_build", path)
         mod = importlib.util.module_from_spec(spec)

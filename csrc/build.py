@@ -3,8 +3,11 @@
 Rules (README "Install"):
 
 * ``_C_cpu`` is built when torch and a C++ compiler are present; ``_C_cuda`` when, in addition, nvcc
-  and a CUDA build of torch with the same CUDA major version are present.
+  and a CUDA build of torch with the same CUDA major version are present, and a GPU is visible (or
+  ``TORCH_CUDA_ARCH_LIST`` names the GPUs to build for).
   ``FEDOPT_BUILD_CPU=0/1`` and ``FEDOPT_BUILD_CUDA=0/1`` force either off / on.
+* Object files stay in ``build/native-*`` beside setup.py (``kept_build_temp``), so a reinstall of
+  unchanged sources only links (ninja).
 * GPU code targets ``TORCH_CUDA_ARCH_LIST`` when set, else sm_86 and sm_90 (plus the visible
   GPUs' architectures, and PTX of the newest for GPUs that came later).
 * A skipped or failed extension never fails ``pip install`` nor ``import fedopt_kernels``: the build
@@ -281,6 +284,10 @@ def cuda_extension():
     import torch
     if torch.version.cuda is None and not force:
         return _placeholder(name, f"torch {torch.__version__} is a CPU-only build")
+    if force is None and not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip() and not torch.cuda.is_available():
+        # minutes of nvcc for a backend nothing here can run; a GPU machine builds it on first use
+        return _placeholder(name, "no GPU is visible at build time (FEDOPT_BUILD_CUDA=1, or TORCH_CUDA_ARCH_LIST, "
+                                  "builds it anyway)")
     home = find_cuda_home()
     if home is None:
         return _placeholder(name, "nvcc / the CUDA toolkit was not found at build time (set CUDA_HOME)")
@@ -322,11 +329,33 @@ def _status_name(ext) -> str:
     return ext.name.split(".")[-1] + STATUS_SUFFIX
 
 
+def kept_build_temp(current: str, root: str = ROOT) -> str:
+    """Where the object files of setup.py's build stay between installs: ``build/native-<python>-torch<version>/``
+    beside setup.py (git-ignored), instead of the new temporary folder pip's editable install hands
+    each build. ninja then recompiles only the sources whose text, headers or command line changed,
+    so reinstalling an unchanged checkout only links. ``current`` is kept where that folder cannot
+    be written. ``root``: the folder of setup.py."""
+    import hashlib
+
+    import torch
+    tv = re.sub(r"[^0-9A-Za-z.]+", "_", torch.__version__)
+    # one folder per environment: two venvs' command lines differ (include paths), and sharing one
+    # folder would make each install recompile what the other one built
+    env = hashlib.sha256(f"{sys.prefix}\0{torch.__file__}".encode()).hexdigest()[:8]
+    path = os.path.join(root, "build", f"native-{sys.implementation.cache_tag}-torch{tv}-{env}")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return current
+    return path if os.access(path, os.W_OK) else current
+
+
 def _make_build_ext(base):
     class NativeBuild(base):
         """torch's BuildExtension (ninja, nvcc) that records failures instead of raising them."""
 
         def build_extensions(self) -> None:
+            self.build_temp = kept_build_temp(self.build_temp)
             self._fedopt_failed: Dict[str, str] = {}
             skipped = [e for e in self.extensions if getattr(e, "_fedopt_skip", None)]
             for e in skipped:

@@ -250,6 +250,25 @@ class FedOptimizer(Optimizer):
                                  f"groups); a fused step would update it once where the reference updates it twice")
             seen.add(id(p))
         self._check_no_overlap(list(self._params_flat) + list(params))
+        self._check_backend_runs(params, gi)
+
+    def _check_backend_runs(self, params: List[torch.Tensor], gi: int) -> None:
+        """A backend named explicitly must run these parameters: refused here, where it is named,
+        not at the first ``step()`` (``auto`` picks one that runs)."""
+        if self.backend == "auto":
+            return
+        checked = set()
+        for pi, p in enumerate(params):
+            if p.device in checked:
+                continue
+            checked.add(p.device)
+            why = _registry.unavailable_reason(self.backend, p.device, self._spec.name)
+            if why is not None:
+                # a backend that runs elsewhere: the parameters' device is what to change
+                hint = " (move the model before building the optimizer)" if \
+                    _registry.unavailable_reason(self.backend, None, self._spec.name) is None else ""
+                raise ValueError(f"backend={self.backend!r} cannot run {param_name(gi, pi, p)}, on {p.device}: "
+                                 f"{why}; use backend='auto' or a backend that runs there{hint}")
 
     def _check_no_overlap(self, params: Optional[List[torch.Tensor]] = None) -> None:
         """Refuse parameters that share memory (overlapping views of one storage)."""

@@ -163,13 +163,35 @@ def test_unknown_backend(backend):
 
 def test_unavailable_backend_names_what_is_missing(monkeypatch):
     from fedopt_kernels import _registry
-    monkeypatch.setitem(_registry._LOAD_ERRORS, "cuda", "extension fedopt_kernels._C_cuda was not built")
+    monkeypatch.setitem(_registry._LOAD_ERRORS, "cpu", "extension fedopt_kernels._C_cpu was not built")
+    with pytest.raises(ValueError, match=r"backend='cpu' cannot run parameter 0 .*_C_cpu was not built"):
+        fk.FedDecaySGD([_p(2)], lr=0.1, beta=0.5, backend="cpu")
+    assert "cpu" in fk.available_backends().missing
+
+
+def test_backend_made_unavailable_after_construction_is_refused_at_step(monkeypatch):
+    from fedopt_kernels import _registry
     p = _p(2)
-    opt = fk.FedDecaySGD([p], lr=0.1, beta=0.5, backend="cuda")
+    opt = fk.FedDecaySGD([p], lr=0.1, beta=0.5, backend="reference")
+    monkeypatch.setitem(_registry._LOAD_ERRORS, "reference", "made unavailable by this test")
     p.grad = torch.ones(2)
-    with pytest.raises(RuntimeError, match=r"backend='cuda' is not available.*_C_cuda was not built"):
+    before = p.detach().clone()
+    with pytest.raises(RuntimeError, match=r"backend='reference' is not available.*made unavailable by this test"):
         opt.step()
-    assert "cuda" in fk.available_backends().missing
+    assert torch.equal(p.detach(), before)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["per-client", "client-batched"])
+@pytest.mark.parametrize("algo", list(catalogue.ALGOS))
+def test_backend_that_cannot_run_the_parameters_is_refused_at_construction(algo, batched):
+    # SPEC: a backend that cannot run the parameters is refused where it is named. The cuda backend
+    # runs CUDA tensors only, built or not, so CPU parameters are refused on every machine.
+    cfg = catalogue.config(algo, next(iter(catalogue.ALGOS[algo].options)))
+    params = [_p(2, 3) if batched else _p(3), _p(2, 4) if batched else _p(4)]
+    build = cfg.build_batched if batched else cfg.build
+    with pytest.raises(ValueError, match=r"backend='cuda' cannot run parameter 0 of param group 0 .*, on cpu"):
+        build(params, backend="cuda")
+    assert build(params, backend="reference").resolved_backend() == "reference"  # the same call, a backend that runs
 
 
 def test_prox_mu_set_mid_round():

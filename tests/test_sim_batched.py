@@ -298,13 +298,13 @@ SHORT = ["--clients", "10", "--rounds", "2", "--local-steps", "2", "--clients-pe
 
 
 @pytest.mark.parametrize("args,names", [
-    (["--client-parallel", "0"], "client_parallel"),
-    (["--client-parallel", "-3"], "client_parallel"),
-    (["--client-parallel", "many"], "client_parallel"),
-    (["--client-parallel", "1.5"], "client_parallel"),
+    (["--client-parallel", "0"], "--client-parallel"),
+    (["--client-parallel", "-3"], "--client-parallel"),
+    (["--client-parallel", "many"], "--client-parallel"),
+    (["--client-parallel", "1.5"], "--client-parallel"),
     (["--validate", "sequential"], "--client-parallel"),
-    (["--cuda-graph"], "cuda_graph"),
-    (["--client-parallel", "2", "--cuda-graph", "--device", "cpu"], "cuda_graph"),
+    (["--cuda-graph"], "--cuda-graph"),
+    (["--client-parallel", "2", "--cuda-graph", "--device", "cpu"], "--cuda-graph"),
 ])
 def test_bad_client_parallel_input_exits_2_naming_it(args, names, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -2,6 +2,7 @@
 import argparse
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -117,22 +118,23 @@ def test_files_and_table(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,names", [
-    (["--algorithm", "fedmagic"], "algorithm"),
-    (["--dirichlet-alpha", "0"], "dirichlet_alpha"),
-    (["--alpha", "-1"], "dirichlet_alpha"),
-    (["--clients", "10", "--clients-per-round", "9"], "clients_per_round"),
-    (["--sample-rate", "0"], "sample_rate"),
-    (["--rounds", "0"], "rounds"),
-    (["--lr", "-0.1"], "lr"),
-    (["--algorithm", "fedavg", "--beta", "0.5"], "beta"),
-    (["--algorithm", "feddecay", "--beta", "1.5"], "beta"),
-    (["--algorithm", "fedavg", "--prox-mu", "0.1"], "prox_mu"),
+    (["--algorithm", "fedmagic"], "--algorithm"),
+    (["--dirichlet-alpha", "0"], "--dirichlet-alpha"),
+    (["--alpha", "-1"], "--dirichlet-alpha"),
+    (["--clients", "10", "--clients-per-round", "9"], "--clients-per-round"),
+    (["--sample-rate", "0"], "--sample-rate"),
+    (["--rounds", "0"], "--rounds"),
+    (["--lr", "-0.1"], "--lr"),
+    (["--algorithm", "fedavg", "--beta", "0.5"], "--beta"),
+    (["--algorithm", "feddecay", "--beta", "1.5"], "--beta"),
+    (["--algorithm", "fedavg", "--prox-mu", "0.1"], "--prox-mu"),
     (["--dataset", "synthetic"], "cnn"),
-    (["--clients", "5000"], "clients"),
-    (["--backend", "nope"], "backend"),
-    (["--validate", "nope"], "nope"),
-    (["--seeds", "1", "1"], "seeds"),
-    (["--split", "0", "0.5", "0.5"], "split"),
+    (["--clients", "5000"], "--clients"),
+    (["--backend", "nope"], "--backend"),
+    (["--validate", "nope"], "--validate 'nope'"),
+    (["--seeds", "1", "1"], "--seeds"),
+    (["--split", "0", "0.5", "0.5"], "--split"),
+    (["--dataset", "mnist"], "--data-dir"),
 ])
 def test_bad_input_names_the_parameter(args, names, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -142,10 +144,62 @@ def test_bad_input_names_the_parameter(args, names, capsys):
     assert names in err, err
 
 
-@pytest.mark.parametrize("extra, want", [([], 1), (["--client-parallel", "2"], 3), (["--threads", "2"], 2)])
-def test_threads_default_depends_on_client_parallel(extra, want):
-    """One thread when clients train one after another (tiny models); torch's thread count is left
-    alone for client-parallel rounds (one larger computation, where threads pay); --threads wins."""
+def test_an_error_names_the_option_as_typed():
+    with pytest.raises(SystemExit):
+        cli.main(SHORT + ["--rounds=-1"])
+    # the settings name the field (the Python API's word); the command line names its option
+    assert cli.name_flags("rounds must be an integer >= 1, got -1", cli.build_parser()) == \
+        "--rounds must be an integer >= 1, got -1"
+
+
+def _numeric_options():
+    for action in cli.build_parser()._actions:
+        if action.option_strings and action.type in (int, float):
+            yield pytest.param(action, id=action.option_strings[-1])
+
+
+@pytest.mark.parametrize("action", _numeric_options())
+def test_every_numeric_option_out_of_range_is_named_by_its_flag(action, capsys):
+    """-5 for every integer option, NaN for every real one: each is refused (exit 2) with its flag,
+    and the field name behind it (``clients_per_round``) does not appear on its own."""
+    value = "-5" if action.type is int else "nan"
+    given = [f"{action.option_strings[-1]}={value}"] if action.nargs in (None, "+") else \
+        [action.option_strings[-1]] + [value] * action.nargs
+    with pytest.raises(SystemExit) as exc:
+        cli.main(SHORT + given)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedopt-sim: error: ") and len(err.splitlines()) == 1, err
+    flag = next(o for o in action.option_strings if o.startswith("--"))
+    assert flag in err, err
+    assert not re.search(rf"(?<![\w-]){action.dest}(?![\w-])", err.replace(flag, "")), err
+
+
+def test_help_lists_every_data_set_read_from_data_dir(capsys):
+    from fedopt_kernels.sim.config import FOLDER_DATASETS
+
+    parser = cli.build_parser()
+    data_dir = next(a for a in parser._actions if "--data-dir" in a.option_strings)
+    for text in (parser.description, data_dir.help):
+        named = set(re.findall(r"[\w-]+", text))
+        assert set(FOLDER_DATASETS) <= named, (sorted(set(FOLDER_DATASETS) - named), text)
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert " ".join(parser.description.split()) in shown
+
+
+def test_quiet_hides_the_bar_not_the_timing_line(capsys):
+    assert cli.main(SHORT + ["--algorithm", "fedavg", "--backend", "reference"]) == 0  # SHORT has --quiet
+    err = capsys.readouterr().err
+    assert re.search(r"^seed 0: 2 rounds in \d+\.\d s \(backend reference, device cpu\)$", err, re.M), err
+
+
+@pytest.mark.parametrize("extra, want", [([], 1), (["--client-parallel", "2"], 1), (["--threads", "2"], 2),
+                                         (["--client-parallel", "2", "--threads", "2"], 2)])
+def test_threads_default_is_one_on_both_paths(extra, want):
+    """One thread whether clients train one after another or at once: with torch's default, a
+    client-parallel run slowed down several times over once another process took a core; --threads wins."""
     torch.set_num_threads(3)  # stands for torch's default; the module fixture restores the thread count
     assert cli.main(SHORT + ["--algorithm", "fedavg"] + extra) == 0
     assert torch.get_num_threads() == want

@@ -141,9 +141,9 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
         SimConfig(dataset="femnist", data_dir=root, download=True).validate()
     with pytest.raises(ValueError, match="a mirrored handwritten character"):
         SimConfig(dataset="femnist", data_dir=root, augment=True).validate()
-    for argv, msg in [(["--clients", "9"], "clients=9 is more than the 8 FEMNIST writers"),
+    for argv, msg in [(["--clients", "9"], "--clients 9 is more than the 8 FEMNIST writers"),
                       (["--clients", "4", "--writer-fraction", "0.5"], "not both"),
-                      (["--writer-fraction", "1.5"], "writer_fraction must be in (0, 1]")]:
+                      (["--writer-fraction", "1.5"], "--writer-fraction must be in (0, 1]")]:
         with pytest.raises(SystemExit) as exc:
             cli.main(["--dataset", "femnist", "--data-dir", root, "--quiet", "--no-files"] + argv)
         err = capsys.readouterr().err

@@ -67,12 +67,12 @@ def test_missing_and_damaged_files(tmp_path):
 def test_cli_errors_exit_2_with_one_line(tmp_path, capsys):
     write_idx(tmp_path, train=20, test=10)
     (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x01\x00\x08\x03")
-    for argv, msg in [(["--dataset", "mnist"], "read from a local folder: set data_dir"),
+    for argv, msg in [(["--dataset", "mnist"], "read from a local folder: set --data-dir"),
                       (["--dataset", "fmnist", "--data-dir", str(tmp_path)], "is not an IDX file"),
                       (["--dataset", "mnist", "--data-dir", str(tmp_path), "--partition", "natural"],
-                       "partition='natural' only applies"),
+                       "--partition 'natural' only applies"),
                       (["--dataset", "mnist", "--data-dir", str(tmp_path), "--model", "char-gru"],
-                       "does not fit dataset='mnist'")]:
+                       "does not fit --dataset 'mnist'")]:
         with pytest.raises(SystemExit) as exc:
             cli.main(argv + ["--quiet", "--no-files"])
         err = capsys.readouterr().err

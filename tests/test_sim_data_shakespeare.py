@@ -129,9 +129,9 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
         SimConfig(dataset="shakespeare", data_dir=root).validate()
     with pytest.raises(ValueError, match="hidden only applies to"):
         SimConfig(model="cnn", hidden=8).validate()
-    for argv, msg in [(["--clients", "4"], "clients=4 is more than the 3 Shakespeare users"),
+    for argv, msg in [(["--clients", "4"], "--clients 4 is more than the 3 Shakespeare users"),
                       (["--data-dir", str(tmp_path)], "the Shakespeare folder train/ was not found"),
-                      (["--client-parallel", "2", "--model", "char-lstm"], "cannot train model='char-lstm'")]:
+                      (["--client-parallel", "2", "--model", "char-lstm"], "cannot train --model 'char-lstm'")]:
         with pytest.raises(SystemExit) as exc:
             cli.main(["--dataset", "shakespeare", "--data-dir", root, "--model", "char-gru", "--quiet",
                       "--no-files"] + argv)

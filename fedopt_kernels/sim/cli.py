@@ -12,18 +12,19 @@ Examples::
     fedopt-sim --dataset femnist --data-dir leaf/data/femnist/data --writer-fraction 0.1 --model fedavg-cnn
 
 Exit status: 0 on success, 1 when ``--validate`` finds a divergence past its tolerance, 2 on bad
-input (the message names the parameter), 3 when an optional dependency is missing (the message
+input (the message names the option), 3 when an optional dependency is missing (the message
 names the pip extra that installs it).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..fl_config import algorithm_settings
-from .config import ALGORITHMS, DATASETS, DEVICES, PARTITIONS, SimConfig
+from .config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
 from .help_format import DefaultsHelpFormatter
 from .models import MODELS
 from .run_folder import choose_out_dir, clear_earlier_run
@@ -36,12 +37,17 @@ SEQUENTIAL = "sequential"  # --validate sequential: the client-parallel run agai
 CHECKPOINT_EVERY = 5
 
 
+def _folder_datasets() -> str:
+    """The data sets read from --data-dir, for --help: "a, b and c"."""
+    return ", ".join(FOLDER_DATASETS[:-1]) + " and " + FOLDER_DATASETS[-1]
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(
         prog="fedopt-sim", formatter_class=DefaultsHelpFormatter,
-        description="Federated learning simulator on the fedopt_kernels optimizers (offline data: "
-                    "scikit-learn digits, FedProx Synthetic(alpha, beta); CIFAR-10/100 and FEMNIST from --data-dir).")
+        description=f"Federated learning simulator on the fedopt_kernels optimizers (offline data: "
+                    f"scikit-learn digits, FedProx Synthetic(alpha, beta); {_folder_datasets()} from --data-dir).")
     g = p.add_argument_group("algorithm")
     g.add_argument("--algorithm", default=d.algorithm, help=f"one of: {', '.join(ALGORITHMS)} (default %(default)s)")
     for f in algorithm_settings(SimConfig):  # the algorithms' own settings, declared with their fields
@@ -53,8 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--partition", choices=PARTITIONS,
                    help="default: dirichlet (digits, cifar10, cifar100, mnist, fmnist), natural (synthetic, femnist: "
                         "one client per writer; shakespeare: one per (play, role)); classes: one class per client")
-    g.add_argument("--data-dir", help="folder with the cifar10/cifar100/femnist/mnist/fmnist/shakespeare files "
-                   "(layout: docs/data.md)")
+    g.add_argument("--data-dir", help=f"folder with the {_folder_datasets()} files (layout: docs/data.md)")
     g.add_argument("--download", action="store_true",
                    help="cifar10/cifar100: download into --data-dir if missing (needs torchvision: the [data] extra)")
     g.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=d.normalize,
@@ -99,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --client-parallel on CUDA: capture the batched local step in a CUDA graph and "
                         "replay it (needs a fused backend)")
     g.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: 1 when clients train one after another, where the models "
-                        "are too small for threads to pay; torch's default with --client-parallel other than 1)")
+                   help="torch CPU threads (default 1, also with --client-parallel: more pay only on cores no "
+                        "other process uses, for large client-parallel rounds; README, \"Client-batched training\")")
     g.add_argument("--out", help="directory for metrics JSON/CSV and curves.png (default sim_runs/<algorithm>-<dataset>, "
                    "or the first free <that>-2, -3, ... when an earlier run's files are there)")
     g.add_argument("--overwrite", action="store_true",
@@ -160,6 +165,26 @@ def parse_client_parallel(text: str) -> Any:
     return value
 
 
+# settings whose option has another name than the field (one run per --seeds value)
+_FLAG_OF_FIELD = {"seed": "--seeds"}
+
+
+def name_flags(message: str, parser: argparse.ArgumentParser) -> str:
+    """A settings error (which names the field, as the Python API does) in the terms of the command
+    line: ``rounds must be ...`` -> ``--rounds must be ...``, ``dataset='cifar10'`` -> ``--dataset
+    'cifar10'``, ``clients (--clients)`` -> ``--clients``. Only a field as the message's subject or
+    as ``field=value`` is renamed: words such as "clients" stay words elsewhere."""
+    flags = {a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+             for a in parser._actions if a.option_strings and a.dest != "help"}
+    flags.update(_FLAG_OF_FIELD)
+    for field, flag in flags.items():
+        name = rf"(?<![\w-]){re.escape(field)}(?![\w-])"
+        message = re.sub(rf"{name} \(({re.escape(flag)}[^)]*)\)", r"\1", message)  # already named: once
+        message = re.sub(rf"{name}=", flag + " ", message)
+        message = re.sub(rf"^{name}(?= )", flag, message)
+    return message
+
+
 def resolve_writer_fraction(args: argparse.Namespace) -> None:
     """``--writer-fraction F``: set ``args.clients`` to round(F x the writers in --data-dir), at least 1."""
     f = args.writer_fraction
@@ -206,10 +231,10 @@ def _prepare_environment(args: argparse.Namespace) -> None:
 
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"threads must be >= 1, got {args.threads}")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    elif args.client_parallel.strip() == "1":
-        torch.set_num_threads(1)  # one small model at a time: threads cost more than they give
+    # One thread unless --threads asks for more, on both paths and in evaluation: torch's threads
+    # wait for each other at every operator, so another process taking a core made 2-thread
+    # client-parallel runs several times slower than sequential ones (README, "Client-batched training")
+    torch.set_num_threads(1 if args.threads is None else args.threads)
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     for name in ("backend", "validate"):
         if getattr(args, name) == "triton" and on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
@@ -251,10 +276,10 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             out_dir.mkdir(parents=True, exist_ok=True)
             write_json(out_dir / f"metrics_seed{cfg.seed}.json", result)
             write_csv(out_dir / f"metrics_seed{cfg.seed}.csv", result["history"])
-        if not args.quiet:
-            par = f", {sim.batched.size} clients at once" if sim.batched is not None else ""
-            print(f"seed {cfg.seed}: {cfg.rounds} rounds in {result['train_seconds']:.1f} s "
-                  f"(backend {result['backend']}, device {result['device']}{par})", file=sys.stderr)
+        # kept under --quiet, which hides only the progress bar: the time is part of the result
+        par = f", {sim.batched.size} clients at once" if sim.batched is not None else ""
+        print(f"seed {cfg.seed}: {cfg.rounds} rounds in {result['train_seconds']:.1f} s "
+              f"(backend {result['backend']}, device {result['device']}{par})", file=sys.stderr)
     plotted = out_dir is not None and plot_curves(
         out_dir / "curves.png", {f"seed {r['config']['seed']}": r["history"] for r in results},
         title=f"{args.algorithm} on {args.dataset}")
@@ -339,9 +364,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             resolve_backend(configs[0].replace(client_parallel=1, cuda_graph=False), device)
         elif args.validate is not None:
             # "auto": whatever backend=auto would pick here (cuda > triton on GPU, cpu > reference on CPU)
-            args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)
-    except ValueError as exc:  # bad input: name the parameter, exit 2 (like argparse)
-        parser.exit(2, f"fedopt-sim: error: {exc}\n")
+            try:
+                args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)
+            except ValueError as exc:  # the backend --validate names, not --backend
+                raise ValueError(str(exc).replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1))
+    except ValueError as exc:  # bad input: name the option, exit 2 (like argparse)
+        parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
     from .._extras import MissingExtra
     from ..checkpoint import CheckpointError
 

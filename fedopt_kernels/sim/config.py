@@ -3,6 +3,7 @@ checks that name a bad parameter."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -123,7 +124,9 @@ class SimConfig(FLConfig):
         if self.augment and self.dataset not in ("cifar10", "cifar100"):
             raise ValueError(f"augment (random crop + horizontal flip) only applies to cifar10/cifar100, not "
                              f"dataset={self.dataset!r} (a mirrored handwritten character is another character)")
-        if len(self.split) != 3 or self.split[0] <= 0 or min(self.split) < 0 or abs(sum(self.split) - 1) > 1e-6:
+        finite = all(isinstance(x, (int, float)) and math.isfinite(x) for x in self.split)  # NaN passes < and >
+        if len(self.split) != 3 or not finite or self.split[0] <= 0 or min(self.split) < 0 \
+                or abs(sum(self.split) - 1) > 1e-6:
             raise ValueError(f"split must be (train > 0, val >= 0, test >= 0) summing to 1, got {tuple(self.split)}")
         self.validate_algorithm()
         integer("finetune_steps", self.finetune_steps, 0)
