@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fedopt_kernels.sim import SimConfig, Simulation
+from fedopt_kernels.sim.config import ALGORITHMS
 from fedopt_kernels.sim.clients import ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.resnet_gn import ResNet18GN
@@ -44,8 +45,16 @@ def _tiny_cifar(clients: int) -> FederatedData:
     return FederatedData(users, [], (3, 32, 32), 10)
 
 
+def _keeping_variant() -> str:
+    """The first registered variant whose server rule has each client keep a tensor list (SCAFFOLD's
+    control, say): the checkpoint that grows with the number of clients."""
+    from fedopt_kernels.aggregation import RULES
+
+    return next(name for name, v in ALGORITHMS.items() if RULES[v.server].keeps)
+
+
 def state_row(model: str, clients: int, repeats: int, folder: Path) -> Dict[str, Any]:
-    cfg = SimConfig(algorithm="scaffold", clients=clients, holdout_fraction=0.0, rounds=1, local_steps=1,
+    cfg = SimConfig(algorithm=_keeping_variant(), clients=clients, holdout_fraction=0.0, rounds=1, local_steps=1,
                     clients_per_round=1, device="cpu", backend="auto",
                     model="cnn" if model == "small_cnn" else "mlp")
     kw = {} if model == "small_cnn" else dict(data=_tiny_cifar(clients), model_fn=lambda: ResNet18GN(3, 10))
@@ -74,6 +83,9 @@ def default_run_row(rounds: int, folder: Path) -> Dict[str, Any]:
         torch.set_num_threads(threads)
     rounds_s = [r["seconds"] for r in sim.history[1:]]  # round 1 includes one-time setup (imports, kernels)
     ckpt_s = [s["seconds"] for s in sim.checkpoint_stats[1:]]
+    if not ckpt_s:
+        raise SystemExit(f"--rounds {rounds} leaves no checkpoint after the first one to time; run at least "
+                         f"twice the checkpoint interval")
     return {"row": "default run", "parameters": sum(p.numel() for p in sim.global_params),
             "clients": sim.cfg.num_train_clients, "bytes": sim.checkpoint_stats[-1]["bytes"],
             "round_s": statistics.mean(rounds_s), "save_s": statistics.mean(ckpt_s),

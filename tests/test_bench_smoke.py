@@ -90,3 +90,11 @@ def test_smoke_run_writes_valid_files(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
     latest = (tmp_path / "LATEST.md").read_text()
     assert jsons[0].name in latest and jsons[0].with_suffix(".md").name in latest
+
+
+def test_checkpoint_benchmark_runs(capsys):
+    """``python -m bench checkpoints`` at its smallest: a row per model, the default run's share."""
+    from bench.checkpoints import main as checkpoints_main
+    assert checkpoints_main(["--clients", "3", "--repeats", "1", "--rounds", "11", "--models", "small_cnn"]) == 0
+    out = capsys.readouterr().out
+    assert "small_cnn" in out, out

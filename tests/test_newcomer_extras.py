@@ -56,7 +56,8 @@ def test_sim_without_sklearn_names_the_extra(monkeypatch, capsys):
 def test_sim_without_matplotlib_writes_everything_but_the_png(monkeypatch, tmp_path, capsys):
     _hide(monkeypatch, "matplotlib")
     assert cli.main(SHORT + ["--quiet", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics_seed0.csv", "metrics_seed0.json"]
+    # checkpoints/: the run's resumable state (docs/checkpoints.md)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "metrics_seed0.csv", "metrics_seed0.json"]
     assert "matplotlib is not installed" in capsys.readouterr().out
 
 
