@@ -356,9 +356,13 @@ def _strict_index(monkeypatch) -> None:
     if patch is None:
         pytest.skip("this Triton's interpreter patches its tensors elsewhere: nothing to make strict")
 
-    def strict(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: operator.index(self.handle.data))
+    def strict(tensor, *scope):  # Triton >= 3.6 passes a scope that undoes the patch after the launch
+        patch(tensor, *scope)
+        index = lambda self: operator.index(self.handle.data)  # noqa: E731
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:
+            monkeypatch.setattr(tensor, "__index__", index)
 
     monkeypatch.setattr(interp, "_patch_lang_tensor", strict)
 
