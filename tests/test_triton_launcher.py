@@ -344,6 +344,44 @@ def test_batched_fresh_bit_follows_the_round():
     _assert_close(out[1], out[0], torch.float32)
 
 
+# ---------------------------------------------------------------- the interpreter's scalars
+def _strict_index(monkeypatch) -> None:
+    """Interpreted tensors convert to an index only when 0-d, as under Triton 3.6's interpreter with
+    NumPy >= 2.4 (its ``int()`` of the one-element 1-d arrays that stand for scalars raises there),
+    whichever Triton and NumPy run here."""
+    import operator
+
+    import triton.runtime.interpreter as interp
+    patch = getattr(interp, "_patch_lang_tensor", None)
+    if patch is None:
+        pytest.skip("this Triton's interpreter patches its tensors elsewhere: nothing to make strict")
+
+    def strict(tensor, *scope):  # Triton >= 3.6 passes a scope that undoes the patch after the launch
+        patch(tensor, *scope)
+        index = lambda self: operator.index(self.handle.data)  # noqa: E731
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:
+            monkeypatch.setattr(tensor, "__index__", index)
+
+    monkeypatch.setattr(interp, "_patch_lang_tensor", strict)
+
+
+@interpreter_only
+@pytest.mark.parametrize("tile", [(1, 64), (2, 64)], ids=["rows1", "rows2"])
+@pytest.mark.parametrize("op", ["fednar", "padamfed"])
+def test_loop_bounds_need_no_lenient_scalar_conversion(op, tile, monkeypatch):
+    """Every loop of the norm kernels (per-client norm programs over several tiles, the batched
+    finalize over launches, slots and hp rows, the slot sums) with runtime bounds."""
+    _strict_index(monkeypatch)
+    monkeypatch.setattr(launcher, "FORCE_TILE", tile)
+    monkeypatch.setattr(launcher, "MAX_NORM_PROGRAMS", 3)
+    params = _params([(64,), (65,), (1,), (5, 13), (130,)])
+    _assert_close(_run(BUILDERS[op], params, "triton"), _run(BUILDERS[op], params, "reference"), torch.float32)
+    args = _batched_args(op, BATCHED_SHAPES, 3)
+    _assert_close(_run_batched(op, args, "triton"), _run_batched(op, args, "reference"), torch.float32)
+
+
 # ---------------------------------------------------------------- speed of the interpreter path
 @interpreter_only
 def test_step_over_250_small_tensors_is_fast_under_the_interpreter():

@@ -10,7 +10,11 @@ Things the interpreter does differently, and how the kernels cope:
   compiled argument): every hyperparameter is only ever combined with float32 tensors (or, for
   ``lr * s(j)``, with the float64 schedule value), where both modes promote the same way;
 * each program runs as Python over numpy lanes: few, wide programs (``launcher.pick_tile``);
-* 32-bit integer ops are overflow-checked (slow): wide integer math stays 64-bit there.
+* 32-bit integer ops are overflow-checked (slow): wide integer math stays 64-bit there;
+* a runtime scalar (an argument, ``program_id``) is a one-element 1-d numpy array, which ``range``
+  turns into an int through the interpreter's ``__index__``; Triton 3.6's (what torch 2.10 and 2.11
+  install) calls ``int()`` on the array, which NumPy >= 2.4 refuses for arrays that are not 0-d:
+  every ``range`` bound that is not a constexpr goes through ``loop_bound``.
 """
 from __future__ import annotations
 
@@ -20,6 +24,22 @@ import triton
 def interpreted() -> bool:
     """True when Triton kernels decorated now run in the interpreter (TRITON_INTERPRET=1)."""
     return bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _same(x):
+    return x
+
+
+def _interpreted_bound(x):
+    """The Python int of an interpreted scalar (constexprs and ints pass through)."""
+    data = getattr(getattr(x, "handle", None), "data", None)
+    return x if data is None else int(data.item())
+
+
+# ``x`` as a ``range`` bound: compiled, the value itself (inlined, nothing emitted); interpreted, its
+# Python int, whatever the interpreter's own conversion accepts. Fixed at import, like the kernels.
+loop_bound = _interpreted_bound if interpreted() else _same
 
 
 def device_fn(fn):

@@ -9,14 +9,14 @@ norm is bitwise reproducible and never leaves the device.
 import triton
 import triton.language as tl
 
-from .jit_mode import device_fn
+from .jit_mode import device_fn, loop_bound
 
 
 @device_fn
 def add_slots(acc, partials_ptr, lo, hi, SLOT_BLOCK: tl.constexpr):
     """``acc`` (float64 [SLOT_BLOCK]) plus ``partials[lo:hi]``, lane ``i`` taking slots ``lo + i``,
     ``lo + i + SLOT_BLOCK``, ...: a fixed order."""
-    for s0 in range(lo, hi, SLOT_BLOCK):
+    for s0 in range(loop_bound(lo), loop_bound(hi), SLOT_BLOCK):
         idx = s0 + tl.arange(0, SLOT_BLOCK)
         acc += tl.load(partials_ptr + idx, mask=idx < hi, other=0.0)
     return acc

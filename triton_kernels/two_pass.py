@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from . import fednar, padamfed
-from .jit_mode import device_fn, interpreted
+from .jit_mode import device_fn, interpreted, loop_bound
 from .launcher import SLOT_BLOCK, Launch, Plan, launch_options
 from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of, tile_rows
@@ -120,7 +120,8 @@ def norm_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, slot_base, hp_ptr,
         if ROWS == 1:
             acc = tl.zeros([BLOCK], dtype=tl.float64)
             if live:
-                for c in range(pid, n_tiles, n_prog):  # fixed order: tiles pid, pid + P, ...
+                # fixed order: tiles pid, pid + P, ...
+                for c in range(loop_bound(pid), loop_bound(n_tiles), loop_bound(n_prog)):
                     t, start, n = chunk_of(chunks_ptr, meta_ptr, c, NR, BLOCK)
                     col = tl.arange(0, BLOCK)
                     if start + BLOCK <= n:
@@ -133,7 +134,7 @@ def norm_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, slot_base, hp_ptr,
         else:
             acc2 = tl.zeros([ROWS, BLOCK], dtype=tl.float64)
             if live:
-                for tile in range(pid, n_tiles, n_prog):
+                for tile in range(loop_bound(pid), loop_bound(n_tiles), loop_bound(n_prog)):
                     t, start, col, mask = tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR, ROWS, BLOCK)
                     acc2 += _elem(OP, meta_ptr, t, start, col, mask, r, inv, 0.0, 0, NR, DT0, DT1, DT2, DT3, DT4,
                                   P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
@@ -204,15 +205,15 @@ def finalize_kernel(partials_ptr, seg_ptr, n_launches, n_clients, factors_ptr, h
     if live_step(found_ptr, SKIPPABLE):
         lane = tl.arange(0, SLOT_BLOCK)[None, :]
         acc = tl.zeros([CLIENTS, SLOT_BLOCK], dtype=tl.float64)
-        for lau in range(n_launches):
+        for lau in range(loop_bound(n_launches)):
             base = seg_ptr + lau * (n_clients + 1) + c
             lo = tl.load(base, mask=todo, other=0)
             hi = tl.load(base + 1, mask=todo, other=0)
-            for s0 in range(0, tl.max(hi - lo, axis=0), SLOT_BLOCK):
+            for s0 in range(0, loop_bound(tl.max(hi - lo, axis=0)), SLOT_BLOCK):
                 idx = (lo + s0)[:, None] + lane
                 acc += tl.load(partials_ptr + idx, mask=idx < hi[:, None], other=0.0)
         norm = tl.sqrt(tl.sum(acc, axis=1))  # float64 sqrt: IEEE-rounded, inf/NaN propagate
-        for b in range(n_rows):
+        for b in range(loop_bound(n_rows)):
             hp_row = b * n_clients + c
             tl.store(factors_ptr + hp_row, _factor(OP, norm, hp_ptr + hp_row * HPN), mask=todo)
         tl.store(k_ptr + c, tl.load(k_ptr + c, mask=todo, other=0) + 1, mask=todo)
