@@ -23,16 +23,15 @@ flwr = pytest.importorskip("flwr", reason="Flower is not installed: pip install 
 import torch  # noqa: E402
 from flwr.app import Array, ConfigRecord, MessageType  # noqa: E402
 
-from fedopt_kernels.aggregation import RULES  # noqa: E402
-from fedopt_kernels.algorithm import VARIANTS  # noqa: E402
+from fedopt_kernels.fl.server_rules import RULES  # noqa: E402
+from fedopt_kernels.fl.algorithm import VARIANTS  # noqa: E402
 from fedopt_kernels.flower import FedDecay, FedNAR, FedNLR, PAdaMFed, Scaffold, strategy_for  # noqa: E402
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.records import from_record, to_record  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
 from fedopt_kernels.flower.simdata import simulation_for  # noqa: E402
-from fedopt_kernels.server_rules import (padamfed_init, padamfed_step, scaffold_control_step,  # noqa: E402
-                                         weighted_average_step)
+from fedopt_kernels.fl.server_rules import padamfed_init, padamfed_step, scaffold_control_step, weighted_average_step  # noqa: E402
 from fedopt_kernels.sim import Simulation  # noqa: E402
 from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence  # noqa: E402
 

@@ -16,7 +16,7 @@ Design (the same for every op):
   the numpy lanes, so the same table works for CPU tensors (only tensors passed as *arguments*
   are copied to the host by the interpreter; the table itself is one of them, the data is not).
   CUDA tensors under the interpreter would be dereferenced on the host, so the backend refuses
-  that combination (see ``fedopt_kernels/backends/triton.py``).
+  that combination (see ``fedopt_kernels/core/backends/triton.py``).
 * **Two tile shapes.** Compiled (GPU): ``ROWS == 1``: a program is one chunk, the pointer is
   marked 16-byte aligned (``tl.multiple_of``), and full chunks take an unmasked branch, so
   float32 loads/stores are 128-bit (``ld.global.v4``). Interpreted: the interpreter pays ~0.1 ms
@@ -63,8 +63,8 @@ from .jit_mode import interpreted
 
 
 def spec_roles(op: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """(role short names, written role short names) of ``op``, from its one declaration (``_ops.py``)."""
-    from fedopt_kernels._ops import OPS
+    """(role short names, written role short names) of ``op``, from its one declaration (``core/ops.py``)."""
+    from fedopt_kernels.core.ops import OPS
 
     spec = OPS[op]
     return tuple(r.short for r in spec.roles), tuple(r.short for r in spec.roles if r.written)
@@ -81,7 +81,7 @@ def spec_slots(op: str, *shorts: str) -> Tuple[tl.constexpr, ...]:
 
 def spec_columns(op: str, *names: str) -> Tuple[tl.constexpr, ...]:
     """The hp columns of ``op``'s hyperparameters ``names``, as kernel constants; then the column count."""
-    from fedopt_kernels._ops import OPS
+    from fedopt_kernels.core.ops import OPS
 
     spec = OPS[op]
     return tuple(tl.constexpr(spec.hp_index(n)) for n in names) + (tl.constexpr(len(spec.hps)),)

@@ -4,8 +4,8 @@ Strategies (server side, ``flwr.serverapp.strategy.Strategy`` subclasses):
 ``FedDecay``, ``FedNLR``, ``FedNAR`` (backbone fedavg / fedprox / scaffold), ``Scaffold``,
 ``PAdaMFed`` (and ``variance_reduction=True``), or ``strategy_for(FLConfig(...))`` for any
 ``fedopt-sim`` algorithm (a simulator ``SimConfig`` works too). Their server rules are
-``fedopt_kernels.aggregation``'s, shared with the simulator. Client side: ``train_round`` / ``padamfed_init_round`` / ``evaluate_round`` run a
-round with this package's optimizers from a received message. ``apps`` holds a ready
+``fedopt_kernels.fl.server_rules``'s, shared with the simulator. Client side: ``train_round`` /
+``padamfed_init_round`` / ``evaluate_round`` run a round with this package's optimizers from a received message. ``apps`` holds a ready
 ServerApp/ClientApp pair on the simulator's data sets (see ``examples/flower-digits``).
 """
 try:
@@ -16,7 +16,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'fedopt_kernels.flower needs Flower (flwr >= 1.42, its Message API; Python >= 3.11); install it with: '
         'pip install "fedopt_kernels[flower]"') from exc
 
-from ..fl_config import FLConfig
+from ..fl.config import FLConfig
 from .averaging import AveragingStrategy, FedDecay, FedNAR, FedNLR, Scaffold
 from .base import ClientResult, FedOptStrategy, Rejection
 from .client import evaluate_round, padamfed_init_round, train_round

@@ -26,7 +26,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from ..checkpoint import atomic_file
+from ..fl.checkpoint import atomic_file
 from ..sim.config import SimConfig
 from ..sim.simulation import Simulation
 from ..sim.evaluate import pooled_metrics

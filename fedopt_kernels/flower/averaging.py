@@ -1,6 +1,6 @@
 """Strategies whose server averages model deltas: FedDecay, FedNLR, FedNAR (on FedAvg, FedProx, SCAFFOLD), SCAFFOLD.
 
-The server step is the run's server rule (``fedopt_kernels.aggregation``): with SCAFFOLD (and
+The server step is the run's server rule (``fedopt_kernels.fl.server_rules``): with SCAFFOLD (and
 FedNAR-SCAFFOLD) the server also keeps the control variate ``c``, sends it with every round and
 updates it; each client keeps its own ``c_i`` (``client.train_round``).
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..aggregation import ServerRule
-from ..fl_config import FLConfig
+from ..fl.server_rules import ServerRule
+from ..fl.config import FLConfig
 from .base import FedOptStrategy
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..aggregation import ServerRule
-from ..fl_config import FLConfig
+from ..fl.server_rules import ServerRule
+from ..fl.config import FLConfig
 from .base import INIT_MESSAGE_TYPE, FedOptStrategy, check_count
 
 __all__ = ["INIT_MESSAGE_TYPE", "PAdaMFedStrategy", "PAdaMFed"]
@@ -27,7 +27,7 @@ class PAdaMFedStrategy(FedOptStrategy):
 
     Built from an ``FLConfig`` (algorithm "padamfed" or "padamfed-vr"); ``PAdaMFed`` is the
     keyword constructor with the theory step sizes as defaults. The initial round, the server
-    tensors and their update are the rule's (``fedopt_kernels.aggregation``), as in the simulator.
+    tensors and their update are the rule's (``fedopt_kernels.fl.server_rules``), as in the simulator.
     """
 
     @classmethod
