@@ -180,3 +180,44 @@ def test_backends_never_import_the_registry():
                                                                            "fedopt_kernels.core.reference"))
                  for t in ts if t == "fedopt_kernels.core.registry")
     assert not bad, "backends importing the registry:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------ the optimizer's hooks
+def _documented_hooks() -> Set[str]:
+    text = (ROOT / "docs" / "dispatch.md").read_text()
+    section = text[text.index("## Extending FedOptimizer"):text.index("## torch.compile")]
+    return set(re.findall(r"^\| `(_[a-z0-9_]+)", section, re.M))
+
+
+def _overridden_hooks() -> Dict[str, Set[str]]:
+    """Base members (``_x``) each optimizer class and the client-batched mixin define again."""
+    import fedopt_kernels  # noqa: F401  (registers every algorithm)
+    from fedopt_kernels.batched._client_batched import ClientBatched
+    from fedopt_kernels.core.optimizer import FedOptimizer
+    from fedopt_kernels.fl import algorithm
+
+    classes = {ClientBatched} | {c for a in algorithm.ALGORITHMS.values() for c in (a.optimizer, a.batched)}
+    classes |= {base for c in list(classes) for base in c.__mro__ if issubclass(base, FedOptimizer)}
+    out: Dict[str, Set[str]] = {}
+    for cls in classes - {FedOptimizer}:
+        names = {n for n in vars(cls) if n.startswith("_") and not n.startswith("__")
+                 and (hasattr(FedOptimizer, n) or n in FedOptimizer.__annotations__)}
+        if names:
+            out[cls.__qualname__] = names
+    return out
+
+
+def test_every_overridden_optimizer_hook_is_documented():
+    documented = _documented_hooks()
+    missing = sorted(f"{cls}.{n}" for cls, names in _overridden_hooks().items() for n in names - documented)
+    assert not missing, "hooks overridden but missing from docs/dispatch.md's hook table:\n" + "\n".join(missing)
+
+
+def test_every_documented_hook_exists():
+    from fedopt_kernels.batched._client_batched import ClientBatched
+    from fedopt_kernels.core.optimizer import FedOptimizer
+
+    documented = _documented_hooks()
+    assert len(documented) > 15  # the table was found and read
+    assert sorted(n for n in documented if not hasattr(FedOptimizer, n) and n not in FedOptimizer.__annotations__
+                  and n not in vars(ClientBatched)) == []

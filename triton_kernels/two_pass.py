@@ -41,7 +41,7 @@ import triton.language as tl
 
 from . import fednar, padamfed
 from .jit_mode import device_fn, interpreted
-from .launcher import SLOT_BLOCK, Launch, Plan, launch_options
+from .launcher import SLOT_BLOCK, Launch, LaunchPlan, launch_options
 from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of, tile_rows
 
@@ -249,7 +249,7 @@ def _compute_dtype_args(op: str, lau: Launch) -> Dict[str, Any]:
                 BLOCK=lau.block)
 
 
-def launch(op: str, plan: Plan, hp: torch.Tensor, k: torch.Tensor, amp: Dict[str, Any],
+def launch(op: str, plan: LaunchPlan, hp: torch.Tensor, k: torch.Tensor, amp: Dict[str, Any],
            active: Optional[torch.Tensor] = None) -> None:
     """Both passes of ``op`` over every launch of ``plan`` and k += 1 (on the device); for a batched
     plan, the finalize pass between them (which advances each active client's k)."""

@@ -102,7 +102,11 @@ def _extent(p: torch.Tensor) -> Optional[Tuple[int, int, int]]:
 
 
 class FedOptimizer(Optimizer):
-    """Base class: an optimizer with the FL round API of docs/algorithms.md and a pluggable backend."""
+    """Base class: an optimizer with the FL round API of docs/algorithms.md and a pluggable backend.
+
+    A subclass sets the class attributes and overrides the ``_``-prefixed hooks listed, each with
+    its contract, in docs/dispatch.md ("Extending FedOptimizer: its hooks"); nothing else.
+    """
 
     _spec: OpSpec
     _round_state: Tuple[str, ...] = ()     # per-parameter state cleared by start_round(reset_state=True)
@@ -542,6 +546,8 @@ class FedOptimizer(Optimizer):
         rep = self._replay
         if rep is None or params_given is not None or plan.one_shot or type(plan) is not StepPlan \
                 or plan.backend not in _replay.BACKENDS or device.type != "cuda" or capturing(device):
+            # plan.fn: the backend's kernel for this op, as core/registry.py's resolve() picked it from
+            # core/impl_table.py (reference/, backends/cpu.py, cuda.py, triton.py); ShardedPlan wraps it
             plan.fn(params, plan.grads, *[lists[r.name] for r in spec.optional], plan.batch, plan.present, plan.hp,
                     k, table, every, grad_scale, found_inf, *extra, plan.backend, cache=cache)
         else:  # docs/replay.md: eager, recorded or replayed, bitwise the same step

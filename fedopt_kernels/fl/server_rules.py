@@ -33,7 +33,7 @@ import torch
 Tensors = List[torch.Tensor]
 
 __all__ = ["weighted_average_step", "scaffold_local_control", "scaffold_control_step", "padamfed_init",
-           "padamfed_step", "feddyn_server_step", "ServerRule", "Scaffold", "PAdaMFedRule", "FedDynRule", "RULES",
+           "padamfed_step", "feddyn_server_step", "ServerRule", "ScaffoldRule", "PAdaMFedRule", "FedDynRule", "RULES",
            "register_rule"]
 
 
@@ -252,7 +252,7 @@ class ServerRule:
         return {"x": weighted_average_step(x, deltas, weights, hp["server_lr"])}
 
 
-class Scaffold(ServerRule):
+class ScaffoldRule(ServerRule):
     """SCAFFOLD ("SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", Karimireddy,
     Kale, Mohri, Reddi, Stich, Suresh; ICML 2020), option II: the client trains with the correction
     ``c - c_i`` and sets ``c_i' = c_i - c + (x - y_i) / sum_k lr_k``; the server averages models like
@@ -342,5 +342,5 @@ def register_rule(rule: ServerRule) -> ServerRule:
     return rule
 
 
-for _rule in (ServerRule(), Scaffold(), PAdaMFedRule(), FedDynRule()):
+for _rule in (ServerRule(), ScaffoldRule(), PAdaMFedRule(), FedDynRule()):
     register_rule(_rule)

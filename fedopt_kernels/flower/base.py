@@ -40,7 +40,8 @@ from .resume import metric_dicts
 from .settings import CHECKPOINTED, RESUMED_AT, round_config
 
 CLIENT_ID_QUERY = f"{MessageType.QUERY}.client_id"  # asks a node which client id it serves
-INIT_MESSAGE_TYPE = f"{MessageType.TRAIN}.padamfed_init"  # a rule's initial round: every client's first control
+# the initial round of a rule with initial controls (PAdaMFed's): every client's first control
+INIT_MESSAGE_TYPE = f"{MessageType.TRAIN}.init_controls"
 ClientSampler = Callable[[], Sequence[int]]
 CHECKPOINT_KIND = "flower-server"
 

@@ -123,10 +123,11 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
     return out
 
 
-def padamfed_init_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
+def init_controls_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
                         num_examples: int, client_id: Optional[int] = None,
                         loss_fn: LossFn = F.cross_entropy) -> RecordDict:
-    """PAdaMFed's initial control: ``c_i`` = mean of K stochastic gradients at the received model.
+    """The initial round of a rule with initial controls (PAdaMFed's): ``c_i`` = mean of K stochastic
+    gradients at the received model, for the ``INIT_MESSAGE_TYPE`` message.
 
     Kept in ``state`` and returned as ``"control"`` (the server averages them into ``c`` and ``m``).
     """

@@ -116,7 +116,7 @@ def _per_step_ptrs(a: OpArgs, per_step: List[str]) -> tuple:
     return (ptrs, tuple(a.present)) if a.spec.batched else ptrs
 
 
-def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> "_launcher.Plan":
+def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> "_launcher.LaunchPlan":
     spec = a.spec
     names = tuple(r.short for r in spec.roles)
     written = tuple(r.short for r in spec.roles if r.written)
