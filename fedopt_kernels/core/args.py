@@ -3,6 +3,7 @@
 The Python implementations (reference, triton) read their arguments through ``OpArgs``; the C++
 bindings parse the same layout themselves (``csrc/common/op_args.cpp``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from .ops import OpSpec
 class Batch:
     """The parameters of one ``hp`` row: every tensor list is full (one tensor per parameter)."""
 
-    index: int                        # row of hp
+    index: int  # row of hp
     tensors: Dict[str, List[torch.Tensor]]  # role name -> list aligned with tensors["params"]
 
 
@@ -34,10 +35,10 @@ class OpArgs:
     grad_scale: Optional[torch.Tensor]
     found_inf: Optional[torch.Tensor]
     backend: str
-    active: Optional[torch.Tensor] = None   # batched ops: [C] bool
+    active: Optional[torch.Tensor] = None  # batched ops: [C] bool
 
     @classmethod
-    def parse(cls, spec: OpSpec, args: Sequence, checked: bool = False) -> "OpArgs":
+    def parse(cls, spec: OpSpec, args: Sequence, checked: bool = False) -> OpArgs:
         """``checked``: the caller's step plan fixes the lists' structure and an earlier call with it
         passed ``check()`` (the optimizers' cached path): the per-step check is skipped."""
         n = len(spec.roles)
@@ -48,8 +49,20 @@ class OpArgs:
         rest = list(args[n:])
         active = rest.pop(8) if spec.batched else None
         batch, present, hp, k, table, decay_every, grad_scale, found_inf, backend = rest
-        out = cls(spec, lists, list(batch), list(present), hp, k, table, int(decay_every), grad_scale, found_inf,
-                  backend, active)
+        out = cls(
+            spec,
+            lists,
+            list(batch),
+            list(present),
+            hp,
+            k,
+            table,
+            int(decay_every),
+            grad_scale,
+            found_inf,
+            backend,
+            active,
+        )
         if not checked:
             out.check()
         return out
@@ -58,35 +71,48 @@ class OpArgs:
         """Raise ValueError when the lists do not fit ``batch``/``present`` (bad direct op calls)."""
         spec, n = self.spec, len(self.lists["params"])
         if len(self.lists["grads"]) != n or len(self.batch) != n:
-            raise ValueError(f"fedopt::{spec.name}: {n} params but {len(self.lists['grads'])} grads and "
-                             f"{len(self.batch)} batch indices")
+            raise ValueError(
+                f"fedopt::{spec.name}: {n} params but {len(self.lists['grads'])} grads and "
+                f"{len(self.batch)} batch indices"
+            )
         dims = 3 if spec.batched else 2
         rows = self.hp.shape[0] if self.hp.dim() == dims else -1
         if self.hp.dim() != dims or self.hp.shape[-1] != len(spec.hps) or self.hp.dtype != torch.float64:
             what = "[batches, clients, " if spec.batched else "[batches, "
-            raise ValueError(f"fedopt::{spec.name}: hp must be float64 {what}{len(spec.hps)}] "
-                             f"({', '.join(spec.hps)}), got {self.hp.dtype} {tuple(self.hp.shape)}")
+            raise ValueError(
+                f"fedopt::{spec.name}: hp must be float64 {what}{len(spec.hps)}] "
+                f"({', '.join(spec.hps)}), got {self.hp.dtype} {tuple(self.hp.shape)}"
+            )
         if spec.batched:
             C = self.hp.shape[1]
             if self.k.shape != (C,):
-                raise ValueError(f"fedopt::{spec.name}: k must have one counter per client ({C}), got shape "
-                                 f"{tuple(self.k.shape)}")
+                raise ValueError(
+                    f"fedopt::{spec.name}: k must have one counter per client ({C}), got shape {tuple(self.k.shape)}"
+                )
             if self.active is not None and (self.active.shape != (C,) or self.active.dtype != torch.bool):
-                raise ValueError(f"fedopt::{spec.name}: active must be a bool tensor of shape ({C},), got "
-                                 f"{self.active.dtype} {tuple(self.active.shape)}")
+                raise ValueError(
+                    f"fedopt::{spec.name}: active must be a bool tensor of shape ({C},), got "
+                    f"{self.active.dtype} {tuple(self.active.shape)}"
+                )
             for name, ts in self.lists.items():
                 for t in ts:
                     if t.dim() == 0 or t.shape[0] != C:
-                        raise ValueError(f"fedopt::{spec.name}: every {name} tensor must have a leading client "
-                                         f"dimension of {C}, got shape {tuple(t.shape)}")
+                        raise ValueError(
+                            f"fedopt::{spec.name}: every {name} tensor must have a leading client "
+                            f"dimension of {C}, got shape {tuple(t.shape)}"
+                        )
         if len(self.present) != rows or any(not 0 <= b < rows for b in self.batch):
-            raise ValueError(f"fedopt::{spec.name}: batch indices must lie in [0, {rows}) and present needs "
-                             f"one mask per hp row ({rows}), got {len(self.present)}")
+            raise ValueError(
+                f"fedopt::{spec.name}: batch indices must lie in [0, {rows}) and present needs "
+                f"one mask per hp row ({rows}), got {len(self.present)}"
+            )
         for i, role in enumerate(spec.optional):
             want = sum(1 for b in self.batch if self.present[b] >> i & 1)
             if len(self.lists[role.name]) != want:
-                raise ValueError(f"fedopt::{spec.name}: {role.name} has {len(self.lists[role.name])} tensors "
-                                 f"but present/batch ask for {want}")
+                raise ValueError(
+                    f"fedopt::{spec.name}: {role.name} has {len(self.lists[role.name])} tensors "
+                    f"but present/batch ask for {want}"
+                )
         if self.decay_every < 1:
             raise ValueError(f"fedopt::{spec.name}: decay_every must be >= 1, got {self.decay_every}")
 

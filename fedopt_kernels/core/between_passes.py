@@ -6,6 +6,7 @@ What ``reduce`` takes is each backend's: the reference backend hands its float64
 and uses the total returned; the Triton backend hands its float64 norm slots, which ``reduce``
 rewrites in place. One op call runs one backend, so one slot serves both.
 """
+
 from __future__ import annotations
 
 import threading

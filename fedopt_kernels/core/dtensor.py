@@ -6,9 +6,10 @@ and the plan hands the kernels their local tensors. Element-wise algorithms need
 A global norm (FedNAR, PAdaMFed) must cover the whole logical tensors: between its two passes
 the kernel gives this rank's float64 sums of squares (per tensor; per program on Triton),
 replicated tensors are counted on one rank of their replicas only (weight 0 elsewhere), and one
-all-reduce over the mesh sums the ranks. Ordinary tensors never reach this module's per-step code (``ShardedPlan`` is used only
-when the optimizer holds DTensors).
+all-reduce over the mesh sums the ranks. Ordinary tensors never reach this module's per-step code
+(``ShardedPlan`` is used only when the optimizer holds DTensors).
 """
+
 from __future__ import annotations
 
 import sys
@@ -60,16 +61,21 @@ def check_params(name_of: NameOf, params: Sequence[torch.Tensor]) -> bool:
     mesh = params[first].device_mesh
     for i, p in enumerate(params):
         if not flags[i]:
-            raise TypeError(f"{name_of(i, list(params))} is a plain tensor but {name_of(first, list(params))} "
-                            f"is a DTensor; a sharded optimizer needs every parameter as a DTensor on one mesh")
+            raise TypeError(
+                f"{name_of(i, list(params))} is a plain tensor but {name_of(first, list(params))} "
+                f"is a DTensor; a sharded optimizer needs every parameter as a DTensor on one mesh"
+            )
         if p.device_mesh != mesh:
-            raise ValueError(f"{name_of(i, list(params))} lives on {p.device_mesh} but "
-                             f"{name_of(first, list(params))} on {mesh}; all parameters of one optimizer must "
-                             f"share a device mesh (its global norm is reduced over that mesh)")
+            raise ValueError(
+                f"{name_of(i, list(params))} lives on {p.device_mesh} but "
+                f"{name_of(first, list(params))} on {mesh}; all parameters of one optimizer must "
+                f"share a device mesh (its global norm is reduced over that mesh)"
+            )
         for pl in p.placements:
             if pl.is_partial():
-                raise ValueError(f"{name_of(i, list(params))} has a Partial placement; parameters must be "
-                                 f"Shard or Replicate")
+                raise ValueError(
+                    f"{name_of(i, list(params))} has a Partial placement; parameters must be Shard or Replicate"
+                )
         if mesh.get_coordinate() is None:
             raise RuntimeError(f"this rank is not part of the device mesh of {name_of(i, list(params))}")
     return True
@@ -81,12 +87,20 @@ def check_placed_like(name: str, t: torch.Tensor, p: torch.Tensor, pname: str) -
     if not td and not pd:
         return
     if td != pd:
-        hint = (" (make it one with torch.distributed.tensor.distribute_tensor(t, p.device_mesh, p.placements), "
-                "or DTensor.from_local with this rank's shard)") if pd else ""
+        hint = (
+            (
+                " (make it one with torch.distributed.tensor.distribute_tensor(t, p.device_mesh, p.placements), "
+                "or DTensor.from_local with this rank's shard)"
+            )
+            if pd
+            else ""
+        )
         raise TypeError(f"{name} entry for {pname} is {_describe(t)} but the parameter is {_describe(p)}{hint}")
     if t.device_mesh != p.device_mesh or tuple(t.placements) != tuple(p.placements):
-        raise ValueError(f"{name} entry for {pname} is {_describe(t)} but the parameter is {_describe(p)}; "
-                         f"it must be placed like its parameter")
+        raise ValueError(
+            f"{name} entry for {pname} is {_describe(t)} but the parameter is {_describe(p)}; "
+            f"it must be placed like its parameter"
+        )
 
 
 def misplaced(t: torch.Tensor, p: torch.Tensor) -> bool:
@@ -108,8 +122,10 @@ def row_placements(p: torch.Tensor, pname: str) -> tuple:
         elif pl.is_replicate() or (isinstance(pl, Shard) and pl.dim != 0):
             out.append(Replicate())
         else:
-            raise ValueError(f"neuron scale for {pname}: the parameter's placement {pl} does not keep whole output "
-                             f"rows on a rank, so a per-row scale cannot be sliced to it")
+            raise ValueError(
+                f"neuron scale for {pname}: the parameter's placement {pl} does not keep whole output "
+                f"rows on a rank, so a per-row scale cannot be sliced to it"
+            )
     return tuple(out)
 
 
@@ -121,8 +137,10 @@ def check_row_scale(p: torch.Tensor, r: torch.Tensor, pname: str) -> None:
         return
     want = row_placements(p, pname)
     if is_dtensor(r) and (r.device_mesh != p.device_mesh or tuple(r.placements) != want):
-        raise ValueError(f"neuron scale for {pname} is {_describe(r)}; expected a plain tensor with the whole "
-                         f"vector or a DTensor on the parameter's mesh with placements {want}")
+        raise ValueError(
+            f"neuron scale for {pname} is {_describe(r)}; expected a plain tensor with the whole "
+            f"vector or a DTensor on the parameter's mesh with placements {want}"
+        )
 
 
 def row_scale(p: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -153,12 +171,14 @@ def check_loadable(sharded: bool, name_of: NameOf, state_dict: dict) -> None:
     saved = [k for g in state_dict["param_groups"] for k in g["params"]]
     for i, key in enumerate(saved):
         st = state_dict["state"].get(key)
-        for name, v in (st.items() if isinstance(st, dict) else ()):
+        for name, v in st.items() if isinstance(st, dict) else ():
             if is_dtensor(v):
-                raise ValueError(f"state {name!r} of {name_of(i)} is a DTensor but the parameter is a plain "
-                                 f"tensor; save it with torch.distributed.checkpoint.state_dict."
-                                 f"get_optimizer_state_dict(..., options=StateDictOptions(full_state_dict=True)) "
-                                 f"to load it unsharded")
+                raise ValueError(
+                    f"state {name!r} of {name_of(i)} is a DTensor but the parameter is a plain "
+                    f"tensor; save it with torch.distributed.checkpoint.state_dict."
+                    f"get_optimizer_state_dict(..., options=StateDictOptions(full_state_dict=True)) "
+                    f"to load it unsharded"
+                )
 
 
 def place_loaded_state(params: Sequence[torch.Tensor], state: Any, name_of: NameOf) -> None:
@@ -182,8 +202,10 @@ def place_loaded_state(params: Sequence[torch.Tensor], state: Any, name_of: Name
             elif p.dim() > 0 and v.shape == (p.shape[0],):
                 st[key] = from_full(v, p.device_mesh, row_placements(p, name_of(i)), src_data_rank=None)
             else:
-                raise ValueError(f"state {key!r} of {name_of(i)} has shape {tuple(v.shape)}, which fits neither "
-                                 f"the parameter {tuple(p.shape)} nor its rows")
+                raise ValueError(
+                    f"state {key!r} of {name_of(i)} has shape {tuple(v.shape)}, which fits neither "
+                    f"the parameter {tuple(p.shape)} nor its rows"
+                )
 
 
 # ------------------------------------------------------------------------------ the step
@@ -219,8 +241,10 @@ class ShardedPlan(StepPlan):
     @staticmethod
     def refuse(spec, owner: str) -> None:
         if spec.batched:
-            raise TypeError(f"{owner} takes no DTensor parameters: a client-batched optimizer stacks clients "
-                            f"along dim 0 of each tensor; shard per-client optimizers instead")
+            raise TypeError(
+                f"{owner} takes no DTensor parameters: a client-batched optimizer stacks clients "
+                f"along dim 0 of each tensor; shard per-client optimizers instead"
+            )
 
     def __init__(self, inputs: PlanInputs):
         self.refuse(inputs.spec, inputs.owner)
@@ -240,8 +264,10 @@ class ShardedPlan(StepPlan):
                 cursor[role.name] += 1
                 if role.per_row:
                     if not is_dtensor(t) or tuple(t.placements) != row_placements(p, names(idx)):
-                        raise ValueError(f"{role.name} of {names(idx)} is {_describe(t)}; expected placements "
-                                         f"{row_placements(p, names(idx))} (set it with set_neuron_scales)")
+                        raise ValueError(
+                            f"{role.name} of {names(idx)} is {_describe(t)}; expected placements "
+                            f"{row_placements(p, names(idx))} (set it with set_neuron_scales)"
+                        )
                 else:
                     check_placed_like(f"state {role.name!r}", t, p, names(idx))
         self.params = [local(p) for p in self.params]
@@ -262,13 +288,16 @@ class ShardedPlan(StepPlan):
             return args
 
         if not spec.norm:
+
             def step(*args, cache=None):
                 inner(*localized(args), cache=cache)
         else:
             if self.backend not in NORM_BACKENDS:
-                raise RuntimeError(f"{inputs.owner} with DTensor parameters needs backend 'cpu', 'triton' or "
-                                   f"'reference': the cross-rank global norm is not implemented for backend "
-                                   f"{self.backend!r}")
+                raise RuntimeError(
+                    f"{inputs.owner} with DTensor parameters needs backend 'cpu', 'triton' or "
+                    f"'reference': the cross-rank global norm is not implemented for backend "
+                    f"{self.backend!r}"
+                )
             weights = [1.0 if _owner(p) else 0.0 for p in (self.all_params[i] for i in self.order)]
             groups = _reduce_groups(self.mesh)
             if self.backend == "triton":
@@ -277,9 +306,11 @@ class ShardedPlan(StepPlan):
                 # decided from the placements, the same on every rank (a refusal on one rank only
                 # would leave the others waiting in the all-reduce)
                 if len({tuple(pl.is_replicate() for pl in self.all_params[i].placements) for i in self.order}) > 1:
-                    raise RuntimeError(f"{inputs.owner} on backend 'triton' needs every parameter placed alike "
-                                       f"along the mesh dims where any is replicated (e.g. all Shard, as FSDP2 "
-                                       f"places them); use backend 'cpu' or 'reference' for this mix")
+                    raise RuntimeError(
+                        f"{inputs.owner} on backend 'triton' needs every parameter placed alike "
+                        f"along the mesh dims where any is replicated (e.g. all Shard, as FSDP2 "
+                        f"places them); use backend 'cpu' or 'reference' for this mix"
+                    )
                 reduce = _slot_reduce(weights[0] if weights else 1.0, groups)
             else:
                 if self.backend == "cpu":
@@ -295,8 +326,12 @@ class ShardedPlan(StepPlan):
             return False
         if self.grads is not self._local_grads:  # a new gradient DTensor: the base plan took it as given
             for i, g in zip(self.order, self.grads):
-                if not isinstance(g, torch.Tensor) or not is_dtensor(g) \
-                        or g.device_mesh != self.mesh or g.placements != self.all_params[i].placements:
+                if (
+                    not isinstance(g, torch.Tensor)
+                    or not is_dtensor(g)
+                    or g.device_mesh != self.mesh
+                    or g.placements != self.all_params[i].placements
+                ):
                     return False  # rebuilt, which names the misplaced gradient
             self.grads = self._local_grads = [local(g) for g in self.grads]
         return verdict if [p._local_tensor.data_ptr() for p in self.all_params] == self.local_ptrs else False
@@ -341,10 +376,12 @@ def _with_reduce(inner: Callable, reduce: Callable, backend: str, localized: Cal
             args = localized(args)
             cpu_extension.run_with_norm_reduce(reduce, lambda: inner(*args, cache=cache))
     else:  # reference, triton
+
         def step(*args, cache=None):
             args = localized(args)
             with reducing(reduce):
                 inner(*args, cache=cache)
+
     return step
 
 

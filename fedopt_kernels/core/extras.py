@@ -4,6 +4,7 @@ The core optimizers need only torch and numpy. The simulator's digits data, prog
 plots, and the benchmark's charts need the ``[sim]`` / ``[bench]`` extras; a user without them
 should read which extra to install, not a bare ``ModuleNotFoundError`` deep in a run.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,8 +40,9 @@ def require(module: str, purpose: str) -> ModuleType:
         top = module.split(".")[0]
         if exc.name is not None and exc.name.split(".")[0] != top:
             raise  # the module is there but one of *its* imports is broken: show that as it is
-        raise MissingExtra(f"{purpose} needs {KNOWN.get(top, (top,))[0]}, which is not installed: {hint(module)}",
-                           name=top) from None
+        raise MissingExtra(
+            f"{purpose} needs {KNOWN.get(top, (top,))[0]}, which is not installed: {hint(module)}", name=top
+        ) from None
 
 
 def optional(module: str) -> Optional[ModuleType]:

@@ -3,6 +3,7 @@
 A backend module imports this table, never the registry that loads backends, so that loading a
 backend imports nothing that loads it back.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional

@@ -15,6 +15,7 @@ holds:
 and, for all ops, ``kFreshBit`` (``_ops.FRESH``), ``kMaxSlots`` and ``FO_FOR_EACH_OP(X)``, which
 expands ``X(<op>)`` once per per-client op.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,8 +68,10 @@ def _op_block(spec: OpSpec, batched_name: str) -> List[str]:
             raise ValueError(f"{op}: {what} collide in C++ (with each other or COUNT): {names}")
     opt = slots[2:]
     bits = [0, 0] + [spec.bit(r.name) for r in spec.optional]
-    roles = ",\n      ".join(f'{{"{r.name}", {_bool(r.state_typed)}, {_bool(r.written)}, {_bool(r.per_row)}, {b}}}'
-                             for r, b in zip(spec.roles, bits))
+    roles = ",\n      ".join(
+        f'{{"{r.name}", {_bool(r.state_typed)}, {_bool(r.written)}, {_bool(r.per_row)}, {b}}}'
+        for r, b in zip(spec.roles, bits)
+    )
     hp_names = ", ".join(f'"{h}"' for h in spec.hps)
     state = ", ".join(_bool(r.state_typed) for r in spec.roles)
     lines = [

@@ -33,6 +33,7 @@ The spec is what the reference and fused implementations, the C++ kernels (``op_
 generated from it at build time), the Triton kernels' slots and columns, the benchmark's traffic
 table and the optimizers read; adding an op means adding one ``OpSpec`` here (docs/dispatch.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -64,13 +65,13 @@ class Role:
 @dataclass(frozen=True)
 class OpSpec:
     name: str
-    roles: Tuple[Role, ...]        # params, grads, then the optional roles
-    hps: Tuple[str, ...]           # columns of the hp tensor (float64)
-    norm: bool                     # two passes: a global L2 norm, then the update
-    schedule: bool                 # lr_k from the within-round schedule table
+    roles: Tuple[Role, ...]  # params, grads, then the optional roles
+    hps: Tuple[str, ...]  # columns of the hp tensor (float64)
+    norm: bool  # two passes: a global L2 norm, then the update
+    schedule: bool  # lr_k from the within-round schedule table
     doc: str = ""
-    batched: bool = False          # the client-batched form (module docstring)
-    base: str = ""                 # for a batched op: the per-client op it batches
+    batched: bool = False  # the client-batched form (module docstring)
+    base: str = ""  # for a batched op: the per-client op it batches
 
     @property
     def optional(self) -> Tuple[Role, ...]:
@@ -97,8 +98,16 @@ class OpSpec:
         args, alias = [], iter("abcdefghij")
         for r in self.roles:
             args.append(f"Tensor({next(alias)}!)[] {r.name}" if r.written else f"Tensor[] {r.name}")
-        args += ["int[] batch", "int[] present", "Tensor hp", f"Tensor({next(alias)}!) k", "Tensor table",
-                 "int decay_every", "Tensor? grad_scale", "Tensor? found_inf"]
+        args += [
+            "int[] batch",
+            "int[] present",
+            "Tensor hp",
+            f"Tensor({next(alias)}!) k",
+            "Tensor table",
+            "int decay_every",
+            "Tensor? grad_scale",
+            "Tensor? found_inf",
+        ]
         if self.batched:
             args.append("Tensor? active")
         args.append("str backend")
@@ -119,30 +128,46 @@ class OpSpec:
 # Reads/writes per element (docs/benchmarks.md): two-pass ops read their inputs once per pass.
 SGD = OpSpec(
     "sgd",
-    roles=(Role("params", "x", written=True, reads=1, writes=1), Role("grads", "g"),
-           Role("momentum_buffer", "buf", written=True, reads=1, writes=1), Role("x0", "x0"),
-           Role("correction", "corr"), Role("neuron_scale", "scale", state_typed=True, per_row=True)),
+    roles=(
+        Role("params", "x", written=True, reads=1, writes=1),
+        Role("grads", "g"),
+        Role("momentum_buffer", "buf", written=True, reads=1, writes=1),
+        Role("x0", "x0"),
+        Role("correction", "corr"),
+        Role("neuron_scale", "scale", state_typed=True, per_row=True),
+    ),
     hps=("lr", "momentum", "dampening", "weight_decay", "prox_mu", "nesterov", "maximize"),
-    norm=False, schedule=True,
+    norm=False,
+    schedule=True,
     doc="FedDecaySGD / NeuronLRSGD: torch.optim.SGD with lr_k = lr * s(k // decay_every) and per-row scales",
 )
 
 FEDNAR = OpSpec(
     "fednar",
-    roles=(Role("params", "x", written=True, reads=2, writes=1), Role("grads", "g", reads=2),
-           Role("x0", "x0", reads=2), Role("correction", "corr", reads=2)),
+    roles=(
+        Role("params", "x", written=True, reads=2, writes=1),
+        Role("grads", "g", reads=2),
+        Role("x0", "x0", reads=2),
+        Role("correction", "corr", reads=2),
+    ),
     hps=("step_lr", "weight_decay", "max_norm", "eps", "prox_mu"),
-    norm=True, schedule=False,
+    norm=True,
+    schedule=False,
     doc="FedNAR: x -= step_lr * min(1, max_norm / (||d|| + eps)) * d",
 )
 
 PADAMFED = OpSpec(
     "padamfed",
-    roles=(Role("params", "x", written=True, reads=1, writes=1), Role("grads", "g", reads=2),
-           Role("D", "D", state_typed=True, reads=2), Role("acc", "acc", written=True, state_typed=True, reads=1, writes=1),
-           Role("anchor_grad", "H", reads=2)),
+    roles=(
+        Role("params", "x", written=True, reads=1, writes=1),
+        Role("grads", "g", reads=2),
+        Role("D", "D", state_typed=True, reads=2),
+        Role("acc", "acc", written=True, state_typed=True, reads=1, writes=1),
+        Role("anchor_grad", "H", reads=2),
+    ),
     hps=("lr", "beta", "eps"),
-    norm=True, schedule=False,
+    norm=True,
+    schedule=False,
     doc="PAdaMFed: v = beta*G + D (VR: G + D - (1-beta)*H); acc += G; x -= lr * v / max(||v||, eps)",
 )
 
@@ -150,8 +175,9 @@ PADAMFED = OpSpec(
 FRESH = 1 << 16
 
 PER_CLIENT: Dict[str, OpSpec] = {s.name: s for s in (SGD, FEDNAR, PADAMFED)}
-BATCHED: Dict[str, OpSpec] = {f"{n}_batched": replace(s, name=f"{n}_batched", batched=True, base=n)
-                              for n, s in PER_CLIENT.items()}
+BATCHED: Dict[str, OpSpec] = {
+    f"{n}_batched": replace(s, name=f"{n}_batched", batched=True, base=n) for n, s in PER_CLIENT.items()
+}
 OPS: Dict[str, OpSpec] = {**PER_CLIENT, **BATCHED}
 
 

@@ -9,15 +9,19 @@ the device-side step counter, GradScaler's in-kernel unscaling, torch.compile (`
 built from what ``_plan_inputs`` gathers with these hooks (``plan_inputs.py``): the plan never
 calls them itself.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 import torch
 from torch.optim import Optimizer
 
-from . import dtensor as _dtensor, registry as _registry, replay as _replay
-from . import step_hooks as _step_hooks, step_op as _step_op
+from . import dtensor as _dtensor
+from . import registry as _registry
+from . import replay as _replay
+from . import step_hooks as _step_hooks
+from . import step_op as _step_op
 from .ops import OpSpec
 from .plan import HpCache, StepPlan, capturing, refuse_in_capture
 from .plan_inputs import GroupInputs, Member, PlanInputs, check_grad, name_of, param_name
@@ -29,8 +33,9 @@ ROUND_KEY = "fedopt_round"
 _TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache", "_replay")
 
 
-def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Optional[float] = None,
-                 low_open: bool = False) -> float:
+def check_number(
+    name: str, value: Any, *, low: Optional[float] = None, high: Optional[float] = None, low_open: bool = False
+) -> float:
     """Return ``float(value)`` or raise ValueError naming ``name`` when it is not a finite number in range."""
     if isinstance(value, torch.Tensor):
         # reading a CUDA tensor back would be a host sync inside step(); only lr has a sync-free path
@@ -55,8 +60,10 @@ def check_lr_tensor(lr: torch.Tensor, device: Optional[torch.device], *, read_va
     """
     if lr.numel() != 1:
         # torch.optim's wording first (its generic optimizer tests match it), then ours
-        raise ValueError(f"Tensor lr must be 1-element: lr must be a number or a tensor with one element "
-                         f"(0-d), got a tensor of shape {tuple(lr.shape)}")
+        raise ValueError(
+            f"Tensor lr must be 1-element: lr must be a number or a tensor with one element "
+            f"(0-d), got a tensor of shape {tuple(lr.shape)}"
+        )
     if not lr.is_floating_point() or lr.is_complex():
         # an integer tensor would truncate what a scheduler writes into it with fill_
         raise TypeError(f"lr tensor must have a real floating-point dtype, got {lr.dtype}")
@@ -70,8 +77,9 @@ def check_lr_tensor(lr: torch.Tensor, device: Optional[torch.device], *, read_va
             raise ValueError(f"lr must be >= 0.0, got {v!r} (tensor)")
 
 
-def check_tensor_list(name: str, tensors: Sequence[torch.Tensor], params: List[torch.Tensor],
-                       param_names: Callable[[int], str]) -> List[torch.Tensor]:
+def check_tensor_list(
+    name: str, tensors: Sequence[torch.Tensor], params: List[torch.Tensor], param_names: Callable[[int], str]
+) -> List[torch.Tensor]:
     """Check a per-parameter list (controls, corrections) against the parameters; return it as a list."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{name} must be a list of tensors, one per parameter, got {type(tensors).__name__}")
@@ -98,7 +106,7 @@ def _extent(p: torch.Tensor) -> Optional[Tuple[int, int, int]]:
     span = sum((s - 1) * abs(st) for s, st in zip(p.shape, p.stride()))
     item = p.element_size()
     start = p.storage_offset() * item
-    return p.untyped_storage().data_ptr(), start, start + (span + 1) * item
+    return p.untyped_storage().data_ptr(), int(start), int(start + (span + 1) * item)
 
 
 class FedOptimizer(Optimizer):
@@ -109,31 +117,32 @@ class FedOptimizer(Optimizer):
     """
 
     _spec: OpSpec
-    _round_state: Tuple[str, ...] = ()     # per-parameter state cleared by start_round(reset_state=True)
+    _round_state: Tuple[str, ...] = ()  # per-parameter state cleared by start_round(reset_state=True)
     _accepts_correction: bool = True
-    _float32_state: Tuple[str, ...] = ()   # state kept in float32 (float64 for float64 params)
+    _float32_state: Tuple[str, ...] = ()  # state kept in float32 (float64 for float64 params)
     _state_keys: Tuple[str, ...] = ("x0", "correction")  # every per-parameter state key this class keeps
-    _step_input: Optional[str] = None      # name of the per-step tensor-list argument of step(), if any
+    _step_input: Optional[str] = None  # name of the per-step tensor-list argument of step(), if any
     # torch.amp.GradScaler hands grad_scale / found_inf to step(): unscaling happens inside the kernels
     _step_supports_amp_scaling = True
-    _plan_cls: type = StepPlan             # dtensor.ShardedPlan when the parameters are DTensors
+    _plan_cls: Type[StepPlan] = StepPlan  # dtensor.ShardedPlan when the parameters are DTensors
 
     @classmethod
     def op_spec(cls) -> OpSpec:
         """The op this optimizer's step runs (its declaration in ``core/ops.py``)."""
         return cls._spec
 
-    def __init__(self, params: Iterable, defaults: Dict[str, Any], backend: str = "auto",
-                 replay: Optional[bool] = None):
+    def __init__(
+        self, params: Iterable, defaults: Dict[str, Any], backend: str = "auto", replay: Optional[bool] = None
+    ):
         if not isinstance(backend, str) or (backend != "auto" and backend not in _registry.BACKENDS):
             raise ValueError(f"backend must be 'auto' or one of {_registry.BACKENDS}, got {backend!r}")
         self.backend = backend
         self._replay_on = _replay.resolve_switch(replay)  # docs/replay.md
         self._replay: Optional[_replay.StepReplay] = _replay.StepReplay() if self._replay_on else None
-        self._t = -1               # index of the current round (-1: no round started yet)
-        self._k_host = 0           # within-round step counter, until the device counter exists
+        self._t = -1  # index of the current round (-1: no round started yet)
+        self._k_host: Any = 0  # within-round step counter until the device counter exists (client-batched: a list)
         self._k_dev: Optional[torch.Tensor] = None  # int32 [1] on the parameters' device (authoritative)
-        self._host_steps = 0       # step() calls since start_round: an upper bound of k (table sizes)
+        self._host_steps = 0  # step() calls since start_round: an upper bound of k (table sizes)
         self._params_flat: List[torch.Tensor] = []
         self._plan: Optional[StepPlan] = None
         self._ones: Dict[torch.device, torch.Tensor] = {}
@@ -210,8 +219,16 @@ class FedOptimizer(Optimizer):
             keys = tuple(k for k in group if k != "params")
             rows, factor, scale = self._group_rows(group)
             lr = group["lr"]
-            out[gi] = GroupInputs(group, keys, tuple(group[k] for k in keys), self._structure(group), rows,
-                                  lr if isinstance(lr, torch.Tensor) else None, factor, scale)
+            out[gi] = GroupInputs(
+                group,
+                keys,
+                tuple(group[k] for k in keys),
+                self._structure(group),
+                rows,
+                lr if isinstance(lr, torch.Tensor) else None,
+                factor,
+                scale,
+            )
         return out
 
     def _normalized_group(self, param_group: Dict[str, Any]) -> Dict[str, Any]:
@@ -223,8 +240,10 @@ class FedOptimizer(Optimizer):
         if isinstance(params, torch.Tensor):
             params = [params]
         elif isinstance(params, set):
-            raise TypeError("optimizer parameters need to be organized in ordered collections, but the "
-                            "ordering of tensors in sets will change between runs. Please use a list instead.")
+            raise TypeError(
+                "optimizer parameters need to be organized in ordered collections, but the "
+                "ordering of tensors in sets will change between runs. Please use a list instead."
+            )
         else:
             params = list(params)
         group = dict(param_group)
@@ -235,8 +254,10 @@ class FedOptimizer(Optimizer):
             gi = len(self.param_groups)
             for pi, item in enumerate(params):
                 if len(item) != 2 or not isinstance(item[0], str):
-                    raise TypeError(f"named parameter {pi} of param group {gi} must be a (name, tensor) pair with "
-                                    f"a str name, got {item!r:.80}")
+                    raise TypeError(
+                        f"named parameter {pi} of param group {gi} must be a (name, tensor) pair with "
+                        f"a str name, got {item!r:.80}"
+                    )
             group["param_names"] = [name for name, _ in params]
             params = [p for _, p in params]
         group["params"] = params
@@ -248,15 +269,21 @@ class FedOptimizer(Optimizer):
         seen = {id(p) for p in self._params_flat}
         for pi, p in enumerate(params):
             if not isinstance(p, torch.Tensor):
-                raise TypeError(f"{type(self).__name__} can only optimize Tensors, but parameter {pi} of param "
-                                f"group {gi} is a {type(p).__name__}")
+                raise TypeError(
+                    f"{type(self).__name__} can only optimize Tensors, but parameter {pi} of param "
+                    f"group {gi} is a {type(p).__name__}"
+                )
             if p.is_complex():
-                raise TypeError(f"{param_name(gi, pi, p)} is complex; {type(self).__name__} supports real parameters only")
+                raise TypeError(
+                    f"{param_name(gi, pi, p)} is complex; {type(self).__name__} supports real parameters only"
+                )
             if p.dtype not in _FLOAT_DTYPES:
                 raise TypeError(f"{param_name(gi, pi, p)} has dtype {p.dtype}; supported: {_FLOAT_DTYPES}")
             if id(p) in seen:
-                raise ValueError(f"{param_name(gi, pi, p)} is given twice (the same tensor in one or two param "
-                                 f"groups); a fused step would update it once where the reference updates it twice")
+                raise ValueError(
+                    f"{param_name(gi, pi, p)} is given twice (the same tensor in one or two param "
+                    f"groups); a fused step would update it once where the reference updates it twice"
+                )
             seen.add(id(p))
         self._check_no_overlap(list(self._params_flat) + list(params))
         self._check_backend_runs(params, gi)
@@ -274,10 +301,15 @@ class FedOptimizer(Optimizer):
             why = _registry.unavailable_reason(self.backend, p.device, self._spec.name)
             if why is not None:
                 # a backend that runs elsewhere: the parameters' device is what to change
-                hint = " (move the model before building the optimizer)" if \
-                    _registry.unavailable_reason(self.backend, None, self._spec.name) is None else ""
-                raise ValueError(f"backend={self.backend!r} cannot run {param_name(gi, pi, p)}, on {p.device}: "
-                                 f"{why}; use backend='auto' or a backend that runs there{hint}")
+                hint = (
+                    " (move the model before building the optimizer)"
+                    if _registry.unavailable_reason(self.backend, None, self._spec.name) is None
+                    else ""
+                )
+                raise ValueError(
+                    f"backend={self.backend!r} cannot run {param_name(gi, pi, p)}, on {p.device}: "
+                    f"{why}; use backend='auto' or a backend that runs there{hint}"
+                )
 
     def _check_no_overlap(self, params: Optional[List[torch.Tensor]] = None) -> None:
         """Refuse parameters that share memory (overlapping views of one storage)."""
@@ -290,8 +322,10 @@ class FedOptimizer(Optimizer):
             spans = by_storage.setdefault(ext[0], [])
             for lo, hi, j in spans:
                 if ext[1] < hi and lo < ext[2]:
-                    raise ValueError(f"{self._name_of(j, params)} and {self._name_of(i, params)} share memory "
-                                     f"(overlapping views of one storage); each parameter must own its memory")
+                    raise ValueError(
+                        f"{self._name_of(j, params)} and {self._name_of(i, params)} share memory "
+                        f"(overlapping views of one storage); each parameter must own its memory"
+                    )
             spans.append((ext[1], ext[2], i))
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
@@ -340,8 +374,9 @@ class FedOptimizer(Optimizer):
         """Store the validated per-round inputs in the state (subclasses)."""
 
     @torch.no_grad()
-    def start_round(self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None,
-                    **inputs: Any) -> None:
+    def start_round(
+        self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None, **inputs: Any
+    ) -> None:
         """Begin local training on a freshly received global model (docs/algorithms.md).
 
         Resets the within-round step counter, clears per-round state (momentum buffers, ...)
@@ -381,8 +416,9 @@ class FedOptimizer(Optimizer):
         self._plan = None
 
     # ---------------------------------------------------------------- step
-    def _step_tensors(self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any],
-                      idx: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+    def _step_tensors(
+        self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any], idx: int
+    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
         """Optional-role tensors of ``p`` for its step, and per-tensor hp overrides (subclasses extend).
 
         Parameters with the same roles and overrides in one group share a batch (an hp row).
@@ -392,8 +428,10 @@ class FedOptimizer(Optimizer):
             if "x0" not in state:
                 if self._t >= 0:
                     gi = self.param_groups.index(group)
-                    raise RuntimeError(f"prox_mu of param group {gi} was set after start_round(); the FedProx "
-                                       f"anchor x0 is taken at start_round(), so call start_round() again")
+                    raise RuntimeError(
+                        f"prox_mu of param group {gi} was set after start_round(); the FedProx "
+                        f"anchor x0 is taken at start_round(), so call start_round() again"
+                    )
             else:
                 out["x0"] = state["x0"]
         if "correction" in state:
@@ -413,6 +451,10 @@ class FedOptimizer(Optimizer):
         return {}
 
     def _schedule(self) -> Optional[DecaySchedule]:
+        return None
+
+    def _active_for(self, device: torch.device) -> Optional[torch.Tensor]:
+        """The active-client mask a client-batched op reads (the mixin's); per-client ops take none."""
         return None
 
     def _clients(self) -> Optional[int]:
@@ -438,11 +480,13 @@ class FedOptimizer(Optimizer):
                 if device is None:
                     device = p.device
                 elif p.device != device:
-                    raise RuntimeError(f"{self._name_of(idx)} is on {p.device} but other parameters are on {device}; "
-                                       f"{owner} needs all parameters on one device")
+                    raise RuntimeError(
+                        f"{self._name_of(idx)} is on {p.device} but other parameters are on {device}; "
+                        f"{owner} needs all parameters on one device"
+                    )
                 st = self.state.get(p)  # an entry is made only for state the step creates
                 fresh = st is None
-                if fresh:
+                if st is None:
                     st = {}
                 tensors, override = self._step_tensors(p, group, st, idx)
                 if fresh and st:
@@ -452,8 +496,18 @@ class FedOptimizer(Optimizer):
         params = self._params_flat
         if device is None:
             device = params[0].device if params else torch.device("cpu")
-        return PlanInputs(spec, self.backend, owner, params, tuple(groups.values()), tuple(members), device,
-                          self._step_roles(), self._clients(), self._hp_cache)
+        return PlanInputs(
+            spec,
+            self.backend,
+            owner,
+            params,
+            tuple(groups.values()),
+            tuple(members),
+            device,
+            self._step_roles(),
+            self._clients(),
+            self._hp_cache,
+        )
 
     def _counter(self, device: torch.device) -> torch.Tensor:
         k = self._k_dev
@@ -481,7 +535,9 @@ class FedOptimizer(Optimizer):
         return t if t.dtype == torch.float32 else t.float()
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None, **step_inputs: Any) -> Optional[float]:
+    def step(  # type: ignore[override]  # per-step input keywords beyond torch's closure
+        self, closure: Optional[Callable[[], float]] = None, **step_inputs: Any
+    ) -> Optional[float]:
         """One local step (torch.optim semantics). Starts a round first if none was started.
 
         Under ``torch.amp.GradScaler`` the scaler's ``grad_scale`` / ``found_inf`` are used inside
@@ -497,8 +553,14 @@ class FedOptimizer(Optimizer):
         if torch.compiler.is_compiling():
             params = self._params_flat
             extra = step_inputs.get(self._step_input, None) if self._step_input else None
-            _step_op.OP(params, [p.grad for p in params], [] if extra is None else list(extra),
-                          grad_scale, found_inf, self._handle)
+            _step_op.OP(
+                params,
+                [p.grad for p in params],
+                [] if extra is None else list(extra),
+                grad_scale,
+                found_inf,
+                self._handle,
+            )
             return loss
         if step_inputs and (self._step_input is None or set(step_inputs) != {self._step_input}):
             raise TypeError(f"{type(self).__name__}.step() got unexpected arguments {sorted(step_inputs)}")
@@ -506,8 +568,13 @@ class FedOptimizer(Optimizer):
         self._run(None, extra, grad_scale, found_inf)
         return loss
 
-    def _run(self, params_given: Optional[List[torch.Tensor]], step_input: Any,
-             grad_scale: Optional[torch.Tensor], found_inf: Optional[torch.Tensor]) -> None:
+    def _run(
+        self,
+        params_given: Optional[List[torch.Tensor]],
+        step_input: Any,
+        grad_scale: Optional[torch.Tensor],
+        found_inf: Optional[torch.Tensor],
+    ) -> None:
         """The eager step. ``params_given``: tensors to write instead of the parameters (compiled path)."""
         if self._t < 0:
             self.start_round()
@@ -516,7 +583,9 @@ class FedOptimizer(Optimizer):
         per_step = self._check_step_inputs(step_input)
         plan = self._plan
         verdict = False if plan is None else plan.still_valid(self.param_groups)
-        if verdict is not True and (verdict is False or not plan.update_groups(self._group_inputs(verdict))):
+        if plan is None or (
+            verdict is not True and (verdict is False or not plan.update_groups(self._group_inputs(verdict)))
+        ):
             plan = self._plan = None  # a failed rebuild must not leave the old plan behind
             plan = self._plan = self._plan_cls(self._plan_inputs())
         if not plan.params:
@@ -525,12 +594,13 @@ class FedOptimizer(Optimizer):
         device = plan.device
         grad_scale = self._check_amp("grad_scale", grad_scale, device)
         found_inf = self._check_amp("found_inf", found_inf, device)
-        lists = plan.lists
+        lists: Dict[str, Any] = plan.lists
         if per_step:
             lists = dict(lists)
             for role, per_param in per_step.items():
                 lists[role] = [per_param[i] for i in plan.step_order[role]]
-        params, cache = plan.params, plan.cache
+        params: List[Any] = plan.params
+        cache: Optional[Dict[str, Any]] = plan.cache
         if params_given is not None and params_given is not self._params_flat:
             params = [params_given[i] for i in plan.order]
             if any(a is not b for a, b in zip(params, plan.params)):
@@ -544,18 +614,60 @@ class FedOptimizer(Optimizer):
         spec = self._spec
         extra = (self._active_for(device),) if spec.batched else ()
         rep = self._replay
-        if rep is None or params_given is not None or plan.one_shot or type(plan) is not StepPlan \
-                or plan.backend not in _replay.BACKENDS or device.type != "cuda" or capturing(device):
+        if (
+            rep is None
+            or params_given is not None
+            or plan.one_shot
+            or type(plan) is not StepPlan
+            or plan.backend not in _replay.BACKENDS
+            or device.type != "cuda"
+            or capturing(device)
+        ):
             # plan.fn: the backend's kernel for this op, as core/registry.py's resolve() picked it from
             # core/impl_table.py (reference/, backends/cpu.py, cuda.py, triton.py); ShardedPlan wraps it
-            plan.fn(params, plan.grads, *[lists[r.name] for r in spec.optional], plan.batch, plan.present, plan.hp,
-                    k, table, every, grad_scale, found_inf, *extra, plan.backend, cache=cache)
+            plan.fn(
+                params,
+                plan.grads,
+                *[lists[r.name] for r in spec.optional],
+                plan.batch,
+                plan.present,
+                plan.hp,
+                k,
+                table,
+                every,
+                grad_scale,
+                found_inf,
+                *extra,
+                plan.backend,
+                cache=cache,
+            )
         else:  # docs/replay.md: eager, recorded or replayed, bitwise the same step
             grad_scale, found_inf = rep.amp_buffers(device, grad_scale, found_inf)
-            key = rep.key(plan, [lists[r] for r in per_step], plan.hp, k, table, every,
-                          (grad_scale is not None, found_inf is not None), extra[0] if extra else None)
-            args = (params, plan.grads, *[lists[r.name] for r in spec.optional], plan.batch, plan.present, plan.hp,
-                    k, table, every, grad_scale, found_inf, *extra, plan.backend)
+            key = rep.key(
+                plan,
+                [lists[r] for r in per_step],
+                plan.hp,
+                k,
+                table,
+                every,
+                (grad_scale is not None, found_inf is not None),
+                extra[0] if extra else None,
+            )
+            args = (
+                params,
+                plan.grads,
+                *[lists[r.name] for r in spec.optional],
+                plan.batch,
+                plan.present,
+                plan.hp,
+                k,
+                table,
+                every,
+                grad_scale,
+                found_inf,
+                *extra,
+                plan.backend,
+            )
             rep.launch(key, device, lambda: plan.fn(*args, cache=cache), cache)
         self._host_steps += 1
 
@@ -589,10 +701,21 @@ class FedOptimizer(Optimizer):
         without a replay) step counts, ``recordings`` held now, and ``on`` / ``off_reason``."""
         rep = self._replay
         if rep is None:
-            return {"on": False, "off_reason": "replay=False or FEDOPT_REPLAY=0", "eager": 0, "recorded": 0,
-                    "replayed": 0, "wasted": 0, "recordings": 0}
-        return {"on": rep.off_reason is None, "off_reason": rep.off_reason, **rep.stats,
-                "recordings": len(rep.recordings)}
+            return {
+                "on": False,
+                "off_reason": "replay=False or FEDOPT_REPLAY=0",
+                "eager": 0,
+                "recorded": 0,
+                "replayed": 0,
+                "wasted": 0,
+                "recordings": 0,
+            }
+        return {
+            "on": rep.off_reason is None,
+            "off_reason": rep.off_reason,
+            **rep.stats,
+            "recordings": len(rep.recordings),
+        }
 
     def resolved_backend(self) -> str:
         """The backend ``step()`` uses for this optimizer's parameters (resolving ``"auto"``)."""
@@ -623,13 +746,17 @@ class FedOptimizer(Optimizer):
         for gi, group in enumerate(state_dict["param_groups"]):
             missing = want - set(group)
             if missing:
-                raise ValueError(f"param group {gi} of the state_dict lacks {sorted(missing)}: it was saved by "
-                                 f"another optimizer than {me}")
+                raise ValueError(
+                    f"param group {gi} of the state_dict lacks {sorted(missing)}: it was saved by "
+                    f"another optimizer than {me}"
+                )
         for pid, st in state_dict["state"].items():
             extra = set(st) - set(self._state_keys) if isinstance(st, dict) else set()
             if extra:
-                raise ValueError(f"state of parameter {pid} has keys {sorted(extra)} that {me} does not keep "
-                                 f"(its state keys: {list(self._state_keys)}): it was saved by another optimizer")
+                raise ValueError(
+                    f"state of parameter {pid} has keys {sorted(extra)} that {me} does not keep "
+                    f"(its state keys: {list(self._state_keys)}): it was saved by another optimizer"
+                )
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._check_foreign(state_dict)
@@ -639,6 +766,7 @@ class FedOptimizer(Optimizer):
                 check_lr_tensor(lr, group["params"][0].device if group["params"] else None, read_value=True)
         _dtensor.check_loadable(self.sharded, self._name_of, state_dict)
         rnd = round_entry(state_dict)
+        assert rnd is not None  # _check_foreign refused a state_dict without one
         # torch casts every floating state tensor to its parameter's dtype on load; the keys in
         # _float32_state are kept in float32 for low-precision parameters, so load them ourselves.
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
@@ -664,8 +792,11 @@ class FedOptimizer(Optimizer):
             _dtensor.place_loaded_state(params, self.state, self._name_of)
         self._t = int(rnd["t"])
         k = rnd["k"]  # one counter, or one per client (client-batched optimizers)
-        self._k_host = [int(v) for v in k] if isinstance(k, (list, tuple)) else int(k)
-        self._host_steps = max(self._k_host, default=0) if isinstance(k, (list, tuple)) else self._k_host
+        if isinstance(k, (list, tuple)):
+            self._k_host = [int(v) for v in k]
+            self._host_steps = max(self._k_host, default=0)
+        else:
+            self._k_host = self._host_steps = int(k)
         self._k_dev = None
         self._plan = None
 

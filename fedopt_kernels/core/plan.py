@@ -19,6 +19,7 @@ Everything else that changes the plan goes through the optimizer (``add_param_gr
 ``load_state_dict``, ``start_round``, ``set_neuron_scales``), which drops it. A plan whose batches
 include freshly created momentum buffers (first step of a round) lives for one step only.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -50,7 +51,8 @@ def capturing(device: torch.device) -> bool:
 def _same(a: tuple, b: tuple) -> bool:
     """Hyperparameter values unchanged? Tensors (lr) by identity: comparing values would sync."""
     return len(a) == len(b) and all(
-        x is y or not (isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor)) and x == y for x, y in zip(a, b))
+        x is y or not (isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor)) and x == y for x, y in zip(a, b)
+    )
 
 
 def refuse_in_capture(device: torch.device, what: str) -> None:
@@ -59,7 +61,8 @@ def refuse_in_capture(device: torch.device, what: str) -> None:
         raise RuntimeError(
             f"step() needs to {what} while a CUDA graph is being captured; take eager steps until nothing "
             f"changes (two steps after start_round() when momentum buffers are new, one otherwise), keep "
-            f"hyperparameters, gradients and state at fixed addresses while the graph is used, and capture then")
+            f"hyperparameters, gradients and state at fixed addresses while the graph is used, and capture then"
+        )
 
 
 class HpCache:
@@ -76,13 +79,20 @@ class HpCache:
     def keep(self, host: Optional[torch.Tensor], dev: Optional[torch.Tensor]) -> None:
         self.host, self.device = host, dev
 
-    def device_hp(self, host: torch.Tensor, device: torch.device, update: Optional[torch.Tensor] = None,
-                  shared: bool = True) -> torch.Tensor:
+    def device_hp(
+        self, host: torch.Tensor, device: torch.device, update: Optional[torch.Tensor] = None, shared: bool = True
+    ) -> torch.Tensor:
         """The hp tensor on ``device`` holding ``host``; copied only when the values changed.
         ``shared=False``: the plan writes tensor lrs into its hp, so it neither takes nor leaves one."""
         dev = self.device
-        if shared and dev is not None and dev.device == device and self.host.shape == host.shape \
-                and torch.equal(self.host, host):
+        if (
+            shared
+            and dev is not None
+            and dev.device == device
+            and self.host is not None
+            and self.host.shape == host.shape
+            and torch.equal(self.host, host)
+        ):
             return dev
         refuse_in_capture(device, "copy new hyperparameter values to the device")
         if update is not None and update.shape == host.shape and update.device == device:
@@ -125,7 +135,7 @@ class StepPlan:
         self.batch_group: List[int] = []
         self.batch_override: List[Dict[str, float]] = []
         self.present: List[int] = []
-        self.order: List[int] = []           # index into all_params of each kernel parameter
+        self.order: List[int] = []  # index into all_params of each kernel parameter
         members: List[list] = []
         for m in inputs.members:
             mask = m.extra
@@ -176,8 +186,8 @@ class StepPlan:
         H = len(self.spec.hps)
         batched = self.clients is not None
         if not self.batch_group:
-            return torch.zeros((0, self.clients, H) if batched else (0, H), dtype=torch.float64)
-        out = []
+            return torch.zeros((0, self.clients, H) if self.clients is not None else (0, H), dtype=torch.float64)
+        out: List[Any] = []  # per batch: a row, or one row per client
         for gi, override in zip(self.batch_group, self.batch_override):
             g = groups[gi]
             if not override and g.lr_scale is None:  # the rows as gathered (the common case)
@@ -210,16 +220,20 @@ class StepPlan:
             lo, hi = rows[0], rows[-1] + 1  # a group's batches are consecutive (made group by group)
             scale = None if g.lr_scale is None or all(v == 1.0 for v in g.lr_scale) else g.lr_scale
             # (lr * factor) * scale, in the order and rounding of the rows' own computation
-            a, b = (None if f is None else to_device(torch.tensor([f] * (hi - lo), dtype=torch.float64), self.device)
-                    for f in (g.lr_factor, scale))
+            a, b = (
+                None if f is None else to_device(torch.tensor([f] * (hi - lo), dtype=torch.float64), self.device)
+                for f in (g.lr_factor, scale)
+            )
             self.tensor_lrs.append((g.lr.detach().reshape(()), self.hp[lo:hi, ..., 0], a, b))
 
     def load_lrs(self) -> None:
         """Copy every tensor lr into hp (tensor to tensor: no host sync for a device lr)."""
         for lr, col, a, b in self.tensor_lrs:
             if lr.device.type == "cpu" and capturing(self.device):
-                raise RuntimeError("a CPU tensor lr cannot be read inside a CUDA graph (it would be replayed "
-                                   "frozen); put the lr tensor on the parameters' device")
+                raise RuntimeError(
+                    "a CPU tensor lr cannot be read inside a CUDA graph (it would be replayed "
+                    "frozen); put the lr tensor on the parameters' device"
+                )
             col.fill_(lr)  # a CPU 0-d value is read on the host, a device one copied on the device
             if a is not None:
                 col.mul_(a)
@@ -237,8 +251,11 @@ class StepPlan:
             return False
         changed = None
         for gi, group in enumerate(groups):
-            if group is not self.groups[gi] or group["params"] is not self.group_params[gi] \
-                    or len(group["params"]) != self.group_lens[gi]:
+            if (
+                group is not self.groups[gi]
+                or group["params"] is not self.group_params[gi]
+                or len(group["params"]) != self.group_lens[gi]
+            ):
                 return False
             keys = self.hp_keys[gi]
             try:

@@ -5,6 +5,7 @@ these records; the plan (``plan.py``) only arranges them into kernel arguments, 
 back into the optimizer. How errors name a parameter, and what its gradient must be, are here too:
 the optimizer and the plan both check them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ class Member(NamedTuple):
     """A parameter with a gradient: its flat index, group, optional-role tensors, per-tensor hp
     overrides and ``present`` bits beyond its roles (the batched SGD's FRESH)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the flat index; shadows tuple.index, which nothing calls
     group: int
     tensors: Dict[str, torch.Tensor]
     override: Dict[str, float]
@@ -85,14 +86,18 @@ def name_of(groups: Sequence[Dict[str, Any]], idx: int, params: List[torch.Tenso
     return param_name(len(groups), idx - base, params[idx])
 
 
-def check_grad(p: torch.Tensor, g: torch.Tensor, idx: int, groups: Sequence[Dict[str, Any]],
-               params: List[torch.Tensor], owner: str) -> None:
+def check_grad(
+    p: torch.Tensor, g: torch.Tensor, idx: int, groups: Sequence[Dict[str, Any]], params: List[torch.Tensor], owner: str
+) -> None:
     """Refuse a gradient the kernels cannot take, naming flat parameter ``idx``; ``owner``: the optimizer class."""
     if g.is_sparse:
-        raise RuntimeError(f"{name_of(groups, idx, params)} has a sparse gradient; {owner} does not support sparse "
-                           f"gradients")
+        raise RuntimeError(
+            f"{name_of(groups, idx, params)} has a sparse gradient; {owner} does not support sparse gradients"
+        )
     if g.is_complex() or p.is_complex():
         raise TypeError(f"{name_of(groups, idx, params)} is complex; {owner} supports real parameters only")
     if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-        raise RuntimeError(f"{name_of(groups, idx, params)}: gradient of shape {tuple(g.shape)}, {g.dtype}, {g.device} "
-                           f"does not match the parameter ({tuple(p.shape)}, {p.dtype}, {p.device})")
+        raise RuntimeError(
+            f"{name_of(groups, idx, params)}: gradient of shape {tuple(g.shape)}, {g.dtype}, {g.device} "
+            f"does not match the parameter ({tuple(p.shape)}, {p.dtype}, {p.device})"
+        )

@@ -12,6 +12,7 @@ The optimizer classes never mention a backend by name: they ask ``resolve(op, ba
 This module also installs the kernel behind every ``torch.ops.fedopt.<op>``: the implementation
 its ``backend`` argument names.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,7 +21,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from .impl_table import DEVICE_OK, IMPLS, BACKENDS, OPS, has, register, register_device_check  # noqa: F401
+from .impl_table import BACKENDS, DEVICE_OK, IMPLS, OPS, has, register, register_device_check  # noqa: F401
 from .ops import NAMESPACE
 
 # backend name -> None when loaded fine, else the reason it is not usable

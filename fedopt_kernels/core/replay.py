@@ -19,6 +19,7 @@ loop pays only the key (a few microseconds). A loop whose addresses repeat only 
 waste recordings (one recorded, never replayed): after ``WASTE_LIMIT`` of them in a row the
 optimizer waits ``2**n`` steps before it records again.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,9 +31,9 @@ import torch
 
 ENV = "FEDOPT_REPLAY"
 BACKENDS = ("cuda", "triton")  # the fused backends that run on CUDA tensors
-MAX_RECORDINGS = 2              # per optimizer: two alternating gradient address sets both replay
-WASTE_LIMIT = 2                 # recordings never replayed, in a row, before backing off
-MAX_BACKOFF = 1 << 12           # steps
+MAX_RECORDINGS = 2  # per optimizer: two alternating gradient address sets both replay
+WASTE_LIMIT = 2  # recordings never replayed, in a row, before backing off
+MAX_BACKOFF = 1 << 12  # steps
 
 
 def default_on() -> bool:
@@ -63,9 +64,9 @@ def _list_layout(ts: Sequence[torch.Tensor]) -> tuple:
 class _Recording:
     __slots__ = ("graph", "keep", "replays")
 
-    def __init__(self, graph: "torch.cuda.CUDAGraph", keep: Dict[str, Any]):
+    def __init__(self, graph: torch.cuda.CUDAGraph, keep: Dict[str, Any]):
         self.graph = graph
-        self.keep = keep   # the backend's cache entries the graph reads (pointer tables, staging buffers)
+        self.keep = keep  # the backend's cache entries the graph reads (pointer tables, staging buffers)
         self.replays = 0
 
 
@@ -73,11 +74,11 @@ class StepReplay:
     """One optimizer's recordings and counters (``FedOptimizer.replay_stats``)."""
 
     def __init__(self) -> None:
-        self.recordings: "OrderedDict[tuple, _Recording]" = OrderedDict()
+        self.recordings: OrderedDict[tuple, _Recording] = OrderedDict()
         self.last_key: Optional[tuple] = None
         self.stats = {"eager": 0, "recorded": 0, "replayed": 0, "wasted": 0}
         self.wasted_in_row = 0
-        self.backoff = 0          # steps left before recording is tried again
+        self.backoff = 0  # steps left before recording is tried again
         self.backoff_len = 1
         self.off_reason: Optional[str] = None
         self._amp: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor]] = {}
@@ -90,8 +91,15 @@ class StepReplay:
         sig = getattr(plan, "replay_layout", None)
         if sig is None:
             lists = tuple(_list_layout(plan.lists[name]) for name in sorted(plan.lists))
-            sig = plan.replay_layout = (plan.fn, plan.backend, plan.device, _list_layout(plan.params), lists,
-                                        tuple(plan.batch), tuple(plan.present))
+            sig = plan.replay_layout = (
+                plan.fn,
+                plan.backend,
+                plan.device,
+                _list_layout(plan.params),
+                lists,
+                tuple(plan.batch),
+                tuple(plan.present),
+            )
         return sig
 
     @staticmethod
@@ -104,22 +112,44 @@ class StepReplay:
             plan.replay_grads = seen = (grads, tuple([g.stride() for g in grads]))
         return (tuple(map(_DATA_PTR, grads)), seen[1])
 
-    def key(self, plan: Any, per_step: Sequence[List[torch.Tensor]], hp: torch.Tensor, k: torch.Tensor,
-            table: torch.Tensor, every: int, amp: Tuple[bool, bool], active: Optional[torch.Tensor]) -> tuple:
-        return (self.plan_layout(plan), self.grads_layout(plan),
-                tuple(_list_layout(ts) for ts in per_step), hp.data_ptr(), hp.shape, k.data_ptr(),
-                table.data_ptr(), table.numel(), every, amp, None if active is None else active.data_ptr())
+    def key(
+        self,
+        plan: Any,
+        per_step: Sequence[List[torch.Tensor]],
+        hp: torch.Tensor,
+        k: torch.Tensor,
+        table: torch.Tensor,
+        every: int,
+        amp: Tuple[bool, bool],
+        active: Optional[torch.Tensor],
+    ) -> tuple:
+        return (
+            self.plan_layout(plan),
+            self.grads_layout(plan),
+            tuple(_list_layout(ts) for ts in per_step),
+            hp.data_ptr(),
+            hp.shape,
+            k.data_ptr(),
+            table.data_ptr(),
+            table.numel(),
+            every,
+            amp,
+            None if active is None else active.data_ptr(),
+        )
 
     # ------------------------------------------------------------------ AMP inputs
-    def amp_buffers(self, device: torch.device, grad_scale: Optional[torch.Tensor],
-                    found_inf: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    def amp_buffers(
+        self, device: torch.device, grad_scale: Optional[torch.Tensor], found_inf: Optional[torch.Tensor]
+    ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """GradScaler hands over new tensors each step: their values go into buffers the graph reads."""
         if grad_scale is None and found_inf is None:
             return None, None
         bufs = self._amp.get(device)
         if bufs is None:
-            bufs = self._amp[device] = (torch.ones(1, dtype=torch.float32, device=device),
-                                        torch.zeros(1, dtype=torch.float32, device=device))
+            bufs = self._amp[device] = (
+                torch.ones(1, dtype=torch.float32, device=device),
+                torch.zeros(1, dtype=torch.float32, device=device),
+            )
         scale, found = bufs
         if grad_scale is not None:
             scale.copy_(grad_scale.reshape(1))
@@ -173,7 +203,7 @@ class StepReplay:
         self.stats["recorded"] += 1
         rec.graph.replay()  # recording runs nothing: this replay is the step (not counted as a reuse)
 
-    def _record(self, device: torch.device, run) -> Optional["torch.cuda.CUDAGraph"]:
+    def _record(self, device: torch.device, run) -> Optional[torch.cuda.CUDAGraph]:
         stream = self._streams.get(device)
         if stream is None:
             stream = self._streams[device] = torch.cuda.Stream(device)
@@ -200,7 +230,11 @@ class StepReplay:
         current.wait_stream(stream)
         if failure is not None:
             self.off_reason = f"{type(failure).__name__}: {failure}"
-            warnings.warn(f"fedopt_kernels: a step could not be recorded in a CUDA graph ({self.off_reason}); "
-                          f"this optimizer takes eager steps from now on", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"fedopt_kernels: a step could not be recorded in a CUDA graph ({self.off_reason}); "
+                f"this optimizer takes eager steps from now on",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             return None
         return graph

@@ -8,10 +8,11 @@
 * a 1-D tensor of length >= the number of distinct j used in a round (finite, non-negative,
   non-increasing, ``s(0) > 0``: checked when the schedule is created)
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Union
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 
@@ -38,6 +39,7 @@ class DecaySchedule:
         self.beta = _check_beta(beta)
         self._values: List[float] = []
         self._tables: Dict[torch.device, torch.Tensor] = {}
+        self._fn: Optional[Callable[[int], float]] = None  # kind "callable" only
         if isinstance(schedule, torch.Tensor):
             if schedule.dim() != 1 or schedule.numel() == 0 or schedule.is_complex():
                 raise ValueError(f"schedule tensor must be 1-D, real and non-empty, got shape {tuple(schedule.shape)}")
@@ -62,15 +64,17 @@ class DecaySchedule:
 
     def _compute(self, j: int) -> float:
         if self.kind == "exponential":
-            return self.beta ** j  # Python: 0.0 ** 0 == 1.0
+            return self.beta**j  # Python: 0.0 ** 0 == 1.0
         if self.kind == "linear":
             return max(0.0, 1.0 - j * (1.0 - self.beta))
         if self.kind == "tensor":
             if j >= len(self._host):
                 raise ValueError(
                     f"schedule tensor has length {len(self._host)} but step needs s({j}); "
-                    f"give a schedule at least as long as the round's number of decay periods")
+                    f"give a schedule at least as long as the round's number of decay periods"
+                )
             return self._host[j]
+        assert self._fn is not None  # kind == "callable": the other kinds returned above
         v = float(self._fn(j))
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"schedule callable returned s({j}) = {v!r}; it must be finite and >= 0")

@@ -6,6 +6,7 @@ the range costs a dispatcher call even when no profiler records, a few microseco
 per step, which is most of a replayed step (docs/replay.md). This wrapper runs the same hooks in
 the same order and enters the same range, but only while a profiler is running.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,8 +38,9 @@ def _with_hooks(func: Callable[..., Any], self: Any, args: tuple, kwargs: dict) 
             result = hook(self, full, kwargs)
             if result is not None:
                 if not (isinstance(result, tuple) and len(result) == 2):
-                    raise RuntimeError(f"{func} must return None or a tuple of (new_args, new_kwargs), but got "
-                                       f"{result}.")
+                    raise RuntimeError(
+                        f"{func} must return None or a tuple of (new_args, new_kwargs), but got {result}."
+                    )
                 full, kwargs = result
         args = tuple(full[1:])
     out = func(self, *args, **kwargs)

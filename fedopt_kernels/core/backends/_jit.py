@@ -14,9 +14,10 @@ Switches: ``FEDOPT_JIT_BUILD=0`` turns the build off (a build already in the cac
 loaded); ``FEDOPT_CACHE_DIR`` moves the cache (default
 ``$XDG_CACHE_HOME/fedopt_kernels`` or ``~/.cache/fedopt_kernels``). An extension disabled on purpose
 (``FEDOPT_BUILD_CPU=0`` / ``FEDOPT_BUILD_CUDA=0``, now, or at install time unless
-``FEDOPT_JIT_BUILD=1``) is neither built nor loaded here. A failed build is remembered (its log kept) so that every later import does not
-retry it; delete its cache folder to try again.
+``FEDOPT_JIT_BUILD=1``) is neither built nor loaded here. A failed build is remembered (its log
+kept) so that every later import does not retry it; delete its cache folder to try again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,8 +57,11 @@ def _switched_off(ext: str, install_status: Optional[str]) -> Optional[str]:
     switch = _SWITCH[ext]
     if _off(os.environ.get(switch)):
         return f"disabled by {switch}=0"
-    if install_status and install_status.startswith(f"disabled by {switch}=0") \
-            and not _on(os.environ.get("FEDOPT_JIT_BUILD")):
+    if (
+        install_status
+        and install_status.startswith(f"disabled by {switch}=0")
+        and not _on(os.environ.get("FEDOPT_JIT_BUILD"))
+    ):
         return f"disabled at install time ({switch}=0); reinstall without it, or set FEDOPT_JIT_BUILD=1 to build it now"
     return None
 
@@ -90,6 +94,7 @@ def _load_build_module(path: Path) -> ModuleType:
     if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file path always has both
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
@@ -110,7 +115,9 @@ def _digest(csrc: Path, spec) -> str:
 
 def cache_folder(ext: str, script: Path, spec) -> Path:
     """The cache folder of ``ext`` built from ``script``'s sources with ``spec`` (jit_spec)."""
-    return cache_root() / f"{ext}-{spec.tag}-py{sys.version_info[0]}{sys.version_info[1]}-{_digest(script.parent, spec)}"
+    return (
+        cache_root() / f"{ext}-{spec.tag}-py{sys.version_info[0]}{sys.version_info[1]}-{_digest(script.parent, spec)}"
+    )
 
 
 def _say(msg: str) -> None:
@@ -170,11 +177,18 @@ def build(ext: str, install_status: Optional[str] = None) -> ModuleType:
         raise JitUnavailable(no_build or "the C++/CUDA sources are not installed with the package (no csrc/build.py)")
     try:
         import torch  # noqa: F401  (the extension links against it: loaded first)
+
         mod = _load_build_module(script)
         spec = mod.jit_spec(ext)
     except Exception as exc:  # CannotBuild, or the build script failing: the reason, not a traceback
-        raise JitUnavailable(no_build or (str(exc) if type(exc).__name__ == "CannotBuild"
-                             else f"the build configuration failed ({type(exc).__name__}: {exc})")) from None
+        raise JitUnavailable(
+            no_build
+            or (
+                str(exc)
+                if type(exc).__name__ == "CannotBuild"
+                else f"the build configuration failed ({type(exc).__name__}: {exc})"
+            )
+        ) from None
     out = cache_folder(ext, script, spec)
     library, ok, failed = out / f"{ext}.so", out / "OK", out / "FAILED"
     if ok.is_file() and library.is_file():
@@ -182,17 +196,22 @@ def build(ext: str, install_status: Optional[str] = None) -> ModuleType:
     if no_build:
         raise JitUnavailable(f"{no_build}, and no build of it is cached in {cache_root()}")
     if failed.is_file():
-        raise JitUnavailable(f"its on-first-use build failed earlier ({failed.read_text().strip()}); "
-                             f"log: {out / 'build.log'}; delete {out} to try again")
+        raise JitUnavailable(
+            f"its on-first-use build failed earlier ({failed.read_text().strip()}); "
+            f"log: {out / 'build.log'}; delete {out} to try again"
+        )
     cpp_extension = _cpp_extension()
     if not cpp_extension.is_ninja_available():
         raise JitUnavailable("the on-first-use build needs ninja (pip install ninja)")
     try:
         from filelock import FileLock, Timeout  # a torch dependency
+
         out.mkdir(parents=True, exist_ok=True)
     except (ImportError, OSError) as exc:
-        raise JitUnavailable(f"cannot prepare the build cache {out} ({type(exc).__name__}: {exc}); "
-                             f"set FEDOPT_CACHE_DIR to a writable folder") from None
+        raise JitUnavailable(
+            f"cannot prepare the build cache {out} ({type(exc).__name__}: {exc}); "
+            f"set FEDOPT_CACHE_DIR to a writable folder"
+        ) from None
     # one builder at a time; the OS drops the lock if its holder dies, so a crash never blocks anyone
     lock = FileLock(str(out) + ".lock")
     try:
@@ -202,14 +221,17 @@ def build(ext: str, install_status: Optional[str] = None) -> ModuleType:
         try:
             lock.acquire(timeout=_LOCK_WAIT_S)
         except Timeout:
-            raise JitUnavailable(f"another process has been building {ext} in {out} for over "
-                                 f"{_LOCK_WAIT_S:.0f} s") from None
+            raise JitUnavailable(
+                f"another process has been building {ext} in {out} for over {_LOCK_WAIT_S:.0f} s"
+            ) from None
     try:
         if ok.is_file() and library.is_file():  # the other process finished it
             return _publish(ext, _import(ext, library))
         if failed.is_file():
-            raise JitUnavailable(f"its on-first-use build failed ({failed.read_text().strip()}); "
-                                 f"log: {out / 'build.log'}; delete {out} to try again")
+            raise JitUnavailable(
+                f"its on-first-use build failed ({failed.read_text().strip()}); "
+                f"log: {out / 'build.log'}; delete {out} to try again"
+            )
         stale = out / "lock"  # older torch marks a build with a plain file that a killed build leaves behind
         if stale.is_file():
             stale.unlink()
@@ -220,9 +242,12 @@ def build(ext: str, install_status: Optional[str] = None) -> ModuleType:
 
 def _compile(ext: str, spec, out: Path, cpp_extension) -> ModuleType:
     import torch
+
     backend = _BACKEND[ext]
-    _say(f"building the {backend} backend (fedopt_kernels.{ext}) for torch {torch.__version__} on first use; "
-         f"this takes a minute or two, once (cached in {out}; FEDOPT_JIT_BUILD=0 turns this off) ...")
+    _say(
+        f"building the {backend} backend (fedopt_kernels.{ext}) for torch {torch.__version__} on first use; "
+        f"this takes a minute or two, once (cached in {out}; FEDOPT_JIT_BUILD=0 turns this off) ..."
+    )
     if spec.cuda_home:
         # torch found CUDA_HOME when it was imported; point it at the toolkit that matches torch
         os.environ["CUDA_HOME"] = spec.cuda_home
@@ -235,19 +260,29 @@ def _compile(ext: str, spec, out: Path, cpp_extension) -> ModuleType:
     generated = _op_header.write(str(out / "generated"))  # the sources include op_table.h from here
     t0 = time.perf_counter()
     try:
-        mod = cpp_extension.load(name=ext, sources=spec.sources, extra_cflags=spec.cflags,
-                                 extra_ldflags=spec.ldflags, extra_cuda_cflags=spec.cuda_cflags,
-                                 extra_include_paths=spec.include_dirs + [generated], build_directory=str(out),
-                                 with_cuda=spec.with_cuda, verbose=False)
+        mod = cpp_extension.load(
+            name=ext,
+            sources=spec.sources,
+            extra_cflags=spec.cflags,
+            extra_ldflags=spec.ldflags,
+            extra_cuda_cflags=spec.cuda_cflags,
+            extra_include_paths=spec.include_dirs + [generated],
+            build_directory=str(out),
+            with_cuda=spec.with_cuda,
+            verbose=False,
+        )
     except Exception as exc:  # the compiler's output is in the exception's text
         text = f"{type(exc).__name__}: {exc}"
         (out / "build.log").write_text(text + "\n", encoding="utf-8")
         summary = _failure_summary(text)
         (out / "FAILED").write_text(summary + "\n", encoding="utf-8")
-        _say(f"building the {backend} backend failed after {time.perf_counter() - t0:.0f} s: {summary} "
-             f"(log: {out / 'build.log'})")
-        raise JitUnavailable(f"its on-first-use build failed ({summary}); log: {out / 'build.log'}; "
-                             f"delete {out} to try again") from None
+        _say(
+            f"building the {backend} backend failed after {time.perf_counter() - t0:.0f} s: {summary} "
+            f"(log: {out / 'build.log'})"
+        )
+        raise JitUnavailable(
+            f"its on-first-use build failed ({summary}); log: {out / 'build.log'}; delete {out} to try again"
+        ) from None
     (out / "OK").write_text(f"built in {time.perf_counter() - t0:.1f} s for torch {torch.__version__}\n")
     _say(f"built the {backend} backend in {time.perf_counter() - t0:.0f} s")
     return mod

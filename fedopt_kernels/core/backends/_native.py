@@ -1,13 +1,14 @@
 """Glue shared by the compiled backends (``cpu`` and ``cuda``): load an extension module with a
 helpful error, and register its ops, one generic wrapper per op of ``_ops.OPS``."""
+
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
 from types import ModuleType
 
-from ..ops import OPS
 from ..impl_table import register
+from ..ops import OPS
 
 _PKG_DIR = Path(__file__).resolve().parents[2]  # fedopt_kernels/, where the extensions live
 
@@ -36,8 +37,9 @@ def load_extension(ext: str) -> ModuleType:
     try:
         return build(ext, install_status)
     except JitUnavailable as jexc:
-        raise ImportError(f"fedopt_kernels.{ext} is missing: {packaged}, and it cannot be built on first use: "
-                          f"{jexc}") from None
+        raise ImportError(
+            f"fedopt_kernels.{ext} is missing: {packaged}, and it cannot be built on first use: {jexc}"
+        ) from None
 
 
 def _wrap(fn, name: str, n_roles: int, backend: str, batched: bool):

@@ -4,6 +4,7 @@ One ``at::parallel_for`` pass over all tensors per pass, vectorised element-wise
 math for float16/bfloat16 (float64 for float64), and a global norm from fixed per-chunk float64
 partial sums added in a fixed order, so results do not depend on the number of threads.
 """
+
 from __future__ import annotations
 
 from typing import Optional

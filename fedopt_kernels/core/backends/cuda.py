@@ -6,6 +6,7 @@ and every per-step scalar (hp, lr_k, norm, clip/normalisation factor, GradScaler
 computed on the device, so ``step()`` never synchronises with the host and can be captured in a
 CUDA graph.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional

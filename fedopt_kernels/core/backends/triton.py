@@ -13,6 +13,7 @@ only the gradients (and per-step inputs) may differ between calls, and their add
 The client-batched ops (``<op>_batched``) run the same kernels over client slices of stacked
 tensors (``launcher.get_batched_plan``; design in ``docs/triton_batched.md``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -30,8 +31,8 @@ except ImportError as exc:  # the registry reports this text as the reason
     raise ImportError(f"triton is not installed ({exc}); pip install 'triton>=3.0'") from exc
 
 from ..args import OpArgs
-from ..ops import FRESH, OPS
 from ..impl_table import register, register_device_check
+from ..ops import FRESH, OPS
 
 
 def _import_kernels():
@@ -44,7 +45,9 @@ def _import_kernels():
         if exc.name != name:
             raise
     folder = Path(__file__).resolve().parents[3] / "triton_kernels"
-    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py", submodule_search_locations=[str(folder)])
+    spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot find the Triton kernels ({name} is not installed and {folder} is missing)")
     module = importlib.util.module_from_spec(spec)
@@ -65,8 +68,10 @@ def _device_check(device: torch.device) -> Optional[str]:
     interp_env = os.environ.get("TRITON_INTERPRET") == "1"
     if device.type == "cuda":
         if _INTERPRETED or interp_env:
-            return ("TRITON_INTERPRET=1 runs Triton kernels on the host, which cannot dereference the CUDA "
-                    "addresses in the pointer tables; unset TRITON_INTERPRET to use the GPU")
+            return (
+                "TRITON_INTERPRET=1 runs Triton kernels on the host, which cannot dereference the CUDA "
+                "addresses in the pointer tables; unset TRITON_INTERPRET to use the GPU"
+            )
         if not torch.cuda.is_available():
             return "CUDA is not available"
         return None
@@ -74,8 +79,10 @@ def _device_check(device: torch.device) -> Optional[str]:
         if not interp_env:
             return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 to interpret them on the CPU)"
         if not _INTERPRETED:
-            return ("TRITON_INTERPRET=1 was set after the Triton kernels were imported; set it before "
-                    "importing fedopt_kernels")
+            return (
+                "TRITON_INTERPRET=1 was set after the Triton kernels were imported; set it before "
+                "importing fedopt_kernels"
+            )
         return None
     return f"device type {device.type!r} is not supported (CUDA tensors only)"
 
@@ -85,16 +92,18 @@ register_device_check("triton", _device_check)
 
 def _amp(a: OpArgs) -> Dict[str, Any]:
     """GradScaler's tensors as kernel arguments (the k tensor stands in for an absent one: never read)."""
-    return {"scale": a.grad_scale if a.grad_scale is not None else a.k,
-            "found": a.found_inf if a.found_inf is not None else a.k,
-            "UNSCALE": a.grad_scale is not None, "SKIPPABLE": a.found_inf is not None}
+    return {
+        "scale": a.grad_scale if a.grad_scale is not None else a.k,
+        "found": a.found_inf if a.found_inf is not None else a.k,
+        "UNSCALE": a.grad_scale is not None,
+        "SKIPPABLE": a.found_inf is not None,
+    }
 
 
 def _active(a: OpArgs) -> Optional[torch.Tensor]:
     """The batched ops' active mask, which the kernels read on the parameters' device."""
     if a.active is not None and a.active.device != a.device:
-        raise ValueError(f"fedopt::{a.spec.name}: active is on {a.active.device} but the parameters are on "
-                         f"{a.device}")
+        raise ValueError(f"fedopt::{a.spec.name}: active is on {a.active.device} but the parameters are on {a.device}")
     return a.active
 
 
@@ -116,7 +125,7 @@ def _per_step_ptrs(a: OpArgs, per_step: List[str]) -> tuple:
     return (ptrs, tuple(a.present)) if a.spec.batched else ptrs
 
 
-def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> "_launcher.LaunchPlan":
+def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
     spec = a.spec
     names = tuple(r.short for r in spec.roles)
     written = tuple(r.short for r in spec.roles if r.written)
@@ -132,8 +141,9 @@ def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> "_launcher.LaunchPlan":
                 _launcher.tl_dtype(t, role)
     if spec.batched:
         fresh = [bool(a.present[b] & FRESH) for b in rows]
-        plan = _launcher.get_batched_plan(spec.name, roles, rows, fresh, a.hp.shape[1], a.hp.shape[0], names,
-                                          written, a.device, spec.norm, scale_role)
+        plan = _launcher.get_batched_plan(
+            spec.name, roles, rows, fresh, a.hp.shape[1], a.hp.shape[0], names, written, a.device, spec.norm, scale_role
+        )
     else:
         plan = _launcher.get_plan(spec.name, roles, rows, names, written, a.device, spec.norm, scale_role)
     if cache is not None:
@@ -151,6 +161,7 @@ def _stage_roles(a: OpArgs, plan, cache):
 def _op(name: str, launch_all):
     """Register ``name``'s Triton implementation: parse, plan, stage what the plan stages, run
     ``launch_all(args, plan, amp, active)`` (every launch of the step, k += 1 included), unstage."""
+
     def step(*args, cache=None) -> None:
         # an optimizer's cache belongs to one step plan: its structure was checked at the first call
         a = OpArgs.parse(OPS[name], args, checked=cache is not None and cache.get("checked", False))
@@ -174,6 +185,7 @@ def _one_pass_launches(kernels):
     """A one-pass op (``sgd`` and its batched form): one update launch of ``kernels.launch`` per
     launch of the plan, then k += 1 (per active client) on the device. The batched op is the same
     kernel over client slices."""
+
     def launch_all(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
         hp = _hp(a)
         for lau in plan.launches:

@@ -5,6 +5,7 @@ float16/bfloat16/float32 parameters (float64 for float64), and each tensor is ro
 storage dtype once, when it is written back: the fused kernels follow the same rule. Unlike the
 fused backends it reads its scalars (hp, k, found_inf) on the host, which synchronises on CUDA.
 """
+
 import importlib
 
 from ..ops import PER_CLIENT

@@ -1,4 +1,5 @@
 """Small helpers shared by the reference ops: compute dtypes, the global norm, AMP and the counter."""
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, List, Optional
@@ -93,8 +94,7 @@ def norm_step(spec: OpSpec, args: tuple, direction: Direction, update: Update) -
     if not amp.skip and a.lists["params"]:
         batches = a.batches()
         rows = {b.index: a.hp[b.index].tolist() for b in batches}
-        ds = [[direction(b.tensors, i, rows[b.index], amp) for i in range(len(b.tensors["params"]))]
-              for b in batches]
+        ds = [[direction(b.tensors, i, rows[b.index], amp) for i in range(len(b.tensors["params"]))] for b in batches]
         norm = global_norm([d for per in ds for d in per], a.device).to(norm_dtype(a.lists["params"]))
         for b, per in zip(batches, ds):
             update(b.tensors["params"], per, rows[b.index], norm)

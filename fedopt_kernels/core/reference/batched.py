@@ -7,11 +7,12 @@ tested against. For ``sgd_batched``, a client at ``k == 0`` in a round whose mom
 new (the ``FRESH`` bit) takes the first-step rule ``buf = d``: its rows get ``dampening = 0``,
 which is how the per-client op's first step is formed.
 """
+
 from __future__ import annotations
 
 from ..args import OpArgs
-from ..ops import BATCHED, FRESH, PER_CLIENT
 from ..impl_table import register, registered
+from ..ops import BATCHED, FRESH, PER_CLIENT
 
 
 def _per_client(name: str):
@@ -34,8 +35,18 @@ def _per_client(name: str):
                     if m & FRESH:
                         hp[b, damp] = 0.0
             lists = [[t[c] for t in a.lists[r.name]] for r in spec.roles]
-            fn(*lists, a.batch, present, hp, a.k[c:c + 1], a.table, a.decay_every, a.grad_scale, a.found_inf,
-               "reference")
+            fn(
+                *lists,
+                a.batch,
+                present,
+                hp,
+                a.k[c : c + 1],
+                a.table,
+                a.decay_every,
+                a.grad_scale,
+                a.found_inf,
+                "reference",
+            )
 
     step.__name__ = step.__qualname__ = f"{name}_reference"
     return register(name, "reference")(step)

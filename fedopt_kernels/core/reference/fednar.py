@@ -11,6 +11,7 @@ prox_mu. Over all batches together::
 
 NaN/inf in ``s`` propagate (``torch.clamp`` keeps NaN), as ``clip_grad_norm_`` does.
 """
+
 from __future__ import annotations
 
 import torch

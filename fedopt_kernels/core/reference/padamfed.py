@@ -10,6 +10,7 @@ Over all batches together::
     n    = max(|| all v ||_2, eps)            # squares summed in float64; eps of each batch
     x   -= v * (eta / n)                      # every step moves x by exactly eta
 """
+
 from __future__ import annotations
 
 import torch

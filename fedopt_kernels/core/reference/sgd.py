@@ -12,13 +12,14 @@ prox_mu, nesterov, maximize)::
 A fresh momentum buffer arrives zero-filled with ``dampening = 0``, which makes ``buf = d`` on
 the first step exactly as torch does.
 """
+
 from __future__ import annotations
 
 import torch
 
 from ..args import OpArgs
-from ..ops import SGD
 from ..impl_table import register
+from ..ops import SGD
 from ._math import Amp, add_terms, advance, up
 
 
