@@ -221,3 +221,9 @@ def test_every_documented_hook_exists():
     assert len(documented) > 15  # the table was found and read
     assert sorted(n for n in documented if not hasattr(FedOptimizer, n) and n not in FedOptimizer.__annotations__
                   and n not in vars(ClientBatched)) == []
+
+
+def test_the_fast_tiers_slow_files_exist():
+    from conftest import SLOW_FILES
+
+    assert sorted(f for f in SLOW_FILES if not (ROOT / "tests" / f).is_file()) == []

@@ -18,7 +18,7 @@ same for every backend and every caller (the optimizers, ``torch.ops.fedopt.<op>
 * ``grad_scale``/``found_inf``: optional float32 ``[1]`` tensors of ``torch.amp.GradScaler``:
   gradients are divided by ``grad_scale`` inside the kernel, and when ``found_inf`` is non-zero
   the step changes nothing (parameters, state and ``k``);
-* ``backend``: which registered implementation runs (``_registry``).
+* ``backend``: which registered implementation runs (``registry.py``).
 
 Every op also has a *client-batched* form ``<op>_batched`` (docs/client_batched.md): every tensor carries a
 leading client dimension ``[C, *shape]`` (FedNLR scales ``[C, M]``), ``hp`` is

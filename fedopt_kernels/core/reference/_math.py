@@ -28,7 +28,7 @@ def norm_dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:
 
 def global_norm(tensors: List[torch.Tensor], device: torch.device) -> torch.Tensor:
     """L2 norm over all ``tensors`` as a float64 0-dim tensor; with sharded parameters
-    (``_between_passes.reducing``) ``sqrt(reduce(float64 sum of squares per tensor))``.
+    (``between_passes.reducing``) ``sqrt(reduce(float64 sum of squares per tensor))``.
 
     Squares are summed in float64 (a float32 sum of squares overflows for elements near 1e20
     and underflows near 1e-23), so the norm is right to ~1e-15 for every finite input in
