@@ -4,7 +4,7 @@
 top-level ``triton_kernels`` module clashes with other projects. ``csrc/`` (C++/CUDA sources and
 ``build.py``, which lists them) is installed as ``fedopt_kernels/csrc``: an install without the
 compiled extensions (e.g. a wheel built in an isolated environment without torch) builds them on
-first use from there (``fedopt_kernels/backends/_jit.py``).
+first use from there (``fedopt_kernels/core/backends/_jit.py``).
 """
 import importlib.util
 import os

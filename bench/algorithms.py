@@ -1,6 +1,6 @@
 """The benchmarked configurations: which catalogue entry each case runs and what it is compared with.
 
-Every case is an option set of ``fedopt_kernels.catalogue`` (the configurations the tests check),
+Every case is an option set of ``fedopt_kernels.fl.catalogue`` (the configurations the tests check),
 set up the way a client would before its first step (round inputs, per-step inputs); its memory
 traffic comes from the op's declaration (``bench.traffic``). SGD-family cases also name the
 ``torch.optim.SGD`` keyword arguments that do the same work, for the fused/foreach baselines.
@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from fedopt_kernels import algorithm, catalogue
+from fedopt_kernels.fl import algorithm, catalogue
 
 from .traffic import Traffic
 
@@ -78,7 +78,7 @@ class Algo:
         return Stepper(opt, cfg.step_inputs(params, 0, seed=1))
 
 
-# every algorithm's benchmark rows, from its descriptor (fedopt_kernels.algorithm), in registration order
+# every algorithm's benchmark rows, from its descriptor (fedopt_kernels.fl.algorithm), in registration order
 ALGOS: Dict[str, Algo] = {
     case.name: Algo(case.name, case.label, catalogue.config(a.name, case.option),
                     dict(case.torch_sgd) if case.torch_sgd is not None else None, case.clip_sgd, case.prox_sgd)

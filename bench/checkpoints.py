@@ -48,7 +48,7 @@ def _tiny_cifar(clients: int) -> FederatedData:
 def _keeping_variant() -> str:
     """The first registered variant whose server rule has each client keep a tensor list (SCAFFOLD's
     control, say): the checkpoint that grows with the number of clients."""
-    from fedopt_kernels.aggregation import RULES
+    from fedopt_kernels.fl.server_rules import RULES
 
     return next(name for name, v in ALGORITHMS.items() if RULES[v.server].keeps)
 

@@ -37,7 +37,8 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from torch.nn import functional as F
 
-from fedopt_kernels import FedNAR, _registry
+from fedopt_kernels import FedNAR
+from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.batched import BatchedFedNAR
 from fedopt_kernels.sim.batched_round import _pad_clients
 from fedopt_kernels.sim.batched_trainer import BatchedTrainer

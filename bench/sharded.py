@@ -66,7 +66,7 @@ def _local_params(sharded: List[torch.Tensor]) -> List[torch.Tensor]:
 def _stepper(algo: str, params: List[torch.Tensor], like: List[torch.Tensor], backend: str):
     """The case's optimizer on ``params`` with its round and step inputs (drawn for ``like``, the
     whole tensors, and placed like ``params``)."""
-    from fedopt_kernels._dtensor import is_dtensor
+    from fedopt_kernels.core.dtensor import is_dtensor
 
     cfg = ALGOS[algo].config
     opt = cfg.build(params, backend)
@@ -177,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs")
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args(argv)
-    from fedopt_kernels.local_world import gloo_unavailable, run_local_world
+    from fedopt_kernels.fl.local_world import gloo_unavailable, run_local_world
 
     why = gloo_unavailable()
     if why is not None:

@@ -1,7 +1,7 @@
 """Minimum bytes one optimizer step must move through memory (docs/benchmarks.md), the roofline numerator.
 
 ``bytes_per_step`` is the single definition every figure of the benchmark uses. The numbers come
-from each op's declaration (``fedopt_kernels/_ops.py``: for every role, how often a step reads and
+from each op's declaration (``fedopt_kernels/core/ops.py``: for every role, how often a step reads and
 writes each element, and whether it is stored in the parameter dtype or as float32 state): a
 step reads or writes every stream once per pass that needs it, at that stream's element size,
 and nothing is reused from a cache between passes or steps (true for the large list on any
@@ -21,7 +21,7 @@ from typing import Sequence, Tuple
 
 import torch
 
-from fedopt_kernels._ops import OPS
+from fedopt_kernels.core.ops import OPS
 
 Shape = Tuple[int, ...]
 

@@ -16,12 +16,12 @@ Rules (README "Install"):
 * CUDA headers torch needs besides nvcc's own are also looked up in the ``nvidia-*`` pip packages
   (``site-packages/nvidia/*/include``), so no paths have to be set by hand.
 * The sources index every op's arguments with ``op_table.h``, which is generated from
-  ``fedopt_kernels/_ops.py`` (``fedopt_kernels/_op_header.py``) into the build's own folder and put on
+  ``fedopt_kernels/core/ops.py`` (``fedopt_kernels/core/op_header.py``) into the build's own folder and put on
   the include path (``write_op_header``): setup.py's build writes it under ``build_temp``, the
   on-first-use build into its cache folder. It is never part of the sources.
 * The same source lists and flags serve the on-first-use build (``jit_spec``): an installed package
   without a compiled extension builds it against the running torch with
-  ``torch.utils.cpp_extension.load`` (``fedopt_kernels/backends/_jit.py``). This file is installed
+  ``torch.utils.cpp_extension.load`` (``fedopt_kernels/core/backends/_jit.py``). This file is installed
   as ``fedopt_kernels/csrc/build.py`` next to the sources for that purpose, so it imports nothing
   outside the standard library at module level.
 """
@@ -68,22 +68,22 @@ OP_SOURCE = {"_C_cpu": ("cpu", "{op}_cpu.cpp"), "_C_cuda": ("cuda", "{op}.cu")}
 
 # ------------------------------------------------------------------------------ op_table.h
 def _op_header_module():
-    """fedopt_kernels/_op_header.py: the running package's when it is imported (its ops are declared
+    """fedopt_kernels/core/op_header.py: the running package's when it is imported (its ops are declared
     with torch once per process), else the copy beside these sources, loaded without the package's
     __init__ (setup.py, where only torch is importable)."""
-    if "fedopt_kernels._ops" in sys.modules:
-        return importlib.import_module("fedopt_kernels._op_header")
-    for pkg_dir in (os.path.join(ROOT, "fedopt_kernels"), ROOT):  # a checkout; an installed package
-        if os.path.isfile(os.path.join(pkg_dir, "_op_header.py")):
+    if "fedopt_kernels.core.ops" in sys.modules:
+        return importlib.import_module("fedopt_kernels.core.op_header")
+    for pkg_dir in (os.path.join(ROOT, "fedopt_kernels", "core"), os.path.join(ROOT, "core")):  # a checkout; installed
+        if os.path.isfile(os.path.join(pkg_dir, "op_header.py")):
             break
     else:
-        raise FileNotFoundError(f"fedopt_kernels/_op_header.py not found beside {HERE}")
+        raise FileNotFoundError(f"fedopt_kernels/core/op_header.py not found beside {HERE}")
     name = "_fedopt_kernels_build_src"
     if name not in sys.modules:
         pkg = types.ModuleType(name)
         pkg.__path__ = [pkg_dir]
         sys.modules[name] = pkg
-    return importlib.import_module(f"{name}._op_header")
+    return importlib.import_module(f"{name}.op_header")
 
 
 def write_op_header(folder: str) -> str:
@@ -103,7 +103,7 @@ def missing_op_sources(ext: str) -> List[str]:
 
 
 def _missing_message(missing: List[str]) -> str:
-    return (f"an op declared in fedopt_kernels/_ops.py has no kernel file: {', '.join(missing)} "
+    return (f"an op declared in fedopt_kernels/core/ops.py has no kernel file: {', '.join(missing)} "
             f"(docs/dispatch.md, \"Adding an algorithm\")")
 
 
@@ -366,7 +366,7 @@ def _make_build_ext(base):
                     generated = write_op_header(os.path.join(self.build_temp, "fedopt_generated"))
                 except Exception as exc:  # no header, no build: say why instead of a compiler error
                     for e in self.extensions:
-                        self._record(e, f"build failed: cannot generate op_table.h from fedopt_kernels/_ops.py "
+                        self._record(e, f"build failed: cannot generate op_table.h from fedopt_kernels/core/ops.py "
                                         f"({type(exc).__name__}: {exc})")
                     self.extensions = self.extensions + skipped
                     return

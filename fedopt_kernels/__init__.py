@@ -3,13 +3,13 @@
 Public names (docs/algorithms.md): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, neuron_lr_scales, FedNAR,
 PAdaMFed, theory_hparams, FedDyn, available_backends.
 """
-from ._registry import available_backends
-# each algorithm's module registers its descriptor (fedopt_kernels.algorithm) on import, in this order
-from .feddecay import FedDecaySGD, WithinRoundDecay  # noqa: I001
-from .neuron_lr import NeuronLRSGD, neuron_lr_scales
-from .fednar import FedNAR
-from .padamfed import PAdaMFed, theory_hparams
-from .feddyn import FedDyn
+from .core.registry import available_backends
+# each algorithm's module registers its descriptor (fedopt_kernels.fl.algorithm) on import, in this order
+from .optim.feddecay import FedDecaySGD, WithinRoundDecay  # noqa: I001
+from .optim.neuron_lr import NeuronLRSGD, neuron_lr_scales
+from .optim.fednar import FedNAR
+from .optim.padamfed import PAdaMFed, theory_hparams
+from .optim.feddyn import FedDyn
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,6 @@
 """``python -m fedopt_kernels.selfcheck``: every optimizer on every available backend against
 ``reference`` on random problems, printed as a table (the install's smoke test; the full matrix
-is ``tests/test_equivalence.py``). Configurations come from ``fedopt_kernels.catalogue`` (each
+is ``tests/test_equivalence.py``). Configurations come from ``fedopt_kernels.fl.catalogue`` (each
 algorithm's option set that exercises every role of its op). Exits non-zero when a backend
 disagrees beyond tolerance."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import List, Tuple
 
 import torch
 
-from . import available_backends, catalogue
+from . import available_backends
+from .fl import catalogue
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 SHAPES = [(64, 3, 3, 3), (64,), (128, 64), (1,), (0,), (1000,), (33, 17)]

@@ -6,7 +6,7 @@ from typing import List, Optional
 import pytest
 import torch
 
-from fedopt_kernels import _registry
+from fedopt_kernels.core import registry as _registry
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -3,7 +3,7 @@
 A *case* is (algorithm, option set, shape set). ``run_case`` builds the parameters from a seed,
 feeds every backend the same gradients and round inputs, and returns the final parameters and
 optimizer state, so that a fused backend can be compared with ``reference`` tensor by tensor.
-Every backend registered with ``fedopt_kernels._registry`` is covered without touching this file.
+Every backend registered with ``fedopt_kernels.core.registry`` is covered without touching this file.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from fedopt_kernels import _registry, algorithm, catalogue
+from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.fl import algorithm, catalogue
 
 FUSED_BACKENDS = [b for b in _registry.BACKENDS if b != "reference"]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -73,7 +74,7 @@ def make_grads(params: List[torch.Tensor], shape_set: str, step: int, seed: int)
 
 
 # ---------------------------------------------------------------- algorithms and options
-# every configuration comes from the package's catalogue (fedopt_kernels/catalogue.py)
+# every configuration comes from the package's catalogue (fedopt_kernels/fl/catalogue.py)
 ALGOS = catalogue.ALGOS
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedopt_kernels import _op_header
+from fedopt_kernels.core import op_header as _op_header
 
 
 def compiler() -> str:

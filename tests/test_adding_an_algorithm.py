@@ -10,12 +10,13 @@ import pytest
 import torch
 
 import fedopt_kernels
-from fedopt_kernels import _ops, _registry, algorithm, catalogue
-from fedopt_kernels._base import FedOptimizer
-from fedopt_kernels.aggregation import RULES
-from fedopt_kernels.algorithm import Algorithm, Variant
+from fedopt_kernels.core import ops as _ops, registry as _registry
+from fedopt_kernels.fl import algorithm, catalogue
+from fedopt_kernels.core.optimizer import FedOptimizer
+from fedopt_kernels.fl.server_rules import RULES
+from fedopt_kernels.fl.algorithm import Algorithm, Variant
 from fedopt_kernels.batched._client_batched import ClientBatched
-from fedopt_kernels.fl_config import FLConfig, algorithm_settings
+from fedopt_kernels.fl.config import FLConfig, algorithm_settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "docs" / "algorithms.md").read_text()
@@ -53,7 +54,7 @@ def missing_registrations(a: Algorithm) -> List[str]:
         out.append("simulator/Flower: no variant (fedopt-sim --algorithm name)")
     for v in a.variants:
         if v.server not in RULES:
-            out.append(f"variant {v.name!r}: server rule {v.server!r} is not registered (aggregation.register_rule)")
+            out.append(f"variant {v.name!r}: server rule {v.server!r} is not registered (server_rules.register_rule)")
     if f"## {opt.__name__}" not in DOCS and f"`{opt.__name__}`" not in DOCS:
         out.append(f"docs/algorithms.md: no section on {opt.__name__}")
     return out
@@ -110,11 +111,11 @@ def test_registering_a_name_twice_is_refused():
 # where an algorithm's name may stand as a string: its descriptor module, the server rules, the
 # kernels, and these few places that name one on purpose (a default, the paper-named Flower
 # constructors, the benchmark's goals and its client-batched workload)
-_NAME_HOMES = {"fedopt_kernels/feddecay.py", "fedopt_kernels/neuron_lr.py", "fedopt_kernels/fednar.py",
-               "fedopt_kernels/padamfed.py", "fedopt_kernels/feddyn.py", "fedopt_kernels/aggregation.py",
-               "fedopt_kernels/server_rules.py", "fedopt_kernels/_ops.py"}
-_NAME_FOLDERS = ("fedopt_kernels/reference/", "fedopt_kernels/backends/", "triton_kernels/")
-_NAMED_ON_PURPOSE = {"fedopt_kernels/fl_config.py": {"fedavg"}, "fedopt_kernels/flower/runconfig.py": {"fedavg"},
+_NAME_HOMES = {"fedopt_kernels/optim/feddecay.py", "fedopt_kernels/optim/neuron_lr.py",
+               "fedopt_kernels/optim/fednar.py", "fedopt_kernels/optim/padamfed.py", "fedopt_kernels/optim/feddyn.py",
+               "fedopt_kernels/fl/server_rules.py", "fedopt_kernels/core/ops.py"}
+_NAME_FOLDERS = ("fedopt_kernels/core/reference/", "fedopt_kernels/core/backends/", "triton_kernels/")
+_NAMED_ON_PURPOSE = {"fedopt_kernels/fl/config.py": {"fedavg"}, "fedopt_kernels/flower/runconfig.py": {"fedavg"},
                      "fedopt_kernels/flower/averaging.py": {"fedavg", "fedprox", "scaffold", "fednar", "fednar-fedprox",
                                                             "fednar-scaffold", "feddecay", "fednlr"},
                      "fedopt_kernels/flower/padamfed.py": {"padamfed", "padamfed-vr"},

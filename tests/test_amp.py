@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedopt_kernels import catalogue
+from fedopt_kernels.fl import catalogue
 
 from backends import cases, grad_scaler_unscales, require
 from no_sync import no_host_sync

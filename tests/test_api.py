@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import _registry
+from fedopt_kernels.core import registry as _registry
 
 OPTIMIZERS = {
     "FedDecaySGD": lambda ps, **kw: fk.FedDecaySGD(ps, lr=0.1, beta=0.5, **kw),
@@ -143,7 +143,7 @@ def test_params_without_grad_are_skipped():
 def test_selfcheck_catches_a_wrong_backend(monkeypatch, capsys):
     """The install smoke test must fail when a backend computes something else than reference."""
     from fedopt_kernels import selfcheck
-    from fedopt_kernels.reference.sgd import sgd_step
+    from fedopt_kernels.core.reference.sgd import sgd_step
 
     def off_by_a_bit(*args, cache=None):
         sgd_step(*args)
@@ -151,9 +151,9 @@ def test_selfcheck_catches_a_wrong_backend(monkeypatch, capsys):
             p.mul_(1.01)
 
     monkeypatch.setitem(_registry._LOAD_ERRORS, "cpu", None)
-    monkeypatch.setitem(_registry._IMPLS["sgd"], "cpu", off_by_a_bit)
-    monkeypatch.setitem(_registry._IMPLS["fednar"], "cpu", _registry._IMPLS["fednar"]["reference"])
-    monkeypatch.setitem(_registry._IMPLS["padamfed"], "cpu", _registry._IMPLS["padamfed"]["reference"])
+    monkeypatch.setitem(_registry.IMPLS["sgd"], "cpu", off_by_a_bit)
+    monkeypatch.setitem(_registry.IMPLS["fednar"], "cpu", _registry.IMPLS["fednar"]["reference"])
+    monkeypatch.setitem(_registry.IMPLS["padamfed"], "cpu", _registry.IMPLS["padamfed"]["reference"])
     monkeypatch.setattr(selfcheck, "TOL", {torch.float32: 2e-5})
     assert selfcheck.main(["--device", "cpu"]) == 1
     out = capsys.readouterr().out

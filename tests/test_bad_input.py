@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import catalogue
+from fedopt_kernels.fl import catalogue
 
 
 def _p(*shape):
@@ -162,7 +162,7 @@ def test_unknown_backend(backend):
 
 
 def test_unavailable_backend_names_what_is_missing(monkeypatch):
-    from fedopt_kernels import _registry
+    from fedopt_kernels.core import registry as _registry
     monkeypatch.setitem(_registry._LOAD_ERRORS, "cpu", "extension fedopt_kernels._C_cpu was not built")
     with pytest.raises(ValueError, match=r"backend='cpu' cannot run parameter 0 .*_C_cpu was not built"):
         fk.FedDecaySGD([_p(2)], lr=0.1, beta=0.5, backend="cpu")
@@ -170,7 +170,7 @@ def test_unavailable_backend_names_what_is_missing(monkeypatch):
 
 
 def test_backend_made_unavailable_after_construction_is_refused_at_step(monkeypatch):
-    from fedopt_kernels import _registry
+    from fedopt_kernels.core import registry as _registry
     p = _p(2)
     opt = fk.FedDecaySGD([p], lr=0.1, beta=0.5, backend="reference")
     monkeypatch.setitem(_registry._LOAD_ERRORS, "reference", "made unavailable by this test")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedopt_kernels import _registry, catalogue
+from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.fl import catalogue
 
 from backends import DEVICES
 

@@ -14,7 +14,8 @@ import io
 import pytest
 import torch
 
-from fedopt_kernels import _registry, catalogue
+from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.fl import catalogue
 
 C = 4
 SHAPES = [(3, 2), (5,), (0,)]

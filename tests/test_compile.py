@@ -14,7 +14,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import fedopt_kernels as fk
-from fedopt_kernels import catalogue
+from fedopt_kernels.fl import catalogue
 
 from backends import cases, require
 

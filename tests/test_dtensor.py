@@ -28,8 +28,8 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
-from fedopt_kernels import catalogue
-from fedopt_kernels.local_world import gloo_unavailable, run_local_world
+from fedopt_kernels.fl import catalogue
+from fedopt_kernels.fl.local_world import gloo_unavailable, run_local_world
 
 pytestmark = pytest.mark.skipif(gloo_unavailable() is not None, reason=f"no gloo: {gloo_unavailable()}")
 
@@ -470,7 +470,7 @@ def test_misplaced_inputs_are_refused(two_ranks, key, pattern):
 def test_plain_tensors_keep_the_ordinary_plan():
     """An optimizer over ordinary tensors plans and steps exactly as before (no sharded plan)."""
     import fedopt_kernels as fk
-    from fedopt_kernels._plan import StepPlan
+    from fedopt_kernels.core.plan import StepPlan
 
     p = torch.nn.Parameter(torch.ones(5))
     p.grad = torch.ones(5)

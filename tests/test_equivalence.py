@@ -1,7 +1,7 @@
 """Every fused backend against ``reference``: algorithm x option x shape set x dtype x device.
 
 Parameters *and* optimizer state are compared after several rounds of several steps. A backend
-appears here as soon as it registers with ``fedopt_kernels._registry``; unavailable ones are
+appears here as soon as it registers with ``fedopt_kernels.core.registry``; unavailable ones are
 skipped with the reason ``available_backends()`` gives.
 """
 import pytest

@@ -9,9 +9,10 @@ import io
 import pytest
 import torch
 
-from fedopt_kernels import FedDecaySGD, catalogue
-from fedopt_kernels.feddyn import BatchedFedDyn, FedDyn, feddyn_server_step
-from fedopt_kernels.server_rules import weighted_average_step
+from fedopt_kernels import FedDecaySGD
+from fedopt_kernels.fl import catalogue
+from fedopt_kernels.optim.feddyn import BatchedFedDyn, FedDyn, feddyn_server_step
+from fedopt_kernels.fl.server_rules import weighted_average_step
 
 from backends import supports, usable
 from harness import (SHAPE_SETS, TOLERANCE, RunResult, _state, assert_close_runs, backend_skip_reason,

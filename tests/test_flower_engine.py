@@ -25,7 +25,7 @@ pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[f
 
 import torch  # noqa: E402
 
-from fedopt_kernels.algorithm import VARIANTS  # noqa: E402
+from fedopt_kernels.fl.algorithm import VARIANTS  # noqa: E402
 from fedopt_kernels.sim import Simulation  # noqa: E402
 from fedopt_kernels.sim.config import SimConfig  # noqa: E402
 from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence  # noqa: E402

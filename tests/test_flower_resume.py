@@ -16,8 +16,8 @@ pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[f
 
 import torch  # noqa: E402
 
-from fedopt_kernels.algorithm import VARIANTS  # noqa: E402
-from fedopt_kernels.checkpoint import MANIFEST, CheckpointError  # noqa: E402
+from fedopt_kernels.fl.algorithm import VARIANTS  # noqa: E402
+from fedopt_kernels.fl.checkpoint import MANIFEST, CheckpointError  # noqa: E402
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402

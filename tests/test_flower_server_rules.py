@@ -1,4 +1,4 @@
-"""The shared server rules (fedopt_kernels.server_rules) against the formulas written out by hand.
+"""The shared server rules (fedopt_kernels.fl.server_rules) against the formulas written out by hand.
 
 These functions are the one implementation both front ends call (the simulator's strategies and
 the Flower strategies); the simulator's hand-computed tests (test_sim_algorithms.py) pin them
@@ -7,8 +7,8 @@ end to end, these pin each rule alone, its purity and its bad-input errors. No F
 import pytest
 import torch
 
-from fedopt_kernels.server_rules import (padamfed_init, padamfed_step, scaffold_control_step,
-                                         scaffold_local_control, weighted_average_step)
+from fedopt_kernels.fl.server_rules import (padamfed_init, padamfed_step, scaffold_control_step, scaffold_local_control,
+                                            weighted_average_step)
 
 
 def tensors(*shapes, seed=0):

@@ -23,16 +23,16 @@ flwr = pytest.importorskip("flwr", reason="Flower is not installed: pip install 
 import torch  # noqa: E402
 from flwr.app import Array, ConfigRecord, MessageType  # noqa: E402
 
-from fedopt_kernels.aggregation import RULES  # noqa: E402
-from fedopt_kernels.algorithm import VARIANTS  # noqa: E402
-from fedopt_kernels.flower import FedDecay, FedNAR, FedNLR, PAdaMFed, Scaffold, strategy_for  # noqa: E402
+from fedopt_kernels.fl.server_rules import RULES  # noqa: E402
+from fedopt_kernels.fl.algorithm import VARIANTS  # noqa: E402
+from fedopt_kernels.flower import (FedDecayStrategy, FedNARStrategy, FedNLRStrategy, PAdaMFedStrategy,  # noqa: E402
+                                   ScaffoldStrategy, strategy_for)
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.records import from_record, to_record  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
 from fedopt_kernels.flower.simdata import simulation_for  # noqa: E402
-from fedopt_kernels.server_rules import (padamfed_init, padamfed_step, scaffold_control_step,  # noqa: E402
-                                         weighted_average_step)
+from fedopt_kernels.fl.server_rules import padamfed_init, padamfed_step, scaffold_control_step, weighted_average_step  # noqa: E402
 from fedopt_kernels.sim import Simulation  # noqa: E402
 from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence  # noqa: E402
 
@@ -270,14 +270,14 @@ def test_padamfed_initialisation_leaves_a_bad_client_out(fault, caplog):
     cfg = sim_configs(rc)[0]
     sim = simulation_for(cfg)
     names = [n for n, _ in sim.model.named_parameters()]
-    client = FaultyClient(rc, 1, fault, phase="train.padamfed_init")
+    client = FaultyClient(rc, 1, fault, phase="train.init_controls")
     grid = InProcessGrid(client, cfg.num_train_clients, rc)
     strategy = strategy_for(cfg, state_tag=f"init-{fault}")
     with caplog.at_level(logging.WARNING, logger="flwr"):
         drive_round(strategy, grid, 1, to_record(names, sim.global_params))
     (rej,) = strategy.rejections
     assert rej.phase == "init" and FAULTS[fault] in rej.reason
-    good = [tensors_of(client.replies[("train.padamfed_init", 1, c)]["control"], names)
+    good = [tensors_of(client.replies[("train.init_controls", 1, c)]["control"], names)
             for c in range(cfg.num_train_clients) if c != 1]
     c0, _ = padamfed_init(good, cfg.num_train_clients)
     assert all(torch.isfinite(t).all() for v in strategy.server_state().values() for t in v)
@@ -352,7 +352,7 @@ def test_own_model_and_data_as_in_the_docs():
     from flwr.app import Message
     from flwr.clientapp import ClientApp
 
-    from fedopt_kernels.flower import padamfed_init_round, train_round
+    from fedopt_kernels.flower import init_controls_round, train_round
 
     def make_model():
         torch.manual_seed(0)
@@ -379,10 +379,10 @@ def test_own_model_and_data_as_in_the_docs():
                               calibration=data(cid), backend="reference")
         return Message(content, reply_to=msg)
 
-    @app.train("padamfed_init")
+    @app.train("init_controls")
     def init(msg, context):
         it = batches(context.node_config["partition-id"], context)
-        return Message(padamfed_init_round(make_model(), lambda: next(it), msg.content, context.state,
+        return Message(init_controls_round(make_model(), lambda: next(it), msg.content, context.state,
                                            num_examples=40), reply_to=msg)
 
     def loss_of(arrays):
@@ -396,8 +396,9 @@ def test_own_model_and_data_as_in_the_docs():
     model = make_model()
     names, params = zip(*model.named_parameters())
     start = loss_of(to_record(names, params))
-    for strategy in (FedNAR(backbone="scaffold", lr=0.1, weight_decay=1e-3, local_steps=5),
-                     FedNLR(lr=0.1, local_steps=5), PAdaMFed(num_rounds=5, clients_per_round=3, local_steps=5)):
+    for strategy in (FedNARStrategy(backbone="scaffold", lr=0.1, weight_decay=1e-3, local_steps=5),
+                     FedNLRStrategy(lr=0.1, local_steps=5),
+                     PAdaMFedStrategy(num_rounds=5, clients_per_round=3, local_steps=5)):
         result = strategy.start(InProcessGrid(app, 3), to_record(names, params), num_rounds=5)
         assert strategy.rejections == []
         assert loss_of(result.arrays) < start, type(strategy).__name__
@@ -405,15 +406,15 @@ def test_own_model_and_data_as_in_the_docs():
 
 # ---------------------------------------------------------------------------------------------- constructors
 @pytest.mark.parametrize("make, name", [
-    (lambda: FedDecay(beta=1.5), "beta"),
-    (lambda: FedDecay(beta=0.5, lr=-1.0), "lr"),
-    (lambda: FedNAR(backbone="fedadam"), "backbone"),
-    (lambda: FedNAR(max_norm=0.0), "clip_norm"),
-    (lambda: FedNLR(fraction_train=0.0), "fraction_train"),
-    (lambda: Scaffold(clients_per_round=0), "clients_per_round"),
-    (lambda: Scaffold(fraction_evaluate=2.0), "fraction_evaluate"),
-    (lambda: PAdaMFed(num_rounds=0, clients_per_round=5), "num_rounds"),
-    (lambda: PAdaMFed(num_rounds=10, clients_per_round=5, fraction_train=0.5), "fraction_train"),
+    (lambda: FedDecayStrategy(beta=1.5), "beta"),
+    (lambda: FedDecayStrategy(beta=0.5, lr=-1.0), "lr"),
+    (lambda: FedNARStrategy(backbone="fedadam"), "backbone"),
+    (lambda: FedNARStrategy(max_norm=0.0), "clip_norm"),
+    (lambda: FedNLRStrategy(fraction_train=0.0), "fraction_train"),
+    (lambda: ScaffoldStrategy(clients_per_round=0), "clients_per_round"),
+    (lambda: ScaffoldStrategy(fraction_evaluate=2.0), "fraction_evaluate"),
+    (lambda: PAdaMFedStrategy(num_rounds=0, clients_per_round=5), "num_rounds"),
+    (lambda: PAdaMFedStrategy(num_rounds=10, clients_per_round=5, fraction_train=0.5), "fraction_train"),
 ])
 def test_constructors_name_the_bad_parameter(make, name):
     with pytest.raises(ValueError, match=name):
@@ -421,12 +422,12 @@ def test_constructors_name_the_bad_parameter(make, name):
 
 
 def test_keyword_constructors_resolve_the_simulators_defaults():
-    s = PAdaMFed(num_rounds=100, clients_per_round=10, local_steps=5)
+    s = PAdaMFedStrategy(num_rounds=100, clients_per_round=10, local_steps=5)
     from fedopt_kernels import theory_hparams
     eta, gamma, beta = theory_hparams(10, 5, 100)
     assert (s.hp["lr"], s.hp["server_lr"], s.hp["beta"]) == (eta, gamma, beta)
-    assert FedNAR(backbone="scaffold").cfg.algorithm == "fednar-scaffold"
-    assert FedNAR().hp["clip_norm"] == 10.0 and FedNAR().hp["round_decay"] == 0.998
+    assert FedNARStrategy(backbone="scaffold").cfg.algorithm == "fednar-scaffold"
+    assert FedNARStrategy().hp["clip_norm"] == 10.0 and FedNARStrategy().hp["round_decay"] == 0.998
     with pytest.raises(TypeError, match="cfg"):
         strategy_for({"algorithm": "fedavg"})
 
@@ -436,3 +437,16 @@ def test_importing_without_flower_says_what_to_install():
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode != 0
     assert 'pip install "fedopt_kernels[flower]"' in res.stderr
+
+
+@pytest.mark.parametrize("old, new", [("FedDecay", "FedDecayStrategy"), ("FedNLR", "FedNLRStrategy"),
+                                      ("FedNAR", "FedNARStrategy"), ("Scaffold", "ScaffoldStrategy"),
+                                      ("PAdaMFed", "PAdaMFedStrategy"), ("padamfed_init_round", "init_controls_round")])
+def test_earlier_flower_names_import_with_a_warning(old, new):
+    import fedopt_kernels.flower as fl
+
+    with pytest.warns(DeprecationWarning, match=new):
+        assert getattr(fl, old) is getattr(fl, new)
+    assert old not in fl.__all__
+    with pytest.raises(AttributeError):
+        fl.NoSuchStrategy

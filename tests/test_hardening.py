@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import catalogue
+from fedopt_kernels.fl import catalogue
 
 from backends import cases, require
 

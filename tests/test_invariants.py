@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
+from fedopt_kernels.core.schedules import DecaySchedule
 
 F64 = dict(dtype=torch.float64)
 
@@ -54,7 +55,7 @@ def test_feddecay_eq5_total_step_is_lr_times_sum_of_schedule(schedule, beta, eve
     for _ in range(K):
         p.grad = g.clone()
         opt.step()
-    sched = fk.schedules.DecaySchedule(beta, schedule, every)
+    sched = DecaySchedule(beta, schedule, every)
     total = sum(sched.value(k // every) for k in range(K))
     if isinstance(schedule, str) and schedule == "exponential":
         assert math.isclose(total, sum(beta ** (k // every) for k in range(K)))
@@ -113,7 +114,7 @@ def test_within_round_decay_scheduler_drives_adam():
 
 
 def test_linear_schedule_reaches_zero_and_stays():
-    s = fk.schedules.DecaySchedule(0.6, "linear")
+    s = DecaySchedule(0.6, "linear")
     assert [s.value(j) for j in range(5)] == pytest.approx([1.0, 0.6, 0.2, 0.0, 0.0])
 
 

@@ -19,7 +19,7 @@ import torch
 
 import fedopt_kernels as fk
 from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed
-from fedopt_kernels._registry import unavailable_reason
+from fedopt_kernels.core.registry import unavailable_reason
 
 _WHY = unavailable_reason("cpu", torch.device("cpu"))
 
@@ -386,7 +386,7 @@ def test_batched_fifty_small_cnn_clients_match_reference(algo):
 def test_batched_found_inf_changes_nothing(op):
     """GradScaler found an inf: no client moves and no counter advances (active or not)."""
     from fedopt_kernels import _C_cpu
-    from fedopt_kernels._ops import BATCHED
+    from fedopt_kernels.core.ops import BATCHED
     spec = BATCHED[op]
     C, g = 3, torch.Generator().manual_seed(3)
     x, grad = torch.randn(C, 4, 5, generator=g), torch.randn(C, 4, 5, generator=g)

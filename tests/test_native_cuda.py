@@ -19,9 +19,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed, _ops, catalogue
-from fedopt_kernels._ops import BATCHED, FRESH, OPS
-from fedopt_kernels._registry import unavailable_reason
+from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed
+from fedopt_kernels.core import ops as _ops
+from fedopt_kernels.fl import catalogue
+from fedopt_kernels.core.ops import BATCHED, FRESH, OPS
+from fedopt_kernels.core.registry import unavailable_reason
 
 from no_sync import no_host_sync
 

@@ -1,5 +1,5 @@
 """Native backends on every install path: an install without a usable compiled extension builds it on
-first use against the running torch (fedopt_kernels/backends/_jit.py), from the sources that ship in
+first use against the running torch (fedopt_kernels/core/backends/_jit.py), from the sources that ship in
 the package; when it cannot, available_backends() says plainly why.
 
 The slow test copies the package in the layout a wheel installs (``fedopt_kernels/csrc`` inside the
@@ -78,7 +78,7 @@ def test_switched_off_still_loads_a_cached_build(tmp_path, monkeypatch):
     built = importlib.util.find_spec("fedopt_kernels._C_cpu")
     if built is None or not built.origin:
         pytest.skip("no built fedopt_kernels._C_cpu to place in the cache")
-    from fedopt_kernels.backends import _jit
+    from fedopt_kernels.core.backends import _jit
 
     monkeypatch.setenv("FEDOPT_CACHE_DIR", str(tmp_path))
     script = _jit.build_script()
@@ -95,7 +95,7 @@ def test_switched_off_still_loads_a_cached_build(tmp_path, monkeypatch):
 
 
 def test_switched_on_overrides_an_install_time_switch(monkeypatch):
-    from fedopt_kernels.backends import _jit
+    from fedopt_kernels.core.backends import _jit
 
     monkeypatch.delenv("FEDOPT_BUILD_CPU", raising=False)
     monkeypatch.setenv("FEDOPT_JIT_BUILD", "1")
@@ -117,7 +117,7 @@ def test_no_compiler_says_so(tmp_path):
 
 
 def test_disabled_at_install_time_is_respected(monkeypatch):
-    from fedopt_kernels.backends import _jit
+    from fedopt_kernels.core.backends import _jit
 
     monkeypatch.delenv("FEDOPT_JIT_BUILD", raising=False)
     monkeypatch.delenv("FEDOPT_BUILD_CPU", raising=False)

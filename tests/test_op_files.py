@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fedopt_kernels._ops import OPS, PER_CLIENT
+from fedopt_kernels.core.ops import OPS, PER_CLIENT
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"

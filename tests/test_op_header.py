@@ -1,4 +1,4 @@
-"""The C++ side of the one declaration: ``op_table.h`` is generated from ``fedopt_kernels/_ops.py``.
+"""The C++ side of the one declaration: ``op_table.h`` is generated from ``fedopt_kernels/core/ops.py``.
 
 * the generated header, compiled on its own, declares every op's slots, present bits, hp columns,
   role table and FRESH exactly as ``_ops.OPS`` does (a small C++ program prints what it sees);
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from fedopt_kernels import _op_header
-from fedopt_kernels._ops import FRESH, OPS, PER_CLIENT, Role
+from fedopt_kernels.core import op_header as _op_header
+from fedopt_kernels.core.ops import FRESH, OPS, PER_CLIENT, Role
 
 from host_cxx import compiler, generated_include
 

@@ -1,4 +1,4 @@
-"""The ops as torch.library ops: one declaration (``fedopt_kernels/_ops.py``) that every layer reads.
+"""The ops as torch.library ops: one declaration (``fedopt_kernels/core/ops.py``) that every layer reads.
 
 * ``torch.library.opcheck`` on every op and backend (schema mutation annotations, fake tensors,
   AOT dispatch) with batches that have every optional role and batches that have none;
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import _ops, _registry
-from fedopt_kernels._ops import BATCHED, FRESH, OPS, PER_CLIENT
+from fedopt_kernels.core import ops as _ops, registry as _registry
+from fedopt_kernels.core.ops import BATCHED, FRESH, OPS, PER_CLIENT
 
 from backends import cases, require
 

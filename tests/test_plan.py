@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import _params
+from fedopt_kernels.core import plan_inputs as _params
 
 from backends import cases, require
 
@@ -254,7 +254,7 @@ def test_a_rejected_hyperparameter_edit_leaves_no_stale_row_behind():
 def test_the_plan_is_built_from_data_alone(monkeypatch):
     """Once the optimizer has gathered ``PlanInputs``, building, checking and updating a plan calls none
     of its hooks: the same plan comes out with every hook replaced by one that raises."""
-    from fedopt_kernels._plan import StepPlan
+    from fedopt_kernels.core.plan import StepPlan
 
     run = Pair(steps=2)
     opt = run.ours

@@ -16,7 +16,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from fedopt_kernels import catalogue  # noqa: E402
+from fedopt_kernels.fl import catalogue  # noqa: E402
 
 from backends import supports, usable  # noqa: E402
 

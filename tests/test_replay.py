@@ -16,8 +16,9 @@ from typing import List
 import pytest
 import torch
 
-from fedopt_kernels import _replay, catalogue
-from fedopt_kernels._replay import StepReplay
+from fedopt_kernels.core import replay as _replay
+from fedopt_kernels.fl import catalogue
+from fedopt_kernels.core.replay import StepReplay
 
 from backends import require
 from no_sync import no_host_sync

@@ -253,7 +253,7 @@ def test_control_variates_under_partial_participation(algorithm):
     st, beta = sim.strategy, cfg.hparams()["beta"]
     sim.load_global()
     st.setup()
-    sim._setup_done = True
+    sim.setup_done = True
     seen = set()
     for t in range(cfg.rounds):
         before = controls(st, len(sizes))

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import fedopt_kernels
-from fedopt_kernels import _registry
+from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.sim import cli
 from fedopt_kernels.sim.batched_trainer import clip_per_client_
 from fedopt_kernels.sim.client_batches import BatchPool

@@ -60,8 +60,8 @@ def test_validation_verdicts():
 
 def _fake_cpu_backend(monkeypatch, perturb):
     """Register reference-sgd-plus-``perturb`` as the "cpu" backend for this test only."""
-    from fedopt_kernels import _registry
-    from fedopt_kernels.reference.sgd import sgd_step
+    from fedopt_kernels.core import registry as _registry
+    from fedopt_kernels.core.reference.sgd import sgd_step
 
     def fake(*args, cache=None):
         sgd_step(*args)
@@ -70,8 +70,8 @@ def _fake_cpu_backend(monkeypatch, perturb):
                 perturb(x)
 
     monkeypatch.setitem(_registry._LOAD_ERRORS, "cpu", None)
-    monkeypatch.setitem(_registry._DEVICE_OK, "cpu", lambda device: None)
-    monkeypatch.setitem(_registry._IMPLS["sgd"], "cpu", fake)
+    monkeypatch.setitem(_registry.DEVICE_OK, "cpu", lambda device: None)
+    monkeypatch.setitem(_registry.IMPLS["sgd"], "cpu", fake)
 
 
 def test_validate_passes_rounding_noise(monkeypatch, capsys):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedopt_kernels.checkpoint import MANIFEST, CheckpointDir, CheckpointError
+from fedopt_kernels.fl.checkpoint import MANIFEST, CheckpointDir, CheckpointError
 from fedopt_kernels.sim.clients import ClientData
 from fedopt_kernels.sim.config import ALGORITHMS, SimConfig
 from fedopt_kernels.sim.federated_data import FederatedData

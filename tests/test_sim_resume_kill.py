@@ -4,7 +4,7 @@ Two representative algorithms: SCAFFOLD one client after another (server and cli
 variates) is killed three times before it may finish:
 
 1. halfway through writing the state file of the checkpoint after round 2 (the testing hook of
-   ``fedopt_kernels.checkpoint``): the checkpoint of round 1 must still be the one in force;
+   ``fedopt_kernels.fl.checkpoint``): the checkpoint of round 1 must still be the one in force;
 2. after the state file of round 4 is in place but before the manifest names it: round 3's counts;
 3. at whatever moment the process has reached once a checkpoint of round >= 6 exists;
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedopt_kernels.checkpoint import KILL_HOOK, MANIFEST, CheckpointDir
+from fedopt_kernels.fl.checkpoint import KILL_HOOK, MANIFEST, CheckpointDir
 from fedopt_kernels.sim import cli
 
 ROUNDS = 10

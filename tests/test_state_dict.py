@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from harness import ALGOS, backend_skip_reason, run_case
-from fedopt_kernels import _registry
+from fedopt_kernels.core import registry as _registry
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional
 import pytest
 import torch
 
-from fedopt_kernels import _registry, algorithm, catalogue
+from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.fl import algorithm, catalogue
 
 from no_sync import no_host_sync
 

@@ -17,14 +17,15 @@ import contextlib
 import pytest
 import torch
 
-from fedopt_kernels import _registry, catalogue
+from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.fl import catalogue
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 _WHY = _registry.unavailable_reason("triton", DEVICE)
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 
 if _WHY is None:
-    from fedopt_kernels.backends import triton as backend
+    from fedopt_kernels.core.backends import triton as backend
     from fedopt_kernels.triton_kernels import launcher
     from fedopt_kernels.triton_kernels import sgd as triton_sgd
 

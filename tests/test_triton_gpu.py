@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import _registry
+from fedopt_kernels.core import registry as _registry
 
 from no_sync import no_host_sync
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fedopt_kernels as fk
-from fedopt_kernels import _registry
+from fedopt_kernels.core import registry as _registry
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 _WHY = _registry.unavailable_reason("triton", DEVICE)
@@ -225,7 +225,7 @@ def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0,
     batch 0 (every optional role; FRESH for sgd), odd ones in batch 1 (none but PAdaMFed's D/acc);
     per-client hp rows, per-client k (0, 1, 2, 0, ...) and an active mask with clients 2, 5, ...
     off. ``dtype`` may be a list (one per shape)."""
-    from fedopt_kernels._ops import FRESH, OPS
+    from fedopt_kernels.core.ops import FRESH, OPS
     spec = OPS[f"{name}_batched"]
     g = torch.Generator().manual_seed(seed)
     dts = dtype if isinstance(dtype, list) else [dtype] * len(shapes)
@@ -264,7 +264,7 @@ def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0,
 
 def _run_batched(name: str, args, backend: str, steps: int = 2) -> List[torch.Tensor]:
     """``steps`` calls of the op on copies of ``args``; every tensor it may write, and k."""
-    from fedopt_kernels import _ops
+    from fedopt_kernels.core import ops as _ops
     n = len(_ops.OPS[f"{name}_batched"].roles)
     lists = [[t.clone() for t in lst] for lst in args[:n]]
     rest = list(args[n:])
@@ -411,7 +411,7 @@ def test_float64_is_refused_with_a_message_naming_dtype_and_backend():
 
 
 def test_device_check_explains_interpreter_and_cuda():
-    check = _registry._DEVICE_OK["triton"]
+    check = _registry.DEVICE_OK["triton"]
     if INTERPRETED:
         assert check(torch.device("cpu")) is None
         assert "TRITON_INTERPRET" in check(torch.device("cuda"))
@@ -432,7 +432,7 @@ def test_kernels_load_from_a_source_checkout_without_the_installed_mapping(tmp_p
         "        if name == 'fedopt_kernels.triton_kernels':\n"
         "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import fedopt_kernels.backends.triton as b\n"
+        "import fedopt_kernels.core.backends.triton as b\n"
         "import fedopt_kernels.triton_kernels as k\n"
         "print(k.__file__)\n"
     )

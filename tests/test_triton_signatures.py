@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from fedopt_kernels import _registry
+from fedopt_kernels.core import registry as _registry
 
 _WHY = _registry.unavailable_reason("triton", torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))

@@ -18,7 +18,7 @@ from .launcher import spec_columns, spec_roles, spec_slots
 from .norm import squares
 from .tiles import add_terms, hp_f32, load_f32, store_as
 
-# role slots and hp columns, from the op's declaration (fedopt_kernels/_ops.py)
+# role slots and hp columns, from the op's declaration (fedopt_kernels/core/ops.py)
 ROLES, WRITTEN = spec_roles("fednar")
 _X, _G, _X0, _CORR = spec_slots("fednar", "x", "g", "x0", "corr")
 _STEP_LR, _WD, _MAX_NORM, _EPS, _PROX, HPN = spec_columns("fednar", "step_lr", "weight_decay", "max_norm", "eps",

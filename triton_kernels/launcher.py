@@ -16,7 +16,7 @@ Design (the same for every op):
   the numpy lanes, so the same table works for CPU tensors (only tensors passed as *arguments*
   are copied to the host by the interpreter; the table itself is one of them, the data is not).
   CUDA tensors under the interpreter would be dereferenced on the host, so the backend refuses
-  that combination (see ``fedopt_kernels/backends/triton.py``).
+  that combination (see ``fedopt_kernels/core/backends/triton.py``).
 * **Two tile shapes.** Compiled (GPU): ``ROWS == 1``: a program is one chunk, the pointer is
   marked 16-byte aligned (``tl.multiple_of``), and full chunks take an unmasked branch, so
   float32 loads/stores are 128-bit (``ld.global.v4``). Interpreted: the interpreter pays ~0.1 ms
@@ -63,8 +63,8 @@ from .jit_mode import interpreted
 
 
 def spec_roles(op: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """(role short names, written role short names) of ``op``, from its one declaration (``_ops.py``)."""
-    from fedopt_kernels._ops import OPS
+    """(role short names, written role short names) of ``op``, from its one declaration (``core/ops.py``)."""
+    from fedopt_kernels.core.ops import OPS
 
     spec = OPS[op]
     return tuple(r.short for r in spec.roles), tuple(r.short for r in spec.roles if r.written)
@@ -81,7 +81,7 @@ def spec_slots(op: str, *shorts: str) -> Tuple[tl.constexpr, ...]:
 
 def spec_columns(op: str, *names: str) -> Tuple[tl.constexpr, ...]:
     """The hp columns of ``op``'s hyperparameters ``names``, as kernel constants; then the column count."""
-    from fedopt_kernels._ops import OPS
+    from fedopt_kernels.core.ops import OPS
 
     spec = OPS[op]
     return tuple(tl.constexpr(spec.hp_index(n)) for n in names) + (tl.constexpr(len(spec.hps)),)
@@ -133,7 +133,7 @@ class Launch:
     n_tiles: int                     # programs of an elementwise pass
     group: int = 0                   # hp row (batch) of the tensors (per-client launches)
     norm_programs: int = 0           # programs of a norm pass
-    slot_base: int = 0               # first slot of this launch in Plan.partials
+    slot_base: int = 0               # first slot of this launch in LaunchPlan.partials
     batched: bool = False            # rows are client slices: meta is [T, NR + 2] (hp row, client)
     aligned: bool = True             # every role of every row is 16-byte aligned (the ROWS == 1 promise)
     fresh: int = 0                   # sgd_batched: the FRESH bit of this launch's batches
@@ -141,8 +141,9 @@ class Launch:
 
 
 @dataclass
-class Plan:
-    """Everything a step needs besides the per-step scalars, built once per tensor set."""
+class LaunchPlan:
+    """Everything a step needs besides the per-step scalars, built once per tensor set (the Triton
+    launches; the optimizer's own plan is ``core/plan.py``'s ``StepPlan``)."""
 
     launches: List[Launch]
     partials: Optional[torch.Tensor]                         # float64 [n_slots] or None
@@ -170,7 +171,7 @@ class Plan:
                 roles[g][role][i].copy_(buf)
 
 
-_CACHE: "OrderedDict[tuple, Plan]" = OrderedDict()
+_CACHE: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
 # Counters for the tests: how many plans were built, how many steps reused one.
 stats = {"builds": 0, "hits": 0}
 
@@ -219,7 +220,7 @@ def plan_key(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequ
 
 def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
              role_names: Tuple[str, ...], written: Tuple[str, ...], device: torch.device, norm: bool,
-             scale_role: Optional[str] = None, key: Optional[tuple] = None) -> Plan:
+             scale_role: Optional[str] = None, key: Optional[tuple] = None) -> LaunchPlan:
     """The cached plan for these tensors (one dict role -> list per batch, ``rows[i]`` the hp row of
     batch ``i``), building it on a miss.
 
@@ -235,7 +236,7 @@ def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequ
 def get_batched_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
                      fresh: Sequence[bool], clients: int, hp_rows: int, role_names: Tuple[str, ...],
                      written: Tuple[str, ...], device: torch.device, norm: bool,
-                     scale_role: Optional[str] = None) -> Plan:
+                     scale_role: Optional[str] = None) -> LaunchPlan:
     """``get_plan`` for a client-batched op: every tensor is stacked ``[clients, *shape]``, batch
     ``i`` uses hp rows ``rows[i] * clients + c`` of hp viewed as ``[hp_rows * clients, cols]``,
     and ``fresh[i]`` is its FRESH bit (``sgd_batched``)."""
@@ -245,7 +246,7 @@ def get_batched_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], ro
                                                        device, norm, scale_role))
 
 
-def _cached(key: tuple, device: torch.device, build) -> Plan:
+def _cached(key: tuple, device: torch.device, build) -> LaunchPlan:
     plan = _CACHE.get(key)
     if plan is not None:
         _CACHE.move_to_end(key)
@@ -289,7 +290,7 @@ def _launch_of(rows_meta: List[List[int]], numels: List[int], nr: int, present: 
         n_chunks=n_chunks, rows=rows, block=block, n_tiles=(n_chunks + rows - 1) // rows, **kw)
 
 
-def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Plan:
+def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> LaunchPlan:
     interp = interpreted()
     nr = len(role_names) + 2
     launches: List[Launch] = []
@@ -334,10 +335,10 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Pla
             lau.slot_base = n_slots
             n_slots += lau.norm_programs
         partials = torch.zeros(max(1, n_slots), dtype=torch.float64, device=device)
-    return Plan(launches=launches, partials=partials, n_slots=n_slots, staged=staged)
+    return LaunchPlan(launches=launches, partials=partials, n_slots=n_slots, staged=staged)
 
 
-def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, device, norm, scale_role) -> Plan:
+def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, device, norm, scale_role) -> LaunchPlan:
     """Virtual tensors: client ``c``'s slice of stacked tensor ``i`` of batch ``g`` is one table row
     (its address ``base + c * stride(0)``, hp row ``rows_of[g] * C + c``, client ``c``). Rows are
     grouped into launches by (roles present, dtypes, alignment, FRESH), client-major inside each
@@ -401,7 +402,7 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
             np.add.at(per_client, np.asarray(clients, dtype=np.int64) + 1, counts)
             seg.append(n_slots + np.cumsum(per_client))  # seg[c]: first slot of client c
             n_slots += lau.n_chunks
-    plan = Plan(launches=launches, partials=None, n_slots=n_slots, staged=staged, clients=C, hp_rows=hp_rows)
+    plan = LaunchPlan(launches=launches, partials=None, n_slots=n_slots, staged=staged, clients=C, hp_rows=hp_rows)
     if norm:
         if n_slots >= 2**31:
             raise ValueError(f"the triton backend's batched norm supports fewer than 2**31 chunks, got {n_slots}")

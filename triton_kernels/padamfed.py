@@ -18,7 +18,7 @@ from .launcher import spec_columns, spec_roles, spec_slots
 from .norm import squares
 from .tiles import hp_f32, load_f32, store_as
 
-# role slots and hp columns, from the op's declaration (fedopt_kernels/_ops.py)
+# role slots and hp columns, from the op's declaration (fedopt_kernels/core/ops.py)
 ROLES, WRITTEN = spec_roles("padamfed")
 _X, _G, _D, _ACC, _H = spec_slots("padamfed", "x", "g", "D", "acc", "H")
 _LR, _BETA, _EPS, HPN = spec_columns("padamfed", "lr", "beta", "eps")

@@ -1,6 +1,6 @@
 """Op "sgd" (FedDecaySGD, NeuronLRSGD): one pass, one launch per batch and dtype signature.
 
-Per element, in float32 (``fedopt_kernels/reference/sgd.py`` is the contract, same order)::
+Per element, in float32 (``fedopt_kernels/core/reference/sgd.py`` is the contract, same order)::
 
     lr_k = lr * s(min(k // decay_every, len(table) - 1))       # read on the device
     d    = g * inv_scale (GradScaler) ; d = -d (maximize) (+ wd * x) (+ corr) (+ prox_mu * (x - x0))
@@ -28,7 +28,7 @@ from .launcher import Launch, launch_options, spec_columns, spec_roles, spec_slo
 from .tiles import (add_terms, chunk_of, client_active, hp_f32, inv_scale, live_step, load_f32, lr_at_step,
                     row_client, row_index, store_as, tile_rows)
 
-# role slots and hp columns, from the op's declaration (fedopt_kernels/_ops.py)
+# role slots and hp columns, from the op's declaration (fedopt_kernels/core/ops.py)
 ROLES, WRITTEN = spec_roles("sgd")
 _X, _G, _BUF, _X0, _CORR, _SCALE = spec_slots("sgd", "x", "g", "buf", "x0", "corr", "scale")
 _LR, _MOM, _DAMP, _WD, _PROX, _NEST, _MAX, HPN = spec_columns(

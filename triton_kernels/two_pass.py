@@ -41,13 +41,13 @@ import triton.language as tl
 
 from . import fednar, padamfed
 from .jit_mode import device_fn, interpreted, loop_bound
-from .launcher import SLOT_BLOCK, Launch, Plan, launch_options
+from .launcher import SLOT_BLOCK, Launch, LaunchPlan, launch_options
 from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of, tile_rows
 
 OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}
 # a per-client op calls _SHARDED.reduce(partials) between its passes, when set (sharded parameters)
-from fedopt_kernels._between_passes import current as _SHARDED  # noqa: E402
+from fedopt_kernels.core.between_passes import current as _SHARDED  # noqa: E402
 # clients per program of advance_kernel
 ADVANCE_BLOCK = 1024
 # finalize_kernel under the interpreter: (clients per program, slots per lane block); compiled it runs
@@ -250,7 +250,7 @@ def _compute_dtype_args(op: str, lau: Launch) -> Dict[str, Any]:
                 BLOCK=lau.block)
 
 
-def launch(op: str, plan: Plan, hp: torch.Tensor, k: torch.Tensor, amp: Dict[str, Any],
+def launch(op: str, plan: LaunchPlan, hp: torch.Tensor, k: torch.Tensor, amp: Dict[str, Any],
            active: Optional[torch.Tensor] = None) -> None:
     """Both passes of ``op`` over every launch of ``plan`` and k += 1 (on the device); for a batched
     plan, the finalize pass between them (which advances each active client's k)."""

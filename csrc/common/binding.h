@@ -1,10 +1,10 @@
 // The one binding template both extensions use: every op of op_table.h (generated from
-// fedopt_kernels/_ops.py) becomes a Python function
+// fedopt_kernels/core/ops.py) becomes a Python function
 // `_C_<device>.<op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf)`, and its
 // client-batched form `<op>_batched(..., active)`, that gathers the tensors, checks the scalars and
 // hands both to the device's kernels (`Dev::run(OpTag<spec::<op>, batched>{}, gathered, scalars)`).
 // `op_signature(op)` / `op_layout(op)` export each op's layout as the kernels index it, for the test
-// that holds the built extension against fedopt_kernels/_ops.py.
+// that holds the built extension against fedopt_kernels/core/ops.py.
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>
@@ -97,9 +97,9 @@ void bind_op(pybind11::module& m) {
                                     py::arg("found_inf"));
   std::apply([&](auto... a) {
     m.def(Spec::kName, &run_op<Dev, OpTag<Spec, false>>,
-          "one step of this op (argument layout: fedopt_kernels/_ops.py)", a...);
+          "one step of this op (argument layout: fedopt_kernels/core/ops.py)", a...);
     m.def(Spec::kBatchedName, &run_batched_op<Dev, OpTag<Spec, true>>,
-          "one step of this client-batched op (argument layout: fedopt_kernels/_ops.py)", a..., py::arg("active"));
+          "one step of this client-batched op (argument layout: fedopt_kernels/core/ops.py)", a..., py::arg("active"));
   }, args);
 }
 

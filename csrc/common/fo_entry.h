@@ -2,7 +2,7 @@
 // Shared by the C++ CPU kernels and the CUDA launchers (which nvcc compiles without torch headers).
 //
 // Slot (role) order, present bits and hp column order per op come from op_table.h, which the build
-// generates from fedopt_kernels/_ops.py (the one declaration of every op; docs/dispatch.md).
+// generates from fedopt_kernels/core/ops.py (the one declaration of every op; docs/dispatch.md).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // From an op's Python-side tensor lists (one per role, optional roles compacted; see
-// fedopt_kernels/_ops.py) to flat `Entry`s, with validation and a slow path for tensors the kernels
+// fedopt_kernels/core/ops.py) to flat `Entry`s, with validation and a slow path for tensors the kernels
 // cannot address directly (non-contiguous, or an unexpected dtype).
 // Shared by both extensions so the CPU tests exercise the code the CUDA backend also runs.
 #pragma once

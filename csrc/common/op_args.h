@@ -1,7 +1,7 @@
 // The ops as the C++ bindings see them: each op's roles (slots) and hp columns, from the generated
-// op_table.h (fedopt_kernels/_ops.py), and the check of the scalar arguments every op takes (hp
+// op_table.h (fedopt_kernels/core/ops.py), and the check of the scalar arguments every op takes (hp
 // rows, the step counter k, the schedule table, GradScaler's grad_scale / found_inf). The argument
-// layout is fedopt_kernels/_ops.py's schema:
+// layout is fedopt_kernels/core/ops.py's schema:
 //
 //   op(params, grads, <optional roles, compacted>..., batch, present, hp, k, table, decay_every,
 //      grad_scale, found_inf)

@@ -38,7 +38,7 @@ std::string set_isa(const std::string& name) {
   return fo::cpu::active_isa();
 }
 
-// fedopt_kernels/_dtensor.py: run `body` (one op call) with `reduce` between the passes of its norm.
+// fedopt_kernels/core/dtensor.py: run `body` (one op call) with `reduce` between the passes of its norm.
 // `reduce(sums)` gets this rank's float64 sum of squares per entry and returns the sum over every
 // rank as a one-element float64 CPU tensor.
 double call_norm_reduce(void* ctx, const double* per_entry, int64_t n) {

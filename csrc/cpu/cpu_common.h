@@ -49,7 +49,7 @@ constexpr int64_t kChunk = 16384;  // elements per work item and per norm partia
 constexpr int kTile = 512;         // elements staged per step inside a chunk
 constexpr int kLanes = 16;         // independent sum-of-squares accumulators (vector lanes)
 constexpr int64_t kGrain = 4;      // chunks below which a pass stays on one thread
-constexpr int kParamSlot = 0;      // every op's first role is its parameters (fedopt_kernels/_ops.py)
+constexpr int kParamSlot = 0;      // every op's first role is its parameters (fedopt_kernels/core/ops.py)
 // A pass over fewer elements than this stays on the calling thread: waking a second thread costs
 // more than the work (and, on a machine where other processes hold the cores, a scheduler
 // quantum: milliseconds for a microsecond step).
@@ -72,7 +72,7 @@ inline std::vector<Chunk> make_chunks(const std::vector<Entry>& entries) {
   return out;
 }
 
-// Sharded parameters (fedopt_kernels/_dtensor.py): a per-client norm op's rank holds only its
+// Sharded parameters (fedopt_kernels/core/dtensor.py): a per-client norm op's rank holds only its
 // shards, so its sum of squares is reduced over the ranks between the two passes. The hook gets
 // this rank's float64 sum of squares of each entry (in entry order) and returns the sum over every
 // rank; it is set for one op call on the calling thread (NormReduceScope), and null otherwise.

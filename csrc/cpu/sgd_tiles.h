@@ -1,5 +1,5 @@
 // Op "sgd" chunk code for one ISA (see cpu_common.h); included by sgd_cpu.cpp once per ISA (isa_copies.h).
-// Operation order = fedopt_kernels/reference/sgd.py, so float32 results match it bit for bit.
+// Operation order = fedopt_kernels/core/reference/sgd.py, so float32 results match it bit for bit.
 #include "cpu_tile.h"
 
 #include "../common/sgd_hp.h"

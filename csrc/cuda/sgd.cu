@@ -2,7 +2,7 @@
 // over all tensors of all batches (and all clients). The batch's hyperparameters and
 // lr_k = lr * table[min(k // decay_every, len - 1)] are read on the device (per client: its own hp
 // row and k[c]), so a step never syncs with the host and can be captured in a CUDA graph.
-// Operation order = fedopt_kernels/reference/sgd.py (compiled with --fmad=false: no contraction).
+// Operation order = fedopt_kernels/core/reference/sgd.py (compiled with --fmad=false: no contraction).
 #include "../common/sgd_hp.h"
 #include "cuda_ops.h"
 #include "multi_tensor_apply.cuh"

@@ -22,7 +22,7 @@ from typing import Any, List
 
 
 def _forms() -> dict:
-    from .. import algorithm
+    from ..fl import algorithm
 
     return {a.batched.__name__: a.batched for a in algorithm.ALGORITHMS.values()}
 

@@ -13,10 +13,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .._base import _ROUND_KEY, FedOptimizer
-from .._ops import FRESH
-from .._params import param_name
-from .._plan import refuse_in_capture
+from ..core.optimizer import ROUND_KEY, FedOptimizer
+from ..core.ops import FRESH
+from ..core.plan_inputs import param_name
+from ..core.plan import refuse_in_capture
 
 
 def _per_client(name: str, value: Any, C: int, cast: Callable[[str, Any], Any]) -> Optional[List]:
@@ -120,12 +120,12 @@ class ClientBatched(FedOptimizer):
     # ------------------------------------------------------------------ state_dict: what start_round was given
     def state_dict(self) -> Dict[str, Any]:
         sd = super().state_dict()
-        sd[_ROUND_KEY].update(clients=self.num_clients, client_round_index=self._t_clients,
+        sd[ROUND_KEY].update(clients=self.num_clients, client_round_index=self._t_clients,
                               lr_scale=self._lr_scale, fresh_round=self._fresh_round)
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        rnd = state_dict.get(_ROUND_KEY) if isinstance(state_dict, dict) else None
+        rnd = state_dict.get(ROUND_KEY) if isinstance(state_dict, dict) else None
         if isinstance(rnd, dict):  # checked before anything is loaded (a refused load changes nothing)
             counts = {"clients": rnd.get("clients")}
             for key in ("k", "client_round_index", "lr_scale"):

@@ -1,12 +1,18 @@
 """The package's FL algorithms on Flower (``pip install "fedopt_kernels[flower]"``), Message API.
 
-Strategies (server side, ``flwr.serverapp.strategy.Strategy`` subclasses):
-``FedDecay``, ``FedNLR``, ``FedNAR`` (backbone fedavg / fedprox / scaffold), ``Scaffold``,
-``PAdaMFed`` (and ``variance_reduction=True``), or ``strategy_for(FLConfig(...))`` for any
-``fedopt-sim`` algorithm (a simulator ``SimConfig`` works too). Their server rules are
-``fedopt_kernels.aggregation``'s, shared with the simulator. Client side: ``train_round`` / ``padamfed_init_round`` / ``evaluate_round`` run a
-round with this package's optimizers from a received message. ``apps`` holds a ready
-ServerApp/ClientApp pair on the simulator's data sets (see ``examples/flower-digits``).
+Strategies (server side, ``flwr.serverapp.strategy.Strategy`` subclasses), named apart from the
+optimizers they drive: ``FedDecayStrategy``, ``FedNLRStrategy``, ``FedNARStrategy`` (backbone
+fedavg / fedprox / scaffold), ``ScaffoldStrategy``, ``PAdaMFedStrategy`` (and
+``variance_reduction=True``), or ``strategy_for(FLConfig(...))`` for any ``fedopt-sim`` algorithm
+(a simulator ``SimConfig`` works too): an ``AveragingStrategy`` or, for a rule with an initial round
+of client controls, an ``InitialControlsStrategy``. Their server rules are
+``fedopt_kernels.fl.server_rules``'s, shared with the simulator. Client side: ``train_round`` /
+``init_controls_round`` / ``evaluate_round`` run a round with this package's optimizers from a
+received message. ``apps`` holds a ready ServerApp/ClientApp pair on the simulator's data sets
+(see ``examples/flower-digits``).
+
+The earlier names ``FedDecay``, ``FedNLR``, ``FedNAR``, ``Scaffold``, ``PAdaMFed`` and
+``padamfed_init_round`` still import, with a ``DeprecationWarning``.
 """
 try:
     import flwr  # noqa: F401
@@ -16,16 +22,33 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'fedopt_kernels.flower needs Flower (flwr >= 1.42, its Message API; Python >= 3.11); install it with: '
         'pip install "fedopt_kernels[flower]"') from exc
 
-from ..fl_config import FLConfig
-from .averaging import AveragingStrategy, FedDecay, FedNAR, FedNLR, Scaffold
+import warnings as _warnings
+from typing import Any as _Any
+
+from ..fl.config import FLConfig
+from .averaging import AveragingStrategy, FedDecayStrategy, FedNARStrategy, FedNLRStrategy, ScaffoldStrategy
 from .base import ClientResult, FedOptStrategy, Rejection
-from .client import evaluate_round, padamfed_init_round, train_round
+from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
-from .padamfed import INIT_MESSAGE_TYPE, PAdaMFed, PAdaMFedStrategy
+from .padamfed import INIT_MESSAGE_TYPE, InitialControlsStrategy, PAdaMFedStrategy
 from .records import BadUpdate, from_record, to_record
 
 __all__ = [
-    "AveragingStrategy", "FedDecay", "FedNAR", "FedNLR", "Scaffold", "PAdaMFed", "PAdaMFedStrategy",
-    "FedOptStrategy", "ClientResult", "Rejection", "BadUpdate", "INIT_MESSAGE_TYPE", "strategy_for",
-    "train_round", "padamfed_init_round", "evaluate_round", "to_record", "from_record", "FLConfig",
+    "AveragingStrategy", "FedDecayStrategy", "FedNARStrategy", "FedNLRStrategy", "ScaffoldStrategy",
+    "InitialControlsStrategy", "PAdaMFedStrategy", "FedOptStrategy", "ClientResult", "Rejection", "BadUpdate",
+    "INIT_MESSAGE_TYPE", "strategy_for", "train_round", "init_controls_round", "evaluate_round", "to_record",
+    "from_record", "FLConfig",
 ]
+
+# earlier names: the strategies shared their names with the optimizers (fedopt_kernels.FedNAR) and
+# the server rules; they still import, with a warning naming the new one
+_RENAMED = {"FedDecay": "FedDecayStrategy", "FedNLR": "FedNLRStrategy", "FedNAR": "FedNARStrategy",
+            "Scaffold": "ScaffoldStrategy", "PAdaMFed": "PAdaMFedStrategy", "padamfed_init_round": "init_controls_round"}
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        _warnings.warn(f"fedopt_kernels.flower.{name} is now {new}", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

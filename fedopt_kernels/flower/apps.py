@@ -26,11 +26,11 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from ..checkpoint import atomic_file
+from ..fl.checkpoint import atomic_file
 from ..sim.config import SimConfig
 from ..sim.simulation import Simulation
 from ..sim.evaluate import pooled_metrics
-from .client import evaluate_round, padamfed_init_round, train_round
+from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
 from .records import from_record, logger, to_record
 from .resume import client_folder, restore_client_state, save_client_state, server_folder
@@ -140,7 +140,7 @@ def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
             return lambda: None
         keys = [f"{tag}.control", f"{tag}.batches"]  # client.train_round's and simdata.batch_stream's
         restore_client_state(context.state, folder, keys, int(config[RESUMED_AT]))
-        rnd = 0 if msg.metadata.message_type.endswith("padamfed_init") else int(config["server-round"])
+        rnd = 0 if msg.metadata.message_type.endswith("init_controls") else int(config["server-round"])
         return lambda: save_client_state(context.state, folder, keys, rnd, int(config[CHECKPOINTED]))
 
     @app.train()
@@ -154,12 +154,12 @@ def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
         persist()
         return Message(content, reply_to=msg)
 
-    @app.train("padamfed_init")
-    def padamfed_init(msg: Message, context: Context) -> Message:
+    @app.train("init_controls")
+    def init_controls(msg: Message, context: Context) -> Message:
         sim, cid, client, tag = node(msg, context)
         persist = kept_state(msg, context, cid, tag)
         next_batch, save = batch_stream(sim, cid, context.state, tag)
-        content = padamfed_init_round(new_model(sim), next_batch, msg.content, context.state,
+        content = init_controls_round(new_model(sim), next_batch, msg.content, context.state,
                                       num_examples=client.size, client_id=cid)
         save()
         persist()

@@ -1,6 +1,6 @@
 """Strategies whose server averages model deltas: FedDecay, FedNLR, FedNAR (on FedAvg, FedProx, SCAFFOLD), SCAFFOLD.
 
-The server step is the run's server rule (``fedopt_kernels.aggregation``): with SCAFFOLD (and
+The server step is the run's server rule (``fedopt_kernels.fl.server_rules``): with SCAFFOLD (and
 FedNAR-SCAFFOLD) the server also keeps the control variate ``c``, sends it with every round and
 updates it; each client keeps its own ``c_i`` (``client.train_round``).
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..aggregation import ServerRule
-from ..fl_config import FLConfig
+from ..fl.server_rules import ServerRule
+from ..fl.config import FLConfig
 from .base import FedOptStrategy
 
 
@@ -18,7 +18,7 @@ class AveragingStrategy(FedOptStrategy):
     ``x += server_lr * sum_i n_i delta_i / sum_i n_i``, plus the rule's server tensors (SCAFFOLD's
     control variate: "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", Karimireddy et
     al., ICML 2020, option II: ``c += sum_{i in S} (c_i' - c_i) / N``, where N is ``num_clients``).
-    Built from an ``FLConfig``; see the paper-named subclasses for keyword constructors.
+    Built from an ``FLConfig``; the paper-named subclasses (``FedNARStrategy`` …) are keyword constructors.
     """
 
     @classmethod
@@ -26,7 +26,7 @@ class AveragingStrategy(FedOptStrategy):
         return not rule.init_controls
 
 
-class FedDecay(AveragingStrategy):
+class FedDecayStrategy(AveragingStrategy):
     """FedDecay: within-round learning-rate decay ``lr_k = lr * beta ** (k // decay_every)`` on FedAvg.
 
     "FedDecay: Adapting to Data Heterogeneity in Federated Learning with Gradient Decay" and its
@@ -45,7 +45,7 @@ class FedDecay(AveragingStrategy):
                                    round_decay=round_decay), **strategy_kw)
 
 
-class FedNLR(AveragingStrategy):
+class FedNLRStrategy(AveragingStrategy):
     """FedNLR: neuron-wise learning rates ``r = M * softmax(hbar / T)`` from the received model's activations.
 
     "FedNLR: Federated Learning with Neuron-wise Learning Rates" (Wang et al., KDD 2024). Clients train with
@@ -61,13 +61,13 @@ class FedNLR(AveragingStrategy):
                                    round_decay=round_decay, nlr_mu0=mu0, nlr_c1=c1, nlr_c2=c2), **strategy_kw)
 
 
-class FedNAR(AveragingStrategy):
+class FedNARStrategy(AveragingStrategy):
     """FedNAR: co-clipping of gradient and weight decay, ``x -= l_t * min(1, max_norm / ||d||) * d``.
 
     "FedNAR: Federated Optimization with Normalized Annealing Regularization" (Li et al., NeurIPS
     2023), with ``d = g + weight_decay * x (+ prox_mu (x - x0) | + c - c_i)`` and
     ``l_t = lr * round_decay ** t``. ``backbone``: "fedavg", "fedprox" (``prox_mu``) or
-    "scaffold" (server control variate, as ``Scaffold``).
+    "scaffold" (server control variate, as ``ScaffoldStrategy``).
     """
 
     _ALGORITHMS = {"fedavg": "fednar", "fedprox": "fednar-fedprox", "scaffold": "fednar-scaffold"}
@@ -82,7 +82,7 @@ class FedNAR(AveragingStrategy):
                                    server_lr=server_lr, local_steps=local_steps), **strategy_kw)
 
 
-class Scaffold(AveragingStrategy):
+class ScaffoldStrategy(AveragingStrategy):
     """SCAFFOLD with option-II control variates; clients take SGD steps (``FedDecaySGD``, ``beta``
     for an optional within-round decay) corrected by ``c - c_i``.
     """

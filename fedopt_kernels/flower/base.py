@@ -4,7 +4,7 @@ A round: ``configure_train`` samples clients (seeded, reproducible) and sends ea
 the algorithm's config (``settings.round_config``) and the server-side extras of the algorithm
 (control variate, momentum); ``aggregate_train`` checks every reply, leaves out the bad ones (and
 logs which client and why), sorts the good ones by client id and applies the algorithm's server
-rule from ``fedopt_kernels.server_rules``, the same functions the simulator calls.
+rule from ``fedopt_kernels.fl.server_rules``, the same functions the simulator calls.
 
 A reply is left out when the client failed (an error reply), did not answer (dropped out or timed
 out), was not sampled or answered twice, answers another round (its group id, which Flower copies
@@ -31,16 +31,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from ..aggregation import RULES, ServerRule
-from ..checkpoint import CheckpointDir, plain_settings
-from ..fl_config import FLConfig
+from ..fl.server_rules import RULES, ServerRule
+from ..fl.checkpoint import CheckpointDir, plain_settings
+from ..fl.config import FLConfig
 from .records import (BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric,
                       to_record)
 from .resume import metric_dicts
 from .settings import CHECKPOINTED, RESUMED_AT, round_config
 
 CLIENT_ID_QUERY = f"{MessageType.QUERY}.client_id"  # asks a node which client id it serves
-INIT_MESSAGE_TYPE = f"{MessageType.TRAIN}.padamfed_init"  # a rule's initial round: every client's first control
+# the initial round of a rule with initial controls (PAdaMFed's): every client's first control
+INIT_MESSAGE_TYPE = f"{MessageType.TRAIN}.init_controls"
 ClientSampler = Callable[[], Sequence[int]]
 CHECKPOINT_KIND = "flower-server"
 
@@ -92,7 +93,7 @@ def _client_id_of(content: Optional[RecordDict]) -> Optional[int]:
 
 class FedOptStrategy(Strategy):
     """The package's Flower strategy: one algorithm of ``fedopt-sim`` on Flower, its server rule
-    read from the rule's descriptor (``fedopt_kernels.aggregation``): the server tensors it keeps
+    read from the rule's descriptor (``fedopt_kernels.fl.server_rules``): the server tensors it keeps
     (``server_state()``; also attributes, e.g. ``strategy.c``), sends with the model, and updates.
 
     ``cfg`` is an ``FLConfig`` (a simulator ``SimConfig`` is one) naming the algorithm and its

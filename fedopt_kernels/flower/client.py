@@ -25,9 +25,9 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from ..aggregation import RULES
-from ..algorithm import end_round
-from ..client_round import ClientOptimizers, loss_and_correct
+from ..fl.server_rules import RULES
+from ..fl.algorithm import end_round
+from ..fl.client_round import ClientOptimizers, loss_and_correct
 from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
 from .settings import read_round_config
 
@@ -123,10 +123,11 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
     return out
 
 
-def padamfed_init_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
+def init_controls_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
                         num_examples: int, client_id: Optional[int] = None,
                         loss_fn: LossFn = F.cross_entropy) -> RecordDict:
-    """PAdaMFed's initial control: ``c_i`` = mean of K stochastic gradients at the received model.
+    """The initial round of a rule with initial controls (PAdaMFed's): ``c_i`` = mean of K stochastic
+    gradients at the received model, for the ``INIT_MESSAGE_TYPE`` message.
 
     Kept in ``state`` and returned as ``"control"`` (the server averages them into ``c`` and ``m``).
     """

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..aggregation import RULES
-from ..fl_config import FLConfig
+from ..fl.server_rules import RULES
+from ..fl.config import FLConfig
 from .averaging import AveragingStrategy
 from .base import FedOptStrategy
-from .padamfed import PAdaMFedStrategy
+from .padamfed import InitialControlsStrategy
 
 
 def strategy_for(cfg: FLConfig, **strategy_kw: Any) -> FedOptStrategy:
@@ -24,5 +24,5 @@ def strategy_for(cfg: FLConfig, **strategy_kw: Any) -> FedOptStrategy:
             strategy_kw["clients_per_round"] = cfg.clients_per_round
         else:
             strategy_kw["fraction_train"] = cfg.sample_rate
-    cls = PAdaMFedStrategy if RULES[cfg.server_rule].init_controls else AveragingStrategy
+    cls = InitialControlsStrategy if RULES[cfg.server_rule].init_controls else AveragingStrategy
     return cls(cfg, **strategy_kw)

@@ -1,7 +1,8 @@
-"""PAdaMFed on Flower: global momentum and control variate on the server, ``c_i`` on each client.
+"""Strategies of rules with initial controls (PAdaMFed's) on Flower: global momentum and control
+variate on the server, ``c_i`` on each client.
 
 Before the first round every client computes its initial control (the mean of K stochastic
-gradients at the initial model) in a ``"train.padamfed_init"`` message and keeps it; the server
+gradients at the initial model) in a ``"train.init_controls"`` message and keeps it; the server
 averages the replies into ``c`` and ``m`` (``server_rules.padamfed_init``). Each round sends
 ``c`` and ``m`` with the model; the server step is ``server_rules.padamfed_step``.
 """
@@ -9,15 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..aggregation import ServerRule
-from ..fl_config import FLConfig
+from ..fl.server_rules import ServerRule
+from ..fl.config import FLConfig
 from .base import INIT_MESSAGE_TYPE, FedOptStrategy, check_count
 
-__all__ = ["INIT_MESSAGE_TYPE", "PAdaMFedStrategy", "PAdaMFed"]
+__all__ = ["INIT_MESSAGE_TYPE", "InitialControlsStrategy", "PAdaMFedStrategy"]
 
 
-class PAdaMFedStrategy(FedOptStrategy):
-    """PAdaMFed's server ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao; Alg. 1).
+class InitialControlsStrategy(FedOptStrategy):
+    """The strategy of every server rule with an initial round of client controls; today PAdaMFed's server ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao; Alg. 1).
 
     With S accepted clients of N (``num_clients``), client lr eta, K local steps, server step gamma::
 
@@ -25,9 +26,9 @@ class PAdaMFedStrategy(FedOptStrategy):
         m' = beta * (sum_i dc_i / S + c) + (1 - beta) * m
         c' = c + sum_i dc_i / N                        (dc_i = c_i' - c_i, sent by client i)
 
-    Built from an ``FLConfig`` (algorithm "padamfed" or "padamfed-vr"); ``PAdaMFed`` is the
+    Built from an ``FLConfig`` (algorithm "padamfed" or "padamfed-vr"); ``PAdaMFedStrategy`` is the
     keyword constructor with the theory step sizes as defaults. The initial round, the server
-    tensors and their update are the rule's (``fedopt_kernels.aggregation``), as in the simulator.
+    tensors and their update are the rule's (``fedopt_kernels.fl.server_rules``), as in the simulator.
     """
 
     @classmethod
@@ -35,7 +36,7 @@ class PAdaMFedStrategy(FedOptStrategy):
         return rule.init_controls
 
 
-class PAdaMFed(PAdaMFedStrategy):
+class PAdaMFedStrategy(InitialControlsStrategy):
     """PAdaMFed with its theory step sizes: ``theory_hparams(clients_per_round, local_steps, num_rounds)``
     gives eta (client ``lr``), gamma (``server_lr``) and ``beta`` unless they are given.
 

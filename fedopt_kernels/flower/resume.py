@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from ..checkpoint import atomic_file
+from ..fl.checkpoint import atomic_file
 
 CLIENT_FILE = re.compile(r"^r(\d+)\.pt$")
 

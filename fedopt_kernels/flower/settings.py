@@ -12,8 +12,8 @@ from typing import Any, Dict, Mapping, Tuple
 
 from flwr.app import ConfigRecord
 
-from .. import algorithm
-from ..fl_config import FLConfig
+from ..fl import algorithm
+from ..fl.config import FLConfig
 
 # the hparams every algorithm has (the others may be None, which a ConfigRecord cannot hold: left out)
 _ALWAYS = ("lr", "server_lr")

@@ -20,20 +20,17 @@ optimizers' active mask), so one trainer (and one CUDA graph) serves every chunk
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
-from ..algorithm import end_round
+from ..fl.algorithm import end_round
 from .batched_trainer import BatchedTrainer
 from .client_batches import BatchPool, apply_stage
 from .client_loss import ClientLoss
 from .image_input import ImageClassifier
 from .parallel_size import auto_client_parallel, free_bytes, state_copies
-from .strategy import ClientUpdate
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .simulation import Simulation
+from .strategy import ClientUpdate, RoundHost
 
 
 class _OneClient:
@@ -72,7 +69,7 @@ def _pad_clients(t: torch.Tensor, size: int) -> torch.Tensor:
 class BatchedClients:
     """A simulation's client-parallel local training (see the module docstring)."""
 
-    def __init__(self, sim: "Simulation"):
+    def __init__(self, sim: RoundHost):
         self.sim = sim
         cfg = sim.cfg
         self.cfg = cfg

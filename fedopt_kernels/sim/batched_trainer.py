@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from torch import nn
 
-from .._base import FedOptimizer
+from ..core.optimizer import FedOptimizer
 from .client_loss import ClientLoss
 from .step_graph import StepGraph
 

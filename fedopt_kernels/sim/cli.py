@@ -23,7 +23,7 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..fl_config import algorithm_settings
+from ..fl.config import algorithm_settings
 from .config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
 from .help_format import DefaultsHelpFormatter
 from .models import MODELS
@@ -217,7 +217,7 @@ class _NoBar:
 def _progress_bar(total: int, desc: str, quiet: bool):
     if quiet or not sys.stderr.isatty():
         return _NoBar()  # tqdm is not even imported: --quiet runs need no [sim] extra for it
-    from .._extras import hint, optional
+    from ..core.extras import hint, optional
 
     tqdm = optional("tqdm")
     if tqdm is None:
@@ -290,7 +290,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     if out_dir is not None:
         print(f"files: {out_dir}/metrics_seed*.json, metrics_seed*.csv" + (", curves.png" if plotted else ""))
         if not plotted:
-            from .._extras import hint
+            from ..core.extras import hint
 
             print(f"note: curves.png not drawn: matplotlib is not installed ({hint('matplotlib')})")
     return 0
@@ -370,8 +370,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ValueError(str(exc).replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1))
     except ValueError as exc:  # bad input: name the option, exit 2 (like argparse)
         parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
-    from .._extras import MissingExtra
-    from ..checkpoint import CheckpointError
+    from ..core.extras import MissingExtra
+    from ..fl.checkpoint import CheckpointError
 
     try:
         if args.validate is not None:

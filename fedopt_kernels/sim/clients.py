@@ -39,13 +39,13 @@ class BatchStream:
         if y.shape[0] == 0:
             raise ValueError("BatchStream needs at least one sample")
         self.x, self.y, self.batch_size, self.rng = x, y, batch_size, rng
-        self._order: List[int] = []
+        self.pending: List[int] = []  # the rest of this epoch's shuffled indices (checkpointed)
 
     def next_indices(self) -> List[int]:
         """The sample indices of the next batch (what ``next`` returns the samples of)."""
-        if not self._order:
-            self._order = self.rng.permutation(self.y.shape[0]).tolist()
-        take, self._order = self._order[: self.batch_size], self._order[self.batch_size:]
+        if not self.pending:
+            self.pending = self.rng.permutation(self.y.shape[0]).tolist()
+        take, self.pending = self.pending[: self.batch_size], self.pending[self.batch_size:]
         return take
 
     def next(self) -> Batch:

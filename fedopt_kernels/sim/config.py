@@ -7,11 +7,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ..algorithm import VARIANTS, Variant
-from ..fl_config import FLConfig, check_choice, check_integer, check_real
+from ..fl.algorithm import VARIANTS, Variant
+from ..fl.config import FLConfig, check_choice, check_integer, check_real
 from .models import MODELS, TEXT_MODELS
 
-# the simulator's algorithm names: every registered variant (fedopt_kernels.algorithm)
+# the simulator's algorithm names: every registered variant (fedopt_kernels.fl.algorithm)
 ALGORITHMS: Dict[str, Variant] = VARIANTS
 DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "femnist", "mnist", "fmnist", "shakespeare")
 FOLDER_DATASETS = ("cifar10", "cifar100", "femnist", "mnist", "fmnist", "shakespeare")  # read from data_dir (see docs/data.md)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..client_round import loss_and_correct
+from ..fl.client_round import loss_and_correct
 from .clients import BatchStream, ClientData
 
 def pooled_metrics(model: nn.Module, clients: Sequence[ClientData], split: str) -> Dict[str, float]:

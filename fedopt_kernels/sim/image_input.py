@@ -62,13 +62,18 @@ class ImageClassifier(nn.Module):
         self.augment_seed = int(torch.randint(0, 2 ** 62, (1,)).item())
         self._generators: Dict[str, torch.Generator] = {}
 
-    def _generator(self, device: torch.device) -> torch.Generator:
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The augmentation generator of ``device``, seeded from ``augment_seed`` on first use."""
         key = str(device)
         gen = self._generators.get(key)
         if gen is None:
             gen = self._generators[key] = torch.Generator(device=device)
             gen.manual_seed(self.augment_seed)
         return gen
+
+    def generator_states(self) -> Dict[str, torch.Tensor]:
+        """The state of each device's augmentation generator used so far (a checkpoint saves these)."""
+        return {dev: g.get_state() for dev, g in self._generators.items()}
 
     def __getstate__(self):  # copies restart the augmentation stream from the seed
         state = self.__dict__.copy()
@@ -80,7 +85,7 @@ class ImageClassifier(nn.Module):
         w = next(self.net.parameters(), None)  # float32, or the dtype the model was cast to
         x = x.to(w.dtype if w is not None and w.is_floating_point() else torch.float32) / s.scale
         if train and s.augment:
-            x = random_crop_flip(x, s.padding, self._generator(x.device))
+            x = random_crop_flip(x, s.padding, self.generator(x.device))
         if s.mean is not None:
             shape = (1, len(s.mean)) + (1,) * (x.dim() - 2)
             mean = torch.tensor(s.mean, dtype=x.dtype, device=x.device).view(shape)

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
-from ..checkpoint import atomic_file, write_text_atomic
+from ..fl.checkpoint import atomic_file, write_text_atomic
 
 HISTORY_FIELDS = ("round", "train_loss", "val_loss", "val_acc", "seconds")
 
@@ -34,7 +34,7 @@ def plot_curves(path: Path, runs: Dict[str, Sequence[Dict[str, Any]]], title: st
     """Training loss and validation accuracy per round, one line per run (label -> history).
 
     Returns False (and draws nothing) when matplotlib, part of the ``[sim]`` extra, is missing."""
-    from .._extras import optional
+    from ..core.extras import optional
 
     matplotlib = optional("matplotlib")
     if matplotlib is None:

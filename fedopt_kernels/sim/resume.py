@@ -21,14 +21,27 @@ uninterrupted run, which is what keeps this list complete.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import Any, Dict, List, Optional, Protocol
 
 import torch
 
-from ..checkpoint import global_rng_state, set_global_rng_state
+from ..fl.checkpoint import global_rng_state, set_global_rng_state
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .simulation import Simulation
+from .federated_data import FederatedData
+from .image_input import ImageClassifier
+from .strategy import RoundHost
+
+
+class ResumableRun(RoundHost, Protocol):
+    """What a checkpoint captures and restores of a run: ``Simulation`` is the one (named by shape,
+    so that this module need not import it)."""
+
+    data: FederatedData
+    history: List[Dict[str, Any]]           # one entry per completed round
+    sample_rng: Any                         # numpy Generator drawing each round's clients
+    batched: Optional[Any]                  # the client-batched round, or None
+    initial_model_digest: str
+    setup_done: bool                        # the run's one-time setup (PAdaMFed's initial controls) ran
 
 KIND = "fedopt-sim"
 # settings that cannot change a run's numbers (a download flag) are not compared on resume
@@ -44,7 +57,7 @@ def tensor_digest(tensors: List[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-def data_digest(sim: "Simulation") -> str:
+def data_digest(sim: ResumableRun) -> str:
     """A fingerprint of the users' data (train/val/test of existing and new users), in client order."""
     tensors = []
     for c in sim.data.train_clients + sim.data.new_clients:
@@ -52,7 +65,7 @@ def data_digest(sim: "Simulation") -> str:
     return tensor_digest(tensors)
 
 
-def run_settings(sim: "Simulation") -> Dict[str, Any]:
+def run_settings(sim: ResumableRun) -> Dict[str, Any]:
     """The settings a checkpoint must have been saved with to continue ``sim``: its config, and what a
     caller may give besides it (data, model, dtype) as fingerprints, plus the resolved backend,
     device and clients trained at once."""
@@ -70,12 +83,12 @@ def run_settings(sim: "Simulation") -> Dict[str, Any]:
 
 
 def _augment_generators(module: torch.nn.Module) -> Dict[str, Dict[str, torch.Tensor]]:
-    """The states of the augmentation generators (``ImageClassifier._generators``) inside ``module``."""
+    """The states of the augmentation generators (``ImageClassifier.generator_states``) inside ``module``."""
     out = {}
     for name, m in module.named_modules():
-        gens = getattr(m, "_generators", None)
-        if isinstance(gens, dict) and gens:
-            out[name] = {dev: g.get_state() for dev, g in gens.items()}
+        states = m.generator_states() if isinstance(m, ImageClassifier) else None
+        if states:
+            out[name] = states
     return out
 
 
@@ -84,7 +97,7 @@ def _set_augment_generators(module: torch.nn.Module, saved: Dict[str, Dict[str, 
     for name, gens in saved.items():
         m = mods[name]
         for dev, st in gens.items():
-            m._generator(torch.device(dev)).set_state(st)
+            m.generator(torch.device(dev)).set_state(st)
 
 
 def _cpu(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
@@ -92,7 +105,7 @@ def _cpu(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
     return [t.detach() for t in tensors]
 
 
-def capture(sim: "Simulation") -> Dict[str, Any]:
+def capture(sim: ResumableRun) -> Dict[str, Any]:
     """The state to checkpoint after ``len(sim.history)`` completed rounds (tensors and plain data)."""
     st = sim.strategy
     models = {"model": sim.model}
@@ -104,9 +117,9 @@ def capture(sim: "Simulation") -> Dict[str, Any]:
         "global": _cpu(sim.global_params),
         "server": {k: _cpu(v) for k, v in st.state.items()},
         "kept": {int(cid): _cpu(v) for cid, v in st.kept.items()},
-        "setup_done": bool(sim._setup_done),
+        "setup_done": bool(sim.setup_done),
         "sample_rng": sim.sample_rng.bit_generator.state,
-        "streams": [{"rng": s.rng.bit_generator.state, "order": list(s._order)}
+        "streams": [{"rng": s.rng.bit_generator.state, "order": list(s.pending)}
                     for _, s in sorted(sim.streams.items())],
         "stream_ids": sorted(sim.streams),
         "generators": {k: _augment_generators(m) for k, m in models.items()},
@@ -121,7 +134,7 @@ def _check_like(what: str, got: List[torch.Tensor], like: List[torch.Tensor]) ->
 
 
 @torch.no_grad()
-def restore(sim: "Simulation", state: Dict[str, Any]) -> None:
+def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     """Put ``state`` (from ``capture`` on a run with the same settings) into ``sim``.
 
     Everything is checked and converted before the first change to ``sim``: a state that does not
@@ -150,12 +163,12 @@ def restore(sim: "Simulation", state: Dict[str, Any]) -> None:
         p.copy_(v)
     st.state = server
     st.kept = kept
-    sim._setup_done = bool(state["setup_done"])
+    sim.setup_done = bool(state["setup_done"])
     sim.sample_rng.bit_generator.state = state["sample_rng"]
     for cid, s in zip(state["stream_ids"], state["streams"]):
         stream = sim.streams[cid]
         stream.rng.bit_generator.state = s["rng"]
-        stream._order = [int(i) for i in s["order"]]
+        stream.pending = [int(i) for i in s["order"]]
     for key, gens in state["generators"].items():
         if models.get(key) is not None:
             _set_augment_generators(models[key], gens)

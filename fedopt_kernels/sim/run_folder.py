@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from ..checkpoint import MANIFEST
+from ..fl.checkpoint import MANIFEST
 
 CHECKPOINTS = "checkpoints"
 # the files a run writes (cli._run); only these make a folder "an earlier run's"

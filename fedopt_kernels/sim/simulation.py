@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import _registry
-from ..checkpoint import CheckpointDir
+from ..core import registry as _registry
+from ..fl.checkpoint import CheckpointDir
 from .clients import BatchStream, ClientData
 from .config import SimConfig
 from .evaluate import evaluate_users, pooled_metrics
@@ -107,7 +107,7 @@ class Simulation:
 
             self.batched = BatchedClients(self)
         self.history: List[Dict[str, Any]] = []
-        self._setup_done = False
+        self.setup_done = False
         self._settings: Optional[Dict[str, Any]] = None
 
     @property
@@ -129,7 +129,7 @@ class Simulation:
         for mine, theirs in zip(self.global_params, other.global_params):
             mine.copy_(theirs)
         self.strategy.load_server_state(other.strategy.server_state())
-        self._setup_done = other._setup_done
+        self.setup_done = other.setup_done
 
     def sample_clients(self) -> List[int]:
         picked = self.sample_rng.choice(self.cfg.num_train_clients, size=self.cfg.sampled_per_round, replace=False)
@@ -138,10 +138,10 @@ class Simulation:
     def run_round(self, t: int) -> Dict[str, Any]:
         """Round ``t`` (0-based): local training of the sampled clients, then aggregation."""
         start = time.perf_counter()
-        if not self._setup_done:
+        if not self.setup_done:
             self.load_global()
             self.strategy.setup()
-            self._setup_done = True
+            self.setup_done = True
         sampled = self.sample_clients()
         if self.batched is not None:
             updates, losses = self.batched.train(sampled, t)
@@ -207,7 +207,7 @@ class Simulation:
     def load_checkpoint(self) -> bool:
         """Continue from the checkpoint in ``checkpoint_dir``: False (nothing changed) if there is none.
 
-        Raises ``fedopt_kernels.checkpoint.CheckpointError`` (a ValueError) naming the reason for a
+        Raises ``fedopt_kernels.fl.checkpoint.CheckpointError`` (a ValueError) naming the reason for a
         checkpoint saved with other settings, or a damaged one; the run is then left untouched.
         """
         if self.checkpoint is None:

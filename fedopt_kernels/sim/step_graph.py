@@ -26,8 +26,8 @@ count, which replays do not advance, is advanced here (PAdaMFed's ``local_contro
 call, and a "replay" recomputes the gradients into the static buffers and repeats that recorded
 call with the same tensors, so the state and hp handling above is tested on a CPU.
 
-This reaches into the optimizer's step plan (``_plan``, ``_group_inputs``, ``_hp_cache``,
-``_host_steps``); see docs/client_batched.md for the public hooks that would replace that.
+It keeps the plan the capture read and tells the optimizer about replays through
+``FedOptimizer.step_plan``, ``reinstate_plan`` and ``note_replayed_steps``.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
-from .._base import FedOptimizer
-from .._sgd import SGDFamily
+from ..core.optimizer import FedOptimizer
+from ..optim.sgd import SGDFamily
 
 MODES = ("cuda", "emulate")
 
@@ -100,11 +100,7 @@ class StepGraph:
                     static.copy_(value)
                     st[key] = static
         if self.plan is not None:
-            groups = opt._group_inputs(range(len(opt.param_groups)))
-            host = self.plan.hp_rows([groups[gi] for gi in range(len(groups))])
-            self.plan.hp.copy_(host)  # in place: the graph reads this tensor
-            opt._plan = self.plan
-            opt._hp_cache.keep(host, self.plan.hp)
+            opt.reinstate_plan(self.plan)  # its hp rows rewritten in place: the graph reads that tensor
 
     # ------------------------------------------------------------------ steps
     def _set_inputs(self, x, y, w, anchor_x, active) -> None:
@@ -151,7 +147,7 @@ class StepGraph:
             fn, args, kwargs = self.recorded
             with torch.no_grad():  # as inside step()
                 fn(*args, **kwargs)
-        opt._host_steps += 1  # what step() counts on the host; a replay does not run it
+        opt.note_replayed_steps(1)  # what step() counts on the host; a replay does not run it
         return self.loss
 
     def _eager(self) -> None:
@@ -175,10 +171,10 @@ class StepGraph:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self._body()
-            self.plan = opt._plan
+            self.plan = opt.step_plan
             self.graph.replay()  # capture records; this replay takes the step
             return
-        plan = opt._plan
+        plan = opt.step_plan
         fn = plan.fn
 
         def record(*args, **kwargs):
@@ -190,6 +186,6 @@ class StepGraph:
             self._body()
         finally:
             plan.fn = fn
-        if self.recorded is None or opt._plan is not plan:
+        if self.recorded is None or opt.step_plan is not plan:
             raise RuntimeError("the optimizer rebuilt its step plan during capture; take more warm-up steps")
         self.plan = plan

@@ -3,26 +3,43 @@
 A round (``Simulation.run_round``): sample clients; for each, load the global model, ``begin`` the
 client's round, take ``local_steps`` steps with ``local_step``, ``finish`` into a ``ClientUpdate``;
 then ``aggregate`` the updates into the global model. What differs between algorithms is in their
-descriptors (``fedopt_kernels.algorithm``, ``fedopt_kernels.aggregation``), not here.
+descriptors (``fedopt_kernels.fl.algorithm``, ``fedopt_kernels.fl.server_rules``), not here.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import Any, Dict, List, Mapping, Protocol
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
-from ..aggregation import RULES
-from ..algorithm import end_round
-from .clients import Batch
-from ..client_round import ClientOptimizers
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .simulation import Simulation
+from ..fl.server_rules import RULES
+from ..fl.algorithm import end_round
+from .clients import Batch, BatchStream, ClientData
+from .config import SimConfig
+from ..fl.client_round import ClientOptimizers
 
 Tensors = List[torch.Tensor]
+
+
+class RoundHost(Protocol):
+    """What a strategy (and the client-batched round) reads of the run that owns it: ``Simulation``
+    is the one, and passes itself; named here by shape so that this module need not import it."""
+
+    cfg: SimConfig
+    hp: Dict[str, Any]
+    device: torch.device
+    backend: str
+    model: nn.Module
+    global_params: Tensors                  # the server's model, one tensor per parameter
+    train_clients: List[ClientData]         # by client id
+    streams: Mapping[int, BatchStream]      # each training client's batches, by client id
+    strategy: "Strategy"
+
+    def load_global(self) -> None:
+        """Copy the global model into ``model``."""
 
 
 @dataclass
@@ -51,7 +68,7 @@ def copy_into(dst: Tensors, src: Tensors) -> None:
 
 class Strategy:
     """The round loop's algorithm: the run's client optimizer (``ClientOptimizers``, from the
-    algorithm descriptor) and its server rule (``fedopt_kernels.aggregation``).
+    algorithm descriptor) and its server rule (``fedopt_kernels.fl.server_rules``).
 
     The server keeps the rule's state (SCAFFOLD's ``c``, PAdaMFed's ``c`` and ``m``, FedDyn's
     ``h``; readable as attributes, e.g. ``strategy.c``) and, for a rule whose clients keep tensors
@@ -60,7 +77,7 @@ class Strategy:
     FedNAR; with SCAFFOLD's, SCAFFOLD and FedNAR-SCAFFOLD; and so on for every registered variant.
     """
 
-    def __init__(self, sim: "Simulation"):
+    def __init__(self, sim: RoundHost):
         self.sim = sim
         self.hp = sim.hp
         self.rule = RULES[sim.cfg.server_rule]

@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import torch
 from torch import nn
 
-from .. import _registry
+from ..core import registry as _registry
 from .config import SimConfig
 from .federated_data import FederatedData
 from .report import final_rows

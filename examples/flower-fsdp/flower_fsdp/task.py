@@ -1,7 +1,7 @@
 """The model, each client's data and one client's local training as an FSDP2 job on ``ranks`` CPU processes.
 
 ``train_on_ranks`` is what a client's ``fit`` calls: it starts a gloo world of ``ranks`` processes
-(``fedopt_kernels.local_world``); each rank builds the model from the global weights, shards it
+(``fedopt_kernels.fl.local_world``); each rank builds the model from the global weights, shards it
 with ``fully_shard`` and trains its half of the client's batches with FedNAR, whose co-clipping
 norm is the norm over the whole model (one all-reduce of one float64 per step). Rank 0 returns
 the updated weights (gathered with ``full_tensor``) and the optimizer's full state_dict, which the
@@ -89,6 +89,6 @@ def _rank_train(rank: int, ranks: int, weights: List[np.ndarray], cid: int, step
 
 def train_on_ranks(weights: List[np.ndarray], cid: int, ranks: int, steps: int, batch: int, hp: Dict[str, float],
                    opt_state: Optional[Dict[str, Any]]) -> Tuple[List[np.ndarray], Dict[str, Any], int]:
-    from fedopt_kernels.local_world import run_local_world
+    from fedopt_kernels.fl.local_world import run_local_world
 
     return run_local_world(_rank_train, ranks, weights, cid, steps, batch, hp, opt_state)[0]

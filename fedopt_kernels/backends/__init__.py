@@ -1,3 +1,0 @@
-"""Fused backends. Importing ``fedopt_kernels.backends.<name>`` registers that backend's ops with
-``fedopt_kernels._registry`` (and its device check); an import error means "not available here",
-and its message is what ``available_backends()`` reports."""

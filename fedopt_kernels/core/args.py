@@ -1,0 +1,139 @@
+"""An op's positional arguments (``_ops.OpSpec.schema``) by name, and regrouped into uniform batches.
+
+The Python implementations (reference, triton) read their arguments through ``OpArgs``; the C++
+bindings parse the same layout themselves (``csrc/common/op_args.cpp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from .ops import OpSpec
+
+
+@dataclass
+class Batch:
+    """The parameters of one ``hp`` row: every tensor list is full (one tensor per parameter)."""
+
+    index: int  # row of hp
+    tensors: Dict[str, List[torch.Tensor]]  # role name -> list aligned with tensors["params"]
+
+
+@dataclass
+class OpArgs:
+    spec: OpSpec
+    lists: Dict[str, List[torch.Tensor]]
+    batch: List[int]
+    present: List[int]
+    hp: torch.Tensor
+    k: torch.Tensor
+    table: torch.Tensor
+    decay_every: int
+    grad_scale: Optional[torch.Tensor]
+    found_inf: Optional[torch.Tensor]
+    backend: str
+    active: Optional[torch.Tensor] = None  # batched ops: [C] bool
+
+    @classmethod
+    def parse(cls, spec: OpSpec, args: Sequence, checked: bool = False) -> OpArgs:
+        """``checked``: the caller's step plan fixes the lists' structure and an earlier call with it
+        passed ``check()`` (the optimizers' cached path): the per-step check is skipped."""
+        n = len(spec.roles)
+        want = n + 9 + int(spec.batched)
+        if len(args) != want:
+            raise TypeError(f"fedopt::{spec.name} takes {want} arguments, got {len(args)}")
+        lists = {r.name: list(a) for r, a in zip(spec.roles, args[:n])}
+        rest = list(args[n:])
+        active = rest.pop(8) if spec.batched else None
+        batch, present, hp, k, table, decay_every, grad_scale, found_inf, backend = rest
+        out = cls(
+            spec,
+            lists,
+            list(batch),
+            list(present),
+            hp,
+            k,
+            table,
+            int(decay_every),
+            grad_scale,
+            found_inf,
+            backend,
+            active,
+        )
+        if not checked:
+            out.check()
+        return out
+
+    def check(self) -> None:
+        """Raise ValueError when the lists do not fit ``batch``/``present`` (bad direct op calls)."""
+        spec, n = self.spec, len(self.lists["params"])
+        if len(self.lists["grads"]) != n or len(self.batch) != n:
+            raise ValueError(
+                f"fedopt::{spec.name}: {n} params but {len(self.lists['grads'])} grads and "
+                f"{len(self.batch)} batch indices"
+            )
+        dims = 3 if spec.batched else 2
+        rows = self.hp.shape[0] if self.hp.dim() == dims else -1
+        if self.hp.dim() != dims or self.hp.shape[-1] != len(spec.hps) or self.hp.dtype != torch.float64:
+            what = "[batches, clients, " if spec.batched else "[batches, "
+            raise ValueError(
+                f"fedopt::{spec.name}: hp must be float64 {what}{len(spec.hps)}] "
+                f"({', '.join(spec.hps)}), got {self.hp.dtype} {tuple(self.hp.shape)}"
+            )
+        if spec.batched:
+            C = self.hp.shape[1]
+            if self.k.shape != (C,):
+                raise ValueError(
+                    f"fedopt::{spec.name}: k must have one counter per client ({C}), got shape {tuple(self.k.shape)}"
+                )
+            if self.active is not None and (self.active.shape != (C,) or self.active.dtype != torch.bool):
+                raise ValueError(
+                    f"fedopt::{spec.name}: active must be a bool tensor of shape ({C},), got "
+                    f"{self.active.dtype} {tuple(self.active.shape)}"
+                )
+            for name, ts in self.lists.items():
+                for t in ts:
+                    if t.dim() == 0 or t.shape[0] != C:
+                        raise ValueError(
+                            f"fedopt::{spec.name}: every {name} tensor must have a leading client "
+                            f"dimension of {C}, got shape {tuple(t.shape)}"
+                        )
+        if len(self.present) != rows or any(not 0 <= b < rows for b in self.batch):
+            raise ValueError(
+                f"fedopt::{spec.name}: batch indices must lie in [0, {rows}) and present needs "
+                f"one mask per hp row ({rows}), got {len(self.present)}"
+            )
+        for i, role in enumerate(spec.optional):
+            want = sum(1 for b in self.batch if self.present[b] >> i & 1)
+            if len(self.lists[role.name]) != want:
+                raise ValueError(
+                    f"fedopt::{spec.name}: {role.name} has {len(self.lists[role.name])} tensors "
+                    f"but present/batch ask for {want}"
+                )
+        if self.decay_every < 1:
+            raise ValueError(f"fedopt::{spec.name}: decay_every must be >= 1, got {self.decay_every}")
+
+    def batches(self) -> List[Batch]:
+        """The parameters split by hp row, every optional role expanded, in first-seen row order."""
+        spec = self.spec
+        cursors = {r.name: 0 for r in spec.optional}
+        out: Dict[int, Batch] = {}
+        for i, b in enumerate(self.batch):
+            bat = out.get(b)
+            if bat is None:
+                names = ["params", "grads"] + [r.name for j, r in enumerate(spec.optional) if self.present[b] >> j & 1]
+                bat = out[b] = Batch(b, {name: [] for name in names})
+            bat.tensors["params"].append(self.lists["params"][i])
+            bat.tensors["grads"].append(self.lists["grads"][i])
+            for j, r in enumerate(spec.optional):
+                if self.present[b] >> j & 1:
+                    bat.tensors[r.name].append(self.lists[r.name][cursors[r.name]])
+                    cursors[r.name] += 1
+        return list(out.values())
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device

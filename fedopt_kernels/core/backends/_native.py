@@ -1,0 +1,65 @@
+"""Glue shared by the compiled backends (``cpu`` and ``cuda``): load an extension module with a
+helpful error, and register its ops, one generic wrapper per op of ``_ops.OPS``."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+from ..impl_table import register
+from ..ops import OPS
+
+_PKG_DIR = Path(__file__).resolve().parents[2]  # fedopt_kernels/, where the extensions live
+
+
+def status_file(ext: str) -> Path:
+    """Where the build writes why ``fedopt_kernels.<ext>`` was not built (see setup.py)."""
+    return _PKG_DIR / f"{ext}.build-status.txt"
+
+
+def load_extension(ext: str) -> ModuleType:
+    """Import ``fedopt_kernels.<ext>``; when the install has none that loads, build it on first use
+    (``_jit.py``); raise ImportError saying plainly why it is missing when neither works."""
+    try:
+        return importlib.import_module(f"fedopt_kernels.{ext}")
+    except ImportError as exc:
+        status = status_file(ext)
+        install_status = status.read_text(encoding="utf-8", errors="replace").strip() if status.is_file() else None
+        if install_status:
+            packaged = f"it was not built at install time ({install_status})"
+        elif isinstance(exc, ModuleNotFoundError) and exc.name == f"fedopt_kernels.{ext}":
+            packaged = "this install has no compiled extension (e.g. a wheel built without torch present)"
+        else:  # present but unloadable, e.g. built against another torch
+            packaged = f"the installed one does not load ({exc})"
+    from ._jit import JitUnavailable, build
+
+    try:
+        return build(ext, install_status)
+    except JitUnavailable as jexc:
+        raise ImportError(
+            f"fedopt_kernels.{ext} is missing: {packaged}, and it cannot be built on first use: {jexc}"
+        ) from None
+
+
+def _wrap(fn, name: str, n_roles: int, backend: str, batched: bool):
+    """The registry's calling convention (schema order, optional ``cache``) -> the extension's."""
+
+    def op(*args, cache=None):
+        roles, rest = args[:n_roles], args[n_roles:]
+        if batched:
+            batch, present, hp, k, table, decay_every, grad_scale, found_inf, active, _backend = rest
+            fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, active)
+        else:
+            batch, present, hp, k, table, decay_every, grad_scale, found_inf, _backend = rest
+            fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf)
+
+    op.__name__ = op.__qualname__ = f"{name}_{backend}"
+    return op
+
+
+def register_extension(ext: ModuleType, backend: str) -> None:
+    """Register every op ``ext`` implements as ``backend``'s implementation."""
+    for name, spec in OPS.items():
+        if hasattr(ext, name):
+            register(name, backend)(_wrap(getattr(ext, name), name, len(spec.roles), backend, spec.batched))

@@ -1,0 +1,213 @@
+"""The ``triton`` backend: fused multi-tensor Triton kernels for every op of ``_ops.OPS``.
+
+Runs on CUDA tensors; on CPU tensors only under ``TRITON_INTERPRET=1`` (the Triton interpreter,
+which is how the tests check the kernels on machines without a GPU). The kernels live in
+``triton_kernels/`` (installed as ``fedopt_kernels.triton_kernels``); this module turns an op's
+arguments into per-batch role lists, asks the launcher for the plan (pointer tables, chunk maps)
+and launches on the tensors' device (``launcher.device_guard``). Nothing here reads a device value
+back to the host.
+
+With a ``cache`` from the optimizer, the plan is reused without re-reading every tensor's address:
+only the gradients (and per-step inputs) may differ between calls, and their addresses are compared.
+
+The client-batched ops (``<op>_batched``) run the same kernels over client slices of stacked
+tensors (``launcher.get_batched_plan``; design in ``docs/triton_batched.md``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+try:
+    import triton  # noqa: F401
+except ImportError as exc:  # the registry reports this text as the reason
+    raise ImportError(f"triton is not installed ({exc}); pip install 'triton>=3.0'") from exc
+
+from ..args import OpArgs
+from ..impl_table import register, register_device_check
+from ..ops import FRESH, OPS
+
+
+def _import_kernels():
+    """``fedopt_kernels.triton_kernels``; from a source checkout without install, load the top-level
+    ``triton_kernels/`` folder under that name."""
+    name = "fedopt_kernels.triton_kernels"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+    folder = Path(__file__).resolve().parents[3] / "triton_kernels"
+    spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot find the Triton kernels ({name} is not installed and {folder} is missing)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_import_kernels()
+from fedopt_kernels.triton_kernels import launcher as _launcher  # noqa: E402
+from fedopt_kernels.triton_kernels import two_pass as _two_pass  # noqa: E402
+
+# Whether the kernels above were created by the interpreter (decided when they were decorated).
+_INTERPRETED = _launcher.interpreted()
+
+
+def _device_check(device: torch.device) -> Optional[str]:
+    interp_env = os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type == "cuda":
+        if _INTERPRETED or interp_env:
+            return (
+                "TRITON_INTERPRET=1 runs Triton kernels on the host, which cannot dereference the CUDA "
+                "addresses in the pointer tables; unset TRITON_INTERPRET to use the GPU"
+            )
+        if not torch.cuda.is_available():
+            return "CUDA is not available"
+        return None
+    if device.type == "cpu":
+        if not interp_env:
+            return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 to interpret them on the CPU)"
+        if not _INTERPRETED:
+            return (
+                "TRITON_INTERPRET=1 was set after the Triton kernels were imported; set it before "
+                "importing fedopt_kernels"
+            )
+        return None
+    return f"device type {device.type!r} is not supported (CUDA tensors only)"
+
+
+register_device_check("triton", _device_check)
+
+
+def _amp(a: OpArgs) -> Dict[str, Any]:
+    """GradScaler's tensors as kernel arguments (the k tensor stands in for an absent one: never read)."""
+    return {
+        "scale": a.grad_scale if a.grad_scale is not None else a.k,
+        "found": a.found_inf if a.found_inf is not None else a.k,
+        "UNSCALE": a.grad_scale is not None,
+        "SKIPPABLE": a.found_inf is not None,
+    }
+
+
+def _active(a: OpArgs) -> Optional[torch.Tensor]:
+    """The batched ops' active mask, which the kernels read on the parameters' device."""
+    if a.active is not None and a.active.device != a.device:
+        raise ValueError(f"fedopt::{a.spec.name}: active is on {a.active.device} but the parameters are on {a.device}")
+    return a.active
+
+
+def _hp(a: OpArgs) -> torch.Tensor:
+    """hp with contiguous rows (the kernels address row ``r`` at ``r * len(hps)``)."""
+    return a.hp if a.hp.is_contiguous() else a.hp.contiguous()
+
+
+def _roles(a: OpArgs):
+    """Per batch: role short name -> tensor list; and each batch's hp row."""
+    short = {r.name: r.short for r in a.spec.roles}
+    batches = a.batches()
+    return [{short[name]: ts for name, ts in b.tensors.items()} for b in batches], [b.index for b in batches]
+
+
+def _per_step_ptrs(a: OpArgs, per_step: List[str]) -> tuple:
+    ptrs = tuple(t.data_ptr() for name in per_step for t in a.lists[name])
+    # batched: the FRESH bits are in the plan too (they change with the round, the tensors may not)
+    return (ptrs, tuple(a.present)) if a.spec.batched else ptrs
+
+
+def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
+    spec = a.spec
+    names = tuple(r.short for r in spec.roles)
+    written = tuple(r.short for r in spec.roles if r.written)
+    scale_role = next((r.short for r in spec.roles if r.per_row), None)
+    # with the optimizer's cache only these lists can have changed since the plan was built
+    per_step = ["grads"] + [r.name for r in spec.optional if not r.written and r.name == "anchor_grad"]
+    if cache is not None and "plan" in cache and cache.get("ptrs") == _per_step_ptrs(a, per_step):
+        return cache["plan"]
+    roles, rows = _roles(a)
+    for r in roles:
+        for role, ts in r.items():
+            for t in ts:
+                _launcher.tl_dtype(t, role)
+    if spec.batched:
+        fresh = [bool(a.present[b] & FRESH) for b in rows]
+        plan = _launcher.get_batched_plan(
+            spec.name, roles, rows, fresh, a.hp.shape[1], a.hp.shape[0], names, written, a.device, spec.norm, scale_role
+        )
+    else:
+        plan = _launcher.get_plan(spec.name, roles, rows, names, written, a.device, spec.norm, scale_role)
+    if cache is not None:
+        cache["plan"], cache["ptrs"] = plan, _per_step_ptrs(a, per_step)
+        cache["roles"] = roles
+    return plan
+
+
+def _stage_roles(a: OpArgs, plan, cache):
+    if not plan.staged:
+        return None
+    return _roles(a)[0]
+
+
+def _op(name: str, launch_all):
+    """Register ``name``'s Triton implementation: parse, plan, stage what the plan stages, run
+    ``launch_all(args, plan, amp, active)`` (every launch of the step, k += 1 included), unstage."""
+
+    def step(*args, cache=None) -> None:
+        # an optimizer's cache belongs to one step plan: its structure was checked at the first call
+        a = OpArgs.parse(OPS[name], args, checked=cache is not None and cache.get("checked", False))
+        if cache is not None:
+            cache["checked"] = True
+        active = _active(a)
+        with _launcher.device_guard(a.device):
+            plan = _plan(a, cache)
+            roles = _stage_roles(a, plan, cache)
+            if roles is not None:
+                plan.stage_in(roles)
+            launch_all(a, plan, _amp(a), active)
+            if roles is not None:
+                plan.stage_out(roles)
+
+    step.__name__ = step.__qualname__ = f"{name}_triton"
+    return register(name, "triton")(step)
+
+
+def _one_pass_launches(kernels):
+    """A one-pass op (``sgd`` and its batched form): one update launch of ``kernels.launch`` per
+    launch of the plan, then k += 1 (per active client) on the device. The batched op is the same
+    kernel over client slices."""
+
+    def launch_all(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
+        hp = _hp(a)
+        for lau in plan.launches:
+            kernels.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
+        _two_pass.advance(a.k, amp, active)
+
+    return launch_all
+
+
+def _norm_launches(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
+    """A norm op (``fednar``/``padamfed``) and its batched form: norm pass, (batched: per-client
+    finalize), update pass, through the two-pass driver."""
+    _two_pass.launch(a.spec.base or a.spec.name, plan, _hp(a), a.k, amp, active)
+
+
+def _launches_of(spec) -> Any:
+    """Every op of the declaration runs: a norm op through the two-pass driver, a one-pass op through
+    ``triton_kernels/<op>.py``'s ``launch``."""
+    if spec.norm:
+        return _norm_launches
+    return _one_pass_launches(importlib.import_module(f"fedopt_kernels.triton_kernels.{spec.base or spec.name}"))
+
+
+# one registered step per declared op (per-client and client-batched)
+STEPS = {name: _op(name, _launches_of(spec)) for name, spec in OPS.items()}

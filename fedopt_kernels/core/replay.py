@@ -1,0 +1,240 @@
+"""Replayed steps on a GPU (docs/replay.md): the launches of one ``step()`` recorded in a CUDA graph
+and replayed for later steps whose launch inputs are the same.
+
+A graph replays the kernels it recorded with the arguments they had, so a replay is bitwise the
+eager step when every address the kernels read or write is the one they had at recording and
+every value that changes between steps lives in device memory (hp rows, step counters, decay
+tables, tensor lrs, AMP scale and found-inf). The optimizer does everything else eagerly before
+the launch (plan checks, hp updates, lr copies), exactly as for an eager step, then hands the
+launch here with its arguments. The *launch key* is what the graph baked in: the plan's kernel,
+every tensor's address (and, for the plan's own tensors, shape, strides and dtype), the scalars,
+and which optional AMP inputs exist. A step whose key has a recording replays it; a step whose
+key equals the previous eager step's (the backends' caches are warm for it) is recorded and
+replayed; any other step runs eagerly. Recordings hold no reference to parameters, gradients or
+state: a key matches only while the current tensors sit at the recorded addresses.
+
+Gradients that move every step (``zero_grad(set_to_none=True)`` with an allocator that does not
+hand back the same blocks) never match the previous step's key, so nothing is recorded and such a
+loop pays only the key (a few microseconds). A loop whose addresses repeat only for a while can
+waste recordings (one recorded, never replayed): after ``WASTE_LIMIT`` of them in a row the
+optimizer waits ``2**n`` steps before it records again.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+ENV = "FEDOPT_REPLAY"
+BACKENDS = ("cuda", "triton")  # the fused backends that run on CUDA tensors
+MAX_RECORDINGS = 2  # per optimizer: two alternating gradient address sets both replay
+WASTE_LIMIT = 2  # recordings never replayed, in a row, before backing off
+MAX_BACKOFF = 1 << 12  # steps
+
+
+def default_on() -> bool:
+    """``FEDOPT_REPLAY`` unset or truthy: optimizers replay steps unless told ``replay=False``."""
+    return os.environ.get(ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def resolve_switch(replay: Optional[bool]) -> bool:
+    """The constructor's ``replay`` argument (None: the environment's default)."""
+    if replay is None:
+        return default_on()
+    if not isinstance(replay, bool):
+        raise TypeError(f"replay must be True, False or None (the {ENV} default), got {type(replay).__name__}")
+    return replay
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+
+
+def _list_layout(ts: Sequence[torch.Tensor]) -> tuple:
+    return tuple([_layout(t) for t in ts])
+
+
+class _Recording:
+    __slots__ = ("graph", "keep", "replays")
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, keep: Dict[str, Any]):
+        self.graph = graph
+        self.keep = keep  # the backend's cache entries the graph reads (pointer tables, staging buffers)
+        self.replays = 0
+
+
+class StepReplay:
+    """One optimizer's recordings and counters (``FedOptimizer.replay_stats``)."""
+
+    def __init__(self) -> None:
+        self.recordings: OrderedDict[tuple, _Recording] = OrderedDict()
+        self.last_key: Optional[tuple] = None
+        self.stats = {"eager": 0, "recorded": 0, "replayed": 0, "wasted": 0}
+        self.wasted_in_row = 0
+        self.backoff = 0  # steps left before recording is tried again
+        self.backoff_len = 1
+        self.off_reason: Optional[str] = None
+        self._amp: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self._streams: Dict[torch.device, torch.cuda.Stream] = {}
+
+    # ------------------------------------------------------------------ keys
+    @staticmethod
+    def plan_layout(plan: Any) -> tuple:
+        """What a plan fixes for its lifetime: the kernel and its own tensors' layouts (computed once)."""
+        sig = getattr(plan, "replay_layout", None)
+        if sig is None:
+            lists = tuple(_list_layout(plan.lists[name]) for name in sorted(plan.lists))
+            sig = plan.replay_layout = (
+                plan.fn,
+                plan.backend,
+                plan.device,
+                _list_layout(plan.params),
+                lists,
+                tuple(plan.batch),
+                tuple(plan.present),
+            )
+        return sig
+
+    @staticmethod
+    def grads_layout(plan: Any) -> tuple:
+        """Addresses of the gradients (their shapes and dtypes are the parameters', checked by the plan);
+        strides once per gradient list the plan takes."""
+        grads = plan.grads
+        seen = getattr(plan, "replay_grads", None)
+        if seen is None or seen[0] is not grads:
+            plan.replay_grads = seen = (grads, tuple([g.stride() for g in grads]))
+        return (tuple(map(_DATA_PTR, grads)), seen[1])
+
+    def key(
+        self,
+        plan: Any,
+        per_step: Sequence[List[torch.Tensor]],
+        hp: torch.Tensor,
+        k: torch.Tensor,
+        table: torch.Tensor,
+        every: int,
+        amp: Tuple[bool, bool],
+        active: Optional[torch.Tensor],
+    ) -> tuple:
+        return (
+            self.plan_layout(plan),
+            self.grads_layout(plan),
+            tuple(_list_layout(ts) for ts in per_step),
+            hp.data_ptr(),
+            hp.shape,
+            k.data_ptr(),
+            table.data_ptr(),
+            table.numel(),
+            every,
+            amp,
+            None if active is None else active.data_ptr(),
+        )
+
+    # ------------------------------------------------------------------ AMP inputs
+    def amp_buffers(
+        self, device: torch.device, grad_scale: Optional[torch.Tensor], found_inf: Optional[torch.Tensor]
+    ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """GradScaler hands over new tensors each step: their values go into buffers the graph reads."""
+        if grad_scale is None and found_inf is None:
+            return None, None
+        bufs = self._amp.get(device)
+        if bufs is None:
+            bufs = self._amp[device] = (
+                torch.ones(1, dtype=torch.float32, device=device),
+                torch.zeros(1, dtype=torch.float32, device=device),
+            )
+        scale, found = bufs
+        if grad_scale is not None:
+            scale.copy_(grad_scale.reshape(1))
+        if found_inf is not None:
+            found.copy_(found_inf.reshape(1))
+        return (scale if grad_scale is not None else None), (found if found_inf is not None else None)
+
+    # ------------------------------------------------------------------ the launch
+    def drop(self) -> None:
+        """Forget every recording (a plan that will not come back, a device change)."""
+        for rec in self.recordings.values():
+            self._retire(rec)
+        self.recordings.clear()
+        self.last_key = None
+
+    def _retire(self, rec: _Recording) -> None:
+        if rec.replays == 0:
+            self.stats["wasted"] += 1
+            self.wasted_in_row += 1
+            if self.wasted_in_row >= WASTE_LIMIT:
+                self.backoff = self.backoff_len
+                self.backoff_len = min(2 * self.backoff_len, MAX_BACKOFF)
+
+    def launch(self, key: tuple, device: torch.device, run, cache: Optional[Dict[str, Any]]) -> None:
+        """Run ``run()`` (the plan's launch) eagerly, recorded, or as a replay of ``key``'s recording."""
+        rec = self.recordings.get(key)
+        if rec is not None:
+            self.recordings.move_to_end(key)
+            rec.graph.replay()
+            rec.replays += 1
+            self.stats["replayed"] += 1
+            self.wasted_in_row = 0
+            self.backoff_len = 1
+            return
+        if key != self.last_key or self.off_reason is not None or self.backoff > 0:
+            if self.backoff > 0:
+                self.backoff -= 1
+            self.last_key = key
+            self.stats["eager"] += 1
+            run()
+            return
+        graph = self._record(device, run)
+        if graph is None:  # could not be recorded: this step runs eagerly
+            self.stats["eager"] += 1
+            run()
+            return
+        rec = _Recording(graph, dict(cache) if cache is not None else {})
+        self.recordings[key] = rec
+        while len(self.recordings) > MAX_RECORDINGS:
+            self._retire(self.recordings.popitem(last=False)[1])
+        self.stats["recorded"] += 1
+        rec.graph.replay()  # recording runs nothing: this replay is the step (not counted as a reuse)
+
+    def _record(self, device: torch.device, run) -> Optional[torch.cuda.CUDAGraph]:
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)
+        current = torch.cuda.current_stream(device)
+        stream.wait_stream(current)
+        graph = torch.cuda.CUDAGraph()
+        failure: Optional[BaseException] = None
+        with torch.cuda.stream(stream):
+            try:
+                # thread_local: other threads (data loaders) may keep using CUDA while this records
+                graph.capture_begin(capture_error_mode="thread_local")
+            except Exception as exc:  # noqa: BLE001 - any failure means "not recordable here"
+                failure = exc
+            else:
+                try:
+                    run()
+                except Exception as exc:  # noqa: BLE001
+                    failure = exc
+                finally:
+                    try:
+                        graph.capture_end()
+                    except Exception as exc:  # noqa: BLE001
+                        failure = failure or exc
+        current.wait_stream(stream)
+        if failure is not None:
+            self.off_reason = f"{type(failure).__name__}: {failure}"
+            warnings.warn(
+                f"fedopt_kernels: a step could not be recorded in a CUDA graph ({self.off_reason}); "
+                f"this optimizer takes eager steps from now on",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return None
+        return graph

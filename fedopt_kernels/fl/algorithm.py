@@ -1,0 +1,259 @@
+"""One descriptor per algorithm, registered once, read by every layer (docs/dispatch.md).
+
+An ``Algorithm`` holds what the package knows about one local-step algorithm: the op it runs on,
+its per-client optimizer class and client-batched form, its catalogue option sets (what the tests,
+the self-check and the benchmark run), the FL variants the simulator and the Flower strategies
+offer on it (``fedavg``, ``fedprox``, ``scaffold``, ... each with its server rule), which run
+settings apply to it and their defaults, and its client side of a round: how a client builds the
+optimizer from a run's settings, starts a round, clips, and what it hands back.
+
+Each algorithm's module registers its descriptor when it is imported (``register``); everything
+else iterates ``ALGORITHMS`` / ``VARIANTS``, so no layer keeps its own list of algorithm names.
+The descriptor reads run settings through ``RunSettings``, the fields it needs of
+``fedopt_kernels.fl.config.FLConfig`` (the simulator's ``SimConfig`` is one): ``config.py`` imports
+this module to validate a run's algorithm, so this one names the settings by their shape and imports
+neither it, the simulator nor Flower.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+import torch
+
+from ..core.ops import OpSpec
+
+Tensors = List[torch.Tensor]
+
+
+class RunSettings(Protocol):
+    """The settings of a run a descriptor reads: what ``FLConfig`` holds (its docs say what each means)."""
+
+    algorithm: str
+    rounds: int
+    local_steps: int
+    lr: Optional[float]
+    lr_scale: float
+    server_lr: Optional[float]
+    beta: Optional[float]
+    decay_schedule: str
+    decay_every: int
+    momentum: float
+    weight_decay: float
+    prox_mu: Optional[float]
+    clip_norm: Optional[float]
+    round_decay: Optional[float]
+    dyn_alpha: Optional[float]
+    nlr_mu0: float
+    nlr_c1: float
+    nlr_c2: float
+
+    @property
+    def sampled_per_round(self) -> int: ...
+
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One FL algorithm as the simulator and the Flower strategies name it (``fedopt-sim --algorithm``).
+
+    ``server``: its server rule ("avg", "scaffold", "padamfed", "feddyn", ...); ``prox``: the
+    FedProx term is on (``prox_mu``); ``beta``: a decay factor the name fixes (fedavg: 1, fedsgd: 0);
+    ``options``: constructor keywords the name fixes (padamfed-vr: ``variance_reduction=True``);
+    ``defaults``: run-setting defaults of this name (feddecay: ``beta=0.5``).
+    """
+
+    name: str
+    server: str
+    prox: bool = False
+    beta: Optional[float] = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    doc: str = ""
+    algorithm: str = ""  # filled by ``register``
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One benchmark row of an algorithm (``python -m bench``): catalogue option set ``option``.
+
+    ``core``: in the default table (the paper configuration); ``torch_sgd``: the
+    ``torch.optim.SGD`` keywords that do the same work (the fused/foreach baselines);
+    ``clip_sgd``: compared with clip_grad_norm_ + SGD(fused), what a user writes for FedNAR by hand;
+    ``prox_sgd``: compared with the gradient terms added by foreach ops + SGD(fused), what a user
+    writes by hand for an SGD step with a proximal term and a correction (FedDyn).
+    """
+
+    name: str
+    label: str
+    option: str
+    core: bool = False
+    torch_sgd: Optional[Mapping[str, Any]] = None
+    clip_sgd: bool = False
+    prox_sgd: bool = False
+
+
+class Algorithm:
+    """The descriptor of one algorithm; subclasses override the client-side hooks that differ.
+
+    Attributes set by the constructor: ``name`` (the catalogue's name), ``optimizer`` (the
+    per-client class), ``batched`` (its client-batched form), ``options`` / ``full`` (catalogue
+    option sets, in ``catalogue.Config``'s keyword format, and the one that exercises every role),
+    ``variants``, ``settings`` (the run settings that only some algorithms take, ``FLConfig``'s
+    fields marked ``some``, that this one takes; another one given to a run is refused, with
+    ``refusals[setting]`` as the reason where one is given), ``round_outputs`` (optimizer methods a client calls after training for what it hands
+    back, e.g. PAdaMFed's ``local_control``), ``bench`` (its benchmark rows).
+    """
+
+    def __init__(self, name: str, optimizer: type, batched: type, *, options: Mapping[str, Mapping[str, Any]],
+                 full: str, variants: Sequence[Variant], settings: Sequence[str] = (),
+                 refusals: Optional[Mapping[str, str]] = None, round_outputs: Sequence[str] = (), title: str = "",
+                 bench: Sequence[BenchCase] = ()):
+        for opt in [full] + [b.option for b in bench]:
+            if opt not in options:
+                raise ValueError(f"algorithm {name!r}: option {opt!r} is not one of its options {tuple(options)}")
+        self.name, self.optimizer, self.batched = name, optimizer, batched
+        self.options, self.full = dict(options), full
+        self.variants = tuple(Variant(**{**v.__dict__, "algorithm": name}) for v in variants)
+        self.settings = tuple(settings)
+        self.refusals = dict(refusals or {})
+        self.round_outputs = tuple(round_outputs)
+        self.title = title
+        self.bench = tuple(bench)
+
+    @property
+    def op(self) -> OpSpec:
+        """The (per-client) op its optimizer runs on."""
+        return self.optimizer.op_spec()
+
+    def __repr__(self) -> str:
+        return f"Algorithm({self.name!r}, op={self.op.name!r}, variants={[v.name for v in self.variants]})"
+
+    # ------------------------------------------------------------------ run settings
+    def hparams(self, cfg: "RunSettings", variant: Variant) -> Dict[str, Any]:
+        """lr, server_lr, beta, prox_mu, clip_norm, round_decay (+ ``dyn_alpha``) with defaults applied."""
+        beta = variant.beta if variant.beta is not None else variant.defaults.get("beta", 1.0)
+        return {
+            "lr": (0.05 if cfg.lr is None else cfg.lr) * cfg.lr_scale,
+            "server_lr": 1.0 if cfg.server_lr is None else cfg.server_lr,
+            "beta": beta if cfg.beta is None else cfg.beta,
+            "prox_mu": (0.01 if cfg.prox_mu is None else cfg.prox_mu) if variant.prox else 0.0,
+            "clip_norm": cfg.clip_norm,
+            "round_decay": 1.0 if cfg.round_decay is None else cfg.round_decay,
+        }
+
+    def check(self, cfg: "RunSettings", variant: Variant) -> None:
+        """Refuse (ValueError naming it) a run setting that does not apply to this algorithm."""
+        for f in dataclasses.fields(cfg):
+            name = f.name
+            if not f.metadata.get("some") or name in self.settings or not _given(cfg, name):
+                continue
+            why = self.refusals.get(name)
+            raise ValueError(f"{name} does not apply to algorithm={cfg.algorithm!r}" + (f" ({why})" if why else ""))
+        if _given(cfg, "prox_mu") and not variant.prox:
+            provers = [v.name for a in ALGORITHMS.values() for v in a.variants if v.prox]
+            raise ValueError(f"prox_mu only applies to {' and '.join(provers)}, not {cfg.algorithm!r}")
+        if variant.beta is not None and cfg.beta is not None and cfg.beta != variant.beta:
+            raise ValueError(f"beta={cfg.beta} contradicts algorithm={cfg.algorithm!r} (beta={variant.beta}); "
+                             f"use another algorithm name for other decay factors")
+
+    # ------------------------------------------------------------------ the client side of a round
+    def make(self, params: Tensors, cfg: "RunSettings", variant: Variant, hp: Mapping[str, Any], backend: str,
+             batched: bool = False) -> torch.optim.Optimizer:
+        """This run's client optimizer on ``params`` (its client-batched form with ``batched``)."""
+        raise NotImplementedError
+
+    def state_copies(self, cfg: "RunSettings", variant: Variant) -> int:
+        """Optimizer state tensors per parameter per client (the client-parallel memory estimate)."""
+        raise NotImplementedError
+
+    def round_lr(self, hp: Mapping[str, Any], t: int) -> Optional[float]:
+        """The lr a client's param groups get at round ``t``; None: the optimizer anneals by itself."""
+        return None
+
+    def calibrate(self, model: torch.nn.Module, data: Sequence[Tuple[torch.Tensor, torch.Tensor]],
+                  cfg: "RunSettings") -> Dict[str, Any]:
+        """Round inputs a client computes from the received model on its own data (FedNLR's scales)."""
+        return {}
+
+    def clip_norm(self, hp: Mapping[str, Any]) -> Optional[float]:
+        """Gradient clipping (``clip_grad_norm_``) before each step, or None (clipping in the step or none)."""
+        return None
+
+    def lr_sum(self, opt: Any, hp: Mapping[str, Any], t: int, steps: int) -> float:
+        """Sum of the nominal per-step learning rates of the round just trained (SCAFFOLD option II)."""
+        raise ValueError(f"SCAFFOLD is not defined for client optimizer {type(self.optimizer).__name__!r}")
+
+    def needs_anchor(self, variant: Variant) -> bool:
+        """Do its steps also take the same batch's gradient at the round's starting model (``anchor_grads``)?"""
+        return False
+
+    def present(self, kwargs: Mapping[str, Any], correction: bool, scales: Any) -> Tuple[str, ...]:
+        """The optional roles of the op a catalogue option set's steps use (traffic figures)."""
+        names = []
+        if kwargs.get("momentum", 0):
+            names.append("momentum_buffer")
+        if kwargs.get("prox_mu", 0):
+            names.append("x0")
+        if correction:
+            names.append("correction")
+        if scales:
+            names.append("neuron_scale")
+        return tuple(names)
+
+
+def end_round(opt: Any) -> None:
+    """End the round on an optimizer that updates per-client state after local training (FedDyn's
+    ``end_round``); nothing for the others. Called once per optimizer and round, before its round outputs."""
+    finish = getattr(opt, "end_round", None)
+    if finish is not None:
+        finish()
+
+
+def _given(cfg: Any, name: str) -> bool:
+    """Was run setting ``name`` set away from its neutral value (None, 0, or the dataclass default)?"""
+    value = getattr(cfg, name, None)
+    if value is None:
+        return False
+    default = type(cfg).__dataclass_fields__[name].default
+    return value != default
+
+
+# ---------------------------------------------------------------------------- the registry
+ALGORITHMS: Dict[str, Algorithm] = {}
+VARIANTS: Dict[str, Variant] = {}
+
+
+def register(algo: Algorithm) -> Algorithm:
+    """Add ``algo`` (and its variants) to the registry; called once by the algorithm's own module."""
+    if algo.name in ALGORITHMS:
+        raise ValueError(f"algorithm {algo.name!r} is registered twice")
+    clash = [v.name for v in algo.variants if v.name in VARIANTS]
+    if clash:
+        raise ValueError(f"algorithm {algo.name!r}: variant names {clash} are taken")
+    ALGORITHMS[algo.name] = algo
+    for v in algo.variants:
+        VARIANTS[v.name] = v
+    return algo
+
+
+def variant(name: str) -> Variant:
+    """The variant called ``name`` (ValueError listing the known ones)."""
+    v = VARIANTS.get(name)
+    if v is None:
+        raise ValueError(f"algorithm must be one of {tuple(VARIANTS)}, got {name!r}")
+    return v
+
+
+def of(name: str) -> Algorithm:
+    """The descriptor of variant ``name``'s algorithm."""
+    return ALGORITHMS[variant(name).algorithm]
+
+
+def of_optimizer(cls: type) -> Algorithm:
+    """The descriptor whose per-client or client-batched class is ``cls``."""
+    for a in ALGORITHMS.values():
+        if cls in (a.optimizer, a.batched):
+            return a
+    raise KeyError(f"{cls.__name__} is not a registered algorithm's optimizer")

@@ -1,0 +1,106 @@
+"""The client side of a round, shared by the simulator and the Flower clients: which optimizer a
+client trains with, how its round starts, and how a model is scored.
+
+Each client keeps ONE optimizer for the whole simulation (``ClientOptimizers``): the package's
+optimizers count rounds through ``start_round`` and FedNAR anneals its lr by that count, so a client
+that sat out some rounds is first advanced to the global round index (``advance_to_round``). All
+client optimizers act on the same model object, whose parameters the simulation overwrites with the
+global model before each client trains.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from torch.nn import functional as F
+
+from .config import FLConfig
+
+Optimizer = torch.optim.Optimizer
+
+
+def advance_to_round(opt: Any, t: int, **round_inputs: Any) -> None:
+    """Call ``start_round`` so that the round it starts has index ``t`` (the global round)."""
+    if opt.round_index >= t:
+        raise RuntimeError(f"client optimizer is already at round {opt.round_index}, cannot start round {t}")
+    while opt.round_index < t - 1:  # rounds this client sat out
+        opt.start_round()
+    opt.start_round(**round_inputs)
+
+
+class ClientOptimizers:
+    """Builds each client's optimizer on first use and starts its rounds, as the run's algorithm
+    descriptor (``cfg.algo``, ``fedopt_kernels.fl.algorithm``) says."""
+
+    def __init__(self, cfg: FLConfig, hp: Dict[str, Any], model: nn.Module, backend: str):
+        self.cfg, self.hp, self.model, self.backend = cfg, hp, model, backend
+        self.algo, self.variant = cfg.algo, cfg.variant
+        self._opts: Dict[int, Optimizer] = {}
+
+    def get(self, cid: int) -> Optimizer:
+        opt = self._opts.get(cid)
+        if opt is None:
+            opt = self._opts[cid] = self._build()
+        return opt
+
+    def _build(self) -> Optimizer:
+        return self.build_on(list(self.model.parameters()))
+
+    def build_on(self, params: List[torch.Tensor], batched: bool = False) -> Optimizer:
+        """This run's client optimizer on ``params`` (its client-batched form with ``batched``)."""
+        return self.algo.make(params, self.cfg, self.variant, self.hp, self.backend, batched=batched)
+
+    def round_lr(self, t: int) -> Optional[float]:
+        """The lr of round ``t`` the run sets on the optimizer (None: it anneals by itself)."""
+        return self.algo.round_lr(self.hp, t)
+
+    def set_round_lr(self, opt: Any, t: int) -> None:
+        lr = self.round_lr(t)
+        if lr is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def calibrate(self, client: Any) -> Dict[str, Any]:
+        """Round inputs the client computes from the received model on its data (FedNLR's scales).
+
+        ``client``: its training data (``train_x``, ``train_y``), or None where it has none to give."""
+        data = None if client is None else [(client.train_x, client.train_y)]
+        return self.algo.calibrate(self.model, data, self.cfg)
+
+    def begin(self, cid: int, client: Any, t: int, **round_inputs: Any) -> Optimizer:
+        """Start round ``t`` on client ``cid``'s optimizer (the model already holds the global weights)."""
+        opt = self.get(cid)
+        self.set_round_lr(opt, t)
+        round_inputs.update(self.calibrate(client))
+        advance_to_round(opt, t, **round_inputs)
+        return opt
+
+    def clip(self) -> None:
+        """Gradient clipping before the step where the algorithm has it (the SGD baselines with clip_norm)."""
+        norm = self.algo.clip_norm(self.hp)
+        if norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), norm)
+
+    def lr_sum(self, opt: Optimizer, t: int, steps: int) -> float:
+        """Sum of the nominal per-step learning rates of the round just trained (SCAFFOLD option II)."""
+        return self.algo.lr_sum(opt, self.hp, t, steps)
+
+
+_EVAL_CHUNK = 4096  # samples per forward pass when scoring (bounds memory on big splits)
+
+
+@torch.no_grad()
+def loss_and_correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Tuple[float, int]:
+    """Summed cross-entropy and number of correct predictions of ``model`` on (x, y)."""
+    was_training = model.training
+    model.eval()
+    loss, correct = 0.0, 0
+    for i in range(0, y.shape[0], _EVAL_CHUNK):
+        out = model(x[i:i + _EVAL_CHUNK])
+        yy = y[i:i + _EVAL_CHUNK]
+        loss += float(F.cross_entropy(out, yy, reduction="sum"))
+        correct += int((out.argmax(dim=1) == yy).sum())
+    model.train(was_training)
+    return loss, correct

@@ -1,0 +1,249 @@
+"""FedDyn: dynamic regularization (docs/algorithms.md), on the ``sgd`` op of FedDecaySGD.
+
+The client's local step is FedDecaySGD's with the FedProx term ``alpha * (x - x0)`` and the
+correction ``-g_i``, so every backend runs it with the kernels it already has. ``-g_i`` is kept
+as the state tensor the step reads (negation is exact), so a step makes no copy of it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..fl import algorithm
+from ..core.optimizer import ROUND_KEY, check_tensor_list, round_entry, check_number
+from ..core.ops import BATCHED
+from .sgd import SGDAlgorithm, SGDFamily
+from ..fl.algorithm import BenchCase, Variant
+from ..batched._client_batched import ClientBatched
+from .feddecay import FedDecaySGD
+from ..core.schedules import DecaySchedule, ScheduleLike
+# re-exported here: the rule and its arithmetic live beside the other rules'
+from ..fl.server_rules import FedDynRule, feddyn_server_step
+
+Tensors = List[torch.Tensor]
+
+# per-parameter state: -g_i, the correction every local step adds to the gradient
+_NEG_G = "dyn_correction"
+
+
+def _compute(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 (float64 for float64 tensors), as the kernels compute."""
+    return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
+
+
+class FedDyn(FedDecaySGD):
+    r"""Client optimizer of FedDyn (dynamic regularization).
+
+    From "Federated Learning Based on Dynamic Regularization" (Durmus Alp Emre Acar, Yue Zhao,
+    Ramon Matas, Matthew Mattina, Paul Whatmough, Venkatesh Saligrama; ICLR 2021).
+    Client i keeps ``g_i`` (one tensor per parameter, zero at the start). In a round it receives
+    the global model ``x0`` and minimises ``L_i(x) - <g_i, x> + (alpha/2) ||x - x0||^2``; step k::
+
+        d     = g + weight_decay * x - g_i + alpha * (x - x0)
+        lr_k  = lr * s(k // decay_every)          (FedDecaySGD's within-round schedule)
+
+    then one ``torch.optim.SGD`` step with ``lr_k`` (momentum, dampening, nesterov, maximize:
+    ``maximize`` negates ``g`` only). After local training, ``end_round()`` updates::
+
+        g_i  <-  g_i - alpha * (x - x0)
+
+    ``x0`` is taken at every ``start_round()``; ``g_i`` persists across rounds and is part of the
+    ``state_dict`` (as ``-g_i``, key ``"dyn_correction"``, in the parameter's dtype);
+    ``dyn_grad()`` returns it and ``start_round(dyn_grad=...)`` sets it. The server rule is
+    ``feddyn_server_step``. FedDyn's own terms take the places of FedProx and SCAFFOLD: ``prox_mu``
+    and ``start_round(correction=...)`` are refused.
+
+    Args:
+        params: parameters or param groups.
+        lr: base learning rate (read from each param group at every step).
+        alpha: the dynamic regularization coefficient, > 0 (keyword, required; per param group).
+        beta, schedule, decay_every: FedDecaySGD's within-round decay (default: none).
+        momentum, dampening, nesterov, weight_decay, maximize: as ``torch.optim.SGD``.
+        backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
+        replay: record a GPU step in a CUDA graph and replay it while its launch inputs stay the
+            same (docs/replay.md); None: on unless ``FEDOPT_REPLAY=0``.
+    """
+
+    _accepts_correction = False
+    _state_keys = ("momentum_buffer", "x0", _NEG_G)
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, *, alpha: float, beta: float = 1.0,
+                 schedule: ScheduleLike = "exponential", decay_every: int = 1, momentum: float = 0.0,
+                 dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+                 maximize: bool = False, backend: str = "auto", replay: Optional[bool] = None,
+                 **unsupported: Any):
+        if "prox_mu" in unsupported:
+            raise TypeError("FedDyn takes no prox_mu: its alpha * (x - x0) term takes FedProx's place (use alpha)")
+        if unsupported:
+            raise TypeError(f"FedDyn got unexpected keyword arguments {sorted(unsupported)}")
+        check_number("alpha", alpha, low=0.0, low_open=True)  # before anything is built
+        self._round_ended = False  # end_round() was called in the current round
+        self.schedule = DecaySchedule(beta, schedule, decay_every)
+        defaults = dict(lr=lr, alpha=alpha, momentum=momentum, dampening=dampening, nesterov=nesterov,
+                        weight_decay=weight_decay, maximize=maximize)
+        # FedDecaySGD's constructor would add prox_mu to the groups: build from the SGD family directly
+        SGDFamily.__init__(self, params, defaults, backend, replay)
+
+    # ---------------------------------------------------------------- hyperparameters
+    def _validate_group(self, group: Dict[str, Any]) -> None:
+        if "prox_mu" in group:
+            raise TypeError("FedDyn's param groups take no prox_mu: its alpha * (x - x0) term takes FedProx's place")
+        super()._validate_group(group)
+        check_number("alpha", group["alpha"], low=0.0, low_open=True)
+
+    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
+        # the sgd op's prox_mu column carries alpha
+        return [float(group["alpha" if name == "prox_mu" else name]) for name in self._spec.hps]
+
+    # ---------------------------------------------------------------- rounds
+    def start_round(self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None,
+                    **inputs: Any) -> None:
+        """Begin local training on a freshly received global model: ``x0 = x`` for every parameter,
+        the step counter to 0, momentum buffers cleared unless ``reset_state=False``.
+
+        ``g_i`` is kept from the previous round, unless ``dyn_grad=[...]`` (one tensor per parameter
+        in param-group order, e.g. what ``dyn_grad()`` returned) gives the client's ``g_i``: a client
+        whose optimizer does not live across rounds hands its state back this way.
+        """
+        if correction is not None:
+            raise TypeError("FedDyn.start_round() takes no correction: FedDyn's own -g_i term takes SCAFFOLD's "
+                            "place (its g_i is kept by the optimizer and updated by end_round())")
+        super().start_round(reset_state=reset_state, **inputs)
+
+    def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
+        given = inputs.pop("dyn_grad", None)
+        super()._check_round_inputs(inputs)
+        if given is not None:
+            given = check_tensor_list("dyn_grad", given, self._params_flat, self._name_of)
+            for i, t in enumerate(given):
+                if not t.is_floating_point():
+                    raise TypeError(f"dyn_grad entry for {self._name_of(i)} has dtype {t.dtype}; it must be floating point")
+        return {"dyn_grad": given}
+
+    def _apply_round_inputs(self, inputs: Dict[str, Any]) -> None:
+        super()._apply_round_inputs(inputs)
+        given = inputs.get("dyn_grad")
+        for i, p in enumerate(self._params_flat):
+            st = self.state[p]
+            st["x0"] = p.detach().clone(memory_format=torch.preserve_format)
+            if given is not None:  # stored negated (exact) in the parameter's dtype
+                neg = torch.empty_like(p, memory_format=torch.preserve_format)
+                st[_NEG_G] = neg.copy_(given[i].detach()).neg_()
+            elif _NEG_G not in st:
+                st[_NEG_G] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        self._round_ended = False
+
+    def _step_tensors(self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any],
+                      idx: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+        if self._round_ended:
+            raise RuntimeError("step() after end_round(): the round is over; call start_round() with the next "
+                               "global model first")
+        if "x0" not in state or _NEG_G not in state:  # checked before the momentum buffer is made
+            raise RuntimeError(f"{self._name_of(idx)} has no FedDyn round state (x0, g_i): it was added to the "
+                               f"optimizer after start_round(); call start_round() before the next step()")
+        tensors, override = super()._step_tensors(p, group, state, idx)
+        tensors["x0"] = state["x0"]
+        tensors["correction"] = state[_NEG_G]
+        return tensors, override
+
+    @torch.no_grad()
+    def end_round(self) -> None:
+        """After local training: ``g_i <- g_i - alpha * (x - x0)`` for every parameter (each group's
+        alpha), on the parameters' device without a host sync.
+
+        Once per round: a second call in the same round, a call before any ``start_round()`` and a
+        ``step()`` after it raise RuntimeError and change nothing. A client that took no step keeps
+        its ``g_i`` (``x == x0``).
+        """
+        if self._t < 0:
+            raise RuntimeError("end_round() before any start_round(): there is no round to end")
+        if self._round_ended:
+            raise RuntimeError("end_round() was already called in this round; g_i is updated once per round "
+                               "(call start_round() for the next one)")
+        entries = []
+        for group in self.param_groups:  # everything checked before any g_i changes
+            alpha = check_number("alpha", group["alpha"], low=0.0, low_open=True)
+            for p in group["params"]:
+                st = self.state.get(p, {})
+                if "x0" not in st or _NEG_G not in st:
+                    raise RuntimeError(f"{self._name_of(len(entries))} has no FedDyn round state: it was added "
+                                       f"after start_round(), so this round has no x0 for it")
+                entries.append((p, st, alpha))
+        for p, st, alpha in entries:
+            neg = st[_NEG_G]
+            # -g_i + alpha * (x - x0) in the compute dtype, rounded once to the state's dtype
+            neg.copy_(_compute(neg) + alpha * (_compute(p.detach()) - _compute(st["x0"])))
+        self._round_ended = True
+        self._plan = None  # the next step() must see that the round is over
+
+    @torch.no_grad()
+    def dyn_grad(self) -> Tensors:
+        """Copies of ``g_i``, one per parameter in param-group order (zeros before the first round)."""
+        out = []
+        for p in self._params_flat:
+            neg = self.state.get(p, {}).get(_NEG_G)
+            out.append(torch.zeros_like(p) if neg is None else neg.neg())
+        return out
+
+    # ---------------------------------------------------------------- state_dict
+    def state_dict(self) -> Dict[str, Any]:
+        sd = super().state_dict()
+        for entry in [sd[ROUND_KEY]] + [g[ROUND_KEY] for g in sd["param_groups"]]:
+            entry["round_ended"] = self._round_ended
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._round_ended = bool(round_entry(state_dict).get("round_ended", False))
+
+
+class BatchedFedDyn(ClientBatched, FedDyn):
+    """FedDyn for ``C`` stacked clients (docs/client_batched.md): parameters, ``x0``, momentum
+    buffers and ``-g_i`` are ``[C, *shape]``; one alpha per param group. ``end_round()`` updates
+    every client's ``g_i``; a client that took no step in the round keeps its own."""
+
+    _spec = BATCHED["sgd_batched"]
+
+    def current_lr_factor(self) -> List[float]:
+        """s(k_c // decay_every) of each client's next step."""
+        return [self.schedule.factor(k) for k in self.round_step]
+
+
+class _FedDyn(SGDAlgorithm):
+    def hparams(self, cfg, variant):
+        return {**super().hparams(cfg, variant), "dyn_alpha": 0.01 if cfg.dyn_alpha is None else cfg.dyn_alpha}
+
+    def make(self, params, cfg, variant, hp, backend, batched=False):
+        cls = self.batched if batched else self.optimizer
+        return cls(params, lr=hp["lr"], alpha=hp["dyn_alpha"], beta=hp["beta"], schedule=cfg.decay_schedule,
+                   decay_every=cfg.decay_every, momentum=cfg.momentum, weight_decay=cfg.weight_decay, backend=backend)
+
+    def state_copies(self, cfg, variant):
+        return int(cfg.momentum != 0) + 3  # momentum, x0, -g_i and the g_i the run keeps for the client
+
+    def present(self, kwargs, correction, scales):
+        return (("momentum_buffer",) if kwargs.get("momentum", 0) else ()) + ("x0", "correction")
+
+
+DESCRIPTOR = algorithm.register(_FedDyn(
+    "feddyn", FedDyn, BatchedFedDyn,
+    title="Federated Learning Based on Dynamic Regularization",
+    settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay", "dyn_alpha"),
+    variants=(Variant("feddyn", "feddyn"),),
+    round_outputs=("dyn_grad",),
+    full="momentum",
+    bench=(BenchCase("feddyn", "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)", "momentum", core=True,
+                     prox_sgd=True),),
+    # every option set uses the x0 and correction roles (alpha * (x - x0) and -g_i)
+    options={
+        "plain": dict(lr=0.1, alpha=0.1),
+        "momentum": dict(lr=0.05, alpha=0.3, momentum=0.9, dampening=0.1),
+        "nesterov_wd": dict(lr=0.05, alpha=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+        "decay_wd": dict(lr=0.1, alpha=0.5, beta=0.7, weight_decay=0.01),
+        "linear_every2": dict(lr=0.1, alpha=0.2, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
+        "groups": dict(lr=0.1, alpha=0.1, momentum=0.9, groups=dict(lr=0.03, alpha=0.5)),
+    }))
+
+__all__ = ["FedDyn", "BatchedFedDyn", "feddyn_server_step", "FedDynRule"]

@@ -1,0 +1,100 @@
+"""FedNAR: co-clipping of gradient and weight decay (docs/algorithms.md)."""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional
+
+from ..fl import algorithm
+from ..core.optimizer import FedOptimizer, check_number
+from ..core.ops import BATCHED, FEDNAR
+from ..fl.server_rules import RULES
+from ..fl.algorithm import Algorithm, BenchCase, Variant
+from ..batched._client_batched import ClientBatched
+
+
+class FedNAR(FedOptimizer):
+    r"""Federated optimization with Normalized Annealing Regularization (FedNAR).
+
+    From "FedNAR: Federated Optimization with Normalized Annealing Regularization" (Junbo Li, Ang Li,
+    Chong Tian, Qirong Ho, Eric P. Xing, Hongyi Wang; NeurIPS 2023), Eq. 3-4 and Alg. 2. With ``t``
+    the round index::
+
+        l_t  = lr * round_decay ** t
+        d    = g + weight_decay * x + correction + prox_mu * (x - x0)
+        s    = || d ||_2 over all parameters of the optimizer (all groups; squares summed in float64)
+        coef = min(1, max_norm / (s + eps))          (torch clip_grad_norm_ semantics)
+        x   -= l_t * coef * d
+
+    i.e. the paper's ``lambda = l_t * coef`` and ``mu = l_t * weight_decay * coef``; the update
+    norm never exceeds ``l_t * max_norm``. Run it on FedAvg (default), FedProx (``prox_mu``) or
+    SCAFFOLD (``start_round(correction=...)``).
+    """
+
+    _spec = FEDNAR
+
+    def __init__(self, params: Iterable, lr: float, weight_decay: float, max_norm: float = 10.0,
+                 round_decay: float = 0.998, eps: float = 1e-6, prox_mu: float = 0.0, backend: str = "auto",
+                 replay: Optional[bool] = None):
+        defaults = dict(lr=lr, weight_decay=weight_decay, max_norm=max_norm, round_decay=round_decay,
+                        eps=eps, prox_mu=prox_mu)
+        super().__init__(params, defaults, backend, replay)
+
+    def _validate_group(self, group: Dict[str, Any]) -> None:
+        super()._validate_group(group)
+        check_number("weight_decay", group["weight_decay"], low=0.0)
+        check_number("max_norm", group["max_norm"], low=0.0, low_open=True)
+        check_number("round_decay", group["round_decay"], low=0.0, high=1.0, low_open=True)
+        check_number("eps", group["eps"], low=0.0)
+
+    def _lr_factor(self, group: Dict[str, Any], t: Optional[int] = None) -> float:
+        return group["round_decay"] ** max(self._t if t is None else t, 0)
+
+    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
+        step_lr = group["lr"] * self._lr_factor(group, t)
+        return [float(step_lr), float(group["weight_decay"]), float(group["max_norm"]), float(group["eps"]),
+                float(group["prox_mu"])]
+
+
+class BatchedFedNAR(ClientBatched, FedNAR):
+    """FedNAR for ``C`` stacked clients: each client clips its own ``d`` by its own global norm
+    (over all of that client's tensors), with ``l_t = lr * lr_scale[c] * round_decay ** t_c``."""
+
+    _spec = BATCHED["fednar_batched"]
+
+
+class _FedNAR(Algorithm):
+    def hparams(self, cfg, variant):
+        hp = super().hparams(cfg, variant)
+        hp["clip_norm"] = 10.0 if cfg.clip_norm is None else cfg.clip_norm
+        hp["round_decay"] = 0.998 if cfg.round_decay is None else cfg.round_decay
+        return hp
+
+    def make(self, params, cfg, variant, hp, backend, batched=False):
+        cls = self.batched if batched else self.optimizer
+        return cls(params, lr=hp["lr"], weight_decay=cfg.weight_decay, max_norm=hp["clip_norm"],
+                   round_decay=hp["round_decay"], prox_mu=hp["prox_mu"], backend=backend)
+
+    def lr_sum(self, opt, hp, t, steps):
+        # K * lr * round_decay ** t; the clip coefficient is a device-side value and not included
+        return steps * hp["lr"] * hp["round_decay"] ** t
+
+    def state_copies(self, cfg, variant):
+        return int(RULES[variant.server].keeps) + int(variant.prox)
+
+
+DESCRIPTOR = algorithm.register(_FedNAR(
+    "fednar", FedNAR, BatchedFedNAR,
+    title="FedNAR: Federated Optimization with Normalized Annealing Regularization",
+    settings=("weight_decay", "clip_norm", "round_decay"),
+    refusals={"momentum": "its optimizer has none"},
+    variants=(Variant("fednar", "avg"), Variant("fednar-fedprox", "avg", prox=True),
+              Variant("fednar-scaffold", "scaffold")),
+    full="prox_correction",
+    bench=(BenchCase("fednar", "FedNAR wd max_norm=10", "wd", core=True, clip_sgd=True),
+           BenchCase("fednar_scaffold_prox", "FedNAR + SCAFFOLD + FedProx", "prox_correction")),
+    options={
+        "unclipped": dict(lr=0.1, weight_decay=0.01, max_norm=1e6),
+        "wd": dict(lr=0.1, weight_decay=5e-4, max_norm=10.0),
+        "clipped": dict(lr=0.1, weight_decay=0.1, max_norm=0.5, round_decay=0.9),
+        "prox_correction": dict(lr=0.1, weight_decay=0.05, max_norm=2.0, prox_mu=0.3, correction=True),
+        "groups": dict(lr=0.1, weight_decay=0.01, max_norm=1.0, groups=dict(lr=0.5, max_norm=3.0, weight_decay=0.0)),
+    }))

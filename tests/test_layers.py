@@ -1,0 +1,229 @@
+"""The package's folders are its layers, and every name the documentation gives still imports.
+
+Layers, lowest first (README, "Layout"): ``core`` (kernel dispatch, no FL concepts; the Triton
+sources installed as ``fedopt_kernels.triton_kernels`` belong to it), ``fl`` (descriptors, settings,
+server rules, the client round), ``batched`` (the client-batched mixin), ``optim`` (the optimizers),
+the package's ``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module
+imports only from its own layer or lower ones: every import counts, late and ``TYPE_CHECKING`` ones
+included (the graph of tests/test_import_graph.py).
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+
+from test_import_graph import import_graph, package_modules
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "fedopt_kernels"
+RANK = {"core": 0, "triton_kernels": 0, "fl": 1, "batched": 2, "optim": 3, "": 4, "sim": 5, "selfcheck": 5,
+        "flower": 6}
+MAX_ROOT_MODULES = 10
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_the_package_root_holds_few_modules():
+    modules = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(modules) <= MAX_ROOT_MODULES, f"{len(modules)} modules at the package root: {modules}"
+
+
+def test_every_module_belongs_to_a_layer():
+    assert {layer(m) for m in import_graph()} <= set(RANK), "a folder with no place in RANK: add it to the layers"
+
+
+def test_imports_only_go_down_the_layers():
+    upward = sorted(f"{a} -> {b}" for a, bs in import_graph().items() for b in bs
+                    if RANK[layer(b)] > RANK[layer(a)])
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_can_fail(monkeypatch):
+    import test_layers
+
+    monkeypatch.setitem(test_layers.RANK, "fl", 9)  # fl above everyone: the optimizers' imports of it go up
+    with pytest.raises(AssertionError, match="optim"):
+        test_imports_only_go_down_the_layers()
+
+
+_DOTTED = re.compile(r"\bfedopt_kernels(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+_FROM = re.compile(r"\bfrom (fedopt_kernels(?:\.[A-Za-z_][A-Za-z0-9_]*)*) import ([A-Za-z_][A-Za-z0-9_, ]*)")
+
+
+def documented_names() -> List[str]:
+    """Every ``fedopt_kernels.…`` name README.md and docs/ give, dotted or as ``from … import …``."""
+    names = set()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        names |= set(_DOTTED.findall(text))
+        for mod, imported in _FROM.findall(text):
+            names |= {f"{mod}.{n.strip()}" for n in imported.split(",") if n.strip()}
+    # the compiled extensions may be absent from an install by design (docs/backends.md)
+    return sorted(n for n in names if not n.startswith(("fedopt_kernels._C_", "fedopt_kernels.<")))
+
+
+def resolve(name: str) -> object:
+    """Import ``name`` as a module, or as an attribute of the longest module prefix that imports."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(name)
+
+
+def test_the_docs_name_something():
+    assert {"fedopt_kernels.available_backends", "fedopt_kernels.batched", "fedopt_kernels.flower",
+            "fedopt_kernels.sim"} <= set(documented_names())
+
+
+@pytest.mark.parametrize("name", documented_names())
+def test_every_documented_name_imports(name):
+    if name.startswith("fedopt_kernels.flower"):
+        pytest.importorskip("flwr")
+    resolve(name)
+
+
+@pytest.mark.parametrize("name", importlib.import_module("fedopt_kernels").__all__)
+def test_every_public_name_imports(name):
+    assert getattr(importlib.import_module("fedopt_kernels"), name) is resolve(f"fedopt_kernels.{name}")
+
+
+def test_resolve_fails_on_a_moved_name():
+    with pytest.raises((ModuleNotFoundError, AttributeError)):
+        resolve("fedopt_kernels._ops.OPS")
+
+
+# ------------------------------------------------------------------ private attributes
+def _defined_private_names(tree: ast.AST) -> Set[str]:
+    """``_names`` a module defines: module globals, functions, classes, class attributes and
+    ``self._x = ...`` assignments."""
+    out: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _own(node.value):
+            out.add(node.attr)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+    return {n for n in out if n.startswith("_") and not n.startswith("__")}
+
+
+def _own(node: ast.expr) -> bool:
+    """``self._x``, ``cls._x`` and ``super()._x``: a class reading its own (or its bases') members."""
+    if isinstance(node, ast.Name):
+        return node.id in ("self", "cls")
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
+def private_reads(sources: Dict[str, str]) -> List[str]:
+    """``module:line: what`` for each read of a private name another module of ``sources`` defines
+    (``obj._x``, ``getattr(obj, "_x")``, ``from mod import _x``). Privates of other libraries
+    (torch's, argparse's) are not this package's to fix and are not reported."""
+    trees = {m: ast.parse(src) for m, src in sources.items()}
+    defined = {m: _defined_private_names(t) for m, t in trees.items()}
+    found = []
+    for module, tree in trees.items():
+        others = set().union(*(d for m, d in defined.items() if m != module))
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Attribute) and not _own(node.value):
+                name = node.attr
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr") \
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and not _own(node.args[0]):
+                name = node.args[1].value
+            elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("fedopt_kernels")):
+                found += [f"{module}:{node.lineno}: from {'.' * node.level}{node.module or ''} import {a.name}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")
+                          and a.name in others]
+            if isinstance(name, str) and name.startswith("_") and not name.startswith("__") \
+                    and name in others and name not in defined[module]:
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_names():
+    sources = {m: p.read_text() for m, p in package_modules().items()}
+    found = private_reads(sources)
+    assert not found, "private names read across modules (give them a public name):\n" + "\n".join(found)
+
+
+def test_the_private_read_check_can_fail():
+    sources = {"pkg.a": "class A:\n    def __init__(self):\n        self._plan = None\n        self._own = 1\n",
+               "pkg.b": "def f(opt):\n    opt._plan = 1\n    return getattr(opt, '_plan'), opt._torch_thing\n"
+                        "from .a import _helper\n",
+               "pkg.c": "def _helper():\n    pass\n"}
+    found = private_reads(sources)
+    # _own is a's own; _torch_thing is defined nowhere in the package (another library's)
+    assert sorted(f.split(": ", 1)[1] for f in found) == ["from .a import _helper", "getattr(opt, '_plan')", "opt._plan"]
+
+
+def test_backends_never_import_the_registry():
+    # a backend registers into core/impl_table.py; importing the registry, which loads backends,
+    # would make loading a backend load the registry back
+    graph = import_graph()
+    bad = sorted(f"{m} -> {t}" for m, ts in graph.items() if m.startswith(("fedopt_kernels.core.backends",
+                                                                           "fedopt_kernels.core.reference"))
+                 for t in ts if t == "fedopt_kernels.core.registry")
+    assert not bad, "backends importing the registry:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------ the optimizer's hooks
+def _documented_hooks() -> Set[str]:
+    text = (ROOT / "docs" / "dispatch.md").read_text()
+    section = text[text.index("## Extending FedOptimizer"):text.index("## torch.compile")]
+    return set(re.findall(r"^\| `(_[a-z0-9_]+)", section, re.M))
+
+
+def _overridden_hooks() -> Dict[str, Set[str]]:
+    """Base members (``_x``) each optimizer class and the client-batched mixin define again."""
+    import fedopt_kernels  # noqa: F401  (registers every algorithm)
+    from fedopt_kernels.batched._client_batched import ClientBatched
+    from fedopt_kernels.core.optimizer import FedOptimizer
+    from fedopt_kernels.fl import algorithm
+
+    classes = {ClientBatched} | {c for a in algorithm.ALGORITHMS.values() for c in (a.optimizer, a.batched)}
+    classes |= {base for c in list(classes) for base in c.__mro__ if issubclass(base, FedOptimizer)}
+    out: Dict[str, Set[str]] = {}
+    for cls in classes - {FedOptimizer}:
+        names = {n for n in vars(cls) if n.startswith("_") and not n.startswith("__")
+                 and (hasattr(FedOptimizer, n) or n in FedOptimizer.__annotations__)}
+        if names:
+            out[cls.__qualname__] = names
+    return out
+
+
+def test_every_overridden_optimizer_hook_is_documented():
+    documented = _documented_hooks()
+    missing = sorted(f"{cls}.{n}" for cls, names in _overridden_hooks().items() for n in names - documented)
+    assert not missing, "hooks overridden but missing from docs/dispatch.md's hook table:\n" + "\n".join(missing)
+
+
+def test_every_documented_hook_exists():
+    from fedopt_kernels.batched._client_batched import ClientBatched
+    from fedopt_kernels.core.optimizer import FedOptimizer
+
+    documented = _documented_hooks()
+    assert len(documented) > 15  # the table was found and read
+    assert sorted(n for n in documented if not hasattr(FedOptimizer, n) and n not in FedOptimizer.__annotations__
+                  and n not in vars(ClientBatched)) == []
+
+
+def test_the_fast_tiers_slow_files_exist():
+    from conftest import SLOW_FILES
+
+    assert sorted(f for f in SLOW_FILES if not (ROOT / "tests" / f).is_file()) == []
