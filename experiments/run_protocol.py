@@ -120,7 +120,7 @@ def newusers_val(sim) -> float:
     run's finetune steps and lr), from a fine-tuning stream of its own seed; users count equally."""
     import torch
 
-    from fedopt_kernels.client_round import loss_and_correct
+    from fedopt_kernels.fl.client_round import loss_and_correct
     from fedopt_kernels.sim.clients import BatchStream
     from fedopt_kernels.sim.evaluate import finetune
 
@@ -199,7 +199,7 @@ def padamfed_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any
 
 
 def padamfed_pilot(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
-    from fedopt_kernels.padamfed import theory_hparams
+    from fedopt_kernels import theory_hparams
 
     b = exp.base
     eta, gamma, beta = theory_hparams(b["clients_per_round"], b["local_steps"], b["rounds"])
