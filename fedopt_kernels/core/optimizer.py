@@ -615,34 +615,36 @@ class FedOptimizer(Optimizer):
         extra = (self._active_for(device),) if spec.batched else ()
         rep = self._replay
         if (
-            rep is None
-            or params_given is not None
+            params_given is not None
             or plan.one_shot
             or type(plan) is not StepPlan
             or plan.backend not in _replay.BACKENDS
             or device.type != "cuda"
             or capturing(device)
         ):
-            # plan.fn: the backend's kernel for this op, as core/registry.py's resolve() picked it from
-            # core/impl_table.py (reference/, backends/cpu.py, cuda.py, triton.py); ShardedPlan wraps it
-            plan.fn(
-                params,
-                plan.grads,
-                *[lists[r.name] for r in spec.optional],
-                plan.batch,
-                plan.present,
-                plan.hp,
-                k,
-                table,
-                every,
-                grad_scale,
-                found_inf,
-                *extra,
-                plan.backend,
-                cache=cache,
-            )
-        else:  # docs/replay.md: eager, recorded or replayed, bitwise the same step
+            rep = None  # this step runs eagerly (docs/replay.md)
+        if rep is not None:  # GradScaler's new tensors each step: their values go into buffers a graph reads
             grad_scale, found_inf = rep.amp_buffers(device, grad_scale, found_inf)
+        # plan.fn: the backend's kernel for this op, as core/registry.py's resolve() picked it from
+        # core/impl_table.py (reference/, backends/cpu.py, cuda.py, triton.py); ShardedPlan wraps it
+        args = (
+            params,
+            plan.grads,
+            *[lists[r.name] for r in spec.optional],
+            plan.batch,
+            plan.present,
+            plan.hp,
+            k,
+            table,
+            every,
+            grad_scale,
+            found_inf,
+            *extra,
+            plan.backend,
+        )
+        if rep is None:
+            plan.fn(*args, cache=cache)
+        else:  # docs/replay.md: eager, recorded or replayed, bitwise the same step
             key = rep.key(
                 plan,
                 [lists[r] for r in per_step],
@@ -652,21 +654,6 @@ class FedOptimizer(Optimizer):
                 every,
                 (grad_scale is not None, found_inf is not None),
                 extra[0] if extra else None,
-            )
-            args = (
-                params,
-                plan.grads,
-                *[lists[r.name] for r in spec.optional],
-                plan.batch,
-                plan.present,
-                plan.hp,
-                k,
-                table,
-                every,
-                grad_scale,
-                found_inf,
-                *extra,
-                plan.backend,
             )
             rep.launch(key, device, lambda: plan.fn(*args, cache=cache), cache)
         self._host_steps += 1
