@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fedopt_kernels.fl import algorithm, catalogue
+from fedopt_kernels.core import replay
 
 from .traffic import Traffic
 
@@ -24,7 +25,7 @@ TORCH_PROX_SGD = "torch foreach+SGD(fused)"  # proximal term and correction by h
 BASELINES = (TORCH_FUSED, TORCH_FOREACH, TORCH_CLIP_SGD, TORCH_PROX_SGD)
 # On a GPU the fused backends replay recorded steps by default (docs/replay.md); each also gets a
 # row with replay=False, named "<backend> eager".
-REPLAYING = ("cuda", "triton")
+REPLAYING = replay.BACKENDS
 EAGER = " eager"
 
 
