@@ -60,9 +60,22 @@ def test_a_repeated_key_is_recorded_then_replayed(fake_graphs):
 
 def test_a_key_that_never_repeats_is_never_recorded(fake_graphs):
     rep = StepReplay()
-    ran = _drive(rep, ["A", "B"] * 4)
+    ran = _drive(rep, [f"k{i}" for i in range(8)])
     assert ran == list(range(8))
     assert rep.stats["recorded"] == 0 and rep.stats["eager"] == 8
+
+
+def test_a_key_that_comes_back_within_the_history_is_recorded(fake_graphs):
+    """The caching allocator often gives a loop's gradients two address sets in turn (A B A B): both
+    are recorded on their second visit; a key back only after more than HISTORY others is not."""
+    rep = StepReplay()
+    ran = _drive(rep, ["A", "B"] * 4)
+    assert ran == [0, 1, 2, 3, 2, 3, 2, 3]
+    assert rep.stats == {"eager": 2, "recorded": 2, "replayed": 4, "wasted": 0}
+    period = _replay.HISTORY + 1
+    rep = StepReplay()
+    ran = _drive(rep, [f"k{i % period}" for i in range(3 * period)])
+    assert ran == list(range(3 * period)) and rep.stats["recorded"] == 0
 
 
 def test_two_alternating_address_sets_both_replay(fake_graphs):
@@ -127,6 +140,23 @@ def test_copies_keep_the_switch_and_no_recording():
         for twin in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
             assert twin.replay_stats()["on"] is replay
             assert twin.replay_stats()["recordings"] == 0
+
+
+def test_load_state_dict_drops_recordings_but_keeps_counts_and_off_reason():
+    """Loaded state lives in new tensors, so recordings go; how earlier steps ran (and why replay
+    was turned off) stays, as replay_stats promises for the optimizer's life."""
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    cfg = catalogue.config("feddecay", next(iter(catalogue.ALGOS["feddecay"].options)))
+    opt = cfg.build(p, "reference")
+    rep = opt._replay
+    rep.stats["eager"] = 3
+    rep.off_reason = "RuntimeError: not capturable"
+    rep.recordings["k"] = object()
+    rep.recent.append("k")
+    opt.load_state_dict(opt.state_dict())
+    assert opt._replay is rep and not rep.recordings and not rep.recent
+    stats = opt.replay_stats()
+    assert stats["eager"] == 3 and not stats["on"] and stats["off_reason"] == "RuntimeError: not capturable"
 
 
 def _key_of(opt) -> tuple:

@@ -351,7 +351,7 @@ def test_cuda_graph_matches_eager_on_gpu(algorithm, backend):
     """The real capture: a fused batched backend on CUDA, graph replay vs eager (same backend); then
     ``--validate sequential`` with the graph: in float64 on cuda; on triton (no float64 kernels) the
     paths in float64 on cuda and triton's kernels against the reference on the client-parallel path."""
-    why = _registry.unavailable_reason(backend, torch.device("cuda"), _op(algorithm) + "_batched")
+    why = _registry.unavailable_reason(backend, torch.device("cuda"), _op(algorithm))
     if why is not None:
         pytest.skip(why)
     kw = dict(EXTRA.get(algorithm, {}), device="cuda", backend=backend, rounds=3, local_steps=4, clients_per_round=5)

@@ -802,7 +802,13 @@ class FedOptimizer(Optimizer):
         self._handle = _step_op.register(self._run)
         self._params_flat = [p for g in self.param_groups for p in g["params"]]
         self.__dict__.setdefault("_replay_on", _replay.default_on())
-        self._replay = _replay.StepReplay() if self._replay_on else None
+        rep = self.__dict__.get("_replay")
+        if isinstance(rep, _replay.StepReplay):
+            # load_state_dict on a live optimizer: its counts and off_reason stay, the recordings
+            # (which read the old state tensors) go
+            rep.forget()
+        else:
+            self._replay = _replay.StepReplay() if self._replay_on else None
 
 
 def round_entry(state_dict: Dict[str, Any]) -> Optional[Dict[str, Any]]:

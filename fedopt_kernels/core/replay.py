@@ -9,12 +9,13 @@ the launch (plan checks, hp updates, lr copies), exactly as for an eager step, t
 launch here with its arguments. The *launch key* is what the graph baked in: the plan's kernel,
 every tensor's address (and, for the plan's own tensors, shape, strides and dtype), the scalars,
 and which optional AMP inputs exist. A step whose key has a recording replays it; a step whose
-key equals the previous eager step's (the backends' caches are warm for it) is recorded and
-replayed; any other step runs eagerly. Recordings hold no reference to parameters, gradients or
+key equals one of the last ``HISTORY`` eager steps' keys (the backends' caches are warm for it) is
+recorded and replayed; any other step runs eagerly. Looking back more than one step matters: the
+caching allocator often hands a loop's gradients two address sets in turn. Recordings hold no reference to parameters, gradients or
 state: a key matches only while the current tensors sit at the recorded addresses.
 
 Gradients that move every step (``zero_grad(set_to_none=True)`` with an allocator that does not
-hand back the same blocks) never match the previous step's key, so nothing is recorded and such a
+hand back the same blocks) never match a recent step's key, so nothing is recorded and such a
 loop pays only the key (a few microseconds). A loop whose addresses repeat only for a while can
 waste recordings (one recorded, never replayed): after ``WASTE_LIMIT`` of them in a row the
 optimizer waits ``2**n`` steps before it records again.
@@ -32,6 +33,7 @@ import torch
 ENV = "FEDOPT_REPLAY"
 BACKENDS = ("cuda", "triton")  # the fused backends that run on CUDA tensors
 MAX_RECORDINGS = 2  # per optimizer: two alternating gradient address sets both replay
+HISTORY = 4  # eager keys remembered: a key seen again among them is recorded
 WASTE_LIMIT = 2  # recordings never replayed, in a row, before backing off
 MAX_BACKOFF = 1 << 12  # steps
 
@@ -75,7 +77,7 @@ class StepReplay:
 
     def __init__(self) -> None:
         self.recordings: OrderedDict[tuple, _Recording] = OrderedDict()
-        self.last_key: Optional[tuple] = None
+        self.recent: List[tuple] = []  # the last HISTORY eager steps' keys, newest last
         self.stats = {"eager": 0, "recorded": 0, "replayed": 0, "wasted": 0}
         self.wasted_in_row = 0
         self.backoff = 0  # steps left before recording is tried again
@@ -163,7 +165,12 @@ class StepReplay:
         for rec in self.recordings.values():
             self._retire(rec)
         self.recordings.clear()
-        self.last_key = None
+        self.recent.clear()
+
+    def forget(self) -> None:
+        """Forget the recordings without counting them wasted (loaded state: new state tensors)."""
+        self.recordings.clear()
+        self.recent.clear()
 
     def _retire(self, rec: _Recording) -> None:
         if rec.replays == 0:
@@ -184,13 +191,17 @@ class StepReplay:
             self.wasted_in_row = 0
             self.backoff_len = 1
             return
-        if key != self.last_key or self.off_reason is not None or self.backoff > 0:
+        recent = self.recent
+        if key not in recent or self.off_reason is not None or self.backoff > 0:
             if self.backoff > 0:
                 self.backoff -= 1
-            self.last_key = key
+            recent.append(key)
+            if len(recent) > HISTORY:
+                del recent[0]
             self.stats["eager"] += 1
             run()
             return
+        recent.remove(key)
         graph = self._record(device, run)
         if graph is None:  # could not be recorded: this step runs eagerly
             self.stats["eager"] += 1
