@@ -16,6 +16,7 @@ from typing import List
 import pytest
 import torch
 
+import fedopt_kernels
 from fedopt_kernels.core import replay as _replay
 from fedopt_kernels.fl import catalogue
 from fedopt_kernels.core.replay import StepReplay
@@ -451,3 +452,25 @@ def test_a_step_that_cannot_be_recorded_runs_eagerly_with_a_warning(monkeypatch)
     _same_bits(eager_params, eager, params, opt, "after a failed recording")
     stats = opt.replay_stats()
     assert not stats["on"] and "capture refused" in stats["off_reason"]
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_a_training_loop_with_set_to_none_replays(backend):
+    """torch's default loop (zero_grad(set_to_none=True), forward, backward, step): the caching
+    allocator brings the gradients back to a few address sets, and most steps replay. On an H200 the
+    cuda backend replayed 154 of 159 such steps of the small CNN; the triton backend none, while its
+    pointer tables came from the shared memory pool and moved the gradients."""
+    require(backend, "cuda")
+    from fedopt_kernels.sim.models import SmallCNN
+
+    torch.manual_seed(0)
+    model = SmallCNN((1, 8, 8), 10).cuda()
+    opt = fedopt_kernels.FedDecaySGD(model.parameters(), lr=0.05, beta=1.0, momentum=0.9, backend=backend)
+    x, y = torch.randn(32, 1, 8, 8, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+    for _ in range(40):
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    stats = opt.replay_stats()
+    assert stats["replayed"] >= 20, stats

@@ -258,12 +258,34 @@ def _cached(key: tuple, device: torch.device, build) -> LaunchPlan:
             "the triton backend builds its pointer tables when it first sees a set of tensors; take one "
             "eager step() before capturing a CUDA graph, and keep parameters, gradients and optimizer "
             "state at fixed addresses while the graph is used")
-    plan = build()
+    with _table_pool(device):
+        plan = build()
     _CACHE[key] = plan
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
     stats["builds"] += 1
     return plan
+
+
+_POOLS: Dict[int, Any] = {}
+
+
+def _table_pool(device: torch.device):
+    """Allocate a plan's tables and buffers from a private CUDA memory pool. From the shared pool
+    they would take the blocks the caching allocator hands to the next gradients, so a loop with
+    ``zero_grad(set_to_none=True)`` would never see its gradient addresses again: every step would
+    miss this cache and none could be replayed (core/replay.py)."""
+    use, make = getattr(torch.cuda, "use_mem_pool", None), getattr(torch.cuda, "MemPool", None)
+    if device.type != "cuda" or use is None or make is None:
+        return contextlib.nullcontext()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pool = _POOLS.get(index)
+    if pool is None:
+        try:
+            pool = _POOLS[index] = make()
+        except (RuntimeError, TypeError):  # an allocator configuration without pools
+            return contextlib.nullcontext()
+    return use(pool, device=index)
 
 
 def _check_rowlen(rowlen: int, shape: tuple) -> None:
