@@ -14,10 +14,15 @@
 #   --skip-tests        do not run pytest
 #   --skip-bench        do not run the benchmark
 #   --bench-mode MODE   full | quick | smoke (default: quick; it has all three sizes on CUDA)
-#   --pytest-args ARGS  what to test (default: the GPU-relevant tests: -k "cuda or gpu or triton or replay",
-#                       which takes the tests marked gpu too; the CPU-only tests are CI's job)
+#   --pytest-args ARGS  what to test first (default: the GPU-relevant tests, -k "cuda or gpu or triton or
+#                       replay", which takes the tests marked gpu too, without the three wide dtype sweeps;
+#                       the CPU-only tests are CI's job)
+#   --wide-args ARGS    what to test with the time left after the benchmarks (default: those sweeps'
+#                       GPU cases; "" skips the phase)
 #   --budget SECONDS    total wall-time budget (default 540; the lent machine's limit is 600)
-# Phases: install, tests, bench (python -m bench), bench_clients (python -m bench clients, 90 s).
+# Phases, in this order so that a run cut short still measures: install, tests, bench
+# (python -m bench, fused backends and torch's alternatives), bench_loop (python -m bench loop),
+# bench_clients (python -m bench clients), tests_wide (whatever time is left).
 # install: offline with every test extra; else offline the package alone (a lent GPU machine has
 # torch, triton, pytest, pytest-xdist, pytest-timeout and hypothesis but no flwr: the tests that need
 # a missing extra skip with the reason); else with the registry. tests: in parallel when pytest-xdist
@@ -27,7 +32,12 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 
 NO_GPU=0; SKIP_INSTALL=0; SKIP_TESTS=0; SKIP_BENCH=0; BENCH_MODE=quick; BUDGET=540
-PYTEST_ARGS='tests -k "cuda or gpu or triton or replay"'
+# the wide sweeps: on an H200 they hold most of the selection's cases and time (2,600 cases of the
+# rest ran in 86 s with 14 workers; the whole selection needs about 500 s)
+WIDE_FILES="tests/test_equivalence.py tests/test_batched.py tests/test_compile.py"
+GPU_K='-k "cuda or gpu or triton or replay"'
+PYTEST_ARGS="tests $(for f in $WIDE_FILES; do printf -- '--ignore=%s ' "$f"; done)$GPU_K"
+WIDE_ARGS="$WIDE_FILES $GPU_K"
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-gpu) NO_GPU=1 ;;
@@ -36,8 +46,9 @@ while [ $# -gt 0 ]; do
     --skip-bench) SKIP_BENCH=1 ;;
     --bench-mode) BENCH_MODE="$2"; shift ;;
     --pytest-args) PYTEST_ARGS="$2"; shift ;;
+    --wide-args) WIDE_ARGS="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -160,46 +171,70 @@ else
 fi
 BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends()).replace(chr(10), '; '))" 2>&1 | tail -1)
 
-CLIENTS_S=90  # the client-batched benchmark's share (bench/clients.py; ~30 s on an H100/H200)
-LOOP_S=60     # the training-loop benchmark's share (bench/loop.py)
-if [ "$SKIP_TESTS" = 0 ]; then
-  # leave the benchmarks at least 120 + LOOP_S + CLIENTS_S s
-  PAR=""
-  if "$PY" -c "import xdist" >/dev/null 2>&1; then
-    # a worker per two cores, at most 12: GPU tests share one device
-    W=$(( $(nproc) / 2 )); [ "$W" -gt 12 ] && W=12; [ "$W" -lt 1 ] && W=1
-    PAR="-n $W"
-  fi
-  "$PY" -c "import pytest_timeout" >/dev/null 2>&1 && PAR="$PAR --timeout 240"
+# shares of the budget (seconds) from an H200: tests ~90, bench ~90 without the reference rows,
+# loop ~25, clients ~35; tests_wide takes what is left
+TESTS_S=120; BENCH_S=120; LOOP_S=45; CLIENTS_S=60
+PAR=""
+if "$PY" -c "import xdist" >/dev/null 2>&1; then
+  # a worker per core but two (GPU tests share one device), at most 14
+  W=$(( $(nproc) - 2 )); [ "$W" -gt 14 ] && W=14; [ "$W" -lt 1 ] && W=1
+  PAR="-n $W"
+fi
+"$PY" -c "import pytest_timeout" >/dev/null 2>&1 && PAR="$PAR --timeout 240"
+# run_tests PHASE DEADLINE ARGS: pytest under the phase's deadline, its junit file beside its log
+run_tests() {
   # shellcheck disable=SC2086
-  eval phase tests $(( $(left) - 120 - LOOP_S - CLIENTS_S )) "$PY" -m pytest $PYTEST_ARGS $PAR -q -rs -p no:cacheprovider \
-    --junitxml="$RES/junit.xml"
+  eval phase "$1" "$2" "$PY" -m pytest $3 $PAR -q -rfEs -p no:cacheprovider --junitxml="$RES/junit-$1.xml"
+}
+if [ "$SKIP_TESTS" = 0 ]; then
+  T=$(( $(left) - 15 - BENCH_S - LOOP_S - CLIENTS_S )); [ "$T" -gt "$TESTS_S" ] && T=$TESTS_S
+  run_tests tests "$T" "$PYTEST_ARGS"
 else
   echo "| tests | skipped (--skip-tests) | 0 |" >> "$SUMMARY"
 fi
 
 if [ "$SKIP_BENCH" = 0 ]; then
   # shellcheck disable=SC2086
-  phase bench $(( $(left) - 15 - LOOP_S - CLIENTS_S )) "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS --out-dir "$RES"
+  # the reference backend's rows (plain PyTorch, 1-14 s each on a GPU) belong to the CPU table:
+  # here the time goes to the fused backends and torch's own optimizers
+  BENCH_ONLY=""
+  if [ "$NO_GPU" = 0 ]; then
+    FUSED=$("$PY" -c "import fedopt_kernels as f; print(' '.join(b for b in f.available_backends('cuda') if b != 'reference'))" 2>/dev/null)
+    [ -n "$FUSED" ] && BENCH_ONLY="--backends $FUSED"
+  fi
+  B=$(( $(left) - 15 - LOOP_S - CLIENTS_S )); [ "$B" -gt "$BENCH_S" ] && B=$BENCH_S
+  phase bench "$B" "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS $BENCH_ONLY --out-dir "$RES"
   # a user's training loop (zero_grad(set_to_none=True), forward, backward, step): GPU only
   if [ "$NO_GPU" = 0 ]; then
-    phase bench_loop $(( $(left) - 15 - CLIENTS_S )) "$PY" -m bench loop --device cuda --out-dir "$RES"
+    L=$(( $(left) - 15 - CLIENTS_S )); [ "$L" -gt "$LOOP_S" ] && L=$LOOP_S
+    phase bench_loop "$L" "$PY" -m bench loop --device cuda --out-dir "$RES"
   fi
   # client-batched training: sequential vs batched plain torch vs batched fused (+ CUDA graph), C = 10..1000
   CLIENTS_ARGS=""
   [ "$BENCH_MODE" = smoke ] && CLIENTS_ARGS="--smoke"
   # shellcheck disable=SC2086
-  phase bench_clients $(( $(left) - 15 )) "$PY" -m bench clients $CLIENTS_ARGS $BENCH_ARGS --out-dir "$RES"
+  C=$(( $(left) - 15 )); [ "$C" -gt "$CLIENTS_S" ] && C=$CLIENTS_S
+  phase bench_clients "$C" "$PY" -m bench clients $CLIENTS_ARGS $BENCH_ARGS --out-dir "$RES"
 else
   echo "| bench | skipped (--skip-bench) | 0 |" >> "$SUMMARY"
+fi
+
+if [ "$SKIP_TESTS" = 0 ] && [ -n "$WIDE_ARGS" ]; then
+  if [ "$(left)" -gt 40 ]; then
+    run_tests tests_wide $(( $(left) - 10 )) "$WIDE_ARGS"
+  else
+    echo "| tests_wide | not run: $(left) s left | 0 |" >> "$SUMMARY"
+  fi
 fi
 
 {
   echo
   echo "- backends: $BACKENDS"
-  echo "- test selection: pytest $PYTEST_ARGS"
-  grep -h '^missing here:' "$RES/install.log" 2>/dev/null | sed 's/^/- /' 
-  echo "- tests: $(grep -E '(passed|failed|error|no tests ran)' "$RES/tests.log" 2>/dev/null | tail -1 || echo 'not run')"
+  echo "- test selection: pytest $PYTEST_ARGS; then, with the time left: pytest $WIDE_ARGS"
+  grep -h '^missing here:' "$RES/install.log" 2>/dev/null | sed 's/^/- /'
+  for t in tests tests_wide; do
+    [ -f "$RES/$t.log" ] && echo "- $t: $(grep -E '(passed|failed|error|no tests ran)' "$RES/$t.log" | tail -1)"
+  done
   echo "- wall time: $(elapsed) s of a ${BUDGET} s budget"
   echo
   BENCH_MD=$(ls "$RES"/*.md 2>/dev/null | grep -v -e summary.md -e LATEST.md -e /clients- -e /loop- | head -1)
@@ -224,16 +259,18 @@ fi
 } >> "$SUMMARY"
 cat "$SUMMARY"
 
-# $OUT: 8 files at most. summary (with the client-batched table), tests.log, bench.log (both
-# benchmarks' logs), junit, the benchmark's json/md/png, the client-batched json; install.log
+# $OUT: 8 files at most. summary (with the client-batched table), tests.log (both test phases),
+# bench.log (the three benchmarks' logs), junit.tar.gz, the benchmark's json/md/png, the client-batched json; install.log
 # only when the install failed (in place of the client-batched json, which then means nothing).
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT/$NAME"
   [ -f "$RES/bench_loop.log" ] && { echo; echo "=== bench_loop ==="; cat "$RES/bench_loop.log"; } >> "$RES/bench.log"
   [ -f "$RES/bench_clients.log" ] && { echo; echo "=== bench_clients ==="; cat "$RES/bench_clients.log"; } >> "$RES/bench.log"
+  [ -f "$RES/tests_wide.log" ] && { echo; echo "=== tests_wide ==="; cat "$RES/tests_wide.log"; } >> "$RES/tests.log"
+  (cd "$RES" && ls junit-*.xml >/dev/null 2>&1 && tar czf junit.tar.gz junit-*.xml)
   EXTRA=$(ls "$RES"/clients-*.json 2>/dev/null | head -1)
   grep -q '^| install | 0 |' "$SUMMARY" || grep -q '^| install | skipped' "$SUMMARY" || EXTRA="$RES/install.log"
-  for f in "$RES"/summary.md "$RES"/tests.log "$RES"/bench.log "$RES"/junit.xml \
+  for f in "$RES"/summary.md "$RES"/tests.log "$RES"/bench.log "$RES"/junit.tar.gz \
            $(ls "$RES"/*.json "$RES"/*.png 2>/dev/null | grep -v -e /clients- -e /loop-) "${BENCH_MD:-}" "$EXTRA"; do
     [ -f "$f" ] && cp "$f" "$OUT/$NAME/"
   done
