@@ -53,6 +53,7 @@ class Experiment:
     kind: str = "final"                                # how a run is measured: "final", "newusers", "curve", "norms"
     pilot: Optional[Callable[["Experiment", argparse.Namespace], Dict[str, Any]]] = None
     paper: Dict[str, str] = dataclasses.field(default_factory=dict)  # comparison label -> the paper's number
+    digits: int = 2                                    # decimals the tables show
 
 
 # ------------------------------------------------------------------ one run
@@ -65,6 +66,8 @@ def measure(kind: str, cfg: Dict[str, Any], pilot: Dict[str, Any]) -> Dict[str, 
 
     torch.set_num_threads(1)
     start = time.perf_counter()
+    if kind == "drift":
+        return dict(drift_run(cfg), seconds=time.perf_counter() - start)
     sim = Simulation(SimConfig(**cfg))
     out: Dict[str, Any] = {}
     norms: List[Any] = []  # 0-d tensors: no host sync per step
@@ -111,6 +114,68 @@ def measure(kind: str, cfg: Dict[str, Any], pilot: Dict[str, Any]) -> Dict[str, 
             out["norms"] = a.tolist()
     out["seconds"] = time.perf_counter() - start
     return out
+
+
+DRIFT_TARGET = 0.70  # the intermediate model's validation accuracy (protocol §6)
+DRIFT_ROUNDS = 60
+
+
+def drift_run(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Protocol §6 for one method and seed: the intermediate FedAvg model, then for every ordered
+    client pair (C-1, C-2) the change of C-2's bounded neurons' activation on C-2's data after C-1
+    takes one round's local steps with the method's client (``drift_client``)."""
+    import torch
+
+    from fedopt_kernels.sim import SimConfig, Simulation
+    from fedopt_kernels.sim.models import OneHiddenMLP
+
+    cfg = dict(cfg)
+    client = cfg.pop("drift_client")
+    avg = Simulation(SimConfig(**dict(cfg, algorithm="fedavg")))
+    acc, t = 0.0, 0
+    for t in range(cfg["rounds"]):
+        acc = avg.run_round(t).get("val_acc", acc)
+        if acc >= DRIFT_TARGET:
+            break
+    sim = avg
+    if client != "fedavg":
+        sim = Simulation(SimConfig(**dict(cfg, algorithm=client)))
+        sim.sync_from(avg)
+    snapshot = [p.detach().clone() for p in avg.global_params]
+
+    mlp = next(m for m in sim.model.modules() if isinstance(m, OneHiddenMLP))
+    preprocess = getattr(sim.model, "preprocess", None)  # an ImageClassifier wrapping it normalises first
+
+    def hidden(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            x = preprocess(x, train=False) if preprocess is not None else x
+            return torch.relu(mlp.net[1](mlp.net[0](x))).mean(0)
+
+    clients = sim.train_clients
+    changes: List[float] = []
+    bounded_total = 0
+    for c1 in range(len(clients)):
+        for c2 in range(len(clients)):
+            if c1 == c2:
+                continue
+            with torch.no_grad():
+                for g, p in zip(sim.global_params, snapshot):
+                    g.copy_(p)
+            sim.load_global()
+            before1, before2 = hidden(clients[c1].train_x), hidden(clients[c2].train_x)
+            bounded = (before2 - before1) >= 0.1
+            if not bool(bounded.any()):
+                continue
+            bounded_total += int(bounded.sum())
+            opt = sim.strategy.begin(c1, t + 1 + c2)  # a fresh round index per pair: optimizers count rounds
+            for _ in range(sim.cfg.local_steps):
+                sim.strategy.local_step(c1, opt, sim.streams[c1].next())
+            changes.append(float((hidden(clients[c2].train_x) - before2)[bounded].mean()))
+    a = np.asarray(changes, dtype=np.float64)
+    return {"change": float(a.mean()) if a.size else float("nan"),
+            "drift_size": float(np.abs(a).mean()) if a.size else float("nan"),
+            "pairs": int(a.size), "bounded": bounded_total, "model_round": t + 1, "model_val_acc": acc,
+            "pair_changes": a.tolist(), "val_score": 0.0}
 
 
 def newusers_val(sim) -> float:
@@ -206,6 +271,11 @@ def padamfed_pilot(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
     return {"eta": eta, "gamma": gamma, "beta": beta}
 
 
+def drift_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    return {"FedAvg": {"fedavg": dict(drift_client="fedavg")},
+            **{f"FedNLR mu0={m}": {f"fednlr_mu{m}": dict(drift_client="fednlr", nlr_mu0=m)} for m in (0.5, 2.0)}}
+
+
 FEDDYN_LRS = tuple(round(0.03 * (10 / 3) ** (k / 5), 6) for k in range(6))  # 0.03 ... 0.1
 
 
@@ -269,6 +339,15 @@ def experiments(dataset: str, data_dir: Optional[str], device: str = "cpu", clie
                    feddyn_methods, [("FedDyn", "FedAvg", -1, "select"), ("FedDyn", "SCAFFOLD", -1, "select")],
                    "rounds_test", "rounds to the target test accuracy", lower_is_better=True, kind="curve",
                    pilot=feddyn_pilot, paper={"FedDyn vs FedAvg": "fewer rounds to target (Acar et al. 2021)"}),
+        # clients take their local steps one at a time here: the drift hooks the sequential step
+        Experiment("fednlr-drift", dict(data, client_parallel=1, model="mlp1", hidden=25, partition="classes",
+                                        clients=10, clients_per_round=10, local_steps=10, batch_size=32, lr=L9[4],
+                                        rounds=DRIFT_ROUNDS, eval_every=1),
+                   drift_methods, [("FedNLR mu0=0.5", "FedAvg", -1, "select"), ("FedNLR mu0=2.0", "FedAvg", -1, "select"),
+                                   ("FedAvg", None, -1, "change")],
+                   "drift_size", "drift size (mean |change| of the bounded neurons' activation)",
+                   lower_is_better=True, kind="drift", digits=4,
+                   paper={"FedNLR vs FedAvg": "MNIST, one pair: -0.01..-0.04 vs -0.03..-0.06 (Table 4)"}),
     ]
     return {e.name: e for e in exps}
 
@@ -373,22 +452,26 @@ def summarise(exp: Experiment, methods: Dict[str, Dict[str, Dict]], runs: Dict[s
                          "sweep_mean": [float(np.mean([runs[k][s][exp.metric] for k in keys])) for s in seeds],
                          "extras": {x: [runs[chosen[s]][s].get(x) for s in seeds]
                                     for x in ("test_acc", "clipped_fraction", "new_global_test",
-                                              "existing_finetuned_test", "reached")}}
+                                              "existing_finetuned_test", "reached", "change")}}
     comps = []
     for method, baseline, sign, how in exp.comparisons:
-        a, b = per_method[method][how], per_method[baseline][how]
-        comps.append({"method": method, "baseline": baseline, "how": how, "sign": sign,
+        # how: "select" / "sweep_mean" (the compared metric), else an extra (e.g. "change");
+        # baseline None: against zero
+        values = (lambda m: per_method[m][how] if how in ("select", "sweep_mean") else per_method[m]["extras"][how])
+        a = values(method)
+        b = [0.0] * len(a) if baseline is None else values(baseline)
+        comps.append({"method": method, "baseline": "0" if baseline is None else baseline, "how": how, "sign": sign,
                       **verdict([x - y for x, y in zip(a, b)], sign)})
     return {"methods": per_method, "comparisons": comps,
             "points": {k: {s: {x: v for x, v in r.items() if not x.startswith("curve")} for s, r in per.items()}
                        for k, per in runs.items()}}
 
 
-def _ms(values: Sequence[float], scale: float) -> str:
+def _ms(values: Sequence[float], scale: float, digits: int = 2) -> str:
     a = scale * np.asarray([v for v in values if v is not None], dtype=np.float64)
     if a.size == 0:
         return "-"
-    return f"{a.mean():.2f}" if a.size == 1 else f"{a.mean():.2f} ± {a.std(ddof=1):.2f}"
+    return f"{a.mean():.{digits}f}" if a.size == 1 else f"{a.mean():.{digits}f} ± {a.std(ddof=1):.{digits}f}"
 
 
 def markdown(exp: Experiment, pilot: Dict[str, Any], summary: Dict[str, Any], timing: Dict[str, Any]) -> str:
@@ -404,12 +487,14 @@ def markdown(exp: Experiment, pilot: Dict[str, Any], summary: Dict[str, Any], ti
     for m, s in summary["methods"].items():
         chosen = ", ".join(dict.fromkeys(s["chosen"].values()))
         clip = _ms(s["extras"]["clipped_fraction"], 1.0) if any(v is not None for v in s["extras"]["clipped_fraction"]) else "-"
-        lines.append(f"| {m} | {chosen} | {_ms(s['select'], scale)} | {_ms(s['sweep_mean'], scale)} | {clip} |")
+        nd = exp.digits
+        lines.append(f"| {m} | {chosen} | {_ms(s['select'], scale, nd)} | {_ms(s['sweep_mean'], scale, nd)} | {clip} |")
     lines += ["", "| comparison | how | paired mean difference ± SE | per seed | verdict |", "|---|---|---|---|---|"]
     for c in summary["comparisons"]:
-        per = ", ".join(f"{scale * d:+.2f}" for d in c["diffs"])
-        lines.append(f"| {c['method']} vs {c['baseline']} | {c['how']} | {scale * c['mean']:+.2f} ± "
-                     f"{scale * c['se']:.2f} | {per} | {c['verdict']} |")
+        nd = exp.digits
+        per = ", ".join(f"{scale * d:+.{nd}f}" for d in c["diffs"])
+        lines.append(f"| {c['method']} vs {c['baseline']} | {c['how']} | {scale * c['mean']:+.{nd}f} ± "
+                     f"{scale * c['se']:.{nd}f} | {per} | {c['verdict']} |")
     lines += ["", f"Runs: {timing['runs_done_this_call']} in this call, wall {timing['wall_seconds_this_call']:.0f} s "
               f"with {timing['jobs']} process(es); all runs' own time {timing['run_seconds_total']:.0f} s; "
               f"load {timing['load_before'][0]:.1f} → {timing['load_after'][0]:.1f} on {timing['cpus']} CPUs.", ""]

@@ -41,7 +41,7 @@ def test_bad_arguments_are_refused(argv):
 
 def test_all_is_every_experiment():
     assert "all" in rp.parse_args(["all"]).experiment
-    assert set(EXPS) == {"feddecay", "fednlr-shards", "fednlr-dir", "fednar", "padamfed", "feddyn"}
+    assert set(EXPS) == {"feddecay", "fednlr-shards", "fednlr-dir", "fednar", "padamfed", "feddyn", "fednlr-drift"}
 
 
 PILOTS = {"fednar": {"max_norm": 1.0}, "padamfed": {"eta": 0.01, "gamma": 0.1, "beta": 0.5}, "feddyn": {"target": 0.5}}
@@ -52,6 +52,8 @@ def test_method_and_baseline_grids_are_equal_in_size(name):
     exp = EXPS[name]
     methods = exp.methods(PILOTS.get(name, {}))
     for method, baseline, _, how in exp.comparisons:
+        if baseline is None:  # a claim about one method's own number (against zero)
+            continue
         if method == "PAdaMFed (theory)":  # the paper's claim itself: untuned against tuned
             assert len(methods[method]) == 1
             continue
@@ -71,7 +73,7 @@ def test_device_and_client_parallel_reach_every_run_but_fednar():
     exps = rp.experiments("digits", None, "cuda", 8)
     for name, exp in exps.items():
         assert exp.base["device"] == "cuda"
-        assert exp.base["client_parallel"] == (1 if name == "fednar" else 8)
+        assert exp.base["client_parallel"] == (1 if name in ("fednar", "fednlr-drift") else 8)
 
 
 def test_feddecay_decays_per_epoch():
@@ -119,6 +121,11 @@ def test_one_round_smoke_run(name, tmp_path):
     assert len(runs) == len({k for g in payload["methods"].values() for k in g})
     for c in payload["summary"]["comparisons"]:
         assert c["verdict"] == "not resolved"  # one seed
+    if name == "fednlr-drift":
+        for key, per_seed in payload["summary"]["points"].items():
+            for r in per_seed.values():
+                assert r["pairs"] == len(r["pair_changes"]) and 0 < r["pairs"] <= 90, key
+                assert r["drift_size"] >= abs(r["change"]) - 1e-12, key
     if name == "fednar":
         assert payload["pilot"]["max_norm"] > 0
         for m in payload["summary"]["methods"].values():
@@ -126,6 +133,16 @@ def test_one_round_smoke_run(name, tmp_path):
     # a second call finds every run on disk and trains nothing
     rp.main([name, "--quick", "--dataset", "digits", "--out", str(tmp_path)])
     assert json.loads((tmp_path / f"{name}.json").read_text())["timing"]["runs_done_this_call"] == 0
+
+
+def test_drift_methods_differ_only_in_their_client():
+    """§6: one point per method, the same lr and data; FedNLR at the two selected mu0."""
+    methods = EXPS["fednlr-drift"].methods({})
+    assert {m: len(g) for m, g in methods.items()} == {"FedAvg": 1, "FedNLR mu0=0.5": 1, "FedNLR mu0=2.0": 1}
+    points = [next(iter(g.values())) for g in methods.values()]
+    assert [p["drift_client"] for p in points] == ["fedavg", "fednlr", "fednlr"]
+    assert "lr" not in points[1] and EXPS["fednlr-drift"].base["lr"] == rp.L3[1]
+    assert EXPS["fednlr-drift"].base["partition"] == "classes" and EXPS["fednlr-drift"].base["model"] == "mlp1"
 
 
 def test_no_run_summarises_only_complete_seeds(tmp_path):
