@@ -189,3 +189,45 @@ def test_first_use_build_of_the_cpu_extension(tmp_path):
     proc = subprocess.run(cmd, cwd=site, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "STEPPED" in proc.stdout, proc.stderr[-3000:]
     assert "building" not in proc.stderr
+
+
+def test_the_installed_extension_records_the_torch_it_was_built_for():
+    from fedopt_kernels.core.backends import _native
+    try:
+        mod = _native.load_extension("_C_cpu")
+    except ImportError as exc:
+        pytest.skip(f"no cpu extension here: {exc}")
+    assert mod.built_for_torch == _native.torch_release()
+
+
+@pytest.mark.parametrize("built_for", ["1.0.0", None])
+def test_an_extension_built_for_another_torch_is_rebuilt_not_loaded(monkeypatch, built_for):
+    """It may import (same symbols) and still disagree with this torch's ABI or op layouts: the
+    loader builds one for this torch instead, saying why, or refuses naming both versions."""
+    import types
+
+    from fedopt_kernels.core.backends import _jit, _native
+
+    stale = types.ModuleType("fedopt_kernels._C_cpu")
+    if built_for is not None:
+        stale.built_for_torch = built_for
+    monkeypatch.setattr(_native.importlib, "import_module", lambda name: stale)
+    rebuilt = types.ModuleType("fedopt_kernels._C_cpu")
+    seen = []
+
+    def fake_build(ext, install_status=None):
+        seen.append(ext)
+        return rebuilt
+
+    monkeypatch.setattr(_jit, "build", fake_build)
+    with pytest.warns(RuntimeWarning, match=f"built for torch {built_for or 'an unknown version'}, not "
+                                            f"{_native.torch_release()}"):
+        assert _native.load_extension("_C_cpu") is rebuilt
+    assert seen == ["_C_cpu"]
+
+    def no_build(ext, install_status=None):
+        raise _jit.JitUnavailable("switched off for this test")
+
+    monkeypatch.setattr(_jit, "build", no_build)
+    with pytest.warns(RuntimeWarning), pytest.raises(ImportError, match="built for torch .* not .*switched off"):
+        _native.load_extension("_C_cpu")

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
 
 #include <string>
 #include <tuple>
@@ -120,6 +121,9 @@ void bind_ops(pybind11::module& m) {
 #define FO_BIND_OP(NAME) bind_op<Dev, spec::NAME>(m);
   FO_FOR_EACH_OP(FO_BIND_OP)
 #undef FO_BIND_OP
+  // the loader refuses a build made for another torch (its ABI and ops may differ)
+  m.attr("built_for_torch") = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                              std::to_string(TORCH_VERSION_PATCH);
   m.def("op_signature", [](const std::string& op) {
     return with_spec(op, [](auto s) { return signature_of<decltype(s)>(); });
   }, "(role names, hp names) of an op as the kernels index them", py::arg("op"));

@@ -18,11 +18,26 @@ def status_file(ext: str) -> Path:
     return _PKG_DIR / f"{ext}.build-status.txt"
 
 
+def torch_release() -> str:
+    """This torch's MAJOR.MINOR.PATCH, as a build records it (``built_for_torch``)."""
+    import torch
+
+    return ".".join(torch.__version__.split("+")[0].split(".")[:3])
+
+
+def _say_stale(ext: str, why: str) -> None:
+    import warnings
+
+    warnings.warn(f"fedopt_kernels.{ext}: {why}; building it for this torch on first use", RuntimeWarning,
+                  stacklevel=3)
+
+
 def load_extension(ext: str) -> ModuleType:
     """Import ``fedopt_kernels.<ext>``; when the install has none that loads, build it on first use
     (``_jit.py``); raise ImportError saying plainly why it is missing when neither works."""
+    install_status = None
     try:
-        return importlib.import_module(f"fedopt_kernels.{ext}")
+        mod = importlib.import_module(f"fedopt_kernels.{ext}")
     except ImportError as exc:
         status = status_file(ext)
         install_status = status.read_text(encoding="utf-8", errors="replace").strip() if status.is_file() else None
@@ -32,6 +47,14 @@ def load_extension(ext: str) -> ModuleType:
             packaged = "this install has no compiled extension (e.g. a wheel built without torch present)"
         else:  # present but unloadable, e.g. built against another torch
             packaged = f"the installed one does not load ({exc})"
+    else:
+        built_for = getattr(mod, "built_for_torch", None)
+        if built_for == torch_release():
+            return mod
+        # it imported, but torch's C++ ABI and ops change between releases: a build for another
+        # torch could fail later or compute with mismatched layouts
+        packaged = f"the installed one was built for torch {built_for or 'an unknown version'}, not {torch_release()}"
+        _say_stale(ext, packaged)
     from ._jit import JitUnavailable, build
 
     try:
