@@ -131,6 +131,7 @@ def drift_run(cfg: Dict[str, Any]) -> Dict[str, Any]:
 
     cfg = dict(cfg)
     client = cfg.pop("drift_client")
+    own = {k: cfg.pop(k) for k in list(cfg) if k.startswith("nlr_")}  # FedNLR's settings: FedAvg refuses them
     avg = Simulation(SimConfig(**dict(cfg, algorithm="fedavg")))
     acc, t = 0.0, 0
     for t in range(cfg["rounds"]):
@@ -139,7 +140,7 @@ def drift_run(cfg: Dict[str, Any]) -> Dict[str, Any]:
             break
     sim = avg
     if client != "fedavg":
-        sim = Simulation(SimConfig(**dict(cfg, algorithm=client)))
+        sim = Simulation(SimConfig(**dict(cfg, **own, algorithm=client)))
         sim.sync_from(avg)
     snapshot = [p.detach().clone() for p in avg.global_params]
 

@@ -82,9 +82,11 @@ class FLConfig:
                                             "else 1)", high=1.0, low_open=True, some=True)
     dyn_alpha: Optional[float] = _setting(None, float, "FedDyn's regularisation coefficient alpha (default 0.01)",
                                           low_open=True, some=True)
-    nlr_mu0: float = 1.0                     # FedNLR's scale-range constants (neuron_lr_scales)
-    nlr_c1: float = 1.0
-    nlr_c2: float = 1.0
+    # FedNLR's scale-range constants (neuron_lr_scales): mu_l = mu0 + c1 * l / L + c2 * log10(M_l)
+    nlr_mu0: float = _setting(1.0, float, "FedNLR's mu0 in mu_l = mu0 + c1 l/L + c2 log10 M_l (default %(default)s)",
+                              some=True)
+    nlr_c1: float = _setting(1.0, float, "FedNLR's c1 (default %(default)s)", some=True)
+    nlr_c2: float = _setting(1.0, float, "FedNLR's c2 (default %(default)s)", some=True)
     backend: str = "auto"
     seed: int = 0
 
@@ -157,9 +159,6 @@ class FLConfig:
             else:
                 low, high, low_open, high_open = f.metadata["range"]
                 check_real(f.name, value, low, high, low_open=low_open, high_open=high_open)
-        check_real("nlr_mu0", self.nlr_mu0, 0.0)
-        check_real("nlr_c1", self.nlr_c1, 0.0)
-        check_real("nlr_c2", self.nlr_c2, 0.0)
         self.algo.check(self, self.variant)
         if not isinstance(self.backend, str):
             raise ValueError(f"backend must be a string, got {self.backend!r}")

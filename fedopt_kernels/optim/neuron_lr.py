@@ -211,7 +211,7 @@ class _FedNLR(SGDAlgorithm):
 DESCRIPTOR = algorithm.register(_FedNLR(
     "neuron_lr", NeuronLRSGD, BatchedNeuronLRSGD,
     title="FedNLR: Federated Learning with Neuron-wise Learning Rates",
-    settings=("momentum", "weight_decay", "clip_norm", "round_decay"),
+    settings=("momentum", "weight_decay", "clip_norm", "round_decay", "nlr_mu0", "nlr_c1", "nlr_c2"),
     variants=(Variant("fednlr", "avg"),),
     full="scales_all",
     bench=(BenchCase("neuronlr", "NeuronLRSGD momentum=0.9 wd, scales on every tensor", "every_row", core=True,
