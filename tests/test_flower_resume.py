@@ -21,6 +21,7 @@ from fedopt_kernels.fl.checkpoint import MANIFEST, CheckpointError  # noqa: E402
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
+from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 
 ROUNDS = 4
 
@@ -49,14 +50,6 @@ def run_config(algorithm, folder, **kw):
           "checkpoint-dir": str(folder)}
     rc.update(kw)
     return rc
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def run(rc, stop=0, tag="t", every=1):

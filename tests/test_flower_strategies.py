@@ -31,6 +31,7 @@ from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.records import from_record, to_record  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
+from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 from fedopt_kernels.flower.simdata import simulation_for  # noqa: E402
 from fedopt_kernels.fl.server_rules import padamfed_init, padamfed_step, scaffold_control_step, weighted_average_step  # noqa: E402
 from fedopt_kernels.sim import Simulation  # noqa: E402
@@ -44,14 +45,6 @@ def run_config(algorithm, **kw):
           "model": "mlp", "sample-rate": 1.0, "seed": 3, "backend": "reference", "device": "cpu"}
     rc.update(kw)
     return rc
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------------------------------------- agreement
