@@ -11,8 +11,9 @@ every tensor's address (and, for the plan's own tensors, shape, strides and dtyp
 and which optional AMP inputs exist. A step whose key has a recording replays it; a step whose
 key equals one of the last ``HISTORY`` eager steps' keys (the backends' caches are warm for it) is
 recorded and replayed; any other step runs eagerly. Looking back more than one step matters: the
-caching allocator often hands a loop's gradients two address sets in turn. Recordings hold no reference to parameters, gradients or
-state: a key matches only while the current tensors sit at the recorded addresses.
+caching allocator often hands a loop's gradients two address sets in turn. Recordings hold no
+reference to parameters, gradients or state: a key matches only while the current tensors sit at
+the recorded addresses.
 
 Gradients that move every step (``zero_grad(set_to_none=True)`` with an allocator that does not
 hand back the same blocks) never match a recent step's key, so nothing is recorded and such a

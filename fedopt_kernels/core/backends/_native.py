@@ -28,8 +28,7 @@ def torch_release() -> str:
 def _say_stale(ext: str, why: str) -> None:
     import warnings
 
-    warnings.warn(f"fedopt_kernels.{ext}: {why}; building it for this torch on first use", RuntimeWarning,
-                  stacklevel=3)
+    warnings.warn(f"fedopt_kernels.{ext}: {why}; building it for this torch on first use", RuntimeWarning, stacklevel=3)
 
 
 def load_extension(ext: str) -> ModuleType:
