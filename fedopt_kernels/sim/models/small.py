@@ -4,7 +4,7 @@ No BatchNorm and no buffers anywhere: running statistics would need their own ag
 buffer-free models without in-place state updates can be trained client-batched under
 ``torch.func.vmap``. The conv layers give FedNLR per-channel scales to exercise. On image data sets
 that keep raw pixels (CIFAR, FEMNIST) ``build_model`` puts the data set's input stage
-(``image_input.ImageClassifier``: uint8 -> normalised float, train-time augmentation) in front.
+(``data.image_input.ImageClassifier``: uint8 -> normalised float, train-time augmentation) in front.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from .image_input import ImageClassifier, InputSpec
-from .models_text import CharGRU, CharLSTM, CharTransformer
+from ..data.image_input import ImageClassifier, InputSpec
 from .resnet_gn import ResNet18GN
+from .text import CharGRU, CharLSTM, CharTransformer
 
 TEXT_MODELS = ("char-lstm", "char-gru", "char-transformer")  # Shakespeare: [B, T] character indices in
 MODELS = ("mlp", "mlp1", "cnn", "fedavg-cnn", "resnet18-gn") + TEXT_MODELS
