@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fedopt_kernels import FedDecaySGD
 from fedopt_kernels.sim.data.image_input import InputSpec
-from fedopt_kernels.sim.models.small import build_model
+from fedopt_kernels.sim.models.build import build_model
 
 CASES = [  # (label, model, input shape, classes, batch)
     ("FedAvg CNN, FEMNIST", "fedavg-cnn", (1, 28, 28), 62, 32),

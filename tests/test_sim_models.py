@@ -10,7 +10,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data.augment import random_crop_flip
 from fedopt_kernels.sim.data.image_input import ImageClassifier, InputSpec
-from fedopt_kernels.sim.models.small import MODELS, TEXT_MODELS, build_model
+from fedopt_kernels.sim.models.build import MODELS, TEXT_MODELS, build_model
 from fedopt_kernels.sim.simulation import Simulation
 from sim_data_files import write_cifar10
 

@@ -7,7 +7,7 @@ Layers, lowest first; each imports only from those before it:
 
 - ``data/``: data sets and their file readers, partitions, each client's batch stream, and the
   image input stage.
-- ``models/``: the models, built from their names (``models.small``).
+- ``models/``: the models, built from their names (``models.build``).
 - ``parallel/``: the client-parallel engine (``--client-parallel N``, docs/client_batched.md):
   stacked clients, vmapped gradients, padded batches, CUDA-graph replay, ``auto``'s size.
 - the round loop, in this folder: ``config`` (``SimConfig``), ``federated_data`` (from a config to

@@ -23,7 +23,7 @@ from .config import SimConfig
 from .data.clients import BatchStream, ClientData
 from .evaluate import evaluate_users, pooled_metrics
 from .federated_data import FederatedData, build_federated_data
-from .models.small import build_model
+from .models.build import build_model
 from .screen import logger, screen_updates
 from .strategy import Strategy
 

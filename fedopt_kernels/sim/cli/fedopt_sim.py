@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ...fl.config import algorithm_settings
 from ..config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
-from ..models.small import MODELS
+from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
 from .run_folder import check_checkpoint_flags, checkpoint_folders, choose_out_dir, clear_earlier_run

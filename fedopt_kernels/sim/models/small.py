@@ -1,25 +1,15 @@
-"""The simulator's models: an MLP, a small CNN for 8x8 images, the FedAvg paper's CNN, ResNet-18 (GroupNorm).
+"""The small models: two MLPs, a small CNN for 8x8 images and the FedAvg paper's CNN.
 
-No BatchNorm and no buffers anywhere: running statistics would need their own aggregation rule, and
+No BatchNorm and no buffers: running statistics would need their own aggregation rule, and
 buffer-free models without in-place state updates can be trained client-batched under
-``torch.func.vmap``. The conv layers give FedNLR per-channel scales to exercise. On image data sets
-that keep raw pixels (CIFAR, FEMNIST) ``build_model`` puts the data set's input stage
-(``data.image_input.ImageClassifier``: uint8 -> normalised float, train-time augmentation) in front.
+``torch.func.vmap``. The conv layers give FedNLR per-channel scales to exercise.
 """
 from __future__ import annotations
 
-import math
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import nn
-
-from ..data.image_input import ImageClassifier, InputSpec
-from .resnet_gn import ResNet18GN
-from .text import CharGRU, CharLSTM, CharTransformer
-
-TEXT_MODELS = ("char-lstm", "char-gru", "char-transformer")  # Shakespeare: [B, T] character indices in
-MODELS = ("mlp", "mlp1", "cnn", "fedavg-cnn", "resnet18-gn") + TEXT_MODELS
 
 
 class MLP(nn.Module):
@@ -91,45 +81,3 @@ class FedAvgCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.flatten(self.features(x), 1))
-
-
-def _image_shape(name: str, input_shape: Tuple[int, ...], min_side: int) -> Tuple[int, int, int]:
-    if len(input_shape) != 3 or min(input_shape[1:]) < min_side:
-        raise ValueError(f"model={name!r} needs image inputs [C, H, W] with H, W >= {min_side}; this data set "
-                         f"has inputs of shape {tuple(input_shape)} (use model='mlp')")
-    return tuple(input_shape)  # type: ignore[return-value]
-
-
-def build_model(name: str, input_shape: Tuple[int, ...], num_classes: int,
-                input_spec: Optional[InputSpec] = None, hidden: Optional[int] = None,
-                context: Optional[int] = None) -> nn.Module:
-    """``name`` in MODELS; the MLPs take any input, the CNNs images ``[C, H, W]``, the character models
-    windows ``[T]`` of indices below ``num_classes``.
-
-    ``input_spec`` (set by image data sets that keep raw pixels) wraps the network in its input stage;
-    ``hidden``: the MLPs' width (default 64 for mlp, 25 for mlp1), the character models' state size
-    (default 256 for char-lstm, 128 for char-gru, 64 for char-transformer); ``context``: the
-    char-transformer reads only the last ``context`` characters of a window.
-    """
-    if name in TEXT_MODELS:
-        if len(input_shape) != 1:
-            raise ValueError(f"model={name!r} needs windows of character indices [T]; this data set has inputs "
-                             f"of shape {tuple(input_shape)}")
-        if name == "char-lstm":
-            return CharLSTM(num_classes, hidden=hidden or 256)
-        if name == "char-gru":
-            return CharGRU(num_classes, hidden=hidden or 128)
-        return CharTransformer(num_classes, input_shape[0], dim=hidden or 64, context=context)
-    if name == "mlp":
-        net: nn.Module = MLP(math.prod(input_shape), num_classes, hidden=hidden or 64)
-    elif name == "mlp1":
-        net = OneHiddenMLP(math.prod(input_shape), num_classes, hidden=hidden or 25)
-    elif name == "cnn":
-        net = SmallCNN(_image_shape(name, input_shape, 2), num_classes)
-    elif name == "fedavg-cnn":
-        net = FedAvgCNN(_image_shape(name, input_shape, 4), num_classes)
-    elif name == "resnet18-gn":
-        net = ResNet18GN(_image_shape(name, input_shape, 8)[0], num_classes)
-    else:
-        raise ValueError(f"model must be one of {MODELS}, got {name!r}")
-    return net if input_spec is None else ImageClassifier(net, input_spec)
