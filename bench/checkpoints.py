@@ -30,9 +30,9 @@ import torch
 
 from fedopt_kernels.sim import SimConfig, Simulation
 from fedopt_kernels.sim.config import ALGORITHMS
-from fedopt_kernels.sim.clients import ClientData
+from fedopt_kernels.sim.data.clients import ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
-from fedopt_kernels.sim.resnet_gn import ResNet18GN
+from fedopt_kernels.sim.models.resnet_gn import ResNet18GN
 
 
 def _tiny_cifar(clients: int) -> FederatedData:

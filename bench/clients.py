@@ -8,11 +8,11 @@ the best of ``--rounds`` timed rounds. Modes:
 * ``sequential``: what FL libraries do: per client, load the global model, ``start_round``, K x
   (forward, backward, ``FedNAR.step``) with this package's per-client FedNAR (backend auto);
 * ``batched-plain-torch``: one computation for all clients: ``vmap(grad)`` over stacked parameters
-  (``fedopt_kernels.sim.client_loss``) and FedNAR written in plain torch on the stacked tensors;
+  (``fedopt_kernels.sim.parallel.loss``) and FedNAR written in plain torch on the stacked tensors;
 * ``batched-fused``: the same gradients and ``BatchedFedNAR`` (backend auto): the simulator's
-  ``--client-parallel`` step (``fedopt_kernels.sim.batched_trainer``);
+  ``--client-parallel`` step (``fedopt_kernels.sim.parallel.trainer``);
 * ``batched-fused-graph`` (CUDA): that step captured once in a CUDA graph and replayed
-  (``--cuda-graph``; ``fedopt_kernels.sim.step_graph``);
+  (``--cuda-graph``; ``fedopt_kernels.sim.parallel.step_graph``);
 * ``batched-fused-chunked`` (C > ``--chunk``): the C clients in equal chunks of at most ``--chunk``,
   one chunk after another through one trainer (the simulator's ``--client-parallel N``; on CUDA
   with graph replay): what to do where one computation over all C clients gets slower per client.
@@ -40,10 +40,10 @@ from torch.nn import functional as F
 from fedopt_kernels import FedNAR
 from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.batched import BatchedFedNAR
-from fedopt_kernels.sim.batched_round import _pad_clients
-from fedopt_kernels.sim.batched_trainer import BatchedTrainer
-from fedopt_kernels.sim.client_loss import ClientLoss
-from fedopt_kernels.sim.models import SmallCNN
+from fedopt_kernels.sim.models.small import SmallCNN
+from fedopt_kernels.sim.parallel.loss import ClientLoss
+from fedopt_kernels.sim.parallel.trainer import BatchedTrainer
+from fedopt_kernels.sim.parallel_round import _pad_clients
 
 from .contention import OtherLoad
 from .machine import ROOT, loadavg, run_meta

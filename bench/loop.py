@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 import fedopt_kernels as fk
-from fedopt_kernels.sim.models import SmallCNN
-from fedopt_kernels.sim.resnet_gn import ResNet18GN
+from fedopt_kernels.sim.models.resnet_gn import ResNet18GN
+from fedopt_kernels.sim.models.small import SmallCNN
 
 from .machine import ROOT, run_meta
 

@@ -2,7 +2,7 @@
 
 - ``overhead``: 62 one-element tensors (ResNet-18's tensor count, no bytes to speak of): a step's
   time is its fixed per-step and per-tensor cost alone, host overhead included.
-- ``small_cnn``: the simulator's CNN (``fedopt_kernels.sim.models.SmallCNN`` on 8x8 single-channel
+- ``small_cnn``: the simulator's CNN (``fedopt_kernels.sim.models.small.SmallCNN`` on 8x8 single-channel
   images, 10 classes): 6 tensors, 3,818 parameters. One step moves ~50 KB, so its time is launch
   and Python overhead, not bandwidth.
 - ``resnet18``: the exact parameter shapes of torchvision's ``resnet18()`` (ImageNet head,

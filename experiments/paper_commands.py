@@ -99,7 +99,7 @@ def time_slice(argv: Sequence[str], data_dir: str, device: str, rounds: int,
     """Set-up, per-round, validation and final-evaluation seconds of one configuration (seed 0)."""
     import torch
 
-    from fedopt_kernels.sim.cli import build_parser, config_from_args
+    from fedopt_kernels.sim.cli.fedopt_sim import build_parser, config_from_args
     from fedopt_kernels.sim.evaluate import pooled_metrics
     from fedopt_kernels.sim.simulation import Simulation
 

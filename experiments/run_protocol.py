@@ -127,7 +127,7 @@ def drift_run(cfg: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     from fedopt_kernels.sim import SimConfig, Simulation
-    from fedopt_kernels.sim.models import OneHiddenMLP
+    from fedopt_kernels.sim.models.small import OneHiddenMLP
 
     cfg = dict(cfg)
     client = cfg.pop("drift_client")
@@ -187,7 +187,7 @@ def newusers_val(sim) -> float:
     import torch
 
     from fedopt_kernels.fl.client_round import loss_and_correct
-    from fedopt_kernels.sim.clients import BatchStream
+    from fedopt_kernels.sim.data.clients import BatchStream
     from fedopt_kernels.sim.evaluate import finetune
 
     users = [u for u in sim.data.new_clients if u.val_y.shape[0] > 0]

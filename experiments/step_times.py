@@ -16,8 +16,8 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedopt_kernels import FedDecaySGD
-from fedopt_kernels.sim.image_input import InputSpec
-from fedopt_kernels.sim.models import build_model
+from fedopt_kernels.sim.data.image_input import InputSpec
+from fedopt_kernels.sim.models.build import build_model
 
 CASES = [  # (label, model, input shape, classes, batch)
     ("FedAvg CNN, FEMNIST", "fedavg-cnn", (1, 28, 28), 62, 32),

@@ -28,8 +28,8 @@ def test_shape_lists():
 
 
 def test_small_cnn_matches_simulator():
-    models = pytest.importorskip("fedopt_kernels.sim.models")
-    model = models.SmallCNN((1, 8, 8), 10)
+    small = pytest.importorskip("fedopt_kernels.sim.models.small")
+    model = small.SmallCNN((1, 8, 8), 10)
     assert [tuple(p.shape) for p in model.parameters()] == SIZES["small_cnn"]
 
 

@@ -5,7 +5,9 @@ sources installed as ``fedopt_kernels.triton_kernels`` belong to it), ``fl`` (de
 server rules, the client round), ``batched`` (the client-batched mixin), ``optim`` (the optimizers),
 the package's ``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module
 imports only from its own layer or lower ones: every import counts, late and ``TYPE_CHECKING`` ones
-included (the graph of tests/test_import_graph.py).
+included (the graph of tests/test_import_graph.py). ``sim`` has layers of its own (its
+``__init__``): ``data``, ``models``, ``parallel``, the round loop (the modules of ``sim`` itself),
+``cli``.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ PKG = ROOT / "fedopt_kernels"
 RANK = {"core": 0, "triton_kernels": 0, "fl": 1, "batched": 2, "optim": 3, "": 4, "sim": 5, "selfcheck": 5,
         "flower": 6}
 MAX_ROOT_MODULES = 10
+# "": the round loop, the modules of sim/ itself
+SIM_RANK = {"data": 0, "models": 1, "parallel": 2, "": 3, "cli": 4}
 
 
 def layer(module: str) -> str:
@@ -52,6 +56,31 @@ def test_the_layer_check_can_fail(monkeypatch):
     monkeypatch.setitem(test_layers.RANK, "fl", 9)  # fl above everyone: the optimizers' imports of it go up
     with pytest.raises(AssertionError, match="optim"):
         test_imports_only_go_down_the_layers()
+
+
+def sim_layer(module: str) -> str:
+    """The layer of a module of ``fedopt_kernels.sim``: its folder, or "" for the modules of sim/ itself."""
+    folder = module.split(".")[2:3]
+    return folder[0] if folder and folder[0] in SIM_RANK else ""
+
+
+def test_every_folder_of_sim_is_one_of_its_layers():
+    folders = {p.parent.name for p in (PKG / "sim").glob("*/*.py")}
+    assert folders == set(SIM_RANK) - {""}, "a folder of sim/ with no place in SIM_RANK: add it to sim's layers"
+
+
+def test_sim_imports_only_go_down_its_layers():
+    upward = sorted(f"{a} -> {b}" for a, bs in import_graph().items() if layer(a) == "sim" for b in bs
+                    if layer(b) == "sim" and SIM_RANK[sim_layer(b)] > SIM_RANK[sim_layer(a)])
+    assert not upward, "imports from a higher layer of sim:\n" + "\n".join(upward)
+
+
+def test_the_sim_layer_check_can_fail(monkeypatch):
+    import test_layers
+
+    monkeypatch.setitem(test_layers.SIM_RANK, "data", 9)  # data on top: the models' imports of it go up
+    with pytest.raises(AssertionError, match="sim.models"):
+        test_sim_imports_only_go_down_its_layers()
 
 
 _DOTTED = re.compile(r"\bfedopt_kernels(?:\.[A-Za-z_][A-Za-z0-9_]*)+")

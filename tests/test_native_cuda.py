@@ -365,7 +365,7 @@ def test_batched_op_skips_everything_on_found_inf():
 
 
 def _small_cnn_shapes():
-    from fedopt_kernels.sim.models import SmallCNN
+    from fedopt_kernels.sim.models.small import SmallCNN
     return [tuple(p.shape) for p in SmallCNN((1, 28, 28), 10).parameters()]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedopt_kernels.sim import cli
+from fedopt_kernels.sim.cli import fedopt_sim
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = ["--clients", "10", "--rounds", "1", "--local-steps", "2", "--clients-per-round", "2",
@@ -25,7 +25,7 @@ def _hide(monkeypatch, *modules):
 
 def test_quiet_validate_verdicts_name_their_algorithm(capsys):
     for algorithm in ("fedavg", "fednar-scaffold"):
-        assert cli.main(SHORT + ["--algorithm", algorithm, "--validate", "reference", "--quiet", "--no-files"]) == 0
+        assert fedopt_sim.main(SHORT + ["--algorithm", algorithm, "--validate", "reference", "--quiet", "--no-files"]) == 0
     verdicts = [ln for ln in capsys.readouterr().out.splitlines() if "PASS" in ln or "FAIL" in ln]
     assert len(verdicts) == 2, verdicts
     assert "PASS fedavg (reference vs reference, seed 0)" in verdicts[0]
@@ -34,10 +34,10 @@ def test_quiet_validate_verdicts_name_their_algorithm(capsys):
 
 def test_sim_runs_without_tqdm(monkeypatch, capsys):
     _hide(monkeypatch, "tqdm")
-    assert cli.main(SHORT + ["--quiet", "--no-files"]) == 0
+    assert fedopt_sim.main(SHORT + ["--quiet", "--no-files"]) == 0
     # without --quiet on a terminal: a note instead of the bar, and the run goes on
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    assert cli.main(SHORT + ["--no-files"]) == 0
+    assert fedopt_sim.main(SHORT + ["--no-files"]) == 0
     err = capsys.readouterr().err
     assert "no progress bar" in err and "fedopt_kernels[sim]" in err
 
@@ -45,17 +45,17 @@ def test_sim_runs_without_tqdm(monkeypatch, capsys):
 def test_sim_without_sklearn_names_the_extra(monkeypatch, capsys):
     _hide(monkeypatch, "sklearn")
     with pytest.raises(SystemExit) as exc:
-        cli.main(SHORT + ["--quiet", "--no-files"])
+        fedopt_sim.main(SHORT + ["--quiet", "--no-files"])
     assert exc.value.code == 3
     err = capsys.readouterr().err
     assert "scikit-learn" in err and "fedopt_kernels[sim]" in err and "Traceback" not in err
     # the synthetic data set needs no scikit-learn
-    assert cli.main(SHORT + ["--quiet", "--no-files", "--dataset", "synthetic", "--model", "mlp"]) == 0
+    assert fedopt_sim.main(SHORT + ["--quiet", "--no-files", "--dataset", "synthetic", "--model", "mlp"]) == 0
 
 
 def test_sim_without_matplotlib_writes_everything_but_the_png(monkeypatch, tmp_path, capsys):
     _hide(monkeypatch, "matplotlib")
-    assert cli.main(SHORT + ["--quiet", "--out", str(tmp_path)]) == 0
+    assert fedopt_sim.main(SHORT + ["--quiet", "--out", str(tmp_path)]) == 0
     # checkpoints/: the run's resumable state (docs/checkpoints.md)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "metrics_seed0.csv", "metrics_seed0.json"]
     assert "matplotlib is not installed" in capsys.readouterr().out

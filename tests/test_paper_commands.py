@@ -21,7 +21,7 @@ COMMANDS = [line for line in pc.print_commands().splitlines() if line.startswith
 
 
 def test_every_command_is_one_fedopt_sim_accepts():
-    from fedopt_kernels.sim.cli import build_parser, config_from_args
+    from fedopt_kernels.sim.cli.fedopt_sim import build_parser, config_from_args
 
     assert len(COMMANDS) == sum(len(m) + len(b) for *_, m, b in pc.PAPERS)
     for line in COMMANDS:

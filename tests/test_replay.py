@@ -462,7 +462,7 @@ def test_a_training_loop_with_set_to_none_replays(backend):
     cuda backend replayed 154 of 159 such steps of the small CNN; the triton backend none, while its
     pointer tables came from the shared memory pool and moved the gradients."""
     require(backend, "cuda")
-    from fedopt_kernels.sim.models import SmallCNN
+    from fedopt_kernels.sim.models.small import SmallCNN
 
     torch.manual_seed(0)
     model = SmallCNN((1, 8, 8), 10).cuda()

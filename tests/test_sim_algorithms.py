@@ -13,8 +13,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedopt_kernels import neuron_lr_scales, theory_hparams
-from fedopt_kernels.sim.clients import ClientData
 from fedopt_kernels.sim.config import SimConfig
+from fedopt_kernels.sim.data.clients import ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.simulation import Simulation
 

@@ -18,15 +18,15 @@ from torch.nn import functional as F
 
 import fedopt_kernels
 from fedopt_kernels.core import registry as _registry
-from fedopt_kernels.sim import cli
-from fedopt_kernels.sim.batched_trainer import clip_per_client_
-from fedopt_kernels.sim.client_batches import BatchPool
-from fedopt_kernels.sim.client_loss import ClientLoss
-from fedopt_kernels.sim.clients import BatchStream, ClientData
+from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import ALGORITHMS, SimConfig
+from fedopt_kernels.sim.data.clients import BatchStream, ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
-from fedopt_kernels.sim.models import SmallCNN
-from fedopt_kernels.sim.parallel_size import MAX_AUTO, activation_bytes, auto_client_parallel
+from fedopt_kernels.sim.models.small import SmallCNN
+from fedopt_kernels.sim.parallel.batches import BatchPool
+from fedopt_kernels.sim.parallel.loss import ClientLoss
+from fedopt_kernels.sim.parallel.size import MAX_AUTO, activation_bytes, auto_client_parallel
+from fedopt_kernels.sim.parallel.trainer import clip_per_client_
 from fedopt_kernels.sim.simulation import Simulation
 from fedopt_kernels.sim.validate import PARAM_RTOL, validate_client_parallel
 
@@ -91,16 +91,14 @@ def test_client_parallel_reproduces_the_sequential_run(algorithm, backend):
 
 def test_validation_catches_padding_counted_as_samples(monkeypatch):
     """Not vacuous: averaging over the padded batch (padding counted as data) fails validation."""
-    from fedopt_kernels.sim import client_batches
-
-    draw = client_batches.BatchPool.draw
+    draw = BatchPool.draw
 
     def wrong(self, *args, **kwargs):
         rb = draw(self, *args, **kwargs)
         rb.w = torch.full_like(rb.w, 1.0 / rb.w.shape[-1])
         return rb
 
-    monkeypatch.setattr(client_batches.BatchPool, "draw", wrong)
+    monkeypatch.setattr(BatchPool, "draw", wrong)
     v = validate_client_parallel(tiny_config("fedavg"), data=tiny_images(), model_fn=model_fn)
     assert not v.passed and v.max_rel > 1e-4, v.report()
 
@@ -308,7 +306,7 @@ SHORT = ["--clients", "10", "--rounds", "2", "--local-steps", "2", "--clients-pe
 ])
 def test_bad_client_parallel_input_exits_2_naming_it(args, names, capsys):
     with pytest.raises(SystemExit) as exc:
-        cli.main(SHORT + args)
+        fedopt_sim.main(SHORT + args)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert names in err, err
@@ -321,11 +319,11 @@ def test_config_refuses_bad_values():
 
 
 def test_cli_validate_sequential_on_digits(capsys):
-    status = cli.main(SHORT + ["--algorithm", "fednar-scaffold", "--client-parallel", "2", "--validate", "sequential"])
+    status = fedopt_sim.main(SHORT + ["--algorithm", "fednar-scaffold", "--client-parallel", "2", "--validate", "sequential"])
     out = capsys.readouterr().out
     assert status == 0 and "PASS" in out, out
     assert "sequential [" in out and "client-parallel 2 [" in out
-    assert "client-parallel" in cli.build_parser().format_help()
+    assert "client-parallel" in fedopt_sim.build_parser().format_help()
 
 
 def test_validate_sequential_without_float64_kernels_checks_paths_and_kernels_apart():

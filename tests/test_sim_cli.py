@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fedopt_kernels
-from fedopt_kernels.sim import cli
+from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.simulation import Simulation
 from fedopt_kernels.sim.validate import Validation
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("backend", list(fedopt_kernels.available_backends()))
 @pytest.mark.parametrize("algorithm", VALIDATE_ALGORITHMS)
 def test_validate_every_available_backend(backend, algorithm, capsys):
-    status = cli.main(SHORT + ["--algorithm", algorithm, "--validate", backend])
+    status = fedopt_sim.main(SHORT + ["--algorithm", algorithm, "--validate", backend])
     out = capsys.readouterr().out
     assert "PASS" in out, out
     assert status == 0
@@ -34,7 +34,7 @@ def test_validate_every_available_backend(backend, algorithm, capsys):
 
 
 def test_validate_auto_picks_the_auto_backend(capsys):
-    assert cli.main(SHORT + ["--validate", "auto", "--rounds", "1", "--device", "cpu"]) == 0
+    assert fedopt_sim.main(SHORT + ["--validate", "auto", "--rounds", "1", "--device", "cpu"]) == 0
     want = "cpu" if "cpu" in fedopt_kernels.available_backends("cpu") else "reference"
     assert f"reference vs {want}" in capsys.readouterr().out
 
@@ -46,7 +46,7 @@ def _round(rel, traj=0.0):
 def test_validate_fails_past_tolerance(monkeypatch, capsys):
     bad = Validation(backend="reference", rounds=[_round(0.5)], acc_diff={"x": 0.0})
     monkeypatch.setattr("fedopt_kernels.sim.validate.validate_backend", lambda *a, **k: bad)
-    assert cli.main(SHORT + ["--validate", "reference"]) == 1
+    assert fedopt_sim.main(SHORT + ["--validate", "reference"]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 
@@ -77,13 +77,13 @@ def _fake_cpu_backend(monkeypatch, perturb):
 def test_validate_passes_rounding_noise(monkeypatch, capsys):
     # one ulp on every parameter after every step: what a correct fused kernel may differ by
     _fake_cpu_backend(monkeypatch, lambda x: x.copy_(torch.nextafter(x, torch.full_like(x, math.inf))))
-    assert cli.main(SHORT + ["--validate", "cpu", "--rounds", "3"]) == 0, capsys.readouterr().out
+    assert fedopt_sim.main(SHORT + ["--validate", "cpu", "--rounds", "3"]) == 0, capsys.readouterr().out
 
 
 def test_validate_catches_a_wrong_kernel(monkeypatch, capsys):
     # a kernel that forgets part of the update: here an extra 1e-4 shrink per step
     _fake_cpu_backend(monkeypatch, lambda x: x.mul_(1 - 1e-4))
-    assert cli.main(SHORT + ["--validate", "cpu", "--rounds", "3"]) == 1
+    assert fedopt_sim.main(SHORT + ["--validate", "cpu", "--rounds", "3"]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 
@@ -102,7 +102,7 @@ def test_run_is_deterministic_from_its_seed():
 
 def test_files_and_table(tmp_path, capsys):
     out = tmp_path / "run"
-    status = cli.main(["--clients", "10", "--rounds", "2", "--local-steps", "2", "--quiet", "--seeds", "0", "1",
+    status = fedopt_sim.main(["--clients", "10", "--rounds", "2", "--local-steps", "2", "--quiet", "--seeds", "0", "1",
                        "--algorithm", "feddecay", "--beta", "0.5", "--backend", "reference", "--out", str(out)])
     assert status == 0
     text = capsys.readouterr().out
@@ -138,7 +138,7 @@ def test_files_and_table(tmp_path, capsys):
 ])
 def test_bad_input_names_the_parameter(args, names, capsys):
     with pytest.raises(SystemExit) as exc:
-        cli.main(SHORT + args)
+        fedopt_sim.main(SHORT + args)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert names in err, err
@@ -146,14 +146,14 @@ def test_bad_input_names_the_parameter(args, names, capsys):
 
 def test_an_error_names_the_option_as_typed():
     with pytest.raises(SystemExit):
-        cli.main(SHORT + ["--rounds=-1"])
+        fedopt_sim.main(SHORT + ["--rounds=-1"])
     # the settings name the field (the Python API's word); the command line names its option
-    assert cli.name_flags("rounds must be an integer >= 1, got -1", cli.build_parser()) == \
+    assert fedopt_sim.name_flags("rounds must be an integer >= 1, got -1", fedopt_sim.build_parser()) == \
         "--rounds must be an integer >= 1, got -1"
 
 
 def _numeric_options():
-    for action in cli.build_parser()._actions:
+    for action in fedopt_sim.build_parser()._actions:
         if action.option_strings and action.type in (int, float):
             yield pytest.param(action, id=action.option_strings[-1])
 
@@ -166,7 +166,7 @@ def test_every_numeric_option_out_of_range_is_named_by_its_flag(action, capsys):
     given = [f"{action.option_strings[-1]}={value}"] if action.nargs in (None, "+") else \
         [action.option_strings[-1]] + [value] * action.nargs
     with pytest.raises(SystemExit) as exc:
-        cli.main(SHORT + given)
+        fedopt_sim.main(SHORT + given)
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("fedopt-sim: error: ") and len(err.splitlines()) == 1, err
@@ -178,19 +178,19 @@ def test_every_numeric_option_out_of_range_is_named_by_its_flag(action, capsys):
 def test_help_lists_every_data_set_read_from_data_dir(capsys):
     from fedopt_kernels.sim.config import FOLDER_DATASETS
 
-    parser = cli.build_parser()
+    parser = fedopt_sim.build_parser()
     data_dir = next(a for a in parser._actions if "--data-dir" in a.option_strings)
     for text in (parser.description, data_dir.help):
         named = set(re.findall(r"[\w-]+", text))
         assert set(FOLDER_DATASETS) <= named, (sorted(set(FOLDER_DATASETS) - named), text)
     with pytest.raises(SystemExit):
-        cli.main(["--help"])
+        fedopt_sim.main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert " ".join(parser.description.split()) in shown
 
 
 def test_quiet_hides_the_bar_not_the_timing_line(capsys):
-    assert cli.main(SHORT + ["--algorithm", "fedavg", "--backend", "reference"]) == 0  # SHORT has --quiet
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--backend", "reference"]) == 0  # SHORT has --quiet
     err = capsys.readouterr().err
     assert re.search(r"^seed 0: 2 rounds in \d+\.\d s \(backend reference, device cpu\)$", err, re.M), err
 
@@ -201,7 +201,7 @@ def test_threads_default_is_one_on_both_paths(extra, want):
     """One thread whether clients train one after another or at once: with torch's default, a
     client-parallel run slowed down several times over once another process took a core; --threads wins."""
     torch.set_num_threads(3)  # stands for torch's default; the module fixture restores the thread count
-    assert cli.main(SHORT + ["--algorithm", "fedavg"] + extra) == 0
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg"] + extra) == 0
     assert torch.get_num_threads() == want
     torch.set_num_threads(1)
 
@@ -211,14 +211,14 @@ def test_triton_on_the_cpu_is_refused_unless_the_interpreter_is_asked_for(option
     """Triton on CPU tensors runs its interpreter (many times slower than cpu): never by surprise."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(SystemExit) as exc:
-        cli.main(SHORT + [option, "triton", "--device", "cpu"])
+        fedopt_sim.main(SHORT + [option, "triton", "--device", "cpu"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("fedopt-sim: error:") and len(err.splitlines()) == 1, err
     assert option.lstrip("-") in err and "TRITON_INTERPRET=1" in err and "cpu" in err, err
     # TRITON_INTERPRET=1 in the environment is the explicit request: nothing to refuse
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    cli._prepare_environment(cli.build_parser().parse_args(SHORT + [option, "triton", "--device", "cpu"]))
+    fedopt_sim._prepare_environment(fedopt_sim.build_parser().parse_args(SHORT + [option, "triton", "--device", "cpu"]))
 
 
 def _shown(value) -> str:
@@ -230,9 +230,9 @@ def _shown(value) -> str:
 
 
 def test_help_shows_every_default(capsys):
-    parser = cli.build_parser()
+    parser = fedopt_sim.build_parser()
     with pytest.raises(SystemExit):
-        cli.main(["--help"])
+        fedopt_sim.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     fmt = parser._get_formatter()
     fmt.add_arguments(parser._actions)  # the same column layout as the whole --help
@@ -259,24 +259,24 @@ def _snapshot(folder):
 def test_a_run_never_replaces_an_earlier_runs_files(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     first = tmp_path / "sim_runs" / "fedavg-digits"
-    assert cli.main(FILES) == 0
+    assert fedopt_sim.main(FILES) == 0
     kept = _snapshot(first)
     assert "metrics_seed0.json" in kept
     # no --out: the next free numbered folder, and the output says which
-    assert cli.main(FILES + ["--seeds", "1"]) == 0
+    assert fedopt_sim.main(FILES + ["--seeds", "1"]) == 0
     second = tmp_path / "sim_runs" / "fedavg-digits-2"
     assert (second / "metrics_seed1.json").is_file()
     assert "sim_runs/fedavg-digits-2" in capsys.readouterr().out
     assert _snapshot(first) == kept
     # --out naming a folder with a run in it: refused, exit 2, nothing touched
     with pytest.raises(SystemExit) as exc:
-        cli.main(FILES + ["--out", str(first)])
+        fedopt_sim.main(FILES + ["--out", str(first)])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "out" in err and "--overwrite" in err, err
     assert _snapshot(first) == kept
     # --overwrite: that run's files are replaced (no stale seed left), other files stay
     (first / "notes.txt").write_text("mine")
-    assert cli.main(FILES + ["--out", str(first), "--overwrite", "--seeds", "2"]) == 0
+    assert fedopt_sim.main(FILES + ["--out", str(first), "--overwrite", "--seeds", "2"]) == 0
     names = set(p.name for p in first.iterdir())
     assert "metrics_seed2.json" in names and "notes.txt" in names and "metrics_seed0.json" not in names

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedopt_kernels.sim import cli
+from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
-from fedopt_kernels.sim.data_cifar import load_cifar
+from fedopt_kernels.sim.data.cifar import load_cifar
 from fedopt_kernels.sim.federated_data import build_federated_data
 from fedopt_kernels.sim.simulation import Simulation
 from sim_data_files import write_cifar10, write_cifar100
@@ -92,7 +92,7 @@ def test_training_run_with_augmentation_is_seeded(cifar_dir):
 
 
 def test_cli_runs_on_cifar(cifar_dir, capsys):
-    rc = cli.main(["--dataset", "cifar10", "--data-dir", str(cifar_dir[0]), "--clients", "6", "--rounds", "1",
+    rc = fedopt_sim.main(["--dataset", "cifar10", "--data-dir", str(cifar_dir[0]), "--clients", "6", "--rounds", "1",
                    "--local-steps", "1", "--clients-per-round", "2", "--finetune-steps", "0", "--no-normalize",
                    "--quiet", "--no-files"])
     assert rc == 0 and "fedavg on cifar10 (dirichlet), 6 clients" in capsys.readouterr().out
@@ -161,7 +161,7 @@ def test_config_and_cli_errors(tmp_path, capsys):
     with pytest.raises(ValueError, match="more than the 60000 CIFAR images"):
         SimConfig(dataset="cifar10", data_dir="x", clients=60001).validate()
     with pytest.raises(SystemExit) as exc:
-        cli.main(["--dataset", "cifar100", "--data-dir", str(tmp_path), "--quiet", "--no-files"])
+        fedopt_sim.main(["--dataset", "cifar100", "--data-dir", str(tmp_path), "--quiet", "--no-files"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "fedopt-sim: error: the CIFAR-100 folder 'cifar-100-python' not found" in err and "Traceback" not in err

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedopt_kernels.sim import cli
+from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
-from fedopt_kernels.sim.data_femnist import count_writers, load_femnist
+from fedopt_kernels.sim.data.femnist import count_writers, load_femnist
 from fedopt_kernels.sim.federated_data import build_federated_data
 from fedopt_kernels.sim.simulation import Simulation
 from sim_data_files import write_femnist
@@ -63,7 +63,7 @@ def test_training_run_and_writer_fraction_cli(leaf, capsys):
                                local_steps=2, batch_size=4, clients_per_round=2, finetune_steps=1,
                                backend="reference", device="cpu")).run()
     assert np.isfinite(res["history"][-1]["train_loss"]) and res["final"]["finetuned"]["new"]["users"] == 1
-    rc = cli.main(["--dataset", "femnist", "--data-dir", root, "--writer-fraction", "0.5", "--rounds", "1",
+    rc = fedopt_sim.main(["--dataset", "femnist", "--data-dir", root, "--writer-fraction", "0.5", "--rounds", "1",
                    "--local-steps", "1", "--finetune-steps", "0", "--quiet", "--no-files"])
     assert rc == 0 and "fedavg on femnist (natural), 4 clients" in capsys.readouterr().out
 
@@ -145,12 +145,12 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
                       (["--clients", "4", "--writer-fraction", "0.5"], "not both"),
                       (["--writer-fraction", "1.5"], "--writer-fraction must be in (0, 1]")]:
         with pytest.raises(SystemExit) as exc:
-            cli.main(["--dataset", "femnist", "--data-dir", root, "--quiet", "--no-files"] + argv)
+            fedopt_sim.main(["--dataset", "femnist", "--data-dir", root, "--quiet", "--no-files"] + argv)
         err = capsys.readouterr().err
         assert exc.value.code == 2 and msg in err and "Traceback" not in err, err
     _one_file(tmp_path, "{")
     with pytest.raises(SystemExit) as exc:
-        cli.main(["--dataset", "femnist", "--data-dir", str(tmp_path), "--quiet", "--no-files"])
+        fedopt_sim.main(["--dataset", "femnist", "--data-dir", str(tmp_path), "--quiet", "--no-files"])
     assert exc.value.code == 2 and "not valid JSON" in capsys.readouterr().err
 
 
@@ -162,7 +162,7 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
 def test_malformed_json_is_a_one_line_cli_error(tmp_path, capsys, content):
     _one_file(tmp_path, content)
     with pytest.raises(SystemExit) as exc:
-        cli.main(["--dataset", "femnist", "--data-dir", str(tmp_path), "--quiet", "--no-files"])
+        fedopt_sim.main(["--dataset", "femnist", "--data-dir", str(tmp_path), "--quiet", "--no-files"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "Traceback" not in err, err
     assert err.startswith("fedopt-sim: error: ") and "a.json" in err, err

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedopt_kernels.sim import cli
+from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
-from fedopt_kernels.sim.data_idx import load_idx_dataset, read_idx
+from fedopt_kernels.sim.data.idx import load_idx_dataset, read_idx
+from fedopt_kernels.sim.data.partition import class_partition
 from fedopt_kernels.sim.federated_data import build_federated_data
-from fedopt_kernels.sim.partition import class_partition
 from sim_data_files import idx_bytes, write_idx
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -74,7 +74,7 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, capsys):
                       (["--dataset", "mnist", "--data-dir", str(tmp_path), "--model", "char-gru"],
                        "does not fit --dataset 'mnist'")]:
         with pytest.raises(SystemExit) as exc:
-            cli.main(argv + ["--quiet", "--no-files"])
+            fedopt_sim.main(argv + ["--quiet", "--no-files"])
         err = capsys.readouterr().err
         assert exc.value.code == 2 and msg in err and "Traceback" not in err and err.count("\n") == 1, err
 
@@ -100,7 +100,7 @@ def test_federated_mnist_classes_partition_and_training(tmp_path, capsys):
     assert data.input_shape == (1, 28, 28) and data.input_spec.mean == (0.1307,)
     for c in data.train_clients:
         assert len(torch.cat([c.train_y, c.val_y, c.test_y]).unique()) == 1
-    assert cli.main(["--dataset", "mnist", "--data-dir", str(tmp_path), "--partition", "classes", "--clients", "10",
+    assert fedopt_sim.main(["--dataset", "mnist", "--data-dir", str(tmp_path), "--partition", "classes", "--clients", "10",
                      "--holdout-fraction", "0", "--model", "mlp1", "--algorithm", "fednlr", "--rounds", "2",
                      "--local-steps", "2", "--client-parallel", "5", "--quiet", "--no-files"]) == 0
     assert "fednlr on mnist (classes), 10 clients" in capsys.readouterr().out

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedopt_kernels.sim import build_shakespeare as builder
-from fedopt_kernels.sim import cli
+from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
-from fedopt_kernels.sim.data_shakespeare import NUM_CLASSES, SEQ_LEN, VOCAB, encode, load_shakespeare
+from fedopt_kernels.sim.data import build_shakespeare as builder
+from fedopt_kernels.sim.data.shakespeare import NUM_CLASSES, SEQ_LEN, VOCAB, encode, load_shakespeare
 from fedopt_kernels.sim.federated_data import build_federated_data
 from sim_data_files import PLAY_A, write_plays
 
@@ -94,8 +94,8 @@ def test_natural_partition_and_client_parallel_training(leaf, capsys):
     assert sizes == sorted(written.values())  # each client is one (play, role), whole
     argv = ["--dataset", "shakespeare", "--data-dir", str(out), "--clients", "3", "--holdout-fraction", "0",
             "--rounds", "2", "--local-steps", "2", "--algorithm", "fednar", "--quiet", "--no-files"]
-    assert cli.main(argv + ["--model", "char-transformer", "--hidden", "16", "--client-parallel", "3"]) == 0
-    assert cli.main(argv + ["--model", "char-lstm", "--hidden", "8"]) == 0
+    assert fedopt_sim.main(argv + ["--model", "char-transformer", "--hidden", "16", "--client-parallel", "3"]) == 0
+    assert fedopt_sim.main(argv + ["--model", "char-lstm", "--hidden", "8"]) == 0
     assert "fednar on shakespeare (natural), 3 clients" in capsys.readouterr().out
 
 
@@ -133,7 +133,7 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
                       (["--data-dir", str(tmp_path)], "the Shakespeare folder train/ was not found"),
                       (["--client-parallel", "2", "--model", "char-lstm"], "cannot train --model 'char-lstm'")]:
         with pytest.raises(SystemExit) as exc:
-            cli.main(["--dataset", "shakespeare", "--data-dir", root, "--model", "char-gru", "--quiet",
+            fedopt_sim.main(["--dataset", "shakespeare", "--data-dir", root, "--model", "char-gru", "--quiet",
                       "--no-files"] + argv)
         err = capsys.readouterr().err
         assert exc.value.code == 2 and msg in err and "Traceback" not in err and err.count("\n") == 1, err

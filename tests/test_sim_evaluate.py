@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedopt_kernels.sim.clients import BatchStream, ClientData
+from fedopt_kernels.sim.data.clients import BatchStream, ClientData
 from fedopt_kernels.sim.evaluate import evaluate_users, pooled_metrics, user_summary
 
 

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from fedopt_kernels.sim.augment import random_crop_flip
 from fedopt_kernels.sim.config import SimConfig
-from fedopt_kernels.sim.image_input import ImageClassifier, InputSpec
-from fedopt_kernels.sim.models import MODELS, TEXT_MODELS, build_model
+from fedopt_kernels.sim.data.augment import random_crop_flip
+from fedopt_kernels.sim.data.image_input import ImageClassifier, InputSpec
+from fedopt_kernels.sim.models.build import MODELS, TEXT_MODELS, build_model
 from fedopt_kernels.sim.simulation import Simulation
 from sim_data_files import write_cifar10
 
@@ -212,7 +212,7 @@ def test_character_models_vmap_over_clients_matches_a_loop(name):
 
 
 def test_client_parallel_refuses_an_lstm():
-    from fedopt_kernels.sim.client_loss import ClientLoss
+    from fedopt_kernels.sim.parallel.loss import ClientLoss
 
     with pytest.raises(ValueError, match=r"vmap cannot batch the fused recurrent layer lstm \(LSTM\)"):
         ClientLoss(build_model("char-lstm", (80,), 80, hidden=8))

@@ -4,10 +4,9 @@ import pytest
 import torch
 
 from fedopt_kernels.sim.config import SimConfig
-from fedopt_kernels.sim.datasets import load_digits_dataset, synthetic_fedprox
+from fedopt_kernels.sim.data.datasets import load_digits_dataset, synthetic_fedprox
+from fedopt_kernels.sim.data.partition import dirichlet_partition, iid_partition, shard_partition, split_train_val_test
 from fedopt_kernels.sim.federated_data import build_federated_data
-from fedopt_kernels.sim.partition import (dirichlet_partition, iid_partition, shard_partition,
-                                          split_train_val_test)
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from fedopt_kernels.fl.checkpoint import MANIFEST, CheckpointDir, CheckpointError
-from fedopt_kernels.sim.clients import ClientData
 from fedopt_kernels.sim.config import ALGORITHMS, SimConfig
+from fedopt_kernels.sim.data.clients import ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
-from fedopt_kernels.sim.models import SmallCNN
+from fedopt_kernels.sim.models.small import SmallCNN
 from fedopt_kernels.sim.simulation import Simulation
 
 SIZES = (3, 9, 14, 6, 22)
@@ -286,10 +286,10 @@ CLI = ["--clients", "6", "--rounds", "2", "--local-steps", "1", "--clients-per-r
 
 
 def _exit_code(argv, capsys):
-    from fedopt_kernels.sim import cli
+    from fedopt_kernels.sim.cli import fedopt_sim
 
     with pytest.raises(SystemExit) as exc:
-        cli.main(argv)
+        fedopt_sim.main(argv)
     return exc.value.code, capsys.readouterr().err
 
 
@@ -307,11 +307,11 @@ def test_cli_refuses_flag_combinations_naming_them(tmp_path, monkeypatch, capsys
 
 
 def test_cli_resume_and_refusals(tmp_path, monkeypatch, capsys):
-    from fedopt_kernels.sim import cli
+    from fedopt_kernels.sim.cli import fedopt_sim
 
     monkeypatch.chdir(tmp_path)
     # a custom checkpoint folder, without --out files: written per seed
-    assert cli.main(CLI + ["--no-files", "--checkpoint-dir", "ck", "--seeds", "0", "1"]) == 0
+    assert fedopt_sim.main(CLI + ["--no-files", "--checkpoint-dir", "ck", "--seeds", "0", "1"]) == 0
     assert {p.name for p in (tmp_path / "ck").iterdir()} == {"seed0", "seed1"}
     # a new run may not replace them ...
     code, err = _exit_code(CLI + ["--no-files", "--checkpoint-dir", "ck"], capsys)
@@ -320,12 +320,12 @@ def test_cli_resume_and_refusals(tmp_path, monkeypatch, capsys):
     code, err = _exit_code(CLI + ["--no-files", "--checkpoint-dir", "ck", "--resume", "--lr", "0.2"], capsys)
     assert code == 2 and "lr: " in err, err
     # the same settings resume (here: a finished run, so nothing is left to train)
-    assert cli.main(CLI + ["--no-files", "--checkpoint-dir", "ck", "--resume", "--seeds", "0", "1"]) == 0
+    assert fedopt_sim.main(CLI + ["--no-files", "--checkpoint-dir", "ck", "--resume", "--seeds", "0", "1"]) == 0
     # --checkpoint-every 0: no checkpoints beside the results
-    assert cli.main(CLI + ["--out", "plain", "--checkpoint-every", "0"]) == 0
+    assert fedopt_sim.main(CLI + ["--out", "plain", "--checkpoint-every", "0"]) == 0
     assert not (tmp_path / "plain" / "checkpoints").exists()
     # --resume without --out continues the default folder of a first run without --out
-    assert cli.main(CLI) == 0
+    assert fedopt_sim.main(CLI) == 0
     assert (tmp_path / "sim_runs" / "scaffold-digits" / "checkpoints" / "seed0" / MANIFEST).is_file()
-    assert cli.main(CLI + ["--resume"]) == 0
+    assert fedopt_sim.main(CLI + ["--resume"]) == 0
     assert not (tmp_path / "sim_runs" / "scaffold-digits-2").exists()

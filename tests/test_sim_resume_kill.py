@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from fedopt_kernels.fl.checkpoint import KILL_HOOK, MANIFEST, CheckpointDir
-from fedopt_kernels.sim import cli
+from fedopt_kernels.sim.cli import fedopt_sim
 
 ROUNDS = 10
 RUNS = {
@@ -96,7 +96,7 @@ def kill(flags, out, cwd: Path, ckpt: Path, point: str) -> None:
 @pytest.mark.parametrize("name", list(RUNS))
 def test_killed_runs_resume_to_the_uninterrupted_result(tmp_path, name):
     flags = RUNS[name] + COMMON
-    assert cli.main(flags + ["--out", str(tmp_path / "whole")]) == 0  # the uninterrupted run, in this process
+    assert fedopt_sim.main(flags + ["--out", str(tmp_path / "whole")]) == 0  # the uninterrupted run, in this process
     out = ["--out", str(tmp_path / "killed")]
     ckpt = tmp_path / "killed" / "checkpoints" / "seed3"
     for point in KILLS[name]:

@@ -659,8 +659,8 @@ class FedOptimizer(Optimizer):
         self._host_steps += 1
 
     # ---------------------------------------------------------------- for code that captures steps
-    # A caller that captures step() into a graph of its own and replays it (sim/step_graph.py) keeps
-    # the plan the capture read and tells the optimizer what the replays did, through these three.
+    # A caller that captures step() into a graph of its own and replays it (sim/parallel/step_graph.py)
+    # keeps the plan the capture read and tells the optimizer what the replays did, through these three.
     @property
     def step_plan(self) -> Optional[StepPlan]:
         """The plan the next step runs: None before the first step and after anything that drops it

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from ..sim.clients import BatchStream
 from ..sim.config import SimConfig
+from ..sim.data.clients import BatchStream
 from ..sim.simulation import Simulation
 
 

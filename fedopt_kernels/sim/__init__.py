@@ -3,14 +3,20 @@
     from fedopt_kernels.sim import SimConfig, Simulation
     result = Simulation(SimConfig(algorithm="feddecay", beta=0.5, rounds=50)).run()
 
-Modules, one idea each: ``datasets`` (digits, Synthetic), ``partition`` (Dirichlet, shards, splits),
-``federated_data`` (users and the new-user holdout), ``models``, ``strategy`` (an algorithm on the
-round loop: its client optimizer and server rule, read from their descriptors), ``simulation`` (the round loop),
-``evaluate`` (the per-user protocol), ``validate`` (backend vs reference), ``report``, ``cli``.
-Client-parallel rounds (``--client-parallel N``, docs/client_batched.md): ``batched_round`` (the
-round), ``batched_trainer`` (stacked clients + batched optimizer), ``client_loss`` (vmapped
-gradients), ``client_batches`` (padded per-client batches), ``step_graph`` (CUDA-graph replay),
-``parallel_size`` (``auto``).
+Layers, lowest first; each imports only from those before it:
+
+- ``data/``: data sets and their file readers, partitions, each client's batch stream, and the
+  image input stage.
+- ``models/``: the models, built from their names (``models.build``).
+- ``parallel/``: the client-parallel engine (``--client-parallel N``, docs/client_batched.md):
+  stacked clients, vmapped gradients, padded batches, CUDA-graph replay, ``auto``'s size.
+- the round loop, in this folder: ``config`` (``SimConfig``), ``federated_data`` (from a config to
+  the users and the new-user holdout), ``strategy`` (an algorithm on the round loop: its client
+  optimizer and server rule, read from their descriptors), ``screen`` (the check of client updates
+  before aggregation), ``parallel_round`` (a round on the client-parallel engine), ``evaluate``
+  (the per-user protocol), ``resume`` (checkpoints), ``simulation`` (the round loop), ``validate``
+  (a backend against the reference), ``report`` (a run's results as files and a table).
+- ``cli/``: the ``fedopt-sim`` command.
 """
 from .config import ALGORITHMS, SimConfig
 from .simulation import Simulation

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ..fl.algorithm import VARIANTS, Variant
 from ..fl.config import FLConfig, check_choice, check_integer, check_real
-from .models import MODELS, TEXT_MODELS
+from .models.build import MODELS, TEXT_MODELS
 
 # the simulator's algorithm names: every registered variant (fedopt_kernels.fl.algorithm)
 ALGORITHMS: Dict[str, Variant] = VARIANTS

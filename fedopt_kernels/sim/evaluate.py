@@ -16,7 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..fl.client_round import loss_and_correct
-from .clients import BatchStream, ClientData
+from .data.clients import BatchStream, ClientData
+
 
 def pooled_metrics(model: nn.Module, clients: Sequence[ClientData], split: str) -> Dict[str, float]:
     """Loss and accuracy over the union of the clients' ``split`` ("val" or "test") data."""

@@ -16,15 +16,15 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from .clients import ClientData
 from .config import SimConfig
-from .data_cifar import CIFAR_STATS, load_cifar
-from .data_femnist import load_femnist
-from .data_idx import load_idx_dataset
-from .data_shakespeare import load_shakespeare
-from .datasets import ArrayDataset, load_digits_dataset, synthetic_fedprox
-from .image_input import InputSpec
-from .partition import class_partition, dirichlet_partition, iid_partition, shard_partition, split_train_val_test
+from .data.cifar import CIFAR_STATS, load_cifar
+from .data.clients import ClientData
+from .data.datasets import ArrayDataset, load_digits_dataset, synthetic_fedprox
+from .data.femnist import load_femnist
+from .data.idx import load_idx_dataset
+from .data.image_input import InputSpec
+from .data.partition import class_partition, dirichlet_partition, iid_partition, shard_partition, split_train_val_test
+from .data.shakespeare import load_shakespeare
 
 # per-channel mean and std of the training images, in [0, 1] units (the usual normalisation)
 IDX_STATS = {"mnist": ((0.1307,), (0.3081,)), "fmnist": ((0.2860,), (0.3530,))}

@@ -26,9 +26,8 @@ from typing import Any, Dict, List, Optional, Protocol
 import torch
 
 from ..fl.checkpoint import global_rng_state, set_global_rng_state
-
+from .data.image_input import ImageClassifier
 from .federated_data import FederatedData
-from .image_input import ImageClassifier
 from .strategy import RoundHost
 
 

@@ -18,15 +18,14 @@ from torch import nn
 
 from ..core import registry as _registry
 from ..fl.checkpoint import CheckpointDir
-from .clients import BatchStream, ClientData
+from . import resume as _resume
 from .config import SimConfig
+from .data.clients import BatchStream, ClientData
 from .evaluate import evaluate_users, pooled_metrics
 from .federated_data import FederatedData, build_federated_data
-from .models import build_model
-from . import resume as _resume
+from .models.build import build_model
 from .screen import logger, screen_updates
 from .strategy import Strategy
-
 
 
 def resolve_device(name: str) -> torch.device:
@@ -102,8 +101,8 @@ class Simulation:
         self._tune_seed = ss_tune
         self.strategy = Strategy(self)
         self.batched = None
-        if cfg.parallel:  # --client-parallel: the sampled clients train N at a time (batched_round.py)
-            from .batched_round import BatchedClients
+        if cfg.parallel:  # --client-parallel: the sampled clients train N at a time (parallel_round.py)
+            from .parallel_round import BatchedClients
 
             self.batched = BatchedClients(self)
         self.history: List[Dict[str, Any]] = []

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..fl.server_rules import RULES
 from ..fl.algorithm import end_round
-from .clients import Batch, BatchStream, ClientData
-from .config import SimConfig
 from ..fl.client_round import ClientOptimizers
+from ..fl.server_rules import RULES
+from .config import SimConfig
+from .data.clients import Batch, BatchStream, ClientData
 
 Tensors = List[torch.Tensor]
 

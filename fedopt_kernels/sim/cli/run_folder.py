@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from ..fl.checkpoint import MANIFEST
+from ...fl.checkpoint import MANIFEST
 
 CHECKPOINTS = "checkpoints"
-# the files a run writes (cli._run); only these make a folder "an earlier run's"
+# the files a run writes (fedopt_sim._run); only these make a folder "an earlier run's"
 RESULT_FILES = ("metrics_seed*.json", "metrics_seed*.csv", "curves.png")
 RUN_FILES = RESULT_FILES + (f"{CHECKPOINTS}/seed*/{MANIFEST}",)
 

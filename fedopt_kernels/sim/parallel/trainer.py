@@ -17,8 +17,8 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from torch import nn
 
-from ..core.optimizer import FedOptimizer
-from .client_loss import ClientLoss
+from ...core.optimizer import FedOptimizer
+from .loss import ClientLoss
 from .step_graph import StepGraph
 
 Tensors = List[torch.Tensor]

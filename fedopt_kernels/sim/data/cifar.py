@@ -22,8 +22,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .data_folder import data_root, first_existing_dir, require_file
 from .datasets import ArrayDataset
+from .folder import data_root, first_existing_dir, require_file
 
 # per-channel mean and std of the training images, in [0, 1] units (the usual normalisation)
 CIFAR_STATS = {

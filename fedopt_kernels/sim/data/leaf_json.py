@@ -14,8 +14,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .data_folder import data_root
 from .datasets import ArrayDataset
+from .folder import data_root
 
 Arrays = Tuple[np.ndarray, np.ndarray]
 # (file, user id, its num_samples, its user_data entry, fail) -> (x, y); fail(path, msg) makes the error

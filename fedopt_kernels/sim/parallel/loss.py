@@ -21,7 +21,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
-from .image_input import ImageClassifier
+from ..data.image_input import ImageClassifier
 
 Tensors = List[torch.Tensor]
 

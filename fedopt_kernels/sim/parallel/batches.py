@@ -20,7 +20,7 @@ from typing import Callable, Dict, Optional, Sequence
 import numpy as np
 import torch
 
-from .clients import BatchStream, ClientData
+from ..data.clients import BatchStream, ClientData
 
 Stage = Callable[[torch.Tensor, bool], torch.Tensor]
 

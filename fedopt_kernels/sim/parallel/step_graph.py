@@ -35,8 +35,8 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
-from ..core.optimizer import FedOptimizer
-from ..optim.sgd import SGDFamily
+from ...core.optimizer import FedOptimizer
+from ...optim.sgd import SGDFamily
 
 MODES = ("cuda", "emulate")
 

