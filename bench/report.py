@@ -69,6 +69,8 @@ def markdown(result: Dict[str, Any]) -> str:
         f"- command: `{meta['command']}`",
         f"- commit: `{meta['commit']}`{' (uncommitted changes)' if meta.get('dirty') else ''}; torch {meta['torch']}; "
         f"threads {meta['threads']}; dtype {meta['dtype']}; wall time {meta['wall_s']:.0f} s",
+        *([f"- **interrupted** after {len(result['rows'])} rows: the table holds the cases timed before the stop"]
+          if result.get("interrupted") else []),
         f"- backends timed: {', '.join(result['backends'])}; left out: "
         + ("; ".join(f"{k} ({v})" for k, v in result["skipped"].items()) or "none"),
         _contention_line(result),

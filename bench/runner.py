@@ -166,10 +166,24 @@ def _prime(plan: Plan, backends: List[str]) -> None:
 
 
 def run(plan: Plan) -> Dict[str, Any]:
-    """Time every case of ``plan``; return {"rows": [...], "backends": ..., "skipped": ...}."""
+    """Time every case of ``plan``; return {"rows": [...], "backends": ..., "skipped": ...,
+    "interrupted": stopped by SIGINT before the last case}."""
     backends, skipped = select_backends(plan)
     _prime(plan, backends)
     rows: List[Row] = []
+    try:
+        _time_cases(plan, backends, rows)
+        interrupted = False
+    except KeyboardInterrupt:
+        # a deadline (bench/gpu_check.sh sends SIGINT) or Ctrl-C: keep and report the rows timed so far
+        plan.log(f"bench: interrupted after {len(rows)} rows; writing those")
+        interrupted = True
+    _derive(rows, plan)
+    return {"rows": rows, "backends": backends, "skipped": skipped, "interrupted": interrupted}
+
+
+def _time_cases(plan: Plan, backends: List[str], rows: List[Row]) -> None:
+    """Time every (size, algorithm, backend) case of ``plan``, appending each row as it is done."""
     for size in plan.sizes:
         shapes = SIZES[size]
         params = _make_params(shapes, plan.dtype, plan.device)
@@ -211,8 +225,6 @@ def run(plan: Plan) -> Dict[str, Any]:
                             if "median_s" in row else f"ERROR {row['error']}"))
         del params
         gc.collect()
-    _derive(rows, plan)
-    return {"rows": rows, "backends": backends, "skipped": skipped}
 
 
 def _derive(rows: List[Row], plan: Plan) -> None:

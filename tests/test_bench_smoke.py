@@ -98,3 +98,25 @@ def test_checkpoint_benchmark_runs(capsys):
     assert checkpoints_main(["--clients", "3", "--repeats", "1", "--rounds", "11", "--models", "small_cnn"]) == 0
     out = capsys.readouterr().out
     assert "small_cnn" in out, out
+
+
+def test_an_interrupted_run_writes_the_rows_it_timed(tmp_path, monkeypatch):
+    """gpu_check stops a phase at its deadline with SIGINT: the rows timed until then are written,
+    and the report says the table is partial."""
+    import bench.__main__ as bench_main
+    import bench.runner as runner
+
+    real, calls = runner._case, []
+
+    def stop_on_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_case", stop_on_the_third)
+    assert bench_main.main(["--smoke", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
+    result = json.loads(next(tmp_path.glob("cpu-*-smoke.json")).read_text())
+    assert result["interrupted"] is True and len(result["rows"]) == 2
+    assert all("median_s" in r and r["gbps"] > 0 for r in result["rows"])
+    assert "**interrupted** after 2 rows" in next(tmp_path.glob("cpu-*-smoke.md")).read_text()
