@@ -143,18 +143,22 @@ def time_all(device: str, rounds: int, out_dir: Path, shrink: Optional[Dict[str,
                                (platform.processor() or platform.machine()), "torch": torch.__version__,
                                "date": time.strftime("%Y-%m-%d", time.gmtime()), "images": list(images),
                                "shrink": shrink or {}, "papers": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        write_standin_cifar10(Path(tmp), *images)
-        for name, paper, shared, method, baseline in PAPERS:
-            rows = {}
-            for role, grid in (("method", method), ("baseline", baseline)):
-                label, own = grid[0]
-                argv = command(shared, own, label, name)
-                row = time_slice(argv, tmp, device, rounds, shrink)
-                row.update(label=label, command=shlex.join(argv), configurations=len(grid))
-                rows[role] = row
-            grid_s = sum(r["estimate_s"] * r["configurations"] * 5 for r in rows.values())
-            results["papers"][name] = {"paper": paper, "rows": rows, "grid_estimate_s": grid_s}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            write_standin_cifar10(Path(tmp), *images)
+            for name, paper, shared, method, baseline in PAPERS:
+                rows: Dict[str, Any] = {}
+                results["papers"][name] = {"paper": paper, "rows": rows}
+                for role, grid in (("method", method), ("baseline", baseline)):
+                    label, own = grid[0]
+                    argv = command(shared, own, label, name)
+                    row = time_slice(argv, tmp, device, rounds, shrink)
+                    row.update(label=label, command=shlex.join(argv), configurations=len(grid))
+                    rows[role] = row
+                results["papers"][name]["grid_estimate_s"] = sum(
+                    r["estimate_s"] * r["configurations"] * 5 for r in rows.values())
+    except KeyboardInterrupt:  # a deadline (bench/gpu_check.sh sends SIGINT): keep the slices timed so far
+        results["interrupted"] = True
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"paper-commands-{'cuda' if device.startswith('cuda') else 'cpu'}"
     (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
@@ -164,9 +168,10 @@ def time_all(device: str, rounds: int, out_dir: Path, shrink: Optional[Dict[str,
 
 def markdown(res: Dict[str, Any]) -> str:
     shrunk = f" (shrunk for a smoke run: {res['shrink']})" if res["shrink"] else ""
+    cut = " **Interrupted**: only the slices timed before the stop." if res.get("interrupted") else ""
     lines = [f"## The papers' commands on {res['device']}{shrunk}", "",
              f"{res['date']}, torch {res['torch']}; a stand-in CIFAR-10 of {res['images'][0]:,} + "
-             f"{res['images'][1]:,} random images; seed 0; `python experiments/paper_commands.py --time`", "",
+             f"{res['images'][1]:,} random images; seed 0; `python experiments/paper_commands.py --time`{cut}", "",
              "| paper | run | set-up | round (median after the first) | validation | final evaluation | "
              "one run (estimate) | the grid x 5 seeds (estimate) |", "|---|---|---|---|---|---|---|---|"]
     for p in res["papers"].values():

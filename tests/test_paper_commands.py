@@ -60,3 +60,20 @@ def test_a_smoke_slice_times_every_paper(tmp_path):
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         pc.main(argv)
+
+
+def test_an_interrupted_timing_writes_the_slices_it_has(tmp_path, monkeypatch):
+    real, calls = pc.time_slice, []
+
+    def stop_on_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pc, "time_slice", stop_on_the_second)
+    pc.main(["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--out-dir", str(tmp_path)])
+    res = json.loads((tmp_path / "paper-commands-cpu.json").read_text())
+    assert res["interrupted"] and list(res["papers"]) == ["fednar"]
+    assert list(res["papers"]["fednar"]["rows"]) == ["method"]
+    assert "**Interrupted**" in (tmp_path / "paper-commands-cpu.md").read_text()
