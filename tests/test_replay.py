@@ -143,6 +143,32 @@ def test_copies_keep_the_switch_and_no_recording():
             assert twin.replay_stats()["recordings"] == 0
 
 
+def test_a_layout_is_one_int_in_the_key_shared_by_equal_layouts(monkeypatch):
+    """The key carries an interned id, not the tensors' layouts (hashing 62 shapes and strides every
+    step cost more than the rest of the key): equal layouts share an id, other layouts and a layout
+    forgotten and seen again get new ones."""
+    monkeypatch.setattr(_replay, "_INTERNED", type(_replay._INTERNED)())
+    monkeypatch.setattr(_replay, "_MAX_INTERNED", 2)
+    a, b = _replay._intern(("x", (3,), (1,))), _replay._intern(("x", (3,), (1,)))
+    assert a == b and isinstance(a, int)
+    c = _replay._intern(("y",))
+    assert c != a
+    _replay._intern(("z",))  # the table holds 2: ("x", ...) is forgotten
+    assert _replay._intern(("x", (3,), (1,))) not in (a, c)
+    # a plan rebuilt with the same tensors keeps its id, so its recordings still match
+    params = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(2, 3))]
+    cfg = catalogue.config("fednar", next(iter(catalogue.ALGOS["fednar"].options)))
+    opt = cfg.build(params, "reference")
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    opt.step()
+    first = _key_of(opt)
+    opt._plan = None  # rebuilt at the next step
+    opt.step()
+    assert _key_of(opt)[0] == first[0] and isinstance(first[0], int)
+
+
 def test_load_state_dict_drops_recordings_but_keeps_counts_and_off_reason():
     """Loaded state lives in new tensors, so recordings go; how earlier steps ran (and why replay
     was turned off) stays, as replay_stats promises for the optimizer's life."""

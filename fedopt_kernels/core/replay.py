@@ -54,6 +54,23 @@ def resolve_switch(replay: Optional[bool]) -> bool:
 
 
 _DATA_PTR = torch.Tensor.data_ptr
+_INTERNED: OrderedDict[tuple, int] = OrderedDict()
+_MAX_INTERNED = 1024
+_next_id = 0
+
+
+def _intern(layout: tuple) -> int:
+    """A small int standing for ``layout`` (equal layouts, equal ints): a launch key holds it instead
+    of the layout, so a step hashes and compares one int, not every tensor's shape and strides.
+    Ids are never reused; a layout forgotten (least recently interned) and seen again gets a new one."""
+    global _next_id
+    ident = _INTERNED.get(layout)
+    if ident is None:
+        ident = _INTERNED[layout] = _next_id
+        _next_id += 1
+        if len(_INTERNED) > _MAX_INTERNED:
+            _INTERNED.popitem(last=False)
+    return ident
 
 
 def _layout(t: torch.Tensor) -> tuple:
@@ -89,19 +106,22 @@ class StepReplay:
 
     # ------------------------------------------------------------------ keys
     @staticmethod
-    def plan_layout(plan: Any) -> tuple:
-        """What a plan fixes for its lifetime: the kernel and its own tensors' layouts (computed once)."""
+    def plan_layout(plan: Any) -> int:
+        """What a plan fixes for its lifetime: the kernel and its own tensors' layouts (computed and
+        interned once per plan; plans rebuilt with the same layout share the id, and the recordings)."""
         sig = getattr(plan, "replay_layout", None)
         if sig is None:
             lists = tuple(_list_layout(plan.lists[name]) for name in sorted(plan.lists))
-            sig = plan.replay_layout = (
-                plan.fn,
-                plan.backend,
-                plan.device,
-                _list_layout(plan.params),
-                lists,
-                tuple(plan.batch),
-                tuple(plan.present),
+            sig = plan.replay_layout = _intern(
+                (
+                    plan.fn,
+                    plan.backend,
+                    plan.device,
+                    _list_layout(plan.params),
+                    lists,
+                    tuple(plan.batch),
+                    tuple(plan.present),
+                )
             )
         return sig
 
@@ -112,7 +132,7 @@ class StepReplay:
         grads = plan.grads
         seen = getattr(plan, "replay_grads", None)
         if seen is None or seen[0] is not grads:
-            plan.replay_grads = seen = (grads, tuple([g.stride() for g in grads]))
+            plan.replay_grads = seen = (grads, _intern(tuple([g.stride() for g in grads])))
         return (tuple(map(_DATA_PTR, grads)), seen[1])
 
     def key(
