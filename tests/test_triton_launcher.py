@@ -439,3 +439,63 @@ def test_kernels_load_from_a_source_checkout_without_the_installed_mapping(tmp_p
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("triton_kernels/__init__.py")
+
+
+class _FakeCuda:
+    """Stands in for torch.cuda's pool API on a machine without CUDA, recording what happens."""
+
+    def __init__(self, fail_make=False, fail_enter=False):
+        self.current, self.events = 0, []
+        self.fail_make, self.fail_enter = fail_make, fail_enter
+        fake = self
+
+        class Pool:
+            def __init__(self):
+                if fake.fail_make:
+                    raise RuntimeError("no pools with this allocator")
+                self.device = fake.current  # a pool belongs to the device current at its creation
+
+        class Device:
+            def __init__(self, index):
+                self.index = index
+
+            def __enter__(self):
+                self.before, fake.current = fake.current, self.index
+
+            def __exit__(self, *exc):
+                fake.current = self.before
+
+        class Routing:
+            def __init__(self, pool, device):
+                assert pool.device == device, "a pool used on another device (torch asserts)"
+                self.device = device
+
+            def __enter__(self):
+                if fake.fail_enter:
+                    raise RuntimeError("cannot route")
+                fake.events.append(("enter", self.device))
+
+            def __exit__(self, *exc):
+                fake.events.append(("exit", self.device))
+
+        self.MemPool, self.device, self.use_mem_pool = Pool, Device, Routing
+
+
+@pytest.mark.parametrize("failure", [None, "make", "enter"])
+def test_tables_come_from_a_pool_of_the_plans_own_device(monkeypatch, failure):
+    """The private pool is made on the plan's device (not the current one: torch asserts otherwise),
+    routing ends after the build even when it raises, and a pool that cannot be had falls back to
+    the shared pool instead of failing the step."""
+    fake = _FakeCuda(fail_make=failure == "make", fail_enter=failure == "enter")
+    for name in ("MemPool", "device", "use_mem_pool"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(launcher, "_POOLS", {})
+    with launcher._table_pool(torch.device("cuda", 1)):
+        pass
+    with pytest.raises(ValueError):
+        with launcher._table_pool(torch.device("cuda", 1)):
+            raise ValueError("a failing build")
+    if failure is None:
+        assert fake.events == [("enter", 1), ("exit", 1)] * 2 and fake.current == 0
+    else:
+        assert fake.events == [] and launcher._POOLS[1] is None

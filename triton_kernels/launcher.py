@@ -267,25 +267,39 @@ def _cached(key: tuple, device: torch.device, build) -> LaunchPlan:
     return plan
 
 
-_POOLS: Dict[int, Any] = {}
+_POOLS: Dict[int, Any] = {}  # device index -> its MemPool, or None where pools are not to be had
 
 
+@contextlib.contextmanager
 def _table_pool(device: torch.device):
     """Allocate a plan's tables and buffers from a private CUDA memory pool. From the shared pool
     they would take the blocks the caching allocator hands to the next gradients, so a loop with
     ``zero_grad(set_to_none=True)`` would never see its gradient addresses again: every step would
-    miss this cache and none could be replayed (core/replay.py)."""
+    miss this cache and none could be replayed (core/replay.py). Where torch has no pools, or one
+    cannot be made, the tables come from the shared pool as before."""
     use, make = getattr(torch.cuda, "use_mem_pool", None), getattr(torch.cuda, "MemPool", None)
     if device.type != "cuda" or use is None or make is None:
-        return contextlib.nullcontext()
+        yield
+        return
     index = device.index if device.index is not None else torch.cuda.current_device()
-    pool = _POOLS.get(index)
-    if pool is None:
+    if index not in _POOLS:
         try:
-            pool = _POOLS[index] = make()
+            with torch.cuda.device(index):  # a pool belongs to the device current at its creation
+                _POOLS[index] = make()
         except (RuntimeError, TypeError):  # an allocator configuration without pools
-            return contextlib.nullcontext()
-    return use(pool, device=index)
+            _POOLS[index] = None
+    pool = _POOLS[index]
+    routing = use(pool, device=index) if pool is not None else None
+    try:
+        if routing is not None:
+            routing.__enter__()
+    except RuntimeError:
+        _POOLS[index] = routing = None
+    try:
+        yield
+    finally:
+        if routing is not None:
+            routing.__exit__(None, None, None)
 
 
 def _check_rowlen(rowlen: int, shape: tuple) -> None:
