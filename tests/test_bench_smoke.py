@@ -106,15 +106,9 @@ def test_an_interrupted_run_writes_the_rows_it_timed(tmp_path, monkeypatch):
     import bench.__main__ as bench_main
     import bench.runner as runner
 
-    real, calls = runner._case, []
+    from interrupt import interrupt_on_call
 
-    def stop_on_the_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(runner, "_case", stop_on_the_third)
+    monkeypatch.setattr(runner, "_case", interrupt_on_call(runner._case, 3))
     assert bench_main.main(["--smoke", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
     result = json.loads(next(tmp_path.glob("cpu-*-smoke.json")).read_text())
     assert result["interrupted"] is True and len(result["rows"]) == 2

@@ -63,15 +63,9 @@ def test_bad_arguments_are_refused(argv):
 
 
 def test_an_interrupted_timing_writes_the_slices_it_has(tmp_path, monkeypatch):
-    real, calls = pc.time_slice, []
+    from interrupt import interrupt_on_call
 
-    def stop_on_the_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pc, "time_slice", stop_on_the_second)
+    monkeypatch.setattr(pc, "time_slice", interrupt_on_call(pc.time_slice, 2))
     pc.main(["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--out-dir", str(tmp_path)])
     res = json.loads((tmp_path / "paper-commands-cpu.json").read_text())
     assert res["interrupted"] and list(res["papers"]) == ["fednar"]

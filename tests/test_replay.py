@@ -156,13 +156,7 @@ def test_a_layout_is_one_int_in_the_key_shared_by_equal_layouts(monkeypatch):
     _replay._intern(("z",))  # the table holds 2: ("x", ...) is forgotten
     assert _replay._intern(("x", (3,), (1,))) not in (a, c)
     # a plan rebuilt with the same tensors keeps its id, so its recordings still match
-    params = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(2, 3))]
-    cfg = catalogue.config("fednar", next(iter(catalogue.ALGOS["fednar"].options)))
-    opt = cfg.build(params, "reference")
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt.step()
-    opt.step()
+    params, opt = _two_fednar_steps()
     first = _key_of(opt)
     opt._plan = None  # rebuilt at the next step
     opt.step()
@@ -186,6 +180,18 @@ def test_load_state_dict_drops_recordings_but_keeps_counts_and_off_reason():
     assert stats["eager"] == 3 and not stats["on"] and stats["off_reason"] == "RuntimeError: not capturable"
 
 
+def _two_fednar_steps():
+    """Two parameters with gradients and a FedNAR optimizer past its first steps (its plan settled)."""
+    params = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(2, 3))]
+    cfg = catalogue.config("fednar", next(iter(catalogue.ALGOS["fednar"].options)))
+    opt = cfg.build(params, "reference")
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    opt.step()
+    return params, opt
+
+
 def _key_of(opt) -> tuple:
     plan = opt._plan
     k = opt._counter(plan.device)
@@ -195,13 +201,7 @@ def _key_of(opt) -> tuple:
 def test_the_key_follows_addresses_not_values():
     """Values written in place keep the key (the graph reads them); a gradient at another address
     or a new hp tensor changes it."""
-    params = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(2, 3))]
-    cfg = catalogue.config("fednar", next(iter(catalogue.ALGOS["fednar"].options)))
-    opt = cfg.build(params, "reference")
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt.step()
-    opt.step()
+    params, opt = _two_fednar_steps()
     key = _key_of(opt)
     for p in params:
         p.grad.mul_(2.0)

@@ -623,6 +623,9 @@ class FedOptimizer(Optimizer):
             or capturing(device)
         ):
             rep = None  # this step runs eagerly (docs/replay.md)
+        elif rep is not None and rep.off_reason is not None:
+            rep.stats["eager"] += 1  # replay is off for good: no key to build, no AMP buffers to fill
+            rep = None
         if rep is not None:  # GradScaler's new tensors each step: their values go into buffers a graph reads
             grad_scale, found_inf = rep.amp_buffers(device, grad_scale, found_inf)
         # plan.fn: the backend's kernel for this op, as core/registry.py's resolve() picked it from
