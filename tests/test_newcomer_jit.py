@@ -231,3 +231,12 @@ def test_an_extension_built_for_another_torch_is_rebuilt_not_loaded(monkeypatch,
     monkeypatch.setattr(_jit, "build", no_build)
     with pytest.warns(RuntimeWarning), pytest.raises(ImportError, match="built for torch .* not .*switched off"):
         _native.load_extension("_C_cpu")
+
+
+@pytest.mark.parametrize("version,release", [("2.14.1+cu130", "2.14.1"), ("2.12.0a0+git1234abc", "2.12.0"),
+                                             ("2.10.0", "2.10.0"), ("2.11.0.dev20260101", "2.11.0")])
+def test_torch_release_drops_local_and_pre_release_parts(version, release):
+    """A nightly's "2.12.0a0" is the 2.12.0 its headers say: no rebuild warning at every import."""
+    from fedopt_kernels.core.backends import _native
+
+    assert _native.torch_release(version) == release

@@ -4,8 +4,10 @@ helpful error, and register its ops, one generic wrapper per op of ``_ops.OPS``.
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 from types import ModuleType
+from typing import Optional
 
 from ..impl_table import register
 from ..ops import OPS
@@ -18,11 +20,15 @@ def status_file(ext: str) -> Path:
     return _PKG_DIR / f"{ext}.build-status.txt"
 
 
-def torch_release() -> str:
-    """This torch's MAJOR.MINOR.PATCH, as a build records it (``built_for_torch``)."""
-    import torch
+def torch_release(version: Optional[str] = None) -> str:
+    """This torch's MAJOR.MINOR.PATCH, as a build records it (``built_for_torch``): no local or
+    pre-release suffix, so "2.12.0a0+git1234" (a nightly) is "2.12.0"."""
+    if version is None:
+        import torch
 
-    return ".".join(torch.__version__.split("+")[0].split(".")[:3])
+        version = str(torch.__version__)
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return ".".join(found.groups()) if found else version
 
 
 def _say_stale(ext: str, why: str) -> None:
