@@ -233,6 +233,35 @@ def test_extension_errors_name_the_tensor():
     assert int(k) == 0, "a rejected call must not advance the step counter"
 
 
+def test_a_norm_ops_device_scratch_goes_back_through_the_optimizers_cache():
+    """The compiled ops return the scratch they used (the cuda norm ops' float64 buffer) and the
+    wrapper hands it back the next step through the optimizer's cache, so an eager GPU step allocates
+    nothing (a per-step allocation moved the next gradients, and steps stopped replaying)."""
+    from fedopt_kernels.core.backends._native import _wrap
+
+    seen, made = [], torch.zeros(3, dtype=torch.float64)
+
+    def ext_op(roles, *rest, scratch=None):
+        seen.append(scratch)
+        return made if scratch is None else scratch
+
+    op = _wrap(ext_op, "fednar", 2, "cuda", batched=False)
+    args = ([], [], [0], [0], None, None, None, 1, None, None, "cuda")
+    cache: dict = {}
+    op(*args, cache=cache)
+    op(*args, cache=cache)
+    op(*args)  # no cache (a step on copies of the parameters): nothing to hand back, nothing kept
+    assert seen[0] is None and seen[1] is made and seen[2] is None and cache["scratch"] is made
+    # the CPU kernels sum their norms on the stack: no scratch, so the cache stays without one
+    params = [torch.nn.Parameter(torch.randn(7)), torch.nn.Parameter(torch.randn(3, 2))]
+    opt = FedNAR(params, lr=0.1, weight_decay=0.01, max_norm=1.0, backend="cpu")
+    for _ in range(2):
+        for q in params:
+            q.grad = torch.randn_like(q)
+        opt.step()
+    assert "scratch" not in opt._plan.cache
+
+
 def test_available_backends_lists_cpu():
     assert "cpu" in fk.available_backends("cpu")
 

@@ -1,8 +1,8 @@
 // The one binding template both extensions use: every op of op_table.h (generated from
 // fedopt_kernels/core/ops.py) becomes a Python function
-// `_C_<device>.<op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf)`, and its
-// client-batched form `<op>_batched(..., active)`, that gathers the tensors, checks the scalars and
-// hands both to the device's kernels (`Dev::run(OpTag<spec::<op>, batched>{}, gathered, scalars)`).
+// `_C_<device>.<op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, scratch=None)`,
+// and its client-batched form `<op>_batched(..., active, scratch=None)`, that gathers the tensors, checks the scalars and
+// hands both to the device's kernels (`Dev::run(OpTag<spec::<op>, batched>{}, gathered, scalars, scratch)`).
 // `op_signature(op)` / `op_layout(op)` export each op's layout as the kernels index it, for the test
 // that holds the built extension against fedopt_kernels/core/ops.py.
 #pragma once
@@ -30,39 +30,55 @@ void check_device(const Gathered& gat, const at::Tensor& k) {
               c10::DeviceTypeName(Dev::kDevice), " tensor");
 }
 
-// clients > 0: the batched form (hp [batches, clients, cols], `active`)
+// clients > 0: the batched form (hp [batches, clients, cols], `active`). `scratch`: the device scratch
+// a previous step returned (a norm op's float64 buffer), reused when it is big enough; returned is the
+// scratch this step used (None where the device needs none), for the caller to hand back next time, so
+// a step allocates nothing: an allocation per step moves where the caching allocator puts the next
+// gradients, and a replayed step (fedopt_kernels/core/replay.py) needs them back at the same addresses.
 template <class Dev, class Op>
-void run_any(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
-             const at::Tensor& hp, const at::Tensor& k, const at::Tensor& table, int64_t decay_every,
-             const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
-             int64_t clients, const c10::optional<at::Tensor>& active) {
+c10::optional<at::Tensor> run_any(const RoleLists& lists, const std::vector<int64_t>& batch,
+                                  const std::vector<int64_t>& present, const at::Tensor& hp, const at::Tensor& k,
+                                  const at::Tensor& table, int64_t decay_every,
+                                  const c10::optional<at::Tensor>& grad_scale,
+                                  const c10::optional<at::Tensor>& found_inf, int64_t clients,
+                                  const c10::optional<at::Tensor>& active, const c10::optional<at::Tensor>& scratch) {
   const OpDesc& d = Op::desc();
   Gathered gat = gather(lists, batch, present, d.slots, d.name, Dev::kName, clients);
   if (gat.entries.empty()) gat.device = k.device();  // nothing to update: k still advances
   check_device<Dev>(gat, k);
   const StepScalars sc = check_scalars(d, gat, hp, k, table, decay_every, grad_scale, found_inf, Dev::kName,
                                        clients, active);
-  Dev::run(Op{}, gat, sc);
+  at::Tensor used = Dev::run(Op{}, gat, sc, scratch);
   gat.finish();
+  if (!used.defined()) return c10::nullopt;
+  return used;
 }
 
 template <class Dev, class Op>
-void run_op(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
-            const at::Tensor& hp, const at::Tensor& k, const at::Tensor& table, int64_t decay_every,
-            const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
-  run_any<Dev, Op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, 0, c10::nullopt);
+c10::optional<at::Tensor> run_op(const RoleLists& lists, const std::vector<int64_t>& batch,
+                                 const std::vector<int64_t>& present, const at::Tensor& hp, const at::Tensor& k,
+                                 const at::Tensor& table, int64_t decay_every,
+                                 const c10::optional<at::Tensor>& grad_scale,
+                                 const c10::optional<at::Tensor>& found_inf,
+                                 const c10::optional<at::Tensor>& scratch) {
+  return run_any<Dev, Op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, 0, c10::nullopt,
+                          scratch);
 }
 
 // the batched form: one more argument (active), and the client count from the hp tensor [B, C, cols]
 template <class Dev, class Op>
-void run_batched_op(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
-                    const at::Tensor& hp, const at::Tensor& k, const at::Tensor& table, int64_t decay_every,
-                    const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
-                    const c10::optional<at::Tensor>& active) {
+c10::optional<at::Tensor> run_batched_op(const RoleLists& lists, const std::vector<int64_t>& batch,
+                                         const std::vector<int64_t>& present, const at::Tensor& hp,
+                                         const at::Tensor& k, const at::Tensor& table, int64_t decay_every,
+                                         const c10::optional<at::Tensor>& grad_scale,
+                                         const c10::optional<at::Tensor>& found_inf,
+                                         const c10::optional<at::Tensor>& active,
+                                         const c10::optional<at::Tensor>& scratch) {
   const OpDesc& d = Op::desc();
   TORCH_CHECK(hp.dim() == 3, "fedopt_kernels ", Dev::kName, " ", d.name, ": hp must be [batches, clients, ",
               d.hps.size(), "], got ", hp.sizes());
-  run_any<Dev, Op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, hp.size(1), active);
+  return run_any<Dev, Op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, hp.size(1), active,
+                          scratch);
 }
 
 // (role names, hp names) as the kernels index them
@@ -98,9 +114,11 @@ void bind_op(pybind11::module& m) {
                                     py::arg("found_inf"));
   std::apply([&](auto... a) {
     m.def(Spec::kName, &run_op<Dev, OpTag<Spec, false>>,
-          "one step of this op (argument layout: fedopt_kernels/core/ops.py)", a...);
+          "one step of this op (argument layout: fedopt_kernels/core/ops.py); returns its device scratch",
+          a..., py::arg("scratch") = py::none());
     m.def(Spec::kBatchedName, &run_batched_op<Dev, OpTag<Spec, true>>,
-          "one step of this client-batched op (argument layout: fedopt_kernels/core/ops.py)", a..., py::arg("active"));
+          "one step of this client-batched op (argument layout: fedopt_kernels/core/ops.py); returns its device "
+          "scratch", a..., py::arg("active"), py::arg("scratch") = py::none());
   }, args);
 }
 

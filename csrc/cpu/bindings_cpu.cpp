@@ -19,13 +19,16 @@ struct Cpu {
   static constexpr c10::DeviceType kDevice = c10::DeviceType::CPU;
   static constexpr const char* kElsewhere = "use backend='cuda' or 'triton' for CUDA tensors";
 
-  // Per-client ops update every entry; batched ops their active clients' slices (step_rows.h).
+  // Per-client ops update every entry; batched ops their active clients' slices (step_rows.h). The
+  // norms are summed on the stack: no scratch to hand back.
   template <class Spec, bool Batched>
-  static void run(fo::OpTag<Spec, Batched> op, fo::Gathered& gat, const fo::StepScalars& sc) {
-    if (fo::cpu::skipped(sc)) return;
+  static at::Tensor run(fo::OpTag<Spec, Batched> op, fo::Gathered& gat, const fo::StepScalars& sc,
+                        const c10::optional<at::Tensor>& /*scratch*/) {
+    if (fo::cpu::skipped(sc)) return at::Tensor();
     if (Batched) fo::cpu::step<Spec>(fo::cpu::active_client_entries(gat, op.desc().slots, sc), gat, sc);
     else fo::cpu::step<Spec>(gat.entries, gat, sc);
     fo::cpu::advance_counters(sc);
+    return at::Tensor();
   }
 };
 

@@ -32,30 +32,37 @@ struct Cuda {
   static cudaStream_t stream(const at::Device& d) { return c10::cuda::getCurrentCUDAStream(d.index()).stream(); }
 
   // float64 scratch for the two-pass ops: per (client, chunk) partials, each client's norm, one
-  // factor per (batch, client)
-  static at::Tensor scratch(const fo::Gathered& gat, const fo::cuda::DeviceScalars& ds) {
+  // factor per (batch, client). The caller's `given` one (a previous step's) when it is big enough: a
+  // step that allocates moves the caching allocator's next gradients (core/replay.py).
+  static at::Tensor scratch(const fo::Gathered& gat, const fo::cuda::DeviceScalars& ds,
+                            const c10::optional<at::Tensor>& given) {
     const int64_t n = fo::cuda::two_pass_scratch(gat.entries.data(), static_cast<int>(gat.entries.size()),
                                                  static_cast<int>(gat.nbatches()), ds.clients);
+    if (given.has_value() && given->defined() && given->device() == gat.device &&
+        given->scalar_type() == at::kDouble && given->is_contiguous() && given->numel() >= n)
+      return *given;
     return at::empty({n}, at::TensorOptions().dtype(at::kDouble).device(gat.device));
   }
 
   // Per-client and client-batched ops (docs/client_batched.md) run the same kernels: for a batched op
   // gat.entries are the stacked tensors (numel per client), which the kernels split into clients
-  // arithmetically; sc.clients = C, sc.active the mask.
+  // arithmetically; sc.clients = C, sc.active the mask. Returns the scratch it used (norm ops).
   template <class Spec, bool Batched>
-  static void run(fo::OpTag<Spec, Batched>, fo::Gathered& gat, const fo::StepScalars& sc) {
+  static at::Tensor run(fo::OpTag<Spec, Batched>, fo::Gathered& gat, const fo::StepScalars& sc,
+                        const c10::optional<at::Tensor>& given) {
     const c10::cuda::CUDAGuard guard(gat.device);
     const fo::cuda::DeviceScalars ds = device(sc);
     const cudaStream_t st = stream(gat.device);
     if (gat.entries.empty()) {
       C10_CUDA_CHECK(fo::cuda::advance(ds, st));
-      return;
+      return given.has_value() ? *given : at::Tensor();
     }
-    const at::Tensor buf = Spec::kNorm ? scratch(gat, ds) : at::Tensor();
+    const at::Tensor buf = Spec::kNorm ? scratch(gat, ds, given) : at::Tensor();
     const fo::cuda::Launch launch{gat.entries.data(), static_cast<int>(gat.entries.size()), gat.present.data(),
                                   static_cast<int>(gat.nbatches()), Batched, gat.any_f64, ds,
                                   Spec::kNorm ? buf.data_ptr<double>() : nullptr, st};
     C10_CUDA_CHECK(fo::cuda::step<Spec>(launch));
+    return buf;
   }
 };
 

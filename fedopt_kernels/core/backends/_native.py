@@ -71,16 +71,22 @@ def load_extension(ext: str) -> ModuleType:
 
 
 def _wrap(fn, name: str, n_roles: int, backend: str, batched: bool):
-    """The registry's calling convention (schema order, optional ``cache``) -> the extension's."""
+    """The registry's calling convention (schema order, optional ``cache``) -> the extension's. A norm
+    op on a GPU returns its float64 scratch; with the optimizer's ``cache`` it is handed back the next
+    step, so an eager step allocates nothing (an allocation moves where the next gradients land, and
+    a replayed step needs them where they were; core/replay.py)."""
 
     def op(*args, cache=None):
         roles, rest = args[:n_roles], args[n_roles:]
+        scratch = cache.get("scratch") if cache is not None else None
         if batched:
             batch, present, hp, k, table, decay_every, grad_scale, found_inf, active, _backend = rest
-            fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, active)
+            used = fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, active, scratch=scratch)
         else:
             batch, present, hp, k, table, decay_every, grad_scale, found_inf, _backend = rest
-            fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf)
+            used = fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, scratch=scratch)
+        if cache is not None and used is not None:
+            cache["scratch"] = used
 
     op.__name__ = op.__qualname__ = f"{name}_{backend}"
     return op
