@@ -404,23 +404,34 @@ def test_client_batched_steps_replay_to_the_eager_bits(backend, algo):
     assert eb.replay_stats()["replayed"] > 0
 
 
+def _steps_at_fixed_addresses(algo: str, backend: str, replay: bool):
+    """An optimizer of ``algo``'s full option set in its first round, and ``next_step(k)``, which
+    writes step ``k``'s gradients into tensors kept at fixed addresses and returns its step inputs."""
+    cfg = catalogue.config(algo, catalogue.ALGOS[algo].full)
+    params = _params()
+    opt = cfg.build(params, backend, replay=replay)
+    order = [p for g in opt.param_groups for p in g["params"]]
+    opt.start_round(**cfg.round_inputs(order, 0))
+    slots = [torch.zeros_like(p) for p in params]
+    step_inputs = _StepInputs(cfg.step_inputs)
+
+    def next_step(k: int):
+        for p, s, g in zip(params, slots, _grads(params, k)):
+            s.copy_(g)
+            p.grad = s
+        return step_inputs(order, k)
+
+    return params, opt, next_step
+
+
 @gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("algo", list(catalogue.ALGOS))
 def test_replayed_and_recording_steps_never_sync(backend, algo):
     require(backend, "cuda")
-    cfg = catalogue.config(algo, catalogue.ALGOS[algo].full)
-    params = _params()
-    opt = cfg.build(params, backend, replay=True)
-    order = [p for g in opt.param_groups for p in g["params"]]
-    opt.start_round(**cfg.round_inputs(order, 0))
-    slots = [torch.zeros_like(p) for p in params]
-    step_inputs = _StepInputs(cfg.step_inputs)
+    params, opt, next_step = _steps_at_fixed_addresses(algo, backend, replay=True)
     for k in range(6):
-        for p, s, g in zip(params, slots, _grads(params, k)):
-            s.copy_(g)
-            p.grad = s
-        inputs = step_inputs(order, k)
+        inputs = next_step(k)
         if k < 2:
             opt.step(**inputs)
             continue
@@ -489,19 +500,10 @@ def test_an_eager_step_allocates_no_device_memory(backend, algo):
     never see an address set again and no step could replay. (On an H200 the cuda backend's FedNAR,
     which allocated its norm scratch every step, replayed 28 of 160 ResNet-18 steps.)"""
     require(backend, "cuda")
-    cfg = catalogue.config(algo, catalogue.ALGOS[algo].full)
-    params = _params()
-    opt = cfg.build(params, backend, replay=False)
-    order = [p for g in opt.param_groups for p in g["params"]]
-    opt.start_round(**cfg.round_inputs(order, 0))
-    slots = [torch.zeros_like(p) for p in params]
-    step_inputs = _StepInputs(cfg.step_inputs)
+    params, opt, next_step = _steps_at_fixed_addresses(algo, backend, replay=False)
     allocated = []
     for k in range(6):
-        for p, s, g in zip(params, slots, _grads(params, k)):
-            s.copy_(g)
-            p.grad = s
-        inputs = step_inputs(order, k)
+        inputs = next_step(k)
         before = torch.cuda.memory_stats()["allocation.all.allocated"]
         opt.step(**inputs)
         allocated.append(torch.cuda.memory_stats()["allocation.all.allocated"] - before)
