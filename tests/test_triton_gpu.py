@@ -183,3 +183,44 @@ def test_batched_step_never_synchronises_with_the_host(name):
     opt = _batched_builders()[name](ps)
     active = torch.tensor([True, False, True, True, False], device="cuda")
     _steps_never_sync(lambda: opt.step(active=active), warm=2)
+
+
+@needs_triton_cuda
+@pytest.mark.parametrize("name", sorted(_builders()))
+def test_gradients_at_new_addresses_never_synchronise_with_the_host(name):
+    """zero_grad(set_to_none=True): each step's new gradients get the plan's tables with their column
+    rewritten (a pinned, non-blocking copy), never a wait for the device."""
+    from fedopt_kernels.triton_kernels import launcher
+
+    ps = _params()
+    opt = _builders()[name](ps)
+    moved = launcher.stats["moved"]
+
+    def step():
+        _with_static_grads(ps)  # new tensors (the generator's values do not matter here)
+        opt.step()
+
+    _steps_never_sync(step, warm=2)
+    assert launcher.stats["moved"] > moved
+
+
+@needs_triton_cuda
+def test_a_capture_with_gradients_at_new_addresses_is_refused_and_changes_nothing():
+    """A new pointer table is copied from a host buffer a replay would re-read: a capture that needs
+    one raises, naming the CUDA graph, and leaves the parameters and step counter as they were."""
+    ps = _params()
+    opt = _builders()["fednar"](ps)
+    opt.start_round()
+    for _ in range(2):
+        _with_static_grads(ps)
+        opt.step()
+    _with_static_grads(ps)  # new addresses, allocated before the capture
+    before = [p.detach().clone() for p in ps]
+    k_before = opt.round_step
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="CUDA graph"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            opt.step()
+    assert opt.round_step == k_before
+    for a, b in zip(before, ps):
+        assert torch.equal(a, b.detach())

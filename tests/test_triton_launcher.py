@@ -34,7 +34,7 @@ TOL = {torch.float32: (2e-5, 2e-6), torch.float16: (5e-3, 5e-3), torch.bfloat16:
 @pytest.fixture(autouse=True)
 def _fresh_cache():
     launcher.clear_cache()
-    launcher.stats.update(builds=0, hits=0)
+    launcher.stats.update(builds=0, hits=0, moved=0)
     yield
     launcher.clear_cache()
 
@@ -127,9 +127,20 @@ def test_plan_is_reused_while_the_tensor_set_is_unchanged_and_rebuilt_when_it_ch
     old = ps[1].grad
     ps[1].grad = old.clone()  # a new gradient tensor (old kept alive: the address differs)
     opt.step()
-    assert launcher.stats["builds"] == builds + 1
+    # moved gradients: the plan's tables with the gradient column rewritten, nothing built
+    moved = opt._plan.cache["plan"]
+    assert launcher.stats["builds"] == builds and launcher.stats["moved"] == 1 and moved is not plan
+    g_col = launcher.spec_roles("sgd")[0].index("g")
+    assert moved.launches[0].meta[:, g_col].tolist() == [g.data_ptr() for g in (ps[0].grad, ps[1].grad, ps[2].grad)]
+    assert plan.launches[0].meta[:, g_col].tolist()[1] == old.data_ptr()  # the first plan is unchanged
     opt.step()
-    assert launcher.stats["builds"] == builds + 1
+    ps[1].grad = old  # back to the first address set: its plan again
+    opt.step()
+    assert opt._plan.cache["plan"] is plan and launcher.stats["moved"] == 1 and launcher.stats["builds"] == builds
+    ps[1].grad = old.t().contiguous().t() if old.dim() > 1 else torch.randn(15, device=DEVICE)[1:8]  # misaligned
+    assert ps[1].grad.data_ptr() % 16 != 0
+    opt.step()  # another layout: staged, so a plan of its own
+    assert launcher.stats["builds"] == builds + 1 and launcher.stats["moved"] == 1
 
     with torch.no_grad():
         ps[2].data = torch.zeros(64, device=DEVICE)  # new shape
@@ -173,6 +184,87 @@ def test_noncontiguous_and_misaligned_tensors_are_staged_and_correct():
         staged = {(role, i) for _, role, i, _, _ in _last_plan().staged}
         assert {("x", 0), ("x", 1), ("x", 2)} <= staged, (name, staged)
         assert ("x", 3) not in staged
+
+
+@pytest.mark.parametrize("op", sorted(BUILDERS))
+def test_gradients_at_new_addresses_every_step_give_the_bits_of_fixed_ones(op, monkeypatch):
+    """zero_grad(set_to_none=True): new gradient (and anchor gradient) tensors every step. The plan
+    made for them by rewriting the table (LaunchPlan.moved) must give the bits of gradients kept in
+    place, with staged parameters and gradients (transposed, misaligned) among the tensors."""
+    if INTERPRETED:
+        monkeypatch.setattr(launcher, "FORCE_TILE", (2, 64))
+    base = torch.randn(12, 10, device=DEVICE)
+    params = [torch.nn.Parameter(base.t()), torch.nn.Parameter(torch.randn(101, device=DEVICE)[1:]),
+              *_params([(130,), (17, 5), (1,)], seed=7)]
+
+    def laid_out(i: int, g: torch.Tensor) -> torch.Tensor:
+        """Gradient 0 transposed in memory, gradient 2 off 16-byte alignment: both are staged."""
+        if i == 0:
+            return g.t().contiguous().t()
+        if i == 2:
+            out = torch.empty(g.numel() + 1, dtype=g.dtype, device=g.device)[1:].view(g.shape)
+            return out.copy_(g)
+        return g
+
+    def run(moving: bool):
+        ps = _copy(params)
+        opt = BUILDERS[op](ps, "triton")
+        opt.start_round()
+        kept = [laid_out(i, torch.zeros_like(p)) for i, p in enumerate(ps)]
+        kept_anchor = [torch.zeros_like(p) for p in ps]
+        for s in range(5):
+            grads = [laid_out(i, g) for i, g in enumerate(_grads(ps, s))]
+            anchors = _grads(ps, 50 + s)
+            if not moving:
+                grads = [k.copy_(g) for k, g in zip(kept, grads)]
+                anchors = [k.copy_(g) for k, g in zip(kept_anchor, anchors)]
+            for p, g in zip(ps, grads):
+                p.grad = g
+            opt.step(**({"anchor_grads": anchors} if isinstance(opt, fk.PAdaMFed) else {}))
+        state = [t for p in ps for t in opt.state[p].values() if isinstance(t, torch.Tensor)]
+        return [p.detach().clone() for p in ps] + [t.clone() for t in state]
+
+    fixed = run(moving=False)
+    builds, moved = launcher.stats["builds"], launcher.stats["moved"]
+    launcher.clear_cache()
+    moving = run(moving=True)
+    assert launcher.stats["moved"] - moved >= 3 and launcher.stats["builds"] - builds <= 2
+    for a, b in zip(moving, fixed):
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("op", sorted(BUILDERS))
+def test_batched_gradients_at_new_addresses_give_the_bits_of_fixed_ones(op, monkeypatch):
+    """The client-batched form through an optimizer's cache: stacked gradients at new addresses each
+    step, client slices on and off 16-byte alignment ((65,) and (3, 30))."""
+    from fedopt_kernels.core.backends.triton import STEPS
+    from fedopt_kernels.core.ops import OPS
+
+    if INTERPRETED:
+        monkeypatch.setattr(launcher, "FORCE_TILE", (1, 64))
+    spec = OPS[f"{op}_batched"]
+    moving_lists = [1] + [2 + j for j, r in enumerate(spec.optional) if r.name == "anchor_grad"]
+    args = _batched_args(op, BATCHED_SHAPES, 3, amp=False)
+    n = len(spec.roles)
+
+    def run(moving: bool):
+        lists = [[t.clone() for t in lst] for lst in args[:n]]
+        rest = list(args[n:])
+        rest[3] = rest[3].clone()  # k
+        cache: dict = {}
+        for s in range(4):
+            for j in moving_lists:
+                fresh = [t * (1.0 + 0.25 * s) for t in args[j]]
+                lists[j] = fresh if moving else [k.copy_(f) for k, f in zip(lists[j], fresh)]
+            STEPS[f"{op}_batched"](*lists, *rest, "triton", cache=cache)
+        return [t for lst in lists for t in lst] + [rest[3]]
+
+    fixed = run(moving=False)
+    moved = launcher.stats["moved"]
+    moving = run(moving=True)
+    assert launcher.stats["moved"] - moved >= 3
+    for a, b in zip(moving, fixed):
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 # ---------------------------------------------------------------- the compiled kernels' 1-D path

@@ -31,6 +31,11 @@ Design (the same for every op):
   key made of every tensor's (data_ptr, shape, stride, dtype) and the device; it is rebuilt only
   when that set changes. The cache holds no reference to user tensors (a freed tensor's address
   may be reused by a new one with the same shape, which the same table serves correctly).
+* **Moved gradients.** ``zero_grad(set_to_none=True)`` gives each step new gradient tensors, maybe
+  at new addresses, with everything else in place. ``LaunchPlan.moved`` then makes the plan for
+  the new addresses from the old one: the same chunk maps, staging buffers and slots, and a copy of
+  each pointer table with the moved roles' column rewritten (one host-to-device copy per launch),
+  instead of building every table again.
 * **Deterministic global norms.** A norm pass runs ``min(tiles, MAX_NORM_PROGRAMS)`` programs;
   program ``p`` sums squares (in float64: no overflow or underflow for elements in [1e-30, 1e30])
   over tiles ``p, p + P, ...`` in a fixed order into slot ``slot_base + p`` of ``plan.partials``
@@ -50,6 +55,7 @@ this happens only on a cache miss, i.e. not in a steady-state or CUDA-graph-capt
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -138,6 +144,11 @@ class Launch:
     aligned: bool = True             # every role of every row is 16-byte aligned (the ROWS == 1 promise)
     fresh: int = 0                   # sgd_batched: the FRESH bit of this launch's batches
     consts: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # op -> its constexprs
+    # where each table row's addresses come from (LaunchPlan.moved): its source tensor (an index into
+    # LaunchPlan.sources) and client (0 for a per-client plan); and the table as built, on the host
+    row_source: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+    row_client: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+    host_meta: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -154,10 +165,55 @@ class LaunchPlan:
     hp_rows: int = 0                        # batched plans: B of hp [B, C, cols]
     seg: Optional[torch.Tensor] = None      # batched norm: int32 [launches, C + 1], slot where client c begins
     factors: Optional[torch.Tensor] = None  # batched norm: float32 [B * C], each hp row's update factor
+    role_names: Tuple[str, ...] = ()        # the pointer table's role columns, in order
+    sources: List[Tuple[int, int]] = field(default_factory=list)  # (batch, index in its lists) of each table tensor
+    device: Optional[torch.device] = None
+    columns: Dict[str, Tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)  # _column's
 
     @property
     def batched(self) -> bool:
         return self.clients > 0
+
+    def moved(self, roles: Sequence[Dict[str, List[torch.Tensor]]], moving: Sequence[str]) -> "LaunchPlan":
+        """This plan for ``roles``, whose ``moving`` roles (e.g. the gradients) may sit at other
+        addresses than the ones this plan was built for, with the same shapes, strides, dtypes and
+        16-byte alignment (so the same rows are staged and the same launches keep the 128-bit
+        promise; the caller checks that). Chunk maps, staging buffers and norm slots are shared;
+        each launch gets a copy of its pointer table with those roles' columns rewritten."""
+        cols = []
+        for role in moving:
+            if role not in self.role_names:
+                continue
+            col, keep, step = self._column(roles, role)
+            base = np.fromiter((roles[g][role][i].data_ptr() if role in roles[g] else 0 for g, i in self.sources),
+                               dtype=np.int64, count=len(self.sources))
+            cols.append((col, base, step, keep))
+        launches = []
+        assert self.device is not None
+        with _table_pool(self.device):
+            for lau in self.launches:
+                assert lau.host_meta is not None and lau.row_source is not None and lau.row_client is not None
+                host = lau.host_meta.copy()
+                src, client = lau.row_source, lau.row_client
+                for col, base, step, keep in cols:
+                    host[:, col] = np.where(keep[src], host[:, col], base[src] + client * step[src])
+                meta = _to_device(torch.from_numpy(host), self.device)
+                launches.append(dataclasses.replace(lau, meta=meta, host_meta=host))
+        return dataclasses.replace(self, launches=launches)
+
+    def _column(self, roles: Sequence[Dict[str, List[torch.Tensor]]], role: str) -> Tuple[int, np.ndarray, np.ndarray]:
+        """``role``'s table column; per source tensor, whether its column entry stays (the role is
+        absent, or staged: the row holds the buffer's address) and its client stride in bytes
+        (batched). Fixed by the plan's layout, so worked out once."""
+        known = self.columns.get(role)
+        if known is None:
+            staged = {(g, name, i) for g, name, i, _, _ in self.staged}
+            keep = [role not in roles[g] or (g, role, i) in staged for g, i in self.sources]
+            step = [0 if (k or not self.batched) else roles[g][role][i].stride(0) * roles[g][role][i].element_size()
+                    for k, (g, i) in zip(keep, self.sources)]
+            known = self.columns[role] = (self.role_names.index(role), np.asarray(keep, dtype=bool),
+                                          np.asarray(step, dtype=np.int64))
+        return known
 
     def stage_in(self, roles: Sequence[Dict[str, List[torch.Tensor]]]) -> None:
         """Copy the user's non-contiguous / misaligned tensors into the staging buffers."""
@@ -172,8 +228,8 @@ class LaunchPlan:
 
 
 _CACHE: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
-# Counters for the tests: how many plans were built, how many steps reused one.
-stats = {"builds": 0, "hits": 0}
+# Counters for the tests: plans built, steps that reused one, plans made for moved gradients.
+stats = {"builds": 0, "hits": 0, "moved": 0}
 
 
 def clear_cache() -> None:
@@ -252,12 +308,7 @@ def _cached(key: tuple, device: torch.device, build) -> LaunchPlan:
         _CACHE.move_to_end(key)
         stats["hits"] += 1
         return plan
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # the tables would be copied from a temporary host buffer that a replay would re-read
-        raise RuntimeError(
-            "the triton backend builds its pointer tables when it first sees a set of tensors; take one "
-            "eager step() before capturing a CUDA graph, and keep parameters, gradients and optimizer "
-            "state at fixed addresses while the graph is used")
+    refuse_while_capturing(device)
     with _table_pool(device):
         plan = build()
     _CACHE[key] = plan
@@ -265,6 +316,16 @@ def _cached(key: tuple, device: torch.device, build) -> LaunchPlan:
         _CACHE.popitem(last=False)
     stats["builds"] += 1
     return plan
+
+
+def refuse_while_capturing(device: torch.device) -> None:
+    """A new pointer table is copied from a temporary host buffer, which a graph replay would
+    re-read: never while a CUDA graph is being captured."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "the triton backend builds its pointer tables when it first sees a set of tensors; take one "
+            "eager step() before capturing a CUDA graph, and keep parameters, gradients and optimizer "
+            "state at fixed addresses while the graph is used")
 
 
 _POOLS: Dict[int, Any] = {}  # device index -> its MemPool, or None where pools are not to be had
@@ -309,8 +370,10 @@ def _check_rowlen(rowlen: int, shape: tuple) -> None:
 
 
 def _launch_of(rows_meta: List[List[int]], numels: List[int], nr: int, present: Tuple[str, ...], sig: tuple,
-               role_names: Tuple[str, ...], device: torch.device, interp: bool, **kw) -> Launch:
-    """One launch over the table rows ``rows_meta`` (their element counts ``numels``)."""
+               role_names: Tuple[str, ...], device: torch.device, interp: bool, sources: List[int],
+               clients: Optional[List[int]] = None, **kw) -> Launch:
+    """One launch over the table rows ``rows_meta`` (their element counts ``numels``; row ``j`` holds
+    the addresses of source tensor ``sources[j]``, client ``clients[j]``)."""
     rows, block = FORCE_TILE or pick_tile(numels, interp)
     chunks = _chunk_map(numels, block)
     n_chunks = chunks.shape[0]
@@ -319,11 +382,14 @@ def _launch_of(rows_meta: List[List[int]], numels: List[int], nr: int, present: 
         rows = min(rows, triton.next_power_of_2(n_chunks))
     dtypes = {name: tl.float32 for name in role_names}
     dtypes.update(zip(present, sig))
+    host = np.asarray(rows_meta, dtype=np.int64).reshape(len(rows_meta), nr)
     return Launch(
-        dtypes=dtypes, present=present,
-        meta=_to_device(torch.tensor(rows_meta, dtype=torch.int64).reshape(len(rows_meta), nr), device),
+        dtypes=dtypes, present=present, meta=_to_device(torch.from_numpy(host.copy()), device),
         chunks=_to_device(chunks.contiguous(), device),
-        n_chunks=n_chunks, rows=rows, block=block, n_tiles=(n_chunks + rows - 1) // rows, **kw)
+        n_chunks=n_chunks, rows=rows, block=block, n_tiles=(n_chunks + rows - 1) // rows,
+        row_source=np.asarray(sources, dtype=np.int64),
+        row_client=np.asarray(clients if clients is not None else [0] * len(sources), dtype=np.int64),
+        host_meta=host, **kw)
 
 
 def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> LaunchPlan:
@@ -331,6 +397,7 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
     nr = len(role_names) + 2
     launches: List[Launch] = []
     staged: List[Tuple[int, str, int, torch.Tensor, bool]] = []
+    sources: List[Tuple[int, int]] = []
     for g, r in enumerate(roles):
         present = tuple(name for name in role_names if name in r)
         n = len(r[role_names[0]])
@@ -344,7 +411,9 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
         for sig, idx in by_sig.items():
             rows_meta = []
             numels = []
+            first = len(sources)
             for i in idx:
+                sources.append((g, i))
                 addrs = []
                 for name in role_names:
                     if name not in r:
@@ -362,7 +431,7 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
                 rows_meta.append(addrs + [x.numel(), rowlen])
                 numels.append(x.numel())
             launches.append(_launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp,
-                                       group=int(rows_of[g])))
+                                       list(range(first, len(sources))), group=int(rows_of[g])))
     n_slots = 0
     partials = None
     if norm:
@@ -371,7 +440,8 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
             lau.slot_base = n_slots
             n_slots += lau.norm_programs
         partials = torch.zeros(max(1, n_slots), dtype=torch.float64, device=device)
-    return LaunchPlan(launches=launches, partials=partials, n_slots=n_slots, staged=staged)
+    return LaunchPlan(launches=launches, partials=partials, n_slots=n_slots, staged=staged, role_names=role_names,
+                      sources=sources, device=device)
 
 
 def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, device, norm, scale_role) -> LaunchPlan:
@@ -387,6 +457,7 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
     nr = len(role_names) + 4
     staged: List[Tuple[int, str, int, torch.Tensor, bool]] = []
     entries = []
+    sources: List[Tuple[int, int]] = []  # (batch, index) of each entry
     for g, r in enumerate(roles):
         present = tuple(name for name in role_names if name in r)
         for i, x in enumerate(r[role_names[0]]):
@@ -412,23 +483,25 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
             # roles whose 16-byte alignment the kernels may promise (never the per-row scale)
             checked = [j for j, name in enumerate(role_names) if name in r and name != scale_role]
             entries.append((int(rows_of[g]), present, sig, base, step, checked, per, rowlen, int(bool(fresh[g]))))
+            sources.append((g, i))
     # the interpreter's 2-D tiles make no alignment promise: no reason to launch apart
     split_aligned = not interp or FORCE_TILE is not None
-    groups: "OrderedDict[tuple, Tuple[list, list, list]]" = OrderedDict()
+    groups: "OrderedDict[tuple, Tuple[list, list, list, list]]" = OrderedDict()
     for c in range(C):
-        for row, present, sig, base, step, checked, per, rowlen, fr in entries:
+        for e, (row, present, sig, base, step, checked, per, rowlen, fr) in enumerate(entries):
             addrs = [b + c * s for b, s in zip(base, step)]
             aligned = not split_aligned or all(addrs[j] % 16 == 0 for j in checked)
-            rows_meta, numels, clients = groups.setdefault((present, sig, aligned, fr), ([], [], []))
+            rows_meta, numels, clients, srcs = groups.setdefault((present, sig, aligned, fr), ([], [], [], []))
             rows_meta.append(addrs + [row * C + c, c, per, rowlen])
             numels.append(per)
             clients.append(c)
+            srcs.append(e)
     launches: List[Launch] = []
     seg = []
     n_slots = 0
-    for (present, sig, aligned, fr), (rows_meta, numels, clients) in groups.items():
-        lau = _launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp, group=0, batched=True,
-                         aligned=aligned, fresh=fr)
+    for (present, sig, aligned, fr), (rows_meta, numels, clients, srcs) in groups.items():
+        lau = _launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp, srcs, clients, group=0,
+                         batched=True, aligned=aligned, fresh=fr)
         launches.append(lau)
         if norm:
             lau.norm_programs = lau.n_tiles
@@ -438,7 +511,8 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
             np.add.at(per_client, np.asarray(clients, dtype=np.int64) + 1, counts)
             seg.append(n_slots + np.cumsum(per_client))  # seg[c]: first slot of client c
             n_slots += lau.n_chunks
-    plan = LaunchPlan(launches=launches, partials=None, n_slots=n_slots, staged=staged, clients=C, hp_rows=hp_rows)
+    plan = LaunchPlan(launches=launches, partials=None, n_slots=n_slots, staged=staged, clients=C, hp_rows=hp_rows,
+                      role_names=role_names, sources=sources, device=device)
     if norm:
         if n_slots >= 2**31:
             raise ValueError(f"the triton backend's batched norm supports fewer than 2**31 chunks, got {n_slots}")

@@ -117,21 +117,29 @@ class OpArgs:
             raise ValueError(f"fedopt::{spec.name}: decay_every must be >= 1, got {self.decay_every}")
 
     def batches(self) -> List[Batch]:
-        """The parameters split by hp row, every optional role expanded, in first-seen row order."""
-        spec = self.spec
-        cursors = {r.name: 0 for r in spec.optional}
+        """The parameters split by hp row, every optional role expanded, in first-seen row order. The
+        lists may be the caller's own (one hp row): read them, never change them."""
+        spec, batch, present, lists = self.spec, self.batch, self.present, self.lists
+        optional = [(j, r.name) for j, r in enumerate(spec.optional)]
+        if batch and all(b == batch[0] for b in batch):  # one hp row: every list is already that row's
+            mask = present[batch[0]]
+            names = ["params", "grads"] + [name for j, name in optional if mask >> j & 1]
+            return [Batch(batch[0], {name: lists[name] for name in names})]
+        cursors = {name: 0 for _, name in optional}
         out: Dict[int, Batch] = {}
-        for i, b in enumerate(self.batch):
+        for i, b in enumerate(batch):
             bat = out.get(b)
+            mask = present[b]
             if bat is None:
-                names = ["params", "grads"] + [r.name for j, r in enumerate(spec.optional) if self.present[b] >> j & 1]
+                names = ["params", "grads"] + [name for j, name in optional if mask >> j & 1]
                 bat = out[b] = Batch(b, {name: [] for name in names})
-            bat.tensors["params"].append(self.lists["params"][i])
-            bat.tensors["grads"].append(self.lists["grads"][i])
-            for j, r in enumerate(spec.optional):
-                if self.present[b] >> j & 1:
-                    bat.tensors[r.name].append(self.lists[r.name][cursors[r.name]])
-                    cursors[r.name] += 1
+            tensors = bat.tensors
+            tensors["params"].append(lists["params"][i])
+            tensors["grads"].append(lists["grads"][i])
+            for j, name in optional:
+                if mask >> j & 1:
+                    tensors[name].append(lists[name][cursors[name]])
+                    cursors[name] += 1
         return list(out.values())
 
     @property

@@ -9,6 +9,8 @@ back to the host.
 
 With a ``cache`` from the optimizer, the plan is reused without re-reading every tensor's address:
 only the gradients (and per-step inputs) may differ between calls, and their addresses are compared.
+Gradients at new addresses with the same layout get the cached plan with their pointer-table
+column rewritten (``LaunchPlan.moved``), not a plan built from scratch.
 
 The client-batched ops (``<op>_batched``) run the same kernels over client slices of stacked
 tensors (``launcher.get_batched_plan``; design in ``docs/triton_batched.md``).
@@ -20,6 +22,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -33,6 +36,7 @@ except ImportError as exc:  # the registry reports this text as the reason
 from ..args import OpArgs
 from ..impl_table import register, register_device_check
 from ..ops import FRESH, OPS
+from ..replay import HISTORY
 
 
 def _import_kernels():
@@ -125,6 +129,18 @@ def _per_step_ptrs(a: OpArgs, per_step: List[str]) -> tuple:
     return (ptrs, tuple(a.present)) if a.spec.batched else ptrs
 
 
+def _per_step_layout(a: OpArgs, per_step: List[str]) -> tuple:
+    """What a plan fixes about the per-step tensors besides their addresses: strides and 16-byte
+    alignment (which tensors are staged, which launches keep the 128-bit promise), and the FRESH bits."""
+    return (tuple((t.stride(), t.data_ptr() % 16) for name in per_step for t in a.lists[name]), tuple(a.present))
+
+
+# plans an optimizer keeps for the address sets of its per-step tensors (gradients): the caching
+# allocator often hands a loop's gradients a few sets in turn, and a step replay records (a key
+# among the last HISTORY eager steps') must find its plan here, never build one while capturing
+MOVED_PLANS = HISTORY
+
+
 def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
     spec = a.spec
     names = tuple(r.short for r in spec.roles)
@@ -132,8 +148,25 @@ def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
     scale_role = next((r.short for r in spec.roles if r.per_row), None)
     # with the optimizer's cache only these lists can have changed since the plan was built
     per_step = ["grads"] + [r.name for r in spec.optional if not r.written and r.name == "anchor_grad"]
-    if cache is not None and "plan" in cache and cache.get("ptrs") == _per_step_ptrs(a, per_step):
-        return cache["plan"]
+    ptrs = _per_step_ptrs(a, per_step) if cache is not None else None
+    if cache is not None and "plan" in cache:
+        if cache["ptrs"] == ptrs:
+            return cache["plan"]
+        known = cache["by_ptrs"]
+        plan = known.get(ptrs)
+        if plan is None and cache["layout"] == _per_step_layout(a, per_step):
+            # moved gradients: the cached plan with their table columns rewritten (launcher.LaunchPlan.moved)
+            _launcher.refuse_while_capturing(a.device)
+            short = {r.name: r.short for r in spec.roles}
+            plan = cache["plan"].moved(_roles(a)[0], [short[name] for name in per_step])
+            _launcher.stats["moved"] += 1
+        if plan is not None:
+            known[ptrs] = plan
+            known.move_to_end(ptrs)
+            while len(known) > MOVED_PLANS:
+                known.popitem(last=False)
+            cache["plan"], cache["ptrs"] = plan, ptrs
+            return plan
     roles, rows = _roles(a)
     for r in roles:
         for role, ts in r.items():
@@ -147,8 +180,9 @@ def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
     else:
         plan = _launcher.get_plan(spec.name, roles, rows, names, written, a.device, spec.norm, scale_role)
     if cache is not None:
-        cache["plan"], cache["ptrs"] = plan, _per_step_ptrs(a, per_step)
-        cache["roles"] = roles
+        cache["plan"], cache["ptrs"] = plan, ptrs
+        cache["by_ptrs"] = OrderedDict([(ptrs, plan)])
+        cache["layout"] = _per_step_layout(a, per_step)
     return plan
 
 
