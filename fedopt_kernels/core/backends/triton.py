@@ -18,13 +18,14 @@ tensors (``launcher.get_batched_plan``; design in ``docs/triton_batched.md``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
 import sys
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -141,13 +142,34 @@ def _per_step_layout(a: OpArgs, per_step: List[str]) -> tuple:
 MOVED_PLANS = HISTORY
 
 
-def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
-    spec = a.spec
-    names = tuple(r.short for r in spec.roles)
-    written = tuple(r.short for r in spec.roles if r.written)
-    scale_role = next((r.short for r in spec.roles if r.per_row), None)
+class _OpRoles(NamedTuple):
+    """What the launcher needs to know of an op's roles (from its declaration, worked out once)."""
+
+    names: Tuple[str, ...]  # role short names: the pointer table's columns
+    written: Tuple[str, ...]  # roles the op stores into
+    scale_role: Optional[str]  # the per-row role, if any
+    per_step: List[str]  # role names whose tensors may change between an optimizer's steps
+    moving: List[str]  # their short names
+
+
+@functools.cache
+def _op_roles(op: str) -> _OpRoles:
+    spec = OPS[op]
     # with the optimizer's cache only these lists can have changed since the plan was built
     per_step = ["grads"] + [r.name for r in spec.optional if not r.written and r.name == "anchor_grad"]
+    short = {r.name: r.short for r in spec.roles}
+    return _OpRoles(
+        tuple(r.short for r in spec.roles),
+        tuple(r.short for r in spec.roles if r.written),
+        next((r.short for r in spec.roles if r.per_row), None),
+        per_step,
+        [short[name] for name in per_step],
+    )
+
+
+def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
+    spec = a.spec
+    names, written, scale_role, per_step, moving = _op_roles(spec.name)
     ptrs = _per_step_ptrs(a, per_step) if cache is not None else None
     if cache is not None and "plan" in cache:
         if cache["ptrs"] == ptrs:
@@ -157,8 +179,7 @@ def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
         if plan is None and cache["layout"] == _per_step_layout(a, per_step):
             # moved gradients: the cached plan with their table columns rewritten (launcher.LaunchPlan.moved)
             _launcher.refuse_while_capturing(a.device)
-            short = {r.name: r.short for r in spec.roles}
-            plan = cache["plan"].moved(_roles(a)[0], [short[name] for name in per_step])
+            plan = cache["plan"].moved(_roles(a)[0], moving)
             _launcher.stats["moved"] += 1
         if plan is not None:
             known[ptrs] = plan
