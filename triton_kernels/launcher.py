@@ -171,7 +171,7 @@ class LaunchPlan:
                 roles[g][role][i].copy_(buf)
 
 
-_CACHE: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
+_CACHE: OrderedDict[tuple, LaunchPlan] = OrderedDict()
 # Counters for the tests: how many plans were built, how many steps reused one.
 stats = {"builds": 0, "hits": 0}
 
@@ -335,7 +335,7 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
         present = tuple(name for name in role_names if name in r)
         n = len(r[role_names[0]])
         # split the group by dtype signature, keeping first-seen order (deterministic)
-        by_sig: "OrderedDict[tuple, List[int]]" = OrderedDict()
+        by_sig: OrderedDict[tuple, List[int]] = OrderedDict()
         for i in range(n):
             if r[role_names[0]][i].numel() == 0:
                 continue  # zero-size: nothing to do, nothing in the table
@@ -414,7 +414,7 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
             entries.append((int(rows_of[g]), present, sig, base, step, checked, per, rowlen, int(bool(fresh[g]))))
     # the interpreter's 2-D tiles make no alignment promise: no reason to launch apart
     split_aligned = not interp or FORCE_TILE is not None
-    groups: "OrderedDict[tuple, Tuple[list, list, list]]" = OrderedDict()
+    groups: OrderedDict[tuple, Tuple[list, list, list]] = OrderedDict()
     for c in range(C):
         for row, present, sig, base, step, checked, per, rowlen, fr in entries:
             addrs = [b + c * s for b, s in zip(base, step)]

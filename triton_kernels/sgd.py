@@ -25,8 +25,20 @@ import triton.language as tl
 
 from .jit_mode import device_fn
 from .launcher import Launch, launch_options, spec_columns, spec_roles, spec_slots
-from .tiles import (add_terms, chunk_of, client_active, hp_f32, inv_scale, live_step, load_f32, lr_at_step,
-                    row_client, row_index, store_as, tile_rows)
+from .tiles import (
+    add_terms,
+    chunk_of,
+    client_active,
+    hp_f32,
+    inv_scale,
+    live_step,
+    load_f32,
+    lr_at_step,
+    row_client,
+    row_index,
+    store_as,
+    tile_rows,
+)
 
 # role slots and hp columns, from the op's declaration (fedopt_kernels/core/ops.py)
 ROLES, WRITTEN = spec_roles("sgd")

@@ -10,7 +10,6 @@ Client-batched launches (``BATCHED``) address *virtual tensors*: one client's sl
 Their hyperparameters are then per tensor, i.e. per row of a 2-D tile: ``[ROWS, 1]`` vectors
 where the per-client kernels have scalars (the kernels' ``VEC`` switch).
 """
-import triton
 import triton.language as tl
 
 from .jit_mode import device_fn, interpreted
@@ -185,9 +184,9 @@ def lr_at_step(k, table_ptr, table_len, decay_every, lr):
 
 
 @device_fn
-def hp_f32(row_ptr, I: tl.constexpr):
-    """Column ``I`` of this launch's float64 hp row, as the float32 the math uses."""
-    return tl.load(row_ptr + I).to(tl.float32)
+def hp_f32(row_ptr, COL: tl.constexpr):
+    """Column ``COL`` of this launch's float64 hp row, as the float32 the math uses."""
+    return tl.load(row_ptr + COL).to(tl.float32)
 
 
 @device_fn

@@ -48,6 +48,7 @@ from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, st
 OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}
 # a per-client op calls _SHARDED.reduce(partials) between its passes, when set (sharded parameters)
 from fedopt_kernels.core.between_passes import current as _SHARDED  # noqa: E402
+
 # clients per program of advance_kernel
 ADVANCE_BLOCK = 1024
 # finalize_kernel under the interpreter: (clients per program, slots per lane block); compiled it runs

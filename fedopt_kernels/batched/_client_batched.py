@@ -13,10 +13,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..core.optimizer import ROUND_KEY, FedOptimizer
 from ..core.ops import FRESH
-from ..core.plan_inputs import param_name
+from ..core.optimizer import ROUND_KEY, FedOptimizer
 from ..core.plan import refuse_in_capture
+from ..core.plan_inputs import param_name
 
 
 def _per_client(name: str, value: Any, C: int, cast: Callable[[str, Any], Any]) -> Optional[List]:

@@ -131,7 +131,7 @@ class Algorithm:
         return f"Algorithm({self.name!r}, op={self.op.name!r}, variants={[v.name for v in self.variants]})"
 
     # ------------------------------------------------------------------ run settings
-    def hparams(self, cfg: "RunSettings", variant: Variant) -> Dict[str, Any]:
+    def hparams(self, cfg: RunSettings, variant: Variant) -> Dict[str, Any]:
         """lr, server_lr, beta, prox_mu, clip_norm, round_decay (+ ``dyn_alpha``) with defaults applied."""
         beta = variant.beta if variant.beta is not None else variant.defaults.get("beta", 1.0)
         return {
@@ -143,7 +143,7 @@ class Algorithm:
             "round_decay": 1.0 if cfg.round_decay is None else cfg.round_decay,
         }
 
-    def check(self, cfg: "RunSettings", variant: Variant) -> None:
+    def check(self, cfg: RunSettings, variant: Variant) -> None:
         """Refuse (ValueError naming it) a run setting that does not apply to this algorithm."""
         for f in dataclasses.fields(cfg):
             name = f.name
@@ -159,12 +159,12 @@ class Algorithm:
                              f"use another algorithm name for other decay factors")
 
     # ------------------------------------------------------------------ the client side of a round
-    def make(self, params: Tensors, cfg: "RunSettings", variant: Variant, hp: Mapping[str, Any], backend: str,
+    def make(self, params: Tensors, cfg: RunSettings, variant: Variant, hp: Mapping[str, Any], backend: str,
              batched: bool = False) -> torch.optim.Optimizer:
         """This run's client optimizer on ``params`` (its client-batched form with ``batched``)."""
         raise NotImplementedError
 
-    def state_copies(self, cfg: "RunSettings", variant: Variant) -> int:
+    def state_copies(self, cfg: RunSettings, variant: Variant) -> int:
         """Optimizer state tensors per parameter per client (the client-parallel memory estimate)."""
         raise NotImplementedError
 
@@ -173,7 +173,7 @@ class Algorithm:
         return None
 
     def calibrate(self, model: torch.nn.Module, data: Sequence[Tuple[torch.Tensor, torch.Tensor]],
-                  cfg: "RunSettings") -> Dict[str, Any]:
+                  cfg: RunSettings) -> Dict[str, Any]:
         """Round inputs a client computes from the received model on its own data (FedNLR's scales)."""
         return {}
 

@@ -15,9 +15,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from . import algorithm
-from ..core.optimizer import FedOptimizer
 from ..core.ops import OpSpec
+from ..core.optimizer import FedOptimizer
+from . import algorithm
 
 Tensors = List[torch.Tensor]
 

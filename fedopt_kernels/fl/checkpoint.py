@@ -37,7 +37,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterator, IO, List, Mapping, Optional, Tuple, Union
+from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch

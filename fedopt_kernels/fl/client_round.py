@@ -13,7 +13,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
-
 from torch.nn import functional as F
 
 from .config import FLConfig

@@ -125,7 +125,7 @@ class FLConfig:
         return max(1, int(round(self.sample_rate * self.num_train_clients)))
 
     # ------------------------------------------------------------------ checks
-    def validate(self) -> "FLConfig":
+    def validate(self) -> FLConfig:
         """Raise ValueError naming the first parameter that is out of range; return self."""
         self.validate_algorithm()
         return self
@@ -169,7 +169,7 @@ class FLConfig:
         """Client lr, server lr, beta, prox_mu, clip_norm, round_decay (+ the algorithm's own) with defaults."""
         return self.algo.hparams(self, self.variant)
 
-    def replace(self, **changes: Any) -> "FLConfig":
+    def replace(self, **changes: Any) -> FLConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> Dict[str, Any]:

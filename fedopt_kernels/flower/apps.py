@@ -28,8 +28,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..fl.checkpoint import atomic_file
 from ..sim.config import SimConfig
-from ..sim.simulation import Simulation
 from ..sim.evaluate import pooled_metrics
+from ..sim.simulation import Simulation
 from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
 from .records import from_record, logger, to_record

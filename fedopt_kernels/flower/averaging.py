@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..fl.server_rules import ServerRule
 from ..fl.config import FLConfig
+from ..fl.server_rules import ServerRule
 from .base import FedOptStrategy
 
 

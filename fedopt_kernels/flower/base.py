@@ -31,11 +31,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from ..fl.server_rules import RULES, ServerRule
 from ..fl.checkpoint import CheckpointDir, plain_settings
 from ..fl.config import FLConfig
-from .records import (BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric,
-                      to_record)
+from ..fl.server_rules import RULES, ServerRule
+from .records import BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric, to_record
 from .resume import metric_dicts
 from .settings import CHECKPOINTED, RESUMED_AT, round_config
 

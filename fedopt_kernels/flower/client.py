@@ -25,9 +25,9 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from ..fl.server_rules import RULES
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers, loss_and_correct
+from ..fl.server_rules import RULES
 from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
 from .settings import read_round_config
 

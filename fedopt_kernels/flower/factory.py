@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..fl.server_rules import RULES
 from ..fl.config import FLConfig
+from ..fl.server_rules import RULES
 from .averaging import AveragingStrategy
 from .base import FedOptStrategy
 from .padamfed import InitialControlsStrategy

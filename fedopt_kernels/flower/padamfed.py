@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..fl.server_rules import ServerRule
 from ..fl.config import FLConfig
+from ..fl.server_rules import ServerRule
 from .base import INIT_MESSAGE_TYPE, FedOptStrategy, check_count
 
 __all__ = ["INIT_MESSAGE_TYPE", "InitialControlsStrategy", "PAdaMFedStrategy"]

@@ -7,12 +7,12 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from ..fl import algorithm
-from ..core.ops import BATCHED
-from .sgd import SGDAlgorithm, SGDFamily
-from ..fl.algorithm import BenchCase, Variant
 from ..batched._client_batched import ClientBatched
+from ..core.ops import BATCHED
 from ..core.schedules import DecaySchedule, ScheduleLike
+from ..fl import algorithm
+from ..fl.algorithm import BenchCase, Variant
+from .sgd import SGDAlgorithm, SGDFamily
 
 
 class FedDecaySGD(SGDFamily):

@@ -6,21 +6,21 @@ as the state tensor the step reads (negation is exact), so a step makes no copy 
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..fl import algorithm
-from ..core.optimizer import ROUND_KEY, check_tensor_list, round_entry, check_number
-from ..core.ops import BATCHED
-from .sgd import SGDAlgorithm, SGDFamily
-from ..fl.algorithm import BenchCase, Variant
 from ..batched._client_batched import ClientBatched
-from .feddecay import FedDecaySGD
+from ..core.ops import BATCHED
+from ..core.optimizer import ROUND_KEY, check_number, check_tensor_list, round_entry
 from ..core.schedules import DecaySchedule, ScheduleLike
+from ..fl import algorithm
+from ..fl.algorithm import BenchCase, Variant
+
 # re-exported here: the rule and its arithmetic live beside the other rules'
 from ..fl.server_rules import FedDynRule, feddyn_server_step
+from .feddecay import FedDecaySGD
+from .sgd import SGDAlgorithm, SGDFamily
 
 Tensors = List[torch.Tensor]
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional
 
-from ..fl import algorithm
-from ..core.optimizer import FedOptimizer, check_number
-from ..core.ops import BATCHED, FEDNAR
-from ..fl.server_rules import RULES
-from ..fl.algorithm import Algorithm, BenchCase, Variant
 from ..batched._client_batched import ClientBatched
+from ..core.ops import BATCHED, FEDNAR
+from ..core.optimizer import FedOptimizer, check_number
+from ..fl import algorithm
+from ..fl.algorithm import Algorithm, BenchCase, Variant
+from ..fl.server_rules import RULES
 
 
 class FedNAR(FedOptimizer):

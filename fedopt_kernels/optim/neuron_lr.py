@@ -7,13 +7,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..core import dtensor as _dtensor
-from ..fl import algorithm
-from ..core.optimizer import state_dtype
-from ..core.ops import BATCHED
-from .sgd import SGDAlgorithm, SGDFamily
-from ..fl.algorithm import BenchCase, Variant
 from ..batched._client_batched import ClientBatched
+from ..core import dtensor as _dtensor
+from ..core.ops import BATCHED
+from ..core.optimizer import state_dtype
+from ..fl import algorithm
+from ..fl.algorithm import BenchCase, Variant
+from .sgd import SGDAlgorithm, SGDFamily
 
 
 class NeuronLRSGD(SGDFamily):
@@ -163,10 +163,10 @@ def neuron_lr_scales(model: nn.Module, batches: Iterable, layers: Optional[Seque
     # forward order (hence which layer is "last", kept raw above) is fixed by the first batch
     L = len(order)
     out: Dict[torch.Tensor, torch.Tensor] = {}
-    for l, module in enumerate(order, start=1):
+    for layer_no, module in enumerate(order, start=1):  # l in the docstring
         hbar = sums[id(module)] / max(counts[id(module)], 1)
         M = hbar.numel()
-        mu = mu0 + c1 * l / L + c2 * math.log10(M)
+        mu = mu0 + c1 * layer_no / L + c2 * math.log10(M)
         spread = float(hbar.max() - hbar.min())
         if spread < 1e-12 or mu <= 1 or not math.isfinite(spread):
             r = torch.ones(M, dtype=torch.float64, device=hbar.device)

@@ -6,12 +6,12 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..core import dtensor as _dtensor
-from ..fl import algorithm
-from ..core.optimizer import FedOptimizer, check_tensor_list, check_number, state_dtype
-from ..core.ops import BATCHED, PADAMFED
-from ..fl.algorithm import Algorithm, BenchCase, Variant
 from ..batched._client_batched import ClientBatched
+from ..core import dtensor as _dtensor
+from ..core.ops import BATCHED, PADAMFED
+from ..core.optimizer import FedOptimizer, check_number, check_tensor_list, state_dtype
+from ..fl import algorithm
+from ..fl.algorithm import Algorithm, BenchCase, Variant
 
 
 class PAdaMFed(FedOptimizer):

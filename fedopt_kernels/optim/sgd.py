@@ -5,10 +5,10 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from ..core.optimizer import FedOptimizer, check_number
-from ..fl.server_rules import RULES
-from ..fl.algorithm import Algorithm, Variant
 from ..core.ops import SGD
+from ..core.optimizer import FedOptimizer, check_number
+from ..fl.algorithm import Algorithm, Variant
+from ..fl.server_rules import RULES
 
 
 class SGDFamily(FedOptimizer):

@@ -53,7 +53,7 @@ class SimConfig(FLConfig):
     cuda_graph: bool = False                 # client-parallel on CUDA: replay each local step from a CUDA graph
 
     # ------------------------------------------------------------------ checks
-    def validate(self) -> "SimConfig":
+    def validate(self) -> SimConfig:
         """Raise ValueError naming the first parameter that is out of range; return self."""
         choice, integer, number = check_choice, check_integer, check_real
         choice("algorithm", self.algorithm, ALGORITHMS)

@@ -26,8 +26,8 @@ def pooled_metrics(model: nn.Module, clients: Sequence[ClientData], split: str) 
         x, y = getattr(c, f"{split}_x"), getattr(c, f"{split}_y")
         if y.shape[0] == 0:
             continue
-        l, k = loss_and_correct(model, x, y)
-        loss, correct, n = loss + l, correct + k, n + y.shape[0]
+        batch_loss, k = loss_and_correct(model, x, y)
+        loss, correct, n = loss + batch_loss, correct + k, n + y.shape[0]
     return {"loss": loss / max(n, 1), "acc": correct / max(n, 1)}
 
 

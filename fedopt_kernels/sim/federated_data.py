@@ -40,7 +40,7 @@ class FederatedData:
     num_classes: int
     input_spec: Optional[InputSpec] = None  # raw-pixel data sets: the model's input stage
 
-    def to_dtype(self, dtype: torch.dtype) -> "FederatedData":
+    def to_dtype(self, dtype: torch.dtype) -> FederatedData:
         """The same users with floating-point inputs cast to ``dtype`` (raw uint8 pixels and labels as they are)."""
         def cast(c: ClientData) -> ClientData:
             return ClientData(c.client_id, *(t.to(dtype) if t.is_floating_point() else t for t in

@@ -113,9 +113,9 @@ class BatchedClients:
         updates: List[ClientUpdate] = []
         losses: List[float] = []
         for i in range(0, len(sampled), self.size):
-            u, l = self._chunk(list(sampled[i:i + self.size]), t)
-            updates += u
-            losses += l
+            chunk_updates, chunk_losses = self._chunk(list(sampled[i:i + self.size]), t)
+            updates += chunk_updates
+            losses += chunk_losses
         return updates, losses
 
     def _round_inputs(self, chunk: List[int], t: int, stacked: List[torch.Tensor]) -> Dict[str, Any]:

@@ -147,7 +147,7 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     for k, v in server.items():
         _check_like(f"server state {k!r}", v, st.state[k])
     kept = {int(cid): [t.to(dev) for t in v] for cid, v in state["kept"].items()}
-    for cid, v in kept.items():
+    for cid in kept:
         if not 0 <= cid < sim.cfg.num_train_clients:
             raise ValueError(f"checkpoint keeps state of client {cid}, which this run does not have")
     if state["stream_ids"] != sorted(sim.streams):

@@ -119,7 +119,7 @@ class Simulation:
                 p.copy_(g)
 
     @torch.no_grad()
-    def sync_from(self, other: "Simulation") -> None:
+    def sync_from(self, other: Simulation) -> None:
         """Take over ``other``'s global model and server state (same config, other backend).
 
         Client-side state needs no copy: every round starts it afresh (momentum cleared, FedNLR scales

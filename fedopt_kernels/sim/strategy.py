@@ -36,7 +36,7 @@ class RoundHost(Protocol):
     global_params: Tensors                  # the server's model, one tensor per parameter
     train_clients: List[ClientData]         # by client id
     streams: Mapping[int, BatchStream]      # each training client's batches, by client id
-    strategy: "Strategy"
+    strategy: Strategy
 
     def load_global(self) -> None:
         """Copy the global model into ``model``."""

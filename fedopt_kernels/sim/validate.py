@@ -83,7 +83,7 @@ class Validation:
     acc_tol: float = ACC_TOL
     reference: str = "reference"                                  # what it was checked against (label)
     dtype: str = "float32"                                        # precision both sides ran in
-    parts: List["Validation"] = field(default_factory=list)      # further checks of the same claim
+    parts: List[Validation] = field(default_factory=list)      # further checks of the same claim
 
     @property
     def max_rel(self) -> float:

@@ -28,8 +28,13 @@ from ..config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS,
 from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
-from .run_folder import check_checkpoint_flags, checkpoint_folders, choose_out_dir, clear_earlier_run
-from .run_folder import refuse_earlier_checkpoints
+from .run_folder import (
+    check_checkpoint_flags,
+    checkpoint_folders,
+    choose_out_dir,
+    clear_earlier_run,
+    refuse_earlier_checkpoints,
+)
 
 SEQUENTIAL = "sequential"  # --validate sequential: the client-parallel run against the sequential one
 # on the default run one checkpoint costs 12-15% of a round (four fsyncs dominate a 37 KiB state), so
@@ -262,7 +267,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         bar = _progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
         bar.update(len(sim.history))
 
-        def tick(rec: Dict[str, Any]) -> None:
+        def tick(rec: Dict[str, Any], bar: Any = bar) -> None:  # bound: this seed's bar
             bar.update(1)
             if "val_acc" in rec:
                 bar.set_postfix(loss=f"{rec['train_loss']:.3f}", val_acc=f"{rec['val_acc']:.3f}")
@@ -316,10 +321,10 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     for cfg in configs:
         bar = _progress_bar(cfg.rounds, f"validate {args.validate} seed {cfg.seed}", args.quiet)
         if args.validate == SEQUENTIAL:
-            v = validate_client_parallel(cfg, args.param_rtol, args.acc_tol, on_round=lambda _: bar.update(1))
+            v = validate_client_parallel(cfg, args.param_rtol, args.acc_tol, on_round=lambda _, bar=bar: bar.update(1))
         else:
             v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol,
-                                 on_round=lambda _: bar.update(1))
+                                 on_round=lambda _, bar=bar: bar.update(1))
         bar.close()
         # the verdict line names the run: the main job's four --quiet runs in a row stay readable
         print(f"seed {cfg.seed}: {v.report(name=f'{cfg.algorithm} ({v.reference} vs {v.backend}, seed {cfg.seed})')}")
@@ -367,7 +372,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             try:
                 args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)
             except ValueError as exc:  # the backend --validate names, not --backend
-                raise ValueError(str(exc).replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1))
+                raise ValueError(
+                    str(exc).replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1)
+                ) from exc
     except ValueError as exc:  # bad input: name the option, exit 2 (like argparse)
         parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
     from ...core.extras import MissingExtra

@@ -32,7 +32,7 @@ CIFAR_STATS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _layout(name: str) -> Dict[str, Any]:
     if name == "cifar10":
         return dict(folder="cifar-10-batches-py", train=[f"data_batch_{i}" for i in range(1, 6)], test=["test_batch"],

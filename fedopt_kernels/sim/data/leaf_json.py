@@ -22,7 +22,7 @@ Arrays = Tuple[np.ndarray, np.ndarray]
 Decoder = Callable[[Path, str, int, dict, Callable[[Path, str], ValueError]], Arrays]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _failer(how_to_get: str) -> Callable[[Path, str], ValueError]:
     def fail(path: Path, msg: str) -> ValueError:
         return ValueError(f"{str(path)!r}: {msg}. {how_to_get}")
@@ -34,7 +34,7 @@ def read_file(path: Path, decode: Decoder, how_to_get: str) -> Dict[str, Arrays]
     """One LEAF JSON file as {user id: (x, y)}; a malformed file is a ValueError naming it."""
     fail = _failer(how_to_get)
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             obj = json.load(f)
     except json.JSONDecodeError as exc:
         raise fail(path, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); the file is "
