@@ -3,6 +3,7 @@
 Public names (docs/algorithms.md): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, neuron_lr_scales, FedNAR,
 PAdaMFed, theory_hparams, FedDyn, available_backends.
 """
+
 from .core.registry import available_backends
 
 # each algorithm's module registers its descriptor (fedopt_kernels.fl.algorithm) on import, in this order

@@ -47,6 +47,7 @@ Design (the same for every op):
 Building a plan copies the tables to the device (pinned + non_blocking on CUDA: no host sync);
 this happens only on a cache miss, i.e. not in a steady-state or CUDA-graph-captured step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -86,6 +87,7 @@ def spec_columns(op: str, *names: str) -> Tuple[tl.constexpr, ...]:
     spec = OPS[op]
     return tuple(tl.constexpr(spec.hp_index(n)) for n in names) + (tl.constexpr(len(spec.hps)),)
 
+
 # Compiled (GPU) tile: one chunk of 2048 elements per program, 8 warps -> 8 elements per thread,
 # i.e. two 128-bit accesses per float32 tensor per thread; keeps the fullest variant (sgd with
 # momentum, x0, correction and scales) near 70 registers (16 elements/thread needed ~150).
@@ -105,8 +107,17 @@ FORCE_TILE: Optional[Tuple[int, int]] = None
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 # how error messages name the kernels' roles
-ROLE_NAMES = {"x": "parameter", "g": "gradient", "buf": "momentum_buffer", "x0": "x0 (FedProx anchor)",
-              "corr": "correction", "scale": "neuron_scale", "D": "D", "acc": "acc", "H": "anchor_grad"}
+ROLE_NAMES = {
+    "x": "parameter",
+    "g": "gradient",
+    "buf": "momentum_buffer",
+    "x0": "x0 (FedProx anchor)",
+    "corr": "correction",
+    "scale": "neuron_scale",
+    "D": "D",
+    "acc": "acc",
+    "H": "anchor_grad",
+}
 
 
 def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
@@ -114,29 +125,31 @@ def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
     try:
         return _TL_DTYPES[t.dtype]
     except KeyError:
-        raise TypeError(f"backend={backend!r} supports float32, float16 and bfloat16 tensors, but a "
-                        f"{ROLE_NAMES.get(role, role)} has dtype {t.dtype} (use backend='reference' "
-                        f"or 'cpu' for {t.dtype})") from None
+        raise TypeError(
+            f"backend={backend!r} supports float32, float16 and bfloat16 tensors, but a "
+            f"{ROLE_NAMES.get(role, role)} has dtype {t.dtype} (use backend='reference' "
+            f"or 'cpu' for {t.dtype})"
+        ) from None
 
 
 @dataclass
 class Launch:
     """One kernel launch: the tensors of one group that share a dtype signature."""
 
-    dtypes: Dict[str, tl.dtype]      # role -> element type (absent roles map to tl.float32)
-    present: Tuple[str, ...]         # roles that have tensors
-    meta: torch.Tensor               # int64 [T, NR]: addresses per role, numel, row length
-    chunks: torch.Tensor             # int32 [C, 2]: (tensor index, chunk index in tensor)
+    dtypes: Dict[str, tl.dtype]  # role -> element type (absent roles map to tl.float32)
+    present: Tuple[str, ...]  # roles that have tensors
+    meta: torch.Tensor  # int64 [T, NR]: addresses per role, numel, row length
+    chunks: torch.Tensor  # int32 [C, 2]: (tensor index, chunk index in tensor)
     n_chunks: int
-    rows: int                        # chunks per program (1 compiled)
-    block: int                       # elements per chunk
-    n_tiles: int                     # programs of an elementwise pass
-    group: int = 0                   # hp row (batch) of the tensors (per-client launches)
-    norm_programs: int = 0           # programs of a norm pass
-    slot_base: int = 0               # first slot of this launch in LaunchPlan.partials
-    batched: bool = False            # rows are client slices: meta is [T, NR + 2] (hp row, client)
-    aligned: bool = True             # every role of every row is 16-byte aligned (the ROWS == 1 promise)
-    fresh: int = 0                   # sgd_batched: the FRESH bit of this launch's batches
+    rows: int  # chunks per program (1 compiled)
+    block: int  # elements per chunk
+    n_tiles: int  # programs of an elementwise pass
+    group: int = 0  # hp row (batch) of the tensors (per-client launches)
+    norm_programs: int = 0  # programs of a norm pass
+    slot_base: int = 0  # first slot of this launch in LaunchPlan.partials
+    batched: bool = False  # rows are client slices: meta is [T, NR + 2] (hp row, client)
+    aligned: bool = True  # every role of every row is 16-byte aligned (the ROWS == 1 promise)
+    fresh: int = 0  # sgd_batched: the FRESH bit of this launch's batches
     consts: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # op -> its constexprs
 
 
@@ -146,13 +159,13 @@ class LaunchPlan:
     launches; the optimizer's own plan is ``core/plan.py``'s ``StepPlan``)."""
 
     launches: List[Launch]
-    partials: Optional[torch.Tensor]                         # float64 [n_slots] or None
+    partials: Optional[torch.Tensor]  # float64 [n_slots] or None
     n_slots: int
     staged: List[Tuple[int, str, int, torch.Tensor, bool]] = field(default_factory=list)
     # (position in the roles list, role, index in its lists, contiguous staging buffer, written by the op)
-    clients: int = 0                        # batched plans: C (0: a per-client plan)
-    hp_rows: int = 0                        # batched plans: B of hp [B, C, cols]
-    seg: Optional[torch.Tensor] = None      # batched norm: int32 [launches, C + 1], slot where client c begins
+    clients: int = 0  # batched plans: C (0: a per-client plan)
+    hp_rows: int = 0  # batched plans: B of hp [B, C, cols]
+    seg: Optional[torch.Tensor] = None  # batched norm: int32 [launches, C + 1], slot where client c begins
     factors: Optional[torch.Tensor] = None  # batched norm: float32 [B * C], each hp row's update factor
 
     @property
@@ -211,16 +224,35 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-def plan_key(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
-             role_names: Tuple[str, ...], device: torch.device, norm: bool) -> tuple:
+def plan_key(
+    op: str,
+    roles: Sequence[Dict[str, List[torch.Tensor]]],
+    rows: Sequence[int],
+    role_names: Tuple[str, ...],
+    device: torch.device,
+    norm: bool,
+) -> tuple:
     """What a plan depends on: every tensor's address, shape, strides and dtype, and the hp rows."""
-    return (op, device, norm, tuple(rows), tuple(
-        tuple(tuple(map(_key_of, r[name])) if name in r else None for name in role_names) for r in roles))
+    return (
+        op,
+        device,
+        norm,
+        tuple(rows),
+        tuple(tuple(tuple(map(_key_of, r[name])) if name in r else None for name in role_names) for r in roles),
+    )
 
 
-def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
-             role_names: Tuple[str, ...], written: Tuple[str, ...], device: torch.device, norm: bool,
-             scale_role: Optional[str] = None, key: Optional[tuple] = None) -> LaunchPlan:
+def get_plan(
+    op: str,
+    roles: Sequence[Dict[str, List[torch.Tensor]]],
+    rows: Sequence[int],
+    role_names: Tuple[str, ...],
+    written: Tuple[str, ...],
+    device: torch.device,
+    norm: bool,
+    scale_role: Optional[str] = None,
+    key: Optional[tuple] = None,
+) -> LaunchPlan:
     """The cached plan for these tensors (one dict role -> list per batch, ``rows[i]`` the hp row of
     batch ``i``), building it on a miss.
 
@@ -233,17 +265,30 @@ def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequ
     return _cached(key, device, lambda: _build(roles, rows, role_names, written, device, norm, scale_role))
 
 
-def get_batched_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
-                     fresh: Sequence[bool], clients: int, hp_rows: int, role_names: Tuple[str, ...],
-                     written: Tuple[str, ...], device: torch.device, norm: bool,
-                     scale_role: Optional[str] = None) -> LaunchPlan:
+def get_batched_plan(
+    op: str,
+    roles: Sequence[Dict[str, List[torch.Tensor]]],
+    rows: Sequence[int],
+    fresh: Sequence[bool],
+    clients: int,
+    hp_rows: int,
+    role_names: Tuple[str, ...],
+    written: Tuple[str, ...],
+    device: torch.device,
+    norm: bool,
+    scale_role: Optional[str] = None,
+) -> LaunchPlan:
     """``get_plan`` for a client-batched op: every tensor is stacked ``[clients, *shape]``, batch
     ``i`` uses hp rows ``rows[i] * clients + c`` of hp viewed as ``[hp_rows * clients, cols]``,
     and ``fresh[i]`` is its FRESH bit (``sgd_batched``)."""
-    key = ("batched", clients, hp_rows, tuple(bool(f) for f in fresh)) + \
-        plan_key(op, roles, rows, role_names, device, norm)
-    return _cached(key, device, lambda: _build_batched(roles, rows, fresh, clients, hp_rows, role_names, written,
-                                                       device, norm, scale_role))
+    key = ("batched", clients, hp_rows, tuple(bool(f) for f in fresh)) + plan_key(
+        op, roles, rows, role_names, device, norm
+    )
+    return _cached(
+        key,
+        device,
+        lambda: _build_batched(roles, rows, fresh, clients, hp_rows, role_names, written, device, norm, scale_role),
+    )
 
 
 def _cached(key: tuple, device: torch.device, build) -> LaunchPlan:
@@ -257,7 +302,8 @@ def _cached(key: tuple, device: torch.device, build) -> LaunchPlan:
         raise RuntimeError(
             "the triton backend builds its pointer tables when it first sees a set of tensors; take one "
             "eager step() before capturing a CUDA graph, and keep parameters, gradients and optimizer "
-            "state at fixed addresses while the graph is used")
+            "state at fixed addresses while the graph is used"
+        )
     with _table_pool(device):
         plan = build()
     _CACHE[key] = plan
@@ -304,12 +350,23 @@ def _table_pool(device: torch.device):
 
 def _check_rowlen(rowlen: int, shape: tuple) -> None:
     if rowlen >= 2**31 - 2 * GPU_BLOCK:
-        raise ValueError(f"a parameter of shape {shape} has rows of {rowlen} elements; "
-                         f"the triton backend's per-row scale supports rows below 2**31 elements")
+        raise ValueError(
+            f"a parameter of shape {shape} has rows of {rowlen} elements; "
+            f"the triton backend's per-row scale supports rows below 2**31 elements"
+        )
 
 
-def _launch_of(rows_meta: List[List[int]], numels: List[int], nr: int, present: Tuple[str, ...], sig: tuple,
-               role_names: Tuple[str, ...], device: torch.device, interp: bool, **kw) -> Launch:
+def _launch_of(
+    rows_meta: List[List[int]],
+    numels: List[int],
+    nr: int,
+    present: Tuple[str, ...],
+    sig: tuple,
+    role_names: Tuple[str, ...],
+    device: torch.device,
+    interp: bool,
+    **kw,
+) -> Launch:
     """One launch over the table rows ``rows_meta`` (their element counts ``numels``)."""
     rows, block = FORCE_TILE or pick_tile(numels, interp)
     chunks = _chunk_map(numels, block)
@@ -320,10 +377,16 @@ def _launch_of(rows_meta: List[List[int]], numels: List[int], nr: int, present: 
     dtypes = {name: tl.float32 for name in role_names}
     dtypes.update(zip(present, sig))
     return Launch(
-        dtypes=dtypes, present=present,
+        dtypes=dtypes,
+        present=present,
         meta=_to_device(torch.tensor(rows_meta, dtype=torch.int64).reshape(len(rows_meta), nr), device),
         chunks=_to_device(chunks.contiguous(), device),
-        n_chunks=n_chunks, rows=rows, block=block, n_tiles=(n_chunks + rows - 1) // rows, **kw)
+        n_chunks=n_chunks,
+        rows=rows,
+        block=block,
+        n_tiles=(n_chunks + rows - 1) // rows,
+        **kw,
+    )
 
 
 def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> LaunchPlan:
@@ -361,8 +424,9 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
                 _check_rowlen(rowlen, tuple(x.shape))
                 rows_meta.append(addrs + [x.numel(), rowlen])
                 numels.append(x.numel())
-            launches.append(_launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp,
-                                       group=int(rows_of[g])))
+            launches.append(
+                _launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp, group=int(rows_of[g]))
+            )
     n_slots = 0
     partials = None
     if norm:
@@ -427,8 +491,20 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
     seg = []
     n_slots = 0
     for (present, sig, aligned, fr), (rows_meta, numels, clients) in groups.items():
-        lau = _launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp, group=0, batched=True,
-                         aligned=aligned, fresh=fr)
+        lau = _launch_of(
+            rows_meta,
+            numels,
+            nr,
+            present,
+            sig,
+            role_names,
+            device,
+            interp,
+            group=0,
+            batched=True,
+            aligned=aligned,
+            fresh=fr,
+        )
         launches.append(lau)
         if norm:
             lau.norm_programs = lau.n_tiles

@@ -14,6 +14,7 @@ The descriptor reads run settings through ``RunSettings``, the fields it needs o
 this module to validate a run's algorithm, so this one names the settings by their shape and imports
 neither it, the simulator nor Flower.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,7 +52,6 @@ class RunSettings(Protocol):
 
     @property
     def sampled_per_round(self) -> int: ...
-
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,21 @@ class Algorithm:
     back, e.g. PAdaMFed's ``local_control``), ``bench`` (its benchmark rows).
     """
 
-    def __init__(self, name: str, optimizer: type, batched: type, *, options: Mapping[str, Mapping[str, Any]],
-                 full: str, variants: Sequence[Variant], settings: Sequence[str] = (),
-                 refusals: Optional[Mapping[str, str]] = None, round_outputs: Sequence[str] = (), title: str = "",
-                 bench: Sequence[BenchCase] = ()):
+    def __init__(
+        self,
+        name: str,
+        optimizer: type,
+        batched: type,
+        *,
+        options: Mapping[str, Mapping[str, Any]],
+        full: str,
+        variants: Sequence[Variant],
+        settings: Sequence[str] = (),
+        refusals: Optional[Mapping[str, str]] = None,
+        round_outputs: Sequence[str] = (),
+        title: str = "",
+        bench: Sequence[BenchCase] = (),
+    ):
         for opt in [full] + [b.option for b in bench]:
             if opt not in options:
                 raise ValueError(f"algorithm {name!r}: option {opt!r} is not one of its options {tuple(options)}")
@@ -155,12 +166,21 @@ class Algorithm:
             provers = [v.name for a in ALGORITHMS.values() for v in a.variants if v.prox]
             raise ValueError(f"prox_mu only applies to {' and '.join(provers)}, not {cfg.algorithm!r}")
         if variant.beta is not None and cfg.beta is not None and cfg.beta != variant.beta:
-            raise ValueError(f"beta={cfg.beta} contradicts algorithm={cfg.algorithm!r} (beta={variant.beta}); "
-                             f"use another algorithm name for other decay factors")
+            raise ValueError(
+                f"beta={cfg.beta} contradicts algorithm={cfg.algorithm!r} (beta={variant.beta}); "
+                f"use another algorithm name for other decay factors"
+            )
 
     # ------------------------------------------------------------------ the client side of a round
-    def make(self, params: Tensors, cfg: RunSettings, variant: Variant, hp: Mapping[str, Any], backend: str,
-             batched: bool = False) -> torch.optim.Optimizer:
+    def make(
+        self,
+        params: Tensors,
+        cfg: RunSettings,
+        variant: Variant,
+        hp: Mapping[str, Any],
+        backend: str,
+        batched: bool = False,
+    ) -> torch.optim.Optimizer:
         """This run's client optimizer on ``params`` (its client-batched form with ``batched``)."""
         raise NotImplementedError
 
@@ -172,8 +192,9 @@ class Algorithm:
         """The lr a client's param groups get at round ``t``; None: the optimizer anneals by itself."""
         return None
 
-    def calibrate(self, model: torch.nn.Module, data: Sequence[Tuple[torch.Tensor, torch.Tensor]],
-                  cfg: RunSettings) -> Dict[str, Any]:
+    def calibrate(
+        self, model: torch.nn.Module, data: Sequence[Tuple[torch.Tensor, torch.Tensor]], cfg: RunSettings
+    ) -> Dict[str, Any]:
         """Round inputs a client computes from the received model on its own data (FedNLR's scales)."""
         return {}
 

@@ -7,6 +7,7 @@ that sat out some rounds is first advanced to the global round index (``advance_
 client optimizers act on the same model object, whose parameters the simulation overwrites with the
 global model before each client trains.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -97,8 +98,8 @@ def loss_and_correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Tupl
     model.eval()
     loss, correct = 0.0, 0
     for i in range(0, y.shape[0], _EVAL_CHUNK):
-        out = model(x[i:i + _EVAL_CHUNK])
-        yy = y[i:i + _EVAL_CHUNK]
+        out = model(x[i : i + _EVAL_CHUNK])
+        yy = y[i : i + _EVAL_CHUNK]
         loss += float(F.cross_entropy(out, yy, reduction="sum"))
         correct += int((out.argmax(dim=1) == yy).sum())
     model.train(was_training)

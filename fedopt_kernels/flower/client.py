@@ -14,6 +14,7 @@ What the client keeps between rounds (its control variate ``c_i``, FedDyn's ``g_
 the client: it lives in ``context.state`` under ``"<state-tag>.control"``. A non-finite new control is not stored (the old one is kept), so one bad
 round cannot poison the client's later rounds.
 """
+
 from __future__ import annotations
 
 import copy
@@ -71,9 +72,18 @@ def _metrics(num_examples: int, client_id: Optional[int], **values: float) -> Me
     return MetricRecord(m)
 
 
-def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
-                num_examples: int, client_id: Optional[int] = None, calibration: Optional[Batch] = None,
-                backend: str = "auto", loss_fn: LossFn = F.cross_entropy) -> RecordDict:
+def train_round(
+    model: nn.Module,
+    next_batch: Callable[[], Batch],
+    content: RecordDict,
+    state: RecordDict,
+    *,
+    num_examples: int,
+    client_id: Optional[int] = None,
+    calibration: Optional[Batch] = None,
+    backend: str = "auto",
+    loss_fn: LossFn = F.cross_entropy,
+) -> RecordDict:
     """One round of local training on ``model`` from a train message's ``content``; returns the reply content.
 
     ``next_batch()`` gives the client's next mini-batch; ``num_examples`` is its training-set size
@@ -84,8 +94,10 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
     cfg, hp, t, tag = read_round_config(config_dict(content))
     names, params, x = _load_global(model, content)
     rule, K = RULES[cfg.server_rule], cfg.local_steps
-    got = {key: from_record(get_record(content, rec, ArrayRecord, "message"), names, params, rec)
-           for rec, key in rule.sent.items()}
+    got = {
+        key: from_record(get_record(content, rec, ArrayRecord, "message"), names, params, rec)
+        for rec, key in rule.sent.items()
+    }
     kept = _stored_control(state, tag, names, params) if rule.keeps else None
     inputs = rule.client_inputs(got, kept, x)
 
@@ -123,9 +135,16 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
     return out
 
 
-def init_controls_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
-                        num_examples: int, client_id: Optional[int] = None,
-                        loss_fn: LossFn = F.cross_entropy) -> RecordDict:
+def init_controls_round(
+    model: nn.Module,
+    next_batch: Callable[[], Batch],
+    content: RecordDict,
+    state: RecordDict,
+    *,
+    num_examples: int,
+    client_id: Optional[int] = None,
+    loss_fn: LossFn = F.cross_entropy,
+) -> RecordDict:
     """The initial round of a rule with initial controls (PAdaMFed's): ``c_i`` = mean of K stochastic
     gradients at the received model, for the ``INIT_MESSAGE_TYPE`` message.
 
@@ -147,8 +166,9 @@ def init_controls_round(model: nn.Module, next_batch: Callable[[], Batch], conte
     return RecordDict({"control": to_record(names, ci), "metrics": _metrics(num_examples, client_id)})
 
 
-def evaluate_round(model: nn.Module, x: torch.Tensor, y: torch.Tensor, content: RecordDict, *,
-                   client_id: Optional[int] = None) -> RecordDict:
+def evaluate_round(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, content: RecordDict, *, client_id: Optional[int] = None
+) -> RecordDict:
     """Loss and accuracy of the received global model on (x, y) (e.g. the client's validation split)."""
     _load_global(model, content)
     n = int(y.shape[0])

@@ -1,4 +1,5 @@
 """The Flower strategy for any ``fedopt-sim`` algorithm, from its settings (``FLConfig``)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -6,6 +6,7 @@ gradients at the initial model) in a ``"train.init_controls"`` message and keeps
 averages the replies into ``c`` and ``m`` (``server_rules.padamfed_init``). Each round sends
 ``c`` and ``m`` with the model; the server step is ``server_rules.padamfed_step``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -44,15 +45,32 @@ class PAdaMFedStrategy(InitialControlsStrategy):
     gradient at the round's starting model). ``clients_per_round`` is also the number sampled.
     """
 
-    def __init__(self, *, num_rounds: int, clients_per_round: int, local_steps: int = 10,
-                 variance_reduction: bool = False, lr: Optional[float] = None, server_lr: Optional[float] = None,
-                 beta: Optional[float] = None, **strategy_kw: Any):
+    def __init__(
+        self,
+        *,
+        num_rounds: int,
+        clients_per_round: int,
+        local_steps: int = 10,
+        variance_reduction: bool = False,
+        lr: Optional[float] = None,
+        server_lr: Optional[float] = None,
+        beta: Optional[float] = None,
+        **strategy_kw: Any,
+    ):
         check_count("num_rounds", num_rounds, optional=False)
         check_count("clients_per_round", clients_per_round, optional=False)
         if "fraction_train" in strategy_kw:
             raise ValueError("PAdaMFed samples clients_per_round clients; fraction_train does not apply")
         algorithm = "padamfed-vr" if variance_reduction else "padamfed"
-        cfg = FLConfig(algorithm=algorithm, rounds=num_rounds, clients=clients_per_round, holdout_fraction=0.0,
-                        clients_per_round=clients_per_round, local_steps=local_steps, lr=lr, server_lr=server_lr,
-                        beta=beta)
+        cfg = FLConfig(
+            algorithm=algorithm,
+            rounds=num_rounds,
+            clients=clients_per_round,
+            holdout_fraction=0.0,
+            clients_per_round=clients_per_round,
+            local_steps=local_steps,
+            lr=lr,
+            server_lr=server_lr,
+            beta=beta,
+        )
         super().__init__(cfg, clients_per_round=clients_per_round, **strategy_kw)

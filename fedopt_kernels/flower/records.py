@@ -5,6 +5,7 @@ checks everything a client could get wrong (missing or extra names, wrong shapes
 non-finite values) and raises ``BadUpdate`` with a message saying what, so that a strategy can
 leave that client out and log why instead of failing the round.
 """
+
 from __future__ import annotations
 
 import logging
@@ -85,7 +86,7 @@ def metric(content: RecordDict, name: str, what: str = "metrics") -> float:
     return float(v)
 
 
-MAX_EXAMPLES = 2 ** 53  # the largest count every integer below which a float64 holds exactly
+MAX_EXAMPLES = 2**53  # the largest count every integer below which a float64 holds exactly
 
 
 def example_count(content: RecordDict, allow_zero: bool = False) -> float:

@@ -7,6 +7,7 @@ out). ``algorithm`` may list several algorithms separated by commas: the app run
 the other on the same clients. Keys that are not ``SimConfig`` fields (``fraction-evaluate``,
 ``out``) are the app's own.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -10,6 +10,7 @@ A client's position in its batch stream survives between rounds in ``context.sta
 number of batches drawn so far; the stream is rebuilt from its seed and replayed to that point.
 Replaying is cheap here (indexing a few small tensors) and depends only on ``BatchStream.next``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,9 +40,11 @@ def simulation_for(cfg: SimConfig) -> Simulation:
 def check_partition(cfg: SimConfig, node_config: dict) -> int:
     """This node's client id (its ``partition-id``), checked against the run's number of training clients."""
     n = cfg.num_train_clients
-    hint = (f"this run has {n} training clients (clients={cfg.clients}, holdout-fraction={cfg.holdout_fraction}): "
-            f"simulate it with `flwr run . --federation-config \"num-supernodes={n}\"`, or start SuperNodes with "
-            f"--node-config \"partition-id=<0..{n - 1}> num-partitions={n}\"")
+    hint = (
+        f"this run has {n} training clients (clients={cfg.clients}, holdout-fraction={cfg.holdout_fraction}): "
+        f'simulate it with `flwr run . --federation-config "num-supernodes={n}"`, or start SuperNodes with '
+        f'--node-config "partition-id=<0..{n - 1}> num-partitions={n}"'
+    )
     if "partition-id" not in node_config:
         raise ValueError(f"node_config has no partition-id; {hint}")
     pid, parts = node_config["partition-id"], node_config.get("num-partitions", n)

@@ -1,4 +1,5 @@
 """NeuronLRSGD and neuron_lr_scales: neuron-wise learning rates (docs/algorithms.md; FedNLR)."""
+
 from __future__ import annotations
 
 import math
@@ -31,12 +32,29 @@ class NeuronLRSGD(SGDFamily):
     until replaced.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 nesterov: bool = False, weight_decay: float = 0.0, maximize: bool = False, prox_mu: float = 0.0,
-                 neuron_scales: Optional[Mapping[torch.Tensor, torch.Tensor]] = None, backend: str = "auto",
-                 replay: Optional[bool] = None):
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
-                        weight_decay=weight_decay, maximize=maximize, prox_mu=prox_mu)
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        maximize: bool = False,
+        prox_mu: float = 0.0,
+        neuron_scales: Optional[Mapping[torch.Tensor, torch.Tensor]] = None,
+        backend: str = "auto",
+        replay: Optional[bool] = None,
+    ):
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            maximize=maximize,
+            prox_mu=prox_mu,
+        )
         super().__init__(params, defaults, backend, replay)
         if neuron_scales is not None:
             self.set_neuron_scales(neuron_scales)
@@ -76,7 +94,9 @@ class NeuronLRSGD(SGDFamily):
     def set_neuron_scales(self, scales: Mapping[torch.Tensor, torch.Tensor]) -> None:
         """Set the per-output-unit scale vector of each given parameter (others keep theirs)."""
         for p, r in self._check_scales(scales):
-            self.state[p]["neuron_scale"] = _dtensor.row_scale(p, r.detach().to(dtype=state_dtype(p)).contiguous().clone())
+            self.state[p]["neuron_scale"] = _dtensor.row_scale(
+                p, r.detach().to(dtype=state_dtype(p)).contiguous().clone()
+            )
         self._plan = None
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
@@ -101,9 +121,15 @@ def _default_layers(model: nn.Module) -> List[nn.Module]:
 
 
 @torch.no_grad()
-def neuron_lr_scales(model: nn.Module, batches: Iterable, layers: Optional[Sequence[nn.Module]] = None,
-                     mu0: float = 1.0, c1: float = 1.0, c2: float = 1.0,
-                     max_batches: Optional[int] = None) -> Dict[torch.Tensor, torch.Tensor]:
+def neuron_lr_scales(
+    model: nn.Module,
+    batches: Iterable,
+    layers: Optional[Sequence[nn.Module]] = None,
+    mu0: float = 1.0,
+    c1: float = 1.0,
+    c2: float = 1.0,
+    max_batches: Optional[int] = None,
+) -> Dict[torch.Tensor, torch.Tensor]:
     r"""FedNLR's per-neuron learning-rate scales from mean activations (Eq. 14-17 of the FedNLR paper).
 
     For layers ``l = 1..L`` (the model's Linear/Conv modules in forward order, or ``layers``)::
@@ -208,18 +234,30 @@ class _FedNLR(SGDAlgorithm):
         return super().state_copies(cfg, variant) + 1  # the scales (per row; counted as a copy, an upper bound)
 
 
-DESCRIPTOR = algorithm.register(_FedNLR(
-    "neuron_lr", NeuronLRSGD, BatchedNeuronLRSGD,
-    title="FedNLR: Federated Learning with Neuron-wise Learning Rates",
-    settings=("momentum", "weight_decay", "clip_norm", "round_decay", "nlr_mu0", "nlr_c1", "nlr_c2"),
-    variants=(Variant("fednlr", "avg"),),
-    full="scales_all",
-    bench=(BenchCase("neuronlr", "NeuronLRSGD momentum=0.9 wd, scales on every tensor", "every_row", core=True,
-                     torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4)),),
-    options={
-        "scales": dict(lr=0.1, scales=True),
-        "scales_momentum": dict(lr=0.05, momentum=0.9, nesterov=True, scales=True),
-        "scales_all": dict(lr=0.05, momentum=0.5, weight_decay=0.01, prox_mu=0.2, correction=True, scales=True),
-        "groups": dict(lr=0.1, scales=True, groups=dict(lr=0.01, momentum=0.9)),
-        "every_row": dict(lr=0.05, momentum=0.9, weight_decay=5e-4, scales="every"),
-    }))
+DESCRIPTOR = algorithm.register(
+    _FedNLR(
+        "neuron_lr",
+        NeuronLRSGD,
+        BatchedNeuronLRSGD,
+        title="FedNLR: Federated Learning with Neuron-wise Learning Rates",
+        settings=("momentum", "weight_decay", "clip_norm", "round_decay", "nlr_mu0", "nlr_c1", "nlr_c2"),
+        variants=(Variant("fednlr", "avg"),),
+        full="scales_all",
+        bench=(
+            BenchCase(
+                "neuronlr",
+                "NeuronLRSGD momentum=0.9 wd, scales on every tensor",
+                "every_row",
+                core=True,
+                torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4),
+            ),
+        ),
+        options={
+            "scales": dict(lr=0.1, scales=True),
+            "scales_momentum": dict(lr=0.05, momentum=0.9, nesterov=True, scales=True),
+            "scales_all": dict(lr=0.05, momentum=0.5, weight_decay=0.01, prox_mu=0.2, correction=True, scales=True),
+            "groups": dict(lr=0.1, scales=True, groups=dict(lr=0.01, momentum=0.9)),
+            "every_row": dict(lr=0.05, momentum=0.9, weight_decay=5e-4, scales="every"),
+        },
+    )
+)

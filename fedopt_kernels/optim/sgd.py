@@ -1,4 +1,5 @@
 """What FedDecaySGD and NeuronLRSGD share: torch.optim.SGD's options on the round API, op "sgd"."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -29,8 +30,9 @@ class SGDFamily(FedOptimizer):
     def _structure(self, group: Dict[str, Any]) -> tuple:
         return super()._structure(group) + (group["momentum"] != 0,)
 
-    def _step_tensors(self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any],
-                      idx: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+    def _step_tensors(
+        self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any], idx: int
+    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
         tensors, override = super()._step_tensors(p, group, state, idx)
         if group["momentum"] != 0:
             buf = state.get("momentum_buffer")

@@ -6,6 +6,7 @@ split. Across users we report the mean accuracy, the bottom-10% accuracy (the 10
 per-user accuracies: 90% of users do at least this well) and the standard deviation; users count
 equally, whatever their size. The global model's accuracy before fine-tuning is reported the same way.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Sequence
@@ -36,8 +37,12 @@ def user_summary(accs: Sequence[float]) -> Dict[str, float]:
     if len(accs) == 0:
         return {"mean": float("nan"), "bottom10": float("nan"), "std": float("nan"), "users": 0}
     a = np.asarray(accs, dtype=np.float64)
-    return {"mean": float(a.mean()), "bottom10": float(np.quantile(a, 0.1)), "std": float(a.std()),
-            "users": int(a.size)}
+    return {
+        "mean": float(a.mean()),
+        "bottom10": float(np.quantile(a, 0.1)),
+        "std": float(a.std()),
+        "users": int(a.size),
+    }
 
 
 def user_accuracy(model: nn.Module, client: ClientData) -> float:
@@ -58,8 +63,14 @@ def finetune(model: nn.Module, client: ClientData, steps: int, lr: float, stream
         opt.step()
 
 
-def evaluate_users(model: nn.Module, global_params: List[torch.Tensor], groups: Dict[str, Sequence[ClientData]],
-                   steps: int, lr: float, make_stream: Callable[[ClientData], BatchStream]) -> Dict[str, Dict]:
+def evaluate_users(
+    model: nn.Module,
+    global_params: List[torch.Tensor],
+    groups: Dict[str, Sequence[ClientData]],
+    steps: int,
+    lr: float,
+    make_stream: Callable[[ClientData], BatchStream],
+) -> Dict[str, Dict]:
     """The per-user protocol for each group of users ("existing", "new").
 
     Returns ``{"global": {group: summary}, "finetuned": {group: summary}}``. ``model`` is used as

@@ -17,6 +17,7 @@ The sampled clients are split into equal chunks of at most N; the last chunk may
 short, and its empty slot is filled with a copy of its first client, inactive (the batched
 optimizers' active mask), so one trainer (and one CUDA graph) serves every chunk.
 """
+
 from __future__ import annotations
 
 import math
@@ -93,7 +94,7 @@ class BatchedClients:
         if cfg.client_parallel != "auto":
             return min(int(cfg.client_parallel), S)
         client = self.sim.train_clients[0]
-        x, y = client.train_x[:cfg.batch_size], client.train_y[:cfg.batch_size]
+        x, y = client.train_x[: cfg.batch_size], client.train_y[: cfg.batch_size]
         return auto_client_parallel(self.sim.model, x, y, state_copies(cfg), S, free_bytes(self.sim.device))
 
     @property
@@ -101,10 +102,15 @@ class BatchedClients:
         if self._trainer is None:
             clip = self.algo.clip_norm(self.sim.hp)  # as ClientOptimizers.clip
             self._trainer = BatchedTrainer(
-                self.loss, self.sim.global_params, self.size,
+                self.loss,
+                self.sim.global_params,
+                self.size,
                 lambda params: self.opts.build_on(params, batched=True),
-                steps=self.cfg.local_steps, clip_norm=clip, anchor=self.anchor_model is not None,
-                graph=self.graph_mode)
+                steps=self.cfg.local_steps,
+                clip_norm=clip,
+                anchor=self.anchor_model is not None,
+                graph=self.graph_mode,
+            )
         return self._trainer
 
     # ------------------------------------------------------------------ one round
@@ -113,7 +119,7 @@ class BatchedClients:
         updates: List[ClientUpdate] = []
         losses: List[float] = []
         for i in range(0, len(sampled), self.size):
-            chunk_updates, chunk_losses = self._chunk(list(sampled[i:i + self.size]), t)
+            chunk_updates, chunk_losses = self._chunk(list(sampled[i : i + self.size]), t)
             updates += chunk_updates
             losses += chunk_losses
         return updates, losses

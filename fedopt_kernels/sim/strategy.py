@@ -5,6 +5,7 @@ client's round, take ``local_steps`` steps with ``local_step``, ``finish`` into 
 then ``aggregate`` the updates into the global model. What differs between algorithms is in their
 descriptors (``fedopt_kernels.fl.algorithm``, ``fedopt_kernels.fl.server_rules``), not here.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,9 +34,9 @@ class RoundHost(Protocol):
     device: torch.device
     backend: str
     model: nn.Module
-    global_params: Tensors                  # the server's model, one tensor per parameter
-    train_clients: List[ClientData]         # by client id
-    streams: Mapping[int, BatchStream]      # each training client's batches, by client id
+    global_params: Tensors  # the server's model, one tensor per parameter
+    train_clients: List[ClientData]  # by client id
+    streams: Mapping[int, BatchStream]  # each training client's batches, by client id
     strategy: Strategy
 
     def load_global(self) -> None:
@@ -160,8 +161,9 @@ class Strategy:
         end_round(opt)
         delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params)]
         update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
-        new_kept, reply = self.rule.client_finish(opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps,
-                                                  self._sent(), self.kept.get(cid), delta)
+        new_kept, reply = self.rule.client_finish(
+            opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps, self._sent(), self.kept.get(cid), delta
+        )
         update.extra.update(reply)
         if new_kept is not None:
             update.extra["new_kept"] = new_kept  # kept only if the server accepts the update
@@ -181,9 +183,16 @@ class Strategy:
     @torch.no_grad()
     def aggregate(self, updates: List[ClientUpdate], t: int) -> None:
         # updates come in sorted client-id order, so the sums are deterministic
-        out = self.rule.step(self.sim.global_params, self.state, [u.delta for u in updates],
-                             [u.weight for u in updates], [u.extra for u in updates], self.hp,
-                             self.sim.cfg.num_train_clients, self.sim.cfg.local_steps)
+        out = self.rule.step(
+            self.sim.global_params,
+            self.state,
+            [u.delta for u in updates],
+            [u.weight for u in updates],
+            [u.extra for u in updates],
+            self.hp,
+            self.sim.cfg.num_train_clients,
+            self.sim.cfg.local_steps,
+        )
         copy_into(self.sim.global_params, out.pop("x"))
         for key, value in out.items():
             copy_into(self.state[key], value)

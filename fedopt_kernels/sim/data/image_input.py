@@ -5,6 +5,7 @@ float32 (CIFAR's 60k images are 184 MB), converted a batch at a time inside the 
 no parameters and no buffers (mean and std are Python floats), so a model built on it has exactly
 the parameters of its network.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,9 @@ class InputSpec:
             raise ValueError("InputSpec: give both mean and std, or neither")
         if self.std is not None:
             if len(self.std) != len(self.mean) or not all(math.isfinite(s) and s > 0 for s in self.std):
-                raise ValueError(f"InputSpec: std must be positive and as long as mean, got mean={self.mean}, "
-                                 f"std={self.std}")
+                raise ValueError(
+                    f"InputSpec: std must be positive and as long as mean, got mean={self.mean}, std={self.std}"
+                )
 
 
 class ImageClassifier(nn.Module):
@@ -59,7 +61,7 @@ class ImageClassifier(nn.Module):
         self.net = net
         self.spec = spec
         # a seed, not a generator: generators are per device and do not deepcopy/pickle everywhere
-        self.augment_seed = int(torch.randint(0, 2 ** 62, (1,)).item())
+        self.augment_seed = int(torch.randint(0, 2**62, (1,)).item())
         self._generators: Dict[str, torch.Generator] = {}
 
     def generator(self, device: torch.device) -> torch.Generator:

@@ -12,6 +12,7 @@ A random input stage (augmentation) must draw the same random numbers as sequent
 applied batch by batch, client after client, on the real samples only; a deterministic stage runs
 once on the whole gathered tensor.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ class RoundBatches:
     x: torch.Tensor
     y: torch.Tensor
     w: torch.Tensor
-    counts: torch.Tensor                     # [K, C] real samples per batch (host, int64)
+    counts: torch.Tensor  # [K, C] real samples per batch (host, int64)
     anchor_x: Optional[torch.Tensor] = None  # PAdaMFed-VR: the anchor model's own view of the batches
 
 

@@ -19,6 +19,7 @@ other half is left to the allocator's fragmentation, cuDNN/cuBLAS workspaces and
 and a quarter of ``MemAvailable`` on a CPU (other processes share it), 4 GiB where that is unknown.
 The estimate is deliberately rough; give N explicitly to override it.
 """
+
 from __future__ import annotations
 
 from typing import Dict
@@ -71,8 +72,9 @@ def free_bytes(device: torch.device) -> int:
     return _CPU_FALLBACK
 
 
-def auto_client_parallel(model: nn.Module, x: torch.Tensor, y: torch.Tensor, state: int, limit: int,
-                         budget: int) -> int:
+def auto_client_parallel(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, state: int, limit: int, budget: int
+) -> int:
     """Clients that fit in ``budget`` bytes (module docstring), between 1 and ``min(limit, MAX_AUTO)``.
 
     ``x``, ``y``: one batch of one client (as the model takes it, e.g. raw pixels for image

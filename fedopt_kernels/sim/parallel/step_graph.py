@@ -29,6 +29,7 @@ call with the same tensors, so the state and hp handling above is tested on a CP
 It keeps the plan the capture read and tells the optimizer about replays through
 ``FedOptimizer.step_plan``, ``reinstate_plan`` and ``note_replayed_steps``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
@@ -50,8 +51,9 @@ class Trainer(Protocol):
     steps: int
     anchor: bool
 
-    def gradients(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-                  anchor_x: Optional[torch.Tensor]) -> tuple: ...
+    def gradients(
+        self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor]
+    ) -> tuple: ...
 
 
 class StepGraph:
@@ -67,7 +69,7 @@ class StepGraph:
         self.warmup = warmup
         self.eager_steps = 0
         self.graph: Optional[Any] = None
-        self.plan = None                        # the optimizer's step plan the graph was captured with
+        self.plan = None  # the optimizer's step plan the graph was captured with
         self.recorded: Optional[Tuple[Any, tuple, dict]] = None  # emulate: (fn, args, kwargs)
         self.state: Dict[Tuple[int, str], torch.Tensor] = {}
         opt = trainer.opt
@@ -79,8 +81,9 @@ class StepGraph:
         self.active = torch.ones(trainer.clients, dtype=torch.bool, device=device)
         self.inputs: Optional[List[torch.Tensor]] = None  # x, y, w, anchor x: allocated at the first step
         self.loss = torch.zeros(trainer.clients, device=device)
-        self._momentum = [isinstance(opt, SGDFamily) and g["momentum"] != 0
-                          for g in opt.param_groups for _ in g["params"]]
+        self._momentum = [
+            isinstance(opt, SGDFamily) and g["momentum"] != 0 for g in opt.param_groups for _ in g["params"]
+        ]
 
     # ------------------------------------------------------------------ rounds
     @torch.no_grad()
