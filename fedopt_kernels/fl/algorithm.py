@@ -102,8 +102,9 @@ class Algorithm:
     option sets, in ``catalogue.Config``'s keyword format, and the one that exercises every role),
     ``variants``, ``settings`` (the run settings that only some algorithms take, ``FLConfig``'s
     fields marked ``some``, that this one takes; another one given to a run is refused, with
-    ``refusals[setting]`` as the reason where one is given), ``round_outputs`` (optimizer methods a client calls after training for what it hands
-    back, e.g. PAdaMFed's ``local_control``), ``bench`` (its benchmark rows).
+    ``refusals[setting]`` as the reason where one is given), ``round_outputs`` (optimizer methods a
+    client calls after training for what it hands back, e.g. PAdaMFed's ``local_control``), ``bench``
+    (its benchmark rows).
     """
 
     def __init__(

@@ -11,8 +11,8 @@ takes the round's local steps and returns the reply content the strategies expec
   when given, ``client-id`` (the strategy sums clients in this order, as the simulator does).
 
 What the client keeps between rounds (its control variate ``c_i``, FedDyn's ``g_i``) never leaves
-the client: it lives in ``context.state`` under ``"<state-tag>.control"``. A non-finite new control is not stored (the old one is kept), so one bad
-round cannot poison the client's later rounds.
+the client: it lives in ``context.state`` under ``"<state-tag>.control"``. A non-finite new control
+is not stored (the old one is kept), so one bad round cannot poison the client's later rounds.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ __all__ = ["INIT_MESSAGE_TYPE", "InitialControlsStrategy", "PAdaMFedStrategy"]
 
 
 class InitialControlsStrategy(FedOptStrategy):
-    """The strategy of every server rule with an initial round of client controls; today PAdaMFed's server ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao; Alg. 1).
+    """The strategy of every server rule with an initial round of client controls; today PAdaMFed's
+    server ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao; Alg. 1).
 
     With S accepted clients of N (``num_clients``), client lr eta, K local steps, server step gamma::
 

@@ -21,8 +21,8 @@ class NeuronLRSGD(SGDFamily):
     r"""SGD with one learning-rate scale per output unit (FedNLR).
 
     From "FedNLR: Federated Learning with Neuron-wise Learning Rates" (Haozhao Wang, Peirong Zheng,
-    Xingshuo Han, Wenchao Xu, Ruixuan Li, Tianwei Zhang; KDD 2024), Eq. 14-18. Each parameter ``x`` of shape ``[M, ...]`` may carry a scale vector ``r`` of
-    shape ``[M]`` (default: all ones)::
+    Xingshuo Han, Wenchao Xu, Ruixuan Li, Tianwei Zhang; KDD 2024), Eq. 14-18. Each parameter ``x`` of
+    shape ``[M, ...]`` may carry a scale vector ``r`` of shape ``[M]`` (default: all ones)::
 
         x[m, ...] -= lr * r[m] * buf[m, ...]
 

@@ -191,7 +191,8 @@ class BatchedPAdaMFed(ClientBatched, PAdaMFed):
 
 
 def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> Tuple[float, float, float]:
-    """PAdaMFed's step sizes from theory ("Problem-Parameter-Free Federated Learning", Thm. 1-2): returns ``(eta, gamma, beta)``.
+    """PAdaMFed's step sizes from theory ("Problem-Parameter-Free Federated Learning", Thm. 1-2):
+    returns ``(eta, gamma, beta)``.
 
     non-VR: ``eta = 1/(K sqrt(T))``, ``gamma = (S K)^(1/4) / T^(3/4)``, ``beta = min(1, sqrt(S K / T))``;
     VR: ``eta = 1/(K T)``, ``gamma = beta = min(1, (S K)^(1/3) / T^(2/3))``.

@@ -1,4 +1,5 @@
-"""Evaluation: pooled loss/accuracy, and the FedDecay papers' per-user protocol (FedDecay paper, Sec. 4.1-4.2; docs/algorithms.md lists the papers).
+"""Evaluation: pooled loss/accuracy, and the FedDecay papers' per-user protocol (FedDecay paper,
+Sec. 4.1-4.2; docs/algorithms.md lists the papers).
 
 After training, every user (new and existing) fine-tunes the global model on its own train split
 (``finetune_steps`` SGD steps of lr ``finetune_lr`` on its mini-batches) and is tested on its test

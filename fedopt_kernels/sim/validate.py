@@ -109,7 +109,8 @@ class Validation:
         lines = [part.report(name) for part in self.parts]
         lines += [
             f"validate: {self.reference} vs {self.backend} (same seeds and batches, {self.dtype})",
-            f"  {'round':>5}  {'one-round max |dx|':>18}  {'relative':>10}  {'trajectory max |dx|':>19}  {'relative':>10}",
+            f"  {'round':>5}  {'one-round max |dx|':>18}  {'relative':>10}  "
+            f"{'trajectory max |dx|':>19}  {'relative':>10}",
         ]
         for r in self.rounds:
             lines.append(

@@ -45,9 +45,10 @@ class InputSpec:
 class ImageClassifier(nn.Module):
     """``net(preprocess(x))``: the input stage of ``spec`` in front of a classifier network.
 
-    ``preprocess`` casts to float32 (the network's dtype if it was cast), divides by ``spec.scale``, augments (training mode and
-    ``spec.augment`` only; random crop + flip from a generator seeded at construction from torch's
-    RNG, so a seeded run is reproducible) and normalises. Evaluation (``eval()`` mode) never augments.
+    ``preprocess`` casts to float32 (the network's dtype if it was cast), divides by ``spec.scale``,
+    augments (training mode and ``spec.augment`` only; random crop + flip from a generator seeded at
+    construction from torch's RNG, so a seeded run is reproducible) and normalises. Evaluation
+    (``eval()`` mode) never augments.
 
     For client-batched training under ``torch.func.vmap``: ``net`` is BatchNorm-free, buffer-free and
     deterministic; the random augmentation is the only op that does not belong inside a vmapped
