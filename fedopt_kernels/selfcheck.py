@@ -19,7 +19,7 @@ TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 SHAPES = [(64, 3, 3, 3), (64,), (128, 64), (1,), (0,), (1000,), (33, 17)]
 
 
-def _problem(dtype: torch.dtype, device: str, seed: int) -> List[torch.nn.Parameter]:
+def _problem(dtype: torch.dtype, device: str, seed: int) -> List[torch.Tensor]:  # Parameters
     g = torch.Generator().manual_seed(seed)
     return [torch.nn.Parameter(torch.randn(s, generator=g).to(device=device, dtype=dtype)) for s in SHAPES]
 

@@ -617,6 +617,7 @@ def launch(
         )
     reduce = getattr(_SHARDED, "reduce", None)
     if reduce is not None:
+        assert plan.partials is not None  # a two-pass op's plan is built with its norm slots
         reduce(plan.partials[: plan.n_slots])
     if plan.clients:
         per, slot_block = FINALIZE_INTERP if interpreted() else (1, SLOT_BLOCK)

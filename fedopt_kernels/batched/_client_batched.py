@@ -82,9 +82,14 @@ class ClientBatched(FedOptimizer):
                     f"parameters have {self.num_clients}"
                 )
 
+    def _num_clients(self) -> int:
+        """C: set by the first parameter (torch's Optimizer refuses an empty parameter list)."""
+        assert self.num_clients is not None
+        return self.num_clients
+
     # ------------------------------------------------------------------ rounds
     @property
-    def round_step(self) -> List[int]:
+    def round_step(self) -> List[int]:  # type: ignore[override]  # one k per client, where the base has one
         """k of every client: the steps each one took since the last start_round."""
         if self._k_dev is not None:
             return [int(v) for v in self._k_dev.tolist()]
@@ -114,7 +119,7 @@ class ClientBatched(FedOptimizer):
         this optimizer's own round count); ``lr_scale``: a factor on every group's learning rate
         per client (default 1). Corrections, controls and scales are ``[C, *shape]`` tensors.
         """
-        C = self.num_clients
+        C = self._num_clients()
         t = _per_client("round_index", round_index, C, _round_number)
         scale = _per_client("lr_scale", lr_scale, C, _real)
         if scale is not None and any(not (v >= 0 and v != float("inf")) for v in scale):
@@ -129,7 +134,7 @@ class ClientBatched(FedOptimizer):
     @property
     def client_round_index(self) -> List[int]:
         """t of every client in the current round (given to start_round, else this optimizer's round count)."""
-        return list(self._t_clients) if self._t_clients is not None else [max(self._t, 0)] * self.num_clients
+        return list(self._t_clients) if self._t_clients is not None else [max(self._t, 0)] * self._num_clients()
 
     # ------------------------------------------------------------------ state_dict: what start_round was given
     def state_dict(self) -> Dict[str, Any]:
@@ -156,6 +161,7 @@ class ClientBatched(FedOptimizer):
                         f"this one has {self.num_clients} clients"
                     )
         super().load_state_dict(state_dict)
+        assert rnd is not None  # the base class refused a state_dict without its round entry
         self._t_clients = None if rnd.get("client_round_index") is None else [int(v) for v in rnd["client_round_index"]]
         self._lr_scale = None if rnd.get("lr_scale") is None else [float(v) for v in rnd["lr_scale"]]
         self._fresh_round = bool(rnd.get("fresh_round", True))
@@ -167,7 +173,7 @@ class ClientBatched(FedOptimizer):
     def _group_rows(self, group: Dict[str, Any]):
         # client c's row is the per-client optimizer's row for its round, column 0 (every op's
         # learning rate) times lr_scale[c]; a tensor lr becomes (lr * factor of c's round) * lr_scale[c]
-        C = self.num_clients
+        C = self._num_clients()
         ts = self._t_clients or [max(self._t, 0)] * C
         rows = tuple(tuple(self._row_of(group, t)) for t in ts)
         factor = None

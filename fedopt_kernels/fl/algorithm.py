@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Type
 
 import torch
 
 from ..core.ops import OpSpec
+
+if TYPE_CHECKING:  # for the annotations only: core.optimizer's imports are not needed here at run time
+    from ..core.optimizer import FedOptimizer
 
 Tensors = List[torch.Tensor]
 
@@ -31,6 +34,8 @@ Tensors = List[torch.Tensor]
 class RunSettings(Protocol):
     """The settings of a run a descriptor reads: what ``FLConfig`` holds (its docs say what each means)."""
 
+    # a dataclass (``check`` walks its fields)
+    __dataclass_fields__: ClassVar[Dict[str, Any]]
     algorithm: str
     rounds: int
     local_steps: int
@@ -110,8 +115,8 @@ class Algorithm:
     def __init__(
         self,
         name: str,
-        optimizer: type,
-        batched: type,
+        optimizer: Type[FedOptimizer],
+        batched: Type[FedOptimizer],
         *,
         options: Mapping[str, Mapping[str, Any]],
         full: str,
@@ -175,7 +180,7 @@ class Algorithm:
     # ------------------------------------------------------------------ the client side of a round
     def make(
         self,
-        params: Tensors,
+        params: Sequence[torch.Tensor],
         cfg: RunSettings,
         variant: Variant,
         hp: Mapping[str, Any],
@@ -194,9 +199,10 @@ class Algorithm:
         return None
 
     def calibrate(
-        self, model: torch.nn.Module, data: Sequence[Tuple[torch.Tensor, torch.Tensor]], cfg: RunSettings
+        self, model: torch.nn.Module, data: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]], cfg: RunSettings
     ) -> Dict[str, Any]:
-        """Round inputs a client computes from the received model on its own data (FedNLR's scales)."""
+        """Round inputs a client computes from the received model on its own data (FedNLR's scales);
+        ``data`` is None for a client with no data to give."""
         return {}
 
     def clip_norm(self, hp: Mapping[str, Any]) -> Optional[float]:

@@ -12,7 +12,7 @@ here. The option sets themselves are part of each algorithm's descriptor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
 
 import torch
 
@@ -52,7 +52,7 @@ class Config:
 
     algo: str
     option: str
-    cls: type
+    cls: Type[FedOptimizer]
     kwargs: Mapping[str, Any]
     groups: Optional[Mapping[str, Any]] = None
     correction: bool = False
@@ -128,7 +128,7 @@ class Config:
 @dataclass
 class Algo:
     name: str
-    cls: type
+    cls: Type[FedOptimizer]
     options: Dict[str, Config] = field(default_factory=dict)
     full: str = ""  # the option set that exercises every role of the op
 
@@ -137,7 +137,7 @@ class Algo:
         return self.cls.op_spec().name
 
 
-def _algo(name: str, cls: type, full: str, options: Dict[str, Dict[str, Any]]) -> Algo:
+def _algo(name: str, cls: Type[FedOptimizer], full: str, options: Mapping[str, Mapping[str, Any]]) -> Algo:
     algo = Algo(name, cls, full=full)
     for opt_name, spec in options.items():
         spec = dict(spec)

@@ -38,7 +38,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -224,7 +224,8 @@ class CheckpointDir:
         name = f"state-r{rounds:06d}-{uuid.uuid4().hex[:8]}.pt"
         with atomic_file(self.folder / name, "wb") as f:
             writer = _HashingWriter(f, kill_at=2 if hook == "payload" else None)
-            torch.save(dict(state), writer)
+            # a RawIOBase: a file object to torch.save, though typeshed's IO[bytes] is another class
+            torch.save(dict(state), cast(IO[bytes], writer))
             size, digest = writer.size, writer.sha.hexdigest()
         if hook == "commit":
             os.kill(os.getpid(), signal.SIGKILL)  # testing hook: state file in place, manifest not yet

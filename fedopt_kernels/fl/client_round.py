@@ -10,7 +10,7 @@ global model before each client trains.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -48,7 +48,7 @@ class ClientOptimizers:
     def _build(self) -> Optimizer:
         return self.build_on(list(self.model.parameters()))
 
-    def build_on(self, params: List[torch.Tensor], batched: bool = False) -> Optimizer:
+    def build_on(self, params: Sequence[torch.Tensor], batched: bool = False) -> Optimizer:
         """This run's client optimizer on ``params`` (its client-batched form with ``batched``)."""
         return self.algo.make(params, self.cfg, self.variant, self.hp, self.backend, batched=batched)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, TypeVar
 
 from . import algorithm as _algorithm
 
@@ -69,6 +69,9 @@ def _setting(
 def algorithm_settings(cfg_type: type) -> List[Any]:
     """The fields of ``cfg_type`` that are ``fedopt-sim`` options of the "algorithm" group."""
     return [f for f in dataclasses.fields(cfg_type) if "cli" in f.metadata]
+
+
+_Config = TypeVar("_Config", bound="FLConfig")
 
 
 @dataclass
@@ -210,7 +213,8 @@ class FLConfig:
         """Client lr, server lr, beta, prox_mu, clip_norm, round_decay (+ the algorithm's own) with defaults."""
         return self.algo.hparams(self, self.variant)
 
-    def replace(self, **changes: Any) -> FLConfig:
+    def replace(self: _Config, **changes: Any) -> _Config:
+        """A copy with ``changes`` (of the same class: a SimConfig's is a SimConfig)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> Dict[str, Any]:

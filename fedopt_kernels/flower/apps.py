@@ -33,7 +33,7 @@ from ..sim.evaluate import pooled_metrics
 from ..sim.simulation import Simulation
 from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
-from .records import from_record, logger, to_record
+from .records import as_int, from_record, logger, to_record
 from .resume import client_folder, restore_client_state, save_client_state, server_folder
 from .runconfig import sim_configs
 from .settings import CHECKPOINTED, RESUMED_AT, STATE_TAG
@@ -69,7 +69,7 @@ def run_algorithm(
     )
     history = []
 
-    def evaluate(server_round: int, arrays) -> MetricRecord:
+    def evaluate(server_round: int, arrays) -> Optional[MetricRecord]:
         if server_round % cfg.eval_every and server_round not in (0, cfg.rounds):
             return None
         params = from_record(arrays, names, sim.global_params, "global arrays")
@@ -88,7 +88,7 @@ def run_algorithm(
         sampler.sample_rng.bit_generator.state = saved["sample_rng"]
 
     folder = server_folder(checkpoint_dir, tag)
-    resumable = (
+    resumable: Dict[str, Any] = (
         {}
         if folder is None
         else dict(
@@ -186,9 +186,9 @@ def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
         if folder is None or RESUMED_AT not in config:
             return lambda: None
         keys = [f"{tag}.control", f"{tag}.batches"]  # client.train_round's and simdata.batch_stream's
-        restore_client_state(context.state, folder, keys, int(config[RESUMED_AT]))
-        rnd = 0 if msg.metadata.message_type.endswith("init_controls") else int(config["server-round"])
-        return lambda: save_client_state(context.state, folder, keys, rnd, int(config[CHECKPOINTED]))
+        restore_client_state(context.state, folder, keys, as_int(config[RESUMED_AT]))
+        rnd = 0 if msg.metadata.message_type.endswith("init_controls") else as_int(config["server-round"])
+        return lambda: save_client_state(context.state, folder, keys, rnd, as_int(config[CHECKPOINTED]))
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from ..fl.server_rules import RULES, ServerRule
 from .records import BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric, to_record
 from .resume import metric_dicts
 from .settings import CHECKPOINTED, RESUMED_AT, round_config
+
+if TYPE_CHECKING:
+    from flwr.app import MetricRecordValues
 
 CLIENT_ID_QUERY = f"{MessageType.QUERY}.client_id"  # asks a node which client id it serves
 # the initial round of a rule with initial controls (PAdaMFed's): every client's first control
@@ -85,6 +88,8 @@ def check_count(name: str, value: Optional[int], optional: bool = True) -> None:
 
 def _client_id_of(content: Optional[RecordDict]) -> Optional[int]:
     """The ``client-id`` metric of a reply, or None (never raises: used to name a rejected client)."""
+    if content is None:
+        return None
     try:
         return int(metric(content, "client-id"))
     except Exception:
@@ -197,7 +202,7 @@ class FedOptStrategy(Strategy):
 
         controls = self._check_replies(replies, server_round, "init", parse)
         if controls:
-            self.state = self.rule.initial_state(controls, self.num_clients)
+            self.state = self.rule.initial_state(controls, self._client_count())
         else:
             logger.error(
                 "%s initialisation: no usable client control; starting from zero server state", self.cfg.algorithm
@@ -220,7 +225,7 @@ class FedOptStrategy(Strategy):
             [r.weight for r in results],
             replies,
             self.hp,
-            self.num_clients,
+            self._client_count(),
             self.cfg.local_steps,
         )
 
@@ -425,6 +430,11 @@ class FedOptStrategy(Strategy):
             self.num_clients = len(nodes)
         return nodes
 
+    def _client_count(self) -> int:
+        """N (``num_clients``): given, or the number of nodes of the first round (``_nodes``)."""
+        assert self.num_clients is not None  # every round lists the nodes before its server step
+        return self.num_clients
+
     def _sample(self, nodes: List[int], count: int, rng: np.random.Generator) -> List[int]:
         if count >= len(nodes):
             return list(nodes)
@@ -580,11 +590,11 @@ class FedOptStrategy(Strategy):
             self.rejections.append(Rejection(server_round, "train", -1, None, "aggregate not finite: round skipped"))
         else:
             self._commit(state)
-        metrics = {"clients-used": len(results), "clients-left-out": left_out}
-        with_loss = [r for r in results if r.train_loss is not None]
+        metrics: Dict[str, MetricRecordValues] = {"clients-used": len(results), "clients-left-out": left_out}
+        with_loss = [(r.weight, r.train_loss) for r in results if r.train_loss is not None]
         if with_loss:
-            total = sum(r.weight for r in with_loss)
-            metrics["train-loss"] = sum(r.weight * r.train_loss for r in with_loss) / total
+            total = sum(w for w, _ in with_loss)
+            metrics["train-loss"] = sum(w * loss for w, loss in with_loss) / total
         return to_record(self.names, self.global_params), MetricRecord(metrics)
 
     # ------------------------------------------------------------------ Strategy API: evaluation

@@ -19,18 +19,22 @@ from __future__ import annotations
 
 import copy
 from types import SimpleNamespace
-from typing import Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple, cast
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
+from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers, loss_and_correct
 from ..fl.server_rules import RULES
 from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
 from .settings import read_round_config
+
+if TYPE_CHECKING:
+    from flwr.app import MetricRecordValues
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -57,7 +61,8 @@ def _control_key(tag: str) -> str:
 
 def _stored_control(state: RecordDict, tag: str, names: list, like: Tensors) -> Optional[Tensors]:
     rec = state.get(_control_key(tag)) if _control_key(tag) in state else None
-    return None if rec is None else from_record(rec, names, like, "stored control")
+    # an ArrayRecord: _store_control is what writes this key
+    return None if rec is None else from_record(cast(ArrayRecord, rec), names, like, "stored control")
 
 
 def _store_control(state: RecordDict, tag: str, names: list, ci: Tensors) -> None:
@@ -66,7 +71,10 @@ def _store_control(state: RecordDict, tag: str, names: list, ci: Tensors) -> Non
 
 
 def _metrics(num_examples: int, client_id: Optional[int], **values: float) -> MetricRecord:
-    m = {"num-examples": int(num_examples), **{k.replace("_", "-"): float(v) for k, v in values.items()}}
+    m: Dict[str, MetricRecordValues] = {
+        "num-examples": int(num_examples),
+        **{k.replace("_", "-"): float(v) for k, v in values.items()},
+    }
     if client_id is not None:
         m["client-id"] = int(client_id)
     return MetricRecord(m)
@@ -119,7 +127,8 @@ def train_round(
         else:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
             anchor.zero_grad(set_to_none=True)
             loss_fn(anchor(bx), by).backward()
-            opt.step(anchor_grads=[p.grad for p in anchor.parameters()])
+            # anchor gradients: PAdaMFed-VR's optimizer (a FedOptimizer: steps take keyword inputs)
+            cast(FedOptimizer, opt).step(anchor_grads=[p.grad for p in anchor.parameters()])
 
     out = RecordDict()
     with torch.no_grad():
@@ -160,7 +169,7 @@ def init_controls_round(
         loss_fn(model(bx), by).backward()
         with torch.no_grad():
             for a, p in zip(acc, params):
-                a.add_(p.grad)
+                a.add_(cast(torch.Tensor, p.grad))  # backward() just gave every parameter one
     ci = [a / K for a in acc]
     _store_control(state, tag, names, ci)
     return RecordDict({"control": to_record(names, ci), "metrics": _metrics(num_examples, client_id)})

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import json
 from functools import lru_cache
-from typing import Callable, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 import torch
@@ -25,11 +25,13 @@ from flwr.app import ConfigRecord, RecordDict
 from ..sim.config import SimConfig
 from ..sim.data.clients import BatchStream
 from ..sim.simulation import Simulation
+from .records import as_int
 
 
 @lru_cache(maxsize=4)
 def _simulation(key: str) -> Simulation:
-    return Simulation(SimConfig(**{k: (tuple(v) if k == "split" else v) for k, v in json.loads(key).items()}))
+    settings: Dict[str, Any] = {k: (tuple(v) if k == "split" else v) for k, v in json.loads(key).items()}
+    return Simulation(SimConfig(**settings))
 
 
 def simulation_for(cfg: SimConfig) -> Simulation:
@@ -61,7 +63,7 @@ def new_model(sim: Simulation) -> torch.nn.Module:
 def batch_stream(sim: Simulation, cid: int, state: RecordDict, tag: str) -> Tuple[Callable, Callable[[], None]]:
     """``(next_batch, save)``: client ``cid``'s stream where ``state`` left it; ``save()`` records the new position."""
     key = f"{tag}.batches"
-    drawn = int(state[key]["drawn"]) if key in state else 0
+    drawn = as_int(state[key]["drawn"]) if key in state else 0
     rng = np.random.default_rng()
     rng.bit_generator.state = copy.deepcopy(sim.streams[cid].rng.bit_generator.state)  # the unused initial state
     client = sim.train_clients[cid]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 import torch
 from torch.optim import Optimizer
@@ -88,7 +88,7 @@ class BatchedFedDecaySGD(ClientBatched, FedDecaySGD):
 
     _spec = BATCHED["sgd_batched"]
 
-    def current_lr_factor(self) -> List[float]:
+    def current_lr_factor(self) -> List[float]:  # type: ignore[override]  # one factor per client
         """s(k_c // decay_every) of each client's next step."""
         return [self.schedule.factor(k) for k in self.round_step]
 
@@ -173,7 +173,7 @@ class WithinRoundDecay(LRScheduler):
         self.schedule = DecaySchedule(beta, schedule, decay_every)
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> List[float]:
+    def get_lr(self) -> List[Union[float, torch.Tensor]]:  # a tensor where the base lr is one
         k = max(self.last_epoch, 0)
         return [base * self.schedule.factor(k) for base in self.base_lrs]
 

@@ -68,7 +68,7 @@ class FedDyn(FedDecaySGD):
     """
 
     _accepts_correction = False
-    _state_keys = ("momentum_buffer", "x0", _NEG_G)
+    _state_keys: Tuple[str, ...] = ("momentum_buffer", "x0", _NEG_G)
 
     def __init__(
         self,
@@ -194,7 +194,7 @@ class FedDyn(FedDecaySGD):
                 "end_round() was already called in this round; g_i is updated once per round "
                 "(call start_round() for the next one)"
             )
-        entries = []
+        entries: List[Tuple[torch.Tensor, Dict[str, Any], float]] = []
         for group in self.param_groups:  # everything checked before any g_i changes
             alpha = check_number("alpha", group["alpha"], low=0.0, low_open=True)
             for p in group["params"]:
@@ -230,7 +230,9 @@ class FedDyn(FedDecaySGD):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        self._round_ended = bool(round_entry(state_dict).get("round_ended", False))
+        rnd = round_entry(state_dict)
+        assert rnd is not None  # the base class refused a state_dict without its round entry
+        self._round_ended = bool(rnd.get("round_ended", False))
 
 
 class BatchedFedDyn(ClientBatched, FedDyn):
@@ -240,7 +242,7 @@ class BatchedFedDyn(ClientBatched, FedDyn):
 
     _spec = BATCHED["sgd_batched"]
 
-    def current_lr_factor(self) -> List[float]:
+    def current_lr_factor(self) -> List[float]:  # type: ignore[override]  # one factor per client
         """s(k_c // decay_every) of each client's next step."""
         return [self.schedule.factor(k) for k in self.round_step]
 

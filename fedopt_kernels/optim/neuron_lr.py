@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import nn
@@ -59,8 +59,8 @@ class NeuronLRSGD(SGDFamily):
         if neuron_scales is not None:
             self.set_neuron_scales(neuron_scales)
 
-    _float32_state = ("neuron_scale",)
-    _state_keys = SGDFamily._state_keys + ("neuron_scale",)
+    _float32_state: Tuple[str, ...] = ("neuron_scale",)
+    _state_keys: Tuple[str, ...] = SGDFamily._state_keys + ("neuron_scale",)
 
     def _scale_shape(self, p: torch.Tensor) -> Tuple[Optional[Tuple[int, ...]], str]:
         """(the shape of ``p``'s scale, or None when it cannot have one; how errors describe it)."""
@@ -171,9 +171,9 @@ def neuron_lr_scales(
             outputs.clear()
             model(x)
             n_batches += 1
-            for mid, out in outputs.items():
+            for mid, raw in outputs.items():
                 # (N, M, *spatial) -> per-unit sums over samples and positions
-                o = out.detach().double().transpose(0, 1).reshape(out.shape[1], -1)
+                o = raw.detach().double().transpose(0, 1).reshape(raw.shape[1], -1)
                 outputs[mid] = o
             last = id(order[-1]) if order else None
             for mid, o in outputs.items():
@@ -199,11 +199,13 @@ def neuron_lr_scales(
         else:
             T = spread / math.log(mu)
             r = M * torch.softmax(hbar / T, dim=0)
-        dtype = torch.float64 if module.weight.dtype == torch.float64 else torch.float32
+        # a Linear/Conv layer's (torch's stubs type a Module attribute as Tensor | Module)
+        weight, bias = cast(torch.Tensor, module.weight), getattr(module, "bias", None)
+        dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
         r = r.to(dtype)
-        out[module.weight] = r
-        if getattr(module, "bias", None) is not None:
-            out[module.bias] = r.clone()
+        out[weight] = r
+        if bias is not None:
+            out[bias] = r.clone()
     return out
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -37,8 +37,8 @@ class PAdaMFed(FedOptimizer):
 
     _spec = PADAMFED
     _accepts_correction = False
-    _float32_state = ("D", "acc")
-    _state_keys = ("D", "acc")
+    _float32_state: Tuple[str, ...] = ("D", "acc")
+    _state_keys: Tuple[str, ...] = ("D", "acc")
     _step_input = "anchor_grads"
 
     def __init__(
@@ -112,6 +112,10 @@ class PAdaMFed(FedOptimizer):
                 f"({len(params)}), got {type(anchor).__name__}"
                 + (f" of length {len(anchor)}" if isinstance(anchor, (list, tuple)) else "")
             )
+
+        def entry_name(i: int) -> Callable[[int], str]:  # check_tensor_list's names for entry i alone
+            return lambda _j: self._name_of(i)
+
         for i, (t, p) in enumerate(zip(anchor, params)):
             if p.grad is None:
                 continue
@@ -125,7 +129,7 @@ class PAdaMFed(FedOptimizer):
                 or t.is_complex()
                 or _dtensor.misplaced(t, p)
             ):
-                check_tensor_list("anchor_grads", [t], [p], lambda _j, i=i: self._name_of(i))
+                check_tensor_list("anchor_grads", [t], [p], entry_name(i))
         return {"anchor_grad": list(anchor)}
 
     def _step_tensors(self, p, group, state, idx):

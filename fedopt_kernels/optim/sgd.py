@@ -17,7 +17,7 @@ class SGDFamily(FedOptimizer):
 
     _spec = SGD
     _round_state = ("momentum_buffer",)
-    _state_keys = ("momentum_buffer", "x0", "correction")
+    _state_keys: Tuple[str, ...] = ("momentum_buffer", "x0", "correction")
 
     def _validate_group(self, group: Dict[str, Any]) -> None:
         super()._validate_group(group)

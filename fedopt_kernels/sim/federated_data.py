@@ -124,9 +124,9 @@ def input_spec_for(cfg: SimConfig, users: List[ArrayDataset]) -> Optional[InputS
         total = sum(u.x.size for u in users)
         s1 = sum(float(u.x.sum(dtype=np.float64)) for u in users) / 255.0
         s2 = sum(float(np.square(u.x, dtype=np.float64).sum()) for u in users) / 255.0**2
-        mean = s1 / total
-        std = max(float(np.sqrt(max(s2 / total - mean * mean, 0.0))), 1e-3)
-        return InputSpec(mean=(mean,), std=(std,))
+        grey_mean = s1 / total
+        grey_std = max(float(np.sqrt(max(s2 / total - grey_mean * grey_mean, 0.0))), 1e-3)
+        return InputSpec(mean=(grey_mean,), std=(grey_std,))
     return None
 
 

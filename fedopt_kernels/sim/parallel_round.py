@@ -21,10 +21,11 @@ optimizers' active mask), so one trainer (and one CUDA graph) serves every chunk
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
+from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from .data.image_input import ImageClassifier
 from .parallel.batches import BatchPool, apply_stage
@@ -86,7 +87,7 @@ class BatchedClients:
         self.size = math.ceil(S / chunks)  # equal chunks: at most one inactive slot in the last
         # "cuda": replay each step from a CUDA graph; tests set "emulate" (parallel/step_graph.py) before round 0
         self.graph_mode = "cuda" if cfg.cuda_graph else None
-        self._trainer: BatchedTrainer = None  # built at the first round (after the strategy's setup)
+        self._trainer: Optional[BatchedTrainer] = None  # built at the first round (after the strategy's setup)
 
     def resolve_parallel(self) -> int:
         """``client_parallel`` as a number (``auto``: parallel/size.py's estimate), at most the sampled clients."""
@@ -105,7 +106,8 @@ class BatchedClients:
                 self.loss,
                 self.sim.global_params,
                 self.size,
-                lambda params: self.opts.build_on(params, batched=True),
+                # a client-batched optimizer is a FedOptimizer (Algorithm.make's annotation is torch's class)
+                lambda params: cast(FedOptimizer, self.opts.build_on(params, batched=True)),
                 steps=self.cfg.local_steps,
                 clip_norm=clip,
                 anchor=self.anchor_model is not None,
@@ -124,7 +126,7 @@ class BatchedClients:
             losses += chunk_losses
         return updates, losses
 
-    def _round_inputs(self, chunk: List[int], t: int, stacked: List[torch.Tensor]) -> Dict[str, Any]:
+    def _round_inputs(self, chunk: List[int], t: int, stacked: Sequence[torch.Tensor]) -> Dict[str, Any]:
         sim, per = self.sim, []
         for cid in chunk:
             inputs = dict(self.sim.strategy.round_inputs(cid, t))
@@ -156,8 +158,11 @@ class BatchedClients:
         active = None
         if m < self.size or self.graph_mode is not None:
             active = torch.arange(self.size, device=sim.device) < m
-        pad = lambda v: None if v is None else _pad_clients(v, self.size)  # noqa: E731
-        total = tr.run(pad(x), pad(batches.y), pad(batches.w), pad(anchor_x), active)
+
+        def pad(v: torch.Tensor) -> torch.Tensor:
+            return _pad_clients(v, self.size)
+
+        total = tr.run(pad(x), pad(batches.y), pad(batches.w), None if anchor_x is None else pad(anchor_x), active)
         end_round(tr.opt)
         outputs = {name: getattr(tr.opt, name)() for name in self.algo.round_outputs}
         updates = []

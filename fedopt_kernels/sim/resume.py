@@ -159,7 +159,8 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
         raise ValueError("checkpoint's batch streams are not this run's clients")
     models = {"model": sim.model, "anchor": st.anchor_model}
     for key, bufs in state["buffers"].items():
-        mine = dict(models[key].named_buffers()) if models.get(key) is not None else {}
+        holder = models.get(key)
+        mine = dict(holder.named_buffers()) if holder is not None else {}
         if set(bufs) != set(mine):
             raise ValueError(f"checkpoint's buffers of the {key} do not match the model's")
     # from here on nothing raises
@@ -174,11 +175,13 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
         stream.rng.bit_generator.state = s["rng"]
         stream.pending = [int(i) for i in s["order"]]
     for key, gens in state["generators"].items():
-        if models.get(key) is not None:
-            _set_augment_generators(models[key], gens)
+        holder = models.get(key)
+        if holder is not None:
+            _set_augment_generators(holder, gens)
     for key, bufs in state["buffers"].items():
-        if models.get(key) is not None:
-            for n, b in models[key].named_buffers():
+        holder = models.get(key)
+        if holder is not None:
+            for n, b in holder.named_buffers():
                 b.copy_(bufs[n])
     set_global_rng_state(state["rng"])
     sim.history = list(state["history"])

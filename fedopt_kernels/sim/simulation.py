@@ -203,7 +203,7 @@ class Simulation:
         def stream(u: ClientData) -> BatchStream:
             return BatchStream(u.train_x, u.train_y, self.cfg.batch_size, np.random.default_rng(seeds[u.client_id]))
 
-        out = evaluate_users(
+        out: Dict[str, Any] = evaluate_users(  # plus the pooled accuracy below
             self.model,
             self.global_params,
             {"existing": self.train_clients, "new": self.data.new_clients},

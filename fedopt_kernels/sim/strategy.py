@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Protocol
+from typing import Any, Dict, List, Mapping, Protocol, cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers
 from ..fl.server_rules import RULES
@@ -35,9 +36,15 @@ class RoundHost(Protocol):
     backend: str
     model: nn.Module
     global_params: Tensors  # the server's model, one tensor per parameter
-    train_clients: List[ClientData]  # by client id
-    streams: Mapping[int, BatchStream]  # each training client's batches, by client id
     strategy: Strategy
+
+    @property
+    def train_clients(self) -> List[ClientData]:
+        """The training clients, by client id."""
+
+    @property
+    def streams(self) -> Mapping[int, BatchStream]:
+        """Each training client's batches, by client id."""
 
     def load_global(self) -> None:
         """Copy the global model into ``model``."""
@@ -118,7 +125,7 @@ class Strategy:
             with torch.enable_grad():
                 self.loss_and_grad(stream.next())
             for a, p in zip(acc, self.sim.model.parameters()):
-                a.add_(p.grad)
+                a.add_(cast(torch.Tensor, p.grad))  # backward() just gave every parameter one
         return [a / K for a in acc]
 
     def _sent(self) -> Dict[str, Tensors]:
@@ -153,11 +160,14 @@ class Strategy:
         self.anchor_model.zero_grad(set_to_none=True)
         x, y = batch
         F.cross_entropy(self.anchor_model(x), y).backward()
-        opt.step(anchor_grads=[p.grad for p in self.anchor_model.parameters()])
+        # anchor gradients: PAdaMFed-VR's optimizer (a FedOptimizer: steps take keyword inputs)
+        cast(FedOptimizer, opt).step(anchor_grads=[p.grad for p in self.anchor_model.parameters()])
         return loss
 
     @torch.no_grad()
-    def finish(self, cid: int, opt: torch.optim.Optimizer, t: int) -> ClientUpdate:
+    def finish(self, cid: int, opt: Any, t: int) -> ClientUpdate:
+        """Client ``cid``'s update after round ``t``; ``opt``: its optimizer, or what stands in for
+        it (the client-parallel round's view of one client of the batched optimizer)."""
         end_round(opt)
         delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params)]
         update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)

@@ -187,6 +187,7 @@ def validate_client_parallel(
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=dtype)
     synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=dtype)
     b = free.batched
+    assert b is not None  # cfg.parallel, checked above
     chunks = f" (chunks of {b.size})" if b.size != b.parallel else ""
     out = Validation(
         backend=f"client-parallel {b.parallel}{chunks} [{free.backend}]",
@@ -221,6 +222,7 @@ def _paths_and_kernels(
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     b = free.batched
+    assert b is not None  # cfg.parallel: validate_client_parallel's caller checked it
     out = Validation(
         backend=f"client-parallel {b.parallel} [{free.backend}]",
         reference=f"client-parallel {b.parallel} [{ref.backend}]",

@@ -22,7 +22,7 @@ import argparse
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ...fl.config import algorithm_settings
 from ..config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
@@ -323,6 +323,18 @@ class _NoBar:
         pass
 
 
+def _advance(bar: Any, show_metrics: bool = False) -> Callable[[Dict[str, Any]], None]:
+    """The per-round callback that moves ``bar`` on by one round (and shows the round's loss and
+    validation accuracy where it has them, with ``show_metrics``)."""
+
+    def tick(rec: Dict[str, Any]) -> None:
+        bar.update(1)
+        if show_metrics and "val_acc" in rec:
+            bar.set_postfix(loss=f"{rec['train_loss']:.3f}", val_acc=f"{rec['val_acc']:.3f}")
+
+    return tick
+
+
 def _progress_bar(total: int, desc: str, quiet: bool):
     if quiet or not sys.stderr.isatty():
         return _NoBar()  # tqdm is not even imported: --quiet runs need no [sim] extra for it
@@ -376,12 +388,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         bar = _progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
         bar.update(len(sim.history))
 
-        def tick(rec: Dict[str, Any], bar: Any = bar) -> None:  # bound: this seed's bar
-            bar.update(1)
-            if "val_acc" in rec:
-                bar.set_postfix(loss=f"{rec['train_loss']:.3f}", val_acc=f"{rec['val_acc']:.3f}")
-
-        result = sim.run(progress=tick)
+        result = sim.run(progress=_advance(bar, show_metrics=True))
         bar.close()
         results.append(result)
         if out_dir is not None:
@@ -439,11 +446,9 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     for cfg in configs:
         bar = _progress_bar(cfg.rounds, f"validate {args.validate} seed {cfg.seed}", args.quiet)
         if args.validate == SEQUENTIAL:
-            v = validate_client_parallel(cfg, args.param_rtol, args.acc_tol, on_round=lambda _, bar=bar: bar.update(1))
+            v = validate_client_parallel(cfg, args.param_rtol, args.acc_tol, on_round=_advance(bar))
         else:
-            v = validate_backend(
-                cfg, args.validate, args.param_rtol, args.acc_tol, on_round=lambda _, bar=bar: bar.update(1)
-            )
+            v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol, on_round=_advance(bar))
         bar.close()
         # the verdict line names the run: the main job's four --quiet runs in a row stay readable
         print(f"seed {cfg.seed}: {v.report(name=f'{cfg.algorithm} ({v.reference} vs {v.backend}, seed {cfg.seed})')}")

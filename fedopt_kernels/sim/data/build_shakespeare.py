@@ -24,7 +24,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -106,7 +106,10 @@ def build(
             roles = parse_play(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"could not read the play {str(path)!r} ({type(exc).__name__}: {exc})") from None
-        parts = {sub: dict(users=[], num_samples=[], user_data={}) for sub in ("train", "test")}
+        # one LEAF JSON object per split: users, num_samples, user_data
+        parts: Dict[str, Dict[str, Any]] = {
+            sub: dict(users=[], num_samples=[], user_data={}) for sub in ("train", "test")
+        }
         for role in sorted(roles):
             x, y = windows(roles[role], max_samples)
             if len(y) < max(min_samples, 1):

@@ -99,7 +99,7 @@ class _SafeUnpickler(pickle.Unpickler):
             return codecs.encode
         if module.startswith("numpy") and module.endswith("multiarray"):
             try:  # numpy >= 2 keeps these in numpy._core; older ones in numpy.core
-                import numpy._core.multiarray as ma  # type: ignore[import-not-found]
+                import numpy._core.multiarray as ma
             except ImportError:  # pragma: no cover - numpy 1.x
                 import numpy.core.multiarray as ma  # type: ignore[no-redef]
             return getattr(ma, name)
@@ -157,7 +157,7 @@ def _read_batch(path: Path, name: str) -> Tuple[np.ndarray, np.ndarray]:
 
 def _download(name: str, root: Path) -> None:
     try:
-        import torchvision  # type: ignore[import-not-found]
+        import torchvision
     except ImportError:
         raise ValueError(
             'download=True (--download) needs torchvision: pip install "fedopt_kernels[data]" '

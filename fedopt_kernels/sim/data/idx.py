@@ -20,7 +20,7 @@ import gzip
 import struct
 import zlib
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, TypedDict
 
 import numpy as np
 
@@ -34,8 +34,14 @@ _FILES = {
 _IDX_NAMES = ", ".join(name for pair in _FILES.values() for name in pair)
 
 
-def _layout(title: str, sub: tuple, where: str, get: str, download: str) -> Dict[str, object]:
-    return dict(
+class _Layout(TypedDict):
+    title: str
+    sub: Tuple[str, ...]  # folders under data_dir the files may be in, in the order they are looked for
+    how: str
+
+
+def _layout(title: str, sub: Tuple[str, ...], where: str, get: str, download: str) -> _Layout:
+    return _Layout(
         title=title,
         sub=sub,
         how=(
@@ -46,7 +52,7 @@ def _layout(title: str, sub: tuple, where: str, get: str, download: str) -> Dict
     )
 
 
-_LAYOUT: Dict[str, Dict[str, object]] = {
+_LAYOUT: Dict[str, _Layout] = {
     "mnist": _layout(
         "MNIST",
         ("", "MNIST/raw", "raw", "data", "mnist"),
@@ -67,7 +73,7 @@ IDX_SIZE = {"mnist": 70000, "fmnist": 70000}  # train + test images, pooled befo
 
 
 def how_to_get(name: str) -> str:
-    return str(_LAYOUT[name]["how"])
+    return _LAYOUT[name]["how"]
 
 
 def _find(folder: Path, stem: str) -> Optional[Path]:
@@ -115,11 +121,11 @@ def read_idx(path: Path, ndim: int, how: str = "") -> np.ndarray:
 
 def _find_base(root: Path, name: str) -> Path:
     lay = _LAYOUT[name]
-    for sub in lay["sub"]:  # type: ignore[union-attr]
+    for sub in lay["sub"]:
         base = root / sub if sub else root
         if base.is_dir() and _find(base, _FILES["train"][0]) is not None:
             return base
-    looked = ", ".join(repr(str(root / s if s else root)) for s in lay["sub"])  # type: ignore[union-attr]
+    looked = ", ".join(repr(str(root / s if s else root)) for s in lay["sub"])
     raise ValueError(
         f"the {lay['title']} file {_FILES['train'][0]}[.gz] was not found under data_dir "
         f"{str(root)!r} (looked in {looked}). {how_to_get(name)}"

@@ -35,7 +35,7 @@ class InputSpec:
     def __post_init__(self) -> None:
         if (self.mean is None) != (self.std is None):
             raise ValueError("InputSpec: give both mean and std, or neither")
-        if self.std is not None:
+        if self.std is not None and self.mean is not None:  # both or neither, checked above
             if len(self.std) != len(self.mean) or not all(math.isfinite(s) and s > 0 for s in self.std):
                 raise ValueError(
                     f"InputSpec: std must be positive and as long as mean, got mean={self.mean}, std={self.std}"

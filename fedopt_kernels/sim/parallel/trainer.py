@@ -13,7 +13,7 @@ client-batched optimizer over them (``fedopt_kernels.batched``). A local step of
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -109,7 +109,7 @@ class BatchedTrainer:
         grads, loss, anchors = self.gradients(x, y, w, anchor_x)
         for p, g in zip(self.stacked, grads):
             p.grad = g
-        kwargs = {"anchor_grads": list(anchors)} if anchors is not None else {}
+        kwargs: Dict[str, Any] = {"anchor_grads": list(anchors)} if anchors is not None else {}
         self.opt.step(active=active, **kwargs)
         return loss
 
