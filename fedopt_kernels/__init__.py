@@ -3,13 +3,18 @@
 Public names (docs/algorithms.md): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, neuron_lr_scales, FedNAR,
 PAdaMFed, theory_hparams, FedDyn, available_backends.
 """
+
 from .core.registry import available_backends
+
 # each algorithm's module registers its descriptor (fedopt_kernels.fl.algorithm) on import, in this order
-from .optim.feddecay import FedDecaySGD, WithinRoundDecay  # noqa: I001
+# (the order of fedopt_kernels.fl.algorithm.ALGORITHMS and of the simulator's choices): not sorted
+# isort: off
+from .optim.feddecay import FedDecaySGD, WithinRoundDecay
 from .optim.neuron_lr import NeuronLRSGD, neuron_lr_scales
 from .optim.fednar import FedNAR
 from .optim.padamfed import PAdaMFed, theory_hparams
 from .optim.feddyn import FedDyn
+# isort: on
 
 __version__ = "0.1.0"
 

@@ -3,6 +3,7 @@
 is ``tests/test_equivalence.py``). Configurations come from ``fedopt_kernels.fl.catalogue`` (each
 algorithm's option set that exercises every role of its op). Exits non-zero when a backend
 disagrees beyond tolerance."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 SHAPES = [(64, 3, 3, 3), (64,), (128, 64), (1,), (0,), (1000,), (33, 17)]
 
 
-def _problem(dtype: torch.dtype, device: str, seed: int) -> List[torch.nn.Parameter]:
+def _problem(dtype: torch.dtype, device: str, seed: int) -> List[torch.Tensor]:  # Parameters
     g = torch.Generator().manual_seed(seed)
     return [torch.nn.Parameter(torch.randn(s, generator=g).to(device=device, dtype=dtype)) for s in SHAPES]
 
@@ -52,8 +53,16 @@ def main(argv=None) -> int:
                 ref = _run(cfg, "reference", dtype, args.device)
                 got = _run(cfg, backend, dtype, args.device)
                 err = _max_rel_err(ref, got)
-                rows.append((name, backend, str(dtype).replace("torch.", ""), err, TOL[dtype],
-                             "ok" if err <= TOL[dtype] else "FAIL"))
+                rows.append(
+                    (
+                        name,
+                        backend,
+                        str(dtype).replace("torch.", ""),
+                        err,
+                        TOL[dtype],
+                        "ok" if err <= TOL[dtype] else "FAIL",
+                    )
+                )
     if not rows:
         print("only the reference backend is available: nothing to compare")
         return 0

@@ -9,6 +9,7 @@ that run them are ``two_pass.py``'s.
 and clamps with a comparison so a NaN norm stays NaN (clip_grad_norm_ semantics). Bytes per
 element (float32): 8 (pass 1: x, g) + 12 (pass 2: x, g, write x), +8 each for corr and x0.
 """
+
 from __future__ import annotations
 
 import triton.language as tl
@@ -21,8 +22,9 @@ from .tiles import add_terms, hp_f32, load_f32, store_as
 # role slots and hp columns, from the op's declaration (fedopt_kernels/core/ops.py)
 ROLES, WRITTEN = spec_roles("fednar")
 _X, _G, _X0, _CORR = spec_slots("fednar", "x", "g", "x0", "corr")
-_STEP_LR, _WD, _MAX_NORM, _EPS, _PROX, HPN = spec_columns("fednar", "step_lr", "weight_decay", "max_norm", "eps",
-                                                          "prox_mu")
+_STEP_LR, _WD, _MAX_NORM, _EPS, _PROX, HPN = spec_columns(
+    "fednar", "step_lr", "weight_decay", "max_norm", "eps", "prox_mu"
+)
 
 
 @device_fn
@@ -35,16 +37,54 @@ def factor(norm, r):
 
 
 @device_fn
-def elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS: tl.constexpr, NR: tl.constexpr, X_DT: tl.constexpr,
-         G_DT: tl.constexpr, X0_DT: tl.constexpr, CORR_DT: tl.constexpr, HAS_X0: tl.constexpr, HAS_CORR: tl.constexpr,
-         UNSCALE: tl.constexpr, ROWS: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr):
+def elem(
+    meta_ptr,
+    t,
+    start,
+    col,
+    mask,
+    r,
+    inv,
+    scale,
+    PASS: tl.constexpr,
+    NR: tl.constexpr,
+    X_DT: tl.constexpr,
+    G_DT: tl.constexpr,
+    X0_DT: tl.constexpr,
+    CORR_DT: tl.constexpr,
+    HAS_X0: tl.constexpr,
+    HAS_CORR: tl.constexpr,
+    UNSCALE: tl.constexpr,
+    ROWS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    VEC: tl.constexpr,
+):
     """Pass 0: squares of d at ``start + col`` of tensor ``t``; pass 1: x -= scale * d there."""
     x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DT, ROWS, ALIGNED)
     d = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DT, ROWS, ALIGNED)
     if UNSCALE:
         d = d * inv
-    d = add_terms(d, x, hp_f32(r, _WD), hp_f32(r, _PROX), meta_ptr, t, start, col, mask, _CORR, _X0, NR, CORR_DT,
-                  X0_DT, HAS_CORR, HAS_X0, ROWS, ALIGNED, VEC)
+    d = add_terms(
+        d,
+        x,
+        hp_f32(r, _WD),
+        hp_f32(r, _PROX),
+        meta_ptr,
+        t,
+        start,
+        col,
+        mask,
+        _CORR,
+        _X0,
+        NR,
+        CORR_DT,
+        X0_DT,
+        HAS_CORR,
+        HAS_X0,
+        ROWS,
+        ALIGNED,
+        VEC,
+    )
     if PASS == 0:
         out = squares(d, mask)
     else:

@@ -16,6 +16,7 @@ Things the interpreter does differently, and how the kernels cope:
   install) calls ``int()`` on the array, which NumPy >= 2.4 refuses for arrays that are not 0-d:
   every ``range`` bound that is not a constexpr goes through ``loop_bound``.
 """
+
 from __future__ import annotations
 
 import triton

@@ -52,6 +52,7 @@ Design (the same for every op):
 Building a plan copies the tables to the device (pinned + non_blocking on CUDA: no host sync);
 this happens only on a cache miss, i.e. not in a steady-state or CUDA-graph-captured step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -92,6 +93,7 @@ def spec_columns(op: str, *names: str) -> Tuple[tl.constexpr, ...]:
     spec = OPS[op]
     return tuple(tl.constexpr(spec.hp_index(n)) for n in names) + (tl.constexpr(len(spec.hps)),)
 
+
 # Compiled (GPU) tile: one chunk of 2048 elements per program, 8 warps -> 8 elements per thread,
 # i.e. two 128-bit accesses per float32 tensor per thread; keeps the fullest variant (sgd with
 # momentum, x0, correction and scales) near 70 registers (16 elements/thread needed ~150).
@@ -111,8 +113,17 @@ FORCE_TILE: Optional[Tuple[int, int]] = None
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 # how error messages name the kernels' roles
-ROLE_NAMES = {"x": "parameter", "g": "gradient", "buf": "momentum_buffer", "x0": "x0 (FedProx anchor)",
-              "corr": "correction", "scale": "neuron_scale", "D": "D", "acc": "acc", "H": "anchor_grad"}
+ROLE_NAMES = {
+    "x": "parameter",
+    "g": "gradient",
+    "buf": "momentum_buffer",
+    "x0": "x0 (FedProx anchor)",
+    "corr": "correction",
+    "scale": "neuron_scale",
+    "D": "D",
+    "acc": "acc",
+    "H": "anchor_grad",
+}
 
 
 def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
@@ -120,29 +131,31 @@ def tl_dtype(t: torch.Tensor, role: str, backend: str = "triton") -> tl.dtype:
     try:
         return _TL_DTYPES[t.dtype]
     except KeyError:
-        raise TypeError(f"backend={backend!r} supports float32, float16 and bfloat16 tensors, but a "
-                        f"{ROLE_NAMES.get(role, role)} has dtype {t.dtype} (use backend='reference' "
-                        f"or 'cpu' for {t.dtype})") from None
+        raise TypeError(
+            f"backend={backend!r} supports float32, float16 and bfloat16 tensors, but a "
+            f"{ROLE_NAMES.get(role, role)} has dtype {t.dtype} (use backend='reference' "
+            f"or 'cpu' for {t.dtype})"
+        ) from None
 
 
 @dataclass
 class Launch:
     """One kernel launch: the tensors of one group that share a dtype signature."""
 
-    dtypes: Dict[str, tl.dtype]      # role -> element type (absent roles map to tl.float32)
-    present: Tuple[str, ...]         # roles that have tensors
-    meta: torch.Tensor               # int64 [T, NR]: addresses per role, numel, row length
-    chunks: torch.Tensor             # int32 [C, 2]: (tensor index, chunk index in tensor)
+    dtypes: Dict[str, tl.dtype]  # role -> element type (absent roles map to tl.float32)
+    present: Tuple[str, ...]  # roles that have tensors
+    meta: torch.Tensor  # int64 [T, NR]: addresses per role, numel, row length
+    chunks: torch.Tensor  # int32 [C, 2]: (tensor index, chunk index in tensor)
     n_chunks: int
-    rows: int                        # chunks per program (1 compiled)
-    block: int                       # elements per chunk
-    n_tiles: int                     # programs of an elementwise pass
-    group: int = 0                   # hp row (batch) of the tensors (per-client launches)
-    norm_programs: int = 0           # programs of a norm pass
-    slot_base: int = 0               # first slot of this launch in LaunchPlan.partials
-    batched: bool = False            # rows are client slices: meta is [T, NR + 2] (hp row, client)
-    aligned: bool = True             # every role of every row is 16-byte aligned (the ROWS == 1 promise)
-    fresh: int = 0                   # sgd_batched: the FRESH bit of this launch's batches
+    rows: int  # chunks per program (1 compiled)
+    block: int  # elements per chunk
+    n_tiles: int  # programs of an elementwise pass
+    group: int = 0  # hp row (batch) of the tensors (per-client launches)
+    norm_programs: int = 0  # programs of a norm pass
+    slot_base: int = 0  # first slot of this launch in LaunchPlan.partials
+    batched: bool = False  # rows are client slices: meta is [T, NR + 2] (hp row, client)
+    aligned: bool = True  # every role of every row is 16-byte aligned (the ROWS == 1 promise)
+    fresh: int = 0  # sgd_batched: the FRESH bit of this launch's batches
     consts: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # op -> its constexprs
     # where each table row's addresses come from (LaunchPlan.moved): its source tensor (an index into
     # LaunchPlan.sources) and client (0 for a per-client plan); and the table as built, on the host
@@ -157,15 +170,15 @@ class LaunchPlan:
     launches; the optimizer's own plan is ``core/plan.py``'s ``StepPlan``)."""
 
     launches: List[Launch]
-    partials: Optional[torch.Tensor]                         # float64 [n_slots] or None
+    partials: Optional[torch.Tensor]  # float64 [n_slots] or None
     n_slots: int
     staged: List[Tuple[int, str, int, torch.Tensor, bool]] = field(default_factory=list)
     # (position in the roles list, role, index in its lists, contiguous staging buffer, written by the op)
-    clients: int = 0                        # batched plans: C (0: a per-client plan)
-    hp_rows: int = 0                        # batched plans: B of hp [B, C, cols]
-    seg: Optional[torch.Tensor] = None      # batched norm: int32 [launches, C + 1], slot where client c begins
+    clients: int = 0  # batched plans: C (0: a per-client plan)
+    hp_rows: int = 0  # batched plans: B of hp [B, C, cols]
+    seg: Optional[torch.Tensor] = None  # batched norm: int32 [launches, C + 1], slot where client c begins
     factors: Optional[torch.Tensor] = None  # batched norm: float32 [B * C], each hp row's update factor
-    role_names: Tuple[str, ...] = ()        # the pointer table's role columns, in order
+    role_names: Tuple[str, ...] = ()  # the pointer table's role columns, in order
     sources: List[Tuple[int, int]] = field(default_factory=list)  # (batch, index in its lists) of each table tensor
     device: Optional[torch.device] = None
     columns: Dict[str, Tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)  # _column's
@@ -174,7 +187,7 @@ class LaunchPlan:
     def batched(self) -> bool:
         return self.clients > 0
 
-    def moved(self, roles: Sequence[Dict[str, List[torch.Tensor]]], moving: Sequence[str]) -> "LaunchPlan":
+    def moved(self, roles: Sequence[Dict[str, List[torch.Tensor]]], moving: Sequence[str]) -> LaunchPlan:
         """This plan for ``roles``, whose ``moving`` roles (e.g. the gradients) may sit at other
         addresses than the ones this plan was built for, with the same shapes, strides, dtypes and
         16-byte alignment (so the same rows are staged and the same launches keep the 128-bit
@@ -185,8 +198,11 @@ class LaunchPlan:
             if role not in self.role_names:
                 continue
             col, keep, step = self._column(roles, role)
-            base = np.fromiter((roles[g][role][i].data_ptr() if role in roles[g] else 0 for g, i in self.sources),
-                               dtype=np.int64, count=len(self.sources))
+            base = np.fromiter(
+                (roles[g][role][i].data_ptr() if role in roles[g] else 0 for g, i in self.sources),
+                dtype=np.int64,
+                count=len(self.sources),
+            )
             cols.append((col, base, step, keep))
         launches = []
         assert self.device is not None
@@ -209,10 +225,15 @@ class LaunchPlan:
         if known is None:
             staged = {(g, name, i) for g, name, i, _, _ in self.staged}
             keep = [role not in roles[g] or (g, role, i) in staged for g, i in self.sources]
-            step = [0 if (k or not self.batched) else roles[g][role][i].stride(0) * roles[g][role][i].element_size()
-                    for k, (g, i) in zip(keep, self.sources)]
-            known = self.columns[role] = (self.role_names.index(role), np.asarray(keep, dtype=bool),
-                                          np.asarray(step, dtype=np.int64))
+            step = [
+                0 if (k or not self.batched) else roles[g][role][i].stride(0) * roles[g][role][i].element_size()
+                for k, (g, i) in zip(keep, self.sources)
+            ]
+            known = self.columns[role] = (
+                self.role_names.index(role),
+                np.asarray(keep, dtype=bool),
+                np.asarray(step, dtype=np.int64),
+            )
         return known
 
     def stage_in(self, roles: Sequence[Dict[str, List[torch.Tensor]]]) -> None:
@@ -227,7 +248,7 @@ class LaunchPlan:
                 roles[g][role][i].copy_(buf)
 
 
-_CACHE: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
+_CACHE: OrderedDict[tuple, LaunchPlan] = OrderedDict()
 # Counters for the tests: plans built, steps that reused one, plans made for moved gradients.
 stats = {"builds": 0, "hits": 0, "moved": 0}
 
@@ -267,16 +288,35 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-def plan_key(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
-             role_names: Tuple[str, ...], device: torch.device, norm: bool) -> tuple:
+def plan_key(
+    op: str,
+    roles: Sequence[Dict[str, List[torch.Tensor]]],
+    rows: Sequence[int],
+    role_names: Tuple[str, ...],
+    device: torch.device,
+    norm: bool,
+) -> tuple:
     """What a plan depends on: every tensor's address, shape, strides and dtype, and the hp rows."""
-    return (op, device, norm, tuple(rows), tuple(
-        tuple(tuple(map(_key_of, r[name])) if name in r else None for name in role_names) for r in roles))
+    return (
+        op,
+        device,
+        norm,
+        tuple(rows),
+        tuple(tuple(tuple(map(_key_of, r[name])) if name in r else None for name in role_names) for r in roles),
+    )
 
 
-def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
-             role_names: Tuple[str, ...], written: Tuple[str, ...], device: torch.device, norm: bool,
-             scale_role: Optional[str] = None, key: Optional[tuple] = None) -> LaunchPlan:
+def get_plan(
+    op: str,
+    roles: Sequence[Dict[str, List[torch.Tensor]]],
+    rows: Sequence[int],
+    role_names: Tuple[str, ...],
+    written: Tuple[str, ...],
+    device: torch.device,
+    norm: bool,
+    scale_role: Optional[str] = None,
+    key: Optional[tuple] = None,
+) -> LaunchPlan:
     """The cached plan for these tensors (one dict role -> list per batch, ``rows[i]`` the hp row of
     batch ``i``), building it on a miss.
 
@@ -289,17 +329,30 @@ def get_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequ
     return _cached(key, device, lambda: _build(roles, rows, role_names, written, device, norm, scale_role))
 
 
-def get_batched_plan(op: str, roles: Sequence[Dict[str, List[torch.Tensor]]], rows: Sequence[int],
-                     fresh: Sequence[bool], clients: int, hp_rows: int, role_names: Tuple[str, ...],
-                     written: Tuple[str, ...], device: torch.device, norm: bool,
-                     scale_role: Optional[str] = None) -> LaunchPlan:
+def get_batched_plan(
+    op: str,
+    roles: Sequence[Dict[str, List[torch.Tensor]]],
+    rows: Sequence[int],
+    fresh: Sequence[bool],
+    clients: int,
+    hp_rows: int,
+    role_names: Tuple[str, ...],
+    written: Tuple[str, ...],
+    device: torch.device,
+    norm: bool,
+    scale_role: Optional[str] = None,
+) -> LaunchPlan:
     """``get_plan`` for a client-batched op: every tensor is stacked ``[clients, *shape]``, batch
     ``i`` uses hp rows ``rows[i] * clients + c`` of hp viewed as ``[hp_rows * clients, cols]``,
     and ``fresh[i]`` is its FRESH bit (``sgd_batched``)."""
-    key = ("batched", clients, hp_rows, tuple(bool(f) for f in fresh)) + \
-        plan_key(op, roles, rows, role_names, device, norm)
-    return _cached(key, device, lambda: _build_batched(roles, rows, fresh, clients, hp_rows, role_names, written,
-                                                       device, norm, scale_role))
+    key = ("batched", clients, hp_rows, tuple(bool(f) for f in fresh)) + plan_key(
+        op, roles, rows, role_names, device, norm
+    )
+    return _cached(
+        key,
+        device,
+        lambda: _build_batched(roles, rows, fresh, clients, hp_rows, role_names, written, device, norm, scale_role),
+    )
 
 
 def _cached(key: tuple, device: torch.device, build) -> LaunchPlan:
@@ -325,7 +378,8 @@ def refuse_while_capturing(device: torch.device) -> None:
         raise RuntimeError(
             "the triton backend builds its pointer tables when it first sees a set of tensors; take one "
             "eager step() before capturing a CUDA graph, and keep parameters, gradients and optimizer "
-            "state at fixed addresses while the graph is used")
+            "state at fixed addresses while the graph is used"
+        )
 
 
 _POOLS: Dict[int, Any] = {}  # device index -> its MemPool, or None where pools are not to be had
@@ -365,13 +419,25 @@ def _table_pool(device: torch.device):
 
 def _check_rowlen(rowlen: int, shape: tuple) -> None:
     if rowlen >= 2**31 - 2 * GPU_BLOCK:
-        raise ValueError(f"a parameter of shape {shape} has rows of {rowlen} elements; "
-                         f"the triton backend's per-row scale supports rows below 2**31 elements")
+        raise ValueError(
+            f"a parameter of shape {shape} has rows of {rowlen} elements; "
+            f"the triton backend's per-row scale supports rows below 2**31 elements"
+        )
 
 
-def _launch_of(rows_meta: List[List[int]], numels: List[int], nr: int, present: Tuple[str, ...], sig: tuple,
-               role_names: Tuple[str, ...], device: torch.device, interp: bool, sources: List[int],
-               clients: Optional[List[int]] = None, **kw) -> Launch:
+def _launch_of(
+    rows_meta: List[List[int]],
+    numels: List[int],
+    nr: int,
+    present: Tuple[str, ...],
+    sig: tuple,
+    role_names: Tuple[str, ...],
+    device: torch.device,
+    interp: bool,
+    sources: List[int],
+    clients: Optional[List[int]] = None,
+    **kw,
+) -> Launch:
     """One launch over the table rows ``rows_meta`` (their element counts ``numels``; row ``j`` holds
     the addresses of source tensor ``sources[j]``, client ``clients[j]``)."""
     rows, block = FORCE_TILE or pick_tile(numels, interp)
@@ -384,12 +450,19 @@ def _launch_of(rows_meta: List[List[int]], numels: List[int], nr: int, present: 
     dtypes.update(zip(present, sig))
     host = np.asarray(rows_meta, dtype=np.int64).reshape(len(rows_meta), nr)
     return Launch(
-        dtypes=dtypes, present=present, meta=_to_device(torch.from_numpy(host.copy()), device),
+        dtypes=dtypes,
+        present=present,
+        meta=_to_device(torch.from_numpy(host.copy()), device),
         chunks=_to_device(chunks.contiguous(), device),
-        n_chunks=n_chunks, rows=rows, block=block, n_tiles=(n_chunks + rows - 1) // rows,
+        n_chunks=n_chunks,
+        rows=rows,
+        block=block,
+        n_tiles=(n_chunks + rows - 1) // rows,
         row_source=np.asarray(sources, dtype=np.int64),
         row_client=np.asarray(clients if clients is not None else [0] * len(sources), dtype=np.int64),
-        host_meta=host, **kw)
+        host_meta=host,
+        **kw,
+    )
 
 
 def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> LaunchPlan:
@@ -402,7 +475,7 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
         present = tuple(name for name in role_names if name in r)
         n = len(r[role_names[0]])
         # split the group by dtype signature, keeping first-seen order (deterministic)
-        by_sig: "OrderedDict[tuple, List[int]]" = OrderedDict()
+        by_sig: OrderedDict[tuple, List[int]] = OrderedDict()
         for i in range(n):
             if r[role_names[0]][i].numel() == 0:
                 continue  # zero-size: nothing to do, nothing in the table
@@ -430,8 +503,20 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
                 _check_rowlen(rowlen, tuple(x.shape))
                 rows_meta.append(addrs + [x.numel(), rowlen])
                 numels.append(x.numel())
-            launches.append(_launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp,
-                                       list(range(first, len(sources))), group=int(rows_of[g])))
+            launches.append(
+                _launch_of(
+                    rows_meta,
+                    numels,
+                    nr,
+                    present,
+                    sig,
+                    role_names,
+                    device,
+                    interp,
+                    list(range(first, len(sources))),
+                    group=int(rows_of[g]),
+                )
+            )
     n_slots = 0
     partials = None
     if norm:
@@ -440,8 +525,15 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
             lau.slot_base = n_slots
             n_slots += lau.norm_programs
         partials = torch.zeros(max(1, n_slots), dtype=torch.float64, device=device)
-    return LaunchPlan(launches=launches, partials=partials, n_slots=n_slots, staged=staged, role_names=role_names,
-                      sources=sources, device=device)
+    return LaunchPlan(
+        launches=launches,
+        partials=partials,
+        n_slots=n_slots,
+        staged=staged,
+        role_names=role_names,
+        sources=sources,
+        device=device,
+    )
 
 
 def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, device, norm, scale_role) -> LaunchPlan:
@@ -486,7 +578,7 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
             sources.append((g, i))
     # the interpreter's 2-D tiles make no alignment promise: no reason to launch apart
     split_aligned = not interp or FORCE_TILE is not None
-    groups: "OrderedDict[tuple, Tuple[list, list, list, list]]" = OrderedDict()
+    groups: OrderedDict[tuple, Tuple[list, list, list, list]] = OrderedDict()
     for c in range(C):
         for e, (row, present, sig, base, step, checked, per, rowlen, fr) in enumerate(entries):
             addrs = [b + c * s for b, s in zip(base, step)]
@@ -500,8 +592,22 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
     seg = []
     n_slots = 0
     for (present, sig, aligned, fr), (rows_meta, numels, clients, srcs) in groups.items():
-        lau = _launch_of(rows_meta, numels, nr, present, sig, role_names, device, interp, srcs, clients, group=0,
-                         batched=True, aligned=aligned, fresh=fr)
+        lau = _launch_of(
+            rows_meta,
+            numels,
+            nr,
+            present,
+            sig,
+            role_names,
+            device,
+            interp,
+            srcs,
+            clients,
+            group=0,
+            batched=True,
+            aligned=aligned,
+            fresh=fr,
+        )
         launches.append(lau)
         if norm:
             lau.norm_programs = lau.n_tiles
@@ -511,8 +617,17 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
             np.add.at(per_client, np.asarray(clients, dtype=np.int64) + 1, counts)
             seg.append(n_slots + np.cumsum(per_client))  # seg[c]: first slot of client c
             n_slots += lau.n_chunks
-    plan = LaunchPlan(launches=launches, partials=None, n_slots=n_slots, staged=staged, clients=C, hp_rows=hp_rows,
-                      role_names=role_names, sources=sources, device=device)
+    plan = LaunchPlan(
+        launches=launches,
+        partials=None,
+        n_slots=n_slots,
+        staged=staged,
+        clients=C,
+        hp_rows=hp_rows,
+        role_names=role_names,
+        sources=sources,
+        device=device,
+    )
     if norm:
         if n_slots >= 2**31:
             raise ValueError(f"the triton backend's batched norm supports fewer than 2**31 chunks, got {n_slots}")

@@ -6,7 +6,7 @@ float64, because squares of float32 values overflow float32 above ~1.8e19 and un
 kernel) calls ``global_norm``: every program reduces all slots in the same fixed order, so the
 norm is bitwise reproducible and never leaves the device.
 """
-import triton
+
 import triton.language as tl
 
 from .jit_mode import device_fn, loop_bound

@@ -9,6 +9,7 @@ Pass 1 reads G, D, acc (+H) and writes acc; pass 2 reads G, D, x (+H) and writes
 float32 element. ``eta / n`` is formed as torch forms ``scalar / tensor`` (reciprocal,
 then multiply); the clamp keeps a NaN norm NaN.
 """
+
 from __future__ import annotations
 
 import triton.language as tl
@@ -34,9 +35,27 @@ def factor(norm, r):
 
 
 @device_fn
-def elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS: tl.constexpr, NR: tl.constexpr, X_DT: tl.constexpr,
-         G_DT: tl.constexpr, D_DT: tl.constexpr, ACC_DT: tl.constexpr, H_DT: tl.constexpr, HAS_H: tl.constexpr,
-         UNSCALE: tl.constexpr, ROWS: tl.constexpr, ALIGNED: tl.constexpr):
+def elem(
+    meta_ptr,
+    t,
+    start,
+    col,
+    mask,
+    r,
+    inv,
+    scale,
+    PASS: tl.constexpr,
+    NR: tl.constexpr,
+    X_DT: tl.constexpr,
+    G_DT: tl.constexpr,
+    D_DT: tl.constexpr,
+    ACC_DT: tl.constexpr,
+    H_DT: tl.constexpr,
+    HAS_H: tl.constexpr,
+    UNSCALE: tl.constexpr,
+    ROWS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
     """Pass 0: acc += G and the squares of v; pass 1: x -= v * scale."""
     G = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DT, ROWS, ALIGNED)
     if UNSCALE:

@@ -15,6 +15,7 @@ with its own hp row and client, so ``k`` (hence ``lr_k``) is the client's, an in
 tiles are skipped, and under the round's FRESH bit (a per-launch flag) a client at ``k == 0``
 takes ``dampening = 0`` (``buf = d``, torch's first step).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -25,14 +26,27 @@ import triton.language as tl
 
 from .jit_mode import device_fn
 from .launcher import Launch, launch_options, spec_columns, spec_roles, spec_slots
-from .tiles import (add_terms, chunk_of, client_active, hp_f32, inv_scale, live_step, load_f32, lr_at_step,
-                    row_client, row_index, store_as, tile_rows)
+from .tiles import (
+    add_terms,
+    chunk_of,
+    client_active,
+    hp_f32,
+    inv_scale,
+    live_step,
+    load_f32,
+    lr_at_step,
+    row_client,
+    row_index,
+    store_as,
+    tile_rows,
+)
 
 # role slots and hp columns, from the op's declaration (fedopt_kernels/core/ops.py)
 ROLES, WRITTEN = spec_roles("sgd")
 _X, _G, _BUF, _X0, _CORR, _SCALE = spec_slots("sgd", "x", "g", "buf", "x0", "corr", "scale")
 _LR, _MOM, _DAMP, _WD, _PROX, _NEST, _MAX, HPN = spec_columns(
-    "sgd", "lr", "momentum", "dampening", "weight_decay", "prox_mu", "nesterov", "maximize")
+    "sgd", "lr", "momentum", "dampening", "weight_decay", "prox_mu", "nesterov", "maximize"
+)
 
 
 @device_fn
@@ -51,18 +65,61 @@ def _sgd_hp(hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fr
 
 
 @device_fn
-def _sgd_tile(meta_ptr, t, start, col, mask, lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov, inv,
-              NR: tl.constexpr, X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, BUF_DTYPE: tl.constexpr,
-              X0_DTYPE: tl.constexpr, CORR_DTYPE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, HAS_X0: tl.constexpr,
-              HAS_CORR: tl.constexpr, HAS_SCALE: tl.constexpr, UNSCALE: tl.constexpr, ROWS: tl.constexpr,
-              ALIGNED: tl.constexpr, BATCHED: tl.constexpr):
+def _sgd_tile(
+    meta_ptr,
+    t,
+    start,
+    col,
+    mask,
+    lr_k,
+    momentum,
+    damp1,
+    weight_decay,
+    gsign,
+    prox_mu,
+    nesterov,
+    inv,
+    NR: tl.constexpr,
+    X_DTYPE: tl.constexpr,
+    G_DTYPE: tl.constexpr,
+    BUF_DTYPE: tl.constexpr,
+    X0_DTYPE: tl.constexpr,
+    CORR_DTYPE: tl.constexpr,
+    HAS_MOMENTUM: tl.constexpr,
+    HAS_X0: tl.constexpr,
+    HAS_CORR: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    UNSCALE: tl.constexpr,
+    ROWS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    BATCHED: tl.constexpr,
+):
     VEC: tl.constexpr = BATCHED and ROWS > 1  # hyperparameters are [ROWS, 1]: selects instead of branches
     x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DTYPE, ROWS, ALIGNED)
     d = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DTYPE, ROWS, ALIGNED)
     if UNSCALE:
         d = d * inv
-    d = add_terms(d * gsign, x, weight_decay, prox_mu, meta_ptr, t, start, col, mask, _CORR, _X0, NR, CORR_DTYPE,
-                  X0_DTYPE, HAS_CORR, HAS_X0, ROWS, ALIGNED, VEC)
+    d = add_terms(
+        d * gsign,
+        x,
+        weight_decay,
+        prox_mu,
+        meta_ptr,
+        t,
+        start,
+        col,
+        mask,
+        _CORR,
+        _X0,
+        NR,
+        CORR_DTYPE,
+        X0_DTYPE,
+        HAS_CORR,
+        HAS_X0,
+        ROWS,
+        ALIGNED,
+        VEC,
+    )
     if HAS_MOMENTUM:
         b = load_f32(meta_ptr, t, start, col, mask, _BUF, NR, BUF_DTYPE, ROWS, ALIGNED) * momentum + damp1 * d
         store_as(meta_ptr, t, start, col, mask, b, _BUF, NR, BUF_DTYPE, ROWS, ALIGNED)
@@ -84,12 +141,38 @@ def _sgd_tile(meta_ptr, t, start, col, mask, lr_k, momentum, damp1, weight_decay
 
 
 @triton.jit(do_not_specialize=["n_chunks", "table_len", "decay_every", "row", "fresh"])
-def sgd_kernel(meta_ptr, chunks_ptr, n_chunks, k_ptr, table_ptr, table_len, decay_every, hp_ptr, row, fresh,
-               scale_ptr, found_ptr, active_ptr, NR: tl.constexpr,
-               X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, BUF_DTYPE: tl.constexpr, X0_DTYPE: tl.constexpr,
-               CORR_DTYPE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, HAS_X0: tl.constexpr, HAS_CORR: tl.constexpr,
-               HAS_SCALE: tl.constexpr, UNSCALE: tl.constexpr, SKIPPABLE: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-               BATCHED: tl.constexpr, ALIGNED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def sgd_kernel(
+    meta_ptr,
+    chunks_ptr,
+    n_chunks,
+    k_ptr,
+    table_ptr,
+    table_len,
+    decay_every,
+    hp_ptr,
+    row,
+    fresh,
+    scale_ptr,
+    found_ptr,
+    active_ptr,
+    NR: tl.constexpr,
+    X_DTYPE: tl.constexpr,
+    G_DTYPE: tl.constexpr,
+    BUF_DTYPE: tl.constexpr,
+    X0_DTYPE: tl.constexpr,
+    CORR_DTYPE: tl.constexpr,
+    HAS_MOMENTUM: tl.constexpr,
+    HAS_X0: tl.constexpr,
+    HAS_CORR: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    UNSCALE: tl.constexpr,
+    SKIPPABLE: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr,
+    BATCHED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     if live_step(found_ptr, SKIPPABLE):
         inv = inv_scale(scale_ptr, UNSCALE)
         pid = tl.program_id(0)
@@ -98,36 +181,149 @@ def sgd_kernel(meta_ptr, chunks_ptr, n_chunks, k_ptr, table_ptr, table_len, deca
             hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
             if client_active(active_ptr, client, HAS_ACTIVE):
                 lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov = _sgd_hp(
-                    hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED)
+                    hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED
+                )
                 col = tl.arange(0, BLOCK)
                 if start + BLOCK <= n:  # full chunk: unmasked, 128-bit accesses
-                    _sgd_tile(meta_ptr, t, start, col, None, lr_k, momentum, damp1, weight_decay, gsign, prox_mu,
-                              nesterov, inv, NR, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
-                              HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS, ALIGNED, BATCHED)
+                    _sgd_tile(
+                        meta_ptr,
+                        t,
+                        start,
+                        col,
+                        None,
+                        lr_k,
+                        momentum,
+                        damp1,
+                        weight_decay,
+                        gsign,
+                        prox_mu,
+                        nesterov,
+                        inv,
+                        NR,
+                        X_DTYPE,
+                        G_DTYPE,
+                        BUF_DTYPE,
+                        X0_DTYPE,
+                        CORR_DTYPE,
+                        HAS_MOMENTUM,
+                        HAS_X0,
+                        HAS_CORR,
+                        HAS_SCALE,
+                        UNSCALE,
+                        ROWS,
+                        ALIGNED,
+                        BATCHED,
+                    )
                 else:
-                    _sgd_tile(meta_ptr, t, start, col, col < n - start, lr_k, momentum, damp1, weight_decay, gsign,
-                              prox_mu, nesterov, inv, NR, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
-                              HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS, ALIGNED, BATCHED)
+                    _sgd_tile(
+                        meta_ptr,
+                        t,
+                        start,
+                        col,
+                        col < n - start,
+                        lr_k,
+                        momentum,
+                        damp1,
+                        weight_decay,
+                        gsign,
+                        prox_mu,
+                        nesterov,
+                        inv,
+                        NR,
+                        X_DTYPE,
+                        G_DTYPE,
+                        BUF_DTYPE,
+                        X0_DTYPE,
+                        CORR_DTYPE,
+                        HAS_MOMENTUM,
+                        HAS_X0,
+                        HAS_CORR,
+                        HAS_SCALE,
+                        UNSCALE,
+                        ROWS,
+                        ALIGNED,
+                        BATCHED,
+                    )
         else:
-            t, start, col, mask, hp_row, client = tile_rows(chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR,
-                                                            ROWS, BLOCK, BATCHED, HAS_ACTIVE)
+            t, start, col, mask, hp_row, client = tile_rows(
+                chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR, ROWS, BLOCK, BATCHED, HAS_ACTIVE
+            )
             lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov = _sgd_hp(
-                hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED)
-            _sgd_tile(meta_ptr, t, start, col, mask, lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov,
-                      inv, NR, X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE,
-                      HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE, UNSCALE, ROWS, ALIGNED, BATCHED)
+                hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED
+            )
+            _sgd_tile(
+                meta_ptr,
+                t,
+                start,
+                col,
+                mask,
+                lr_k,
+                momentum,
+                damp1,
+                weight_decay,
+                gsign,
+                prox_mu,
+                nesterov,
+                inv,
+                NR,
+                X_DTYPE,
+                G_DTYPE,
+                BUF_DTYPE,
+                X0_DTYPE,
+                CORR_DTYPE,
+                HAS_MOMENTUM,
+                HAS_X0,
+                HAS_CORR,
+                HAS_SCALE,
+                UNSCALE,
+                ROWS,
+                ALIGNED,
+                BATCHED,
+            )
 
 
-def launch(lau: Launch, k: torch.Tensor, table: torch.Tensor, decay_every: int, hp: torch.Tensor,
-           amp: Dict[str, Any], active: Optional[torch.Tensor] = None) -> None:
+def launch(
+    lau: Launch,
+    k: torch.Tensor,
+    table: torch.Tensor,
+    decay_every: int,
+    hp: torch.Tensor,
+    amp: Dict[str, Any],
+    active: Optional[torch.Tensor] = None,
+) -> None:
     """One update launch over ``lau``'s tensors: per-client, with its batch's row of ``hp``;
     batched (``lau.batched``), with each table row's own hp row and client."""
     dt = lau.dtypes
     sgd_kernel[(lau.n_tiles,)](
-        lau.meta, lau.chunks, lau.n_chunks, k, table, table.numel(), int(decay_every), hp, lau.group, lau.fresh,
-        amp["scale"], amp["found"], active if active is not None else k, NR=lau.meta.shape[1],
-        X_DTYPE=dt["x"], G_DTYPE=dt["g"], BUF_DTYPE=dt["buf"], X0_DTYPE=dt["x0"], CORR_DTYPE=dt["corr"],
-        HAS_MOMENTUM="buf" in lau.present, HAS_X0="x0" in lau.present, HAS_CORR="corr" in lau.present,
-        HAS_SCALE="scale" in lau.present, UNSCALE=amp["UNSCALE"], SKIPPABLE=amp["SKIPPABLE"],
-        HAS_ACTIVE=active is not None, BATCHED=lau.batched, ALIGNED=lau.aligned,
-        ROWS=lau.rows, BLOCK=lau.block, **launch_options())
+        lau.meta,
+        lau.chunks,
+        lau.n_chunks,
+        k,
+        table,
+        table.numel(),
+        int(decay_every),
+        hp,
+        lau.group,
+        lau.fresh,
+        amp["scale"],
+        amp["found"],
+        active if active is not None else k,
+        NR=lau.meta.shape[1],
+        X_DTYPE=dt["x"],
+        G_DTYPE=dt["g"],
+        BUF_DTYPE=dt["buf"],
+        X0_DTYPE=dt["x0"],
+        CORR_DTYPE=dt["corr"],
+        HAS_MOMENTUM="buf" in lau.present,
+        HAS_X0="x0" in lau.present,
+        HAS_CORR="corr" in lau.present,
+        HAS_SCALE="scale" in lau.present,
+        UNSCALE=amp["UNSCALE"],
+        SKIPPABLE=amp["SKIPPABLE"],
+        HAS_ACTIVE=active is not None,
+        BATCHED=lau.batched,
+        ALIGNED=lau.aligned,
+        ROWS=lau.rows,
+        BLOCK=lau.block,
+        **launch_options(),
+    )

@@ -10,7 +10,7 @@ Client-batched launches (``BATCHED``) address *virtual tensors*: one client's sl
 Their hyperparameters are then per tensor, i.e. per row of a 2-D tile: ``[ROWS, 1]`` vectors
 where the per-client kernels have scalars (the kernels' ``VEC`` switch).
 """
-import triton
+
 import triton.language as tl
 
 from .jit_mode import device_fn, interpreted
@@ -36,8 +36,9 @@ def f32_to_bf16(v):
 
 
 @device_fn
-def role_ptr(meta_ptr, t, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr,
-             ALIGNED: tl.constexpr):
+def role_ptr(
+    meta_ptr, t, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, ALIGNED: tl.constexpr
+):
     """Typed pointer to the first element of role ``ROLE`` of tensor ``t``."""
     ptr = tl.load(meta_ptr + t * NR + ROLE).to(tl.pointer_type(DTYPE))
     if ROWS == 1 and ALIGNED:
@@ -49,8 +50,18 @@ def role_ptr(meta_ptr, t, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.conste
 
 
 @device_fn
-def load_f32(meta_ptr, t, start, col, mask, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
-             ROWS: tl.constexpr, ALIGNED: tl.constexpr):
+def load_f32(
+    meta_ptr,
+    t,
+    start,
+    col,
+    mask,
+    ROLE: tl.constexpr,
+    NR: tl.constexpr,
+    DTYPE: tl.constexpr,
+    ROWS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
     """Elements ``start + col`` of role ``ROLE`` of tensor ``t`` as float32.
 
     The 64-bit ``start`` is added to the base pointer once and the 32-bit ``col`` per element:
@@ -66,8 +77,19 @@ def load_f32(meta_ptr, t, start, col, mask, ROLE: tl.constexpr, NR: tl.constexpr
 
 
 @device_fn
-def store_as(meta_ptr, t, start, col, mask, value, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr,
-             ROWS: tl.constexpr, ALIGNED: tl.constexpr):
+def store_as(
+    meta_ptr,
+    t,
+    start,
+    col,
+    mask,
+    value,
+    ROLE: tl.constexpr,
+    NR: tl.constexpr,
+    DTYPE: tl.constexpr,
+    ROWS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
     """Round ``value`` to the role's storage dtype once and store it at ``start + col``."""
     p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS, ALIGNED) + start + col
     if INTERPRETED and DTYPE == tl.bfloat16:
@@ -103,8 +125,19 @@ def tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR: tl.constexpr, ROWS: tl.con
 
 
 @device_fn
-def tile_rows(chunks_ptr, meta_ptr, active_ptr, tile, n_chunks, row, NR: tl.constexpr, ROWS: tl.constexpr,
-              BLOCK: tl.constexpr, BATCHED: tl.constexpr, HAS_ACTIVE: tl.constexpr):
+def tile_rows(
+    chunks_ptr,
+    meta_ptr,
+    active_ptr,
+    tile,
+    n_chunks,
+    row,
+    NR: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BATCHED: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr,
+):
     """``tile_of`` with each row's (hp row, client) (``row_client``); inactive clients' rows are
     masked off."""
     t, start, col, mask = tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR, ROWS, BLOCK)
@@ -155,9 +188,27 @@ def client_active(active_ptr, client, HAS_ACTIVE: tl.constexpr):
 
 
 @device_fn
-def add_terms(d, x, weight_decay, prox_mu, meta_ptr, t, start, col, mask, CORR: tl.constexpr, X0: tl.constexpr,
-              NR: tl.constexpr, CORR_DT: tl.constexpr, X0_DT: tl.constexpr, HAS_CORR: tl.constexpr,
-              HAS_X0: tl.constexpr, ROWS: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr):
+def add_terms(
+    d,
+    x,
+    weight_decay,
+    prox_mu,
+    meta_ptr,
+    t,
+    start,
+    col,
+    mask,
+    CORR: tl.constexpr,
+    X0: tl.constexpr,
+    NR: tl.constexpr,
+    CORR_DT: tl.constexpr,
+    X0_DT: tl.constexpr,
+    HAS_CORR: tl.constexpr,
+    HAS_X0: tl.constexpr,
+    ROWS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    VEC: tl.constexpr,
+):
     """d + weight_decay * x + correction + prox_mu * (x - x0), in the reference's order (SGD's and
     FedNAR's terms); roles CORR and X0 are read only when present. ``VEC``: a batched 2-D tile,
     whose hyperparameters are [ROWS, 1] (selects instead of branches)."""
@@ -185,9 +236,9 @@ def lr_at_step(k, table_ptr, table_len, decay_every, lr):
 
 
 @device_fn
-def hp_f32(row_ptr, I: tl.constexpr):
-    """Column ``I`` of this launch's float64 hp row, as the float32 the math uses."""
-    return tl.load(row_ptr + I).to(tl.float32)
+def hp_f32(row_ptr, COL: tl.constexpr):
+    """Column ``COL`` of this launch's float64 hp row, as the float32 the math uses."""
+    return tl.load(row_ptr + COL).to(tl.float32)
 
 
 @device_fn

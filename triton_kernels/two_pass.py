@@ -31,6 +31,7 @@ written); ``found_inf`` skips everything. Roles are addressed by position (role 
 spec); ``DTi`` is role ``i``'s element type and ``Pi`` whether optional role ``i`` exists in this
 launch.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -48,6 +49,7 @@ from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, st
 OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}
 # a per-client op calls _SHARDED.reduce(partials) between its passes, when set (sharded parameters)
 from fedopt_kernels.core.between_passes import current as _SHARDED  # noqa: E402
+
 # clients per program of advance_kernel
 ADVANCE_BLOCK = 1024
 # finalize_kernel under the interpreter: (clients per program, slots per lane block); compiled it runs
@@ -56,17 +58,59 @@ FINALIZE_INTERP = (128, 64)
 
 
 @device_fn
-def _elem(OP: tl.constexpr, meta_ptr, t, start, col, mask, r, inv, scale, PASS: tl.constexpr, NR: tl.constexpr,
-          DT0: tl.constexpr, DT1: tl.constexpr, DT2: tl.constexpr, DT3: tl.constexpr, DT4: tl.constexpr,
-          P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, UNSCALE: tl.constexpr, ROWS: tl.constexpr,
-          ALIGNED: tl.constexpr, VEC: tl.constexpr):
+def _elem(
+    OP: tl.constexpr,
+    meta_ptr,
+    t,
+    start,
+    col,
+    mask,
+    r,
+    inv,
+    scale,
+    PASS: tl.constexpr,
+    NR: tl.constexpr,
+    DT0: tl.constexpr,
+    DT1: tl.constexpr,
+    DT2: tl.constexpr,
+    DT3: tl.constexpr,
+    DT4: tl.constexpr,
+    P2: tl.constexpr,
+    P3: tl.constexpr,
+    P4: tl.constexpr,
+    UNSCALE: tl.constexpr,
+    ROWS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    VEC: tl.constexpr,
+):
     # DTi / Pi: role i of the op's declaration (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H)
     if OP == 0:
-        out = fednar.elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, P2, P3,
-                          UNSCALE, ROWS, ALIGNED, VEC)
+        out = fednar.elem(
+            meta_ptr,
+            t,
+            start,
+            col,
+            mask,
+            r,
+            inv,
+            scale,
+            PASS,
+            NR,
+            DT0,
+            DT1,
+            DT2,
+            DT3,
+            P2,
+            P3,
+            UNSCALE,
+            ROWS,
+            ALIGNED,
+            VEC,
+        )
     else:
-        out = padamfed.elem(meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, DT4, P4,
-                            UNSCALE, ROWS, ALIGNED)
+        out = padamfed.elem(
+            meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, DT4, P4, UNSCALE, ROWS, ALIGNED
+        )
     return out
 
 
@@ -80,12 +124,36 @@ def _factor(OP: tl.constexpr, norm, r):
 
 
 @triton.jit(do_not_specialize=["n_chunks", "slot_base", "row"])
-def norm_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, slot_base, hp_ptr, row, scale_ptr, found_ptr,
-                active_ptr, OP: tl.constexpr, NR: tl.constexpr, HPN: tl.constexpr,
-                DT0: tl.constexpr, DT1: tl.constexpr, DT2: tl.constexpr, DT3: tl.constexpr, DT4: tl.constexpr,
-                P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, UNSCALE: tl.constexpr,
-                SKIPPABLE: tl.constexpr, HAS_ACTIVE: tl.constexpr, BATCHED: tl.constexpr, ALIGNED: tl.constexpr,
-                ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def norm_kernel(
+    meta_ptr,
+    chunks_ptr,
+    n_chunks,
+    partials_ptr,
+    slot_base,
+    hp_ptr,
+    row,
+    scale_ptr,
+    found_ptr,
+    active_ptr,
+    OP: tl.constexpr,
+    NR: tl.constexpr,
+    HPN: tl.constexpr,
+    DT0: tl.constexpr,
+    DT1: tl.constexpr,
+    DT2: tl.constexpr,
+    DT3: tl.constexpr,
+    DT4: tl.constexpr,
+    P2: tl.constexpr,
+    P3: tl.constexpr,
+    P4: tl.constexpr,
+    UNSCALE: tl.constexpr,
+    SKIPPABLE: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr,
+    BATCHED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     inv = inv_scale(scale_ptr, UNSCALE)
     live = live_step(found_ptr, SKIPPABLE)
@@ -99,17 +167,87 @@ def norm_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, slot_base, hp_ptr,
                     r = hp_ptr + hp_row * HPN
                     col = tl.arange(0, BLOCK)
                     if start + BLOCK <= n:
-                        sq = _elem(OP, meta_ptr, t, start, col, None, r, inv, 0.0, 0, NR, DT0, DT1, DT2, DT3, DT4,
-                                   P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
+                        sq = _elem(
+                            OP,
+                            meta_ptr,
+                            t,
+                            start,
+                            col,
+                            None,
+                            r,
+                            inv,
+                            0.0,
+                            0,
+                            NR,
+                            DT0,
+                            DT1,
+                            DT2,
+                            DT3,
+                            DT4,
+                            P2,
+                            P3,
+                            P4,
+                            UNSCALE,
+                            ROWS,
+                            ALIGNED,
+                            False,
+                        )
                     else:
-                        sq = _elem(OP, meta_ptr, t, start, col, col < n - start, r, inv, 0.0, 0, NR, DT0, DT1, DT2,
-                                   DT3, DT4, P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
+                        sq = _elem(
+                            OP,
+                            meta_ptr,
+                            t,
+                            start,
+                            col,
+                            col < n - start,
+                            r,
+                            inv,
+                            0.0,
+                            0,
+                            NR,
+                            DT0,
+                            DT1,
+                            DT2,
+                            DT3,
+                            DT4,
+                            P2,
+                            P3,
+                            P4,
+                            UNSCALE,
+                            ROWS,
+                            ALIGNED,
+                            False,
+                        )
                     tl.store(partials_ptr + slot_base + pid, tl.sum(sq, axis=0))
             else:
-                t, start, col, mask, hp_row, client = tile_rows(chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row,
-                                                                NR, ROWS, BLOCK, BATCHED, HAS_ACTIVE)
-                sq = _elem(OP, meta_ptr, t, start, col, mask, hp_ptr + hp_row * HPN, inv, 0.0, 0, NR, DT0, DT1, DT2,
-                           DT3, DT4, P2, P3, P4, UNSCALE, ROWS, ALIGNED, True)
+                t, start, col, mask, hp_row, client = tile_rows(
+                    chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR, ROWS, BLOCK, BATCHED, HAS_ACTIVE
+                )
+                sq = _elem(
+                    OP,
+                    meta_ptr,
+                    t,
+                    start,
+                    col,
+                    mask,
+                    hp_ptr + hp_row * HPN,
+                    inv,
+                    0.0,
+                    0,
+                    NR,
+                    DT0,
+                    DT1,
+                    DT2,
+                    DT3,
+                    DT4,
+                    P2,
+                    P3,
+                    P4,
+                    UNSCALE,
+                    ROWS,
+                    ALIGNED,
+                    True,
+                )
                 c = pid * ROWS + tl.arange(0, ROWS)
                 tl.store(partials_ptr + slot_base + c, tl.sum(sq, axis=1), mask=c < n_chunks)
     else:
@@ -125,25 +263,95 @@ def norm_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, slot_base, hp_ptr,
                     t, start, n = chunk_of(chunks_ptr, meta_ptr, c, NR, BLOCK)
                     col = tl.arange(0, BLOCK)
                     if start + BLOCK <= n:
-                        acc += _elem(OP, meta_ptr, t, start, col, None, r, inv, 0.0, 0, NR, DT0, DT1, DT2, DT3, DT4,
-                                     P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
+                        acc += _elem(
+                            OP,
+                            meta_ptr,
+                            t,
+                            start,
+                            col,
+                            None,
+                            r,
+                            inv,
+                            0.0,
+                            0,
+                            NR,
+                            DT0,
+                            DT1,
+                            DT2,
+                            DT3,
+                            DT4,
+                            P2,
+                            P3,
+                            P4,
+                            UNSCALE,
+                            ROWS,
+                            ALIGNED,
+                            False,
+                        )
                     else:
-                        acc += _elem(OP, meta_ptr, t, start, col, col < n - start, r, inv, 0.0, 0, NR, DT0, DT1, DT2,
-                                     DT3, DT4, P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
+                        acc += _elem(
+                            OP,
+                            meta_ptr,
+                            t,
+                            start,
+                            col,
+                            col < n - start,
+                            r,
+                            inv,
+                            0.0,
+                            0,
+                            NR,
+                            DT0,
+                            DT1,
+                            DT2,
+                            DT3,
+                            DT4,
+                            P2,
+                            P3,
+                            P4,
+                            UNSCALE,
+                            ROWS,
+                            ALIGNED,
+                            False,
+                        )
             tl.store(partials_ptr + slot_base + pid, tl.sum(acc, axis=0))
         else:
             acc2 = tl.zeros([ROWS, BLOCK], dtype=tl.float64)
             if live:
                 for tile in range(loop_bound(pid), loop_bound(n_tiles), loop_bound(n_prog)):
                     t, start, col, mask = tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR, ROWS, BLOCK)
-                    acc2 += _elem(OP, meta_ptr, t, start, col, mask, r, inv, 0.0, 0, NR, DT0, DT1, DT2, DT3, DT4,
-                                  P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
+                    acc2 += _elem(
+                        OP,
+                        meta_ptr,
+                        t,
+                        start,
+                        col,
+                        mask,
+                        r,
+                        inv,
+                        0.0,
+                        0,
+                        NR,
+                        DT0,
+                        DT1,
+                        DT2,
+                        DT3,
+                        DT4,
+                        P2,
+                        P3,
+                        P4,
+                        UNSCALE,
+                        ROWS,
+                        ALIGNED,
+                        False,
+                    )
             tl.store(partials_ptr + slot_base + pid, tl.sum(tl.sum(acc2, axis=1), axis=0))
 
 
 @device_fn
-def _scale_of(OP: tl.constexpr, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED: tl.constexpr,
-              SLOT_BLOCK: tl.constexpr):
+def _scale_of(
+    OP: tl.constexpr, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED: tl.constexpr, SLOT_BLOCK: tl.constexpr
+):
     """The update's factor: from the global norm (per-client op), or the finalize pass's (batched)."""
     if BATCHED:
         scale = tl.load(factors_ptr + hp_row)
@@ -153,12 +361,40 @@ def _scale_of(OP: tl.constexpr, partials_ptr, n_slots, factors_ptr, hp_row, r, B
 
 
 @triton.jit(do_not_specialize=["n_chunks", "n_slots", "row"])
-def update_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, n_slots, factors_ptr, hp_ptr, row, scale_ptr,
-                  found_ptr, active_ptr, k_ptr, OP: tl.constexpr, NR: tl.constexpr, HPN: tl.constexpr,
-                  DT0: tl.constexpr, DT1: tl.constexpr, DT2: tl.constexpr, DT3: tl.constexpr, DT4: tl.constexpr,
-                  P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, UNSCALE: tl.constexpr,
-                  SKIPPABLE: tl.constexpr, HAS_ACTIVE: tl.constexpr, BATCHED: tl.constexpr, ALIGNED: tl.constexpr,
-                  ADVANCE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr):
+def update_kernel(
+    meta_ptr,
+    chunks_ptr,
+    n_chunks,
+    partials_ptr,
+    n_slots,
+    factors_ptr,
+    hp_ptr,
+    row,
+    scale_ptr,
+    found_ptr,
+    active_ptr,
+    k_ptr,
+    OP: tl.constexpr,
+    NR: tl.constexpr,
+    HPN: tl.constexpr,
+    DT0: tl.constexpr,
+    DT1: tl.constexpr,
+    DT2: tl.constexpr,
+    DT3: tl.constexpr,
+    DT4: tl.constexpr,
+    P2: tl.constexpr,
+    P3: tl.constexpr,
+    P4: tl.constexpr,
+    UNSCALE: tl.constexpr,
+    SKIPPABLE: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr,
+    BATCHED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    ADVANCE: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SLOT_BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     live = live_step(found_ptr, SKIPPABLE)
     if live:
@@ -171,27 +407,112 @@ def update_kernel(meta_ptr, chunks_ptr, n_chunks, partials_ptr, n_slots, factors
                 scale = _scale_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
                 col = tl.arange(0, BLOCK)
                 if start + BLOCK <= n:
-                    _elem(OP, meta_ptr, t, start, col, None, r, inv, scale, 1, NR, DT0, DT1, DT2, DT3, DT4,
-                          P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
+                    _elem(
+                        OP,
+                        meta_ptr,
+                        t,
+                        start,
+                        col,
+                        None,
+                        r,
+                        inv,
+                        scale,
+                        1,
+                        NR,
+                        DT0,
+                        DT1,
+                        DT2,
+                        DT3,
+                        DT4,
+                        P2,
+                        P3,
+                        P4,
+                        UNSCALE,
+                        ROWS,
+                        ALIGNED,
+                        False,
+                    )
                 else:
-                    _elem(OP, meta_ptr, t, start, col, col < n - start, r, inv, scale, 1, NR, DT0, DT1, DT2, DT3,
-                          DT4, P2, P3, P4, UNSCALE, ROWS, ALIGNED, False)
+                    _elem(
+                        OP,
+                        meta_ptr,
+                        t,
+                        start,
+                        col,
+                        col < n - start,
+                        r,
+                        inv,
+                        scale,
+                        1,
+                        NR,
+                        DT0,
+                        DT1,
+                        DT2,
+                        DT3,
+                        DT4,
+                        P2,
+                        P3,
+                        P4,
+                        UNSCALE,
+                        ROWS,
+                        ALIGNED,
+                        False,
+                    )
         else:
-            t, start, col, mask, hp_row, client = tile_rows(chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR,
-                                                            ROWS, BLOCK, BATCHED, HAS_ACTIVE)
+            t, start, col, mask, hp_row, client = tile_rows(
+                chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR, ROWS, BLOCK, BATCHED, HAS_ACTIVE
+            )
             r = hp_ptr + hp_row * HPN
             scale = _scale_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
-            _elem(OP, meta_ptr, t, start, col, mask, r, inv, scale, 1, NR, DT0, DT1, DT2, DT3, DT4,
-                  P2, P3, P4, UNSCALE, ROWS, ALIGNED, BATCHED)
+            _elem(
+                OP,
+                meta_ptr,
+                t,
+                start,
+                col,
+                mask,
+                r,
+                inv,
+                scale,
+                1,
+                NR,
+                DT0,
+                DT1,
+                DT2,
+                DT3,
+                DT4,
+                P2,
+                P3,
+                P4,
+                UNSCALE,
+                ROWS,
+                ALIGNED,
+                BATCHED,
+            )
     if ADVANCE:
         if pid == 0:  # no kernel of a norm op reads k: advancing it here races with nothing
             tl.store(k_ptr, tl.load(k_ptr) + step_increment(found_ptr, SKIPPABLE))
 
 
 @triton.jit(do_not_specialize=["n_launches", "n_clients", "n_rows"])
-def finalize_kernel(partials_ptr, seg_ptr, n_launches, n_clients, factors_ptr, hp_ptr, n_rows, found_ptr, active_ptr,
-                    k_ptr, OP: tl.constexpr, HPN: tl.constexpr, SKIPPABLE: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-                    CLIENTS: tl.constexpr, SLOT_BLOCK: tl.constexpr):
+def finalize_kernel(
+    partials_ptr,
+    seg_ptr,
+    n_launches,
+    n_clients,
+    factors_ptr,
+    hp_ptr,
+    n_rows,
+    found_ptr,
+    active_ptr,
+    k_ptr,
+    OP: tl.constexpr,
+    HPN: tl.constexpr,
+    SKIPPABLE: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr,
+    CLIENTS: tl.constexpr,
+    SLOT_BLOCK: tl.constexpr,
+):
     """Clients ``c`` of this program (``CLIENTS`` of them: 1 compiled, many under the interpreter,
     whose cost is per program): the norm over each one's slots of every launch
     (``seg[l, c]:seg[l, c + 1]``, launch by launch, lane ``i`` taking slots ``i, i + SLOT_BLOCK``, ...),
@@ -220,8 +541,9 @@ def finalize_kernel(partials_ptr, seg_ptr, n_launches, n_clients, factors_ptr, h
 
 
 @triton.jit(do_not_specialize=["n_clients"])
-def advance_kernel(k_ptr, found_ptr, active_ptr, n_clients, SKIPPABLE: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def advance_kernel(
+    k_ptr, found_ptr, active_ptr, n_clients, SKIPPABLE: tl.constexpr, HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr
+):
     """k[c] += 1 for every (active) client (0 when GradScaler found an inf), after every launch of the
     step that reads k. A per-client op has one client."""
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -245,13 +567,32 @@ def _compute_dtype_args(op: str, lau: Launch) -> Dict[str, Any]:
     roles = mod.ROLES
     dt = [lau.dtypes.get(r, tl.float32) for r in roles] + [tl.float32] * (5 - len(roles))
     pres = [len(roles) > i and roles[i] in lau.present for i in (2, 3, 4)]
-    return dict(NR=lau.meta.shape[1], HPN=mod.HPN, DT0=dt[0], DT1=dt[1], DT2=dt[2], DT3=dt[3], DT4=dt[4],
-                P2=pres[0], P3=pres[1], P4=pres[2], BATCHED=lau.batched, ALIGNED=lau.aligned, ROWS=lau.rows,
-                BLOCK=lau.block)
+    return dict(
+        NR=lau.meta.shape[1],
+        HPN=mod.HPN,
+        DT0=dt[0],
+        DT1=dt[1],
+        DT2=dt[2],
+        DT3=dt[3],
+        DT4=dt[4],
+        P2=pres[0],
+        P3=pres[1],
+        P4=pres[2],
+        BATCHED=lau.batched,
+        ALIGNED=lau.aligned,
+        ROWS=lau.rows,
+        BLOCK=lau.block,
+    )
 
 
-def launch(op: str, plan: LaunchPlan, hp: torch.Tensor, k: torch.Tensor, amp: Dict[str, Any],
-           active: Optional[torch.Tensor] = None) -> None:
+def launch(
+    op: str,
+    plan: LaunchPlan,
+    hp: torch.Tensor,
+    k: torch.Tensor,
+    amp: Dict[str, Any],
+    active: Optional[torch.Tensor] = None,
+) -> None:
     """Both passes of ``op`` over every launch of ``plan`` and k += 1 (on the device); for a batched
     plan, the finalize pass between them (which advances each active client's k)."""
     code, mod = OPS[op]
@@ -259,24 +600,69 @@ def launch(op: str, plan: LaunchPlan, hp: torch.Tensor, k: torch.Tensor, amp: Di
     flags = dict(UNSCALE=amp["UNSCALE"], SKIPPABLE=amp["SKIPPABLE"], HAS_ACTIVE=active is not None)
     for lau in plan.launches:
         norm_kernel[(lau.norm_programs,)](
-            lau.meta, lau.chunks, lau.n_chunks, plan.partials, lau.slot_base, hp, lau.group, amp["scale"],
-            amp["found"], act, OP=code, **_dtype_args(op, lau), **flags, **launch_options())
+            lau.meta,
+            lau.chunks,
+            lau.n_chunks,
+            plan.partials,
+            lau.slot_base,
+            hp,
+            lau.group,
+            amp["scale"],
+            amp["found"],
+            act,
+            OP=code,
+            **_dtype_args(op, lau),
+            **flags,
+            **launch_options(),
+        )
     reduce = getattr(_SHARDED, "reduce", None)
     if reduce is not None:
-        reduce(plan.partials[:plan.n_slots])
+        assert plan.partials is not None  # a two-pass op's plan is built with its norm slots
+        reduce(plan.partials[: plan.n_slots])
     if plan.clients:
         per, slot_block = FINALIZE_INTERP if interpreted() else (1, SLOT_BLOCK)
         finalize_kernel[(-(-plan.clients // per),)](
-            plan.partials, plan.seg, len(plan.launches), plan.clients, plan.factors, hp, plan.hp_rows, amp["found"],
-            act, k, OP=code, HPN=mod.HPN, SKIPPABLE=amp["SKIPPABLE"], HAS_ACTIVE=active is not None,
-            CLIENTS=per, SLOT_BLOCK=slot_block, **launch_options())
+            plan.partials,
+            plan.seg,
+            len(plan.launches),
+            plan.clients,
+            plan.factors,
+            hp,
+            plan.hp_rows,
+            amp["found"],
+            act,
+            k,
+            OP=code,
+            HPN=mod.HPN,
+            SKIPPABLE=amp["SKIPPABLE"],
+            HAS_ACTIVE=active is not None,
+            CLIENTS=per,
+            SLOT_BLOCK=slot_block,
+            **launch_options(),
+        )
     factors = plan.factors if plan.factors is not None else plan.partials  # per-client: never read
     last = len(plan.launches) - 1
     for i, lau in enumerate(plan.launches):
         update_kernel[(lau.n_tiles,)](
-            lau.meta, lau.chunks, lau.n_chunks, plan.partials, plan.n_slots, factors, hp, lau.group,
-            amp["scale"], amp["found"], act, k, OP=code, **_dtype_args(op, lau), **flags,
-            ADVANCE=i == last and not lau.batched, SLOT_BLOCK=SLOT_BLOCK, **launch_options())
+            lau.meta,
+            lau.chunks,
+            lau.n_chunks,
+            plan.partials,
+            plan.n_slots,
+            factors,
+            hp,
+            lau.group,
+            amp["scale"],
+            amp["found"],
+            act,
+            k,
+            OP=code,
+            **_dtype_args(op, lau),
+            **flags,
+            ADVANCE=i == last and not lau.batched,
+            SLOT_BLOCK=SLOT_BLOCK,
+            **launch_options(),
+        )
     if not plan.launches and not plan.batched:
         advance(k, amp)
 
@@ -289,5 +675,11 @@ def advance(k: torch.Tensor, amp: Dict[str, Any], active: Optional[torch.Tensor]
     # plain integer arithmetic: triton's helpers are constexpr functions, ~10 us a call on the host
     block = min(ADVANCE_BLOCK, 1 << (n - 1).bit_length())
     advance_kernel[(-(-n // block),)](
-        k, amp["found"], active if active is not None else k, n, SKIPPABLE=amp["SKIPPABLE"],
-        HAS_ACTIVE=active is not None, BLOCK=block)
+        k,
+        amp["found"],
+        active if active is not None else k,
+        n,
+        SKIPPABLE=amp["SKIPPABLE"],
+        HAS_ACTIVE=active is not None,
+        BLOCK=block,
+    )

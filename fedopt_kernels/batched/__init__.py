@@ -16,6 +16,7 @@ what the package's per-client optimizer computes for client ``c`` alone::
 Each algorithm's module defines its client-batched class beside the per-client one and registers
 both in its descriptor; this package names them all (``Batched<Optimizer>``).
 """
+
 from __future__ import annotations
 
 from typing import Any, List
@@ -38,4 +39,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> List[str]:
     return sorted(list(globals()) + list(_forms()))
-

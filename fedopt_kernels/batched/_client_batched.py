@@ -5,6 +5,7 @@ Parameters are stacked client copies ``[C, *shape]``; so is every state tensor. 
 tensors and per-client hp rows, so one step updates every client at once, and client ``c`` ends
 up exactly where the per-client optimizer would have taken it alone.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,10 +14,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..core.optimizer import ROUND_KEY, FedOptimizer
 from ..core.ops import FRESH
-from ..core.plan_inputs import param_name
+from ..core.optimizer import ROUND_KEY, FedOptimizer
 from ..core.plan import refuse_in_capture
+from ..core.plan_inputs import param_name
 
 
 def _per_client(name: str, value: Any, C: int, cast: Callable[[str, Any], Any]) -> Optional[List]:
@@ -53,10 +54,10 @@ class ClientBatched(FedOptimizer):
 
     def __init__(self, *args: Any, **kwargs: Any):
         self.num_clients: Optional[int] = None
-        self._t_clients: Optional[List[int]] = None   # per-client round index of the current round
+        self._t_clients: Optional[List[int]] = None  # per-client round index of the current round
         self._lr_scale: Optional[List[float]] = None  # per-client learning-rate factor
-        self._fresh_round = True                      # momentum buffers are new this round
-        self._active: Optional[torch.Tensor] = None   # this step's active mask
+        self._fresh_round = True  # momentum buffers are new this round
+        self._active: Optional[torch.Tensor] = None  # this step's active mask
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------ parameters: [C, *shape]
@@ -64,20 +65,31 @@ class ClientBatched(FedOptimizer):
         super()._check_new_params(params, gi)
         for pi, p in enumerate(params):
             if p.dim() == 0:
-                raise ValueError(f"{param_name(gi, pi, p)} is 0-dim; client-batched parameters are stacked "
-                                 f"client copies with a leading client dimension [C, *shape]")
+                raise ValueError(
+                    f"{param_name(gi, pi, p)} is 0-dim; client-batched parameters are stacked "
+                    f"client copies with a leading client dimension [C, *shape]"
+                )
             if self.num_clients is None:
                 if p.shape[0] == 0:
-                    raise ValueError(f"{param_name(gi, pi, p)} has leading (client) dimension 0: a client-batched "
-                                     f"optimizer needs at least one client")
+                    raise ValueError(
+                        f"{param_name(gi, pi, p)} has leading (client) dimension 0: a client-batched "
+                        f"optimizer needs at least one client"
+                    )
                 self.num_clients = int(p.shape[0])
             elif p.shape[0] != self.num_clients:
-                raise ValueError(f"{param_name(gi, pi, p)} has leading (client) dimension {p.shape[0]} but other "
-                                 f"parameters have {self.num_clients}")
+                raise ValueError(
+                    f"{param_name(gi, pi, p)} has leading (client) dimension {p.shape[0]} but other "
+                    f"parameters have {self.num_clients}"
+                )
+
+    def _num_clients(self) -> int:
+        """C: set by the first parameter (torch's Optimizer refuses an empty parameter list)."""
+        assert self.num_clients is not None
+        return self.num_clients
 
     # ------------------------------------------------------------------ rounds
     @property
-    def round_step(self) -> List[int]:
+    def round_step(self) -> List[int]:  # type: ignore[override]  # one k per client, where the base has one
         """k of every client: the steps each one took since the last start_round."""
         if self._k_dev is not None:
             return [int(v) for v in self._k_dev.tolist()]
@@ -92,15 +104,22 @@ class ClientBatched(FedOptimizer):
         return k
 
     @torch.no_grad()
-    def start_round(self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None,
-                    round_index: Any = None, lr_scale: Any = None, **inputs: Any) -> None:
+    def start_round(
+        self,
+        *,
+        reset_state: bool = True,
+        correction: Optional[Sequence[torch.Tensor]] = None,
+        round_index: Any = None,
+        lr_scale: Any = None,
+        **inputs: Any,
+    ) -> None:
         """Begin a round for every client (docs/algorithms.md per client).
 
         ``round_index``: the round index ``t`` of each client (an int for all, or C ints; default:
         this optimizer's own round count); ``lr_scale``: a factor on every group's learning rate
         per client (default 1). Corrections, controls and scales are ``[C, *shape]`` tensors.
         """
-        C = self.num_clients
+        C = self._num_clients()
         t = _per_client("round_index", round_index, C, _round_number)
         scale = _per_client("lr_scale", lr_scale, C, _real)
         if scale is not None and any(not (v >= 0 and v != float("inf")) for v in scale):
@@ -115,13 +134,17 @@ class ClientBatched(FedOptimizer):
     @property
     def client_round_index(self) -> List[int]:
         """t of every client in the current round (given to start_round, else this optimizer's round count)."""
-        return list(self._t_clients) if self._t_clients is not None else [max(self._t, 0)] * self.num_clients
+        return list(self._t_clients) if self._t_clients is not None else [max(self._t, 0)] * self._num_clients()
 
     # ------------------------------------------------------------------ state_dict: what start_round was given
     def state_dict(self) -> Dict[str, Any]:
         sd = super().state_dict()
-        sd[ROUND_KEY].update(clients=self.num_clients, client_round_index=self._t_clients,
-                              lr_scale=self._lr_scale, fresh_round=self._fresh_round)
+        sd[ROUND_KEY].update(
+            clients=self.num_clients,
+            client_round_index=self._t_clients,
+            lr_scale=self._lr_scale,
+            fresh_round=self._fresh_round,
+        )
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -133,9 +156,12 @@ class ClientBatched(FedOptimizer):
                     counts[key] = len(rnd[key])
             for key, n in counts.items():
                 if n is not None and n != self.num_clients:
-                    raise ValueError(f"state_dict was saved by a client-batched optimizer with {n} clients ({key}), "
-                                     f"this one has {self.num_clients} clients")
+                    raise ValueError(
+                        f"state_dict was saved by a client-batched optimizer with {n} clients ({key}), "
+                        f"this one has {self.num_clients} clients"
+                    )
         super().load_state_dict(state_dict)
+        assert rnd is not None  # the base class refused a state_dict without its round entry
         self._t_clients = None if rnd.get("client_round_index") is None else [int(v) for v in rnd["client_round_index"]]
         self._lr_scale = None if rnd.get("lr_scale") is None else [float(v) for v in rnd["lr_scale"]]
         self._fresh_round = bool(rnd.get("fresh_round", True))
@@ -147,7 +173,7 @@ class ClientBatched(FedOptimizer):
     def _group_rows(self, group: Dict[str, Any]):
         # client c's row is the per-client optimizer's row for its round, column 0 (every op's
         # learning rate) times lr_scale[c]; a tensor lr becomes (lr * factor of c's round) * lr_scale[c]
-        C = self.num_clients
+        C = self._num_clients()
         ts = self._t_clients or [max(self._t, 0)] * C
         rows = tuple(tuple(self._row_of(group, t)) for t in ts)
         factor = None
@@ -177,14 +203,18 @@ class ClientBatched(FedOptimizer):
         fewer local steps than the others sits out the rest of the round.
         """
         if torch.compiler.is_compiling():
-            raise RuntimeError("torch.compile of a client-batched step is not supported; capture the batched "
-                               "step in a CUDA graph instead (its steps never synchronise with the host)")
+            raise RuntimeError(
+                "torch.compile of a client-batched step is not supported; capture the batched "
+                "step in a CUDA graph instead (its steps never synchronise with the host)"
+            )
         if active is not None:
             if not isinstance(active, torch.Tensor):
                 active = torch.tensor(list(active))
             if active.shape != (self.num_clients,) or active.dtype != torch.bool:
-                raise ValueError(f"active must be a bool tensor of shape ({self.num_clients},) (one flag per "
-                                 f"client), got {active.dtype} {tuple(active.shape)}")
+                raise ValueError(
+                    f"active must be a bool tensor of shape ({self.num_clients},) (one flag per "
+                    f"client), got {active.dtype} {tuple(active.shape)}"
+                )
             device = self._params_flat[0].device
             if active.device != device:
                 active = active.to(device, non_blocking=True)

@@ -14,15 +14,19 @@ The descriptor reads run settings through ``RunSettings``, the fields it needs o
 this module to validate a run's algorithm, so this one names the settings by their shape and imports
 neither it, the simulator nor Flower.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Type
 
 import torch
 
 from ..core.ops import OpSpec
+
+if TYPE_CHECKING:  # for the annotations only: core.optimizer's imports are not needed here at run time
+    from ..core.optimizer import FedOptimizer
 
 Tensors = List[torch.Tensor]
 
@@ -30,6 +34,8 @@ Tensors = List[torch.Tensor]
 class RunSettings(Protocol):
     """The settings of a run a descriptor reads: what ``FLConfig`` holds (its docs say what each means)."""
 
+    # a dataclass (``check`` walks its fields)
+    __dataclass_fields__: ClassVar[Dict[str, Any]]
     algorithm: str
     rounds: int
     local_steps: int
@@ -51,7 +57,6 @@ class RunSettings(Protocol):
 
     @property
     def sampled_per_round(self) -> int: ...
-
 
 
 @dataclass(frozen=True)
@@ -102,14 +107,26 @@ class Algorithm:
     option sets, in ``catalogue.Config``'s keyword format, and the one that exercises every role),
     ``variants``, ``settings`` (the run settings that only some algorithms take, ``FLConfig``'s
     fields marked ``some``, that this one takes; another one given to a run is refused, with
-    ``refusals[setting]`` as the reason where one is given), ``round_outputs`` (optimizer methods a client calls after training for what it hands
-    back, e.g. PAdaMFed's ``local_control``), ``bench`` (its benchmark rows).
+    ``refusals[setting]`` as the reason where one is given), ``round_outputs`` (optimizer methods a
+    client calls after training for what it hands back, e.g. PAdaMFed's ``local_control``), ``bench``
+    (its benchmark rows).
     """
 
-    def __init__(self, name: str, optimizer: type, batched: type, *, options: Mapping[str, Mapping[str, Any]],
-                 full: str, variants: Sequence[Variant], settings: Sequence[str] = (),
-                 refusals: Optional[Mapping[str, str]] = None, round_outputs: Sequence[str] = (), title: str = "",
-                 bench: Sequence[BenchCase] = ()):
+    def __init__(
+        self,
+        name: str,
+        optimizer: Type[FedOptimizer],
+        batched: Type[FedOptimizer],
+        *,
+        options: Mapping[str, Mapping[str, Any]],
+        full: str,
+        variants: Sequence[Variant],
+        settings: Sequence[str] = (),
+        refusals: Optional[Mapping[str, str]] = None,
+        round_outputs: Sequence[str] = (),
+        title: str = "",
+        bench: Sequence[BenchCase] = (),
+    ):
         for opt in [full] + [b.option for b in bench]:
             if opt not in options:
                 raise ValueError(f"algorithm {name!r}: option {opt!r} is not one of its options {tuple(options)}")
@@ -131,7 +148,7 @@ class Algorithm:
         return f"Algorithm({self.name!r}, op={self.op.name!r}, variants={[v.name for v in self.variants]})"
 
     # ------------------------------------------------------------------ run settings
-    def hparams(self, cfg: "RunSettings", variant: Variant) -> Dict[str, Any]:
+    def hparams(self, cfg: RunSettings, variant: Variant) -> Dict[str, Any]:
         """lr, server_lr, beta, prox_mu, clip_norm, round_decay (+ ``dyn_alpha``) with defaults applied."""
         beta = variant.beta if variant.beta is not None else variant.defaults.get("beta", 1.0)
         return {
@@ -143,7 +160,7 @@ class Algorithm:
             "round_decay": 1.0 if cfg.round_decay is None else cfg.round_decay,
         }
 
-    def check(self, cfg: "RunSettings", variant: Variant) -> None:
+    def check(self, cfg: RunSettings, variant: Variant) -> None:
         """Refuse (ValueError naming it) a run setting that does not apply to this algorithm."""
         for f in dataclasses.fields(cfg):
             name = f.name
@@ -155,16 +172,25 @@ class Algorithm:
             provers = [v.name for a in ALGORITHMS.values() for v in a.variants if v.prox]
             raise ValueError(f"prox_mu only applies to {' and '.join(provers)}, not {cfg.algorithm!r}")
         if variant.beta is not None and cfg.beta is not None and cfg.beta != variant.beta:
-            raise ValueError(f"beta={cfg.beta} contradicts algorithm={cfg.algorithm!r} (beta={variant.beta}); "
-                             f"use another algorithm name for other decay factors")
+            raise ValueError(
+                f"beta={cfg.beta} contradicts algorithm={cfg.algorithm!r} (beta={variant.beta}); "
+                f"use another algorithm name for other decay factors"
+            )
 
     # ------------------------------------------------------------------ the client side of a round
-    def make(self, params: Tensors, cfg: "RunSettings", variant: Variant, hp: Mapping[str, Any], backend: str,
-             batched: bool = False) -> torch.optim.Optimizer:
+    def make(
+        self,
+        params: Sequence[torch.Tensor],
+        cfg: RunSettings,
+        variant: Variant,
+        hp: Mapping[str, Any],
+        backend: str,
+        batched: bool = False,
+    ) -> torch.optim.Optimizer:
         """This run's client optimizer on ``params`` (its client-batched form with ``batched``)."""
         raise NotImplementedError
 
-    def state_copies(self, cfg: "RunSettings", variant: Variant) -> int:
+    def state_copies(self, cfg: RunSettings, variant: Variant) -> int:
         """Optimizer state tensors per parameter per client (the client-parallel memory estimate)."""
         raise NotImplementedError
 
@@ -172,9 +198,11 @@ class Algorithm:
         """The lr a client's param groups get at round ``t``; None: the optimizer anneals by itself."""
         return None
 
-    def calibrate(self, model: torch.nn.Module, data: Sequence[Tuple[torch.Tensor, torch.Tensor]],
-                  cfg: "RunSettings") -> Dict[str, Any]:
-        """Round inputs a client computes from the received model on its own data (FedNLR's scales)."""
+    def calibrate(
+        self, model: torch.nn.Module, data: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]], cfg: RunSettings
+    ) -> Dict[str, Any]:
+        """Round inputs a client computes from the received model on its own data (FedNLR's scales);
+        ``data`` is None for a client with no data to give."""
         return {}
 
     def clip_norm(self, hp: Mapping[str, Any]) -> Optional[float]:

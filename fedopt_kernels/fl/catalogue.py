@@ -8,16 +8,17 @@ self-check, the torch.compile / AMP tests and the benchmark all take their confi
 here. The option sets themselves are part of each algorithm's descriptor
 (``fedopt_kernels.fl.algorithm``): an algorithm registered there is covered by every check.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
 
 import torch
 
-from . import algorithm
-from ..core.optimizer import FedOptimizer
 from ..core.ops import OpSpec
+from ..core.optimizer import FedOptimizer
+from . import algorithm
 
 Tensors = List[torch.Tensor]
 
@@ -51,7 +52,7 @@ class Config:
 
     algo: str
     option: str
-    cls: type
+    cls: Type[FedOptimizer]
     kwargs: Mapping[str, Any]
     groups: Optional[Mapping[str, Any]] = None
     correction: bool = False
@@ -72,8 +73,9 @@ class Config:
 
     def build_batched(self, params: Tensors, backend: str = "auto", replay: Optional[bool] = None) -> FedOptimizer:
         """The client-batched form over stacked parameters ``[C, *shape]``."""
-        return algorithm.of_optimizer(self.cls).batched(self.param_groups(params), backend=backend, replay=replay,
-                                                        **self.kwargs)
+        return algorithm.of_optimizer(self.cls).batched(
+            self.param_groups(params), backend=backend, replay=replay, **self.kwargs
+        )
 
     def batched_round_inputs(self, clients: List[Tensors], stacked: Tensors, rnd: int, seed: int = 0) -> Dict[str, Any]:
         """Client c's ``round_inputs(clients[c], rnd, seed + 100 c)``, stacked for ``stacked`` params."""
@@ -82,17 +84,22 @@ class Config:
         for key in per[0] if per else ():
             if isinstance(per[0][key], dict):  # neuron scales {param: r}: the same parameters for every client
                 index = [{id(p): i for i, p in enumerate(ps)} for ps in clients]
-                out[key] = {stacked[index[0][id(p)]]: torch.stack([per[c][key][clients[c][index[0][id(p)]]]
-                                                                  for c in range(len(clients))])
-                            for p in per[0][key]}
+                out[key] = {
+                    stacked[index[0][id(p)]]: torch.stack(
+                        [per[c][key][clients[c][index[0][id(p)]]] for c in range(len(clients))]
+                    )
+                    for p in per[0][key]
+                }
             else:
                 out[key] = [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(stacked))]
         return out
 
     def batched_step_inputs(self, clients: List[Tensors], step: int, seed: int = 0) -> Dict[str, Any]:
         per = [self.step_inputs(ps, step, seed + 100 * c) for c, ps in enumerate(clients)]
-        return {key: [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(clients[0]))]
-                for key in (per[0] if per else ())}
+        return {
+            key: [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(clients[0]))]
+            for key in (per[0] if per else ())
+        }
 
     def round_inputs(self, params: Tensors, rnd: int, seed: int = 0) -> Dict[str, Any]:
         """``start_round`` inputs of round ``rnd`` (``params`` in the optimizer's order)."""
@@ -121,16 +128,16 @@ class Config:
 @dataclass
 class Algo:
     name: str
-    cls: type
+    cls: Type[FedOptimizer]
     options: Dict[str, Config] = field(default_factory=dict)
-    full: str = ""   # the option set that exercises every role of the op
+    full: str = ""  # the option set that exercises every role of the op
 
     @property
     def op(self) -> str:
         return self.cls.op_spec().name
 
 
-def _algo(name: str, cls: type, full: str, options: Dict[str, Dict[str, Any]]) -> Algo:
+def _algo(name: str, cls: Type[FedOptimizer], full: str, options: Mapping[str, Mapping[str, Any]]) -> Algo:
     algo = Algo(name, cls, full=full)
     for opt_name, spec in options.items():
         spec = dict(spec)
@@ -140,8 +147,7 @@ def _algo(name: str, cls: type, full: str, options: Dict[str, Dict[str, Any]]) -
     return algo
 
 
-ALGOS: Dict[str, Algo] = {a.name: _algo(a.name, a.optimizer, a.full, a.options)
-                          for a in algorithm.ALGORITHMS.values()}
+ALGOS: Dict[str, Algo] = {a.name: _algo(a.name, a.optimizer, a.full, a.options) for a in algorithm.ALGORITHMS.values()}
 
 
 def config(algo: str, option: Optional[str] = None) -> Config:
@@ -150,8 +156,15 @@ def config(algo: str, option: Optional[str] = None) -> Config:
     return a.options[option or a.full]
 
 
-def run(cfg: Config, params: Tensors, backend: str, rounds: int = 2, steps: int = 3, seed: int = 0,
-        grads: Optional[Callable[[Tensors, int], List[Optional[torch.Tensor]]]] = None) -> FedOptimizer:
+def run(
+    cfg: Config,
+    params: Tensors,
+    backend: str,
+    rounds: int = 2,
+    steps: int = 3,
+    seed: int = 0,
+    grads: Optional[Callable[[Tensors, int], List[Optional[torch.Tensor]]]] = None,
+) -> FedOptimizer:
     """``rounds`` x ``steps`` steps of ``cfg`` on ``params`` with seeded gradients; returns the optimizer.
 
     ``grads(params, global_step)`` replaces the default seeded standard-normal gradients.
@@ -169,6 +182,3 @@ def run(cfg: Config, params: Tensors, backend: str, rounds: int = 2, steps: int 
                 p.grad = g
             opt.step(**cfg.step_inputs(ordered, gstep, seed))
     return opt
-
-
-

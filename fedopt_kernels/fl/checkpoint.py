@@ -24,6 +24,7 @@ process kills itself (SIGKILL) while saving the checkpoint of ``<rounds>`` compl
 ``payload`` halfway through writing the state file, ``commit`` after the state file is in place
 but before the manifest is replaced. The tests use it to kill runs inside a checkpoint write.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,7 +38,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterator, IO, List, Mapping, Optional, Tuple, Union
+from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -109,8 +110,10 @@ def global_rng_state() -> Dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "torch_cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_initialized() else [],
-        "numpy": {**np_state, "state": {"key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
-                                        "pos": int(np_state["state"]["pos"])}},
+        "numpy": {
+            **np_state,
+            "state": {"key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(np_state["state"]["pos"])},
+        },
         "python": list(random.getstate()[1]),
         "python_version": random.getstate()[0],
         "python_gauss": random.getstate()[2],
@@ -124,8 +127,10 @@ def set_global_rng_state(state: Mapping[str, Any]) -> None:
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
     np_state = dict(state["numpy"])
-    np_state["state"] = {"key": state["numpy"]["state"]["key"].numpy().astype(np.uint32),
-                         "pos": state["numpy"]["state"]["pos"]}
+    np_state["state"] = {
+        "key": state["numpy"]["state"]["key"].numpy().astype(np.uint32),
+        "pos": state["numpy"]["state"]["pos"],
+    }
     np.random.set_state(np_state)
     random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
 
@@ -219,13 +224,23 @@ class CheckpointDir:
         name = f"state-r{rounds:06d}-{uuid.uuid4().hex[:8]}.pt"
         with atomic_file(self.folder / name, "wb") as f:
             writer = _HashingWriter(f, kill_at=2 if hook == "payload" else None)
-            torch.save(dict(state), writer)
+            # a RawIOBase: a file object to torch.save, though typeshed's IO[bytes] is another class
+            torch.save(dict(state), cast(IO[bytes], writer))
             size, digest = writer.size, writer.sha.hexdigest()
         if hook == "commit":
             os.kill(os.getpid(), signal.SIGKILL)  # testing hook: state file in place, manifest not yet
-        manifest = {"format": FORMAT, "version": VERSION, "kind": self.kind, "rounds": int(rounds),
-                    "state_file": name, "bytes": size, "sha256": digest, "torch": torch.__version__,
-                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": plain_settings(settings)}
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "kind": self.kind,
+            "rounds": int(rounds),
+            "state_file": name,
+            "bytes": size,
+            "sha256": digest,
+            "torch": torch.__version__,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "settings": plain_settings(settings),
+        }
         write_text_atomic(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         self._remove_unreferenced(keep=name)
         return {"bytes": size, "seconds": time.perf_counter() - start}
@@ -254,17 +269,30 @@ class CheckpointDir:
         except FileNotFoundError:
             raise CheckpointError(f"no checkpoint in {self.folder} (no {MANIFEST})") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"checkpoint manifest {path} is damaged ({exc}); it cannot be resumed from "
-                                  f"(delete {self.folder} to start the run afresh)") from None
-        need = {"format": str, "version": int, "kind": str, "rounds": int, "state_file": str, "bytes": int,
-                "sha256": str, "settings": dict}
+            raise CheckpointError(
+                f"checkpoint manifest {path} is damaged ({exc}); it cannot be resumed from "
+                f"(delete {self.folder} to start the run afresh)"
+            ) from None
+        need = {
+            "format": str,
+            "version": int,
+            "kind": str,
+            "rounds": int,
+            "state_file": str,
+            "bytes": int,
+            "sha256": str,
+            "settings": dict,
+        }
         bad = [k for k, t in need.items() if not isinstance(m, dict) or not isinstance(m.get(k), t)]
         if bad or m["format"] != FORMAT:
-            raise CheckpointError(f"{path} is not a fedopt_kernels checkpoint manifest (missing or malformed: "
-                                  f"{bad or ['format']}); it cannot be resumed from")
+            raise CheckpointError(
+                f"{path} is not a fedopt_kernels checkpoint manifest (missing or malformed: "
+                f"{bad or ['format']}); it cannot be resumed from"
+            )
         if m["version"] != VERSION:
-            raise CheckpointError(f"checkpoint {path} has format version {m['version']}; this fedopt_kernels "
-                                  f"reads version {VERSION}")
+            raise CheckpointError(
+                f"checkpoint {path} has format version {m['version']}; this fedopt_kernels reads version {VERSION}"
+            )
         if m["kind"] != self.kind:
             raise CheckpointError(f"checkpoint {path} was saved by {m['kind']!r}, not {self.kind!r}")
         if Path(m["state_file"]).name != m["state_file"] or not m["state_file"].startswith("state-r"):
@@ -276,13 +304,17 @@ class CheckpointDir:
         m = self.manifest()
         diff = settings_diff(m["settings"], plain_settings(settings))
         if diff:
-            raise CheckpointError(f"the checkpoint in {self.folder} was saved by a run with other settings; it "
-                                  f"cannot continue this one. Differences: " + "; ".join(diff) +
-                                  ". Resume with the checkpoint's settings, or use another checkpoint folder")
+            raise CheckpointError(
+                f"the checkpoint in {self.folder} was saved by a run with other settings; it "
+                f"cannot continue this one. Differences: "
+                + "; ".join(diff)
+                + ". Resume with the checkpoint's settings, or use another checkpoint folder"
+            )
         return m
 
-    def load(self, settings: Mapping[str, Any],
-             map_location: Optional[Union[str, torch.device]] = "cpu") -> Tuple[int, Dict[str, Any]]:
+    def load(
+        self, settings: Mapping[str, Any], map_location: Optional[Union[str, torch.device]] = "cpu"
+    ) -> Tuple[int, Dict[str, Any]]:
         """``(completed rounds, state)`` of the checkpoint, after every check of the module docstring."""
         m = self.check_settings(settings)
         path = self.folder / m["state_file"]

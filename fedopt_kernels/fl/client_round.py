@@ -7,13 +7,13 @@ that sat out some rounds is first advanced to the global round index (``advance_
 client optimizers act on the same model object, whose parameters the simulation overwrites with the
 global model before each client trains.
 """
+
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-
 from torch.nn import functional as F
 
 from .config import FLConfig
@@ -48,7 +48,7 @@ class ClientOptimizers:
     def _build(self) -> Optimizer:
         return self.build_on(list(self.model.parameters()))
 
-    def build_on(self, params: List[torch.Tensor], batched: bool = False) -> Optimizer:
+    def build_on(self, params: Sequence[torch.Tensor], batched: bool = False) -> Optimizer:
         """This run's client optimizer on ``params`` (its client-batched form with ``batched``)."""
         return self.algo.make(params, self.cfg, self.variant, self.hp, self.backend, batched=batched)
 
@@ -98,8 +98,8 @@ def loss_and_correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Tupl
     model.eval()
     loss, correct = 0.0, 0
     for i in range(0, y.shape[0], _EVAL_CHUNK):
-        out = model(x[i:i + _EVAL_CHUNK])
-        yy = y[i:i + _EVAL_CHUNK]
+        out = model(x[i : i + _EVAL_CHUNK])
+        yy = y[i : i + _EVAL_CHUNK]
         loss += float(F.cross_entropy(out, yy, reduction="sum"))
         correct += int((out.argmax(dim=1) == yy).sum())
     model.train(was_training)

@@ -5,12 +5,13 @@
 client and server hyperparameters. The simulator's ``SimConfig`` extends it with data, model and
 execution settings; a Flower strategy needs only this.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, TypeVar
 
 from . import algorithm as _algorithm
 
@@ -25,8 +26,9 @@ def check_integer(name: str, value: Any, low: int) -> None:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
-def check_real(name: str, value: Any, low: float, high: float = math.inf, low_open: bool = False,
-               high_open: bool = False) -> None:
+def check_real(
+    name: str, value: Any, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False
+) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
     if not ok:
@@ -35,15 +37,33 @@ def check_real(name: str, value: Any, low: float, high: float = math.inf, low_op
         raise ValueError(f"{name} must be a finite number {lo}{hi}, got {value!r}")
 
 
-def _setting(default: Any, kind: type, help: str, *, low: float = 0.0, high: float = math.inf, low_open: bool = False,
-             high_open: bool = False, choices: Optional[tuple] = None, some: bool = False) -> Any:
+def _setting(
+    default: Any,
+    kind: type,
+    help: str,
+    *,
+    low: float = 0.0,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    choices: Optional[tuple] = None,
+    some: bool = False,
+) -> Any:
     """A field that is also a ``fedopt-sim`` option (``--name-with-dashes``, in its "algorithm" group),
     with its range (``validate`` checks it; None is "the default" where the default is None).
 
     ``some``: only some algorithms take it; a run of another one refuses it when it is set
     (``Algorithm.settings`` lists the ones an algorithm takes)."""
-    return field(default=default, metadata={"cli": help, "type": kind, "choices": choices, "some": some,
-                                            "range": (low, high, low_open, high_open)})
+    return field(
+        default=default,
+        metadata={
+            "cli": help,
+            "type": kind,
+            "choices": choices,
+            "some": some,
+            "range": (low, high, low_open, high_open),
+        },
+    )
 
 
 def algorithm_settings(cfg_type: type) -> List[Any]:
@@ -51,40 +71,61 @@ def algorithm_settings(cfg_type: type) -> List[Any]:
     return [f for f in dataclasses.fields(cfg_type) if "cli" in f.metadata]
 
 
+_Config = TypeVar("_Config", bound="FLConfig")
+
+
 @dataclass
 class FLConfig:
     """An FL algorithm's settings; ``None`` means "the algorithm's default" (see ``hparams()``)."""
 
     algorithm: str = "fedavg"
-    clients: int = 50                        # all users, held-out new users included
-    holdout_fraction: float = 0.2            # new users: never train, evaluated after fine-tuning
+    clients: int = 50  # all users, held-out new users included
+    holdout_fraction: float = 0.2  # new users: never train, evaluated after fine-tuning
     rounds: int = 50
     local_steps: int = 10
     batch_size: int = 10
-    sample_rate: float = 0.2                 # fraction of the training clients sampled per round
+    sample_rate: float = 0.2  # fraction of the training clients sampled per round
     clients_per_round: Optional[int] = None  # overrides sample_rate
-    lr: Optional[float] = _setting(None, float, "client learning rate (default 0.05; PAdaMFed: eta from theory_hparams)")
-    lr_scale: float = _setting(1.0, float, "multiply the client lr (default %(default)s; for lr-robustness sweeps)",
-                               low_open=True)
-    server_lr: Optional[float] = _setting(None, float, "server learning rate (default 1; PAdaMFed: gamma from theory)",
-                                          low_open=True)
-    beta: Optional[float] = _setting(None, float, "FedDecay decay factor (default 0.5 for feddecay, 1 for fedprox/"
-                                     "scaffold) or PAdaMFed momentum parameter (default from theory)", high=1.0,
-                                     some=True)
+    lr: Optional[float] = _setting(
+        None, float, "client learning rate (default 0.05; PAdaMFed: eta from theory_hparams)"
+    )
+    lr_scale: float = _setting(
+        1.0, float, "multiply the client lr (default %(default)s; for lr-robustness sweeps)", low_open=True
+    )
+    server_lr: Optional[float] = _setting(
+        None, float, "server learning rate (default 1; PAdaMFed: gamma from theory)", low_open=True
+    )
+    beta: Optional[float] = _setting(
+        None,
+        float,
+        "FedDecay decay factor (default 0.5 for feddecay, 1 for fedprox/"
+        "scaffold) or PAdaMFed momentum parameter (default from theory)",
+        high=1.0,
+        some=True,
+    )
     decay_schedule: str = _setting("exponential", str, "within-round decay schedule", choices=("exponential", "linear"))
     decay_every: int = _setting(1, int, "local steps per decay period (default %(default)s)", low=1)
     momentum: float = _setting(0.0, float, "client momentum (default %(default)s)", high=1.0, high_open=True, some=True)
     weight_decay: float = _setting(0.0, float, "client weight decay (default %(default)s)", some=True)
     prox_mu: Optional[float] = _setting(None, float, "FedProx coefficient (fedprox, fednar-fedprox; default 0.01)")
-    clip_norm: Optional[float] = _setting(None, float, "FedNAR max_norm (default 10); gradient clipping for SGD "
-                                          "algorithms", low_open=True, some=True)
-    round_decay: Optional[float] = _setting(None, float, "client lr *= round_decay**t (default 0.998 for FedNAR, "
-                                            "else 1)", high=1.0, low_open=True, some=True)
-    dyn_alpha: Optional[float] = _setting(None, float, "FedDyn's regularisation coefficient alpha (default 0.01)",
-                                          low_open=True, some=True)
+    clip_norm: Optional[float] = _setting(
+        None, float, "FedNAR max_norm (default 10); gradient clipping for SGD algorithms", low_open=True, some=True
+    )
+    round_decay: Optional[float] = _setting(
+        None,
+        float,
+        "client lr *= round_decay**t (default 0.998 for FedNAR, else 1)",
+        high=1.0,
+        low_open=True,
+        some=True,
+    )
+    dyn_alpha: Optional[float] = _setting(
+        None, float, "FedDyn's regularisation coefficient alpha (default 0.01)", low_open=True, some=True
+    )
     # FedNLR's scale-range constants (neuron_lr_scales): mu_l = mu0 + c1 * l / L + c2 * log10(M_l)
-    nlr_mu0: float = _setting(1.0, float, "FedNLR's mu0 in mu_l = mu0 + c1 l/L + c2 log10 M_l (default %(default)s)",
-                              some=True)
+    nlr_mu0: float = _setting(
+        1.0, float, "FedNLR's mu0 in mu_l = mu0 + c1 l/L + c2 log10 M_l (default %(default)s)", some=True
+    )
     nlr_c1: float = _setting(1.0, float, "FedNLR's c1 (default %(default)s)", some=True)
     nlr_c2: float = _setting(1.0, float, "FedNLR's c2 (default %(default)s)", some=True)
     backend: str = "auto"
@@ -125,7 +166,7 @@ class FLConfig:
         return max(1, int(round(self.sample_rate * self.num_train_clients)))
 
     # ------------------------------------------------------------------ checks
-    def validate(self) -> "FLConfig":
+    def validate(self) -> FLConfig:
         """Raise ValueError naming the first parameter that is out of range; return self."""
         self.validate_algorithm()
         return self
@@ -136,8 +177,9 @@ class FLConfig:
         check_integer("clients", self.clients, 1)
         check_real("holdout_fraction", self.holdout_fraction, 0.0, 1.0, high_open=True)
         if self.num_train_clients < 1:
-            raise ValueError(f"clients={self.clients} with holdout_fraction={self.holdout_fraction} leaves no "
-                             f"training clients")
+            raise ValueError(
+                f"clients={self.clients} with holdout_fraction={self.holdout_fraction} leaves no training clients"
+            )
         check_integer("rounds", self.rounds, 1)
         check_integer("local_steps", self.local_steps, 1)
         check_integer("batch_size", self.batch_size, 1)
@@ -145,9 +187,11 @@ class FLConfig:
         if self.clients_per_round is not None:
             check_integer("clients_per_round", self.clients_per_round, 1)
             if self.clients_per_round > self.num_train_clients:
-                raise ValueError(f"clients_per_round={self.clients_per_round} is more than the "
-                                 f"{self.num_train_clients} training clients ({self.clients} clients, "
-                                 f"{self.num_holdout} held out as new users)")
+                raise ValueError(
+                    f"clients_per_round={self.clients_per_round} is more than the "
+                    f"{self.num_train_clients} training clients ({self.clients} clients, "
+                    f"{self.num_holdout} held out as new users)"
+                )
         for f in algorithm_settings(type(self)):
             value = getattr(self, f.name)
             if value is None and f.default is None:
@@ -169,7 +213,8 @@ class FLConfig:
         """Client lr, server lr, beta, prox_mu, clip_norm, round_decay (+ the algorithm's own) with defaults."""
         return self.algo.hparams(self, self.variant)
 
-    def replace(self, **changes: Any) -> "FLConfig":
+    def replace(self: _Config, **changes: Any) -> _Config:
+        """A copy with ``changes`` (of the same class: a SimConfig's is a SimConfig)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> Dict[str, Any]:

@@ -7,6 +7,7 @@ ranks' return values in rank order. It is how the sharded tests, the sharded ben
 FSDP2 Flower example (docs/sharded.md) run a multi-process job on one CPU machine. Starting a world
 costs seconds (each process imports torch): do many things in one.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -35,8 +36,9 @@ def _entry(rank: int, fn: Callable, n: int, store: str, out_dir: str, threads: i
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=n,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=n, timeout=datetime.timedelta(seconds=120)
+    )
     try:
         result = fn(rank, n, *args)
         dist.barrier()

@@ -23,6 +23,7 @@ an algorithm's server is written once, it says how a round uses the arithmetic:
 
 Each rule registers itself by name (``RULES``); an algorithm's variants name the rule they use.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,20 @@ import torch
 
 Tensors = List[torch.Tensor]
 
-__all__ = ["weighted_average_step", "scaffold_local_control", "scaffold_control_step", "padamfed_init",
-           "padamfed_step", "feddyn_server_step", "ServerRule", "ScaffoldRule", "PAdaMFedRule", "FedDynRule", "RULES",
-           "register_rule"]
+__all__ = [
+    "weighted_average_step",
+    "scaffold_local_control",
+    "scaffold_control_step",
+    "padamfed_init",
+    "padamfed_step",
+    "feddyn_server_step",
+    "ServerRule",
+    "ScaffoldRule",
+    "PAdaMFedRule",
+    "FedDynRule",
+    "RULES",
+    "register_rule",
+]
 
 
 def _check_like(name: str, tensors: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> None:
@@ -53,8 +65,9 @@ def _check_updates(name: str, updates: Sequence[Sequence[torch.Tensor]], ref: Se
 
 
 @torch.no_grad()
-def weighted_average_step(x: Sequence[torch.Tensor], deltas: Sequence[Sequence[torch.Tensor]],
-                          weights: Sequence[float], server_lr: float) -> Tensors:
+def weighted_average_step(
+    x: Sequence[torch.Tensor], deltas: Sequence[Sequence[torch.Tensor]], weights: Sequence[float], server_lr: float
+) -> Tensors:
     """FedAvg's server step: ``x + server_lr * sum_i w_i * delta_i / sum_i w_i``.
 
     ``delta_i = y_i - x`` is client i's model minus the global one and ``w_i`` its weight (its
@@ -81,8 +94,9 @@ def weighted_average_step(x: Sequence[torch.Tensor], deltas: Sequence[Sequence[t
 
 
 @torch.no_grad()
-def scaffold_local_control(ci: Sequence[torch.Tensor], c: Sequence[torch.Tensor], delta: Sequence[torch.Tensor],
-                           lr_sum: float) -> Tensors:
+def scaffold_local_control(
+    ci: Sequence[torch.Tensor], c: Sequence[torch.Tensor], delta: Sequence[torch.Tensor], lr_sum: float
+) -> Tensors:
     """SCAFFOLD's new client control by option II of its control update: ``ci - c + (x - y_i) / lr_sum``.
 
     "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning" (Karimireddy, Kale, Mohri,
@@ -100,8 +114,9 @@ def scaffold_local_control(ci: Sequence[torch.Tensor], c: Sequence[torch.Tensor]
 
 
 @torch.no_grad()
-def scaffold_control_step(c: Sequence[torch.Tensor], dcs: Sequence[Sequence[torch.Tensor]],
-                          num_clients: int) -> Tensors:
+def scaffold_control_step(
+    c: Sequence[torch.Tensor], dcs: Sequence[Sequence[torch.Tensor]], num_clients: int
+) -> Tensors:
     """SCAFFOLD's server control: ``c + sum_{i in S} (ci' - ci) / N`` with N all training clients.
 
     Dividing by N (not by the S sampled clients) keeps ``c`` the mean of every client's control
@@ -139,10 +154,18 @@ def padamfed_init(local_controls: Sequence[Sequence[torch.Tensor]], num_clients:
 
 
 @torch.no_grad()
-def padamfed_step(x: Sequence[torch.Tensor], c: Sequence[torch.Tensor], m: Sequence[torch.Tensor],
-                  deltas: Sequence[Sequence[torch.Tensor]], dcs: Sequence[Sequence[torch.Tensor]],
-                  num_clients: int, lr: float, local_steps: int, server_lr: float,
-                  beta: float) -> Tuple[Tensors, Tensors, Tensors]:
+def padamfed_step(
+    x: Sequence[torch.Tensor],
+    c: Sequence[torch.Tensor],
+    m: Sequence[torch.Tensor],
+    deltas: Sequence[Sequence[torch.Tensor]],
+    dcs: Sequence[Sequence[torch.Tensor]],
+    num_clients: int,
+    lr: float,
+    local_steps: int,
+    server_lr: float,
+    beta: float,
+) -> Tuple[Tensors, Tensors, Tensors]:
     """PAdaMFed's server step ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao: Alg. 1).
 
     With S = len(deltas) clients, eta = ``lr``, K = ``local_steps``, gamma = ``server_lr``::
@@ -179,9 +202,13 @@ def padamfed_step(x: Sequence[torch.Tensor], c: Sequence[torch.Tensor], m: Seque
 
 
 @torch.no_grad()
-def feddyn_server_step(x: Sequence[torch.Tensor], h: Sequence[torch.Tensor],
-                       deltas: Sequence[Sequence[torch.Tensor]], alpha: float,
-                       num_clients: int) -> Tuple[Tensors, Tensors]:
+def feddyn_server_step(
+    x: Sequence[torch.Tensor],
+    h: Sequence[torch.Tensor],
+    deltas: Sequence[Sequence[torch.Tensor]],
+    alpha: float,
+    num_clients: int,
+) -> Tuple[Tensors, Tensors]:
     """FedDyn's server step ("Federated Learning Based on Dynamic Regularization", Acar, Zhao,
     Matas, Mattina, Whatmough, Saligrama; ICLR 2021).
 
@@ -199,8 +226,10 @@ def feddyn_server_step(x: Sequence[torch.Tensor], h: Sequence[torch.Tensor],
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
         raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < len(deltas):
-        raise ValueError(f"num_clients must be an integer >= the number of deltas ({len(deltas)}): it counts every "
-                         f"client of the federation, got {num_clients!r}")
+        raise ValueError(
+            f"num_clients must be an integer >= the number of deltas ({len(deltas)}): it counts every "
+            f"client of the federation, got {num_clients!r}"
+        )
     S = len(deltas)
     x_out, h_out = [], []
     for j, xj in enumerate(x):
@@ -238,16 +267,32 @@ class ServerRule:
         before its first round) and the received model ``x``."""
         return {}
 
-    def client_finish(self, opt: Any, algo: Any, hp: Mapping[str, Any], t: int, steps: int,
-                      got: Mapping[str, Tensors], kept: Optional[Tensors],
-                      delta: Tensors) -> Tuple[Optional[Tensors], Dict[str, Tensors]]:
+    def client_finish(
+        self,
+        opt: Any,
+        algo: Any,
+        hp: Mapping[str, Any],
+        t: int,
+        steps: int,
+        got: Mapping[str, Tensors],
+        kept: Optional[Tensors],
+        delta: Tensors,
+    ) -> Tuple[Optional[Tensors], Dict[str, Tensors]]:
         """After local training: the client's new kept tensors (None: nothing kept) and its reply tensors."""
         return None, {}
 
     # ------------------------------------------------------------------ server side
-    def step(self, x: Tensors, state: Mapping[str, Tensors], deltas: Sequence[Tensors], weights: Sequence[float],
-             replies: Sequence[Mapping[str, Tensors]], hp: Mapping[str, Any], num_clients: int,
-             local_steps: int) -> Dict[str, Tensors]:
+    def step(
+        self,
+        x: Tensors,
+        state: Mapping[str, Tensors],
+        deltas: Sequence[Tensors],
+        weights: Sequence[float],
+        replies: Sequence[Mapping[str, Tensors]],
+        hp: Mapping[str, Any],
+        num_clients: int,
+        local_steps: int,
+    ) -> Dict[str, Tensors]:
         """The new model ``"x"`` and server state from the accepted replies (in a fixed client order)."""
         return {"x": weighted_average_step(x, deltas, weights, hp["server_lr"])}
 
@@ -307,9 +352,18 @@ class PAdaMFedRule(ServerRule):
         return new_ci, {"dc": [n - o for n, o in zip(new_ci, ci)]}
 
     def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
-        new_x, c, m = padamfed_step(x, state["c"], state["m"], deltas, [r["dc"] for r in replies],
-                                    num_clients=num_clients, lr=hp["lr"], local_steps=local_steps,
-                                    server_lr=hp["server_lr"], beta=hp["beta"])
+        new_x, c, m = padamfed_step(
+            x,
+            state["c"],
+            state["m"],
+            deltas,
+            [r["dc"] for r in replies],
+            num_clients=num_clients,
+            lr=hp["lr"],
+            local_steps=local_steps,
+            server_lr=hp["server_lr"],
+            beta=hp["beta"],
+        )
         return {"x": new_x, "c": c, "m": m}
 
 

@@ -14,13 +14,15 @@ received message. ``apps`` holds a ready ServerApp/ClientApp pair on the simulat
 The earlier names ``FedDecay``, ``FedNLR``, ``FedNAR``, ``Scaffold``, ``PAdaMFed`` and
 ``padamfed_init_round`` still import, with a ``DeprecationWarning``.
 """
+
 try:
     import flwr  # noqa: F401
     from flwr.serverapp.strategy import Strategy as _Strategy  # noqa: F401  (the Message API, flwr >= 1.21)
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        'fedopt_kernels.flower needs Flower (flwr >= 1.42, its Message API; Python >= 3.11); install it with: '
-        'pip install "fedopt_kernels[flower]"') from exc
+        "fedopt_kernels.flower needs Flower (flwr >= 1.42, its Message API; Python >= 3.11); install it with: "
+        'pip install "fedopt_kernels[flower]"'
+    ) from exc
 
 import warnings as _warnings
 from typing import Any as _Any
@@ -34,16 +36,37 @@ from .padamfed import INIT_MESSAGE_TYPE, InitialControlsStrategy, PAdaMFedStrate
 from .records import BadUpdate, from_record, to_record
 
 __all__ = [
-    "AveragingStrategy", "FedDecayStrategy", "FedNARStrategy", "FedNLRStrategy", "ScaffoldStrategy",
-    "InitialControlsStrategy", "PAdaMFedStrategy", "FedOptStrategy", "ClientResult", "Rejection", "BadUpdate",
-    "INIT_MESSAGE_TYPE", "strategy_for", "train_round", "init_controls_round", "evaluate_round", "to_record",
-    "from_record", "FLConfig",
+    "AveragingStrategy",
+    "FedDecayStrategy",
+    "FedNARStrategy",
+    "FedNLRStrategy",
+    "ScaffoldStrategy",
+    "InitialControlsStrategy",
+    "PAdaMFedStrategy",
+    "FedOptStrategy",
+    "ClientResult",
+    "Rejection",
+    "BadUpdate",
+    "INIT_MESSAGE_TYPE",
+    "strategy_for",
+    "train_round",
+    "init_controls_round",
+    "evaluate_round",
+    "to_record",
+    "from_record",
+    "FLConfig",
 ]
 
 # earlier names: the strategies shared their names with the optimizers (fedopt_kernels.FedNAR) and
 # the server rules; they still import, with a warning naming the new one
-_RENAMED = {"FedDecay": "FedDecayStrategy", "FedNLR": "FedNLRStrategy", "FedNAR": "FedNARStrategy",
-            "Scaffold": "ScaffoldStrategy", "PAdaMFed": "PAdaMFedStrategy", "padamfed_init_round": "init_controls_round"}
+_RENAMED = {
+    "FedDecay": "FedDecayStrategy",
+    "FedNLR": "FedNLRStrategy",
+    "FedNAR": "FedNARStrategy",
+    "Scaffold": "ScaffoldStrategy",
+    "PAdaMFed": "PAdaMFedStrategy",
+    "padamfed_init_round": "init_controls_round",
+}
 
 
 def __getattr__(name: str) -> _Any:

@@ -16,6 +16,7 @@ clients): the server checkpoints after every ``checkpoint-every`` rounds (defaul
 ``<folder>/<tag>/clients/client<id>``, and the same run started again with the same folder
 continues after the last checkpointed round (``flower/resume.py``, ``docs/checkpoints.md``).
 """
+
 from __future__ import annotations
 
 import time
@@ -28,19 +29,27 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..fl.checkpoint import atomic_file
 from ..sim.config import SimConfig
-from ..sim.simulation import Simulation
 from ..sim.evaluate import pooled_metrics
+from ..sim.simulation import Simulation
 from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
-from .records import from_record, logger, to_record
+from .records import as_int, from_record, logger, to_record
 from .resume import client_folder, restore_client_state, save_client_state, server_folder
 from .runconfig import sim_configs
 from .settings import CHECKPOINTED, RESUMED_AT, STATE_TAG
 from .simdata import batch_stream, check_partition, new_model, simulation_for
 
 
-def run_algorithm(grid: Grid, cfg: SimConfig, *, tag: str, fraction_evaluate: float = 0.0,
-                  timeout: float = 3600.0, checkpoint_dir: str = "", checkpoint_every: int = 1) -> Dict[str, Any]:
+def run_algorithm(
+    grid: Grid,
+    cfg: SimConfig,
+    *,
+    tag: str,
+    fraction_evaluate: float = 0.0,
+    timeout: float = 3600.0,
+    checkpoint_dir: str = "",
+    checkpoint_every: int = 1,
+) -> Dict[str, Any]:
     """Run ``cfg.rounds`` rounds of ``cfg.algorithm`` through ``grid``; returns its history.
 
     ``checkpoint_dir``: checkpoint the server into ``<checkpoint_dir>/<tag>/server`` every
@@ -50,11 +59,17 @@ def run_algorithm(grid: Grid, cfg: SimConfig, *, tag: str, fraction_evaluate: fl
     model = new_model(sim)
     # a twin simulator draws each round's clients: the same clients as fedopt-sim, round by round
     sampler = Simulation(cfg, data=sim.data)
-    strategy = strategy_for(cfg, fraction_evaluate=fraction_evaluate, seed=cfg.seed, state_tag=tag, timeout=timeout,
-                            client_sampler=sampler.sample_clients)
+    strategy = strategy_for(
+        cfg,
+        fraction_evaluate=fraction_evaluate,
+        seed=cfg.seed,
+        state_tag=tag,
+        timeout=timeout,
+        client_sampler=sampler.sample_clients,
+    )
     history = []
 
-    def evaluate(server_round: int, arrays) -> MetricRecord:
+    def evaluate(server_round: int, arrays) -> Optional[MetricRecord]:
         if server_round % cfg.eval_every and server_round not in (0, cfg.rounds):
             return None
         params = from_record(arrays, names, sim.global_params, "global arrays")
@@ -73,16 +88,36 @@ def run_algorithm(grid: Grid, cfg: SimConfig, *, tag: str, fraction_evaluate: fl
         sampler.sample_rng.bit_generator.state = saved["sample_rng"]
 
     folder = server_folder(checkpoint_dir, tag)
-    resumable = {} if folder is None else dict(checkpoint_dir=folder, checkpoint_every=checkpoint_every,
-                                                extra_state=extra_state, load_extra_state=load_extra_state)
+    resumable: Dict[str, Any] = (
+        {}
+        if folder is None
+        else dict(
+            checkpoint_dir=folder,
+            checkpoint_every=checkpoint_every,
+            extra_state=extra_state,
+            load_extra_state=load_extra_state,
+        )
+    )
     start = time.perf_counter()
-    result = strategy.start(grid, to_record(names, sim.global_params), num_rounds=cfg.rounds, timeout=timeout,
-                            train_config=ConfigRecord(), evaluate_config=ConfigRecord(), evaluate_fn=evaluate,
-                            **resumable)
-    return {"config": cfg.to_dict(), "hparams": strategy.hp, "history": history,
-            "train_metrics": {r: dict(m) for r, m in result.train_metrics_clientapp.items()},
-            "evaluate_metrics": {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()},
-            "rejections": [vars(r) for r in strategy.rejections], "seconds": time.perf_counter() - start}
+    result = strategy.start(
+        grid,
+        to_record(names, sim.global_params),
+        num_rounds=cfg.rounds,
+        timeout=timeout,
+        train_config=ConfigRecord(),
+        evaluate_config=ConfigRecord(),
+        evaluate_fn=evaluate,
+        **resumable,
+    )
+    return {
+        "config": cfg.to_dict(),
+        "hparams": strategy.hp,
+        "history": history,
+        "train_metrics": {r: dict(m) for r, m in result.train_metrics_clientapp.items()},
+        "evaluate_metrics": {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()},
+        "rejections": [vars(r) for r in strategy.rejections],
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def _merged(context: Context, defaults: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -105,12 +140,24 @@ def server_app(defaults: Optional[Mapping[str, Any]] = None) -> ServerApp:
         checkpoint_dir = str(run_config.get("checkpoint-dir", ""))
         checkpoint_every = int(run_config.get("checkpoint-every", 1))
         for i, cfg in enumerate(cfgs):
-            out = run_algorithm(grid, cfg, tag=f"{i}.{cfg.algorithm}", fraction_evaluate=fraction_evaluate,
-                                checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+            out = run_algorithm(
+                grid,
+                cfg,
+                tag=f"{i}.{cfg.algorithm}",
+                fraction_evaluate=fraction_evaluate,
+                checkpoint_dir=checkpoint_dir,
+                checkpoint_every=checkpoint_every,
+            )
             results[cfg.algorithm] = out
             last = out["history"][-1] if out["history"] else {}
-            logger.info("%s: val accuracy %.4f after %d rounds (%.1f s), %d replies left out", cfg.algorithm,
-                        last.get("val_acc", float("nan")), cfg.rounds, out["seconds"], len(out["rejections"]))
+            logger.info(
+                "%s: val accuracy %.4f after %d rounds (%.1f s), %d replies left out",
+                cfg.algorithm,
+                last.get("val_acc", float("nan")),
+                cfg.rounds,
+                out["seconds"],
+                len(out["rejections"]),
+            )
         path = str(run_config.get("out", ""))
         if path:
             with atomic_file(path, "wb") as f:  # whole or not at all
@@ -139,17 +186,25 @@ def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
         if folder is None or RESUMED_AT not in config:
             return lambda: None
         keys = [f"{tag}.control", f"{tag}.batches"]  # client.train_round's and simdata.batch_stream's
-        restore_client_state(context.state, folder, keys, int(config[RESUMED_AT]))
-        rnd = 0 if msg.metadata.message_type.endswith("init_controls") else int(config["server-round"])
-        return lambda: save_client_state(context.state, folder, keys, rnd, int(config[CHECKPOINTED]))
+        restore_client_state(context.state, folder, keys, as_int(config[RESUMED_AT]))
+        rnd = 0 if msg.metadata.message_type.endswith("init_controls") else as_int(config["server-round"])
+        return lambda: save_client_state(context.state, folder, keys, rnd, as_int(config[CHECKPOINTED]))
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         sim, cid, client, tag = node(msg, context)
         persist = kept_state(msg, context, cid, tag)
         next_batch, save = batch_stream(sim, cid, context.state, tag)
-        content = train_round(new_model(sim), next_batch, msg.content, context.state, num_examples=client.size,
-                              client_id=cid, calibration=(client.train_x, client.train_y), backend=sim.backend)
+        content = train_round(
+            new_model(sim),
+            next_batch,
+            msg.content,
+            context.state,
+            num_examples=client.size,
+            client_id=cid,
+            calibration=(client.train_x, client.train_y),
+            backend=sim.backend,
+        )
         save()
         persist()
         return Message(content, reply_to=msg)
@@ -159,8 +214,9 @@ def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
         sim, cid, client, tag = node(msg, context)
         persist = kept_state(msg, context, cid, tag)
         next_batch, save = batch_stream(sim, cid, context.state, tag)
-        content = init_controls_round(new_model(sim), next_batch, msg.content, context.state,
-                                      num_examples=client.size, client_id=cid)
+        content = init_controls_round(
+            new_model(sim), next_batch, msg.content, context.state, num_examples=client.size, client_id=cid
+        )
         save()
         persist()
         return Message(content, reply_to=msg)
@@ -173,7 +229,8 @@ def client_app(defaults: Optional[Mapping[str, Any]] = None) -> ClientApp:
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         sim, cid, client, _ = node(msg, context)
-        return Message(evaluate_round(new_model(sim), client.val_x, client.val_y, msg.content, client_id=cid),
-                       reply_to=msg)
+        return Message(
+            evaluate_round(new_model(sim), client.val_x, client.val_y, msg.content, client_id=cid), reply_to=msg
+        )
 
     return app

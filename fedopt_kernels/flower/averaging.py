@@ -4,12 +4,13 @@ The server step is the run's server rule (``fedopt_kernels.fl.server_rules``): w
 FedNAR-SCAFFOLD) the server also keeps the control variate ``c``, sends it with every round and
 updates it; each client keeps its own ``c_i`` (``client.train_round``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..fl.server_rules import ServerRule
 from ..fl.config import FLConfig
+from ..fl.server_rules import ServerRule
 from .base import FedOptStrategy
 
 
@@ -35,14 +36,37 @@ class FedDecayStrategy(AveragingStrategy):
     ``FedDecaySGD``; the lr of round t is ``lr * round_decay ** t``.
     """
 
-    def __init__(self, beta: float, *, lr: float = 0.05, server_lr: float = 1.0, local_steps: int = 10,
-                 decay_schedule: str = "exponential", decay_every: int = 1, momentum: float = 0.0,
-                 weight_decay: float = 0.0, clip_norm: Optional[float] = None, round_decay: float = 1.0,
-                 **strategy_kw: Any):
-        super().__init__(FLConfig(algorithm="feddecay", beta=beta, lr=lr, server_lr=server_lr,
-                                   local_steps=local_steps, decay_schedule=decay_schedule, decay_every=decay_every,
-                                   momentum=momentum, weight_decay=weight_decay, clip_norm=clip_norm,
-                                   round_decay=round_decay), **strategy_kw)
+    def __init__(
+        self,
+        beta: float,
+        *,
+        lr: float = 0.05,
+        server_lr: float = 1.0,
+        local_steps: int = 10,
+        decay_schedule: str = "exponential",
+        decay_every: int = 1,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        clip_norm: Optional[float] = None,
+        round_decay: float = 1.0,
+        **strategy_kw: Any,
+    ):
+        super().__init__(
+            FLConfig(
+                algorithm="feddecay",
+                beta=beta,
+                lr=lr,
+                server_lr=server_lr,
+                local_steps=local_steps,
+                decay_schedule=decay_schedule,
+                decay_every=decay_every,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                clip_norm=clip_norm,
+                round_decay=round_decay,
+            ),
+            **strategy_kw,
+        )
 
 
 class FedNLRStrategy(AveragingStrategy):
@@ -53,12 +77,37 @@ class FedNLRStrategy(AveragingStrategy):
     ``c1``, ``c2``: the scale-range constants); the server averages like FedAvg.
     """
 
-    def __init__(self, *, lr: float = 0.05, server_lr: float = 1.0, local_steps: int = 10, momentum: float = 0.0,
-                 weight_decay: float = 0.0, clip_norm: Optional[float] = None, round_decay: float = 1.0,
-                 mu0: float = 1.0, c1: float = 1.0, c2: float = 1.0, **strategy_kw: Any):
-        super().__init__(FLConfig(algorithm="fednlr", lr=lr, server_lr=server_lr, local_steps=local_steps,
-                                   momentum=momentum, weight_decay=weight_decay, clip_norm=clip_norm,
-                                   round_decay=round_decay, nlr_mu0=mu0, nlr_c1=c1, nlr_c2=c2), **strategy_kw)
+    def __init__(
+        self,
+        *,
+        lr: float = 0.05,
+        server_lr: float = 1.0,
+        local_steps: int = 10,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        clip_norm: Optional[float] = None,
+        round_decay: float = 1.0,
+        mu0: float = 1.0,
+        c1: float = 1.0,
+        c2: float = 1.0,
+        **strategy_kw: Any,
+    ):
+        super().__init__(
+            FLConfig(
+                algorithm="fednlr",
+                lr=lr,
+                server_lr=server_lr,
+                local_steps=local_steps,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                clip_norm=clip_norm,
+                round_decay=round_decay,
+                nlr_mu0=mu0,
+                nlr_c1=c1,
+                nlr_c2=c2,
+            ),
+            **strategy_kw,
+        )
 
 
 class FedNARStrategy(AveragingStrategy):
@@ -72,14 +121,34 @@ class FedNARStrategy(AveragingStrategy):
 
     _ALGORITHMS = {"fedavg": "fednar", "fedprox": "fednar-fedprox", "scaffold": "fednar-scaffold"}
 
-    def __init__(self, *, backbone: str = "fedavg", lr: float = 0.05, weight_decay: float = 0.0,
-                 max_norm: float = 10.0, round_decay: float = 0.998, prox_mu: Optional[float] = None,
-                 server_lr: float = 1.0, local_steps: int = 10, **strategy_kw: Any):
+    def __init__(
+        self,
+        *,
+        backbone: str = "fedavg",
+        lr: float = 0.05,
+        weight_decay: float = 0.0,
+        max_norm: float = 10.0,
+        round_decay: float = 0.998,
+        prox_mu: Optional[float] = None,
+        server_lr: float = 1.0,
+        local_steps: int = 10,
+        **strategy_kw: Any,
+    ):
         if backbone not in self._ALGORITHMS:
             raise ValueError(f"backbone must be one of {tuple(self._ALGORITHMS)}, got {backbone!r}")
-        super().__init__(FLConfig(algorithm=self._ALGORITHMS[backbone], lr=lr, weight_decay=weight_decay,
-                                   clip_norm=max_norm, round_decay=round_decay, prox_mu=prox_mu,
-                                   server_lr=server_lr, local_steps=local_steps), **strategy_kw)
+        super().__init__(
+            FLConfig(
+                algorithm=self._ALGORITHMS[backbone],
+                lr=lr,
+                weight_decay=weight_decay,
+                clip_norm=max_norm,
+                round_decay=round_decay,
+                prox_mu=prox_mu,
+                server_lr=server_lr,
+                local_steps=local_steps,
+            ),
+            **strategy_kw,
+        )
 
 
 class ScaffoldStrategy(AveragingStrategy):
@@ -87,9 +156,30 @@ class ScaffoldStrategy(AveragingStrategy):
     for an optional within-round decay) corrected by ``c - c_i``.
     """
 
-    def __init__(self, *, lr: float = 0.05, server_lr: float = 1.0, local_steps: int = 10, beta: float = 1.0,
-                 momentum: float = 0.0, weight_decay: float = 0.0, clip_norm: Optional[float] = None,
-                 round_decay: float = 1.0, **strategy_kw: Any):
-        super().__init__(FLConfig(algorithm="scaffold", lr=lr, server_lr=server_lr, local_steps=local_steps,
-                                   beta=beta, momentum=momentum, weight_decay=weight_decay, clip_norm=clip_norm,
-                                   round_decay=round_decay), **strategy_kw)
+    def __init__(
+        self,
+        *,
+        lr: float = 0.05,
+        server_lr: float = 1.0,
+        local_steps: int = 10,
+        beta: float = 1.0,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        clip_norm: Optional[float] = None,
+        round_decay: float = 1.0,
+        **strategy_kw: Any,
+    ):
+        super().__init__(
+            FLConfig(
+                algorithm="scaffold",
+                lr=lr,
+                server_lr=server_lr,
+                local_steps=local_steps,
+                beta=beta,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                clip_norm=clip_norm,
+                round_decay=round_decay,
+            ),
+            **strategy_kw,
+        )

@@ -14,6 +14,7 @@ float64, so the weights always sum to 1 without overflow). If the new server sta
 not be finite (overflow), the round is skipped: the model and server state stay as they were.
 Every left-out reply is appended to ``strategy.rejections`` as well as logged.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -31,13 +32,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from ..fl.server_rules import RULES, ServerRule
 from ..fl.checkpoint import CheckpointDir, plain_settings
 from ..fl.config import FLConfig
-from .records import (BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric,
-                      to_record)
+from ..fl.server_rules import RULES, ServerRule
+from .records import BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric, to_record
 from .resume import metric_dicts
 from .settings import CHECKPOINTED, RESUMED_AT, round_config
+
+if TYPE_CHECKING:
+    from flwr.app import MetricRecordValues
 
 CLIENT_ID_QUERY = f"{MessageType.QUERY}.client_id"  # asks a node which client id it serves
 # the initial round of a rule with initial controls (PAdaMFed's): every client's first control
@@ -85,6 +88,8 @@ def check_count(name: str, value: Optional[int], optional: bool = True) -> None:
 
 def _client_id_of(content: Optional[RecordDict]) -> Optional[int]:
     """The ``client-id`` metric of a reply, or None (never raises: used to name a rejected client)."""
+    if content is None:
+        return None
     try:
         return int(metric(content, "client-id"))
     except Exception:
@@ -112,18 +117,30 @@ class FedOptStrategy(Strategy):
     where it picks as many clients as there are nodes just sends to every node.
     """
 
-    def __init__(self, cfg: FLConfig, *, fraction_train: float = 1.0, clients_per_round: Optional[int] = None,
-                 fraction_evaluate: float = 0.0, min_available_nodes: int = 1, num_clients: Optional[int] = None,
-                 seed: int = 0, state_tag: Optional[str] = None, timeout: float = 3600.0,
-                 client_sampler: Optional[ClientSampler] = None):
+    def __init__(
+        self,
+        cfg: FLConfig,
+        *,
+        fraction_train: float = 1.0,
+        clients_per_round: Optional[int] = None,
+        fraction_evaluate: float = 0.0,
+        min_available_nodes: int = 1,
+        num_clients: Optional[int] = None,
+        seed: int = 0,
+        state_tag: Optional[str] = None,
+        timeout: float = 3600.0,
+        client_sampler: Optional[ClientSampler] = None,
+    ):
         if not isinstance(cfg, FLConfig):
             raise TypeError(f"cfg must be a fedopt_kernels.FLConfig (or a sim.SimConfig), got {type(cfg).__name__}")
         self.cfg = cfg.validate()
         self.rule: ServerRule = RULES[cfg.server_rule]
         if not self._implements(self.rule):
             implemented = tuple(name for name, rule in RULES.items() if self._implements(rule))
-            raise ValueError(f"algorithm={cfg.algorithm!r} has server rule {cfg.server_rule!r}; "
-                             f"{type(self).__name__} implements {implemented} (use strategy_for(cfg))")
+            raise ValueError(
+                f"algorithm={cfg.algorithm!r} has server rule {cfg.server_rule!r}; "
+                f"{type(self).__name__} implements {implemented} (use strategy_for(cfg))"
+            )
         self.server_rule = cfg.server_rule
         self.state: Dict[str, Tensors] = {}
         _check_fraction("fraction_train", fraction_train, allow_zero=False)
@@ -146,11 +163,11 @@ class FedOptStrategy(Strategy):
         self.global_params: Tensors = []
         self.rejections: List[Rejection] = []
         self._resumed_at: Optional[int] = None  # checkpointing start(): rounds done when it began
-        self._checkpointed = 0                  # ... and in its newest checkpoint
+        self._checkpointed = 0  # ... and in its newest checkpoint
         self._sent: Dict[Tuple[str, int], List[int]] = {}
         self._setup_done = False
         self.client_sampler = client_sampler
-        self._node_of: Dict[int, int] = {}   # client id -> node id (with a client_sampler)
+        self._node_of: Dict[int, int] = {}  # client id -> node id (with a client_sampler)
         self._mapped_nodes: List[int] = []
 
     # ------------------------------------------------------------------ the server rule
@@ -171,23 +188,28 @@ class FedOptStrategy(Strategy):
             return
         # every node, as the simulator initialises every training client
         self._sent[("init", server_round)] = list(nodes)
-        content = RecordDict({"arrays": to_record(self.names, self.global_params),
-                              "config": self._config(config, server_round)})
-        replies = grid.send_and_receive(self._messages(content, nodes, INIT_MESSAGE_TYPE, server_round),
-                                        timeout=self.timeout)
+        content = RecordDict(
+            {"arrays": to_record(self.names, self.global_params), "config": self._config(config, server_round)}
+        )
+        replies = grid.send_and_receive(
+            self._messages(content, nodes, INIT_MESSAGE_TYPE, server_round), timeout=self.timeout
+        )
 
         def parse(reply: RecordDict, node: int) -> Tensors:
-            return from_record(get_record(reply, "control", ArrayRecord, "reply"), self.names, self.global_params,
-                               "control")
+            return from_record(
+                get_record(reply, "control", ArrayRecord, "reply"), self.names, self.global_params, "control"
+            )
 
         controls = self._check_replies(replies, server_round, "init", parse)
         if controls:
-            self.state = self.rule.initial_state(controls, self.num_clients)
+            self.state = self.rule.initial_state(controls, self._client_count())
         else:
-            logger.error("%s initialisation: no usable client control; starting from zero server state",
-                         self.cfg.algorithm)
-        logger.info("%s initialisation: server state from %d of %d clients", self.cfg.algorithm, len(controls),
-                    len(nodes))
+            logger.error(
+                "%s initialisation: no usable client control; starting from zero server state", self.cfg.algorithm
+            )
+        logger.info(
+            "%s initialisation: server state from %d of %d clients", self.cfg.algorithm, len(controls), len(nodes)
+        )
 
     def _round_records(self) -> Dict[str, ArrayRecord]:
         """Server tensors sent with the model (control variate, momentum)."""
@@ -196,8 +218,16 @@ class FedOptStrategy(Strategy):
     def _server_step(self, results: List[ClientResult]) -> Dict[str, Tensors]:
         """The new server state from the sorted accepted results: {"x": ..., other server tensors}."""
         replies = [{"dc": r.dc} if r.dc is not None else {} for r in results]
-        return self.rule.step(self.global_params, self.state, [r.delta for r in results], [r.weight for r in results],
-                              replies, self.hp, self.num_clients, self.cfg.local_steps)
+        return self.rule.step(
+            self.global_params,
+            self.state,
+            [r.delta for r in results],
+            [r.weight for r in results],
+            replies,
+            self.hp,
+            self._client_count(),
+            self.cfg.local_steps,
+        )
 
     def _commit(self, state: Dict[str, Tensors]) -> None:
         self.global_params = state["x"]
@@ -219,20 +249,34 @@ class FedOptStrategy(Strategy):
             a = np.ascontiguousarray(arr.numpy())
             h.update(f"{name}{a.dtype}{a.shape}".encode())
             h.update(a.tobytes())
-        return plain_settings({
-            "strategy": type(self).__name__, "config": dataclasses.asdict(self.cfg), "hparams": self.hp,
-            "num_rounds": num_rounds, "fraction_train": self.fraction_train,
-            "clients_per_round": self.clients_per_round, "fraction_evaluate": self.fraction_evaluate,
-            "configured num_clients": self.num_clients, "state_tag": self.state_tag,
-            "initial arrays sha256": h.hexdigest()[:16], "client sampler": self.client_sampler is not None})
+        return plain_settings(
+            {
+                "strategy": type(self).__name__,
+                "config": dataclasses.asdict(self.cfg),
+                "hparams": self.hp,
+                "num_rounds": num_rounds,
+                "fraction_train": self.fraction_train,
+                "clients_per_round": self.clients_per_round,
+                "fraction_evaluate": self.fraction_evaluate,
+                "configured num_clients": self.num_clients,
+                "state_tag": self.state_tag,
+                "initial arrays sha256": h.hexdigest()[:16],
+                "client sampler": self.client_sampler is not None,
+            }
+        )
 
     def checkpoint_state(self) -> Dict[str, Any]:
         """The server's part of a checkpoint: model, rule state, N, initial round done, generators, rejections."""
-        return {"names": list(self.names), "global": [t.detach().cpu().clone() for t in self.global_params],
-                "state": {k: [t.detach().cpu().clone() for t in v] for k, v in self.state.items()},
-                "num_clients": self.num_clients, "setup_done": self._setup_done,
-                "train_rng": self._train_rng.bit_generator.state, "eval_rng": self._eval_rng.bit_generator.state,
-                "rejections": [vars(r) for r in self.rejections]}
+        return {
+            "names": list(self.names),
+            "global": [t.detach().cpu().clone() for t in self.global_params],
+            "state": {k: [t.detach().cpu().clone() for t in v] for k, v in self.state.items()},
+            "num_clients": self.num_clients,
+            "setup_done": self._setup_done,
+            "train_rng": self._train_rng.bit_generator.state,
+            "eval_rng": self._eval_rng.bit_generator.state,
+            "rejections": [vars(r) for r in self.rejections],
+        }
 
     def load_checkpoint_state(self, saved: Dict[str, Any]) -> None:
         """Take back what ``checkpoint_state`` returned (from a checkpoint of the same settings)."""
@@ -245,12 +289,21 @@ class FedOptStrategy(Strategy):
         self._eval_rng.bit_generator.state = saved["eval_rng"]
         self.rejections = [Rejection(**r) for r in saved["rejections"]]
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              train_config: Optional[ConfigRecord] = None, evaluate_config: Optional[ConfigRecord] = None,
-              evaluate_fn: Optional[Callable[[int, ArrayRecord], Optional[MetricRecord]]] = None, *,
-              checkpoint_dir: Optional[Union[str, os.PathLike]] = None, checkpoint_every: int = 1,
-              extra_state: Optional[Callable[[], Dict[str, Any]]] = None,
-              load_extra_state: Optional[Callable[[Dict[str, Any]], None]] = None) -> Result:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: Optional[ConfigRecord] = None,
+        evaluate_config: Optional[ConfigRecord] = None,
+        evaluate_fn: Optional[Callable[[int, ArrayRecord], Optional[MetricRecord]]] = None,
+        *,
+        checkpoint_dir: Optional[Union[str, os.PathLike]] = None,
+        checkpoint_every: int = 1,
+        extra_state: Optional[Callable[[], Dict[str, Any]]] = None,
+        load_extra_state: Optional[Callable[[Dict[str, Any]], None]] = None,
+    ) -> Result:
         """Flower's ``Strategy.start``; with ``checkpoint_dir``, a run that survives a restart.
 
         The strategy then checkpoints into ``checkpoint_dir`` after every ``checkpoint_every`` rounds
@@ -261,8 +314,15 @@ class FedOptStrategy(Strategy):
         them back on a restart. Without ``checkpoint_dir`` this is Flower's ``start`` unchanged.
         """
         if checkpoint_dir is None:
-            return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
-                                 train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+            return super().start(
+                grid,
+                initial_arrays,
+                num_rounds=num_rounds,
+                timeout=timeout,
+                train_config=train_config,
+                evaluate_config=evaluate_config,
+                evaluate_fn=evaluate_fn,
+            )
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
         ckpt = CheckpointDir(Path(checkpoint_dir), CHECKPOINT_KIND)
@@ -294,8 +354,9 @@ class FedOptStrategy(Strategy):
                 result.arrays = arrays = new_arrays
             if metrics is not None:
                 result.train_metrics_clientapp[rnd] = metrics
-            replies = grid.send_and_receive(self.configure_evaluate(rnd, arrays, evaluate_config, grid),
-                                            timeout=timeout)
+            replies = grid.send_and_receive(
+                self.configure_evaluate(rnd, arrays, evaluate_config, grid), timeout=timeout
+            )
             metrics = self.aggregate_evaluate(rnd, replies)
             if metrics is not None:
                 result.evaluate_metrics_clientapp[rnd] = metrics
@@ -304,21 +365,40 @@ class FedOptStrategy(Strategy):
                 if res is not None:
                     result.evaluate_metrics_serverapp[rnd] = res
             if rnd % checkpoint_every == 0 or rnd == num_rounds:
-                ckpt.save(rnd, settings, {
-                    "strategy": self.checkpoint_state(),
-                    "extra": extra_state() if extra_state is not None else {},
-                    "result": {name: metric_dicts(getattr(result, name)) for name in
-                               ("train_metrics_clientapp", "evaluate_metrics_clientapp",
-                                "evaluate_metrics_serverapp")}})
+                ckpt.save(
+                    rnd,
+                    settings,
+                    {
+                        "strategy": self.checkpoint_state(),
+                        "extra": extra_state() if extra_state is not None else {},
+                        "result": {
+                            name: metric_dicts(getattr(result, name))
+                            for name in (
+                                "train_metrics_clientapp",
+                                "evaluate_metrics_clientapp",
+                                "evaluate_metrics_serverapp",
+                            )
+                        },
+                    },
+                )
                 self._checkpointed = rnd
         return result
 
     # ------------------------------------------------------------------ helpers
     def summary(self) -> None:
-        logger.info("\t├── fedopt_kernels %s: algorithm=%s, hparams=%s", type(self).__name__, self.cfg.algorithm,
-                    {k: v for k, v in self.hp.items() if v is not None})
-        logger.info("\t└── local_steps=%d, clients_per_round=%s, fraction_train=%.2f, fraction_evaluate=%.2f",
-                    self.cfg.local_steps, self.clients_per_round, self.fraction_train, self.fraction_evaluate)
+        logger.info(
+            "\t├── fedopt_kernels %s: algorithm=%s, hparams=%s",
+            type(self).__name__,
+            self.cfg.algorithm,
+            {k: v for k, v in self.hp.items() if v is not None},
+        )
+        logger.info(
+            "\t└── local_steps=%d, clients_per_round=%s, fraction_train=%.2f, fraction_evaluate=%.2f",
+            self.cfg.local_steps,
+            self.clients_per_round,
+            self.fraction_train,
+            self.fraction_evaluate,
+        )
 
     def _load_global(self, arrays: ArrayRecord) -> None:
         first = not self.names
@@ -340,12 +420,20 @@ class FedOptStrategy(Strategy):
 
     def _nodes(self, grid: Grid) -> List[int]:
         while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
-            logger.info("Waiting for nodes to connect: %d connected (minimum required: %d).",
-                        len(nodes), self.min_available_nodes)
+            logger.info(
+                "Waiting for nodes to connect: %d connected (minimum required: %d).",
+                len(nodes),
+                self.min_available_nodes,
+            )
             time.sleep(1)
         if self.num_clients is None:
             self.num_clients = len(nodes)
         return nodes
+
+    def _client_count(self) -> int:
+        """N (``num_clients``): given, or the number of nodes of the first round (``_nodes``)."""
+        assert self.num_clients is not None  # every round lists the nodes before its server step
+        return self.num_clients
 
     def _sample(self, nodes: List[int], count: int, rng: np.random.Generator) -> List[int]:
         if count >= len(nodes):
@@ -363,8 +451,11 @@ class FedOptStrategy(Strategy):
                 node = int(msg.metadata.src_node_id)
                 cid = None if msg.has_error() else _client_id_of(msg.content)
                 if cid is None or cid in self._node_of:
-                    why = msg.error.reason if msg.has_error() else ("a duplicate client id" if cid is not None
-                                                                     else "no client-id")
+                    why = (
+                        msg.error.reason
+                        if msg.has_error()
+                        else ("a duplicate client id" if cid is not None else "no client-id")
+                    )
                     logger.warning("node %d cannot be mapped to a client id (%s); it is not sampled", node, why)
                     continue
                 self._node_of[cid] = node
@@ -373,8 +464,11 @@ class FedOptStrategy(Strategy):
 
     def _sample_train(self, grid: Grid, nodes: List[int], server_round: int) -> List[int]:
         if self.client_sampler is None:
-            count = self.clients_per_round if self.clients_per_round is not None else \
-                max(1, int(round(self.fraction_train * len(nodes))))
+            count = (
+                self.clients_per_round
+                if self.clients_per_round is not None
+                else max(1, int(round(self.fraction_train * len(nodes))))
+            )
             return self._sample(nodes, count, self._train_rng)
         cids = [int(c) for c in self.client_sampler()]
         if len(set(cids)) == len(nodes):
@@ -399,10 +493,10 @@ class FedOptStrategy(Strategy):
             out[CHECKPOINTED] = self._checkpointed
         return out
 
-    def _messages(self, content: RecordDict, nodes: Sequence[int], message_type: str,
-                  server_round: int) -> List[Message]:
-        return [Message(content, dst_node_id=n, message_type=message_type, group_id=str(server_round))
-                for n in nodes]
+    def _messages(
+        self, content: RecordDict, nodes: Sequence[int], message_type: str, server_round: int
+    ) -> List[Message]:
+        return [Message(content, dst_node_id=n, message_type=message_type, group_id=str(server_round)) for n in nodes]
 
     def _reject(self, server_round: int, phase: str, node_id: int, client_id: Optional[int], reason: str) -> None:
         self.rejections.append(Rejection(server_round, phase, node_id, client_id, reason))
@@ -423,8 +517,9 @@ class FedOptStrategy(Strategy):
                     raise BadUpdate("second reply from the same node")
                 if msg.metadata.group_id != str(server_round):  # a late reply to an earlier round's instruction
                     stale.add(node)
-                    raise BadUpdate(f"reply tagged for round {msg.metadata.group_id!r}, not this round "
-                                    f"({server_round}): stale")
+                    raise BadUpdate(
+                        f"reply tagged for round {msg.metadata.group_id!r}, not this round ({server_round}): stale"
+                    )
                 seen.add(node)
                 if msg.has_error():
                     raise BadUpdate(f"the client failed: {msg.error.reason}")
@@ -449,8 +544,9 @@ class FedOptStrategy(Strategy):
         return ClientResult(node, _client_id_of(content), weight, delta, dc, loss)
 
     # ------------------------------------------------------------------ Strategy API: training
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         self._load_global(arrays)
         nodes = self._nodes(grid)
         if not self._setup_done:
@@ -458,53 +554,70 @@ class FedOptStrategy(Strategy):
             self._setup_done = True
         sampled = self._sample_train(grid, nodes, server_round)
         self._sent[("train", server_round)] = sampled
-        logger.info("configure_train: %d of %d nodes train round %d (%s)", len(sampled), len(nodes), server_round,
-                    self.cfg.algorithm)
-        content = RecordDict({"arrays": to_record(self.names, self.global_params),
-                              "config": self._config(config, server_round), **self._round_records()})
+        logger.info(
+            "configure_train: %d of %d nodes train round %d (%s)",
+            len(sampled),
+            len(nodes),
+            server_round,
+            self.cfg.algorithm,
+        )
+        content = RecordDict(
+            {
+                "arrays": to_record(self.names, self.global_params),
+                "config": self._config(config, server_round),
+                **self._round_records(),
+            }
+        )
         return self._messages(content, sampled, MessageType.TRAIN, server_round)
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> Tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> Tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         results: List[ClientResult] = self._check_replies(replies, server_round, "train", self._parse_train)
         left_out = sum(1 for r in self.rejections if r.server_round == server_round and r.phase == "train")
         if not results:
-            logger.warning("round %d: no usable client update; the global model and server state are unchanged",
-                           server_round)
-            return to_record(self.names, self.global_params), MetricRecord({"clients-used": 0,
-                                                                             "clients-left-out": left_out})
+            logger.warning(
+                "round %d: no usable client update; the global model and server state are unchanged", server_round
+            )
+            return to_record(self.names, self.global_params), MetricRecord(
+                {"clients-used": 0, "clients-left-out": left_out}
+            )
         state = self._server_step(results)
         if not all(all_finite(v) for v in state.values()):
-            logger.error("round %d: the aggregate is not finite (overflow?); round skipped, state unchanged",
-                         server_round)
+            logger.error(
+                "round %d: the aggregate is not finite (overflow?); round skipped, state unchanged", server_round
+            )
             self.rejections.append(Rejection(server_round, "train", -1, None, "aggregate not finite: round skipped"))
         else:
             self._commit(state)
-        metrics = {"clients-used": len(results), "clients-left-out": left_out}
-        with_loss = [r for r in results if r.train_loss is not None]
+        metrics: Dict[str, MetricRecordValues] = {"clients-used": len(results), "clients-left-out": left_out}
+        with_loss = [(r.weight, r.train_loss) for r in results if r.train_loss is not None]
         if with_loss:
-            total = sum(r.weight for r in with_loss)
-            metrics["train-loss"] = sum(r.weight * r.train_loss for r in with_loss) / total
+            total = sum(w for w, _ in with_loss)
+            metrics["train-loss"] = sum(w * loss for w, loss in with_loss) / total
         return to_record(self.names, self.global_params), MetricRecord(metrics)
 
     # ------------------------------------------------------------------ Strategy API: evaluation
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         if self.fraction_evaluate == 0:
             return []
         self._load_global(arrays)
         nodes = self._nodes(grid)
         sampled = self._sample(nodes, max(1, int(round(self.fraction_evaluate * len(nodes)))), self._eval_rng)
         self._sent[("evaluate", server_round)] = sampled
-        content = RecordDict({"arrays": to_record(self.names, self.global_params),
-                              "config": self._config(config, server_round)})
+        content = RecordDict(
+            {"arrays": to_record(self.names, self.global_params), "config": self._config(config, server_round)}
+        )
         return self._messages(content, sampled, MessageType.EVALUATE, server_round)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         def parse(content: RecordDict, node: int) -> Tuple[float, Dict[str, float]]:
             n = example_count(content, allow_zero=True)
-            values = {k: metric(content, k) for k in content["metrics"].keys()
-                      if k not in ("num-examples", "client-id")}
+            values = {
+                k: metric(content, k) for k in content["metrics"].keys() if k not in ("num-examples", "client-id")
+            }
             return n, values
 
         results = [r for r in self._check_replies(replies, server_round, "evaluate", parse) if r[0] > 0]
@@ -512,5 +625,7 @@ class FedOptStrategy(Strategy):
             return None
         total = sum(n for n, _ in results)
         keys = sorted(set().union(*(v.keys() for _, v in results)))
-        return MetricRecord({k: sum(n * v[k] for n, v in results if k in v) /
-                             sum(n for n, v in results if k in v) for k in keys} | {"num-examples": int(total)})
+        return MetricRecord(
+            {k: sum(n * v[k] for n, v in results if k in v) / sum(n for n, v in results if k in v) for k in keys}
+            | {"num-examples": int(total)}
+        )

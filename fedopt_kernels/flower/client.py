@@ -11,25 +11,30 @@ takes the round's local steps and returns the reply content the strategies expec
   when given, ``client-id`` (the strategy sums clients in this order, as the simulator does).
 
 What the client keeps between rounds (its control variate ``c_i``, FedDyn's ``g_i``) never leaves
-the client: it lives in ``context.state`` under ``"<state-tag>.control"``. A non-finite new control is not stored (the old one is kept), so one bad
-round cannot poison the client's later rounds.
+the client: it lives in ``context.state`` under ``"<state-tag>.control"``. A non-finite new control
+is not stored (the old one is kept), so one bad round cannot poison the client's later rounds.
 """
+
 from __future__ import annotations
 
 import copy
 from types import SimpleNamespace
-from typing import Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple, cast
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from ..fl.server_rules import RULES
+from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers, loss_and_correct
+from ..fl.server_rules import RULES
 from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
 from .settings import read_round_config
+
+if TYPE_CHECKING:
+    from flwr.app import MetricRecordValues
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -56,7 +61,8 @@ def _control_key(tag: str) -> str:
 
 def _stored_control(state: RecordDict, tag: str, names: list, like: Tensors) -> Optional[Tensors]:
     rec = state.get(_control_key(tag)) if _control_key(tag) in state else None
-    return None if rec is None else from_record(rec, names, like, "stored control")
+    # an ArrayRecord: _store_control is what writes this key
+    return None if rec is None else from_record(cast(ArrayRecord, rec), names, like, "stored control")
 
 
 def _store_control(state: RecordDict, tag: str, names: list, ci: Tensors) -> None:
@@ -65,15 +71,27 @@ def _store_control(state: RecordDict, tag: str, names: list, ci: Tensors) -> Non
 
 
 def _metrics(num_examples: int, client_id: Optional[int], **values: float) -> MetricRecord:
-    m = {"num-examples": int(num_examples), **{k.replace("_", "-"): float(v) for k, v in values.items()}}
+    m: Dict[str, MetricRecordValues] = {
+        "num-examples": int(num_examples),
+        **{k.replace("_", "-"): float(v) for k, v in values.items()},
+    }
     if client_id is not None:
         m["client-id"] = int(client_id)
     return MetricRecord(m)
 
 
-def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
-                num_examples: int, client_id: Optional[int] = None, calibration: Optional[Batch] = None,
-                backend: str = "auto", loss_fn: LossFn = F.cross_entropy) -> RecordDict:
+def train_round(
+    model: nn.Module,
+    next_batch: Callable[[], Batch],
+    content: RecordDict,
+    state: RecordDict,
+    *,
+    num_examples: int,
+    client_id: Optional[int] = None,
+    calibration: Optional[Batch] = None,
+    backend: str = "auto",
+    loss_fn: LossFn = F.cross_entropy,
+) -> RecordDict:
     """One round of local training on ``model`` from a train message's ``content``; returns the reply content.
 
     ``next_batch()`` gives the client's next mini-batch; ``num_examples`` is its training-set size
@@ -84,8 +102,10 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
     cfg, hp, t, tag = read_round_config(config_dict(content))
     names, params, x = _load_global(model, content)
     rule, K = RULES[cfg.server_rule], cfg.local_steps
-    got = {key: from_record(get_record(content, rec, ArrayRecord, "message"), names, params, rec)
-           for rec, key in rule.sent.items()}
+    got = {
+        key: from_record(get_record(content, rec, ArrayRecord, "message"), names, params, rec)
+        for rec, key in rule.sent.items()
+    }
     kept = _stored_control(state, tag, names, params) if rule.keeps else None
     inputs = rule.client_inputs(got, kept, x)
 
@@ -107,7 +127,8 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
         else:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
             anchor.zero_grad(set_to_none=True)
             loss_fn(anchor(bx), by).backward()
-            opt.step(anchor_grads=[p.grad for p in anchor.parameters()])
+            # anchor gradients: PAdaMFed-VR's optimizer (a FedOptimizer: steps take keyword inputs)
+            cast(FedOptimizer, opt).step(anchor_grads=[p.grad for p in anchor.parameters()])
 
     out = RecordDict()
     with torch.no_grad():
@@ -123,9 +144,16 @@ def train_round(model: nn.Module, next_batch: Callable[[], Batch], content: Reco
     return out
 
 
-def init_controls_round(model: nn.Module, next_batch: Callable[[], Batch], content: RecordDict, state: RecordDict, *,
-                        num_examples: int, client_id: Optional[int] = None,
-                        loss_fn: LossFn = F.cross_entropy) -> RecordDict:
+def init_controls_round(
+    model: nn.Module,
+    next_batch: Callable[[], Batch],
+    content: RecordDict,
+    state: RecordDict,
+    *,
+    num_examples: int,
+    client_id: Optional[int] = None,
+    loss_fn: LossFn = F.cross_entropy,
+) -> RecordDict:
     """The initial round of a rule with initial controls (PAdaMFed's): ``c_i`` = mean of K stochastic
     gradients at the received model, for the ``INIT_MESSAGE_TYPE`` message.
 
@@ -141,14 +169,15 @@ def init_controls_round(model: nn.Module, next_batch: Callable[[], Batch], conte
         loss_fn(model(bx), by).backward()
         with torch.no_grad():
             for a, p in zip(acc, params):
-                a.add_(p.grad)
+                a.add_(cast(torch.Tensor, p.grad))  # backward() just gave every parameter one
     ci = [a / K for a in acc]
     _store_control(state, tag, names, ci)
     return RecordDict({"control": to_record(names, ci), "metrics": _metrics(num_examples, client_id)})
 
 
-def evaluate_round(model: nn.Module, x: torch.Tensor, y: torch.Tensor, content: RecordDict, *,
-                   client_id: Optional[int] = None) -> RecordDict:
+def evaluate_round(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, content: RecordDict, *, client_id: Optional[int] = None
+) -> RecordDict:
     """Loss and accuracy of the received global model on (x, y) (e.g. the client's validation split)."""
     _load_global(model, content)
     n = int(y.shape[0])

@@ -1,10 +1,11 @@
 """The Flower strategy for any ``fedopt-sim`` algorithm, from its settings (``FLConfig``)."""
+
 from __future__ import annotations
 
 from typing import Any
 
-from ..fl.server_rules import RULES
 from ..fl.config import FLConfig
+from ..fl.server_rules import RULES
 from .averaging import AveragingStrategy
 from .base import FedOptStrategy
 from .padamfed import InitialControlsStrategy

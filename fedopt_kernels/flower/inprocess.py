@@ -9,6 +9,7 @@ on Flower use ``flwr run`` (see ``docs/flower.md``).
 ``app(message, context)`` may return None to model a client that dropped out (no reply); an
 exception it raises becomes an error reply, as in Flower's engines.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,8 +29,9 @@ _SUPERLINK_NODE_ID = 1
 class InProcessGrid(Grid):
     """``num_nodes`` nodes with ids ``first_node_id + i`` and ``partition-id = i``, all served by ``app``."""
 
-    def __init__(self, app: ClientFn, num_nodes: int, run_config: Optional[Mapping] = None,
-                 first_node_id: int = 2**63 - 2):  # Flower ids are unsigned 64-bit: straddle int64
+    def __init__(
+        self, app: ClientFn, num_nodes: int, run_config: Optional[Mapping] = None, first_node_id: int = 2**63 - 2
+    ):  # Flower ids are unsigned 64-bit: straddle int64
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
         self.app = app
@@ -40,10 +42,15 @@ class InProcessGrid(Grid):
             except RuntimeError:
                 setattr(TaskIdentity, name, value)
         self.contexts: Dict[int, Context] = {
-            first_node_id + i: Context(run_id=0, node_id=first_node_id + i,
-                                       node_config={"partition-id": i, "num-partitions": num_nodes},
-                                       state=RecordDict(), run_config=dict(run_config or {}))
-            for i in range(num_nodes)}
+            first_node_id + i: Context(
+                run_id=0,
+                node_id=first_node_id + i,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+            )
+            for i in range(num_nodes)
+        }
         self._replies: Dict[str, Message] = {}
         self._run = None
 
@@ -54,8 +61,9 @@ class InProcessGrid(Grid):
     def run(self):
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: Optional[float] = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: Optional[float] = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -70,11 +78,16 @@ class InProcessGrid(Grid):
             if node not in self.contexts:
                 raise ValueError(f"message for node {node}, which is not one of this grid's nodes")
             # the client works on its own copy, as it would after a transport
-            received = Message(copy.deepcopy(msg.content), node, msg.metadata.message_type,
-                               group_id=msg.metadata.group_id)
-            received.metadata.__dict__.update({k: v for k, v in msg.metadata.__dict__.items()
-                                               if k in ("_message_id", "_src_node_id", "_run_id", "_created_at",
-                                                        "_ttl")})
+            received = Message(
+                copy.deepcopy(msg.content), node, msg.metadata.message_type, group_id=msg.metadata.group_id
+            )
+            received.metadata.__dict__.update(
+                {
+                    k: v
+                    for k, v in msg.metadata.__dict__.items()
+                    if k in ("_message_id", "_src_node_id", "_run_id", "_created_at", "_ttl")
+                }
+            )
             try:
                 reply = self.app(received, self.contexts[node])
             except Exception as exc:

@@ -6,19 +6,21 @@ gradients at the initial model) in a ``"train.init_controls"`` message and keeps
 averages the replies into ``c`` and ``m`` (``server_rules.padamfed_init``). Each round sends
 ``c`` and ``m`` with the model; the server step is ``server_rules.padamfed_step``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..fl.server_rules import ServerRule
 from ..fl.config import FLConfig
+from ..fl.server_rules import ServerRule
 from .base import INIT_MESSAGE_TYPE, FedOptStrategy, check_count
 
 __all__ = ["INIT_MESSAGE_TYPE", "InitialControlsStrategy", "PAdaMFedStrategy"]
 
 
 class InitialControlsStrategy(FedOptStrategy):
-    """The strategy of every server rule with an initial round of client controls; today PAdaMFed's server ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao; Alg. 1).
+    """The strategy of every server rule with an initial round of client controls; today PAdaMFed's
+    server ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao; Alg. 1).
 
     With S accepted clients of N (``num_clients``), client lr eta, K local steps, server step gamma::
 
@@ -44,15 +46,32 @@ class PAdaMFedStrategy(InitialControlsStrategy):
     gradient at the round's starting model). ``clients_per_round`` is also the number sampled.
     """
 
-    def __init__(self, *, num_rounds: int, clients_per_round: int, local_steps: int = 10,
-                 variance_reduction: bool = False, lr: Optional[float] = None, server_lr: Optional[float] = None,
-                 beta: Optional[float] = None, **strategy_kw: Any):
+    def __init__(
+        self,
+        *,
+        num_rounds: int,
+        clients_per_round: int,
+        local_steps: int = 10,
+        variance_reduction: bool = False,
+        lr: Optional[float] = None,
+        server_lr: Optional[float] = None,
+        beta: Optional[float] = None,
+        **strategy_kw: Any,
+    ):
         check_count("num_rounds", num_rounds, optional=False)
         check_count("clients_per_round", clients_per_round, optional=False)
         if "fraction_train" in strategy_kw:
             raise ValueError("PAdaMFed samples clients_per_round clients; fraction_train does not apply")
         algorithm = "padamfed-vr" if variance_reduction else "padamfed"
-        cfg = FLConfig(algorithm=algorithm, rounds=num_rounds, clients=clients_per_round, holdout_fraction=0.0,
-                        clients_per_round=clients_per_round, local_steps=local_steps, lr=lr, server_lr=server_lr,
-                        beta=beta)
+        cfg = FLConfig(
+            algorithm=algorithm,
+            rounds=num_rounds,
+            clients=clients_per_round,
+            holdout_fraction=0.0,
+            clients_per_round=clients_per_round,
+            local_steps=local_steps,
+            lr=lr,
+            server_lr=server_lr,
+            beta=beta,
+        )
         super().__init__(cfg, clients_per_round=clients_per_round, **strategy_kw)

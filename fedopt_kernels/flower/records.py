@@ -5,10 +5,11 @@ checks everything a client could get wrong (missing or extra names, wrong shapes
 non-finite values) and raises ``BadUpdate`` with a message saying what, so that a strategy can
 leave that client out and log why instead of failing the round.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 import torch
@@ -85,7 +86,7 @@ def metric(content: RecordDict, name: str, what: str = "metrics") -> float:
     return float(v)
 
 
-MAX_EXAMPLES = 2 ** 53  # the largest count every integer below which a float64 holds exactly
+MAX_EXAMPLES = 2**53  # the largest count every integer below which a float64 holds exactly
 
 
 def example_count(content: RecordDict, allow_zero: bool = False) -> float:
@@ -103,6 +104,11 @@ def example_count(content: RecordDict, allow_zero: bool = False) -> float:
     if isinstance(v, bool) or not integral or not low <= v <= MAX_EXAMPLES:
         raise BadUpdate(f"num-examples must be an integer in [{low}, 2**53], got {v!r}")
     return float(v)
+
+
+def as_int(value: Any) -> int:
+    """``int(value)`` of an integer a record holds (flwr types a record's values as any of its kinds)."""
+    return int(value)
 
 
 def config_dict(content: RecordDict, key: str = "config") -> Dict[str, object]:

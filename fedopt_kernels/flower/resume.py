@@ -19,6 +19,7 @@ takes its newest file of a round the server had completed when it restarted (fil
 rounds are from the run that was stopped, whose rounds are being redone), and drops files that no
 restart can need any more.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,9 @@ CLIENT_FILE = re.compile(r"^r(\d+)\.pt$")
 
 def metric_dicts(metrics: Mapping[int, Any]) -> Dict[int, Dict[str, Any]]:
     """Flower's per-round MetricRecords as plain dicts (what a checkpoint can hold)."""
-    return {int(r): {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in m.items()}
-            for r, m in metrics.items()}
+    return {
+        int(r): {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in m.items()} for r, m in metrics.items()
+    }
 
 
 # ---------------------------------------------------------------------------- client side
@@ -79,8 +81,7 @@ def restore_client_state(state: RecordDict, folder: Path, keys: List[str], resum
     return True
 
 
-def save_client_state(state: RecordDict, folder: Path, keys: List[str], server_round: int,
-                      checkpointed: int) -> None:
+def save_client_state(state: RecordDict, folder: Path, keys: List[str], server_round: int, checkpointed: int) -> None:
     """Write the client's kept state after round ``server_round`` (0: the rule's initial round), then
     drop the files no restart can use: those older than the newest one of a checkpointed round."""
     out: Dict[str, Any] = {}

@@ -7,6 +7,7 @@ out). ``algorithm`` may list several algorithms separated by commas: the app run
 the other on the same clients. Keys that are not ``SimConfig`` fields (``fraction-evaluate``,
 ``out``) are the app's own.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +22,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(SimConfig) if f.name != "split"
 def sim_configs(run_config: Mapping[str, Any]) -> List[SimConfig]:
     """One validated SimConfig per algorithm named in ``run_config["algorithm"]``."""
     common = {}
-    for name, field in _FIELDS.items():
+    for name in _FIELDS:
         key = name.replace("_", "-")
         if name == "algorithm" or key not in run_config:
             continue

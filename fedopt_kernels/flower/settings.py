@@ -5,6 +5,7 @@ hyperparameters ``FLConfig.hparams()`` resolved from it, so that a Flower client
 optimizer a ``fedopt-sim`` client builds (the algorithm descriptor's ``make``). Keys are the
 ``FLConfig`` / hparams names; a None value is left out (a ConfigRecord has no None).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,8 @@ from ..fl.config import FLConfig
 
 # the hparams every algorithm has (the others may be None, which a ConfigRecord cannot hold: left out)
 _ALWAYS = ("lr", "server_lr")
-ROUND_INDEX = "round-index"   # t, 0-based, counted over the whole run (FedNAR anneals by it)
-STATE_TAG = "state-tag"       # client state keys are prefixed by it (several algorithms in one run)
+ROUND_INDEX = "round-index"  # t, 0-based, counted over the whole run (FedNAR anneals by it)
+STATE_TAG = "state-tag"  # client state keys are prefixed by it (several algorithms in one run)
 # checkpointing servers (flower/resume.py): rounds completed when the server (re)started, and the
 # rounds of its newest checkpoint; clients keep their state files by them
 RESUMED_AT = "resumed-at-round"

@@ -10,12 +10,13 @@ A client's position in its batch stream survives between rounds in ``context.sta
 number of batches drawn so far; the stream is rebuilt from its seed and replayed to that point.
 Replaying is cheap here (indexing a few small tensors) and depends only on ``BatchStream.next``.
 """
+
 from __future__ import annotations
 
 import copy
 import json
 from functools import lru_cache
-from typing import Callable, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 import torch
@@ -24,11 +25,13 @@ from flwr.app import ConfigRecord, RecordDict
 from ..sim.config import SimConfig
 from ..sim.data.clients import BatchStream
 from ..sim.simulation import Simulation
+from .records import as_int
 
 
 @lru_cache(maxsize=4)
 def _simulation(key: str) -> Simulation:
-    return Simulation(SimConfig(**{k: (tuple(v) if k == "split" else v) for k, v in json.loads(key).items()}))
+    settings: Dict[str, Any] = {k: (tuple(v) if k == "split" else v) for k, v in json.loads(key).items()}
+    return Simulation(SimConfig(**settings))
 
 
 def simulation_for(cfg: SimConfig) -> Simulation:
@@ -39,9 +42,11 @@ def simulation_for(cfg: SimConfig) -> Simulation:
 def check_partition(cfg: SimConfig, node_config: dict) -> int:
     """This node's client id (its ``partition-id``), checked against the run's number of training clients."""
     n = cfg.num_train_clients
-    hint = (f"this run has {n} training clients (clients={cfg.clients}, holdout-fraction={cfg.holdout_fraction}): "
-            f"simulate it with `flwr run . --federation-config \"num-supernodes={n}\"`, or start SuperNodes with "
-            f"--node-config \"partition-id=<0..{n - 1}> num-partitions={n}\"")
+    hint = (
+        f"this run has {n} training clients (clients={cfg.clients}, holdout-fraction={cfg.holdout_fraction}): "
+        f'simulate it with `flwr run . --federation-config "num-supernodes={n}"`, or start SuperNodes with '
+        f'--node-config "partition-id=<0..{n - 1}> num-partitions={n}"'
+    )
     if "partition-id" not in node_config:
         raise ValueError(f"node_config has no partition-id; {hint}")
     pid, parts = node_config["partition-id"], node_config.get("num-partitions", n)
@@ -58,7 +63,7 @@ def new_model(sim: Simulation) -> torch.nn.Module:
 def batch_stream(sim: Simulation, cid: int, state: RecordDict, tag: str) -> Tuple[Callable, Callable[[], None]]:
     """``(next_batch, save)``: client ``cid``'s stream where ``state`` left it; ``save()`` records the new position."""
     key = f"{tag}.batches"
-    drawn = int(state[key]["drawn"]) if key in state else 0
+    drawn = as_int(state[key]["drawn"]) if key in state else 0
     rng = np.random.default_rng()
     rng.bit_generator.state = copy.deepcopy(sim.streams[cid].rng.bit_generator.state)  # the unused initial state
     client = sim.train_clients[cid]

@@ -1,18 +1,19 @@
 """FedDecaySGD and WithinRoundDecay: within-round learning-rate decay (docs/algorithms.md)."""
+
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from ..fl import algorithm
-from ..core.ops import BATCHED
-from .sgd import SGDAlgorithm, SGDFamily
-from ..fl.algorithm import BenchCase, Variant
 from ..batched._client_batched import ClientBatched
+from ..core.ops import BATCHED
 from ..core.schedules import DecaySchedule, ScheduleLike
+from ..fl import algorithm
+from ..fl.algorithm import BenchCase, Variant
+from .sgd import SGDAlgorithm, SGDFamily
 
 
 class FedDecaySGD(SGDFamily):
@@ -43,13 +44,33 @@ class FedDecaySGD(SGDFamily):
             same (docs/replay.md); None: on unless ``FEDOPT_REPLAY=0``.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, *, beta: float, schedule: ScheduleLike = "exponential",
-                 decay_every: int = 1, momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
-                 weight_decay: float = 0.0, maximize: bool = False, prox_mu: float = 0.0, backend: str = "auto",
-                 replay: Optional[bool] = None):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        *,
+        beta: float,
+        schedule: ScheduleLike = "exponential",
+        decay_every: int = 1,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        maximize: bool = False,
+        prox_mu: float = 0.0,
+        backend: str = "auto",
+        replay: Optional[bool] = None,
+    ):
         self.schedule = DecaySchedule(beta, schedule, decay_every)
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
-                        weight_decay=weight_decay, maximize=maximize, prox_mu=prox_mu)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            maximize=maximize,
+            prox_mu=prox_mu,
+        )
         super().__init__(params, defaults, backend, replay)
 
     def _schedule(self) -> Optional[DecaySchedule]:
@@ -67,7 +88,7 @@ class BatchedFedDecaySGD(ClientBatched, FedDecaySGD):
 
     _spec = BATCHED["sgd_batched"]
 
-    def current_lr_factor(self) -> List[float]:
+    def current_lr_factor(self) -> List[float]:  # type: ignore[override]  # one factor per client
         """s(k_c // decay_every) of each client's next step."""
         return [self.schedule.factor(k) for k in self.round_step]
 
@@ -75,38 +96,63 @@ class BatchedFedDecaySGD(ClientBatched, FedDecaySGD):
 class _FedDecay(SGDAlgorithm):
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer
-        return cls(params, lr=hp["lr"], beta=hp["beta"], schedule=cfg.decay_schedule, decay_every=cfg.decay_every,
-                   momentum=cfg.momentum, weight_decay=cfg.weight_decay, prox_mu=hp["prox_mu"], backend=backend)
+        return cls(
+            params,
+            lr=hp["lr"],
+            beta=hp["beta"],
+            schedule=cfg.decay_schedule,
+            decay_every=cfg.decay_every,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            prox_mu=hp["prox_mu"],
+            backend=backend,
+        )
 
     def lr_sum(self, opt, hp, t, steps):
         # exact under within-round decay: lr_t * sum_k s(k // decay_every)
         return opt.param_groups[0]["lr"] * sum(opt.schedule.factor(k) for k in range(steps))
 
 
-DESCRIPTOR = algorithm.register(_FedDecay(
-    "feddecay", FedDecaySGD, BatchedFedDecaySGD,
-    title="FedDecay: Adapting to Data Heterogeneity in Federated Learning with Gradient Decay",
-    settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay"),
-    # fedsgd is FedDecay with beta = 0: only the first of the local steps moves (the others have lr 0)
-    variants=(Variant("fedavg", "avg", beta=1.0), Variant("fedsgd", "avg", beta=0.0),
-              Variant("feddecay", "avg", defaults={"beta": 0.5}), Variant("fedprox", "avg", prox=True),
-              Variant("scaffold", "scaffold")),
-    full="prox_correction",
-    bench=(BenchCase("feddecay", "FedDecaySGD momentum=0.9 wd", "momentum_wd", core=True,
-                     torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4)),
-           BenchCase("feddecay_plain", "FedDecaySGD no momentum", "plain", torch_sgd=dict(lr=0.1)),
-           BenchCase("feddecay_scaffold_prox", "FedDecaySGD momentum + SCAFFOLD + FedProx", "prox_correction")),
-    options={
-        "plain": dict(lr=0.1, beta=0.5),
-        "momentum": dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1),
-        "nesterov": dict(lr=0.05, beta=0.7, momentum=0.9, nesterov=True, weight_decay=0.01),
-        "wd_maximize": dict(lr=0.1, beta=0.9, weight_decay=0.05, maximize=True),
-        "prox_correction": dict(lr=0.1, beta=0.6, prox_mu=0.5, correction=True, momentum=0.5),
-        "linear_every2": dict(lr=0.1, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
-        "fedsgd_beta0": dict(lr=0.1, beta=0.0),
-        "momentum_wd": dict(lr=0.05, beta=0.9, momentum=0.9, weight_decay=5e-4),
-        "groups": dict(lr=0.1, beta=0.5, momentum=0.9, groups=dict(lr=0.03, weight_decay=0.1)),
-    }))
+DESCRIPTOR = algorithm.register(
+    _FedDecay(
+        "feddecay",
+        FedDecaySGD,
+        BatchedFedDecaySGD,
+        title="FedDecay: Adapting to Data Heterogeneity in Federated Learning with Gradient Decay",
+        settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay"),
+        # fedsgd is FedDecay with beta = 0: only the first of the local steps moves (the others have lr 0)
+        variants=(
+            Variant("fedavg", "avg", beta=1.0),
+            Variant("fedsgd", "avg", beta=0.0),
+            Variant("feddecay", "avg", defaults={"beta": 0.5}),
+            Variant("fedprox", "avg", prox=True),
+            Variant("scaffold", "scaffold"),
+        ),
+        full="prox_correction",
+        bench=(
+            BenchCase(
+                "feddecay",
+                "FedDecaySGD momentum=0.9 wd",
+                "momentum_wd",
+                core=True,
+                torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4),
+            ),
+            BenchCase("feddecay_plain", "FedDecaySGD no momentum", "plain", torch_sgd=dict(lr=0.1)),
+            BenchCase("feddecay_scaffold_prox", "FedDecaySGD momentum + SCAFFOLD + FedProx", "prox_correction"),
+        ),
+        options={
+            "plain": dict(lr=0.1, beta=0.5),
+            "momentum": dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1),
+            "nesterov": dict(lr=0.05, beta=0.7, momentum=0.9, nesterov=True, weight_decay=0.01),
+            "wd_maximize": dict(lr=0.1, beta=0.9, weight_decay=0.05, maximize=True),
+            "prox_correction": dict(lr=0.1, beta=0.6, prox_mu=0.5, correction=True, momentum=0.5),
+            "linear_every2": dict(lr=0.1, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
+            "fedsgd_beta0": dict(lr=0.1, beta=0.0),
+            "momentum_wd": dict(lr=0.05, beta=0.9, momentum=0.9, weight_decay=5e-4),
+            "groups": dict(lr=0.1, beta=0.5, momentum=0.9, groups=dict(lr=0.03, weight_decay=0.1)),
+        },
+    )
+)
 
 
 class WithinRoundDecay(LRScheduler):
@@ -116,12 +162,18 @@ class WithinRoundDecay(LRScheduler):
     the learning rate of every group is ``base_lr * s(k // decay_every)`` (docs/algorithms.md; FedDecay Eq. 4).
     """
 
-    def __init__(self, optimizer: Optimizer, beta: float, schedule: ScheduleLike = "exponential",
-                 decay_every: int = 1, last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        beta: float,
+        schedule: ScheduleLike = "exponential",
+        decay_every: int = 1,
+        last_epoch: int = -1,
+    ):
         self.schedule = DecaySchedule(beta, schedule, decay_every)
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> List[float]:
+    def get_lr(self) -> List[Union[float, torch.Tensor]]:  # a tensor where the base lr is one
         k = max(self.last_epoch, 0)
         return [base * self.schedule.factor(k) for base in self.base_lrs]
 
@@ -133,8 +185,10 @@ class WithinRoundDecay(LRScheduler):
                 group["lr"].fill_(lr)  # in place, as torch's schedulers treat a tensor lr
             else:
                 group["lr"] = lr
-        self._last_lr = [group["lr"].clone() if isinstance(group["lr"], torch.Tensor) else group["lr"]
-                         for group in self.optimizer.param_groups]
+        self._last_lr = [
+            group["lr"].clone() if isinstance(group["lr"], torch.Tensor) else group["lr"]
+            for group in self.optimizer.param_groups
+        ]
 
     def state_dict(self) -> Dict[str, Any]:
         # the schedule (possibly a user callable) is configuration, not state

@@ -4,23 +4,24 @@ The client's local step is FedDecaySGD's with the FedProx term ``alpha * (x - x0
 correction ``-g_i``, so every backend runs it with the kernels it already has. ``-g_i`` is kept
 as the state tensor the step reads (negation is exact), so a step makes no copy of it.
 """
+
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..fl import algorithm
-from ..core.optimizer import ROUND_KEY, check_tensor_list, round_entry, check_number
-from ..core.ops import BATCHED
-from .sgd import SGDAlgorithm, SGDFamily
-from ..fl.algorithm import BenchCase, Variant
 from ..batched._client_batched import ClientBatched
-from .feddecay import FedDecaySGD
+from ..core.ops import BATCHED
+from ..core.optimizer import ROUND_KEY, check_number, check_tensor_list, round_entry
 from ..core.schedules import DecaySchedule, ScheduleLike
+from ..fl import algorithm
+from ..fl.algorithm import BenchCase, Variant
+
 # re-exported here: the rule and its arithmetic live beside the other rules'
 from ..fl.server_rules import FedDynRule, feddyn_server_step
+from .feddecay import FedDecaySGD
+from .sgd import SGDAlgorithm, SGDFamily
 
 Tensors = List[torch.Tensor]
 
@@ -67,13 +68,26 @@ class FedDyn(FedDecaySGD):
     """
 
     _accepts_correction = False
-    _state_keys = ("momentum_buffer", "x0", _NEG_G)
+    _state_keys: Tuple[str, ...] = ("momentum_buffer", "x0", _NEG_G)
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, *, alpha: float, beta: float = 1.0,
-                 schedule: ScheduleLike = "exponential", decay_every: int = 1, momentum: float = 0.0,
-                 dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
-                 maximize: bool = False, backend: str = "auto", replay: Optional[bool] = None,
-                 **unsupported: Any):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        *,
+        alpha: float,
+        beta: float = 1.0,
+        schedule: ScheduleLike = "exponential",
+        decay_every: int = 1,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        maximize: bool = False,
+        backend: str = "auto",
+        replay: Optional[bool] = None,
+        **unsupported: Any,
+    ):
         if "prox_mu" in unsupported:
             raise TypeError("FedDyn takes no prox_mu: its alpha * (x - x0) term takes FedProx's place (use alpha)")
         if unsupported:
@@ -81,8 +95,15 @@ class FedDyn(FedDecaySGD):
         check_number("alpha", alpha, low=0.0, low_open=True)  # before anything is built
         self._round_ended = False  # end_round() was called in the current round
         self.schedule = DecaySchedule(beta, schedule, decay_every)
-        defaults = dict(lr=lr, alpha=alpha, momentum=momentum, dampening=dampening, nesterov=nesterov,
-                        weight_decay=weight_decay, maximize=maximize)
+        defaults = dict(
+            lr=lr,
+            alpha=alpha,
+            momentum=momentum,
+            dampening=dampening,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            maximize=maximize,
+        )
         # FedDecaySGD's constructor would add prox_mu to the groups: build from the SGD family directly
         SGDFamily.__init__(self, params, defaults, backend, replay)
 
@@ -98,8 +119,9 @@ class FedDyn(FedDecaySGD):
         return [float(group["alpha" if name == "prox_mu" else name]) for name in self._spec.hps]
 
     # ---------------------------------------------------------------- rounds
-    def start_round(self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None,
-                    **inputs: Any) -> None:
+    def start_round(
+        self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None, **inputs: Any
+    ) -> None:
         """Begin local training on a freshly received global model: ``x0 = x`` for every parameter,
         the step counter to 0, momentum buffers cleared unless ``reset_state=False``.
 
@@ -108,8 +130,10 @@ class FedDyn(FedDecaySGD):
         whose optimizer does not live across rounds hands its state back this way.
         """
         if correction is not None:
-            raise TypeError("FedDyn.start_round() takes no correction: FedDyn's own -g_i term takes SCAFFOLD's "
-                            "place (its g_i is kept by the optimizer and updated by end_round())")
+            raise TypeError(
+                "FedDyn.start_round() takes no correction: FedDyn's own -g_i term takes SCAFFOLD's "
+                "place (its g_i is kept by the optimizer and updated by end_round())"
+            )
         super().start_round(reset_state=reset_state, **inputs)
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
@@ -119,7 +143,9 @@ class FedDyn(FedDecaySGD):
             given = check_tensor_list("dyn_grad", given, self._params_flat, self._name_of)
             for i, t in enumerate(given):
                 if not t.is_floating_point():
-                    raise TypeError(f"dyn_grad entry for {self._name_of(i)} has dtype {t.dtype}; it must be floating point")
+                    raise TypeError(
+                        f"dyn_grad entry for {self._name_of(i)} has dtype {t.dtype}; it must be floating point"
+                    )
         return {"dyn_grad": given}
 
     def _apply_round_inputs(self, inputs: Dict[str, Any]) -> None:
@@ -135,14 +161,18 @@ class FedDyn(FedDecaySGD):
                 st[_NEG_G] = torch.zeros_like(p, memory_format=torch.preserve_format)
         self._round_ended = False
 
-    def _step_tensors(self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any],
-                      idx: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+    def _step_tensors(
+        self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any], idx: int
+    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
         if self._round_ended:
-            raise RuntimeError("step() after end_round(): the round is over; call start_round() with the next "
-                               "global model first")
+            raise RuntimeError(
+                "step() after end_round(): the round is over; call start_round() with the next global model first"
+            )
         if "x0" not in state or _NEG_G not in state:  # checked before the momentum buffer is made
-            raise RuntimeError(f"{self._name_of(idx)} has no FedDyn round state (x0, g_i): it was added to the "
-                               f"optimizer after start_round(); call start_round() before the next step()")
+            raise RuntimeError(
+                f"{self._name_of(idx)} has no FedDyn round state (x0, g_i): it was added to the "
+                f"optimizer after start_round(); call start_round() before the next step()"
+            )
         tensors, override = super()._step_tensors(p, group, state, idx)
         tensors["x0"] = state["x0"]
         tensors["correction"] = state[_NEG_G]
@@ -160,16 +190,20 @@ class FedDyn(FedDecaySGD):
         if self._t < 0:
             raise RuntimeError("end_round() before any start_round(): there is no round to end")
         if self._round_ended:
-            raise RuntimeError("end_round() was already called in this round; g_i is updated once per round "
-                               "(call start_round() for the next one)")
-        entries = []
+            raise RuntimeError(
+                "end_round() was already called in this round; g_i is updated once per round "
+                "(call start_round() for the next one)"
+            )
+        entries: List[Tuple[torch.Tensor, Dict[str, Any], float]] = []
         for group in self.param_groups:  # everything checked before any g_i changes
             alpha = check_number("alpha", group["alpha"], low=0.0, low_open=True)
             for p in group["params"]:
                 st = self.state.get(p, {})
                 if "x0" not in st or _NEG_G not in st:
-                    raise RuntimeError(f"{self._name_of(len(entries))} has no FedDyn round state: it was added "
-                                       f"after start_round(), so this round has no x0 for it")
+                    raise RuntimeError(
+                        f"{self._name_of(len(entries))} has no FedDyn round state: it was added "
+                        f"after start_round(), so this round has no x0 for it"
+                    )
                 entries.append((p, st, alpha))
         for p, st, alpha in entries:
             neg = st[_NEG_G]
@@ -196,7 +230,9 @@ class FedDyn(FedDecaySGD):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        self._round_ended = bool(round_entry(state_dict).get("round_ended", False))
+        rnd = round_entry(state_dict)
+        assert rnd is not None  # the base class refused a state_dict without its round entry
+        self._round_ended = bool(rnd.get("round_ended", False))
 
 
 class BatchedFedDyn(ClientBatched, FedDyn):
@@ -206,7 +242,7 @@ class BatchedFedDyn(ClientBatched, FedDyn):
 
     _spec = BATCHED["sgd_batched"]
 
-    def current_lr_factor(self) -> List[float]:
+    def current_lr_factor(self) -> List[float]:  # type: ignore[override]  # one factor per client
         """s(k_c // decay_every) of each client's next step."""
         return [self.schedule.factor(k) for k in self.round_step]
 
@@ -217,8 +253,17 @@ class _FedDyn(SGDAlgorithm):
 
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer
-        return cls(params, lr=hp["lr"], alpha=hp["dyn_alpha"], beta=hp["beta"], schedule=cfg.decay_schedule,
-                   decay_every=cfg.decay_every, momentum=cfg.momentum, weight_decay=cfg.weight_decay, backend=backend)
+        return cls(
+            params,
+            lr=hp["lr"],
+            alpha=hp["dyn_alpha"],
+            beta=hp["beta"],
+            schedule=cfg.decay_schedule,
+            decay_every=cfg.decay_every,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            backend=backend,
+        )
 
     def state_copies(self, cfg, variant):
         return int(cfg.momentum != 0) + 3  # momentum, x0, -g_i and the g_i the run keeps for the client
@@ -227,23 +272,29 @@ class _FedDyn(SGDAlgorithm):
         return (("momentum_buffer",) if kwargs.get("momentum", 0) else ()) + ("x0", "correction")
 
 
-DESCRIPTOR = algorithm.register(_FedDyn(
-    "feddyn", FedDyn, BatchedFedDyn,
-    title="Federated Learning Based on Dynamic Regularization",
-    settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay", "dyn_alpha"),
-    variants=(Variant("feddyn", "feddyn"),),
-    round_outputs=("dyn_grad",),
-    full="momentum",
-    bench=(BenchCase("feddyn", "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)", "momentum", core=True,
-                     prox_sgd=True),),
-    # every option set uses the x0 and correction roles (alpha * (x - x0) and -g_i)
-    options={
-        "plain": dict(lr=0.1, alpha=0.1),
-        "momentum": dict(lr=0.05, alpha=0.3, momentum=0.9, dampening=0.1),
-        "nesterov_wd": dict(lr=0.05, alpha=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
-        "decay_wd": dict(lr=0.1, alpha=0.5, beta=0.7, weight_decay=0.01),
-        "linear_every2": dict(lr=0.1, alpha=0.2, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
-        "groups": dict(lr=0.1, alpha=0.1, momentum=0.9, groups=dict(lr=0.03, alpha=0.5)),
-    }))
+DESCRIPTOR = algorithm.register(
+    _FedDyn(
+        "feddyn",
+        FedDyn,
+        BatchedFedDyn,
+        title="Federated Learning Based on Dynamic Regularization",
+        settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay", "dyn_alpha"),
+        variants=(Variant("feddyn", "feddyn"),),
+        round_outputs=("dyn_grad",),
+        full="momentum",
+        bench=(
+            BenchCase("feddyn", "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)", "momentum", core=True, prox_sgd=True),
+        ),
+        # every option set uses the x0 and correction roles (alpha * (x - x0) and -g_i)
+        options={
+            "plain": dict(lr=0.1, alpha=0.1),
+            "momentum": dict(lr=0.05, alpha=0.3, momentum=0.9, dampening=0.1),
+            "nesterov_wd": dict(lr=0.05, alpha=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+            "decay_wd": dict(lr=0.1, alpha=0.5, beta=0.7, weight_decay=0.01),
+            "linear_every2": dict(lr=0.1, alpha=0.2, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
+            "groups": dict(lr=0.1, alpha=0.1, momentum=0.9, groups=dict(lr=0.03, alpha=0.5)),
+        },
+    )
+)
 
 __all__ = ["FedDyn", "BatchedFedDyn", "feddyn_server_step", "FedDynRule"]

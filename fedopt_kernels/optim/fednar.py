@@ -1,14 +1,15 @@
 """FedNAR: co-clipping of gradient and weight decay (docs/algorithms.md)."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional
 
-from ..fl import algorithm
-from ..core.optimizer import FedOptimizer, check_number
-from ..core.ops import BATCHED, FEDNAR
-from ..fl.server_rules import RULES
-from ..fl.algorithm import Algorithm, BenchCase, Variant
 from ..batched._client_batched import ClientBatched
+from ..core.ops import BATCHED, FEDNAR
+from ..core.optimizer import FedOptimizer, check_number
+from ..fl import algorithm
+from ..fl.algorithm import Algorithm, BenchCase, Variant
+from ..fl.server_rules import RULES
 
 
 class FedNAR(FedOptimizer):
@@ -31,11 +32,21 @@ class FedNAR(FedOptimizer):
 
     _spec = FEDNAR
 
-    def __init__(self, params: Iterable, lr: float, weight_decay: float, max_norm: float = 10.0,
-                 round_decay: float = 0.998, eps: float = 1e-6, prox_mu: float = 0.0, backend: str = "auto",
-                 replay: Optional[bool] = None):
-        defaults = dict(lr=lr, weight_decay=weight_decay, max_norm=max_norm, round_decay=round_decay,
-                        eps=eps, prox_mu=prox_mu)
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        weight_decay: float,
+        max_norm: float = 10.0,
+        round_decay: float = 0.998,
+        eps: float = 1e-6,
+        prox_mu: float = 0.0,
+        backend: str = "auto",
+        replay: Optional[bool] = None,
+    ):
+        defaults = dict(
+            lr=lr, weight_decay=weight_decay, max_norm=max_norm, round_decay=round_decay, eps=eps, prox_mu=prox_mu
+        )
         super().__init__(params, defaults, backend, replay)
 
     def _validate_group(self, group: Dict[str, Any]) -> None:
@@ -50,8 +61,13 @@ class FedNAR(FedOptimizer):
 
     def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
         step_lr = group["lr"] * self._lr_factor(group, t)
-        return [float(step_lr), float(group["weight_decay"]), float(group["max_norm"]), float(group["eps"]),
-                float(group["prox_mu"])]
+        return [
+            float(step_lr),
+            float(group["weight_decay"]),
+            float(group["max_norm"]),
+            float(group["eps"]),
+            float(group["prox_mu"]),
+        ]
 
 
 class BatchedFedNAR(ClientBatched, FedNAR):
@@ -70,8 +86,15 @@ class _FedNAR(Algorithm):
 
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer
-        return cls(params, lr=hp["lr"], weight_decay=cfg.weight_decay, max_norm=hp["clip_norm"],
-                   round_decay=hp["round_decay"], prox_mu=hp["prox_mu"], backend=backend)
+        return cls(
+            params,
+            lr=hp["lr"],
+            weight_decay=cfg.weight_decay,
+            max_norm=hp["clip_norm"],
+            round_decay=hp["round_decay"],
+            prox_mu=hp["prox_mu"],
+            backend=backend,
+        )
 
     def lr_sum(self, opt, hp, t, steps):
         # K * lr * round_decay ** t; the clip coefficient is a device-side value and not included
@@ -81,20 +104,32 @@ class _FedNAR(Algorithm):
         return int(RULES[variant.server].keeps) + int(variant.prox)
 
 
-DESCRIPTOR = algorithm.register(_FedNAR(
-    "fednar", FedNAR, BatchedFedNAR,
-    title="FedNAR: Federated Optimization with Normalized Annealing Regularization",
-    settings=("weight_decay", "clip_norm", "round_decay"),
-    refusals={"momentum": "its optimizer has none"},
-    variants=(Variant("fednar", "avg"), Variant("fednar-fedprox", "avg", prox=True),
-              Variant("fednar-scaffold", "scaffold")),
-    full="prox_correction",
-    bench=(BenchCase("fednar", "FedNAR wd max_norm=10", "wd", core=True, clip_sgd=True),
-           BenchCase("fednar_scaffold_prox", "FedNAR + SCAFFOLD + FedProx", "prox_correction")),
-    options={
-        "unclipped": dict(lr=0.1, weight_decay=0.01, max_norm=1e6),
-        "wd": dict(lr=0.1, weight_decay=5e-4, max_norm=10.0),
-        "clipped": dict(lr=0.1, weight_decay=0.1, max_norm=0.5, round_decay=0.9),
-        "prox_correction": dict(lr=0.1, weight_decay=0.05, max_norm=2.0, prox_mu=0.3, correction=True),
-        "groups": dict(lr=0.1, weight_decay=0.01, max_norm=1.0, groups=dict(lr=0.5, max_norm=3.0, weight_decay=0.0)),
-    }))
+DESCRIPTOR = algorithm.register(
+    _FedNAR(
+        "fednar",
+        FedNAR,
+        BatchedFedNAR,
+        title="FedNAR: Federated Optimization with Normalized Annealing Regularization",
+        settings=("weight_decay", "clip_norm", "round_decay"),
+        refusals={"momentum": "its optimizer has none"},
+        variants=(
+            Variant("fednar", "avg"),
+            Variant("fednar-fedprox", "avg", prox=True),
+            Variant("fednar-scaffold", "scaffold"),
+        ),
+        full="prox_correction",
+        bench=(
+            BenchCase("fednar", "FedNAR wd max_norm=10", "wd", core=True, clip_sgd=True),
+            BenchCase("fednar_scaffold_prox", "FedNAR + SCAFFOLD + FedProx", "prox_correction"),
+        ),
+        options={
+            "unclipped": dict(lr=0.1, weight_decay=0.01, max_norm=1e6),
+            "wd": dict(lr=0.1, weight_decay=5e-4, max_norm=10.0),
+            "clipped": dict(lr=0.1, weight_decay=0.1, max_norm=0.5, round_decay=0.9),
+            "prox_correction": dict(lr=0.1, weight_decay=0.05, max_norm=2.0, prox_mu=0.3, correction=True),
+            "groups": dict(
+                lr=0.1, weight_decay=0.01, max_norm=1.0, groups=dict(lr=0.5, max_norm=3.0, weight_decay=0.0)
+            ),
+        },
+    )
+)

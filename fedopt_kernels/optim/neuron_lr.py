@@ -1,27 +1,28 @@
 """NeuronLRSGD and neuron_lr_scales: neuron-wise learning rates (docs/algorithms.md; FedNLR)."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import nn
 
-from ..core import dtensor as _dtensor
-from ..fl import algorithm
-from ..core.optimizer import state_dtype
-from ..core.ops import BATCHED
-from .sgd import SGDAlgorithm, SGDFamily
-from ..fl.algorithm import BenchCase, Variant
 from ..batched._client_batched import ClientBatched
+from ..core import dtensor as _dtensor
+from ..core.ops import BATCHED
+from ..core.optimizer import state_dtype
+from ..fl import algorithm
+from ..fl.algorithm import BenchCase, Variant
+from .sgd import SGDAlgorithm, SGDFamily
 
 
 class NeuronLRSGD(SGDFamily):
     r"""SGD with one learning-rate scale per output unit (FedNLR).
 
     From "FedNLR: Federated Learning with Neuron-wise Learning Rates" (Haozhao Wang, Peirong Zheng,
-    Xingshuo Han, Wenchao Xu, Ruixuan Li, Tianwei Zhang; KDD 2024), Eq. 14-18. Each parameter ``x`` of shape ``[M, ...]`` may carry a scale vector ``r`` of
-    shape ``[M]`` (default: all ones)::
+    Xingshuo Han, Wenchao Xu, Ruixuan Li, Tianwei Zhang; KDD 2024), Eq. 14-18. Each parameter ``x`` of
+    shape ``[M, ...]`` may carry a scale vector ``r`` of shape ``[M]`` (default: all ones)::
 
         x[m, ...] -= lr * r[m] * buf[m, ...]
 
@@ -31,18 +32,35 @@ class NeuronLRSGD(SGDFamily):
     until replaced.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 nesterov: bool = False, weight_decay: float = 0.0, maximize: bool = False, prox_mu: float = 0.0,
-                 neuron_scales: Optional[Mapping[torch.Tensor, torch.Tensor]] = None, backend: str = "auto",
-                 replay: Optional[bool] = None):
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
-                        weight_decay=weight_decay, maximize=maximize, prox_mu=prox_mu)
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        maximize: bool = False,
+        prox_mu: float = 0.0,
+        neuron_scales: Optional[Mapping[torch.Tensor, torch.Tensor]] = None,
+        backend: str = "auto",
+        replay: Optional[bool] = None,
+    ):
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            maximize=maximize,
+            prox_mu=prox_mu,
+        )
         super().__init__(params, defaults, backend, replay)
         if neuron_scales is not None:
             self.set_neuron_scales(neuron_scales)
 
-    _float32_state = ("neuron_scale",)
-    _state_keys = SGDFamily._state_keys + ("neuron_scale",)
+    _float32_state: Tuple[str, ...] = ("neuron_scale",)
+    _state_keys: Tuple[str, ...] = SGDFamily._state_keys + ("neuron_scale",)
 
     def _scale_shape(self, p: torch.Tensor) -> Tuple[Optional[Tuple[int, ...]], str]:
         """(the shape of ``p``'s scale, or None when it cannot have one; how errors describe it)."""
@@ -76,7 +94,9 @@ class NeuronLRSGD(SGDFamily):
     def set_neuron_scales(self, scales: Mapping[torch.Tensor, torch.Tensor]) -> None:
         """Set the per-output-unit scale vector of each given parameter (others keep theirs)."""
         for p, r in self._check_scales(scales):
-            self.state[p]["neuron_scale"] = _dtensor.row_scale(p, r.detach().to(dtype=state_dtype(p)).contiguous().clone())
+            self.state[p]["neuron_scale"] = _dtensor.row_scale(
+                p, r.detach().to(dtype=state_dtype(p)).contiguous().clone()
+            )
         self._plan = None
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
@@ -101,9 +121,15 @@ def _default_layers(model: nn.Module) -> List[nn.Module]:
 
 
 @torch.no_grad()
-def neuron_lr_scales(model: nn.Module, batches: Iterable, layers: Optional[Sequence[nn.Module]] = None,
-                     mu0: float = 1.0, c1: float = 1.0, c2: float = 1.0,
-                     max_batches: Optional[int] = None) -> Dict[torch.Tensor, torch.Tensor]:
+def neuron_lr_scales(
+    model: nn.Module,
+    batches: Iterable,
+    layers: Optional[Sequence[nn.Module]] = None,
+    mu0: float = 1.0,
+    c1: float = 1.0,
+    c2: float = 1.0,
+    max_batches: Optional[int] = None,
+) -> Dict[torch.Tensor, torch.Tensor]:
     r"""FedNLR's per-neuron learning-rate scales from mean activations (Eq. 14-17 of the FedNLR paper).
 
     For layers ``l = 1..L`` (the model's Linear/Conv modules in forward order, or ``layers``)::
@@ -145,9 +171,9 @@ def neuron_lr_scales(model: nn.Module, batches: Iterable, layers: Optional[Seque
             outputs.clear()
             model(x)
             n_batches += 1
-            for mid, out in outputs.items():
+            for mid, raw in outputs.items():
                 # (N, M, *spatial) -> per-unit sums over samples and positions
-                o = out.detach().double().transpose(0, 1).reshape(out.shape[1], -1)
+                o = raw.detach().double().transpose(0, 1).reshape(raw.shape[1], -1)
                 outputs[mid] = o
             last = id(order[-1]) if order else None
             for mid, o in outputs.items():
@@ -163,21 +189,23 @@ def neuron_lr_scales(model: nn.Module, batches: Iterable, layers: Optional[Seque
     # forward order (hence which layer is "last", kept raw above) is fixed by the first batch
     L = len(order)
     out: Dict[torch.Tensor, torch.Tensor] = {}
-    for l, module in enumerate(order, start=1):
+    for layer_no, module in enumerate(order, start=1):  # l in the docstring
         hbar = sums[id(module)] / max(counts[id(module)], 1)
         M = hbar.numel()
-        mu = mu0 + c1 * l / L + c2 * math.log10(M)
+        mu = mu0 + c1 * layer_no / L + c2 * math.log10(M)
         spread = float(hbar.max() - hbar.min())
         if spread < 1e-12 or mu <= 1 or not math.isfinite(spread):
             r = torch.ones(M, dtype=torch.float64, device=hbar.device)
         else:
             T = spread / math.log(mu)
             r = M * torch.softmax(hbar / T, dim=0)
-        dtype = torch.float64 if module.weight.dtype == torch.float64 else torch.float32
+        # a Linear/Conv layer's (torch's stubs type a Module attribute as Tensor | Module)
+        weight, bias = cast(torch.Tensor, module.weight), getattr(module, "bias", None)
+        dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
         r = r.to(dtype)
-        out[module.weight] = r
-        if getattr(module, "bias", None) is not None:
-            out[module.bias] = r.clone()
+        out[weight] = r
+        if bias is not None:
+            out[bias] = r.clone()
     return out
 
 
@@ -208,18 +236,30 @@ class _FedNLR(SGDAlgorithm):
         return super().state_copies(cfg, variant) + 1  # the scales (per row; counted as a copy, an upper bound)
 
 
-DESCRIPTOR = algorithm.register(_FedNLR(
-    "neuron_lr", NeuronLRSGD, BatchedNeuronLRSGD,
-    title="FedNLR: Federated Learning with Neuron-wise Learning Rates",
-    settings=("momentum", "weight_decay", "clip_norm", "round_decay", "nlr_mu0", "nlr_c1", "nlr_c2"),
-    variants=(Variant("fednlr", "avg"),),
-    full="scales_all",
-    bench=(BenchCase("neuronlr", "NeuronLRSGD momentum=0.9 wd, scales on every tensor", "every_row", core=True,
-                     torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4)),),
-    options={
-        "scales": dict(lr=0.1, scales=True),
-        "scales_momentum": dict(lr=0.05, momentum=0.9, nesterov=True, scales=True),
-        "scales_all": dict(lr=0.05, momentum=0.5, weight_decay=0.01, prox_mu=0.2, correction=True, scales=True),
-        "groups": dict(lr=0.1, scales=True, groups=dict(lr=0.01, momentum=0.9)),
-        "every_row": dict(lr=0.05, momentum=0.9, weight_decay=5e-4, scales="every"),
-    }))
+DESCRIPTOR = algorithm.register(
+    _FedNLR(
+        "neuron_lr",
+        NeuronLRSGD,
+        BatchedNeuronLRSGD,
+        title="FedNLR: Federated Learning with Neuron-wise Learning Rates",
+        settings=("momentum", "weight_decay", "clip_norm", "round_decay", "nlr_mu0", "nlr_c1", "nlr_c2"),
+        variants=(Variant("fednlr", "avg"),),
+        full="scales_all",
+        bench=(
+            BenchCase(
+                "neuronlr",
+                "NeuronLRSGD momentum=0.9 wd, scales on every tensor",
+                "every_row",
+                core=True,
+                torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4),
+            ),
+        ),
+        options={
+            "scales": dict(lr=0.1, scales=True),
+            "scales_momentum": dict(lr=0.05, momentum=0.9, nesterov=True, scales=True),
+            "scales_all": dict(lr=0.05, momentum=0.5, weight_decay=0.01, prox_mu=0.2, correction=True, scales=True),
+            "groups": dict(lr=0.1, scales=True, groups=dict(lr=0.01, momentum=0.9)),
+            "every_row": dict(lr=0.05, momentum=0.9, weight_decay=5e-4, scales="every"),
+        },
+    )
+)

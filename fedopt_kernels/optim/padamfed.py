@@ -1,17 +1,18 @@
 """PAdaMFed: normalized momentum with control variates and parameter-free step sizes (docs/algorithms.md)."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..core import dtensor as _dtensor
-from ..fl import algorithm
-from ..core.optimizer import FedOptimizer, check_tensor_list, check_number, state_dtype
-from ..core.ops import BATCHED, PADAMFED
-from ..fl.algorithm import Algorithm, BenchCase, Variant
 from ..batched._client_batched import ClientBatched
+from ..core import dtensor as _dtensor
+from ..core.ops import BATCHED, PADAMFED
+from ..core.optimizer import FedOptimizer, check_number, check_tensor_list, state_dtype
+from ..fl import algorithm
+from ..fl.algorithm import Algorithm, BenchCase, Variant
 
 
 class PAdaMFed(FedOptimizer):
@@ -36,13 +37,20 @@ class PAdaMFed(FedOptimizer):
 
     _spec = PADAMFED
     _accepts_correction = False
-    _float32_state = ("D", "acc")
-    _state_keys = ("D", "acc")
+    _float32_state: Tuple[str, ...] = ("D", "acc")
+    _state_keys: Tuple[str, ...] = ("D", "acc")
     _step_input = "anchor_grads"
 
-    def __init__(self, params: Iterable, lr: float, beta: float, variance_reduction: bool = False,
-                 eps: float = 1e-12, backend: str = "auto",
-                 replay: Optional[bool] = None):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        beta: float,
+        variance_reduction: bool = False,
+        eps: float = 1e-12,
+        backend: str = "auto",
+        replay: Optional[bool] = None,
+    ):
         defaults = dict(lr=lr, beta=beta, variance_reduction=bool(variance_reduction), eps=eps)
         super().__init__(params, defaults, backend, replay)
 
@@ -91,30 +99,46 @@ class PAdaMFed(FedOptimizer):
         vr = [g["variance_reduction"] for g in self.param_groups]
         if anchor is None:
             if any(vr):
-                raise ValueError("variance_reduction=True needs step(anchor_grads=[...]): the gradients of "
-                                 "the same mini-batch at the round's starting model, one per parameter")
+                raise ValueError(
+                    "variance_reduction=True needs step(anchor_grads=[...]): the gradients of "
+                    "the same mini-batch at the round's starting model, one per parameter"
+                )
             return {}
         if not any(vr):
             raise ValueError("anchor_grads was given but variance_reduction=False")
         if not isinstance(anchor, (list, tuple)) or len(anchor) != len(params):
-            raise TypeError(f"anchor_grads must be a list with one tensor (or None) per parameter "
-                            f"({len(params)}), got {type(anchor).__name__}"
-                            + (f" of length {len(anchor)}" if isinstance(anchor, (list, tuple)) else ""))
+            raise TypeError(
+                f"anchor_grads must be a list with one tensor (or None) per parameter "
+                f"({len(params)}), got {type(anchor).__name__}"
+                + (f" of length {len(anchor)}" if isinstance(anchor, (list, tuple)) else "")
+            )
+
+        def entry_name(i: int) -> Callable[[int], str]:  # check_tensor_list's names for entry i alone
+            return lambda _j: self._name_of(i)
+
         for i, (t, p) in enumerate(zip(anchor, params)):
             if p.grad is None:
                 continue
             if t is None:
                 raise ValueError(f"anchor_grads entry for {self._name_of(i)} is None but the parameter has a gradient")
-            if not isinstance(t, torch.Tensor) or t.shape != p.shape or t.device != p.device or t.is_sparse \
-                    or t.is_complex() or _dtensor.misplaced(t, p):
-                check_tensor_list("anchor_grads", [t], [p], lambda _j, i=i: self._name_of(i))
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.shape != p.shape
+                or t.device != p.device
+                or t.is_sparse
+                or t.is_complex()
+                or _dtensor.misplaced(t, p)
+            ):
+                check_tensor_list("anchor_grads", [t], [p], entry_name(i))
         return {"anchor_grad": list(anchor)}
 
     def _step_tensors(self, p, group, state, idx):
         tensors, override = super()._step_tensors(p, group, state, idx)
         if "D" not in state or "acc" not in state:
-            raise RuntimeError(f"{self._name_of(idx)} has no PAdaMFed round state (D, acc): it was added to the "
-                               f"optimizer after start_round(); call start_round() before the next step()")
+            raise RuntimeError(
+                f"{self._name_of(idx)} has no PAdaMFed round state (D, acc): it was added to the "
+                f"optimizer after start_round(); call start_round() before the next step()"
+            )
         tensors["D"], tensors["acc"] = state["D"], state["acc"]
         if group["variance_reduction"]:
             tensors["anchor_grad"] = p  # marks the role present; each step's anchor_grads fill it (_step_roles)
@@ -149,8 +173,9 @@ class BatchedPAdaMFed(ClientBatched, PAdaMFed):
             if ci is None:
                 self.state[p].pop("local_control", None)
             else:
-                self.state[p]["local_control"] = ci[i].detach().to(state_dtype(p)).clone(
-                    memory_format=torch.contiguous_format)
+                self.state[p]["local_control"] = (
+                    ci[i].detach().to(state_dtype(p)).clone(memory_format=torch.contiguous_format)
+                )
 
     @torch.no_grad()
     def local_control(self) -> List[torch.Tensor]:
@@ -170,7 +195,8 @@ class BatchedPAdaMFed(ClientBatched, PAdaMFed):
 
 
 def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> Tuple[float, float, float]:
-    """PAdaMFed's step sizes from theory ("Problem-Parameter-Free Federated Learning", Thm. 1-2): returns ``(eta, gamma, beta)``.
+    """PAdaMFed's step sizes from theory ("Problem-Parameter-Free Federated Learning", Thm. 1-2):
+    returns ``(eta, gamma, beta)``.
 
     non-VR: ``eta = 1/(K sqrt(T))``, ``gamma = (S K)^(1/4) / T^(3/4)``, ``beta = min(1, sqrt(S K / T))``;
     VR: ``eta = 1/(K T)``, ``gamma = beta = min(1, (S K)^(1/3) / T^(2/3))``.
@@ -184,19 +210,27 @@ def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> 
         gamma = beta = min(1.0, (S * K) ** (1.0 / 3.0) / T ** (2.0 / 3.0))
     else:
         eta = 1.0 / (K * math.sqrt(T))
-        gamma = (S * K) ** 0.25 / T ** 0.75
+        gamma = (S * K) ** 0.25 / T**0.75
         beta = min(1.0, math.sqrt(S * K / T))
     return eta, gamma, beta
 
 
 class _PAdaMFed(Algorithm):
     def hparams(self, cfg, variant):
-        eta, gamma, beta = theory_hparams(cfg.sampled_per_round, cfg.local_steps, cfg.rounds,
-                                          variance_reduction=variant.options.get("variance_reduction", False))
-        return {"lr": (eta if cfg.lr is None else cfg.lr) * cfg.lr_scale,
-                "server_lr": gamma if cfg.server_lr is None else cfg.server_lr,
-                "beta": beta if cfg.beta is None else cfg.beta,
-                "prox_mu": 0.0, "clip_norm": None, "round_decay": 1.0}
+        eta, gamma, beta = theory_hparams(
+            cfg.sampled_per_round,
+            cfg.local_steps,
+            cfg.rounds,
+            variance_reduction=variant.options.get("variance_reduction", False),
+        )
+        return {
+            "lr": (eta if cfg.lr is None else cfg.lr) * cfg.lr_scale,
+            "server_lr": gamma if cfg.server_lr is None else cfg.server_lr,
+            "beta": beta if cfg.beta is None else cfg.beta,
+            "prox_mu": 0.0,
+            "clip_norm": None,
+            "round_decay": 1.0,
+        }
 
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer
@@ -213,21 +247,34 @@ class _PAdaMFed(Algorithm):
         return ("D", "acc") + (("anchor_grad",) if kwargs.get("variance_reduction") else ())
 
 
-DESCRIPTOR = algorithm.register(_PAdaMFed(
-    "padamfed", PAdaMFed, BatchedPAdaMFed,
-    title="Problem-Parameter-Free Federated Learning",
-    settings=("beta",),
-    refusals={"momentum": "its optimizer has none", "weight_decay": "its client step has no weight decay term",
-              "clip_norm": "its steps are normalized", "round_decay": "its step sizes come from theory_hparams"},
-    variants=(Variant("padamfed", "padamfed"),
-              Variant("padamfed-vr", "padamfed", options={"variance_reduction": True})),
-    round_outputs=("local_control",),
-    full="controls",
-    bench=(BenchCase("padamfed", "PAdaMFed beta=0.3, controls", "controls", core=True),
-           BenchCase("padamfed_vr", "PAdaMFed variance reduction", "vr")),
-    options={
-        "plain": dict(lr=0.05, beta=0.5),
-        "controls": dict(lr=0.05, beta=0.3, controls=True),
-        "vr": dict(lr=0.02, beta=0.4, variance_reduction=True, controls=True),
-        "groups": dict(lr=0.05, beta=0.5, controls=True, groups=dict(lr=0.01, beta=0.9)),
-    }))
+DESCRIPTOR = algorithm.register(
+    _PAdaMFed(
+        "padamfed",
+        PAdaMFed,
+        BatchedPAdaMFed,
+        title="Problem-Parameter-Free Federated Learning",
+        settings=("beta",),
+        refusals={
+            "momentum": "its optimizer has none",
+            "weight_decay": "its client step has no weight decay term",
+            "clip_norm": "its steps are normalized",
+            "round_decay": "its step sizes come from theory_hparams",
+        },
+        variants=(
+            Variant("padamfed", "padamfed"),
+            Variant("padamfed-vr", "padamfed", options={"variance_reduction": True}),
+        ),
+        round_outputs=("local_control",),
+        full="controls",
+        bench=(
+            BenchCase("padamfed", "PAdaMFed beta=0.3, controls", "controls", core=True),
+            BenchCase("padamfed_vr", "PAdaMFed variance reduction", "vr"),
+        ),
+        options={
+            "plain": dict(lr=0.05, beta=0.5),
+            "controls": dict(lr=0.05, beta=0.3, controls=True),
+            "vr": dict(lr=0.02, beta=0.4, variance_reduction=True, controls=True),
+            "groups": dict(lr=0.05, beta=0.5, controls=True, groups=dict(lr=0.01, beta=0.9)),
+        },
+    )
+)

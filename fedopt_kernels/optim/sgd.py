@@ -1,14 +1,15 @@
 """What FedDecaySGD and NeuronLRSGD share: torch.optim.SGD's options on the round API, op "sgd"."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from ..core.optimizer import FedOptimizer, check_number
-from ..fl.server_rules import RULES
-from ..fl.algorithm import Algorithm, Variant
 from ..core.ops import SGD
+from ..core.optimizer import FedOptimizer, check_number
+from ..fl.algorithm import Algorithm, Variant
+from ..fl.server_rules import RULES
 
 
 class SGDFamily(FedOptimizer):
@@ -16,7 +17,7 @@ class SGDFamily(FedOptimizer):
 
     _spec = SGD
     _round_state = ("momentum_buffer",)
-    _state_keys = ("momentum_buffer", "x0", "correction")
+    _state_keys: Tuple[str, ...] = ("momentum_buffer", "x0", "correction")
 
     def _validate_group(self, group: Dict[str, Any]) -> None:
         super()._validate_group(group)
@@ -29,8 +30,9 @@ class SGDFamily(FedOptimizer):
     def _structure(self, group: Dict[str, Any]) -> tuple:
         return super()._structure(group) + (group["momentum"] != 0,)
 
-    def _step_tensors(self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any],
-                      idx: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+    def _step_tensors(
+        self, p: torch.Tensor, group: Dict[str, Any], state: Dict[str, Any], idx: int
+    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
         tensors, override = super()._step_tensors(p, group, state, idx)
         if group["momentum"] != 0:
             buf = state.get("momentum_buffer")

@@ -18,6 +18,7 @@ Layers, lowest first; each imports only from those before it:
   (a backend against the reference), ``report`` (a run's results as files and a table).
 - ``cli/``: the ``fedopt-sim`` command.
 """
+
 from .config import ALGORITHMS, SimConfig
 from .simulation import Simulation
 from .validate import validate_backend, validate_client_parallel

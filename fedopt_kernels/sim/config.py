@@ -1,5 +1,6 @@
 """One simulation's settings: the algorithm's (``FLConfig``) plus data, model and execution, and the
 checks that name a bad parameter."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,14 @@ from .models.build import MODELS, TEXT_MODELS
 # the simulator's algorithm names: every registered variant (fedopt_kernels.fl.algorithm)
 ALGORITHMS: Dict[str, Variant] = VARIANTS
 DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "femnist", "mnist", "fmnist", "shakespeare")
-FOLDER_DATASETS = ("cifar10", "cifar100", "femnist", "mnist", "fmnist", "shakespeare")  # read from data_dir (see docs/data.md)
+FOLDER_DATASETS = (
+    "cifar10",
+    "cifar100",
+    "femnist",
+    "mnist",
+    "fmnist",
+    "shakespeare",
+)  # read from data_dir (see docs/data.md)
 NATURAL_DATASETS = ("synthetic", "femnist", "shakespeare")  # their clients are given: partition="natural"
 PARTITIONS = ("dirichlet", "shards", "iid", "natural", "classes")
 DEVICES = ("auto", "cpu", "cuda")
@@ -32,28 +40,28 @@ class SimConfig(FLConfig):
     """
 
     dataset: str = "digits"
-    partition: Optional[str] = None          # digits, cifar: dirichlet; synthetic, femnist: natural
+    partition: Optional[str] = None  # digits, cifar: dirichlet; synthetic, femnist: natural
     dirichlet_alpha: float = 0.5
     shards_per_client: int = 2
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     split: Tuple[float, float, float] = (0.6, 0.2, 0.2)
     model: str = "cnn"
-    hidden: Optional[int] = None             # mlp / mlp1 hidden width (default 64 / 25); char models: state size
-    context: Optional[int] = None            # char-transformer: read the last `context` characters of a window
+    hidden: Optional[int] = None  # mlp / mlp1 hidden width (default 64 / 25); char models: state size
+    context: Optional[int] = None  # char-transformer: read the last `context` characters of a window
     finetune_steps: int = 5
     finetune_lr: float = 0.01
     device: str = "auto"
     eval_every: int = 1
-    data_dir: Optional[str] = None           # cifar10/cifar100/femnist: the folder holding their files
-    download: bool = False                   # cifar: fetch into data_dir with torchvision if missing
-    normalize: bool = True                   # cifar/femnist: per-channel (x - mean) / std
-    augment: bool = False                    # cifar: random crop (padding 4) + horizontal flip in training
-    client_parallel: Any = 1                 # clients trained at once (vmap); "auto": as many as fit; 1: sequential
-    cuda_graph: bool = False                 # client-parallel on CUDA: replay each local step from a CUDA graph
+    data_dir: Optional[str] = None  # cifar10/cifar100/femnist: the folder holding their files
+    download: bool = False  # cifar: fetch into data_dir with torchvision if missing
+    normalize: bool = True  # cifar/femnist: per-channel (x - mean) / std
+    augment: bool = False  # cifar: random crop (padding 4) + horizontal flip in training
+    client_parallel: Any = 1  # clients trained at once (vmap); "auto": as many as fit; 1: sequential
+    cuda_graph: bool = False  # client-parallel on CUDA: replay each local step from a CUDA graph
 
     # ------------------------------------------------------------------ checks
-    def validate(self) -> "SimConfig":
+    def validate(self) -> SimConfig:
         """Raise ValueError naming the first parameter that is out of range; return self."""
         choice, integer, number = check_choice, check_integer, check_real
         choice("algorithm", self.algorithm, ALGORITHMS)
@@ -64,19 +72,27 @@ class SimConfig(FLConfig):
             choice("partition", self.partition, PARTITIONS)
         part = self.resolved_partition
         if self.dataset == "synthetic" and part != "natural":
-            raise ValueError(f"partition={part!r} does not apply to dataset='synthetic': its clients are the "
-                             f"generated devices (partition='natural')")
+            raise ValueError(
+                f"partition={part!r} does not apply to dataset='synthetic': its clients are the "
+                f"generated devices (partition='natural')"
+            )
         if self.dataset == "femnist" and part != "natural":
-            raise ValueError(f"partition={part!r} does not apply to dataset='femnist': its clients are its "
-                             f"writers (partition='natural'; choose how many with clients)")
+            raise ValueError(
+                f"partition={part!r} does not apply to dataset='femnist': its clients are its "
+                f"writers (partition='natural'; choose how many with clients)"
+            )
         if self.dataset == "shakespeare" and part != "natural":
-            raise ValueError(f"partition={part!r} does not apply to dataset='shakespeare': its clients are its "
-                             f"(play, role) pairs (partition='natural'; choose how many with clients)")
+            raise ValueError(
+                f"partition={part!r} does not apply to dataset='shakespeare': its clients are its "
+                f"(play, role) pairs (partition='natural'; choose how many with clients)"
+            )
         if self.dataset not in NATURAL_DATASETS and part == "natural":
             raise ValueError("partition='natural' only applies to dataset='synthetic', 'femnist' or 'shakespeare'")
         if (self.dataset == "shakespeare") != (self.model in TEXT_MODELS):
-            raise ValueError(f"model={self.model!r} does not fit dataset={self.dataset!r}: the character models "
-                             f"{TEXT_MODELS} read Shakespeare's 80-character windows, and only they do")
+            raise ValueError(
+                f"model={self.model!r} does not fit dataset={self.dataset!r}: the character models "
+                f"{TEXT_MODELS} read Shakespeare's 80-character windows, and only they do"
+            )
         if self.context is not None:
             integer("context", self.context, 1)
             if self.model != "char-transformer":
@@ -88,31 +104,39 @@ class SimConfig(FLConfig):
         number("dirichlet_alpha", self.dirichlet_alpha, 0.0, low_open=True)
         integer("shards_per_client", self.shards_per_client, 1)
         if self.dataset == "synthetic" and self.model != "mlp":
-            raise ValueError(f"model={self.model!r} needs images; dataset='synthetic' has 60-dim vectors "
-                             f"(use model='mlp')")
+            raise ValueError(
+                f"model={self.model!r} needs images; dataset='synthetic' has 60-dim vectors (use model='mlp')"
+            )
         number("synthetic_alpha", self.synthetic_alpha, 0.0)
         number("synthetic_beta", self.synthetic_beta, 0.0)
         integer("clients", self.clients, 1)
         if self.dataset == "digits":
             per_client = self.shards_per_client if part == "shards" else 1
             if self.clients * per_client > DIGITS_SIZE:
-                what = f"clients * shards_per_client = {self.clients * per_client}" if part == "shards" \
+                what = (
+                    f"clients * shards_per_client = {self.clients * per_client}"
+                    if part == "shards"
                     else f"clients={self.clients}"
+                )
                 raise ValueError(f"{what} is more than the {DIGITS_SIZE} digits (each needs >= 1 sample)")
         if self.dataset in ("mnist", "fmnist"):
             per_client = self.shards_per_client if part == "shards" else 1
             if self.clients * per_client > IDX_SIZE:
-                raise ValueError(f"clients={self.clients} (x {per_client} shards) is more than the {IDX_SIZE} "
-                                 f"{self.dataset} images")
+                raise ValueError(
+                    f"clients={self.clients} (x {per_client} shards) is more than the {IDX_SIZE} {self.dataset} images"
+                )
         if self.dataset in ("cifar10", "cifar100"):
             per_client = self.shards_per_client if part == "shards" else 1
             if self.clients * per_client > CIFAR_SIZE:
-                raise ValueError(f"clients={self.clients} (x {per_client} shards) is more than the {CIFAR_SIZE} "
-                                 f"CIFAR images")
+                raise ValueError(
+                    f"clients={self.clients} (x {per_client} shards) is more than the {CIFAR_SIZE} CIFAR images"
+                )
         if self.dataset in FOLDER_DATASETS:
             if not isinstance(self.data_dir, str) or not self.data_dir:
-                raise ValueError(f"dataset={self.dataset!r} is read from a local folder: set data_dir "
-                                 f"(--data-dir DIR); see docs/data.md for the layout")
+                raise ValueError(
+                    f"dataset={self.dataset!r} is read from a local folder: set data_dir "
+                    f"(--data-dir DIR); see docs/data.md for the layout"
+                )
         elif self.data_dir is not None and not isinstance(self.data_dir, str):
             raise ValueError(f"data_dir must be a string path, got {self.data_dir!r}")
         for name in ("download", "normalize", "augment"):
@@ -122,11 +146,18 @@ class SimConfig(FLConfig):
             extra = " (FEMNIST needs LEAF's preprocessing; see docs/data.md)" if self.dataset == "femnist" else ""
             raise ValueError(f"download only applies to cifar10/cifar100, not dataset={self.dataset!r}{extra}")
         if self.augment and self.dataset not in ("cifar10", "cifar100"):
-            raise ValueError(f"augment (random crop + horizontal flip) only applies to cifar10/cifar100, not "
-                             f"dataset={self.dataset!r} (a mirrored handwritten character is another character)")
+            raise ValueError(
+                f"augment (random crop + horizontal flip) only applies to cifar10/cifar100, not "
+                f"dataset={self.dataset!r} (a mirrored handwritten character is another character)"
+            )
         finite = all(isinstance(x, (int, float)) and math.isfinite(x) for x in self.split)  # NaN passes < and >
-        if len(self.split) != 3 or not finite or self.split[0] <= 0 or min(self.split) < 0 \
-                or abs(sum(self.split) - 1) > 1e-6:
+        if (
+            len(self.split) != 3
+            or not finite
+            or self.split[0] <= 0
+            or min(self.split) < 0
+            or abs(sum(self.split) - 1) > 1e-6
+        ):
             raise ValueError(f"split must be (train > 0, val >= 0, test >= 0) summing to 1, got {tuple(self.split)}")
         self.validate_algorithm()
         integer("finetune_steps", self.finetune_steps, 0)
@@ -141,14 +172,18 @@ class SimConfig(FLConfig):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"client_parallel must be an integer >= 1 or 'auto', got {v!r}")
         if self.client_parallel != 1 and self.model == "char-lstm":
-            raise ValueError("client_parallel (--client-parallel) cannot train model='char-lstm': torch.func.vmap "
-                             "cannot batch nn.LSTM's fused kernel over client copies. Use model='char-gru' or "
-                             "'char-transformer' (plain tensor ops) or client_parallel=1 (the sequential path)")
+            raise ValueError(
+                "client_parallel (--client-parallel) cannot train model='char-lstm': torch.func.vmap "
+                "cannot batch nn.LSTM's fused kernel over client copies. Use model='char-gru' or "
+                "'char-transformer' (plain tensor ops) or client_parallel=1 (the sequential path)"
+            )
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
         if self.cuda_graph and self.client_parallel == 1:
-            raise ValueError("cuda_graph captures the client-parallel local step: it needs client_parallel "
-                             "(--client-parallel N or auto), not the sequential path (client_parallel=1)")
+            raise ValueError(
+                "cuda_graph captures the client-parallel local step: it needs client_parallel "
+                "(--client-parallel N or auto), not the sequential path (client_parallel=1)"
+            )
         if self.cuda_graph and self.device == "cpu":
             raise ValueError("cuda_graph needs device='cuda' (CUDA graphs do not exist on the CPU)")
 

@@ -1,4 +1,5 @@
-"""Evaluation: pooled loss/accuracy, and the FedDecay papers' per-user protocol (FedDecay paper, Sec. 4.1-4.2; docs/algorithms.md lists the papers).
+"""Evaluation: pooled loss/accuracy, and the FedDecay papers' per-user protocol (FedDecay paper,
+Sec. 4.1-4.2; docs/algorithms.md lists the papers).
 
 After training, every user (new and existing) fine-tunes the global model on its own train split
 (``finetune_steps`` SGD steps of lr ``finetune_lr`` on its mini-batches) and is tested on its test
@@ -6,6 +7,7 @@ split. Across users we report the mean accuracy, the bottom-10% accuracy (the 10
 per-user accuracies: 90% of users do at least this well) and the standard deviation; users count
 equally, whatever their size. The global model's accuracy before fine-tuning is reported the same way.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Sequence
@@ -26,8 +28,8 @@ def pooled_metrics(model: nn.Module, clients: Sequence[ClientData], split: str) 
         x, y = getattr(c, f"{split}_x"), getattr(c, f"{split}_y")
         if y.shape[0] == 0:
             continue
-        l, k = loss_and_correct(model, x, y)
-        loss, correct, n = loss + l, correct + k, n + y.shape[0]
+        batch_loss, k = loss_and_correct(model, x, y)
+        loss, correct, n = loss + batch_loss, correct + k, n + y.shape[0]
     return {"loss": loss / max(n, 1), "acc": correct / max(n, 1)}
 
 
@@ -36,8 +38,12 @@ def user_summary(accs: Sequence[float]) -> Dict[str, float]:
     if len(accs) == 0:
         return {"mean": float("nan"), "bottom10": float("nan"), "std": float("nan"), "users": 0}
     a = np.asarray(accs, dtype=np.float64)
-    return {"mean": float(a.mean()), "bottom10": float(np.quantile(a, 0.1)), "std": float(a.std()),
-            "users": int(a.size)}
+    return {
+        "mean": float(a.mean()),
+        "bottom10": float(np.quantile(a, 0.1)),
+        "std": float(a.std()),
+        "users": int(a.size),
+    }
 
 
 def user_accuracy(model: nn.Module, client: ClientData) -> float:
@@ -58,8 +64,14 @@ def finetune(model: nn.Module, client: ClientData, steps: int, lr: float, stream
         opt.step()
 
 
-def evaluate_users(model: nn.Module, global_params: List[torch.Tensor], groups: Dict[str, Sequence[ClientData]],
-                   steps: int, lr: float, make_stream: Callable[[ClientData], BatchStream]) -> Dict[str, Dict]:
+def evaluate_users(
+    model: nn.Module,
+    global_params: List[torch.Tensor],
+    groups: Dict[str, Sequence[ClientData]],
+    steps: int,
+    lr: float,
+    make_stream: Callable[[ClientData], BatchStream],
+) -> Dict[str, Dict]:
     """The per-user protocol for each group of users ("existing", "new").
 
     Returns ``{"global": {group: summary}, "finetuned": {group: summary}}``. ``model`` is used as

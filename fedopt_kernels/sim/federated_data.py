@@ -8,6 +8,7 @@ CIFAR's train and test images are pooled and then partitioned like digits, so ev
 test split from its own label mix; FEMNIST's users are ``clients`` writers drawn at random from the
 folder. Image data sets keep uint8 pixels; ``input_spec`` tells the model how to turn them into inputs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,19 +41,31 @@ class FederatedData:
     num_classes: int
     input_spec: Optional[InputSpec] = None  # raw-pixel data sets: the model's input stage
 
-    def to_dtype(self, dtype: torch.dtype) -> "FederatedData":
+    def to_dtype(self, dtype: torch.dtype) -> FederatedData:
         """The same users with floating-point inputs cast to ``dtype`` (raw uint8 pixels and labels as they are)."""
-        def cast(c: ClientData) -> ClientData:
-            return ClientData(c.client_id, *(t.to(dtype) if t.is_floating_point() else t for t in
-                                             (c.train_x, c.train_y, c.val_x, c.val_y, c.test_x, c.test_y)))
 
-        return FederatedData([cast(c) for c in self.train_clients], [cast(c) for c in self.new_clients],
-                             self.input_shape, self.num_classes, self.input_spec)
+        def cast(c: ClientData) -> ClientData:
+            return ClientData(
+                c.client_id,
+                *(
+                    t.to(dtype) if t.is_floating_point() else t
+                    for t in (c.train_x, c.train_y, c.val_x, c.val_y, c.test_x, c.test_y)
+                ),
+            )
+
+        return FederatedData(
+            [cast(c) for c in self.train_clients],
+            [cast(c) for c in self.new_clients],
+            self.input_shape,
+            self.num_classes,
+            self.input_spec,
+        )
 
 
 def _pooled(dsets: List[ArrayDataset]) -> ArrayDataset:
-    return ArrayDataset(np.concatenate([d.x for d in dsets]), np.concatenate([d.y for d in dsets]),
-                        dsets[0].num_classes)
+    return ArrayDataset(
+        np.concatenate([d.x for d in dsets]), np.concatenate([d.y for d in dsets]), dsets[0].num_classes
+    )
 
 
 def _some_users(users: List, cfg: SimConfig, rng: np.random.Generator, what: str) -> List[ArrayDataset]:
@@ -84,15 +97,19 @@ def check_data(cfg: SimConfig) -> None:
     elif cfg.dataset == "shakespeare":
         n = len(load_shakespeare(cfg.data_dir))
         if cfg.clients > n:
-            raise ValueError(f"clients={cfg.clients} is more than the {n} Shakespeare users (play, role) in data_dir "
-                             f"{cfg.data_dir!r}")
+            raise ValueError(
+                f"clients={cfg.clients} is more than the {n} Shakespeare users (play, role) in data_dir "
+                f"{cfg.data_dir!r}"
+            )
     elif cfg.dataset in CIFAR_STATS or cfg.dataset in IDX_STATS:
         train, test = _train_test(cfg)
         n = len(train) + len(test)
         per_client = cfg.shards_per_client if cfg.resolved_partition == "shards" else 1
         if cfg.clients * per_client > n:
-            raise ValueError(f"clients={cfg.clients} (x {per_client} shards) is more than the {n} images in "
-                             f"data_dir {cfg.data_dir!r}")
+            raise ValueError(
+                f"clients={cfg.clients} (x {per_client} shards) is more than the {n} images in "
+                f"data_dir {cfg.data_dir!r}"
+            )
 
 
 def input_spec_for(cfg: SimConfig, users: List[ArrayDataset]) -> Optional[InputSpec]:
@@ -106,10 +123,10 @@ def input_spec_for(cfg: SimConfig, users: List[ArrayDataset]) -> Optional[InputS
         # one grey channel: mean and std of the pixels of the writers in this run
         total = sum(u.x.size for u in users)
         s1 = sum(float(u.x.sum(dtype=np.float64)) for u in users) / 255.0
-        s2 = sum(float(np.square(u.x, dtype=np.float64).sum()) for u in users) / 255.0 ** 2
-        mean = s1 / total
-        std = max(float(np.sqrt(max(s2 / total - mean * mean, 0.0))), 1e-3)
-        return InputSpec(mean=(mean,), std=(std,))
+        s2 = sum(float(np.square(u.x, dtype=np.float64).sum()) for u in users) / 255.0**2
+        grey_mean = s1 / total
+        grey_std = max(float(np.sqrt(max(s2 / total - grey_mean * grey_mean, 0.0))), 1e-3)
+        return InputSpec(mean=(grey_mean,), std=(grey_std,))
     return None
 
 
@@ -159,5 +176,6 @@ def build_federated_data(cfg: SimConfig, rng: np.random.Generator, device: torch
     # training clients are renumbered 0..N-1 (their index in every per-client table)
     train_clients = [ClientData(i, *b[1:]) for i, b in enumerate(train)]
     new_clients = [ClientData(len(train) + i, *b[1:]) for i, b in enumerate(new)]
-    return FederatedData(train_clients, new_clients, tuple(users[0].x.shape[1:]), users[0].num_classes,
-                         input_spec_for(cfg, users))
+    return FederatedData(
+        train_clients, new_clients, tuple(users[0].x.shape[1:]), users[0].num_classes, input_spec_for(cfg, users)
+    )

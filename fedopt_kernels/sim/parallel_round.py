@@ -17,13 +17,15 @@ The sampled clients are split into equal chunks of at most N; the last chunk may
 short, and its empty slot is filled with a copy of its first client, inactive (the batched
 optimizers' active mask), so one trainer (and one CUDA graph) serves every chunk.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
+from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from .data.image_input import ImageClassifier
 from .parallel.batches import BatchPool, apply_stage
@@ -85,7 +87,7 @@ class BatchedClients:
         self.size = math.ceil(S / chunks)  # equal chunks: at most one inactive slot in the last
         # "cuda": replay each step from a CUDA graph; tests set "emulate" (parallel/step_graph.py) before round 0
         self.graph_mode = "cuda" if cfg.cuda_graph else None
-        self._trainer: BatchedTrainer = None  # built at the first round (after the strategy's setup)
+        self._trainer: Optional[BatchedTrainer] = None  # built at the first round (after the strategy's setup)
 
     def resolve_parallel(self) -> int:
         """``client_parallel`` as a number (``auto``: parallel/size.py's estimate), at most the sampled clients."""
@@ -93,7 +95,7 @@ class BatchedClients:
         if cfg.client_parallel != "auto":
             return min(int(cfg.client_parallel), S)
         client = self.sim.train_clients[0]
-        x, y = client.train_x[:cfg.batch_size], client.train_y[:cfg.batch_size]
+        x, y = client.train_x[: cfg.batch_size], client.train_y[: cfg.batch_size]
         return auto_client_parallel(self.sim.model, x, y, state_copies(cfg), S, free_bytes(self.sim.device))
 
     @property
@@ -101,10 +103,16 @@ class BatchedClients:
         if self._trainer is None:
             clip = self.algo.clip_norm(self.sim.hp)  # as ClientOptimizers.clip
             self._trainer = BatchedTrainer(
-                self.loss, self.sim.global_params, self.size,
-                lambda params: self.opts.build_on(params, batched=True),
-                steps=self.cfg.local_steps, clip_norm=clip, anchor=self.anchor_model is not None,
-                graph=self.graph_mode)
+                self.loss,
+                self.sim.global_params,
+                self.size,
+                # a client-batched optimizer is a FedOptimizer (Algorithm.make's annotation is torch's class)
+                lambda params: cast(FedOptimizer, self.opts.build_on(params, batched=True)),
+                steps=self.cfg.local_steps,
+                clip_norm=clip,
+                anchor=self.anchor_model is not None,
+                graph=self.graph_mode,
+            )
         return self._trainer
 
     # ------------------------------------------------------------------ one round
@@ -113,12 +121,12 @@ class BatchedClients:
         updates: List[ClientUpdate] = []
         losses: List[float] = []
         for i in range(0, len(sampled), self.size):
-            u, l = self._chunk(list(sampled[i:i + self.size]), t)
-            updates += u
-            losses += l
+            chunk_updates, chunk_losses = self._chunk(list(sampled[i : i + self.size]), t)
+            updates += chunk_updates
+            losses += chunk_losses
         return updates, losses
 
-    def _round_inputs(self, chunk: List[int], t: int, stacked: List[torch.Tensor]) -> Dict[str, Any]:
+    def _round_inputs(self, chunk: List[int], t: int, stacked: Sequence[torch.Tensor]) -> Dict[str, Any]:
         sim, per = self.sim, []
         for cid in chunk:
             inputs = dict(self.sim.strategy.round_inputs(cid, t))
@@ -150,8 +158,11 @@ class BatchedClients:
         active = None
         if m < self.size or self.graph_mode is not None:
             active = torch.arange(self.size, device=sim.device) < m
-        pad = lambda v: None if v is None else _pad_clients(v, self.size)  # noqa: E731
-        total = tr.run(pad(x), pad(batches.y), pad(batches.w), pad(anchor_x), active)
+
+        def pad(v: torch.Tensor) -> torch.Tensor:
+            return _pad_clients(v, self.size)
+
+        total = tr.run(pad(x), pad(batches.y), pad(batches.w), None if anchor_x is None else pad(anchor_x), active)
         end_round(tr.opt)
         outputs = {name: getattr(tr.opt, name)() for name in self.algo.round_outputs}
         updates = []

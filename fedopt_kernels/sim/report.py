@@ -1,4 +1,5 @@
 """Writing a run's results: per-round metrics as JSON and CSV, a PNG of the curves, a final text table."""
+
 from __future__ import annotations
 
 import csv

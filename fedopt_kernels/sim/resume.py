@@ -18,6 +18,7 @@ round index is advanced to the global round, see ``client_round.advance_to_round
 client-parallel trainer. The tests resume every registered algorithm and compare bitwise with an
 uninterrupted run, which is what keeps this list complete.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,11 +37,12 @@ class ResumableRun(RoundHost, Protocol):
     so that this module need not import it)."""
 
     data: FederatedData
-    history: List[Dict[str, Any]]           # one entry per completed round
-    sample_rng: Any                         # numpy Generator drawing each round's clients
-    batched: Optional[Any]                  # the client-batched round, or None
+    history: List[Dict[str, Any]]  # one entry per completed round
+    sample_rng: Any  # numpy Generator drawing each round's clients
+    batched: Optional[Any]  # the client-batched round, or None
     initial_model_digest: str
-    setup_done: bool                        # the run's one-time setup (PAdaMFed's initial controls) ran
+    setup_done: bool  # the run's one-time setup (PAdaMFed's initial controls) ran
+
 
 KIND = "fedopt-sim"
 # settings that cannot change a run's numbers (a download flag) are not compared on resume
@@ -69,15 +71,17 @@ def run_settings(sim: ResumableRun) -> Dict[str, Any]:
     caller may give besides it (data, model, dtype) as fingerprints, plus the resolved backend,
     device and clients trained at once."""
     out = {k: v for k, v in sim.cfg.to_dict().items() if k not in _NOT_COMPARED}
-    out.update({
-        "resolved backend": sim.backend,
-        "resolved device": str(sim.device),
-        "dtype": str(sim.global_params[0].dtype) if sim.global_params else "none",
-        "model parameters": [f"{n} {tuple(p.shape)}" for n, p in sim.model.named_parameters()],
-        "initial model sha256": sim.initial_model_digest,
-        "data sha256": data_digest(sim),
-        "clients trained at once": sim.batched.size if sim.batched is not None else 1,
-    })
+    out.update(
+        {
+            "resolved backend": sim.backend,
+            "resolved device": str(sim.device),
+            "dtype": str(sim.global_params[0].dtype) if sim.global_params else "none",
+            "model parameters": [f"{n} {tuple(p.shape)}" for n, p in sim.model.named_parameters()],
+            "initial model sha256": sim.initial_model_digest,
+            "data sha256": data_digest(sim),
+            "clients trained at once": sim.batched.size if sim.batched is not None else 1,
+        }
+    )
     return out
 
 
@@ -118,8 +122,9 @@ def capture(sim: ResumableRun) -> Dict[str, Any]:
         "kept": {int(cid): _cpu(v) for cid, v in st.kept.items()},
         "setup_done": bool(sim.setup_done),
         "sample_rng": sim.sample_rng.bit_generator.state,
-        "streams": [{"rng": s.rng.bit_generator.state, "order": list(s.pending)}
-                    for _, s in sorted(sim.streams.items())],
+        "streams": [
+            {"rng": s.rng.bit_generator.state, "order": list(s.pending)} for _, s in sorted(sim.streams.items())
+        ],
         "stream_ids": sorted(sim.streams),
         "generators": {k: _augment_generators(m) for k, m in models.items()},
         "buffers": {k: {n: b.detach() for n, b in m.named_buffers()} for k, m in models.items()},
@@ -147,14 +152,15 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     for k, v in server.items():
         _check_like(f"server state {k!r}", v, st.state[k])
     kept = {int(cid): [t.to(dev) for t in v] for cid, v in state["kept"].items()}
-    for cid, v in kept.items():
+    for cid in kept:
         if not 0 <= cid < sim.cfg.num_train_clients:
             raise ValueError(f"checkpoint keeps state of client {cid}, which this run does not have")
     if state["stream_ids"] != sorted(sim.streams):
         raise ValueError("checkpoint's batch streams are not this run's clients")
     models = {"model": sim.model, "anchor": st.anchor_model}
     for key, bufs in state["buffers"].items():
-        mine = dict(models[key].named_buffers()) if models.get(key) is not None else {}
+        holder = models.get(key)
+        mine = dict(holder.named_buffers()) if holder is not None else {}
         if set(bufs) != set(mine):
             raise ValueError(f"checkpoint's buffers of the {key} do not match the model's")
     # from here on nothing raises
@@ -169,11 +175,13 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
         stream.rng.bit_generator.state = s["rng"]
         stream.pending = [int(i) for i in s["order"]]
     for key, gens in state["generators"].items():
-        if models.get(key) is not None:
-            _set_augment_generators(models[key], gens)
+        holder = models.get(key)
+        if holder is not None:
+            _set_augment_generators(holder, gens)
     for key, bufs in state["buffers"].items():
-        if models.get(key) is not None:
-            for n, b in models[key].named_buffers():
+        holder = models.get(key)
+        if holder is not None:
+            for n, b in holder.named_buffers():
                 b.copy_(bufs[n])
     set_global_rng_state(state["rng"])
     sim.history = list(state["history"])

@@ -6,6 +6,7 @@ The same rule as the Flower strategies' reply check: an update is aggregated onl
 like a client that dropped out, and said so: a diverging client never turns the global model into
 NaN, and the rest of the round goes on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,14 +18,19 @@ import torch
 from .strategy import ClientUpdate
 
 logger = logging.getLogger("fedopt_kernels.sim")
-MAX_EXAMPLES = 2 ** 53
+MAX_EXAMPLES = 2**53
 
 
 def refusal(update: ClientUpdate, like: Sequence[torch.Tensor]) -> str:
     """Why ``update`` cannot be aggregated ("" when it can)."""
     w = update.weight
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w != int(w) \
-            or not 1 <= w <= MAX_EXAMPLES:
+    if (
+        isinstance(w, bool)
+        or not isinstance(w, (int, float))
+        or not math.isfinite(w)
+        or w != int(w)
+        or not 1 <= w <= MAX_EXAMPLES
+    ):
         return f"weight (number of examples) must be an integer in [1, 2**53], got {w!r}"
     parts = [("delta", update.delta)] + [(k, v) for k, v in update.extra.items() if isinstance(v, list)]
     for name, tensors in parts:
@@ -38,8 +44,9 @@ def refusal(update: ClientUpdate, like: Sequence[torch.Tensor]) -> str:
     return ""
 
 
-def screen_updates(updates: Sequence[ClientUpdate], like: Sequence[torch.Tensor],
-                   t: int) -> Tuple[List[ClientUpdate], List[Tuple[int, str]]]:
+def screen_updates(
+    updates: Sequence[ClientUpdate], like: Sequence[torch.Tensor], t: int
+) -> Tuple[List[ClientUpdate], List[Tuple[int, str]]]:
     """(the updates to aggregate, [(client id, reason)] of the others, each logged as a warning)."""
     accepted, refused = [], []
     for u in updates:

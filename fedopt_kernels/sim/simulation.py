@@ -5,6 +5,7 @@ data partition, the model initialisation, client sampling, each client's mini-ba
 user's fine-tuning batches. None of them depends on the optimizer backend, so runs on different
 backends with the same seed see the same clients and batches.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,10 @@ def resolve_backend(cfg: SimConfig, device: torch.device) -> str:
         if device.type != "cuda":
             raise ValueError(f"cuda_graph needs a CUDA device, but the run is on {device}")
         if name == "reference":
-            raise ValueError(f"cuda_graph needs a fused client-batched backend (cuda or triton); backend="
-                             f"{cfg.backend!r} is 'reference' here, whose batched ops read step counters on the host")
+            raise ValueError(
+                f"cuda_graph needs a fused client-batched backend (cuda or triton); backend="
+                f"{cfg.backend!r} is 'reference' here, whose batched ops read step counters on the host"
+            )
     return name
 
 
@@ -67,9 +70,15 @@ class Simulation:
     ``run(resume=True)`` first continues from the checkpoint found there, if any.
     """
 
-    def __init__(self, cfg: SimConfig, data: Optional[FederatedData] = None,
-                 model_fn: Optional[Callable[[], nn.Module]] = None, dtype: Optional[torch.dtype] = None,
-                 checkpoint_dir: Optional[Union[str, os.PathLike]] = None, checkpoint_every: int = 5):
+    def __init__(
+        self,
+        cfg: SimConfig,
+        data: Optional[FederatedData] = None,
+        model_fn: Optional[Callable[[], nn.Module]] = None,
+        dtype: Optional[torch.dtype] = None,
+        checkpoint_dir: Optional[Union[str, os.PathLike]] = None,
+        checkpoint_every: int = 5,
+    ):
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
         self.checkpoint = None if checkpoint_dir is None else CheckpointDir(Path(checkpoint_dir), _resume.KIND)
@@ -85,19 +94,31 @@ class Simulation:
         if dtype is not None:
             self.data = self.data.to_dtype(dtype)
         if len(self.data.train_clients) != cfg.num_train_clients:
-            raise ValueError(f"data has {len(self.data.train_clients)} training clients, config expects "
-                             f"{cfg.num_train_clients}")
+            raise ValueError(
+                f"data has {len(self.data.train_clients)} training clients, config expects {cfg.num_train_clients}"
+            )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(ss_init.generate_state(1)[0]))
-            model = model_fn() if model_fn is not None else build_model(cfg.model, self.data.input_shape,
-                                                                        self.data.num_classes, self.data.input_spec,
-                                                                        cfg.hidden, cfg.context)
+            model = (
+                model_fn()
+                if model_fn is not None
+                else build_model(
+                    cfg.model,
+                    self.data.input_shape,
+                    self.data.num_classes,
+                    self.data.input_spec,
+                    cfg.hidden,
+                    cfg.context,
+                )
+            )
         self.model = model.to(self.device) if dtype is None else model.to(self.device, dtype)
         self.global_params: List[torch.Tensor] = [p.detach().clone() for p in self.model.parameters()]
         self.initial_model_digest = _resume.tensor_digest(self.global_params)
         self.sample_rng = np.random.default_rng(ss_sample)
-        self.streams = {c.client_id: BatchStream(c.train_x, c.train_y, cfg.batch_size, np.random.default_rng(s))
-                        for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)))}
+        self.streams = {
+            c.client_id: BatchStream(c.train_x, c.train_y, cfg.batch_size, np.random.default_rng(s))
+            for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)))
+        }
         self._tune_seed = ss_tune
         self.strategy = Strategy(self)
         self.batched = None
@@ -119,7 +140,7 @@ class Simulation:
                 p.copy_(g)
 
     @torch.no_grad()
-    def sync_from(self, other: "Simulation") -> None:
+    def sync_from(self, other: Simulation) -> None:
         """Take over ``other``'s global model and server state (same config, other backend).
 
         Client-side state needs no copy: every round starts it afresh (momentum cleared, FedNLR scales
@@ -182,9 +203,14 @@ class Simulation:
         def stream(u: ClientData) -> BatchStream:
             return BatchStream(u.train_x, u.train_y, self.cfg.batch_size, np.random.default_rng(seeds[u.client_id]))
 
-        out = evaluate_users(self.model, self.global_params,
-                             {"existing": self.train_clients, "new": self.data.new_clients},
-                             self.cfg.finetune_steps, self.cfg.finetune_lr, stream)
+        out: Dict[str, Any] = evaluate_users(  # plus the pooled accuracy below
+            self.model,
+            self.global_params,
+            {"existing": self.train_clients, "new": self.data.new_clients},
+            self.cfg.finetune_steps,
+            self.cfg.finetune_lr,
+            stream,
+        )
         out["pooled_test_acc"] = pooled_metrics(self.model, users, "test")["acc"]
         return out
 
@@ -219,11 +245,11 @@ class Simulation:
         return True
 
     def _checkpoint_due(self, rounds_done: int) -> bool:
-        return self.checkpoint is not None and (rounds_done % self.checkpoint_every == 0
-                                                or rounds_done == self.cfg.rounds)
+        return self.checkpoint is not None and (
+            rounds_done % self.checkpoint_every == 0 or rounds_done == self.cfg.rounds
+        )
 
-    def run(self, progress: Optional[Callable[[Dict[str, Any]], None]] = None,
-            resume: bool = False) -> Dict[str, Any]:
+    def run(self, progress: Optional[Callable[[Dict[str, Any]], None]] = None, resume: bool = False) -> Dict[str, Any]:
         """All rounds, then the final evaluation; returns a JSON-ready result.
 
         ``resume``: continue from the checkpoint in ``checkpoint_dir`` (if there is one) instead of

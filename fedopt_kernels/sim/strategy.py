@@ -5,16 +5,18 @@ client's round, take ``local_steps`` steps with ``local_step``, ``finish`` into 
 then ``aggregate`` the updates into the global model. What differs between algorithms is in their
 descriptors (``fedopt_kernels.fl.algorithm``, ``fedopt_kernels.fl.server_rules``), not here.
 """
+
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Protocol
+from typing import Any, Dict, List, Mapping, Protocol, cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers
 from ..fl.server_rules import RULES
@@ -33,10 +35,16 @@ class RoundHost(Protocol):
     device: torch.device
     backend: str
     model: nn.Module
-    global_params: Tensors                  # the server's model, one tensor per parameter
-    train_clients: List[ClientData]         # by client id
-    streams: Mapping[int, BatchStream]      # each training client's batches, by client id
-    strategy: "Strategy"
+    global_params: Tensors  # the server's model, one tensor per parameter
+    strategy: Strategy
+
+    @property
+    def train_clients(self) -> List[ClientData]:
+        """The training clients, by client id."""
+
+    @property
+    def streams(self) -> Mapping[int, BatchStream]:
+        """Each training client's batches, by client id."""
 
     def load_global(self) -> None:
         """Copy the global model into ``model``."""
@@ -117,7 +125,7 @@ class Strategy:
             with torch.enable_grad():
                 self.loss_and_grad(stream.next())
             for a, p in zip(acc, self.sim.model.parameters()):
-                a.add_(p.grad)
+                a.add_(cast(torch.Tensor, p.grad))  # backward() just gave every parameter one
         return [a / K for a in acc]
 
     def _sent(self) -> Dict[str, Tensors]:
@@ -152,16 +160,20 @@ class Strategy:
         self.anchor_model.zero_grad(set_to_none=True)
         x, y = batch
         F.cross_entropy(self.anchor_model(x), y).backward()
-        opt.step(anchor_grads=[p.grad for p in self.anchor_model.parameters()])
+        # anchor gradients: PAdaMFed-VR's optimizer (a FedOptimizer: steps take keyword inputs)
+        cast(FedOptimizer, opt).step(anchor_grads=[p.grad for p in self.anchor_model.parameters()])
         return loss
 
     @torch.no_grad()
-    def finish(self, cid: int, opt: torch.optim.Optimizer, t: int) -> ClientUpdate:
+    def finish(self, cid: int, opt: Any, t: int) -> ClientUpdate:
+        """Client ``cid``'s update after round ``t``; ``opt``: its optimizer, or what stands in for
+        it (the client-parallel round's view of one client of the batched optimizer)."""
         end_round(opt)
         delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params)]
         update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
-        new_kept, reply = self.rule.client_finish(opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps,
-                                                  self._sent(), self.kept.get(cid), delta)
+        new_kept, reply = self.rule.client_finish(
+            opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps, self._sent(), self.kept.get(cid), delta
+        )
         update.extra.update(reply)
         if new_kept is not None:
             update.extra["new_kept"] = new_kept  # kept only if the server accepts the update
@@ -181,9 +193,16 @@ class Strategy:
     @torch.no_grad()
     def aggregate(self, updates: List[ClientUpdate], t: int) -> None:
         # updates come in sorted client-id order, so the sums are deterministic
-        out = self.rule.step(self.sim.global_params, self.state, [u.delta for u in updates],
-                             [u.weight for u in updates], [u.extra for u in updates], self.hp,
-                             self.sim.cfg.num_train_clients, self.sim.cfg.local_steps)
+        out = self.rule.step(
+            self.sim.global_params,
+            self.state,
+            [u.delta for u in updates],
+            [u.weight for u in updates],
+            [u.extra for u in updates],
+            self.hp,
+            self.sim.cfg.num_train_clients,
+            self.sim.cfg.local_steps,
+        )
         copy_into(self.sim.global_params, out.pop("x"))
         for key, value in out.items():
             copy_into(self.state[key], value)

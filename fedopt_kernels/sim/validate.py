@@ -40,6 +40,7 @@ caveat). ``cuda`` has float64 kernels for every op; ``triton`` has none, so
   batched kernels are checked against the reference batched op on the client-parallel path in
   float32, where only the optimizer kernels differ.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -76,14 +77,14 @@ def _nan_max(values: Iterable[float]) -> float:
 
 @dataclass
 class Validation:
-    backend: str                                                  # what was checked (label)
+    backend: str  # what was checked (label)
     rounds: List[Dict[str, float]] = field(default_factory=list)  # per round: step_* and traj_* divergences
-    acc_diff: Dict[str, float] = field(default_factory=dict)      # final metric -> |ref - backend|
+    acc_diff: Dict[str, float] = field(default_factory=dict)  # final metric -> |ref - backend|
     param_rtol: float = PARAM_RTOL
     acc_tol: float = ACC_TOL
-    reference: str = "reference"                                  # what it was checked against (label)
-    dtype: str = "float32"                                        # precision both sides ran in
-    parts: List["Validation"] = field(default_factory=list)      # further checks of the same claim
+    reference: str = "reference"  # what it was checked against (label)
+    dtype: str = "float32"  # precision both sides ran in
+    parts: List[Validation] = field(default_factory=list)  # further checks of the same claim
 
     @property
     def max_rel(self) -> float:
@@ -96,26 +97,37 @@ class Validation:
     @property
     def passed(self) -> bool:
         # "<=" is False for NaN: a run that blew up on one side fails
-        return all(r["step_rel"] <= self.param_rtol for r in self.rounds) and \
-            all(v <= self.acc_tol for v in self.acc_diff.values()) and all(p.passed for p in self.parts)
+        return (
+            all(r["step_rel"] <= self.param_rtol for r in self.rounds)
+            and all(v <= self.acc_tol for v in self.acc_diff.values())
+            and all(p.passed for p in self.parts)
+        )
 
     def report(self, name: str = "") -> str:
         """The per-round table and a verdict line that names the run (``name``, e.g. the algorithm),
         so that the PASS/FAIL lines of several runs in a row say which run each belongs to."""
         lines = [part.report(name) for part in self.parts]
-        lines += [f"validate: {self.reference} vs {self.backend} (same seeds and batches, {self.dtype})",
-                 f"  {'round':>5}  {'one-round max |dx|':>18}  {'relative':>10}  {'trajectory max |dx|':>19}  {'relative':>10}"]
+        lines += [
+            f"validate: {self.reference} vs {self.backend} (same seeds and batches, {self.dtype})",
+            f"  {'round':>5}  {'one-round max |dx|':>18}  {'relative':>10}  "
+            f"{'trajectory max |dx|':>19}  {'relative':>10}",
+        ]
         for r in self.rounds:
-            lines.append(f"  {r['round']:>5}  {r['step_max_abs']:>18.3e}  {r['step_rel']:>10.3e}  "
-                         f"{r['traj_max_abs']:>19.3e}  {r['traj_rel']:>10.3e}")
-        lines.append(f"  final accuracy differences, end-to-end run (|{self.reference} - {self.backend}|, "
-                     f"percentage points):")
+            lines.append(
+                f"  {r['round']:>5}  {r['step_max_abs']:>18.3e}  {r['step_rel']:>10.3e}  "
+                f"{r['traj_max_abs']:>19.3e}  {r['traj_rel']:>10.3e}"
+            )
+        lines.append(
+            f"  final accuracy differences, end-to-end run (|{self.reference} - {self.backend}|, percentage points):"
+        )
         for k, v in self.acc_diff.items():
             lines.append(f"    {k:<32} {100 * v:.3f}")
         verdict = "PASS" if self.passed else "FAIL"
         named = f"{verdict} {name}" if name else verdict
-        lines.append(f"  {named}: max one-round relative divergence {self.max_rel:.3e} (tolerance {self.param_rtol:.1e}), "
-                     f"max accuracy difference {100 * self.max_acc_diff:.3f} pp (tolerance {100 * self.acc_tol:.2f} pp)")
+        lines.append(
+            f"  {named}: max one-round relative divergence {self.max_rel:.3e} (tolerance {self.param_rtol:.1e}), "
+            f"max accuracy difference {100 * self.max_acc_diff:.3f} pp (tolerance {100 * self.acc_tol:.2f} pp)"
+        )
         return "\n".join(lines)
 
 
@@ -126,9 +138,14 @@ def param_divergence(a: List[torch.Tensor], b: List[torch.Tensor]) -> Dict[str, 
     return {"max_abs": max_abs, "rel": max_abs / scale if scale > 0 else max_abs}
 
 
-def validate_backend(cfg: SimConfig, backend: str, param_rtol: float = PARAM_RTOL, acc_tol: float = ACC_TOL,
-                     on_round: Optional[Callable[[Dict[str, Any]], None]] = None,
-                     dtype: Optional[torch.dtype] = None) -> Validation:
+def validate_backend(
+    cfg: SimConfig,
+    backend: str,
+    param_rtol: float = PARAM_RTOL,
+    acc_tol: float = ACC_TOL,
+    on_round: Optional[Callable[[Dict[str, Any]], None]] = None,
+    dtype: Optional[torch.dtype] = None,
+) -> Validation:
     """Run ``cfg`` on reference and on ``backend`` round by round; compare (see module docstring).
 
     ``dtype``: the precision of every run (None: ``validation_dtype`` of the backends compared).
@@ -142,11 +159,15 @@ def validate_backend(cfg: SimConfig, backend: str, param_rtol: float = PARAM_RTO
     return _compare(cfg, ref, free, synced, out, on_round)
 
 
-def validate_client_parallel(cfg: SimConfig, param_rtol: float = PARAM_RTOL, acc_tol: float = ACC_TOL,
-                             on_round: Optional[Callable[[Dict[str, Any]], None]] = None,
-                             data: Optional[FederatedData] = None,
-                             model_fn: Optional[Callable[[], nn.Module]] = None,
-                             dtype: Optional[torch.dtype] = None) -> Validation:
+def validate_client_parallel(
+    cfg: SimConfig,
+    param_rtol: float = PARAM_RTOL,
+    acc_tol: float = ACC_TOL,
+    on_round: Optional[Callable[[Dict[str, Any]], None]] = None,
+    data: Optional[FederatedData] = None,
+    model_fn: Optional[Callable[[], nn.Module]] = None,
+    dtype: Optional[torch.dtype] = None,
+) -> Validation:
     """The client-parallel run ``cfg`` against the same config trained one client after another.
 
     Both use ``cfg.backend`` (``auto`` resolves per path: the per-client op sequentially, the
@@ -166,16 +187,27 @@ def validate_client_parallel(cfg: SimConfig, param_rtol: float = PARAM_RTOL, acc
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=dtype)
     synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=dtype)
     b = free.batched
+    assert b is not None  # cfg.parallel, checked above
     chunks = f" (chunks of {b.size})" if b.size != b.parallel else ""
-    out = Validation(backend=f"client-parallel {b.parallel}{chunks} [{free.backend}]",
-                     reference=f"sequential [{ref.backend}]", param_rtol=param_rtol, acc_tol=acc_tol,
-                     dtype=_name(dtype))
+    out = Validation(
+        backend=f"client-parallel {b.parallel}{chunks} [{free.backend}]",
+        reference=f"sequential [{ref.backend}]",
+        param_rtol=param_rtol,
+        acc_tol=acc_tol,
+        dtype=_name(dtype),
+    )
     return _compare(cfg, ref, free, synced, out, on_round)
 
 
-def _paths_and_kernels(cfg: SimConfig, device: torch.device, param_rtol: float, acc_tol: float,
-                       on_round: Optional[Callable[[Dict[str, Any]], None]], data: Optional[FederatedData],
-                       model_fn: Optional[Callable[[], nn.Module]]) -> Validation:
+def _paths_and_kernels(
+    cfg: SimConfig,
+    device: torch.device,
+    param_rtol: float,
+    acc_tol: float,
+    on_round: Optional[Callable[[Dict[str, Any]], None]],
+    data: Optional[FederatedData],
+    model_fn: Optional[Callable[[], nn.Module]],
+) -> Validation:
     """``validate_client_parallel`` for a backend without float64 kernels (module docstring): the
     paths in float64 with a stand-in backend, then the kernels on the client-parallel path in float32."""
     ops = [cfg.algo.op.name, cfg.algo.op.name + "_batched"]
@@ -184,14 +216,21 @@ def _paths_and_kernels(cfg: SimConfig, device: torch.device, param_rtol: float, 
     else:  # the reference's batched ops read step counters on the host: no CUDA graph there
         paths_cfg = cfg.replace(backend="reference", cuda_graph=False)
     paths = validate_client_parallel(paths_cfg, param_rtol, acc_tol, on_round, data, model_fn, dtype=torch.float64)
-    ref = Simulation(cfg.replace(backend="reference", cuda_graph=False), data=data, model_fn=model_fn,
-                     dtype=torch.float32)
+    ref = Simulation(
+        cfg.replace(backend="reference", cuda_graph=False), data=data, model_fn=model_fn, dtype=torch.float32
+    )
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     b = free.batched
-    out = Validation(backend=f"client-parallel {b.parallel} [{free.backend}]",
-                     reference=f"client-parallel {b.parallel} [{ref.backend}]", param_rtol=param_rtol,
-                     acc_tol=acc_tol, dtype="float32", parts=[paths])
+    assert b is not None  # cfg.parallel: validate_client_parallel's caller checked it
+    out = Validation(
+        backend=f"client-parallel {b.parallel} [{free.backend}]",
+        reference=f"client-parallel {b.parallel} [{ref.backend}]",
+        param_rtol=param_rtol,
+        acc_tol=acc_tol,
+        dtype="float32",
+        parts=[paths],
+    )
     return _compare(cfg, ref, free, synced, out, on_round)
 
 
@@ -199,8 +238,14 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _compare(cfg: SimConfig, ref: Simulation, free: Simulation, synced: Simulation, out: Validation,
-             on_round: Optional[Callable[[Dict[str, Any]], None]]) -> Validation:
+def _compare(
+    cfg: SimConfig,
+    ref: Simulation,
+    free: Simulation,
+    synced: Simulation,
+    out: Validation,
+    on_round: Optional[Callable[[Dict[str, Any]], None]],
+) -> Validation:
     for t in range(cfg.rounds):
         if t > 0:
             synced.sync_from(ref)  # start the round from the reference's state
@@ -208,13 +253,17 @@ def _compare(cfg: SimConfig, ref: Simulation, free: Simulation, synced: Simulati
             sim.run_round(t)
         step = param_divergence(ref.global_params, synced.global_params)
         traj = param_divergence(ref.global_params, free.global_params)
-        rec = {"round": t + 1, "step_max_abs": step["max_abs"], "step_rel": step["rel"],
-               "traj_max_abs": traj["max_abs"], "traj_rel": traj["rel"]}
+        rec = {
+            "round": t + 1,
+            "step_max_abs": step["max_abs"],
+            "step_rel": step["rel"],
+            "traj_max_abs": traj["max_abs"],
+            "traj_rel": traj["rel"],
+        }
         out.rounds.append(rec)
         if on_round is not None:
             on_round(rec)
     a, b = final_rows(ref.final_evaluation()), final_rows(free.final_evaluation())
     # a metric that is NaN on both sides (e.g. no new users) is not a difference
-    out.acc_diff = {k: abs(a[k] - b[k]) for k in a
-                    if not k.endswith(" std") and not (a[k] != a[k] and b[k] != b[k])}
+    out.acc_diff = {k: abs(a[k] - b[k]) for k in a if not k.endswith(" std") and not (a[k] != a[k] and b[k] != b[k])}
     return out

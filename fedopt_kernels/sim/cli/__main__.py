@@ -1,4 +1,5 @@
 """``python -m fedopt_kernels.sim.cli``: ``fedopt-sim`` without the console script."""
+
 import sys
 
 from .fedopt_sim import main

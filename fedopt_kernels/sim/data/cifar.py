@@ -13,6 +13,7 @@ it is an optional extra: ``pip install "fedopt_kernels[data]"``). The pickles ar
 unpickler that only builds dicts, lists, strings, numbers and numpy arrays, so a foreign pickle in
 the folder cannot run code.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,33 +33,56 @@ CIFAR_STATS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _layout(name: str) -> Dict[str, Any]:
     if name == "cifar10":
-        return dict(folder="cifar-10-batches-py", train=[f"data_batch_{i}" for i in range(1, 6)], test=["test_batch"],
-                    meta="batches.meta", label_key="labels", names_key="label_names", classes=10,
-                    title="CIFAR-10", tv="CIFAR10", archive="cifar-10-python.tar.gz")
+        return dict(
+            folder="cifar-10-batches-py",
+            train=[f"data_batch_{i}" for i in range(1, 6)],
+            test=["test_batch"],
+            meta="batches.meta",
+            label_key="labels",
+            names_key="label_names",
+            classes=10,
+            title="CIFAR-10",
+            tv="CIFAR10",
+            archive="cifar-10-python.tar.gz",
+        )
     if name == "cifar100":
-        return dict(folder="cifar-100-python", train=["train"], test=["test"], meta="meta", label_key="fine_labels",
-                    names_key="fine_label_names", classes=100, title="CIFAR-100", tv="CIFAR100",
-                    archive="cifar-100-python.tar.gz")
+        return dict(
+            folder="cifar-100-python",
+            train=["train"],
+            test=["test"],
+            meta="meta",
+            label_key="fine_labels",
+            names_key="fine_label_names",
+            classes=100,
+            title="CIFAR-100",
+            tv="CIFAR100",
+            archive="cifar-100-python.tar.gz",
+        )
     raise ValueError(f"unknown CIFAR data set {name!r} (cifar10 or cifar100)")
 
 
 def how_to_get(name: str, data_dir: Optional[str] = None) -> str:
     lay = _layout(name)
     root = data_dir or "DIR"
-    return (f"{lay['title']} is expected as {root}/{lay['folder']}/ holding {', '.join(lay['train'] + lay['test'])} and "
-            f"{lay['meta']} (the python version of the data set): unpack {lay['archive']} from "
-            f"https://www.cs.toronto.edu/~kriz/cifar.html into {root}, or run "
-            f"`python -c \"import torchvision; torchvision.datasets.{lay['tv']}('{root}', download=True)\"`, "
-            f"or pass --download (needs torchvision: pip install \"fedopt_kernels[data]\").")
+    return (
+        f"{lay['title']} is expected as {root}/{lay['folder']}/ holding {', '.join(lay['train'] + lay['test'])} and "
+        f"{lay['meta']} (the python version of the data set): unpack {lay['archive']} from "
+        f"https://www.cs.toronto.edu/~kriz/cifar.html into {root}, or run "
+        f"`python -c \"import torchvision; torchvision.datasets.{lay['tv']}('{root}', download=True)\"`, "
+        f'or pass --download (needs torchvision: pip install "fedopt_kernels[data]").'
+    )
 
 
 _ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
     ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
 }
 
@@ -75,7 +99,7 @@ class _SafeUnpickler(pickle.Unpickler):
             return codecs.encode
         if module.startswith("numpy") and module.endswith("multiarray"):
             try:  # numpy >= 2 keeps these in numpy._core; older ones in numpy.core
-                import numpy._core.multiarray as ma  # type: ignore[import-not-found]
+                import numpy._core.multiarray as ma
             except ImportError:  # pragma: no cover - numpy 1.x
                 import numpy.core.multiarray as ma  # type: ignore[no-redef]
             return getattr(ma, name)
@@ -86,11 +110,22 @@ def _unpickle(path: Path, name: str) -> Dict[str, Any]:
     try:
         with open(path, "rb") as f:
             obj = _SafeUnpickler(f, encoding="latin1").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
-            UnicodeDecodeError, OSError) as exc:
-        raise ValueError(f"could not read {str(path)!r} as a {_layout(name)['title']} python pickle "
-                         f"({type(exc).__name__}: {exc}); the file is damaged or not from the python version. "
-                         f"{how_to_get(name)}") from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        KeyError,
+        UnicodeDecodeError,
+        OSError,
+    ) as exc:
+        raise ValueError(
+            f"could not read {str(path)!r} as a {_layout(name)['title']} python pickle "
+            f"({type(exc).__name__}: {exc}); the file is damaged or not from the python version. "
+            f"{how_to_get(name)}"
+        ) from None
     if not isinstance(obj, dict):
         raise ValueError(f"{str(path)!r} holds a {type(obj).__name__}, expected a dict. {how_to_get(name)}")
     # files pickled under Python 2 come back with str keys under latin1; pickles of bytes keys stay bytes
@@ -114,17 +149,20 @@ def _read_batch(path: Path, name: str) -> Tuple[np.ndarray, np.ndarray]:
     if len(y) != len(data):
         raise ValueError(f"{str(path)!r}: {len(data)} images but {len(y)} labels; expected {want}.")
     if len(y) and (y.min() < 0 or y.max() >= lay["classes"]):
-        raise ValueError(f"{str(path)!r}: labels span {y.min()}..{y.max()}, expected 0..{lay['classes'] - 1} "
-                         f"({lay['title']}).")
+        raise ValueError(
+            f"{str(path)!r}: labels span {y.min()}..{y.max()}, expected 0..{lay['classes'] - 1} ({lay['title']})."
+        )
     return data.reshape(-1, 3, 32, 32), y
 
 
 def _download(name: str, root: Path) -> None:
     try:
-        import torchvision  # type: ignore[import-not-found]
+        import torchvision
     except ImportError:
-        raise ValueError("download=True (--download) needs torchvision: pip install \"fedopt_kernels[data]\" "
-                         "(or put the files there yourself; see docs/data.md)") from None
+        raise ValueError(
+            'download=True (--download) needs torchvision: pip install "fedopt_kernels[data]" '
+            "(or put the files there yourself; see docs/data.md)"
+        ) from None
     cls = getattr(torchvision.datasets, _layout(name)["tv"])
     for train in (True, False):
         cls(str(root), train=train, download=True)
@@ -138,8 +176,9 @@ def _load_cached(name: str, folder: str, stamp: Tuple) -> Tuple[ArrayDataset, Ar
     meta = _unpickle(require_file(base / lay["meta"], f"the {lay['title']} class names", hint), name)
     names = meta.get(lay["names_key"])
     if not isinstance(names, list) or len(names) != lay["classes"]:
-        raise ValueError(f"{str(base / lay['meta'])!r}: expected '{lay['names_key']}' with {lay['classes']} class "
-                         f"names. {hint}")
+        raise ValueError(
+            f"{str(base / lay['meta'])!r}: expected '{lay['names_key']}' with {lay['classes']} class names. {hint}"
+        )
     out: List[ArrayDataset] = []
     for files in (lay["train"], lay["test"]):
         parts = [_read_batch(require_file(base / f, f"a {lay['title']} data batch", hint), name) for f in files]
@@ -162,10 +201,18 @@ def load_cifar(name: str, data_dir: Optional[str], download: bool = False) -> Tu
         _download(name, root)
     # data_dir may be the folder that holds cifar-*/ (torchvision's root) or that folder itself
     itself = (root / lay["meta"]).is_file() or (root / lay["train"][0]).is_file()
-    base = first_existing_dir(root, [lay["folder"], ""] if itself else [lay["folder"]],
-                              f"the {lay['title']} folder {lay['folder']!r}", how_to_get(name, str(root)))
+    base = first_existing_dir(
+        root,
+        [lay["folder"], ""] if itself else [lay["folder"]],
+        f"the {lay['title']} folder {lay['folder']!r}",
+        how_to_get(name, str(root)),
+    )
     # the cache key includes each file's size and mtime: replaced files are read again
-    stamp = tuple((f, st.st_size, st.st_mtime_ns) for f in lay["train"] + lay["test"] + [lay["meta"]]
-                  if (base / f).is_file() for st in [(base / f).stat()])
+    stamp = tuple(
+        (f, st.st_size, st.st_mtime_ns)
+        for f in lay["train"] + lay["test"] + [lay["meta"]]
+        if (base / f).is_file()
+        for st in [(base / f).stat()]
+    )
     train, test, _ = _load_cached(name, str(base.resolve()), stamp)
     return train, test

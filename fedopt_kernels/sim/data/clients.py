@@ -1,4 +1,5 @@
 """A client's data (train/val/test tensors) and its seeded stream of mini-batches."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ class BatchStream:
         """The sample indices of the next batch (what ``next`` returns the samples of)."""
         if not self.pending:
             self.pending = self.rng.permutation(self.y.shape[0]).tolist()
-        take, self.pending = self.pending[: self.batch_size], self.pending[self.batch_size:]
+        take, self.pending = self.pending[: self.batch_size], self.pending[self.batch_size :]
         return take
 
     def next(self) -> Batch:

@@ -3,6 +3,7 @@
 Nothing here downloads anything: ``load_digits`` ships with scikit-learn and Synthetic is generated
 from a seed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,15 @@ def load_digits_dataset() -> ArrayDataset:
     return ArrayDataset(x=x, y=bunch.target.astype(np.int64), num_classes=10)
 
 
-def synthetic_fedprox(alpha: float, beta: float, num_clients: int, rng: np.random.Generator,
-                      dim: int = 60, num_classes: int = 10, max_samples: int = 1000) -> List[ArrayDataset]:
+def synthetic_fedprox(
+    alpha: float,
+    beta: float,
+    num_clients: int,
+    rng: np.random.Generator,
+    dim: int = 60,
+    num_classes: int = 10,
+    max_samples: int = 1000,
+) -> List[ArrayDataset]:
     """Synthetic(alpha, beta) of the FedProx paper (Li et al. 2020, Sec. 5.1), one data set per client.
 
     Client k draws ``u_k ~ N(0, alpha)`` and ``B_k ~ N(0, beta)`` (variances); its model is

@@ -12,6 +12,7 @@ images 28x28 row-major. ``data_dir`` may also be LEAF's ``data`` folder (holding
 into its own train/val/test (``split``). Pixels are stored as uint8 (``round(255 x)``): LEAF's values
 are multiples of 1/255, so nothing is lost, at a quarter of float32's memory.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,11 +26,13 @@ from .leaf_json import load_users
 NUM_CLASSES = 62
 _CANDIDATES = ("", "femnist/data", "data", "femnist")
 
-HOW_TO_GET = ("FEMNIST is expected in LEAF's JSON layout, DIR/train/*.json (and DIR/test/*.json), with "
-              "'users', 'num_samples' and 'user_data' {user: {'x': [[784 pixels]], 'y': [labels]}}: clone "
-              "https://github.com/TalwalkarLab/leaf, run `./preprocess.sh -s niid --sf 0.05 -k 0 -t sample` in "
-              "leaf/data/femnist (--sf: fraction of the data to keep, by writer) and pass "
-              "--data-dir leaf/data/femnist/data. It is not downloaded by --download.")
+HOW_TO_GET = (
+    "FEMNIST is expected in LEAF's JSON layout, DIR/train/*.json (and DIR/test/*.json), with "
+    "'users', 'num_samples' and 'user_data' {user: {'x': [[784 pixels]], 'y': [labels]}}: clone "
+    "https://github.com/TalwalkarLab/leaf, run `./preprocess.sh -s niid --sf 0.05 -k 0 -t sample` in "
+    "leaf/data/femnist (--sf: fraction of the data to keep, by writer) and pass "
+    "--data-dir leaf/data/femnist/data. It is not downloaded by --download."
+)
 
 
 def _decode(path: Path, uid: str, n: int, u: dict, fail) -> Tuple[np.ndarray, np.ndarray]:
@@ -40,12 +43,10 @@ def _decode(path: Path, uid: str, n: int, u: dict, fail) -> Tuple[np.ndarray, np
     except (TypeError, ValueError):  # ragged lists
         x = y = np.empty(0, dtype=object)
     if x.dtype.kind not in "fiu" or y.dtype.kind not in "fiu":
-        raise fail(path, f"user {uid!r}: 'x' must be a list of 784-number lists and 'y' a list of "
-                         f"integers")
+        raise fail(path, f"user {uid!r}: 'x' must be a list of 784-number lists and 'y' a list of integers")
     x, y = x.astype(np.float32), y.astype(np.float64)
     if x.ndim != 2 or x.shape[1] != 784 or y.ndim != 1 or len(y) != len(x):
-        raise fail(path, f"user {uid!r}: 'x' has shape {x.shape} and 'y' {y.shape}, expected [n, 784] "
-                         f"and [n]")
+        raise fail(path, f"user {uid!r}: 'x' has shape {x.shape} and 'y' {y.shape}, expected [n, 784] and [n]")
     if len(y) != n:
         raise fail(path, f"user {uid!r}: num_samples says {n} but it has {len(y)} samples")
     if len(y) and (not np.all(np.isfinite(x)) or x.min() < -1e-6 or x.max() > 1 + 1e-6):

@@ -3,6 +3,7 @@
 Each message names the path, says what was expected there and how to get it, so that a missing or
 damaged file never surfaces as a traceback from deep inside pickle or json.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,9 @@ from typing import Optional, Sequence
 def data_root(data_dir: Optional[str], dataset: str, how_to_get: str) -> Path:
     """``data_dir`` as an existing directory, or ValueError naming ``dataset`` and ``how_to_get``."""
     if data_dir is None or str(data_dir) == "":
-        raise ValueError(f"dataset={dataset!r} is read from a local folder: pass data_dir (--data-dir DIR). "
-                         f"{how_to_get}")
+        raise ValueError(
+            f"dataset={dataset!r} is read from a local folder: pass data_dir (--data-dir DIR). {how_to_get}"
+        )
     root = Path(data_dir).expanduser()
     if not root.exists():
         raise ValueError(f"data_dir {str(root)!r} does not exist. {how_to_get}")

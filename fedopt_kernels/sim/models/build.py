@@ -6,6 +6,7 @@ buffer-free models without in-place state updates can be trained client-batched 
 the data set's input stage (``data.image_input.ImageClassifier``: uint8 -> normalised float,
 train-time augmentation) in front.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,14 +25,21 @@ MODELS = ("mlp", "mlp1", "cnn", "fedavg-cnn", "resnet18-gn") + TEXT_MODELS
 
 def _image_shape(name: str, input_shape: Tuple[int, ...], min_side: int) -> Tuple[int, int, int]:
     if len(input_shape) != 3 or min(input_shape[1:]) < min_side:
-        raise ValueError(f"model={name!r} needs image inputs [C, H, W] with H, W >= {min_side}; this data set "
-                         f"has inputs of shape {tuple(input_shape)} (use model='mlp')")
+        raise ValueError(
+            f"model={name!r} needs image inputs [C, H, W] with H, W >= {min_side}; this data set "
+            f"has inputs of shape {tuple(input_shape)} (use model='mlp')"
+        )
     return tuple(input_shape)  # type: ignore[return-value]
 
 
-def build_model(name: str, input_shape: Tuple[int, ...], num_classes: int,
-                input_spec: Optional[InputSpec] = None, hidden: Optional[int] = None,
-                context: Optional[int] = None) -> nn.Module:
+def build_model(
+    name: str,
+    input_shape: Tuple[int, ...],
+    num_classes: int,
+    input_spec: Optional[InputSpec] = None,
+    hidden: Optional[int] = None,
+    context: Optional[int] = None,
+) -> nn.Module:
     """``name`` in MODELS; the MLPs take any input, the CNNs images ``[C, H, W]``, the character models
     windows ``[T]`` of indices below ``num_classes``.
 
@@ -42,8 +50,10 @@ def build_model(name: str, input_shape: Tuple[int, ...], num_classes: int,
     """
     if name in TEXT_MODELS:
         if len(input_shape) != 1:
-            raise ValueError(f"model={name!r} needs windows of character indices [T]; this data set has inputs "
-                             f"of shape {tuple(input_shape)}")
+            raise ValueError(
+                f"model={name!r} needs windows of character indices [T]; this data set has inputs "
+                f"of shape {tuple(input_shape)}"
+            )
         if name == "char-lstm":
             return CharLSTM(num_classes, hidden=hidden or 256)
         if name == "char-gru":

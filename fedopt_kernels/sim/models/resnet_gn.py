@@ -14,6 +14,7 @@ One deliberate difference from FedNAR's code: it pools the final 4x4 map with ``
 (a 3x3 window, so the last row and column are dropped); here the pooling is global, as in the
 standard CIFAR ResNet.
 """
+
 from __future__ import annotations
 
 from typing import List

@@ -4,6 +4,7 @@ No BatchNorm and no buffers: running statistics would need their own aggregation
 buffer-free models without in-place state updates can be trained client-batched under
 ``torch.func.vmap``. The conv layers give FedNLR per-channel scales to exercise.
 """
+
 from __future__ import annotations
 
 from typing import Tuple
@@ -19,8 +20,10 @@ class MLP(nn.Module):
         super().__init__()
         self.net = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(in_features, hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(in_features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
             nn.Linear(hidden, num_classes),
         )
 
@@ -35,7 +38,9 @@ class OneHiddenMLP(nn.Module):
 
     def __init__(self, in_features: int, num_classes: int, hidden: int = 25):
         super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -49,8 +54,10 @@ class SmallCNN(nn.Module):
         c, h, w = in_shape
         c1, c2 = channels
         self.features = nn.Sequential(
-            nn.Conv2d(c, c1, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(c, c1, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(c1, c2, 3, padding=1),
+            nn.ReLU(),
             nn.MaxPool2d(2),
         )
         self.head = nn.Linear(c2 * (h // 2) * (w // 2), num_classes)
@@ -68,16 +75,23 @@ class FedAvgCNN(nn.Module):
     2,156,490 on CIFAR's 32x32x3. BatchNorm-free and buffer-free.
     """
 
-    def __init__(self, in_shape: Tuple[int, int, int], num_classes: int, channels: Tuple[int, int] = (32, 64),
-                 hidden: int = 512):
+    def __init__(
+        self, in_shape: Tuple[int, int, int], num_classes: int, channels: Tuple[int, int] = (32, 64), hidden: int = 512
+    ):
         super().__init__()
         c, h, w = in_shape
         c1, c2 = channels
         self.features = nn.Sequential(
-            nn.Conv2d(c, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c, c1, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
-        self.head = nn.Sequential(nn.Linear(c2 * (h // 4) * (w // 4), hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        self.head = nn.Sequential(
+            nn.Linear(c2 * (h // 4) * (w // 4), hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.flatten(self.features(x), 1))

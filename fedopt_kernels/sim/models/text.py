@@ -14,6 +14,7 @@ for the character after the window.
 
 None has BatchNorm or buffers (the causal mask is built in ``forward``).
 """
+
 from __future__ import annotations
 
 import math
@@ -106,8 +107,9 @@ class CharTransformer(nn.Module):
     ``context``: read only the last ``context`` characters of each window (attention costs grow with
     its square; None: the whole window)."""
 
-    def __init__(self, vocab: int, seq_len: int, dim: int = 64, layers: int = 2, heads: int = 4,
-                 context: Optional[int] = None):
+    def __init__(
+        self, vocab: int, seq_len: int, dim: int = 64, layers: int = 2, heads: int = 4, context: Optional[int] = None
+    ):
         super().__init__()
         self.context = context
         seq_len = min(seq_len, context or seq_len)
@@ -121,7 +123,7 @@ class CharTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.context is not None:
-            x = x[:, -self.context:]
+            x = x[:, -self.context :]
         h = self.embed(x) + self.pos[: x.shape[1]]
         for block in self.blocks:
             h = block(h)

@@ -12,10 +12,11 @@ A random input stage (augmentation) must draw the same random numbers as sequent
 applied batch by batch, client after client, on the real samples only; a deterministic stage runs
 once on the whole gathered tensor.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ class RoundBatches:
     x: torch.Tensor
     y: torch.Tensor
     w: torch.Tensor
-    counts: torch.Tensor                     # [K, C] real samples per batch (host, int64)
+    counts: torch.Tensor  # [K, C] real samples per batch (host, int64)
     anchor_x: Optional[torch.Tensor] = None  # PAdaMFed-VR: the anchor model's own view of the batches
 
 
@@ -53,7 +54,7 @@ class BatchPool:
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         self.start: Dict[int, int] = {c.client_id: int(s) for c, s in zip(clients, starts)}
 
-    def draw(self, streams: Dict[int, BatchStream], cids: Sequence[int], steps: int) -> RoundBatches:
+    def draw(self, streams: Mapping[int, BatchStream], cids: Sequence[int], steps: int) -> RoundBatches:
         """The next ``steps`` batches of every client in ``cids`` from its stream, padded and gathered."""
         B, C = self.batch_size, len(cids)
         idx = np.empty((steps, C, B), dtype=np.int64)
@@ -71,10 +72,10 @@ class BatchPool:
         flat = torch.from_numpy(idx).to(device).view(-1)
         x = self.x[flat].view(steps, C, B, *self.x.shape[1:])
         y = self.y[flat].view(steps, C, B)
-        n = torch.from_numpy(counts)
-        real = torch.arange(B)[None, None, :] < n[..., None]
-        w = (real.to(self.dtype) / n[..., None].to(self.dtype)).to(device)
-        return RoundBatches(x, y, w, n)
+        sizes = torch.from_numpy(counts)
+        real = torch.arange(B)[None, None, :] < sizes[..., None]
+        w = (real.to(self.dtype) / sizes[..., None].to(self.dtype)).to(device)
+        return RoundBatches(x, y, w, sizes)
 
 
 def apply_stage(stage: Optional[Stage], batches: RoundBatches, random: bool, train: bool = True) -> torch.Tensor:
@@ -88,8 +89,8 @@ def apply_stage(stage: Optional[Stage], batches: RoundBatches, random: bool, tra
         return x
     K, C, B = x.shape[:3]
     if not random:
-        out = stage(x.reshape(K * C * B, *x.shape[3:]), train)
-        return out.view(K, C, B, *out.shape[1:])
+        flat = stage(x.reshape(K * C * B, *x.shape[3:]), train)
+        return flat.view(K, C, B, *flat.shape[1:])
     out: Optional[torch.Tensor] = None
     counts = batches.counts.tolist()
     for c in range(C):
@@ -100,4 +101,5 @@ def apply_stage(stage: Optional[Stage], batches: RoundBatches, random: bool, tra
                 out = part.new_empty((K, C, B) + tuple(part.shape[1:]))
             out[k, c, :n] = part
             out[k, c, n:] = part[:1]
+    assert out is not None  # a round has at least one step and one client
     return out

@@ -12,6 +12,7 @@ their aggregation is another algorithm) and no buffers at all. The simulator's m
 An input stage with randomness (``ImageClassifier``'s augmentation) stays outside: the network
 after it is what gets vmapped, and the caller preprocesses the batches (``client_batches.py``).
 """
+
 from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -28,15 +29,22 @@ Tensors = List[torch.Tensor]
 
 def check_vmappable(model: nn.Module) -> None:
     """ValueError naming what stops ``model`` from being trained client-batched (BatchNorm, buffers)."""
-    rnns = [f"{name or type(model).__name__} ({type(m).__name__})" for name, m in model.named_modules()
-            if isinstance(m, nn.RNNBase)]
+    rnns = [
+        f"{name or type(model).__name__} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.RNNBase)
+    ]
     if rnns:  # its fused kernel has no batching rule: vmap would not batch the clients
         raise ValueError(
             f"--client-parallel cannot train {type(model).__name__}: torch.func.vmap cannot batch the fused "
             f"recurrent layer {', '.join(rnns[:4])} over client copies. Use a model written in plain tensor ops "
-            f"(char-gru, char-transformer) or client_parallel=1 (--client-parallel 1, the sequential path)")
-    norms = [name or type(model).__name__ for name, m in model.named_modules()
-             if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+            f"(char-gru, char-transformer) or client_parallel=1 (--client-parallel 1, the sequential path)"
+        )
+    norms = [
+        name or type(model).__name__
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
     buffers = [name for name, _ in model.named_buffers()]
     if not norms and not buffers:
         return
@@ -49,7 +57,8 @@ def check_vmappable(model: nn.Module) -> None:
         f"--client-parallel needs a BatchNorm- and buffer-free model (client copies under torch.func.vmap "
         f"cannot carry running statistics or other buffers), but {type(model).__name__} has {' and '.join(found)}. "
         f"Use a GroupNorm/LayerNorm model (the simulator's mlp, cnn, fedavg-cnn, resnet18-gn) or "
-        f"client_parallel=1 (--client-parallel 1, the sequential path)")
+        f"client_parallel=1 (--client-parallel 1, the sequential path)"
+    )
 
 
 class ClientLoss:
@@ -65,8 +74,9 @@ class ClientLoss:
         self.model = model
         net = model.net if isinstance(model, ImageClassifier) else model
         self.net = net
-        self.input_stage: Optional[Callable[[torch.Tensor, bool], torch.Tensor]] = \
+        self.input_stage: Optional[Callable[[torch.Tensor, bool], torch.Tensor]] = (
             model.preprocess if isinstance(model, ImageClassifier) else None
+        )
         named = list(net.named_parameters())
         if [id(p) for _, p in named] != [id(p) for p in model.parameters()]:
             raise ValueError(f"{type(model).__name__}: its parameters are not those of its network in the same order")
@@ -81,12 +91,14 @@ class ClientLoss:
         out = functional_call(self.net, dict(zip(self.names, params)), (x,))
         return (F.cross_entropy(out, y, reduction="none") * w).sum()
 
-    def grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-              w: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
+    def grads(
+        self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
         """Every client's gradient (``[C, *shape]`` each) and loss (``[C]``)."""
         return self.per_client(tuple(params), x, y, w)
 
-    def grads_at(self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                 w: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
+    def grads_at(
+        self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
         """Every client's gradient at the same (unstacked) parameters ``shared``."""
         return self.at_shared(tuple(shared), x, y, w)

@@ -14,11 +14,13 @@ Per client, the batched round keeps (bytes):
 and ``N = floor(budget / (persistent + activations))``, at least 1, at most the clients sampled per
 round and at most ``MAX_AUTO`` = 256: past a few hundred clients one computation gets slower *per
 client* (activation tensors leave the caches, convolution libraries are not tuned for thousands of
-groups; ``python -m bench clients`` measures it), and chunks of that size lose nothing. ``budget`` is half of the free device memory on CUDA (``torch.cuda.mem_get_info``; the
+groups; ``python -m bench clients`` measures it), and chunks of that size lose nothing. ``budget`` is
+half of the free device memory on CUDA (``torch.cuda.mem_get_info``; the
 other half is left to the allocator's fragmentation, cuDNN/cuBLAS workspaces and the evaluation),
 and a quarter of ``MemAvailable`` on a CPU (other processes share it), 4 GiB where that is unknown.
 The estimate is deliberately rough; give N explicitly to override it.
 """
+
 from __future__ import annotations
 
 from typing import Dict
@@ -71,8 +73,9 @@ def free_bytes(device: torch.device) -> int:
     return _CPU_FALLBACK
 
 
-def auto_client_parallel(model: nn.Module, x: torch.Tensor, y: torch.Tensor, state: int, limit: int,
-                         budget: int) -> int:
+def auto_client_parallel(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, state: int, limit: int, budget: int
+) -> int:
     """Clients that fit in ``budget`` bytes (module docstring), between 1 and ``min(limit, MAX_AUTO)``.
 
     ``x``, ``y``: one batch of one client (as the model takes it, e.g. raw pixels for image

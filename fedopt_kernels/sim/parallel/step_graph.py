@@ -29,6 +29,7 @@ call with the same tensors, so the state and hp handling above is tested on a CP
 It keeps the plan the capture read and tells the optimizer about replays through
 ``FedOptimizer.step_plan``, ``reinstate_plan`` and ``note_replayed_steps``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
@@ -36,6 +37,7 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 import torch
 
 from ...core.optimizer import FedOptimizer
+from ...core.plan import StepPlan
 from ...optim.sgd import SGDFamily
 
 MODES = ("cuda", "emulate")
@@ -45,13 +47,16 @@ class Trainer(Protocol):
     """What a step graph uses of its trainer (``batched_trainer.BatchedTrainer``)."""
 
     opt: FedOptimizer
-    stacked: Sequence[torch.Tensor]
     clients: int
     steps: int
     anchor: bool
 
-    def gradients(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-                  anchor_x: Optional[torch.Tensor]) -> tuple: ...
+    @property
+    def stacked(self) -> Sequence[torch.Tensor]: ...  # read only here (a list of Parameters is one)
+
+    def gradients(
+        self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor]
+    ) -> tuple: ...
 
 
 class StepGraph:
@@ -67,20 +72,22 @@ class StepGraph:
         self.warmup = warmup
         self.eager_steps = 0
         self.graph: Optional[Any] = None
-        self.plan = None                        # the optimizer's step plan the graph was captured with
+        self.plan: Optional[StepPlan] = None  # the optimizer's step plan the graph was captured with
         self.recorded: Optional[Tuple[Any, tuple, dict]] = None  # emulate: (fn, args, kwargs)
         self.state: Dict[Tuple[int, str], torch.Tensor] = {}
         opt = trainer.opt
         # static gradients: the optimizer sees the same tensors every step
+        self.grads: List[torch.Tensor] = []
         for p in trainer.stacked:
             p.grad = torch.zeros_like(p)
-        self.grads = [p.grad for p in trainer.stacked]
+            self.grads.append(p.grad)
         self.anchors = [torch.zeros_like(p) for p in trainer.stacked] if trainer.anchor else None
         self.active = torch.ones(trainer.clients, dtype=torch.bool, device=device)
         self.inputs: Optional[List[torch.Tensor]] = None  # x, y, w, anchor x: allocated at the first step
         self.loss = torch.zeros(trainer.clients, device=device)
-        self._momentum = [isinstance(opt, SGDFamily) and g["momentum"] != 0
-                          for g in opt.param_groups for _ in g["params"]]
+        self._momentum = [
+            isinstance(opt, SGDFamily) and g["momentum"] != 0 for g in opt.param_groups for _ in g["params"]
+        ]
 
     # ------------------------------------------------------------------ rounds
     @torch.no_grad()
@@ -117,18 +124,21 @@ class StepGraph:
 
     def _gradients(self) -> None:
         """Everything of a step before the optimizer's op, into the static buffers."""
-        x, y, w = self.inputs[:3]
-        grads, loss, anchors = self.tr.gradients(x, y, w, self.inputs[3] if self.tr.anchor else None)
+        inputs = self.inputs
+        assert inputs is not None  # step() copied this step's inputs in first
+        x, y, w = inputs[:3]
+        grads, loss, anchors = self.tr.gradients(x, y, w, inputs[3] if self.tr.anchor else None)
         for s, g in zip(self.grads, grads):
             s.copy_(g)
         self.loss.copy_(loss)
         if anchors is not None:
+            assert self.anchors is not None  # both exist when the trainer passes anchor gradients
             for s, g in zip(self.anchors, anchors):
                 s.copy_(g)
 
     def _body(self) -> None:
         self._gradients()
-        kwargs = {"anchor_grads": self.anchors} if self.anchors is not None else {}
+        kwargs: Dict[str, Any] = {"anchor_grads": self.anchors} if self.anchors is not None else {}
         self.tr.opt.step(active=self.active, **kwargs)
 
     def step(self, x, y, w, anchor_x=None, active=None) -> torch.Tensor:
@@ -141,8 +151,10 @@ class StepGraph:
                 self._capture()
             return self.loss
         if self.mode == "cuda":
+            assert self.graph is not None  # captured along with the plan
             self.graph.replay()
         else:
+            assert self.recorded is not None  # recorded along with the plan
             self._gradients()
             fn, args, kwargs = self.recorded
             with torch.no_grad():  # as inside step()
@@ -175,6 +187,7 @@ class StepGraph:
             self.graph.replay()  # capture records; this replay takes the step
             return
         plan = opt.step_plan
+        assert plan is not None  # the warm-up steps built it
         fn = plan.fn
 
         def record(*args, **kwargs):

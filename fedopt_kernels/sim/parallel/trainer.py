@@ -10,9 +10,10 @@ client-batched optimizer over them (``fedopt_kernels.batched``). A local step of
 
 ``step_graph.StepGraph`` replays that step from a CUDA graph instead (``graph="cuda"``).
 """
+
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -45,9 +46,17 @@ class BatchedTrainer:
     ``"cuda"`` (CUDA-graph replay) or ``"emulate"`` (the same bookkeeping without CUDA, for tests).
     """
 
-    def __init__(self, loss: ClientLoss, like: Sequence[torch.Tensor], clients: int,
-                 make_optimizer: Callable[[List[nn.Parameter]], FedOptimizer], steps: int,
-                 clip_norm: Optional[float] = None, anchor: bool = False, graph: Optional[str] = None):
+    def __init__(
+        self,
+        loss: ClientLoss,
+        like: Sequence[torch.Tensor],
+        clients: int,
+        make_optimizer: Callable[[List[nn.Parameter]], FedOptimizer],
+        steps: int,
+        clip_norm: Optional[float] = None,
+        anchor: bool = False,
+        graph: Optional[str] = None,
+    ):
         if clients < 1:
             raise ValueError(f"clients must be >= 1, got {clients}")
         self.loss = loss
@@ -55,8 +64,9 @@ class BatchedTrainer:
         self.steps = steps
         self.clip_norm = clip_norm
         self.anchor = anchor
-        self.stacked = [nn.Parameter(p.detach().unsqueeze(0).repeat(clients, *([1] * p.dim())).contiguous())
-                        for p in like]
+        self.stacked = [
+            nn.Parameter(p.detach().unsqueeze(0).repeat(clients, *([1] * p.dim())).contiguous()) for p in like
+        ]
         self.views = [p.detach() for p in self.stacked]  # same storage, no autograd history: vmap's inputs
         self.shared = [p.detach().clone() for p in like]  # the round's starting model (anchor gradients)
         self.opt = make_optimizer(self.stacked)
@@ -75,8 +85,7 @@ class BatchedTrainer:
         if self.graph is not None:
             self.graph.begin_round()
 
-    def gradients(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-                  anchor_x: Optional[torch.Tensor]) -> tuple:
+    def gradients(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor]) -> tuple:
         """(per-client gradients, clipped; per-client loss [C]; anchor gradients or None)."""
         grads, loss = self.loss.grads(self.views, x, y, w)
         if self.clip_norm is not None:
@@ -86,20 +95,32 @@ class BatchedTrainer:
             anchors, _ = self.loss.grads_at(self.shared, x if anchor_x is None else anchor_x, y, w)
         return grads, loss, anchors
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor] = None,
-             active: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def step(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        w: torch.Tensor,
+        anchor_x: Optional[torch.Tensor] = None,
+        active: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """One local step of every (active) client on ``x`` [C, B, ...]; returns the losses [C]."""
         if self.graph is not None:
             return self.graph.step(x, y, w, anchor_x, active)
         grads, loss, anchors = self.gradients(x, y, w, anchor_x)
         for p, g in zip(self.stacked, grads):
             p.grad = g
-        kwargs = {"anchor_grads": list(anchors)} if anchors is not None else {}
+        kwargs: Dict[str, Any] = {"anchor_grads": list(anchors)} if anchors is not None else {}
         self.opt.step(active=active, **kwargs)
         return loss
 
-    def run(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor] = None,
-            active: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def run(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        w: torch.Tensor,
+        anchor_x: Optional[torch.Tensor] = None,
+        active: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """All ``x.shape[0]`` local steps (inputs ``[K, C, B, ...]``); returns each client's summed loss [C]."""
         total = torch.zeros(self.clients, device=x.device)
         for k in range(x.shape[0]):
