@@ -131,9 +131,10 @@ def _per_step_ptrs(a: OpArgs, per_step: List[str]) -> tuple:
 
 
 def _per_step_layout(a: OpArgs, per_step: List[str]) -> tuple:
-    """What a plan fixes about the per-step tensors besides their addresses: strides and 16-byte
+    """What a plan fixes about the per-step tensors besides their addresses: dtypes, strides and 16-byte
     alignment (which tensors are staged, which launches keep the 128-bit promise), and the FRESH bits."""
-    return (tuple((t.stride(), t.data_ptr() % 16) for name in per_step for t in a.lists[name]), tuple(a.present))
+    layout = tuple((t.dtype, t.stride(), t.data_ptr() % 16) for name in per_step for t in a.lists[name])
+    return (layout, tuple(a.present))
 
 
 # plans an optimizer keeps for the address sets of its per-step tensors (gradients): the caching
