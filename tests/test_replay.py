@@ -217,28 +217,40 @@ def test_the_key_follows_addresses_not_values():
     assert _key_of(opt) == key
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["per_client", "batched"])
 @pytest.mark.parametrize("algo", list(catalogue.ALGOS))
-def test_the_optimizers_own_step_work_allocates_no_tensor(algo):
+def test_the_optimizers_own_step_work_allocates_no_tensor(algo, batched):
     """On a GPU a tensor allocated in every step moves where the caching allocator puts the next
     gradients, and steps stop replaying. The step's Python side is the same on every backend; on the
-    cpu backend (whose kernels allocate nothing) the profiler sees every allocation it makes."""
+    cpu backend (whose kernels allocate nothing) the profiler sees every allocation it makes. The
+    client-batched form takes an active mask that changes in place."""
     from torch.profiler import ProfilerActivity, profile
 
     require("cpu", "cpu")
     cfg = catalogue.config(algo, catalogue.ALGOS[algo].full)
     g = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in SHAPES]
-    opt = cfg.build(params, "cpu", replay=False)
-    order = [p for g in opt.param_groups for p in g["params"]]
-    opt.start_round(**cfg.round_inputs(order, 0))
+    C = 3
+    params = [torch.nn.Parameter(torch.randn(((C,) if batched else ()) + s, generator=g)) for s in SHAPES]
+    opt = (cfg.build_batched if batched else cfg.build)(params, "cpu", replay=False)
+    order = [p for gr in opt.param_groups for p in gr["params"]]
+    if batched:
+        views = [[p[c] for p in order] for c in range(C)]
+        opt.start_round(round_index=[0] * C, **cfg.batched_round_inputs(views, order, 0))
+        step_inputs, active = _StepInputs(cfg.batched_step_inputs), torch.ones(C, dtype=torch.bool)
+    else:
+        opt.start_round(**cfg.round_inputs(order, 0))
+        step_inputs = _StepInputs(cfg.step_inputs)
     slots = [torch.zeros_like(p) for p in params]
-    step_inputs = _StepInputs(cfg.step_inputs)
     allocated = []
     for k in range(5):
         for p, s in zip(params, slots):
-            s.copy_(torch.randn(s.shape, generator=torch.Generator().manual_seed(k)))
+            s.copy_(torch.randn(s.shape, generator=g))
             p.grad = s
-        inputs = step_inputs(order, k)
+        inputs = step_inputs(views if batched else order, k)
+        if batched:
+            active.fill_(True)
+            active[1] = k % 2 == 0
+            inputs = dict(inputs, active=active)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             opt.step(**inputs)
         allocated.append(sum(1 for e in prof.events() if e.name.startswith("aten::empty") and e.cpu_memory_usage > 0))
