@@ -134,7 +134,7 @@ def time_slice(argv: Sequence[str], data_dir: str, device: str, rounds: int,
 
 
 def time_all(device: str, rounds: int, out_dir: Path, shrink: Optional[Dict[str, Any]] = None,
-             images: Tuple[int, int] = (50000, 10000)) -> Dict[str, Any]:
+             images: Tuple[int, int] = (50000, 10000), papers: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     import platform
 
     import torch
@@ -147,6 +147,8 @@ def time_all(device: str, rounds: int, out_dir: Path, shrink: Optional[Dict[str,
         with tempfile.TemporaryDirectory() as tmp:
             write_standin_cifar10(Path(tmp), *images)
             for name, paper, shared, method, baseline in PAPERS:
+                if papers and name not in papers:
+                    continue
                 rows: Dict[str, Any] = {}
                 results["papers"][name] = {"paper": paper, "rows": rows}
                 for role, grid in (("method", method), ("baseline", baseline)):
@@ -192,6 +194,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--device", default="cuda", help="where the slice runs (default cuda)")
     ap.add_argument("--slice-rounds", type=int, default=4, help="rounds timed per configuration (default 4)")
     ap.add_argument("--out-dir", type=Path, default=Path("bench_runs"), help="where the table goes")
+    ap.add_argument("--paper", action="append", choices=[name for name, *_ in PAPERS],
+                    help="time only this paper's slices (repeatable; default every paper)")
     ap.add_argument("--smoke", action="store_true",
                     help="a tiny slice (2 clients per round, 1 local step, 600 images): checks the code on a CPU")
     args = ap.parse_args(argv)
@@ -201,7 +205,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(print_commands())
         return 0
     shrink = dict(clients_per_round=2, local_steps=1, batch_size=4, client_parallel=2) if args.smoke else None
-    res = time_all(args.device, args.slice_rounds, args.out_dir, shrink, (500, 100) if args.smoke else (50000, 10000))
+    res = time_all(args.device, args.slice_rounds, args.out_dir, shrink, (500, 100) if args.smoke else (50000, 10000),
+                   args.paper)
     print(markdown(res))
     return 0
 

@@ -56,7 +56,15 @@ def test_a_smoke_slice_times_every_paper(tmp_path):
     assert (tmp_path / "paper-commands-cpu.md").read_text().startswith("## The papers' commands")
 
 
-@pytest.mark.parametrize("argv", [[], ["--print", "--time"], ["--time", "--slice-rounds", "0"]])
+def test_one_papers_slices_alone(tmp_path):
+    pc.main(["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--paper", "fednlr",
+             "--out-dir", str(tmp_path)])
+    res = json.loads((tmp_path / "paper-commands-cpu.json").read_text())
+    assert list(res["papers"]) == ["fednlr"] and set(res["papers"]["fednlr"]["rows"]) == {"method", "baseline"}
+
+
+@pytest.mark.parametrize("argv", [[], ["--print", "--time"], ["--time", "--slice-rounds", "0"],
+                                  ["--time", "--paper", "fedsomething"]])
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         pc.main(argv)
