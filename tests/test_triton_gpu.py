@@ -197,7 +197,8 @@ def test_gradients_at_new_addresses_never_synchronise_with_the_host(name):
     moved = launcher.stats["moved"]
 
     def step():
-        _with_static_grads(ps)  # new tensors (the generator's values do not matter here)
+        for p in ps:  # new tensors, made on the device (a copy from the host would be a sync itself)
+            p.grad = torch.randn_like(p)
         opt.step()
 
     _steps_never_sync(step, warm=2)
