@@ -8,7 +8,8 @@ on the device. Optimizers doing the same work (momentum 0.9, weight decay 5e-4, 
 default, and with ``replay=False`` - and ``torch.optim.SGD(fused=True)``; ``FedNAR`` beside it, the
 algorithm whose hand-written alternative costs most. A row gives the median over timed blocks of
 the wall time per iteration (the device is waited for at each block's end), and for the package's
-optimizers how their steps ran (``replay_stats``: replayed out of all steps).
+optimizers how their steps ran (``replay_stats``: replayed out of all steps); then, untimed, how
+many different gradient address sets 20 more iterations gave (what decides whether steps can replay).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ MODELS: Dict[str, Callable[[], tuple]] = {
     "resnet18": lambda: (ResNet18GN(3, 10), (3, 32, 32), 10),
 }
 BATCH = 32
+PROBE = 20  # iterations after the timed ones whose gradient addresses are counted
 SGD = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
 
 
@@ -77,7 +79,18 @@ def time_loop(model_name: str, make_opt: Callable, device: torch.device, warmup:
     row: Dict[str, Any] = {"model": model_name, "median_s": statistics.median(per_iter), "min_s": min(per_iter)}
     if hasattr(opt, "replay_stats"):
         row["replay"] = opt.replay_stats()
+    row["address_sets"] = address_sets(iteration, list(model.parameters()))
     return row
+
+
+def address_sets(iteration: Callable[[], None], params: List[torch.Tensor], iterations: int = PROBE) -> int:
+    """How many different gradient address sets ``iterations`` more iterations see (untimed): 1 or 2
+    when the caching allocator hands the gradients the same blocks back, so steps can replay."""
+    seen = set()
+    for _ in range(iterations):
+        iteration()
+        seen.add(tuple(p.grad.data_ptr() if p.grad is not None else 0 for p in params))
+    return len(seen)
 
 
 def markdown(result: Dict[str, Any]) -> str:
@@ -86,17 +99,18 @@ def markdown(result: Dict[str, Any]) -> str:
              f"- {m['date']}, commit `{m['commit']}`, torch {m['torch']}; `{m['command']}`",
              f"- iteration: zero_grad(set_to_none=True), forward, loss, backward, step; batch {BATCH}; "
              f"median over {m['blocks']} blocks of {m['per_block']} iterations after {m['warmup']} warm-up",
-             "", "| model | optimizer | ms / iteration | x torch.SGD(fused) | steps replayed |", "|---|---|---|---|---|"]
+             "", "| model | optimizer | ms / iteration | x torch.SGD(fused) | steps replayed | "
+             f"gradient address sets in {PROBE} iterations |", "|---|---|---|---|---|---|"]
     base = {r["model"]: r["median_s"] for r in result["rows"] if r["optimizer"] == "torch.SGD(fused)"}
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['optimizer']} | error: {r['error']} | | |")
+            lines.append(f"| {r['model']} | {r['optimizer']} | error: {r['error']} | | | |")
             continue
         rep = r.get("replay")
         replayed = "—" if rep is None else f"{rep['replayed']}/{rep['eager'] + rep['recorded'] + rep['replayed']}"
         ratio = base.get(r["model"], 0) / r["median_s"] if r["model"] in base else None
         lines.append(f"| {r['model']} | {r['optimizer']} | {1e3 * r['median_s']:.3f} | "
-                     f"{'—' if ratio is None else f'{ratio:.2f}x'} | {replayed} |")
+                     f"{'—' if ratio is None else f'{ratio:.2f}x'} | {replayed} | {r.get('address_sets', '—')} |")
     lines.append("")
     lines.append("x torch.SGD(fused) > 1: the iteration is faster than with torch's fused SGD.")
     return "\n".join(lines)

@@ -114,3 +114,28 @@ def test_an_interrupted_run_writes_the_rows_it_timed(tmp_path, monkeypatch):
     assert result["interrupted"] is True and len(result["rows"]) == 2
     assert all("median_s" in r and r["gbps"] > 0 for r in result["rows"])
     assert "**interrupted** after 2 rows" in next(tmp_path.glob("cpu-*-smoke.md")).read_text()
+
+
+def test_the_loop_benchmark_counts_gradient_address_sets():
+    """The loop table's last column: gradients kept in place are one address set; gradients kept
+    alive by the caller at every step (so none is freed for reuse) are as many as the iterations."""
+    from bench import loop
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 3)
+    kept = []
+
+    def iteration(set_to_none: bool) -> None:
+        opt.zero_grad(set_to_none=set_to_none)
+        model(x).sum().backward()
+        kept.append(model.weight.grad)
+        opt.step()
+
+    assert loop.address_sets(lambda: iteration(False), list(model.parameters()), 5) == 1
+    assert loop.address_sets(lambda: iteration(True), list(model.parameters()), 5) == 5
+    table = loop.markdown({"meta": {"device_name": "d", "date": "t", "commit": "c", "torch": "v", "command": "x",
+                                    "blocks": 1, "per_block": 1, "warmup": 1},
+                           "rows": [{"model": "m", "optimizer": "torch.SGD(fused)", "median_s": 1e-3,
+                                     "address_sets": 2}]})
+    assert "| m | torch.SGD(fused) | 1.000 | 1.00x | — | 2 |" in table
