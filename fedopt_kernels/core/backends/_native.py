@@ -81,10 +81,10 @@ def _wrap(fn, name: str, n_roles: int, backend: str, batched: bool):
         scratch = cache.get("scratch") if cache is not None else None
         if batched:
             batch, present, hp, k, table, decay_every, grad_scale, found_inf, active, _backend = rest
-            used = fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, active, scratch=scratch)
+            used = fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, active, scratch)
         else:
             batch, present, hp, k, table, decay_every, grad_scale, found_inf, _backend = rest
-            used = fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, scratch=scratch)
+            used = fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, scratch)
         if cache is not None and used is not None:
             cache["scratch"] = used
 
