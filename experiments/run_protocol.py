@@ -231,6 +231,8 @@ def fednlr_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]
 FEDNAR_BACKBONES = (("FedAvg", "fedavg", "fednar"), ("FedProx", "fedprox", "fednar-fedprox"),
                     ("SCAFFOLD", "scaffold", "fednar-scaffold"))
 FEDNAR_WDS = (0.01, 0.1)
+# protocol.md 3: 0.3 added after every method chose 0.1, the first grid's top, at weight decay 0.01
+FEDNAR_LRS = (0.03, 0.1, 0.3)
 
 
 def fednar_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
@@ -240,7 +242,7 @@ def fednar_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]
             for name, algo in ((label, base_algo), (f"FedNAR-{label}", nar_algo)):
                 out[f"{name} wd={wd}"] = {f"{algo}_wd{wd}_lr{lr}": dict(algorithm=algo, weight_decay=wd, lr=lr,
                                                                         clip_norm=pilot["max_norm"])
-                                          for lr in (0.03, 0.1)}
+                                          for lr in FEDNAR_LRS}
     return out
 
 
