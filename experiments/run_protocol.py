@@ -256,14 +256,25 @@ def fednar_pilot(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
 
 PADAM_C = (0.1, 0.316, 1.0, 3.16, 10.0)
 PADAM_LRS = (0.01, 0.0316, 0.1, 0.316, 1.0)
+# protocol.md 4, (a') only: the next half decade of each sweep, after tuned PAdaMFed chose c = 10
+PADAM_C_MORE, PADAM_LR_MORE = 31.6, 3.16
 
 
 def padamfed_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
     eta, gamma = pilot["eta"], pilot["gamma"]
-    sweep = {f"padamfed_c{c}": dict(algorithm="padamfed", lr=eta * c, server_lr=gamma * c) for c in PADAM_C}
+    def padam(c: float) -> Dict[str, Any]:
+        return dict(algorithm="padamfed", lr=eta * c, server_lr=gamma * c)
+
+    sweep = {f"padamfed_c{c}": padam(c) for c in PADAM_C}
+    fedavg = {f"fedavg_lr{lr}": dict(algorithm="fedavg", lr=lr) for lr in PADAM_LRS}
+    scaffold = {f"scaffold_lr{lr}": dict(algorithm="scaffold", lr=lr) for lr in PADAM_LRS}
     return {"PAdaMFed (theory)": {"padamfed_c1.0": sweep["padamfed_c1.0"]}, "PAdaMFed (tuned)": sweep,
-            "FedAvg": {f"fedavg_lr{lr}": dict(algorithm="fedavg", lr=lr) for lr in PADAM_LRS},
-            "SCAFFOLD": {f"scaffold_lr{lr}": dict(algorithm="scaffold", lr=lr) for lr in PADAM_LRS}}
+            "FedAvg": fedavg, "SCAFFOLD": scaffold,
+            # (a'): one more half decade for every method
+            "PAdaMFed (tuned, 6)": dict(sweep, **{f"padamfed_c{PADAM_C_MORE}": padam(PADAM_C_MORE)}),
+            "FedAvg (6)": dict(fedavg, **{f"fedavg_lr{PADAM_LR_MORE}": dict(algorithm="fedavg", lr=PADAM_LR_MORE)}),
+            "SCAFFOLD (6)": dict(scaffold, **{f"scaffold_lr{PADAM_LR_MORE}": dict(algorithm="scaffold",
+                                                                                 lr=PADAM_LR_MORE)})}
 
 
 def padamfed_pilot(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
@@ -279,12 +290,14 @@ def drift_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]
             **{f"FedNLR mu0={m}": {f"fednlr_mu{m}": dict(drift_client="fednlr", nlr_mu0=m)} for m in (0.5, 2.0)}}
 
 
-FEDDYN_LRS = tuple(round(0.03 * (10 / 3) ** (k / 5), 6) for k in range(6))  # 0.03 ... 0.1
+# 0.03 ... 0.1, then (protocol.md 5, amended after FedDyn and FedAvg chose 0.1) 0.144, 0.208, 0.3
+FEDDYN_LRS = tuple(round(0.03 * (10 / 3) ** (k / 5), 6) for k in range(6)) + \
+    tuple(round(0.1 * 3 ** (k / 3), 6) for k in range(1, 4))
 
 
 def feddyn_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
     return {"FedDyn": {f"feddyn_a{a}_lr{lr}": dict(algorithm="feddyn", dyn_alpha=a, lr=lr)
-                       for a in (0.1, 0.01, 0.001) for lr in (0.03, 0.1)},
+                       for a in (0.1, 0.01, 0.001) for lr in (0.03, 0.1, 0.3)},
             "FedAvg": {f"fedavg_lr{_fmt(lr)}": dict(algorithm="fedavg", lr=lr) for lr in FEDDYN_LRS},
             "SCAFFOLD": {f"scaffold_lr{_fmt(lr)}": dict(algorithm="scaffold", lr=lr) for lr in FEDDYN_LRS}}
 
@@ -331,8 +344,8 @@ def experiments(dataset: str, data_dir: Optional[str], device: str = "cpu", clie
                                     batch_size=32, rounds=150, eval_every=150),
                    padamfed_methods, [("PAdaMFed (theory)", "FedAvg", +1, "select"),
                                       ("PAdaMFed (theory)", "SCAFFOLD", +1, "select"),
-                                      ("PAdaMFed (tuned)", "FedAvg", +1, "select"),
-                                      ("PAdaMFed (tuned)", "SCAFFOLD", +1, "select"),
+                                      ("PAdaMFed (tuned, 6)", "FedAvg (6)", +1, "select"),
+                                      ("PAdaMFed (tuned, 6)", "SCAFFOLD (6)", +1, "select"),
                                       ("PAdaMFed (tuned)", "FedAvg", +1, "sweep_mean"),
                                       ("PAdaMFed (tuned)", "SCAFFOLD", +1, "sweep_mean")],
                    "test_acc", "pooled test accuracy (%)", pilot=padamfed_pilot,
