@@ -17,6 +17,7 @@ from .algorithms import (ALGOS, BASELINES, EAGER, REPLAYING, TORCH_CLIP_SGD, TOR
 from .contention import DISTURBED, OtherLoad, wait_quiet
 from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
+from .stopping import sigterm_interrupts
 from .timing import Budget, copy_bandwidth, host_time, median, time_graph, time_settled
 from .traffic import Traffic, bytes_per_element, bytes_per_step
 
@@ -167,15 +168,16 @@ def _prime(plan: Plan, backends: List[str]) -> None:
 
 def run(plan: Plan) -> Dict[str, Any]:
     """Time every case of ``plan``; return {"rows": [...], "backends": ..., "skipped": ...,
-    "interrupted": stopped by SIGINT before the last case}."""
+    "interrupted": stopped by SIGINT or SIGTERM before the last case}."""
     backends, skipped = select_backends(plan)
     _prime(plan, backends)
     rows: List[Row] = []
     try:
-        _time_cases(plan, backends, rows)
+        with sigterm_interrupts():
+            _time_cases(plan, backends, rows)
         interrupted = False
     except KeyboardInterrupt:
-        # a deadline (bench/gpu_check.sh sends SIGINT) or Ctrl-C: keep and report the rows timed so far
+        # a deadline (bench/gpu_check.sh sends SIGINT), Ctrl-C or kill: keep and report the rows timed so far
         plan.log(f"bench: interrupted after {len(rows)} rows; writing those")
         interrupted = True
     _derive(rows, plan)

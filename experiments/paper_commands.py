@@ -143,8 +143,10 @@ def time_all(device: str, rounds: int, out_dir: Path, shrink: Optional[Dict[str,
                                (platform.processor() or platform.machine()), "torch": torch.__version__,
                                "date": time.strftime("%Y-%m-%d", time.gmtime()), "images": list(images),
                                "shrink": shrink or {}, "papers": {}}
+    from bench.stopping import sigterm_interrupts
+
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with sigterm_interrupts(), tempfile.TemporaryDirectory() as tmp:
             write_standin_cifar10(Path(tmp), *images)
             for name, paper, shared, method, baseline in PAPERS:
                 if papers and name not in papers:
@@ -159,7 +161,7 @@ def time_all(device: str, rounds: int, out_dir: Path, shrink: Optional[Dict[str,
                     rows[role] = row
                 results["papers"][name]["grid_estimate_s"] = sum(
                     r["estimate_s"] * r["configurations"] * 5 for r in rows.values())
-    except KeyboardInterrupt:  # a deadline (bench/gpu_check.sh sends SIGINT): keep the slices timed so far
+    except KeyboardInterrupt:  # a deadline (gpu_check sends SIGINT) or kill (SIGTERM): keep the slices timed so far
         results["interrupted"] = True
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"paper-commands-{'cuda' if device.startswith('cuda') else 'cpu'}"
