@@ -119,34 +119,17 @@ def test_an_interrupted_run_writes_the_rows_it_timed(tmp_path, monkeypatch):
 def test_a_killed_run_writes_the_rows_it_timed(tmp_path, monkeypatch):
     """kill (SIGTERM) stops a run as SIGINT does: the rows timed so far are written; outside a run
     SIGTERM keeps its previous handler."""
-    import os
     import signal
 
     import bench.__main__ as bench_main
     import bench.runner as runner
 
-    timed = runner._case
-    calls = [0]
+    from interrupt import kill_on_call, sigterm_guard
 
-    def killed_on_third(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 3:
-            os.kill(os.getpid(), signal.SIGTERM)  # delivered before the next bytecode: KeyboardInterrupt
-        return timed(*args, **kwargs)
-
-    class Killed(Exception):
-        pass
-
-    def outside(signum, frame):  # what SIGTERM does here if the run does not take it over
-        raise Killed
-
-    monkeypatch.setattr(runner, "_case", killed_on_third)
-    previous = signal.signal(signal.SIGTERM, outside)
-    try:
+    monkeypatch.setattr(runner, "_case", kill_on_call(runner._case, 3))
+    with sigterm_guard() as outside:
         assert bench_main.main(["--smoke", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
         assert signal.getsignal(signal.SIGTERM) is outside
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     result = json.loads(next(tmp_path.glob("cpu-*-smoke.json")).read_text())
     assert result["interrupted"] is True and len(result["rows"]) == 2
 

@@ -83,30 +83,13 @@ def test_an_interrupted_timing_writes_the_slices_it_has(tmp_path, monkeypatch):
 
 def test_a_killed_timing_writes_the_slices_it_has(tmp_path, monkeypatch):
     """kill (SIGTERM) keeps the slices timed so far, as gpu_check's SIGINT does."""
-    import os
     import signal
 
-    timed = pc.time_slice
-    calls = [0]
+    from interrupt import kill_on_call, sigterm_guard
 
-    def killed_on_second(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return timed(*args, **kwargs)
-
-    class Killed(Exception):
-        pass
-
-    def outside(signum, frame):  # what SIGTERM does here if the timing does not take it over
-        raise Killed
-
-    monkeypatch.setattr(pc, "time_slice", killed_on_second)
-    previous = signal.signal(signal.SIGTERM, outside)
-    try:
+    monkeypatch.setattr(pc, "time_slice", kill_on_call(pc.time_slice, 2))
+    with sigterm_guard() as outside:
         pc.main(["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--out-dir", str(tmp_path)])
         assert signal.getsignal(signal.SIGTERM) is outside
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     res = json.loads((tmp_path / "paper-commands-cpu.json").read_text())
     assert res["interrupted"] and list(res["papers"]["fednar"]["rows"]) == ["method"]
