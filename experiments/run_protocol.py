@@ -438,17 +438,15 @@ def _fednar_variants(max_norm: float) -> List[Tuple[str, str, Dict[str, Any]]]:
 
 
 def fednar_wd_tuning(pilot: Dict[str, Any], ext: Ext) -> Grids:
-    """Per variant and weight decay: lr over L3 (and FedProx's μ over 0.01, 0.1, 1), grown until the
-    tuning seed's pick is inside."""
+    """Per variant: weight decay over FEDNAR_WD_GRID × lr over L3 (× FedProx's μ over 0.01, 0.1, 1);
+    the lr and μ ladders grow until the tuning seed's pick is inside."""
     out: Grids = {}
     for cell, algo, fixed in _fednar_variants(pilot["max_norm"]):
-        for wd in FEDNAR_WD_GRID:
-            m = f"{cell} wd={wd:g}"
-            lrs = ladder(0.03, HALF, 0, 2, *_grown(ext, m, "lr"))  # L3: 0.03, 0.0949, 0.3
-            mus = ladder(0.01, 10.0, 0, 2, *_grown(ext, m, "prox_mu")) if "fedprox" in algo else [None]
-            out[m] = {f"{algo}_wd{wd:g}_lr{_fmt(lr)}" + ("" if mu is None else f"_mu{_fmt(mu)}"):
-                      dict(algorithm=algo, weight_decay=wd, lr=lr, **fixed, **({} if mu is None else {"prox_mu": mu}))
-                      for lr in lrs for mu in mus}
+        lrs = ladder(0.03, HALF, 0, 2, *_grown(ext, cell, "lr"))  # L3: 0.03, 0.0949, 0.3
+        mus = ladder(0.01, 10.0, 0, 2, *_grown(ext, cell, "prox_mu")) if "fedprox" in algo else [None]
+        out[cell] = {f"{algo}_wd{wd:g}_lr{_fmt(lr)}" + ("" if mu is None else f"_mu{_fmt(mu)}"):
+                     dict(algorithm=algo, weight_decay=wd, lr=lr, **fixed, **({} if mu is None else {"prox_mu": mu}))
+                     for wd in FEDNAR_WD_GRID for lr in lrs for mu in mus}
     return out
 
 
@@ -458,15 +456,9 @@ def _key(cfg: Dict[str, Any]) -> str:
 
 
 def fednar_wd_methods(pilot: Dict[str, Any]) -> Grids:
-    """Per seed, each variant picks its weight decay (the four, each at its tuned lr and μ); one-point
-    cells at each weight decay give the per-wd comparisons."""
-    out: Grids = {}
-    for cell, _, _ in _fednar_variants(pilot["max_norm"]):
-        tuned = [pilot["tuned"][f"{cell} wd={wd:g}"] for wd in FEDNAR_WD_GRID]
-        out[cell] = {_key(cfg): cfg for cfg in tuned}
-        for wd, cfg in zip(FEDNAR_WD_GRID, tuned):
-            out[f"{cell} wd={wd:g}"] = {_key(cfg): cfg}
-    return out
+    """Each variant at its tuning-seed pick (weight decay, lr, μ) on the paired seeds."""
+    return {cell: {_key(pilot["tuned"][cell]): pilot["tuned"][cell]}
+            for cell, _, _ in _fednar_variants(pilot["max_norm"])}
 
 
 def experiments(dataset: str, data_dir: Optional[str], device: str = "cpu", client_parallel: int = 1
@@ -540,9 +532,7 @@ def experiments(dataset: str, data_dir: Optional[str], device: str = "cpu", clie
                    paper={"PAdaMFed vs FedAvg": "figures only (EMNIST): a much wider step-size range"}),
         Experiment("fednar-wd", dict(data, client_parallel=1, dirichlet_alpha=0.3, clients=100, clients_per_round=10,
                                      local_steps=20, batch_size=32, rounds=50, eval_every=50, round_decay=0.998),
-                   fednar_wd_methods, [(f"FedNAR-{b}", b, +1, "select") for b, _, _ in FEDNAR_BACKBONES]
-                   + [(f"FedNAR-{b} wd={wd:g}", f"{b} wd={wd:g}", +1, "select")
-                      for b, _, _ in FEDNAR_BACKBONES for wd in FEDNAR_WD_GRID],
+                   fednar_wd_methods, [(f"FedNAR-{b}", b, +1, "select") for b, _, _ in FEDNAR_BACKBONES],
                    "test_acc", "pooled test accuracy (%)", kind="norms", pilot=fednar_pilot,
                    tuning=Tuning(fednar_wd_tuning, axes=("lr", "prox_mu")),
                    paper={f"FedNAR-{b} vs {b}": p for (b, _, _), p in
