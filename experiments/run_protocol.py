@@ -76,6 +76,7 @@ class Tuning:
     methods: Callable[[Dict[str, Any], Dict[Tuple[str, str], Tuple[int, int]]], Dict[str, Dict[str, Dict[str, Any]]]]
     axes: Sequence[str] = ("lr",)
     seed: int = 1000
+    floors: Sequence[str] = ()  # axes whose ladder never grows below its first value
 
 
 Grids = Dict[str, Dict[str, Dict[str, Any]]]
@@ -534,7 +535,8 @@ def experiments(dataset: str, data_dir: Optional[str], device: str = "cpu", clie
                                      local_steps=20, batch_size=32, rounds=50, eval_every=50, round_decay=0.998),
                    fednar_wd_methods, [(f"FedNAR-{b}", b, +1, "select") for b, _, _ in FEDNAR_BACKBONES],
                    "test_acc", "pooled test accuracy (%)", kind="norms", pilot=fednar_pilot,
-                   tuning=Tuning(fednar_wd_tuning, axes=("lr", "prox_mu")),
+                   # μ → 0 is FedAvg, tuned in its own cell: FedProx's μ ladder does not grow below 0.01
+                   tuning=Tuning(fednar_wd_tuning, axes=("lr", "prox_mu"), floors=("prox_mu",)),
                    paper={f"FedNAR-{b} vs {b}": p for (b, _, _), p in
                           zip(FEDNAR_BACKBONES, ("CIFAR-10 Dir(0.3): 87.64 vs 85.19", "87.45 vs 85.02",
                                                  "89.17 vs 86.89"))}),
@@ -650,8 +652,8 @@ def _check_sources(exp_name: str, methods: Grids, run_dir: Path, todo: set, key:
 
 
 def run_grid(exp: Experiment, methods_fn: Callable, axes: Sequence[str], rule: str, pilot: Dict[str, Any],
-             seeds: Sequence[int], run_dir: Path, args: argparse.Namespace, prov: Dict[str, Any], label: str
-             ) -> Tuple[Grids, Dict, List[int], Ext]:
+             seeds: Sequence[int], run_dir: Path, args: argparse.Namespace, prov: Dict[str, Any], label: str,
+             floors: Sequence[str] = ()) -> Tuple[Grids, Dict, List[int], Ext]:
     """Run every point of every method on every seed (skipping runs on disk), growing the grids by
     the edge rule until no pick touches an end (or a ladder has grown MAX_EXTRA steps on a side).
     Returns the final grids, their runs, the seeds with every run on disk, and the growth."""
@@ -675,6 +677,8 @@ def run_grid(exp: Experiment, methods_fn: Callable, axes: Sequence[str], rule: s
             raise SystemExit(f"[{label}] no seed has all its runs in {run_dir}")
         runs = {k: {s: json.loads((run_dir / f"{k}__s{s}.json").read_text()) for s in done} for k in points}
         grow = edges(exp, methods, runs, done, axes, rule) if axes else {}
+        grow = {key: (0 if key[1] in floors else lo, hi) for key, (lo, hi) in grow.items()}
+        grow = {key: v for key, v in grow.items() if v != (0, 0)}
         new = dict(ext)
         for (m, axis), (lo, hi) in grow.items():
             below, above = new.get((m, axis), (0, 0))
@@ -739,7 +743,7 @@ def run_experiment(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
     if exp.tuning is not None:
         t_methods, t_runs, _, t_ext = run_grid(exp, exp.tuning.methods, exp.tuning.axes, "select", pilot,
                                                [exp.tuning.seed], out_dir / exp.name / "tuning", args, prov,
-                                               exp.name + " tuning")
+                                               exp.name + " tuning", exp.tuning.floors)
         picks = {m: select(list(g), t_runs, exp.tuning.seed) for m, g in t_methods.items()}
         pilot = dict(pilot, tuned={m: t_methods[m][k] for m, k in picks.items()})
         tuning_summary = {"seed": exp.tuning.seed, "picks": picks, "grown": {f"{m} {a}": v for (m, a), v in t_ext.items()},

@@ -275,3 +275,17 @@ def test_design_b_takes_fednlr_at_fedavgs_selected_lr():
 def test_verdict_states_the_two_sided_p():
     v = rp.verdict([1.0, 2.0, 3.0], +1)  # t = 2 / (1 / sqrt 3) = 3.464 at 2 degrees of freedom
     assert math.isclose(v["t"], 2 * math.sqrt(3)) and math.isclose(v["p_two_sided"], 0.07417, rel_tol=1e-3)
+
+
+def test_a_floor_axis_does_not_grow_below_its_first_value(tmp_path, monkeypatch):
+    """FedProx's μ ladder stops at 0.01 (μ → 0 is FedAvg); its lr ladder still grows."""
+    def measure(kind, cfg, pilot):
+        score = -abs(math.log10(cfg["lr"]) - math.log10(0.5)) - cfg.get("prox_mu", 0.0) - cfg["weight_decay"]
+        return {"val_score": score, "test_acc": 0.5, "seconds": 0.0, "norm_median": 1.0, "norm_steps": 1}
+    monkeypatch.setattr(rp, "measure", measure)
+    exp = rp.dataclasses.replace(EXPS["fednar-wd"], pilot=lambda e, a: {"max_norm": 1.0}, kind="final")
+    args = rp.parse_args(["fednar-wd", "--dataset", "digits", "--out", str(tmp_path), "--seeds", "0"])
+    payload = rp.run_experiment(exp, args)
+    grown = payload["tuning"]["grown"]
+    assert tuple(grown["FedProx lr"]) == (0, 1) and "FedProx prox_mu" not in grown
+    assert payload["pilot"]["tuned"]["FedProx"]["prox_mu"] == 0.01 and tuple(grown["FedAvg lr"]) == (0, 1)
