@@ -15,7 +15,7 @@ from fedopt_kernels.fl import algorithm, catalogue
 from fedopt_kernels.core.optimizer import FedOptimizer
 from fedopt_kernels.fl.server_rules import RULES
 from fedopt_kernels.fl.algorithm import Algorithm, Variant
-from fedopt_kernels.batched._client_batched import ClientBatched
+from fedopt_kernels.batched.mixin import ClientBatched
 from fedopt_kernels.fl.config import FLConfig, algorithm_settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -221,7 +221,7 @@ def _documented_hooks() -> Set[str]:
 def _overridden_hooks() -> Dict[str, Set[str]]:
     """Base members (``_x``) each optimizer class and the client-batched mixin define again."""
     import fedopt_kernels  # noqa: F401  (registers every algorithm)
-    from fedopt_kernels.batched._client_batched import ClientBatched
+    from fedopt_kernels.batched.mixin import ClientBatched
     from fedopt_kernels.core.optimizer import FedOptimizer
     from fedopt_kernels.fl import algorithm
 
@@ -243,7 +243,7 @@ def test_every_overridden_optimizer_hook_is_documented():
 
 
 def test_every_documented_hook_exists():
-    from fedopt_kernels.batched._client_batched import ClientBatched
+    from fedopt_kernels.batched.mixin import ClientBatched
     from fedopt_kernels.core.optimizer import FedOptimizer
 
     documented = _documented_hooks()

@@ -8,7 +8,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from ..batched._client_batched import ClientBatched
+from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED
 from ..core.schedules import DecaySchedule, ScheduleLike
 from ..fl import algorithm

@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..batched._client_batched import ClientBatched
+from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED
 from ..core.optimizer import ROUND_KEY, check_number, check_tensor_list, round_entry
 from ..core.schedules import DecaySchedule, ScheduleLike

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional
 
-from ..batched._client_batched import ClientBatched
+from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED, FEDNAR
 from ..core.optimizer import FedOptimizer, check_number
 from ..fl import algorithm

@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..batched._client_batched import ClientBatched
+from ..batched.mixin import ClientBatched
 from ..core import dtensor as _dtensor
 from ..core.ops import BATCHED
 from ..core.optimizer import state_dtype

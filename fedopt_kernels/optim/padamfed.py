@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..batched._client_batched import ClientBatched
+from ..batched.mixin import ClientBatched
 from ..core import dtensor as _dtensor
 from ..core.ops import BATCHED, PADAMFED
 from ..core.optimizer import FedOptimizer, check_number, check_tensor_list, state_dtype
