@@ -3,8 +3,8 @@ variate on the server, ``c_i`` on each client.
 
 Before the first round every client computes its initial control (the mean of K stochastic
 gradients at the initial model) in a ``"train.init_controls"`` message and keeps it; the server
-averages the replies into ``c`` and ``m`` (``server_rules.padamfed_init``). Each round sends
-``c`` and ``m`` with the model; the server step is ``server_rules.padamfed_step``.
+averages the replies into ``c`` and ``m`` (``fedopt_kernels.optim.padamfed.padamfed_init``). Each round sends
+``c`` and ``m`` with the model; the server step is ``padamfed_step`` there.
 """
 
 from __future__ import annotations

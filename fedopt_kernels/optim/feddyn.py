@@ -7,6 +7,7 @@ as the state tensor the step reads (negation is exact), so a step makes no copy 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -17,9 +18,7 @@ from ..core.optimizer import ROUND_KEY, check_number, check_tensor_list, round_e
 from ..core.schedules import DecaySchedule, ScheduleLike
 from ..fl import algorithm
 from ..fl.algorithm import BenchCase, Variant
-
-# re-exported here: the rule and its arithmetic live beside the other rules'
-from ..fl.server_rules import FedDynRule, feddyn_server_step
+from ..fl.server_rules import ServerRule, check_like, check_updates, register_rule
 from .feddecay import FedDecaySGD
 from .sgd import SGDAlgorithm, SGDFamily
 
@@ -247,6 +246,66 @@ class BatchedFedDyn(ClientBatched, FedDyn):
         return [self.schedule.factor(k) for k in self.round_step]
 
 
+# ---------------------------------------------------------------------------- the server
+@torch.no_grad()
+def feddyn_server_step(
+    x: Sequence[torch.Tensor],
+    h: Sequence[torch.Tensor],
+    deltas: Sequence[Sequence[torch.Tensor]],
+    alpha: float,
+    num_clients: int,
+) -> Tuple[Tensors, Tensors]:
+    """FedDyn's server step ("Federated Learning Based on Dynamic Regularization", Acar, Zhao,
+    Matas, Mattina, Whatmough, Saligrama; ICLR 2021).
+
+    ``delta_i = x_i - x`` is replying client i's model minus the global one, ``m = num_clients``
+    the number of clients in the federation (not only this round's), ``h`` the server state (zeros
+    at the start)::
+
+        h'  = h - (alpha / m) * sum_i delta_i
+        x'  = x + mean_i(delta_i) - h' / alpha         (unweighted mean over the replying clients)
+
+    Returns ``(x', h')``; nothing is modified in place and clients are summed in the order given.
+    """
+    check_updates("deltas", deltas, x)
+    check_like("h", h, x)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < len(deltas):
+        raise ValueError(
+            f"num_clients must be an integer >= the number of deltas ({len(deltas)}): it counts every "
+            f"client of the federation, got {num_clients!r}"
+        )
+    S = len(deltas)
+    x_out, h_out = [], []
+    for j, xj in enumerate(x):
+        total = torch.zeros_like(xj)
+        for d in deltas:  # the order given: deterministic sums
+            total.add_(d[j])
+        hj = h[j].clone().sub_(total, alpha=alpha / num_clients)
+        x_out.append(xj.clone().add_(total, alpha=1.0 / S).sub_(hj, alpha=1.0 / alpha))
+        h_out.append(hj)
+    return x_out, h_out
+
+
+class FedDynRule(ServerRule):
+    """FedDyn's server: ``h`` kept by the server, ``g_i`` by each client (``feddyn_server_step``)."""
+
+    name = "feddyn"
+    state = ("h",)
+    keeps = True
+
+    def client_inputs(self, got, kept, x):
+        return {"dyn_grad": kept if kept is not None else [torch.zeros_like(v) for v in x]}
+
+    def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):
+        return opt.dyn_grad(), {}  # the round was ended (end_round) before the client finishes
+
+    def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
+        new_x, h = feddyn_server_step(x, state["h"], deltas, hp["dyn_alpha"], num_clients)
+        return {"x": new_x, "h": h}
+
+
 class _FedDyn(SGDAlgorithm):
     def hparams(self, cfg, variant):
         return {**super().hparams(cfg, variant), "dyn_alpha": 0.01 if cfg.dyn_alpha is None else cfg.dyn_alpha}
@@ -272,6 +331,7 @@ class _FedDyn(SGDAlgorithm):
         return (("momentum_buffer",) if kwargs.get("momentum", 0) else ()) + ("x0", "correction")
 
 
+register_rule(FedDynRule())
 DESCRIPTOR = algorithm.register(
     _FedDyn(
         "feddyn",
