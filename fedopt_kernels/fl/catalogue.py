@@ -6,13 +6,14 @@ PAdaMFed controls) and per step (PAdaMFed-VR anchor gradients), from seeds, so t
 two backends see exactly the same inputs. The equivalence harness, the property tests, the
 self-check, the torch.compile / AMP tests and the benchmark all take their configurations from
 here. The option sets themselves are part of each algorithm's descriptor
-(``fedopt_kernels.fl.algorithm``): an algorithm registered there is covered by every check.
+(``fedopt_kernels.fl.algorithm``), read when asked for (``ALGOS`` is a live view of the registry):
+an algorithm registered there, whenever that happens, is covered by every check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
 
 import torch
 
@@ -115,10 +116,8 @@ class Config:
         return out
 
     def step_inputs(self, params: Tensors, step: int, seed: int = 0) -> Dict[str, Any]:
-        """``step`` keyword inputs of global step ``step``."""
-        if self.kwargs.get("variance_reduction"):
-            return {"anchor_grads": rand_like_list(params, seed + 7 * step + 3, scale=1.0)}
-        return {}
+        """``step`` keyword inputs of global step ``step`` (the algorithm's descriptor makes them)."""
+        return algorithm.of_optimizer(self.cls).step_inputs(self.kwargs, params, seed + 7 * step + 3)
 
     def present(self) -> Tuple[str, ...]:
         """The optional roles of the op this configuration's steps use (for traffic figures)."""
@@ -147,7 +146,27 @@ def _algo(name: str, cls: Type[FedOptimizer], full: str, options: Mapping[str, M
     return algo
 
 
-ALGOS: Dict[str, Algo] = {a.name: _algo(a.name, a.optimizer, a.full, a.options) for a in algorithm.ALGORITHMS.values()}
+class _Catalogue(Mapping[str, Algo]):
+    """Every registered algorithm's option sets, by algorithm name, read from the registry when asked."""
+
+    def __init__(self) -> None:
+        self._made: Dict[str, Tuple[algorithm.Algorithm, Algo]] = {}
+
+    def __getitem__(self, name: str) -> Algo:
+        a = algorithm.ALGORITHMS[name]
+        made = self._made.get(name)
+        if made is None or made[0] is not a:
+            made = self._made[name] = (a, _algo(a.name, a.optimizer, a.full, a.options))
+        return made[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(algorithm.ALGORITHMS))
+
+    def __len__(self) -> int:
+        return len(algorithm.ALGORITHMS)
+
+
+ALGOS: Mapping[str, Algo] = _Catalogue()
 
 
 def config(algo: str, option: Optional[str] = None) -> Config:

@@ -8,7 +8,7 @@ as the state tensor the step reads (negation is exact), so a step makes no copy 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -17,7 +17,7 @@ from ..core.ops import BATCHED
 from ..core.optimizer import ROUND_KEY, check_number, check_tensor_list, round_entry
 from ..core.schedules import DecaySchedule, ScheduleLike
 from ..fl import algorithm
-from ..fl.algorithm import BenchCase, Variant
+from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
 from ..fl.server_rules import ServerRule, check_like, check_updates, register_rule
 from .feddecay import FedDecaySGD
 from .sgd import SGDAlgorithm, SGDFamily
@@ -306,6 +306,25 @@ class FedDynRule(ServerRule):
         return {"x": new_x, "h": h}
 
 
+class ProxSGD(torch.optim.SGD):
+    """FedDyn as a user writes it with torch (the benchmark's baseline): ``grad += alpha * (x - x0) - g_i``
+    with foreach ops, then ``SGD(fused=True)`` with the same momentum, dampening and weight decay."""
+
+    def __init__(self, params: List[torch.Tensor], kwargs: Mapping[str, Any]):
+        sgd = {k: kwargs[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov") if k in kwargs}
+        super().__init__(params, **sgd, fused=True)
+        self.params, self.alpha = list(params), kwargs["alpha"]
+        self.x0 = [p.detach().clone() for p in params]
+        self.g_i = [torch.randn_like(p) for p in params]
+
+    def step(self, closure=None):
+        grads = [p.grad for p in self.params]
+        torch._foreach_add_(grads, self.params, alpha=self.alpha)
+        torch._foreach_add_(grads, self.x0, alpha=-self.alpha)
+        torch._foreach_sub_(grads, self.g_i)
+        return super().step(closure)
+
+
 class _FedDyn(SGDAlgorithm):
     def hparams(self, cfg, variant):
         return {**super().hparams(cfg, variant), "dyn_alpha": 0.01 if cfg.dyn_alpha is None else cfg.dyn_alpha}
@@ -338,12 +357,31 @@ DESCRIPTOR = algorithm.register(
         FedDyn,
         BatchedFedDyn,
         title="Federated Learning Based on Dynamic Regularization",
-        settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay", "dyn_alpha"),
+        settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay"),
+        run_settings=(
+            Setting(
+                "dyn_alpha", float, None, "FedDyn's regularisation coefficient alpha (default 0.01)", low_open=True
+            ),
+        ),
         variants=(Variant("feddyn", "feddyn"),),
+        flower=(
+            FlowerName(
+                "FedDynStrategy",
+                "feddyn",
+                aliases={"alpha": "dyn_alpha"},
+                doc="Dynamic regularization: each client keeps g_i, the server keeps h (FedDyn's rule).",
+            ),
+        ),
         round_outputs=("dyn_grad",),
         full="momentum",
         bench=(
-            BenchCase("feddyn", "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)", "momentum", core=True, prox_sgd=True),
+            BenchCase(
+                "feddyn",
+                "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)",
+                "momentum",
+                core=True,
+                baselines=(Baseline("torch foreach+SGD(fused)", ProxSGD),),
+            ),
         ),
         # every option set uses the x0 and correction roles (alpha * (x - x0) and -g_i)
         options={

@@ -12,7 +12,7 @@ from ..core import dtensor as _dtensor
 from ..core.ops import BATCHED, PADAMFED
 from ..core.optimizer import FedOptimizer, check_number, check_tensor_list, state_dtype
 from ..fl import algorithm
-from ..fl.algorithm import Algorithm, BenchCase, Variant
+from ..fl.algorithm import Algorithm, BenchCase, FlowerName, Variant
 from ..fl.server_rules import ServerRule, Tensors, check_like, check_updates, register_rule
 
 
@@ -355,8 +355,52 @@ class _PAdaMFed(Algorithm):
     def needs_anchor(self, variant):
         return bool(variant.options.get("variance_reduction"))
 
+    def step_inputs(self, kwargs, params, seed):
+        if not kwargs.get("variance_reduction"):
+            return {}
+        g = torch.Generator().manual_seed(seed)
+        return {"anchor_grads": [torch.randn(p.shape, generator=g).to(dtype=p.dtype, device=p.device) for p in params]}
+
     def present(self, kwargs, correction, scales):
         return ("D", "acc") + (("anchor_grad",) if kwargs.get("variance_reduction") else ())
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def strategy_keywords(
+    *,
+    num_rounds: int,
+    clients_per_round: int,
+    local_steps: int = 10,
+    variance_reduction: bool = False,
+    lr: Optional[float] = None,
+    server_lr: Optional[float] = None,
+    beta: Optional[float] = None,
+    **strategy: Any,
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """``PAdaMFedStrategy``'s keywords as (FLConfig keywords, strategy keywords): the theory step sizes
+    ``theory_hparams(clients_per_round, local_steps, num_rounds)`` unless lr, server_lr, beta are given;
+    ``clients_per_round`` is also the number sampled (so ``fraction_train`` does not apply)."""
+    _count("num_rounds", num_rounds)
+    _count("clients_per_round", clients_per_round)
+    if "fraction_train" in strategy:
+        raise ValueError("PAdaMFed samples clients_per_round clients; fraction_train does not apply")
+    cfg = dict(
+        algorithm="padamfed-vr" if variance_reduction else "padamfed",
+        rounds=num_rounds,
+        clients=clients_per_round,
+        holdout_fraction=0.0,
+        clients_per_round=clients_per_round,
+        local_steps=local_steps,
+        lr=lr,
+        server_lr=server_lr,
+        beta=beta,
+    )
+    return cfg, {"clients_per_round": clients_per_round, **strategy}
 
 
 register_rule(PAdaMFedRule())
@@ -378,6 +422,16 @@ DESCRIPTOR = algorithm.register(
             Variant("padamfed-vr", "padamfed", options={"variance_reduction": True}),
         ),
         round_outputs=("local_control",),
+        flower=(
+            FlowerName(
+                "PAdaMFedStrategy",
+                {False: "padamfed", True: "padamfed-vr"},
+                choose="variance_reduction",
+                keywords=strategy_keywords,
+                doc="Keywords: num_rounds, clients_per_round (required), local_steps, variance_reduction, "
+                "lr, server_lr, beta (default: the theory step sizes), and the strategy's.",
+            ),
+        ),
         full="controls",
         bench=(
             BenchCase("padamfed", "PAdaMFed beta=0.3, controls", "controls", core=True),
