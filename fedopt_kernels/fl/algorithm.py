@@ -183,6 +183,9 @@ class FlowerName:
 class Algorithm:
     """The descriptor of one algorithm; subclasses override the client-side hooks that differ.
 
+    ``closure_step`` (class attribute): a step takes two gradients, the second computed by the
+    closure of ``step(closure)`` at the parameters the step moved to (FedSAM).
+
     Attributes set by the constructor: ``name`` (the catalogue's name), ``optimizer`` (the
     per-client class), ``batched`` (its client-batched form), ``options`` / ``full`` (catalogue
     option sets, in ``catalogue.Config``'s keyword format, and the one that exercises every role),
@@ -193,6 +196,8 @@ class Algorithm:
     (its benchmark rows), ``run_settings`` (its own ``Setting`` declarations), ``flower`` (its
     Flower strategy names, ``FlowerName``).
     """
+
+    closure_step = False
 
     def __init__(
         self,
@@ -286,9 +291,12 @@ class Algorithm:
 
     def local_step(self, opt: Any, recompute: Callable[[], Any]) -> None:
         """One local step of ``opt``, whose gradients are in ``p.grad``. ``recompute()`` computes the
-        loss and gradients again on the same batch at the parameters as they are now (FedSAM's second
-        gradient at the perturbed model takes it as its closure); most algorithms take ``opt.step()``."""
-        opt.step()
+        loss and gradients again on the same batch at the parameters as they are then: the closure of
+        an algorithm with ``closure_step`` (FedSAM's second gradient, at the perturbed model)."""
+        if self.closure_step:
+            opt.step(recompute)
+        else:
+            opt.step()
 
     def round_lr(self, hp: Mapping[str, Any], t: int) -> Optional[float]:
         """The lr a client's param groups get at round ``t``; None: the optimizer anneals by itself."""
@@ -401,6 +409,23 @@ def settings_for_config() -> List[Setting]:
 def flower_names() -> Dict[str, FlowerName]:
     """Every declared Flower strategy name -> its declaration, in registration order."""
     return {f.name: f for a in ALGORITHMS.values() for f in a.flower}
+
+
+def index_markdown() -> str:
+    """The table of algorithms docs/algorithms.md and README.md show, one row per registered algorithm:
+    its optimizer, what it does (the first line of the optimizer's docstring), its ``fedopt-sim``
+    names, its Flower strategies and its paper (tests/test_adding_an_algorithm.py keeps both in step)."""
+    rows = [
+        "| optimizer | what it does | `fedopt-sim --algorithm` | Flower strategy | paper |",
+        "|---|---|---|---|---|",
+    ]
+    for a in ALGORITHMS.values():
+        doc = (a.optimizer.__doc__ or "").strip().splitlines()
+        what = doc[0].rstrip(".") if doc else ""
+        names = ", ".join(f"`{v.name}`" for v in a.variants)
+        flower = ", ".join(f"`{f.name}`" for f in a.flower) or "via `strategy_for`"
+        rows.append(f"| `{a.optimizer.__name__}` | {what} | {names} | {flower} | *{a.title}* |")
+    return "\n".join(rows) + "\n"
 
 
 def variant(name: str) -> Variant:

@@ -41,6 +41,20 @@ def scales_for(params: Tensors, seed: int, every: bool = False) -> Dict[torch.Te
     return out
 
 
+class SecondGradient:
+    """The closure a catalogue step that takes one gets (FedSAM's): it sets each parameter's gradient
+    to ``base + x``, seeded noise plus the parameter as it is then, so that where the step moved the
+    parameters before calling it shows in what the step does next."""
+
+    def __init__(self, params: Tensors, bases: Tensors):
+        self.params, self.bases = params, bases
+
+    def __call__(self) -> None:
+        for p, b in zip(self.params, self.bases):
+            if p.grad is not None:
+                p.grad = b + p.detach()
+
+
 @dataclass(frozen=True)
 class Config:
     """One option set of one algorithm.
@@ -95,12 +109,25 @@ class Config:
                 out[key] = [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(stacked))]
         return out
 
-    def batched_step_inputs(self, clients: List[Tensors], step: int, seed: int = 0) -> Dict[str, Any]:
+    def batched_step_inputs(
+        self, clients: List[Tensors], step: int, seed: int = 0, stacked: Optional[Tensors] = None
+    ) -> Dict[str, Any]:
+        """Client c's ``step_inputs(clients[c], step, seed + 100 c)``, stacked; a closure's seeded
+        gradients too, on ``stacked`` (the client-batched parameters; by default the tensors that
+        ``clients[c]``, views ``stacked[i][c]``, view)."""
         per = [self.step_inputs(ps, step, seed + 100 * c) for c, ps in enumerate(clients)]
-        return {
-            key: [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(clients[0]))]
-            for key in (per[0] if per else ())
-        }
+        out: Dict[str, Any] = {}
+        for key in per[0] if per else ():
+            if isinstance(per[0][key], SecondGradient):
+                if stacked is None:
+                    stacked = [t._base for t in clients[0]]
+                    if any(t is None or t.shape[0] != len(clients) for t in stacked):
+                        raise ValueError("a step with a closure needs the stacked parameters (stacked=...)")
+                bases = [torch.stack([per[c][key].bases[i] for c in range(len(clients))]) for i in range(len(stacked))]
+                out[key] = SecondGradient(list(stacked), bases)
+            else:
+                out[key] = [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(clients[0]))]
+        return out
 
     def round_inputs(self, params: Tensors, rnd: int, seed: int = 0) -> Dict[str, Any]:
         """``start_round`` inputs of round ``rnd`` (``params`` in the optimizer's order)."""
@@ -116,8 +143,13 @@ class Config:
         return out
 
     def step_inputs(self, params: Tensors, step: int, seed: int = 0) -> Dict[str, Any]:
-        """``step`` keyword inputs of global step ``step`` (the algorithm's descriptor makes them)."""
-        return algorithm.of_optimizer(self.cls).step_inputs(self.kwargs, params, seed + 7 * step + 3)
+        """``step`` keyword inputs of global step ``step`` (the algorithm's descriptor makes them; a
+        step that takes a closure gets a ``SecondGradient``)."""
+        a = algorithm.of_optimizer(self.cls)
+        out = a.step_inputs(self.kwargs, params, seed + 7 * step + 3)
+        if a.closure_step:
+            out["closure"] = SecondGradient(list(params), rand_like_list(params, seed + 7 * step + 5, 1.0))
+        return out
 
     def present(self) -> Tuple[str, ...]:
         """The optional roles of the op this configuration's steps use (for traffic figures)."""
