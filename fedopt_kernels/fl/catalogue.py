@@ -120,11 +120,12 @@ class Config:
         for key in per[0] if per else ():
             if isinstance(per[0][key], SecondGradient):
                 if stacked is None:
-                    stacked = [t._base for t in clients[0]]
-                    if any(t is None or t.shape[0] != len(clients) for t in stacked):
+                    bases = [t._base for t in clients[0]]
+                    if any(t is None or t.shape[0] != len(clients) for t in bases):
                         raise ValueError("a step with a closure needs the stacked parameters (stacked=...)")
-                bases = [torch.stack([per[c][key].bases[i] for c in range(len(clients))]) for i in range(len(stacked))]
-                out[key] = SecondGradient(list(stacked), bases)
+                    stacked = [t for t in bases if t is not None]
+                seeded = [torch.stack([per[c][key].bases[i] for c in range(len(clients))]) for i in range(len(stacked))]
+                out[key] = SecondGradient(list(stacked), seeded)
             else:
                 out[key] = [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(clients[0]))]
         return out

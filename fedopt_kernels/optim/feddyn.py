@@ -34,7 +34,7 @@ def _compute(t: torch.Tensor) -> torch.Tensor:
 
 
 class FedDyn(FedDecaySGD):
-    r"""Client optimizer of FedDyn (dynamic regularization).
+    r"""Dynamic regularization: a per-client linear term and a proximal term (FedDyn).
 
     From "Federated Learning Based on Dynamic Regularization" (Durmus Alp Emre Acar, Yue Zhao,
     Ramon Matas, Matthew Mattina, Paul Whatmough, Venkatesh Saligrama; ICLR 2021).

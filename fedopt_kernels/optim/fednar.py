@@ -15,7 +15,7 @@ from ..fl.server_rules import RULES
 
 
 class FedNAR(FedOptimizer):
-    r"""Federated optimization with Normalized Annealing Regularization (FedNAR).
+    r"""Co-clipping of gradient and weight decay, annealed per round (FedNAR).
 
     From "FedNAR: Federated Optimization with Normalized Annealing Regularization" (Junbo Li, Ang Li,
     Chong Tian, Qirong Ho, Eric P. Xing, Hongyi Wang; NeurIPS 2023), Eq. 3-4 and Alg. 2. With ``t``

@@ -17,8 +17,10 @@ from ..fl.server_rules import ServerRule, Tensors, check_like, check_updates, re
 
 
 class PAdaMFed(FedOptimizer):
-    r"""Client optimizer of PAdaMFed, from "Problem-Parameter-Free Federated Learning" (Wenjing Yan, Kai
-    Zhang, Xiaolu Wang, Xuanyu Cao), Alg. 1 and Thm. 1-2.
+    r"""Normalized momentum with control variates, parameter-free step sizes (PAdaMFed).
+
+    The client optimizer of "Problem-Parameter-Free Federated Learning" (Wenjing Yan, Kai Zhang,
+    Xiaolu Wang, Xuanyu Cao), Alg. 1 and Thm. 1-2.
 
     Per round the client receives the global control ``c``, the global momentum ``m`` and keeps its
     own control ``c_i``: ``start_round(global_control=c, local_control=c_i, momentum=m)`` (missing
