@@ -112,11 +112,12 @@ def test_registering_a_name_twice_is_refused():
         algorithm.register(a)
 
 
-# where an algorithm's name may stand as a string: its own module (optim/), the kernels, and these
-# few places that name one on purpose (a default, the benchmark's goals and its client-batched workload)
+# where an algorithm's name may stand as a string: its own module (optim/), the kernels, the shared
+# server rules (SCAFFOLD's rule is called "scaffold", as its variant), and these few places that name
+# one on purpose (a default, the benchmark's goals and its client-batched workload)
 _NAME_FOLDERS = ("fedopt_kernels/optim/", "fedopt_kernels/core/reference/", "fedopt_kernels/core/backends/",
                  "triton_kernels/")
-_NAME_HOMES = {"fedopt_kernels/core/ops.py"}
+_NAME_HOMES = {"fedopt_kernels/core/ops.py", "fedopt_kernels/fl/server_rules.py"}
 _NAMED_ON_PURPOSE = {"fedopt_kernels/fl/config.py": {"fedavg"}, "fedopt_kernels/flower/runconfig.py": {"fedavg"},
                      "bench/goals.py": {"feddecay", "fednar", "padamfed"}, "bench/clients.py": {"fednar"}}
 

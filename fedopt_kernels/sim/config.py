@@ -8,12 +8,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ..fl.algorithm import VARIANTS, Variant
+from ..fl.algorithm import VARIANTS
 from ..fl.config import FLConfig, check_choice, check_integer, check_real
 from .models.build import MODELS, TEXT_MODELS
 
-# the simulator's algorithm names: every registered variant (fedopt_kernels.fl.algorithm)
-ALGORITHMS: Dict[str, Variant] = VARIANTS
+# What ``--algorithm`` names is a *variant* (fedavg, fedprox, scaffold, ... each an algorithm's
+# optimizer on a server rule): every registered one, fedopt_kernels.fl.algorithm.VARIANTS. The
+# algorithms themselves (an optimizer and its descriptor) are fedopt_kernels.fl.algorithm.ALGORITHMS.
 DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "femnist", "mnist", "fmnist", "shakespeare")
 FOLDER_DATASETS = (
     "cifar10",
@@ -64,7 +65,7 @@ class SimConfig(FLConfig):
     def validate(self) -> SimConfig:
         """Raise ValueError naming the first parameter that is out of range; return self."""
         choice, integer, number = check_choice, check_integer, check_real
-        choice("algorithm", self.algorithm, ALGORITHMS)
+        choice("algorithm", self.algorithm, VARIANTS)
         choice("dataset", self.dataset, DATASETS)
         choice("model", self.model, MODELS)
         choice("device", self.device, DEVICES)
@@ -208,3 +209,20 @@ class SimConfig(FLConfig):
         d = dataclasses.asdict(self)
         d["split"] = list(self.split)
         return d
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ALGORITHMS":  # the earlier name of VARIANTS here, which held variants, not algorithms
+        import warnings
+
+        warnings.warn(
+            "fedopt_kernels.sim.config.ALGORITHMS is fedopt_kernels.sim.VARIANTS (variants, not "
+            "algorithms: fedopt_kernels.fl.algorithm.ALGORITHMS holds those)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return VARIANTS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["SimConfig", "VARIANTS", "DATASETS", "PARTITIONS", "DEVICES", "FOLDER_DATASETS", "NATURAL_DATASETS"]

@@ -25,7 +25,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ...fl.config import algorithm_settings
-from ..config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
+from ..config import DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, VARIANTS, SimConfig
 from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
@@ -57,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"scikit-learn digits, FedProx Synthetic(alpha, beta); {_folder_datasets()} from --data-dir).",
     )
     g = p.add_argument_group("algorithm")
-    g.add_argument("--algorithm", default=d.algorithm, help=f"one of: {', '.join(ALGORITHMS)} (default %(default)s)")
+    g.add_argument(
+        "--algorithm",
+        default=d.algorithm,
+        metavar="NAME",
+        help=f"the FL algorithm, one of: {', '.join(VARIANTS)} (default %(default)s)",
+    )
     for f in algorithm_settings(SimConfig):  # the algorithms' own settings, declared with their fields
         kind = f.metadata["type"]
         g.add_argument(
