@@ -1,6 +1,6 @@
 """The package's folders are its layers, and every name the documentation gives still imports.
 
-Layers, lowest first (README, "Layout"): ``core`` (kernel dispatch, no FL concepts; the Triton
+Layers, lowest first (README, "Layout"; docs/dispatch.md): ``core`` (kernel dispatch, no FL concepts; the Triton
 sources installed as ``fedopt_kernels.triton_kernels`` belong to it), ``fl`` (descriptors, settings,
 server rules, the client round), ``batched`` (the client-batched mixin), ``optim`` (the optimizers),
 the package's ``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module

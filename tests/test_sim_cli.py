@@ -195,6 +195,35 @@ def test_quiet_hides_the_bar_not_the_timing_line(capsys):
     assert re.search(r"^seed 0: 2 rounds in \d+\.\d s \(backend reference, device cpu\)$", err, re.M), err
 
 
+def test_client_parallel_says_when_it_trains_another_number_of_clients(capsys):
+    """--client-parallel 10 with 2 clients sampled per round trains 2 at once, and says so."""
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--client-parallel", "10"]) == 0
+    err = capsys.readouterr().err
+    assert "seed 0: --client-parallel 10 trains 2 clients at once (all 2 sampled clients of a round)" in err, err
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--client-parallel", "2"]) == 0
+    assert "--client-parallel 2 trains" not in capsys.readouterr().err
+
+
+def test_a_resumed_run_reports_the_rounds_it_ran(tmp_path, monkeypatch, capsys):
+    args = ["--clients", "10", "--rounds", "3", "--local-steps", "1", "--clients-per-round", "2", "--finetune-steps",
+            "1", "--quiet", "--algorithm", "fedavg", "--checkpoint-every", "1", "--out", str(tmp_path / "run")]
+    real = Simulation.run_round
+
+    def stop_at_round_2(self, t):
+        if t == 1:
+            raise KeyboardInterrupt  # stopped after round 1 (checkpointed)
+        return real(self, t)
+
+    monkeypatch.setattr(Simulation, "run_round", stop_at_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        fedopt_sim.main(args)
+    monkeypatch.setattr(Simulation, "run_round", real)
+    capsys.readouterr()
+    assert fedopt_sim.main(args + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^seed 0: 2 rounds \(2-3, resumed\) in \d+\.\d s", err, re.M), err
+
+
 @pytest.mark.parametrize("extra, want", [([], 1), (["--client-parallel", "2"], 1), (["--threads", "2"], 2),
                                          (["--client-parallel", "2", "--threads", "2"], 2)])
 def test_threads_default_is_one_on_both_paths(extra, want):

@@ -29,6 +29,22 @@ PARTITIONS = ("dirichlet", "shards", "iid", "natural", "classes")
 DEVICES = ("auto", "cpu", "cuda")
 
 DIGITS_SIZE = 1797  # samples in scikit-learn's load_digits
+
+
+def default_dataset() -> str:
+    """``fedopt-sim``'s data set when none is named: the digits where scikit-learn (the ``[sim]`` extra)
+    is installed, else the synthetic data, which needs nothing beyond torch."""
+    import importlib.util
+
+    return "digits" if importlib.util.find_spec("sklearn") is not None else "synthetic"
+
+
+def default_model(dataset: str) -> str:
+    """The model a data set runs with unless one is named: mlp for synthetic's vectors, a character GRU
+    for Shakespeare's windows (client-parallel too), the small CNN for the images."""
+    return {"synthetic": "mlp", "shakespeare": "char-gru"}.get(dataset, "cnn")
+
+
 CIFAR_SIZE = 60000  # train + test images, pooled before the partition
 IDX_SIZE = 70000  # MNIST / Fashion-MNIST train + test images
 
@@ -47,7 +63,7 @@ class SimConfig(FLConfig):
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     split: Tuple[float, float, float] = (0.6, 0.2, 0.2)
-    model: str = "cnn"
+    model: str = ""  # "": default_model(dataset), i.e. mlp (synthetic), char-gru (shakespeare), else cnn
     hidden: Optional[int] = None  # mlp / mlp1 hidden width (default 64 / 25); char models: state size
     context: Optional[int] = None  # char-transformer: read the last `context` characters of a window
     finetune_steps: int = 5
@@ -60,6 +76,10 @@ class SimConfig(FLConfig):
     augment: bool = False  # cifar: random crop (padding 4) + horizontal flip in training
     client_parallel: Any = 1  # clients trained at once (vmap); "auto": as many as fit; 1: sequential
     cuda_graph: bool = False  # client-parallel on CUDA: replay each local step from a CUDA graph
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            self.model = default_model(self.dataset)
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> SimConfig:
