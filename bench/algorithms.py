@@ -70,7 +70,8 @@ class Algo:
 
     @property
     def traffic(self) -> Traffic:
-        return Traffic(self.config.spec.name, self.config.present())
+        also, streams = algorithm.of_optimizer(self.config.cls).more_traffic(self.config.kwargs)
+        return Traffic(self.config.spec.name, self.config.present(), also, streams)
 
     def baseline_traffic(self, name: str) -> Traffic:
         t = self.baseline_of[name].traffic

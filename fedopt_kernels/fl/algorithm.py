@@ -326,6 +326,12 @@ class Algorithm:
         ``params``, from ``seed`` (PAdaMFed-VR's anchor gradients; a closure where a step takes one)."""
         return {}
 
+    def more_traffic(self, kwargs: Mapping[str, Any]) -> Tuple[Tuple[Tuple[str, Tuple[str, ...]], ...], int]:
+        """What a step moves besides its op's traffic (the benchmark's bytes per step): other ops it
+        runs with their optional roles, and element streams in the parameters' dtype (FedSAM: its
+        ascent op, and the restore of x, a read and a write)."""
+        return (), 0
+
     def present(self, kwargs: Mapping[str, Any], correction: bool, scales: Any) -> Tuple[str, ...]:
         """The optional roles of the op a catalogue option set's steps use (traffic figures)."""
         names = []

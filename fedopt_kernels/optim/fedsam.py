@@ -329,6 +329,7 @@ class PlainSAM(torch.optim.SGD):
         super().__init__(params, **sgd, fused=True)
         self.params, self.rho = list(params), kwargs.get("rho", 0.05)
 
+    @torch.no_grad()
     def step(self, closure=None):
         grads = [p.grad for p in self.params]
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
@@ -339,7 +340,7 @@ class PlainSAM(torch.optim.SGD):
             with torch.enable_grad():
                 loss = closure()
         torch._foreach_sub_(self.params, e)
-        super().step()
+        super().step()  # torch's wrapper around SGD.step: hooks, no grad
         return loss
 
 
@@ -374,9 +375,8 @@ class _FedSAM(SGDAlgorithm):
     def state_copies(self, cfg, variant):
         return super().state_copies(cfg, variant) + 1  # the saved x
 
-    def present(self, kwargs, correction, scales):
-        # the descent's roles (the ascent's own bytes are not counted here)
-        return super().present(kwargs, correction, scales)
+    def more_traffic(self, kwargs):
+        return (("sam_ascent", ("saved_x",)),), 2  # the ascent, and the restore (read saved x, write x)
 
 
 DESCRIPTOR = algorithm.register(
