@@ -74,7 +74,9 @@ def _require_op(backend, device, name):
         pytest.skip(why)
 
 
-@pytest.mark.parametrize("amp", [False, True], ids=["plain", "amp"])
+# the GradScaler arguments' schema and fake handling in the full suite (opcheck is slow; the fast
+# tier's kernel tests run every op with GradScaler's tensors: test_every_backend_computes_...)
+@pytest.mark.parametrize("amp", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["plain", "amp"])
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("backend,device", cases())
 def test_opcheck(backend, device, name, amp):

@@ -230,7 +230,7 @@ def test_threads_default_is_one_on_both_paths(extra, want):
     """One thread whether clients train one after another or at once: with torch's default, a
     client-parallel run slowed down several times over once another process took a core; --threads wins."""
     torch.set_num_threads(3)  # stands for torch's default; the module fixture restores the thread count
-    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg"] + extra) == 0
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--rounds", "1", "--local-steps", "1"] + extra) == 0
     assert torch.get_num_threads() == want
     torch.set_num_threads(1)
 
