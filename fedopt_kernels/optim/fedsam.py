@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 
 from ..batched.mixin import ClientBatched
+from ..core import step_op as _step_op
 from ..core.ops import BATCHED, SAM_ASCENT
 from ..core.optimizer import ROUND_KEY, check_number, round_entry
 from ..core.plan import HpCache, StepPlan
@@ -105,6 +106,22 @@ class FedSAM(SGDFamily):
             prox_mu=prox_mu,
         )
         super().__init__(params, defaults, backend, replay)
+        self._sam_handles = self._register_steps()
+
+    def _register_steps(self) -> Tuple[int, int]:
+        """Handles of the two steps as ``fedopt::optimizer_step`` runs them (what torch.compile sees)."""
+        return _step_op.register(self._first_op), _step_op.register(self._second_op)
+
+    def _first_op(self, params: Any, step_inputs: Any, grad_scale: Any, found_inf: Any) -> None:
+        self.first_step()
+
+    def _second_op(self, params: Any, step_inputs: Any, grad_scale: Any, found_inf: Any) -> None:
+        self.second_step()
+
+    def _as_op(self, which: int) -> None:
+        """Under torch.compile a step is one opaque op (core/step_op.py) whose body is the eager step."""
+        params = self._params_flat
+        _step_op.OP(params, [p.grad for p in params], [], None, None, self._sam_handles[which])
 
     # ---------------------------------------------------------------- hyperparameters
     def _validate_group(self, group: Dict[str, Any]) -> None:
@@ -134,7 +151,12 @@ class FedSAM(SGDFamily):
     # ---------------------------------------------------------------- the two steps
     @torch.no_grad()
     def first_step(self, **step_inputs: Any) -> None:
-        """The ascent: ``saved = x; x += e`` for every parameter with a gradient (its gradient at x)."""
+        """The ascent: ``saved = x; x += e`` for every parameter with a gradient (its gradient at x).
+
+        Under ``torch.compile`` (``torch.compile(opt.first_step)``) it is one opaque op, as ``step()``
+        is for the other optimizers: compiled and eager steps compute the same bits."""
+        if torch.compiler.is_compiling() and not step_inputs:
+            return self._as_op(0)
         if self._pending is not None:
             raise RuntimeError(
                 "first_step() was called twice without second_step(): the parameters hold x + e; call "
@@ -173,7 +195,10 @@ class FedSAM(SGDFamily):
     @torch.no_grad()
     def second_step(self) -> None:
         """The descent: every parameter the first step moved back to its saved ``x`` (bit for bit),
-        then the SGD step with the gradients now in ``p.grad`` (those at ``x + e``)."""
+        then the SGD step with the gradients now in ``p.grad`` (those at ``x + e``). Compiled like
+        ``first_step``."""
+        if torch.compiler.is_compiling():
+            return self._as_op(1)
         if self._pending is None:
             raise RuntimeError("second_step() without first_step(): " + _TWO_STEPS)
         self._restore(self._pending)
@@ -187,8 +212,9 @@ class FedSAM(SGDFamily):
             raise RuntimeError(f"{type(self).__name__}.step() needs a closure. " + _TWO_STEPS)
         if torch.compiler.is_compiling():
             raise RuntimeError(
-                "torch.compile of FedSAM's step is not supported (its closure runs a forward and a "
-                "backward); compile the model and call step(closure) eagerly"
+                "torch.compile of FedSAM's step(closure) is not supported (its closure runs a forward "
+                "and a backward): compile opt.first_step and opt.second_step and call your forward and "
+                "backward between them"
             )
         self.first_step(**step_inputs)
         with torch.enable_grad():
@@ -269,13 +295,14 @@ class FedSAM(SGDFamily):
     def __getstate__(self) -> Dict[str, Any]:
         # the ascent's plan and its caches are rebuilt, as the descent's are
         state = super().__getstate__()
-        return {k: v for k, v in state.items() if k not in ("_ascent", "_ascent_hp", "_ascent_k")}
+        return {k: v for k, v in state.items() if k not in ("_ascent", "_ascent_hp", "_ascent_k", "_sam_handles")}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
         self._ascent = None
         self._ascent_hp = HpCache()
         self._ascent_k = {}
+        self._sam_handles = self._register_steps()
 
 
 class BatchedFedSAM(ClientBatched, FedSAM):
