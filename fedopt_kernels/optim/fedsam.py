@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 
 from ..batched.mixin import ClientBatched
+from ..core import dtensor as _dtensor
 from ..core import step_op as _step_op
 from ..core.ops import BATCHED, SAM_ASCENT
 from ..core.optimizer import ROUND_KEY, check_number, round_entry
@@ -271,8 +272,9 @@ class FedSAM(SGDFamily):
 
     def _restore(self, moved: List[int]) -> None:
         params = [self._params_flat[i] for i in moved]
-        if params:
-            torch._foreach_copy_(params, [self.state[p][_SAVED] for p in params])
+        if params:  # element by element: a sharded parameter restores its own shard
+            saved = [_dtensor.local(self.state[p][_SAVED]) for p in params]
+            torch._foreach_copy_([_dtensor.local(p) for p in params], saved)
 
     def _descend(self) -> None:
         self._run(None, None, None, None)
