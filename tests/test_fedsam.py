@@ -289,3 +289,28 @@ def test_a_copy_continues_as_the_original():
     twin.step(lambda: None)
     for a, b in zip(params, twin_params):
         assert torch.equal(a, b)
+
+
+def test_a_batched_state_dict_between_the_two_steps_keeps_the_first_steps_mask():
+    """An inactive client's saved x is not written by the ascent: a copy loaded between the two steps
+    must restore only the active clients, as the original does."""
+    C = 3
+    stacked = [torch.nn.Parameter(torch.randn(C, 4, 2)), torch.nn.Parameter(torch.randn(C, 3))]
+    opt = BatchedFedSAM(stacked, lr=0.1, rho=0.3, momentum=0.9, backend="reference")
+    for p in stacked:
+        p.grad = torch.randn(p.shape)
+    opt.step(lambda: None)  # a step with every client: each has its saved x
+    for p in stacked:
+        p.grad = torch.randn(p.shape)
+    opt.first_step(active=torch.tensor([True, False, True]))
+    sd = copy.deepcopy(opt.state_dict())
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in stacked]
+    other = BatchedFedSAM(twins, lr=0.1, rho=0.3, momentum=0.9, backend="reference")
+    other.load_state_dict(sd)
+    for a, b in zip(stacked, twins):
+        a.grad = torch.randn(a.shape)
+        b.grad = a.grad.clone()
+    opt.second_step()
+    other.second_step()
+    for a, b in zip(stacked, twins):
+        assert torch.equal(a, b)

@@ -346,6 +346,21 @@ class BatchedFedSAM(ClientBatched, FedSAM):
         finally:
             self._active = self._sam_active = None
 
+    def state_dict(self) -> Dict[str, Any]:
+        # between the two steps the first step's mask says which clients' saved x to restore
+        sd = super().state_dict()
+        mask = None if self._sam_active is None else [bool(v) for v in self._sam_active.tolist()]
+        for entry in [sd[ROUND_KEY]] + [g[ROUND_KEY] for g in sd["param_groups"]]:
+            entry["sam_active"] = mask
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        rnd = round_entry(state_dict)
+        assert rnd is not None
+        mask = rnd.get("sam_active")
+        self._sam_active = None if mask is None else self.check_active(torch.tensor(mask, dtype=torch.bool))
+
 
 # ---------------------------------------------------------------------------- what a user writes instead
 class PlainSAM(torch.optim.SGD):
