@@ -128,7 +128,7 @@ def test_files_and_table(tmp_path, capsys):
     (["--algorithm", "fedavg", "--beta", "0.5"], "--beta"),
     (["--algorithm", "feddecay", "--beta", "1.5"], "--beta"),
     (["--algorithm", "fedavg", "--prox-mu", "0.1"], "--prox-mu"),
-    (["--dataset", "synthetic"], "cnn"),
+    (["--dataset", "synthetic", "--model", "cnn"], "cnn"),
     (["--clients", "5000"], "--clients"),
     (["--backend", "nope"], "--backend"),
     (["--validate", "nope"], "--validate 'nope'"),
