@@ -209,6 +209,11 @@ class FedSAM(SGDFamily):
     def step(self, closure: Optional[Callable[[], Any]] = None, **step_inputs: Any) -> Any:
         """One SAM step: ``first_step()``, ``closure()`` (loss and gradients at ``x + e``),
         ``second_step()``; returns the closure's loss."""
+        return self._sam_step(closure, step_inputs)
+
+    def _sam_step(self, closure: Optional[Callable[[], Any]], step_inputs: Dict[str, Any]) -> Any:
+        # not FedSAM.step from the batched form: torch wraps each instantiated class's step with the
+        # hooks, so both would run them
         if closure is None:
             raise RuntimeError(f"{type(self).__name__}.step() needs a closure. " + _TWO_STEPS)
         if torch.compiler.is_compiling():
@@ -321,7 +326,7 @@ class BatchedFedSAM(ClientBatched, FedSAM):
 
     def step(self, closure: Optional[Callable[[], Any]] = None, *, active: Any = None) -> Any:  # type: ignore[override]
         """One SAM step of every active client (``active``: C bools, default all); see FedSAM.step."""
-        return FedSAM.step(self, closure, **({} if active is None else {"active": active}))
+        return self._sam_step(closure, {} if active is None else {"active": active})
 
     def _take_active(self, step_inputs: Dict[str, Any]) -> Optional[torch.Tensor]:
         active = step_inputs.pop("active", None)
@@ -334,10 +339,9 @@ class BatchedFedSAM(ClientBatched, FedSAM):
         mask = self._sam_active
         if mask is None:
             return super()._restore(moved)
-        for i in moved:
+        for i in moved:  # the active clients' saved x, in place (allocating nothing)
             p = self._params_flat[i]
-            keep = mask.view(-1, *([1] * (p.dim() - 1)))
-            p.copy_(torch.where(keep, self.state[p][_SAVED], p))
+            torch.where(mask.view(-1, *([1] * (p.dim() - 1))), self.state[p][_SAVED], p, out=p)
 
     def _descend(self) -> None:
         self._active = self._sam_active
