@@ -109,7 +109,8 @@ def _last_plan():
 # ---------------------------------------------------------------- plan cache
 def test_plan_is_reused_while_the_tensor_set_is_unchanged_and_rebuilt_when_it_changes():
     ps = _params([(5, 3), (7,), (130,)])
-    opt = fk.FedDecaySGD(ps, lr=0.1, beta=0.5, momentum=0.9, backend="triton")
+    # replay=False: on a GPU a replayed step calls no backend, and this is about the backend's plans
+    opt = fk.FedDecaySGD(ps, lr=0.1, beta=0.5, momentum=0.9, backend="triton", replay=False)
     grads = _grads(ps, 0)
     for p, g in zip(ps, grads):
         p.grad = g
@@ -212,12 +213,14 @@ def test_gradients_at_new_addresses_every_step_give_the_bits_of_fixed_ones(op, m
         opt.start_round()
         kept = [laid_out(i, torch.zeros_like(p)) for i, p in enumerate(ps)]
         kept_anchor = [torch.zeros_like(p) for p in ps]
+        alive = []  # every step's tensors stay alive: a caching allocator would hand their blocks back
         for s in range(5):
             grads = [laid_out(i, g) for i, g in enumerate(_grads(ps, s))]
             anchors = _grads(ps, 50 + s)
             if not moving:
                 grads = [k.copy_(g) for k, g in zip(kept, grads)]
                 anchors = [k.copy_(g) for k, g in zip(kept_anchor, anchors)]
+            alive.append((grads, anchors))
             for p, g in zip(ps, grads):
                 p.grad = g
             opt.step(**({"anchor_grads": anchors} if isinstance(opt, fk.PAdaMFed) else {}))
@@ -252,9 +255,11 @@ def test_batched_gradients_at_new_addresses_give_the_bits_of_fixed_ones(op, monk
         rest = list(args[n:])
         rest[3] = rest[3].clone()  # k
         cache: dict = {}
+        alive = []  # every step's tensors stay alive: a caching allocator would hand their blocks back
         for s in range(4):
             for j in moving_lists:
                 fresh = [t * (1.0 + 0.25 * s) for t in args[j]]
+                alive.append(fresh)
                 lists[j] = fresh if moving else [k.copy_(f) for k, f in zip(lists[j], fresh)]
             STEPS[f"{op}_batched"](*lists, *rest, "triton", cache=cache)
         return [t for lst in lists for t in lst] + [rest[3]]

@@ -84,7 +84,24 @@ int64_t GradWatch::check() {
   if (replaced) {
     for (size_t i = 0; i < n; ++i) seen_[i] = WeakImpl(grad_of(params_[i]).getIntrusivePtr());
   }
-  return signature_id();
+  return same_signature() ? id_ : signature_id();
+}
+
+bool GradWatch::same_signature() const {
+  if (id_ < 0) return false;
+  size_t at = 0;
+  const size_t end = signature_.size();
+  for (int64_t i : order_) {
+    const at::Tensor& g = grad_of(params_[i]);
+    if (!g.defined() || !g.has_storage() || at >= end) return false;
+    if (signature_[at++] != reinterpret_cast<int64_t>(g.data_ptr())) return false;
+    const auto strides = g.strides();
+    if (at >= end || signature_[at++] != static_cast<int64_t>(strides.size())) return false;
+    for (int64_t st : strides) {
+      if (at >= end || signature_[at++] != st) return false;
+    }
+  }
+  return at == end;
 }
 
 int64_t GradWatch::signature_id() {

@@ -36,6 +36,7 @@ class GradWatch {
   using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
   int64_t signature_id();
+  bool same_signature() const;  // the gradients sit where signature_ says (compared in place)
 
   std::vector<at::Tensor> params_;
   std::vector<int64_t> order_;

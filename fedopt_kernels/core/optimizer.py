@@ -598,10 +598,13 @@ class FedOptimizer(Optimizer):
             plan = self._plan = self._plan_cls(self._plan_inputs())
         if not plan.params:
             return  # no parameter has a gradient: as in torch.optim, nothing changes (k included)
-        plan.load_lrs()
+        if plan.tensor_lrs:
+            plan.load_lrs()
         device = plan.device
-        grad_scale = self._check_amp("grad_scale", grad_scale, device)
-        found_inf = self._check_amp("found_inf", found_inf, device)
+        if grad_scale is not None:
+            grad_scale = self._check_amp("grad_scale", grad_scale, device)
+        if found_inf is not None:
+            found_inf = self._check_amp("found_inf", found_inf, device)
         k = self._counter(device)
         sched = self._schedule()
         if sched is not None:
@@ -620,9 +623,9 @@ class FedOptimizer(Optimizer):
         if rep is not None:
             # GradScaler's new tensors each step: their values go into buffers a graph reads
             grad_scale, found_inf = rep.amp_buffers(device, grad_scale, found_inf)
-            per_step_lists: List[List[Any]] = [
-                [per_param[i] for i in plan.step_order[r]] for r, per_param in per_step.items()
-            ]
+            per_step_lists: List[List[Any]] = (
+                [[per_param[i] for i in plan.step_order[r]] for r, per_param in per_step.items()] if per_step else []
+            )
             key = rep.key(
                 plan, per_step_lists, plan.hp, k, table, every, (grad_scale is not None, found_inf is not None), active
             )

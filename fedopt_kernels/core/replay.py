@@ -120,10 +120,18 @@ def capture(
     ``captures_underway.empty()``. So after a failed ``capture_end`` this ends the capture once more
     if ``still_capturing()`` (it failed before it asked the driver), then ends and releases the pool
     unless torch already did (a torch that does, ``end_pool`` says, releases it too)."""
+    def end_and_release() -> None:
+        if end_pool(index, pool):
+            try:
+                release_pool(index, pool)
+            except RuntimeError:
+                pass
+
     try:
         # thread_local: other threads (data loaders) may keep using CUDA while this records
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
     except Exception as exc:  # noqa: BLE001 - any failure means "not recordable here"
+        end_and_release()  # it may have failed after routing the allocator into the pool
         return exc
     failure: Optional[BaseException] = None
     try:
@@ -139,11 +147,7 @@ def capture(
                 graph.capture_end()
             except Exception:  # noqa: BLE001, S110 - the first failure is the one to report
                 pass
-        if end_pool(index, pool):
-            try:
-                release_pool(index, pool)
-            except RuntimeError:
-                pass
+        end_and_release()
     return failure
 
 
@@ -210,8 +214,9 @@ class StepReplay:
         if plan.version != self.plan_version:
             self.plan_version = plan.version
             self.recent.clear()
+        layout = plan.replay_layout
         return (
-            self.plan_layout(plan),
+            layout if layout is not None else self.plan_layout(plan),
             plan.grad_set,
             tuple([_list_layout(ts) for ts in per_step]) if per_step else (),
             hp.data_ptr(),
@@ -305,7 +310,24 @@ class StepReplay:
         self.stats["recorded"] += 1
         rec.graph.replay()  # recording runs nothing: this replay is the step (not counted as a reuse)
 
-    def _record(self, device: torch.device, run) -> Optional[torch.cuda.CUDAGraph]:
+    def _record(self, device: torch.device, run) -> Optional[Any]:
+        """The graph of ``run()``'s launches, or None (and replay off for good, with a warning)."""
+        graph, failure = self._capture(device, run)
+        if failure is None:
+            return graph
+        self.off_reason = f"{type(failure).__name__}: {failure}"
+        failure.__traceback__ = None  # its frames hold the step's tensors (gradients)
+        warnings.warn(
+            f"fedopt_kernels: a step could not be recorded in a CUDA graph ({self.off_reason}); "
+            f"this optimizer takes eager steps from now on",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+
+    def _capture(self, device: torch.device, run) -> Tuple[Any, Optional[BaseException]]:
+        """``capture`` on this optimizer's side stream of ``device``, into a pool of our own making (its id
+        is known even when the capture fails), ordered after and before the current stream's work."""
         stream = self._streams.get(device)
         if stream is None:
             stream = self._streams[device] = torch.cuda.Stream(device)
@@ -313,18 +335,8 @@ class StepReplay:
         stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
         index = device.index if device.index is not None else torch.cuda.current_device()
-        pool = torch.cuda.graph_pool_handle()  # ours: its id is known even when the capture fails
+        pool = torch.cuda.graph_pool_handle()
         with torch.cuda.stream(stream):
             failure = capture(graph, pool, index, run, torch.cuda.is_current_stream_capturing)
         current.wait_stream(stream)
-        if failure is not None:
-            self.off_reason = f"{type(failure).__name__}: {failure}"
-            failure.__traceback__ = None  # its frames hold the step's tensors (gradients)
-            warnings.warn(
-                f"fedopt_kernels: a step could not be recorded in a CUDA graph ({self.off_reason}); "
-                f"this optimizer takes eager steps from now on",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return None
-        return graph
+        return graph, failure
