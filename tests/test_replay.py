@@ -223,21 +223,25 @@ def test_the_key_follows_addresses_not_values():
     assert _key_of(opt) == key
 
 
+@pytest.mark.parametrize("replay", [False, True], ids=["eager", "replaying"])
 @pytest.mark.parametrize("batched", [False, True], ids=["per_client", "batched"])
 @pytest.mark.parametrize("algo", list(catalogue.ALGOS))
-def test_the_optimizers_own_step_work_allocates_no_tensor(algo, batched):
+def test_the_optimizers_own_step_work_allocates_no_tensor(algo, batched, replay, cpu_replay):
     """On a GPU a tensor allocated in every step moves where the caching allocator puts the next
     gradients, and steps stop replaying. The step's Python side is the same on every backend; on the
-    cpu backend (whose kernels allocate nothing) the profiler sees every allocation it makes. The
+    cpu backend (whose kernels allocate nothing) the profiler sees every allocation it makes, the
+    replay machinery's included (its key, records and replays, with a stand-in graph). The gradients
+    alternate between two address sets, as a loop with zero_grad(set_to_none=True) gives; the
     client-batched form takes an active mask that changes in place."""
     from torch.profiler import ProfilerActivity, profile
 
     require("cpu", "cpu")
+    cpu_replay(lambda run: _NullGraph())
     cfg = catalogue.config(algo, catalogue.ALGOS[algo].full)
     g = torch.Generator().manual_seed(0)
     C = 3
     params = [torch.nn.Parameter(torch.randn(((C,) if batched else ()) + s, generator=g)) for s in SHAPES]
-    opt = (cfg.build_batched if batched else cfg.build)(params, "cpu", replay=False)
+    opt = (cfg.build_batched if batched else cfg.build)(params, "cpu", replay=replay)
     order = [p for gr in opt.param_groups for p in gr["params"]]
     if batched:
         views = [[p[c] for p in order] for c in range(C)]
@@ -246,10 +250,10 @@ def test_the_optimizers_own_step_work_allocates_no_tensor(algo, batched):
     else:
         opt.start_round(**cfg.round_inputs(order, 0))
         step_inputs = _StepInputs(cfg.step_inputs)
-    slots = [torch.zeros_like(p) for p in params]
+    sets = [[torch.zeros_like(p) for p in params] for _ in range(2)]
     allocated = []
-    for k in range(5):
-        for p, s in zip(params, slots):
+    for k in range(7):
+        for p, s in zip(params, sets[k % 2]):
             s.copy_(torch.randn(s.shape, generator=g))
             p.grad = s
         inputs = step_inputs(views if batched else order, k)
@@ -260,7 +264,8 @@ def test_the_optimizers_own_step_work_allocates_no_tensor(algo, batched):
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             opt.step(**inputs)
         allocated.append(sum(1 for e in prof.events() if e.name.startswith("aten::empty") and e.cpu_memory_usage > 0))
-    assert allocated[2:] == [0, 0, 0], f"tensors allocated per step: {allocated}"
+    assert allocated[3:] == [0, 0, 0, 0], f"tensors allocated per step: {allocated}"
+    assert not replay or opt.replay_stats()["replayed"] > 0
 
 
 # ------------------------------------------------------------------ the replay path on CPU tensors

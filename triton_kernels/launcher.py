@@ -684,7 +684,7 @@ def _stream() -> int:
 def launch_bound(store: Dict[str, Any], slot: str, step_key: Optional[tuple]) -> bool:
     """Launch ``store[slot]``'s bound kernel when it was bound with ``step_key`` (True), else nothing."""
     b = store.get(slot)
-    if b is None or b.step_key != step_key or step_key is None or _hooks():
+    if b is None or b.step_key != step_key or step_key is None or not _BIND or _hooks():
         return False
     g = b.grid
     b.run(g[0], g[1], g[2], _stream(), b.function, b.packed, None, None, None, *b.args)

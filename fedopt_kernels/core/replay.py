@@ -120,6 +120,7 @@ def capture(
     ``captures_underway.empty()``. So after a failed ``capture_end`` this ends the capture once more
     if ``still_capturing()`` (it failed before it asked the driver), then ends and releases the pool
     unless torch already did (a torch that does, ``end_pool`` says, releases it too)."""
+
     def end_and_release() -> None:
         if end_pool(index, pool):
             try:

@@ -232,6 +232,7 @@ def _step_key(a: OpArgs, hp: torch.Tensor, amp: Dict[str, Any], active: Optional
     return (
         hp.data_ptr(),
         a.k.data_ptr(),
+        a.k.numel(),
         a.table.data_ptr(),
         a.table.numel(),
         a.decay_every,
