@@ -148,7 +148,7 @@ void bind_ops(pybind11::module& m) {
   }, "(role names, hp names) of an op as the kernels index them", py::arg("op"));
   // the step plan's per-step check of the tensors it does not own (grad_watch.h)
   py::class_<GradWatch>(m, "GradWatch")
-      .def(py::init<std::vector<at::Tensor>, std::vector<int64_t>>(), py::arg("params"), py::arg("order"))
+      .def(py::init<std::vector<at::Tensor>, std::vector<int64_t>>(), py::arg("parameters"), py::arg("order"))
       .def("check", &GradWatch::check,
            "id of the gradients' address set when nothing the plan depends on changed, else -1")
       .def("accept", &GradWatch::accept, "take the current gradients and storages as seen; their address set id");

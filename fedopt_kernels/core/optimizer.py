@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 import torch
+from torch._C import _set_grad_enabled
 from torch.optim import Optimizer
 
 from . import dtensor as _dtensor
@@ -567,11 +568,11 @@ class FedOptimizer(Optimizer):
         extra = step_inputs.get(self._step_input) if self._step_input else None
         # what torch.no_grad() does, without the decorator's few microseconds of host time a step
         if torch.is_grad_enabled():
-            torch._C._set_grad_enabled(False)
+            _set_grad_enabled(False)
             try:
                 self._run(None, extra, grad_scale, found_inf)
             finally:
-                torch._C._set_grad_enabled(True)
+                _set_grad_enabled(True)
         else:
             self._run(None, extra, grad_scale, found_inf)
         return loss

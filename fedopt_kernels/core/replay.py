@@ -34,6 +34,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch import _C as _torch_c
 
 ENV = "FEDOPT_REPLAY"
 BACKENDS = ("cuda", "triton")  # the fused backends that run on CUDA tensors
@@ -88,7 +89,7 @@ def _list_layout(ts: Sequence[torch.Tensor]) -> tuple:
 def _end_pool(index: int, pool: Any) -> bool:
     """Tell the caching allocator that nothing more is captured into ``pool``; False when it knew."""
     try:
-        torch._C._cuda_endAllocateToPool(index, pool)
+        _torch_c._cuda_endAllocateToPool(index, pool)
     except RuntimeError:  # "not currently recording to mempool_id": this torch ended it itself
         return False
     return True
@@ -96,7 +97,7 @@ def _end_pool(index: int, pool: Any) -> bool:
 
 def _release_pool(index: int, pool: Any) -> None:
     """Drop the capture's reference to ``pool``, so that its memory can be freed."""
-    torch._C._cuda_releasePool(index, pool)
+    _torch_c._cuda_releasePool(index, pool)
 
 
 def capture(
