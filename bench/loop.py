@@ -285,12 +285,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     for model_name in args.models:
         rows += run_model(model_name, makers, device, args.warmup, args.blocks, args.per_block, log)
     result = {"meta": meta, "rows": rows, "goals": goals(rows, replaying=device.type == "cuda")}
-    text = markdown(result)
-    print(text)
-    if not args.no_write:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"loop-{meta['device_slug']}-{meta['date']}"
-        (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-        (args.out_dir / f"{stem}.md").write_text(text + "\n")
-        print(f"wrote {args.out_dir / stem}.json/.md", file=sys.stderr)
+    publish(result, markdown(result), "loop", None if args.no_write else args.out_dir)
     return 0
+
+
+def publish(result: Dict[str, Any], text: str, kind: str, out_dir: Optional[Path]) -> None:
+    """Print the table; unless ``out_dir`` is None, write it and the result as ``<kind>-<device>-<date>``."""
+    print(text)
+    if out_dir is None:
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = result["meta"]
+    stem = f"{kind}-{meta['device_slug']}-{meta['date']}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    (out_dir / f"{stem}.md").write_text(text + "\n")
+    print(f"wrote {out_dir / stem}.json/.md", file=sys.stderr)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ import torch
 from torch import nn
 from torch.autograd import profiler as _autograd_profiler
 
-from .loop import BATCH, MODELS, Row, fused_backends, make_row, optimizers, selected, sync
+from .loop import BATCH, MODELS, Row, fused_backends, make_row, optimizers, publish, selected, sync
 from .machine import ROOT, run_meta
 
 PHASES = ("zero_grad", "forward", "backward", "step")
@@ -256,12 +255,5 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  {model_name:<10} {name:<26} " + (f"step {res['step_us']:.1f} us" if "step_us" in res
                                                         else res["error"]), file=sys.stderr, flush=True)
     result = {"meta": meta, "rows": rows}
-    text = markdown(result)
-    print(text)
-    if not args.no_write:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"profile-{meta['device_slug']}-{meta['date']}"
-        (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-        (args.out_dir / f"{stem}.md").write_text(text + "\n")
-        print(f"wrote {args.out_dir / stem}.json/.md", file=sys.stderr)
+    publish(result, markdown(result), "profile", None if args.no_write else args.out_dir)
     return 0
