@@ -153,6 +153,17 @@ class FedOptimizer(Optimizer):
         self._lr_checked: List[torch.Tensor] = []  # tensor lrs whose value was validated (by identity)
         super().__init__(params, defaults)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch.optim's ``zero_grad``. With ``set_to_none`` (the default), outside a profiler and
+        torch.compile, the gradients are dropped in a plain loop: torch's enters its profiler range
+        and checks each gradient first, several times the cost, in every iteration of a loop."""
+        if not set_to_none or _step_hooks.profiling() or torch.compiler.is_compiling():
+            super().zero_grad(set_to_none)
+            return
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
     def _patch_step_function(self) -> None:
         # torch.optim's hooks and profiler range, the range entered only while a profiler records
         self._zero_grad_profile_name = f"Optimizer.zero_grad#{type(self).__name__}.zero_grad"
