@@ -209,10 +209,10 @@ if [ "$SKIP_BENCH" = 0 ]; then
   # a user's training loop (zero_grad(set_to_none=True), forward, backward, step): GPU only
   if [ "$NO_GPU" = 0 ]; then
     L=$(( $(left) - 15 - PROFILE_S - CLIENTS_S - PAPER_S )); [ "$L" -gt "$LOOP_S" ] && L=$LOOP_S
-    phase bench_loop "$L" "$PY" -m bench loop --device cuda --out-dir "$RES"
+    phase bench_loop "$L" "$PY" -m bench loop --device cuda --blocks 5 --per-block 15 --warmup 15 --out-dir "$RES"
     # the same rows under torch.profiler: host time per phase, what the step calls, GPU idle gaps
     P=$(( $(left) - 15 - CLIENTS_S - PAPER_S )); [ "$P" -gt "$PROFILE_S" ] && P=$PROFILE_S
-    phase bench_profile "$P" "$PY" -m bench profile --device cuda --out-dir "$RES"
+    phase bench_profile "$P" "$PY" -m bench profile --device cuda --warmup 15 --out-dir "$RES"
   fi
   # client-batched training: sequential vs batched plain torch vs batched fused (+ CUDA graph), C = 10..1000
   CLIENTS_ARGS=""

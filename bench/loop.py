@@ -42,6 +42,7 @@ from fedopt_kernels.sim.models.resnet_gn import ResNet18GN
 from fedopt_kernels.sim.models.small import SmallCNN
 
 from .machine import ROOT, run_meta
+from .stopping import sigterm_interrupts
 
 MODELS: Dict[str, Callable[[], tuple]] = {
     # name -> (model, input shape per sample, classes)
@@ -213,7 +214,8 @@ def goals(rows: List[Dict[str, Any]], replaying: bool = True) -> List[tuple]:
 
 def markdown(result: Dict[str, Any]) -> str:
     m = result["meta"]
-    lines = [f"# A user's training loop: {m['device_name']}", "",
+    lines = [f"# A user's training loop: {m['device_name']}" + (" (**interrupted**)" if m.get("interrupted") else ""),
+             "",
              f"- {m['date']}, commit `{m['commit']}`, torch {m['torch']}; `{m['command']}`",
              f"- iteration: zero_grad(set_to_none=True), forward, loss, backward, step; batch {BATCH}",
              f"- rows interleaved: {m['blocks']} rounds, each timing one block of {m['per_block']} iterations "
@@ -282,8 +284,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     rows: List[Dict[str, Any]] = []
-    for model_name in args.models:
-        rows += run_model(model_name, makers, device, args.warmup, args.blocks, args.per_block, log)
+    try:
+        with sigterm_interrupts():  # stopped (Ctrl-C, gpu_check's deadline, kill): the models done are kept
+            for model_name in args.models:
+                rows += run_model(model_name, makers, device, args.warmup, args.blocks, args.per_block, log)
+    except KeyboardInterrupt:
+        meta["interrupted"] = True
+        log("bench loop: interrupted; writing the models timed so far")
     result = {"meta": meta, "rows": rows, "goals": goals(rows, replaying=device.type == "cuda")}
     publish(result, markdown(result), "loop", None if args.no_write else args.out_dir)
     return 0

@@ -33,6 +33,7 @@ from torch.autograd import profiler as _autograd_profiler
 
 from .loop import BATCH, MODELS, Row, fused_backends, make_row, optimizers, publish, selected, sync
 from .machine import ROOT, run_meta
+from .stopping import sigterm_interrupts
 
 PHASES = ("zero_grad", "forward", "backward", "step")
 # what the step calls, by the names of the CUDA runtime / driver calls the profiler records
@@ -191,7 +192,8 @@ def profile_row(row: Row, device: torch.device, warmup: int, iterations: int) ->
 
 def markdown(result: Dict[str, Any]) -> str:
     m = result["meta"]
-    lines = [f"# Where a training iteration's time goes: {m['device_name']}", "",
+    lines = [f"# Where a training iteration's time goes: {m['device_name']}"
+             + (" (**interrupted**)" if m.get("interrupted") else ""), "",
              f"- {m['date']}, commit `{m['commit']}`, torch {m['torch']}; `{m['command']}`",
              f"- {m['iterations']} iterations per row under torch.profiler (CPU{' and CUDA' if m['cuda'] else ''} "
              f"activity, memory events) after {m['warmup']} warm-up; batch {BATCH}; host times in us per "
@@ -244,16 +246,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     meta = run_meta(device, "python -m bench profile " + " ".join(argv))
     meta.update(warmup=args.warmup, iterations=args.iterations, cuda=device.type == "cuda")
     rows: List[Dict[str, Any]] = []
-    for model_name in args.models:
-        for name, make in makers.items():
-            try:
-                res = profile_row(make_row(model_name, name, make, device), device, args.warmup, args.iterations)
-            except Exception as exc:  # a failing optimizer is a result, not a crash
-                res = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
-            res.update(model=model_name, optimizer=name)
-            rows.append(res)
-            print(f"  {model_name:<10} {name:<26} " + (f"step {res['step_us']:.1f} us" if "step_us" in res
-                                                        else res["error"]), file=sys.stderr, flush=True)
+    try:
+        with sigterm_interrupts():  # stopped (Ctrl-C, gpu_check's deadline, kill): the rows done are kept
+            for model_name in args.models:
+                for name, make in makers.items():
+                    try:
+                        row = make_row(model_name, name, make, device)
+                        res = profile_row(row, device, args.warmup, args.iterations)
+                    except Exception as exc:  # a failing optimizer is a result, not a crash
+                        res = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
+                    res.update(model=model_name, optimizer=name)
+                    rows.append(res)
+                    print(f"  {model_name:<10} {name:<26} " + (f"step {res['step_us']:.1f} us" if "step_us" in res
+                                                                else res["error"]), file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        meta["interrupted"] = True
+        print("bench profile: interrupted; writing the rows profiled so far", file=sys.stderr)
     result = {"meta": meta, "rows": rows}
     publish(result, markdown(result), "profile", None if args.no_write else args.out_dir)
     return 0

@@ -108,3 +108,22 @@ def test_profile_analysis_of_cuda_events():
                                      "allocations": 1, "graph launches": 1, "kernel launches": 1}
     # busy 30-200, 250-320, 330-335 in the window 0-340: idle 30 + 50 + 10 + 5 = 95, longest 50
     assert out["gpu_idle_us"] == 95 and out["gpu_longest_gap_us"] == 50
+
+
+def test_a_stopped_loop_keeps_the_models_it_timed(tmp_path, monkeypatch):
+    """gpu_check stops a phase at its deadline with SIGINT: the models timed by then are written,
+    the table marked interrupted."""
+    real = bench_loop.run_model
+
+    def second_model_stopped(model_name, *args, **kwargs):
+        if model_name == "resnet18":
+            raise KeyboardInterrupt
+        return real(model_name, *args, **kwargs)
+
+    monkeypatch.setattr(bench_loop, "run_model", second_model_stopped)
+    rc = bench_loop.main(["--device", "cpu", "--models", "small_cnn", "resnet18", "--rows", "FedNAR", "--blocks", "1",
+                          "--per-block", "1", "--warmup", "0", "--out-dir", str(tmp_path)])
+    assert rc == 0
+    result = json.loads(next(tmp_path.glob("loop-*.json")).read_text())
+    assert result["meta"]["interrupted"] and {r["model"] for r in result["rows"]} == {"small_cnn"}
+    assert "(**interrupted**)" in next(tmp_path.glob("loop-*.md")).read_text()
