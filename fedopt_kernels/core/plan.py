@@ -318,6 +318,7 @@ class StepPlan:
         self.group_inputs = groups
         for gi, g in new.items():
             self.hp_keys[gi] = g.keys
+            self.hp_get[gi] = _values_of(g.keys)
             self.hp_vals[gi] = g.values
         if tensor_lr or self.tensor_lrs:
             self._bind_lrs()
