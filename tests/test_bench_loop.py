@@ -127,3 +127,17 @@ def test_a_stopped_loop_keeps_the_models_it_timed(tmp_path, monkeypatch):
     result = json.loads(next(tmp_path.glob("loop-*.json")).read_text())
     assert result["meta"]["interrupted"] and {r["model"] for r in result["rows"]} == {"small_cnn"}
     assert "(**interrupted**)" in next(tmp_path.glob("loop-*.md")).read_text()
+
+
+def test_host_cost_runs_and_a_replayed_step_reads_no_tensor_per_parameter(capsys):
+    """``python -m bench host`` on this machine: a replayed step's tensor accesses from Python do not
+    grow with the tensor count (where the compiled GradWatch is built)."""
+    from bench import host
+    from fedopt_kernels.core import grad_watch
+
+    if grad_watch._native_module() is None:
+        pytest.skip("no compiled extension with GradWatch here")
+    small, large = host.replayed_step("fednar", 6, 5), host.replayed_step("fednar", 62, 5)
+    assert small["tensor_accesses"] == large["tensor_accesses"] and small["python_calls"] == large["python_calls"]
+    assert host.main(["--what", "replay", "--tensors", "3", "--reps", "2"]) == 0
+    assert "replayed step" in capsys.readouterr().out
