@@ -303,6 +303,13 @@ def _optimizer(algo: str, backend: str, shapes, replay: bool = True, seed: int =
     return params, opt, lambda k: step_inputs(order, k)
 
 
+def _fill_grads(params, slots, g: torch.Generator) -> None:
+    """Random values into ``slots``, which become the parameters' gradients."""
+    for p, s in zip(params, slots):
+        s.copy_(torch.randn(s.shape, generator=g))
+        p.grad = s
+
+
 @pytest.mark.parametrize("replay", [False, True], ids=["eager", "replaying"])
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 @pytest.mark.parametrize("algo", list(catalogue.ALGOS))
@@ -458,9 +465,7 @@ def test_replayed_steps_with_moving_gradients_are_the_eager_bits(algo, cpu_repla
                 slots = list(slots)
                 slots[0] = torch.zeros(SHAPES[0][::-1]).t()  # other strides
                 alive.append(slots)
-            for p, s in zip(params, slots):
-                s.copy_(torch.randn(s.shape, generator=g))
-                p.grad = s
+            _fill_grads(params, slots, g)
             opt.step(**inputs(k))
         runs.append((params, opt))
     (a, ea), (b, eb) = runs
@@ -577,9 +582,7 @@ def test_a_recording_that_fails_in_capture_end_leaves_the_eager_bits(cpu_replay,
         slots = [torch.zeros_like(p) for p in params]
         with pytest.warns(RuntimeWarning, match="could not be recorded") if replay else _nothing():
             for k in range(6):
-                for p, s in zip(params, slots):
-                    s.copy_(torch.randn(s.shape, generator=g))
-                    p.grad = s
+                _fill_grads(params, slots, g)
                 opt.step(**inputs(k))
         runs.append((params, opt))
     (a, _), (b, opt) = runs
