@@ -47,7 +47,7 @@ def _median_us(step: Callable[[], None], reps: int) -> float:
 def _optimizer(algo: str, params: List[torch.Tensor], backend: str, replay: bool) -> Any:
     import fedopt_kernels as fk
 
-    if algo == "feddecay":
+    if algo == "FedDecaySGD":
         return fk.FedDecaySGD(params, lr=0.05, beta=1.0, momentum=0.9, weight_decay=5e-4, backend=backend,
                               replay=replay)
     return fk.FedNAR(params, lr=0.05, weight_decay=5e-4, max_norm=1.0, backend=backend, replay=replay)
@@ -158,14 +158,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if "triton" in args.what:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
     print(f"host side of a step; torch {torch.__version__}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
-    for algo in ("feddecay", "fednar"):
+    for algo in ("FedDecaySGD", "FedNAR"):
         for n in args.tensors:
             if "replay" in args.what:
                 r = replayed_step(algo, n, args.reps)
-                print(f"{algo:9s} n={n:4d}  replayed step: {r['host_us']:7.2f} us, {r['python_calls']} Python calls, "
+                print(f"{algo:11s} n={n:4d}  replayed step: {r['host_us']:7.2f} us, {r['python_calls']} Python calls, "
                       f"{r['tensor_accesses']} tensor accesses from Python")
             if "triton" in args.what:
                 t = eager_triton_step(algo, n, max(1, args.reps // 4))
-                print(f"{algo:9s} n={n:4d}  eager triton step, launches stubbed: {t['in_place_us']:7.2f} us "
+                print(f"{algo:11s} n={n:4d}  eager triton step, launches stubbed: {t['in_place_us']:7.2f} us "
                       f"(gradients in place), {t['two_sets_us']:7.2f} us (two gradient sets in turn)")
     return 0

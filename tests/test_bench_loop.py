@@ -137,7 +137,7 @@ def test_host_cost_runs_and_a_replayed_step_reads_no_tensor_per_parameter(capsys
 
     if grad_watch._native_module() is None:
         pytest.skip("no compiled extension with GradWatch here")
-    small, large = host.replayed_step("fednar", 6, 5), host.replayed_step("fednar", 62, 5)
+    small, large = host.replayed_step("FedNAR", 6, 5), host.replayed_step("FedNAR", 62, 5)
     assert small["tensor_accesses"] == large["tensor_accesses"] and small["python_calls"] == large["python_calls"]
     assert host.main(["--what", "replay", "--tensors", "3", "--reps", "2"]) == 0
     assert "replayed step" in capsys.readouterr().out
