@@ -177,7 +177,7 @@ class FedSAM(SGDFamily):
                 k = self._ascent_k[device] = torch.zeros(self._clients() or 1, dtype=torch.int32, device=device)
             args = (
                 plan.params,
-                plan.grads,
+                plan.current_grads(),
                 plan.lists[_SAVED],
                 plan.batch,
                 plan.present,
