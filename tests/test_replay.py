@@ -468,7 +468,10 @@ def test_replayed_steps_with_moving_gradients_are_the_eager_bits(algo, cpu_repla
                 slots[0] = torch.zeros(SHAPES[0][::-1]).t()  # other strides
                 alive.append(slots)
             _fill_grads(params, slots, g)
-            opt.step(**inputs(k))
+            step_inputs = inputs(k)
+            if "closure" in step_inputs:  # FedSAM: its second gradient into the same tensors (their addresses)
+                step_inputs = dict(step_inputs, closure=lambda: [q.grad.add_(q.detach()) for q in params])
+            opt.step(**step_inputs)
         runs.append((params, opt))
     (a, ea), (b, eb) = runs
     for i, (x, y) in enumerate(zip(a, b)):
