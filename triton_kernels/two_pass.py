@@ -1,4 +1,4 @@
-"""The two-pass (global norm, then update) driver shared by every norm op (FedNAR, PAdaMFed).
+"""The two-pass (global norm, then update) driver shared by every norm op (FedNAR, PAdaMFed, FedSAM's ascent).
 
 An op contributes two device functions (its module's ``elem`` and ``factor``; ``OP`` picks the
 module at compile time); this file holds the kernels that walk the tiles and the launch sequence.
@@ -40,14 +40,14 @@ import torch
 import triton
 import triton.language as tl
 
-from . import fednar, padamfed
+from . import fednar, padamfed, sam_ascent
 from .jit_mode import device_fn, interpreted, loop_bound
 from .launcher import SLOT_BLOCK, Launch, LaunchPlan, launch_bound, launch_options
 from .launcher import launch as run_launch
 from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of, tile_rows
 
-OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}
+OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed), "sam_ascent": (2, sam_ascent)}
 # a per-client op calls _SHARDED.reduce(partials) between its passes, when set (sharded parameters)
 from fedopt_kernels.core.between_passes import current as _SHARDED  # noqa: E402
 
@@ -84,7 +84,8 @@ def _elem(
     ALIGNED: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    # DTi / Pi: role i of the op's declaration (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H)
+    # DTi / Pi: role i of the op's declaration (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H;
+    # sam_ascent: x, g, saved)
     if OP == 0:
         out = fednar.elem(
             meta_ptr,
@@ -108,9 +109,13 @@ def _elem(
             ALIGNED,
             VEC,
         )
-    else:
+    elif OP == 1:
         out = padamfed.elem(
             meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, DT4, P4, UNSCALE, ROWS, ALIGNED
+        )
+    else:
+        out = sam_ascent.elem(
+            meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, P2, UNSCALE, ROWS, ALIGNED
         )
     return out
 
@@ -119,8 +124,10 @@ def _elem(
 def _factor(OP: tl.constexpr, norm, r):
     if OP == 0:
         f = fednar.factor(norm, r)
-    else:
+    elif OP == 1:
         f = padamfed.factor(norm, r)
+    else:
+        f = sam_ascent.factor(norm, r)
     return f
 
 

@@ -1,4 +1,4 @@
-"""An op's positional arguments (``_ops.OpSpec.schema``) by name, and regrouped into uniform batches.
+"""An op's positional arguments (``ops.OpSpec.schema``) by name, and regrouped into uniform batches.
 
 The Python implementations (reference, triton) read their arguments through ``OpArgs``; the C++
 bindings parse the same layout themselves (``csrc/common/op_args.cpp``).

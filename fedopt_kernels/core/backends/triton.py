@@ -1,4 +1,4 @@
-"""The ``triton`` backend: fused multi-tensor Triton kernels for every op of ``_ops.OPS``.
+"""The ``triton`` backend: fused multi-tensor Triton kernels for every op of ``ops.OPS``.
 
 Runs on CUDA tensors; on CPU tensors only under ``TRITON_INTERPRET=1`` (the Triton interpreter,
 which is how the tests check the kernels on machines without a GPU). The kernels live in
