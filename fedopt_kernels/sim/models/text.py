@@ -27,6 +27,8 @@ from torch import nn
 class CharLSTM(nn.Module):
     """Embedding(embed) -> LSTM(hidden, layers) -> Linear(vocab) of the last step's output."""
 
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
+
     def __init__(self, vocab: int, embed: int = 8, hidden: int = 256, layers: int = 2):
         super().__init__()
         self.embed = nn.Embedding(vocab, embed)
@@ -41,6 +43,8 @@ class CharLSTM(nn.Module):
 class _GRULayer(nn.Module):
     """``h_t = (1 - z) * n + z * h_{t-1}`` with ``r, z = sigmoid(W x + U h)``, ``n = tanh(W_n x + r * (U_n h))``
     (torch's GRU equations), unrolled in plain ops."""
+
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
 
     def __init__(self, inp: int, hidden: int):
         super().__init__()
@@ -67,6 +71,8 @@ class _GRULayer(nn.Module):
 class CharGRU(nn.Module):
     """Embedding(embed) -> ``layers`` GRU layers (hidden) in plain ops -> Linear(vocab) of the last step."""
 
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
+
     def __init__(self, vocab: int, embed: int = 8, hidden: int = 128, layers: int = 2):
         super().__init__()
         self.embed = nn.Embedding(vocab, embed)
@@ -81,6 +87,8 @@ class CharGRU(nn.Module):
 
 
 class _Block(nn.Module):
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
+
     def __init__(self, dim: int, heads: int, ff: int):
         super().__init__()
         self.heads = heads
@@ -106,6 +114,8 @@ class CharTransformer(nn.Module):
 
     ``context``: read only the last ``context`` characters of each window (attention costs grow with
     its square; None: the whole window)."""
+
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
 
     def __init__(
         self, vocab: int, seq_len: int, dim: int = 64, layers: int = 2, heads: int = 4, context: Optional[int] = None
