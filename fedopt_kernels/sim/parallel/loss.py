@@ -110,6 +110,10 @@ class ClientLoss:
         """Every client's gradient (``[C, *shape]`` each) and loss (``[C]``)."""
         return self.per_client(tuple(params), x, y, w)
 
+    def logits(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Client c's model on its samples: ``x`` [C, B, ...] -> [C, B, classes]."""
+        return vmap(lambda ps, xx: functional_call(self.net, dict(zip(self.names, ps)), (xx,)))(tuple(params), x)
+
     def grads_at(
         self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
