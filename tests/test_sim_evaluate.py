@@ -90,18 +90,19 @@ from fedopt_kernels.sim.models.small import SmallCNN  # noqa: E402
 
 
 class _Counting(nn.Module):
-    """Wraps a network; counts the samples it sees in eval mode (what a test pass sends through it)."""
+    """Wraps a network; counts the samples it sees in eval mode (what a test pass sends through it),
+    in a list that the evaluation engines' copies of the module share."""
 
     sample_wise = True
 
     def __init__(self, net):
         super().__init__()
         self.net = net
-        self.eval_samples = 0
+        self.seen = [0]
 
     def forward(self, x):
         if not self.training:
-            self.eval_samples += x.shape[0]
+            self.seen[0] += x.shape[0]
         return self.net(x)
 
 
@@ -132,13 +133,19 @@ def test_the_global_model_sees_each_test_image_once():
     existing, new = image_users(SIZES[:3]), image_users(SIZES[3:], seed=1)
     n_test = sum(u.test_y.shape[0] for u in existing + new)
     want_pooled = pooled_metrics(model, existing + new, "test")["acc"]
-    model.eval_samples = 0
-    out = evaluate_users(model, params, {"existing": existing, "new": new}, steps=0, lr=0.1, make_stream=_streams(4))
-    assert model.eval_samples == n_test  # pooled and per-user numbers from one pass
-    assert out["pooled_test_acc"] == pytest.approx(want_pooled)
-    model.eval_samples = 0
-    evaluate_users(model, params, {"existing": existing, "new": new}, steps=2, lr=0.1, make_stream=_streams(4))
-    assert model.eval_samples == 2 * n_test  # the global model once, each fine-tuned model once
+    for parallel in (None, 2):
+        model.seen[0] = 0
+        out = evaluate_users(model, params, {"existing": existing, "new": new}, steps=0, lr=0.1,
+                             make_stream=_streams(4), parallel=parallel)
+        assert model.seen[0] == n_test  # pooled and per-user numbers from one pass
+        assert out["pooled_test_acc"] == pytest.approx(want_pooled)
+        model.seen[0] = 0
+        evaluate_users(model, params, {"existing": existing, "new": new}, steps=2, lr=0.1,
+                       make_stream=_streams(4), parallel=parallel)
+        # the global model once; each fine-tuned model once (stacked: padded to the chunk's longest split)
+        # existing test sizes (5, 2, 7) in chunks {5, 2} {7}, new (1, 4) in one: 2 * 5 + 7 + 2 * 4
+        padded = n_test if parallel is None else 2 * 5 + 7 + 2 * 4
+        assert model.seen[0] == n_test + padded
 
 
 def test_split_scores_are_per_user_and_cost_counts_flops():

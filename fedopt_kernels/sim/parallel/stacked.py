@@ -118,6 +118,7 @@ class StackedNet:
         why = stack_reason(net)
         if why is not None:
             raise NotStackable(why)
+        self.source = net
         self.net = _rebuild(net)
         self.slots: List[Tuple[StackedLayer, str]] = []
         for name, _ in net.named_parameters():
@@ -143,6 +144,8 @@ class StackedNet:
                 m.formulation = form
 
     def __call__(self, params: Sequence[torch.Tensor], x: torch.Tensor, ctx: Clients) -> torch.Tensor:
+        if self.net.training != self.source.training:  # the copy follows the model's train/eval mode
+            self.net.train(self.source.training)
         for layer in self.layers.values():
             layer.ctx = ctx
         for (layer, attr), t in zip(self.slots, params):
