@@ -42,6 +42,7 @@ forward + backward under each of its formulations (``sim.parallel.layers``), at 
 Results: ``clients-<device>-<date>.{json,md,png}`` in ``--out-dir`` (default ``bench_runs/``,
 git-ignored; ``--out-dir bench/results`` for the committed tables), listed in LATEST.md there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,6 +53,7 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -77,7 +79,13 @@ from .peak import device_peak
 from .timing import Budget, median, time_calls
 
 HP = dict(lr=0.05, weight_decay=5e-4, max_norm=10.0)
-SEQ, VMAP, PLAIN, FUSED, GRAPH = "sequential", "batched-vmap", "batched-plain-torch", "batched-fused", "batched-fused-graph"
+SEQ, VMAP, PLAIN, FUSED, GRAPH = (
+    "sequential",
+    "batched-vmap",
+    "batched-plain-torch",
+    "batched-fused",
+    "batched-fused-graph",
+)
 CHUNKED = "batched-fused-chunked"
 MODES = (SEQ, VMAP, PLAIN, FUSED, GRAPH, CHUNKED)
 BATCHED = (FUSED, GRAPH, CHUNKED)  # the simulator's client-parallel step in its forms
@@ -88,60 +96,137 @@ PART_BUDGET = Budget(warmup=2, min_reps=5, max_reps=200, min_time_s=0.5)
 class Setting:
     """A model in a paper's setting: what the table states about it."""
 
-    model: str           # build_model name
+    model: str  # build_model name
     shape: Tuple[int, ...]
     classes: int
     batch: int
-    steps: int           # the bench's default K
-    paper: str           # where the setting comes from, with the paper's local steps
+    steps: int  # the bench's default K
+    paper: str  # where the setting comes from, with the paper's local steps
     clients: Dict[str, List[int]] = field(default_factory=dict)  # default C per device type
     kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 SETTINGS: Dict[str, Setting] = {
-    "small-cnn": Setting("cnn", (1, 8, 8), 10, 10, 10, "the simulator's toy (8x8 digits), K=10",
-                         {"cpu": [10, 50, 200], "cuda": [10, 50, 200, 1000]}),
-    "fedavg-cnn": Setting("fedavg-cnn", (1, 28, 28), 10, 10, 10,
-                          "McMahan et al. 2017, MNIST CNN: B=10, E=5 (300 local steps); timed K=10",
-                          {"cpu": [5, 20], "cuda": [10, 100, 200]}),
-    "resnet18-gn": Setting("resnet18-gn", (3, 32, 32), 10, 50, 20,
-                           "FedNAR (Li et al. 2023), CIFAR-10: B=50, 20 local steps",
-                           {"cpu": [2, 4], "cuda": [5, 20, 50]}),
-    "char-lstm": Setting("char-lstm", (80,), 80, 10, 10,
-                         "LEAF Shakespeare (Caldas et al. 2018): B=10, 1 local epoch; timed K=10",
-                         {"cpu": [5, 20], "cuda": [10, 100, 400]}),
+    "small-cnn": Setting(
+        "cnn",
+        (1, 8, 8),
+        10,
+        10,
+        10,
+        "the simulator's toy (8x8 digits), K=10",
+        {"cpu": [10, 50, 200], "cuda": [10, 50, 200, 1000]},
+    ),
+    "fedavg-cnn": Setting(
+        "fedavg-cnn",
+        (1, 28, 28),
+        10,
+        10,
+        10,
+        "McMahan et al. 2017, MNIST CNN: B=10, E=5 (300 local steps); timed K=10",
+        {"cpu": [5, 20], "cuda": [10, 100, 200]},
+    ),
+    "resnet18-gn": Setting(
+        "resnet18-gn",
+        (3, 32, 32),
+        10,
+        50,
+        20,
+        "FedNAR (Li et al. 2023), CIFAR-10: B=50, 20 local steps",
+        {"cpu": [2, 4], "cuda": [5, 20, 50]},
+    ),
+    "char-lstm": Setting(
+        "char-lstm",
+        (80,),
+        80,
+        10,
+        10,
+        "LEAF Shakespeare (Caldas et al. 2018): B=10, 1 local epoch; timed K=10",
+        {"cpu": [5, 20], "cuda": [10, 100, 400]},
+    ),
 }
 CPU_STEPS = {"resnet18-gn": 2}  # a CPU round of 20 ResNet steps takes minutes per client
 
 # the project's targets (benchmark goals, not tests): (text, model, value function, threshold)
 GOALS = {
     "cpu": [
-        ("small-cnn: batched-fused >= 8x sequential at C=50", "small-cnn", lambda r: _ratio(r, "small-cnn", 50, FUSED), 8.0),
-        ("fedavg-cnn: best batched >= 50% of the device's FLOP/s at C=20", "fedavg-cnn",
-         lambda r: _frac(r, "fedavg-cnn", 20), 0.5),
-        ("fedavg-cnn: batched-fused >= sequential at C=20", "fedavg-cnn", lambda r: _ratio(r, "fedavg-cnn", 20, FUSED), 1.0),
-        ("small-cnn: fused update >= 1.3x plain torch at C=50", "small-cnn", lambda r: _part_ratio(r, "small-cnn", 50), 1.3),
+        (
+            "small-cnn: batched-fused >= 8x sequential at C=50",
+            "small-cnn",
+            lambda r: _ratio(r, "small-cnn", 50, FUSED),
+            8.0,
+        ),
+        (
+            "fedavg-cnn: best batched >= 50% of the device's FLOP/s at C=20",
+            "fedavg-cnn",
+            lambda r: _frac(r, "fedavg-cnn", 20),
+            0.5,
+        ),
+        (
+            "fedavg-cnn: batched-fused >= sequential at C=20",
+            "fedavg-cnn",
+            lambda r: _ratio(r, "fedavg-cnn", 20, FUSED),
+            1.0,
+        ),
+        (
+            "small-cnn: fused update >= 1.3x plain torch at C=50",
+            "small-cnn",
+            lambda r: _part_ratio(r, "small-cnn", 50),
+            1.3,
+        ),
     ],
     "cuda": [
         ("small-cnn: >= 1,000,000 client-steps/s at C=1000", "small-cnn", lambda r: _best(r, "small-cnn", 1000), 1e6),
-        ("small-cnn: no collapse at C=1000 (best >= best at C=200)", "small-cnn",
-         lambda r: _div(_best(r, "small-cnn", 1000), _best(r, "small-cnn", 200)), 1.0),
-        ("fedavg-cnn: best batched >= 25% of the device's FLOP/s at C>=100", "fedavg-cnn",
-         lambda r: _max_over(r, "fedavg-cnn", lambda C: _frac(r, "fedavg-cnn", C), 100), 0.25),
-        ("fedavg-cnn: best batched >= 20x sequential at C>=100", "fedavg-cnn",
-         lambda r: _max_over(r, "fedavg-cnn", lambda C: _div(_best(r, "fedavg-cnn", C), _seq(r, "fedavg-cnn")), 100), 20.0),
-        ("resnet18-gn: best batched >= 3x sequential at the largest C run", "resnet18-gn",
-         lambda r: _at_largest(r, "resnet18-gn"), 3.0),
-        ("char-lstm: best batched >= 3x sequential at the largest C run", "char-lstm",
-         lambda r: _at_largest(r, "char-lstm"), 3.0),
+        (
+            "small-cnn: no collapse at C=1000 (best >= best at C=200)",
+            "small-cnn",
+            lambda r: _div(_best(r, "small-cnn", 1000), _best(r, "small-cnn", 200)),
+            1.0,
+        ),
+        (
+            "fedavg-cnn: best batched >= 25% of the device's FLOP/s at C>=100",
+            "fedavg-cnn",
+            lambda r: _max_over(r, "fedavg-cnn", lambda C: _frac(r, "fedavg-cnn", C), 100),
+            0.25,
+        ),
+        (
+            "fedavg-cnn: best batched >= 20x sequential at C>=100",
+            "fedavg-cnn",
+            lambda r: _max_over(r, "fedavg-cnn", lambda C: _div(_best(r, "fedavg-cnn", C), _seq(r, "fedavg-cnn")), 100),
+            20.0,
+        ),
+        (
+            "resnet18-gn: best batched >= 3x sequential at the largest C run",
+            "resnet18-gn",
+            lambda r: _at_largest(r, "resnet18-gn"),
+            3.0,
+        ),
+        (
+            "char-lstm: best batched >= 3x sequential at the largest C run",
+            "char-lstm",
+            lambda r: _at_largest(r, "char-lstm"),
+            3.0,
+        ),
     ],
 }
 
 
 # ------------------------------------------------------------------ host memory
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _mallinfo() -> Optional[Callable[[], int]]:
@@ -218,8 +303,14 @@ class Workload:
         self.clients, self.steps, self.device = clients, steps, device
 
 
-def plain_fednar_(params: List[torch.Tensor], grads: List[torch.Tensor], lr: float, weight_decay: float,
-                  max_norm: float, eps: float = 1e-6) -> None:
+def plain_fednar_(
+    params: List[torch.Tensor],
+    grads: List[torch.Tensor],
+    lr: float,
+    weight_decay: float,
+    max_norm: float,
+    eps: float = 1e-6,
+) -> None:
     """FedNAR on stacked [C, ...] tensors in plain torch, per client: d = g + wd x, x -= lr min(1, M/(|d|+eps)) d."""
     d = torch._foreach_add(grads, params, alpha=weight_decay)
     sq = torch.stack([t.reshape(t.shape[0], -1).square().sum(1) for t in d]).sum(0)
@@ -253,8 +344,9 @@ def plain_round(wl: Workload, loss, stacked: List[torch.Tensor]) -> None:
 
 
 def fused_trainer(wl: Workload, loss, graph: Optional[str], clients: Optional[int] = None) -> BatchedTrainer:
-    return BatchedTrainer(loss, wl.glob, clients or wl.clients, lambda ps: BatchedFedNAR(ps, **HP), steps=wl.steps,
-                          graph=graph)
+    return BatchedTrainer(
+        loss, wl.glob, clients or wl.clients, lambda ps: BatchedFedNAR(ps, **HP), steps=wl.steps, graph=graph
+    )
 
 
 def fused_round(wl: Workload, tr: BatchedTrainer) -> None:
@@ -273,7 +365,7 @@ def chunked_round(wl: Workload, tr: BatchedTrainer) -> None:
         tr.load(wl.glob)
         tr.start_round(round_index=0)
         for k in range(wl.steps):
-            x, y, w = (_pad_clients(t[k:k + 1, i:i + m], n)[0] for t in (wl.x, wl.y, wl.w))
+            x, y, w = (_pad_clients(t[k : k + 1, i : i + m], n)[0] for t in (wl.x, wl.y, wl.w))
             tr.step(x, y, w, active=active)
 
 
@@ -299,8 +391,9 @@ def _fused_backend(device: torch.device) -> str:
 
 
 # ------------------------------------------------------------------ one model at one C
-def measure(name: str, C: int, args: argparse.Namespace, device: torch.device, seq_clients: int,
-            log: Callable[[str], None]) -> List[Dict[str, Any]]:
+def measure(
+    name: str, C: int, args: argparse.Namespace, device: torch.device, seq_clients: int, log: Callable[[str], None]
+) -> List[Dict[str, Any]]:
     """Every mode (interleaved) and part of model ``name`` at C clients."""
     setting = SETTINGS[name]
     steps, batch = args.steps_of[name], args.batch_of[name]
@@ -315,34 +408,38 @@ def measure(name: str, C: int, args: argparse.Namespace, device: torch.device, s
     modes = args.modes
     if SEQ in modes:
         if C == seq_clients:
+
             def build_seq():
                 opt = FedNAR(wl.model.parameters(), **HP)
                 return lambda: sequential_round(wl, opt)
+
             builders[SEQ] = (_registry.auto_backend(device, "fednar"), build_seq)
         else:
             skipped[SEQ] = f"measured at C={seq_clients} (client by client: its rate does not depend on C)"
     if VMAP in modes:
         try:
             vmap_loss = ClientLoss(wl.model)
-            builders[VMAP] = (backend, lambda: (lambda tr=fused_trainer(wl, vmap_loss, None): fused_round(wl, tr)))
+            builders[VMAP] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, vmap_loss, None)))
         except ValueError as why:
             skipped[VMAP] = str(why).split(". ")[0]
     if PLAIN in modes:
+
         def build_plain():
             stacked = [g.unsqueeze(0).repeat(C, *([1] * g.dim())).contiguous() for g in wl.glob]
             return lambda: plain_round(wl, engine, stacked)
+
         builders[PLAIN] = ("torch", build_plain)
     if FUSED in modes:
-        builders[FUSED] = (backend, lambda: (lambda tr=fused_trainer(wl, engine, None): fused_round(wl, tr)))
+        builders[FUSED] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, engine, None)))
     if GRAPH in modes and device.type == "cuda":
         if graph is None:  # the reference batched ops read step counters on the host: not capturable
             skipped[GRAPH] = "no fused client-batched backend to capture (reference)"
         else:
-            builders[GRAPH] = (backend, lambda: (lambda tr=fused_trainer(wl, engine, graph): fused_round(wl, tr)))
+            builders[GRAPH] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, engine, graph)))
     chunk = None
     if CHUNKED in modes and C > args.chunk:
         chunk = math.ceil(C / math.ceil(C / args.chunk))
-        builders[CHUNKED] = (backend, lambda: (lambda tr=fused_trainer(wl, engine, graph, chunk): chunked_round(wl, tr)))
+        builders[CHUNKED] = (backend, lambda: partial(chunked_round, wl, fused_trainer(wl, engine, graph, chunk)))
 
     runs: Dict[str, Callable[[], None]] = {}
     info: Dict[str, Dict[str, Any]] = {}
@@ -379,13 +476,19 @@ def measure(name: str, C: int, args: argparse.Namespace, device: torch.device, s
         if mode == CHUNKED:
             row["chunk"] = chunk
         if times.get(mode) and "error" not in row:
-            row.update(round_s=min(times[mode]), round_times_s=times[mode],
-                       client_steps_per_s=C * steps / min(times[mode]))
+            row.update(
+                round_s=min(times[mode]), round_times_s=times[mode], client_steps_per_s=C * steps / min(times[mode])
+            )
             row["other_load_cores"] = max(loads[mode]) if loads[mode] else None
         rows.append(row)
-        log(f"  {name} C={C:>5} {mode:<22} {row['backend']:<10} "
-            + (f"{row['client_steps_per_s']:>12,.0f} client-steps/s" if "client_steps_per_s" in row
-               else f"ERROR {row.get('error')}"))
+        log(
+            f"  {name} C={C:>5} {mode:<22} {row['backend']:<10} "
+            + (
+                f"{row['client_steps_per_s']:>12,.0f} client-steps/s"
+                if "client_steps_per_s" in row
+                else f"ERROR {row.get('error')}"
+            )
+        )
     for mode, why in skipped.items():
         rows.append(dict(base, mode=mode, skipped=why))
     runs.clear()
@@ -395,7 +498,8 @@ def measure(name: str, C: int, args: argparse.Namespace, device: torch.device, s
     stacked = [g.unsqueeze(0).repeat(C, *([1] * g.dim())).contiguous() for g in wl.glob]
     grads = [torch.randn_like(s) * 0.01 for s in stacked]
     parts: List[Tuple[str, str, Callable[[], Any]]] = [
-        ("grad stacked", "torch", lambda: engine.grads(stacked, wl.x[0], wl.y[0], wl.w[0]))]
+        ("grad stacked", "torch", lambda: engine.grads(stacked, wl.x[0], wl.y[0], wl.w[0]))
+    ]
     if VMAP in builders:
         parts.append(("grad vmap", "torch", lambda: vmap_loss.grads(stacked, wl.x[0], wl.y[0], wl.w[0])))
     parts.append(("update plain torch", "torch", lambda: plain_fednar_(stacked, grads, **HP)))
@@ -415,11 +519,18 @@ def measure(name: str, C: int, args: argparse.Namespace, device: torch.device, s
     return rows
 
 
-def layer_rows(name: str, wl: Workload, engine: StackedLoss, args: argparse.Namespace, device: torch.device,
-               log: Callable[[str], None]) -> List[Dict[str, Any]]:
+def layer_rows(
+    name: str,
+    wl: Workload,
+    engine: StackedLoss,
+    args: argparse.Namespace,
+    device: torch.device,
+    log: Callable[[str], None],
+) -> List[Dict[str, Any]]:
     """Forward + backward of every stacked layer alone under each formulation, on its real input."""
     inputs: Dict[str, Tuple[torch.Tensor, bool]] = {}  # the layer's input, and whether it needed a gradient
     hooks = []
+
     def keep(path: str, args: tuple) -> None:  # a pre-hook that returns something replaces the input
         inputs.setdefault(path, (args[0].detach(), args[0].requires_grad))
 
@@ -443,20 +554,41 @@ def layer_rows(name: str, wl: Workload, engine: StackedLoss, args: argparse.Name
         x = x.requires_grad_() if needs_grad else x
         ps = {a: t.detach().requires_grad_() for a, t in slots[id(layer)]}
         for form in forms:
+
             def call(form=form, layer=layer, x=x, ps=ps):
                 layer.formulation, layer.params, layer.ctx = form, ps, ctx
                 out = layer(x)
                 out = out[0] if isinstance(out, tuple) else out
                 out.backward(torch.ones_like(out))
+
             try:
                 ts = time_calls(call, device, args.layer_budget)
-                rows.append(dict(model=name, clients=wl.clients, layer=path, kind=layer.kind, formulation=form,
-                                 default=form == default.get(path), step_s=median(ts)))
-                log(f"  {name} C={wl.clients} layer {path:<24} {form:<13} {median(ts) * 1e3:9.3f} ms"
-                    + ("  (default)" if form == default.get(path) else ""))
+                rows.append(
+                    dict(
+                        model=name,
+                        clients=wl.clients,
+                        layer=path,
+                        kind=layer.kind,
+                        formulation=form,
+                        default=form == default.get(path),
+                        step_s=median(ts),
+                    )
+                )
+                log(
+                    f"  {name} C={wl.clients} layer {path:<24} {form:<13} {median(ts) * 1e3:9.3f} ms"
+                    + ("  (default)" if form == default.get(path) else "")
+                )
             except Exception as exc:
-                rows.append(dict(model=name, clients=wl.clients, layer=path, kind=layer.kind, formulation=form,
-                                 error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200]))
+                rows.append(
+                    dict(
+                        model=name,
+                        clients=wl.clients,
+                        layer=path,
+                        kind=layer.kind,
+                        formulation=form,
+                        error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200],
+                    )
+                )
         layer.formulation, layer.params = None, {}
     return rows
 
@@ -475,8 +607,11 @@ def _rate(result: Dict[str, Any], model: str, C: int, mode: str) -> Optional[flo
 
 
 def _seq(result: Dict[str, Any], model: str) -> Optional[float]:
-    rates = [r["client_steps_per_s"] for r in result["rows"]
-             if r.get("model") == model and r.get("mode") == SEQ and "client_steps_per_s" in r]
+    rates = [
+        r["client_steps_per_s"]
+        for r in result["rows"]
+        if r.get("model") == model and r.get("mode") == SEQ and "client_steps_per_s" in r
+    ]
     return rates[0] if rates else None
 
 
@@ -508,7 +643,9 @@ def _frac(result: Dict[str, Any], model: str, C: int, mode: Optional[str] = None
     return None if rate is None or f is None or not peak else rate * f / peak
 
 
-def _max_over(result: Dict[str, Any], model: str, value: Callable[[int], Optional[float]], min_c: int) -> Optional[float]:
+def _max_over(
+    result: Dict[str, Any], model: str, value: Callable[[int], Optional[float]], min_c: int
+) -> Optional[float]:
     vals = [v for v in (value(C) for C in result["meta"]["clients"].get(model, []) if C >= min_c) if v is not None]
     return max(vals) if vals else None
 
@@ -535,8 +672,14 @@ def judge(result: Dict[str, Any]) -> List[Dict[str, Any]]:
         if model not in result["meta"]["models"]:
             continue
         v = value(result)
-        out.append({"goal": text, "value": v, "threshold": threshold,
-                    "verdict": "n/a" if v is None else ("pass" if v >= threshold else "miss")})
+        out.append(
+            {
+                "goal": text,
+                "value": v,
+                "threshold": threshold,
+                "verdict": "n/a" if v is None else ("pass" if v >= threshold else "miss"),
+            }
+        )
     return out
 
 
@@ -565,13 +708,18 @@ def markdown(result: Dict[str, Any]) -> str:
         f"- commit: `{meta['commit']}`{' (uncommitted changes)' if meta.get('dirty') else ''}; torch {meta['torch']}; "
         f"threads {meta['threads']}; wall time {meta['wall_s']:.0f} s; load average before/after "
         f"{meta.get('loadavg_before')} / {meta.get('loadavg_after')}"
-        + ("; **interrupted** (deadline): the cases after the last row were not run" if meta.get("interrupted") else ""),
+        + (
+            "; **interrupted** (deadline): the cases after the last row were not run" if meta.get("interrupted") else ""
+        ),
         "- round: C clients x K local steps, FedNAR update; the modes of one C timed interleaved, best of "
         f"{meta['rounds']} rounds after one untimed round; batched backend (auto): {meta['fused_backend']}, "
         f"sequential: {meta['sequential_backend']}",
-        "- device FLOP/s, measured in this run (start, end): " + "; ".join(
+        "- device FLOP/s, measured in this run (start, end): "
+        + "; ".join(
             f"matmul {p['matmul_flops_per_s'] / 1e9:,.1f} G, conv {p['conv_flops_per_s'] / 1e9:,.1f} G"
-            + (" (TF32 conv)" if p.get("tf32_conv") else "") for p in result.get("peak", []))
+            + (" (TF32 conv)" if p.get("tf32_conv") else "")
+            for p in result.get("peak", [])
+        )
         + (f"; the table uses {peak / 1e9:,.1f} G" if peak else ""),
         "",
         "## Goals",
@@ -593,19 +741,29 @@ def markdown(result: Dict[str, Any]) -> str:
     for name in meta["models"]:
         m = result["models"][name]
         flops = m.get("flops_per_client_step")
-        lines += ["", f"## {name}", "",
-                  f"{m['paper']}. Inputs {tuple(m['shape'])}, {m['classes']} classes, batch {m['batch']}, "
-                  f"K={m['steps']} steps per timed round; {m['parameters']:,} parameters; "
-                  + (f"{flops / 1e6:,.1f} MFLOP per client-step (forward + backward)." if flops else "FLOPs not counted."),
-                  "",
-                  "| clients | mode | backend | client-steps/s | vs sequential | model GFLOP/s | of device | "
-                  "peak memory per client |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            f"{m['paper']}. Inputs {tuple(m['shape'])}, {m['classes']} classes, batch {m['batch']}, "
+            f"K={m['steps']} steps per timed round; {m['parameters']:,} parameters; "
+            + (f"{flops / 1e6:,.1f} MFLOP per client-step (forward + backward)." if flops else "FLOPs not counted."),
+            "",
+            "| clients | mode | backend | client-steps/s | vs sequential | model GFLOP/s | of device | "
+            "peak memory per client |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         seq = _seq(result, name)
         for C in meta["clients"][name]:
             for mode in MODES:
-                r = next((r for r in result["rows"] if r.get("model") == name and r.get("mode") == mode
-                          and r["clients"] == C), None)
+                r = next(
+                    (
+                        r
+                        for r in result["rows"]
+                        if r.get("model") == name and r.get("mode") == mode and r["clients"] == C
+                    ),
+                    None,
+                )
                 if r is None or ("skipped" in r and mode == SEQ):
                     continue
                 if "skipped" in r:
@@ -623,26 +781,39 @@ def markdown(result: Dict[str, Any]) -> str:
                     f"{_fmt_x(_div(rate, seq)) if mode != SEQ else '1.00x'} | "
                     f"{'—' if gf is None else f'{gf / 1e9:,.1f}'} | "
                     f"{'—' if gf is None or not peak else f'{gf / peak:.1%}'} | "
-                    f"{_fmt_bytes(r.get('peak_bytes_per_client'))}{' (one client)' if mode == SEQ else ''} |")
-        lines += ["", "| clients | grad stacked | grad vmap | update plain torch | update fused | update: plain / fused |",
-                  "|---|---|---|---|---|---|"]
+                    f"{_fmt_bytes(r.get('peak_bytes_per_client'))}{' (one client)' if mode == SEQ else ''} |"
+                )
+        lines += [
+            "",
+            "| clients | grad stacked | grad vmap | update plain torch | update fused | update: plain / fused |",
+            "|---|---|---|---|---|---|",
+        ]
         for C in meta["clients"][name]:
-            g, v, p, f = (_part(result, name, C, n) for n in ("grad stacked", "grad vmap", "update plain torch",
-                                                               "update fused"))
+            g, v, p, f = (
+                _part(result, name, C, n) for n in ("grad stacked", "grad vmap", "update plain torch", "update fused")
+            )
             fmt = lambda s: "—" if s is None else f"{s * 1e3:.3f} ms"  # noqa: E731
             lines.append(f"| {C} | {fmt(g)} | {fmt(v)} | {fmt(p)} | {fmt(f)} | {_fmt_x(_div(p, f))} |")
         layer_rows_ = [r for r in result["rows"] if r.get("model") == name and "layer" in r]
         if layer_rows_:
             C = layer_rows_[0]["clients"]
-            lines += ["", f"Layers alone at C={C}, forward + backward (median; **bold**: the default formulation):", "",
-                      "| layer | type | " + " | ".join(("formulation", "time")) + " |", "|---|---|---|---|"]
+            lines += [
+                "",
+                f"Layers alone at C={C}, forward + backward (median; **bold**: the default formulation):",
+                "",
+                "| layer | type | " + " | ".join(("formulation", "time")) + " |",
+                "|---|---|---|---|",
+            ]
             for r in layer_rows_:
                 t = r.get("step_s")
                 shown = f"error: {r['error'][:60]}" if "error" in r else f"{t * 1e3:.3f} ms"
                 form = f"**{r['formulation']}**" if r.get("default") else r["formulation"]
                 lines.append(f"| {r['layer']} | {r['kind']} | {form} | {shown} |")
-    lines += ["", "⚠: other processes kept more than 0.25 cores busy during a timed round of that mode "
-                  "(CPU timings disturbed).", ""]
+    lines += [
+        "",
+        "⚠: other processes kept more than 0.25 cores busy during a timed round of that mode (CPU timings disturbed).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -697,28 +868,49 @@ def render(json_path: Path) -> None:
 
 # ------------------------------------------------------------------ command line
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench clients", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench clients", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
     ap.add_argument("--model", nargs="+", choices=list(SETTINGS), default=list(SETTINGS), dest="models")
-    ap.add_argument("--clients", type=int, nargs="+", default=None,
-                    help="values of C, for every model (default: each model's list for the device)")
+    ap.add_argument(
+        "--clients",
+        type=int,
+        nargs="+",
+        default=None,
+        help="values of C, for every model (default: each model's list for the device)",
+    )
     ap.add_argument("--steps", type=int, default=None, help="local steps K per client (default: each model's)")
     ap.add_argument("--batch", type=int, default=None, help="batch size (default: each model's paper setting)")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per mode, best taken (default %(default)s)")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    ap.add_argument("--chunk", type=int, default=200,
-                    help=f"{CHUNKED}: for C above this, C clients in equal chunks of at most this many, one "
-                         f"after another (--client-parallel N; CUDA: graph replay) (default %(default)s)")
-    ap.add_argument("--seq-clients", type=int, default=None,
-                    help="run the sequential mode at this C only (default: each model's smallest C; its rate "
-                         "does not depend on C)")
-    ap.add_argument("--layers", action=argparse.BooleanOptionalAction, default=True,
-                    help="time every stacked layer under each formulation at the largest C (default on)")
+    ap.add_argument(
+        "--chunk",
+        type=int,
+        default=200,
+        help=f"{CHUNKED}: for C above this, C clients in equal chunks of at most this many, one "
+        f"after another (--client-parallel N; CUDA: graph replay) (default %(default)s)",
+    )
+    ap.add_argument(
+        "--seq-clients",
+        type=int,
+        default=None,
+        help="run the sequential mode at this C only (default: each model's smallest C; its rate does not depend on C)",
+    )
+    ap.add_argument(
+        "--layers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time every stacked layer under each formulation at the largest C (default on)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's default)")
     ap.add_argument("--smoke", action="store_true", help="small-cnn and char-lstm, C in {2, 4}, K=2, one round")
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs",
-                    help="where the result files and LATEST.md go (default: bench_runs/, git-ignored)")
+    ap.add_argument(
+        "--out-dir",
+        type=Path,
+        default=ROOT / "bench_runs",
+        help="where the result files and LATEST.md go (default: bench_runs/, git-ignored)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--render", type=Path, metavar="RESULT.json", help="only redraw that result's .md and .png")
     args = ap.parse_args(argv)
@@ -757,14 +949,26 @@ def main(argv: Optional[List[str]] = None) -> int:
         keep_freed_memory()  # as the simulator's client-parallel path does (sim/parallel/host_memory.py)
     kind = "cuda" if device.type == "cuda" else "cpu"
     args.clients_of = {n: args.clients or SETTINGS[n].clients[kind] for n in args.models}
-    args.steps_of = {n: args.steps or (CPU_STEPS.get(n, SETTINGS[n].steps) if kind == "cpu" else SETTINGS[n].steps)
-                     for n in args.models}
+    args.steps_of = {
+        n: args.steps or (CPU_STEPS.get(n, SETTINGS[n].steps) if kind == "cpu" else SETTINGS[n].steps)
+        for n in args.models
+    }
     args.batch_of = {n: args.batch or SETTINGS[n].batch for n in args.models}
-    meta = run_meta(device, "python -m bench clients " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:])))
-    meta.update(mode="clients", dtype="float32", smoke=args.smoke, models=args.models, clients=args.clients_of,
-                rounds=args.rounds, fused_backend=_fused_backend(device),
-                sequential_backend=_registry.auto_backend(device, "fednar"), hp=HP)
+    meta = run_meta(
+        device,
+        "python -m bench clients " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:])),
+    )
+    meta.update(
+        mode="clients",
+        dtype="float32",
+        smoke=args.smoke,
+        models=args.models,
+        clients=args.clients_of,
+        rounds=args.rounds,
+        fused_backend=_fused_backend(device),
+        sequential_backend=_registry.auto_backend(device, "fednar"),
+        hp=HP,
+    )
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"bench clients: {meta['device_name']}, models {args.models}")
     meta["loadavg_before"] = loadavg()
@@ -776,9 +980,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         for name in args.models:
             s = SETTINGS[name]
             model = build_model(s.model, s.shape, s.classes, **s.kwargs)
-            result["models"][name] = dict(paper=s.paper, shape=list(s.shape), classes=s.classes,
-                                          batch=args.batch_of[name], steps=args.steps_of[name],
-                                          parameters=sum(p.numel() for p in model.parameters()))
+            result["models"][name] = dict(
+                paper=s.paper,
+                shape=list(s.shape),
+                classes=s.classes,
+                batch=args.batch_of[name],
+                steps=args.steps_of[name],
+                parameters=sum(p.numel() for p in model.parameters()),
+            )
             del model
             seq_clients = args.seq_clients or min(args.clients_of[name])
             if seq_clients not in args.clients_of[name]:
@@ -787,11 +996,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                 try:
                     if "flops_per_client_step" not in result["models"][name]:
                         result["models"][name]["flops_per_client_step"] = client_step_flops(
-                            s, args.batch_of[name], device)
+                            s, args.batch_of[name], device
+                        )
                     result["rows"] += measure(name, C, args, device, seq_clients, log)
                 except (RuntimeError, ValueError) as exc:  # e.g. out of memory: the next case may still fit
-                    result["rows"].append(dict(model=name, clients=C, mode=FUSED,
-                                               error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
+                    result["rows"].append(
+                        dict(
+                            model=name,
+                            clients=C,
+                            mode=FUSED,
+                            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                        )
+                    )
                     log(f"  {name} C={C}: {result['rows'][-1]['error']}")
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
@@ -807,8 +1023,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         paths = write(result, args.out_dir)
         log("wrote " + ", ".join(str(p) for p in paths.values()))
         if "png" not in paths:
-            log("bench clients: no chart drawn: matplotlib is not installed (pip install 'fedopt_kernels[bench]' "
-                "or pip install matplotlib)")
+            log(
+                "bench clients: no chart drawn: matplotlib is not installed (pip install 'fedopt_kernels[bench]' "
+                "or pip install matplotlib)"
+            )
     return 0
 
 

@@ -16,6 +16,7 @@ depend on the pixels; the accuracies then mean nothing).
 Results: ``clients-sim-<device>-<date>.{json,md}`` in ``--out-dir`` (default ``bench_runs/``); the
 JSON is rewritten after every round, so a run stopped early keeps what it measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,10 +58,20 @@ def _config(args: argparse.Namespace, parallel: Any, data_dir: str):
     from fedopt_kernels.sim.config import SimConfig
 
     return SimConfig(
-        algorithm=args.algorithm, dataset=args.dataset, data_dir=data_dir, model=args.model, clients=args.clients,
-        clients_per_round=args.clients_per_round, holdout_fraction=args.holdout_fraction,
-        local_steps=args.local_steps, batch_size=args.batch_size, rounds=args.rounds, device=args.device,
-        eval_every=args.eval_every, client_parallel=parallel, seed=args.seed,
+        algorithm=args.algorithm,
+        dataset=args.dataset,
+        data_dir=data_dir,
+        model=args.model,
+        clients=args.clients,
+        clients_per_round=args.clients_per_round,
+        holdout_fraction=args.holdout_fraction,
+        local_steps=args.local_steps,
+        batch_size=args.batch_size,
+        rounds=args.rounds,
+        device=args.device,
+        eval_every=args.eval_every,
+        client_parallel=parallel,
+        seed=args.seed,
     )
 
 
@@ -85,45 +96,70 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
             mean = float(np.mean([c.size for c in probe.train_clients]))
             args.local_steps = max(1, math.ceil(args.local_epochs * mean / args.batch_size))
             del probe
-        runs = {"sequential": Simulation(_config(args, 1, data_dir)),
-                "client-parallel": Simulation(_config(args, args.client_parallel, data_dir))}
+        runs = {
+            "sequential": Simulation(_config(args, 1, data_dir)),
+            "client-parallel": Simulation(_config(args, args.client_parallel, data_dir)),
+        }
         par = runs["client-parallel"].batched
         meta = run_meta(device, "python -m bench clients-sim " + " ".join(shlex.quote(a) for a in args.argv))
-        meta.update(mode="clients-sim", dtype="float32", local_steps=args.local_steps,
-                    client_parallel=None if par is None else par.parallel, loadavg_before=loadavg(),
-                    config={k: v for k, v in vars(args).items() if k not in ("argv", "out_dir")},
-                    train_clients=len(runs["sequential"].train_clients),
-                    val_samples=sum(int(c.val_y.shape[0]) for c in runs["sequential"].train_clients),
-                    test_samples=sum(int(c.test_y.shape[0]) for c in runs["sequential"].train_clients
-                                     + runs["sequential"].data.new_clients))
+        meta.update(
+            mode="clients-sim",
+            dtype="float32",
+            local_steps=args.local_steps,
+            client_parallel=None if par is None else par.parallel,
+            loadavg_before=loadavg(),
+            config={k: v for k, v in vars(args).items() if k not in ("argv", "out_dir")},
+            train_clients=len(runs["sequential"].train_clients),
+            val_samples=sum(int(c.val_y.shape[0]) for c in runs["sequential"].train_clients),
+            test_samples=sum(
+                int(c.test_y.shape[0]) for c in runs["sequential"].train_clients + runs["sequential"].data.new_clients
+            ),
+        )
         result: Dict[str, Any] = {"meta": meta, "peak": [_peak(device, log)], "rounds": [], "final": {}}
-        log(f"bench clients-sim: {meta['device_name']}, {args.model} on {args.dataset}, {meta['train_clients']} "
+        log(
+            f"bench clients-sim: {meta['device_name']}, {args.model} on {args.dataset}, {meta['train_clients']} "
             f"clients, {args.clients_per_round} per round, K={args.local_steps}, {args.rounds} rounds, "
-            f"client-parallel N={meta['client_parallel']}")
+            f"client-parallel N={meta['client_parallel']}"
+        )
         for t in range(args.rounds):
             order = list(runs) if t % 2 == 0 else list(reversed(runs))
             row: Dict[str, Any] = {"round": t + 1}
             for name in order:
                 rec = runs[name].run_round(t)
                 ev = rec.get("eval_seconds", 0.0)
-                row[name] = {"train_s": rec["seconds"] - ev, "eval_s": ev, "eval_flops": rec.get("eval_flops", 0.0),
-                             "val_acc": rec.get("val_acc"), "train_loss": rec["train_loss"]}
+                row[name] = {
+                    "train_s": rec["seconds"] - ev,
+                    "eval_s": ev,
+                    "eval_flops": rec.get("eval_flops", 0.0),
+                    "val_acc": rec.get("val_acc"),
+                    "train_loss": rec["train_loss"],
+                }
             row["loadavg"] = loadavg()
             result["rounds"].append(row)
-            log(f"  round {t + 1}: " + "; ".join(
-                f"{n} train {row[n]['train_s']:.1f} s eval {row[n]['eval_s']:.2f} s val acc {row[n]['val_acc']:.4f}"
-                for n in runs))
+            log(
+                f"  round {t + 1}: "
+                + "; ".join(
+                    f"{n} train {row[n]['train_s']:.1f} s eval {row[n]['eval_s']:.2f} s"
+                    + ("" if row[n]["val_acc"] is None else f" val acc {row[n]['val_acc']:.4f}")
+                    for n in runs
+                )
+            )
             if args.out_file is not None:
                 args.out_file.write_text(json.dumps(result, indent=1, default=str) + "\n")
         for name in runs:  # the final evaluations, one after the other
             sim = runs[name]
             t0 = time.perf_counter()
             final = sim.final_evaluation()
-            result["final"][name] = {"seconds": time.perf_counter() - t0, "cost": sim.final_cost.as_dict(),
-                                     "pooled_test_acc": final["pooled_test_acc"],
-                                     "finetuned_existing_mean": final["finetuned"]["existing"]["mean"]}
-            log(f"  final {name}: {result['final'][name]['seconds']:.1f} s, pooled test acc "
-                f"{final['pooled_test_acc']:.4f}")
+            result["final"][name] = {
+                "seconds": time.perf_counter() - t0,
+                "cost": sim.final_cost.as_dict(),
+                "pooled_test_acc": final["pooled_test_acc"],
+                "finetuned_existing_mean": final["finetuned"]["existing"]["mean"],
+            }
+            log(
+                f"  final {name}: {result['final'][name]['seconds']:.1f} s, pooled test acc "
+                f"{final['pooled_test_acc']:.4f}"
+            )
         result["peak"].append(_peak(device, log))
         meta["loadavg_after"] = loadavg()
         return result
@@ -137,9 +173,13 @@ def totals(result: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
     for name in ("sequential", "client-parallel"):
         rows = [r[name] for r in result["rounds"] if name in r]
         fin = result["final"].get(name, {})
-        out[name] = {"train_s": sum(r["train_s"] for r in rows), "eval_s": sum(r["eval_s"] for r in rows),
-                     "eval_flops": sum(r["eval_flops"] for r in rows), "final_s": fin.get("seconds", float("nan")),
-                     "rounds": len(rows)}
+        out[name] = {
+            "train_s": sum(r["train_s"] for r in rows),
+            "eval_s": sum(r["eval_s"] for r in rows),
+            "eval_flops": sum(r["eval_flops"] for r in rows),
+            "final_s": fin.get("seconds", float("nan")),
+            "rounds": len(rows),
+        }
         out[name]["total_s"] = out[name]["train_s"] + out[name]["eval_s"] + (fin.get("seconds") or 0.0)
     return out
 
@@ -151,17 +191,19 @@ def markdown(result: Dict[str, Any]) -> str:
     cfg = meta["config"]
     seq, par = tot["sequential"], tot["client-parallel"]
     lines = [
-        f"# A simulator run, sequential vs client-parallel — {meta['device_name']} ({meta['date']})", "",
+        f"# A simulator run, sequential vs client-parallel — {meta['device_name']} ({meta['date']})",
+        "",
         f"- command: `{meta['command']}`",
         f"- commit: `{meta['commit']}`{' (uncommitted changes)' if meta.get('dirty') else ''}; torch {meta['torch']}; "
         f"threads {meta['threads']}; load average before/after {meta.get('loadavg_before')} / "
         f"{meta.get('loadavg_after')}",
-        f"- run: {cfg['algorithm']}, {cfg['model']} on {cfg['dataset']}{' (stand-in images)' if cfg['stand_in'] else ''}, "
+        f"- run: {cfg['algorithm']}, {cfg['model']} on {cfg['dataset']}"
+        f"{' (stand-in images)' if cfg['stand_in'] else ''}, "
         f"{meta['train_clients']} clients, {cfg['clients_per_round']} per round, K={meta['local_steps']} local steps "
         f"of batch {cfg['batch_size']}, {seq['rounds']} of {cfg['rounds']} rounds, validation every "
         f"{cfg['eval_every']} round(s) ({meta['val_samples']} images), final test {meta['test_samples']} images; "
         f"client-parallel N={meta['client_parallel']}; the two runs in lockstep, round by round",
-        f"- device FLOP/s measured in the run (start, end): "
+        "- device FLOP/s measured in the run (start, end): "
         + ", ".join(f"{p['peak_flops_per_s'] / 1e9:,.1f} G ({p['peak_from']})" for p in result["peak"]),
         "",
         "| | sequential | client-parallel | sequential / client-parallel |",
@@ -179,27 +221,37 @@ def markdown(result: Dict[str, Any]) -> str:
     lines.append("")
     lines += ["| evaluation | sequential | client-parallel |", "|---|---|---|"]
     for name, label in (("eval_flops", "validation FLOPs per round"),):
-        lines.append(f"| {label} | {seq[name] / max(seq['rounds'], 1) / 1e9:,.1f} G | "
-                     f"{par[name] / max(par['rounds'], 1) / 1e9:,.1f} G |")
+        lines.append(
+            f"| {label} | {seq[name] / max(seq['rounds'], 1) / 1e9:,.1f} G | "
+            f"{par[name] / max(par['rounds'], 1) / 1e9:,.1f} G |"
+        )
     rates = [t["eval_flops"] / t["eval_s"] if t["eval_s"] else float("nan") for t in (seq, par)]
-    lines.append(f"| validation FLOP/s | {rates[0] / 1e9:,.1f} G ({rates[0] / peak:.0%}) | "
-                 f"{rates[1] / 1e9:,.1f} G ({rates[1] / peak:.0%}) |")
+    lines.append(
+        f"| validation FLOP/s | {rates[0] / 1e9:,.1f} G ({rates[0] / peak:.0%}) | "
+        f"{rates[1] / 1e9:,.1f} G ({rates[1] / peak:.0%}) |"
+    )
     fin = [result["final"].get(n, {}).get("cost", {}) for n in ("sequential", "client-parallel")]
     if all(fin):
         lines.append(f"| final evaluation FLOPs | {fin[0]['flops'] / 1e9:,.1f} G | {fin[1]['flops'] / 1e9:,.1f} G |")
-        lines.append(f"| final evaluation FLOP/s | {fin[0]['flops_per_s'] / 1e9:,.1f} G | "
-                     f"{fin[1]['flops_per_s'] / 1e9:,.1f} G |")
+        lines.append(
+            f"| final evaluation FLOP/s | {fin[0]['flops_per_s'] / 1e9:,.1f} G | {fin[1]['flops_per_s'] / 1e9:,.1f} G |"
+        )
         accs = [result["final"][n]["pooled_test_acc"] for n in ("sequential", "client-parallel")]
         lines.append(f"| pooled test accuracy | {accs[0]:.4f} | {accs[1]:.4f} |")
-    lines += ["", f"FLOP/s percentages are of the lower device figure ({peak / 1e9:,.1f} G; the higher was "
-                  f"{peak_hi / 1e9:,.1f} G). Every validation and test image goes through each model once per "
-                  f"pass (evaluate.split_scores).", ""]
+    lines += [
+        "",
+        f"FLOP/s percentages are of the lower device figure ({peak / 1e9:,.1f} G; the higher was "
+        f"{peak_hi / 1e9:,.1f} G). Every validation and test image goes through each model once per "
+        f"pass (evaluate.split_scores).",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench clients-sim", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench clients-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--algorithm", default="fedavg")
     ap.add_argument("--dataset", default="fmnist")
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")

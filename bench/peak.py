@@ -6,6 +6,7 @@ with (on a GPU that includes cuDNN's TF32 default for float32 convolutions).
 is reported as a fraction of it. On a shared machine the figure moves with the load, which is why
 it is measured in the same run as the model, not taken from a data sheet.
 """
+
 from __future__ import annotations
 
 import time
@@ -49,7 +50,6 @@ def device_peak(device: torch.device, dtype: torch.dtype = torch.float32, min_ti
     w = torch.randn(C, C, 3, 3, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
         conv = _best_rate(lambda: F.conv2d(x, w, padding=1), 2.0 * N * H * H * C * C * 9, device, min_time_s)
-    del a, b, x, w
     return {
         "matmul_flops_per_s": mm,
         "matmul": f"{n}x{n} @ {n}x{n}",
