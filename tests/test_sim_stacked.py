@@ -246,3 +246,70 @@ def test_every_stacked_type_has_a_formulation_list():
     assert {m.kind for m in _MAKERS.values()} == set(FORMULATIONS)
     assert all(FORMULATIONS[k] for k in FORMULATIONS)
     assert len(list(itertools.chain(*CHOICES.values()))) > 10
+
+
+# ------------------------------------------------------------------ the simulator on it
+def test_char_lstm_trains_client_parallel_as_sequentially():
+    """fedopt-sim --client-parallel on the LSTM (vmap cannot batch it; the stacked engine does):
+    the client-parallel run stays within rounding of the sequential one (float64), fine-tuning included."""
+    from fedopt_kernels.sim.config import SimConfig
+    from fedopt_kernels.sim.data.clients import ClientData
+    from fedopt_kernels.sim.federated_data import FederatedData
+    from fedopt_kernels.sim.validate import validate_client_parallel
+
+    g = torch.Generator().manual_seed(0)
+    T, V = 6, 12
+    users = []
+    for i, n in enumerate((3, 9, 5, 12)):  # one client smaller than the batch
+        x = torch.randint(0, V, (n + 2, T), generator=g)
+        y = (x[:, -1] + 1) % V  # learnable: the next symbol
+        users.append(ClientData(i, x[:n], y[:n], x[n:n + 1], y[n:n + 1], x[n + 1:], y[n + 1:]))
+    data = FederatedData(users, [], (T,), V)
+    cfg = SimConfig(algorithm="fednar", clients=4, holdout_fraction=0.0, clients_per_round=3, local_steps=3,
+                    batch_size=4, rounds=2, lr=0.5, backend="reference", device="cpu", finetune_steps=2,
+                    client_parallel=2)
+
+    def model_fn():
+        return build_model("char-lstm", (T,), V, hidden=8)
+
+    v = validate_client_parallel(cfg, data=data, model_fn=model_fn)
+    assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
+
+
+@pytest.mark.parametrize("form", FORMULATIONS["Conv2d"])
+def test_conv_options_same_padding_dilation_stride_groups(form):
+    """Convolutions other than the simulator's: padding='same' with dilation, stride 2 with groups."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding="same", dilation=2), nn.ReLU(),
+        nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2, bias=False), nn.ReLU(),
+        nn.Flatten(), nn.Linear(6 * 4 * 4, 3),
+    ).double()
+    C, B = 3, 2
+    params = [p.detach().unsqueeze(0) + 0.1 * torch.randn(C, *p.shape, dtype=torch.float64) for p in model.parameters()]
+    x = torch.randn(C, B, 2, 8, 8, dtype=torch.float64)
+    y = torch.randint(0, 3, (C, B))
+    w = torch.rand(C, B, dtype=torch.float64)
+    want, _ = _per_client(model, params, x, y, w)
+    for order in ("client", "batch"):
+        grads, _ = StackedLoss(model, formulations={"Conv2d": form}, order=order).grads(params, x, y, w)
+        for c in range(C):
+            for got, ref in zip(grads, want[c]):
+                assert _rel(got[c], ref) <= ROUNDING_RTOL
+
+
+def test_keep_freed_memory_is_idempotent():
+    import sys
+
+    from fedopt_kernels.sim.parallel.host_memory import keep_freed_memory
+
+    first = keep_freed_memory()
+    assert keep_freed_memory() == first
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None).gnu_get_libc_version
+        except AttributeError:
+            return  # musl: nothing to set
+        assert first is True
