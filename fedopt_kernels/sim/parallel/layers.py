@@ -186,8 +186,10 @@ class StackedConv2d(StackedLayer):
         if form == "loop":
             ws, bs = w.unbind(0), [None] * C if b is None else b.unbind(0)
             parts = [self._conv(xc, wc, bc, self.groups) for xc, wc, bc in zip(ctx.split(x).unbind(0), ws, bs)]
-            if x.device.type == "cpu":  # channels-last out, whatever came in: the pooling and
-                # element-wise layers after it run 5-8x faster on it (a 1-channel input gives NCHW)
+            if x.device.type == "cpu" and x.shape[1] == 1:
+                # a 1-channel input is NCHW and channels-last at once, and oneDNN answers in NCHW,
+                # where the max-pooling after it runs 8x slower than in channels-last (FedAvg CNN);
+                # otherwise the output keeps the input's layout, as in the model's own forward
                 parts = [p.contiguous(memory_format=torch.channels_last) for p in parts]
             return _stack_merge(ctx, parts)
         cin, H, W = x.shape[1:]
@@ -278,9 +280,11 @@ class StackedGroupNorm(StackedLayer):
             return y
         ctx, w, b = self.ctx, self.params["weight"], self.params["bias"]
         C, ch = ctx.count, x.shape[1]
-        ys = ctx.split(y.reshape(x.shape[0], ch, -1))  # [C, B, Ch, S]
-        out = torch.addcmul(b.view(C, 1, ch, 1), ys, w.view(C, 1, ch, 1))
-        return ctx.merge(out).reshape(x.shape)
+        # broadcast over the spatial dims in the tensor's own layout (a channels-last activation stays
+        # channels-last: no copy here, and none in the next layer)
+        shape = (C, 1, ch) + (1,) * (x.dim() - 2)
+        out = torch.addcmul(b.view(shape), ctx.split(y), w.view(shape))
+        return ctx.merge(out)
 
 
 class StackedLayerNorm(StackedLayer):
