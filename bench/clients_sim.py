@@ -57,8 +57,9 @@ def write_stand_in(folder: Path, train: int = 60000, test: int = 10000, seed: in
 def _config(args: argparse.Namespace, parallel: Any, data_dir: str):
     from fedopt_kernels.sim.config import SimConfig
 
+    chosen = {} if args.algorithm is None else {"algorithm": args.algorithm}  # None: the simulator's default
     return SimConfig(
-        algorithm=args.algorithm,
+        **chosen,
         dataset=args.dataset,
         data_dir=data_dir,
         model=args.model,
@@ -197,7 +198,7 @@ def markdown(result: Dict[str, Any]) -> str:
         f"- commit: `{meta['commit']}`{' (uncommitted changes)' if meta.get('dirty') else ''}; torch {meta['torch']}; "
         f"threads {meta['threads']}; load average before/after {meta.get('loadavg_before')} / "
         f"{meta.get('loadavg_after')}",
-        f"- run: {cfg['algorithm']}, {cfg['model']} on {cfg['dataset']}"
+        f"- run: {meta.get('algorithm') or cfg['algorithm']}, {cfg['model']} on {cfg['dataset']}"
         f"{' (stand-in images)' if cfg['stand_in'] else ''}, "
         f"{meta['train_clients']} clients, {cfg['clients_per_round']} per round, K={meta['local_steps']} local steps "
         f"of batch {cfg['batch_size']}, {seq['rounds']} of {cfg['rounds']} rounds, validation every "
@@ -252,7 +253,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m bench clients-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--algorithm", default="fedavg")
+    ap.add_argument("--algorithm", default=None, help="the simulator's algorithm (default: its default, FedAvg)")
     ap.add_argument("--dataset", default="fmnist")
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--stand-in", action="store_true", help="random images in Fashion-MNIST's format (no data here)")
