@@ -126,8 +126,10 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
             order = list(runs) if t % 2 == 0 else list(reversed(runs))
             row: Dict[str, Any] = {"round": t + 1}
             for name in order:
-                rec = runs[name].run_round(t)
-                ev = rec.get("eval_seconds", 0.0)
+                sim = runs[name]
+                rec = sim.run_round(t)
+                last = sim.eval_log[-1] if sim.eval_log and sim.eval_log[-1]["round"] == t + 1 else {}
+                ev = last.get("seconds", 0.0)
                 row[name] = {
                     "train_s": rec["seconds"] - ev,
                     "eval_s": ev,

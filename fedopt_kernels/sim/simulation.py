@@ -128,6 +128,7 @@ class Simulation:
             self.batched = BatchedClients(self)
         self.history: List[Dict[str, Any]] = []
         self.final_cost = EvalCost()
+        self.eval_log: List[Dict[str, float]] = []  # per evaluated round: seconds and model FLOPs of the pass
         self.setup_done = False
         self._settings: Optional[Dict[str, Any]] = None
 
@@ -192,7 +193,8 @@ class Simulation:
         if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
             cost = EvalCost()
             val = pooled_metrics(self.model, self.train_clients, "val", cost)
-            record.update(val_loss=val["loss"], val_acc=val["acc"], eval_seconds=cost.seconds, eval_flops=cost.flops)
+            record.update(val_loss=val["loss"], val_acc=val["acc"], eval_flops=cost.flops)
+            self.eval_log.append({"round": t + 1, "seconds": cost.seconds, "flops": cost.flops})
         record["seconds"] = time.perf_counter() - start
         self.history.append(record)
         return record
@@ -273,11 +275,10 @@ class Simulation:
                 progress(record)
         train_seconds = time.perf_counter() - start
         final = self.final_evaluation()
-        evaluated = [h for h in self.history if "eval_seconds" in h]
         return {
-            "evaluation": {
-                "rounds_s": sum(h["eval_seconds"] for h in evaluated),
-                "rounds_flops": sum(h["eval_flops"] for h in evaluated),
+            "evaluation": {  # this process's evaluations (a resumed run: since it resumed)
+                "rounds_s": sum(e["seconds"] for e in self.eval_log),
+                "rounds_flops": sum(e["flops"] for e in self.eval_log),
                 "final": self.final_cost.as_dict(),
             },
             "config": self.cfg.to_dict(),

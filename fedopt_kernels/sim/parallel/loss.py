@@ -27,31 +27,10 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
 from ..data.image_input import ImageClassifier
+from .stacked import NotStackable, StackedLoss
+from .trainable import check_trainable
 
 Tensors = List[torch.Tensor]
-
-
-def check_trainable(model: nn.Module) -> None:
-    """ValueError naming what stops ``model`` from being trained client-batched by any engine (BatchNorm, buffers)."""
-    norms = [
-        name or type(model).__name__
-        for name, m in model.named_modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm)
-    ]
-    buffers = [name for name, _ in model.named_buffers()]
-    if not norms and not buffers:
-        return
-    found = []
-    if norms:
-        found.append(f"BatchNorm layer(s) {', '.join(norms[:4])}{' ...' if len(norms) > 4 else ''}")
-    if buffers:
-        found.append(f"buffer(s) {', '.join(buffers[:4])}{' ...' if len(buffers) > 4 else ''}")
-    raise ValueError(
-        f"--client-parallel needs a BatchNorm- and buffer-free model (client copies cannot carry running "
-        f"statistics or other buffers), but {type(model).__name__} has {' and '.join(found)}. "
-        f"Use a GroupNorm/LayerNorm model (the simulator's mlp, cnn, fedavg-cnn, resnet18-gn) or "
-        f"client_parallel=1 (--client-parallel 1, the sequential path)"
-    )
 
 
 def check_vmappable(model: nn.Module) -> None:
@@ -131,8 +110,6 @@ def client_loss(model: nn.Module, engine: str = "auto", formulations: Optional[D
     neither can batch is refused with both reasons. ``formulations``: the stacked engine's
     per-layer choices (``StackedNet.set_formulations``).
     """
-    from .stacked import NotStackable, StackedLoss
-
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "vmap":

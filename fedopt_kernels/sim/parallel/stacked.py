@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from ..data.image_input import ImageClassifier
 from .layers import FORMULATIONS, STACKED_TYPES, Clients, StackedLayer, stacked_layer, unsupported_reason
+from .trainable import check_trainable
 
 # parameter-free modules whose forward treats dim 0 as independent samples, and torch's containers
 KNOWN_SAMPLE_WISE = (
@@ -172,8 +173,6 @@ class StackedLoss:
     engine = "stacked"
 
     def __init__(self, model: nn.Module, formulations: Optional[Dict[str, str]] = None, order: Optional[str] = None):
-        from .loss import check_trainable  # the checks both engines share
-
         check_trainable(model)
         net = model.net if isinstance(model, ImageClassifier) else model
         self.model, self.net = model, net
