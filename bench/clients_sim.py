@@ -107,6 +107,7 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
             mode="clients-sim",
             dtype="float32",
             local_steps=args.local_steps,
+            algorithm=runs["sequential"].cfg.algorithm,
             client_parallel=None if par is None else par.parallel,
             loadavg_before=loadavg(),
             config={k: v for k, v in vars(args).items() if k not in ("argv", "out_dir")},
