@@ -3,9 +3,10 @@ for the character after the window.
 
 - ``CharLSTM``: LEAF's model (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018):
   Embedding(8) -> 2-layer LSTM(256) -> Linear(vocab) on the last step. ``nn.LSTM`` runs one fused
-  kernel that ``torch.func.vmap`` cannot batch over client copies: sequential simulator only.
+  kernel that ``torch.func.vmap`` cannot batch over client copies; the client-parallel simulator's
+  stacked engine (``sim.parallel.stacked``) trains it.
 - ``CharGRU``: the same shape with a GRU written in plain tensor ops (one matmul per gate block and
-  step), which ``vmap`` batches: the client-parallel simulator can train it.
+  step): the client-parallel simulator trains it.
 - ``CharTransformer``: a small causal pre-LayerNorm transformer in plain ops (FedNAR's Shakespeare
   model, Li et al., "FedNAR: Federated Optimization with Normalized Annealing Regularization",
   NeurIPS 2023, has 6 layers, 128-d embeddings, hidden 512; the default here is 2 layers of 64-d
