@@ -173,10 +173,10 @@ fi
 BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends()).replace(chr(10), '; '))" 2>&1 | tail -1)
 
 # shares of the budget (seconds) from an H200: tests ~90, bench ~90 without the reference rows,
-# loop ~25, clients ~35 for the small CNN alone (the four models: not yet measured, at most 150),
-# clients_sim (not yet measured) at most 45; paper_slice (not yet measured) at most 90; tests_wide
+# loop ~25, clients ~35 for the small CNN alone (the four models: not yet measured, at most 140),
+# clients_sim (not yet measured) at most 60; paper_slice (not yet measured) at most 90; tests_wide
 # takes what is left
-TESTS_S=120; BENCH_S=110; LOOP_S=40; CLIENTS_S=150; CLIENTS_SIM_S=45; PAPER_S=90
+TESTS_S=120; BENCH_S=110; LOOP_S=40; CLIENTS_S=140; CLIENTS_SIM_S=60; PAPER_S=90
 PAR=""
 if "$PY" -c "import xdist" >/dev/null 2>&1; then
   # a worker per core but two (GPU tests share one device), at most 14
