@@ -1,4 +1,4 @@
-"""C clients' local steps as one computation: stacked parameters, vmapped gradients, a batched optimizer.
+"""C clients' local steps as one computation: stacked parameters, batched gradients, a batched optimizer.
 
 ``BatchedTrainer`` owns C copies of the model's parameters (``[C, *shape]`` each) and a
 client-batched optimizer over them (``fedopt_kernels.batched``). A local step of every client::
@@ -75,7 +75,7 @@ class BatchedTrainer:
         self.stacked = [
             nn.Parameter(p.detach().unsqueeze(0).repeat(clients, *([1] * p.dim())).contiguous()) for p in like
         ]
-        self.views = [p.detach() for p in self.stacked]  # same storage, no autograd history: vmap's inputs
+        self.views = [p.detach() for p in self.stacked]  # same storage, no autograd history: the engine's inputs
         self.shared = [p.detach().clone() for p in like]  # the round's starting model (anchor gradients)
         self.opt = make_optimizer(self.stacked)
         self.graph = None if graph is None else StepGraph(self, mode=graph)
