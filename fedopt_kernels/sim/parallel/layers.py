@@ -54,8 +54,11 @@ FORMULATIONS: Dict[str, Tuple[str, ...]] = {
 }
 # CPU: a convolution whose per-client forward work reaches this many FLOPs runs client by client
 # (oneDNN's ordinary convolution at the client's batch is then at its best; below it, one grouped
-# call for all clients saves the per-call overhead). Measured on a 2-core AMD EPYC: docs/client_batched.md.
-CONV_LOOP_FLOPS = 8e6
+# channels-last call for all clients saves the per-call overhead). Measured on a 2-core AMD EPYC
+# (python -m bench clients, layers alone): the FedAvg CNN's first layer, 12.5 MFLOP per client,
+# 38 ms grouped-nhwc against 56 ms loop at C=20; its second, 200 MFLOP, loop 260 = grouped 250-260;
+# ResNet-18's, 177-1,850 MFLOP, loop best or within noise (docs/client_batched.md).
+CONV_LOOP_FLOPS = 32e6
 
 
 @dataclass
