@@ -17,8 +17,10 @@ default is stated), FedNAR's update (lr 0.05, weight decay 5e-4, max_norm 10). T
 round 2 of every mode, ...) after one untimed round each; a mode's figure is its best round:
 
 * ``sequential``: per client, load the global model, ``start_round``, K x (forward, backward,
-  ``FedNAR.step``), backend auto — what FL libraries do. Its rate does not depend on C: it runs at
-  the smallest C only (``--seq-clients``) and every row compares with that;
+  ``FedNAR.step``), backend auto — what FL libraries do. On a CPU it runs at every C up to
+  ``--seq-max-clients`` (200), interleaved with that C's modes, and each C compares with its own
+  (other processes' load moves, and a short round is likelier to find a quiet moment than a long
+  one); on a GPU its rate does not depend on C, and it runs at the smallest C only;
 * ``batched-vmap``: ``torch.func.vmap`` gradients (``sim.parallel.loss.ClientLoss``) + ``BatchedFedNAR``:
   the client-parallel step before the stacked engine;
 * ``batched-plain-torch``: the stacked engine's gradients + FedNAR in plain torch on stacked tensors;
@@ -191,7 +193,9 @@ GOALS = {
         (
             "fedavg-cnn: best batched >= 20x sequential at C>=100",
             "fedavg-cnn",
-            lambda r: _max_over(r, "fedavg-cnn", lambda C: _div(_best(r, "fedavg-cnn", C), _seq(r, "fedavg-cnn")), 100),
+            lambda r: _max_over(
+                r, "fedavg-cnn", lambda C: _div(_best(r, "fedavg-cnn", C), _seq(r, "fedavg-cnn", C)), 100
+            ),
             20.0,
         ),
         (
@@ -392,7 +396,7 @@ def _fused_backend(device: torch.device) -> str:
 
 # ------------------------------------------------------------------ one model at one C
 def measure(
-    name: str, C: int, args: argparse.Namespace, device: torch.device, seq_clients: int, log: Callable[[str], None]
+    name: str, C: int, args: argparse.Namespace, device: torch.device, seq_at: List[int], log: Callable[[str], None]
 ) -> List[Dict[str, Any]]:
     """Every mode (interleaved) and part of model ``name`` at C clients."""
     setting = SETTINGS[name]
@@ -407,7 +411,7 @@ def measure(
     skipped: Dict[str, str] = {}
     modes = args.modes
     if SEQ in modes:
-        if C == seq_clients:
+        if C in seq_at:
 
             def build_seq():
                 opt = FedNAR(wl.model.parameters(), **HP)
@@ -415,7 +419,7 @@ def measure(
 
             builders[SEQ] = (_registry.auto_backend(device, "fednar"), build_seq)
         else:
-            skipped[SEQ] = f"measured at C={seq_clients} (client by client: its rate does not depend on C)"
+            skipped[SEQ] = f"measured at C={seq_at[0]} (client by client: its rate does not depend on C)"
     if VMAP in modes:
         try:
             vmap_loss = ClientLoss(wl.model)
@@ -606,13 +610,11 @@ def _rate(result: Dict[str, Any], model: str, C: int, mode: str) -> Optional[flo
     return None if r is None else r["client_steps_per_s"]
 
 
-def _seq(result: Dict[str, Any], model: str) -> Optional[float]:
-    rates = [
-        r["client_steps_per_s"]
-        for r in result["rows"]
-        if r.get("model") == model and r.get("mode") == SEQ and "client_steps_per_s" in r
-    ]
-    return rates[0] if rates else None
+def _seq(result: Dict[str, Any], model: str, C: Optional[int] = None) -> Optional[float]:
+    """The sequential rate measured at C (interleaved with that C's modes), else at the first C it ran."""
+    rows = [r for r in result["rows"] if r.get("model") == model and r.get("mode") == SEQ and "client_steps_per_s" in r]
+    same = [r for r in rows if r["clients"] == C]
+    return (same or rows)[0]["client_steps_per_s"] if rows else None
 
 
 def _best(result: Dict[str, Any], model: str, C: int) -> Optional[float]:
@@ -625,7 +627,7 @@ def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def _ratio(result: Dict[str, Any], model: str, C: int, mode: str) -> Optional[float]:
-    return _div(_rate(result, model, C, mode), _seq(result, model))
+    return _div(_rate(result, model, C, mode), _seq(result, model, C))
 
 
 def _peak(result: Dict[str, Any]) -> Optional[float]:
@@ -652,7 +654,7 @@ def _max_over(
 
 def _at_largest(result: Dict[str, Any], model: str) -> Optional[float]:
     sizes = [C for C in result["meta"]["clients"].get(model, []) if _best(result, model, C) is not None]
-    return _div(_best(result, model, max(sizes)), _seq(result, model)) if sizes else None
+    return _div(_best(result, model, max(sizes)), _seq(result, model, max(sizes))) if sizes else None
 
 
 def _part(result: Dict[str, Any], model: str, C: int, name: str) -> Optional[float]:
@@ -755,8 +757,8 @@ def markdown(result: Dict[str, Any]) -> str:
             "peak memory per client |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        seq = _seq(result, name)
         for C in meta["clients"][name]:
+            seq = _seq(result, name, C)
             for mode in MODES:
                 r = next(
                     (
@@ -834,8 +836,8 @@ def chart(result: Dict[str, Any], path: Path) -> bool:
         sizes = result["meta"]["clients"][name]
         for mode in MODES:
             pts = [(C, _rate(result, name, C, mode)) for C in sizes]
-            if mode == SEQ and _seq(result, name) is not None:
-                pts = [(C, _seq(result, name)) for C in sizes]
+            if mode == SEQ:
+                pts = [(C, _seq(result, name, C)) for C in sizes]
             pts = [(C, v) for C, v in pts if v is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=mode, linestyle="--" if mode == SEQ else "-")
@@ -897,8 +899,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--seq-clients",
         type=int,
         default=None,
-        help="run the sequential mode at this C only (default: each model's smallest C; its rate does not depend on C)",
+        help="run the sequential mode at this C only (default: on a CPU every C up to --seq-max-clients, so each C "
+        "compares with a sequential round timed in the same interleaving; on a GPU the smallest C: its rate does "
+        "not depend on C)",
     )
+    ap.add_argument("--seq-max-clients", type=int, default=200, help="see --seq-clients (default %(default)s)")
     ap.add_argument(
         "--layers",
         action=argparse.BooleanOptionalAction,
@@ -991,16 +996,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                 parameters=sum(p.numel() for p in model.parameters()),
             )
             del model
-            seq_clients = args.seq_clients or min(args.clients_of[name])
-            if seq_clients not in args.clients_of[name]:
-                args.clients_of[name] = sorted(set(args.clients_of[name]) | {seq_clients})
+            sizes = args.clients_of[name]
+            if args.seq_clients:
+                seq_at = [args.seq_clients]
+            elif device.type == "cpu":  # other processes' load moves: compare within each C's interleaving
+                seq_at = [C for C in sizes if C <= args.seq_max_clients] or [min(sizes)]
+            else:
+                seq_at = [min(sizes)]
+            args.clients_of[name] = sorted(set(sizes) | set(seq_at))
             for C in args.clients_of[name]:
                 try:
                     if "flops_per_client_step" not in result["models"][name]:
                         result["models"][name]["flops_per_client_step"] = client_step_flops(
                             s, args.batch_of[name], device
                         )
-                    result["rows"] += measure(name, C, args, device, seq_clients, log)
+                    result["rows"] += measure(name, C, args, device, seq_at, log)
                 except (RuntimeError, ValueError) as exc:  # e.g. out of memory: the next case may still fit
                     result["rows"].append(
                         dict(
