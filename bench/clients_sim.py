@@ -90,7 +90,8 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
     tmp: Optional[tempfile.TemporaryDirectory] = None
     if args.stand_in:
         tmp = tempfile.TemporaryDirectory(prefix="fmnist-stand-in-")
-        data_dir = str(write_stand_in(Path(tmp.name)))
+        n = args.stand_in_size
+        data_dir = str(write_stand_in(Path(tmp.name), train=n, test=max(1, n // 6)))
     try:
         if args.local_steps is None:  # local epochs -> steps, from the clients' mean train size
             probe = Simulation(_config(argparse.Namespace(**{**vars(args), "local_steps": 1}), 1, data_dir))
@@ -267,6 +268,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--dataset", default="fmnist")
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--stand-in", action="store_true", help="random images in Fashion-MNIST's format (no data here)")
+    ap.add_argument("--stand-in-size", type=int, default=60000, help="--stand-in's training images (default 60000)")
     ap.add_argument("--model", default="fedavg-cnn")
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--holdout-fraction", type=float, default=0.0)

@@ -101,3 +101,33 @@ def test_smoke_run_writes_valid_files(tmp_path, capsys):
     assert md.splitlines()[0] in stdout and "| 4 | batched-fused |" in md and "## char-lstm" in md
     assert jsons[0].with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert jsons[0].name in (tmp_path / "LATEST.md").read_text()
+
+
+def test_clients_sim_times_both_runs_in_lockstep(tmp_path):
+    """``python -m bench clients-sim`` on stand-in images: both runs train the same clients (same
+    accuracies: FedAvg on the cpu backend, float32, a few steps), every evaluated round is timed and
+    counted (validation FLOPs = images x the model's forward FLOPs), the tables are written."""
+    from bench.__main__ import main
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(["clients-sim", "--stand-in", "--stand-in-size", "1200", "--clients", "10",
+                     "--clients-per-round", "4", "--local-steps", "2", "--rounds", "2", "--device", "cpu",
+                     "--out-dir", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    js = list(tmp_path.glob("clients-sim-cpu-*.json"))
+    assert len(js) == 1
+    result = json.loads(js[0].read_text())
+    meta = result["meta"]
+    assert meta["algorithm"] == "fedavg" and meta["client_parallel"] == 4 and meta["local_steps"] == 2
+    assert [r["round"] for r in result["rounds"]] == [1, 2]
+    per_image = 24_546_304  # the FedAvg CNN's forward on one 28x28 image (2 x MACs)
+    for r in result["rounds"]:
+        for name in ("sequential", "client-parallel"):
+            assert r[name]["eval_flops"] == per_image * meta["val_samples"] and r[name]["eval_s"] > 0
+        assert abs(r["sequential"]["val_acc"] - r["client-parallel"]["val_acc"]) <= 0.05
+    for name in ("sequential", "client-parallel"):
+        assert result["final"][name]["cost"]["flops"] > 2 * per_image * meta["test_samples"]  # + fine-tuning
+    md = js[0].with_suffix(".md").read_text()
+    assert "| training per round, rounds 2-2 (mean) |" in md and "validation FLOP/s" in md
