@@ -4,6 +4,8 @@
 ``python -m bench clients-sim``: a simulator run, sequential vs client-parallel in lockstep (bench/clients_sim.py).
 ``python -m bench sharded``: the step on DTensor parameters over 2 CPU processes (bench/sharded.py).
 ``python -m bench loop``: a user's training loop on a GPU, wall time per iteration (bench/loop.py).
+``python -m bench profile``: where that loop's iteration time goes, under torch.profiler (bench/profile.py).
+``python -m bench host``: the host side of a replayed and of an eager triton step, on any machine (bench/host.py).
 ``python -m bench checkpoints``: bytes and seconds of a simulator checkpoint (bench/checkpoints.py).
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core
@@ -107,6 +109,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .loop import main as loop_main
 
         return loop_main((sys.argv[1:] if argv is None else argv)[1:])
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["profile"]:
+        # the loop's iterations under torch.profiler: host time per phase, the step's calls, GPU gaps
+        from .profile import main as profile_main
+
+        return profile_main((sys.argv[1:] if argv is None else argv)[1:])
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["host"]:
+        # a step's host side with a stand-in graph or stubbed launches: no GPU needed
+        from .host import main as host_main
+
+        return host_main((sys.argv[1:] if argv is None else argv)[1:])
     if (sys.argv[1:] if argv is None else argv)[:1] == ["checkpoints"]:
         # bytes and seconds of a simulator checkpoint (bench/checkpoints.py)
         from .checkpoints import main as checkpoints_main

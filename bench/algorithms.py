@@ -2,27 +2,25 @@
 
 Every case is an option set of ``fedopt_kernels.fl.catalogue`` (the configurations the tests check),
 set up the way a client would before its first step (round inputs, per-step inputs); its memory
-traffic comes from the op's declaration (``bench.traffic``). SGD-family cases also name the
-``torch.optim.SGD`` keyword arguments that do the same work, for the fused/foreach baselines.
+traffic comes from the op's declaration (``bench.traffic``). Each algorithm's descriptor declares its
+rows (``BenchCase``) and, beside each, the torch code a user would write for the same work
+(``Baseline``: ``torch.optim.SGD`` fused / foreach, clip_grad_norm_ + SGD, ...). Everything here is
+read from the descriptors when asked for, so an algorithm registered at any time has its rows.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
 from fedopt_kernels.fl import algorithm, catalogue
 from fedopt_kernels.core import replay
+from fedopt_kernels.optim.sgd import TORCH_FOREACH, TORCH_FUSED
 
 from .traffic import Traffic
 
-# Backend names of the torch baselines, as they appear in result rows.
-TORCH_FUSED = "torch.SGD(fused)"
-TORCH_FOREACH = "torch.SGD(foreach)"
-TORCH_CLIP_SGD = "torch clip+SGD(fused)"   # what a user writes for FedNAR by hand
-TORCH_PROX_SGD = "torch foreach+SGD(fused)"  # proximal term and correction by hand, then SGD (FedDyn)
-BASELINES = (TORCH_FUSED, TORCH_FOREACH, TORCH_CLIP_SGD, TORCH_PROX_SGD)
+# Backend names of torch.optim.SGD's rows (optim/sgd.py); each descriptor names its other baselines.
 # On a GPU the fused backends replay recorded steps by default (docs/replay.md); each also gets a
 # row with replay=False, named "<backend> eager".
 REPLAYING = replay.BACKENDS
@@ -36,6 +34,11 @@ def eager_name(backend: str) -> str:
 def base_backend(name: str) -> str:
     """The fedopt backend behind a row's backend name ("cuda eager" -> "cuda")."""
     return name[: -len(EAGER)] if name.endswith(EAGER) else name
+
+
+def _no_new_gradient() -> None:
+    """The closure of a step that takes one (FedSAM): the benchmark times the optimizer's work on the
+    gradients it has, so the second gradient is the first."""
 
 
 @dataclass
@@ -54,85 +57,96 @@ class Algo:
     name: str
     label: str
     config: catalogue.Config
-    torch_sgd: Optional[Dict[str, Any]] = None  # comparable torch.optim.SGD kwargs (SGD family)
-    clip_sgd: bool = False                      # compared with clip_grad_norm_ + SGD(fused)
-    prox_sgd: bool = False                      # compared with foreach gradient terms + SGD(fused)
+    baseline_of: Mapping[str, algorithm.Baseline] = field(default_factory=dict)  # row name -> baseline
 
     def baselines(self) -> List[str]:
         """The torch baselines that do this case's work."""
-        if self.torch_sgd is not None:
-            return [TORCH_FUSED, TORCH_FOREACH]
-        if self.clip_sgd:
-            return [TORCH_CLIP_SGD]
-        if self.prox_sgd:
-            return [TORCH_PROX_SGD]
-        return []
+        return list(self.baseline_of)
+
+    @property
+    def by_hand(self) -> Optional[str]:
+        """The baseline a user would write by hand for this work (the "x by hand" column), if any."""
+        return next((n for n, b in self.baseline_of.items() if b.by_hand), None)
 
     @property
     def traffic(self) -> Traffic:
-        return Traffic(self.config.spec.name, self.config.present())
+        also, streams = algorithm.of_optimizer(self.config.cls).more_traffic(self.config.kwargs)
+        return Traffic(self.config.spec.name, self.config.present(), also, streams)
+
+    def baseline_traffic(self, name: str) -> Traffic:
+        t = self.baseline_of[name].traffic
+        return self.traffic if t is None else Traffic(t[0], t[1])
+
+    def baseline_kwargs(self, name: str) -> Mapping[str, Any]:
+        b = self.baseline_of[name]
+        return self.config.kwargs if b.kwargs is None else b.kwargs
+
+    def step_kwargs(self, params: List[torch.Tensor]) -> Dict[str, Any]:
+        kwargs = self.config.step_inputs(params, 0, seed=1)
+        if "closure" in kwargs:
+            kwargs["closure"] = _no_new_gradient
+        return kwargs
 
     def build(self, params: List[torch.Tensor], backend: str, replay: Optional[bool] = None) -> Stepper:
         cfg = self.config
         opt = cfg.build(params, backend, replay=replay)
         opt.start_round(**cfg.round_inputs(params, 0, seed=1))
-        return Stepper(opt, cfg.step_inputs(params, 0, seed=1))
+        return Stepper(opt, self.step_kwargs(params))
 
 
-# every algorithm's benchmark rows, from its descriptor (fedopt_kernels.fl.algorithm), in registration order
-ALGOS: Dict[str, Algo] = {
-    case.name: Algo(case.name, case.label, catalogue.config(a.name, case.option),
-                    dict(case.torch_sgd) if case.torch_sgd is not None else None, case.clip_sgd, case.prox_sgd)
-    for a in algorithm.ALGORITHMS.values() for case in a.bench}
-
-# each algorithm's paper configuration; the other rows add traffic options
-CORE = [case.name for a in algorithm.ALGORITHMS.values() for case in a.bench if case.core]
-FULL = CORE + [name for name in ALGOS if name not in CORE]
+def _cases() -> Dict[str, Algo]:
+    return {case.name: Algo(case.name, case.label, catalogue.config(a.name, case.option),
+                            {b.name: b for b in case.baselines})
+            for a in algorithm.ALGORITHMS.values() for case in a.bench}
 
 
-def build_torch_sgd(params: List[torch.Tensor], which: str, kwargs: Dict[str, Any]) -> Stepper:
-    """torch.optim.SGD with the given work, fused or foreach (``which`` is a BASELINES name)."""
-    flag = {"fused": True} if which == TORCH_FUSED else {"foreach": True}
-    return Stepper(torch.optim.SGD(params, **kwargs, **flag))
+class _Cases(Mapping[str, Algo]):
+    """Every algorithm's benchmark rows, from its descriptor, in registration order (read when asked)."""
+
+    def __getitem__(self, name: str) -> Algo:
+        return _cases()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(_cases()))
+
+    def __len__(self) -> int:
+        return len(_cases())
 
 
-class ClipSGD(Stepper):
-    """FedNAR by hand with torch: ``grad += wd * x; clip_grad_norm_(foreach); SGD(fused).step()``."""
-
-    def __init__(self, params: List[torch.Tensor], kwargs: Dict[str, Any]):
-        super().__init__(torch.optim.SGD(params, lr=kwargs["lr"], fused=True))
-        self.params = params
-        self.wd, self.max_norm = kwargs["weight_decay"], kwargs["max_norm"]
-
-    def step(self) -> None:
-        grads = [p.grad for p in self.params]
-        torch._foreach_add_(grads, self.params, alpha=self.wd)
-        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm, foreach=True)
-        self.opt.step()
+ALGOS: Mapping[str, Algo] = _Cases()
 
 
-class ProxSGD(Stepper):
-    """FedDyn by hand with torch: ``grad += alpha * (x - x0) - g_i`` (foreach ops), then
-    ``SGD(fused)`` with the same momentum, dampening and weight decay."""
+def core_cases() -> List[str]:
+    """Each algorithm's paper configuration (the default table)."""
+    return [case.name for a in algorithm.ALGORITHMS.values() for case in a.bench if case.core]
 
-    def __init__(self, params: List[torch.Tensor], kwargs: Dict[str, Any]):
-        sgd = {k: kwargs[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov") if k in kwargs}
-        super().__init__(torch.optim.SGD(params, **sgd, fused=True))
-        self.params, self.alpha = params, kwargs["alpha"]
-        self.x0 = [p.detach().clone() for p in params]
-        self.g_i = [torch.randn_like(p) for p in params]
 
-    def step(self) -> None:
-        grads = [p.grad for p in self.params]
-        torch._foreach_add_(grads, self.params, alpha=self.alpha)
-        torch._foreach_add_(grads, self.x0, alpha=-self.alpha)
-        torch._foreach_sub_(grads, self.g_i)
-        self.opt.step()
+def all_cases() -> List[str]:
+    return core_cases() + [name for name in ALGOS if name not in core_cases()]
+
+
+def baseline_names() -> Tuple[str, ...]:
+    """Every baseline's row name."""
+    return tuple(dict.fromkeys(n for a in ALGOS.values() for n in a.baselines()))
+
+
+def __getattr__(name: str) -> Any:
+    # CORE, FULL and BASELINES as they are when imported (the functions above read the registry anew)
+    if name == "CORE":
+        return core_cases()
+    if name == "FULL":
+        return all_cases()
+    if name == "BASELINES":
+        return baseline_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_baseline(algo: Algo, params: List[torch.Tensor], which: str) -> Stepper:
-    if which == TORCH_CLIP_SGD:
-        return ClipSGD(params, dict(algo.config.kwargs))
-    if which == TORCH_PROX_SGD:
-        return ProxSGD(params, dict(algo.config.kwargs))
-    return build_torch_sgd(params, which, algo.torch_sgd)
+    """Baseline ``which`` of ``algo`` on ``params``, stepped as the fused row is (a closure where it takes one)."""
+    opt = algo.baseline_of[which].build(params, algo.baseline_kwargs(which))
+    closure = {"closure": _no_new_gradient} if "closure" in algo.step_kwargs(params) else {}
+    return Stepper(opt, closure)
+
+
+__all__ = ["ALGOS", "Algo", "Stepper", "TORCH_FUSED", "TORCH_FOREACH", "EAGER", "REPLAYING",
+           "build_baseline", "core_cases", "all_cases", "baseline_names", "eager_name", "base_backend"]

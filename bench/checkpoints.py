@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fedopt_kernels.sim import SimConfig, Simulation
-from fedopt_kernels.sim.config import ALGORITHMS
+from fedopt_kernels.sim.config import VARIANTS
 from fedopt_kernels.sim.data.clients import ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.models.resnet_gn import ResNet18GN
@@ -50,7 +50,7 @@ def _keeping_variant() -> str:
     control, say): the checkpoint that grows with the number of clients."""
     from fedopt_kernels.fl.server_rules import RULES
 
-    return next(name for name, v in ALGORITHMS.items() if RULES[v.server].keeps)
+    return next(name for name, v in VARIANTS.items() if RULES[v.server].keeps)
 
 
 def state_row(model: str, clients: int, repeats: int, folder: Path) -> Dict[str, Any]:

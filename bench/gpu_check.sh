@@ -22,8 +22,10 @@
 #   --budget SECONDS    total wall-time budget (default 540; the lent machine's limit is 600)
 # Phases, in this order so that a run cut short still measures: install, tests, bench
 # (python -m bench, fused backends and torch's alternatives), bench_loop (python -m bench loop),
-# bench_clients (python -m bench clients), clients_sim (python -m bench clients-sim, stand-in
-# Fashion-MNIST), paper_slice (experiments/paper_commands.py --time), tests_wide (whatever time is left).
+# bench_profile (python -m bench profile: where the loop's time goes; GPU only), bench_clients
+# (python -m bench clients), clients_sim (python -m bench clients-sim, stand-in Fashion-MNIST),
+# paper_slice (experiments/paper_commands.py --time), tests_wide (whatever time is left).
+# bench/gpu_loop.sh is the second call: the loop and the profile, longer.
 # install: offline with every test extra; else offline the package alone (a lent GPU machine has
 # torch, triton, pytest, pytest-xdist, pytest-timeout and hypothesis but no flwr: the tests that need
 # a missing extra skip with the reason); else with the registry. tests: in parallel when pytest-xdist
@@ -176,7 +178,7 @@ BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends
 # loop ~25, clients ~35 for the small CNN alone (the four models: not yet measured, at most 140),
 # clients_sim (not yet measured) at most 60; paper_slice (not yet measured) at most 90; tests_wide
 # takes what is left
-TESTS_S=120; BENCH_S=110; LOOP_S=40; CLIENTS_S=140; CLIENTS_SIM_S=60; PAPER_S=90
+TESTS_S=120; BENCH_S=110; LOOP_S=40; PROFILE_S=45; CLIENTS_S=140; CLIENTS_SIM_S=60; PAPER_S=90
 PAR=""
 if "$PY" -c "import xdist" >/dev/null 2>&1; then
   # a worker per core but two (GPU tests share one device), at most 14
@@ -190,7 +192,7 @@ run_tests() {
   eval phase "$1" "$2" "$PY" -m pytest $3 $PAR -q -rfEs -p no:cacheprovider --junitxml="$RES/junit-$1.xml"
 }
 if [ "$SKIP_TESTS" = 0 ]; then
-  T=$(( $(left) - 15 - BENCH_S - LOOP_S - CLIENTS_S - CLIENTS_SIM_S - PAPER_S )); [ "$T" -gt "$TESTS_S" ] && T=$TESTS_S
+  T=$(( $(left) - 15 - BENCH_S - LOOP_S - PROFILE_S - CLIENTS_S - CLIENTS_SIM_S - PAPER_S )); [ "$T" -gt "$TESTS_S" ] && T=$TESTS_S
   run_tests tests "$T" "$PYTEST_ARGS"
 else
   echo "| tests | skipped (--skip-tests) | 0 |" >> "$SUMMARY"
@@ -205,12 +207,15 @@ if [ "$SKIP_BENCH" = 0 ]; then
     FUSED=$("$PY" -c "import fedopt_kernels as f; print(' '.join(b for b in f.available_backends('cuda') if b != 'reference'))" 2>/dev/null)
     [ -n "$FUSED" ] && BENCH_ONLY="--backends $FUSED"
   fi
-  B=$(( $(left) - 15 - LOOP_S - CLIENTS_S - CLIENTS_SIM_S - PAPER_S )); [ "$B" -gt "$BENCH_S" ] && B=$BENCH_S
+  B=$(( $(left) - 15 - LOOP_S - PROFILE_S - CLIENTS_S - CLIENTS_SIM_S - PAPER_S )); [ "$B" -gt "$BENCH_S" ] && B=$BENCH_S
   phase bench "$B" "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS $BENCH_ONLY --out-dir "$RES"
   # a user's training loop (zero_grad(set_to_none=True), forward, backward, step): GPU only
   if [ "$NO_GPU" = 0 ]; then
-    L=$(( $(left) - 15 - CLIENTS_S - CLIENTS_SIM_S - PAPER_S )); [ "$L" -gt "$LOOP_S" ] && L=$LOOP_S
-    phase bench_loop "$L" "$PY" -m bench loop --device cuda --out-dir "$RES"
+    L=$(( $(left) - 15 - PROFILE_S - CLIENTS_S - CLIENTS_SIM_S - PAPER_S )); [ "$L" -gt "$LOOP_S" ] && L=$LOOP_S
+    phase bench_loop "$L" "$PY" -m bench loop --device cuda --blocks 5 --per-block 15 --warmup 15 --out-dir "$RES"
+    # the same rows under torch.profiler: host time per phase, what the step calls, GPU idle gaps
+    P=$(( $(left) - 15 - CLIENTS_S - CLIENTS_SIM_S - PAPER_S )); [ "$P" -gt "$PROFILE_S" ] && P=$PROFILE_S
+    phase bench_profile "$P" "$PY" -m bench profile --device cuda --warmup 15 --out-dir "$RES"
   fi
   # client-batched training on the four models: sequential vs vmap vs the stacked engine (+ CUDA graph);
   # two timed rounds per mode (a deadline's SIGINT still writes the cases measured)
@@ -255,7 +260,7 @@ fi
   done
   echo "- wall time: $(elapsed) s of a ${BUDGET} s budget"
   echo
-  BENCH_MD=$(ls "$RES"/*.md 2>/dev/null | grep -v -e summary.md -e LATEST.md -e /clients- -e /loop- | head -1)
+  BENCH_MD=$(ls "$RES"/*.md 2>/dev/null | grep -v -e summary.md -e LATEST.md -e /clients- -e /loop- -e /profile- | head -1)
   if [ -n "$BENCH_MD" ]; then
     echo "## Benchmark goals ($(basename "$BENCH_MD"))"
     echo
@@ -266,6 +271,12 @@ fi
     echo
     echo "## Training loop ($(basename "$LOOP_MD"))"
     sed -n '2,$p' "$LOOP_MD"
+  fi
+  PROFILE_MD=$(ls "$RES"/profile-*.md 2>/dev/null | head -1)
+  if [ -n "$PROFILE_MD" ]; then
+    echo
+    echo "## Where an iteration's time goes ($(basename "$PROFILE_MD"))"
+    sed -n '2,$p' "$PROFILE_MD"
   fi
   PAPER_MD="$RES/paper-commands-cuda.md"
   [ -f "$PAPER_MD" ] && { echo; cat "$PAPER_MD"; }
@@ -290,6 +301,7 @@ cat "$SUMMARY"
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT/$NAME"
   [ -f "$RES/bench_loop.log" ] && { echo; echo "=== bench_loop ==="; cat "$RES/bench_loop.log"; } >> "$RES/bench.log"
+  [ -f "$RES/bench_profile.log" ] && { echo; echo "=== bench_profile ==="; cat "$RES/bench_profile.log"; } >> "$RES/bench.log"
   [ -f "$RES/bench_clients.log" ] && { echo; echo "=== bench_clients ==="; cat "$RES/bench_clients.log"; } >> "$RES/bench.log"
   [ -f "$RES/clients_sim.log" ] && { echo; echo "=== clients_sim ==="; cat "$RES/clients_sim.log"; } >> "$RES/bench.log"
   [ -f "$RES/paper_slice.log" ] && { echo; echo "=== paper_slice ==="; cat "$RES/paper_slice.log"; } >> "$RES/bench.log"
@@ -298,7 +310,7 @@ if [ -n "${OUT:-}" ]; then
   EXTRA=$(ls "$RES"/clients-*.json 2>/dev/null | grep -v /clients-sim- | head -1)
   grep -q '^| install | 0 |' "$SUMMARY" || grep -q '^| install | skipped' "$SUMMARY" || EXTRA="$RES/install.log"
   for f in "$RES"/summary.md "$RES"/tests.log "$RES"/bench.log "$RES"/junit.tar.gz \
-           $(ls "$RES"/*.json "$RES"/*.png 2>/dev/null | grep -v -e /clients- -e /loop-) "${BENCH_MD:-}" "$EXTRA"; do
+           $(ls "$RES"/*.json "$RES"/*.png 2>/dev/null | grep -v -e /clients- -e /loop- -e /profile-) "${BENCH_MD:-}" "$EXTRA"; do
     [ -f "$f" ] && cp "$f" "$OUT/$NAME/"
   done
   echo "gpu_check: copied $(ls "$OUT/$NAME" | wc -l) files to \$OUT/$NAME"

@@ -12,8 +12,7 @@ import torch
 
 import fedopt_kernels as fk
 
-from .algorithms import (ALGOS, BASELINES, EAGER, REPLAYING, TORCH_CLIP_SGD, TORCH_FOREACH, TORCH_FUSED, Stepper,
-                         build_baseline, eager_name)
+from .algorithms import ALGOS, EAGER, REPLAYING, TORCH_FOREACH, TORCH_FUSED, Stepper, build_baseline, eager_name
 from .contention import DISTURBED, OtherLoad, wait_quiet
 from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
@@ -200,19 +199,16 @@ def _time_cases(plan: Plan, backends: List[str], rows: List[Row]) -> None:
                 cases += [(w, (lambda w=w: build_baseline(algo, params, w))) for w in algo.baselines()]
             for backend, build in cases:
                 # torch.optim.SGD does the plain SGD work (no neuron scales, corrections or anchors);
-                # the hand-written FedNAR does FedNAR's work, counted at FedNAR's bytes
-                if backend in (TORCH_FUSED, TORCH_FOREACH):
-                    traffic = Traffic("sgd", ("momentum_buffer",) if algo.torch_sgd.get("momentum", 0) else ())
-                else:
-                    traffic = algo.traffic
+                # a hand-written baseline does the algorithm's work, counted at its bytes (Baseline.traffic)
+                baseline = backend in algo.baseline_of
+                traffic = algo.baseline_traffic(backend) if baseline else algo.traffic
                 nbytes = bytes_per_step(traffic, shapes, plan.dtype)
                 row: Row = dict(algorithm=algo_name, label=algo.label, backend=backend, size=size,
                                 device_type=plan.device.type, dtype=str(plan.dtype).replace("torch.", ""),
                                 n_tensors=len(shapes), numel=total_numel(shapes),
                                 bytes_per_element=bytes_per_element(traffic, plan.dtype),
                                 bytes_per_step=nbytes)
-                key = (backend, nbytes, tuple(sorted((algo.torch_sgd or algo.config.kwargs).items()))) \
-                    if backend in BASELINES else None
+                key = (backend, nbytes, tuple(sorted(algo.baseline_kwargs(backend).items()))) if baseline else None
                 t0 = time.perf_counter()
                 if key is not None and key in baseline_cache:
                     row.update(baseline_cache[key])  # the same torch work, measured for another algorithm
@@ -240,8 +236,9 @@ def _derive(rows: List[Row], plan: Plan) -> None:
         if "graph_median_s" in r:
             r["graph_gbps"] = r["bytes_per_step"] / r["graph_median_s"] / 1e9
         cuda = "cuda" + EAGER if r["backend"].endswith(EAGER) else "cuda"  # eager against eager
+        hand = ALGOS[r["algorithm"]].by_hand if r["algorithm"] in ALGOS else None
         for col, other in (("speedup_ref", "reference"), ("speedup_sgd_fused", TORCH_FUSED),
-                           ("speedup_sgd_foreach", TORCH_FOREACH), ("speedup_clip_sgd", TORCH_CLIP_SGD),
+                           ("speedup_sgd_foreach", TORCH_FOREACH), ("speedup_hand", hand),
                            ("speedup_cuda", cuda)):
             o = index.get((r["algorithm"], other, r["size"]))
             r[col] = o["median_s"] / r["median_s"] if o is not None and "median_s" in o else None

@@ -10,6 +10,7 @@ device). Per-row streams (NeuronLRSGD's scales) count once per row. For float32 
     SGD family (FedDecaySGD, NeuronLRSGD, torch.optim.SGD)   12 B (+8 momentum, +4 x0, +4 correction)
     FedNAR (norm pass, then update)                          20 B (+8 x0, +8 correction)
     PAdaMFed (D and acc are float32 state)                   32 B (+8 variance reduction)
+    FedSAM (ascent op, restore copy, SGD op)                 20 + 8 + 12 B (+8 momentum, ...)
 
 A copy ``dst.copy_(src)`` counts read + write bytes the same way, so "% of copy bandwidth" is
 the fraction of the machine's achievable streaming rate a step reaches.
@@ -28,10 +29,14 @@ Shape = Tuple[int, ...]
 
 @dataclass(frozen=True)
 class Traffic:
-    """An op and the optional roles its step uses (``catalogue.Config.present()``)."""
+    """An op and the optional roles its step uses (``catalogue.Config.present()``); ``also``: other
+    ops the step runs, with their roles (FedSAM's ascent); ``streams``: element streams it moves
+    besides the ops', in the parameters' dtype (FedSAM's restore of x: a read and a write)."""
 
     op: str
     present: Tuple[str, ...] = ()
+    also: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    streams: int = 0
 
 
 def _sizes(dtype: torch.dtype) -> Tuple[int, int]:
@@ -42,7 +47,8 @@ def _sizes(dtype: torch.dtype) -> Tuple[int, int]:
 def bytes_per_element(t: Traffic, dtype: torch.dtype) -> int:
     """Bytes per parameter element (row terms excluded) for parameters of ``dtype``."""
     elem, state = _sizes(dtype)
-    return OPS[t.op].bytes_per_element(t.present, elem, state)
+    ops = ((t.op, t.present),) + t.also
+    return sum(OPS[op].bytes_per_element(present, elem, state) for op, present in ops) + t.streams * elem
 
 
 def bytes_per_step(t: Traffic, shapes: Sequence[Shape], dtype: torch.dtype) -> int:
@@ -58,7 +64,8 @@ def bytes_per_step(t: Traffic, shapes: Sequence[Shape], dtype: torch.dtype) -> i
             rows += shape[0]
     total = numel * bytes_per_element(t, dtype)
     _, state = _sizes(dtype)
-    for role in OPS[t.op].optional:
-        if role.per_row and role.name in t.present:
-            total += rows * state * (role.reads + role.writes)
+    for op, present in ((t.op, t.present),) + t.also:
+        for role in OPS[op].optional:
+            if role.per_row and role.name in present:
+                total += rows * state * (role.reads + role.writes)
     return total

@@ -1,7 +1,7 @@
 """fedopt_kernels: fused optimizer kernels for federated learning, as torch.optim classes.
 
 Public names (docs/algorithms.md): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, neuron_lr_scales, FedNAR,
-PAdaMFed, theory_hparams, FedDyn, available_backends.
+PAdaMFed, theory_hparams, FedDyn, FedSAM, available_backends.
 """
 
 from .core.registry import available_backends
@@ -14,6 +14,7 @@ from .optim.neuron_lr import NeuronLRSGD, neuron_lr_scales
 from .optim.fednar import FedNAR
 from .optim.padamfed import PAdaMFed, theory_hparams
 from .optim.feddyn import FedDyn
+from .optim.fedsam import FedSAM
 # isort: on
 
 __version__ = "0.1.0"
@@ -27,5 +28,6 @@ __all__ = [
     "PAdaMFed",
     "theory_hparams",
     "FedDyn",
+    "FedSAM",
     "available_backends",
 ]

@@ -18,7 +18,7 @@ if not HAS_CUDA:
 # their file: whole files that build, install, start processes or train end to end, and every case
 # run through the Triton interpreter. The full suite (CI) runs everything.
 SLOW_FILES = frozenset({
-    "test_amp.py", "test_bench_clients.py", "test_bench_smoke.py", "test_compile.py", "test_cuda_build.py",
+    "test_amp.py", "test_bench_clients.py", "test_bench_loop.py", "test_bench_smoke.py", "test_compile.py", "test_cuda_build.py",
     "test_cuda_chunk_order.py", "test_dtensor.py", "test_flower_engine.py", "test_flower_resume.py",
     "test_flower_strategies.py", "test_hardening.py", "test_native_build_rules.py", "test_newcomer_bench.py",
     "test_newcomer_docs.py", "test_newcomer_extras.py", "test_newcomer_jit.py", "test_newcomer_packaging.py",

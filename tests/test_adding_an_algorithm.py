@@ -1,5 +1,7 @@
 """docs/dispatch.md's "Adding an algorithm" checklist, as a test: every registered algorithm is wired
-into every layer that should pick it up from its descriptor, and a descriptor that misses one is named.
+into every layer that should pick it up from its descriptor, and a descriptor that misses one is named;
+an algorithm on an existing op, written as one module, reaches the command line, Flower, the catalogue
+and the benchmark with nothing else but its export and its docs section (the checklist's three files).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from fedopt_kernels.fl import algorithm, catalogue
 from fedopt_kernels.core.optimizer import FedOptimizer
 from fedopt_kernels.fl.server_rules import RULES
 from fedopt_kernels.fl.algorithm import Algorithm, Variant
-from fedopt_kernels.batched._client_batched import ClientBatched
+from fedopt_kernels.batched.mixin import ClientBatched
 from fedopt_kernels.fl.config import FLConfig, algorithm_settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -81,9 +83,11 @@ def test_every_variant_runs_through_the_simulator_and_flower_settings(variant):
             inputs.pop("local_control", None)
         opt.start_round(**inputs)
         w.grad = torch.ones_like(w)
-        step_inputs = {"anchor_grads": [torch.ones_like(w)]} if a.needs_anchor(cfg.variant) else {}
         before = w.detach().clone()
-        opt.step(**step_inputs)
+        if a.needs_anchor(cfg.variant):
+            opt.step(anchor_grads=[torch.ones_like(w)])
+        else:  # as the simulator and the Flower client step it (FedSAM: a closure for the second gradient)
+            a.local_step(opt, lambda: setattr(w, "grad", torch.ones_like(w)))
         assert not torch.equal(before, w.detach())
 
 
@@ -108,17 +112,13 @@ def test_registering_a_name_twice_is_refused():
         algorithm.register(a)
 
 
-# where an algorithm's name may stand as a string: its descriptor module, the server rules, the
-# kernels, and these few places that name one on purpose (a default, the paper-named Flower
-# constructors, the benchmark's goals and its client-batched workload)
-_NAME_HOMES = {"fedopt_kernels/optim/feddecay.py", "fedopt_kernels/optim/neuron_lr.py",
-               "fedopt_kernels/optim/fednar.py", "fedopt_kernels/optim/padamfed.py", "fedopt_kernels/optim/feddyn.py",
-               "fedopt_kernels/fl/server_rules.py", "fedopt_kernels/core/ops.py"}
-_NAME_FOLDERS = ("fedopt_kernels/core/reference/", "fedopt_kernels/core/backends/", "triton_kernels/")
+# where an algorithm's name may stand as a string: its own module (optim/), the kernels, the shared
+# server rules (SCAFFOLD's rule is called "scaffold", as its variant), and these few places that name
+# one on purpose (a default, the benchmark's goals and its client-batched workload)
+_NAME_FOLDERS = ("fedopt_kernels/optim/", "fedopt_kernels/core/reference/", "fedopt_kernels/core/backends/",
+                 "triton_kernels/")
+_NAME_HOMES = {"fedopt_kernels/core/ops.py", "fedopt_kernels/fl/server_rules.py"}
 _NAMED_ON_PURPOSE = {"fedopt_kernels/fl/config.py": {"fedavg"}, "fedopt_kernels/flower/runconfig.py": {"fedavg"},
-                     "fedopt_kernels/flower/averaging.py": {"fedavg", "fedprox", "scaffold", "fednar", "fednar-fedprox",
-                                                            "fednar-scaffold", "feddecay", "fednlr"},
-                     "fedopt_kernels/flower/padamfed.py": {"padamfed", "padamfed-vr"},
                      "bench/goals.py": {"feddecay", "fednar", "padamfed"}, "bench/clients.py": {"fednar"}}
 
 
@@ -191,3 +191,145 @@ def test_a_setting_is_refused_by_the_algorithms_that_do_not_take_it(setting):
         else:
             with pytest.raises(ValueError, match=f"{setting} does not apply"):
                 cfg.validate()
+
+
+# ---------------------------------------------------------------- an algorithm from one module
+# An algorithm on an existing op (sgd), complete in one file: optimizer, client-batched form, descriptor
+# with variants on two server rules, option sets, a benchmark row with its baseline, a Flower name.
+ONE_MODULE = '''
+"""HeavyBallSGD: SGD with momentum 0.9 unless told otherwise, on the round API (a test's algorithm)."""
+import torch
+
+from fedopt_kernels.batched.mixin import ClientBatched
+from fedopt_kernels.core.ops import BATCHED
+from fedopt_kernels.fl import algorithm
+from fedopt_kernels.fl.algorithm import Baseline, BenchCase, FlowerName, Variant
+from fedopt_kernels.optim.feddecay import FedDecaySGD
+from fedopt_kernels.optim.sgd import SGDAlgorithm
+
+
+class HeavyBallSGD(FedDecaySGD):
+    """Heavy-ball SGD: torch.optim.SGD with momentum (default 0.9) and no within-round decay."""
+
+    def __init__(self, params, lr=0.01, momentum=0.9, **kw):
+        super().__init__(params, lr=lr, beta=1.0, momentum=momentum, **kw)
+
+
+class BatchedHeavyBallSGD(ClientBatched, HeavyBallSGD):
+    _spec = BATCHED["sgd_batched"]
+
+
+class _HeavyBall(SGDAlgorithm):
+    def make(self, params, cfg, variant, hp, backend, batched=False):
+        cls = self.batched if batched else self.optimizer
+        return cls(params, lr=hp["lr"], momentum=cfg.momentum or 0.9, weight_decay=cfg.weight_decay,
+                   backend=backend)
+
+
+def plain_sgd(params, kwargs):
+    return torch.optim.SGD(params, lr=kwargs["lr"], momentum=kwargs["momentum"], foreach=True)
+
+
+DESCRIPTOR = algorithm.register(_HeavyBall(
+    "heavyball", HeavyBallSGD, BatchedHeavyBallSGD, title="A heavy ball for a test",
+    settings=("momentum", "weight_decay", "round_decay"),
+    variants=(Variant("heavyball", "avg"), Variant("heavyball-scaffold", "scaffold")),
+    flower=(FlowerName("HeavyBallStrategy", "heavyball"),),
+    full="momentum_wd",
+    bench=(BenchCase("heavyball", "HeavyBallSGD", "plain", core=True,
+                     baselines=(Baseline("torch.SGD(foreach) by hand", plain_sgd),)),),
+    options={"plain": dict(lr=0.1, momentum=0.9), "momentum_wd": dict(lr=0.05, momentum=0.5, weight_decay=0.01,
+                                                                      correction=True)},
+))
+'''
+
+
+@pytest.fixture
+def heavyball(tmp_path):
+    import importlib.util
+    import sys
+
+    path = tmp_path / "heavyball.py"
+    path.write_text(ONE_MODULE)
+    spec = importlib.util.spec_from_file_location("heavyball", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["heavyball"] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    algorithm.unregister("heavyball")
+    del sys.modules["heavyball"]
+
+
+def test_an_algorithm_on_an_existing_op_is_one_module(heavyball, tmp_path):
+    from fedopt_kernels.sim.cli.fedopt_sim import build_parser, config_from_args
+
+    import bench.algorithms as bench_algorithms
+
+    a = algorithm.ALGORITHMS["heavyball"]
+    # the checklist: only the other two of its three files (the export and the docs section) are missing
+    missing = missing_registrations(a)
+    assert len(missing) == 2 and missing[0].startswith("export: fedopt_kernels.HeavyBallSGD"), missing
+    assert missing[1].startswith("docs/algorithms.md"), missing
+    # the command line: its variants are choices, and a run of one is configured from the flags
+    parser = build_parser()
+    assert "heavyball-scaffold" in parser.format_help()
+    args = parser.parse_args(["--algorithm", "heavyball-scaffold", "--momentum", "0.5", "--rounds", "1"])
+    cfg = config_from_args(args, 0)
+    opt = cfg.algo.make([torch.nn.Parameter(torch.randn(3))], cfg, cfg.variant, cfg.hparams(), "reference")
+    assert isinstance(opt, heavyball.HeavyBallSGD) and opt.param_groups[0]["momentum"] == 0.5
+    # the catalogue: every backend against the reference, per client and client-batched
+    cfg = catalogue.config("heavyball")
+    ref = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
+    got = [torch.nn.Parameter(p.detach().clone()) for p in ref]
+    catalogue.run(cfg, ref, "reference")
+    catalogue.run(cfg, got, "auto")
+    for x, y in zip(ref, got):
+        torch.testing.assert_close(x, y)
+    assert isinstance(cfg.build_batched([torch.nn.Parameter(torch.randn(2, 3))]), heavyball.BatchedHeavyBallSGD)
+    # the benchmark: its row and its baseline
+    case = bench_algorithms.ALGOS["heavyball"]
+    assert "heavyball" in bench_algorithms.core_cases() and case.by_hand == "torch.SGD(foreach) by hand"
+    params = [torch.nn.Parameter(torch.randn(6))]
+    params[0].grad = torch.randn(6)
+    case.build(params, "reference").step()
+    bench_algorithms.build_baseline(case, params, case.by_hand).step()
+
+
+def test_an_algorithm_from_one_module_gets_its_flower_strategy(heavyball):
+    pytest.importorskip("flwr")
+    import fedopt_kernels.flower as flower
+    from fedopt_kernels.fl.config import FLConfig
+
+    s = flower.HeavyBallStrategy(lr=0.2, local_steps=3, fraction_train=0.5)
+    assert s.cfg.algorithm == "heavyball" and s.hp["lr"] == 0.2 and s.fraction_train == 0.5
+    assert isinstance(flower.strategy_for(FLConfig(algorithm="heavyball-scaffold")), flower.AveragingStrategy)
+    with pytest.raises(TypeError, match="no_such_keyword"):
+        flower.HeavyBallStrategy(no_such_keyword=1)
+
+
+# ---------------------------------------------------------------- the docs index
+INDEX_FILES = ("docs/algorithms.md", "README.md")
+BEGIN, END = "<!-- algorithms: generated from the descriptors", "<!-- /algorithms -->"
+
+
+def test_the_algorithm_index_is_generated_from_the_descriptors():
+    """docs/algorithms.md's and README.md's tables of algorithms are ``algorithm.index_markdown()``;
+    FEDOPT_WRITE_INDEX=1 rewrites them."""
+    import os
+
+    want = algorithm.index_markdown()
+    stale = []
+    for rel in INDEX_FILES:
+        path = ROOT / rel
+        text = path.read_text()
+        assert BEGIN in text and END in text, f"{rel} has no generated index ({BEGIN} ... {END})"
+        head, rest = text.split(BEGIN, 1)
+        marker_line, rest = rest.split("\n", 1)
+        _, tail = rest.split(END, 1)
+        new = head + BEGIN + marker_line + "\n" + want + END + tail
+        if new != text:
+            if os.environ.get("FEDOPT_WRITE_INDEX") == "1":
+                path.write_text(new)
+            else:
+                stale.append(rel)
+    assert not stale, f"{stale}: the index is stale; rerun with FEDOPT_WRITE_INDEX=1 to rewrite it"

@@ -15,7 +15,9 @@ from fedopt_kernels.fl import catalogue
 from backends import cases, grad_scaler_unscales, require
 from no_sync import no_host_sync
 
-ALGOS = list(catalogue.ALGOS)
+# GradScaler hands its tensors to the optimizers that say they take them (all but FedSAM, whose step
+# takes a closure, which GradScaler.step refuses: docs/algorithms.md says how to combine the two)
+ALGOS = [name for name, a in catalogue.ALGOS.items() if a.cls._step_supports_amp_scaling]
 
 
 def _twins(cfg, backend, device, dtype=torch.float32):

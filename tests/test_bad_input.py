@@ -19,6 +19,11 @@ def _builder(name):
 BUILDERS = {name: _builder(name) for name in catalogue.ALGOS}
 
 
+def _step(algo, opt, params):
+    """``opt.step`` with what a step of ``algo`` takes besides the gradients (FedSAM's closure)."""
+    opt.step(**catalogue.config(algo, next(iter(catalogue.ALGOS[algo].options))).step_inputs(params, 0))
+
+
 @pytest.mark.parametrize("algo", list(BUILDERS))
 def test_negative_lr(algo):
     with pytest.raises(ValueError, match="lr"):
@@ -33,7 +38,7 @@ def test_lr_set_negative_later_raises_at_step_and_leaves_params(algo):
     before = p.detach().clone()
     p.grad = torch.ones(3)
     with pytest.raises(ValueError, match="lr"):
-        opt.step()
+        _step(algo, opt, [p])
     assert torch.equal(p.detach(), before)
 
 
@@ -89,7 +94,7 @@ def test_sparse_gradient(algo):
     p.grad = torch.eye(4, 2).to_sparse()
     before = p.detach().clone()
     with pytest.raises(RuntimeError, match="sparse"):
-        opt.step()
+        _step(algo, opt, [p])
     assert torch.equal(p.detach(), before)
 
 

@@ -155,5 +155,5 @@ def test_the_loop_benchmark_counts_gradient_address_sets():
     table = loop.markdown({"meta": {"device_name": "d", "date": "t", "commit": "c", "torch": "v", "command": "x",
                                     "blocks": 1, "per_block": 1, "warmup": 1},
                            "rows": [{"model": "m", "optimizer": "torch.SGD(fused)", "median_s": 1e-3,
-                                     "address_sets": 2}]})
-    assert "| m | torch.SGD(fused) | 1.000 | 1.00x | — | 2 |" in table
+                                     "ratios": [1.0, 1.0], "address_sets": 2}]})
+    assert "| m | torch.SGD(fused) | 1.000 | 1.00x [1.00-1.00] | — | 2 |" in table

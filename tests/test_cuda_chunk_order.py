@@ -1,9 +1,10 @@
 """The CUDA norm ops sum in one element-to-thread order whatever the tensors' alignment, checked
 without a GPU: the kernels' own chunk code (csrc/cuda/norm_chunk.cuh, fednar_op.cuh,
-padamfed_op.cuh) is compiled for the host with the stand-in headers of tests/cuda_host/include
+padamfed_op.cuh, sam_ascent_op.cuh) is compiled for the host with the stand-in headers of tests/cuda_host/include
 and run thread by thread (tests/cuda_host/chunk_order.cpp). For every thread of a block and both
 passes, an unaligned copy of the data (scalar accesses) must give the float64 partial sum and the
-written values of the aligned copy (vector accesses), bit for bit, for FedNAR and PAdaMFed (+VR),
+written values of the aligned copy (vector accesses), bit for bit, for FedNAR, PAdaMFed (+VR) and
+FedSAM's ascent (+ASAM),
 float32 and float64, chunk lengths from 1 to a full chunk. The GPU test of the same property runs
 the ops themselves: tests/test_native_cuda.py::test_norm_op_on_unaligned_views_is_bitwise_the_aligned_op.
 """

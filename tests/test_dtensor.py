@@ -28,6 +28,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
+from fedopt_kernels import FedSAM
 from fedopt_kernels.fl import catalogue
 from fedopt_kernels.fl.local_world import gloo_unavailable, run_local_world
 
@@ -65,6 +66,14 @@ def _like(t: torch.Tensor, p) -> Any:
     from torch.distributed.tensor import distribute_tensor
 
     return distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
+
+
+def _sharded_step_input(value: Any, params: List[Any]) -> Any:
+    """A step input of the unsharded run for the sharded one: tensors placed like their parameters; a
+    closure's seeded gradients too (FedSAM's second gradient)."""
+    if isinstance(value, catalogue.SecondGradient):
+        return catalogue.SecondGradient(params, [_like(b, q) for b, q in zip(value.bases, params)])
+    return [_like(t, q) for t, q in zip(value, params)]
 
 
 def _sharded_inputs(inputs: Dict[str, Any], plain: List[Any], params: List[Any]) -> Dict[str, Any]:
@@ -125,10 +134,11 @@ def _compare_config(algo: str, option: str, dtype_name: str, kind: str, backend:
                 q.grad = _like(gr, q)
             step_in = cfg.step_inputs(order_p, gstep)
             opt_p.step(**step_in)
-            opt_s.step(**{k: [_like(t, q) for t, q in zip(v, order_s)] for k, v in step_in.items()})
+            opt_s.step(**{k: _sharded_step_input(v, order_s) for k, v in step_in.items()})
             for b, x0, p in zip(bound, before, plain):
                 b += 4 * eps_c * (p.detach().double() - x0).abs() + _ulp(p.detach())
-    worst = {"max_abs": 0.0, "max_rel": 0.0, "over_bound": 0.0, "state_abs": 0.0}
+    worst = {"max_abs": 0.0, "max_rel": 0.0, "over_bound": 0.0, "state_abs": 0.0, "state_rel": 0.0,
+             "eps_c": eps_c, "steps": rounds * steps}
     for p, q, b in zip(plain, sharded, bound):
         want = _like(p.detach(), q).to_local().double()
         got = q.detach().to_local().double()
@@ -144,7 +154,10 @@ def _compare_config(algo: str, option: str, dtype_name: str, kind: str, backend:
     for key in sp:
         want, got = _like(sp[key], ss[key]).to_local(), ss[key].to_local()
         if want.numel():
-            worst["state_abs"] = max(worst["state_abs"], float((got.double() - want.double()).abs().max()))
+            diff = (got.double() - want.double()).abs()
+            worst["state_abs"] = max(worst["state_abs"], float(diff.max()))
+            scale = want.double().abs().max().clamp_min(torch.finfo(dtype).tiny)
+            worst["state_rel"] = max(worst["state_rel"], float(diff.max() / scale))
     if cfg.cls.__name__ == "PAdaMFed":
         for a, b in zip(opt_p.local_control(), opt_s.local_control()):
             want, got = _like(a, b).to_local(), b.to_local()
@@ -398,6 +411,14 @@ def four_ranks() -> Dict[tuple, Dict[str, Any]]:
 def _check_agreement(key: tuple, row: Dict[str, Any]) -> None:
     algo = key[0]
     assert row["same_round"], key
+    if catalogue.ALGOS[algo].cls is FedSAM:
+        # the ascent's factor rho / (norm + eps) may differ by 4 eps_c (the norm's summation order), so
+        # may e and the gradient taken at x + e (one more eps_c rounding it): the parameters stay within
+        # the norm algorithms' bound, and the state the descent builds from that gradient (momentum
+        # buffers) within 5 eps_c of its size per step
+        assert row["over_bound"] <= 0.0, (key, row)
+        assert row["state_rel"] <= 5 * row["eps_c"] * row["steps"], (key, row)
+        return
     assert row["state_abs"] == 0.0, (key, row)  # controls, accumulators, buffers: element-wise
     if catalogue.ALGOS[algo].cls._spec.norm:
         assert row["over_bound"] <= 0.0, (key, row)

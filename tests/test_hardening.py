@@ -215,7 +215,7 @@ def test_rejected_add_param_group_adds_nothing_and_can_be_retried(algo):
         opt.add_param_group({"params": [b], "lr": -1.0})
     assert len(opt.param_groups) == 1
     a.grad = torch.ones(3)
-    opt.step()  # still works
+    opt.step(**catalogue.config(algo).step_inputs([a], 0))  # still works (FedSAM's closure included)
     opt.add_param_group({"params": [b], "lr": 0.01})  # and b can be added now
     assert len(opt.param_groups) == 2
     with pytest.raises(TypeError, match="complex"):

@@ -1,6 +1,6 @@
 """The package's folders are its layers, and every name the documentation gives still imports.
 
-Layers, lowest first (README, "Layout"): ``core`` (kernel dispatch, no FL concepts; the Triton
+Layers, lowest first (README, "Layout"; docs/dispatch.md): ``core`` (kernel dispatch, no FL concepts; the Triton
 sources installed as ``fedopt_kernels.triton_kernels`` belong to it), ``fl`` (descriptors, settings,
 server rules, the client round), ``batched`` (the client-batched mixin), ``optim`` (the optimizers),
 the package's ``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module
@@ -221,7 +221,7 @@ def _documented_hooks() -> Set[str]:
 def _overridden_hooks() -> Dict[str, Set[str]]:
     """Base members (``_x``) each optimizer class and the client-batched mixin define again."""
     import fedopt_kernels  # noqa: F401  (registers every algorithm)
-    from fedopt_kernels.batched._client_batched import ClientBatched
+    from fedopt_kernels.batched.mixin import ClientBatched
     from fedopt_kernels.core.optimizer import FedOptimizer
     from fedopt_kernels.fl import algorithm
 
@@ -243,7 +243,7 @@ def test_every_overridden_optimizer_hook_is_documented():
 
 
 def test_every_documented_hook_exists():
-    from fedopt_kernels.batched._client_batched import ClientBatched
+    from fedopt_kernels.batched.mixin import ClientBatched
     from fedopt_kernels.core.optimizer import FedOptimizer
 
     documented = _documented_hooks()
@@ -256,3 +256,102 @@ def test_the_fast_tiers_slow_files_exist():
     from conftest import SLOW_FILES
 
     assert sorted(f for f in SLOW_FILES if not (ROOT / "tests" / f).is_file()) == []
+
+
+# ------------------------------------------------------------------ private modules and stale names
+def _private_module(name: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+
+
+def _package(module: str) -> str:
+    """The package (layer) a module belongs to: ``pkg.core`` for ``pkg.core.backends._native``."""
+    return ".".join(module.split(".")[:2])
+
+
+def private_module_imports(graph: Dict[str, Set[str]]) -> List[str]:
+    """``a -> b`` for each import of a private module (a ``_name`` in its path) from another package
+    (layer folder: core, fl, batched, optim, sim, flower) than the one that holds it: a private
+    module is its own package's business."""
+    found = []
+    for a, bs in graph.items():
+        for b in bs:
+            if _private_module(b) and _package(a) != _package(b):
+                found.append(f"{a} -> {b}")
+    return sorted(found)
+
+
+def test_no_private_module_is_imported_from_another_package():
+    found = private_module_imports(import_graph())
+    assert not found, "private modules imported across packages (give them a public name):\n" + "\n".join(found)
+
+
+def test_the_private_module_check_can_fail():
+    graph = {"pkg.optim.a": {"pkg.batched._mixin"}, "pkg.batched.b": {"pkg.batched._mixin"},
+             "pkg.core.backends.cpu": {"pkg.core.backends._native"}, "pkg.core.x": {"pkg.core.backends._native"},
+             "pkg.sim.y": {"pkg.core.backends._native"}}
+    assert private_module_imports(graph) == ["pkg.optim.a -> pkg.batched._mixin",
+                                             "pkg.sim.y -> pkg.core.backends._native"]
+
+
+# paths the package's comments name that are not this repository's (LEAF's source tree)
+_FOREIGN_PATHS = {"models/utils/language_utils.py"}
+_PATH = re.compile(r"(?<![\w/<.-])((?:[A-Za-z_][\w-]*/)+[A-Za-z_][\w-]*\.(?:py|md|h|cpp|cu|cuh|sh|toml))(?![\w/])")
+_PRIVATE_ATTR = re.compile(r"(?<![\w.])(_[a-z][a-z0-9_]*)\.([A-Za-z_]\w*)")
+
+
+def _docstrings_and_comments(path: Path) -> List[tuple]:
+    """(line, text) of every docstring and comment of a module."""
+    import io
+    import tokenize
+
+    src = path.read_text()
+    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(src).readline)
+           if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                out.append((node.body[0].lineno, doc))
+    return out
+
+
+def stale_names(modules: Dict[str, Path]) -> List[str]:
+    """What the package's docstrings and comments name that is not there any more: a file path that
+    exists nowhere in the tree; ``_mod.NAME`` where ``_mod`` is no module but ``mod`` is (a module
+    renamed to its public name); a ``fedopt_kernels.…`` name that does not import."""
+    short = {m.rsplit(".", 1)[-1] for m in modules}
+    found = []
+    for module, path in modules.items():
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        for line, text in _docstrings_and_comments(path):
+            for rel in _PATH.findall(text):
+                places = [ROOT, PKG, ROOT / "csrc", path.parent, PKG / "core", PKG / "sim"]
+                if rel not in _FOREIGN_PATHS and not any((p / rel).exists() for p in places):
+                    found.append(f"{where}:{line}: file {rel}")
+            for mod, attr in _PRIVATE_ATTR.findall(text):
+                if mod not in short and mod[1:] in short:
+                    found.append(f"{where}:{line}: {mod}.{attr} (the module is {mod[1:]})")
+            for name in _DOTTED.findall(text):
+                if name.startswith(("fedopt_kernels._C_", "fedopt_kernels.flower")):
+                    continue  # the compiled extensions may be absent; Flower is an extra
+                try:
+                    resolve(name.rstrip("."))
+                except (ModuleNotFoundError, AttributeError):
+                    found.append(f"{where}:{line}: {name}")
+    return found
+
+
+def test_docstrings_and_comments_name_what_exists():
+    from test_import_graph import package_modules
+
+    found = stale_names(package_modules())
+    assert not found, "stale names in docstrings and comments:\n" + "\n".join(found)
+
+
+def test_the_stale_name_check_can_fail(tmp_path):
+    mod = tmp_path / "mod.py"
+    mod.write_text('"""Reads ``_ops.OPS`` and ``core/no_such_file.py``; see fedopt_kernels.no_such_name."""\n'
+                   "# core/plan.py and ``ops.OPS`` are there\n")
+    found = stale_names({"fedopt_kernels.core.ops": PKG / "core" / "ops.py", "x.mod": mod})
+    assert [f.split(": ", 1)[1] for f in found if "mod.py" in f] == [
+        "file core/no_such_file.py", "_ops.OPS (the module is ops)", "fedopt_kernels.no_such_name"]

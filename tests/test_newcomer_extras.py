@@ -45,12 +45,16 @@ def test_sim_runs_without_tqdm(monkeypatch, capsys):
 def test_sim_without_sklearn_names_the_extra(monkeypatch, capsys):
     _hide(monkeypatch, "sklearn")
     with pytest.raises(SystemExit) as exc:
-        fedopt_sim.main(SHORT + ["--quiet", "--no-files"])
+        fedopt_sim.main(SHORT + ["--quiet", "--no-files", "--dataset", "digits"])
     assert exc.value.code == 3
     err = capsys.readouterr().err
     assert "scikit-learn" in err and "fedopt_kernels[sim]" in err and "Traceback" not in err
-    # the synthetic data set needs no scikit-learn
-    assert fedopt_sim.main(SHORT + ["--quiet", "--no-files", "--dataset", "synthetic", "--model", "mlp"]) == 0
+    # what a plain `pip install .` runs: the default data set is then the synthetic one (its model the
+    # mlp), which needs no scikit-learn, and the run says so
+    assert fedopt_sim.main(SHORT + ["--quiet", "--no-files", "--algorithm", "fednar"]) == 0
+    err = capsys.readouterr().err
+    assert "dataset synthetic (the default, digits, needs scikit-learn" in err
+    assert fedopt_sim.main(SHORT + ["--quiet", "--no-files", "--dataset", "synthetic"]) == 0
 
 
 def test_sim_without_matplotlib_writes_everything_but_the_png(monkeypatch, tmp_path, capsys):

@@ -47,9 +47,10 @@ def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, cli
                     ts.append(rnd(SHAPES[j], torch.float32 if role.state_typed else dtype))
         lists.append(ts)
     rows = []
-    for _ in range(2):
+    for b in range(2):
         row = {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01, "prox_mu": 0.2, "nesterov": 0.0,
-               "maximize": 0.0, "step_lr": 0.1, "max_norm": 1.0, "eps": 1e-6, "beta": 0.5}
+               "maximize": 0.0, "step_lr": 0.1, "max_norm": 1.0, "eps": 1e-6, "beta": 0.5, "rho": 0.5, "eta": 0.01,
+               "adaptive": float(b == 0)}
         rows.append([row[h] for h in spec.hps])
     hp = torch.tensor(rows, dtype=torch.float64, device=device)
     k = torch.zeros(1, dtype=torch.int32, device=device)
@@ -73,7 +74,9 @@ def _require_op(backend, device, name):
         pytest.skip(why)
 
 
-@pytest.mark.parametrize("amp", [False, True], ids=["plain", "amp"])
+# the GradScaler arguments' schema and fake handling in the full suite (opcheck is slow; the fast
+# tier's kernel tests run every op with GradScaler's tensors: test_every_backend_computes_...)
+@pytest.mark.parametrize("amp", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["plain", "amp"])
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("backend,device", cases())
 def test_opcheck(backend, device, name, amp):

@@ -277,3 +277,19 @@ def test_the_plan_is_built_from_data_alone(monkeypatch):
     assert plan.still_valid(opt.param_groups) == [0]
     assert plan.update_groups(new_lr)  # the record gathered before the edit: hp rows as given
     assert plan.hp[0, 0].item() == KW["lr"]
+
+
+def test_a_key_added_to_a_param_group_is_taken_once():
+    """A param group that gains a key (a scheduler's own entry, say) changes the values the plan
+    compares: taken once, then the plan is steady again (not re-validated at every step)."""
+    import fedopt_kernels as fk
+
+    p = torch.nn.Parameter(torch.randn(4))
+    opt = fk.FedNAR([p], lr=0.1, weight_decay=0.0, backend="reference")
+    p.grad = torch.randn(4)
+    opt.step()
+    opt.param_groups[0]["initial_lr"] = 0.1
+    plan = opt._plan
+    assert plan.still_valid(opt.param_groups) == [0]
+    assert plan.update_groups(opt._group_inputs([0]))
+    assert plan.still_valid(opt.param_groups) is True

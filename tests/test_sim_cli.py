@@ -128,7 +128,7 @@ def test_files_and_table(tmp_path, capsys):
     (["--algorithm", "fedavg", "--beta", "0.5"], "--beta"),
     (["--algorithm", "feddecay", "--beta", "1.5"], "--beta"),
     (["--algorithm", "fedavg", "--prox-mu", "0.1"], "--prox-mu"),
-    (["--dataset", "synthetic"], "cnn"),
+    (["--dataset", "synthetic", "--model", "cnn"], "cnn"),
     (["--clients", "5000"], "--clients"),
     (["--backend", "nope"], "--backend"),
     (["--validate", "nope"], "--validate 'nope'"),
@@ -195,13 +195,43 @@ def test_quiet_hides_the_bar_not_the_timing_line(capsys):
     assert re.search(r"^seed 0: 2 rounds in \d+\.\d s \(backend reference, device cpu\)$", err, re.M), err
 
 
-@pytest.mark.parametrize("extra, want", [([], 1), (["--client-parallel", "2"], 1), (["--threads", "2"], 2),
+def test_client_parallel_says_when_it_trains_another_number_of_clients(capsys):
+    """--client-parallel 10 with 2 clients sampled per round trains 2 at once, and says so."""
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--client-parallel", "10"]) == 0
+    err = capsys.readouterr().err
+    assert "seed 0: --client-parallel 10 trains 2 clients at once (all 2 sampled clients of a round)" in err, err
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--client-parallel", "2"]) == 0
+    assert "--client-parallel 2 trains" not in capsys.readouterr().err
+
+
+def test_a_resumed_run_reports_the_rounds_it_ran(tmp_path, monkeypatch, capsys):
+    args = ["--clients", "10", "--rounds", "3", "--local-steps", "1", "--clients-per-round", "2", "--finetune-steps",
+            "1", "--quiet", "--algorithm", "fedavg", "--checkpoint-every", "1", "--out", str(tmp_path / "run")]
+    real = Simulation.run_round
+
+    def stop_at_round_2(self, t):
+        if t == 1:
+            raise KeyboardInterrupt  # stopped after round 1 (checkpointed)
+        return real(self, t)
+
+    monkeypatch.setattr(Simulation, "run_round", stop_at_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        fedopt_sim.main(args)
+    monkeypatch.setattr(Simulation, "run_round", real)
+    capsys.readouterr()
+    assert fedopt_sim.main(args + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^seed 0: 2 rounds \(2-3, resumed\) in \d+\.\d s", err, re.M), err
+
+
+# --threads on the client-parallel path stands for both paths: the sequential one sets the same count
+@pytest.mark.parametrize("extra, want", [([], 1), (["--client-parallel", "2"], 1),
                                          (["--client-parallel", "2", "--threads", "2"], 2)])
 def test_threads_default_is_one_on_both_paths(extra, want):
     """One thread whether clients train one after another or at once: with torch's default, a
     client-parallel run slowed down several times over once another process took a core; --threads wins."""
     torch.set_num_threads(3)  # stands for torch's default; the module fixture restores the thread count
-    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg"] + extra) == 0
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--rounds", "1", "--local-steps", "1"] + extra) == 0
     assert torch.get_num_threads() == want
     torch.set_num_threads(1)
 

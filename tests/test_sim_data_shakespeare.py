@@ -126,7 +126,8 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
     with pytest.raises(ValueError, match="partition='iid' does not apply to dataset='shakespeare'"):
         SimConfig(dataset="shakespeare", data_dir=root, partition="iid", model="char-gru").validate()
     with pytest.raises(ValueError, match="model='cnn' does not fit dataset='shakespeare'"):
-        SimConfig(dataset="shakespeare", data_dir=root).validate()
+        SimConfig(dataset="shakespeare", data_dir=root, model="cnn").validate()
+    assert SimConfig(dataset="shakespeare", data_dir=root).model == "char-gru"  # its default model
     with pytest.raises(ValueError, match="hidden only applies to"):
         SimConfig(model="cnn", hidden=8).validate()
     for argv, msg in [(["--clients", "4"], "--clients 4 is more than the 3 Shakespeare users"),

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fedopt_kernels.fl.checkpoint import MANIFEST, CheckpointDir, CheckpointError
-from fedopt_kernels.sim.config import ALGORITHMS, SimConfig
+from fedopt_kernels.sim.config import VARIANTS, SimConfig
 from fedopt_kernels.sim.data.clients import ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.models.small import SmallCNN
@@ -90,7 +90,7 @@ MODES = {"sequential": {}, "client-parallel": {"client_parallel": 2}}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize("algorithm", list(VARIANTS))
 def test_resumed_run_equals_uninterrupted(tmp_path, algorithm, mode):
     cfg = tiny_config(algorithm, **MODES[mode])
     whole = make(cfg)

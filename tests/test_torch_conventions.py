@@ -434,7 +434,7 @@ def test_no_empty_state_entries(case):
         assert st, "an empty state entry"
     sd = opt.state_dict()["state"]
     assert all(sd.values()), f"empty entries in state_dict()['state']: {sd}"
-    if not case.cfg.present():
+    if not case.cfg.present() and not algorithm.of_optimizer(case.cls).closure_step:  # FedSAM keeps x
         assert len(opt.state) == 0 and sd == {}
 
 
@@ -559,7 +559,8 @@ def test_step_without_grads_changes_nothing(case, when):
     before = [p.detach().clone() for p in twin]
     state = copy.deepcopy(expected.state_dict())
     inputs = case.step_inputs(opt, 1)
-    opt.step(**{k: [None] * len(v) for k, v in inputs.items()})  # per-step inputs of absent grads: None
+    # per-step inputs of absent grads: None; a closure (FedSAM's) stays, as the step calls it anyway
+    opt.step(**{k: v if callable(v) else [None] * len(v) for k, v in inputs.items()})
     assert all(torch.equal(a, p.detach()) for a, p in zip(before, params))
     assert all(opt.state.values()), "the step made empty state entries"
     after = opt.state_dict()

@@ -109,7 +109,8 @@ def _last_plan():
 # ---------------------------------------------------------------- plan cache
 def test_plan_is_reused_while_the_tensor_set_is_unchanged_and_rebuilt_when_it_changes():
     ps = _params([(5, 3), (7,), (130,)])
-    opt = fk.FedDecaySGD(ps, lr=0.1, beta=0.5, momentum=0.9, backend="triton")
+    # replay=False: on a GPU a replayed step calls no backend, and this is about the backend's plans
+    opt = fk.FedDecaySGD(ps, lr=0.1, beta=0.5, momentum=0.9, backend="triton", replay=False)
     grads = _grads(ps, 0)
     for p, g in zip(ps, grads):
         p.grad = g
@@ -212,12 +213,14 @@ def test_gradients_at_new_addresses_every_step_give_the_bits_of_fixed_ones(op, m
         opt.start_round()
         kept = [laid_out(i, torch.zeros_like(p)) for i, p in enumerate(ps)]
         kept_anchor = [torch.zeros_like(p) for p in ps]
+        alive = []  # every step's tensors stay alive: a caching allocator would hand their blocks back
         for s in range(5):
             grads = [laid_out(i, g) for i, g in enumerate(_grads(ps, s))]
             anchors = _grads(ps, 50 + s)
             if not moving:
                 grads = [k.copy_(g) for k, g in zip(kept, grads)]
                 anchors = [k.copy_(g) for k, g in zip(kept_anchor, anchors)]
+            alive.append((grads, anchors))
             for p, g in zip(ps, grads):
                 p.grad = g
             opt.step(**({"anchor_grads": anchors} if isinstance(opt, fk.PAdaMFed) else {}))
@@ -252,9 +255,11 @@ def test_batched_gradients_at_new_addresses_give_the_bits_of_fixed_ones(op, monk
         rest = list(args[n:])
         rest[3] = rest[3].clone()  # k
         cache: dict = {}
+        alive = []  # every step's tensors stay alive: a caching allocator would hand their blocks back
         for s in range(4):
             for j in moving_lists:
                 fresh = [t * (1.0 + 0.25 * s) for t in args[j]]
+                alive.append(fresh)
                 lists[j] = fresh if moving else [k.copy_(f) for k, f in zip(lists[j], fresh)]
             STEPS[f"{op}_batched"](*lists, *rest, "triton", cache=cache)
         return [t for lst in lists for t in lst] + [rest[3]]
@@ -591,3 +596,96 @@ def test_tables_come_from_a_pool_of_the_plans_own_device(monkeypatch, failure):
         assert fake.events == [("enter", 1), ("exit", 1)] * 2 and fake.current == 0
     else:
         assert fake.events == [] and launcher._POOLS[1] is None
+
+
+# ---------------------------------------------------------------- bound launches
+class _CompiledStandIn:
+    """What a compiled launch returns on a GPU (triton's CompiledKernel): ``run`` is its launcher."""
+
+    def __init__(self, kernel, log):
+        self.kernel, self.log = kernel, log
+        self.function, self.packed_metadata = f"function of {kernel.name}", ("metadata",)
+
+    def run(self, *args):
+        self.log.append(("bound", self.kernel.name, args))
+
+
+class _KernelStandIn:
+    """A kernel with the real one's parameters whose launches only say what they were given."""
+
+    def __init__(self, real, name, log):
+        self.arg_names, self.name, self.log = real.arg_names, name, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(("jit", self.name, (grid, args, kwargs)))
+            return _CompiledStandIn(self, self.log)
+
+        return launch
+
+
+def _as_bound(kernel, grid, args, kwargs):
+    """The launcher call a bound launch of ``kernel[grid](*args, **kwargs)`` must make."""
+    values = [args[i] if i < len(args) else kwargs[n] for i, n in enumerate(kernel.arg_names)]
+    g = (tuple(grid) + (1, 1))[:3]
+    return (*g, 7, f"function of {kernel.name}", ("metadata",), None, None, None,
+            *[v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values])
+
+
+@pytest.mark.parametrize("op", ["sgd", "fednar"])
+def test_a_bound_launch_passes_what_the_first_launch_passed(op, monkeypatch):
+    """Triton's own launch path binds every argument, works out its specialisation and looks the
+    compiled kernel up at each launch: most of an eager step's host time on a GPU. After a first
+    launch, launcher.launch calls the compiled kernel it returned directly, with the arguments of
+    that launch in the kernel's parameter order (tensors as addresses), while the step's own inputs
+    are the same (step_key); a new schedule table, launch hooks or FEDOPT_TRITON_BIND=0 take triton's
+    path again. (Interpreted launches return no compiled kernel: stand-ins here.)"""
+    import triton
+
+    from fedopt_kernels.triton_kernels import sgd, two_pass
+
+    log: list = []
+    kernels = {}
+    for mod, name in [(sgd, "sgd_kernel"), (two_pass, "norm_kernel"), (two_pass, "update_kernel"),
+                      (two_pass, "advance_kernel")]:
+        kernels[name] = _KernelStandIn(getattr(mod, name), name, log)
+        monkeypatch.setattr(mod, name, kernels[name])
+    monkeypatch.setattr(launcher, "_stream", lambda: 7)
+    from fedopt_kernels.core import schedules
+
+    monkeypatch.setattr(schedules, "_PREFILL", 8)  # FedDecaySGD's schedule table grows after 8 steps
+    ps = _params([(5, 3), (7,), (130,)])
+    if op == "sgd":
+        opt = fk.FedDecaySGD(ps, lr=0.1, beta=0.5, decay_every=1, backend="triton", replay=False)
+    else:
+        opt = fk.FedNAR(ps, lr=0.1, weight_decay=0.01, backend="triton", replay=False)
+    for p, g in zip(ps, _grads(ps, 0)):
+        p.grad = g
+    for _ in range(4):
+        opt.step()
+    jit = [entry for entry in log if entry[0] == "jit"]
+    bound = [entry for entry in log if entry[0] == "bound"]
+    per_step = len(jit)  # the first step's launches, through triton's path
+    assert per_step == 2 and len(bound) == 3 * per_step
+    for i, (_, name, args) in enumerate(bound):
+        _, _, first = jit[i % per_step]
+        assert name == jit[i % per_step][1] and args == _as_bound(kernels[name], *first), name
+
+    if op == "sgd":  # the schedule table outgrows itself: a new table, new addresses, triton's path again
+        log.clear()
+        for _ in range(10):
+            opt.step()
+        assert any(e[0] == "jit" for e in log[2:]) and log[-1][0] == "bound"
+    log.clear()
+    hook = lambda *a: None  # noqa: E731 - a launch hook (a profiler's)
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        opt.step()
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    assert [e[0] for e in log] == ["jit"] * per_step
+    monkeypatch.setattr(launcher, "_BIND", False)
+    log.clear()
+    opt.step()
+    opt.step()
+    assert [e[0] for e in log] == ["jit"] * (2 * per_step)

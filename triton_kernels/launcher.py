@@ -36,6 +36,12 @@ Design (the same for every op):
   the new addresses from the old one: the same chunk maps, staging buffers and slots, and a copy of
   each pointer table with the moved roles' column rewritten (one host-to-device copy per launch),
   instead of building every table again.
+* **Bound launches.** Triton's ``kernel[grid](*args, **kwargs)`` binds every argument, works out its
+  specialisation and looks the compiled kernel up at each launch: most of an eager step's host time.
+  ``launch`` does that once per launch of a plan and calls the compiled kernel directly afterwards,
+  with the arguments it bound (addresses as integers), while the step's own inputs (``step_key``:
+  the addresses of hp, k, the schedule table and the AMP tensors, the scalars, the flags) are the
+  ones it was bound with.
 * **Deterministic global norms.** A norm pass runs ``min(tiles, MAX_NORM_PROGRAMS)`` programs;
   program ``p`` sums squares (in float64: no overflow or underflow for elements in [1e-30, 1e30])
   over tiles ``p, p + P, ...`` in a fixed order into slot ``slot_base + p`` of ``plan.partials``
@@ -57,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -157,6 +164,7 @@ class Launch:
     aligned: bool = True  # every role of every row is 16-byte aligned (the ROWS == 1 promise)
     fresh: int = 0  # sgd_batched: the FRESH bit of this launch's batches
     consts: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # op -> its constexprs
+    bound: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # kernel -> Bound (``launch``)
     # where each table row's addresses come from (LaunchPlan.moved): its source tensor (an index into
     # LaunchPlan.sources) and client (0 for a per-client plan); and the table as built, on the host
     row_source: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
@@ -182,6 +190,7 @@ class LaunchPlan:
     sources: List[Tuple[int, int]] = field(default_factory=list)  # (batch, index in its lists) of each table tensor
     device: Optional[torch.device] = None
     columns: Dict[str, Tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)  # _column's
+    bound: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # plan-wide launches' Bound
 
     @property
     def batched(self) -> bool:
@@ -214,8 +223,8 @@ class LaunchPlan:
                 for col, base, step, keep in cols:
                     host[:, col] = np.where(keep[src], host[:, col], base[src] + client * step[src])
                 meta = _to_device(torch.from_numpy(host), self.device)
-                launches.append(dataclasses.replace(lau, meta=meta, host_meta=host))
-        return dataclasses.replace(self, launches=launches)
+                launches.append(dataclasses.replace(lau, meta=meta, host_meta=host, bound={}))
+        return dataclasses.replace(self, launches=launches, bound={})
 
     def _column(self, roles: Sequence[Dict[str, List[torch.Tensor]]], role: str) -> Tuple[int, np.ndarray, np.ndarray]:
         """``role``'s table column; per source tensor, whether its column entry stays (the role is
@@ -636,6 +645,79 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
         plan.partials = torch.zeros(max(1, n_slots), dtype=torch.float64, device=device)
         plan.factors = torch.zeros(max(1, hp_rows * C), dtype=torch.float32, device=device)
     return plan
+
+
+class Bound:
+    """A compiled kernel with the arguments of one launch, bound at its first launch (``launch``)."""
+
+    __slots__ = ("run", "function", "packed", "grid", "args", "step_key")
+
+    def __init__(self, compiled: Any, grid: Tuple[int, ...], args: tuple, step_key: tuple):
+        self.run = compiled.run
+        self.function = compiled.function
+        self.packed = compiled.packed_metadata
+        self.grid = (grid + (1, 1))[:3]
+        self.args = args
+        self.step_key = step_key
+
+
+_BIND = os.environ.get("FEDOPT_TRITON_BIND", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _hooks() -> bool:
+    """Launch hooks (a profiler such as proton) are set: they need triton's own launch path. Triton
+    3.6 keeps them in a ``HookChain``, present and empty when none is set."""
+    rt = triton.knobs.runtime
+    for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+def _stream() -> int:
+    from triton.runtime import driver
+
+    active = driver.active
+    return active.get_current_stream(active.get_current_device())
+
+
+def launch_bound(store: Dict[str, Any], slot: str, step_key: Optional[tuple]) -> bool:
+    """Launch ``store[slot]``'s bound kernel when it was bound with ``step_key`` (True), else nothing."""
+    b = store.get(slot)
+    if b is None or b.step_key != step_key or step_key is None or not _BIND or _hooks():
+        return False
+    g = b.grid
+    b.run(g[0], g[1], g[2], _stream(), b.function, b.packed, None, None, None, *b.args)
+    return True
+
+
+def launch(
+    store: Dict[str, Any],
+    slot: str,
+    step_key: Optional[tuple],
+    kernel: Any,
+    grid: Tuple[int, ...],
+    args: Sequence[Any],
+    kwargs: Dict[str, Any],
+) -> None:
+    """``kernel[grid](*args, **kwargs)`` through triton's launch path, then bound in ``store[slot]`` for
+    ``launch_bound`` (see the module docstring): its arguments in the kernel's parameter order, as
+    triton's launcher takes them, tensors as their addresses. Nothing is bound without a ``step_key``,
+    under the interpreter (whose launches return no compiled kernel), or with ``FEDOPT_TRITON_BIND=0``."""
+    compiled = kernel[grid](*args, **kwargs)
+    store.pop(slot, None)
+    if step_key is None or not _BIND or compiled is None:
+        return
+    names = getattr(kernel, "arg_names", None)
+    if names is None or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+        return
+    given = len(args)
+    try:
+        values = [args[i] if i < given else kwargs[name] for i, name in enumerate(names)]
+    except KeyError:  # a parameter with a default we did not pass: leave it to triton's path
+        return
+    bound = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
+    store[slot] = Bound(compiled, tuple(grid), bound, step_key)
 
 
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager:

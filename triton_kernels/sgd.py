@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from .jit_mode import device_fn
-from .launcher import Launch, launch_options, spec_columns, spec_roles, spec_slots
+from .launcher import Launch, launch_bound, launch_options, spec_columns, spec_roles, spec_slots
+from .launcher import launch as run_launch
 from .tiles import (
     add_terms,
     chunk_of,
@@ -290,11 +291,15 @@ def launch(
     hp: torch.Tensor,
     amp: Dict[str, Any],
     active: Optional[torch.Tensor] = None,
+    step_key: Optional[tuple] = None,
 ) -> None:
     """One update launch over ``lau``'s tensors: per-client, with its batch's row of ``hp``;
-    batched (``lau.batched``), with each table row's own hp row and client."""
+    batched (``lau.batched``), with each table row's own hp row and client. ``step_key``: what of the
+    other arguments may change between steps (``launcher.launch``)."""
+    if launch_bound(lau.bound, "sgd", step_key):
+        return
     dt = lau.dtypes
-    sgd_kernel[(lau.n_tiles,)](
+    args = (
         lau.meta,
         lau.chunks,
         lau.n_chunks,
@@ -308,6 +313,8 @@ def launch(
         amp["scale"],
         amp["found"],
         active if active is not None else k,
+    )
+    consts = dict(
         NR=lau.meta.shape[1],
         X_DTYPE=dt["x"],
         G_DTYPE=dt["g"],
@@ -327,3 +334,4 @@ def launch(
         BLOCK=lau.block,
         **launch_options(),
     )
+    run_launch(lau.bound, "sgd", step_key, sgd_kernel, (lau.n_tiles,), args, consts)

@@ -1,4 +1,4 @@
-"""The two-pass (global norm, then update) driver shared by every norm op (FedNAR, PAdaMFed).
+"""The two-pass (global norm, then update) driver shared by every norm op (FedNAR, PAdaMFed, FedSAM's ascent).
 
 An op contributes two device functions (its module's ``elem`` and ``factor``; ``OP`` picks the
 module at compile time); this file holds the kernels that walk the tiles and the launch sequence.
@@ -40,13 +40,14 @@ import torch
 import triton
 import triton.language as tl
 
-from . import fednar, padamfed
+from . import fednar, padamfed, sam_ascent
 from .jit_mode import device_fn, interpreted, loop_bound
-from .launcher import SLOT_BLOCK, Launch, LaunchPlan, launch_options
+from .launcher import SLOT_BLOCK, Launch, LaunchPlan, launch_bound, launch_options
+from .launcher import launch as run_launch
 from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of, tile_rows
 
-OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed)}
+OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed), "sam_ascent": (2, sam_ascent)}
 # a per-client op calls _SHARDED.reduce(partials) between its passes, when set (sharded parameters)
 from fedopt_kernels.core.between_passes import current as _SHARDED  # noqa: E402
 
@@ -83,7 +84,8 @@ def _elem(
     ALIGNED: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    # DTi / Pi: role i of the op's declaration (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H)
+    # DTi / Pi: role i of the op's declaration (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H;
+    # sam_ascent: x, g, saved)
     if OP == 0:
         out = fednar.elem(
             meta_ptr,
@@ -107,9 +109,13 @@ def _elem(
             ALIGNED,
             VEC,
         )
-    else:
+    elif OP == 1:
         out = padamfed.elem(
             meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, DT4, P4, UNSCALE, ROWS, ALIGNED
+        )
+    else:
+        out = sam_ascent.elem(
+            meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, P2, UNSCALE, ROWS, ALIGNED
         )
     return out
 
@@ -118,8 +124,10 @@ def _elem(
 def _factor(OP: tl.constexpr, norm, r):
     if OP == 0:
         f = fednar.factor(norm, r)
-    else:
+    elif OP == 1:
         f = padamfed.factor(norm, r)
+    else:
+        f = sam_ascent.factor(norm, r)
     return f
 
 
@@ -592,94 +600,137 @@ def launch(
     k: torch.Tensor,
     amp: Dict[str, Any],
     active: Optional[torch.Tensor] = None,
+    step_key: Optional[tuple] = None,
 ) -> None:
     """Both passes of ``op`` over every launch of ``plan`` and k += 1 (on the device); for a batched
-    plan, the finalize pass between them (which advances each active client's k)."""
+    plan, the finalize pass between them (which advances each active client's k). ``step_key``: what
+    of the arguments besides the plan's may change between steps (``launcher.launch``)."""
     code, mod = OPS[op]
     act = active if active is not None else k
-    flags = dict(UNSCALE=amp["UNSCALE"], SKIPPABLE=amp["SKIPPABLE"], HAS_ACTIVE=active is not None)
+    flags = None
     for lau in plan.launches:
-        norm_kernel[(lau.norm_programs,)](
-            lau.meta,
-            lau.chunks,
-            lau.n_chunks,
-            plan.partials,
-            lau.slot_base,
-            hp,
-            lau.group,
-            amp["scale"],
-            amp["found"],
-            act,
-            OP=code,
-            **_dtype_args(op, lau),
-            **flags,
-            **launch_options(),
+        if launch_bound(lau.bound, "norm", step_key):
+            continue
+        flags = flags or _flags(amp, active)
+        run_launch(
+            lau.bound,
+            "norm",
+            step_key,
+            norm_kernel,
+            (lau.norm_programs,),
+            (
+                lau.meta,
+                lau.chunks,
+                lau.n_chunks,
+                plan.partials,
+                lau.slot_base,
+                hp,
+                lau.group,
+                amp["scale"],
+                amp["found"],
+                act,
+            ),
+            dict(OP=code, **_dtype_args(op, lau), **flags, **launch_options()),
         )
     reduce = getattr(_SHARDED, "reduce", None)
     if reduce is not None:
         assert plan.partials is not None  # a two-pass op's plan is built with its norm slots
         reduce(plan.partials[: plan.n_slots])
-    if plan.clients:
+    if plan.clients and not launch_bound(plan.bound, "finalize", step_key):
         per, slot_block = FINALIZE_INTERP if interpreted() else (1, SLOT_BLOCK)
-        finalize_kernel[(-(-plan.clients // per),)](
-            plan.partials,
-            plan.seg,
-            len(plan.launches),
-            plan.clients,
-            plan.factors,
-            hp,
-            plan.hp_rows,
-            amp["found"],
-            act,
-            k,
-            OP=code,
-            HPN=mod.HPN,
-            SKIPPABLE=amp["SKIPPABLE"],
-            HAS_ACTIVE=active is not None,
-            CLIENTS=per,
-            SLOT_BLOCK=slot_block,
-            **launch_options(),
+        run_launch(
+            plan.bound,
+            "finalize",
+            step_key,
+            finalize_kernel,
+            (-(-plan.clients // per),),
+            (
+                plan.partials,
+                plan.seg,
+                len(plan.launches),
+                plan.clients,
+                plan.factors,
+                hp,
+                plan.hp_rows,
+                amp["found"],
+                act,
+                k,
+            ),
+            dict(
+                OP=code,
+                HPN=mod.HPN,
+                SKIPPABLE=amp["SKIPPABLE"],
+                HAS_ACTIVE=active is not None,
+                CLIENTS=per,
+                SLOT_BLOCK=slot_block,
+                **launch_options(),
+            ),
         )
     factors = plan.factors if plan.factors is not None else plan.partials  # per-client: never read
     last = len(plan.launches) - 1
     for i, lau in enumerate(plan.launches):
-        update_kernel[(lau.n_tiles,)](
-            lau.meta,
-            lau.chunks,
-            lau.n_chunks,
-            plan.partials,
-            plan.n_slots,
-            factors,
-            hp,
-            lau.group,
-            amp["scale"],
-            amp["found"],
-            act,
-            k,
-            OP=code,
-            **_dtype_args(op, lau),
-            **flags,
-            ADVANCE=i == last and not lau.batched,
-            SLOT_BLOCK=SLOT_BLOCK,
-            **launch_options(),
+        if launch_bound(lau.bound, "update", step_key):
+            continue
+        flags = flags or _flags(amp, active)
+        run_launch(
+            lau.bound,
+            "update",
+            step_key,
+            update_kernel,
+            (lau.n_tiles,),
+            (
+                lau.meta,
+                lau.chunks,
+                lau.n_chunks,
+                plan.partials,
+                plan.n_slots,
+                factors,
+                hp,
+                lau.group,
+                amp["scale"],
+                amp["found"],
+                act,
+                k,
+            ),
+            dict(
+                OP=code,
+                **_dtype_args(op, lau),
+                **flags,
+                ADVANCE=i == last and not lau.batched,
+                SLOT_BLOCK=SLOT_BLOCK,
+                **launch_options(),
+            ),
         )
     if not plan.launches and not plan.batched:
-        advance(k, amp)
+        advance(k, amp, None, plan.bound, step_key)
 
 
-def advance(k: torch.Tensor, amp: Dict[str, Any], active: Optional[torch.Tensor] = None) -> None:
-    """k += 1 on the device for each (active) client: one client for the per-client ops."""
+def _flags(amp: Dict[str, Any], active: Optional[torch.Tensor]) -> Dict[str, Any]:
+    return dict(UNSCALE=amp["UNSCALE"], SKIPPABLE=amp["SKIPPABLE"], HAS_ACTIVE=active is not None)
+
+
+def advance(
+    k: torch.Tensor,
+    amp: Dict[str, Any],
+    active: Optional[torch.Tensor] = None,
+    store: Optional[Dict[str, Any]] = None,
+    step_key: Optional[tuple] = None,
+) -> None:
+    """k += 1 on the device for each (active) client: one client for the per-client ops. ``store``:
+    where its bound launch is kept (the plan's), with ``step_key`` (``launcher.launch``)."""
     n = k.numel()
     if n == 0:
         return
+    if store is not None and launch_bound(store, "advance", step_key):
+        return
     # plain integer arithmetic: triton's helpers are constexpr functions, ~10 us a call on the host
     block = min(ADVANCE_BLOCK, 1 << (n - 1).bit_length())
-    advance_kernel[(-(-n // block),)](
-        k,
-        amp["found"],
-        active if active is not None else k,
-        n,
-        SKIPPABLE=amp["SKIPPABLE"],
-        HAS_ACTIVE=active is not None,
-        BLOCK=block,
+    run_launch(
+        store if store is not None else {},
+        "advance",
+        step_key if store is not None else None,
+        advance_kernel,
+        (-(-n // block),),
+        (k, amp["found"], active if active is not None else k, n),
+        dict(SKIPPABLE=amp["SKIPPABLE"], HAS_ACTIVE=active is not None, BLOCK=block),
     )

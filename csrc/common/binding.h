@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "grad_watch.h"
 #include "op_args.h"
 
 namespace fo {
@@ -145,6 +146,12 @@ void bind_ops(pybind11::module& m) {
   m.def("op_signature", [](const std::string& op) {
     return with_spec(op, [](auto s) { return signature_of<decltype(s)>(); });
   }, "(role names, hp names) of an op as the kernels index them", py::arg("op"));
+  // the step plan's per-step check of the tensors it does not own (grad_watch.h)
+  py::class_<GradWatch>(m, "GradWatch")
+      .def(py::init<std::vector<at::Tensor>, std::vector<int64_t>>(), py::arg("parameters"), py::arg("order"))
+      .def("check", &GradWatch::check,
+           "id of the gradients' address set when nothing the plan depends on changed, else -1")
+      .def("accept", &GradWatch::accept, "take the current gradients and storages as seen; their address set id");
   m.def("op_layout", [](const std::string& op) {
     return with_spec(op, [](auto s) { return layout_of<decltype(s)>(); });
   }, "([(role, state_typed, written, per_row, present bit)], hp names, FRESH bit) of an op as this build's "

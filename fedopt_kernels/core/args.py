@@ -1,4 +1,4 @@
-"""An op's positional arguments (``_ops.OpSpec.schema``) by name, and regrouped into uniform batches.
+"""An op's positional arguments (``ops.OpSpec.schema``) by name, and regrouped into uniform batches.
 
 The Python implementations (reference, triton) read their arguments through ``OpArgs``; the C++
 bindings parse the same layout themselves (``csrc/common/op_args.cpp``).
@@ -45,7 +45,8 @@ class OpArgs:
         want = n + 9 + int(spec.batched)
         if len(args) != want:
             raise TypeError(f"fedopt::{spec.name} takes {want} arguments, got {len(args)}")
-        lists = {r.name: list(a) for r, a in zip(spec.roles, args[:n])}
+        # the optimizer's cached path hands over its plan's lists: read as they are (never changed)
+        lists = {r.name: (a if checked and type(a) is list else list(a)) for r, a in zip(spec.roles, args[:n])}
         rest = list(args[n:])
         active = rest.pop(8) if spec.batched else None
         batch, present, hp, k, table, decay_every, grad_scale, found_inf, backend = rest

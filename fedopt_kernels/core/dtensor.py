@@ -271,7 +271,8 @@ class ShardedPlan(StepPlan):
                 else:
                     check_placed_like(f"state {role.name!r}", t, p, names(idx))
         self.params = [local(p) for p in self.params]
-        self.grads = self._local_grads = [local(g) for g in self.grads]
+        self._dgrads = [self.all_params[i].grad for i in self.order]  # the gradient DTensors last seen
+        self._local_grads = [local(g) for g in self._dgrads]
         self.lists = {name: [local(t) for t in ts] for name, ts in self.lists.items()}
         self.local_ptrs = [p._local_tensor.data_ptr() for p in self.all_params]
         # per step, only what does not come from this plan can be a DTensor: per-step inputs
@@ -320,12 +321,18 @@ class ShardedPlan(StepPlan):
             step = _with_reduce(inner, reduce, self.backend, localized)
         self.fn = step
 
+    def current_grads(self) -> List[torch.Tensor]:
+        return self._local_grads
+
     def still_valid(self, groups: list) -> Union[bool, List[int]]:
         verdict = super().still_valid(groups)
         if verdict is False:
             return False
-        if self.grads is not self._local_grads:  # a new gradient DTensor: the base plan took it as given
-            for i, g in zip(self.order, self.grads):
+        grads = [self.all_params[i].grad for i in self.order]
+        if any(
+            a is not b for a, b in zip(grads, self._dgrads)
+        ):  # a new gradient DTensor: the base plan took it as given
+            for i, g in zip(self.order, grads):
                 if (
                     not isinstance(g, torch.Tensor)
                     or not is_dtensor(g)
@@ -333,7 +340,8 @@ class ShardedPlan(StepPlan):
                     or g.placements != self.all_params[i].placements
                 ):
                     return False  # rebuilt, which names the misplaced gradient
-            self.grads = self._local_grads = [local(g) for g in self.grads]
+            self._dgrads = grads
+            self._local_grads = [local(g) for g in grads]
         return verdict if [p._local_tensor.data_ptr() for p in self.all_params] == self.local_ptrs else False
 
 

@@ -1,4 +1,4 @@
-"""The C++ view of ``_ops.OPS``: renders ``op_table.h``, the header the C++ and CUDA sources index
+"""The C++ view of ``ops.OPS``: renders ``op_table.h``, the header the C++ and CUDA sources index
 every op's arguments with (docs/dispatch.md, "One declaration per op").
 
 The header is generated when an extension is built (``csrc/build.py`` writes it into the build's own
@@ -12,7 +12,7 @@ holds:
 * ``spec::<op>``: names (the op's and its batched form's), role table (name, state-typed, written,
   per-row, present bit), hp names, ``kNorm`` / ``kSchedule``;
 
-and, for all ops, ``kFreshBit`` (``_ops.FRESH``), ``kMaxSlots`` and ``FO_FOR_EACH_OP(X)``, which
+and, for all ops, ``kFreshBit`` (``ops.FRESH``), ``kMaxSlots`` and ``FO_FOR_EACH_OP(X)``, which
 expands ``X(<op>)`` once per per-client op.
 """
 
@@ -101,7 +101,7 @@ def _op_block(spec: OpSpec, batched_name: str) -> List[str]:
 
 
 def render(ops: Optional[Mapping[str, OpSpec]] = None, fresh: int = FRESH) -> str:
-    """The text of ``op_table.h`` for ``ops`` (default: every op of ``_ops.OPS``)."""
+    """The text of ``op_table.h`` for ``ops`` (default: every op of ``ops.OPS``)."""
     ops = OPS if ops is None else ops
     batched = _batched_forms(ops)
     per_client = [s for s in ops.values() if not s.batched]
@@ -128,7 +128,7 @@ def render(ops: Optional[Mapping[str, OpSpec]] = None, fresh: int = FRESH) -> st
         "  int32_t bit;       // its bit of a batch's `present` mask (optional roles); 0: every batch has it",
         "};",
         "",
-        "// bit of sgd_batched's present mask: the round started with fresh momentum buffers (_ops.FRESH)",
+        "// bit of sgd_batched's present mask: the round started with fresh momentum buffers (ops.FRESH)",
         f"constexpr int32_t kFreshBit = {int(fresh)};",
         f"constexpr int kMaxSlots = {max_slots};",
         "",

@@ -171,10 +171,25 @@ PADAMFED = OpSpec(
     doc="PAdaMFed: v = beta*G + D (VR: G + D - (1-beta)*H); acc += G; x -= lr * v / max(||v||, eps)",
 )
 
+# FedSAM's ascent (its descent is the sgd op): pass 1 reads g (and x when adaptive), pass 2 reads x
+# and g and writes x and the saved x, so 20 bytes per float32 element (+4 adaptive)
+SAM_ASCENT = OpSpec(
+    "sam_ascent",
+    roles=(
+        Role("params", "x", written=True, reads=1, writes=1),
+        Role("grads", "g", reads=2),
+        Role("saved_x", "saved", written=True, reads=0, writes=1),
+    ),
+    hps=("rho", "eta", "eps", "adaptive"),
+    norm=True,
+    schedule=False,
+    doc="FedSAM's ascent: w = |x| + eta (adaptive) or 1; saved = x; x += rho * w^2 * g / (||w * g|| + eps)",
+)
+
 # bit of sgd_batched's present mask: the round started with fresh momentum buffers
 FRESH = 1 << 16
 
-PER_CLIENT: Dict[str, OpSpec] = {s.name: s for s in (SGD, FEDNAR, PADAMFED)}
+PER_CLIENT: Dict[str, OpSpec] = {s.name: s for s in (SGD, FEDNAR, PADAMFED, SAM_ASCENT)}
 BATCHED: Dict[str, OpSpec] = {
     f"{n}_batched": replace(s, name=f"{n}_batched", batched=True, base=n) for n, s in PER_CLIENT.items()
 }

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 import torch
+from torch._C import _set_grad_enabled
 from torch.optim import Optimizer
 
 from . import dtensor as _dtensor
@@ -151,6 +152,17 @@ class FedOptimizer(Optimizer):
         self._hp_names = tuple(defaults)  # what a state_dict's param groups must carry to be ours
         self._lr_checked: List[torch.Tensor] = []  # tensor lrs whose value was validated (by identity)
         super().__init__(params, defaults)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch.optim's ``zero_grad``. With ``set_to_none`` (the default), outside a profiler and
+        torch.compile, the gradients are dropped in a plain loop: torch's enters its profiler range
+        and checks each gradient first, several times the cost, in every iteration of a loop."""
+        if not set_to_none or _step_hooks.profiling() or torch.compiler.is_compiling():
+            super().zero_grad(set_to_none)
+            return
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
     def _patch_step_function(self) -> None:
         # torch.optim's hooks and profiler range, the range entered only while a profiler records
@@ -534,7 +546,6 @@ class FedOptimizer(Optimizer):
             raise ValueError(f"{name} is on {t.device} but the parameters are on {device}")
         return t if t.dtype == torch.float32 else t.float()
 
-    @torch.no_grad()
     def step(  # type: ignore[override]  # per-step input keywords beyond torch's closure
         self, closure: Optional[Callable[[], float]] = None, **step_inputs: Any
     ) -> Optional[float]:
@@ -553,19 +564,28 @@ class FedOptimizer(Optimizer):
         if torch.compiler.is_compiling():
             params = self._params_flat
             extra = step_inputs.get(self._step_input, None) if self._step_input else None
-            _step_op.OP(
-                params,
-                [p.grad for p in params],
-                [] if extra is None else list(extra),
-                grad_scale,
-                found_inf,
-                self._handle,
-            )
+            with torch.no_grad():
+                _step_op.OP(
+                    params,
+                    [p.grad for p in params],
+                    [] if extra is None else list(extra),
+                    grad_scale,
+                    found_inf,
+                    self._handle,
+                )
             return loss
         if step_inputs and (self._step_input is None or set(step_inputs) != {self._step_input}):
             raise TypeError(f"{type(self).__name__}.step() got unexpected arguments {sorted(step_inputs)}")
         extra = step_inputs.get(self._step_input) if self._step_input else None
-        self._run(None, extra, grad_scale, found_inf)
+        # what torch.no_grad() does, without the decorator's few microseconds of host time a step
+        if torch.is_grad_enabled():
+            _set_grad_enabled(False)
+            try:
+                self._run(None, extra, grad_scale, found_inf)
+            finally:
+                _set_grad_enabled(True)
+        else:
+            self._run(None, extra, grad_scale, found_inf)
         return loss
 
     def _run(
@@ -590,10 +610,40 @@ class FedOptimizer(Optimizer):
             plan = self._plan = self._plan_cls(self._plan_inputs())
         if not plan.params:
             return  # no parameter has a gradient: as in torch.optim, nothing changes (k included)
-        plan.load_lrs()
+        if plan.tensor_lrs:
+            plan.load_lrs()
         device = plan.device
-        grad_scale = self._check_amp("grad_scale", grad_scale, device)
-        found_inf = self._check_amp("found_inf", found_inf, device)
+        if grad_scale is not None:
+            grad_scale = self._check_amp("grad_scale", grad_scale, device)
+        if found_inf is not None:
+            found_inf = self._check_amp("found_inf", found_inf, device)
+        k = self._counter(device)
+        sched = self._schedule()
+        if sched is not None:
+            table, every = sched.table(device, self._host_steps), sched.decay_every
+        else:
+            table, every = self._one(device), 1
+        spec = self._spec
+        active = self._active_for(device) if spec.batched else None
+        rep = self._replay
+        if rep is not None and (params_given is not None or not _replayable(plan) or capturing(device)):
+            rep = None  # this step runs eagerly (docs/replay.md)
+        elif rep is not None and rep.off_reason is not None:
+            rep.stats["eager"] += 1  # replay is off for good: no key to build, no AMP buffers to fill
+            rep = None
+        key = None
+        if rep is not None:
+            # GradScaler's new tensors each step: their values go into buffers a graph reads
+            grad_scale, found_inf = rep.amp_buffers(device, grad_scale, found_inf)
+            per_step_lists: List[List[Any]] = (
+                [[per_param[i] for i in plan.step_order[r]] for r, per_param in per_step.items()] if per_step else []
+            )
+            key = rep.key(
+                plan, per_step_lists, plan.hp, k, table, every, (grad_scale is not None, found_inf is not None), active
+            )
+            if rep.replay(key):  # docs/replay.md: the recorded launch, bitwise the eager step
+                self._host_steps += 1
+                return
         lists: Dict[str, Any] = plan.lists
         if per_step:
             lists = dict(lists)
@@ -605,34 +655,13 @@ class FedOptimizer(Optimizer):
             params = [params_given[i] for i in plan.order]
             if any(a is not b for a, b in zip(params, plan.params)):
                 cache = None  # copies of the parameters: per-tensor caches would point at the originals
-        k = self._counter(device)
-        sched = self._schedule()
-        if sched is not None:
-            table, every = sched.table(device, self._host_steps), sched.decay_every
-        else:
-            table, every = self._one(device), 1
-        spec = self._spec
-        extra = (self._active_for(device),) if spec.batched else ()
-        rep = self._replay
-        if (
-            params_given is not None
-            or plan.one_shot
-            or type(plan) is not StepPlan
-            or plan.backend not in _replay.BACKENDS
-            or device.type != "cuda"
-            or capturing(device)
-        ):
-            rep = None  # this step runs eagerly (docs/replay.md)
-        elif rep is not None and rep.off_reason is not None:
-            rep.stats["eager"] += 1  # replay is off for good: no key to build, no AMP buffers to fill
-            rep = None
-        if rep is not None:  # GradScaler's new tensors each step: their values go into buffers a graph reads
-            grad_scale, found_inf = rep.amp_buffers(device, grad_scale, found_inf)
+        if cache is not None and type(plan) is StepPlan:
+            cache["grad_set"] = plan.grad_set  # the backend's own key of the gradients' addresses
         # plan.fn: the backend's kernel for this op, as core/registry.py's resolve() picked it from
         # core/impl_table.py (reference/, backends/cpu.py, cuda.py, triton.py); ShardedPlan wraps it
         args = (
             params,
-            plan.grads,
+            plan.current_grads(),
             *[lists[r.name] for r in spec.optional],
             plan.batch,
             plan.present,
@@ -642,23 +671,13 @@ class FedOptimizer(Optimizer):
             every,
             grad_scale,
             found_inf,
-            *extra,
+            *((active,) if spec.batched else ()),
             plan.backend,
         )
-        if rep is None:
+        if key is None:
             plan.fn(*args, cache=cache)
-        else:  # docs/replay.md: eager, recorded or replayed, bitwise the same step
-            key = rep.key(
-                plan,
-                [lists[r] for r in per_step],
-                plan.hp,
-                k,
-                table,
-                every,
-                (grad_scale is not None, found_inf is not None),
-                extra[0] if extra else None,
-            )
-            rep.launch(key, device, lambda: plan.fn(*args, cache=cache), cache)
+        else:  # eager or recorded: bitwise the same step
+            rep.launch(key, device, lambda: plan.fn(*args, cache=cache), cache)  # type: ignore[union-attr]
         self._host_steps += 1
 
     # ---------------------------------------------------------------- for code that captures steps
@@ -812,6 +831,19 @@ class FedOptimizer(Optimizer):
             rep.forget()
         else:
             self._replay = _replay.StepReplay() if self._replay_on else None
+
+
+def _replayable(plan: StepPlan) -> bool:
+    """Can this plan's steps be recorded (docs/replay.md, "Always eager")? Decided once per plan."""
+    ok = plan.replayable
+    if ok is None:
+        ok = plan.replayable = (
+            not plan.one_shot
+            and type(plan) is StepPlan
+            and plan.backend in _replay.BACKENDS
+            and plan.device.type in _replay.DEVICE_TYPES
+        )
+    return ok
 
 
 def round_entry(state_dict: Dict[str, Any]) -> Optional[Dict[str, Any]]:

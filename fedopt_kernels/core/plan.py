@@ -15,6 +15,10 @@ change behind the optimizer's back:
 * a gradient appearing, disappearing or being replaced (a new gradient tensor is checked);
 * a parameter's storage (``p.data = ...``, which also covers dtype and device changes).
 
+The gradients and storages are checked by a ``grad_watch.GradWatch`` in one call, which also names
+the gradients' address set for the replay key; the plan holds no gradient between steps (the
+watch's docstring says why).
+
 Everything else that changes the plan goes through the optimizer (``add_param_group``,
 ``load_state_dict``, ``start_round``, ``set_neuron_scales``), which drops it. A plan whose batches
 include freshly created momentum buffers (first step of a round) lives for one step only.
@@ -28,12 +32,19 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from . import grad_watch as _grad_watch
 from . import registry as _registry
 from .plan_inputs import GroupInputs, PlanInputs, check_grad, name_of
 
 _versions = itertools.count(1)
 _GRAD = operator.attrgetter("grad")
 _DATA_PTR = torch.Tensor.data_ptr
+
+
+def _values_of(keys: Tuple[str, ...]) -> Callable[[Dict[str, Any]], tuple]:
+    """A C-level getter of a param group's values for ``keys``, always a tuple."""
+    get = operator.itemgetter(*keys)
+    return get if len(keys) > 1 else (lambda group: (get(group),))
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -121,7 +132,7 @@ class StepPlan:
         self.clients = inputs.clients
         self.hp_cache = inputs.hp_cache
         params = self.all_params = inputs.params
-        self.grads_seen: List[Optional[torch.Tensor]] = [p.grad for p in params]
+        self.had_grad: List[bool] = [p.grad is not None for p in params]
         self.ptrs: List[int] = [p.data_ptr() for p in params]
         self.group_inputs: List[GroupInputs] = list(inputs.groups)
         self.groups = [g.group for g in self.group_inputs]
@@ -129,6 +140,7 @@ class StepPlan:
         self.group_lens = [len(g["params"]) for g in self.groups]
         self.hp_keys: List[Tuple[str, ...]] = [g.keys for g in self.group_inputs]
         self.hp_vals: List[tuple] = [g.values for g in self.group_inputs]
+        self.hp_get = [_values_of(keys) for keys in self.hp_keys]
 
         # batches: (group, present roles, hp overrides) in first-seen order
         batch_of: Dict[tuple, int] = {}
@@ -172,12 +184,15 @@ class StepPlan:
                 for name in self.step_roles:
                     if self.present[b] & spec.bit(name):
                         self.step_order[name].append(m.index)
-        self.grads = [params[i].grad for i in self.order]
+        self.watch = _grad_watch.make(params, self.order)
+        self.grad_set = self.watch.accept()  # the gradients' address set id (the replay key's)
         self.hp = self.hp_cache.device_hp(self.hp_rows(), self.device, shared=not self._has_tensor_lr())
         self._bind_lrs()
         self.fn: Callable = _registry.resolve(spec.name, inputs.backend, self.device)
         self.backend = _registry.auto_backend(self.device, spec.name) if inputs.backend == "auto" else inputs.backend
         self.cache: Dict[str, Any] = {}
+        self.replayable: Optional[bool] = None  # decided by the optimizer at the first step (core/replay.py)
+        self.replay_layout: Optional[int] = None  # the replay key's id of this plan's layout
 
     def hp_rows(self, groups: Optional[List[GroupInputs]] = None) -> torch.Tensor:
         """The op's hp tensor on the host: each batch's rows (one per client for a client-batched op)
@@ -244,7 +259,8 @@ class StepPlan:
     def still_valid(self, groups: List[Dict[str, Any]]) -> Union[bool, List[int]]:
         """True when the plan serves this step as it is; False when it must be rebuilt; else the
         indexes of the groups whose hyperparameter values changed: the caller hands their new
-        ``GroupInputs`` to ``update_groups`` before the step."""
+        ``GroupInputs`` to ``update_groups`` before the step. Sets ``grad_set``, the id of the
+        gradients' address set."""
         if self.one_shot:
             return False
         if len(groups) != len(self.groups):
@@ -257,28 +273,37 @@ class StepPlan:
                 or len(group["params"]) != self.group_lens[gi]
             ):
                 return False
-            keys = self.hp_keys[gi]
             try:
-                vals = tuple(group[k] for k in keys)
+                vals = self.hp_get[gi](group)
             except KeyError:
                 return False
-            if len(group) != len(keys) + 1 or not _same(vals, self.hp_vals[gi]):
+            old = self.hp_vals[gi]
+            # the same objects (no edit since): no value is compared, so a tensor lr is never read
+            if len(group) != len(vals) + 1 or not (all(map(operator.is_, vals, old)) or _same(vals, old)):
                 changed = [gi] if changed is None else changed + [gi]
-        params = self.all_params
-        # map() with C callables: these run at every step over every parameter (host time)
-        grads = list(map(_GRAD, params))
-        seen = self.grads_seen
-        if not all(map(operator.is_, grads, seen)):
-            for i, (a, b) in enumerate(zip(grads, seen)):
-                if a is not b:
-                    if (a is None) != (b is None):
-                        return False
-                    check_grad(params[i], a, i, self.groups, params, self.owner)
-            self.grads_seen = grads
-            self.grads = [grads[i] for i in self.order]
-        if list(map(_DATA_PTR, params)) != self.ptrs:
-            return False
+        grad_set = self.watch.check()  # every gradient and parameter storage, in one call
+        if grad_set < 0:
+            grad_set = self._look()
+            if grad_set < 0:
+                return False
+        self.grad_set = grad_set
         return True if changed is None else changed
+
+    def _look(self) -> int:
+        """What the watch could not settle: -1 when a gradient appeared or went or a parameter's
+        storage changed (the plan is rebuilt); an error naming the parameter for a gradient the
+        kernels cannot take; else the gradients are taken as seen."""
+        params = self.all_params
+        grads = list(map(_GRAD, params))
+        if [g is not None for g in grads] != self.had_grad or list(map(_DATA_PTR, params)) != self.ptrs:
+            return -1
+        for i in self.order:
+            check_grad(params[i], grads[i], i, self.groups, params, self.owner)
+        return self.watch.accept()
+
+    def current_grads(self) -> List[torch.Tensor]:
+        """The gradients in kernel order, read now: the plan keeps none between steps."""
+        return list(map(_GRAD, self.params))
 
     def update_groups(self, new: Dict[int, GroupInputs]) -> bool:
         """Take re-validated groups (``still_valid``'s list); False when one needs other tensors (rebuild).
@@ -293,6 +318,7 @@ class StepPlan:
         self.group_inputs = groups
         for gi, g in new.items():
             self.hp_keys[gi] = g.keys
+            self.hp_get[gi] = _values_of(g.keys)
             self.hp_vals[gi] = g.values
         if tensor_lr or self.tensor_lrs:
             self._bind_lrs()

@@ -1,6 +1,6 @@
 """Backend registry: each op is declared once (``ops.py``), implementations are registered per backend.
 
-An implementation of op ``name`` takes the op's arguments in schema order (``_ops.OpSpec.schema``)
+An implementation of op ``name`` takes the op's arguments in schema order (``ops.OpSpec.schema``)
 and may accept a keyword ``cache``: a dict the caller keeps for the same tensors across steps (the
 optimizers pass one; ``torch.ops.fedopt.<op>`` calls pass none). The ``reference`` implementation
 is plain PyTorch and always present; ``triton``, ``cuda`` and ``cpu`` register themselves from

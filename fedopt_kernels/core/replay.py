@@ -5,21 +5,25 @@ A graph replays the kernels it recorded with the arguments they had, so a replay
 eager step when every address the kernels read or write is the one they had at recording and
 every value that changes between steps lives in device memory (hp rows, step counters, decay
 tables, tensor lrs, AMP scale and found-inf). The optimizer does everything else eagerly before
-the launch (plan checks, hp updates, lr copies), exactly as for an eager step, then hands the
-launch here with its arguments. The *launch key* is what the graph baked in: the plan's kernel,
-every tensor's address (and, for the plan's own tensors, shape, strides and dtype), the scalars,
-and which optional AMP inputs exist. A step whose key has a recording replays it; a step whose
-key equals one of the last ``HISTORY`` eager steps' keys (the backends' caches are warm for it) is
-recorded and replayed; any other step runs eagerly. Looking back more than one step matters: the
-caching allocator often hands a loop's gradients two address sets in turn. Recordings hold no
-reference to parameters, gradients or state: a key matches only while the current tensors sit at
-the recorded addresses.
+the launch (plan checks, hp updates, lr copies), exactly as for an eager step, then asks here for a
+replay and, when there is none, hands over the launch. The *launch key* is what the graph baked in:
+the plan's kernel and its own tensors' layouts (one id per plan), the gradients' address set (one id,
+from the plan's ``GradWatch``, which computes it in the call that checks the gradients), the per-step
+tensors, the scalars, and which optional AMP inputs exist; its cost does not grow with the number of
+tensors. A step whose key has a recording replays it; a step whose key equals one of the last
+``HISTORY`` eager steps' keys of the same plan (the backends' caches are warm for it) is recorded and
+replayed; any other step runs eagerly. Looking back more than one step matters: the caching allocator
+may hand a loop's gradients a few address sets in turn. Recordings hold no reference to parameters,
+gradients or state: a key matches only while the current tensors sit at the recorded addresses.
 
 Gradients that move every step (``zero_grad(set_to_none=True)`` with an allocator that does not
 hand back the same blocks) never match a recent step's key, so nothing is recorded and such a
 loop pays only the key (a few microseconds). A loop whose addresses repeat only for a while can
 waste recordings (one recorded, never replayed): after ``WASTE_LIMIT`` of them in a row the
 optimizer waits ``2**n`` steps before it records again.
+
+A recording that fails (an exception in the launch, a capture the driver invalidated) turns replay
+off for that optimizer with a warning and leaves nothing open behind it (``capture``).
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ from __future__ import annotations
 import os
 import warnings
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch import _C as _torch_c
 
 ENV = "FEDOPT_REPLAY"
 BACKENDS = ("cuda", "triton")  # the fused backends that run on CUDA tensors
+DEVICE_TYPES = ("cuda",)  # where steps are recorded (the tests add "cpu", with a stand-in for the graph)
 MAX_RECORDINGS = 2  # per optimizer: two alternating gradient address sets both replay
 HISTORY = 4  # eager keys remembered: a key seen again among them is recorded
 WASTE_LIMIT = 2  # recordings never replayed, in a row, before backing off
@@ -53,7 +59,6 @@ def resolve_switch(replay: Optional[bool]) -> bool:
     return replay
 
 
-_DATA_PTR = torch.Tensor.data_ptr
 _INTERNED: OrderedDict[tuple, int] = OrderedDict()
 _MAX_INTERNED = 1024
 _next_id = 0
@@ -81,6 +86,73 @@ def _list_layout(ts: Sequence[torch.Tensor]) -> tuple:
     return tuple([_layout(t) for t in ts])
 
 
+def _end_pool(index: int, pool: Any) -> bool:
+    """Tell the caching allocator that nothing more is captured into ``pool``; False when it knew."""
+    try:
+        _torch_c._cuda_endAllocateToPool(index, pool)
+    except RuntimeError:  # "not currently recording to mempool_id": this torch ended it itself
+        return False
+    return True
+
+
+def _release_pool(index: int, pool: Any) -> None:
+    """Drop the capture's reference to ``pool``, so that its memory can be freed."""
+    _torch_c._cuda_releasePool(index, pool)
+
+
+def capture(
+    graph: Any,
+    pool: Any,
+    index: int,
+    run: Callable[[], None],
+    still_capturing: Callable[[], bool],
+    end_pool: Callable[[int, Any], bool] = _end_pool,
+    release_pool: Callable[[int, Any], None] = _release_pool,
+) -> Optional[BaseException]:
+    """Record ``run()`` into ``graph`` on the current stream, the graph's memory in ``pool`` (on device
+    ``index``). None when the graph holds the launch; else what went wrong, and then no capture is
+    left open and the allocator neither routes into nor keeps ``pool``.
+
+    torch's ``CUDAGraph.capture_end`` raises on the driver's ``cudaStreamEndCapture`` error before it
+    ends the allocator's routing into the graph's pool, and its ``reset`` releases the pool only after
+    a capture that ended: when the driver invalidated the capture (an illegal call inside it), the
+    pool stays "being captured into" for the life of the process, and at exit the destructor of any
+    ``torch.cuda.MemPool`` (the triton backend keeps one) aborts the process on
+    ``captures_underway.empty()``. So after a failed ``capture_end`` this ends the capture once more
+    if ``still_capturing()`` (it failed before it asked the driver), then ends and releases the pool
+    unless torch already did (a torch that does, ``end_pool`` says, releases it too)."""
+
+    def end_and_release() -> None:
+        if end_pool(index, pool):
+            try:
+                release_pool(index, pool)
+            except RuntimeError:
+                pass
+
+    try:
+        # thread_local: other threads (data loaders) may keep using CUDA while this records
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+    except Exception as exc:  # noqa: BLE001 - any failure means "not recordable here"
+        end_and_release()  # it may have failed after routing the allocator into the pool
+        return exc
+    failure: Optional[BaseException] = None
+    try:
+        run()
+    except Exception as exc:  # noqa: BLE001
+        failure = exc
+    try:
+        graph.capture_end()
+    except Exception as exc:  # noqa: BLE001
+        failure = failure or exc
+        if still_capturing():
+            try:
+                graph.capture_end()
+            except Exception:  # noqa: BLE001, S110 - the first failure is the one to report
+                pass
+        end_and_release()
+    return failure
+
+
 class _Recording:
     __slots__ = ("graph", "keep", "replays")
 
@@ -95,7 +167,8 @@ class StepReplay:
 
     def __init__(self) -> None:
         self.recordings: OrderedDict[tuple, _Recording] = OrderedDict()
-        self.recent: List[tuple] = []  # the last HISTORY eager steps' keys, newest last
+        self.recent: List[tuple] = []  # the last HISTORY eager steps' keys of plan ``plan_version``, newest last
+        self.plan_version = -1
         self.stats = {"eager": 0, "recorded": 0, "replayed": 0, "wasted": 0}
         self.wasted_in_row = 0
         self.backoff = 0  # steps left before recording is tried again
@@ -125,16 +198,6 @@ class StepReplay:
             )
         return sig
 
-    @staticmethod
-    def grads_layout(plan: Any) -> tuple:
-        """Addresses of the gradients (their shapes and dtypes are the parameters', checked by the plan);
-        strides once per gradient list the plan takes."""
-        grads = plan.grads
-        seen = getattr(plan, "replay_grads", None)
-        if seen is None or seen[0] is not grads:
-            plan.replay_grads = seen = (grads, _intern(tuple([g.stride() for g in grads])))
-        return (tuple(map(_DATA_PTR, grads)), seen[1])
-
     def key(
         self,
         plan: Any,
@@ -146,10 +209,18 @@ class StepReplay:
         amp: Tuple[bool, bool],
         active: Optional[torch.Tensor],
     ) -> tuple:
+        """``plan``'s launch key for this step. The gradients enter as ``plan.grad_set``, the id of their
+        (address, strides) set that the plan's ``still_valid`` computed for this step (their shapes and
+        dtypes are the parameters', checked there). A new plan starts a new history of eager keys: a
+        key is recorded only when the plan's own caches (the backend's tables) are warm for it."""
+        if plan.version != self.plan_version:
+            self.plan_version = plan.version
+            self.recent.clear()
+        layout = plan.replay_layout
         return (
-            self.plan_layout(plan),
-            self.grads_layout(plan),
-            tuple(_list_layout(ts) for ts in per_step),
+            layout if layout is not None else self.plan_layout(plan),
+            plan.grad_set,
+            tuple([_list_layout(ts) for ts in per_step]) if per_step else (),
             hp.data_ptr(),
             hp.shape,
             k.data_ptr(),
@@ -201,16 +272,22 @@ class StepReplay:
                 self.backoff = self.backoff_len
                 self.backoff_len = min(2 * self.backoff_len, MAX_BACKOFF)
 
-    def launch(self, key: tuple, device: torch.device, run, cache: Optional[Dict[str, Any]]) -> None:
-        """Run ``run()`` (the plan's launch) eagerly, recorded, or as a replay of ``key``'s recording."""
+    def replay(self, key: tuple) -> bool:
+        """Replay ``key``'s recording, if there is one (True): that is the step."""
         rec = self.recordings.get(key)
-        if rec is not None:
-            self.recordings.move_to_end(key)
-            rec.graph.replay()
-            rec.replays += 1
-            self.stats["replayed"] += 1
-            self.wasted_in_row = 0
-            self.backoff_len = 1
+        if rec is None:
+            return False
+        self.recordings.move_to_end(key)
+        rec.graph.replay()
+        rec.replays += 1
+        self.stats["replayed"] += 1
+        self.wasted_in_row = 0
+        self.backoff_len = 1
+        return True
+
+    def launch(self, key: tuple, device: torch.device, run, cache: Optional[Dict[str, Any]]) -> None:
+        """Run ``run()`` (the plan's launch) as a replay of ``key``'s recording, eagerly, or recorded."""
+        if self.replay(key):
             return
         recent = self.recent
         if key not in recent or self.off_reason is not None or self.backoff > 0:
@@ -235,38 +312,33 @@ class StepReplay:
         self.stats["recorded"] += 1
         rec.graph.replay()  # recording runs nothing: this replay is the step (not counted as a reuse)
 
-    def _record(self, device: torch.device, run) -> Optional[torch.cuda.CUDAGraph]:
+    def _record(self, device: torch.device, run) -> Optional[Any]:
+        """The graph of ``run()``'s launches, or None (and replay off for good, with a warning)."""
+        graph, failure = self._capture(device, run)
+        if failure is None:
+            return graph
+        self.off_reason = f"{type(failure).__name__}: {failure}"
+        failure.__traceback__ = None  # its frames hold the step's tensors (gradients)
+        warnings.warn(
+            f"fedopt_kernels: a step could not be recorded in a CUDA graph ({self.off_reason}); "
+            f"this optimizer takes eager steps from now on",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+
+    def _capture(self, device: torch.device, run) -> Tuple[Any, Optional[BaseException]]:
+        """``capture`` on this optimizer's side stream of ``device``, into a pool of our own making (its id
+        is known even when the capture fails), ordered after and before the current stream's work."""
         stream = self._streams.get(device)
         if stream is None:
             stream = self._streams[device] = torch.cuda.Stream(device)
         current = torch.cuda.current_stream(device)
         stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
-        failure: Optional[BaseException] = None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        pool = torch.cuda.graph_pool_handle()
         with torch.cuda.stream(stream):
-            try:
-                # thread_local: other threads (data loaders) may keep using CUDA while this records
-                graph.capture_begin(capture_error_mode="thread_local")
-            except Exception as exc:  # noqa: BLE001 - any failure means "not recordable here"
-                failure = exc
-            else:
-                try:
-                    run()
-                except Exception as exc:  # noqa: BLE001
-                    failure = exc
-                finally:
-                    try:
-                        graph.capture_end()
-                    except Exception as exc:  # noqa: BLE001
-                        failure = failure or exc
+            failure = capture(graph, pool, index, run, torch.cuda.is_current_stream_capturing)
         current.wait_stream(stream)
-        if failure is not None:
-            self.off_reason = f"{type(failure).__name__}: {failure}"
-            warnings.warn(
-                f"fedopt_kernels: a step could not be recorded in a CUDA graph ({self.off_reason}); "
-                f"this optimizer takes eager steps from now on",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return None
-        return graph
+        return graph, failure

@@ -30,6 +30,11 @@ def hooked_step(func: Callable[..., Any]) -> Callable[..., Any]:
     return step
 
 
+def profiling() -> bool:
+    """Is a torch profiler recording (then torch's own ranges are entered)?"""
+    return bool(profiler._is_profiler_enabled)
+
+
 def _with_hooks(func: Callable[..., Any], self: Any, args: tuple, kwargs: dict) -> Any:
     pre = self._optimizer_step_pre_hooks
     if pre or _torch_optimizer._global_optimizer_pre_hooks:

@@ -3,23 +3,42 @@
 An ``Algorithm`` holds what the package knows about one local-step algorithm: the op it runs on,
 its per-client optimizer class and client-batched form, its catalogue option sets (what the tests,
 the self-check and the benchmark run), the FL variants the simulator and the Flower strategies
-offer on it (``fedavg``, ``fedprox``, ``scaffold``, ... each with its server rule), which run
-settings apply to it and their defaults, and its client side of a round: how a client builds the
-optimizer from a run's settings, starts a round, clips, and what it hands back.
+offer on it (``fedavg``, ``fedprox``, ``scaffold``, ... each with its server rule), its own run
+settings (``Setting``: fields of ``FLConfig`` and ``fedopt-sim`` options), which shared settings
+apply to it and their defaults, its benchmark rows with the code a user would write by hand for the
+same work (``BenchCase``, ``Baseline``), the names of its Flower strategies (``FlowerName``), and
+its client side of a round: how a client builds the optimizer from a run's settings, starts a
+round, takes a local step, clips, and what it hands back.
 
-Each algorithm's module registers its descriptor when it is imported (``register``); everything
-else iterates ``ALGORITHMS`` / ``VARIANTS``, so no layer keeps its own list of algorithm names.
-The descriptor reads run settings through ``RunSettings``, the fields it needs of
-``fedopt_kernels.fl.config.FLConfig`` (the simulator's ``SimConfig`` is one): ``config.py`` imports
-this module to validate a run's algorithm, so this one names the settings by their shape and imports
-neither it, the simulator nor Flower.
+Each algorithm's module (``optim/<name>.py``) declares all of it and registers the descriptor when
+it is imported (``register``); everything else reads ``ALGORITHMS`` / ``VARIANTS`` when it needs
+them (the command line, the catalogue, the benchmark and the Flower strategies are generated from
+them), so no layer keeps its own list of algorithm names. The descriptor reads run settings through
+``RunSettings``, the fields it needs of ``fedopt_kernels.fl.config.FLConfig`` (the simulator's
+``SimConfig`` is one): ``config.py`` imports this module to validate a run's algorithm, so this one
+names the settings by their shape and imports neither it, the simulator nor Flower.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Type
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ClassVar,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 import torch
 
@@ -50,10 +69,7 @@ class RunSettings(Protocol):
     prox_mu: Optional[float]
     clip_norm: Optional[float]
     round_decay: Optional[float]
-    dyn_alpha: Optional[float]
-    nlr_mu0: float
-    nlr_c1: float
-    nlr_c2: float
+    # an algorithm's own settings (``Setting``) are fields too, read by that algorithm's descriptor
 
     @property
     def sampled_per_round(self) -> int: ...
@@ -80,27 +96,95 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A run setting an algorithm declares in its own module: a field of ``FLConfig`` (and so of the
+    simulator's ``SimConfig``) and a ``fedopt-sim`` option ``--name-with-dashes``.
+
+    ``default``: None means "the algorithm's default" (its ``hparams`` fills it in); ``low`` ..
+    ``high_open``: the range ``FLConfig.validate`` checks; ``choices``: the allowed values instead.
+    Only the declaring algorithm (and any that lists it in ``settings``) takes it; a run of another
+    algorithm refuses it when it is set.
+    """
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    low: float = 0.0
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    choices: Optional[Tuple[Any, ...]] = None
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What a user would write by hand with torch for one benchmark row's work, timed beside the fused
+    step (``python -m bench``).
+
+    ``build(params, kwargs)`` returns a ``torch.optim.Optimizer`` whose ``step(closure=None)`` does that
+    work (its gradients are already in ``p.grad``); ``kwargs`` are the row's option set's constructor
+    keywords, or ``kwargs`` given here. ``traffic``:
+    ``(op, optional roles)`` whose bytes per element the row is counted at (None: the algorithm's
+    own; torch's SGD counts at plain SGD's). ``by_hand``: the row's "x by hand" speedup is over this
+    one (torch's SGD is the step a user has today, shown in columns of its own).
+    """
+
+    name: str
+    build: Callable[[List[torch.Tensor], Mapping[str, Any]], torch.optim.Optimizer]
+    kwargs: Optional[Mapping[str, Any]] = None
+    traffic: Optional[Tuple[str, Tuple[str, ...]]] = None
+    by_hand: bool = True
+
+
+@dataclass(frozen=True)
 class BenchCase:
     """One benchmark row of an algorithm (``python -m bench``): catalogue option set ``option``.
 
-    ``core``: in the default table (the paper configuration); ``torch_sgd``: the
-    ``torch.optim.SGD`` keywords that do the same work (the fused/foreach baselines);
-    ``clip_sgd``: compared with clip_grad_norm_ + SGD(fused), what a user writes for FedNAR by hand;
-    ``prox_sgd``: compared with the gradient terms added by foreach ops + SGD(fused), what a user
-    writes by hand for an SGD step with a proximal term and a correction (FedDyn).
+    ``core``: in the default table (the paper configuration); ``baselines``: the torch code that
+    does the same work (``Baseline``), timed beside it.
     """
 
     name: str
     label: str
     option: str
     core: bool = False
-    torch_sgd: Optional[Mapping[str, Any]] = None
-    clip_sgd: bool = False
-    prox_sgd: bool = False
+    baselines: Tuple[Baseline, ...] = ()
+
+
+# (FLConfig keywords, strategy keywords) from a Flower strategy constructor's keywords
+StrategyKeywords = Callable[..., Tuple[Dict[str, Any], Dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class FlowerName:
+    """A paper-named Flower strategy (``fedopt_kernels.flower.<name>``), generated from this declaration.
+
+    ``variant``: the variant it runs, or ``{value of keyword choose: variant}`` (FedNAR's
+    ``backbone``); ``positional``: keywords that may also be given by position; ``aliases``:
+    constructor keyword -> ``FLConfig`` field (FedNAR's ``max_norm`` is ``clip_norm``). Other
+    keywords go to ``FLConfig`` or to the strategy (sampling, evaluation, ``seed``, ...). ``keywords``:
+    a function that maps the constructor's keywords itself, returning ``(FLConfig keywords, strategy
+    keywords)`` (PAdaMFed: the theory step sizes need the round and client counts).
+    """
+
+    name: str
+    variant: Union[str, Mapping[Any, str]]
+    choose: str = ""
+    positional: Tuple[str, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    keywords: Optional[StrategyKeywords] = None
+    doc: str = ""
+
+    def variants(self) -> Tuple[str, ...]:
+        return (self.variant,) if isinstance(self.variant, str) else tuple(self.variant.values())
 
 
 class Algorithm:
     """The descriptor of one algorithm; subclasses override the client-side hooks that differ.
+
+    ``closure_step`` (class attribute): a step takes two gradients, the second computed by the
+    closure of ``step(closure)`` at the parameters the step moved to (FedSAM).
 
     Attributes set by the constructor: ``name`` (the catalogue's name), ``optimizer`` (the
     per-client class), ``batched`` (its client-batched form), ``options`` / ``full`` (catalogue
@@ -109,8 +193,11 @@ class Algorithm:
     fields marked ``some``, that this one takes; another one given to a run is refused, with
     ``refusals[setting]`` as the reason where one is given), ``round_outputs`` (optimizer methods a
     client calls after training for what it hands back, e.g. PAdaMFed's ``local_control``), ``bench``
-    (its benchmark rows).
+    (its benchmark rows), ``run_settings`` (its own ``Setting`` declarations), ``flower`` (its
+    Flower strategy names, ``FlowerName``).
     """
+
+    closure_step = False
 
     def __init__(
         self,
@@ -126,6 +213,8 @@ class Algorithm:
         round_outputs: Sequence[str] = (),
         title: str = "",
         bench: Sequence[BenchCase] = (),
+        run_settings: Sequence[Setting] = (),
+        flower: Sequence[FlowerName] = (),
     ):
         for opt in [full] + [b.option for b in bench]:
             if opt not in options:
@@ -133,7 +222,13 @@ class Algorithm:
         self.name, self.optimizer, self.batched = name, optimizer, batched
         self.options, self.full = dict(options), full
         self.variants = tuple(Variant(**{**v.__dict__, "algorithm": name}) for v in variants)
-        self.settings = tuple(settings)
+        self.run_settings = tuple(run_settings)
+        self.settings = tuple(settings) + tuple(s.name for s in run_settings if s.name not in settings)
+        own = {v.name for v in self.variants}
+        for f in flower:
+            if not set(f.variants()) <= own:
+                raise ValueError(f"algorithm {name!r}: Flower strategy {f.name} names variants {f.variants()}")
+        self.flower = tuple(flower)
         self.refusals = dict(refusals or {})
         self.round_outputs = tuple(round_outputs)
         self.title = title
@@ -194,6 +289,15 @@ class Algorithm:
         """Optimizer state tensors per parameter per client (the client-parallel memory estimate)."""
         raise NotImplementedError
 
+    def local_step(self, opt: Any, recompute: Callable[[], Any]) -> None:
+        """One local step of ``opt``, whose gradients are in ``p.grad``. ``recompute()`` computes the
+        loss and gradients again on the same batch at the parameters as they are then: the closure of
+        an algorithm with ``closure_step`` (FedSAM's second gradient, at the perturbed model)."""
+        if self.closure_step:
+            opt.step(recompute)
+        else:
+            opt.step()
+
     def round_lr(self, hp: Mapping[str, Any], t: int) -> Optional[float]:
         """The lr a client's param groups get at round ``t``; None: the optimizer anneals by itself."""
         return None
@@ -216,6 +320,17 @@ class Algorithm:
     def needs_anchor(self, variant: Variant) -> bool:
         """Do its steps also take the same batch's gradient at the round's starting model (``anchor_grads``)?"""
         return False
+
+    def step_inputs(self, kwargs: Mapping[str, Any], params: Sequence[torch.Tensor], seed: int) -> Dict[str, Any]:
+        """``step()`` keyword inputs for a catalogue option set with constructor keywords ``kwargs`` on
+        ``params``, from ``seed`` (PAdaMFed-VR's anchor gradients; a closure where a step takes one)."""
+        return {}
+
+    def more_traffic(self, kwargs: Mapping[str, Any]) -> Tuple[Tuple[Tuple[str, Tuple[str, ...]], ...], int]:
+        """What a step moves besides its op's traffic (the benchmark's bytes per step): other ops it
+        runs with their optional roles, and element streams in the parameters' dtype (FedSAM: its
+        ascent op, and the restore of x, a read and a write)."""
+        return (), 0
 
     def present(self, kwargs: Mapping[str, Any], correction: bool, scales: Any) -> Tuple[str, ...]:
         """The optional roles of the op a catalogue option set's steps use (traffic figures)."""
@@ -251,19 +366,72 @@ def _given(cfg: Any, name: str) -> bool:
 # ---------------------------------------------------------------------------- the registry
 ALGORITHMS: Dict[str, Algorithm] = {}
 VARIANTS: Dict[str, Variant] = {}
+SETTINGS: Dict[str, Setting] = {}  # every algorithm's own run settings, by name
+_config_fields: List[str] = []  # the own settings FLConfig was built with (``settings_for_config``)
 
 
 def register(algo: Algorithm) -> Algorithm:
-    """Add ``algo`` (and its variants) to the registry; called once by the algorithm's own module."""
+    """Add ``algo`` (and its variants and own settings) to the registry; called once by its own module."""
     if algo.name in ALGORITHMS:
         raise ValueError(f"algorithm {algo.name!r} is registered twice")
     clash = [v.name for v in algo.variants if v.name in VARIANTS]
     if clash:
         raise ValueError(f"algorithm {algo.name!r}: variant names {clash} are taken")
+    taken = [s.name for s in algo.run_settings if s.name in SETTINGS]
+    if taken:
+        raise ValueError(f"algorithm {algo.name!r}: run settings {taken} are declared by another algorithm")
+    late = [s.name for s in algo.run_settings if _config_fields and s.name not in _config_fields]
+    if late:
+        raise ValueError(
+            f"algorithm {algo.name!r} declares run settings {late} after FLConfig was made: register an "
+            f"algorithm with run settings of its own before fedopt_kernels.fl.config is first imported"
+        )
+    names = [f.name for a in ALGORITHMS.values() for f in a.flower]
+    clash = [f.name for f in algo.flower if f.name in names]
+    if clash:
+        raise ValueError(f"algorithm {algo.name!r}: Flower strategy names {clash} are taken")
     ALGORITHMS[algo.name] = algo
     for v in algo.variants:
         VARIANTS[v.name] = v
+    for st in algo.run_settings:
+        SETTINGS[st.name] = st
     return algo
+
+
+def unregister(name: str) -> None:
+    """Remove algorithm ``name`` and its variants (a test's algorithm; its settings stay declared)."""
+    algo = ALGORITHMS.pop(name)
+    for v in algo.variants:
+        VARIANTS.pop(v.name, None)
+
+
+def settings_for_config() -> List[Setting]:
+    """The own settings of every registered algorithm, for ``FLConfig``'s fields (called once, by
+    ``fl/config.py``, when it makes the class: later registrations may not add settings)."""
+    _config_fields[:] = list(SETTINGS)
+    return list(SETTINGS.values())
+
+
+def flower_names() -> Dict[str, FlowerName]:
+    """Every declared Flower strategy name -> its declaration, in registration order."""
+    return {f.name: f for a in ALGORITHMS.values() for f in a.flower}
+
+
+def index_markdown() -> str:
+    """The table of algorithms docs/algorithms.md and README.md show, one row per registered algorithm:
+    its optimizer, what it does (the first line of the optimizer's docstring), its ``fedopt-sim``
+    names, its Flower strategies and its paper (tests/test_adding_an_algorithm.py keeps both in step)."""
+    rows = [
+        "| optimizer | what it does | `fedopt-sim --algorithm` | Flower strategy | paper |",
+        "|---|---|---|---|---|",
+    ]
+    for a in ALGORITHMS.values():
+        doc = (a.optimizer.__doc__ or "").strip().splitlines()
+        what = doc[0].rstrip(".") if doc else ""
+        names = ", ".join(f"`{v.name}`" for v in a.variants)
+        flower = ", ".join(f"`{f.name}`" for f in a.flower) or "via `strategy_for`"
+        rows.append(f"| `{a.optimizer.__name__}` | {what} | {names} | {flower} | *{a.title}* |")
+    return "\n".join(rows) + "\n"
 
 
 def variant(name: str) -> Variant:

@@ -6,13 +6,14 @@ PAdaMFed controls) and per step (PAdaMFed-VR anchor gradients), from seeds, so t
 two backends see exactly the same inputs. The equivalence harness, the property tests, the
 self-check, the torch.compile / AMP tests and the benchmark all take their configurations from
 here. The option sets themselves are part of each algorithm's descriptor
-(``fedopt_kernels.fl.algorithm``): an algorithm registered there is covered by every check.
+(``fedopt_kernels.fl.algorithm``), read when asked for (``ALGOS`` is a live view of the registry):
+an algorithm registered there, whenever that happens, is covered by every check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
 
 import torch
 
@@ -38,6 +39,20 @@ def scales_for(params: Tensors, seed: int, every: bool = False) -> Dict[torch.Te
             dt = torch.float64 if p.dtype == torch.float64 else torch.float32
             out[p] = (0.5 + torch.rand(p.shape[0], generator=g)).to(dtype=dt, device=p.device)
     return out
+
+
+class SecondGradient:
+    """The closure a catalogue step that takes one gets (FedSAM's): it sets each parameter's gradient
+    to ``base + x``, seeded noise plus the parameter as it is then, so that where the step moved the
+    parameters before calling it shows in what the step does next."""
+
+    def __init__(self, params: Tensors, bases: Tensors):
+        self.params, self.bases = params, bases
+
+    def __call__(self) -> None:
+        for p, b in zip(self.params, self.bases):
+            if p.grad is not None:
+                p.grad = b + p.detach()
 
 
 @dataclass(frozen=True)
@@ -94,12 +109,26 @@ class Config:
                 out[key] = [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(stacked))]
         return out
 
-    def batched_step_inputs(self, clients: List[Tensors], step: int, seed: int = 0) -> Dict[str, Any]:
+    def batched_step_inputs(
+        self, clients: List[Tensors], step: int, seed: int = 0, stacked: Optional[Tensors] = None
+    ) -> Dict[str, Any]:
+        """Client c's ``step_inputs(clients[c], step, seed + 100 c)``, stacked; a closure's seeded
+        gradients too, on ``stacked`` (the client-batched parameters; by default the tensors that
+        ``clients[c]``, views ``stacked[i][c]``, view)."""
         per = [self.step_inputs(ps, step, seed + 100 * c) for c, ps in enumerate(clients)]
-        return {
-            key: [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(clients[0]))]
-            for key in (per[0] if per else ())
-        }
+        out: Dict[str, Any] = {}
+        for key in per[0] if per else ():
+            if isinstance(per[0][key], SecondGradient):
+                if stacked is None:
+                    bases = [t._base for t in clients[0]]
+                    if any(t is None or t.shape[0] != len(clients) for t in bases):
+                        raise ValueError("a step with a closure needs the stacked parameters (stacked=...)")
+                    stacked = [t for t in bases if t is not None]
+                seeded = [torch.stack([per[c][key].bases[i] for c in range(len(clients))]) for i in range(len(stacked))]
+                out[key] = SecondGradient(list(stacked), seeded)
+            else:
+                out[key] = [torch.stack([per[c][key][i] for c in range(len(clients))]) for i in range(len(clients[0]))]
+        return out
 
     def round_inputs(self, params: Tensors, rnd: int, seed: int = 0) -> Dict[str, Any]:
         """``start_round`` inputs of round ``rnd`` (``params`` in the optimizer's order)."""
@@ -115,10 +144,13 @@ class Config:
         return out
 
     def step_inputs(self, params: Tensors, step: int, seed: int = 0) -> Dict[str, Any]:
-        """``step`` keyword inputs of global step ``step``."""
-        if self.kwargs.get("variance_reduction"):
-            return {"anchor_grads": rand_like_list(params, seed + 7 * step + 3, scale=1.0)}
-        return {}
+        """``step`` keyword inputs of global step ``step`` (the algorithm's descriptor makes them; a
+        step that takes a closure gets a ``SecondGradient``)."""
+        a = algorithm.of_optimizer(self.cls)
+        out = a.step_inputs(self.kwargs, params, seed + 7 * step + 3)
+        if a.closure_step:
+            out["closure"] = SecondGradient(list(params), rand_like_list(params, seed + 7 * step + 5, 1.0))
+        return out
 
     def present(self) -> Tuple[str, ...]:
         """The optional roles of the op this configuration's steps use (for traffic figures)."""
@@ -147,7 +179,27 @@ def _algo(name: str, cls: Type[FedOptimizer], full: str, options: Mapping[str, M
     return algo
 
 
-ALGOS: Dict[str, Algo] = {a.name: _algo(a.name, a.optimizer, a.full, a.options) for a in algorithm.ALGORITHMS.values()}
+class _Catalogue(Mapping[str, Algo]):
+    """Every registered algorithm's option sets, by algorithm name, read from the registry when asked."""
+
+    def __init__(self) -> None:
+        self._made: Dict[str, Tuple[algorithm.Algorithm, Algo]] = {}
+
+    def __getitem__(self, name: str) -> Algo:
+        a = algorithm.ALGORITHMS[name]
+        made = self._made.get(name)
+        if made is None or made[0] is not a:
+            made = self._made[name] = (a, _algo(a.name, a.optimizer, a.full, a.options))
+        return made[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(algorithm.ALGORITHMS))
+
+    def __len__(self) -> int:
+        return len(algorithm.ALGORITHMS)
+
+
+ALGOS: Mapping[str, Algo] = _Catalogue()
 
 
 def config(algo: str, option: Optional[str] = None) -> Config:

@@ -10,7 +10,7 @@ global model before each client trains.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -76,6 +76,18 @@ class ClientOptimizers:
         round_inputs.update(self.calibrate(client))
         advance_to_round(opt, t, **round_inputs)
         return opt
+
+    def step(self, opt: Optimizer, recompute: Callable[[], Any]) -> None:
+        """One local step of ``opt`` as the algorithm takes it (``Algorithm.local_step``): ``recompute()``
+        computes the loss and gradients again on the same batch (the closure of a step that takes
+        two gradients), clipped like the first ones."""
+
+        def again() -> Any:
+            loss = recompute()
+            self.clip()
+            return loss
+
+        self.algo.local_step(opt, again)
 
     def clip(self) -> None:
         """Gradient clipping before the step where the algorithm has it (the SGD baselines with clip_norm)."""

@@ -2,16 +2,24 @@
 
 ``FLConfig`` holds what decides the algorithm's arithmetic: its name (a registered variant such as
 ``fedavg``, ``scaffold`` or ``fednar``), the sampling sizes PAdaMFed's theory step sizes read, the
-client and server hyperparameters. The simulator's ``SimConfig`` extends it with data, model and
-execution settings; a Flower strategy needs only this.
+client and server hyperparameters several algorithms share, and every registered algorithm's own
+settings (``Setting``, declared in the algorithm's module: FedDyn's ``dyn_alpha``, ...), which are
+fields of the class as much as the shared ones. The simulator's ``SimConfig`` extends it with data,
+model and execution settings; a Flower strategy needs only this.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, TypeVar
+from typing import Any, Dict, List, Optional, TypeVar, cast
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # torch depends on typing_extensions
+    from typing_extensions import dataclass_transform
 
 from . import algorithm as _algorithm
 
@@ -72,11 +80,40 @@ def algorithm_settings(cfg_type: type) -> List[Any]:
 
 
 _Config = TypeVar("_Config", bound="FLConfig")
+_Class = TypeVar("_Class", bound=type)
 
 
-@dataclass
+@dataclass_transform(field_specifiers=(field,))
+def _with_algorithm_settings(cls: _Class) -> _Class:
+    """``cls`` as a dataclass whose fields are its own and then every registered algorithm's own
+    settings (``algorithm.Setting``, declared in the algorithm's module), each made by ``_setting``
+    with ``some=True``: only the algorithms that take it accept it."""
+    annotations = dict(cls.__dict__.get("__annotations__", {}))
+    for s in _algorithm.settings_for_config():
+        annotations[s.name] = Optional[s.kind] if s.default is None else s.kind
+        made = _setting(
+            s.default,
+            s.kind,
+            s.help,
+            low=s.low,
+            high=s.high,
+            low_open=s.low_open,
+            high_open=s.high_open,
+            choices=s.choices,
+            some=True,
+        )
+        setattr(cls, s.name, made)
+    cls.__annotations__ = annotations
+    return cast(_Class, dataclass(cls))
+
+
+@_with_algorithm_settings
 class FLConfig:
-    """An FL algorithm's settings; ``None`` means "the algorithm's default" (see ``hparams()``)."""
+    """An FL algorithm's settings; ``None`` means "the algorithm's default" (see ``hparams()``).
+
+    Besides the fields below, every registered algorithm's own settings (``dyn_alpha``,
+    ``nlr_mu0``, ...: ``fedopt_kernels.fl.algorithm.SETTINGS``) are fields.
+    """
 
     algorithm: str = "fedavg"
     clients: int = 50  # all users, held-out new users included
@@ -107,7 +144,7 @@ class FLConfig:
     decay_every: int = _setting(1, int, "local steps per decay period (default %(default)s)", low=1)
     momentum: float = _setting(0.0, float, "client momentum (default %(default)s)", high=1.0, high_open=True, some=True)
     weight_decay: float = _setting(0.0, float, "client weight decay (default %(default)s)", some=True)
-    prox_mu: Optional[float] = _setting(None, float, "FedProx coefficient (fedprox, fednar-fedprox; default 0.01)")
+    prox_mu: Optional[float] = _setting(None, float, "FedProx coefficient, for the FedProx variants (default 0.01)")
     clip_norm: Optional[float] = _setting(
         None, float, "FedNAR max_norm (default 10); gradient clipping for SGD algorithms", low_open=True, some=True
     )
@@ -119,15 +156,6 @@ class FLConfig:
         low_open=True,
         some=True,
     )
-    dyn_alpha: Optional[float] = _setting(
-        None, float, "FedDyn's regularisation coefficient alpha (default 0.01)", low_open=True, some=True
-    )
-    # FedNLR's scale-range constants (neuron_lr_scales): mu_l = mu0 + c1 * l / L + c2 * log10(M_l)
-    nlr_mu0: float = _setting(
-        1.0, float, "FedNLR's mu0 in mu_l = mu0 + c1 l/L + c2 log10 M_l (default %(default)s)", some=True
-    )
-    nlr_c1: float = _setting(1.0, float, "FedNLR's c1 (default %(default)s)", some=True)
-    nlr_c2: float = _setting(1.0, float, "FedNLR's c2 (default %(default)s)", some=True)
     backend: str = "auto"
     seed: int = 0
 

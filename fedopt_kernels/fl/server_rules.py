@@ -1,4 +1,6 @@
-"""The server-side rules of the package's FL algorithms, as pure functions on lists of tensors.
+"""The server-side rules several algorithms share (FedAvg's and SCAFFOLD's), as pure functions on
+lists of tensors, and what every rule is (``ServerRule``). A rule that only one algorithm uses lives
+in that algorithm's module (``optim/padamfed.py``, ``optim/feddyn.py``) and registers itself here.
 
 One implementation of each rule, used by both front ends: the simulator's strategies
 (``fedopt_kernels.sim``) and the Flower strategies (``fedopt_kernels.flower``). That is what lets
@@ -21,7 +23,7 @@ an algorithm's server is written once, it says how a round uses the arithmetic:
 * ``reply``: tensor lists a client's reply carries besides its model change ``delta`` ("dc": the
   change of its control).
 
-Each rule registers itself by name (``RULES``); an algorithm's variants name the rule they use.
+Each rule is registered by name (``RULES``, ``register_rule``); an algorithm's variants name the rule they use.
 """
 
 from __future__ import annotations
@@ -37,19 +39,14 @@ __all__ = [
     "weighted_average_step",
     "scaffold_local_control",
     "scaffold_control_step",
-    "padamfed_init",
-    "padamfed_step",
-    "feddyn_server_step",
     "ServerRule",
     "ScaffoldRule",
-    "PAdaMFedRule",
-    "FedDynRule",
     "RULES",
     "register_rule",
 ]
 
 
-def _check_like(name: str, tensors: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> None:
+def check_like(name: str, tensors: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> None:
     if len(tensors) != len(ref):
         raise ValueError(f"{name} has {len(tensors)} tensors, expected {len(ref)} (one per parameter)")
     for j, (t, r) in enumerate(zip(tensors, ref)):
@@ -57,11 +54,11 @@ def _check_like(name: str, tensors: Sequence[torch.Tensor], ref: Sequence[torch.
             raise ValueError(f"{name}[{j}] has shape {tuple(t.shape)}, expected {tuple(r.shape)}")
 
 
-def _check_updates(name: str, updates: Sequence[Sequence[torch.Tensor]], ref: Sequence[torch.Tensor]) -> None:
+def check_updates(name: str, updates: Sequence[Sequence[torch.Tensor]], ref: Sequence[torch.Tensor]) -> None:
     if len(updates) == 0:
         raise ValueError(f"{name} is empty: a server step needs at least one client update")
     for i, u in enumerate(updates):
-        _check_like(f"{name}[{i}]", u, ref)
+        check_like(f"{name}[{i}]", u, ref)
 
 
 @torch.no_grad()
@@ -74,7 +71,7 @@ def weighted_average_step(
     number of training samples). With the matching client optimizer this is the server of FedAvg,
     FedSGD, FedDecay, FedProx, FedNLR, FedNAR and of SCAFFOLD's model update.
     """
-    _check_updates("deltas", deltas, x)
+    check_updates("deltas", deltas, x)
     if len(weights) != len(deltas):
         raise ValueError(f"weights has {len(weights)} entries for {len(deltas)} deltas")
     if any(not math.isfinite(w) or w <= 0 for w in weights):
@@ -106,8 +103,8 @@ def scaffold_local_control(
     ``K * lr``). With ``lr_sum <= 0`` nothing moved and option II is undefined: ``ci`` is kept.
     This runs on the client, but it is the rule the server's ``c`` update assumes, so it lives here.
     """
-    _check_like("c", c, ci)
-    _check_like("delta", delta, ci)
+    check_like("c", c, ci)
+    check_like("delta", delta, ci)
     if lr_sum > 0:
         return [c_i - cj - d / lr_sum for c_i, cj, d in zip(ci, c, delta)]
     return [c_i.clone() for c_i in ci]
@@ -122,7 +119,7 @@ def scaffold_control_step(
     Dividing by N (not by the S sampled clients) keeps ``c`` the mean of every client's control
     under partial participation (clients that never trained count with ``ci = 0``).
     """
-    _check_updates("dcs", dcs, c)
+    check_updates("dcs", dcs, c)
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     out = [cj.clone() for cj in c]
@@ -130,116 +127,6 @@ def scaffold_control_step(
         for cj, d in zip(out, dc):
             cj.add_(d, alpha=1.0 / num_clients)
     return out
-
-
-@torch.no_grad()
-def padamfed_init(local_controls: Sequence[Sequence[torch.Tensor]], num_clients: int) -> Tuple[Tensors, Tensors]:
-    """PAdaMFed's initial server state from the clients' first controls: ``c = sum_i ci / N``, ``m = c``.
-
-    Each ``ci`` is the mean of K stochastic gradients at the initial model ("Problem-Parameter-Free
-    Federated Learning", Yan, Zhang, Wang, Cao: Alg. 1, line 1). A client missing from
-    ``local_controls`` counts as ``ci = 0``.
-    """
-    if len(local_controls) == 0:
-        raise ValueError("local_controls is empty: PAdaMFed's initialisation needs at least one client")
-    ref = local_controls[0]
-    _check_updates("local_controls", local_controls, ref)
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    c = [torch.zeros_like(t) for t in ref]
-    for ci in local_controls:
-        for cj, t in zip(c, ci):
-            cj.add_(t, alpha=1.0 / num_clients)
-    return c, [cj.clone() for cj in c]
-
-
-@torch.no_grad()
-def padamfed_step(
-    x: Sequence[torch.Tensor],
-    c: Sequence[torch.Tensor],
-    m: Sequence[torch.Tensor],
-    deltas: Sequence[Sequence[torch.Tensor]],
-    dcs: Sequence[Sequence[torch.Tensor]],
-    num_clients: int,
-    lr: float,
-    local_steps: int,
-    server_lr: float,
-    beta: float,
-) -> Tuple[Tensors, Tensors, Tensors]:
-    """PAdaMFed's server step ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao: Alg. 1).
-
-    With S = len(deltas) clients, eta = ``lr``, K = ``local_steps``, gamma = ``server_lr``::
-
-        x'  = x + gamma * mean_i(delta_i) / (eta * K)     (delta_i = y_i - x; the paper's
-                                                       x - gamma * mean(x - y_i) / (eta K))
-        dc  = sum_i (ci' - ci)
-        m'  = beta * (dc / S + c) + (1 - beta) * m
-        c'  = c + dc / N
-
-    Returns ``(x', c', m')``. ``eta = 0`` leaves x unchanged (no client moved).
-    """
-    _check_updates("deltas", deltas, x)
-    _check_updates("dcs", dcs, x)
-    if len(dcs) != len(deltas):
-        raise ValueError(f"dcs has {len(dcs)} entries for {len(deltas)} deltas")
-    _check_like("c", c, x)
-    _check_like("m", m, x)
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    S = len(deltas)
-    scale = server_lr / (lr * local_steps) if lr > 0 else 0.0
-    x_out, c_out, m_out = [], [], []
-    for j, xj in enumerate(x):
-        mean_delta = torch.zeros_like(xj)
-        dc = torch.zeros_like(xj)
-        for d, dci in zip(deltas, dcs):  # the order given: deterministic sums
-            mean_delta.add_(d[j], alpha=1.0 / S)
-            dc.add_(dci[j])
-        x_out.append(xj.clone().add_(mean_delta, alpha=scale))
-        m_out.append(m[j].clone().mul_(1 - beta).add_(dc / S + c[j], alpha=beta))  # uses the old c
-        c_out.append(c[j].clone().add_(dc, alpha=1.0 / num_clients))
-    return x_out, c_out, m_out
-
-
-@torch.no_grad()
-def feddyn_server_step(
-    x: Sequence[torch.Tensor],
-    h: Sequence[torch.Tensor],
-    deltas: Sequence[Sequence[torch.Tensor]],
-    alpha: float,
-    num_clients: int,
-) -> Tuple[Tensors, Tensors]:
-    """FedDyn's server step ("Federated Learning Based on Dynamic Regularization", Acar, Zhao,
-    Matas, Mattina, Whatmough, Saligrama; ICLR 2021).
-
-    ``delta_i = x_i - x`` is replying client i's model minus the global one, ``m = num_clients``
-    the number of clients in the federation (not only this round's), ``h`` the server state (zeros
-    at the start)::
-
-        h'  = h - (alpha / m) * sum_i delta_i
-        x'  = x + mean_i(delta_i) - h' / alpha         (unweighted mean over the replying clients)
-
-    Returns ``(x', h')``; nothing is modified in place and clients are summed in the order given.
-    """
-    _check_updates("deltas", deltas, x)
-    _check_like("h", h, x)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
-    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < len(deltas):
-        raise ValueError(
-            f"num_clients must be an integer >= the number of deltas ({len(deltas)}): it counts every "
-            f"client of the federation, got {num_clients!r}"
-        )
-    S = len(deltas)
-    x_out, h_out = [], []
-    for j, xj in enumerate(x):
-        total = torch.zeros_like(xj)
-        for d in deltas:  # the order given: deterministic sums
-            total.add_(d[j])
-        hj = h[j].clone().sub_(total, alpha=alpha / num_clients)
-        x_out.append(xj.clone().add_(total, alpha=1.0 / S).sub_(hj, alpha=1.0 / alpha))
-        h_out.append(hj)
-    return x_out, h_out
 
 
 # ---------------------------------------------------------------------------------------------- the rules
@@ -326,65 +213,6 @@ class ScaffoldRule(ServerRule):
         return out
 
 
-class PAdaMFedRule(ServerRule):
-    """PAdaMFed's server ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao; Alg. 1):
-    global momentum ``m`` and control ``c`` (``server_rules.padamfed_step``); every client keeps its
-    ``c_i`` and computes the first one before round 1 (``server_rules.padamfed_init``)."""
-
-    name = "padamfed"
-    state = ("c", "m")
-    sent = {"control": "c", "momentum": "m"}
-    keeps = True
-    reply = ("dc",)
-    init_controls = True
-
-    def initial_state(self, controls: Sequence[Tensors], num_clients: int) -> Dict[str, Tensors]:
-        """``c`` and ``m`` from the clients' first controls (the mean of K gradients at the initial model)."""
-        c, m = padamfed_init(controls, num_clients)
-        return {"c": c, "m": m}
-
-    def client_inputs(self, got, kept, x):
-        return {"global_control": got["c"], "local_control": kept, "momentum": got["m"]}
-
-    def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):
-        new_ci = [v.to(d.dtype) for v, d in zip(opt.local_control(), delta)]
-        ci = kept if kept is not None else [torch.zeros_like(d) for d in delta]
-        return new_ci, {"dc": [n - o for n, o in zip(new_ci, ci)]}
-
-    def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
-        new_x, c, m = padamfed_step(
-            x,
-            state["c"],
-            state["m"],
-            deltas,
-            [r["dc"] for r in replies],
-            num_clients=num_clients,
-            lr=hp["lr"],
-            local_steps=local_steps,
-            server_lr=hp["server_lr"],
-            beta=hp["beta"],
-        )
-        return {"x": new_x, "c": c, "m": m}
-
-
-class FedDynRule(ServerRule):
-    """FedDyn's server: ``h`` kept by the server, ``g_i`` by each client (``feddyn_server_step``)."""
-
-    name = "feddyn"
-    state = ("h",)
-    keeps = True
-
-    def client_inputs(self, got, kept, x):
-        return {"dyn_grad": kept if kept is not None else [torch.zeros_like(v) for v in x]}
-
-    def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):
-        return opt.dyn_grad(), {}  # the round was ended (end_round) before the client finishes
-
-    def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
-        new_x, h = feddyn_server_step(x, state["h"], deltas, hp["dyn_alpha"], num_clients)
-        return {"x": new_x, "h": h}
-
-
 RULES: Dict[str, ServerRule] = {}
 
 
@@ -396,5 +224,5 @@ def register_rule(rule: ServerRule) -> ServerRule:
     return rule
 
 
-for _rule in (ServerRule(), ScaffoldRule(), PAdaMFedRule(), FedDynRule()):
+for _rule in (ServerRule(), ScaffoldRule()):
     register_rule(_rule)

@@ -1,9 +1,11 @@
 """The package's FL algorithms on Flower (``pip install "fedopt_kernels[flower]"``), Message API.
 
 Strategies (server side, ``flwr.serverapp.strategy.Strategy`` subclasses), named apart from the
-optimizers they drive: ``FedDecayStrategy``, ``FedNLRStrategy``, ``FedNARStrategy`` (backbone
-fedavg / fedprox / scaffold), ``ScaffoldStrategy``, ``PAdaMFedStrategy`` (and
-``variance_reduction=True``), or ``strategy_for(FLConfig(...))`` for any ``fedopt-sim`` algorithm
+optimizers they drive and generated from the algorithms' descriptors (``named.py``): one per
+``FlowerName`` an algorithm's module declares (``FedDecayStrategy``, ``ScaffoldStrategy``,
+``FedNLRStrategy``, ``FedNARStrategy`` with backbone fedavg / fedprox / scaffold,
+``PAdaMFedStrategy`` and ``variance_reduction=True``, ``FedDynStrategy``, ``FedSAMStrategy``, ...;
+``named.names()`` lists them), or ``strategy_for(FLConfig(...))`` for any ``fedopt-sim`` algorithm
 (a simulator ``SimConfig`` works too): an ``AveragingStrategy`` or, for a rule with an initial round
 of client controls, an ``InitialControlsStrategy``. Their server rules are
 ``fedopt_kernels.fl.server_rules``'s, shared with the simulator. Client side: ``train_round`` /
@@ -28,21 +30,18 @@ import warnings as _warnings
 from typing import Any as _Any
 
 from ..fl.config import FLConfig
-from .averaging import AveragingStrategy, FedDecayStrategy, FedNARStrategy, FedNLRStrategy, ScaffoldStrategy
+from . import named as _named
+from .averaging import AveragingStrategy
 from .base import ClientResult, FedOptStrategy, Rejection
 from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
-from .padamfed import INIT_MESSAGE_TYPE, InitialControlsStrategy, PAdaMFedStrategy
+from .padamfed import INIT_MESSAGE_TYPE, InitialControlsStrategy
 from .records import BadUpdate, from_record, to_record
 
 __all__ = [
     "AveragingStrategy",
-    "FedDecayStrategy",
-    "FedNARStrategy",
-    "FedNLRStrategy",
-    "ScaffoldStrategy",
     "InitialControlsStrategy",
-    "PAdaMFedStrategy",
+    *_named.names(),  # the paper-named strategies the descriptors declare
     "FedOptStrategy",
     "ClientResult",
     "Rejection",
@@ -70,8 +69,10 @@ _RENAMED = {
 
 
 def __getattr__(name: str) -> _Any:
+    if name in _named.names():  # generated on first use, from the descriptor that declares it
+        return _named.named_strategy(name)
     if name in _RENAMED:
         new = _RENAMED[name]
         _warnings.warn(f"fedopt_kernels.flower.{name} is now {new}", DeprecationWarning, stacklevel=2)
-        return globals()[new]
+        return __getattr__(new) if new in _named.names() else globals()[new]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

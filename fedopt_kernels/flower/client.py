@@ -117,13 +117,17 @@ def train_round(
     loss_sum = torch.zeros((), device=params[0].device)
     for _ in range(K):
         bx, by = next_batch()
-        model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(bx), by)
-        loss.backward()
-        loss_sum += loss.detach()
+
+        def loss_and_grad(bx: torch.Tensor = bx, by: torch.Tensor = by) -> torch.Tensor:
+            model.zero_grad(set_to_none=True)
+            loss = loss_fn(model(bx), by)
+            loss.backward()
+            return loss.detach()
+
+        loss_sum += loss_and_grad()
         if anchor is None:
             opts.clip()
-            opt.step()
+            opts.step(opt, loss_and_grad)  # the closure: FedSAM's second gradient, on the same batch
         else:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
             anchor.zero_grad(set_to_none=True)
             loss_fn(anchor(bx), by).backward()

@@ -8,12 +8,12 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from ..batched._client_batched import ClientBatched
+from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED
 from ..core.schedules import DecaySchedule, ScheduleLike
 from ..fl import algorithm
-from ..fl.algorithm import BenchCase, Variant
-from .sgd import SGDAlgorithm, SGDFamily
+from ..fl.algorithm import BenchCase, FlowerName, Variant
+from .sgd import SGDAlgorithm, SGDFamily, torch_sgd
 
 
 class FedDecaySGD(SGDFamily):
@@ -128,6 +128,15 @@ DESCRIPTOR = algorithm.register(
             Variant("fedprox", "avg", prox=True),
             Variant("scaffold", "scaffold"),
         ),
+        flower=(
+            FlowerName(
+                "FedDecayStrategy",
+                "feddecay",
+                positional=("beta",),
+                doc="Within-round learning-rate decay lr_k = lr * s(k // decay_every) on FedAvg (beta=1: FedAvg).",
+            ),
+            FlowerName("ScaffoldStrategy", "scaffold", doc="SCAFFOLD (option II controls) on FedDecaySGD's SGD steps."),
+        ),
         full="prox_correction",
         bench=(
             BenchCase(
@@ -135,9 +144,9 @@ DESCRIPTOR = algorithm.register(
                 "FedDecaySGD momentum=0.9 wd",
                 "momentum_wd",
                 core=True,
-                torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4),
+                baselines=torch_sgd(lr=0.05, momentum=0.9, weight_decay=5e-4),
             ),
-            BenchCase("feddecay_plain", "FedDecaySGD no momentum", "plain", torch_sgd=dict(lr=0.1)),
+            BenchCase("feddecay_plain", "FedDecaySGD no momentum", "plain", baselines=torch_sgd(lr=0.1)),
             BenchCase("feddecay_scaffold_prox", "FedDecaySGD momentum + SCAFFOLD + FedProx", "prox_correction"),
         ),
         options={

@@ -7,19 +7,18 @@ as the state tensor the step reads (negation is exact), so a step makes no copy 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..batched._client_batched import ClientBatched
+from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED
 from ..core.optimizer import ROUND_KEY, check_number, check_tensor_list, round_entry
 from ..core.schedules import DecaySchedule, ScheduleLike
 from ..fl import algorithm
-from ..fl.algorithm import BenchCase, Variant
-
-# re-exported here: the rule and its arithmetic live beside the other rules'
-from ..fl.server_rules import FedDynRule, feddyn_server_step
+from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
+from ..fl.server_rules import ServerRule, check_like, check_updates, register_rule
 from .feddecay import FedDecaySGD
 from .sgd import SGDAlgorithm, SGDFamily
 
@@ -35,7 +34,7 @@ def _compute(t: torch.Tensor) -> torch.Tensor:
 
 
 class FedDyn(FedDecaySGD):
-    r"""Client optimizer of FedDyn (dynamic regularization).
+    r"""Dynamic regularization: a per-client linear term and a proximal term (FedDyn).
 
     From "Federated Learning Based on Dynamic Regularization" (Durmus Alp Emre Acar, Yue Zhao,
     Ramon Matas, Matthew Mattina, Paul Whatmough, Venkatesh Saligrama; ICLR 2021).
@@ -247,6 +246,85 @@ class BatchedFedDyn(ClientBatched, FedDyn):
         return [self.schedule.factor(k) for k in self.round_step]
 
 
+# ---------------------------------------------------------------------------- the server
+@torch.no_grad()
+def feddyn_server_step(
+    x: Sequence[torch.Tensor],
+    h: Sequence[torch.Tensor],
+    deltas: Sequence[Sequence[torch.Tensor]],
+    alpha: float,
+    num_clients: int,
+) -> Tuple[Tensors, Tensors]:
+    """FedDyn's server step ("Federated Learning Based on Dynamic Regularization", Acar, Zhao,
+    Matas, Mattina, Whatmough, Saligrama; ICLR 2021).
+
+    ``delta_i = x_i - x`` is replying client i's model minus the global one, ``m = num_clients``
+    the number of clients in the federation (not only this round's), ``h`` the server state (zeros
+    at the start)::
+
+        h'  = h - (alpha / m) * sum_i delta_i
+        x'  = x + mean_i(delta_i) - h' / alpha         (unweighted mean over the replying clients)
+
+    Returns ``(x', h')``; nothing is modified in place and clients are summed in the order given.
+    """
+    check_updates("deltas", deltas, x)
+    check_like("h", h, x)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < len(deltas):
+        raise ValueError(
+            f"num_clients must be an integer >= the number of deltas ({len(deltas)}): it counts every "
+            f"client of the federation, got {num_clients!r}"
+        )
+    S = len(deltas)
+    x_out, h_out = [], []
+    for j, xj in enumerate(x):
+        total = torch.zeros_like(xj)
+        for d in deltas:  # the order given: deterministic sums
+            total.add_(d[j])
+        hj = h[j].clone().sub_(total, alpha=alpha / num_clients)
+        x_out.append(xj.clone().add_(total, alpha=1.0 / S).sub_(hj, alpha=1.0 / alpha))
+        h_out.append(hj)
+    return x_out, h_out
+
+
+class FedDynRule(ServerRule):
+    """FedDyn's server: ``h`` kept by the server, ``g_i`` by each client (``feddyn_server_step``)."""
+
+    name = "feddyn"
+    state = ("h",)
+    keeps = True
+
+    def client_inputs(self, got, kept, x):
+        return {"dyn_grad": kept if kept is not None else [torch.zeros_like(v) for v in x]}
+
+    def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):
+        return opt.dyn_grad(), {}  # the round was ended (end_round) before the client finishes
+
+    def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
+        new_x, h = feddyn_server_step(x, state["h"], deltas, hp["dyn_alpha"], num_clients)
+        return {"x": new_x, "h": h}
+
+
+class ProxSGD(torch.optim.SGD):
+    """FedDyn as a user writes it with torch (the benchmark's baseline): ``grad += alpha * (x - x0) - g_i``
+    with foreach ops, then ``SGD(fused=True)`` with the same momentum, dampening and weight decay."""
+
+    def __init__(self, params: List[torch.Tensor], kwargs: Mapping[str, Any]):
+        sgd = {k: kwargs[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov") if k in kwargs}
+        super().__init__(params, **sgd, fused=True)
+        self.params, self.alpha = list(params), kwargs["alpha"]
+        self.x0 = [p.detach().clone() for p in params]
+        self.g_i = [torch.randn_like(p) for p in params]
+
+    def step(self, closure=None):
+        grads = [p.grad for p in self.params]
+        torch._foreach_add_(grads, self.params, alpha=self.alpha)
+        torch._foreach_add_(grads, self.x0, alpha=-self.alpha)
+        torch._foreach_sub_(grads, self.g_i)
+        return super().step(closure)
+
+
 class _FedDyn(SGDAlgorithm):
     def hparams(self, cfg, variant):
         return {**super().hparams(cfg, variant), "dyn_alpha": 0.01 if cfg.dyn_alpha is None else cfg.dyn_alpha}
@@ -272,18 +350,38 @@ class _FedDyn(SGDAlgorithm):
         return (("momentum_buffer",) if kwargs.get("momentum", 0) else ()) + ("x0", "correction")
 
 
+register_rule(FedDynRule())
 DESCRIPTOR = algorithm.register(
     _FedDyn(
         "feddyn",
         FedDyn,
         BatchedFedDyn,
         title="Federated Learning Based on Dynamic Regularization",
-        settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay", "dyn_alpha"),
+        settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay"),
+        run_settings=(
+            Setting(
+                "dyn_alpha", float, None, "FedDyn's regularisation coefficient alpha (default 0.01)", low_open=True
+            ),
+        ),
         variants=(Variant("feddyn", "feddyn"),),
+        flower=(
+            FlowerName(
+                "FedDynStrategy",
+                "feddyn",
+                aliases={"alpha": "dyn_alpha"},
+                doc="Dynamic regularization: each client keeps g_i, the server keeps h (FedDyn's rule).",
+            ),
+        ),
         round_outputs=("dyn_grad",),
         full="momentum",
         bench=(
-            BenchCase("feddyn", "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)", "momentum", core=True, prox_sgd=True),
+            BenchCase(
+                "feddyn",
+                "FedDyn momentum=0.9 (alpha (x - x0) and -g_i)",
+                "momentum",
+                core=True,
+                baselines=(Baseline("torch foreach+SGD(fused)", ProxSGD),),
+            ),
         ),
         # every option set uses the x0 and correction roles (alpha * (x - x0) and -g_i)
         options={

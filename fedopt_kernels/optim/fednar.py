@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from ..batched._client_batched import ClientBatched
+import torch
+
+from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED, FEDNAR
 from ..core.optimizer import FedOptimizer, check_number
 from ..fl import algorithm
-from ..fl.algorithm import Algorithm, BenchCase, Variant
+from ..fl.algorithm import Algorithm, Baseline, BenchCase, FlowerName, Variant
 from ..fl.server_rules import RULES
 
 
 class FedNAR(FedOptimizer):
-    r"""Federated optimization with Normalized Annealing Regularization (FedNAR).
+    r"""Co-clipping of gradient and weight decay, annealed per round (FedNAR).
 
     From "FedNAR: Federated Optimization with Normalized Annealing Regularization" (Junbo Li, Ang Li,
     Chong Tian, Qirong Ho, Eric P. Xing, Hongyi Wang; NeurIPS 2023), Eq. 3-4 and Alg. 2. With ``t``
@@ -77,6 +79,22 @@ class BatchedFedNAR(ClientBatched, FedNAR):
     _spec = BATCHED["fednar_batched"]
 
 
+class ClipSGD(torch.optim.SGD):
+    """FedNAR as a user writes it with torch (the benchmark's baseline): ``grad += weight_decay * x``,
+    ``clip_grad_norm_(max_norm, foreach=True)``, then ``SGD(fused=True)``."""
+
+    def __init__(self, params: List[torch.Tensor], kwargs: Mapping[str, Any]):
+        super().__init__(params, lr=kwargs["lr"], fused=True)
+        self.params = list(params)
+        self.wd, self.max_norm = kwargs["weight_decay"], kwargs["max_norm"]
+
+    def step(self, closure=None):
+        grads = [p.grad for p in self.params]
+        torch._foreach_add_(grads, self.params, alpha=self.wd)
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm, foreach=True)
+        return super().step(closure)
+
+
 class _FedNAR(Algorithm):
     def hparams(self, cfg, variant):
         hp = super().hparams(cfg, variant)
@@ -117,9 +135,24 @@ DESCRIPTOR = algorithm.register(
             Variant("fednar-fedprox", "avg", prox=True),
             Variant("fednar-scaffold", "scaffold"),
         ),
+        flower=(
+            FlowerName(
+                "FedNARStrategy",
+                {"fedavg": "fednar", "fedprox": "fednar-fedprox", "scaffold": "fednar-scaffold"},
+                choose="backbone",
+                aliases={"max_norm": "clip_norm"},
+                doc="Co-clipping of gradient and weight decay on FedAvg, FedProx (prox_mu) or SCAFFOLD.",
+            ),
+        ),
         full="prox_correction",
         bench=(
-            BenchCase("fednar", "FedNAR wd max_norm=10", "wd", core=True, clip_sgd=True),
+            BenchCase(
+                "fednar",
+                "FedNAR wd max_norm=10",
+                "wd",
+                core=True,
+                baselines=(Baseline("torch clip+SGD(fused)", ClipSGD),),
+            ),
             BenchCase("fednar_scaffold_prox", "FedNAR + SCAFFOLD + FedProx", "prox_correction"),
         ),
         options={

@@ -8,13 +8,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..batched._client_batched import ClientBatched
+from ..batched.mixin import ClientBatched
 from ..core import dtensor as _dtensor
 from ..core.ops import BATCHED
 from ..core.optimizer import state_dtype
 from ..fl import algorithm
-from ..fl.algorithm import BenchCase, Variant
-from .sgd import SGDAlgorithm, SGDFamily
+from ..fl.algorithm import BenchCase, FlowerName, Setting, Variant
+from .sgd import SGDAlgorithm, SGDFamily, torch_sgd
 
 
 class NeuronLRSGD(SGDFamily):
@@ -242,8 +242,22 @@ DESCRIPTOR = algorithm.register(
         NeuronLRSGD,
         BatchedNeuronLRSGD,
         title="FedNLR: Federated Learning with Neuron-wise Learning Rates",
-        settings=("momentum", "weight_decay", "clip_norm", "round_decay", "nlr_mu0", "nlr_c1", "nlr_c2"),
+        settings=("momentum", "weight_decay", "clip_norm", "round_decay"),
+        # the scale-range constants of neuron_lr_scales: mu_l = mu0 + c1 * l / L + c2 * log10(M_l)
+        run_settings=(
+            Setting("nlr_mu0", float, 1.0, "FedNLR's mu0 in mu_l = mu0 + c1 l/L + c2 log10 M_l (default %(default)s)"),
+            Setting("nlr_c1", float, 1.0, "FedNLR's c1 (default %(default)s)"),
+            Setting("nlr_c2", float, 1.0, "FedNLR's c2 (default %(default)s)"),
+        ),
         variants=(Variant("fednlr", "avg"),),
+        flower=(
+            FlowerName(
+                "FedNLRStrategy",
+                "fednlr",
+                aliases={"mu0": "nlr_mu0", "c1": "nlr_c1", "c2": "nlr_c2"},
+                doc="Neuron-wise learning rates, recalibrated by every client on its data each round; FedAvg's server.",
+            ),
+        ),
         full="scales_all",
         bench=(
             BenchCase(
@@ -251,7 +265,7 @@ DESCRIPTOR = algorithm.register(
                 "NeuronLRSGD momentum=0.9 wd, scales on every tensor",
                 "every_row",
                 core=True,
-                torch_sgd=dict(lr=0.05, momentum=0.9, weight_decay=5e-4),
+                baselines=torch_sgd(lr=0.05, momentum=0.9, weight_decay=5e-4),
             ),
         ),
         options={

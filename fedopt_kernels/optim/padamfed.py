@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..batched._client_batched import ClientBatched
+from ..batched.mixin import ClientBatched
 from ..core import dtensor as _dtensor
 from ..core.ops import BATCHED, PADAMFED
 from ..core.optimizer import FedOptimizer, check_number, check_tensor_list, state_dtype
 from ..fl import algorithm
-from ..fl.algorithm import Algorithm, BenchCase, Variant
+from ..fl.algorithm import Algorithm, BenchCase, FlowerName, Variant
+from ..fl.server_rules import ServerRule, Tensors, check_like, check_updates, register_rule
 
 
 class PAdaMFed(FedOptimizer):
-    r"""Client optimizer of PAdaMFed, from "Problem-Parameter-Free Federated Learning" (Wenjing Yan, Kai
-    Zhang, Xiaolu Wang, Xuanyu Cao), Alg. 1 and Thm. 1-2.
+    r"""Normalized momentum with control variates, parameter-free step sizes (PAdaMFed).
+
+    The client optimizer of "Problem-Parameter-Free Federated Learning" (Wenjing Yan, Kai Zhang,
+    Xiaolu Wang, Xuanyu Cao), Alg. 1 and Thm. 1-2.
 
     Per round the client receives the global control ``c``, the global momentum ``m`` and keeps its
     own control ``c_i``: ``start_round(global_control=c, local_control=c_i, momentum=m)`` (missing
@@ -215,6 +218,117 @@ def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> 
     return eta, gamma, beta
 
 
+# ---------------------------------------------------------------------------- the server
+@torch.no_grad()
+def padamfed_init(local_controls: Sequence[Sequence[torch.Tensor]], num_clients: int) -> Tuple[Tensors, Tensors]:
+    """PAdaMFed's initial server state from the clients' first controls: ``c = sum_i ci / N``, ``m = c``.
+
+    Each ``ci`` is the mean of K stochastic gradients at the initial model ("Problem-Parameter-Free
+    Federated Learning", Yan, Zhang, Wang, Cao: Alg. 1, line 1). A client missing from
+    ``local_controls`` counts as ``ci = 0``.
+    """
+    if len(local_controls) == 0:
+        raise ValueError("local_controls is empty: PAdaMFed's initialisation needs at least one client")
+    ref = local_controls[0]
+    check_updates("local_controls", local_controls, ref)
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    c = [torch.zeros_like(t) for t in ref]
+    for ci in local_controls:
+        for cj, t in zip(c, ci):
+            cj.add_(t, alpha=1.0 / num_clients)
+    return c, [cj.clone() for cj in c]
+
+
+@torch.no_grad()
+def padamfed_step(
+    x: Sequence[torch.Tensor],
+    c: Sequence[torch.Tensor],
+    m: Sequence[torch.Tensor],
+    deltas: Sequence[Sequence[torch.Tensor]],
+    dcs: Sequence[Sequence[torch.Tensor]],
+    num_clients: int,
+    lr: float,
+    local_steps: int,
+    server_lr: float,
+    beta: float,
+) -> Tuple[Tensors, Tensors, Tensors]:
+    """PAdaMFed's server step ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao: Alg. 1).
+
+    With S = len(deltas) clients, eta = ``lr``, K = ``local_steps``, gamma = ``server_lr``::
+
+        x'  = x + gamma * mean_i(delta_i) / (eta * K)     (delta_i = y_i - x; the paper's
+                                                       x - gamma * mean(x - y_i) / (eta K))
+        dc  = sum_i (ci' - ci)
+        m'  = beta * (dc / S + c) + (1 - beta) * m
+        c'  = c + dc / N
+
+    Returns ``(x', c', m')``. ``eta = 0`` leaves x unchanged (no client moved).
+    """
+    check_updates("deltas", deltas, x)
+    check_updates("dcs", dcs, x)
+    if len(dcs) != len(deltas):
+        raise ValueError(f"dcs has {len(dcs)} entries for {len(deltas)} deltas")
+    check_like("c", c, x)
+    check_like("m", m, x)
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    S = len(deltas)
+    scale = server_lr / (lr * local_steps) if lr > 0 else 0.0
+    x_out, c_out, m_out = [], [], []
+    for j, xj in enumerate(x):
+        mean_delta = torch.zeros_like(xj)
+        dc = torch.zeros_like(xj)
+        for d, dci in zip(deltas, dcs):  # the order given: deterministic sums
+            mean_delta.add_(d[j], alpha=1.0 / S)
+            dc.add_(dci[j])
+        x_out.append(xj.clone().add_(mean_delta, alpha=scale))
+        m_out.append(m[j].clone().mul_(1 - beta).add_(dc / S + c[j], alpha=beta))  # uses the old c
+        c_out.append(c[j].clone().add_(dc, alpha=1.0 / num_clients))
+    return x_out, c_out, m_out
+
+
+class PAdaMFedRule(ServerRule):
+    """PAdaMFed's server ("Problem-Parameter-Free Federated Learning", Yan, Zhang, Wang, Cao; Alg. 1):
+    global momentum ``m`` and control ``c`` (``padamfed_step``); every client keeps its
+    ``c_i`` and computes the first one before round 1 (``padamfed_init``)."""
+
+    name = "padamfed"
+    state = ("c", "m")
+    sent = {"control": "c", "momentum": "m"}
+    keeps = True
+    reply = ("dc",)
+    init_controls = True
+
+    def initial_state(self, controls: Sequence[Tensors], num_clients: int) -> Dict[str, Tensors]:
+        """``c`` and ``m`` from the clients' first controls (the mean of K gradients at the initial model)."""
+        c, m = padamfed_init(controls, num_clients)
+        return {"c": c, "m": m}
+
+    def client_inputs(self, got, kept, x):
+        return {"global_control": got["c"], "local_control": kept, "momentum": got["m"]}
+
+    def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):
+        new_ci = [v.to(d.dtype) for v, d in zip(opt.local_control(), delta)]
+        ci = kept if kept is not None else [torch.zeros_like(d) for d in delta]
+        return new_ci, {"dc": [n - o for n, o in zip(new_ci, ci)]}
+
+    def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
+        new_x, c, m = padamfed_step(
+            x,
+            state["c"],
+            state["m"],
+            deltas,
+            [r["dc"] for r in replies],
+            num_clients=num_clients,
+            lr=hp["lr"],
+            local_steps=local_steps,
+            server_lr=hp["server_lr"],
+            beta=hp["beta"],
+        )
+        return {"x": new_x, "c": c, "m": m}
+
+
 class _PAdaMFed(Algorithm):
     def hparams(self, cfg, variant):
         eta, gamma, beta = theory_hparams(
@@ -243,10 +357,55 @@ class _PAdaMFed(Algorithm):
     def needs_anchor(self, variant):
         return bool(variant.options.get("variance_reduction"))
 
+    def step_inputs(self, kwargs, params, seed):
+        if not kwargs.get("variance_reduction"):
+            return {}
+        g = torch.Generator().manual_seed(seed)
+        return {"anchor_grads": [torch.randn(p.shape, generator=g).to(dtype=p.dtype, device=p.device) for p in params]}
+
     def present(self, kwargs, correction, scales):
         return ("D", "acc") + (("anchor_grad",) if kwargs.get("variance_reduction") else ())
 
 
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def strategy_keywords(
+    *,
+    num_rounds: int,
+    clients_per_round: int,
+    local_steps: int = 10,
+    variance_reduction: bool = False,
+    lr: Optional[float] = None,
+    server_lr: Optional[float] = None,
+    beta: Optional[float] = None,
+    **strategy: Any,
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """``PAdaMFedStrategy``'s keywords as (FLConfig keywords, strategy keywords): the theory step sizes
+    ``theory_hparams(clients_per_round, local_steps, num_rounds)`` unless lr, server_lr, beta are given;
+    ``clients_per_round`` is also the number sampled (so ``fraction_train`` does not apply)."""
+    _count("num_rounds", num_rounds)
+    _count("clients_per_round", clients_per_round)
+    if "fraction_train" in strategy:
+        raise ValueError("PAdaMFed samples clients_per_round clients; fraction_train does not apply")
+    cfg = dict(
+        algorithm="padamfed-vr" if variance_reduction else "padamfed",
+        rounds=num_rounds,
+        clients=clients_per_round,
+        holdout_fraction=0.0,
+        clients_per_round=clients_per_round,
+        local_steps=local_steps,
+        lr=lr,
+        server_lr=server_lr,
+        beta=beta,
+    )
+    return cfg, {"clients_per_round": clients_per_round, **strategy}
+
+
+register_rule(PAdaMFedRule())
 DESCRIPTOR = algorithm.register(
     _PAdaMFed(
         "padamfed",
@@ -265,6 +424,16 @@ DESCRIPTOR = algorithm.register(
             Variant("padamfed-vr", "padamfed", options={"variance_reduction": True}),
         ),
         round_outputs=("local_control",),
+        flower=(
+            FlowerName(
+                "PAdaMFedStrategy",
+                {False: "padamfed", True: "padamfed-vr"},
+                choose="variance_reduction",
+                keywords=strategy_keywords,
+                doc="Keywords: num_rounds, clients_per_round (required), local_steps, variance_reduction, "
+                "lr, server_lr, beta (default: the theory step sizes), and the strategy's.",
+            ),
+        ),
         full="controls",
         bench=(
             BenchCase("padamfed", "PAdaMFed beta=0.3, controls", "controls", core=True),

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
 from ..core.ops import SGD
 from ..core.optimizer import FedOptimizer, check_number
-from ..fl.algorithm import Algorithm, Variant
+from ..fl.algorithm import Algorithm, Baseline, Variant
 from ..fl.server_rules import RULES
+
+# the benchmark's rows of torch.optim.SGD: the step a user has today
+TORCH_FUSED = "torch.SGD(fused)"
+TORCH_FOREACH = "torch.SGD(foreach)"
 
 
 class SGDFamily(FedOptimizer):
@@ -57,3 +61,20 @@ class SGDAlgorithm(Algorithm):
     def state_copies(self, cfg: Any, variant: Variant) -> int:
         # momentum buffer, a correction from what the client keeps (SCAFFOLD), FedProx anchor
         return int(cfg.momentum != 0) + int(RULES[variant.server].keeps) + int(variant.prox)
+
+
+def _torch_sgd(flag: str):
+    def build(params: List[torch.Tensor], kwargs: Mapping[str, Any]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, **kwargs, **{flag: True})
+
+    return build
+
+
+def torch_sgd(**kwargs: Any) -> Tuple[Baseline, ...]:
+    """``torch.optim.SGD(fused=True)`` and ``(foreach=True)`` with ``kwargs``: benchmark baselines for a
+    row whose work plain SGD does too (counted at plain SGD's bytes per element)."""
+    traffic = ("sgd", ("momentum_buffer",) if kwargs.get("momentum", 0) else ())
+    return tuple(
+        Baseline(name, _torch_sgd(flag), kwargs=dict(kwargs), traffic=traffic, by_hand=False)
+        for name, flag in ((TORCH_FUSED, "fused"), (TORCH_FOREACH, "foreach"))
+    )

@@ -19,8 +19,18 @@ Layers, lowest first; each imports only from those before it:
 - ``cli/``: the ``fedopt-sim`` command.
 """
 
-from .config import ALGORITHMS, SimConfig
+from typing import Any
+
+from .config import VARIANTS, SimConfig
 from .simulation import Simulation
 from .validate import validate_backend, validate_client_parallel
 
-__all__ = ["ALGORITHMS", "SimConfig", "Simulation", "validate_backend", "validate_client_parallel"]
+__all__ = ["VARIANTS", "SimConfig", "Simulation", "validate_backend", "validate_client_parallel"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ALGORITHMS":  # the earlier name of VARIANTS (deprecated: it holds variants)
+        from . import config
+
+        return config.ALGORITHMS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

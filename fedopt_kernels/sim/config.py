@@ -8,12 +8,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ..fl.algorithm import VARIANTS, Variant
+from ..fl.algorithm import VARIANTS
 from ..fl.config import FLConfig, check_choice, check_integer, check_real
 from .models.build import MODELS, TEXT_MODELS
 
-# the simulator's algorithm names: every registered variant (fedopt_kernels.fl.algorithm)
-ALGORITHMS: Dict[str, Variant] = VARIANTS
+# What ``--algorithm`` names is a *variant* (fedavg, fedprox, scaffold, ... each an algorithm's
+# optimizer on a server rule): every registered one, fedopt_kernels.fl.algorithm.VARIANTS. The
+# algorithms themselves (an optimizer and its descriptor) are fedopt_kernels.fl.algorithm.ALGORITHMS.
 DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "femnist", "mnist", "fmnist", "shakespeare")
 FOLDER_DATASETS = (
     "cifar10",
@@ -28,6 +29,22 @@ PARTITIONS = ("dirichlet", "shards", "iid", "natural", "classes")
 DEVICES = ("auto", "cpu", "cuda")
 
 DIGITS_SIZE = 1797  # samples in scikit-learn's load_digits
+
+
+def default_dataset() -> str:
+    """``fedopt-sim``'s data set when none is named: the digits where scikit-learn (the ``[sim]`` extra)
+    is installed, else the synthetic data, which needs nothing beyond torch."""
+    import importlib.util
+
+    return "digits" if importlib.util.find_spec("sklearn") is not None else "synthetic"
+
+
+def default_model(dataset: str) -> str:
+    """The model a data set runs with unless one is named: mlp for synthetic's vectors, a character GRU
+    for Shakespeare's windows (client-parallel too), the small CNN for the images."""
+    return {"synthetic": "mlp", "shakespeare": "char-gru"}.get(dataset, "cnn")
+
+
 CIFAR_SIZE = 60000  # train + test images, pooled before the partition
 IDX_SIZE = 70000  # MNIST / Fashion-MNIST train + test images
 
@@ -46,7 +63,7 @@ class SimConfig(FLConfig):
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     split: Tuple[float, float, float] = (0.6, 0.2, 0.2)
-    model: str = "cnn"
+    model: str = ""  # "": default_model(dataset), i.e. mlp (synthetic), char-gru (shakespeare), else cnn
     hidden: Optional[int] = None  # mlp / mlp1 hidden width (default 64 / 25); char models: state size
     context: Optional[int] = None  # char-transformer: read the last `context` characters of a window
     finetune_steps: int = 5
@@ -60,11 +77,15 @@ class SimConfig(FLConfig):
     client_parallel: Any = 1  # clients trained at once (vmap); "auto": as many as fit; 1: sequential
     cuda_graph: bool = False  # client-parallel on CUDA: replay each local step from a CUDA graph
 
+    def __post_init__(self) -> None:
+        if not self.model:
+            self.model = default_model(self.dataset)
+
     # ------------------------------------------------------------------ checks
     def validate(self) -> SimConfig:
         """Raise ValueError naming the first parameter that is out of range; return self."""
         choice, integer, number = check_choice, check_integer, check_real
-        choice("algorithm", self.algorithm, ALGORITHMS)
+        choice("algorithm", self.algorithm, VARIANTS)
         choice("dataset", self.dataset, DATASETS)
         choice("model", self.model, MODELS)
         choice("device", self.device, DEVICES)
@@ -178,6 +199,11 @@ class SimConfig(FLConfig):
                 "cuda_graph captures the client-parallel local step: it needs client_parallel "
                 "(--client-parallel N or auto), not the sequential path (client_parallel=1)"
             )
+        if self.cuda_graph and self.algo.closure_step:
+            raise ValueError(
+                f"cuda_graph captures one gradient per local step; algorithm={self.algorithm!r} takes two "
+                f"(its closure computes the second), so it runs client-parallel without --cuda-graph"
+            )
         if self.cuda_graph and self.device == "cpu":
             raise ValueError("cuda_graph needs device='cuda' (CUDA graphs do not exist on the CPU)")
 
@@ -197,3 +223,20 @@ class SimConfig(FLConfig):
         d = dataclasses.asdict(self)
         d["split"] = list(self.split)
         return d
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ALGORITHMS":  # the earlier name of VARIANTS here, which held variants, not algorithms
+        import warnings
+
+        warnings.warn(
+            "fedopt_kernels.sim.config.ALGORITHMS is fedopt_kernels.sim.VARIANTS (variants, not "
+            "algorithms: fedopt_kernels.fl.algorithm.ALGORITHMS holds those)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return VARIANTS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["SimConfig", "VARIANTS", "DATASETS", "PARTITIONS", "DEVICES", "FOLDER_DATASETS", "NATURAL_DATASETS"]

@@ -155,7 +155,7 @@ class Strategy:
         loss = self.loss_and_grad(batch)
         if self.anchor_model is None:
             self.opts.clip()
-            opt.step()
+            self.opts.step(opt, lambda: self.loss_and_grad(batch))  # the closure: FedSAM's second gradient
             return loss
         self.anchor_model.zero_grad(set_to_none=True)
         x, y = batch

@@ -1,4 +1,5 @@
-// The CUDA norm ops' chunk code (csrc/cuda/norm_chunk.cuh, fednar_op.cuh, padamfed_op.cuh), compiled
+// The CUDA norm ops' chunk code (csrc/cuda/norm_chunk.cuh, fednar_op.cuh, padamfed_op.cuh,
+// sam_ascent_op.cuh), compiled
 // for the host with the stand-ins in include/ and run one "thread" at a time: for every thread of
 // a block, the chunk of an unaligned copy of the data (scalar accesses) must give the same float64
 // partial sum, bit for bit, as the chunk of an aligned copy (vector accesses), and both passes
@@ -13,6 +14,7 @@
 #include "fednar_op.cuh"
 #include "norm_chunk.cuh"
 #include "padamfed_op.cuh"
+#include "sam_ascent_op.cuh"
 
 using namespace fo;
 using namespace fo::cuda;
@@ -141,6 +143,20 @@ int main() {
                                      pad_state, padamfed_slot::COUNT);
       ok = ok && check<PadOp, double>(vr ? "padamfed-vr float64" : "padamfed float64", n, pad, pad_present,
                                       pad_state, padamfed_slot::COUNT);
+    }
+    for (int adaptive = 0; adaptive < 2 && ok; ++adaptive) {
+      SamHp sam{};
+      sam.rho = 0.05;
+      sam.eta = 0.01;
+      sam.eps = 1e-12;
+      sam.inv_scale = 0.25;
+      sam.flags = kSamUnscale | (adaptive ? kSamAdaptive : 0);
+      const bool sam_present[sam_ascent_slot::COUNT] = {true, true, true};
+      const bool* sam_state = spec::sam_ascent::kStateSlot;
+      ok = ok && check<SamOp, float>(adaptive ? "asam float32" : "sam float32", n, sam, sam_present, sam_state,
+                                     sam_ascent_slot::COUNT);
+      ok = ok && check<SamOp, double>(adaptive ? "asam float64" : "sam float64", n, sam, sam_present, sam_state,
+                                      sam_ascent_slot::COUNT);
     }
     if (!ok) break;
   }

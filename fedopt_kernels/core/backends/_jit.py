@@ -120,8 +120,14 @@ def cache_folder(ext: str, script: Path, spec) -> Path:
     )
 
 
-def _say(msg: str) -> None:
-    print(f"fedopt_kernels: {msg}", file=sys.stderr, flush=True)
+def _say(msg: str, end: str = "\n") -> None:
+    sys.stdout.flush()  # what was printed before the message stays before it where both streams meet
+    print(f"fedopt_kernels: {msg}", file=sys.stderr, end=end, flush=True)
+
+
+def _end_line(msg: str) -> None:
+    """Finish the line ``_say(..., end="")`` began (the build's one line)."""
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _import(ext: str, library: Path) -> ModuleType:
@@ -244,9 +250,11 @@ def _compile(ext: str, spec, out: Path, cpp_extension) -> ModuleType:
     import torch
 
     backend = _BACKEND[ext]
+    # one line: begun here, ended with the outcome (the compiler prints nothing unless it fails)
     _say(
-        f"building the {backend} backend (fedopt_kernels.{ext}) for torch {torch.__version__} on first use; "
-        f"this takes a minute or two, once (cached in {out}; FEDOPT_JIT_BUILD=0 turns this off) ..."
+        f"building the {backend} backend (fedopt_kernels.{ext}) for torch {torch.__version__} on first use, "
+        f"once (cached in {out}; FEDOPT_JIT_BUILD=0 turns this off) ...",
+        end="",
     )
     if spec.cuda_home:
         # torch found CUDA_HOME when it was imported; point it at the toolkit that matches torch
@@ -276,13 +284,10 @@ def _compile(ext: str, spec, out: Path, cpp_extension) -> ModuleType:
         (out / "build.log").write_text(text + "\n", encoding="utf-8")
         summary = _failure_summary(text)
         (out / "FAILED").write_text(summary + "\n", encoding="utf-8")
-        _say(
-            f"building the {backend} backend failed after {time.perf_counter() - t0:.0f} s: {summary} "
-            f"(log: {out / 'build.log'})"
-        )
+        _end_line(f" failed after {time.perf_counter() - t0:.0f} s: {summary} (log: {out / 'build.log'})")
         raise JitUnavailable(
             f"its on-first-use build failed ({summary}); log: {out / 'build.log'}; delete {out} to try again"
         ) from None
     (out / "OK").write_text(f"built in {time.perf_counter() - t0:.1f} s for torch {torch.__version__}\n")
-    _say(f"built the {backend} backend in {time.perf_counter() - t0:.0f} s")
+    _end_line(f" built in {time.perf_counter() - t0:.0f} s")
     return mod

@@ -1,5 +1,5 @@
 """Glue shared by the compiled backends (``cpu`` and ``cuda``): load an extension module with a
-helpful error, and register its ops, one generic wrapper per op of ``_ops.OPS``."""
+helpful error, and register its ops, one generic wrapper per op of ``ops.OPS``."""
 
 from __future__ import annotations
 

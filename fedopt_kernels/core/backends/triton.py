@@ -1,4 +1,4 @@
-"""The ``triton`` backend: fused multi-tensor Triton kernels for every op of ``_ops.OPS``.
+"""The ``triton`` backend: fused multi-tensor Triton kernels for every op of ``ops.OPS``.
 
 Runs on CUDA tensors; on CPU tensors only under ``TRITON_INTERPRET=1`` (the Triton interpreter,
 which is how the tests check the kernels on machines without a GPU). The kernels live in
@@ -41,15 +41,20 @@ from ..replay import HISTORY
 
 
 def _import_kernels():
-    """``fedopt_kernels.triton_kernels``; from a source checkout without install, load the top-level
-    ``triton_kernels/`` folder under that name."""
+    """``fedopt_kernels.triton_kernels``: in a source checkout (``setup.py`` beside the package), the
+    checkout's own top-level ``triton_kernels/`` folder, loaded under that name, so that a checkout
+    runs its own kernels even where another checkout of the package is installed in editable mode;
+    else the installed kernels."""
     name = "fedopt_kernels.triton_kernels"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-    folder = Path(__file__).resolve().parents[3] / "triton_kernels"
+    top = Path(__file__).resolve().parents[3]
+    folder = top / "triton_kernels"
+    checkout = (top / "setup.py").is_file() and (folder / "launcher.py").is_file()
+    if not checkout or name in sys.modules:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
     spec = importlib.util.spec_from_file_location(
         name, folder / "__init__.py", submodule_search_locations=[str(folder)]
     )
@@ -124,8 +129,13 @@ def _roles(a: OpArgs):
     return [{short[name]: ts for name, ts in b.tensors.items()} for b in batches], [b.index for b in batches]
 
 
-def _per_step_ptrs(a: OpArgs, per_step: List[str]) -> tuple:
-    ptrs = tuple(t.data_ptr() for name in per_step for t in a.lists[name])
+def _per_step_ptrs(a: OpArgs, per_step: List[str], grad_set: Optional[int]) -> tuple:
+    """The addresses of the tensors that may change between an optimizer's steps. ``grad_set``: the
+    optimizer's id of the gradients' address set (core/grad_watch.py), which stands for theirs."""
+    if grad_set is None:
+        ptrs: tuple = tuple([t.data_ptr() for name in per_step for t in a.lists[name]])
+    else:
+        ptrs = (grad_set,) + tuple([t.data_ptr() for name in per_step[1:] for t in a.lists[name]])
     # batched: the FRESH bits are in the plan too (they change with the round, the tensors may not)
     return (ptrs, tuple(a.present)) if a.spec.batched else ptrs
 
@@ -138,9 +148,11 @@ def _per_step_layout(a: OpArgs, per_step: List[str]) -> tuple:
 
 
 # plans an optimizer keeps for the address sets of its per-step tensors (gradients): the caching
-# allocator often hands a loop's gradients a few sets in turn, and a step replay records (a key
-# among the last HISTORY eager steps') must find its plan here, never build one while capturing
-MOVED_PLANS = HISTORY
+# allocator may hand a loop's gradients a few sets in turn, and a step replay records (a key among
+# the last HISTORY eager steps' of this plan) must find its plan here, never build one while
+# capturing. Since such a key's eager step, at most HISTORY - 1 other eager steps and as many
+# recordings have called the backend, each maybe with other addresses: 2 * HISTORY covers them.
+MOVED_PLANS = 2 * HISTORY
 
 
 class _OpRoles(NamedTuple):
@@ -171,7 +183,7 @@ def _op_roles(op: str) -> _OpRoles:
 def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
     spec = a.spec
     names, written, scale_role, per_step, moving = _op_roles(spec.name)
-    ptrs = _per_step_ptrs(a, per_step) if cache is not None else None
+    ptrs = _per_step_ptrs(a, per_step, cache.get("grad_set")) if cache is not None else None
     if cache is not None and "plan" in cache:
         if cache["ptrs"] == ptrs:
             return cache["plan"]
@@ -214,9 +226,28 @@ def _stage_roles(a: OpArgs, plan, cache):
     return _roles(a)[0]
 
 
+def _step_key(a: OpArgs, hp: torch.Tensor, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> tuple:
+    """What a step's launches take besides their plan's tensors (``launcher.launch``): addresses of
+    the step's own tensors, the scalars, and the flags that pick a kernel variant."""
+    return (
+        hp.data_ptr(),
+        a.k.data_ptr(),
+        a.k.numel(),
+        a.table.data_ptr(),
+        a.table.numel(),
+        a.decay_every,
+        amp["scale"].data_ptr(),
+        amp["found"].data_ptr(),
+        amp["UNSCALE"],
+        amp["SKIPPABLE"],
+        None if active is None else active.data_ptr(),
+    )
+
+
 def _op(name: str, launch_all):
     """Register ``name``'s Triton implementation: parse, plan, stage what the plan stages, run
-    ``launch_all(args, plan, amp, active)`` (every launch of the step, k += 1 included), unstage."""
+    ``launch_all(args, plan, hp, amp, active, step_key)`` (every launch of the step, k += 1
+    included), unstage."""
 
     def step(*args, cache=None) -> None:
         # an optimizer's cache belongs to one step plan: its structure was checked at the first call
@@ -229,7 +260,8 @@ def _op(name: str, launch_all):
             roles = _stage_roles(a, plan, cache)
             if roles is not None:
                 plan.stage_in(roles)
-            launch_all(a, plan, _amp(a), active)
+            hp, amp = _hp(a), _amp(a)
+            launch_all(a, plan, hp, amp, active, _step_key(a, hp, amp, active))
             if roles is not None:
                 plan.stage_out(roles)
 
@@ -242,19 +274,22 @@ def _one_pass_launches(kernels):
     launch of the plan, then k += 1 (per active client) on the device. The batched op is the same
     kernel over client slices."""
 
-    def launch_all(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
-        hp = _hp(a)
+    def launch_all(
+        a: OpArgs, plan, hp: torch.Tensor, amp: Dict[str, Any], active: Optional[torch.Tensor], step_key: tuple
+    ) -> None:
         for lau in plan.launches:
-            kernels.launch(lau, a.k, a.table, a.decay_every, hp, amp, active)
-        _two_pass.advance(a.k, amp, active)
+            kernels.launch(lau, a.k, a.table, a.decay_every, hp, amp, active, step_key)
+        _two_pass.advance(a.k, amp, active, plan.bound, step_key)
 
     return launch_all
 
 
-def _norm_launches(a: OpArgs, plan, amp: Dict[str, Any], active: Optional[torch.Tensor]) -> None:
+def _norm_launches(
+    a: OpArgs, plan, hp: torch.Tensor, amp: Dict[str, Any], active: Optional[torch.Tensor], step_key: tuple
+) -> None:
     """A norm op (``fednar``/``padamfed``) and its batched form: norm pass, (batched: per-client
     finalize), update pass, through the two-pass driver."""
-    _two_pass.launch(a.spec.base or a.spec.name, plan, _hp(a), a.k, amp, active)
+    _two_pass.launch(a.spec.base or a.spec.name, plan, hp, a.k, amp, active, step_key)
 
 
 def _launches_of(spec) -> Any:

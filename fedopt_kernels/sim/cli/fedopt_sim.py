@@ -3,7 +3,8 @@
 Examples::
 
     fedopt-sim --algorithm feddecay --beta 0.5 --rounds 50 --seeds 0 1 2
-    fedopt-sim --algorithm scaffold --partition shards --clients 20 --out runs/scaffold
+    fedopt-sim --algorithm scaffold --partition shards --clients 20 --out sim_runs/scaffold
+    fedopt-sim --algorithm fedsam --sam-rho 0.1 --momentum 0.9 --rounds 20
     fedopt-sim --algorithm fednar --rounds 5 --validate cpu
     fedopt-sim --algorithm fednar-scaffold --clients 20 --rounds 5 --validate auto
     fedopt-sim --algorithm fednar --clients 100 --sample-rate 0.5 --client-parallel auto
@@ -25,7 +26,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ...fl.config import algorithm_settings
-from ..config import ALGORITHMS, DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, SimConfig
+from ..config import DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, VARIANTS, SimConfig, default_dataset
 from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
@@ -57,7 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"scikit-learn digits, FedProx Synthetic(alpha, beta); {_folder_datasets()} from --data-dir).",
     )
     g = p.add_argument_group("algorithm")
-    g.add_argument("--algorithm", default=d.algorithm, help=f"one of: {', '.join(ALGORITHMS)} (default %(default)s)")
+    g.add_argument(
+        "--algorithm",
+        default=d.algorithm,
+        metavar="NAME",
+        help=f"the FL algorithm, one of: {', '.join(VARIANTS)} (default %(default)s)",
+    )
     for f in algorithm_settings(SimConfig):  # the algorithms' own settings, declared with their fields
         kind = f.metadata["type"]
         g.add_argument(
@@ -68,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
             **({"choices": f.metadata["choices"]} if f.metadata["choices"] else {}),
         )
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
+    g.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        help=f"default {d.dataset} (scikit-learn's digits; synthetic, FedProx's Synthetic(1, 1), where "
+        f"scikit-learn is not installed)",
+    )
     g.add_argument(
         "--partition",
         choices=PARTITIONS,
@@ -119,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--split", type=float, nargs=3, default=list(d.split), metavar=("TRAIN", "VAL", "TEST"))
     g = p.add_argument_group("training")
-    g.add_argument("--model", default=d.model, choices=MODELS)
+    g.add_argument(
+        "--model", choices=MODELS, help="default: mlp for synthetic, char-gru for shakespeare, cnn for the images"
+    )
     g.add_argument(
         "--hidden",
         type=int,
@@ -150,9 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--client-parallel",
         default="1",
         metavar="N|auto",
-        help="train N sampled clients of a round at once (torch.func.vmap + the client-batched "
-        "optimizers; same seeds and batches as one after another); auto: as many as fit in "
-        "memory; default 1: one after another (docs/client_batched.md)",
+        help="train N sampled clients of a round at once, as one client-batched step "
+        "(torch.func.vmap + fedopt_kernels.batched, the ops' _batched forms) with the same seeds and "
+        "batches as one after another: it agrees with the sequential run to rounding, ~1e-16 "
+        "relative in float64, and in float32 within --validate sequential's 1 pp accuracy check (not "
+        "bitwise); auto: as many as fit in memory; default 1: one after another "
+        "(docs/client_batched.md)",
     )
     g.add_argument(
         "--cuda-graph",
@@ -165,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="torch CPU threads (default 1, also with --client-parallel: more pay only on cores no "
-        'other process uses, for large client-parallel rounds; README, "Client-batched training")',
+        'other process uses, for large client-parallel rounds; docs/benchmarks.md, "Client-batched training on a CPU")',
     )
     g.add_argument(
         "--out",
@@ -225,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
     return SimConfig(
         algorithm=args.algorithm,
-        dataset=args.dataset,
+        dataset=args.dataset or default_dataset(),
         partition=args.partition,
         dirichlet_alpha=args.dirichlet_alpha,
         shards_per_client=args.shards_per_client,
@@ -234,7 +250,7 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         clients=SimConfig.clients if args.clients is None else args.clients,
         holdout_fraction=args.holdout_fraction,
         split=tuple(args.split),
-        model=args.model,
+        model=args.model or "",
         hidden=args.hidden,
         context=args.context,
         rounds=args.rounds,
@@ -354,7 +370,8 @@ def _prepare_environment(args: argparse.Namespace) -> None:
         raise ValueError(f"threads must be >= 1, got {args.threads}")
     # One thread unless --threads asks for more, on both paths and in evaluation: torch's threads
     # wait for each other at every operator, so another process taking a core made 2-thread
-    # client-parallel runs several times slower than sequential ones (README, "Client-batched training")
+    # client-parallel runs several times slower than sequential ones (docs/benchmarks.md,
+    # "Client-batched training on a CPU")
     torch.set_num_threads(1 if args.threads is None else args.threads)
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     for name in ("backend", "validate"):
@@ -385,6 +402,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         sim = Simulation(cfg, checkpoint_dir=folders[cfg.seed], checkpoint_every=max(args.checkpoint_every, 1))
         if args.resume:
             _resume_seed(sim, args.quiet)
+        _say_parallel(sim)
         bar = _progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
         bar.update(len(sim.history))
 
@@ -399,8 +417,10 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             write_csv(out_dir / f"metrics_seed{cfg.seed}.csv", result["history"])
         # kept under --quiet, which hides only the progress bar: the time is part of the result
         par = f", {sim.batched.size} clients at once" if sim.batched is not None else ""
+        ran = cfg.rounds - result["resumed_from_round"]  # this process's rounds, not the checkpoint's
+        which = f" ({result['resumed_from_round'] + 1}-{cfg.rounds}, resumed)" if result["resumed_from_round"] else ""
         print(
-            f"seed {cfg.seed}: {cfg.rounds} rounds in {result['train_seconds']:.1f} s "
+            f"seed {cfg.seed}: {ran} round{'s' * (ran != 1)}{which} in {result['train_seconds']:.1f} s "
             f"(backend {result['backend']}, device {result['device']}{par})",
             file=sys.stderr,
         )
@@ -422,6 +442,21 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
 
             print(f"note: curves.png not drawn: matplotlib is not installed ({hint('matplotlib')})")
     return 0
+
+
+def _say_parallel(sim: Any) -> None:
+    """Say so when ``--client-parallel N`` trains another number of clients at once than N (fewer are
+    sampled per round, or the sampled ones split into equal chunks)."""
+    n, batched = sim.cfg.client_parallel, sim.batched
+    if batched is None or n == "auto" or batched.size == n:
+        return
+    S = sim.cfg.sampled_per_round
+    chunks = -(-S // batched.size)
+    how = f"all {S} sampled clients" if chunks == 1 else f"the {S} sampled clients in {chunks} equal chunks"
+    print(
+        f"seed {sim.cfg.seed}: --client-parallel {n} trains {batched.size} clients at once ({how} of a round)",
+        file=sys.stderr,
+    )
 
 
 def _resume_seed(sim: Any, quiet: bool) -> None:
@@ -467,6 +502,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ValueError(f"{name} must be >= 0, got {v}")
         if len(set(args.seeds)) != len(args.seeds):
             raise ValueError(f"seeds must be distinct, got {args.seeds}")
+        if args.dataset is None:
+            args.dataset = default_dataset()
+            if args.dataset != SimConfig.dataset:  # scikit-learn's digits are not there: say what runs instead
+                from ...core.extras import hint
+
+                print(
+                    f"fedopt-sim: dataset {args.dataset} (the default, digits, needs scikit-learn: {hint('sklearn')})",
+                    file=sys.stderr,
+                )
         resolve_writer_fraction(args)
         configs = [config_from_args(args, s) for s in args.seeds]
         _prepare_environment(args)

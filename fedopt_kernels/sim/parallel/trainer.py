@@ -8,6 +8,9 @@ client-batched optimizer over them (``fedopt_kernels.batched``). A local step of
     H_c         = grad of the same batch at the round's starting model           (PAdaMFed-VR only)
     optimizer.step(anchor_grads=H, active=mask)                                   (one op for all clients)
 
+A step that takes two gradients (FedSAM's) gets a closure that computes them again, at the
+parameters as the step's first part left them (the views share the stacked parameters' storage).
+
 ``step_graph.StepGraph`` replays that step from a CUDA graph instead (``graph="cuda"``).
 """
 
@@ -51,7 +54,8 @@ class BatchedTrainer:
 
     ``make_optimizer(stacked_params)`` builds the client-batched optimizer; ``clip_norm``: clip each
     client's gradient first; ``anchor``: pass PAdaMFed-VR anchor gradients; ``graph``: None (eager),
-    ``"cuda"`` (CUDA-graph replay) or ``"emulate"`` (the same bookkeeping without CUDA, for tests).
+    ``"cuda"`` (CUDA-graph replay) or ``"emulate"`` (the same bookkeeping without CUDA, for tests);
+    ``closure_step``: hand the step a closure for its second gradients (FedSAM).
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class BatchedTrainer:
         clip_norm: Optional[float] = None,
         anchor: bool = False,
         graph: Optional[str] = None,
+        closure_step: bool = False,
     ):
         if clients < 1:
             raise ValueError(f"clients must be >= 1, got {clients}")
@@ -72,6 +77,7 @@ class BatchedTrainer:
         self.steps = steps
         self.clip_norm = clip_norm
         self.anchor = anchor
+        self.closure_step = closure_step  # a step takes two gradients (Algorithm.closure_step)
         self.stacked = [
             nn.Parameter(p.detach().unsqueeze(0).repeat(clients, *([1] * p.dim())).contiguous()) for p in like
         ]
@@ -118,8 +124,14 @@ class BatchedTrainer:
         for p, g in zip(self.stacked, grads):
             p.grad = g
         kwargs: Dict[str, Any] = {"anchor_grads": list(anchors)} if anchors is not None else {}
+        if self.closure_step:  # FedSAM: the second gradients, at the parameters the step moved to
+            kwargs["closure"] = lambda: self._set_grads(self.gradients(x, y, w, anchor_x)[0])
         self.opt.step(active=active, **kwargs)
         return loss
+
+    def _set_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        for p, g in zip(self.stacked, grads):
+            p.grad = g
 
     def run(
         self,

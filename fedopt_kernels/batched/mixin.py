@@ -195,6 +195,22 @@ class ClientBatched(FedOptimizer):
     def _active_for(self, device: torch.device) -> Optional[torch.Tensor]:
         return self._active
 
+    def check_active(self, active: Any) -> Optional[torch.Tensor]:
+        """``active`` as the batched ops take it: a bool tensor ``[C]`` on the parameters' device (or None)."""
+        if active is None:
+            return None
+        if not isinstance(active, torch.Tensor):
+            active = torch.tensor(list(active))
+        if active.shape != (self.num_clients,) or active.dtype != torch.bool:
+            raise ValueError(
+                f"active must be a bool tensor of shape ({self.num_clients},) (one flag per "
+                f"client), got {active.dtype} {tuple(active.shape)}"
+            )
+        device = self._params_flat[0].device
+        if active.device != device:
+            active = active.to(device, non_blocking=True)
+        return active
+
     @torch.no_grad()
     def step(self, closure=None, *, active: Any = None, **step_inputs: Any):
         """One local step of every active client (``active``: C bools, default all).
@@ -207,17 +223,7 @@ class ClientBatched(FedOptimizer):
                 "torch.compile of a client-batched step is not supported; capture the batched "
                 "step in a CUDA graph instead (its steps never synchronise with the host)"
             )
-        if active is not None:
-            if not isinstance(active, torch.Tensor):
-                active = torch.tensor(list(active))
-            if active.shape != (self.num_clients,) or active.dtype != torch.bool:
-                raise ValueError(
-                    f"active must be a bool tensor of shape ({self.num_clients},) (one flag per "
-                    f"client), got {active.dtype} {tuple(active.shape)}"
-                )
-            device = self._params_flat[0].device
-            if active.device != device:
-                active = active.to(device, non_blocking=True)
+        active = self.check_active(active)
         self._active = active
         try:
             # not super().step: torch wraps each instantiated class's step with the hooks, so the

@@ -1,0 +1,171 @@
+"""``python -m bench host``: the host side of a step, measured on any machine (no GPU needed).
+
+Two figures that decide a GPU step's host time, each over ``--tensors`` one-element (replay) or
+small-CNN-like (triton) parameters:
+
+* a **replayed step** (``replay``): the optimizer's whole path to a replay, on CPU tensors with the
+  cpu backend, the recording replaced by a stand-in graph that replays nothing. Besides the host
+  time: the Python function calls and the tensor accesses from Python (``p.grad``, ``data_ptr()``,
+  counted with a ``TorchFunctionMode``) of one replayed step; flat in the tensor count when the key is
+  checked without walking the tensors.
+* an **eager triton step** (``triton``): the backend's Python side with every kernel launch stubbed
+  out (under ``TRITON_INTERPRET=1``), with the gradients in place and with two gradient sets in
+  turn; the stub stands for a compiled kernel, so bound launches are taken as on a GPU (triton's
+  own launch path, which they skip, is not measured here).
+
+Medians of 7 blocks; the machine's load moves them, so compare runs interleaved (``farm-bench``).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+SMALL = [(64, 1, 3, 3), (64,), (128, 64, 3, 3), (128,), (10, 512), (10,)]
+
+
+def _median_us(step: Callable[[], None], reps: int) -> float:
+    blocks = []
+    gc.disable()
+    try:
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                step()
+            blocks.append((time.perf_counter() - t0) / reps * 1e6)
+    finally:
+        gc.enable()
+    return statistics.median(blocks)
+
+
+def _optimizer(algo: str, params: List[torch.Tensor], backend: str, replay: bool) -> Any:
+    import fedopt_kernels as fk
+
+    if algo == "FedDecaySGD":
+        return fk.FedDecaySGD(params, lr=0.05, beta=1.0, momentum=0.9, weight_decay=5e-4, backend=backend,
+                              replay=replay)
+    return fk.FedNAR(params, lr=0.05, weight_decay=5e-4, max_norm=1.0, backend=backend, replay=replay)
+
+
+def replayed_step(algo: str, n: int, reps: int) -> Dict[str, Any]:
+    from torch.overrides import TorchFunctionMode
+
+    from fedopt_kernels.core import replay as _replay
+
+    class Null:
+        def replay(self) -> None:
+            pass
+
+    class Accesses(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Accesses.n += 1
+            return func(*args, **(kwargs or {}))
+
+    saved = (_replay.DEVICE_TYPES, _replay.BACKENDS, _replay.StepReplay._record)
+    _replay.DEVICE_TYPES, _replay.BACKENDS = ("cuda", "cpu"), ("cuda", "triton", "cpu")
+    _replay.StepReplay._record = lambda self, device, run: Null()  # type: ignore[method-assign]
+    try:
+        params = [torch.nn.Parameter(torch.randn(1)) for _ in range(n)]
+        opt = _optimizer(algo, params, "cpu", replay=True)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        for _ in range(5):
+            opt.step()
+        calls = [0]
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            calls[0] += event == "call"
+
+        sys.setprofile(count)
+        opt.step()
+        sys.setprofile(None)
+        Accesses.n = 0
+        with Accesses():
+            opt.step()
+        replayed = opt.replay_stats()["replayed"]
+        us = _median_us(opt.step, reps)
+        # (FedDecaySGD's schedule table grows after 1024 steps: a new table, one eager and one recorded step)
+        assert opt.replay_stats()["replayed"] - replayed >= 0.99 * 7 * reps, "the timed steps did not replay"
+    finally:
+        _replay.DEVICE_TYPES, _replay.BACKENDS, _replay.StepReplay._record = saved
+    return {"python_calls": calls[0], "tensor_accesses": Accesses.n, "host_us": us}
+
+
+def eager_triton_step(algo: str, n: int, reps: int) -> Dict[str, float]:
+    import fedopt_kernels.core.backends.triton  # noqa: F401 - loads this checkout's kernels first
+    from fedopt_kernels.triton_kernels import launcher, sgd, two_pass
+
+    class Compiled:  # what a compiled launch returns
+        function, packed_metadata = 0, None
+
+        def run(self, *args: Any) -> None:
+            pass
+
+    class Stub:
+        def __init__(self, real: Any):
+            self.arg_names = real.arg_names
+
+        def __getitem__(self, grid: Any) -> Callable[..., Any]:
+            return lambda *args, **kwargs: Compiled()
+
+    names = [(sgd, "sgd_kernel"), (two_pass, "norm_kernel"), (two_pass, "update_kernel"),
+             (two_pass, "advance_kernel"), (two_pass, "finalize_kernel")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name in names]
+    saved_stream = launcher._stream
+    for mod, name, real in saved:
+        setattr(mod, name, Stub(real))
+    launcher._stream = lambda: 0  # no driver here
+    try:
+        params = [torch.nn.Parameter(torch.randn(SMALL[i % len(SMALL)])) for i in range(n)]
+        opt = _optimizer(algo, params, "triton", replay=False)
+        sets = [[torch.randn_like(p) for p in params] for _ in range(2)]
+        for p, g in zip(params, sets[0]):
+            p.grad = g
+        for _ in range(3):
+            opt.step()
+        in_place = _median_us(opt.step, reps)
+        turn = [0]
+
+        def moving() -> None:
+            turn[0] ^= 1
+            for p, g in zip(params, sets[turn[0]]):
+                p.grad = g
+            opt.step()
+
+        two_sets = _median_us(moving, reps)
+    finally:
+        for mod, name, real in saved:
+            setattr(mod, name, real)
+        launcher._stream = saved_stream
+    return {"in_place_us": in_place, "two_sets_us": two_sets}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench host", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--what", nargs="+", choices=["replay", "triton"], default=["replay", "triton"])
+    ap.add_argument("--tensors", nargs="+", type=int, default=[6, 62])
+    ap.add_argument("--reps", type=int, default=1000, help="steps per timed block (7 blocks)")
+    args = ap.parse_args(argv)
+    if "triton" in args.what:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+    print(f"host side of a step; torch {torch.__version__}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
+    for algo in ("FedDecaySGD", "FedNAR"):
+        for n in args.tensors:
+            if "replay" in args.what:
+                r = replayed_step(algo, n, args.reps)
+                print(f"{algo:11s} n={n:4d}  replayed step: {r['host_us']:7.2f} us, {r['python_calls']} Python calls, "
+                      f"{r['tensor_accesses']} tensor accesses from Python")
+            if "triton" in args.what:
+                t = eager_triton_step(algo, n, max(1, args.reps // 4))
+                print(f"{algo:11s} n={n:4d}  eager triton step, launches stubbed: {t['in_place_us']:7.2f} us "
+                      f"(gradients in place), {t['two_sets_us']:7.2f} us (two gradient sets in turn)")
+    return 0

@@ -1,0 +1,482 @@
+"""FedSAM: sharpness-aware local steps (docs/algorithms.md), an ascent op and the ``sgd`` op's descent.
+
+Everything the package knows about FedSAM is here: the optimizer and its client-batched form, the
+run settings (``sam_rho``, ``sam_eta``), the variants on FedAvg and SCAFFOLD (and ASAM's adaptive
+form), the Flower strategy names, the benchmark row and the plain two-pass SAM a user would write
+instead. A step has two gradients, so its descriptor's ``local_step`` hands the step a closure that
+computes the second one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+import torch
+
+from ..batched.mixin import ClientBatched
+from ..core import dtensor as _dtensor
+from ..core import step_op as _step_op
+from ..core.ops import BATCHED, SAM_ASCENT
+from ..core.optimizer import ROUND_KEY, check_number, round_entry
+from ..core.plan import HpCache, StepPlan
+from ..core.plan_inputs import GroupInputs, Member, PlanInputs
+from ..fl import algorithm
+from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
+from .sgd import SGDAlgorithm, SGDFamily
+
+_SAVED = "saved_x"  # per-parameter state: x before the ascent, restored bit for bit by the descent
+_TWO_STEPS = (
+    "FedSAM takes two gradients per step: call step(closure), whose closure re-evaluates the loss and "
+    "calls backward at the perturbed parameters, or first_step(), your forward and backward, then "
+    "second_step()"
+)
+
+
+class FedSAM(SGDFamily):
+    r"""Sharpness-aware local steps: an ascent to x + e, then SGD with the gradient there (FedSAM, FedASAM).
+
+    From "Improving Generalization in Federated Learning by Seeking Flat Minima" (Debora Caldarola,
+    Barbara Caputo, Marco Ciccone; ECCV 2022) and "Generalized Federated Learning via Sharpness Aware
+    Minimization" (Zhe Qu, Xingyu Li, Rui Duan, Yao Liu, Bo Tang, Zhuo Lu; ICML 2022): the clients of
+    FedAvg (or SCAFFOLD, FedProx) minimise with SAM (Foret et al., ICLR 2021; ASAM: Kwon et al.,
+    ICML 2021). With ``g`` the gradient at ``x``::
+
+        first step:   w = |x| + eta (adaptive) or 1
+                      e = rho * w^2 * g / (||w * g|| + eps)      (global norm, squares summed in float64)
+                      saved = x;  x += e
+        (the gradient g' is computed again at x + e)
+        second step:  x = saved (bit for bit), then torch.optim.SGD's step with g'
+                      (momentum, dampening, nesterov, weight_decay) plus the SCAFFOLD ``correction``
+                      and ``prox_mu * (x - x0)`` (FedProx)
+
+    ``rho = 0`` is that SGD step. Use it as torch users use SAM: ``step(closure)`` after the first
+    backward, with a closure that clears the gradients, re-evaluates the loss and calls backward
+    (it returns the loss of the perturbed model); or ``first_step()``, forward and backward,
+    ``second_step()``. ``step()`` without a closure raises. The saved ``x`` is optimizer state
+    (``"saved_x"``, with whether a second step is pending): a ``state_dict`` taken between the two
+    steps continues there.
+
+    Args:
+        params: parameters or param groups.
+        lr: learning rate of the descent (read from each param group at every step).
+        rho: radius of the ascent (>= 0; per param group).
+        adaptive: ASAM's scale-invariant ascent, ``w = |x| + eta``.
+        eta: ASAM's ``eta`` (>= 0).
+        momentum, dampening, nesterov, weight_decay: as ``torch.optim.SGD``.
+        eps: added to the norm (>= 0).
+        prox_mu: FedProx coefficient (anchor taken at ``start_round``).
+        backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
+        replay: record the descent on a GPU in a CUDA graph (docs/replay.md); None: on unless
+            ``FEDOPT_REPLAY=0``.
+    """
+
+    _state_keys: Tuple[str, ...] = SGDFamily._state_keys + (_SAVED,)
+    # GradScaler.step calls step() without a closure: unscale_ by hand, then first_step / second_step
+    _step_supports_amp_scaling = False
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        rho: float = 0.05,
+        adaptive: bool = False,
+        eta: float = 0.01,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        eps: float = 1e-12,
+        prox_mu: float = 0.0,
+        backend: str = "auto",
+        replay: Optional[bool] = None,
+    ):
+        self._pending: Optional[List[int]] = None  # flat indexes the last first_step() moved
+        self._ascent: Optional[StepPlan] = None
+        self._ascent_hp = HpCache()
+        self._ascent_k: Dict[torch.device, torch.Tensor] = {}  # the ascent op's own (unread) counter
+        defaults = dict(
+            lr=lr,
+            rho=rho,
+            adaptive=adaptive,
+            eta=eta,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            eps=eps,
+            prox_mu=prox_mu,
+        )
+        super().__init__(params, defaults, backend, replay)
+        self._sam_handles = self._register_steps()
+
+    def _register_steps(self) -> Tuple[int, int]:
+        """Handles of the two steps as ``fedopt::optimizer_step`` runs them (what torch.compile sees)."""
+        return _step_op.register(self._first_op), _step_op.register(self._second_op)
+
+    def _first_op(self, params: Any, step_inputs: Any, grad_scale: Any, found_inf: Any) -> None:
+        self.first_step()
+
+    def _second_op(self, params: Any, step_inputs: Any, grad_scale: Any, found_inf: Any) -> None:
+        self.second_step()
+
+    def _as_op(self, which: int) -> None:
+        """Under torch.compile a step is one opaque op (core/step_op.py) whose body is the eager step."""
+        params = self._params_flat
+        _step_op.OP(params, [p.grad for p in params], [], None, None, self._sam_handles[which])
+
+    # ---------------------------------------------------------------- hyperparameters
+    def _validate_group(self, group: Dict[str, Any]) -> None:
+        super()._validate_group(group)
+        check_number("rho", group["rho"], low=0.0)
+        check_number("eta", group["eta"], low=0.0)
+        check_number("eps", group["eps"], low=0.0)
+        if not isinstance(group["adaptive"], bool):
+            raise TypeError(f"adaptive must be True or False, got {group['adaptive']!r}")
+
+    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
+        # the sgd op's columns; FedSAM has no maximize
+        return [0.0 if name == "maximize" else float(group[name]) for name in self._spec.hps]
+
+    @staticmethod
+    def ascent_row(group: Dict[str, Any]) -> Tuple[float, ...]:
+        """A group's row of the ascent op's hp (``rho, eta, eps, adaptive``)."""
+        return (float(group["rho"]), float(group["eta"]), float(group["eps"]), 1.0 if group["adaptive"] else 0.0)
+
+    # ---------------------------------------------------------------- rounds
+    def start_round(self, **kwargs: Any) -> None:
+        """Begin a round (docs/algorithms.md); a first step without its second one is forgotten
+        (the caller loads the new global model into the parameters)."""
+        super().start_round(**kwargs)
+        self._pending = None
+
+    # ---------------------------------------------------------------- the two steps
+    @torch.no_grad()
+    def first_step(self, **step_inputs: Any) -> None:
+        """The ascent: ``saved = x; x += e`` for every parameter with a gradient (its gradient at x).
+
+        Under ``torch.compile`` (``torch.compile(opt.first_step)``) it is one opaque op, as ``step()``
+        is for the other optimizers: compiled and eager steps compute the same bits."""
+        if torch.compiler.is_compiling() and not step_inputs:
+            return self._as_op(0)
+        if self._pending is not None:
+            raise RuntimeError(
+                "first_step() was called twice without second_step(): the parameters hold x + e; call "
+                "second_step() (after the backward at x + e) first"
+            )
+        if self._t < 0:
+            self.start_round()
+        active = self._take_active(step_inputs)
+        plan = self._ascent
+        if plan is None or plan.still_valid(self.param_groups) is not True:
+            plan = self._ascent = None
+            plan = self._ascent = self._plan_cls(self._ascent_inputs())
+        if plan.params:
+            device = plan.device
+            k = self._ascent_k.get(device)
+            if k is None:
+                k = self._ascent_k[device] = torch.zeros(self._clients() or 1, dtype=torch.int32, device=device)
+            args = (
+                plan.params,
+                plan.current_grads(),
+                plan.lists[_SAVED],
+                plan.batch,
+                plan.present,
+                plan.hp,
+                k,
+                self._one(device),
+                1,
+                None,
+                None,
+                *((active,) if self._clients() is not None else ()),
+                plan.backend,
+            )
+            plan.fn(*args, cache=plan.cache)
+        self._pending = list(plan.order)
+
+    @torch.no_grad()
+    def second_step(self) -> None:
+        """The descent: every parameter the first step moved back to its saved ``x`` (bit for bit),
+        then the SGD step with the gradients now in ``p.grad`` (those at ``x + e``). Compiled like
+        ``first_step``."""
+        if torch.compiler.is_compiling():
+            return self._as_op(1)
+        if self._pending is None:
+            raise RuntimeError("second_step() without first_step(): " + _TWO_STEPS)
+        self._restore(self._pending)
+        self._pending = None
+        self._descend()
+
+    def step(self, closure: Optional[Callable[[], Any]] = None, **step_inputs: Any) -> Any:
+        """One SAM step: ``first_step()``, ``closure()`` (loss and gradients at ``x + e``),
+        ``second_step()``; returns the closure's loss."""
+        return self._sam_step(closure, step_inputs)
+
+    def _sam_step(self, closure: Optional[Callable[[], Any]], step_inputs: Dict[str, Any]) -> Any:
+        # not FedSAM.step from the batched form: torch wraps each instantiated class's step with the
+        # hooks, so both would run them
+        if closure is None:
+            raise RuntimeError(f"{type(self).__name__}.step() needs a closure. " + _TWO_STEPS)
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                "torch.compile of FedSAM's step(closure) is not supported (its closure runs a forward "
+                "and a backward): compile opt.first_step and opt.second_step and call your forward and "
+                "backward between them"
+            )
+        self.first_step(**step_inputs)
+        with torch.enable_grad():
+            loss = closure()
+        self.second_step()
+        return loss
+
+    # ---------------------------------------------------------------- what the steps do
+    def _take_active(self, step_inputs: Dict[str, Any]) -> Optional[torch.Tensor]:
+        if step_inputs:
+            raise TypeError(f"{type(self).__name__} steps take no {sorted(step_inputs)}")
+        return None
+
+    def _ascent_inputs(self) -> PlanInputs:
+        """The ascent's plan inputs, gathered like the descent's (``_plan_inputs``): each parameter
+        with a gradient, its saved-x tensor (made on first use) and its group's ascent row."""
+        groups = []
+        C = self._clients()
+        for group in self.param_groups:
+            self._validate_group(group)
+            keys = tuple(k for k in group if k != "params")
+            row = self.ascent_row(group)
+            groups.append(GroupInputs(group, keys, tuple(group[k] for k in keys), (), (row,) * (C or 1)))
+        members, device, idx = [], None, -1
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                idx += 1
+                if p.grad is None:
+                    continue
+                self._check_grad(p, p.grad, idx)
+                if device is None:
+                    device = p.device
+                elif p.device != device:
+                    raise RuntimeError(f"{self._name_of(idx)} is on {p.device} but other parameters are on {device}")
+                st = self.state[p]
+                saved = st.get(_SAVED)
+                if saved is None or saved.shape != p.shape or saved.dtype != p.dtype or saved.device != p.device:
+                    saved = st[_SAVED] = torch.empty_like(p, memory_format=torch.preserve_format)
+                members.append(Member(idx, gi, {_SAVED: saved}, {}))
+        params = self._params_flat
+        spec = SAM_ASCENT if C is None else BATCHED["sam_ascent_batched"]
+        return PlanInputs(
+            spec,
+            self.backend,
+            type(self).__name__,
+            params,
+            tuple(groups),
+            tuple(members),
+            device if device is not None else params[0].device,
+            (),
+            C,
+            self._ascent_hp,
+        )
+
+    def _restore(self, moved: List[int]) -> None:
+        params = [self._params_flat[i] for i in moved]
+        if params:  # element by element: a sharded parameter restores its own shard
+            saved = [_dtensor.local(self.state[p][_SAVED]) for p in params]
+            torch._foreach_copy_([_dtensor.local(p) for p in params], saved)
+
+    def _descend(self) -> None:
+        self._run(None, None, None, None)
+
+    # ---------------------------------------------------------------- state_dict
+    def state_dict(self) -> Dict[str, Any]:
+        sd = super().state_dict()
+        for entry in [sd[ROUND_KEY]] + [g[ROUND_KEY] for g in sd["param_groups"]]:
+            entry["sam_pending"] = None if self._pending is None else list(self._pending)
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        rnd = round_entry(state_dict)
+        assert rnd is not None  # the base class refused a state_dict without its round entry
+        pending = rnd.get("sam_pending")
+        self._pending = None if pending is None else [int(i) for i in pending]
+        self._ascent = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # the ascent's plan and its caches are rebuilt, as the descent's are
+        state = super().__getstate__()
+        return {k: v for k, v in state.items() if k not in ("_ascent", "_ascent_hp", "_ascent_k", "_sam_handles")}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._ascent = None
+        self._ascent_hp = HpCache()
+        self._ascent_k = {}
+        self._sam_handles = self._register_steps()
+
+
+class BatchedFedSAM(ClientBatched, FedSAM):
+    """FedSAM for ``C`` stacked clients: each client's ascent is scaled by its own global norm
+    (over all of that client's tensors); ``step(closure, active=mask)`` /
+    ``first_step(active=mask)`` leave inactive clients' parameters and state untouched, and
+    ``second_step()`` uses the first step's mask."""
+
+    _spec = BATCHED["sgd_batched"]
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._sam_active: Optional[torch.Tensor] = None  # the first step's mask, for the second
+        super().__init__(*args, **kwargs)
+
+    def step(self, closure: Optional[Callable[[], Any]] = None, *, active: Any = None) -> Any:  # type: ignore[override]
+        """One SAM step of every active client (``active``: C bools, default all); see FedSAM.step."""
+        return self._sam_step(closure, {} if active is None else {"active": active})
+
+    def _take_active(self, step_inputs: Dict[str, Any]) -> Optional[torch.Tensor]:
+        active = step_inputs.pop("active", None)
+        if step_inputs:
+            raise TypeError(f"{type(self).__name__} steps take no {sorted(step_inputs)}")
+        self._sam_active = self.check_active(active)
+        return self._sam_active
+
+    def _restore(self, moved: List[int]) -> None:
+        mask = self._sam_active
+        if mask is None:
+            return super()._restore(moved)
+        for i in moved:  # the active clients' saved x, in place (allocating nothing)
+            p = self._params_flat[i]
+            torch.where(mask.view(-1, *([1] * (p.dim() - 1))), self.state[p][_SAVED], p, out=p)
+
+    def _descend(self) -> None:
+        self._active = self._sam_active
+        try:
+            self._run(None, None, None, None)
+        finally:
+            self._active = self._sam_active = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        # between the two steps the first step's mask says which clients' saved x to restore
+        sd = super().state_dict()
+        mask = None if self._sam_active is None else [bool(v) for v in self._sam_active.tolist()]
+        for entry in [sd[ROUND_KEY]] + [g[ROUND_KEY] for g in sd["param_groups"]]:
+            entry["sam_active"] = mask
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        rnd = round_entry(state_dict)
+        assert rnd is not None
+        mask = rnd.get("sam_active")
+        self._sam_active = None if mask is None else self.check_active(torch.tensor(mask, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------------------- what a user writes instead
+class PlainSAM(torch.optim.SGD):
+    """SAM as a user writes it with torch (the benchmark's baseline; the usual two-pass implementation):
+    ``e = rho * g / (||g|| + eps)`` by foreach ops, ``x += e``, the closure, ``x -= e``, then
+    ``SGD(fused=True)`` with the same momentum and weight decay."""
+
+    def __init__(self, params: List[torch.Tensor], kwargs: Mapping[str, Any]):
+        sgd = {k: kwargs[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov") if k in kwargs}
+        super().__init__(params, **sgd, fused=True)
+        self.params, self.rho = list(params), kwargs.get("rho", 0.05)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        grads = [p.grad for p in self.params]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        e = torch._foreach_mul(grads, self.rho / (norm + 1e-12))
+        torch._foreach_add_(self.params, e)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        torch._foreach_sub_(self.params, e)
+        super().step()  # torch's wrapper around SGD.step: hooks, no grad
+        return loss
+
+
+# ---------------------------------------------------------------------------- the descriptor
+class _FedSAM(SGDAlgorithm):
+    closure_step = True  # two gradients per step: step(closure)
+
+    def hparams(self, cfg, variant):
+        return {
+            **super().hparams(cfg, variant),
+            "sam_rho": 0.05 if cfg.sam_rho is None else cfg.sam_rho,
+            "sam_eta": 0.01 if cfg.sam_eta is None else cfg.sam_eta,
+        }
+
+    def make(self, params, cfg, variant, hp, backend, batched=False):
+        cls = self.batched if batched else self.optimizer
+        return cls(
+            params,
+            lr=hp["lr"],
+            rho=hp["sam_rho"],
+            eta=hp["sam_eta"],
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            prox_mu=hp["prox_mu"],
+            backend=backend,
+            **variant.options,
+        )
+
+    def lr_sum(self, opt, hp, t, steps):
+        return steps * opt.param_groups[0]["lr"]  # the descent's lr, K times (SCAFFOLD option II)
+
+    def state_copies(self, cfg, variant):
+        return super().state_copies(cfg, variant) + 1  # the saved x
+
+    def more_traffic(self, kwargs):
+        return (("sam_ascent", ("saved_x",)),), 2  # the ascent, and the restore (read saved x, write x)
+
+
+DESCRIPTOR = algorithm.register(
+    _FedSAM(
+        "fedsam",
+        FedSAM,
+        BatchedFedSAM,
+        title="Improving Generalization in Federated Learning by Seeking Flat Minima",
+        settings=("momentum", "weight_decay", "round_decay"),
+        run_settings=(
+            Setting("sam_rho", float, None, "FedSAM's ascent radius rho (default 0.05)"),
+            Setting("sam_eta", float, None, "FedASAM's eta in w = |x| + eta (default 0.01)"),
+        ),
+        refusals={"clip_norm": "its ascent is normalized; clip before step(closure) yourself if you must"},
+        variants=(
+            Variant("fedsam", "avg"),
+            Variant("fedasam", "avg", options={"adaptive": True}),
+            Variant("fedsam-scaffold", "scaffold"),
+        ),
+        flower=(
+            FlowerName(
+                "FedSAMStrategy",
+                {"fedavg": "fedsam", "scaffold": "fedsam-scaffold"},
+                choose="backbone",
+                aliases={"rho": "sam_rho"},
+                doc="Sharpness-aware local steps on FedAvg or SCAFFOLD.",
+            ),
+            FlowerName(
+                "FedASAMStrategy",
+                "fedasam",
+                aliases={"rho": "sam_rho", "eta": "sam_eta"},
+                doc="Adaptive (scale-invariant) sharpness-aware local steps on FedAvg.",
+            ),
+        ),
+        full="prox_correction",
+        bench=(
+            BenchCase(
+                "fedsam",
+                "FedSAM rho=0.05 momentum=0.9 wd (ascent + descent)",
+                "momentum_wd",
+                core=True,
+                baselines=(Baseline("torch SAM(two-pass)+SGD(fused)", PlainSAM),),
+            ),
+        ),
+        options={
+            "plain": dict(lr=0.1, rho=0.05),
+            "rho0": dict(lr=0.1, rho=0.0, momentum=0.9),
+            "adaptive": dict(lr=0.05, rho=0.5, adaptive=True, eta=0.01, weight_decay=0.01),
+            "momentum_wd": dict(lr=0.05, rho=0.05, momentum=0.9, weight_decay=5e-4),
+            "nesterov": dict(lr=0.05, rho=0.1, momentum=0.9, nesterov=True, dampening=0.0),
+            "prox_correction": dict(lr=0.1, rho=0.2, prox_mu=0.3, correction=True, momentum=0.5, dampening=0.1),
+            "groups": dict(lr=0.1, rho=0.05, momentum=0.9, groups=dict(lr=0.03, rho=0.3, adaptive=True)),
+        },
+    )
+)
