@@ -1,6 +1,7 @@
 """``python -m bench``: run the benchmark matrix, print the table, write the result files.
 
 ``python -m bench clients``: the client-batched training benchmark instead (bench/clients.py).
+``python -m bench clients-sim``: a simulator run, sequential vs client-parallel in lockstep (bench/clients_sim.py).
 ``python -m bench sharded``: the step on DTensor parameters over 2 CPU processes (bench/sharded.py).
 ``python -m bench loop``: a user's training loop on a GPU, wall time per iteration (bench/loop.py).
 ``python -m bench profile``: where that loop's iteration time goes, under torch.profiler (bench/profile.py).
@@ -98,6 +99,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .clients import main as clients_main
 
         return clients_main((sys.argv[1:] if argv is None else argv)[1:])
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["clients-sim"]:
+        # a simulator run timed sequential vs client-parallel, in lockstep (bench/clients_sim.py)
+        from .clients_sim import main as clients_sim_main
+
+        return clients_sim_main((sys.argv[1:] if argv is None else argv)[1:])
     if (sys.argv[1:] if argv is None else argv)[:1] == ["loop"]:
         # a user's training loop on the GPU, wall time per iteration (bench/loop.py)
         from .loop import main as loop_main

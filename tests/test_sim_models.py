@@ -211,13 +211,14 @@ def test_character_models_vmap_over_clients_matches_a_loop(name):
     torch.testing.assert_close(got, torch.stack([models[i](x[i]) for i in range(3)]), rtol=1e-4, atol=1e-5)
 
 
-def test_client_parallel_refuses_an_lstm():
-    from fedopt_kernels.sim.parallel.loss import ClientLoss
+def test_vmap_refuses_an_lstm_the_stacked_engine_takes_it():
+    from fedopt_kernels.sim.parallel.loss import ClientLoss, client_loss
+    from fedopt_kernels.sim.parallel.stacked import StackedLoss
 
     with pytest.raises(ValueError, match=r"vmap cannot batch the fused recurrent layer lstm \(LSTM\)"):
         ClientLoss(build_model("char-lstm", (80,), 80, hidden=8))
-    with pytest.raises(ValueError, match="cannot train model='char-lstm'"):
-        SimConfig(dataset="shakespeare", data_dir="x", model="char-lstm", client_parallel=4).validate()
+    assert isinstance(client_loss(build_model("char-lstm", (80,), 80, hidden=8)), StackedLoss)
+    SimConfig(dataset="shakespeare", data_dir="x", model="char-lstm", client_parallel=4).validate()
 
 
 def test_char_transformer_context_reads_the_last_characters():

@@ -22,7 +22,7 @@ from ..fl.checkpoint import CheckpointDir
 from . import resume as _resume
 from .config import SimConfig
 from .data.clients import BatchStream, ClientData
-from .evaluate import evaluate_users, pooled_metrics
+from .evaluate import EvalCost, evaluate_users, pooled_metrics
 from .federated_data import FederatedData, build_federated_data
 from .models.build import build_model
 from .screen import logger, screen_updates
@@ -127,6 +127,8 @@ class Simulation:
 
             self.batched = BatchedClients(self)
         self.history: List[Dict[str, Any]] = []
+        self.final_cost = EvalCost()
+        self.eval_log: List[Dict[str, float]] = []  # per evaluated round: seconds and model FLOPs of the pass
         self.setup_done = False
         self._settings: Optional[Dict[str, Any]] = None
 
@@ -189,30 +191,37 @@ class Simulation:
         if refused:
             record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
         if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
-            val = pooled_metrics(self.model, self.train_clients, "val")
-            record.update(val_loss=val["loss"], val_acc=val["acc"])
+            cost = EvalCost()
+            val = pooled_metrics(self.model, self.train_clients, "val", cost)
+            record.update(val_loss=val["loss"], val_acc=val["acc"], eval_flops=cost.flops)
+            self.eval_log.append({"round": t + 1, "seconds": cost.seconds, "flops": cost.flops})
         record["seconds"] = time.perf_counter() - start
         self.history.append(record)
         return record
 
     def final_evaluation(self) -> Dict[str, Any]:
-        """The per-user protocol on existing and new users, plus pooled test accuracy of the global model."""
+        """The per-user protocol on existing and new users, plus pooled test accuracy of the global model.
+
+        Client-parallel runs fine-tune and test the users client-batched, N at a time (``evaluate``);
+        ``self.final_cost`` holds its seconds and model FLOPs afterwards.
+        """
         users = self.train_clients + self.data.new_clients
         seeds = {u.client_id: s for u, s in zip(users, self._tune_seed.spawn(len(users)))}
 
         def stream(u: ClientData) -> BatchStream:
             return BatchStream(u.train_x, u.train_y, self.cfg.batch_size, np.random.default_rng(seeds[u.client_id]))
 
-        out: Dict[str, Any] = evaluate_users(  # plus the pooled accuracy below
+        self.final_cost = EvalCost()
+        return evaluate_users(  # the pooled test accuracy comes from the same pass as the per-user one
             self.model,
             self.global_params,
             {"existing": self.train_clients, "new": self.data.new_clients},
             self.cfg.finetune_steps,
             self.cfg.finetune_lr,
             stream,
+            parallel=None if self.batched is None else self.batched.parallel,
+            cost=self.final_cost,
         )
-        out["pooled_test_acc"] = pooled_metrics(self.model, users, "test")["acc"]
-        return out
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_settings(self) -> Dict[str, Any]:
@@ -267,6 +276,11 @@ class Simulation:
         train_seconds = time.perf_counter() - start
         final = self.final_evaluation()
         return {
+            "evaluation": {  # this process's evaluations (a resumed run: since it resumed)
+                "rounds_s": sum(e["seconds"] for e in self.eval_log),
+                "rounds_flops": sum(e["flops"] for e in self.eval_log),
+                "final": self.final_cost.as_dict(),
+            },
             "config": self.cfg.to_dict(),
             "hparams": self.hp,
             "backend": self.backend,

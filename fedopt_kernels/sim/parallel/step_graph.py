@@ -1,13 +1,13 @@
 """The batched local step captured once in a CUDA graph and replayed for every later step and round.
 
-Eager, a client-batched step at small C is host-bound: vmap's forward and backward plus the
+Eager, a client-batched step at small C is host-bound: the batched forward and backward plus the
 optimizer launch hundreds of small kernels, and the CPU, not the GPU, sets the pace. A CUDA graph
 replays the whole step (forward, backward, clipping, anchor gradients, the fused batched update)
 in one launch. Replaying is correct only if every tensor the step reads or writes stays at the
 address it had during capture and holds this step's values:
 
 * inputs: static ``x``/``y``/``w`` (and anchor ``x``) buffers, copied into before each replay;
-* gradients: static ``p.grad`` tensors the vmapped gradients are copied into, inside the graph;
+* gradients: static ``p.grad`` tensors the engine's gradients are copied into, inside the graph;
 * parameters: the trainer's stacked parameters (loaded in place every round);
 * optimizer state: ``start_round`` makes new state tensors (momentum cleared, FedProx anchor,
   SCAFFOLD correction, FedNLR scales, PAdaMFed's D/acc); ``begin_round`` copies their values into
