@@ -2,6 +2,7 @@
 was (results go to a git-ignored folder), and bench/gpu_check.sh's install phase really runs."""
 import os
 import shutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -237,3 +238,15 @@ def test_flower_tests_skip_with_the_reason_where_flwr_is_missing(tmp_path):
     assert proc.returncode == 5, out[-3000:]  # pytest's "no tests ran": every test skipped
     assert out.count("Flower is not installed") == 3 and "3 skipped" in out, out[-3000:]
     assert "failed" not in out and "error" not in out.lower().replace("importerror", ""), out[-3000:]
+
+
+def test_gpu_check_keeps_the_tests_their_share_of_the_budget():
+    """Each phase's deadline keeps back the shares of the phases after it. With the install an H100
+    took (43 s), the tests phase must still get its whole share: a phase added later must not
+    starve it (a run where the tests get under 10 s skips them)."""
+    text = (ROOT / "bench" / "gpu_check.sh").read_text()
+    budget = int(re.search(r"BUDGET=(\d+)", text).group(1))
+    shares = {k: int(v) for k, v in re.findall(r"\b([A-Z_]+_S)=(\d+)", text)}
+    tests_line = re.search(r"T=\$\(\( \$\(left\) - 15 - ([A-Z_ -]+) \)\)", text).group(1)
+    reserved = sum(shares[name.strip()] for name in tests_line.split("-"))
+    assert budget - 43 - 15 - reserved >= shares["TESTS_S"], (budget, reserved, shares)
