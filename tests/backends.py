@@ -1,4 +1,5 @@
 """Which backends the tests run on this machine: every registered backend usable on a device."""
+
 from __future__ import annotations
 
 from typing import List, Optional

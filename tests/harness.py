@@ -5,6 +5,7 @@ feeds every backend the same gradients and round inputs, and returns the final p
 optimizer state, so that a fused backend can be compared with ``reference`` tensor by tensor.
 Every backend registered with ``fedopt_kernels.core.registry`` is covered without touching this file.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -95,10 +96,20 @@ class RunResult:
     optimizer: torch.optim.Optimizer
 
 
-def run_case(algo_name: str, option: str, shape_set: str, dtype: torch.dtype, backend: str,
-             device: str = "cpu", seed: int = 0, rounds: int = ROUNDS, steps: int = STEPS,
-             snapshot: Optional[Tuple[int, int]] = None, load_from: Optional[Dict[str, Any]] = None,
-             start_at: Tuple[int, int] = (0, 0)) -> RunResult:
+def run_case(
+    algo_name: str,
+    option: str,
+    shape_set: str,
+    dtype: torch.dtype,
+    backend: str,
+    device: str = "cpu",
+    seed: int = 0,
+    rounds: int = ROUNDS,
+    steps: int = STEPS,
+    snapshot: Optional[Tuple[int, int]] = None,
+    load_from: Optional[Dict[str, Any]] = None,
+    start_at: Tuple[int, int] = (0, 0),
+) -> RunResult:
     """Run ``rounds`` x ``steps`` local steps.
 
     ``snapshot=(r, s)``: return right after step s of round r with ``result.state_dict`` set.
@@ -141,14 +152,28 @@ def assert_close_runs(ref: RunResult, got: RunResult, dtype: torch.dtype, what: 
     rtol, atol = TOLERANCE[dtype]
     assert len(ref.params) == len(got.params)
     for i, (a, b) in enumerate(zip(ref.params, got.params)):
-        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=rtol, atol=atol, equal_nan=True,
-                                   msg=lambda m: f"{what} parameter {i} {tuple(a.shape)}: {m}")
+        torch.testing.assert_close(
+            b.cpu(),
+            a.cpu(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
+            msg=lambda m: f"{what} parameter {i} {tuple(a.shape)}: {m}",
+        )
     for i, (sa, sb) in enumerate(zip(ref.state, got.state)):
         assert sorted(sa) == sorted(sb), f"{what} state keys of parameter {i}: {sorted(sb)} != reference {sorted(sa)}"
         for key in sa:
-            assert sa[key].dtype == sb[key].dtype, f"{what} state {key} of parameter {i}: dtype {sb[key].dtype} != {sa[key].dtype}"
-            torch.testing.assert_close(sb[key].cpu(), sa[key].cpu(), rtol=rtol, atol=atol, equal_nan=True,
-                                       msg=lambda m: f"{what} state {key!r} of parameter {i}: {m}")
+            assert sa[key].dtype == sb[key].dtype, (
+                f"{what} state {key} of parameter {i}: dtype {sb[key].dtype} != {sa[key].dtype}"
+            )
+            torch.testing.assert_close(
+                sb[key].cpu(),
+                sa[key].cpu(),
+                rtol=rtol,
+                atol=atol,
+                equal_nan=True,
+                msg=lambda m: f"{what} state {key!r} of parameter {i}: {m}",
+            )
 
 
 def backend_skip_reason(backend: str, device: str = "cpu") -> Optional[str]:

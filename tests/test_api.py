@@ -1,5 +1,6 @@
 """The optimizers behave as torch.optim users expect: closures, zero_grad, schedulers, param groups,
 round API bookkeeping, backend selection and reporting."""
+
 import pytest
 import torch
 
@@ -15,8 +16,16 @@ OPTIMIZERS = {
 
 
 def test_public_names():
-    for name in ["FedDecaySGD", "WithinRoundDecay", "NeuronLRSGD", "neuron_lr_scales", "FedNAR", "PAdaMFed",
-                 "theory_hparams", "available_backends"]:
+    for name in [
+        "FedDecaySGD",
+        "WithinRoundDecay",
+        "NeuronLRSGD",
+        "neuron_lr_scales",
+        "FedNAR",
+        "PAdaMFed",
+        "theory_hparams",
+        "available_backends",
+    ]:
         assert name in fk.__all__ and hasattr(fk, name)
 
 

@@ -1,4 +1,5 @@
 """``python -m bench clients --smoke`` runs every CPU mode and writes valid JSON/MD/PNG (never into bench/results)."""
+
 import json
 import sys
 from pathlib import Path

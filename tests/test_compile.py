@@ -5,6 +5,7 @@ step, so the within-round counter, the schedule, per-round inputs and hyperparam
 reach it; Dynamo never reads a hyperparameter, so an LR scheduler compiles nothing new. CI runs
 reference and cpu on CPU; cuda and triton run where a GPU is present.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -31,8 +32,12 @@ def _twins(cfg, backend, device, lr_on=None):
     if lr_on is None:
         return cfg.build(a, backend), a, cfg.build(b, backend), b
     kw = lambda: {**cfg.kwargs, "lr": torch.tensor(cfg.kwargs["lr"], dtype=torch.float64, device=lr_on)}
-    return (cfg.cls(cfg.param_groups(a), backend=backend, **kw()), a,
-            cfg.cls(cfg.param_groups(b), backend=backend, **kw()), b)
+    return (
+        cfg.cls(cfg.param_groups(a), backend=backend, **kw()),
+        a,
+        cfg.cls(cfg.param_groups(b), backend=backend, **kw()),
+        b,
+    )
 
 
 @pytest.mark.parametrize("lr_on", [None, "cpu", "params"], ids=["float_lr", "cpu_tensor_lr", "device_tensor_lr"])
@@ -57,9 +62,10 @@ def test_compiled_step_equals_eager_and_a_scheduler_recompiles_nothing(backend, 
             first()
             closure()
             second()
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": the wrapper is bypassed
-        sched = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.9 ** e) for o in (eager, comp)]
+        sched = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.9**e) for o in (eager, comp)]
     for rnd in range(2):
         eager.start_round(**cfg.round_inputs(a, rnd))
         comp.start_round(**cfg.round_inputs(b, rnd))
@@ -78,7 +84,7 @@ def test_compiled_step_equals_eager_and_a_scheduler_recompiles_nothing(backend, 
     assert comp.round_step == eager.round_step == 3
     if lr_on is not None:  # the scheduler filled the tensor in place
         assert isinstance(comp.param_groups[0]["lr"], torch.Tensor)
-        assert float(comp.param_groups[0]["lr"]) == cfg.kwargs["lr"] * 0.9 ** 6
+        assert float(comp.param_groups[0]["lr"]) == cfg.kwargs["lr"] * 0.9**6
     for p, q in zip(a, b):
         assert torch.equal(p.detach(), q.detach())
         for key, value in eager.state[p].items():

@@ -1,5 +1,6 @@
 """experiments/run_protocol.py: its arguments, the protocol's rules (equal grids, per-epoch decay,
 selection, the verdict), and a one-round smoke run of every experiment on the built-in digits."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,10 +31,19 @@ def test_quick_keeps_the_first_seed():
     assert rp.parse_args(["fednar", "--quick", "--seeds", "3", "4"]).seeds == [3]
 
 
-@pytest.mark.parametrize("argv", [["nosuch"], ["feddyn", "--jobs", "0"], ["feddyn", "--seeds", "1", "1"],
-                                  ["feddyn", "--seeds", "-1"], ["feddyn", "--seeds", str(rp.PILOT_SEED)],
-                                  ["feddyn", "--dataset", "cifar10"], ["feddyn", "--client-parallel", "0"],
-                                  ["feddyn", "--device", "tpu"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["nosuch"],
+        ["feddyn", "--jobs", "0"],
+        ["feddyn", "--seeds", "1", "1"],
+        ["feddyn", "--seeds", "-1"],
+        ["feddyn", "--seeds", str(rp.PILOT_SEED)],
+        ["feddyn", "--dataset", "cifar10"],
+        ["feddyn", "--client-parallel", "0"],
+        ["feddyn", "--device", "tpu"],
+    ],
+)
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         rp.parse_args(argv)
@@ -92,8 +102,11 @@ def test_padamfed_sweep_scales_eta_and_gamma_together():
 def test_select_takes_the_best_validation_score_and_the_first_on_ties():
     runs = {"a": {0: {"val_score": 0.5}}, "b": {0: {"val_score": 0.7}}, "c": {0: {"val_score": 0.7}}}
     assert rp.select(["a", "b", "c"], runs, 0) == "b"
-    rounds = {"a": {0: {"val_score": [-30, 0.8]}}, "b": {0: {"val_score": [-20, 0.7]}},
-              "c": {0: {"val_score": [-20, 0.75]}}}
+    rounds = {
+        "a": {0: {"val_score": [-30, 0.8]}},
+        "b": {0: {"val_score": [-20, 0.7]}},
+        "c": {0: {"val_score": [-20, 0.75]}},
+    }
     assert rp.select(["a", "b", "c"], rounds, 0) == "c"  # fewer rounds, then the higher final accuracy
 
 

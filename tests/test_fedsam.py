@@ -5,6 +5,7 @@ Every fused backend against the reference over the catalogue's option sets (dtyp
 tensors, rounds) is tests/test_equivalence.py's and tests/test_batched.py's, which read FedSAM's
 option sets from its descriptor like every algorithm's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,8 +39,20 @@ def _quadratic(params, seed=1):
     return loss
 
 
-def _oracle(x, grad_at, lr, rho, adaptive=False, eta=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0,
-            nesterov=False, eps=1e-12, bufs=None):
+def _oracle(
+    x,
+    grad_at,
+    lr,
+    rho,
+    adaptive=False,
+    eta=0.01,
+    momentum=0.0,
+    dampening=0.0,
+    weight_decay=0.0,
+    nesterov=False,
+    eps=1e-12,
+    bufs=None,
+):
     """SPEC §14 in float64, one step: the ascent from the gradient at x, the descent from x with the
     gradient at x + e (torch.optim.SGD's step with momentum buffers ``bufs``)."""
     g = grad_at(x)
@@ -57,10 +70,16 @@ def _oracle(x, grad_at, lr, rho, adaptive=False, eta=0.01, momentum=0.0, dampeni
     return out
 
 
-@pytest.mark.parametrize("kw", [dict(rho=0.05), dict(rho=0.5, momentum=0.9, weight_decay=0.01),
-                                dict(rho=0.2, adaptive=True, eta=0.1, momentum=0.9, nesterov=True),
-                                dict(rho=0.3, adaptive=True, momentum=0.5, dampening=0.3)],
-                         ids=["sam", "momentum_wd", "asam_nesterov", "asam_dampening"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(rho=0.05),
+        dict(rho=0.5, momentum=0.9, weight_decay=0.01),
+        dict(rho=0.2, adaptive=True, eta=0.1, momentum=0.9, nesterov=True),
+        dict(rho=0.3, adaptive=True, momentum=0.5, dampening=0.3),
+    ],
+    ids=["sam", "momentum_wd", "asam_nesterov", "asam_dampening"],
+)
 def test_the_reference_step_is_the_papers(kw):
     """FedSAM (reference backend, float64) against the oracle above over three steps of a quadratic."""
     params = _params((4, 3), (5,))
@@ -217,8 +236,16 @@ def test_the_two_step_form_is_enforced():
         opt.first_step(active=[True])
 
 
-@pytest.mark.parametrize("kw,name", [(dict(rho=-0.1), "rho"), (dict(eta=-1.0), "eta"), (dict(eps=-1.0), "eps"),
-                                     (dict(adaptive=1), "adaptive"), (dict(momentum=-0.5), "momentum")])
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        (dict(rho=-0.1), "rho"),
+        (dict(eta=-1.0), "eta"),
+        (dict(eps=-1.0), "eps"),
+        (dict(adaptive=1), "adaptive"),
+        (dict(momentum=-0.5), "momentum"),
+    ],
+)
 def test_bad_hyperparameters_are_named(kw, name):
     with pytest.raises((ValueError, TypeError), match=name):
         fk.FedSAM(_params((3,)), lr=0.1, **kw)

@@ -10,6 +10,7 @@ them, but a reader (and a type checker) follows them, and a circle drawn there i
 ``sim.strategy.RoundHost`` do). A name computed at run time
 (``f"fedopt_kernels.core.backends.{name}"``) cannot be followed and does not count.
 """
+
 from __future__ import annotations
 
 import ast
@@ -49,14 +50,18 @@ def imported_names(module: str, path: Path, known: Set[str] = frozenset()) -> Li
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
             # ``from pkg import mod`` imports the module; ``from mod import attr`` the module holding it
             out += [f"{stem}.{a.name}" if f"{stem}.{a.name}" in known else stem for a in node.names]
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             fn = node.func
             name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
             if name == "import_module":
@@ -142,9 +147,11 @@ def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 def test_the_graph_sees_late_imports(tmp_path):
     # the walker must find imports inside functions and under TYPE_CHECKING
-    src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n"
-           "def f():\n    from . import c\n    from .e import g\n    import importlib\n"
-           "    importlib.import_module('pkg.d')\n")
+    src = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n"
+        "def f():\n    from . import c\n    from .e import g\n    import importlib\n"
+        "    importlib.import_module('pkg.d')\n"
+    )
     path = tmp_path / "a.py"
     path.write_text(src)
     names = imported_names("pkg.a", path, {"pkg.b", "pkg.c", "pkg.d", "pkg.e"})

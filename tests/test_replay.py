@@ -9,6 +9,7 @@ boundaries, a state_dict load, gradients that move and come back, GradScaler wit
 a tensor lr changed on the device and on the host, client-batched steps with changing active
 masks - and end with the same bits in parameters and state, the replaying one having replayed.
 """
+
 from __future__ import annotations
 
 import gc
@@ -140,6 +141,7 @@ def test_the_switch(monkeypatch):
 def test_copies_keep_the_switch_and_no_recording():
     import copy
     import pickle
+
     p = [torch.nn.Parameter(torch.zeros(3))]
     cfg = catalogue.config("fednar", next(iter(catalogue.ALGOS["fednar"].options)))
     for replay in (True, False):
@@ -541,7 +543,9 @@ def test_a_failed_capture_leaves_no_capture_open_and_no_pool_behind(fail):
     later MemPool's destructor aborts the process at exit (H100: five pytest workers). ``capture``
     ends the capture (again, if the stream still captures) and ends and releases the pool, unless
     torch did (newer torch ends it itself, and then releases it too)."""
-    graph = _Graph(fail="end" if fail.startswith("end") else fail, capturing_after_end_failure=fail == "end-stays-capturing")
+    graph = _Graph(
+        fail="end" if fail.startswith("end") else fail, capturing_after_end_failure=fail == "end-stays-capturing"
+    )
     log, end_pool, release_pool = _pool_calls(ended_by_torch=fail == "end-torch-cleans")
     ran = []
 
@@ -710,15 +714,15 @@ def _run_script(cfg, backend: str, replay: bool):
     params = _params()
     opt = cfg.build(params, backend, replay=replay)
     order = [p for g in opt.param_groups for p in g["params"]]
-    fixed = [torch.zeros_like(p) for p in params]   # gradients at fixed addresses
-    other = [torch.zeros_like(p) for p in params]   # a second address set, alternating with the first
+    fixed = [torch.zeros_like(p) for p in params]  # gradients at fixed addresses
+    other = [torch.zeros_like(p) for p in params]  # a second address set, alternating with the first
     step_inputs = _StepInputs(cfg.step_inputs)
     step = 0
     for rnd in range(3):
         opt.start_round(**cfg.round_inputs(order, rnd))
         for k in range(7):
             grads = _grads(params, step)
-            if rnd == 2 and k % 2:   # round 2: the two address sets alternate
+            if rnd == 2 and k % 2:  # round 2: the two address sets alternate
                 slots = other
             elif rnd == 1 and k >= 4:  # round 1 ends with new tensors every step (set_to_none=True)
                 slots = [torch.empty_like(p) for p in params]
@@ -727,7 +731,7 @@ def _run_script(cfg, backend: str, replay: bool):
             for p, s, g in zip(params, slots, grads):
                 s.copy_(g)
                 p.grad = s
-            if k == 3:   # a scheduler's float lr, and an edit of another hyperparameter
+            if k == 3:  # a scheduler's float lr, and an edit of another hyperparameter
                 opt.param_groups[0]["lr"] *= 0.5
             if k == 5 and rnd == 0 and "weight_decay" in opt.param_groups[-1]:
                 opt.param_groups[-1]["weight_decay"] = opt.param_groups[-1]["weight_decay"] + 1e-3
@@ -763,7 +767,7 @@ def test_grad_scaler_with_a_skipped_step_replays_to_the_eager_bits(backend, algo
         params = _params()
         opt = cfg.build(params, backend, replay=replay)
         order = [p for g in opt.param_groups for p in g["params"]]
-        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 10, growth_interval=3)
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10, growth_interval=3)
         opt.start_round(**cfg.round_inputs(order, 0))
         slots = [torch.zeros_like(p) for p in params]
         step_inputs = _StepInputs(cfg.step_inputs)

@@ -1,4 +1,5 @@
 """The per-user evaluation protocol on constructed cases where every number is known."""
+
 import numpy as np
 import pytest
 import torch
@@ -24,8 +25,15 @@ class ConstantClass(nn.Module):
 def user(cid: int, test_labels, train_labels=(0,)) -> ClientData:
     ty = torch.tensor(test_labels)
     tr = torch.tensor(train_labels)
-    return ClientData(cid, torch.zeros(len(tr), 2), tr, torch.zeros(0, 2), torch.zeros(0, dtype=torch.long),
-                      torch.zeros(len(ty), 2), ty)
+    return ClientData(
+        cid,
+        torch.zeros(len(tr), 2),
+        tr,
+        torch.zeros(0, 2),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(len(ty), 2),
+        ty,
+    )
 
 
 def test_user_summary():
@@ -68,8 +76,14 @@ def test_users_without_test_data_are_skipped():
     model = ConstantClass(0)
     params = [p.detach().clone() for p in model.parameters()]
     users = [user(0, [0, 1]), user(1, [])]
-    out = evaluate_users(model, params, {"existing": users, "new": []}, steps=0, lr=0.0,
-                         make_stream=lambda u: BatchStream(u.train_x, u.train_y, 1, np.random.default_rng(0)))
+    out = evaluate_users(
+        model,
+        params,
+        {"existing": users, "new": []},
+        steps=0,
+        lr=0.0,
+        make_stream=lambda u: BatchStream(u.train_x, u.train_y, 1, np.random.default_rng(0)),
+    )
     assert out["global"]["existing"]["users"] == 1 and out["global"]["existing"]["mean"] == 0.5
     assert out["global"]["new"]["users"] == 0
 

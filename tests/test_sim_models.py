@@ -1,4 +1,5 @@
 """The image models (FedAvg CNN, GroupNorm ResNet-18), their input stage and the crop + flip augmentation."""
+
 import copy
 
 import numpy as np
@@ -82,7 +83,7 @@ def crops(img, p):
     out = []
     for dy in range(2 * p + 1):
         for dx in range(2 * p + 1):
-            crop = padded[:, dy:dy + h, dx:dx + w]
+            crop = padded[:, dy : dy + h, dx : dx + w]
             out += [crop, crop.flip(-1)]
     return out
 
@@ -118,7 +119,9 @@ def test_input_stage_normalises_and_augments_only_in_training():
     m = ImageClassifier(nn.Identity(), spec)
     raw = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8)
     m.eval()
-    want = (raw.float() / 255 - torch.tensor([0.5, 0.25, 0.0]).view(1, 3, 1, 1)) / torch.tensor([0.5, 0.25, 1.0]).view(1, 3, 1, 1)
+    want = (raw.float() / 255 - torch.tensor([0.5, 0.25, 0.0]).view(1, 3, 1, 1)) / torch.tensor([0.5, 0.25, 1.0]).view(
+        1, 3, 1, 1
+    )
     torch.testing.assert_close(m(raw), want)
     m.train()
     assert not torch.equal(m(raw), want)
@@ -133,9 +136,21 @@ def test_input_stage_normalises_and_augments_only_in_training():
 
 def test_resnet18_gn_short_training_run(tmp_path):
     write_cifar10(tmp_path, per_batch=6, test=6)
-    cfg = SimConfig(dataset="cifar10", data_dir=str(tmp_path), model="resnet18-gn", augment=True, clients=4,
-                    holdout_fraction=0.25, rounds=1, local_steps=1, batch_size=2, clients_per_round=2,
-                    finetune_steps=0, backend="reference", device="cpu")
+    cfg = SimConfig(
+        dataset="cifar10",
+        data_dir=str(tmp_path),
+        model="resnet18-gn",
+        augment=True,
+        clients=4,
+        holdout_fraction=0.25,
+        rounds=1,
+        local_steps=1,
+        batch_size=2,
+        clients_per_round=2,
+        finetune_steps=0,
+        backend="reference",
+        device="cpu",
+    )
     sim = Simulation(cfg)
     before = [p.detach().clone() for p in sim.global_params]
     res = sim.run()
