@@ -23,6 +23,7 @@ optimizer update alone (plain torch vs BatchedFedNAR on fixed gradients): the "o
 Results: ``clients-<device>-<date>.{json,md,png}`` in ``--out-dir`` (default ``bench_runs/``,
 git-ignored; ``--out-dir bench/results`` for the committed tables), listed in LATEST.md there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,12 +58,18 @@ PART_BUDGET = Budget(warmup=2, min_reps=5, max_reps=200, min_time_s=0.5)
 
 # the project's targets (benchmark goals, not tests)
 GOALS = {
-    "cpu": [("batched-fused >= 8x sequential at C=50", lambda r: _ratio(r, 50, FUSED, SEQ), 8.0),
-            ("optimizer part: batched-fused update >= 1.3x plain torch at C=50",
-             lambda r: _part_ratio(r, 50), 1.3)],
-    "cuda": [(">= 250,000 client-steps/s at C=200 (graph)", lambda r: _rate(r, 200, GRAPH), 250_000.0),
-             ("no collapse at C=1000: best batched rate >= rate at C=200 (graph)",
-              lambda r: _div(_best(r, 1000), _rate(r, 200, GRAPH)), 1.0)],
+    "cpu": [
+        ("batched-fused >= 8x sequential at C=50", lambda r: _ratio(r, 50, FUSED, SEQ), 8.0),
+        ("optimizer part: batched-fused update >= 1.3x plain torch at C=50", lambda r: _part_ratio(r, 50), 1.3),
+    ],
+    "cuda": [
+        (">= 250,000 client-steps/s at C=200 (graph)", lambda r: _rate(r, 200, GRAPH), 250_000.0),
+        (
+            "no collapse at C=1000: best batched rate >= rate at C=200 (graph)",
+            lambda r: _div(_best(r, 1000), _rate(r, 200, GRAPH)),
+            1.0,
+        ),
+    ],
 }
 
 
@@ -83,8 +90,14 @@ class Workload:
         self.clients, self.steps, self.device = clients, steps, device
 
 
-def plain_fednar_(params: List[torch.Tensor], grads: List[torch.Tensor], lr: float, weight_decay: float,
-                  max_norm: float, eps: float = 1e-6) -> None:
+def plain_fednar_(
+    params: List[torch.Tensor],
+    grads: List[torch.Tensor],
+    lr: float,
+    weight_decay: float,
+    max_norm: float,
+    eps: float = 1e-6,
+) -> None:
     """FedNAR on stacked [C, ...] tensors in plain torch, per client: d = g + wd x, x -= lr min(1, M/(|d|+eps)) d."""
     d = torch._foreach_add(grads, params, alpha=weight_decay)
     sq = torch.stack([t.reshape(t.shape[0], -1).square().sum(1) for t in d]).sum(0)
@@ -137,7 +150,7 @@ def chunked_round(wl: Workload, tr: BatchedTrainer) -> None:
         tr.load(wl.glob)
         tr.start_round(round_index=0)
         for k in range(wl.steps):
-            x, y, w = (_pad_clients(t[k:k + 1, i:i + m], n)[0] for t in (wl.x, wl.y, wl.w))
+            x, y, w = (_pad_clients(t[k : k + 1, i : i + m], n)[0] for t in (wl.x, wl.y, wl.w))
             tr.step(x, y, w, active=active)
 
 
@@ -183,9 +196,14 @@ def measure(C: int, args: argparse.Namespace, device: torch.device, log: Callabl
         row["other_load_cores"] = others.cores
         rows.append(row)
         gc.collect()
-        log(f"  C={C:>5} {mode:<22} {backend:<10} "
-            + (f"{row['client_steps_per_s']:>12,.0f} client-steps/s  ({time.perf_counter() - t0:.1f}s)"
-               if "error" not in row else f"ERROR {row['error']}"))
+        log(
+            f"  C={C:>5} {mode:<22} {backend:<10} "
+            + (
+                f"{row['client_steps_per_s']:>12,.0f} client-steps/s  ({time.perf_counter() - t0:.1f}s)"
+                if "error" not in row
+                else f"ERROR {row['error']}"
+            )
+        )
 
     modes = args.modes
     if SEQ in modes:
@@ -193,8 +211,14 @@ def measure(C: int, args: argparse.Namespace, device: torch.device, log: Callabl
             opt = FedNAR(wl.model.parameters(), **HP)
             add(SEQ, opt.resolved_backend(), lambda: sequential_round(wl, opt))
         else:
-            rows.append(dict(base, mode=SEQ, skipped=f"C > --seq-max-clients {args.seq_max_clients} (client by client: "
-                                                    f"its rate does not depend on C)"))
+            rows.append(
+                dict(
+                    base,
+                    mode=SEQ,
+                    skipped=f"C > --seq-max-clients {args.seq_max_clients} (client by client: "
+                    f"its rate does not depend on C)",
+                )
+            )
     stacked = [g.unsqueeze(0).repeat(C, *([1] * g.dim())).contiguous() for g in wl.glob]
     if PLAIN in modes:
         add(PLAIN, "torch", lambda: plain_round(wl, loss, stacked))
@@ -223,8 +247,10 @@ def measure(C: int, args: argparse.Namespace, device: torch.device, log: Callabl
 
     # parts: the gradient alone, and the update alone on fixed gradients
     grads = [torch.randn_like(s) * 0.01 for s in stacked]
-    parts = [("vmap grad", "torch", lambda: loss.grads(stacked, wl.x[0], wl.y[0], wl.w[0])),
-             ("update plain torch", "torch", lambda: plain_fednar_(stacked, grads, **HP))]
+    parts = [
+        ("vmap grad", "torch", lambda: loss.grads(stacked, wl.x[0], wl.y[0], wl.w[0])),
+        ("update plain torch", "torch", lambda: plain_fednar_(stacked, grads, **HP)),
+    ]
     params = [torch.nn.Parameter(s.clone()) for s in stacked]
     opt = BatchedFedNAR(params, **HP)
     for p, g in zip(params, grads):
@@ -234,8 +260,9 @@ def measure(C: int, args: argparse.Namespace, device: torch.device, log: Callabl
     for name, be, fn in parts:
         with OtherLoad() as others, torch.no_grad() if name.startswith("update") else torch.enable_grad():
             times = time_calls(fn, device, args.part_budget)
-        rows.append(dict(base, part=name, backend=be, step_s=median(times), reps=len(times),
-                         other_load_cores=others.cores))
+        rows.append(
+            dict(base, part=name, backend=be, step_s=median(times), reps=len(times), other_load_cores=others.cores)
+        )
         log(f"  C={C:>5} part {name:<18} {be:<10} {median(times) * 1e3:10.3f} ms/step")
     return rows
 
@@ -281,8 +308,14 @@ def judge(result: Dict[str, Any]) -> List[Dict[str, Any]]:
     out = []
     for text, value, threshold in GOALS.get(result["meta"]["device_type"], []):
         v = value(result)
-        out.append({"goal": text, "value": v, "threshold": threshold,
-                    "verdict": "n/a" if v is None else ("pass" if v >= threshold else "miss")})
+        out.append(
+            {
+                "goal": text,
+                "value": v,
+                "threshold": threshold,
+                "verdict": "n/a" if v is None else ("pass" if v >= threshold else "miss"),
+            }
+        )
     return out
 
 
@@ -320,9 +353,13 @@ def markdown(result: Dict[str, Any]) -> str:
         v = g["value"]
         shown = "—" if v is None else (f"{v:,.0f}" if g["threshold"] > 100 else f"{v:.3g}x")
         lines.append(f"| {g['goal']} | {shown} | **{g['verdict']}** |")
-    lines += ["", "## Client-steps per second", "",
-              "| clients | " + " | ".join(modes) + " | best fused / sequential | best fused / plain |",
-              "|---|" + "---|" * (len(modes) + 2)]
+    lines += [
+        "",
+        "## Client-steps per second",
+        "",
+        "| clients | " + " | ".join(modes) + " | best fused / sequential | best fused / plain |",
+        "|---|" + "---|" * (len(modes) + 2),
+    ]
     for C in sizes:
         cells = []
         for m in modes:
@@ -334,12 +371,19 @@ def markdown(result: Dict[str, Any]) -> str:
             elif "skipped" in r:
                 cells.append("not run")
             else:
-                cells.append(_fmt_rate(r["client_steps_per_s"]) + (" ⚠" if (r.get("other_load_cores") or 0) > 0.25 else ""))
+                cells.append(
+                    _fmt_rate(r["client_steps_per_s"]) + (" ⚠" if (r.get("other_load_cores") or 0) > 0.25 else "")
+                )
         best = _best(result, C)
         cells += [_fmt_x(_div(best, _rate(result, C, SEQ))), _fmt_x(_div(best, _rate(result, C, PLAIN)))]
         lines.append(f"| {C} | " + " | ".join(cells) + " |")
-    lines += ["", "## Parts, per step", "",
-              "| clients | vmap grad | update plain torch | update fused | update: plain / fused |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Parts, per step",
+        "",
+        "| clients | vmap grad | update plain torch | update fused | update: plain / fused |",
+        "|---|---|---|---|---|",
+    ]
     for C in sizes:
         g, p, f = (_part(result, C, n) for n in ("vmap grad", "update plain torch", "update fused"))
         fmt = lambda s: "—" if s is None else f"{s * 1e3:.3f} ms"  # noqa: E731
@@ -347,8 +391,11 @@ def markdown(result: Dict[str, Any]) -> str:
     errors = [r for r in result["rows"] if "error" in r]
     skipped = [r for r in result["rows"] if "skipped" in r]
     if errors or skipped:
-        lines += [""] + [f"- C={r['clients']} {r['mode']}: error {r['error']}" for r in errors] \
+        lines += (
+            [""]
+            + [f"- C={r['clients']} {r['mode']}: error {r['error']}" for r in errors]
             + [f"- C={r['clients']} {r['mode']}: not run, {r['skipped']}" for r in skipped]
+        )
     lines += ["", "⚠: other processes kept more than 0.25 cores busy during that case (CPU timings disturbed).", ""]
     return "\n".join(lines)
 
@@ -407,24 +454,37 @@ def render(json_path: Path) -> None:
 
 # ------------------------------------------------------------------ command line
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench clients", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench clients", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 50, 200, 1000], help="values of C")
     ap.add_argument("--steps", type=int, default=10, help="local steps K per client (default %(default)s)")
     ap.add_argument("--batch", type=int, default=10, help="batch size (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per mode, best taken (default %(default)s)")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    ap.add_argument("--chunk", type=int, default=200,
-                    help=f"{CHUNKED}: for C above this, C clients in equal chunks of at most this many, one "
-                         f"after another (--client-parallel N; CUDA: graph replay) (default %(default)s)")
-    ap.add_argument("--seq-max-clients", type=int, default=200,
-                    help="run the sequential mode only up to this C (default %(default)s: it is client by client, "
-                         "so its rate does not depend on C, and C=1000 takes minutes)")
+    ap.add_argument(
+        "--chunk",
+        type=int,
+        default=200,
+        help=f"{CHUNKED}: for C above this, C clients in equal chunks of at most this many, one "
+        f"after another (--client-parallel N; CUDA: graph replay) (default %(default)s)",
+    )
+    ap.add_argument(
+        "--seq-max-clients",
+        type=int,
+        default=200,
+        help="run the sequential mode only up to this C (default %(default)s: it is client by client, "
+        "so its rate does not depend on C, and C=1000 takes minutes)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's default)")
     ap.add_argument("--smoke", action="store_true", help="C in {2, 4}, K=2, one round: checks the machinery")
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs",
-                    help="where the result files and LATEST.md go (default: bench_runs/, git-ignored)")
+    ap.add_argument(
+        "--out-dir",
+        type=Path,
+        default=ROOT / "bench_runs",
+        help="where the result files and LATEST.md go (default: bench_runs/, git-ignored)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--render", type=Path, metavar="RESULT.json", help="only redraw that result's .md and .png")
     args = ap.parse_args(argv)
@@ -454,12 +514,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--device cuda: torch sees no CUDA device")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    meta = run_meta(device, "python -m bench clients " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:])))
-    meta.update(mode="clients", dtype="float32", smoke=args.smoke,
-                clients=args.clients, steps=args.steps, batch=args.batch, rounds=args.rounds,
-                fused_backend=_fused_backend(device),
-                sequential_backend=_registry.auto_backend(device, "fednar"), hp=HP)
+    meta = run_meta(
+        device,
+        "python -m bench clients " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:])),
+    )
+    meta.update(
+        mode="clients",
+        dtype="float32",
+        smoke=args.smoke,
+        clients=args.clients,
+        steps=args.steps,
+        batch=args.batch,
+        rounds=args.rounds,
+        fused_backend=_fused_backend(device),
+        sequential_backend=_registry.auto_backend(device, "fednar"),
+        hp=HP,
+    )
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"bench clients: {meta['device_name']}, C in {args.clients}, K={args.steps}, batch {args.batch}")
     meta["loadavg_before"] = loadavg()
@@ -476,8 +546,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         paths = write(result, args.out_dir)
         log("wrote " + ", ".join(str(p) for p in paths.values()))
         if "png" not in paths:
-            log("bench clients: no chart drawn: matplotlib is not installed (pip install 'fedopt_kernels[bench]' "
-                "or pip install matplotlib)")
+            log(
+                "bench clients: no chart drawn: matplotlib is not installed (pip install 'fedopt_kernels[bench]' "
+                "or pip install matplotlib)"
+            )
     return 0
 
 

@@ -20,6 +20,7 @@ adds beyond that all-reduce.
 Every rank times the same fixed number of steps (a step with a collective must run on all ranks);
 a figure is the slowest rank's median. Results go to ``bench_runs/`` (JSON and Markdown).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,8 +83,10 @@ def _stepper(algo: str, params: List[torch.Tensor], like: List[torch.Tensor], ba
     for key, v in cfg.round_inputs(like, 0, seed=1).items():
         if isinstance(v, dict):
             index = {id(p): i for i, p in enumerate(like)}
-            inputs[key] = {params[index[id(p)]]: (r if is_dtensor(params[index[id(p)]]) else r[: params[index[id(p)]].shape[0]])
-                           for p, r in v.items()}
+            inputs[key] = {
+                params[index[id(p)]]: (r if is_dtensor(params[index[id(p)]]) else r[: params[index[id(p)]].shape[0]])
+                for p, r in v.items()
+            }
         else:
             inputs[key] = [place(t, p) for t, p in zip(v, params)]
     opt.start_round(**inputs)
@@ -149,26 +152,34 @@ def _merge(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
 def markdown(result: Dict[str, Any]) -> str:
     meta = result["meta"]
     us = lambda s: f"{s * 1e6:,.0f} us" if s < 1e-2 else f"{s * 1e3:,.2f} ms"  # noqa: E731
-    lines = [f"# Sharded step: {meta['world']} CPU processes (gloo), 1 thread each", "",
-             f"{meta['device_name']}; commit {meta['commit'][:10]}{' (dirty)' if meta.get('dirty') else ''}; "
-             f"torch {meta['torch']}; load average {meta['loadavg_before']} before, {meta['loadavg_after']} after. "
-             f"Command: `{meta['command']}`.", "",
-             f"A bare all-reduce of one float64 on this world: {us(result['allreduce_s'])}.", "",
-             "| algorithm | size | backend | whole, 1 process | local shard, plain tensors | local + all-reduce "
-             "| sharded (DTensor) | sharded - local | sharded - (local + all-reduce) | all-reduces / step "
-             "| bytes all-reduced / step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Sharded step: {meta['world']} CPU processes (gloo), 1 thread each",
+        "",
+        f"{meta['device_name']}; commit {meta['commit'][:10]}{' (dirty)' if meta.get('dirty') else ''}; "
+        f"torch {meta['torch']}; load average {meta['loadavg_before']} before, {meta['loadavg_after']} after. "
+        f"Command: `{meta['command']}`.",
+        "",
+        f"A bare all-reduce of one float64 on this world: {us(result['allreduce_s'])}.",
+        "",
+        "| algorithm | size | backend | whole, 1 process | local shard, plain tensors | local + all-reduce "
+        "| sharded (DTensor) | sharded - local | sharded - (local + all-reduce) | all-reduces / step "
+        "| bytes all-reduced / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {ALGOS[r['algo']].label} | {r['size']} ({r['numel']:,} -> {r['local_numel']:,} per rank) "
-                     f"| {r['backend']} | {us(r['whole_s'])} | {us(r['local_s'])} | {us(r['local_ar_s'])} "
-                     f"| {us(r['sharded_s'])} | {us(r['sharded_s'] - r['local_s'])} "
-                     f"| {us(r['sharded_s'] - r['local_ar_s'])} | {r['allreduces']} | {r['allreduce_bytes']} |")
+        lines.append(
+            f"| {ALGOS[r['algo']].label} | {r['size']} ({r['numel']:,} -> {r['local_numel']:,} per rank) "
+            f"| {r['backend']} | {us(r['whole_s'])} | {us(r['local_s'])} | {us(r['local_ar_s'])} "
+            f"| {us(r['sharded_s'])} | {us(r['sharded_s'] - r['local_s'])} "
+            f"| {us(r['sharded_s'] - r['local_ar_s'])} | {r['allreduces']} | {r['allreduce_bytes']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench sharded", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench sharded", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--algos", nargs="+", choices=list(ALGOS), default=DEFAULT_ALGOS)
     ap.add_argument("--sizes", nargs="+", choices=list(SIZES), default=DEFAULT_SIZES)
     ap.add_argument("--backends", nargs="+", choices=["cpu", "reference"], default=["cpu"])

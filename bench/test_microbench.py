@@ -5,6 +5,7 @@ bytes per step (counted as docs/benchmarks.md says) and the GB/s at the median i
 the ResNet-18 list (plus the 100M list on CUDA); set ``FEDOPT_BENCH_SIZES="small_cnn large"`` to
 choose. The figures with copy-bandwidth and goal columns come from ``python -m bench``.
 """
+
 from __future__ import annotations
 
 import functools

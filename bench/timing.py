@@ -8,6 +8,7 @@ its host rate, which is what a training loop sees.
 slowed (docs/benchmarks.md): a stall of another process only ever adds time, so a block whose
 median is well above the fastest block's was disturbed.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -74,8 +75,14 @@ MAX_BLOCKS = 6
 AGREE = 1.5
 
 
-def time_settled(fn: Callable[[], None], device: torch.device, budget: Budget, blocks: int = BLOCKS,
-                 max_blocks: int = MAX_BLOCKS, agree: float = AGREE) -> List[float]:
+def time_settled(
+    fn: Callable[[], None],
+    device: torch.device,
+    budget: Budget,
+    blocks: int = BLOCKS,
+    max_blocks: int = MAX_BLOCKS,
+    agree: float = AGREE,
+) -> List[float]:
     """Seconds per call, like ``time_calls`` with the same budget in total, but timed in ``blocks``
     blocks. A block is disturbed when its median exceeds ``agree`` x the fastest block's or, on a
     CPU, when other processes kept more than ``DISTURBED`` cores busy while it ran; another block
@@ -87,8 +94,12 @@ def time_settled(fn: Callable[[], None], device: torch.device, budget: Budget, b
     whole short timing loop: a multi-threaded kernel waits for its descheduled thread on every
     call. A disturbance longer than every block stays in the figures, and the runner flags the row."""
     per_max = max(1, budget.max_reps // blocks)
-    per = Budget(warmup=0, min_reps=min(per_max, -(-budget.min_reps // blocks)), max_reps=per_max,
-                 min_time_s=budget.min_time_s / blocks)
+    per = Budget(
+        warmup=0,
+        min_reps=min(per_max, -(-budget.min_reps // blocks)),
+        max_reps=per_max,
+        min_time_s=budget.min_time_s / blocks,
+    )
     for _ in range(budget.warmup):
         fn()
     timed: List[List[float]] = []
@@ -129,8 +140,13 @@ def median(xs: List[float]) -> float:
     return statistics.median(xs)
 
 
-def time_graph(fn: Callable[[], None], device: torch.device, steps: int, budget: Budget,
-               before_capture: Optional[Callable[[int], None]] = None) -> float:
+def time_graph(
+    fn: Callable[[], None],
+    device: torch.device,
+    steps: int,
+    budget: Budget,
+    before_capture: Optional[Callable[[int], None]] = None,
+) -> float:
     """Median seconds per call when ``steps`` calls are captured in one CUDA graph and replayed.
 
     Warm-up runs on a side stream as torch's CUDA-graph notes require. ``before_capture(steps)``
