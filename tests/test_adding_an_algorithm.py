@@ -13,13 +13,14 @@ import pytest
 import torch
 
 import fedopt_kernels
-from fedopt_kernels.core import ops as _ops, registry as _registry
-from fedopt_kernels.fl import algorithm, catalogue
-from fedopt_kernels.core.optimizer import FedOptimizer
-from fedopt_kernels.fl.server_rules import RULES
-from fedopt_kernels.fl.algorithm import Algorithm, Variant
 from fedopt_kernels.batched.mixin import ClientBatched
+from fedopt_kernels.core import ops as _ops
+from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.core.optimizer import FedOptimizer
+from fedopt_kernels.fl import algorithm, catalogue
+from fedopt_kernels.fl.algorithm import Algorithm, Variant
 from fedopt_kernels.fl.config import FLConfig, algorithm_settings
+from fedopt_kernels.fl.server_rules import RULES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "docs" / "algorithms.md").read_text()
@@ -88,7 +89,7 @@ def test_every_variant_runs_through_the_simulator_and_flower_settings(variant):
         if a.needs_anchor(cfg.variant):
             opt.step(anchor_grads=[torch.ones_like(w)])
         else:  # as the simulator and the Flower client step it (FedSAM: a closure for the second gradient)
-            a.local_step(opt, lambda: setattr(w, "grad", torch.ones_like(w)))
+            a.local_step(opt, lambda w=w: setattr(w, "grad", torch.ones_like(w)))
         assert not torch.equal(before, w.detach())
 
 
@@ -294,9 +295,8 @@ def heavyball(tmp_path):
 
 
 def test_an_algorithm_on_an_existing_op_is_one_module(heavyball, tmp_path):
-    from fedopt_kernels.sim.cli.fedopt_sim import build_parser, config_from_args
-
     import bench.algorithms as bench_algorithms
+    from fedopt_kernels.sim.cli.fedopt_sim import build_parser, config_from_args
 
     a = algorithm.ALGORITHMS["heavyball"]
     # the checklist: only the other two of its three files (the export and the docs section) are missing

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from fedopt_kernels.fl import catalogue
-
 from backends import cases, grad_scaler_unscales, require
 from no_sync import no_host_sync
+
+from fedopt_kernels.fl import catalogue
 
 # GradScaler hands its tensors to the optimizers that say they take them (all but FedSAM, whose step
 # takes a closure, which GradScaler.step refuses: docs/algorithms.md says how to combine the two)

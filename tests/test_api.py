@@ -117,7 +117,7 @@ def test_available_backends_reports_reasons():
     ab = fk.available_backends()
     assert "reference" in ab
     assert set(ab) | set(ab.missing) == set(_registry.BACKENDS)
-    for name, why in ab.missing.items():
+    for _name, why in ab.missing.items():
         assert isinstance(why, str) and why
     assert "available" in repr(ab)
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from backends import DEVICES
 
 from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.fl import catalogue
-
-from backends import DEVICES
 
 SHAPES = [(4, 3), (7,), (2, 3, 2), (0,), (33,)]
 C = 3

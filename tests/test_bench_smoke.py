@@ -113,10 +113,10 @@ def test_checkpoint_benchmark_runs(capsys):
 def test_an_interrupted_run_writes_the_rows_it_timed(tmp_path, monkeypatch):
     """gpu_check stops a phase at its deadline with SIGINT: the rows timed until then are written,
     and the report says the table is partial."""
+    from interrupt import interrupt_on_call
+
     import bench.__main__ as bench_main
     import bench.runner as runner
-
-    from interrupt import interrupt_on_call
 
     monkeypatch.setattr(runner, "_case", interrupt_on_call(runner._case, 3))
     assert bench_main.main(["--smoke", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
@@ -131,10 +131,10 @@ def test_a_killed_run_writes_the_rows_it_timed(tmp_path, monkeypatch):
     SIGTERM keeps its previous handler."""
     import signal
 
+    from interrupt import kill_on_call, sigterm_guard
+
     import bench.__main__ as bench_main
     import bench.runner as runner
-
-    from interrupt import kill_on_call, sigterm_guard
 
     monkeypatch.setattr(runner, "_case", kill_on_call(runner._case, 3))
     with sigterm_guard() as outside:

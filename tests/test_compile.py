@@ -12,12 +12,11 @@ import warnings
 
 import pytest
 import torch
+from backends import cases, require
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import fedopt_kernels as fk
 from fedopt_kernels.fl import catalogue
-
-from backends import cases, require
 
 # every algorithm's full option set, and the schedule and variance-reduction variants
 CONFIGS = [(name, a.full) for name, a in catalogue.ALGOS.items()] + [("feddecay", "linear_every2"), ("padamfed", "vr")]
@@ -31,7 +30,10 @@ def _twins(cfg, backend, device, lr_on=None):
     b = [torch.nn.Parameter(t.clone().to(device)) for t in init]
     if lr_on is None:
         return cfg.build(a, backend), a, cfg.build(b, backend), b
-    kw = lambda: {**cfg.kwargs, "lr": torch.tensor(cfg.kwargs["lr"], dtype=torch.float64, device=lr_on)}
+
+    def kw():
+        return {**cfg.kwargs, "lr": torch.tensor(cfg.kwargs["lr"], dtype=torch.float64, device=lr_on)}
+
     return (
         cfg.cls(cfg.param_groups(a), backend=backend, **kw()),
         a,
@@ -111,15 +113,15 @@ def test_compiled_training_step_with_forward_and_backward(backend, device):
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).to(device)
         opt = fk.FedNAR(model.parameters(), lr=0.05, weight_decay=1e-3, max_norm=1.0, backend=backend)
         opt.start_round()
-        forward = lambda: torch.nn.functional.mse_loss(model(x), y)  # noqa: E731
+        forward = lambda: torch.nn.functional.mse_loss(model(x), y)  # noqa: E731, B023 (called in this iteration)
         if mode == "model compiled":
             forward = torch.compile(forward)
 
-        def train():
-            loss = forward()
+        def train():  # called in this iteration only: the loop variables it reads are this iteration's
+            loss = forward()  # noqa: B023
             loss.backward()
-            opt.step()
-            opt.zero_grad()
+            opt.step()  # noqa: B023
+            opt.zero_grad()  # noqa: B023
             return loss
 
         fn = torch.compile(train) if mode == "whole step compiled" else train

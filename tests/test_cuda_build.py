@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from host_cxx import generated_include
 
 ROOT = Path(__file__).resolve().parent.parent

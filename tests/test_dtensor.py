@@ -242,7 +242,6 @@ def _train(model, opt, batches) -> None:
 
 
 def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
-    import fedopt_kernels as fk
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -250,6 +249,8 @@ def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
     )
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, init_device_mesh
+
+    import fedopt_kernels as fk
 
     mesh = init_device_mesh("cpu", (n,))
     out: Dict[str, Any] = {}
@@ -264,9 +265,15 @@ def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
     ]
     for backend in BACKENDS:
         for name, make in (
-            ("FedNAR", lambda ps: fk.FedNAR(ps, lr=0.2, weight_decay=0.01, max_norm=0.3, backend=backend)),
-            ("PAdaMFed", lambda ps: fk.PAdaMFed(ps, lr=0.05, beta=0.5, backend=backend)),
-            ("FedDecaySGD", lambda ps: fk.FedDecaySGD(ps, lr=0.1, beta=0.8, momentum=0.9, backend=backend)),
+            (
+                "FedNAR",
+                lambda ps, backend=backend: fk.FedNAR(ps, lr=0.2, weight_decay=0.01, max_norm=0.3, backend=backend),
+            ),
+            ("PAdaMFed", lambda ps, backend=backend: fk.PAdaMFed(ps, lr=0.05, beta=0.5, backend=backend)),
+            (
+                "FedDecaySGD",
+                lambda ps, backend=backend: fk.FedDecaySGD(ps, lr=0.1, beta=0.8, momentum=0.9, backend=backend),
+            ),
         ):
             model = _mlp(0)
             for layer in model:
@@ -345,8 +352,9 @@ def _state_diff(a: Dict[str, Any], b: Dict[str, Any]) -> float:
 
 
 def _errors_world(rank: int, n: int) -> Dict[str, str]:
-    import fedopt_kernels as fk
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    import fedopt_kernels as fk
 
     mesh = init_device_mesh("cpu", (n,))
     mesh2 = init_device_mesh("cpu", (1, n))
@@ -424,8 +432,9 @@ def two_ranks() -> Dict[str, Any]:
 
 
 def _triton_world(rank: int, n: int) -> Dict[Any, Any]:
-    import fedopt_kernels as fk
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    import fedopt_kernels as fk
 
     why = fk.available_backends("cpu").missing.get("triton")
     if why is not None:

@@ -7,7 +7,6 @@ skipped with the reason ``available_backends()`` gives.
 
 import pytest
 import torch
-
 from harness import (
     ALGOS,
     DTYPES,

@@ -6,9 +6,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +60,7 @@ PILOTS = {"fednar": {"max_norm": 1.0}, "padamfed": {"eta": 0.01, "gamma": 0.1, "
 def test_method_and_baseline_grids_are_equal_in_size(name):
     exp = EXPS[name]
     methods = exp.methods(PILOTS.get(name, {}))
-    for method, baseline, _, how in exp.comparisons:
+    for method, baseline, _, _how in exp.comparisons:
         if baseline is None:  # a claim about one method's own number (against zero)
             continue
         if method == "PAdaMFed (theory)":  # the paper's claim itself: untuned against tuned

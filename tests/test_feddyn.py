@@ -9,12 +9,6 @@ import io
 
 import pytest
 import torch
-
-from fedopt_kernels import FedDecaySGD
-from fedopt_kernels.fl import catalogue
-from fedopt_kernels.optim.feddyn import BatchedFedDyn, FedDyn, feddyn_server_step
-from fedopt_kernels.fl.server_rules import weighted_average_step
-
 from backends import supports, usable
 from harness import (
     SHAPE_SETS,
@@ -26,6 +20,11 @@ from harness import (
     make_grads,
     make_params,
 )
+
+from fedopt_kernels import FedDecaySGD
+from fedopt_kernels.fl import catalogue
+from fedopt_kernels.fl.server_rules import weighted_average_step
+from fedopt_kernels.optim.feddyn import BatchedFedDyn, FedDyn, feddyn_server_step
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -536,7 +535,7 @@ def test_after_a_converged_round_dyn_grad_is_the_local_gradient(n, alpha, seed, 
     # 1 - (0.5 + alpha) / (2 + alpha) <= 0.75 per step, so 150 steps reach 1e-18 of the start
     opt = FedDyn([x], lr=1.0 / (float(q.max()) + alpha), alpha=alpha, backend=backend)
     momentum_free_steps = 150
-    for rnd in range(3):
+    for _rnd in range(3):
         with torch.no_grad():
             x.add_(data.draw(st.floats(-2.0, 2.0), label="server move"))
         opt.start_round()

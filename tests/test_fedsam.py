@@ -13,12 +13,11 @@ import math
 
 import pytest
 import torch
+from backends import cases, require, supports
 
 import fedopt_kernels as fk
 from fedopt_kernels.fl import catalogue
 from fedopt_kernels.optim.fedsam import BatchedFedSAM
-
-from backends import cases, require, supports
 
 F64 = dict(dtype=torch.float64)
 
@@ -125,7 +124,7 @@ def test_rho_zero_is_the_sgd_step_exactly(backend, device):
     sam = fk.FedSAM(a, rho=0.0, backend=backend, **kw)
     sgd = fk.FedDecaySGD(b, beta=1.0, backend=backend, **kw)
     torch_sgd = torch.optim.SGD(c, **kw)
-    for step in range(4):
+    for _step in range(4):
         grads = [torch.randn(p.shape, **F64).to(dtype=dtype, device=device) for p in a]
         for ps in (a, b, c):
             for p, g in zip(ps, grads):

@@ -124,7 +124,7 @@ def test_simulation_finishes_and_improves_accuracy(suite, algorithm):
 @pytest.mark.parametrize("algorithm", STRATEGIES)
 def test_simulation_agrees_with_fedopt_sim(suite, algorithm):
     rels = divergence_per_round(suite[algorithm])
-    print(f"\n{algorithm}: relative divergence from fedopt-sim per round {['%.2e' % r for r in rels]}")
+    print(f"\n{algorithm}: relative divergence from fedopt-sim per round {[f'{r:.2e}' for r in rels]}")
     # round 1 starts from the same state on both sides: it is the one-round divergence of --validate;
     # rounds 2-3 are the trajectory, held to the same tolerance
     assert max(rels) <= PARAM_RTOL, f"{algorithm}: {rels}"
@@ -252,7 +252,7 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
         while time.time() < end and any(alive_in_group(p.pid) for p, _ in procs.values()):
             time.sleep(0.5)
         leftovers = {name: alive_in_group(proc.pid) for name, (proc, _) in procs.items()}
-        for name, (proc, _) in procs.items():  # never leave anything behind, even on failure
+        for proc, _ in procs.values():  # never leave anything behind, even on failure
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -268,5 +268,5 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
     result = torch.load(out, weights_only=False)["fednar-scaffold"]
     assert [h["round"] for h in result["history"]] == [0, 1, 2] and result["rejections"] == []
     rels = divergence_per_round(result)
-    print(f"deployment vs fedopt-sim, relative divergence per round: {['%.2e' % r for r in rels]}")
+    print(f"deployment vs fedopt-sim, relative divergence per round: {[f'{r:.2e}' for r in rels]}")
     assert max(rels) <= PARAM_RTOL

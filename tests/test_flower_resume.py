@@ -16,13 +16,13 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]'")
 
 import torch  # noqa: E402
+from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 
 from fedopt_kernels.fl.algorithm import VARIANTS  # noqa: E402
 from fedopt_kernels.fl.checkpoint import MANIFEST, CheckpointError  # noqa: E402
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
-from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 
 ROUNDS = 4
 

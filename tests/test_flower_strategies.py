@@ -23,14 +23,19 @@ flwr = pytest.importorskip("flwr", reason="Flower is not installed: pip install 
 
 import torch  # noqa: E402
 from flwr.app import Array, ConfigRecord, MessageType  # noqa: E402
+from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 
-from fedopt_kernels.fl.server_rules import RULES  # noqa: E402
 from fedopt_kernels.fl.algorithm import VARIANTS  # noqa: E402
-from fedopt_kernels.flower import (
+from fedopt_kernels.fl.server_rules import (  # noqa: E402
+    RULES,
+    scaffold_control_step,
+    weighted_average_step,
+)
+from fedopt_kernels.flower import (  # noqa: E402
     FedDecayStrategy,
     FedNARStrategy,
     FedNLRStrategy,
-    PAdaMFedStrategy,  # noqa: E402
+    PAdaMFedStrategy,
     ScaffoldStrategy,
     strategy_for,
 )
@@ -38,9 +43,7 @@ from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.records import from_record, to_record  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
-from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 from fedopt_kernels.flower.simdata import simulation_for  # noqa: E402
-from fedopt_kernels.fl.server_rules import scaffold_control_step, weighted_average_step  # noqa: E402
 from fedopt_kernels.optim.padamfed import padamfed_init, padamfed_step  # noqa: E402
 from fedopt_kernels.sim import Simulation  # noqa: E402
 from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence  # noqa: E402
@@ -371,7 +374,7 @@ def test_a_bad_count_or_a_stale_reply_is_a_logged_dropout(algorithm, fault, bad,
         expect = weighted_average_step(
             x0, deltas, [float(r["metrics"]["num-examples"]) for r in good], strategy.hp["server_lr"]
         )
-    for a, b, before in zip(strategy.global_params, expect, x0):
+    for a, b, _before in zip(strategy.global_params, expect, x0):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert any(not torch.equal(a, b) for a, b in zip(strategy.global_params, x0))  # not frozen
@@ -517,4 +520,4 @@ def test_earlier_flower_names_import_with_a_warning(old, new):
         assert getattr(fl, old) is getattr(fl, new)
     assert old not in fl.__all__
     with pytest.raises(AttributeError):
-        fl.NoSuchStrategy
+        _ = fl.NoSuchStrategy

@@ -17,11 +17,10 @@ import pickle
 
 import pytest
 import torch
+from backends import cases, require
 
 import fedopt_kernels as fk
 from fedopt_kernels.fl import catalogue
-
-from backends import cases, require
 
 LARGE, TINY = 1e18, 1e-25
 

@@ -99,7 +99,7 @@ def test_feddecay_is_torch_sgd_with_decayed_lr(kw):
     b = [torch.nn.Parameter(p.detach().clone()) for p in a]
     ours = fk.FedDecaySGD(a, lr=0.2, beta=0.6, backend="reference", **kw)
     theirs = torch.optim.SGD(b, lr=0.2, **kw)
-    for rnd in range(2):
+    for _rnd in range(2):
         ours.start_round()
         theirs.state.clear()  # a new round clears momentum, as a fresh torch optimizer per round would
         for k in range(4):
@@ -119,7 +119,7 @@ def test_within_round_decay_scheduler_drives_adam():
     opt = torch.optim.Adam([p], lr=0.01)
     sched = fk.WithinRoundDecay(opt, beta=0.5, decay_every=2)
     seen = []
-    for rnd in range(2):
+    for _rnd in range(2):
         sched.start_round()
         for _ in range(5):
             seen.append(opt.param_groups[0]["lr"])
@@ -155,11 +155,11 @@ def test_neuron_lr_scales_mean_one_and_ratio_mu():
     scales = fk.neuron_lr_scales(net, batches)
     layers = [net.conv, net.fc1, net.fc2]
     L = len(layers)
-    for l, m in enumerate(layers, start=1):
+    for ell, m in enumerate(layers, start=1):
         r = scales[m.weight]
         assert r.shape == (m.weight.shape[0],)
         assert torch.equal(scales[m.bias], r), "a bias shares its weight's scale"
-        mu = 1 + l / L + math.log10(r.numel())
+        mu = 1 + ell / L + math.log10(r.numel())
         assert r.mean().item() == pytest.approx(1.0, rel=1e-12)
         assert (r.max() / r.min()).item() == pytest.approx(mu, rel=1e-9)
 
@@ -264,7 +264,10 @@ def test_padamfed_every_step_moves_exactly_eta(vr):
     params = _params((8, 4), (5,), (1,), seed=7)
     eta = 0.05
     opt = fk.PAdaMFed(params, lr=eta, beta=0.3, variance_reduction=vr, backend="reference")
-    ctl = lambda s: [torch.randn(p.shape, generator=torch.Generator().manual_seed(s), **F64) for p in params]
+
+    def ctl(s):
+        return [torch.randn(p.shape, generator=torch.Generator().manual_seed(s), **F64) for p in params]
+
     for rnd in range(2):
         opt.start_round(global_control=ctl(rnd), local_control=ctl(rnd + 10), momentum=ctl(rnd + 20))
         for k in range(3):

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Dict, List, Set
 
 import pytest
-
 from test_import_graph import import_graph, package_modules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -371,7 +370,7 @@ def stale_names(modules: Dict[str, Path]) -> List[str]:
     renamed to its public name); a ``fedopt_kernels.…`` name that does not import."""
     short = {m.rsplit(".", 1)[-1] for m in modules}
     found = []
-    for module, path in modules.items():
+    for _module, path in modules.items():
         where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         for line, text in _docstrings_and_comments(path):
             for rel in _PATH.findall(text):

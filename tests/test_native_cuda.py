@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from no_sync import no_host_sync
 
 from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed
 from fedopt_kernels.core import ops as _ops
-from fedopt_kernels.fl import catalogue
 from fedopt_kernels.core.ops import BATCHED, FRESH, OPS
 from fedopt_kernels.core.registry import unavailable_reason
-
-from no_sync import no_host_sync
+from fedopt_kernels.fl import catalogue
 
 pytestmark = pytest.mark.gpu
 
@@ -160,7 +159,7 @@ def test_split_launches_and_mixed_dtypes_match_reference(algo):
         out[backend] = params
     for i, (a, b) in enumerate(zip(out["reference"], out["cuda"])):
         tol = {torch.float64: 1e-10, torch.float32: 2e-5}.get(a.dtype, 3e-2)
-        torch.testing.assert_close(b.double(), a.double(), rtol=tol, atol=tol, msg=lambda m: f"tensor {i}: {m}")
+        torch.testing.assert_close(b.double(), a.double(), rtol=tol, atol=tol, msg=lambda m, i=i: f"tensor {i}: {m}")
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -280,7 +279,11 @@ def _assert_same_roles(spec, ref, got, exact):
             else:
                 tol = _tol(a.dtype)
                 torch.testing.assert_close(
-                    b.double(), a.double(), rtol=tol, atol=tol, msg=lambda m: f"{spec.roles[r].name}[{i}]: {m}"
+                    b.double(),
+                    a.double(),
+                    rtol=tol,
+                    atol=tol,
+                    msg=lambda m, r=r, i=i: f"{spec.roles[r].name}[{i}]: {m}",
                 )
     assert torch.equal(ref[n + 3].cpu(), got[n + 3].cpu()), "k differs"
 

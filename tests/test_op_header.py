@@ -21,11 +21,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from host_cxx import compiler, generated_include
 
 from fedopt_kernels.core import op_header as _op_header
 from fedopt_kernels.core.ops import FRESH, OPS, PER_CLIENT, Role
-
-from host_cxx import compiler, generated_include
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,12 +14,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from backends import cases, require
 
 import fedopt_kernels as fk
-from fedopt_kernels.core import ops as _ops, registry as _registry
+from fedopt_kernels.core import ops as _ops
+from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.core.ops import BATCHED, FRESH, OPS, PER_CLIENT
-
-from backends import cases, require
 
 SHAPES = [(5, 3), (7,), (2, 3, 2)]
 

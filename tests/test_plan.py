@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from backends import cases, require
 
 import fedopt_kernels as fk
 from fedopt_kernels.core import plan_inputs as _params
-
-from backends import cases, require
 
 KW = dict(lr=0.1, momentum=0.9, weight_decay=0.01)
 

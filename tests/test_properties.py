@@ -14,12 +14,11 @@ import pytest
 import torch
 
 hypothesis = pytest.importorskip("hypothesis")
+from backends import supports, usable  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from fedopt_kernels.fl import catalogue  # noqa: E402
-
-from backends import supports, usable  # noqa: E402
 
 BACKENDS = [b for b in usable("cpu") if b != "reference"]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]

@@ -17,18 +17,17 @@ from typing import List
 
 import pytest
 import torch
+from backends import require
+from child import ending, run_child
+from no_sync import no_host_sync
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 import fedopt_kernels
 from fedopt_kernels.core import grad_watch as _grad_watch
 from fedopt_kernels.core import replay as _replay
-from fedopt_kernels.fl import catalogue
 from fedopt_kernels.core.replay import StepReplay
-
-from backends import require
-from child import ending, run_child
-from no_sync import no_host_sync
+from fedopt_kernels.fl import catalogue
 
 CASES = [(a, o) for a, algo in catalogue.ALGOS.items() for o in algo.options]
 _REAL_RECORD = StepReplay._record  # before any test puts a stand-in there
@@ -360,7 +359,7 @@ def _replayed_step_calls(n: int, algo: str) -> tuple:
     params, opt, inputs = _optimizer(algo, "cpu", [(1,)] * n)
     for p in params:
         p.grad = torch.randn_like(p)
-    for k in range(4):
+    for _k in range(4):
         opt.step(**inputs(0))
     assert type(opt._plan.watch).__name__ == "GradWatch" and type(opt._plan.watch) is not _grad_watch.PyGradWatch
     calls = [0]
@@ -472,7 +471,7 @@ def test_replayed_steps_with_moving_gradients_are_the_eager_bits(algo, cpu_repla
             _fill_grads(params, slots, g)
             step_inputs = inputs(k)
             if "closure" in step_inputs:  # FedSAM: its second gradient into the same tensors (their addresses)
-                step_inputs = dict(step_inputs, closure=lambda: [q.grad.add_(q.detach()) for q in params])
+                step_inputs = dict(step_inputs, closure=lambda params=params: [q.grad.add_(q.detach()) for q in params])
             opt.step(**step_inputs)
         runs.append((params, opt))
     (a, ea), (b, eb) = runs

@@ -274,7 +274,7 @@ def test_validation_holds_on_other_cpu_kernels():
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
     assert [r[0] for r in rows] == ["padamfed"], out.stdout
-    for name, passed, dtype, rel in rows:
+    for _name, passed, dtype, rel in rows:
         assert passed == "True" and dtype == "float64" and float(rel) <= ROUNDING_RTOL, out.stdout
 
 

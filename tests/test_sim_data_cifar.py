@@ -6,13 +6,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from sim_data_files import write_cifar10, write_cifar100
 
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data.cifar import load_cifar
 from fedopt_kernels.sim.federated_data import build_federated_data
 from fedopt_kernels.sim.simulation import Simulation
-from sim_data_files import write_cifar10, write_cifar100
 
 
 @pytest.fixture(autouse=True, scope="module")

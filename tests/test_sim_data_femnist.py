@@ -5,14 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from sim_data_files import write_femnist
 
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data.femnist import count_writers, load_femnist
 from fedopt_kernels.sim.federated_data import build_federated_data
 from fedopt_kernels.sim.simulation import Simulation
-from sim_data_files import write_femnist
-
 
 # the simulator's tiny models: one torch thread (conftest.py), as fedopt-sim's --threads default
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,13 +6,13 @@ import gzip
 import numpy as np
 import pytest
 import torch
+from sim_data_files import idx_bytes, write_idx
 
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data.idx import load_idx_dataset, read_idx
 from fedopt_kernels.sim.data.partition import class_partition
 from fedopt_kernels.sim.federated_data import build_federated_data
-from sim_data_files import idx_bytes, write_idx
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

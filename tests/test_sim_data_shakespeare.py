@@ -6,13 +6,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from sim_data_files import PLAY_A, write_plays
 
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data import build_shakespeare as builder
 from fedopt_kernels.sim.data.shakespeare import NUM_CLASSES, SEQ_LEN, VOCAB, encode, load_shakespeare
 from fedopt_kernels.sim.federated_data import build_federated_data
-from sim_data_files import PLAY_A, write_plays
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,6 +5,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from sim_data_files import write_cifar10
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
@@ -13,8 +14,6 @@ from fedopt_kernels.sim.data.augment import random_crop_flip
 from fedopt_kernels.sim.data.image_input import ImageClassifier, InputSpec
 from fedopt_kernels.sim.models.build import MODELS, TEXT_MODELS, build_model
 from fedopt_kernels.sim.simulation import Simulation
-from sim_data_files import write_cifar10
-
 
 # the simulator's tiny models: one torch thread (conftest.py), as fedopt-sim's --threads default
 pytestmark = pytest.mark.usefixtures("one_thread")

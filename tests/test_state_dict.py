@@ -3,8 +3,8 @@ bit-identical to the uninterrupted run, on every available backend."""
 
 import pytest
 import torch
-
 from harness import ALGOS, backend_skip_reason, run_case
+
 from fedopt_kernels.core import registry as _registry
 
 

@@ -16,11 +16,10 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 import torch
+from no_sync import no_host_sync
 
 from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.fl import algorithm, catalogue
-
-from no_sync import no_host_sync
 
 SHAPES = [(4, 3), (5,), (2, 3, 2)]
 C = 2  # clients of the batched form
@@ -441,7 +440,7 @@ def test_no_empty_state_entries(case):
     params = case.params()
     opt = case.build(params)
     case.run(opt, params)
-    for p, st in opt.state.items():
+    for _p, st in opt.state.items():
         assert st, "an empty state entry"
     sd = opt.state_dict()["state"]
     assert all(sd.values()), f"empty entries in state_dict()['state']: {sd}"

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from no_sync import no_host_sync
 
 import fedopt_kernels as fk
 from fedopt_kernels.core import registry as _registry
-
-from no_sync import no_host_sync
 
 pytestmark = pytest.mark.gpu
 
