@@ -15,8 +15,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
-from fedopt_kernels.fl import algorithm, catalogue
 from fedopt_kernels.core import replay
+from fedopt_kernels.fl import algorithm, catalogue
 from fedopt_kernels.optim.sgd import TORCH_FOREACH, TORCH_FUSED
 
 from .traffic import Traffic

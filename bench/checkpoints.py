@@ -148,7 +148,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             rows.append(state_row(m, args.clients, args.repeats, Path(tmp)))
             print(table(rows), file=sys.stderr)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, state files in {args.dir or tempfile.gettempdir()}"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"state files in {args.dir or tempfile.gettempdir()}"
     )
     print(table(rows))
     return 0

@@ -39,8 +39,8 @@ import torch
 from torch.nn import functional as F
 
 from fedopt_kernels import FedNAR
-from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.batched import BatchedFedNAR
+from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.sim.models.small import SmallCNN
 from fedopt_kernels.sim.parallel.loss import ClientLoss
 from fedopt_kernels.sim.parallel.trainer import BatchedTrainer

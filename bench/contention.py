@@ -38,7 +38,7 @@ class OtherLoad:
         self.cores: Optional[float] = None
         self._start: Optional[Tuple[float, float, float]] = None
 
-    def __enter__(self) -> "OtherLoad":
+    def __enter__(self) -> OtherLoad:
         self._start = _sample()
         return self
 

@@ -54,7 +54,10 @@ def _contention_line(result: Dict[str, Any]) -> str:
         f"max {max(loads):.2f} cores"
     )
     if result["meta"]["device_type"] == "cpu" and bad:
-        line += f" — **{bad} rows ran while other processes used > {DISTURBED} cores (marked ⚠): their CPU timings are disturbed**"
+        line += (
+            f" — **{bad} rows ran while other processes used > {DISTURBED} cores (marked ⚠): "
+            "their CPU timings are disturbed**"
+        )
     return line
 
 
@@ -84,12 +87,14 @@ def markdown(result: Dict[str, Any]) -> str:
         "x columns = speedup (other time / this time; by hand: the torch code a user writes for the same work, "
         "each algorithm's own: FedNAR `grad += wd*x; clip_grad_norm_(foreach); SGD(fused)`, FedSAM the usual "
         "two-pass SAM, ...); state = bytes of optimizer state; step extra = peak memory one step "
-        f"allocates on top of it ({'CUDA max_memory_allocated' if cuda else 'torch CPU allocator events via torch.profiler'})."
+        "allocates on top of it "
+        f"({'CUDA max_memory_allocated' if cuda else 'torch CPU allocator events via torch.profiler'})."
         + (
             ""
             if cuda
             else " On a CPU, % copy can exceed 100%: a copy's stores to `dst` also read `dst` into the cache "
-            "(write-allocate), traffic the counted bytes leave out, while an in-place update reads what it writes anyway."
+            "(write-allocate), traffic the counted bytes leave out, "
+            "while an in-place update reads what it writes anyway."
         ),
         "",
         "## Goals",

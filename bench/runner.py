@@ -19,7 +19,7 @@ from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
 from .stopping import sigterm_interrupts
 from .timing import Budget, copy_bandwidth, host_time, median, time_graph, time_settled
-from .traffic import Traffic, bytes_per_element, bytes_per_step
+from .traffic import bytes_per_element, bytes_per_step
 
 Row = Dict[str, Any]
 
@@ -118,7 +118,8 @@ def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
                 plan.device,
                 plan.graph_steps,
                 plan.budget,
-                before_capture=lambda k: _prepare_capture(stepper, k),
+                # read late on purpose (not bound as a default): `del stepper` below frees it
+                before_capture=lambda k: _prepare_capture(stepper, k),  # noqa: F821
             )
         except Exception as exc:  # report, do not abort the run
             out["graph_error"] = f"{type(exc).__name__}: {exc}"
@@ -210,15 +211,17 @@ def _time_cases(plan: Plan, backends: List[str], rows: List[Row]) -> None:
         baseline_cache: Dict[tuple, Row] = {}
         for algo_name in plan.algos:
             algo = ALGOS[algo_name]
-            cases = [(b, (lambda b=b: algo.build(params, b))) for b in backends]
+            # the builders read algo and params late on purpose, called in this iteration only: bound as
+            # defaults, the cases list would keep this size's params alive past `del params` below
+            cases = [(b, (lambda b=b: algo.build(params, b))) for b in backends]  # noqa: B023, F821
             if plan.eager_rows and plan.device.type == "cuda":
                 cases += [
-                    (eager_name(b), (lambda b=b: algo.build(params, b, replay=False)))
+                    (eager_name(b), (lambda b=b: algo.build(params, b, replay=False)))  # noqa: B023, F821
                     for b in backends
                     if b in REPLAYING
                 ]
             if plan.baselines:
-                cases += [(w, (lambda w=w: build_baseline(algo, params, w))) for w in algo.baselines()]
+                cases += [(w, (lambda w=w: build_baseline(algo, params, w))) for w in algo.baselines()]  # noqa: B023, F821
             for backend, build in cases:
                 # torch.optim.SGD does the plain SGD work (no neuron scales, corrections or anchors);
                 # a hand-written baseline does the algorithm's work, counted at its bytes (Baseline.traffic)
