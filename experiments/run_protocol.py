@@ -52,7 +52,7 @@ class Experiment:
     metric_label: str
     lower_is_better: bool = False
     kind: str = "final"  # how a run is measured: "final", "newusers", "curve", "norms"
-    pilot: Optional[Callable[["Experiment", argparse.Namespace], Dict[str, Any]]] = None
+    pilot: Optional[Callable[[Experiment, argparse.Namespace], Dict[str, Any]]] = None
     paper: Dict[str, str] = dataclasses.field(default_factory=dict)  # comparison label -> the paper's number
     digits: int = 2  # decimals the tables show
 

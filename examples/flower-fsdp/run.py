@@ -21,8 +21,8 @@ sys.path.insert(0, str(HERE))
 # the simulation's client processes (and their training processes) import flower_fsdp too
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
 
-from flwr.client import ClientApp, NumPyClient  # noqa: E402
 import torch  # noqa: E402
+from flwr.client import ClientApp, NumPyClient  # noqa: E402
 from flwr.common import ConfigRecord, Context, ndarrays_to_parameters  # noqa: E402
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig  # noqa: E402
 from flwr.server.strategy import FedAvg  # noqa: E402
