@@ -71,7 +71,10 @@ def table(runs: List[Dict[str, Any]]) -> str:
                 continue
             acc = 100 * np.array([r["pooled_test_acc"] for r in rs])
             loss = np.array([r["train_loss"] for r in rs])
-            sd = lambda a: f" ± {a.std(ddof=1):.2f}" if len(a) > 1 else ""
+
+            def sd(a):
+                return f" ± {a.std(ddof=1):.2f}" if len(a) > 1 else ""
+
             lines.append(
                 f"| {data} | {algo} | {acc.mean():.2f}{sd(acc)} | {loss.mean():.3f}{sd(loss)} | "
                 f"{np.mean([r['seconds'] for r in rs]):.1f} |"

@@ -158,7 +158,8 @@ def feddecay(r: Runner) -> str:
     labels = list(res)
     best = max(labels[1:-1], key=lambda k: stat(res[k], "fine-tuned new mean")[0])
     lines = [
-        "## 1. FedDecay: within-round decay, after fine-tuning (FedDecay paper Sec. 4; the learning-rate scheduling paper)",
+        "## 1. FedDecay: within-round decay, after fine-tuning "
+        "(FedDecay paper Sec. 4; the learning-rate scheduling paper)",
         "",
         f"FedDecaySGD, lr {LR} for every β (the papers fix lr and vary β), decay every 2 local steps "
         "(about one local epoch on these clients), 10 local steps, "
@@ -167,7 +168,8 @@ def feddecay(r: Runner) -> str:
         "",
         table(res, FT, "β"),
         "",
-        f"Claim: some β in (0, 1) beats β = 0 and β = 1 after fine-tuning. Best β in (0,1) by new-user mean: **{best}**.",
+        "Claim: some β in (0, 1) beats β = 0 and β = 1 after fine-tuning. "
+        f"Best β in (0,1) by new-user mean: **{best}**.",
         f"- beats β = 1 (FedAvg) on new users: {verdict(res[best], res[labels[-1]], 'fine-tuned new mean')}; "
         f"on existing users: {verdict(res[best], res[labels[-1]], 'fine-tuned existing mean')}",
         f"- beats β = 0 (FedSGD) on new users: {verdict(res[best], res[labels[0]], 'fine-tuned new mean')}; "
@@ -254,7 +256,8 @@ def padamfed(r: Runner) -> str:
             + " |"
         )
     lines = [
-        "## 3. PAdaMFed with theory step sizes vs. tuned FedAvg and SCAFFOLD (Problem-Parameter-Free Federated Learning)",
+        "## 3. PAdaMFed with theory step sizes vs. tuned FedAvg and SCAFFOLD "
+        "(Problem-Parameter-Free Federated Learning)",
         "",
         f"PAdaMFed uses `theory_hparams(S={S}, K=10, T={r.rounds})`: η = {eta:.4g}, γ = {gamma:.4g}, β = {beta:.4g}, "
         f"no tuning. FedAvg and SCAFFOLD pick their client lr from {grid} by the final validation accuracy "

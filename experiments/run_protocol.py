@@ -102,7 +102,10 @@ def measure(kind: str, cfg: Dict[str, Any], pilot: Dict[str, Any]) -> Dict[str, 
         out["val_score"] = out["new_finetuned_val"] = newusers_val(sim)
     if kind == "curve":
         target = pilot["target"]
-        first = lambda c: next((i + 1 for i, a in enumerate(c) if a >= target), cfg["rounds"] + 1)
+
+        def first(c):
+            return next((i + 1 for i, a in enumerate(c) if a >= target), cfg["rounds"] + 1)
+
         out.update(
             rounds_val=first(curve_val),
             rounds_test=first(curve_test),
@@ -674,7 +677,9 @@ def summarise(
     for method, baseline, sign, how in exp.comparisons:
         # how: "select" / "sweep_mean" (the compared metric), else an extra (e.g. "change");
         # baseline None: against zero
-        values = lambda m: per_method[m][how] if how in ("select", "sweep_mean") else per_method[m]["extras"][how]
+        def values(m, how=how):
+            return per_method[m][how] if how in ("select", "sweep_mean") else per_method[m]["extras"][how]
+
         a = values(method)
         b = [0.0] * len(a) if baseline is None else values(baseline)
         comps.append(

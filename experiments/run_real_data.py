@@ -11,9 +11,10 @@
 Each writes ``experiments/real/<name>.json`` (every run's final metrics, its wall time, the machine's
 load average before and after) and prints a markdown table; ``experiments/results_real_superseded.md``
 holds the tables (superseded by ``run_protocol.py`` and ``experiments/protocol.md``). Settings
-are fixed below before any result was seen; every scale-down against the paper is listed in ``SCALE_DOWN``. Runs are in-process, one after
-another, on one torch thread (``FEDOPT_THREADS=N`` for more: on a quiet machine 2 threads help the
-client-parallel runs; on a loaded one they spin against each other).
+are fixed below before any result was seen; every scale-down against the paper is listed in
+``SCALE_DOWN``. Runs are in-process, one after another, on one torch thread (``FEDOPT_THREADS=N``
+for more: on a quiet machine 2 threads help the client-parallel runs; on a loaded one they spin
+against each other).
 """
 
 from __future__ import annotations
