@@ -198,7 +198,7 @@ def arch_flags(home: str, defaults: Tuple[str, ...] = DEFAULT_ARCHS) -> List[str
 
             if torch.cuda.is_available():
                 for i in range(torch.cuda.device_count()):
-                    archs.append("%d.%d" % torch.cuda.get_device_capability(i))
+                    archs.append("{}.{}".format(*torch.cuda.get_device_capability(i)))
         except Exception:  # no driver: the defaults
             pass
         if not archs:
