@@ -50,7 +50,7 @@ class SecondGradient:
         self.params, self.bases = params, bases
 
     def __call__(self) -> None:
-        for p, b in zip(self.params, self.bases):
+        for p, b in zip(self.params, self.bases, strict=True):
             if p.grad is not None:
                 p.grad = b + p.detach()
 
@@ -230,7 +230,7 @@ def run(
         for step in range(steps):
             gstep = rnd * steps + step
             new = grads(params, gstep) if grads is not None else rand_like_list(params, seed * 1000 + gstep, 1.0)
-            for p, g in zip(params, new):
+            for p, g in zip(params, new, strict=True):
                 p.grad = g
             opt.step(**cfg.step_inputs(ordered, gstep, seed))
     return opt

@@ -80,7 +80,7 @@ def evaluate_users(
 
     def load() -> None:
         with torch.no_grad():
-            for p, g in zip(model.parameters(), global_params):
+            for p, g in zip(model.parameters(), global_params, strict=True):
                 p.copy_(g)
 
     out: Dict[str, Dict] = {"global": {}, "finetuned": {}}

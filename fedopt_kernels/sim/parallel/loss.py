@@ -88,7 +88,7 @@ class ClientLoss:
 
     def loss(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """One client's weighted cross-entropy (``w``: 1/n on real samples, 0 on padding)."""
-        out = functional_call(self.net, dict(zip(self.names, params)), (x,))
+        out = functional_call(self.net, dict(zip(self.names, params, strict=True)), (x,))
         return (F.cross_entropy(out, y, reduction="none") * w).sum()
 
     def grads(
