@@ -9,7 +9,7 @@ Every backend registered with ``fedopt_kernels.core.registry`` is covered withou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -59,7 +59,7 @@ def make_params(shape_set: str, dtype: torch.dtype, seed: int) -> List[torch.nn.
     return params
 
 
-def make_grads(params: List[torch.Tensor], shape_set: str, step: int, seed: int) -> List[Optional[torch.Tensor]]:
+def make_grads(params: Sequence[torch.Tensor], shape_set: str, step: int, seed: int) -> List[Optional[torch.Tensor]]:
     """Gradients for global step ``step``: random, some non-contiguous, some missing (``frozen``)."""
     g = torch.Generator().manual_seed(seed * 1000 + step)
     out: List[Optional[torch.Tensor]] = []
@@ -94,6 +94,7 @@ class RunResult:
     params: List[torch.Tensor]
     state: List[Dict[str, torch.Tensor]]
     optimizer: torch.optim.Optimizer
+    state_dict: Optional[Dict[str, Any]] = None  # run_case(snapshot=...): the optimizer's, at the snapshot
 
 
 def run_case(

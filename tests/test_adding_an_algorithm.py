@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import fedopt_kernels
+import fedopt_kernels.batched
 from fedopt_kernels.batched.mixin import ClientBatched
 from fedopt_kernels.core import ops as _ops
 from fedopt_kernels.core import registry as _registry
@@ -37,6 +38,7 @@ def missing_registrations(a: Algorithm) -> List[str]:
     if spec is None or _ops.PER_CLIENT.get(spec.name) is not spec:
         out.append("op: the optimizer's _spec is not an op declared in _ops.PER_CLIENT")
         return out
+    assert spec is not None  # returned above otherwise (mypy reads `get(...) is not spec` as widening it)
     if not (isinstance(batched, type) and issubclass(batched, ClientBatched) and issubclass(batched, opt)):
         out.append("batched form: not ClientBatched + the per-client class")
     elif batched._spec is not _ops.BATCHED.get(f"{spec.name}_batched"):

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Dict
 
 import pytest
 from host_cxx import generated_include
@@ -80,7 +81,7 @@ def test_holds_sm86_and_sm90_code(lib):
 
 def _sass_by_function(sass: str):
     """{mangled kernel name: its SASS text} (one cubin's worth of each name is enough)."""
-    out = {}
+    out: Dict[str, str] = {}
     for block in re.split(r"\n\s*Function : ", sass)[1:]:
         name, _, body = block.partition("\n")
         out.setdefault(name.strip(), body)
@@ -152,6 +153,7 @@ def _nvcc() -> str:
         import torch.utils.cpp_extension  # noqa: F401
 
         spec = importlib.util.spec_from_file_location("fedopt_build", ROOT / "csrc" / "build.py")
+        assert spec is not None and spec.loader is not None
         build = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(build)
         home = build.find_cuda_home()

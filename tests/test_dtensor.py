@@ -24,12 +24,12 @@ workers return what they measured and the tests below assert on it.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+from typing import Any, Dict, List, cast
 
 import pytest
 import torch
 
-from fedopt_kernels import FedSAM
+from fedopt_kernels import FedSAM, PAdaMFed
 from fedopt_kernels.fl import catalogue
 from fedopt_kernels.fl.local_world import gloo_unavailable, run_local_world
 
@@ -82,7 +82,7 @@ def _sharded_step_input(value: Any, params: List[Any]) -> Any:
 
 
 def _sharded_inputs(inputs: Dict[str, Any], plain: List[Any], params: List[Any]) -> Dict[str, Any]:
-    out = {}
+    out: Dict[str, Any] = {}
     for key, v in inputs.items():
         if isinstance(v, dict):  # neuron scales: whole vectors, sliced by the optimizer
             index = {id(p): i for i, p in enumerate(plain)}
@@ -92,7 +92,7 @@ def _sharded_inputs(inputs: Dict[str, Any], plain: List[Any], params: List[Any])
     return out
 
 
-def _state_tensors(opt, params) -> Dict[str, torch.Tensor]:
+def _state_tensors(opt, params) -> Dict[str, Any]:  # torch.Tensor, or DTensor
     out = {}
     for i, p in enumerate(params):
         for key, v in sorted(opt.state[p].items()):
@@ -128,7 +128,8 @@ def _compare_config(
     g = torch.Generator().manual_seed(1)
     whole = [torch.randn(s, generator=g).to(dtype) for s in shapes]
     plain = [torch.nn.Parameter(t.clone()) for t in whole]
-    sharded = [
+    # DTensor parameters (torch's stubs type a Parameter of a DTensor as a plain Parameter)
+    sharded: List[Any] = [
         torch.nn.Parameter(_like(t.clone(), _Ghost(mesh, _placements(kind, i, t.shape, mesh.ndim))))
         for i, t in enumerate(whole)
     ]
@@ -182,8 +183,8 @@ def _compare_config(
             scale = want.double().abs().max().clamp_min(torch.finfo(dtype).tiny)
             worst["state_rel"] = max(worst["state_rel"], float(diff.max() / scale))
     if cfg.cls.__name__ == "PAdaMFed":
-        for a, b in zip(opt_p.local_control(), opt_s.local_control()):
-            want, got = _like(a, b).to_local(), b.to_local()
+        for a, b in zip(cast(PAdaMFed, opt_p).local_control(), cast(PAdaMFed, opt_s).local_control()):
+            want, got = _like(a, b).to_local(), b.to_local()  # type: ignore[attr-defined]  # DTensors
             if want.numel():
                 worst["state_abs"] = max(worst["state_abs"], float((got.double() - want.double()).abs().max()))
     worst["same_round"] = (opt_p.round_index, opt_p.round_step) == (opt_s.round_index, opt_s.round_step)
@@ -221,7 +222,7 @@ def _merge(per_rank: List[Dict[tuple, Dict[str, Any]]]) -> Dict[tuple, Dict[str,
 
 
 # ------------------------------------------------------------------------------ FSDP2, state_dict, errors
-def _mlp(seed: int) -> torch.nn.Module:
+def _mlp(seed: int) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.ReLU(), torch.nn.Linear(9, 3)).double()
 
@@ -241,7 +242,7 @@ def _train(model, opt, batches) -> None:
         opt.step()
 
 
-def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
+def _fsdp_world(rank: int, n: int) -> Dict[Any, Any]:
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -253,7 +254,7 @@ def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
     import fedopt_kernels as fk
 
     mesh = init_device_mesh("cpu", (n,))
-    out: Dict[str, Any] = {}
+    out: Dict[Any, Any] = {}
     steps = 3
     mine = _batches(rank, steps)
     together = [
@@ -287,13 +288,17 @@ def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
             ref_opt = make(ref.parameters())
             ref_opt.start_round()
             _train(ref, ref_opt, together)
-            diff = max(float((p.full_tensor() - q).abs().max()) for p, q in zip(model.parameters(), ref.parameters()))
+            # FSDP2's parameters are DTensors; torch's stubs type them as plain Parameters
+            diff = max(
+                float((p.full_tensor() - q).abs().max())  # type: ignore[attr-defined]
+                for p, q in zip(model.parameters(), ref.parameters())
+            )
             scale = max(float(q.abs().max()) for q in ref.parameters())
             out[("fsdp", name, backend)] = diff / scale
 
             # sharded checkpoint -> a fresh sharded optimizer: continues exactly as the original
             # cloned: a state_dict holds the optimizer's live tensors, as torch's optimizers' do
-            saved = get_optimizer_state_dict(model, opt)
+            saved: Dict[str, Any] = get_optimizer_state_dict(model, opt)
             saved["state"] = {
                 k: {kk: (vv.clone() if isinstance(vv, torch.Tensor) else vv) for kk, vv in st.items()}
                 for k, st in saved["state"].items()
@@ -311,7 +316,7 @@ def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
             _train(model2, opt2, more)
             out[("dcp_sharded", name, backend)] = (
                 max(
-                    float((p.to_local() - q.to_local()).abs().max())
+                    float((p.to_local() - q.to_local()).abs().max())  # type: ignore[attr-defined]  # FSDP2: DTensors
                     for p, q in zip(model.parameters(), model2.parameters())
                 ),
                 (opt.round_index, opt.round_step) == (opt2.round_index, opt2.round_step),
@@ -369,7 +374,8 @@ def _errors_world(rank: int, n: int) -> Dict[str, str]:
             changed = any(not torch.equal(a, b.detach()) for a, b in zip(before, watched))
             out[key] = f"{type(exc).__name__}: {exc}" + (" [CHANGED STATE]" if changed else "")
 
-    w = torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)], src_data_rank=None))
+    # Parameters of DTensors (torch's stubs type them as plain Parameters)
+    w: Any = torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)], src_data_rank=None))
     b = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Replicate()], src_data_rank=None))
     catch("mixed_plain", lambda: fk.FedNAR([w, torch.nn.Parameter(torch.ones(2))], lr=0.1, weight_decay=0.0))
     other = torch.nn.Parameter(distribute_tensor(torch.ones(2), mesh2, [Replicate(), Shard(0)], src_data_rank=None))
@@ -400,7 +406,7 @@ def _errors_world(rank: int, n: int) -> Dict[str, str]:
     catch("scale_shape", lambda: nl.set_neuron_scales({w: torch.ones(2)}))
     from fedopt_kernels.batched import BatchedFedNAR
 
-    stacked = torch.nn.Parameter(distribute_tensor(torch.ones(2, 4), mesh, [Shard(1)], src_data_rank=None))
+    stacked: Any = torch.nn.Parameter(distribute_tensor(torch.ones(2, 4), mesh, [Shard(1)], src_data_rank=None))
     stacked.grad = distribute_tensor(torch.ones(2, 4), mesh, [Shard(1)], src_data_rank=None)
     catch("batched", BatchedFedNAR([stacked], lr=0.1, weight_decay=0.0).step, stacked.to_local())
     plain = fk.FedNAR([torch.nn.Parameter(torch.ones(4, 3))], lr=0.1, weight_decay=0.0, prox_mu=0.1)

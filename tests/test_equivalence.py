@@ -5,6 +5,8 @@ appears here as soon as it registers with ``fedopt_kernels.core.registry``; unav
 skipped with the reason ``available_backends()`` gives.
 """
 
+from typing import Any, Dict
+
 import pytest
 import torch
 from harness import (
@@ -44,7 +46,7 @@ def _run_or_skip_fp64(fn, backend, dtype):
         raise
 
 
-_REFERENCE_CACHE = {}
+_REFERENCE_CACHE: Dict[Any, Any] = {}
 
 
 def _reference(algo, option, shapes, dtype):

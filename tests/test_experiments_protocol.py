@@ -13,6 +13,7 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "run_protocol.py"
 spec = importlib.util.spec_from_file_location("run_protocol", SCRIPT)
+assert spec is not None and spec.loader is not None
 rp = importlib.util.module_from_spec(spec)
 sys.modules["run_protocol"] = rp  # dataclasses look their module up there
 spec.loader.exec_module(rp)

@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any, Dict
 
 import pytest
 
@@ -53,7 +54,8 @@ SUITE = {
 
 
 def sim_config(saved: dict) -> SimConfig:
-    return SimConfig(**{k: (tuple(v) if k == "split" else v) for k, v in saved.items()})
+    kw: Dict[str, Any] = {k: (tuple(v) if k == "split" else v) for k, v in saved.items()}
+    return SimConfig(**kw)
 
 
 def divergence_per_round(result: dict):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set
+from typing import AbstractSet, Dict, Iterator, List, Optional, Set
 
 ROOT = Path(__file__).resolve().parents[1]
 # (folder, the module name it is imported as)
@@ -39,7 +39,7 @@ def _all_nodes(tree: ast.AST) -> Iterator[ast.AST]:
     return ast.walk(tree)
 
 
-def imported_names(module: str, path: Path, known: Set[str] = frozenset()) -> List[str]:
+def imported_names(module: str, path: Path, known: AbstractSet[str] = frozenset()) -> List[str]:
     """Absolute names of the modules ``module`` imports anywhere (``known``: the package's modules)."""
     is_pkg = path.name == "__init__.py"
     package = module if is_pkg else module.rpartition(".")[0]
@@ -88,7 +88,9 @@ def _cycle_through(graph: Dict[str, Set[str]], comp: Set[str], start: str) -> Li
             if nxt == start:
                 path = [node]
                 while path[-1] != start:
-                    path.append(prev[path[-1]])
+                    step = prev[path[-1]]
+                    assert step is not None  # only start has no predecessor, and the walk stops there
+                    path.append(step)
                 return [start] + path[::-1][1:] + [start]
             if nxt not in prev:
                 prev[nxt] = node

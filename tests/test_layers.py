@@ -176,7 +176,7 @@ def private_reads(sources: Dict[str, str]) -> List[str]:
     for module, tree in trees.items():
         others = set().union(*(d for m, d in defined.items() if m != module))
         for node in ast.walk(tree):
-            name = None
+            name: object = None  # a str when node reads a name (a constant's value may be anything)
             if isinstance(node, ast.Attribute) and not _own(node.value):
                 name = node.attr
             elif (
@@ -200,7 +200,8 @@ def private_reads(sources: Dict[str, str]) -> List[str]:
                 and name in others
                 and name not in defined[module]
             ):
-                found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+                # node is an Attribute or a Call here: an expression, which has a line
+                found.append(f"{module}:{getattr(node, 'lineno', '?')}: {ast.unparse(node)}")
     return found
 
 

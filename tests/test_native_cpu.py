@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -350,9 +351,9 @@ def test_baseline_and_avx2_kernels_give_the_same_bits(algo):
 from fedopt_kernels.batched import BatchedFedDecaySGD, BatchedFedNAR, BatchedPAdaMFed  # noqa: E402
 
 # (batched maker, per-client maker); SGD with dampening so the FRESH first-step rule matters
-_SGD_KW = dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1, weight_decay=1e-3, prox_mu=0.01)
-_NAR_KW = dict(lr=0.1, weight_decay=1e-2, max_norm=5.0, prox_mu=0.1)
-_PAD_KW = dict(lr=0.01, beta=0.4)
+_SGD_KW: Dict[str, Any] = dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1, weight_decay=1e-3, prox_mu=0.01)
+_NAR_KW: Dict[str, Any] = dict(lr=0.1, weight_decay=1e-2, max_norm=5.0, prox_mu=0.1)
+_PAD_KW: Dict[str, Any] = dict(lr=0.01, beta=0.4)
 BATCHED_ALGOS = {
     "sgd_momentum": (
         lambda ps, b: BatchedFedDecaySGD(ps, backend=b, **_SGD_KW),

@@ -27,7 +27,7 @@ from fedopt_kernels.core.ops import BATCHED, FRESH, OPS
 from fedopt_kernels.core.registry import unavailable_reason
 from fedopt_kernels.fl import catalogue
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu]
 
 if torch.cuda.is_available():
     _WHY = unavailable_reason("cuda", torch.device("cuda"))

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -217,7 +218,7 @@ def _quick_row(monkeypatch, clock: _FakeTime) -> dict:
     monkeypatch.setattr(runner, "state_bytes", lambda opt: 0)
     budget = bench_main.MODES["quick"][3]
     plan = runner.Plan(device=runner.torch.device("cpu"), sizes=[], algos=[], budget=budget)
-    return runner._measure(lambda: Timed(_FakeOpt()), plan, graph=False)
+    return runner._measure(lambda: Timed(cast(Any, _FakeOpt())), plan, graph=False)  # a stand-in optimizer
 
 
 @pytest.mark.parametrize("stalled", [range(5, 6), range(1, 2)], ids=["mid_run", "first_timed"])

@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("paper_commands", ROOT / "experiments" / "paper_commands.py")
+assert spec is not None and spec.loader is not None
 pc = importlib.util.module_from_spec(spec)
 sys.modules["paper_commands"] = pc
 spec.loader.exec_module(pc)

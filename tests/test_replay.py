@@ -13,7 +13,7 @@ masks - and end with the same bits in parameters and state, the replaying one ha
 from __future__ import annotations
 
 import gc
-from typing import List
+from typing import Any, List
 
 import pytest
 import torch
@@ -50,7 +50,7 @@ def fake_graphs(monkeypatch):
     monkeypatch.setattr(StepReplay, "_record", lambda self, device, run: _FakeGraph(run))
 
 
-def _drive(rep: StepReplay, keys: List[str]) -> List[int]:
+def _drive(rep: StepReplay, keys: List[Any]) -> List[int]:
     """Launch step i with key keys[i]; return which step's launch ran at each step."""
     ran: List[int] = []
     for i, key in enumerate(keys):

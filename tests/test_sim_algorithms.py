@@ -6,7 +6,7 @@ per-round lr decay, FedNAR's annealing and the control variates all take effect)
 below use autograd only for gradients and write every update rule out.
 """
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 import pytest
 import torch
@@ -37,7 +37,7 @@ def tiny_data(sizes=SIZES, new=0) -> FederatedData:
 
 
 def tiny_config(algorithm: str, **kw) -> SimConfig:
-    base = dict(
+    base: Dict[str, Any] = dict(
         algorithm=algorithm,
         clients=len(SIZES),
         holdout_fraction=0.0,
@@ -69,7 +69,7 @@ def grad(params: List[torch.Tensor], c: ClientData) -> List[torch.Tensor]:
 
 
 def norm(ts: List[torch.Tensor]) -> torch.Tensor:
-    return torch.sqrt(sum((t.double() ** 2).sum() for t in ts))
+    return torch.sqrt(cast(torch.Tensor, sum((t.double() ** 2).sum() for t in ts)))  # ts is never empty
 
 
 def weighted_avg_update(x, ys, weights, server_lr):
@@ -218,7 +218,7 @@ def hand_padamfed(cfg: SimConfig, vr: bool) -> Dict:
     x = initial_params(cfg)
     n = len(SIZES)
     ci = {i: grad(x, cl) for i, cl in enumerate(data.train_clients)}  # mean of K full-batch grads at x0
-    c = [sum(ci[i][j] for i in range(n)) / n for j in range(len(x))]
+    c = [cast(torch.Tensor, sum(ci[i][j] for i in range(n))) / n for j in range(len(x))]  # n >= 1 clients
     m = [cj.clone() for cj in c]
     for _ in range(cfg.rounds):
         ys, new_ci = [], {}

@@ -10,6 +10,7 @@ normalised or cancelling updates) still sits six orders of magnitude below the d
 """
 
 import math
+from typing import Any, Dict
 
 import numpy as np
 import pytest
@@ -56,7 +57,7 @@ def model_fn() -> nn.Module:
 
 
 def tiny_config(algorithm: str, **kw) -> SimConfig:
-    base = dict(
+    base: Dict[str, Any] = dict(
         algorithm=algorithm,
         clients=len(SIZES),
         holdout_fraction=0.0,
@@ -123,6 +124,7 @@ def test_validation_catches_padding_counted_as_samples(monkeypatch):
 def _train(cfg, emulate: bool):
     sim = Simulation(cfg, data=tiny_images(), model_fn=model_fn)
     if emulate:
+        assert sim.batched is not None  # the config trains client-parallel
         sim.batched.graph_mode = "emulate"
     for t in range(cfg.rounds):
         sim.run_round(t)

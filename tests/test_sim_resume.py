@@ -9,6 +9,7 @@ well under a second. ``test_sim_resume_kill.py`` kills real ``fedopt-sim`` proce
 
 import json
 import math
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ def model_fn() -> nn.Module:
 
 
 def tiny_config(algorithm: str, **kw) -> SimConfig:
-    base = dict(
+    base: Dict[str, Any] = dict(
         algorithm=algorithm,
         clients=len(SIZES) + 1,
         holdout_fraction=1 / 6,

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -62,7 +63,7 @@ COMMON = [
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def start(args, cwd: Path, hook: str = None) -> subprocess.Popen:
+def start(args, cwd: Path, hook: Optional[str] = None) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop(KILL_HOOK, None)
     if hook is not None:
