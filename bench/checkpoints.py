@@ -66,7 +66,9 @@ def state_row(model: str, clients: int, repeats: int, folder: Path) -> Dict[str,
         backend="auto",
         model="cnn" if model == "small_cnn" else "mlp",
     )
-    kw = {} if model == "small_cnn" else dict(data=_tiny_cifar(clients), model_fn=lambda: ResNet18GN(3, 10))
+    kw: Dict[str, Any] = (
+        {} if model == "small_cnn" else dict(data=_tiny_cifar(clients), model_fn=lambda: ResNet18GN(3, 10))
+    )
     sim = Simulation(cfg, checkpoint_dir=folder / model, **kw)
     for cid in range(cfg.num_train_clients):  # every client has trained once: each keeps its control
         sim.strategy.kept[cid] = [torch.full_like(p, 1e-3 * cid) for p in sim.global_params]

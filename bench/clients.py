@@ -50,7 +50,7 @@ from .contention import OtherLoad
 from .machine import ROOT, loadavg, run_meta
 from .timing import Budget, median, time_calls
 
-HP = dict(lr=0.05, weight_decay=5e-4, max_norm=10.0)
+HP: Dict[str, Any] = dict(lr=0.05, weight_decay=5e-4, max_norm=10.0)
 SEQ, PLAIN, FUSED, GRAPH = "sequential", "batched-plain-torch", "batched-fused", "batched-fused-graph"
 CHUNKED = "batched-fused-chunked"
 MODES = (SEQ, PLAIN, FUSED, GRAPH, CHUNKED)

@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -45,7 +45,7 @@ def _median_us(step: Callable[[], None], reps: int) -> float:
     return statistics.median(blocks)
 
 
-def _optimizer(algo: str, params: List[torch.Tensor], backend: str, replay: bool) -> Any:
+def _optimizer(algo: str, params: Sequence[torch.Tensor], backend: str, replay: bool) -> Any:
     import fedopt_kernels as fk
 
     if algo == "FedDecaySGD":
@@ -97,7 +97,7 @@ def replayed_step(algo: str, n: int, reps: int) -> Dict[str, Any]:
         # (FedDecaySGD's schedule table grows after 1024 steps: a new table, one eager and one recorded step)
         assert opt.replay_stats()["replayed"] - replayed >= 0.99 * 7 * reps, "the timed steps did not replay"
     finally:
-        _replay.DEVICE_TYPES, _replay.BACKENDS, _replay.StepReplay._record = saved
+        _replay.DEVICE_TYPES, _replay.BACKENDS, _replay.StepReplay._record = saved  # type: ignore[method-assign]
     return {"python_calls": calls[0], "tensor_accesses": Accesses.n, "host_us": us}
 
 

@@ -27,6 +27,7 @@ backend and nothing replays (replayed steps are a GPU feature).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -53,7 +54,7 @@ MODELS: Dict[str, Callable[[], tuple]] = {
 BATCH = 32
 PROBE = 20  # iterations after the timed ones whose gradient addresses are counted
 UNTIMED = 2  # iterations of a row before each of its timed blocks
-SGD = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
+SGD: Dict[str, Any] = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
 BASELINE = "torch.SGD(fused)"
 
 
@@ -68,13 +69,13 @@ def optimizers(backends: List[str]) -> Dict[str, Callable[[List[torch.Tensor]], 
     out: Dict[str, Callable[[List[torch.Tensor]], torch.optim.Optimizer]] = {
         BASELINE: lambda ps: torch.optim.SGD(ps, fused=True, **SGD)
     }
-    nar = dict(lr=SGD["lr"], weight_decay=SGD["weight_decay"], max_norm=1.0)
-    for b in backends:
-        out[f"FedDecaySGD {b}"] = lambda ps, b=b: fk.FedDecaySGD(ps, beta=1.0, backend=b, **SGD)
-        out[f"FedDecaySGD {b} eager"] = lambda ps, b=b: fk.FedDecaySGD(ps, beta=1.0, backend=b, replay=False, **SGD)
-        out[f"FedNAR {b}"] = lambda ps, b=b: fk.FedNAR(ps, backend=b, **nar)
-        out[f"FedNAR {b} eager"] = lambda ps, b=b: fk.FedNAR(ps, backend=b, replay=False, **nar)
-        out[f"PAdaMFed {b}"] = lambda ps, b=b: fk.PAdaMFed(ps, lr=0.01, beta=0.5, backend=b)
+    nar: Dict[str, Any] = dict(lr=SGD["lr"], weight_decay=SGD["weight_decay"], max_norm=1.0)
+    for b in backends:  # partial: the same calls as lambdas binding b, and typed
+        out[f"FedDecaySGD {b}"] = functools.partial(fk.FedDecaySGD, beta=1.0, backend=b, **SGD)
+        out[f"FedDecaySGD {b} eager"] = functools.partial(fk.FedDecaySGD, beta=1.0, backend=b, replay=False, **SGD)
+        out[f"FedNAR {b}"] = functools.partial(fk.FedNAR, backend=b, **nar)
+        out[f"FedNAR {b} eager"] = functools.partial(fk.FedNAR, backend=b, replay=False, **nar)
+        out[f"PAdaMFed {b}"] = functools.partial(fk.PAdaMFed, lr=0.01, beta=0.5, backend=b)
     return out
 
 

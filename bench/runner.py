@@ -167,6 +167,7 @@ def _case(build: Callable[[], Stepper], plan: Plan, graph: bool, nbytes: int) ->
             best = out
         if "error" in out or others.cores is None or others.cores <= DISTURBED:
             break
+    assert best is not None  # the first attempt always sets it
     best["attempts"] = out["attempts"]
     return best
 

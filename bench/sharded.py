@@ -50,12 +50,13 @@ def _sharded_params(whole: List[torch.Tensor], mesh) -> List[torch.Tensor]:
     out = []
     for p in whole:
         q = distribute_tensor(p.detach(), mesh, [Shard(0)], src_data_rank=None).requires_grad_()
+        assert p.grad is not None  # _make_params gives every whole tensor a gradient
         q.grad = distribute_tensor(p.grad, mesh, [Shard(0)], src_data_rank=None)
         out.append(q)
     return out
 
 
-def _local_params(sharded: List[torch.Tensor]) -> List[torch.Tensor]:
+def _local_params(sharded: List[Any]) -> List[torch.Tensor]:  # sharded: DTensors
     out = []
     for q in sharded:
         p = q.to_local().detach().clone().requires_grad_()
@@ -79,7 +80,7 @@ def _stepper(algo: str, params: List[torch.Tensor], like: List[torch.Tensor], ba
             return distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
         return t if t.shape == p.shape else t[: p.shape[0]]  # a local shard: its first rows stand in
 
-    inputs = {}
+    inputs: Dict[str, Any] = {}
     for key, v in cfg.round_inputs(like, 0, seed=1).items():
         if isinstance(v, dict):
             index = {id(p): i for i, p in enumerate(like)}
@@ -90,7 +91,9 @@ def _stepper(algo: str, params: List[torch.Tensor], like: List[torch.Tensor], ba
         else:
             inputs[key] = [place(t, p) for t, p in zip(v, params)]
     opt.start_round(**inputs)
-    step_in = {k: [place(t, p) for t, p in zip(v, params)] for k, v in cfg.step_inputs(like, 0, seed=1).items()}
+    step_in: Dict[str, Any] = {
+        k: [place(t, p) for t, p in zip(v, params)] for k, v in cfg.step_inputs(like, 0, seed=1).items()
+    }
     return lambda: opt.step(**step_in)
 
 
@@ -127,7 +130,7 @@ def _world(rank: int, n: int, cases: List[tuple], reps: int) -> Dict[str, Any]:
             calls.append(t.numel() * t.element_size())  # noqa: B023
             return real(t, *a, **kw)  # noqa: B023
 
-        dist.all_reduce = counting
+        dist.all_reduce = counting  # type: ignore[assignment]  # for the one step() below, then restored
         try:
             step()
         finally:

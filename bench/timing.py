@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -37,7 +37,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_calls(fn: Callable[[], None], device: torch.device, budget: Budget) -> List[float]:
+def time_calls(fn: Callable[[], object], device: torch.device, budget: Budget) -> List[float]:
     """Seconds per call of ``fn`` for each timed call (median it: the first calls can be outliers)."""
     for _ in range(budget.warmup):
         fn()
@@ -45,7 +45,7 @@ def time_calls(fn: Callable[[], None], device: torch.device, budget: Budget) -> 
     times: List[float] = []
     t_start = time.perf_counter()
     if device.type == "cuda":
-        pending = []
+        pending: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
         while len(pending) < budget.max_reps:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
@@ -76,7 +76,7 @@ AGREE = 1.5
 
 
 def time_settled(
-    fn: Callable[[], None],
+    fn: Callable[[], object],
     device: torch.device,
     budget: Budget,
     blocks: int = BLOCKS,
@@ -122,7 +122,7 @@ def time_settled(
     return [t for i in chosen for t in timed[i]]
 
 
-def host_time(fn: Callable[[], None], device: torch.device, reps: int = 20) -> float:
+def host_time(fn: Callable[[], object], device: torch.device, reps: int = 20) -> float:
     """Median host seconds of one call, without waiting for the device: what a training loop pays on
     the CPU per step (on a CPU it is the step time; on a GPU the launch overhead, when the GPU keeps up)."""
     fn()
@@ -141,7 +141,7 @@ def median(xs: List[float]) -> float:
 
 
 def time_graph(
-    fn: Callable[[], None],
+    fn: Callable[[], object],
     device: torch.device,
     steps: int,
     budget: Budget,
