@@ -47,7 +47,8 @@ class Experiment:
     name: str
     base: Dict[str, Any]  # the SimConfig fields every run shares
     methods: Callable[[Dict[str, Any]], Dict[str, Dict[str, Dict[str, Any]]]]  # pilot -> method -> point -> overrides
-    comparisons: Sequence[Tuple[str, str, int, str]]  # (method, baseline, paper's sign, "select" | "sweep_mean")
+    # (method, baseline or None: against zero, paper's sign, "select" | "sweep_mean" | an extra)
+    comparisons: Sequence[Tuple[str, Optional[str], int, str]]
     metric: str  # the compared test metric
     metric_label: str
     lower_is_better: bool = False
@@ -83,7 +84,7 @@ def measure(kind: str, cfg: Dict[str, Any], pilot: Dict[str, Any]) -> Dict[str, 
                 norms.append(torch.stack(parts).norm())
             return loss
 
-        sim.strategy.loss_and_grad = logged
+        sim.strategy.loss_and_grad = logged  # type: ignore[method-assign]  # logs each gradient's norm
     curve_val, curve_test = [], []
     for t in range(cfg["rounds"]):
         rec = sim.run_round(t)
@@ -588,12 +589,12 @@ def run_experiment(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
         # CUDA cannot be used in a forked child of a process that used it (the pilot)
         start_method = "spawn" if args.device == "cuda" else "fork"
         with multiprocessing.get_context(start_method).Pool(args.jobs) as pool:
-            for i, (path, secs) in enumerate(pool.imap_unordered(_worker, jobs), 1):
-                print(f"[{exp.name}] {i}/{len(jobs)} {Path(path).stem} ({secs:.1f} s)", flush=True)
+            for i, (done, secs) in enumerate(pool.imap_unordered(_worker, jobs), 1):
+                print(f"[{exp.name}] {i}/{len(jobs)} {Path(done).stem} ({secs:.1f} s)", flush=True)
     else:
         for i, job in enumerate(jobs, 1):
-            path, secs = _worker(job)
-            print(f"[{exp.name}] {i}/{len(jobs)} {Path(path).stem} ({secs:.1f} s)", flush=True)
+            done, secs = _worker(job)
+            print(f"[{exp.name}] {i}/{len(jobs)} {Path(done).stem} ({secs:.1f} s)", flush=True)
     seeds = [s for s in args.seeds if all((run_dir / f"{k}__s{s}.json").exists() for k in points)]
     if not seeds:
         raise SystemExit(f"[{exp.name}] no seed has all its runs in {run_dir}")

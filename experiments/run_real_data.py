@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -76,7 +76,7 @@ def sweep(name: str, settings: Dict[str, Dict[str, Any]], seeds: Sequence[int]) 
     import torch
 
     torch.set_num_threads(int(os.environ.get("FEDOPT_THREADS", "1")))  # 1: the fastest on a shared, busy machine
-    info = {
+    info: Dict[str, Any] = {
         "load_before": load(),
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
@@ -175,9 +175,10 @@ def neuron_drift(base: Dict[str, Any], seed: int, quick: bool) -> Dict[str, Any]
     snapshot = [p.detach().clone() for p in avg.global_params]
 
     def hidden(sim: Simulation, x: torch.Tensor) -> torch.Tensor:
-        net = sim.model.net.net  # ImageClassifier -> OneHiddenMLP -> Sequential(Flatten, Linear, ReLU, Linear)
+        model: Any = sim.model  # typed nn.Module: its submodules are read by name
+        net = model.net.net  # ImageClassifier -> OneHiddenMLP -> Sequential(Flatten, Linear, ReLU, Linear)
         with torch.no_grad():
-            h = torch.relu(net[1](net[0](sim.model.preprocess(x, train=False))))
+            h = torch.relu(net[1](net[0](model.preprocess(x, train=False))))
         return h.mean(0)
 
     changes: Dict[str, List[float]] = {"fedavg": [], "fednlr": []}
@@ -370,7 +371,7 @@ def feddecay(args: argparse.Namespace) -> None:
     print(f"wall {info['wall_seconds']:.0f} s, load {info['load_before']} -> {info['load_after']}")
 
 
-def main(argv: Sequence[str] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", choices=("fednlr", "padamfed", "fednar", "feddecay"))
     p.add_argument("--mnist", help="MNIST folder (IDX files)")
