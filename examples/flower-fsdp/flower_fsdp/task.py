@@ -19,7 +19,7 @@ from torch import nn
 IN, HIDDEN, CLASSES = 20, 64, 4
 
 
-def make_model() -> nn.Module:
+def make_model() -> nn.Sequential:
     return nn.Sequential(
         nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES)
     )
