@@ -37,7 +37,7 @@ import subprocess
 import sys
 import sysconfig
 import types
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -253,7 +253,7 @@ def _placeholder(name: str, reason: str):
     from setuptools import Extension
 
     ext = Extension(name, sources=[_rel("cpu", "bindings_cpu.cpp")])
-    ext._fedopt_skip = reason  # type: ignore[attr-defined]
+    ext._fedopt_skip = reason  # type: ignore[attr-defined, unused-ignore]  # typed where setuptools is
     return ext
 
 
@@ -377,6 +377,10 @@ def kept_build_temp(current: str, root: str = ROOT) -> str:
 def _make_build_ext(base):
     class NativeBuild(base):
         """torch's BuildExtension (ninja, nvcc) that records failures instead of raising them."""
+
+        # declared for mypy (base is only known at run time); annotations alone add no attributes
+        build_temp: str
+        extensions: List[Any]
 
         def build_extensions(self) -> None:
             self.build_temp = kept_build_temp(self.build_temp)
