@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict
@@ -136,6 +137,27 @@ def test_batched_ops_are_bound_with_the_per_client_roles(lib):
     for base in ("sgd", "fednar", "padamfed"):
         assert hasattr(ext, f"{base}_batched"), f"_C_cuda has no {base}_batched"
         assert ext.op_signature(f"{base}_batched") == ext.op_signature(base)
+
+
+def test_both_extensions_load_in_one_process(lib):
+    """_C_cpu and _C_cuda bind the same C++ class (the step plan's gradient watch); both must import
+    into one process in either order, each handing out its own watch."""
+    code = (
+        "import sys, torch\n"
+        "order = sys.argv[1:]\n"
+        "mods = [__import__('fedopt_kernels.' + n, fromlist=['x']) for n in order]\n"
+        "ps = [torch.zeros(3, requires_grad=True)]\n"
+        "for m in mods:\n"
+        "    w = m.GradWatch(ps, [0])\n"
+        "    assert isinstance(w.accept(), int)\n"
+        "print('OK', len(mods))\n"
+    )
+    for order in (["_C_cpu", "_C_cuda"], ["_C_cuda", "_C_cpu"]):
+        if importlib.util.find_spec("fedopt_kernels._C_cpu") is None:
+            pytest.skip("no built _C_cpu")
+        proc = subprocess.run([sys.executable, "-c", code, *order], capture_output=True, text=True, cwd=ROOT,
+                              timeout=300)
+        assert proc.returncode == 0 and "OK 2" in proc.stdout, (order, proc.stderr[-2000:])
 
 
 def test_built_kernels_use_no_local_memory(lib):

@@ -147,7 +147,8 @@ void bind_ops(pybind11::module& m) {
     return with_spec(op, [](auto s) { return signature_of<decltype(s)>(); });
   }, "(role names, hp names) of an op as the kernels index them", py::arg("op"));
   // the step plan's per-step check of the tensors it does not own (grad_watch.h)
-  py::class_<GradWatch>(m, "GradWatch")
+  // module_local: _C_cpu and _C_cuda both bind it, and pybind11 types are process-global otherwise
+  py::class_<GradWatch>(m, "GradWatch", py::module_local())
       .def(py::init<std::vector<at::Tensor>, std::vector<int64_t>>(), py::arg("parameters"), py::arg("order"))
       .def("check", &GradWatch::check,
            "id of the gradients' address set when nothing the plan depends on changed, else -1")
