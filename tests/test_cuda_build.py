@@ -155,8 +155,9 @@ def test_both_extensions_load_in_one_process(lib):
     for order in (["_C_cpu", "_C_cuda"], ["_C_cuda", "_C_cpu"]):
         if importlib.util.find_spec("fedopt_kernels._C_cpu") is None:
             pytest.skip("no built _C_cpu")
-        proc = subprocess.run([sys.executable, "-c", code, *order], capture_output=True, text=True, cwd=ROOT,
-                              timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *order], capture_output=True, text=True, cwd=ROOT, timeout=300
+        )
         assert proc.returncode == 0 and "OK 2" in proc.stdout, (order, proc.stderr[-2000:])
 
 
