@@ -282,7 +282,7 @@ class PeakMemory(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.top = max(self.top, self.host())  # type: ignore[misc]  # set whenever the mode is entered
+        self.top = max(self.top, self.host())  # set whenever the mode is entered
         return out
 
 
@@ -493,8 +493,8 @@ def measure(
                 else f"ERROR {row.get('error')}"
             )
         )
-    for mode, why in skipped.items():
-        rows.append(dict(base, mode=mode, skipped=why))
+    for mode, reason in skipped.items():
+        rows.append(dict(base, mode=mode, skipped=reason))
     runs.clear()
     gc.collect()
 
@@ -546,7 +546,7 @@ def layer_rows(
     for h in hooks:
         h.remove()
     ctx = engine.context(wl.clients, wl.x.shape[2], device)
-    slots = {id(layer): [] for layer in engine.stacked.layers.values()}
+    slots: Dict[int, List[Tuple[str, torch.Tensor]]] = {id(layer): [] for layer in engine.stacked.layers.values()}
     for (layer, attr), t in zip(engine.stacked.slots, stacked):
         slots[id(layer)].append((attr, t))
     rows = []

@@ -1,4 +1,5 @@
 """``python -m bench clients --smoke`` runs every CPU mode and writes valid JSON/MD/PNG (never into bench/results)."""
+
 import json
 import sys
 from pathlib import Path
@@ -111,9 +112,29 @@ def test_clients_sim_times_both_runs_in_lockstep(tmp_path):
 
     threads = torch.get_num_threads()
     try:
-        assert main(["clients-sim", "--stand-in", "--stand-in-size", "1200", "--clients", "10",
-                     "--clients-per-round", "4", "--local-steps", "2", "--rounds", "2", "--device", "cpu",
-                     "--out-dir", str(tmp_path)]) == 0
+        assert (
+            main(
+                [
+                    "clients-sim",
+                    "--stand-in",
+                    "--stand-in-size",
+                    "1200",
+                    "--clients",
+                    "10",
+                    "--clients-per-round",
+                    "4",
+                    "--local-steps",
+                    "2",
+                    "--rounds",
+                    "2",
+                    "--device",
+                    "cpu",
+                    "--out-dir",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
     finally:
         torch.set_num_threads(threads)
     js = list(tmp_path.glob("clients-sim-cpu-*.json"))

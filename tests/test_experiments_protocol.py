@@ -1,18 +1,19 @@
 """experiments/run_protocol.py: its arguments, the protocol's rules (equal grids, per-epoch decay,
 selection, the verdict), and a one-round smoke run of every experiment on the built-in digits."""
+
 from __future__ import annotations
 
 import importlib.util
 import json
 import math
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "run_protocol.py"
 spec = importlib.util.spec_from_file_location("run_protocol", SCRIPT)
+assert spec is not None and spec.loader is not None
 rp = importlib.util.module_from_spec(spec)
 sys.modules["run_protocol"] = rp  # dataclasses look their module up there
 spec.loader.exec_module(rp)
@@ -30,10 +31,19 @@ def test_quick_keeps_the_first_seed():
     assert rp.parse_args(["fednar", "--quick", "--seeds", "3", "4"]).seeds == [3]
 
 
-@pytest.mark.parametrize("argv", [["nosuch"], ["feddyn", "--jobs", "0"], ["feddyn", "--seeds", "1", "1"],
-                                  ["feddyn", "--seeds", "-1"], ["feddyn", "--seeds", str(rp.PILOT_SEED)],
-                                  ["feddyn", "--dataset", "cifar10"], ["feddyn", "--client-parallel", "0"],
-                                  ["feddyn", "--device", "tpu"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["nosuch"],
+        ["feddyn", "--jobs", "0"],
+        ["feddyn", "--seeds", "1", "1"],
+        ["feddyn", "--seeds", "-1"],
+        ["feddyn", "--seeds", str(rp.PILOT_SEED)],
+        ["feddyn", "--dataset", "cifar10"],
+        ["feddyn", "--client-parallel", "0"],
+        ["feddyn", "--device", "tpu"],
+    ],
+)
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         rp.parse_args(argv)
@@ -51,7 +61,7 @@ PILOTS = {"fednar": {"max_norm": 1.0}, "padamfed": {"eta": 0.01, "gamma": 0.1, "
 def test_method_and_baseline_grids_are_equal_in_size(name):
     exp = EXPS[name]
     methods = exp.methods(PILOTS.get(name, {}))
-    for method, baseline, _, how in exp.comparisons:
+    for method, baseline, _, _how in exp.comparisons:
         if baseline is None:  # a claim about one method's own number (against zero)
             continue
         if method == "PAdaMFed (theory)":  # the paper's claim itself: untuned against tuned
@@ -92,8 +102,11 @@ def test_padamfed_sweep_scales_eta_and_gamma_together():
 def test_select_takes_the_best_validation_score_and_the_first_on_ties():
     runs = {"a": {0: {"val_score": 0.5}}, "b": {0: {"val_score": 0.7}}, "c": {0: {"val_score": 0.7}}}
     assert rp.select(["a", "b", "c"], runs, 0) == "b"
-    rounds = {"a": {0: {"val_score": [-30, 0.8]}}, "b": {0: {"val_score": [-20, 0.7]}},
-              "c": {0: {"val_score": [-20, 0.75]}}}
+    rounds = {
+        "a": {0: {"val_score": [-30, 0.8]}},
+        "b": {0: {"val_score": [-20, 0.7]}},
+        "c": {0: {"val_score": [-20, 0.75]}},
+    }
     assert rp.select(["a", "b", "c"], rounds, 0) == "c"  # fewer rounds, then the higher final accuracy
 
 

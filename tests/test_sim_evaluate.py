@@ -1,4 +1,5 @@
 """The per-user evaluation protocol on constructed cases where every number is known."""
+
 import numpy as np
 import pytest
 import torch
@@ -24,8 +25,15 @@ class ConstantClass(nn.Module):
 def user(cid: int, test_labels, train_labels=(0,)) -> ClientData:
     ty = torch.tensor(test_labels)
     tr = torch.tensor(train_labels)
-    return ClientData(cid, torch.zeros(len(tr), 2), tr, torch.zeros(0, 2), torch.zeros(0, dtype=torch.long),
-                      torch.zeros(len(ty), 2), ty)
+    return ClientData(
+        cid,
+        torch.zeros(len(tr), 2),
+        tr,
+        torch.zeros(0, 2),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(len(ty), 2),
+        ty,
+    )
 
 
 def test_user_summary():
@@ -68,8 +76,14 @@ def test_users_without_test_data_are_skipped():
     model = ConstantClass(0)
     params = [p.detach().clone() for p in model.parameters()]
     users = [user(0, [0, 1]), user(1, [])]
-    out = evaluate_users(model, params, {"existing": users, "new": []}, steps=0, lr=0.0,
-                         make_stream=lambda u: BatchStream(u.train_x, u.train_y, 1, np.random.default_rng(0)))
+    out = evaluate_users(
+        model,
+        params,
+        {"existing": users, "new": []},
+        steps=0,
+        lr=0.0,
+        make_stream=lambda u: BatchStream(u.train_x, u.train_y, 1, np.random.default_rng(0)),
+    )
     assert out["global"]["existing"]["users"] == 1 and out["global"]["existing"]["mean"] == 0.5
     assert out["global"]["new"]["users"] == 0
 
@@ -135,13 +149,27 @@ def test_the_global_model_sees_each_test_image_once():
     want_pooled = pooled_metrics(model, existing + new, "test")["acc"]
     for parallel in (None, 2):
         model.seen[0] = 0
-        out = evaluate_users(model, params, {"existing": existing, "new": new}, steps=0, lr=0.1,
-                             make_stream=_streams(4), parallel=parallel)
+        out = evaluate_users(
+            model,
+            params,
+            {"existing": existing, "new": new},
+            steps=0,
+            lr=0.1,
+            make_stream=_streams(4),
+            parallel=parallel,
+        )
         assert model.seen[0] == n_test  # pooled and per-user numbers from one pass
         assert out["pooled_test_acc"] == pytest.approx(want_pooled)
         model.seen[0] = 0
-        evaluate_users(model, params, {"existing": existing, "new": new}, steps=2, lr=0.1,
-                       make_stream=_streams(4), parallel=parallel)
+        evaluate_users(
+            model,
+            params,
+            {"existing": existing, "new": new},
+            steps=2,
+            lr=0.1,
+            make_stream=_streams(4),
+            parallel=parallel,
+        )
         # the global model once; each fine-tuned model once (stacked: padded to the chunk's longest split)
         # existing test sizes (5, 2, 7) in chunks {5, 2} {7}, new (1, 4) in one: 2 * 5 + 7 + 2 * 4
         padded = n_test if parallel is None else 2 * 5 + 7 + 2 * 4
@@ -187,11 +215,20 @@ def test_client_batched_finetuning_is_each_users_own(augment):
         model = make()
         params = [p.detach().clone() for p in model.parameters()]
         cost = EvalCost()
-        out = evaluate_users(model, params, {"existing": users, "new": new}, steps=5, lr=0.5,
-                             make_stream=_streams(4), parallel=parallel, cost=cost)
+        out = evaluate_users(
+            model,
+            params,
+            {"existing": users, "new": new},
+            steps=5,
+            lr=0.5,
+            make_stream=_streams(4),
+            parallel=parallel,
+            cost=cost,
+        )
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
         assert cost.flops > 0 and set(cost.parts) == {"forward test", "fine-tune"} | (
-            {"forward fine-tuned"} if parallel else set())
+            {"forward fine-tuned"} if parallel else set()
+        )
         results.append(out)
     assert results[0]["finetuned"] != results[0]["global"]  # fine-tuning changed something
     for out in results[1:]:

@@ -7,6 +7,7 @@ so rounding-only differences are ~1e-16 relative (observed <= 6e-15 here); ``ROU
 eps times 1e6, as tests/test_sim_batched.py) sits far below what a wrong client mapping, a missing
 bias or a swapped gate produces (order 1).
 """
+
 import itertools
 
 import pytest
@@ -48,8 +49,10 @@ def _case(name, seed=0):
     torch.manual_seed(seed)
     model = build_model(name, shape, classes, **kw).double()
     # distinct clients: each its own perturbation of the model
-    params = [p.detach().unsqueeze(0) + 0.1 * torch.randn(C, *p.shape, generator=g, dtype=torch.float64)
-              for p in model.parameters()]
+    params = [
+        p.detach().unsqueeze(0) + 0.1 * torch.randn(C, *p.shape, generator=g, dtype=torch.float64)
+        for p in model.parameters()
+    ]
     if len(shape) == 1:
         x = torch.randint(0, classes, (C, B, *shape), generator=g)
     else:
@@ -79,8 +82,11 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("order", ["client", "batch"])
-@pytest.mark.parametrize("name,choice", [(n, c) for n in MODELS for c in CHOICES[n]],
-                         ids=lambda v: v if isinstance(v, str) else "-".join(v.values()))
+@pytest.mark.parametrize(
+    "name,choice",
+    [(n, c) for n in MODELS for c in CHOICES[n]],
+    ids=lambda v: v if isinstance(v, str) else "-".join(v.values()),
+)
 def test_stacked_gradients_equal_per_client_autograd(name, choice, order):
     model, params, x, y, w = _case(name)
     want, want_loss = _per_client(model, params, x, y, w)
@@ -184,14 +190,17 @@ class _WithGRU(nn.Module):
         return self.fc(self.rnn(x)[0][:, -1])
 
 
-@pytest.mark.parametrize("model,why", [
-    (_Tied(), "ties"),
-    (_Unknown(), r"_Unknown\) is not known to be sample-wise"),
-    (build_model("char-transformer", (12,), 20, hidden=8), r"CharTransformer\) holds parameters itself"),
-    (nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), r"Dropout\) is not known to be sample-wise"),
-    (nn.Sequential(nn.Embedding(5, 4, padding_idx=0)), "Embedding with padding_idx"),
-    (nn.LSTM(4, 8), "LSTM other than batch_first=True"),
-])
+@pytest.mark.parametrize(
+    "model,why",
+    [
+        (_Tied(), "ties"),
+        (_Unknown(), r"_Unknown\) is not known to be sample-wise"),
+        (build_model("char-transformer", (12,), 20, hidden=8), r"CharTransformer\) holds parameters itself"),
+        (nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), r"Dropout\) is not known to be sample-wise"),
+        (nn.Sequential(nn.Embedding(5, 4, padding_idx=0)), "Embedding with padding_idx"),
+        (nn.LSTM(4, 8), "LSTM other than batch_first=True"),
+    ],
+)
 def test_models_the_stacked_engine_leaves_to_vmap(model, why):
     with pytest.raises(NotStackable, match=why):
         StackedNet(model)
@@ -202,8 +211,11 @@ def test_models_the_stacked_engine_leaves_to_vmap(model, why):
 def test_auto_falls_back_to_vmap_or_refuses_with_both_reasons():
     assert isinstance(client_loss(build_model("char-transformer", (12,), 20, hidden=8)), ClientLoss)
     assert isinstance(client_loss(build_model("char-lstm", (12,), 20, hidden=8)), StackedLoss)
-    with pytest.raises(ValueError, match=r"vmap cannot batch the fused recurrent layer rnn \(GRU\).*"
-                                         r"the stacked engine cannot either: rnn \(GRU\) is not a layer it computes"):
+    with pytest.raises(
+        ValueError,
+        match=r"vmap cannot batch the fused recurrent layer rnn \(GRU\).*"
+        r"the stacked engine cannot either: rnn \(GRU\) is not a layer it computes",
+    ):
         client_loss(_WithGRU())
     with pytest.raises(ValueError, match="needs a BatchNorm- and buffer-free model"):
         client_loss(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)))
@@ -263,11 +275,22 @@ def test_char_lstm_trains_client_parallel_as_sequentially():
     for i, n in enumerate((3, 9, 5, 12)):  # one client smaller than the batch
         x = torch.randint(0, V, (n + 2, T), generator=g)
         y = (x[:, -1] + 1) % V  # learnable: the next symbol
-        users.append(ClientData(i, x[:n], y[:n], x[n:n + 1], y[n:n + 1], x[n + 1:], y[n + 1:]))
+        users.append(ClientData(i, x[:n], y[:n], x[n : n + 1], y[n : n + 1], x[n + 1 :], y[n + 1 :]))
     data = FederatedData(users, [], (T,), V)
-    cfg = SimConfig(algorithm="fednar", clients=4, holdout_fraction=0.0, clients_per_round=3, local_steps=3,
-                    batch_size=4, rounds=2, lr=0.5, backend="reference", device="cpu", finetune_steps=2,
-                    client_parallel=2)
+    cfg = SimConfig(
+        algorithm="fednar",
+        clients=4,
+        holdout_fraction=0.0,
+        clients_per_round=3,
+        local_steps=3,
+        batch_size=4,
+        rounds=2,
+        lr=0.5,
+        backend="reference",
+        device="cpu",
+        finetune_steps=2,
+        client_parallel=2,
+    )
 
     def model_fn():
         return build_model("char-lstm", (T,), V, hidden=8)
@@ -281,9 +304,12 @@ def test_conv_options_same_padding_dilation_stride_groups(form):
     """Convolutions other than the simulator's: padding='same' with dilation, stride 2 with groups."""
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(2, 4, 3, padding="same", dilation=2), nn.ReLU(),
-        nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2, bias=False), nn.ReLU(),
-        nn.Flatten(), nn.Linear(6 * 4 * 4, 3),
+        nn.Conv2d(2, 4, 3, padding="same", dilation=2),
+        nn.ReLU(),
+        nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2, bias=False),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(6 * 4 * 4, 3),
     ).double()
     C, B = 3, 2
     params = [p.detach().unsqueeze(0) + 0.1 * torch.randn(C, *p.shape, dtype=torch.float64) for p in model.parameters()]
@@ -309,7 +335,7 @@ def test_keep_freed_memory_is_idempotent():
         import ctypes
 
         try:
-            ctypes.CDLL(None).gnu_get_libc_version
+            _ = ctypes.CDLL(None).gnu_get_libc_version  # glibc only
         except AttributeError:
             return  # musl: nothing to set
         assert first is True

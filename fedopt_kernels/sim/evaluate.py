@@ -85,7 +85,7 @@ class Scores:
 
     def accuracy(self) -> List[float]:
         """Each user's accuracy (users with no samples: NaN)."""
-        return [c / n if n else float("nan") for c, n in zip(self.correct.tolist(), self.count.tolist())]
+        return [c / n if n else float("nan") for c, n in zip(self.correct.tolist(), self.count.tolist(), strict=True)]
 
 
 # ------------------------------------------------------------------ the global model
@@ -294,7 +294,7 @@ def _finetuned_batched(
             for k in range(steps):
                 grads, _ = engine.grads(params, x[k], batches.y[k], batches.w[k])
                 with torch.no_grad():
-                    for p, g in zip(params, grads):
+                    for p, g in zip(params, grads, strict=True):
                         p.add_(g, alpha=-lr)  # torch.optim.SGD's update, per user
             model.train(was)
             if cost is not None:
@@ -318,8 +318,8 @@ def _stacked_accuracy(model, engine, params, users: Sequence[ClientData], cost: 
         t1 = min(t0 + step, T)
         # rows past a user's end repeat its last sample; they are not counted
         idx = [torch.clamp(torch.arange(t0, t1), max=k - 1) for k in n]
-        x = torch.stack([u.test_x[i.to(u.test_x.device)] for u, i in zip(users, idx)])
-        y = torch.stack([u.test_y[i.to(u.test_y.device)] for u, i in zip(users, idx)])
+        x = torch.stack([u.test_x[i.to(u.test_x.device)] for u, i in zip(users, idx, strict=True)])
+        y = torch.stack([u.test_y[i.to(u.test_y.device)] for u, i in zip(users, idx, strict=True)])
         if engine.input_stage is not None:
             flat = engine.input_stage(x.flatten(0, 1), False)
             x = flat.view(x.shape[0], x.shape[1], *flat.shape[1:])
@@ -332,7 +332,7 @@ def _stacked_accuracy(model, engine, params, users: Sequence[ClientData], cost: 
         cost.add(
             "forward fine-tuned", time.perf_counter() - start, forward_flops(model, users[0].test_x) * total, total
         )
-    return [h / k for h, k in zip(hits, n)]
+    return [h / k for h, k in zip(hits, n, strict=True)]
 
 
 # ------------------------------------------------------------------ the protocol
@@ -357,7 +357,7 @@ def evaluate_users(
 
     def load() -> None:
         with torch.no_grad():
-            for p, g in zip(model.parameters(), global_params):
+            for p, g in zip(model.parameters(), global_params, strict=True):
                 p.copy_(g)
 
     out: Dict[str, Any] = {"global": {}, "finetuned": {}}

@@ -173,7 +173,7 @@ class BatchedClients:
         params = list(sim.model.parameters())
         for c, cid in enumerate(chunk):
             with torch.no_grad():
-                for p, s in zip(params, tr.stacked):
+                for p, s in zip(params, tr.stacked, strict=True):
                     p.copy_(s[c])
             updates.append(sim.strategy.finish(cid, _OneClient(tr.opt, c, outputs), t))
         return updates, [v / K for v in total[:m].tolist()]

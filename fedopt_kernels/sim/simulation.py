@@ -117,7 +117,7 @@ class Simulation:
         self.sample_rng = np.random.default_rng(ss_sample)
         self.streams = {
             c.client_id: BatchStream(c.train_x, c.train_y, cfg.batch_size, np.random.default_rng(s))
-            for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)))
+            for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)), strict=True)
         }
         self._tune_seed = ss_tune
         self.strategy = Strategy(self)
@@ -138,7 +138,7 @@ class Simulation:
 
     def load_global(self) -> None:
         with torch.no_grad():
-            for p, g in zip(self.model.parameters(), self.global_params):
+            for p, g in zip(self.model.parameters(), self.global_params, strict=True):
                 p.copy_(g)
 
     @torch.no_grad()
@@ -148,7 +148,7 @@ class Simulation:
         Client-side state needs no copy: every round starts it afresh (momentum cleared, FedNLR scales
         and PAdaMFed's D recomputed), and sampling and batch streams advance identically in both runs.
         """
-        for mine, theirs in zip(self.global_params, other.global_params):
+        for mine, theirs in zip(self.global_params, other.global_params, strict=True):
             mine.copy_(theirs)
         self.strategy.load_server_state(other.strategy.server_state())
         self.setup_done = other.setup_done
@@ -184,7 +184,7 @@ class Simulation:
             logger.warning("round %d: no usable client update; the global model and server state are unchanged", t + 1)
         self.load_global()
         ok = {id(u) for u in accepted}
-        kept = [(u.weight, loss) for u, loss in zip(updates, losses) if id(u) in ok]
+        kept = [(u.weight, loss) for u, loss in zip(updates, losses, strict=True) if id(u) in ok]
         weights = np.array([w for w, _ in kept])
         train_loss = float(np.dot(weights, [v for _, v in kept]) / weights.sum()) if kept else float("nan")
         record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled}
@@ -206,7 +206,7 @@ class Simulation:
         ``self.final_cost`` holds its seconds and model FLOPs afterwards.
         """
         users = self.train_clients + self.data.new_clients
-        seeds = {u.client_id: s for u, s in zip(users, self._tune_seed.spawn(len(users)))}
+        seeds = {u.client_id: s for u, s in zip(users, self._tune_seed.spawn(len(users)), strict=True)}
 
         def stream(u: ClientData) -> BatchStream:
             return BatchStream(u.train_x, u.train_y, self.cfg.batch_size, np.random.default_rng(seeds[u.client_id]))

@@ -132,7 +132,9 @@ class StackedLinear(StackedLayer):
         if self.pick(x) == "loop":
             # unbind, not w[c]: the backward of C selects would write C zero-filled [C, ...] tensors
             ws, bs = w.unbind(0), [None] * ctx.count if b is None else b.unbind(0)
-            return _stack_merge(ctx, [F.linear(xc, wc, bc) for xc, wc, bc in zip(ctx.split(x).unbind(0), ws, bs)])
+            return _stack_merge(
+                ctx, [F.linear(xc, wc, bc) for xc, wc, bc in zip(ctx.split(x).unbind(0), ws, bs, strict=True)]
+            )
         C = ctx.count
         xs = ctx.split(x).reshape(C, -1, x.shape[-1])  # a view in client order
         out = _BatchedLinear.apply(xs, w, b)
@@ -188,7 +190,9 @@ class StackedConv2d(StackedLayer):
         form = self.pick(x)
         if form == "loop":
             ws, bs = w.unbind(0), [None] * C if b is None else b.unbind(0)
-            parts = [self._conv(xc, wc, bc, self.groups) for xc, wc, bc in zip(ctx.split(x).unbind(0), ws, bs)]
+            parts = [
+                self._conv(xc, wc, bc, self.groups) for xc, wc, bc in zip(ctx.split(x).unbind(0), ws, bs, strict=True)
+            ]
             if x.device.type == "cpu" and x.shape[1] == 1:
                 # a 1-channel input is NCHW and channels-last at once, and oneDNN answers in NCHW,
                 # where the max-pooling after it runs 8x slower than in channels-last (FedAvg CNN);
@@ -263,7 +267,7 @@ def _explicit_padding(padding: str, kernel, dilation) -> List[int]:
         return [0, 0]
     # "same" (stride 1): total padding d * (k - 1), split evenly (F.conv2d pads an odd total on the right,
     # which an explicit symmetric padding cannot say)
-    total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+    total = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
     if any(t % 2 for t in total):
         raise ValueError("client-stacked conv: padding='same' with an even kernel needs an asymmetric padding")
     return [t // 2 for t in total]
@@ -358,10 +362,10 @@ class StackedLSTM(StackedLayer):
         ctx = self.ctx
         if self.pick(x) == "loop":
             xs = ctx.split(x).unbind(0)
-            per_client = zip(*[self.params[n].unbind(0) for n in self.names])
+            per_client = zip(*[self.params[n].unbind(0) for n in self.names], strict=True)
             outs, hs, cs = [], [], []
-            for xc, ps in zip(xs, per_client):
-                out, (h, cell) = functional_call(self.module[0], dict(zip(self.names, ps)), (xc,))
+            for xc, ps in zip(xs, per_client, strict=True):
+                out, (h, cell) = functional_call(self.module[0], dict(zip(self.names, ps, strict=True)), (xc,))
                 outs.append(out)
                 hs.append(h)
                 cs.append(cell)

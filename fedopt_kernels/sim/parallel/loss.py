@@ -80,7 +80,7 @@ class ClientLoss:
 
     def loss(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """One client's weighted cross-entropy (``w``: 1/n on real samples, 0 on padding)."""
-        out = functional_call(self.net, dict(zip(self.names, params)), (x,))
+        out = functional_call(self.net, dict(zip(self.names, params, strict=True)), (x,))
         return (F.cross_entropy(out, y, reduction="none") * w).sum()
 
     def grads(
@@ -91,7 +91,9 @@ class ClientLoss:
 
     def logits(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Client c's model on its samples: ``x`` [C, B, ...] -> [C, B, classes]."""
-        return vmap(lambda ps, xx: functional_call(self.net, dict(zip(self.names, ps)), (xx,)))(tuple(params), x)
+        return vmap(lambda ps, xx: functional_call(self.net, dict(zip(self.names, ps, strict=True)), (xx,)))(
+            tuple(params), x
+        )
 
     def grads_at(
         self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor

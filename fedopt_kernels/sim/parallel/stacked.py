@@ -149,7 +149,7 @@ class StackedNet:
             self.net.train(self.source.training)
         for layer in self.layers.values():
             layer.ctx = ctx
-        for (layer, attr), t in zip(self.slots, params):
+        for (layer, attr), t in zip(self.slots, params, strict=True):
             layer.params[attr] = t
         try:
             return self.net(x)

@@ -89,7 +89,7 @@ class BatchedTrainer:
     @torch.no_grad()
     def load(self, params: Sequence[torch.Tensor]) -> None:
         """Every client starts from ``params`` (the global model)."""
-        for s, sh, p in zip(self.stacked, self.shared, params):
+        for s, sh, p in zip(self.stacked, self.shared, params, strict=True):
             s.copy_(p.unsqueeze(0).expand_as(s))
             sh.copy_(p)
 
@@ -121,7 +121,7 @@ class BatchedTrainer:
         if self.graph is not None:
             return self.graph.step(x, y, w, anchor_x, active)
         grads, loss, anchors = self.gradients(x, y, w, anchor_x)
-        for p, g in zip(self.stacked, grads):
+        for p, g in zip(self.stacked, grads, strict=True):
             p.grad = g
         kwargs: Dict[str, Any] = {"anchor_grads": list(anchors)} if anchors is not None else {}
         if self.closure_step:  # FedSAM: the second gradients, at the parameters the step moved to
@@ -130,7 +130,7 @@ class BatchedTrainer:
         return loss
 
     def _set_grads(self, grads: Sequence[torch.Tensor]) -> None:
-        for p, g in zip(self.stacked, grads):
+        for p, g in zip(self.stacked, grads, strict=True):
             p.grad = g
 
     def run(
