@@ -6,6 +6,7 @@ top-level ``triton_kernels`` module clashes with other projects. ``csrc/`` (C++/
 compiled extensions (e.g. a wheel built in an isolated environment without torch) builds them on
 first use from there (``fedopt_kernels/core/backends/_jit.py``).
 """
+
 import importlib.util
 import os
 import re
@@ -18,18 +19,22 @@ from setuptools import find_packages, setup
 _MIN_SETUPTOOLS = (77, 0)
 _found = tuple(int(x) for x in re.findall(r"\d+", setuptools.__version__)[:2])
 if _found < _MIN_SETUPTOOLS:
-    raise SystemExit(f"fedopt_kernels needs setuptools>={_MIN_SETUPTOOLS[0]} to build, found {setuptools.__version__}: "
-                     f"pip install -U 'setuptools>={_MIN_SETUPTOOLS[0]}' (with --no-build-isolation pip uses the "
-                     f"installed setuptools)")
+    raise SystemExit(
+        f"fedopt_kernels needs setuptools>={_MIN_SETUPTOOLS[0]} to build, found {setuptools.__version__}: "
+        f"pip install -U 'setuptools>={_MIN_SETUPTOOLS[0]}' (with --no-build-isolation pip uses the "
+        f"installed setuptools)"
+    )
 
 # Found from the folders, so that a new subpackage ships without a list to keep: every folder of
 # fedopt_kernels/ and triton_kernels/ with an __init__.py (tests/test_newcomer_packaging.py checks
 # that no folder holding Python files is left out), plus csrc/ (sources and build.py, no __init__.py).
 HERE = os.path.dirname(os.path.abspath(__file__))
-PACKAGES = (find_packages(HERE, include=["fedopt_kernels", "fedopt_kernels.*"])
-            + ["fedopt_kernels.triton_kernels"]
-            + [f"fedopt_kernels.triton_kernels.{p}" for p in find_packages(os.path.join(HERE, "triton_kernels"))]
-            + ["fedopt_kernels.csrc"])
+PACKAGES = (
+    find_packages(HERE, include=["fedopt_kernels", "fedopt_kernels.*"])
+    + ["fedopt_kernels.triton_kernels"]
+    + [f"fedopt_kernels.triton_kernels.{p}" for p in find_packages(os.path.join(HERE, "triton_kernels"))]
+    + ["fedopt_kernels.csrc"]
+)
 PACKAGE_DIR = {"fedopt_kernels.triton_kernels": "triton_kernels", "fedopt_kernels.csrc": "csrc"}
 # the sources of the on-first-use build; build.py (the source list) is picked up as a module
 PACKAGE_DATA = {"fedopt_kernels.csrc": ["*/*.h", "*/*.cuh", "*/*.cpp", "*/*.cu"]}

@@ -7,6 +7,7 @@ rows (``BenchCase``) and, beside each, the torch code a user would write for the
 (``Baseline``: ``torch.optim.SGD`` fused / foreach, clip_grad_norm_ + SGD, ...). Everything here is
 read from the descriptors when asked for, so an algorithm registered at any time has its rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,8 +15,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
-from fedopt_kernels.fl import algorithm, catalogue
 from fedopt_kernels.core import replay
+from fedopt_kernels.fl import algorithm, catalogue
 from fedopt_kernels.optim.sgd import TORCH_FOREACH, TORCH_FUSED
 
 from .traffic import Traffic
@@ -95,9 +96,13 @@ class Algo:
 
 
 def _cases() -> Dict[str, Algo]:
-    return {case.name: Algo(case.name, case.label, catalogue.config(a.name, case.option),
-                            {b.name: b for b in case.baselines})
-            for a in algorithm.ALGORITHMS.values() for case in a.bench}
+    return {
+        case.name: Algo(
+            case.name, case.label, catalogue.config(a.name, case.option), {b.name: b for b in case.baselines}
+        )
+        for a in algorithm.ALGORITHMS.values()
+        for case in a.bench
+    }
 
 
 class _Cases(Mapping[str, Algo]):
@@ -148,5 +153,18 @@ def build_baseline(algo: Algo, params: List[torch.Tensor], which: str) -> Steppe
     return Stepper(opt, closure)
 
 
-__all__ = ["ALGOS", "Algo", "Stepper", "TORCH_FUSED", "TORCH_FOREACH", "EAGER", "REPLAYING",
-           "build_baseline", "core_cases", "all_cases", "baseline_names", "eager_name", "base_backend"]
+__all__ = [
+    "ALGOS",
+    "Algo",
+    "Stepper",
+    "TORCH_FUSED",
+    "TORCH_FOREACH",
+    "EAGER",
+    "REPLAYING",
+    "build_baseline",
+    "core_cases",
+    "all_cases",
+    "baseline_names",
+    "eager_name",
+    "base_backend",
+]

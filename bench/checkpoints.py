@@ -16,6 +16,7 @@ Rows:
 
 The state files go to a temporary folder (``--dir`` to choose it: the disk is part of the cost).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,10 +55,20 @@ def _keeping_variant() -> str:
 
 
 def state_row(model: str, clients: int, repeats: int, folder: Path) -> Dict[str, Any]:
-    cfg = SimConfig(algorithm=_keeping_variant(), clients=clients, holdout_fraction=0.0, rounds=1, local_steps=1,
-                    clients_per_round=1, device="cpu", backend="auto",
-                    model="cnn" if model == "small_cnn" else "mlp")
-    kw = {} if model == "small_cnn" else dict(data=_tiny_cifar(clients), model_fn=lambda: ResNet18GN(3, 10))
+    cfg = SimConfig(
+        algorithm=_keeping_variant(),
+        clients=clients,
+        holdout_fraction=0.0,
+        rounds=1,
+        local_steps=1,
+        clients_per_round=1,
+        device="cpu",
+        backend="auto",
+        model="cnn" if model == "small_cnn" else "mlp",
+    )
+    kw: Dict[str, Any] = (
+        {} if model == "small_cnn" else dict(data=_tiny_cifar(clients), model_fn=lambda: ResNet18GN(3, 10))
+    )
     sim = Simulation(cfg, checkpoint_dir=folder / model, **kw)
     for cid in range(cfg.num_train_clients):  # every client has trained once: each keeps its control
         sim.strategy.kept[cid] = [torch.full_like(p, 1e-3 * cid) for p in sim.global_params]
@@ -69,8 +80,14 @@ def state_row(model: str, clients: int, repeats: int, folder: Path) -> Dict[str,
         sim.load_checkpoint()
         loads.append(time.perf_counter() - start)
     params = sum(p.numel() for p in sim.global_params)
-    return {"row": model, "parameters": params, "clients": clients, "bytes": saves[-1]["bytes"],
-            "save_s": statistics.median(s["seconds"] for s in saves), "load_s": statistics.median(loads)}
+    return {
+        "row": model,
+        "parameters": params,
+        "clients": clients,
+        "bytes": saves[-1]["bytes"],
+        "save_s": statistics.median(s["seconds"] for s in saves),
+        "load_s": statistics.median(loads),
+    }
 
 
 def default_run_row(rounds: int, folder: Path) -> Dict[str, Any]:
@@ -84,12 +101,19 @@ def default_run_row(rounds: int, folder: Path) -> Dict[str, Any]:
     rounds_s = [r["seconds"] for r in sim.history[1:]]  # round 1 includes one-time setup (imports, kernels)
     ckpt_s = [s["seconds"] for s in sim.checkpoint_stats[1:]]
     if not ckpt_s:
-        raise SystemExit(f"--rounds {rounds} leaves no checkpoint after the first one to time; run at least "
-                         f"twice the checkpoint interval")
-    return {"row": "default run", "parameters": sum(p.numel() for p in sim.global_params),
-            "clients": sim.cfg.num_train_clients, "bytes": sim.checkpoint_stats[-1]["bytes"],
-            "round_s": statistics.mean(rounds_s), "save_s": statistics.mean(ckpt_s),
-            "ratio": statistics.mean(ckpt_s) / statistics.mean(rounds_s)}
+        raise SystemExit(
+            f"--rounds {rounds} leaves no checkpoint after the first one to time; run at least "
+            f"twice the checkpoint interval"
+        )
+    return {
+        "row": "default run",
+        "parameters": sum(p.numel() for p in sim.global_params),
+        "clients": sim.cfg.num_train_clients,
+        "bytes": sim.checkpoint_stats[-1]["bytes"],
+        "round_s": statistics.mean(rounds_s),
+        "save_s": statistics.mean(ckpt_s),
+        "ratio": statistics.mean(ckpt_s) / statistics.mean(rounds_s),
+    }
 
 
 def _size(n: int) -> str:
@@ -97,14 +121,18 @@ def _size(n: int) -> str:
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    lines = ["| row | parameters | clients' state | state file | save (s) | load (s) | round (s) | save / round |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| row | parameters | clients' state | state file | save (s) | load (s) | round (s) | save / round |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         load = f"{r['load_s']:.3f}" if "load_s" in r else "-"
         rnd = f"{r['round_s']:.3f}" if "round_s" in r else "-"
         ratio = f"{100 * r['ratio']:.1f}%" if "ratio" in r else "-"
-        lines.append(f"| {r['row']} | {r['parameters']:,} | {r['clients']} | {_size(r['bytes'])} | "
-                     f"{r['save_s']:.3f} | {load} | {rnd} | {ratio} |")
+        lines.append(
+            f"| {r['row']} | {r['parameters']:,} | {r['clients']} | {_size(r['bytes'])} | "
+            f"{r['save_s']:.3f} | {load} | {rnd} | {ratio} |"
+        )
     return "\n".join(lines)
 
 
@@ -121,7 +149,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         for m in args.models:
             rows.append(state_row(m, args.clients, args.repeats, Path(tmp)))
             print(table(rows), file=sys.stderr)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, state files in {args.dir or tempfile.gettempdir()}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"state files in {args.dir or tempfile.gettempdir()}"
+    )
     print(table(rows))
     return 0
 

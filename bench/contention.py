@@ -5,6 +5,7 @@ OpenMP-parallel kernels can slow down by orders of magnitude when their threads 
 ``OtherLoad`` measures busy CPU time of the whole machine minus this process's own, per wall
 second: 0.0 means the cores were ours alone; 1.0 means another process kept one core busy.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,7 @@ def _sample() -> Optional[Tuple[float, float, float]]:
     except (OSError, ValueError, IndexError):
         return None
     busy = sum(cpu) - cpu[3] - (cpu[4] if len(cpu) > 4 else 0)  # all but idle and iowait
-    own = int(fields[11]) + int(fields[12])                      # utime + stime of every thread
+    own = int(fields[11]) + int(fields[12])  # utime + stime of every thread
     return time.perf_counter(), busy / _HZ, own / _HZ
 
 
@@ -37,7 +38,7 @@ class OtherLoad:
         self.cores: Optional[float] = None
         self._start: Optional[Tuple[float, float, float]] = None
 
-    def __enter__(self) -> "OtherLoad":
+    def __enter__(self) -> OtherLoad:
         self._start = _sample()
         return self
 

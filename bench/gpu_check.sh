@@ -22,9 +22,10 @@
 #   --budget SECONDS    total wall-time budget (default 540; the lent machine's limit is 600)
 # Phases, in this order so that a run cut short still measures: install, tests, bench
 # (python -m bench, fused backends and torch's alternatives), bench_loop (python -m bench loop),
-# bench_profile (python -m bench profile: where the loop's time goes; GPU only), bench_clients
-# (python -m bench clients), paper_slice (experiments/paper_commands.py --time), tests_wide
-# (whatever time is left). bench/gpu_loop.sh is the second call: the loop and the profile, longer.
+# bench_clients (python -m bench clients), clients_sim (python -m bench clients-sim, stand-in
+# Fashion-MNIST), then with the time left: paper_slice (experiments/paper_commands.py --time),
+# tests_wide. bench/gpu_loop.sh is the second call: the loop at length and where its time goes
+# (python -m bench profile); the first call keeps no time for the profile, so that the tests get theirs.
 # install: offline with every test extra; else offline the package alone (a lent GPU machine has
 # torch, triton, pytest, pytest-xdist, pytest-timeout and hypothesis but no flwr: the tests that need
 # a missing extra skip with the reason); else with the registry. tests: in parallel when pytest-xdist
@@ -173,9 +174,11 @@ else
 fi
 BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends()).replace(chr(10), '; '))" 2>&1 | tail -1)
 
-# shares of the budget (seconds) from an H200: tests ~90, bench ~90 without the reference rows,
-# loop ~25, clients ~35; paper_slice (not yet measured) at most 90; tests_wide takes what is left
-TESTS_S=120; BENCH_S=110; LOOP_S=40; PROFILE_S=45; CLIENTS_S=60; PAPER_S=90
+# shares of the budget (seconds) from an H100 (install 43, loop 25, small-CNN clients 41) and an
+# H200 (tests ~90, bench ~90 without the reference rows); the four models' clients (not yet
+# measured) at most 140, clients_sim (not yet measured) at most 60. Reserved ahead: only what
+# comes before paper_slice (45 s on the H100) and tests_wide, which take what is left
+TESTS_S=120; BENCH_S=110; LOOP_S=40; CLIENTS_S=140; CLIENTS_SIM_S=60; PAPER_S=90
 PAR=""
 if "$PY" -c "import xdist" >/dev/null 2>&1; then
   # a worker per core but two (GPU tests share one device), at most 14
@@ -189,7 +192,7 @@ run_tests() {
   eval phase "$1" "$2" "$PY" -m pytest $3 $PAR -q -rfEs -p no:cacheprovider --junitxml="$RES/junit-$1.xml"
 }
 if [ "$SKIP_TESTS" = 0 ]; then
-  T=$(( $(left) - 15 - BENCH_S - LOOP_S - PROFILE_S - CLIENTS_S - PAPER_S )); [ "$T" -gt "$TESTS_S" ] && T=$TESTS_S
+  T=$(( $(left) - 15 - BENCH_S - LOOP_S - CLIENTS_S - CLIENTS_SIM_S )); [ "$T" -gt "$TESTS_S" ] && T=$TESTS_S
   run_tests tests "$T" "$PYTEST_ARGS"
 else
   echo "| tests | skipped (--skip-tests) | 0 |" >> "$SUMMARY"
@@ -204,22 +207,26 @@ if [ "$SKIP_BENCH" = 0 ]; then
     FUSED=$("$PY" -c "import fedopt_kernels as f; print(' '.join(b for b in f.available_backends('cuda') if b != 'reference'))" 2>/dev/null)
     [ -n "$FUSED" ] && BENCH_ONLY="--backends $FUSED"
   fi
-  B=$(( $(left) - 15 - LOOP_S - PROFILE_S - CLIENTS_S - PAPER_S )); [ "$B" -gt "$BENCH_S" ] && B=$BENCH_S
+  B=$(( $(left) - 15 - LOOP_S - CLIENTS_S - CLIENTS_SIM_S )); [ "$B" -gt "$BENCH_S" ] && B=$BENCH_S
   phase bench "$B" "$PY" -m bench --"$BENCH_MODE" $BENCH_ARGS $BENCH_ONLY --out-dir "$RES"
   # a user's training loop (zero_grad(set_to_none=True), forward, backward, step): GPU only
   if [ "$NO_GPU" = 0 ]; then
-    L=$(( $(left) - 15 - PROFILE_S - CLIENTS_S - PAPER_S )); [ "$L" -gt "$LOOP_S" ] && L=$LOOP_S
+    L=$(( $(left) - 15 - CLIENTS_S - CLIENTS_SIM_S )); [ "$L" -gt "$LOOP_S" ] && L=$LOOP_S
     phase bench_loop "$L" "$PY" -m bench loop --device cuda --blocks 5 --per-block 15 --warmup 15 --out-dir "$RES"
-    # the same rows under torch.profiler: host time per phase, what the step calls, GPU idle gaps
-    P=$(( $(left) - 15 - CLIENTS_S - PAPER_S )); [ "$P" -gt "$PROFILE_S" ] && P=$PROFILE_S
-    phase bench_profile "$P" "$PY" -m bench profile --device cuda --warmup 15 --out-dir "$RES"
   fi
-  # client-batched training: sequential vs batched plain torch vs batched fused (+ CUDA graph), C = 10..1000
-  CLIENTS_ARGS=""
+  # client-batched training on the four models: sequential vs vmap vs the stacked engine (+ CUDA graph);
+  # two timed rounds per mode (a deadline's SIGINT still writes the cases measured)
+  CLIENTS_ARGS="--rounds 2"
   [ "$BENCH_MODE" = smoke ] && CLIENTS_ARGS="--smoke"
   # shellcheck disable=SC2086
-  C=$(( $(left) - 15 - PAPER_S )); [ "$C" -gt "$CLIENTS_S" ] && C=$CLIENTS_S
+  C=$(( $(left) - 15 - CLIENTS_SIM_S )); [ "$C" -gt "$CLIENTS_S" ] && C=$CLIENTS_S
   phase bench_clients "$C" "$PY" -m bench clients $CLIENTS_ARGS $BENCH_ARGS --out-dir "$RES"
+  # a simulator run, sequential vs client-parallel in lockstep: FedAvg CNN on stand-in Fashion-MNIST
+  # (no data on a lent machine), 100 clients, 20 per round, 5 local epochs, two of the 50 rounds: GPU only
+  if [ "$NO_GPU" = 0 ]; then
+    S=$(( $(left) - 15 )); [ "$S" -gt "$CLIENTS_SIM_S" ] && S=$CLIENTS_SIM_S
+    phase clients_sim "$S" "$PY" -m bench clients-sim --stand-in --rounds 2 --device cuda --out-dir "$RES"
+  fi
 else
   echo "| bench | skipped (--skip-bench) | 0 |" >> "$SUMMARY"
 fi
@@ -229,7 +236,11 @@ fi
 # experiments/results_real.md
 if [ "$SKIP_BENCH" = 0 ] && [ "$NO_GPU" = 0 ]; then
   P=$(( $(left) - 15 )); [ "$P" -gt "$PAPER_S" ] && P=$PAPER_S
-  phase paper_slice "$P" "$PY" experiments/paper_commands.py --time --device cuda --out-dir "$RES"
+  if [ "$P" -ge 40 ]; then
+    phase paper_slice "$P" "$PY" experiments/paper_commands.py --time --device cuda --out-dir "$RES"
+  else
+    echo "| paper_slice | not run: $(left) s left | 0 |" >> "$SUMMARY"
+  fi
 fi
 
 if [ "$SKIP_TESTS" = 0 ] && [ -n "$WIDE_ARGS" ]; then
@@ -270,28 +281,34 @@ fi
   fi
   PAPER_MD="$RES/paper-commands-cuda.md"
   [ -f "$PAPER_MD" ] && { echo; cat "$PAPER_MD"; }
-  CLIENTS_MD=$(ls "$RES"/clients-*.md 2>/dev/null | head -1)
+  CLIENTS_MD=$(ls "$RES"/clients-*.md 2>/dev/null | grep -v /clients-sim- | head -1)
   if [ -n "$CLIENTS_MD" ]; then
     # the whole table here: only its JSON travels back (redraw: python -m bench clients --render X.json)
     echo
     echo "## Client-batched benchmark ($(basename "$CLIENTS_MD"))"
     sed -n '/^## Goals/,$p' "$CLIENTS_MD"
   fi
+  CLIENTS_SIM_MD=$(ls "$RES"/clients-sim-*.md 2>/dev/null | head -1)
+  if [ -n "$CLIENTS_SIM_MD" ]; then
+    echo
+    sed '1s/^# /## /' "$CLIENTS_SIM_MD"
+  fi
 } >> "$SUMMARY"
 cat "$SUMMARY"
 
 # $OUT: 8 files at most. summary (with the client-batched table), tests.log (both test phases),
-# bench.log (the three benchmarks' logs), junit.tar.gz, the benchmark's json/md/png, the client-batched json; install.log
+# bench.log (the benchmarks' logs, clients_sim's included), junit.tar.gz, the benchmark's json/md/png, the client-batched json; install.log
 # only when the install failed (in place of the client-batched json, which then means nothing).
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT/$NAME"
   [ -f "$RES/bench_loop.log" ] && { echo; echo "=== bench_loop ==="; cat "$RES/bench_loop.log"; } >> "$RES/bench.log"
   [ -f "$RES/bench_profile.log" ] && { echo; echo "=== bench_profile ==="; cat "$RES/bench_profile.log"; } >> "$RES/bench.log"
   [ -f "$RES/bench_clients.log" ] && { echo; echo "=== bench_clients ==="; cat "$RES/bench_clients.log"; } >> "$RES/bench.log"
+  [ -f "$RES/clients_sim.log" ] && { echo; echo "=== clients_sim ==="; cat "$RES/clients_sim.log"; } >> "$RES/bench.log"
   [ -f "$RES/paper_slice.log" ] && { echo; echo "=== paper_slice ==="; cat "$RES/paper_slice.log"; } >> "$RES/bench.log"
   [ -f "$RES/tests_wide.log" ] && { echo; echo "=== tests_wide ==="; cat "$RES/tests_wide.log"; } >> "$RES/tests.log"
   (cd "$RES" && ls junit-*.xml >/dev/null 2>&1 && tar czf junit.tar.gz junit-*.xml)
-  EXTRA=$(ls "$RES"/clients-*.json 2>/dev/null | head -1)
+  EXTRA=$(ls "$RES"/clients-*.json 2>/dev/null | grep -v /clients-sim- | head -1)
   grep -q '^| install | 0 |' "$SUMMARY" || grep -q '^| install | skipped' "$SUMMARY" || EXTRA="$RES/install.log"
   for f in "$RES"/summary.md "$RES"/tests.log "$RES"/bench.log "$RES"/junit.tar.gz \
            $(ls "$RES"/*.json "$RES"/*.png 2>/dev/null | grep -v -e /clients- -e /loop- -e /profile-) "${BENCH_MD:-}" "$EXTRA"; do

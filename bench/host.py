@@ -15,6 +15,7 @@ small-CNN-like (triton) parameters:
 
 Medians of 7 blocks; the machine's load moves them, so compare runs interleaved (``farm-bench``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -44,12 +45,13 @@ def _median_us(step: Callable[[], None], reps: int) -> float:
     return statistics.median(blocks)
 
 
-def _optimizer(algo: str, params: List[torch.Tensor], backend: str, replay: bool) -> Any:
+def _optimizer(algo: str, params: Sequence[torch.Tensor], backend: str, replay: bool) -> Any:
     import fedopt_kernels as fk
 
     if algo == "FedDecaySGD":
-        return fk.FedDecaySGD(params, lr=0.05, beta=1.0, momentum=0.9, weight_decay=5e-4, backend=backend,
-                              replay=replay)
+        return fk.FedDecaySGD(
+            params, lr=0.05, beta=1.0, momentum=0.9, weight_decay=5e-4, backend=backend, replay=replay
+        )
     return fk.FedNAR(params, lr=0.05, weight_decay=5e-4, max_norm=1.0, backend=backend, replay=replay)
 
 
@@ -95,7 +97,7 @@ def replayed_step(algo: str, n: int, reps: int) -> Dict[str, Any]:
         # (FedDecaySGD's schedule table grows after 1024 steps: a new table, one eager and one recorded step)
         assert opt.replay_stats()["replayed"] - replayed >= 0.99 * 7 * reps, "the timed steps did not replay"
     finally:
-        _replay.DEVICE_TYPES, _replay.BACKENDS, _replay.StepReplay._record = saved
+        _replay.DEVICE_TYPES, _replay.BACKENDS, _replay.StepReplay._record = saved  # type: ignore[method-assign]
     return {"python_calls": calls[0], "tensor_accesses": Accesses.n, "host_us": us}
 
 
@@ -116,8 +118,13 @@ def eager_triton_step(algo: str, n: int, reps: int) -> Dict[str, float]:
         def __getitem__(self, grid: Any) -> Callable[..., Any]:
             return lambda *args, **kwargs: Compiled()
 
-    names = [(sgd, "sgd_kernel"), (two_pass, "norm_kernel"), (two_pass, "update_kernel"),
-             (two_pass, "advance_kernel"), (two_pass, "finalize_kernel")]
+    names = [
+        (sgd, "sgd_kernel"),
+        (two_pass, "norm_kernel"),
+        (two_pass, "update_kernel"),
+        (two_pass, "advance_kernel"),
+        (two_pass, "finalize_kernel"),
+    ]
     saved = [(mod, name, getattr(mod, name)) for mod, name in names]
     saved_stream = launcher._stream
     for mod, name, real in saved:
@@ -149,8 +156,9 @@ def eager_triton_step(algo: str, n: int, reps: int) -> Dict[str, float]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench host", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench host", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--what", nargs="+", choices=["replay", "triton"], default=["replay", "triton"])
     ap.add_argument("--tensors", nargs="+", type=int, default=[6, 62])
     ap.add_argument("--reps", type=int, default=1000, help="steps per timed block (7 blocks)")
@@ -162,10 +170,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         for n in args.tensors:
             if "replay" in args.what:
                 r = replayed_step(algo, n, args.reps)
-                print(f"{algo:11s} n={n:4d}  replayed step: {r['host_us']:7.2f} us, {r['python_calls']} Python calls, "
-                      f"{r['tensor_accesses']} tensor accesses from Python")
+                print(
+                    f"{algo:11s} n={n:4d}  replayed step: {r['host_us']:7.2f} us, {r['python_calls']} Python calls, "
+                    f"{r['tensor_accesses']} tensor accesses from Python"
+                )
             if "triton" in args.what:
                 t = eager_triton_step(algo, n, max(1, args.reps // 4))
-                print(f"{algo:11s} n={n:4d}  eager triton step, launches stubbed: {t['in_place_us']:7.2f} us "
-                      f"(gradients in place), {t['two_sets_us']:7.2f} us (two gradient sets in turn)")
+                print(
+                    f"{algo:11s} n={n:4d}  eager triton step, launches stubbed: {t['in_place_us']:7.2f} us "
+                    f"(gradients in place), {t['two_sets_us']:7.2f} us (two gradient sets in turn)"
+                )
     return 0

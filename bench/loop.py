@@ -23,9 +23,11 @@ more iterations of each row give (what decides whether steps can replay).
 On a CPU (``--device cpu``) the same runs as a check of the machinery: the fused rows run the cpu
 backend and nothing replays (replayed steps are a GPU feature).
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -52,7 +54,7 @@ MODELS: Dict[str, Callable[[], tuple]] = {
 BATCH = 32
 PROBE = 20  # iterations after the timed ones whose gradient addresses are counted
 UNTIMED = 2  # iterations of a row before each of its timed blocks
-SGD = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
+SGD: Dict[str, Any] = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
 BASELINE = "torch.SGD(fused)"
 
 
@@ -65,14 +67,15 @@ def fused_backends(device: torch.device) -> List[str]:
 def optimizers(backends: List[str]) -> Dict[str, Callable[[List[torch.Tensor]], torch.optim.Optimizer]]:
     """Row name -> how to build its optimizer for a model's parameters."""
     out: Dict[str, Callable[[List[torch.Tensor]], torch.optim.Optimizer]] = {
-        BASELINE: lambda ps: torch.optim.SGD(ps, fused=True, **SGD)}
-    nar = dict(lr=SGD["lr"], weight_decay=SGD["weight_decay"], max_norm=1.0)
-    for b in backends:
-        out[f"FedDecaySGD {b}"] = lambda ps, b=b: fk.FedDecaySGD(ps, beta=1.0, backend=b, **SGD)
-        out[f"FedDecaySGD {b} eager"] = lambda ps, b=b: fk.FedDecaySGD(ps, beta=1.0, backend=b, replay=False, **SGD)
-        out[f"FedNAR {b}"] = lambda ps, b=b: fk.FedNAR(ps, backend=b, **nar)
-        out[f"FedNAR {b} eager"] = lambda ps, b=b: fk.FedNAR(ps, backend=b, replay=False, **nar)
-        out[f"PAdaMFed {b}"] = lambda ps, b=b: fk.PAdaMFed(ps, lr=0.01, beta=0.5, backend=b)
+        BASELINE: lambda ps: torch.optim.SGD(ps, fused=True, **SGD)
+    }
+    nar: Dict[str, Any] = dict(lr=SGD["lr"], weight_decay=SGD["weight_decay"], max_norm=1.0)
+    for b in backends:  # partial: the same calls as lambdas binding b, and typed
+        out[f"FedDecaySGD {b}"] = functools.partial(fk.FedDecaySGD, beta=1.0, backend=b, **SGD)
+        out[f"FedDecaySGD {b} eager"] = functools.partial(fk.FedDecaySGD, beta=1.0, backend=b, replay=False, **SGD)
+        out[f"FedNAR {b}"] = functools.partial(fk.FedNAR, backend=b, **nar)
+        out[f"FedNAR {b} eager"] = functools.partial(fk.FedNAR, backend=b, replay=False, **nar)
+        out[f"PAdaMFed {b}"] = functools.partial(fk.PAdaMFed, lr=0.01, beta=0.5, backend=b)
     return out
 
 
@@ -150,8 +153,15 @@ def address_sets(iteration: Callable[[], None], params: List[torch.Tensor], iter
     return len(seen)
 
 
-def run_model(model_name: str, makers: Dict[str, Callable], device: torch.device, warmup: int, blocks: int,
-              per_block: int, log: Callable[[str], None]) -> List[Dict[str, Any]]:
+def run_model(
+    model_name: str,
+    makers: Dict[str, Callable],
+    device: torch.device,
+    warmup: int,
+    blocks: int,
+    per_block: int,
+    log: Callable[[str], None],
+) -> List[Dict[str, Any]]:
     rows: List[Row] = []
     failed: List[Dict[str, Any]] = []
     for name, make in makers.items():
@@ -162,8 +172,9 @@ def run_model(model_name: str, makers: Dict[str, Callable], device: torch.device
             sync(device)
             rows.append(row)
         except Exception as exc:  # a failing optimizer is a result, not a crash
-            failed.append({"model": model_name, "optimizer": name,
-                           "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]})
+            failed.append(
+                {"model": model_name, "optimizer": name, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
+            )
     for r in range(blocks):
         for row in rotated(rows, r):
             row.blocks.append(time_block(row, device, per_block))
@@ -171,8 +182,13 @@ def run_model(model_name: str, makers: Dict[str, Callable], device: torch.device
     base = next((row for row in rows if row.name == BASELINE), None)
     out = []
     for row in rows:
-        res: Dict[str, Any] = {"model": model_name, "optimizer": row.name, "blocks_s": row.blocks,
-                               "median_s": statistics.median(row.blocks), "min_s": min(row.blocks)}
+        res: Dict[str, Any] = {
+            "model": model_name,
+            "optimizer": row.name,
+            "blocks_s": row.blocks,
+            "median_s": statistics.median(row.blocks),
+            "min_s": min(row.blocks),
+        }
         if base is not None:
             res["ratios"] = [b / s for b, s in zip(base.blocks, row.blocks)]
         stats = row.stats()
@@ -201,29 +217,44 @@ def goals(rows: List[Dict[str, Any]], replaying: bool = True) -> List[tuple]:
         eager = by.get((model, f"{name} eager"))
         if eager is not None and replaying:
             v = _median([e / s for e, s in zip(eager["blocks_s"], r["blocks_s"])])
-            out.append(("replaying never slower than eager", f"{model} / {name}", f"eager / replaying {v:.2f}",
-                        "pass" if v >= 1.0 else "miss"))
+            out.append(
+                (
+                    "replaying never slower than eager",
+                    f"{model} / {name}",
+                    f"eager / replaying {v:.2f}",
+                    "pass" if v >= 1.0 else "miss",
+                )
+            )
         if replaying and name.startswith(("FedNAR", "PAdaMFed")) and not name.endswith("eager") and "replay_timed" in r:
             t = r["replay_timed"]
             total = t["eager"] + t["recorded"] + t["replayed"]
             share = t["replayed"] / total if total else 0.0
-            out.append(("replay >= 90% of steps", f"{model} / {name}", f"{100 * share:.0f}%",
-                        "pass" if share >= 0.9 else "miss"))
+            out.append(
+                (
+                    "replay >= 90% of steps",
+                    f"{model} / {name}",
+                    f"{100 * share:.0f}%",
+                    "pass" if share >= 0.9 else "miss",
+                )
+            )
     return out
 
 
 def markdown(result: Dict[str, Any]) -> str:
     m = result["meta"]
-    lines = [f"# A user's training loop: {m['device_name']}" + (" (**interrupted**)" if m.get("interrupted") else ""),
-             "",
-             f"- {m['date']}, commit `{m['commit']}`, torch {m['torch']}; `{m['command']}`",
-             f"- iteration: zero_grad(set_to_none=True), forward, loss, backward, step; batch {BATCH}",
-             f"- rows interleaved: {m['blocks']} rounds, each timing one block of {m['per_block']} iterations "
-             f"of every row (after {UNTIMED} untimed), the rows in a rotated order each round; "
-             f"{m['warmup']} warm-up iterations per row first",
-             "", f"| model | optimizer | ms / iteration (median of {m['blocks']} blocks) | x torch.SGD(fused) "
-             f"(median [min-max] over rounds) | steps replayed (timed) | gradient address sets in {PROBE} iterations |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# A user's training loop: {m['device_name']}" + (" (**interrupted**)" if m.get("interrupted") else ""),
+        "",
+        f"- {m['date']}, commit `{m['commit']}`, torch {m['torch']}; `{m['command']}`",
+        f"- iteration: zero_grad(set_to_none=True), forward, loss, backward, step; batch {BATCH}",
+        f"- rows interleaved: {m['blocks']} rounds, each timing one block of {m['per_block']} iterations "
+        f"of every row (after {UNTIMED} untimed), the rows in a rotated order each round; "
+        f"{m['warmup']} warm-up iterations per row first",
+        "",
+        f"| model | optimizer | ms / iteration (median of {m['blocks']} blocks) | x torch.SGD(fused) "
+        f"(median [min-max] over rounds) | steps replayed (timed) | gradient address sets in {PROBE} iterations |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['optimizer']} | error: {r['error']} | | | |")
@@ -232,21 +263,32 @@ def markdown(result: Dict[str, Any]) -> str:
         replayed = "—" if t is None else f"{t['replayed']}/{t['eager'] + t['recorded'] + t['replayed']}"
         ratios = r.get("ratios")
         ratio = "—" if not ratios else f"{_median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
-        lines.append(f"| {r['model']} | {r['optimizer']} | {1e3 * r['median_s']:.3f} | {ratio} | {replayed} | "
-                     f"{r.get('address_sets', '—')} |")
-    lines += ["", "x torch.SGD(fused) > 1: the iteration is faster than with torch's fused SGD.", "", "## Goals", "",
-              "| goal | row | value | verdict |", "|---|---|---|---|"]
+        lines.append(
+            f"| {r['model']} | {r['optimizer']} | {1e3 * r['median_s']:.3f} | {ratio} | {replayed} | "
+            f"{r.get('address_sets', '—')} |"
+        )
+    lines += [
+        "",
+        "x torch.SGD(fused) > 1: the iteration is faster than with torch's fused SGD.",
+        "",
+        "## Goals",
+        "",
+        "| goal | row | value | verdict |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {g} | {row} | {v} | **{verdict}** |" for g, row, v, verdict in result.get("goals", [])]
     return "\n".join(lines)
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench loop", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench loop", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    ap.add_argument("--rows", nargs="+", help="only the rows whose names start with one of these (the baseline "
-                                              "always runs)")
+    ap.add_argument(
+        "--rows", nargs="+", help="only the rows whose names start with one of these (the baseline always runs)"
+    )
     ap.add_argument("--warmup", type=int, default=20, help="untimed iterations per row before the rounds")
     ap.add_argument("--blocks", type=int, default=7, help="rounds: timed blocks per row")
     ap.add_argument("--per-block", type=int, default=20, help="timed iterations per block")

@@ -1,4 +1,5 @@
 """What a benchmark ran on and from: the device, the commit, the load; the header of every result."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -19,6 +20,7 @@ def git(*args: str, root: Path = ROOT) -> Optional[str]:
     """``git <args>`` in ``root`` when ``root`` is a checkout's top level: its stdout, or None (no git,
     not a checkout, an error). A copy of the tree inside another repository is not a checkout of
     this project: git would answer for the enclosing one."""
+
     def run(*a: str) -> Optional[str]:
         try:
             out = subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=10)
@@ -60,8 +62,12 @@ def loadavg() -> Optional[float]:
 def device_meta(device: torch.device) -> Dict[str, Any]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        return {"device_name": name, "device_slug": "cuda-" + slug(name), "device_type": "cuda",
-                "cuda": torch.version.cuda}
+        return {
+            "device_name": name,
+            "device_slug": "cuda-" + slug(name),
+            "device_type": "cuda",
+            "cuda": torch.version.cuda,
+        }
     name = f"{cpu_name()} ({os.cpu_count()} cores)"
     return {"device_name": name, "device_slug": f"cpu-{slug(cpu_name())}-{os.cpu_count()}c", "device_type": "cpu"}
 
@@ -72,8 +78,14 @@ def run_meta(device: torch.device, command: str) -> Dict[str, Any]:
     now = dt.datetime.now(dt.timezone.utc)
     status = git("status", "--porcelain", "--untracked-files=no")
     meta = device_meta(device)
-    meta.update(date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"),
-                commit=commit_of(),
-                dirty=bool(status) if status is not None else None, command=command,
-                torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads())
+    meta.update(
+        date=now.strftime("%Y-%m-%d"),
+        timestamp=now.isoformat(timespec="seconds"),
+        commit=commit_of(),
+        dirty=bool(status) if status is not None else None,
+        command=command,
+        torch=torch.__version__,
+        python=platform.python_version(),
+        threads=torch.get_num_threads(),
+    )
     return meta

@@ -9,6 +9,7 @@
   ``profile_memory=True`` and sums the allocator's alloc/free events in time order (allocations
   torch does not make, e.g. a C++ ``std::vector`` in an extension, are not seen).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,11 @@ def step_peak_bytes(step: Callable[[], None], device: torch.device) -> Optional[
 
         with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             step()
-        events = [e for e in prof.profiler.kineto_results.events()
-                  if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+        events = [
+            e
+            for e in prof.profiler.kineto_results.events()
+            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+        ]
     except Exception:  # profiler unavailable or changed: say n/a rather than guess
         return None
     live = peak = 0

@@ -17,6 +17,7 @@ a few iterations run under ``torch.profiler`` (CPU and, on a GPU, CUDA activity)
 
 On a CPU it runs as a dry run of the same machinery (no CUDA activity, nothing replays).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -192,16 +193,20 @@ def profile_row(row: Row, device: torch.device, warmup: int, iterations: int) ->
 
 def markdown(result: Dict[str, Any]) -> str:
     m = result["meta"]
-    lines = [f"# Where a training iteration's time goes: {m['device_name']}"
-             + (" (**interrupted**)" if m.get("interrupted") else ""), "",
-             f"- {m['date']}, commit `{m['commit']}`, torch {m['torch']}; `{m['command']}`",
-             f"- {m['iterations']} iterations per row under torch.profiler (CPU{' and CUDA' if m['cuda'] else ''} "
-             f"activity, memory events) after {m['warmup']} warm-up; batch {BATCH}; host times in us per "
-             f"iteration, the profiler's own cost included; step calls per step",
-             "", "| model | optimizer | iteration | zero_grad | forward | backward | step | step in loop "
-             "(unprofiled) | step alone | in loop / alone | syncs | event rec. / waits | memcpys | allocations | "
-             "graph launches | kernel launches | GPU idle / iteration (longest gap) | steps replayed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Where a training iteration's time goes: {m['device_name']}"
+        + (" (**interrupted**)" if m.get("interrupted") else ""),
+        "",
+        f"- {m['date']}, commit `{m['commit']}`, torch {m['torch']}; `{m['command']}`",
+        f"- {m['iterations']} iterations per row under torch.profiler (CPU{' and CUDA' if m['cuda'] else ''} "
+        f"activity, memory events) after {m['warmup']} warm-up; batch {BATCH}; host times in us per "
+        f"iteration, the profiler's own cost included; step calls per step",
+        "",
+        "| model | optimizer | iteration | zero_grad | forward | backward | step | step in loop "
+        "(unprofiled) | step alone | in loop / alone | syncs | event rec. / waits | memcpys | allocations | "
+        "graph launches | kernel launches | GPU idle / iteration (longest gap) | steps replayed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['optimizer']} | error: {r['error']} |" + " |" * 15)
@@ -217,16 +222,21 @@ def markdown(result: Dict[str, Any]) -> str:
             f"{r['step_alone_us']:.1f} | "
             f"{'—' if ratio is None else f'{ratio:.2f}'} | {c['syncs']:g} | {c['event records']:g} / "
             f"{c['event waits']:g} | {c['memcpys']:g} | {c['allocations']:g} | {c['graph launches']:g} | "
-            f"{c['kernel launches']:g} | {idle} | {replayed} |")
-    lines += ["", "in loop / alone: the step's host time inside iterations (no profiler) over its host time with "
-              "the gradients in place and nothing around it (1.00: the rest of the loop costs the step nothing)."]
+            f"{c['kernel launches']:g} | {idle} | {replayed} |"
+        )
+    lines += [
+        "",
+        "in loop / alone: the step's host time inside iterations (no profiler) over its host time with "
+        "the gradients in place and nothing around it (1.00: the rest of the loop costs the step nothing).",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m bench profile", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     ap.add_argument("--rows", nargs="+", help="only the rows whose names start with one of these")
@@ -257,8 +267,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                         res = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
                     res.update(model=model_name, optimizer=name)
                     rows.append(res)
-                    print(f"  {model_name:<10} {name:<26} " + (f"step {res['step_us']:.1f} us" if "step_us" in res
-                                                                else res["error"]), file=sys.stderr, flush=True)
+                    print(
+                        f"  {model_name:<10} {name:<26} "
+                        + (f"step {res['step_us']:.1f} us" if "step_us" in res else res["error"]),
+                        file=sys.stderr,
+                        flush=True,
+                    )
     except KeyboardInterrupt:
         meta["interrupted"] = True
         print("bench profile: interrupted; writing the rows profiled so far", file=sys.stderr)

@@ -1,4 +1,5 @@
 """Turn a benchmark result into files: JSON (everything), a markdown table, a PNG chart, LATEST.md."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,6 @@ def _fmt_num(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
-
-
 def _disturbed(r: Dict[str, Any]) -> bool:
     return r.get("device_type") == "cpu" and (r.get("other_load_cores") or 0.0) > DISTURBED
 
@@ -50,10 +49,15 @@ def _contention_line(result: Dict[str, Any]) -> str:
     if not loads:
         return "- other processes' CPU use during the cases: not measured"
     bad = sum(_disturbed(r) for r in result["rows"])
-    line = (f"- other processes' CPU use during each case: median {sorted(loads)[len(loads) // 2]:.2f}, "
-            f"max {max(loads):.2f} cores")
+    line = (
+        f"- other processes' CPU use during each case: median {sorted(loads)[len(loads) // 2]:.2f}, "
+        f"max {max(loads):.2f} cores"
+    )
     if result["meta"]["device_type"] == "cpu" and bad:
-        line += f" — **{bad} rows ran while other processes used > {DISTURBED} cores (marked ⚠): their CPU timings are disturbed**"
+        line += (
+            f" — **{bad} rows ran while other processes used > {DISTURBED} cores (marked ⚠): "
+            "their CPU timings are disturbed**"
+        )
     return line
 
 
@@ -69,8 +73,11 @@ def markdown(result: Dict[str, Any]) -> str:
         f"- command: `{meta['command']}`",
         f"- commit: `{meta['commit']}`{' (uncommitted changes)' if meta.get('dirty') else ''}; torch {meta['torch']}; "
         f"threads {meta['threads']}; dtype {meta['dtype']}; wall time {meta['wall_s']:.0f} s",
-        *([f"- **interrupted** after {len(result['rows'])} rows: the table holds the cases timed before the stop"]
-          if result.get("interrupted") else []),
+        *(
+            [f"- **interrupted** after {len(result['rows'])} rows: the table holds the cases timed before the stop"]
+            if result.get("interrupted")
+            else []
+        ),
         f"- backends timed: {', '.join(result['backends'])}; left out: "
         + ("; ".join(f"{k} ({v})" for k, v in result["skipped"].items()) or "none"),
         _contention_line(result),
@@ -80,9 +87,15 @@ def markdown(result: Dict[str, Any]) -> str:
         "x columns = speedup (other time / this time; by hand: the torch code a user writes for the same work, "
         "each algorithm's own: FedNAR `grad += wd*x; clip_grad_norm_(foreach); SGD(fused)`, FedSAM the usual "
         "two-pass SAM, ...); state = bytes of optimizer state; step extra = peak memory one step "
-        f"allocates on top of it ({'CUDA max_memory_allocated' if cuda else 'torch CPU allocator events via torch.profiler'})."
-        + ("" if cuda else " On a CPU, % copy can exceed 100%: a copy's stores to `dst` also read `dst` into the cache "
-           "(write-allocate), traffic the counted bytes leave out, while an in-place update reads what it writes anyway."),
+        "allocates on top of it "
+        f"({'CUDA max_memory_allocated' if cuda else 'torch CPU allocator events via torch.profiler'})."
+        + (
+            ""
+            if cuda
+            else " On a CPU, % copy can exceed 100%: a copy's stores to `dst` also read `dst` into the cache "
+            "(write-allocate), traffic the counted bytes leave out, "
+            "while an in-place update reads what it writes anyway."
+        ),
         "",
         "## Goals",
         "",
@@ -92,10 +105,26 @@ def markdown(result: Dict[str, Any]) -> str:
     for g in result.get("goals", []):
         missed = ", ".join(g["missed"]) or "—"
         disturbed = sum(1 for r in result["rows"] if g["goal"] in r.get("goals", {}) and _disturbed(r))
-        lines.append(f"| {g['text']} | {g['where']} | **{g['verdict']}** | {g['passed']}/{g['judged']} | {missed} "
-                     f"| {disturbed} |")
-    head = ["algorithm", "backend", "size", "B/elem", "median step", "host/step", "GB/s", "% copy", "x ref",
-            "x SGD fused", "x SGD foreach", "x by hand", "state", "step extra"]
+        lines.append(
+            f"| {g['text']} | {g['where']} | **{g['verdict']}** | {g['passed']}/{g['judged']} | {missed} "
+            f"| {disturbed} |"
+        )
+    head = [
+        "algorithm",
+        "backend",
+        "size",
+        "B/elem",
+        "median step",
+        "host/step",
+        "GB/s",
+        "% copy",
+        "x ref",
+        "x SGD fused",
+        "x SGD foreach",
+        "x by hand",
+        "state",
+        "step extra",
+    ]
     if cuda:
         head.insert(head.index("state"), "x cuda")
         head.insert(head.index("state"), "step / torch SGD step")
@@ -111,10 +140,20 @@ def markdown(result: Dict[str, Any]) -> str:
             cells += [""] * (len(head) - len(cells))
         else:
             flag = " ⚠" if _disturbed(r) else ""
-            cells = [r["algorithm"], r["backend"], size, str(r["bytes_per_element"]), _fmt_time(r["median_s"]) + flag,
-                     _fmt_time(r.get("host_s")), f"{r['gbps']:.1f}", f"{r['pct_copy']:.0f}%",
-                     _fmt_x(r.get("speedup_ref")), _fmt_x(r.get("speedup_sgd_fused")),
-                     _fmt_x(r.get("speedup_sgd_foreach")), _fmt_x(r.get("speedup_hand"))]
+            cells = [
+                r["algorithm"],
+                r["backend"],
+                size,
+                str(r["bytes_per_element"]),
+                _fmt_time(r["median_s"]) + flag,
+                _fmt_time(r.get("host_s")),
+                f"{r['gbps']:.1f}",
+                f"{r['pct_copy']:.0f}%",
+                _fmt_x(r.get("speedup_ref")),
+                _fmt_x(r.get("speedup_sgd_fused")),
+                _fmt_x(r.get("speedup_sgd_foreach")),
+                _fmt_x(r.get("speedup_hand")),
+            ]
             if cuda:
                 cells.append(_fmt_x(r.get("speedup_cuda")))
                 v = r.get("vs_torch_sgd_step")
@@ -128,7 +167,9 @@ def markdown(result: Dict[str, Any]) -> str:
                     cells += ["n/a" if r.get("graph_error") else "—", ""]
             cells += [r.get("goals", {}).get(g.key, "") for g in goals]
         lines.append("| " + " | ".join(cells) + " |")
-    graph_errors = {f"{r['algorithm']}/{r['backend']}/{r['size']}": r["graph_error"] for r in result["rows"] if r.get("graph_error")}
+    graph_errors = {
+        f"{r['algorithm']}/{r['backend']}/{r['size']}": r["graph_error"] for r in result["rows"] if r.get("graph_error")
+    }
     if graph_errors:
         lines += ["", "CUDA-graph capture failures:", ""] + [f"- {k}: {v}" for k, v in graph_errors.items()]
     lines.append("")
@@ -182,8 +223,13 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "unknown"
 
 
-def save(result: Dict[str, Any], out_dir: Path, stem: str, markdown_fn: Callable[[Dict[str, Any]], str],
-         chart_fn: Callable[[Dict[str, Any], Path], bool]) -> Dict[str, Path]:
+def save(
+    result: Dict[str, Any],
+    out_dir: Path,
+    stem: str,
+    markdown_fn: Callable[[Dict[str, Any]], str],
+    chart_fn: Callable[[Dict[str, Any], Path], bool],
+) -> Dict[str, Path]:
     """Write ``stem.{json,md,png}`` into ``out_dir`` (no PNG where ``chart_fn`` draws nothing) and refresh LATEST.md."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
@@ -195,8 +241,9 @@ def save(result: Dict[str, Any], out_dir: Path, stem: str, markdown_fn: Callable
     return paths
 
 
-def rerender(json_path: Path, markdown_fn: Callable[[Dict[str, Any]], str],
-             chart_fn: Callable[[Dict[str, Any], Path], bool]) -> None:
+def rerender(
+    json_path: Path, markdown_fn: Callable[[Dict[str, Any]], str], chart_fn: Callable[[Dict[str, Any], Path], bool]
+) -> None:
     """Rewrite the markdown table and chart of a saved result (same numbers, current layout)."""
     result = json.loads(json_path.read_text())
     json_path.with_suffix(".md").write_text(markdown_fn(result))
@@ -228,15 +275,22 @@ def write_latest(out_dir: Path) -> Path:
         stamp = meta.get("timestamp", meta.get("date", ""))
         if key not in newest or stamp >= newest[key][0]:
             newest[key] = (stamp, js, meta)
-    lines = ["# Latest benchmark results", "",
-             "Written by `python -m bench`; one line per device, mode and dtype (newest run).", "",
-             "| device | mode | dtype | date | commit | table | data | chart |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Latest benchmark results",
+        "",
+        "Written by `python -m bench`; one line per device, mode and dtype (newest run).",
+        "",
+        "| device | mode | dtype | date | commit | table | data | chart |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (dev, mode, dtype), (_, js, meta) in sorted(newest.items(), key=lambda kv: kv[0]):
         rel = js.relative_to(out_dir)
         md, png = rel.with_suffix(".md"), rel.with_suffix(".png")
-        lines.append(f"| {dev} | {mode} | {dtype} | {meta.get('date', '?')} | `{str(meta.get('commit', '?'))[:10]}` "
-                     f"| [{md.name}]({md.as_posix()}) | [{rel.name}]({rel.as_posix()}) | "
-                     + (f"[{png.name}]({png.as_posix()}) |" if (out_dir / png).is_file() else "— |"))
+        lines.append(
+            f"| {dev} | {mode} | {dtype} | {meta.get('date', '?')} | `{str(meta.get('commit', '?'))[:10]}` "
+            f"| [{md.name}]({md.as_posix()}) | [{rel.name}]({rel.as_posix()}) | "
+            + (f"[{png.name}]({png.as_posix()}) |" if (out_dir / png).is_file() else "— |")
+        )
     path = out_dir / "LATEST.md"
     path.write_text("\n".join(lines) + "\n")
     return path

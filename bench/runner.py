@@ -1,4 +1,5 @@
 """Run the benchmark matrix (algorithm x backend x size) and derive every figure of a row."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,7 @@ from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
 from .stopping import sigterm_interrupts
 from .timing import Budget, copy_bandwidth, host_time, median, time_graph, time_settled
-from .traffic import Traffic, bytes_per_element, bytes_per_step
+from .traffic import bytes_per_element, bytes_per_step
 
 Row = Dict[str, Any]
 
@@ -29,13 +30,13 @@ class Plan:
     sizes: List[str]
     algos: List[str]
     dtype: torch.dtype = torch.float32
-    backends: Optional[List[str]] = None   # None: every backend available on the device
+    backends: Optional[List[str]] = None  # None: every backend available on the device
     budget: Budget = field(default_factory=Budget)
-    graph_steps: int = 10                   # steps captured per CUDA graph (0: no graph timing)
-    baselines: bool = True                  # time torch.optim.SGD fused/foreach where comparable
-    eager_rows: bool = True                 # on CUDA: also each replaying backend with replay=False
-    retries: int = 0                        # CPU: redo a case disturbed by other processes this often
-    quiet_wait_s: float = 60.0              # ... after waiting at most this long for idle cores
+    graph_steps: int = 10  # steps captured per CUDA graph (0: no graph timing)
+    baselines: bool = True  # time torch.optim.SGD fused/foreach where comparable
+    eager_rows: bool = True  # on CUDA: also each replaying backend with replay=False
+    retries: int = 0  # CPU: redo a case disturbed by other processes this often
+    quiet_wait_s: float = 60.0  # ... after waiting at most this long for idle cores
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
 
 
@@ -112,16 +113,35 @@ def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
     out["host_s"] = host_time(stepper.step, plan.device) if plan.device.type == "cuda" else out["median_s"]
     if graph and plan.device.type == "cuda" and plan.graph_steps > 0:
         try:
-            out["graph_median_s"] = time_graph(stepper.step, plan.device, plan.graph_steps, plan.budget,
-                                               before_capture=lambda k: _prepare_capture(stepper, k))
+            out["graph_median_s"] = time_graph(
+                stepper.step,
+                plan.device,
+                plan.graph_steps,
+                plan.budget,
+                # read late on purpose (not bound as a default): `del stepper` below frees it
+                before_capture=lambda k: _prepare_capture(stepper, k),  # noqa: F821
+            )
         except Exception as exc:  # report, do not abort the run
             out["graph_error"] = f"{type(exc).__name__}: {exc}"
     del stepper
     return out
 
 
-_MEASURED = ("median_s", "min_s", "reps", "host_s", "record_host_s", "step_extra_bytes", "state_bytes", "graph_median_s", "graph_error",
-             "copy_gbps", "other_load_cores", "attempts", "error")
+_MEASURED = (
+    "median_s",
+    "min_s",
+    "reps",
+    "host_s",
+    "record_host_s",
+    "step_extra_bytes",
+    "state_bytes",
+    "graph_median_s",
+    "graph_error",
+    "copy_gbps",
+    "other_load_cores",
+    "attempts",
+    "error",
+)
 
 
 def _case(build: Callable[[], Stepper], plan: Plan, graph: bool, nbytes: int) -> Row:
@@ -147,6 +167,7 @@ def _case(build: Callable[[], Stepper], plan: Plan, graph: bool, nbytes: int) ->
             best = out
         if "error" in out or others.cores is None or others.cores <= DISTURBED:
             break
+    assert best is not None  # the first attempt always sets it
     best["attempts"] = out["attempts"]
     return best
 
@@ -191,23 +212,35 @@ def _time_cases(plan: Plan, backends: List[str], rows: List[Row]) -> None:
         baseline_cache: Dict[tuple, Row] = {}
         for algo_name in plan.algos:
             algo = ALGOS[algo_name]
-            cases = [(b, (lambda b=b: algo.build(params, b))) for b in backends]
+            # the builders read algo and params late on purpose, called in this iteration only: bound as
+            # defaults, the cases list would keep this size's params alive past `del params` below
+            cases = [(b, (lambda b=b: algo.build(params, b))) for b in backends]  # noqa: B023, F821
             if plan.eager_rows and plan.device.type == "cuda":
-                cases += [(eager_name(b), (lambda b=b: algo.build(params, b, replay=False)))
-                          for b in backends if b in REPLAYING]
+                cases += [
+                    (eager_name(b), (lambda b=b: algo.build(params, b, replay=False)))  # noqa: B023, F821
+                    for b in backends
+                    if b in REPLAYING
+                ]
             if plan.baselines:
-                cases += [(w, (lambda w=w: build_baseline(algo, params, w))) for w in algo.baselines()]
+                cases += [(w, (lambda w=w: build_baseline(algo, params, w))) for w in algo.baselines()]  # noqa: B023, F821
             for backend, build in cases:
                 # torch.optim.SGD does the plain SGD work (no neuron scales, corrections or anchors);
                 # a hand-written baseline does the algorithm's work, counted at its bytes (Baseline.traffic)
                 baseline = backend in algo.baseline_of
                 traffic = algo.baseline_traffic(backend) if baseline else algo.traffic
                 nbytes = bytes_per_step(traffic, shapes, plan.dtype)
-                row: Row = dict(algorithm=algo_name, label=algo.label, backend=backend, size=size,
-                                device_type=plan.device.type, dtype=str(plan.dtype).replace("torch.", ""),
-                                n_tensors=len(shapes), numel=total_numel(shapes),
-                                bytes_per_element=bytes_per_element(traffic, plan.dtype),
-                                bytes_per_step=nbytes)
+                row: Row = dict(
+                    algorithm=algo_name,
+                    label=algo.label,
+                    backend=backend,
+                    size=size,
+                    device_type=plan.device.type,
+                    dtype=str(plan.dtype).replace("torch.", ""),
+                    n_tensors=len(shapes),
+                    numel=total_numel(shapes),
+                    bytes_per_element=bytes_per_element(traffic, plan.dtype),
+                    bytes_per_step=nbytes,
+                )
                 key = (backend, nbytes, tuple(sorted(algo.baseline_kwargs(backend).items()))) if baseline else None
                 t0 = time.perf_counter()
                 if key is not None and key in baseline_cache:
@@ -218,9 +251,14 @@ def _time_cases(plan: Plan, backends: List[str], rows: List[Row]) -> None:
                         baseline_cache[key] = {k: v for k, v in row.items() if k in _MEASURED}
                 gc.collect()
                 rows.append(row)
-                plan.log(f"  {size:>9} {algo_name:<22} {backend:<19} "
-                         + (f"{row['median_s'] * 1e3:9.3f} ms  ({row['reps']} reps, {time.perf_counter() - t0:.1f}s)"
-                            if "median_s" in row else f"ERROR {row['error']}"))
+                plan.log(
+                    f"  {size:>9} {algo_name:<22} {backend:<19} "
+                    + (
+                        f"{row['median_s'] * 1e3:9.3f} ms  ({row['reps']} reps, {time.perf_counter() - t0:.1f}s)"
+                        if "median_s" in row
+                        else f"ERROR {row['error']}"
+                    )
+                )
         del params
         gc.collect()
 
@@ -237,12 +275,17 @@ def _derive(rows: List[Row], plan: Plan) -> None:
             r["graph_gbps"] = r["bytes_per_step"] / r["graph_median_s"] / 1e9
         cuda = "cuda" + EAGER if r["backend"].endswith(EAGER) else "cuda"  # eager against eager
         hand = ALGOS[r["algorithm"]].by_hand if r["algorithm"] in ALGOS else None
-        for col, other in (("speedup_ref", "reference"), ("speedup_sgd_fused", TORCH_FUSED),
-                           ("speedup_sgd_foreach", TORCH_FOREACH), ("speedup_hand", hand),
-                           ("speedup_cuda", cuda)):
+        for col, other in (
+            ("speedup_ref", "reference"),
+            ("speedup_sgd_fused", TORCH_FUSED),
+            ("speedup_sgd_foreach", TORCH_FOREACH),
+            ("speedup_hand", hand),
+            ("speedup_cuda", cuda),
+        ):
             o = index.get((r["algorithm"], other, r["size"]))
             r[col] = o["median_s"] / r["median_s"] if o is not None and "median_s" in o else None
         # torch's fused SGD on the same list, whatever the algorithm: the step a user has today
-        sgd = next((o for (a, b, z), o in index.items() if b == TORCH_FUSED and z == r["size"] and "median_s" in o),
-                   None)
+        sgd = next(
+            (o for (a, b, z), o in index.items() if b == TORCH_FUSED and z == r["size"] and "median_s" in o), None
+        )
         r["vs_torch_sgd_step"] = r["median_s"] / sgd["median_s"] if sgd is not None else None

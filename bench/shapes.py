@@ -13,6 +13,7 @@
 Shapes are written here, not imported, so the benchmark never depends on torchvision or on the
 simulator (which may change its model); tests check the totals.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Tuple
@@ -20,14 +21,18 @@ from typing import Dict, List, Tuple
 Shape = Tuple[int, ...]
 
 
-def small_cnn_shapes(in_channels: int = 1, hw: int = 8, num_classes: int = 10,
-                     channels: Tuple[int, int] = (8, 16)) -> List[Shape]:
+def small_cnn_shapes(
+    in_channels: int = 1, hw: int = 8, num_classes: int = 10, channels: Tuple[int, int] = (8, 16)
+) -> List[Shape]:
     """conv(in->8, 3x3), conv(8->16, 3x3), maxpool(2), linear(16*(hw/2)^2 -> classes), with biases."""
     c1, c2 = channels
     return [
-        (c1, in_channels, 3, 3), (c1,),
-        (c2, c1, 3, 3), (c2,),
-        (num_classes, c2 * (hw // 2) ** 2), (num_classes,),
+        (c1, in_channels, 3, 3),
+        (c1,),
+        (c2, c1, 3, 3),
+        (c2,),
+        (num_classes, c2 * (hw // 2) ** 2),
+        (num_classes,),
     ]
 
 
@@ -59,14 +64,20 @@ def large_shapes(blocks: int = 8, width: int = 1024, vocab: int = 8192) -> List[
     shapes: List[Shape] = [(vocab, width)]
     for _ in range(blocks):
         shapes += [
-            (width,), (width,),                       # layer norm 1
-            (3 * width, width), (3 * width,),         # qkv projection
-            (width, width), (width,),                 # attention output projection
-            (width,), (width,),                       # layer norm 2
-            (4 * width, width), (4 * width,),         # MLP up
-            (width, 4 * width), (width,),             # MLP down
+            (width,),
+            (width,),  # layer norm 1
+            (3 * width, width),
+            (3 * width,),  # qkv projection
+            (width, width),
+            (width,),  # attention output projection
+            (width,),
+            (width,),  # layer norm 2
+            (4 * width, width),
+            (4 * width,),  # MLP up
+            (width, 4 * width),
+            (width,),  # MLP down
         ]
-    shapes += [(width,), (width,)]                    # final layer norm
+    shapes += [(width,), (width,)]  # final layer norm
     return shapes
 
 

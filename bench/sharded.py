@@ -20,6 +20,7 @@ adds beyond that all-reduce.
 Every rank times the same fixed number of steps (a step with a collective must run on all ranks);
 a figure is the slowest rank's median. Results go to ``bench_runs/`` (JSON and Markdown).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,12 +50,13 @@ def _sharded_params(whole: List[torch.Tensor], mesh) -> List[torch.Tensor]:
     out = []
     for p in whole:
         q = distribute_tensor(p.detach(), mesh, [Shard(0)], src_data_rank=None).requires_grad_()
+        assert p.grad is not None  # _make_params gives every whole tensor a gradient
         q.grad = distribute_tensor(p.grad, mesh, [Shard(0)], src_data_rank=None)
         out.append(q)
     return out
 
 
-def _local_params(sharded: List[torch.Tensor]) -> List[torch.Tensor]:
+def _local_params(sharded: List[Any]) -> List[torch.Tensor]:  # sharded: DTensors
     out = []
     for q in sharded:
         p = q.to_local().detach().clone().requires_grad_()
@@ -78,16 +80,20 @@ def _stepper(algo: str, params: List[torch.Tensor], like: List[torch.Tensor], ba
             return distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
         return t if t.shape == p.shape else t[: p.shape[0]]  # a local shard: its first rows stand in
 
-    inputs = {}
+    inputs: Dict[str, Any] = {}
     for key, v in cfg.round_inputs(like, 0, seed=1).items():
         if isinstance(v, dict):
             index = {id(p): i for i, p in enumerate(like)}
-            inputs[key] = {params[index[id(p)]]: (r if is_dtensor(params[index[id(p)]]) else r[: params[index[id(p)]].shape[0]])
-                           for p, r in v.items()}
+            inputs[key] = {
+                params[index[id(p)]]: (r if is_dtensor(params[index[id(p)]]) else r[: params[index[id(p)]].shape[0]])
+                for p, r in v.items()
+            }
         else:
             inputs[key] = [place(t, p) for t, p in zip(v, params)]
     opt.start_round(**inputs)
-    step_in = {k: [place(t, p) for t, p in zip(v, params)] for k, v in cfg.step_inputs(like, 0, seed=1).items()}
+    step_in: Dict[str, Any] = {
+        k: [place(t, p) for t, p in zip(v, params)] for k, v in cfg.step_inputs(like, 0, seed=1).items()
+    }
     return lambda: opt.step(**step_in)
 
 
@@ -112,17 +118,19 @@ def _world(rank: int, n: int, cases: List[tuple], reps: int) -> Dict[str, Any]:
         local = _local_params(sharded)
         local_step = _stepper(algo, local, whole, backend)
         row["local_s"] = statistics.median(time_calls(local_step, cpu, budget))
-        row["local_ar_s"] = statistics.median(time_calls(lambda: (local_step(), dist.all_reduce(x)), cpu, budget))
+        row["local_ar_s"] = statistics.median(
+            time_calls(lambda: (local_step(), dist.all_reduce(x)), cpu, budget)  # noqa: B023 (timed here)
+        )
         step = _stepper(algo, sharded, whole, backend)
         step()
         calls: List[int] = []
         real = dist.all_reduce
 
-        def counting(t, *a, **kw):
-            calls.append(t.numel() * t.element_size())
-            return real(t, *a, **kw)
+        def counting(t, *a, **kw):  # installed only for the step() below, in this iteration
+            calls.append(t.numel() * t.element_size())  # noqa: B023
+            return real(t, *a, **kw)  # noqa: B023
 
-        dist.all_reduce = counting
+        dist.all_reduce = counting  # type: ignore[assignment]  # for the one step() below, then restored
         try:
             step()
         finally:
@@ -149,26 +157,34 @@ def _merge(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
 def markdown(result: Dict[str, Any]) -> str:
     meta = result["meta"]
     us = lambda s: f"{s * 1e6:,.0f} us" if s < 1e-2 else f"{s * 1e3:,.2f} ms"  # noqa: E731
-    lines = [f"# Sharded step: {meta['world']} CPU processes (gloo), 1 thread each", "",
-             f"{meta['device_name']}; commit {meta['commit'][:10]}{' (dirty)' if meta.get('dirty') else ''}; "
-             f"torch {meta['torch']}; load average {meta['loadavg_before']} before, {meta['loadavg_after']} after. "
-             f"Command: `{meta['command']}`.", "",
-             f"A bare all-reduce of one float64 on this world: {us(result['allreduce_s'])}.", "",
-             "| algorithm | size | backend | whole, 1 process | local shard, plain tensors | local + all-reduce "
-             "| sharded (DTensor) | sharded - local | sharded - (local + all-reduce) | all-reduces / step "
-             "| bytes all-reduced / step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Sharded step: {meta['world']} CPU processes (gloo), 1 thread each",
+        "",
+        f"{meta['device_name']}; commit {meta['commit'][:10]}{' (dirty)' if meta.get('dirty') else ''}; "
+        f"torch {meta['torch']}; load average {meta['loadavg_before']} before, {meta['loadavg_after']} after. "
+        f"Command: `{meta['command']}`.",
+        "",
+        f"A bare all-reduce of one float64 on this world: {us(result['allreduce_s'])}.",
+        "",
+        "| algorithm | size | backend | whole, 1 process | local shard, plain tensors | local + all-reduce "
+        "| sharded (DTensor) | sharded - local | sharded - (local + all-reduce) | all-reduces / step "
+        "| bytes all-reduced / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {ALGOS[r['algo']].label} | {r['size']} ({r['numel']:,} -> {r['local_numel']:,} per rank) "
-                     f"| {r['backend']} | {us(r['whole_s'])} | {us(r['local_s'])} | {us(r['local_ar_s'])} "
-                     f"| {us(r['sharded_s'])} | {us(r['sharded_s'] - r['local_s'])} "
-                     f"| {us(r['sharded_s'] - r['local_ar_s'])} | {r['allreduces']} | {r['allreduce_bytes']} |")
+        lines.append(
+            f"| {ALGOS[r['algo']].label} | {r['size']} ({r['numel']:,} -> {r['local_numel']:,} per rank) "
+            f"| {r['backend']} | {us(r['whole_s'])} | {us(r['local_s'])} | {us(r['local_ar_s'])} "
+            f"| {us(r['sharded_s'])} | {us(r['sharded_s'] - r['local_s'])} "
+            f"| {us(r['sharded_s'] - r['local_ar_s'])} | {r['allreduces']} | {r['allreduce_bytes']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench sharded", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench sharded", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--algos", nargs="+", choices=list(ALGOS), default=DEFAULT_ALGOS)
     ap.add_argument("--sizes", nargs="+", choices=list(SIZES), default=DEFAULT_SIZES)
     ap.add_argument("--backends", nargs="+", choices=["cpu", "reference"], default=["cpu"])

@@ -2,6 +2,7 @@
 raised as KeyboardInterrupt, like SIGINT, so the code that writes a partial table on Ctrl-C or at
 gpu_check's deadline also runs when the run is killed. A process started in the background by a
 non-interactive shell ignores SIGINT; SIGTERM still reaches it."""
+
 from __future__ import annotations
 
 import contextlib

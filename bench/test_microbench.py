@@ -1,10 +1,12 @@
 """pytest-benchmark microbenchmarks: one optimizer step per (algorithm, backend, size).
 
 ``pytest bench/`` runs them (``--benchmark-json=FILE`` saves them). Each case records its
-bytes per step (counted as docs/benchmarks.md says) and the GB/s at the median in ``extra_info``. Sizes default to the small CNN and
-the ResNet-18 list (plus the 100M list on CUDA); set ``FEDOPT_BENCH_SIZES="small_cnn large"`` to
-choose. The figures with copy-bandwidth and goal columns come from ``python -m bench``.
+bytes per step (counted as docs/benchmarks.md says) and the GB/s at the median in ``extra_info``.
+Sizes default to the small CNN and the ResNet-18 list (plus the 100M list on CUDA); set
+``FEDOPT_BENCH_SIZES="small_cnn large"`` to choose. The figures with copy-bandwidth and goal
+columns come from ``python -m bench``.
 """
+
 from __future__ import annotations
 
 import functools

@@ -8,12 +8,13 @@ its host rate, which is what a training loop sees.
 slowed (docs/benchmarks.md): a stall of another process only ever adds time, so a block whose
 median is well above the fastest block's was disturbed.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -36,7 +37,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_calls(fn: Callable[[], None], device: torch.device, budget: Budget) -> List[float]:
+def time_calls(fn: Callable[[], object], device: torch.device, budget: Budget) -> List[float]:
     """Seconds per call of ``fn`` for each timed call (median it: the first calls can be outliers)."""
     for _ in range(budget.warmup):
         fn()
@@ -44,7 +45,7 @@ def time_calls(fn: Callable[[], None], device: torch.device, budget: Budget) -> 
     times: List[float] = []
     t_start = time.perf_counter()
     if device.type == "cuda":
-        pending = []
+        pending: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
         while len(pending) < budget.max_reps:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
@@ -74,8 +75,14 @@ MAX_BLOCKS = 6
 AGREE = 1.5
 
 
-def time_settled(fn: Callable[[], None], device: torch.device, budget: Budget, blocks: int = BLOCKS,
-                 max_blocks: int = MAX_BLOCKS, agree: float = AGREE) -> List[float]:
+def time_settled(
+    fn: Callable[[], object],
+    device: torch.device,
+    budget: Budget,
+    blocks: int = BLOCKS,
+    max_blocks: int = MAX_BLOCKS,
+    agree: float = AGREE,
+) -> List[float]:
     """Seconds per call, like ``time_calls`` with the same budget in total, but timed in ``blocks``
     blocks. A block is disturbed when its median exceeds ``agree`` x the fastest block's or, on a
     CPU, when other processes kept more than ``DISTURBED`` cores busy while it ran; another block
@@ -87,8 +94,12 @@ def time_settled(fn: Callable[[], None], device: torch.device, budget: Budget, b
     whole short timing loop: a multi-threaded kernel waits for its descheduled thread on every
     call. A disturbance longer than every block stays in the figures, and the runner flags the row."""
     per_max = max(1, budget.max_reps // blocks)
-    per = Budget(warmup=0, min_reps=min(per_max, -(-budget.min_reps // blocks)), max_reps=per_max,
-                 min_time_s=budget.min_time_s / blocks)
+    per = Budget(
+        warmup=0,
+        min_reps=min(per_max, -(-budget.min_reps // blocks)),
+        max_reps=per_max,
+        min_time_s=budget.min_time_s / blocks,
+    )
     for _ in range(budget.warmup):
         fn()
     timed: List[List[float]] = []
@@ -111,7 +122,7 @@ def time_settled(fn: Callable[[], None], device: torch.device, budget: Budget, b
     return [t for i in chosen for t in timed[i]]
 
 
-def host_time(fn: Callable[[], None], device: torch.device, reps: int = 20) -> float:
+def host_time(fn: Callable[[], object], device: torch.device, reps: int = 20) -> float:
     """Median host seconds of one call, without waiting for the device: what a training loop pays on
     the CPU per step (on a CPU it is the step time; on a GPU the launch overhead, when the GPU keeps up)."""
     fn()
@@ -129,8 +140,13 @@ def median(xs: List[float]) -> float:
     return statistics.median(xs)
 
 
-def time_graph(fn: Callable[[], None], device: torch.device, steps: int, budget: Budget,
-               before_capture: Optional[Callable[[int], None]] = None) -> float:
+def time_graph(
+    fn: Callable[[], object],
+    device: torch.device,
+    steps: int,
+    budget: Budget,
+    before_capture: Optional[Callable[[int], None]] = None,
+) -> float:
     """Median seconds per call when ``steps`` calls are captured in one CUDA graph and replayed.
 
     Warm-up runs on a side stream as torch's CUDA-graph notes require. ``before_capture(steps)``

@@ -15,6 +15,7 @@ device). Per-row streams (NeuronLRSGD's scales) count once per row. For float32 
 A copy ``dst.copy_(src)`` counts read + write bytes the same way, so "% of copy bandwidth" is
 the fraction of the machine's achievable streaming rate a step reaches.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

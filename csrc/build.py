@@ -25,6 +25,7 @@ Rules (README "Install"):
   as ``fedopt_kernels/csrc/build.py`` next to the sources for that purpose, so it imports nothing
   outside the standard library at module level.
 """
+
 from __future__ import annotations
 
 import glob
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import sysconfig
 import types
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -103,8 +104,10 @@ def missing_op_sources(ext: str) -> List[str]:
 
 
 def _missing_message(missing: List[str]) -> str:
-    return (f"an op declared in fedopt_kernels/core/ops.py has no kernel file: {', '.join(missing)} "
-            f"(docs/dispatch.md, \"Adding an algorithm\")")
+    return (
+        f"an op declared in fedopt_kernels/core/ops.py has no kernel file: {', '.join(missing)} "
+        f'(docs/dispatch.md, "Adding an algorithm")'
+    )
 
 
 def _warn(msg: str) -> None:
@@ -121,8 +124,9 @@ def _switch(name: str) -> Optional[bool]:
 
 # ---------------------------------------------------------------------------------------- CUDA
 def _has_cuda_headers(home: str) -> bool:
-    return os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h")) or \
-        bool(glob.glob(os.path.join(home, "targets", "*", "include", "cuda_runtime_api.h")))
+    return os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h")) or bool(
+        glob.glob(os.path.join(home, "targets", "*", "include", "cuda_runtime_api.h"))
+    )
 
 
 def find_cuda_home() -> Optional[str]:
@@ -133,8 +137,9 @@ def find_cuda_home() -> Optional[str]:
     if nvcc:
         cands.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
         try:  # a wrapper script: ask nvcc where it lives ("#$ TOP=<home>/bin/.." in a dry run)
-            out = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
-                                 timeout=60)
+            out = subprocess.run(
+                [nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True, timeout=60
+            )
             m = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.M)
             if m:
                 cands.append(os.path.normpath(m.group(1).strip()))
@@ -149,8 +154,9 @@ def find_cuda_home() -> Optional[str]:
 
 def nvcc_version(home: str) -> Optional[Tuple[int, int]]:
     try:
-        out = subprocess.run([os.path.join(home, "bin", "nvcc"), "--version"], capture_output=True, text=True,
-                             timeout=60).stdout
+        out = subprocess.run(
+            [os.path.join(home, "bin", "nvcc"), "--version"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"release (\d+)\.(\d+)", out)
@@ -160,8 +166,9 @@ def nvcc_version(home: str) -> Optional[Tuple[int, int]]:
 def nvcc_archs(home: str) -> List[str]:
     """compute capabilities this nvcc can target, e.g. ['7.5', '8.0', ...] (empty if unknown)."""
     try:
-        out = subprocess.run([os.path.join(home, "bin", "nvcc"), "--list-gpu-arch"], capture_output=True, text=True,
-                             timeout=60).stdout
+        out = subprocess.run(
+            [os.path.join(home, "bin", "nvcc"), "--list-gpu-arch"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     return [f"{m[:-1]}.{m[-1]}" for m in re.findall(r"compute_(\d+)", out)]
@@ -188,9 +195,10 @@ def arch_flags(home: str, defaults: Tuple[str, ...] = DEFAULT_ARCHS) -> List[str
         archs = list(defaults)
         try:
             import torch
+
             if torch.cuda.is_available():
                 for i in range(torch.cuda.device_count()):
-                    archs.append("%d.%d" % torch.cuda.get_device_capability(i))
+                    archs.append("{}.{}".format(*torch.cuda.get_device_capability(i)))
         except Exception:  # no driver: the defaults
             pass
         if not archs:
@@ -204,7 +212,9 @@ def arch_flags(home: str, defaults: Tuple[str, ...] = DEFAULT_ARCHS) -> List[str
             _warn(f"nvcc cannot target compute capability {a}; skipped")
             continue
         code = f"sm_{num}" + (f",compute_{num}" if a in ptx_for else "")
-        flags.append(f"-gencode=arch=compute_{num},code=[{code}]" if a in ptx_for else f"-gencode=arch=compute_{num},code={code}")
+        flags.append(
+            f"-gencode=arch=compute_{num},code=[{code}]" if a in ptx_for else f"-gencode=arch=compute_{num},code={code}"
+        )
     return flags
 
 
@@ -213,7 +223,9 @@ def pip_nvidia_include_dirs() -> List[str]:
     dirs = []
     for base in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
         nv = os.path.join(base, "nvidia")
-        dirs += sorted(glob.glob(os.path.join(nv, "cu*", "include"))) + sorted(glob.glob(os.path.join(nv, "*", "include")))
+        dirs += sorted(glob.glob(os.path.join(nv, "cu*", "include"))) + sorted(
+            glob.glob(os.path.join(nv, "*", "include"))
+        )
     seen, out = set(), []
     for d in dirs:
         if os.path.isdir(d) and d not in seen:
@@ -239,14 +251,16 @@ def _cxx_available() -> Optional[str]:
 
 def _placeholder(name: str, reason: str):
     from setuptools import Extension
+
     ext = Extension(name, sources=[_rel("cpu", "bindings_cpu.cpp")])
-    ext._fedopt_skip = reason  # type: ignore[attr-defined]
+    ext._fedopt_skip = reason  # type: ignore[attr-defined, unused-ignore]  # typed where setuptools is
     return ext
 
 
 def cpu_flags() -> Tuple[List[str], List[str]]:
     """(compile flags, link flags) of the C++ extension, for setup.py and the on-first-use build."""
     import torch
+
     # no FMA contraction: same bits as the reference on any CPU; -g0: no debug info (build time, size)
     # -fvisibility=hidden: our symbols (fo::*) stay private to each extension module
     cflags = ["-O3", "-g0", "-ffp-contract=off", "-fvisibility=hidden"]
@@ -259,9 +273,11 @@ def cpu_flags() -> Tuple[List[str], List[str]]:
 
 def cuda_flags(gencode: List[str]) -> Dict[str, List[str]]:
     """{"cxx": host compiler flags, "nvcc": nvcc flags} of the CUDA extension."""
-    return {"cxx": ["-O3", "-g0", "-fvisibility=hidden"],
-            # --fmad=false: no FMA contraction, so the math rounds as the reference's
-            "nvcc": ["-O3", "--fmad=false", "-lineinfo", "-Xcompiler=-fvisibility=hidden"] + gencode}
+    return {
+        "cxx": ["-O3", "-g0", "-fvisibility=hidden"],
+        # --fmad=false: no FMA contraction, so the math rounds as the reference's
+        "nvcc": ["-O3", "--fmad=false", "-lineinfo", "-Xcompiler=-fvisibility=hidden"] + gencode,
+    }
 
 
 def cpu_extension():
@@ -271,9 +287,11 @@ def cpu_extension():
     if force is None and _cxx_available() is None:
         return _placeholder("fedopt_kernels._C_cpu", "no C++ compiler found at build time (set CXX)")
     from torch.utils.cpp_extension import CppExtension
+
     cflags, lflags = cpu_flags()
-    return CppExtension("fedopt_kernels._C_cpu", CPU_SOURCES, extra_compile_args={"cxx": cflags},
-                        extra_link_args=lflags)
+    return CppExtension(
+        "fedopt_kernels._C_cpu", CPU_SOURCES, extra_compile_args={"cxx": cflags}, extra_link_args=lflags
+    )
 
 
 def cuda_extension():
@@ -282,12 +300,14 @@ def cuda_extension():
     if force is False:
         return _placeholder(name, "disabled by FEDOPT_BUILD_CUDA=0 at build time")
     import torch
+
     if torch.version.cuda is None and not force:
         return _placeholder(name, f"torch {torch.__version__} is a CPU-only build")
     if force is None and not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip() and not torch.cuda.is_available():
         # minutes of nvcc for a backend nothing here can run; a GPU machine builds it on first use
-        return _placeholder(name, "no GPU is visible at build time (FEDOPT_BUILD_CUDA=1, or TORCH_CUDA_ARCH_LIST, "
-                                  "builds it anyway)")
+        return _placeholder(
+            name, "no GPU is visible at build time (FEDOPT_BUILD_CUDA=1, or TORCH_CUDA_ARCH_LIST, builds it anyway)"
+        )
     home = find_cuda_home()
     if home is None:
         return _placeholder(name, "nvcc / the CUDA toolkit was not found at build time (set CUDA_HOME)")
@@ -297,6 +317,7 @@ def cuda_extension():
     # torch guesses CUDA_HOME from `which nvcc`, which is wrong for wrapper scripts: tell it
     os.environ["CUDA_HOME"] = home
     import torch.utils.cpp_extension as cpp_ext
+
     cpp_ext.CUDA_HOME = home
     gencode = arch_flags(home)
     if not gencode:
@@ -311,9 +332,11 @@ def native_extensions():
         import torch  # noqa: F401
         from torch.utils.cpp_extension import BuildExtension
     except Exception as exc:  # pure-Python install; the backends say the extensions are missing
-        _warn(f"torch is not importable here ({exc}), e.g. in pip's isolated build environment: the package "
-              f"installs without compiled backends, which are then built on first use against the installed "
-              f"torch when a C++ compiler is present (or: pip install torch, then pip install --no-build-isolation)")
+        _warn(
+            f"torch is not importable here ({exc}), e.g. in pip's isolated build environment: the package "
+            f"installs without compiled backends, which are then built on first use against the installed "
+            f"torch when a C++ compiler is present (or: pip install torch, then pip install --no-build-isolation)"
+        )
         return [], {}
     exts = []
     for make in (cpu_extension, cuda_extension):
@@ -338,6 +361,7 @@ def kept_build_temp(current: str, root: str = ROOT) -> str:
     import hashlib
 
     import torch
+
     tv = re.sub(r"[^0-9A-Za-z.]+", "_", torch.__version__)
     # one folder per environment: two venvs' command lines differ (include paths), and sharing one
     # folder would make each install recompile what the other one built
@@ -354,6 +378,10 @@ def _make_build_ext(base):
     class NativeBuild(base):
         """torch's BuildExtension (ninja, nvcc) that records failures instead of raising them."""
 
+        # declared for mypy (base is only known at run time); annotations alone add no attributes
+        build_temp: str
+        extensions: List[Any]
+
         def build_extensions(self) -> None:
             self.build_temp = kept_build_temp(self.build_temp)
             self._fedopt_failed: Dict[str, str] = {}
@@ -366,8 +394,11 @@ def _make_build_ext(base):
                     generated = write_op_header(os.path.join(self.build_temp, "fedopt_generated"))
                 except Exception as exc:  # no header, no build: say why instead of a compiler error
                     for e in self.extensions:
-                        self._record(e, f"build failed: cannot generate op_table.h from fedopt_kernels/core/ops.py "
-                                        f"({type(exc).__name__}: {exc})")
+                        self._record(
+                            e,
+                            f"build failed: cannot generate op_table.h from fedopt_kernels/core/ops.py "
+                            f"({type(exc).__name__}: {exc})",
+                        )
                     self.extensions = self.extensions + skipped
                     return
                 for e in self.extensions:
@@ -399,8 +430,11 @@ def _make_build_ext(base):
             try:
                 super().build_extension(ext)
             except Exception as exc:
-                self._record(ext, f"build failed: {type(exc).__name__}: {exc} (the compiler output is in the "
-                                  f"build log: pip install -v ...)")
+                self._record(
+                    ext,
+                    f"build failed: {type(exc).__name__}: {exc} (the compiler output is in the "
+                    f"build log: pip install -v ...)",
+                )
             else:
                 path = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), _status_name(ext))
                 if os.path.exists(path):
@@ -429,8 +463,9 @@ def _make_build_ext(base):
                         os.remove(status_dst)
                 else:
                     stem = ext.name.split(".")[-1]
-                    for stale in glob.glob(os.path.join(os.path.dirname(inplace_file), stem + ".*.so")) + \
-                            glob.glob(os.path.join(os.path.dirname(inplace_file), stem + ".so")):
+                    for stale in glob.glob(os.path.join(os.path.dirname(inplace_file), stem + ".*.so")) + glob.glob(
+                        os.path.join(os.path.dirname(inplace_file), stem + ".so")
+                    ):
                         os.remove(stale)
                     if os.path.exists(status_src) and os.path.abspath(status_src) != os.path.abspath(status_dst):
                         shutil.copyfile(status_src, status_dst)
@@ -454,9 +489,17 @@ class JitSpec:
     """What ``torch.utils.cpp_extension.load`` needs to build one extension, plus ``tag``: what the
     binary depends on besides the sources (torch, CUDA, GPU architectures), for the cache key."""
 
-    def __init__(self, name: str, sources: List[str], cflags: List[str], ldflags: List[str],
-                 cuda_cflags: Optional[List[str]] = None, include_dirs: Optional[List[str]] = None,
-                 cuda_home: Optional[str] = None, tag: str = ""):
+    def __init__(
+        self,
+        name: str,
+        sources: List[str],
+        cflags: List[str],
+        ldflags: List[str],
+        cuda_cflags: Optional[List[str]] = None,
+        include_dirs: Optional[List[str]] = None,
+        cuda_home: Optional[str] = None,
+        tag: str = "",
+    ):
         self.name, self.sources, self.cflags, self.ldflags = name, sources, cflags, ldflags
         self.cuda_cflags, self.include_dirs = cuda_cflags, include_dirs or []
         self.cuda_home, self.tag = cuda_home, tag
@@ -475,6 +518,7 @@ def jit_spec(ext: str) -> JitSpec:
     torch; raises CannotBuild saying what is missing. Unlike setup.py, CUDA code is built only for
     the GPUs that are visible (or TORCH_CUDA_ARCH_LIST), so the build is as short as it can be."""
     import torch
+
     tv = re.sub(r"[^0-9A-Za-z.]+", "_", torch.__version__)  # the local tag too: +cpu and +cu130 builds differ
     folder = "cpu" if ext == "_C_cpu" else "cuda"
     if not _sources_in(folder, ".cpp", ".cu"):
@@ -493,8 +537,10 @@ def jit_spec(ext: str) -> JitSpec:
         raise CannotBuild(f"torch {torch.__version__} is a CPU-only build")
     env_archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     if not env_archs and not torch.cuda.is_available():
-        raise CannotBuild("no GPU is visible; the on-first-use CUDA build targets the visible GPUs "
-                          "(set TORCH_CUDA_ARCH_LIST to build for others)")
+        raise CannotBuild(
+            "no GPU is visible; the on-first-use CUDA build targets the visible GPUs "
+            "(set TORCH_CUDA_ARCH_LIST to build for others)"
+        )
     home = find_cuda_home()
     if home is None:
         raise CannotBuild("nvcc / the CUDA toolkit was not found (install it or set CUDA_HOME)")
@@ -506,6 +552,13 @@ def jit_spec(ext: str) -> JitSpec:
         raise CannotBuild("no GPU architecture to build for (TORCH_CUDA_ARCH_LIST / visible GPUs)")
     archs = "_".join(sorted(set(re.findall(r"sm_(\d+[af]?)", " ".join(gencode)))))
     flags = cuda_flags(gencode)
-    return JitSpec(ext, _abs(CUDA_SOURCES), flags["cxx"], [], cuda_cflags=flags["nvcc"],
-                   include_dirs=pip_nvidia_include_dirs(), cuda_home=home,
-                   tag=f"torch{tv}-cu{torch.version.cuda}-sm{archs}")
+    return JitSpec(
+        ext,
+        _abs(CUDA_SOURCES),
+        flags["cxx"],
+        [],
+        cuda_cflags=flags["nvcc"],
+        include_dirs=pip_nvidia_include_dirs(),
+        cuda_home=home,
+        tag=f"torch{tv}-cu{torch.version.cuda}-sm{archs}",
+    )

@@ -13,6 +13,7 @@ graphs are captured), one validation pass and the final evaluation. A run's esti
 rounds x round + (rounds / eval-every) x validation + final evaluation; a grid's, that times its
 configurations and seeds. Results go to ``--out-dir`` as paper-commands-<device>.json/.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,28 +39,52 @@ SEEDS = "0 1 2 3 4"
 FEDNLR_LRS = ("0.01", "0.0316", "0.1")
 FEDAVG_LRS = tuple(f"{0.01 * 10 ** (k / 8):.3g}" for k in range(9))  # 0.01 ... 0.1, eighth decades
 PAPERS: List[Tuple[str, str, str, List[Tuple[str, str]], List[Tuple[str, str]]]] = [
-    ("fednar", "FedNAR, CIFAR-10 Dir(0.3), ResNet-18 (Table 1: FedAvg 85.19 -> 87.64, FedProx 85.02 -> 87.45, "
-               "SCAFFOLD 86.89 -> 89.17)",
-     "--dataset cifar10 --data-dir DATA --clients 100 --alpha 0.3 --holdout-fraction 0 --split 0.8 0.1 0.1 "
-     "--model resnet18-gn --augment --round-decay 0.998 --clip-norm 10 --clients-per-round 20 --local-steps 20 "
-     "--batch-size 50 --rounds 1000 --finetune-steps 0 --eval-every 20 --device cuda --client-parallel 20",
-     [(f"{algo}-wd{wd}-lr{lr}", f"--algorithm {algo} --weight-decay {wd} --lr {lr}")
-      for algo in ("fednar", "fednar-fedprox", "fednar-scaffold") for wd in ("0.01", "0.1") for lr in ("0.01", "0.03")],
-     [(f"{algo}-wd{wd}-lr{lr}", f"--algorithm {algo} --weight-decay {wd} --lr {lr}")
-      for algo in ("fedavg", "fedprox", "scaffold") for wd in ("0.01", "0.1") for lr in ("0.01", "0.03")]),
-    ("fednlr", "FedNLR, CIFAR-10 Shards(100, 4), 10% of clients per round (Table 3: FedAvg 72.94 -> 73.38)",
-     "--dataset cifar10 --data-dir DATA --clients 100 --partition shards --shards-per-client 4 "
-     "--holdout-fraction 0 --split 0.8 0.1 0.1 --model cnn --clients-per-round 10 --local-steps 50 "
-     "--batch-size 50 --rounds 500 --finetune-steps 0 --eval-every 20 --device cuda --client-parallel 10",
-     [(f"fednlr-mu{mu}-lr{lr}", f"--algorithm fednlr --nlr-mu0 {mu} --lr {lr}")
-      for mu in ("0.5", "1", "2") for lr in FEDNLR_LRS],
-     [(f"fedavg-lr{lr}", f"--algorithm fedavg --lr {lr}") for lr in FEDAVG_LRS]),
+    (
+        "fednar",
+        "FedNAR, CIFAR-10 Dir(0.3), ResNet-18 (Table 1: FedAvg 85.19 -> 87.64, FedProx 85.02 -> 87.45, "
+        "SCAFFOLD 86.89 -> 89.17)",
+        "--dataset cifar10 --data-dir DATA --clients 100 --alpha 0.3 --holdout-fraction 0 --split 0.8 0.1 0.1 "
+        "--model resnet18-gn --augment --round-decay 0.998 --clip-norm 10 --clients-per-round 20 --local-steps 20 "
+        "--batch-size 50 --rounds 1000 --finetune-steps 0 --eval-every 20 --device cuda --client-parallel 20",
+        [
+            (f"{algo}-wd{wd}-lr{lr}", f"--algorithm {algo} --weight-decay {wd} --lr {lr}")
+            for algo in ("fednar", "fednar-fedprox", "fednar-scaffold")
+            for wd in ("0.01", "0.1")
+            for lr in ("0.01", "0.03")
+        ],
+        [
+            (f"{algo}-wd{wd}-lr{lr}", f"--algorithm {algo} --weight-decay {wd} --lr {lr}")
+            for algo in ("fedavg", "fedprox", "scaffold")
+            for wd in ("0.01", "0.1")
+            for lr in ("0.01", "0.03")
+        ],
+    ),
+    (
+        "fednlr",
+        "FedNLR, CIFAR-10 Shards(100, 4), 10% of clients per round (Table 3: FedAvg 72.94 -> 73.38)",
+        "--dataset cifar10 --data-dir DATA --clients 100 --partition shards --shards-per-client 4 "
+        "--holdout-fraction 0 --split 0.8 0.1 0.1 --model cnn --clients-per-round 10 --local-steps 50 "
+        "--batch-size 50 --rounds 500 --finetune-steps 0 --eval-every 20 --device cuda --client-parallel 10",
+        [
+            (f"fednlr-mu{mu}-lr{lr}", f"--algorithm fednlr --nlr-mu0 {mu} --lr {lr}")
+            for mu in ("0.5", "1", "2")
+            for lr in FEDNLR_LRS
+        ],
+        [(f"fedavg-lr{lr}", f"--algorithm fedavg --lr {lr}") for lr in FEDAVG_LRS],
+    ),
 ]
 
 
 def command(shared: str, own: str, label: str, name: str) -> List[str]:
-    return ["fedopt-sim", *shlex.split(shared), *shlex.split(own), "--seeds", *SEEDS.split(),
-            "--out", f"runs/{name}/{label}"]
+    return [
+        "fedopt-sim",
+        *shlex.split(shared),
+        *shlex.split(own),
+        "--seeds",
+        *SEEDS.split(),
+        "--out",
+        f"runs/{name}/{label}",
+    ]
 
 
 def print_commands() -> str:
@@ -85,8 +110,16 @@ def write_standin_cifar10(root: Path, train: int = 50000, test: int = 10000, see
         labels = rng.integers(0, 10, size=n)
         data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
         with open(folder / name, "wb") as f:
-            pickle.dump({"batch_label": name, "labels": [int(v) for v in labels], "data": data,
-                         "filenames": [f"{i}.png" for i in range(n)]}, f, protocol=2)
+            pickle.dump(
+                {
+                    "batch_label": name,
+                    "labels": [int(v) for v in labels],
+                    "data": data,
+                    "filenames": [f"{i}.png" for i in range(n)],
+                },
+                f,
+                protocol=2,
+            )
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
     with open(folder / "batches.meta", "wb") as f:
         pickle.dump({"label_names": names, "num_cases_per_batch": per, "num_vis": 3072}, f, protocol=2)
@@ -94,8 +127,9 @@ def write_standin_cifar10(root: Path, train: int = 50000, test: int = 10000, see
 
 
 # ------------------------------------------------------------------ timing a slice
-def time_slice(argv: Sequence[str], data_dir: str, device: str, rounds: int,
-               shrink: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def time_slice(
+    argv: Sequence[str], data_dir: str, device: str, rounds: int, shrink: Optional[Dict[str, Any]] = None
+) -> Dict[str, Any]:
     """Set-up, per-round, validation and final-evaluation seconds of one configuration (seed 0)."""
     import torch
 
@@ -128,21 +162,42 @@ def time_slice(argv: Sequence[str], data_dir: str, device: str, rounds: int,
     rnd = statistics.median(steady)
     full_rounds, every = args.rounds, args.eval_every
     estimate = setup + full_rounds * rnd + (full_rounds // every) * val + final
-    return {"setup_s": setup, "round_s": rnd, "first_round_s": per_round[0], "rounds_timed": rounds,
-            "validation_s": val, "final_evaluation_s": final, "rounds": full_rounds, "eval_every": every,
-            "estimate_s": estimate, "config": {k: v for k, v in vars(cfg).items() if not k.startswith("_")}}
+    return {
+        "setup_s": setup,
+        "round_s": rnd,
+        "first_round_s": per_round[0],
+        "rounds_timed": rounds,
+        "validation_s": val,
+        "final_evaluation_s": final,
+        "rounds": full_rounds,
+        "eval_every": every,
+        "estimate_s": estimate,
+        "config": {k: v for k, v in vars(cfg).items() if not k.startswith("_")},
+    }
 
 
-def time_all(device: str, rounds: int, out_dir: Path, shrink: Optional[Dict[str, Any]] = None,
-             images: Tuple[int, int] = (50000, 10000), papers: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+def time_all(
+    device: str,
+    rounds: int,
+    out_dir: Path,
+    shrink: Optional[Dict[str, Any]] = None,
+    images: Tuple[int, int] = (50000, 10000),
+    papers: Optional[Sequence[str]] = None,
+) -> Dict[str, Any]:
     import platform
 
     import torch
 
-    results: Dict[str, Any] = {"device": torch.cuda.get_device_name(0) if device.startswith("cuda") else
-                               (platform.processor() or platform.machine()), "torch": torch.__version__,
-                               "date": time.strftime("%Y-%m-%d", time.gmtime()), "images": list(images),
-                               "shrink": shrink or {}, "papers": {}}
+    results: Dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0)
+        if device.startswith("cuda")
+        else (platform.processor() or platform.machine()),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "images": list(images),
+        "shrink": shrink or {},
+        "papers": {},
+    }
     from bench.stopping import sigterm_interrupts
 
     try:
@@ -160,7 +215,8 @@ def time_all(device: str, rounds: int, out_dir: Path, shrink: Optional[Dict[str,
                     row.update(label=label, command=shlex.join(argv), configurations=len(grid))
                     rows[role] = row
                 results["papers"][name]["grid_estimate_s"] = sum(
-                    r["estimate_s"] * r["configurations"] * 5 for r in rows.values())
+                    r["estimate_s"] * r["configurations"] * 5 for r in rows.values()
+                )
     except KeyboardInterrupt:  # a deadline (gpu_check sends SIGINT) or kill (SIGTERM): keep the slices timed so far
         results["interrupted"] = True
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -173,18 +229,25 @@ def time_all(device: str, rounds: int, out_dir: Path, shrink: Optional[Dict[str,
 def markdown(res: Dict[str, Any]) -> str:
     shrunk = f" (shrunk for a smoke run: {res['shrink']})" if res["shrink"] else ""
     cut = " **Interrupted**: only the slices timed before the stop." if res.get("interrupted") else ""
-    lines = [f"## The papers' commands on {res['device']}{shrunk}", "",
-             f"{res['date']}, torch {res['torch']}; a stand-in CIFAR-10 of {res['images'][0]:,} + "
-             f"{res['images'][1]:,} random images; seed 0; `python experiments/paper_commands.py --time`{cut}", "",
-             "| paper | run | set-up | round (median after the first) | validation | final evaluation | "
-             "one run (estimate) | the grid x 5 seeds (estimate) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"## The papers' commands on {res['device']}{shrunk}",
+        "",
+        f"{res['date']}, torch {res['torch']}; a stand-in CIFAR-10 of {res['images'][0]:,} + "
+        f"{res['images'][1]:,} random images; seed 0; `python experiments/paper_commands.py --time`{cut}",
+        "",
+        "| paper | run | set-up | round (median after the first) | validation | final evaluation | "
+        "one run (estimate) | the grid x 5 seeds (estimate) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for p in res["papers"].values():
         for role, r in p["rows"].items():
             grid = r["estimate_s"] * r["configurations"] * 5
-            lines.append(f"| {p['paper'].split(',')[0]} | {role}: {r['label']} ({r['rounds']} rounds) | "
-                         f"{r['setup_s']:.1f} s | {1000 * r['round_s']:.0f} ms | {r['validation_s']:.2f} s | "
-                         f"{r['final_evaluation_s']:.2f} s | {r['estimate_s'] / 3600:.2f} h | "
-                         f"{grid / 3600:.1f} h ({r['configurations']} configurations) |")
+            lines.append(
+                f"| {p['paper'].split(',')[0]} | {role}: {r['label']} ({r['rounds']} rounds) | "
+                f"{r['setup_s']:.1f} s | {1000 * r['round_s']:.0f} ms | {r['validation_s']:.2f} s | "
+                f"{r['final_evaluation_s']:.2f} s | {r['estimate_s'] / 3600:.2f} h | "
+                f"{grid / 3600:.1f} h ({r['configurations']} configurations) |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -196,10 +259,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--device", default="cuda", help="where the slice runs (default cuda)")
     ap.add_argument("--slice-rounds", type=int, default=4, help="rounds timed per configuration (default 4)")
     ap.add_argument("--out-dir", type=Path, default=Path("bench_runs"), help="where the table goes")
-    ap.add_argument("--paper", action="append", choices=[name for name, *_ in PAPERS],
-                    help="time only this paper's slices (repeatable; default every paper)")
-    ap.add_argument("--smoke", action="store_true",
-                    help="a tiny slice (2 clients per round, 1 local step, 600 images): checks the code on a CPU")
+    ap.add_argument(
+        "--paper",
+        action="append",
+        choices=[name for name, *_ in PAPERS],
+        help="time only this paper's slices (repeatable; default every paper)",
+    )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny slice (2 clients per round, 1 local step, 600 images): checks the code on a CPU",
+    )
     args = ap.parse_args(argv)
     if args.slice_rounds < 1:
         ap.error("--slice-rounds must be >= 1")
@@ -207,8 +277,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(print_commands())
         return 0
     shrink = dict(clients_per_round=2, local_steps=1, batch_size=4, client_parallel=2) if args.smoke else None
-    res = time_all(args.device, args.slice_rounds, args.out_dir, shrink, (500, 100) if args.smoke else (50000, 10000),
-                   args.paper)
+    res = time_all(
+        args.device, args.slice_rounds, args.out_dir, shrink, (500, 100) if args.smoke else (50000, 10000), args.paper
+    )
     print(markdown(res))
     return 0
 

@@ -5,6 +5,7 @@ the versions and the command, so that every number on a results page can be trac
 start and end (``stamp``). ``source_key`` names what must be equal for runs to share a table cell:
 the commit, and whether the tree was dirty.
 """
+
 from __future__ import annotations
 
 import datetime

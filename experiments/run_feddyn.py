@@ -11,6 +11,7 @@ same clients and batches. Writes ``experiments/real/feddyn.json`` and prints a m
 global model's pooled test accuracy and final training loss (mean ± std over seeds);
 ``experiments/results_feddyn.md`` holds the table with its reading.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,16 @@ DATA = {
     "digits (Dirichlet 0.1)": dict(dataset="digits", partition="dirichlet", dirichlet_alpha=0.1, model="mlp"),
     "Synthetic(1, 1)": dict(dataset="synthetic", synthetic_alpha=1.0, synthetic_beta=1.0, model="mlp"),
 }
-COMMON = dict(clients=50, holdout_fraction=0.2, clients_per_round=10, local_steps=10, batch_size=10, lr=0.05,
-              rounds=60, eval_every=10)
+COMMON = dict(
+    clients=50,
+    holdout_fraction=0.2,
+    clients_per_round=10,
+    local_steps=10,
+    batch_size=10,
+    lr=0.05,
+    rounds=60,
+    eval_every=10,
+)
 EXTRA = {"feddyn": dict(dyn_alpha=0.01)}
 
 
@@ -44,8 +53,13 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
     start = time.perf_counter()
     result = Simulation(SimConfig(**cfg)).run()
     hist = result["history"]
-    return {"config": cfg, "pooled_test_acc": result["final"]["pooled_test_acc"], "train_loss": hist[-1]["train_loss"],
-            "curve": [(h["round"], h["val_acc"]) for h in hist if "val_acc" in h], "seconds": time.perf_counter() - start}
+    return {
+        "config": cfg,
+        "pooled_test_acc": result["final"]["pooled_test_acc"],
+        "train_loss": hist[-1]["train_loss"],
+        "curve": [(h["round"], h["val_acc"]) for h in hist if "val_acc" in h],
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def table(runs: List[Dict[str, Any]]) -> str:
@@ -57,15 +71,22 @@ def table(runs: List[Dict[str, Any]]) -> str:
                 continue
             acc = 100 * np.array([r["pooled_test_acc"] for r in rs])
             loss = np.array([r["train_loss"] for r in rs])
-            sd = (lambda a: f" ± {a.std(ddof=1):.2f}" if len(a) > 1 else "")
-            lines.append(f"| {data} | {algo} | {acc.mean():.2f}{sd(acc)} | {loss.mean():.3f}{sd(loss)} | "
-                         f"{np.mean([r['seconds'] for r in rs]):.1f} |")
+
+            def sd(a):
+                return f" ± {a.std(ddof=1):.2f}" if len(a) > 1 else ""
+
+            lines.append(
+                f"| {data} | {algo} | {acc.mean():.2f}{sd(acc)} | {loss.mean():.3f}{sd(loss)} | "
+                f"{np.mean([r['seconds'] for r in rs]):.1f} |"
+            )
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 seed, 3 rounds (checks the script; JSON to the temp folder)")
+    ap.add_argument(
+        "--quick", action="store_true", help="1 seed, 3 rounds (checks the script; JSON to the temp folder)"
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = ap.parse_args()
     import torch
@@ -82,12 +103,23 @@ def main() -> None:
                 r = run(cfg)
                 r["data"] = data
                 runs.append(r)
-                print(f"{data:24s} {algo:9s} seed {seed}: acc {100 * r['pooled_test_acc']:.2f} "
-                      f"loss {r['train_loss']:.3f} ({r['seconds']:.1f} s)", flush=True)
+                print(
+                    f"{data:24s} {algo:9s} seed {seed}: acc {100 * r['pooled_test_acc']:.2f} "
+                    f"loss {r['train_loss']:.3f} ({r['seconds']:.1f} s)",
+                    flush=True,
+                )
     out = Path(tempfile.gettempdir()) / "feddyn.json" if args.quick else HERE / "real" / "feddyn.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "torch_threads":
-                               torch.get_num_threads(), "runs": runs}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "machine": platform.processor() or platform.machine(),
+                "torch_threads": torch.get_num_threads(),
+                "runs": runs,
+            },
+            indent=1,
+        )
+    )
     print(table(runs))
     print(f"\nwrote {out}")
 

@@ -11,6 +11,7 @@ untuned vs. FedAvg/SCAFFOLD tuned"), chosen by validation accuracy and reported 
 
 Finished runs are cached in experiments/.cache (keyed by their config), so an interrupted run resumes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,8 +33,17 @@ CACHE = HERE / ".cache"
 
 # Shared setting: 50 users (10 held out as new users), Dirichlet(0.5) label skew, 8 of 40 training
 # clients per round, 10 local steps of batch 10, the small CNN, fine-tuning 5 steps at lr 0.01.
-BASE: Dict[str, Any] = dict(dataset="digits", model="cnn", clients=50, dirichlet_alpha=0.5, local_steps=10,
-                            batch_size=10, sample_rate=0.2, backend="reference", device="cpu")
+BASE: Dict[str, Any] = dict(
+    dataset="digits",
+    model="cnn",
+    clients=50,
+    dirichlet_alpha=0.5,
+    local_steps=10,
+    batch_size=10,
+    sample_rate=0.2,
+    backend="reference",
+    device="cpu",
+)
 LR = 0.05  # the simulator's default client lr, used wherever a method is not being tuned
 
 
@@ -54,9 +64,14 @@ def _run_one(cfg: Dict[str, Any]) -> Dict[str, Any]:
         return json.loads(path.read_text())
     result = Simulation(SimConfig(**cfg)).run()
     hist = result["history"]
-    summary = {"config": cfg, "final": final_rows(result["final"]), "val_acc": hist[-1]["val_acc"],
-               "train_loss": hist[-1]["train_loss"], "seconds": result["total_seconds"],
-               "hparams": result["hparams"]}
+    summary = {
+        "config": cfg,
+        "final": final_rows(result["final"]),
+        "val_acc": hist[-1]["val_acc"],
+        "train_loss": hist[-1]["train_loss"],
+        "seconds": result["total_seconds"],
+        "hparams": result["hparams"],
+    }
     path.write_text(json.dumps(summary))
     return summary
 
@@ -112,23 +127,39 @@ def verdict(better: List[Dict[str, Any]], worse: List[Dict[str, Any]], metric: s
     return f"{word} ({100 * gap:+.1f} pp, seed std up to {100 * noise:.1f})"
 
 
-FT = [("fine-tuned new: mean", "fine-tuned new mean"), ("new: bottom 10%", "fine-tuned new bottom10%"),
-      ("new: std", "fine-tuned new std"), ("fine-tuned existing: mean", "fine-tuned existing mean"),
-      ("existing: bottom 10%", "fine-tuned existing bottom10%"), ("existing: std", "fine-tuned existing std"),
-      ("global model, before fine-tuning (existing)", "global existing mean")]
-GLOBAL = [("global test acc (pooled)", "pooled test acc"), ("global, existing users", "global existing mean"),
-          ("fine-tuned existing", "fine-tuned existing mean"), ("fine-tuned new", "fine-tuned new mean")]
+FT = [
+    ("fine-tuned new: mean", "fine-tuned new mean"),
+    ("new: bottom 10%", "fine-tuned new bottom10%"),
+    ("new: std", "fine-tuned new std"),
+    ("fine-tuned existing: mean", "fine-tuned existing mean"),
+    ("existing: bottom 10%", "fine-tuned existing bottom10%"),
+    ("existing: std", "fine-tuned existing std"),
+    ("global model, before fine-tuning (existing)", "global existing mean"),
+]
+GLOBAL = [
+    ("global test acc (pooled)", "pooled test acc"),
+    ("global, existing users", "global existing mean"),
+    ("fine-tuned existing", "fine-tuned existing mean"),
+    ("fine-tuned new", "fine-tuned new mean"),
+]
 
 
 # ------------------------------------------------------------------ the four claims
 def feddecay(r: Runner) -> str:
     betas = [0.0, 0.2, 0.5, 0.8, 1.0]
-    res = r.run({f"β = {b:g}" + (" (FedSGD)" if b == 0 else " (FedAvg)" if b == 1 else ""):
-                 dict(algorithm="feddecay", beta=b, lr=LR, decay_every=2) for b in betas})
+    res = r.run(
+        {
+            f"β = {b:g}" + (" (FedSGD)" if b == 0 else " (FedAvg)" if b == 1 else ""): dict(
+                algorithm="feddecay", beta=b, lr=LR, decay_every=2
+            )
+            for b in betas
+        }
+    )
     labels = list(res)
     best = max(labels[1:-1], key=lambda k: stat(res[k], "fine-tuned new mean")[0])
     lines = [
-        "## 1. FedDecay: within-round decay, after fine-tuning (FedDecay paper Sec. 4; the learning-rate scheduling paper)",
+        "## 1. FedDecay: within-round decay, after fine-tuning "
+        "(FedDecay paper Sec. 4; the learning-rate scheduling paper)",
         "",
         f"FedDecaySGD, lr {LR} for every β (the papers fix lr and vary β), decay every 2 local steps "
         "(about one local epoch on these clients), 10 local steps, "
@@ -137,7 +168,8 @@ def feddecay(r: Runner) -> str:
         "",
         table(res, FT, "β"),
         "",
-        f"Claim: some β in (0, 1) beats β = 0 and β = 1 after fine-tuning. Best β in (0,1) by new-user mean: **{best}**.",
+        "Claim: some β in (0, 1) beats β = 0 and β = 1 after fine-tuning. "
+        f"Best β in (0,1) by new-user mean: **{best}**.",
         f"- beats β = 1 (FedAvg) on new users: {verdict(res[best], res[labels[-1]], 'fine-tuned new mean')}; "
         f"on existing users: {verdict(res[best], res[labels[-1]], 'fine-tuned existing mean')}",
         f"- beats β = 0 (FedSGD) on new users: {verdict(res[best], res[labels[0]], 'fine-tuned new mean')}; "
@@ -181,7 +213,9 @@ def fednar(r: Runner) -> str:
             lines.append(f"- FedAvg, {tag}: {verdict(res[f'FedNAR, {tag}'], res[f'FedAvg, {tag}'], 'pooled test acc')}")
     for base in ("FedProx", "SCAFFOLD"):
         tag = "wd 0.1, max norm 1"
-        lines.append(f"- {base}, {tag}: {verdict(res[f'FedNAR-{base}, {tag}'], res[f'{base}, {tag}'], 'pooled test acc')}")
+        lines.append(
+            f"- {base}, {tag}: {verdict(res[f'FedNAR-{base}, {tag}'], res[f'{base}, {tag}'], 'pooled test acc')}"
+        )
     return "\n".join(lines)
 
 
@@ -190,7 +224,9 @@ def padamfed(r: Runner) -> str:
 
     grid = [0.01, 0.03, 0.1, 0.3]
     tune = r.run({f"{algo} lr {lr:g}": dict(algorithm=algo, lr=lr) for algo in ("fedavg", "scaffold") for lr in grid})
-    best = {algo: max(grid, key=lambda lr: stat(tune[f"{algo} lr {lr:g}"], "val acc")[0]) for algo in ("fedavg", "scaffold")}
+    best = {
+        algo: max(grid, key=lambda lr: stat(tune[f"{algo} lr {lr:g}"], "val acc")[0]) for algo in ("fedavg", "scaffold")
+    }
     S = round(0.2 * 40)
     eta, gamma, beta = theory_hparams(S, 10, r.rounds)
     scales = [0.1, 0.3, 1.0, 3.0, 10.0]
@@ -200,16 +236,28 @@ def padamfed(r: Runner) -> str:
         for algo in ("fedavg", "scaffold"):
             sweep_settings[f"{algo} ×{s:g}"] = dict(algorithm=algo, lr=best[algo] * s)
     sweep = r.run(sweep_settings)
-    head = {"PAdaMFed (theory η, γ, β; untuned)": sweep["PAdaMFed ×1"],
-            f"FedAvg, tuned lr {best['fedavg']:g}": sweep["fedavg ×1"],
-            f"SCAFFOLD, tuned lr {best['scaffold']:g}": sweep["scaffold ×1"]}
-    rows = ["| lr scale | " + " | ".join(["PAdaMFed (η × scale)", f"FedAvg ({best['fedavg']:g} × scale)",
-                                          f"SCAFFOLD ({best['scaffold']:g} × scale)"]) + " |", "|---|---|---|---|"]
+    head = {
+        "PAdaMFed (theory η, γ, β; untuned)": sweep["PAdaMFed ×1"],
+        f"FedAvg, tuned lr {best['fedavg']:g}": sweep["fedavg ×1"],
+        f"SCAFFOLD, tuned lr {best['scaffold']:g}": sweep["scaffold ×1"],
+    }
+    rows = [
+        "| lr scale | "
+        + " | ".join(
+            ["PAdaMFed (η × scale)", f"FedAvg ({best['fedavg']:g} × scale)", f"SCAFFOLD ({best['scaffold']:g} × scale)"]
+        )
+        + " |",
+        "|---|---|---|---|",
+    ]
     for s in scales:
-        rows.append(f"| ×{s:g} | " + " | ".join(fmt(sweep[f"{a} ×{s:g}"], "pooled test acc")
-                                                  for a in ("PAdaMFed", "fedavg", "scaffold")) + " |")
+        rows.append(
+            f"| ×{s:g} | "
+            + " | ".join(fmt(sweep[f"{a} ×{s:g}"], "pooled test acc") for a in ("PAdaMFed", "fedavg", "scaffold"))
+            + " |"
+        )
     lines = [
-        "## 3. PAdaMFed with theory step sizes vs. tuned FedAvg and SCAFFOLD (Problem-Parameter-Free Federated Learning)",
+        "## 3. PAdaMFed with theory step sizes vs. tuned FedAvg and SCAFFOLD "
+        "(Problem-Parameter-Free Federated Learning)",
         "",
         f"PAdaMFed uses `theory_hparams(S={S}, K=10, T={r.rounds})`: η = {eta:.4g}, γ = {gamma:.4g}, β = {beta:.4g}, "
         f"no tuning. FedAvg and SCAFFOLD pick their client lr from {grid} by the final validation accuracy "
@@ -232,19 +280,25 @@ def padamfed(r: Runner) -> str:
         f"- untuned PAdaMFed matches or beats tuned SCAFFOLD: "
         f"{verdict(sweep['PAdaMFed ×1'], sweep['scaffold ×1'], 'pooled test acc')}",
     ]
-    spread = {a: max(stat(sweep[f"{a} ×{s:g}"], "pooled test acc")[0] for s in scales)
-              - min(stat(sweep[f"{a} ×{s:g}"], "pooled test acc")[0] for s in scales)
-              for a in ("PAdaMFed", "fedavg", "scaffold")}
-    lines.append("- wider range of good step sizes: accuracy spread (best − worst mean) over the scales: "
-                 + ", ".join(f"{a} {100 * v:.1f} pp" for a, v in spread.items()))
+    spread = {
+        a: max(stat(sweep[f"{a} ×{s:g}"], "pooled test acc")[0] for s in scales)
+        - min(stat(sweep[f"{a} ×{s:g}"], "pooled test acc")[0] for s in scales)
+        for a in ("PAdaMFed", "fedavg", "scaffold")
+    }
+    lines.append(
+        "- wider range of good step sizes: accuracy spread (best − worst mean) over the scales: "
+        + ", ".join(f"{a} {100 * v:.1f} pp" for a, v in spread.items())
+    )
     return "\n".join(lines)
 
 
 def fednlr(r: Runner) -> str:
     settings = {}
-    for name, kw in (("Dirichlet α = 0.1", dict(partition="dirichlet", dirichlet_alpha=0.1)),
-                     ("shards, 2 per client", dict(partition="shards", shards_per_client=2)),
-                     ("Dirichlet α = 1 (mild)", dict(partition="dirichlet", dirichlet_alpha=1.0))):
+    for name, kw in (
+        ("Dirichlet α = 0.1", dict(partition="dirichlet", dirichlet_alpha=0.1)),
+        ("shards, 2 per client", dict(partition="shards", shards_per_client=2)),
+        ("Dirichlet α = 1 (mild)", dict(partition="dirichlet", dirichlet_alpha=1.0)),
+    ):
         settings[f"FedAvg, {name}"] = dict(algorithm="fedavg", lr=LR, **kw)
         settings[f"FedNLR, {name}"] = dict(algorithm="fednlr", lr=LR, **kw)
     res = r.run(settings)
@@ -254,7 +308,9 @@ def fednlr(r: Runner) -> str:
         f"Same lr {LR} for both; FedNLR recalibrates its per-neuron scales every round on each client's data "
         "with the received model (μ0 = c1 = c2 = 1).",
         "",
-        table(res, GLOBAL + [("fine-tuned existing, bottom 10%", "fine-tuned existing bottom10%")], "method, partition"),
+        table(
+            res, GLOBAL + [("fine-tuned existing, bottom 10%", "fine-tuned existing bottom10%")], "method, partition"
+        ),
         "",
         "Claim: FedNLR beats FedAvg under strong label skew (global test accuracy):",
     ]
@@ -263,11 +319,15 @@ def fednlr(r: Runner) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENTS: Dict[str, Callable[[Runner], str]] = {"feddecay": feddecay, "fednar": fednar,
-                                                     "padamfed": padamfed, "fednlr": fednlr}
+EXPERIMENTS: Dict[str, Callable[[Runner], str]] = {
+    "feddecay": feddecay,
+    "fednar": fednar,
+    "padamfed": padamfed,
+    "fednlr": fednlr,
+}
 
 
-def main(argv: Sequence[str] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=100)

@@ -13,6 +13,7 @@ method's grid point with the best validation score, its test metric, the paired 
 the verdict. ``OUT`` defaults to ``experiments/protocol``. Every run uses one torch thread; run
 the command under ``nice -n 19`` on a shared machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent))  # fedopt_kernels from this checkout
+sys.path.insert(0, str(HERE))  # provenance.py beside this script, one module name for it (mypy, imports)
 
-from experiments.provenance import UNRECORDED, provenance, source_key, stamp, utc_now  # noqa: E402
+from provenance import UNRECORDED, provenance, source_key, stamp, utc_now  # noqa: E402
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 SEEDS = (0, 1, 2, 3, 4)
 PILOT_SEED = 1000  # a seed no comparison uses
 L9 = tuple(round(0.03 * 10 ** (k / 8), 6) for k in range(9))  # 0.03 ... 0.3, eighth decades
-L3 = (L9[0], L9[4], L9[8])                                       # 0.03, 0.0949, 0.3 (a subset of L9)
+L3 = (L9[0], L9[4], L9[8])  # 0.03, 0.0949, 0.3 (a subset of L9)
 
 
 @dataclasses.dataclass
@@ -46,25 +48,27 @@ class Experiment:
     """What one comparison runs and how its runs become a verdict (experiments/protocol.md)."""
 
     name: str
-    base: Dict[str, Any]                               # the SimConfig fields every run shares
-    methods: Callable[[Dict[str, Any]], Dict[str, Dict[str, Dict[str, Any]]]]  # pilot -> method -> point -> overrides
-    comparisons: Sequence[Tuple[str, str, int, str]]   # (method, baseline, paper's sign, "select" | "sweep_mean")
-    metric: str                                        # the compared test metric
+    base: Dict[str, Any]  # the SimConfig fields every run shares
+    # pilot -> method -> point -> overrides; experiments with axes also take the growth (ext)
+    methods: Callable[..., Dict[str, Dict[str, Dict[str, Any]]]]
+    # (method, baseline or None for zero, paper's sign, "select" | "sweep_mean" | "band" | an extra)
+    comparisons: Sequence[Tuple[str, Optional[str], int, str]]
+    metric: str  # the compared test metric
     metric_label: str
     lower_is_better: bool = False
-    kind: str = "final"                                # how a run is measured: "final", "newusers", "curve", "norms"
-    pilot: Optional[Callable[["Experiment", argparse.Namespace], Dict[str, Any]]] = None
+    kind: str = "final"  # how a run is measured: "final", "newusers", "curve", "norms"
+    pilot: Optional[Callable[[Experiment, argparse.Namespace], Dict[str, Any]]] = None
     paper: Dict[str, str] = dataclasses.field(default_factory=dict)  # comparison label -> the paper's number
-    digits: int = 2                                    # decimals the tables show
+    digits: int = 2  # decimals the tables show
     # the edge rule (protocol.md, "Grids that end inside"): the config keys of the tuned ladders that
     # grow by one step wherever a seed's pick (rule "select") or band (rule "band") touches an end;
     # experiments with axes take methods(pilot, ext), ext[(method, axis)] = (steps below, steps above)
     axes: Sequence[str] = ()
     rule: str = "select"
-    tuning: Optional["Tuning"] = None                  # a tuning stage run before the comparison
+    tuning: Optional[Tuning] = None  # a tuning stage run before the comparison
     # (name, method, baseline, axis): per seed, the method's points at the baseline's selected axis value
     on_top: Sequence[Tuple[str, str, str, str]] = ()
-    seeds: Optional[Sequence[int]] = None              # this comparison's paired seeds (default SEEDS)
+    seeds: Optional[Sequence[int]] = None  # this comparison's paired seeds (default SEEDS)
 
 
 @dataclasses.dataclass
@@ -83,11 +87,12 @@ Grids = Dict[str, Dict[str, Dict[str, Any]]]
 Ext = Dict[Tuple[str, str], Tuple[int, int]]
 MAX_EXTRA = 4  # the edge rule grows a ladder by at most this many steps on each side
 BAND_DROP = 0.05  # rule "band": the step sizes within 5 points of a seed's best accuracy
+TUNED_KEYS = ("lr", "weight_decay", "prox_mu", "server_lr")  # the settings a tuning stage reports
 
 
 def ladder(anchor: float, ratio: float, lo: int, hi: int, below: int = 0, above: int = 0) -> List[float]:
     """The geometric ladder anchor × ratio^k, k = lo..hi, grown by ``below``/``above`` steps; 4 digits."""
-    return [float(f"{anchor * ratio ** k:.4g}") for k in range(lo - below, hi + above + 1)]
+    return [float(f"{anchor * ratio**k:.4g}") for k in range(lo - below, hi + above + 1)]
 
 
 # ------------------------------------------------------------------ one run
@@ -116,7 +121,7 @@ def measure(kind: str, cfg: Dict[str, Any], pilot: Dict[str, Any]) -> Dict[str, 
                 norms.append(torch.stack(parts).norm())
             return loss
 
-        sim.strategy.loss_and_grad = logged
+        sim.strategy.loss_and_grad = logged  # type: ignore[method-assign]  # logs each gradient's norm
     curve_val, curve_test = [], []
     for t in range(cfg["rounds"]):
         rec = sim.run_round(t)
@@ -135,15 +140,26 @@ def measure(kind: str, cfg: Dict[str, Any], pilot: Dict[str, Any]) -> Dict[str, 
         out["val_score"] = out["new_finetuned_val"] = newusers_val(sim)
     if kind == "curve":
         target = pilot["target"]
-        first = (lambda c: next((i + 1 for i, a in enumerate(c) if a >= target), cfg["rounds"] + 1))
-        out.update(rounds_val=first(curve_val), rounds_test=first(curve_test), curve_val=curve_val,
-                   curve_test=curve_test, reached=first(curve_test) <= cfg["rounds"])
+
+        def first(c):
+            return next((i + 1 for i, a in enumerate(c) if a >= target), cfg["rounds"] + 1)
+
+        out.update(
+            rounds_val=first(curve_val),
+            rounds_test=first(curve_test),
+            curve_val=curve_val,
+            curve_test=curve_test,
+            reached=first(curve_test) <= cfg["rounds"],
+        )
         out["val_score"] = [-out["rounds_val"], curve_val[-1]]  # fewer rounds; ties: higher final accuracy
     if kind == "norms":
         a = torch.stack(norms).cpu().numpy() if norms else np.zeros(0)
         max_norm = cfg.get("clip_norm")
-        out.update(norm_median=float(np.median(a)), norm_steps=int(a.size),
-                   clipped_fraction=None if max_norm is None else float((a > max_norm).mean()))
+        out.update(
+            norm_median=float(np.median(a)),
+            norm_steps=int(a.size),
+            clipped_fraction=None if max_norm is None else float((a > max_norm).mean()),
+        )
         if pilot.get("keep_norms"):
             out["norms"] = a.tolist()
     out["seconds"] = time.perf_counter() - start
@@ -207,10 +223,16 @@ def drift_run(cfg: Dict[str, Any]) -> Dict[str, Any]:
                 sim.strategy.local_step(c1, opt, sim.streams[c1].next())
             changes.append(float((hidden(clients[c2].train_x) - before2)[bounded].mean()))
     a = np.asarray(changes, dtype=np.float64)
-    return {"change": float(a.mean()) if a.size else float("nan"),
-            "drift_size": float(np.abs(a).mean()) if a.size else float("nan"),
-            "pairs": int(a.size), "bounded": bounded_total, "model_round": t + 1, "model_val_acc": acc,
-            "pair_changes": a.tolist(), "val_score": 0.0}
+    return {
+        "change": float(a.mean()) if a.size else float("nan"),
+        "drift_size": float(np.abs(a).mean()) if a.size else float("nan"),
+        "pairs": int(a.size),
+        "bounded": bounded_total,
+        "model_round": t + 1,
+        "model_val_acc": acc,
+        "pair_changes": a.tolist(),
+        "val_score": 0.0,
+    }
 
 
 def newusers_val(sim) -> float:
@@ -252,20 +274,28 @@ def _fmt(v: float) -> str:
 
 
 def feddecay_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    decay = {f"beta{b}_lr{_fmt(lr)}": dict(algorithm="feddecay", beta=b, lr=lr, finetune_lr=lr)
-             for b in (0.25, 0.5, 0.75) for lr in L3}
+    decay = {
+        f"beta{b}_lr{_fmt(lr)}": dict(algorithm="feddecay", beta=b, lr=lr, finetune_lr=lr)
+        for b in (0.25, 0.5, 0.75)
+        for lr in L3
+    }
     avg = {f"fedavg_lr{_fmt(lr)}": dict(algorithm="fedavg", lr=lr, finetune_lr=lr) for lr in L9}
     return {"FedDecay": decay, "FedAvg": avg}
 
 
 def fednlr_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    nlr = {f"fednlr_mu{m}_lr{_fmt(lr)}": dict(algorithm="fednlr", nlr_mu0=m, lr=lr) for m in (0.5, 1.0, 2.0) for lr in L3}
+    nlr = {
+        f"fednlr_mu{m}_lr{_fmt(lr)}": dict(algorithm="fednlr", nlr_mu0=m, lr=lr) for m in (0.5, 1.0, 2.0) for lr in L3
+    }
     avg = {f"fedavg_lr{_fmt(lr)}": dict(algorithm="fedavg", lr=lr) for lr in L9}
     return {"FedNLR": nlr, "FedAvg": avg}
 
 
-FEDNAR_BACKBONES = (("FedAvg", "fedavg", "fednar"), ("FedProx", "fedprox", "fednar-fedprox"),
-                    ("SCAFFOLD", "scaffold", "fednar-scaffold"))
+FEDNAR_BACKBONES = (
+    ("FedAvg", "fedavg", "fednar"),
+    ("FedProx", "fedprox", "fednar-fedprox"),
+    ("SCAFFOLD", "scaffold", "fednar-scaffold"),
+)
 FEDNAR_WDS = (0.01, 0.1)
 # protocol.md 3: 0.3 added after every method chose 0.1, the first grid's top, at weight decay 0.01
 FEDNAR_LRS = (0.03, 0.1, 0.3)
@@ -276,18 +306,22 @@ def fednar_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]
     for label, base_algo, nar_algo in FEDNAR_BACKBONES:
         for wd in FEDNAR_WDS:
             for name, algo in ((label, base_algo), (f"FedNAR-{label}", nar_algo)):
-                out[f"{name} wd={wd}"] = {f"{algo}_wd{wd}_lr{lr}": dict(algorithm=algo, weight_decay=wd, lr=lr,
-                                                                        clip_norm=pilot["max_norm"])
-                                          for lr in FEDNAR_LRS}
+                out[f"{name} wd={wd}"] = {
+                    f"{algo}_wd{wd}_lr{lr}": dict(algorithm=algo, weight_decay=wd, lr=lr, clip_norm=pilot["max_norm"])
+                    for lr in FEDNAR_LRS
+                }
     return out
 
 
 def fednar_pilot(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
-    cfg = dict(exp.base, algorithm="fedavg", weight_decay=0.01, lr=0.1, rounds=1 if args.quick else 10,
-               seed=PILOT_SEED)
+    cfg = dict(exp.base, algorithm="fedavg", weight_decay=0.01, lr=0.1, rounds=1 if args.quick else 10, seed=PILOT_SEED)
     r = measure(exp.kind, cfg, {})
-    return {"max_norm": float(f"{r['norm_median']:.3g}"), "pilot_config": cfg, "pilot_steps": r["norm_steps"],
-            "pilot_seconds": r["seconds"]}
+    return {
+        "max_norm": float(f"{r['norm_median']:.3g}"),
+        "pilot_config": cfg,
+        "pilot_steps": r["norm_steps"],
+        "pilot_seconds": r["seconds"],
+    }
 
 
 PADAM_C = (0.1, 0.316, 1.0, 3.16, 10.0)
@@ -298,19 +332,23 @@ PADAM_C_MORE, PADAM_LR_MORE = 31.6, 3.16
 
 def padamfed_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
     eta, gamma = pilot["eta"], pilot["gamma"]
+
     def padam(c: float) -> Dict[str, Any]:
         return dict(algorithm="padamfed", lr=eta * c, server_lr=gamma * c)
 
     sweep = {f"padamfed_c{c}": padam(c) for c in PADAM_C}
     fedavg = {f"fedavg_lr{lr}": dict(algorithm="fedavg", lr=lr) for lr in PADAM_LRS}
     scaffold = {f"scaffold_lr{lr}": dict(algorithm="scaffold", lr=lr) for lr in PADAM_LRS}
-    return {"PAdaMFed (theory)": {"padamfed_c1.0": sweep["padamfed_c1.0"]}, "PAdaMFed (tuned)": sweep,
-            "FedAvg": fedavg, "SCAFFOLD": scaffold,
-            # (a'): one more half decade for every method
-            "PAdaMFed (tuned, 6)": dict(sweep, **{f"padamfed_c{PADAM_C_MORE}": padam(PADAM_C_MORE)}),
-            "FedAvg (6)": dict(fedavg, **{f"fedavg_lr{PADAM_LR_MORE}": dict(algorithm="fedavg", lr=PADAM_LR_MORE)}),
-            "SCAFFOLD (6)": dict(scaffold, **{f"scaffold_lr{PADAM_LR_MORE}": dict(algorithm="scaffold",
-                                                                                 lr=PADAM_LR_MORE)})}
+    return {
+        "PAdaMFed (theory)": {"padamfed_c1.0": sweep["padamfed_c1.0"]},
+        "PAdaMFed (tuned)": sweep,
+        "FedAvg": fedavg,
+        "SCAFFOLD": scaffold,
+        # (a'): one more half decade for every method
+        "PAdaMFed (tuned, 6)": dict(sweep, **{f"padamfed_c{PADAM_C_MORE}": padam(PADAM_C_MORE)}),
+        "FedAvg (6)": dict(fedavg, **{f"fedavg_lr{PADAM_LR_MORE}": dict(algorithm="fedavg", lr=PADAM_LR_MORE)}),
+        "SCAFFOLD (6)": dict(scaffold, **{f"scaffold_lr{PADAM_LR_MORE}": dict(algorithm="scaffold", lr=PADAM_LR_MORE)}),
+    }
 
 
 def padamfed_pilot(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
@@ -322,34 +360,46 @@ def padamfed_pilot(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def drift_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    return {"FedAvg": {"fedavg": dict(drift_client="fedavg")},
-            **{f"FedNLR mu0={m}": {f"fednlr_mu{m}": dict(drift_client="fednlr", nlr_mu0=m)} for m in (0.5, 2.0)}}
+    return {
+        "FedAvg": {"fedavg": dict(drift_client="fedavg")},
+        **{f"FedNLR mu0={m}": {f"fednlr_mu{m}": dict(drift_client="fednlr", nlr_mu0=m)} for m in (0.5, 2.0)},
+    }
 
 
 # 0.03 ... 0.1, then (protocol.md 5, amended after FedDyn and FedAvg chose 0.1) 0.144, 0.208, 0.3
-FEDDYN_LRS = tuple(round(0.03 * (10 / 3) ** (k / 5), 6) for k in range(6)) + \
-    tuple(round(0.1 * 3 ** (k / 3), 6) for k in range(1, 4))
+FEDDYN_LRS = tuple(round(0.03 * (10 / 3) ** (k / 5), 6) for k in range(6)) + tuple(
+    round(0.1 * 3 ** (k / 3), 6) for k in range(1, 4)
+)
 
 
 def feddyn_methods(pilot: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    return {"FedDyn": {f"feddyn_a{a}_lr{lr}": dict(algorithm="feddyn", dyn_alpha=a, lr=lr)
-                       for a in (0.1, 0.01, 0.001) for lr in (0.03, 0.1, 0.3)},
-            "FedAvg": {f"fedavg_lr{_fmt(lr)}": dict(algorithm="fedavg", lr=lr) for lr in FEDDYN_LRS},
-            "SCAFFOLD": {f"scaffold_lr{_fmt(lr)}": dict(algorithm="scaffold", lr=lr) for lr in FEDDYN_LRS}}
+    return {
+        "FedDyn": {
+            f"feddyn_a{a}_lr{lr}": dict(algorithm="feddyn", dyn_alpha=a, lr=lr)
+            for a in (0.1, 0.01, 0.001)
+            for lr in (0.03, 0.1, 0.3)
+        },
+        "FedAvg": {f"fedavg_lr{_fmt(lr)}": dict(algorithm="fedavg", lr=lr) for lr in FEDDYN_LRS},
+        "SCAFFOLD": {f"scaffold_lr{_fmt(lr)}": dict(algorithm="scaffold", lr=lr) for lr in FEDDYN_LRS},
+    }
 
 
 def feddyn_pilot(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
     cfg = dict(exp.base, algorithm="fedavg", lr=0.1, seed=PILOT_SEED)
     r = measure(exp.kind, cfg, {"target": 2.0})  # an unreachable target: only the curve is wanted
     best = max(r["curve_val"])
-    return {"target": math.floor(90 * best) / 100, "pilot_best_val": best, "pilot_config": cfg,
-            "pilot_seconds": r["seconds"]}
+    return {
+        "target": math.floor(90 * best) / 100,
+        "pilot_best_val": best,
+        "pilot_config": cfg,
+        "pilot_seconds": r["seconds"],
+    }
 
 
 # ------------------------------------------------------------------ the second round (protocol.md §7-§10)
-HALF = 10 ** 0.5      # half a decade
-QUARTER = 10 ** 0.25  # a quarter decade
-EIGHTH = 10 ** 0.125  # an eighth of a decade
+HALF = 10**0.5  # half a decade
+QUARTER = 10**0.25  # a quarter decade
+EIGHTH = 10**0.125  # an eighth of a decade
 
 
 def _grown(ext: Ext, method: str, axis: str) -> Tuple[int, int]:
@@ -358,18 +408,23 @@ def _grown(ext: Ext, method: str, axis: str) -> Tuple[int, int]:
 
 # §7 FedDyn against FedAvg on 10 paired seeds, every pick inside its grid
 FEDDYN10_SEEDS = tuple(range(10))
-FEDDYN10_ALPHAS = (0.1, HALF, 0, 1)             # 0.1, 0.316: the first round picked α 0.1, its top
-FEDDYN10_DYN_LRS = (0.1, QUARTER, -1, 1)        # 0.0562, 0.1, 0.178: around 0.1, the first round's pick
-FEDDYN10_AVG_LRS = (0.1, EIGHTH, -1, 4)         # 0.075 ... 0.316: eighth decades around 0.144-0.208
+FEDDYN10_ALPHAS = (0.1, HALF, 0, 1)  # 0.1, 0.316: the first round picked α 0.1, its top
+FEDDYN10_DYN_LRS = (0.1, QUARTER, -1, 1)  # 0.0562, 0.1, 0.178: around 0.1, the first round's pick
+FEDDYN10_AVG_LRS = (0.1, EIGHTH, -1, 4)  # 0.075 ... 0.316: eighth decades around 0.144-0.208
 
 
 def feddyn10_methods(pilot: Dict[str, Any], ext: Ext) -> Grids:
     alphas = ladder(*FEDDYN10_ALPHAS, *_grown(ext, "FedDyn", "dyn_alpha"))
     dyn_lrs = ladder(*FEDDYN10_DYN_LRS, *_grown(ext, "FedDyn", "lr"))
     avg_lrs = ladder(*FEDDYN10_AVG_LRS, *_grown(ext, "FedAvg", "lr"))
-    return {"FedDyn": {f"feddyn_a{_fmt(a)}_lr{_fmt(lr)}": dict(algorithm="feddyn", dyn_alpha=a, lr=lr)
-                       for a in alphas for lr in dyn_lrs},
-            "FedAvg": {f"fedavg_lr{_fmt(lr)}": dict(algorithm="fedavg", lr=lr) for lr in avg_lrs}}
+    return {
+        "FedDyn": {
+            f"feddyn_a{_fmt(a)}_lr{_fmt(lr)}": dict(algorithm="feddyn", dyn_alpha=a, lr=lr)
+            for a in alphas
+            for lr in dyn_lrs
+        },
+        "FedAvg": {f"fedavg_lr{_fmt(lr)}": dict(algorithm="fedavg", lr=lr) for lr in avg_lrs},
+    }
 
 
 # §8 FedNLR against FedAvg at the same learning rates (Dirichlet 0.05)
@@ -386,11 +441,14 @@ def fednlr_lr_methods(pilot: Dict[str, Any], ext: Ext) -> Grids:
     avg = ladder(*FEDNLR_LADDER, *_grown(ext, "FedAvg", "lr"))
     # both ladders grow together: the two methods keep the same lr points
     lrs = sorted(set(lrs) | set(avg))
-    nlr = {lr: {f"fednlr_mu{m}_lr{_fmt(lr)}": dict(algorithm="fednlr", nlr_mu0=m, lr=lr) for m in FEDNLR_MU0}
-           for lr in lrs}
+    nlr = {
+        lr: {f"fednlr_mu{m}_lr{_fmt(lr)}": dict(algorithm="fednlr", nlr_mu0=m, lr=lr) for m in FEDNLR_MU0} for lr in lrs
+    }
     fedavg = {lr: {f"fedavg_lr{_fmt(lr)}": dict(algorithm="fedavg", lr=lr)} for lr in lrs}
-    out: Grids = {"FedNLR": {k: v for lr in lrs for k, v in nlr[lr].items()},
-                  "FedAvg": {k: v for lr in lrs for k, v in fedavg[lr].items()}}
+    out: Grids = {
+        "FedNLR": {k: v for lr in lrs for k, v in nlr[lr].items()},
+        "FedAvg": {k: v for lr in lrs for k, v in fedavg[lr].items()},
+    }
     for lr in FEDNLR_LR_LADDER:  # the paper's Fig. 2: at each lr, FedNLR (μ0 tuned) against FedAvg
         out[f"FedNLR lr={_fmt(lr)}"], out[f"FedAvg lr={_fmt(lr)}"] = nlr[lr], fedavg[lr]
     return out
@@ -408,8 +466,10 @@ def _padam_point(method: str, x: float, pilot: Dict[str, Any]) -> Tuple[str, Dic
 
 def padamfed_band_tuning(pilot: Dict[str, Any], ext: Ext) -> Grids:
     """Each method's optimum on the tuning seed: a half-decade ladder grown until its pick is inside."""
-    return {m: dict(_padam_point(m, x, pilot) for x in ladder(start, HALF, 0, 2, *_grown(ext, m, "lr")))
-            for m, start in PADAM_BAND_START.items()}
+    return {
+        m: dict(_padam_point(m, x, pilot) for x in ladder(start, HALF, 0, 2, *_grown(ext, m, "lr")))
+        for m, start in PADAM_BAND_START.items()
+    }
 
 
 def padamfed_band_methods(pilot: Dict[str, Any], ext: Ext) -> Grids:
@@ -431,7 +491,7 @@ FEDNAR_WD_GRID = (0.0, 1e-3, 1e-2, 1e-1)
 
 def _fednar_variants(max_norm: float) -> List[Tuple[str, str, Dict[str, Any]]]:
     """(cell, algorithm, fixed settings): each backbone without clipping, and with FedNAR's co-clipping."""
-    out = []
+    out: List[Tuple[str, str, Dict[str, Any]]] = []
     for label, base_algo, nar_algo in FEDNAR_BACKBONES:
         out.append((label, base_algo, {}))
         out.append((f"FedNAR-{label}", nar_algo, {"clip_norm": max_norm}))
@@ -445,9 +505,14 @@ def fednar_wd_tuning(pilot: Dict[str, Any], ext: Ext) -> Grids:
     for cell, algo, fixed in _fednar_variants(pilot["max_norm"]):
         lrs = ladder(0.03, HALF, 0, 2, *_grown(ext, cell, "lr"))  # L3: 0.03, 0.0949, 0.3
         mus = ladder(0.01, 10.0, 0, 2, *_grown(ext, cell, "prox_mu")) if "fedprox" in algo else [None]
-        out[cell] = {f"{algo}_wd{wd:g}_lr{_fmt(lr)}" + ("" if mu is None else f"_mu{_fmt(mu)}"):
-                     dict(algorithm=algo, weight_decay=wd, lr=lr, **fixed, **({} if mu is None else {"prox_mu": mu}))
-                     for wd in FEDNAR_WD_GRID for lr in lrs for mu in mus}
+        out[cell] = {
+            f"{algo}_wd{wd:g}_lr{_fmt(lr)}" + ("" if mu is None else f"_mu{_fmt(mu)}"): dict(
+                algorithm=algo, weight_decay=wd, lr=lr, **fixed, **({} if mu is None else {"prox_mu": mu})
+            )
+            for wd in FEDNAR_WD_GRID
+            for lr in lrs
+            for mu in mus
+        }
     return out
 
 
@@ -458,97 +523,301 @@ def _key(cfg: Dict[str, Any]) -> str:
 
 def fednar_wd_methods(pilot: Dict[str, Any]) -> Grids:
     """Each variant at its tuning-seed pick (weight decay, lr, μ) on the paired seeds."""
-    return {cell: {_key(pilot["tuned"][cell]): pilot["tuned"][cell]}
-            for cell, _, _ in _fednar_variants(pilot["max_norm"])}
+    return {
+        cell: {_key(pilot["tuned"][cell]): pilot["tuned"][cell]} for cell, _, _ in _fednar_variants(pilot["max_norm"])
+    }
 
 
-def experiments(dataset: str, data_dir: Optional[str], device: str = "cpu", client_parallel: int = 1
-                ) -> Dict[str, Experiment]:
+def experiments(
+    dataset: str, data_dir: Optional[str], device: str = "cpu", client_parallel: int = 1
+) -> Dict[str, Experiment]:
     """The six comparisons; ``device``/``client_parallel`` only change where and how clients train."""
-    data = dict(dataset=dataset, data_dir=data_dir if dataset != "digits" else None, model="mlp",
-                backend="reference", device=device, client_parallel=client_parallel, partition="dirichlet", split=(0.8, 0.1, 0.1),
-                holdout_fraction=0.0, finetune_steps=0)
+    data = dict(
+        dataset=dataset,
+        data_dir=data_dir if dataset != "digits" else None,
+        model="mlp",
+        backend="reference",
+        device=device,
+        client_parallel=client_parallel,
+        partition="dirichlet",
+        split=(0.8, 0.1, 0.1),
+        holdout_fraction=0.0,
+        finetune_steps=0,
+    )
     exps = [
-        Experiment("feddecay", dict(data, dirichlet_alpha=0.4, clients=50, holdout_fraction=0.2, split=(0.6, 0.2, 0.2),
-                                    clients_per_round=8, local_steps=24, decay_every=8, batch_size=32, rounds=60,
-                                    eval_every=60, finetune_steps=8),
-                   feddecay_methods, [("FedDecay", "FedAvg", +1, "select")], "new_finetuned_test",
-                   "new users' mean test accuracy after fine-tuning (%)", kind="newusers",
-                   paper={"FedDecay vs FedAvg": "FEMNIST 91.52 vs 90.55 (Table 3)"}),
-        Experiment("fednlr-shards", dict(data, partition="shards", shards_per_client=2, clients=20, clients_per_round=8,
-                                         local_steps=20, batch_size=64, rounds=40, eval_every=40),
-                   fednlr_methods, [("FedNLR", "FedAvg", +1, "select")], "test_acc", "pooled test accuracy (%)",
-                   paper={"FedNLR vs FedAvg": "CIFAR-10 Shards(100, 4): 73.38 vs 72.94 (Table 3)"}),
-        Experiment("fednlr-dir", dict(data, dirichlet_alpha=0.05, clients=20, clients_per_round=8, local_steps=20,
-                                      batch_size=64, rounds=40, eval_every=40),
-                   fednlr_methods, [("FedNLR", "FedAvg", +1, "select")], "test_acc", "pooled test accuracy (%)",
-                   paper={"FedNLR vs FedAvg": "CIFAR-10 Dir(0.1): 63.40 vs 63.30 (Table 3)"}),
+        Experiment(
+            "feddecay",
+            dict(
+                data,
+                dirichlet_alpha=0.4,
+                clients=50,
+                holdout_fraction=0.2,
+                split=(0.6, 0.2, 0.2),
+                clients_per_round=8,
+                local_steps=24,
+                decay_every=8,
+                batch_size=32,
+                rounds=60,
+                eval_every=60,
+                finetune_steps=8,
+            ),
+            feddecay_methods,
+            [("FedDecay", "FedAvg", +1, "select")],
+            "new_finetuned_test",
+            "new users' mean test accuracy after fine-tuning (%)",
+            kind="newusers",
+            paper={"FedDecay vs FedAvg": "FEMNIST 91.52 vs 90.55 (Table 3)"},
+        ),
+        Experiment(
+            "fednlr-shards",
+            dict(
+                data,
+                partition="shards",
+                shards_per_client=2,
+                clients=20,
+                clients_per_round=8,
+                local_steps=20,
+                batch_size=64,
+                rounds=40,
+                eval_every=40,
+            ),
+            fednlr_methods,
+            [("FedNLR", "FedAvg", +1, "select")],
+            "test_acc",
+            "pooled test accuracy (%)",
+            paper={"FedNLR vs FedAvg": "CIFAR-10 Shards(100, 4): 73.38 vs 72.94 (Table 3)"},
+        ),
+        Experiment(
+            "fednlr-dir",
+            dict(
+                data,
+                dirichlet_alpha=0.05,
+                clients=20,
+                clients_per_round=8,
+                local_steps=20,
+                batch_size=64,
+                rounds=40,
+                eval_every=40,
+            ),
+            fednlr_methods,
+            [("FedNLR", "FedAvg", +1, "select")],
+            "test_acc",
+            "pooled test accuracy (%)",
+            paper={"FedNLR vs FedAvg": "CIFAR-10 Dir(0.1): 63.40 vs 63.30 (Table 3)"},
+        ),
         # the norm log hooks the sequential local step: FedNAR's clients train one after another
-        Experiment("fednar", dict(data, client_parallel=1, dirichlet_alpha=0.3, clients=100, clients_per_round=10, local_steps=20,
-                                  batch_size=32, rounds=50, eval_every=50, round_decay=0.998),
-                   fednar_methods, [(f"FedNAR-{b} wd={wd}", f"{b} wd={wd}", +1, "select")
-                                    for b, _, _ in FEDNAR_BACKBONES for wd in FEDNAR_WDS],
-                   "test_acc", "pooled test accuracy (%)", kind="norms", pilot=fednar_pilot,
-                   paper={f"FedNAR-{b} wd={wd} vs {b} wd={wd}": p for (b, _, _), p in
-                          zip(FEDNAR_BACKBONES, ("CIFAR-10 Dir(0.3): 87.64 vs 85.19", "87.45 vs 85.02",
-                                                 "89.17 vs 86.89")) for wd in FEDNAR_WDS}),
-        Experiment("padamfed", dict(data, dirichlet_alpha=0.5, clients=50, clients_per_round=10, local_steps=10,
-                                    batch_size=32, rounds=150, eval_every=150),
-                   padamfed_methods, [("PAdaMFed (theory)", "FedAvg", +1, "select"),
-                                      ("PAdaMFed (theory)", "SCAFFOLD", +1, "select"),
-                                      ("PAdaMFed (tuned, 6)", "FedAvg (6)", +1, "select"),
-                                      ("PAdaMFed (tuned, 6)", "SCAFFOLD (6)", +1, "select"),
-                                      ("PAdaMFed (tuned)", "FedAvg", +1, "sweep_mean"),
-                                      ("PAdaMFed (tuned)", "SCAFFOLD", +1, "sweep_mean")],
-                   "test_acc", "pooled test accuracy (%)", pilot=padamfed_pilot,
-                   paper={"PAdaMFed (theory) vs FedAvg": "figures only (EMNIST): matches or beats tuned baselines"}),
-        Experiment("feddyn", dict(data, dirichlet_alpha=0.05, clients=50, clients_per_round=10, local_steps=10,
-                                  batch_size=32, rounds=100, eval_every=1),
-                   feddyn_methods, [("FedDyn", "FedAvg", -1, "select"), ("FedDyn", "SCAFFOLD", -1, "select")],
-                   "rounds_test", "rounds to the target test accuracy", lower_is_better=True, kind="curve",
-                   pilot=feddyn_pilot, paper={"FedDyn vs FedAvg": "fewer rounds to target (Acar et al. 2021)"}),
+        Experiment(
+            "fednar",
+            dict(
+                data,
+                client_parallel=1,
+                dirichlet_alpha=0.3,
+                clients=100,
+                clients_per_round=10,
+                local_steps=20,
+                batch_size=32,
+                rounds=50,
+                eval_every=50,
+                round_decay=0.998,
+            ),
+            fednar_methods,
+            [
+                (f"FedNAR-{b} wd={wd}", f"{b} wd={wd}", +1, "select")
+                for b, _, _ in FEDNAR_BACKBONES
+                for wd in FEDNAR_WDS
+            ],
+            "test_acc",
+            "pooled test accuracy (%)",
+            kind="norms",
+            pilot=fednar_pilot,
+            paper={
+                f"FedNAR-{b} wd={wd} vs {b} wd={wd}": p
+                for (b, _, _), p in zip(
+                    FEDNAR_BACKBONES, ("CIFAR-10 Dir(0.3): 87.64 vs 85.19", "87.45 vs 85.02", "89.17 vs 86.89")
+                )
+                for wd in FEDNAR_WDS
+            },
+        ),
+        Experiment(
+            "padamfed",
+            dict(
+                data,
+                dirichlet_alpha=0.5,
+                clients=50,
+                clients_per_round=10,
+                local_steps=10,
+                batch_size=32,
+                rounds=150,
+                eval_every=150,
+            ),
+            padamfed_methods,
+            [
+                ("PAdaMFed (theory)", "FedAvg", +1, "select"),
+                ("PAdaMFed (theory)", "SCAFFOLD", +1, "select"),
+                ("PAdaMFed (tuned, 6)", "FedAvg (6)", +1, "select"),
+                ("PAdaMFed (tuned, 6)", "SCAFFOLD (6)", +1, "select"),
+                ("PAdaMFed (tuned)", "FedAvg", +1, "sweep_mean"),
+                ("PAdaMFed (tuned)", "SCAFFOLD", +1, "sweep_mean"),
+            ],
+            "test_acc",
+            "pooled test accuracy (%)",
+            pilot=padamfed_pilot,
+            paper={"PAdaMFed (theory) vs FedAvg": "figures only (EMNIST): matches or beats tuned baselines"},
+        ),
+        Experiment(
+            "feddyn",
+            dict(
+                data,
+                dirichlet_alpha=0.05,
+                clients=50,
+                clients_per_round=10,
+                local_steps=10,
+                batch_size=32,
+                rounds=100,
+                eval_every=1,
+            ),
+            feddyn_methods,
+            [("FedDyn", "FedAvg", -1, "select"), ("FedDyn", "SCAFFOLD", -1, "select")],
+            "rounds_test",
+            "rounds to the target test accuracy",
+            lower_is_better=True,
+            kind="curve",
+            pilot=feddyn_pilot,
+            paper={"FedDyn vs FedAvg": "fewer rounds to target (Acar et al. 2021)"},
+        ),
         # the second round (protocol.md §7-§10): every pick inside its grid, provenance in every run
-        Experiment("feddyn10", dict(data, dirichlet_alpha=0.05, clients=50, clients_per_round=10, local_steps=10,
-                                    batch_size=32, rounds=100, eval_every=1),
-                   feddyn10_methods, [("FedDyn", "FedAvg", -1, "select")],
-                   "rounds_test", "rounds to the target test accuracy", lower_is_better=True, kind="curve",
-                   pilot=feddyn_pilot, paper={"FedDyn vs FedAvg": "fewer rounds to target (Acar et al. 2021)"},
-                   axes=("lr", "dyn_alpha"), seeds=FEDDYN10_SEEDS),
-        Experiment("fednlr-lr", dict(data, dirichlet_alpha=0.05, clients=20, clients_per_round=8, local_steps=20,
-                                     batch_size=64, rounds=40, eval_every=40),
-                   fednlr_lr_methods, [("FedNLR", "FedAvg", +1, "select"),
-                                       ("FedNLR on FedAvg's lr", "FedAvg", +1, "select")]
-                   + [(f"FedNLR lr={_fmt(lr)}", f"FedAvg lr={_fmt(lr)}", +1, "select") for lr in FEDNLR_LR_LADDER],
-                   "test_acc", "pooled test accuracy (%)", axes=("lr",),
-                   on_top=[("FedNLR on FedAvg's lr", "FedNLR", "FedAvg", "lr")],
-                   paper={"FedNLR vs FedAvg": "CIFAR-10 Dir(0.1): 63.40 vs 63.30 (Table 3), every method at lr 0.01"}),
-        Experiment("padamfed-band", dict(data, dirichlet_alpha=0.5, clients=50, clients_per_round=10, local_steps=10,
-                                         batch_size=32, rounds=150, eval_every=150),
-                   padamfed_band_methods, [("PAdaMFed", "FedAvg", +1, "band"), ("PAdaMFed", "SCAFFOLD", +1, "band"),
-                                           ("PAdaMFed (theory)", "FedAvg", +1, "select"),
-                                           ("PAdaMFed (theory)", "SCAFFOLD", +1, "select"),
-                                           ("PAdaMFed", "FedAvg", +1, "select"), ("PAdaMFed", "SCAFFOLD", +1, "select")],
-                   "test_acc", "pooled test accuracy (%)", pilot=padamfed_pilot, axes=("lr",), rule="band",
-                   tuning=Tuning(padamfed_band_tuning),
-                   paper={"PAdaMFed vs FedAvg": "figures only (EMNIST): a much wider step-size range"}),
-        Experiment("fednar-wd", dict(data, client_parallel=1, dirichlet_alpha=0.3, clients=100, clients_per_round=10,
-                                     local_steps=20, batch_size=32, rounds=50, eval_every=50, round_decay=0.998),
-                   fednar_wd_methods, [(f"FedNAR-{b}", b, +1, "select") for b, _, _ in FEDNAR_BACKBONES],
-                   "test_acc", "pooled test accuracy (%)", kind="norms", pilot=fednar_pilot,
-                   # μ → 0 is FedAvg, tuned in its own cell: FedProx's μ ladder does not grow below 0.01
-                   tuning=Tuning(fednar_wd_tuning, axes=("lr", "prox_mu"), floors=("prox_mu",)),
-                   paper={f"FedNAR-{b} vs {b}": p for (b, _, _), p in
-                          zip(FEDNAR_BACKBONES, ("CIFAR-10 Dir(0.3): 87.64 vs 85.19", "87.45 vs 85.02",
-                                                 "89.17 vs 86.89"))}),
+        Experiment(
+            "feddyn10",
+            dict(
+                data,
+                dirichlet_alpha=0.05,
+                clients=50,
+                clients_per_round=10,
+                local_steps=10,
+                batch_size=32,
+                rounds=100,
+                eval_every=1,
+            ),
+            feddyn10_methods,
+            [("FedDyn", "FedAvg", -1, "select")],
+            "rounds_test",
+            "rounds to the target test accuracy",
+            lower_is_better=True,
+            kind="curve",
+            pilot=feddyn_pilot,
+            paper={"FedDyn vs FedAvg": "fewer rounds to target (Acar et al. 2021)"},
+            axes=("lr", "dyn_alpha"),
+            seeds=FEDDYN10_SEEDS,
+        ),
+        Experiment(
+            "fednlr-lr",
+            dict(
+                data,
+                dirichlet_alpha=0.05,
+                clients=20,
+                clients_per_round=8,
+                local_steps=20,
+                batch_size=64,
+                rounds=40,
+                eval_every=40,
+            ),
+            fednlr_lr_methods,
+            [("FedNLR", "FedAvg", +1, "select"), ("FedNLR on FedAvg's lr", "FedAvg", +1, "select")]
+            + [(f"FedNLR lr={_fmt(lr)}", f"FedAvg lr={_fmt(lr)}", +1, "select") for lr in FEDNLR_LR_LADDER],
+            "test_acc",
+            "pooled test accuracy (%)",
+            axes=("lr",),
+            on_top=[("FedNLR on FedAvg's lr", "FedNLR", "FedAvg", "lr")],
+            paper={"FedNLR vs FedAvg": "CIFAR-10 Dir(0.1): 63.40 vs 63.30 (Table 3), every method at lr 0.01"},
+        ),
+        Experiment(
+            "padamfed-band",
+            dict(
+                data,
+                dirichlet_alpha=0.5,
+                clients=50,
+                clients_per_round=10,
+                local_steps=10,
+                batch_size=32,
+                rounds=150,
+                eval_every=150,
+            ),
+            padamfed_band_methods,
+            [
+                ("PAdaMFed", "FedAvg", +1, "band"),
+                ("PAdaMFed", "SCAFFOLD", +1, "band"),
+                ("PAdaMFed (theory)", "FedAvg", +1, "select"),
+                ("PAdaMFed (theory)", "SCAFFOLD", +1, "select"),
+                ("PAdaMFed", "FedAvg", +1, "select"),
+                ("PAdaMFed", "SCAFFOLD", +1, "select"),
+            ],
+            "test_acc",
+            "pooled test accuracy (%)",
+            pilot=padamfed_pilot,
+            axes=("lr",),
+            rule="band",
+            tuning=Tuning(padamfed_band_tuning),
+            paper={"PAdaMFed vs FedAvg": "figures only (EMNIST): a much wider step-size range"},
+        ),
+        Experiment(
+            "fednar-wd",
+            dict(
+                data,
+                client_parallel=1,
+                dirichlet_alpha=0.3,
+                clients=100,
+                clients_per_round=10,
+                local_steps=20,
+                batch_size=32,
+                rounds=50,
+                eval_every=50,
+                round_decay=0.998,
+            ),
+            fednar_wd_methods,
+            [(f"FedNAR-{b}", b, +1, "select") for b, _, _ in FEDNAR_BACKBONES],
+            "test_acc",
+            "pooled test accuracy (%)",
+            kind="norms",
+            pilot=fednar_pilot,
+            # μ → 0 is FedAvg, tuned in its own cell: FedProx's μ ladder does not grow below 0.01
+            tuning=Tuning(fednar_wd_tuning, axes=("lr", "prox_mu"), floors=("prox_mu",)),
+            paper={
+                f"FedNAR-{b} vs {b}": p
+                for (b, _, _), p in zip(
+                    FEDNAR_BACKBONES, ("CIFAR-10 Dir(0.3): 87.64 vs 85.19", "87.45 vs 85.02", "89.17 vs 86.89")
+                )
+            },
+        ),
         # clients take their local steps one at a time here: the drift hooks the sequential step
-        Experiment("fednlr-drift", dict(data, client_parallel=1, model="mlp1", hidden=25, partition="classes",
-                                        clients=10, clients_per_round=10, local_steps=10, batch_size=32, lr=L9[4],
-                                        rounds=DRIFT_ROUNDS, eval_every=1),
-                   drift_methods, [("FedNLR mu0=0.5", "FedAvg", -1, "select"), ("FedNLR mu0=2.0", "FedAvg", -1, "select"),
-                                   ("FedAvg", None, -1, "change")],
-                   "drift_size", "drift size (mean |change| of the bounded neurons' activation)",
-                   lower_is_better=True, kind="drift", digits=4,
-                   paper={"FedNLR vs FedAvg": "MNIST, one pair: -0.01..-0.04 vs -0.03..-0.06 (Table 4)"}),
+        Experiment(
+            "fednlr-drift",
+            dict(
+                data,
+                client_parallel=1,
+                model="mlp1",
+                hidden=25,
+                partition="classes",
+                clients=10,
+                clients_per_round=10,
+                local_steps=10,
+                batch_size=32,
+                lr=L9[4],
+                rounds=DRIFT_ROUNDS,
+                eval_every=1,
+            ),
+            drift_methods,
+            [
+                ("FedNLR mu0=0.5", "FedAvg", -1, "select"),
+                ("FedNLR mu0=2.0", "FedAvg", -1, "select"),
+                ("FedAvg", None, -1, "change"),
+            ],
+            "drift_size",
+            "drift size (mean |change| of the bounded neurons' activation)",
+            lower_is_better=True,
+            kind="drift",
+            digits=4,
+            paper={"FedNLR vs FedAvg": "MNIST, one pair: -0.01..-0.04 vs -0.03..-0.06 (Table 4)"},
+        ),
     ]
     return {e.name: e for e in exps}
 
@@ -570,6 +839,7 @@ def quick_version(exp: Experiment) -> Experiment:
     def first(fn):
         def first_points(pilot, *ext):
             return {m: dict(list(points.items())[:1]) for m, points in fn(pilot, *ext).items()}
+
         return first_points
 
     tuning = exp.tuning and dataclasses.replace(exp.tuning, methods=first(exp.tuning.methods))
@@ -606,8 +876,14 @@ def band_points(grid: Dict[str, Dict[str, Any]], axis: str) -> List[str]:
     return sorted(grid, key=lambda k: grid[k][axis])
 
 
-def edges(exp: Experiment, methods: Grids, runs: Dict[str, Dict[int, Dict]], seeds: Sequence[int],
-          axes: Sequence[str], rule: str) -> Ext:
+def edges(
+    exp: Experiment,
+    methods: Grids,
+    runs: Dict[str, Dict[int, Dict]],
+    seeds: Sequence[int],
+    axes: Sequence[str],
+    rule: str,
+) -> Ext:
     """The edge rule: for every method and tuned axis, (1, ·) where some seed's pick (rule "select")
     or band (rule "band") touches the low end of the axis's values, (·, 1) the high end."""
     out: Ext = {}
@@ -622,8 +898,9 @@ def edges(exp: Experiment, methods: Grids, runs: Dict[str, Dict[int, Dict]], see
                 low_s, high_s = v == values[0], v == values[-1]
                 if rule == "band":  # the band must end inside the sweep too
                     keys = band_points(grid, axis)
-                    _, cut_low, cut_high = band([math.log10(grid[k][axis]) for k in keys],
-                                                [runs[k][s][exp.metric] for k in keys])
+                    _, cut_low, cut_high = band(
+                        [math.log10(grid[k][axis]) for k in keys], [runs[k][s][exp.metric] for k in keys]
+                    )
                     low_s, high_s = low_s or cut_low, high_s or cut_high
                 low, high = low or low_s, high or high_s
             if low or high:
@@ -646,14 +923,26 @@ def _check_sources(exp_name: str, methods: Grids, run_dir: Path, todo: set, key:
                     found.add(source_key(json.loads(path.read_text())))
         other = sorted(found - {key})
         if other:
-            raise SystemExit(f"[{exp_name}] the cell {m!r} has runs from {', '.join(other)} and this command "
-                             f"is at {key}: run the cell from one commit (move its run files away) or pass "
-                             f"--mix-commits to mix them knowingly")
+            raise SystemExit(
+                f"[{exp_name}] the cell {m!r} has runs from {', '.join(other)} and this command "
+                f"is at {key}: run the cell from one commit (move its run files away) or pass "
+                f"--mix-commits to mix them knowingly"
+            )
 
 
-def run_grid(exp: Experiment, methods_fn: Callable, axes: Sequence[str], rule: str, pilot: Dict[str, Any],
-             seeds: Sequence[int], run_dir: Path, args: argparse.Namespace, prov: Dict[str, Any], label: str,
-             floors: Sequence[str] = ()) -> Tuple[Grids, Dict, List[int], Ext]:
+def run_grid(
+    exp: Experiment,
+    methods_fn: Callable,
+    axes: Sequence[str],
+    rule: str,
+    pilot: Dict[str, Any],
+    seeds: Sequence[int],
+    run_dir: Path,
+    args: argparse.Namespace,
+    prov: Dict[str, Any],
+    label: str,
+    floors: Sequence[str] = (),
+) -> Tuple[Grids, Dict, List[int], Ext]:
     """Run every point of every method on every seed (skipping runs on disk), growing the grids by
     the edge rule until no pick touches an end (or a ladder has grown MAX_EXTRA steps on a side).
     Returns the final grids, their runs, the seeds with every run on disk, and the growth."""
@@ -665,10 +954,17 @@ def run_grid(exp: Experiment, methods_fn: Callable, axes: Sequence[str], rule: s
         missing = [(key, s) for key in points for s in seeds if not (run_dir / f"{key}__s{s}.json").exists()]
         if args.no_run and missing and ext:
             break  # summarise the grids as far as their runs exist
-        jobs = [] if args.no_run else [(exp.kind, dict(exp.base, **points[k], seed=s), pilot,
-                                        str(run_dir / f"{k}__s{s}.json"), prov) for k, s in missing]
-        _check_sources(exp.name, methods, run_dir, {j[3] for j in jobs}, source_key({"provenance": prov}),
-                       args.mix_commits)
+        jobs = (
+            []
+            if args.no_run
+            else [
+                (exp.kind, dict(exp.base, **points[k], seed=s), pilot, str(run_dir / f"{k}__s{s}.json"), prov)
+                for k, s in missing
+            ]
+        )
+        _check_sources(
+            exp.name, methods, run_dir, {j[3] for j in jobs}, source_key({"provenance": prov}), args.mix_commits
+        )
         print(f"[{label}] {len(points)} grid points x {len(seeds)} seeds: {len(jobs)} runs to do", flush=True)
         _run_jobs(jobs, args, label)
         args.runs_done = getattr(args, "runs_done", 0) + len(jobs)
@@ -685,8 +981,11 @@ def run_grid(exp: Experiment, methods_fn: Callable, axes: Sequence[str], rule: s
             new[(m, axis)] = (min(below + lo, MAX_EXTRA), min(above + hi, MAX_EXTRA))
         if new == ext:
             return methods, runs, done, ext
-        print(f"[{label}] the edge rule grows " + ", ".join(f"{m} {a} {b}/{c}" for (m, a), (b, c) in new.items()
-                                                              if new[(m, a)] != ext.get((m, a))), flush=True)
+        print(
+            f"[{label}] the edge rule grows "
+            + ", ".join(f"{m} {a} {b}/{c}" for (m, a), (b, c) in new.items() if new[(m, a)] != ext.get((m, a))),
+            flush=True,
+        )
         ext = new
     methods = methods_fn(pilot, ext) if axes else methods_fn(pilot)  # the last grids with all runs
     points = {key: cfg for grid in methods.values() for key, cfg in grid.items()}
@@ -714,9 +1013,13 @@ def cell_sources(grid: Dict[str, Dict], runs: Dict[str, Dict[int, Dict]]) -> Dic
     starts = sorted(p["started_utc"] for p in provs if p.get("started_utc"))
     ends = sorted(p["ended_utc"] for p in provs if p.get("ended_utc"))
     devices = {p.get("device_name") or r["config"].get("device", "?") for p, r in zip(provs, recs)}
-    return {"sources": sorted({source_key(r) for r in recs}), "devices": sorted(devices),
-            "first_start_utc": starts[0] if starts else None, "last_end_utc": ends[-1] if ends else None,
-            "runs": len(recs)}
+    return {
+        "sources": sorted({source_key(r) for r in recs}),
+        "devices": sorted(devices),
+        "first_start_utc": starts[0] if starts else None,
+        "last_end_utc": ends[-1] if ends else None,
+        "runs": len(recs),
+    }
 
 
 def run_experiment(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
@@ -741,28 +1044,59 @@ def run_experiment(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
         pilot_path.write_text(json.dumps(pilot, indent=1, default=float) + "\n")
     tuning_summary = None
     if exp.tuning is not None:
-        t_methods, t_runs, _, t_ext = run_grid(exp, exp.tuning.methods, exp.tuning.axes, "select", pilot,
-                                               [exp.tuning.seed], out_dir / exp.name / "tuning", args, prov,
-                                               exp.name + " tuning", exp.tuning.floors)
+        t_methods, t_runs, _, t_ext = run_grid(
+            exp,
+            exp.tuning.methods,
+            exp.tuning.axes,
+            "select",
+            pilot,
+            [exp.tuning.seed],
+            out_dir / exp.name / "tuning",
+            args,
+            prov,
+            exp.name + " tuning",
+            exp.tuning.floors,
+        )
         picks = {m: select(list(g), t_runs, exp.tuning.seed) for m, g in t_methods.items()}
         pilot = dict(pilot, tuned={m: t_methods[m][k] for m, k in picks.items()})
-        tuning_summary = {"seed": exp.tuning.seed, "picks": picks, "grown": {f"{m} {a}": v for (m, a), v in t_ext.items()},
-                          "grids": {m: list(g) for m, g in t_methods.items()},
-                          "val": {k: t_runs[k][exp.tuning.seed]["val_score"] for k in t_runs},
-                          "sources": {m: cell_sources(g, t_runs) for m, g in t_methods.items()}}
-    methods, runs, seeds, ext = run_grid(exp, exp.methods, exp.axes, exp.rule, pilot, seeds,
-                                         out_dir / exp.name / "runs", args, prov, exp.name)
-    timing = {"wall_seconds_this_call": time.perf_counter() - start, "runs_done_this_call": args.runs_done,
-              "run_seconds_total": sum(r["seconds"] for per in runs.values() for r in per.values()),
-              "load_before": list(load_before), "load_after": list(os.getloadavg()), "jobs": args.jobs,
-              "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "command": prov["command"], "commit": prov["commit"], "dirty": prov["dirty"], "ended_utc": utc_now()}
+        tuning_summary = {
+            "seed": exp.tuning.seed,
+            "picks": picks,
+            "grown": {f"{m} {a}": v for (m, a), v in t_ext.items()},
+            "grids": {m: list(g) for m, g in t_methods.items()},
+            "val": {k: t_runs[k][exp.tuning.seed]["val_score"] for k in t_runs},
+            "sources": {m: cell_sources(g, t_runs) for m, g in t_methods.items()},
+        }
+    methods, runs, seeds, ext = run_grid(
+        exp, exp.methods, exp.axes, exp.rule, pilot, seeds, out_dir / exp.name / "runs", args, prov, exp.name
+    )
+    timing = {
+        "wall_seconds_this_call": time.perf_counter() - start,
+        "runs_done_this_call": args.runs_done,
+        "run_seconds_total": sum(r["seconds"] for per in runs.values() for r in per.values()),
+        "load_before": list(load_before),
+        "load_after": list(os.getloadavg()),
+        "jobs": args.jobs,
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "command": prov["command"],
+        "commit": prov["commit"],
+        "dirty": prov["dirty"],
+        "ended_utc": utc_now(),
+    }
     summary = summarise(exp, methods, runs, seeds)
     summary["grown"] = {f"{m} {a}": v for (m, a), v in ext.items()}
     summary["sources"] = {m: cell_sources(g, runs) for m, g in methods.items()}
-    payload = {"experiment": exp.name, "base": exp.base, "pilot": pilot, "seeds": seeds,
-               "methods": {m: list(g) for m, g in methods.items()}, "tuning": tuning_summary,
-               "summary": summary, "timing": timing}
+    payload = {
+        "experiment": exp.name,
+        "base": exp.base,
+        "pilot": pilot,
+        "seeds": seeds,
+        "methods": {m: list(g) for m, g in methods.items()},
+        "tuning": tuning_summary,
+        "summary": summary,
+        "timing": timing,
+    }
     (out_dir / f"{exp.name}.json").write_text(json.dumps(payload, indent=1, default=float) + "\n")
     md = markdown(exp, pilot, summary, timing)
     (out_dir / f"{exp.name}.md").write_text(md)
@@ -803,45 +1137,75 @@ def verdict(diffs: Sequence[float], sign: int) -> Dict[str, Any]:
     return {"mean": mean, "se": se, "verdict": word, "diffs": d.tolist(), "t": tstat, "p_two_sided": p}
 
 
-def summarise(exp: Experiment, methods: Dict[str, Dict[str, Dict]], runs: Dict[str, Dict[int, Dict]],
-              seeds: Sequence[int]) -> Dict[str, Any]:
+def summarise(
+    exp: Experiment, methods: Dict[str, Dict[str, Dict]], runs: Dict[str, Dict[int, Dict]], seeds: Sequence[int]
+) -> Dict[str, Any]:
     per_method: Dict[str, Dict[str, Any]] = {}
     for m, grid in methods.items():
         keys = list(grid)
         chosen = {s: select(keys, runs, s) for s in seeds}
-        per_method[m] = {"chosen": chosen, "select": [runs[chosen[s]][s][exp.metric] for s in seeds],
-                         "sweep_mean": [float(np.mean([runs[k][s][exp.metric] for k in keys])) for s in seeds],
-                         "band": _bands(exp, grid, runs, seeds),
-                         "extras": {x: [runs[chosen[s]][s].get(x) for s in seeds]
-                                    for x in ("test_acc", "clipped_fraction", "new_global_test",
-                                              "existing_finetuned_test", "reached", "change")}}
+        per_method[m] = {
+            "chosen": chosen,
+            "select": [runs[chosen[s]][s][exp.metric] for s in seeds],
+            "sweep_mean": [float(np.mean([runs[k][s][exp.metric] for k in keys])) for s in seeds],
+            "band": _bands(exp, grid, runs, seeds),
+            "extras": {
+                x: [runs[chosen[s]][s].get(x) for s in seeds]
+                for x in (
+                    "test_acc",
+                    "clipped_fraction",
+                    "new_global_test",
+                    "existing_finetuned_test",
+                    "reached",
+                    "change",
+                )
+            },
+        }
     for name, method, baseline, axis in exp.on_top:
         grid, base_grid = methods[method], methods[baseline]
         chosen = {}
         for s in seeds:
             at = base_grid[per_method[baseline]["chosen"][s]][axis]
             chosen[s] = select([k for k in grid if grid[k][axis] == at], runs, s)
-        per_method[name] = {"chosen": chosen, "select": [runs[chosen[s]][s][exp.metric] for s in seeds],
-                            "sweep_mean": [float("nan")] * len(seeds), "band": None,
-                            "extras": {x: [runs[chosen[s]][s].get(x) for s in seeds]
-                                       for x in per_method[method]["extras"]}}
+        per_method[name] = {
+            "chosen": chosen,
+            "select": [runs[chosen[s]][s][exp.metric] for s in seeds],
+            "sweep_mean": [float("nan")] * len(seeds),
+            "band": None,
+            "extras": {x: [runs[chosen[s]][s].get(x) for s in seeds] for x in per_method[method]["extras"]},
+        }
     comps = []
-    for method, baseline, sign, how in exp.comparisons:
+    for method, base, sign, how in exp.comparisons:
         # how: "select" / "sweep_mean" (the compared metric), else an extra (e.g. "change");
         # baseline None: against zero
-        values = (lambda m: per_method[m][how] if how in ("select", "sweep_mean", "band")
-                  else per_method[m]["extras"][how])
+
+        def values(m, how=how):
+            return per_method[m][how] if how in ("select", "sweep_mean", "band") else per_method[m]["extras"][how]
+
         a = values(method)
-        b = [0.0] * len(a) if baseline is None else values(baseline)
-        comps.append({"method": method, "baseline": "0" if baseline is None else baseline, "how": how, "sign": sign,
-                      **verdict([x - y for x, y in zip(a, b)], sign)})
-    return {"methods": per_method, "comparisons": comps,
-            "points": {k: {s: {x: v for x, v in r.items() if not x.startswith("curve")} for s, r in per.items()}
-                       for k, per in runs.items()}}
+        b = [0.0] * len(a) if base is None else values(base)
+        comps.append(
+            {
+                "method": method,
+                "baseline": "0" if base is None else base,
+                "how": how,
+                "sign": sign,
+                **verdict([x - y for x, y in zip(a, b)], sign),
+            }
+        )
+    return {
+        "methods": per_method,
+        "comparisons": comps,
+        "points": {
+            k: {s: {x: v for x, v in r.items() if not x.startswith("curve")} for s, r in per.items()}
+            for k, per in runs.items()
+        },
+    }
 
 
-def _bands(exp: Experiment, grid: Dict[str, Dict], runs: Dict[str, Dict[int, Dict]], seeds: Sequence[int]
-           ) -> Optional[List[float]]:
+def _bands(
+    exp: Experiment, grid: Dict[str, Dict], runs: Dict[str, Dict[int, Dict]], seeds: Sequence[int]
+) -> Optional[List[float]]:
     """Rule "band": per seed, the width in decades of the method's band (None for other rules)."""
     if exp.rule != "band":
         return None
@@ -865,49 +1229,91 @@ def _axis_value(cfg: Dict[str, Any], axes: Sequence[str]) -> str:
 
 def markdown(exp: Experiment, pilot: Dict[str, Any], summary: Dict[str, Any], timing: Dict[str, Any]) -> str:
     scale = 1.0 if exp.lower_is_better else 100.0  # accuracies in %, rounds as they are
-    lines = [f"### {exp.name}", "", f"Compared metric: {exp.metric_label}; mean ± sd over seeds; per seed each "
-             "method's grid point is chosen on validation.", ""]
+    lines = [
+        f"### {exp.name}",
+        "",
+        f"Compared metric: {exp.metric_label}; mean ± sd over seeds; per seed each "
+        "method's grid point is chosen on validation.",
+        "",
+    ]
     if pilot:
-        lines += ["Pilot / fixed before the comparison: " + ", ".join(
-            f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}" for k, v in pilot.items()
-            if not isinstance(v, dict)), ""]
+        lines += [
+            "Pilot / fixed before the comparison: "
+            + ", ".join(
+                f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}"
+                for k, v in pilot.items()
+                if not isinstance(v, dict)
+            ),
+            "",
+        ]
     if pilot.get("tuned"):
-        lines += ["Tuned on seed " + str(PILOT_SEED) + ": " + "; ".join(
-            f"{m}: {', '.join(f'{k} {v:.4g}' for k, v in cfg.items() if k in ('lr', 'weight_decay', 'prox_mu', 'server_lr'))}"
-            for m, cfg in pilot["tuned"].items()), ""]
+        lines += [
+            "Tuned on seed "
+            + str(PILOT_SEED)
+            + ": "
+            + "; ".join(
+                f"{m}: {', '.join(f'{k} {v:.4g}' for k, v in cfg.items() if k in TUNED_KEYS)}"
+                for m, cfg in pilot["tuned"].items()
+            ),
+            "",
+        ]
     band_rule = exp.rule == "band"
-    lines += ["| method | selected (per seed) | " + exp.metric_label + " | sweep mean | "
-              + ("band width (decades)" if band_rule else "clipped fraction") + " |", "|---|---|---|---|---|"]
+    lines += [
+        "| method | selected (per seed) | "
+        + exp.metric_label
+        + " | sweep mean | "
+        + ("band width (decades)" if band_rule else "clipped fraction")
+        + " |",
+        "|---|---|---|---|---|",
+    ]
     for m, s in summary["methods"].items():
         chosen = ", ".join(dict.fromkeys(s["chosen"].values()))
         if band_rule:
             last = _ms(s["band"], 1.0) if s["band"] else "-"
         else:
-            last = (_ms(s["extras"]["clipped_fraction"], 1.0)
-                    if any(v is not None for v in s["extras"]["clipped_fraction"]) else "-")
+            last = (
+                _ms(s["extras"]["clipped_fraction"], 1.0)
+                if any(v is not None for v in s["extras"]["clipped_fraction"])
+                else "-"
+            )
         nd = exp.digits
         lines.append(f"| {m} | {chosen} | {_ms(s['select'], scale, nd)} | {_ms(s['sweep_mean'], scale, nd)} | {last} |")
-    lines += ["", "| comparison | how | paired mean difference ± SE | per seed | two-sided p | verdict |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| comparison | how | paired mean difference ± SE | per seed | two-sided p | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in summary["comparisons"]:
         sc, nd = (1.0, 2) if c["how"] == "band" else (scale, exp.digits)
         per = ", ".join(f"{sc * d:+.{nd}f}" for d in c["diffs"])
         p = "-" if c["p_two_sided"] != c["p_two_sided"] else f"{c['p_two_sided']:.3g}"
-        lines.append(f"| {c['method']} vs {c['baseline']} | {c['how']} | {sc * c['mean']:+.{nd}f} ± "
-                     f"{sc * c['se']:.{nd}f} | {per} | {p} | {c['verdict']} |")
+        lines.append(
+            f"| {c['method']} vs {c['baseline']} | {c['how']} | {sc * c['mean']:+.{nd}f} ± "
+            f"{sc * c['se']:.{nd}f} | {per} | {p} | {c['verdict']} |"
+        )
     if summary.get("grown"):
-        lines += ["", "Grown by the edge rule (steps below / above): " + ", ".join(
-            f"{k} {b}/{a}" for k, (b, a) in summary["grown"].items()) + "."]
+        lines += [
+            "",
+            "Grown by the edge rule (steps below / above): "
+            + ", ".join(f"{k} {b}/{a}" for k, (b, a) in summary["grown"].items())
+            + ".",
+        ]
     if summary.get("sources"):
         lines += ["", "| cell | runs | commit(s) | device | first start → last end (UTC) |", "|---|---|---|---|---|"]
         for m, src in summary["sources"].items():
             commits = ", ".join(k if k == UNRECORDED else k[:12] for k in src["sources"])
-            lines.append(f"| {m} | {src['runs']} | {commits} | {', '.join(src['devices'])} | "
-                         f"{src['first_start_utc'] or '-'} → {src['last_end_utc'] or '-'} |")
-    lines += ["", f"Runs: {timing['runs_done_this_call']} in this call, wall {timing['wall_seconds_this_call']:.0f} s "
-              f"with {timing['jobs']} process(es); all runs' own time {timing['run_seconds_total']:.0f} s; "
-              f"load {timing['load_before'][0]:.1f} → {timing['load_after'][0]:.1f} on {timing['cpus']} CPUs.",
-              f"Command: `{timing.get('command', '?')}`.", ""]
+            lines.append(
+                f"| {m} | {src['runs']} | {commits} | {', '.join(src['devices'])} | "
+                f"{src['first_start_utc'] or '-'} → {src['last_end_utc'] or '-'} |"
+            )
+    lines += [
+        "",
+        f"Runs: {timing['runs_done_this_call']} in this call, wall {timing['wall_seconds_this_call']:.0f} s "
+        f"with {timing['jobs']} process(es); all runs' own time {timing['run_seconds_total']:.0f} s; "
+        f"load {timing['load_before'][0]:.1f} → {timing['load_after'][0]:.1f} on {timing['cpus']} CPUs.",
+        f"Command: `{timing.get('command', '?')}`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -915,22 +1321,38 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     names = list(experiments("digits", None))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", choices=names + ["all"])
-    p.add_argument("--seeds", type=int, nargs="+", default=None,
-                   help="paired seeds (default: the experiment's, 0 1 2 3 4 unless its protocol says otherwise)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="paired seeds (default: the experiment's, 0 1 2 3 4 unless its protocol says otherwise)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (default %(default)s)")
     p.add_argument("--out", default=str(HERE / "protocol"), help="results folder (default experiments/protocol)")
     p.add_argument("--data-dir", default=FMNIST, help="Fashion-MNIST's folder (default %(default)s)")
-    p.add_argument("--dataset", default="fmnist", choices=("fmnist", "digits"),
-                   help="digits: scikit-learn's built-in digits, for a smoke test without Fashion-MNIST")
+    p.add_argument(
+        "--dataset",
+        default="fmnist",
+        choices=("fmnist", "digits"),
+        help="digits: scikit-learn's built-in digits, for a smoke test without Fashion-MNIST",
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where clients train (default cpu)")
-    p.add_argument("--client-parallel", type=int, default=1,
-                   help="clients trained at once by the client-batched engine (default 1: one after another; "
-                        "FedNAR always 1)")
-    p.add_argument("--no-run", action="store_true",
-                   help="train nothing: summarise the seeds whose runs are all on disk")
+    p.add_argument(
+        "--client-parallel",
+        type=int,
+        default=1,
+        help="clients trained at once by the client-batched engine (default 1: one after another; FedNAR always 1)",
+    )
+    p.add_argument(
+        "--no-run", action="store_true", help="train nothing: summarise the seeds whose runs are all on disk"
+    )
     p.add_argument("--quick", action="store_true", help="1 seed, 1 round, the first grid point of each method")
-    p.add_argument("--mix-commits", action="store_true",
-                   help="add runs to a cell whose runs on disk came from another commit (refused by default)")
+    p.add_argument(
+        "--mix-commits",
+        action="store_true",
+        help="add runs to a cell whose runs on disk came from another commit (refused by default)",
+    )
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
@@ -950,7 +1372,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     exps = experiments(args.dataset, args.data_dir, args.device, args.client_parallel)
-    for name in (list(exps) if args.experiment == "all" else [args.experiment]):
+    for name in list(exps) if args.experiment == "all" else [args.experiment]:
         exp = quick_version(exps[name]) if args.quick else exps[name]
         run_experiment(exp, args)
     return 0

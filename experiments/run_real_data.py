@@ -11,10 +11,12 @@
 Each writes ``experiments/real/<name>.json`` (every run's final metrics, its wall time, the machine's
 load average before and after) and prints a markdown table; ``experiments/results_real_superseded.md``
 holds the tables (superseded by ``run_protocol.py`` and ``experiments/protocol.md``). Settings
-are fixed below before any result was seen; every scale-down against the paper is listed in ``SCALE_DOWN``. Runs are in-process, one after
-another, on one torch thread (``FEDOPT_THREADS=N`` for more: on a quiet machine 2 threads help the
-client-parallel runs; on a loaded one they spin against each other).
+are fixed below before any result was seen; every scale-down against the paper is listed in
+``SCALE_DOWN``. Runs are in-process, one after another, on one torch thread (``FEDOPT_THREADS=N``
+for more: on a quiet machine 2 threads help the client-parallel runs; on a loaded one they spin
+against each other).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,9 +48,15 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
     start = time.perf_counter()
     result = Simulation(SimConfig(**cfg)).run()
     hist = result["history"]
-    return {"config": cfg, "final": final_rows(result["final"]), "val_acc": hist[-1].get("val_acc"),
-            "train_loss": hist[-1]["train_loss"], "curve": [(h["round"], h["val_acc"]) for h in hist if "val_acc" in h],
-            "hparams": result["hparams"], "seconds": time.perf_counter() - start}
+    return {
+        "config": cfg,
+        "final": final_rows(result["final"]),
+        "val_acc": hist[-1].get("val_acc"),
+        "train_loss": hist[-1]["train_loss"],
+        "curve": [(h["round"], h["val_acc"]) for h in hist if "val_acc" in h],
+        "hparams": result["hparams"],
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def mean_std(values: Sequence[float]) -> str:
@@ -68,16 +76,23 @@ def sweep(name: str, settings: Dict[str, Dict[str, Any]], seeds: Sequence[int]) 
     import torch
 
     torch.set_num_threads(int(os.environ.get("FEDOPT_THREADS", "1")))  # 1: the fastest on a shared, busy machine
-    info = {"load_before": load(), "machine": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    info: Dict[str, Any] = {
+        "load_before": load(),
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
     start = time.perf_counter()
     out: Dict[str, List] = {}
     for label, cfg in settings.items():
         for s in seeds:
             r = run({**cfg, "seed": s})
             out.setdefault(label, []).append(r)
-            print(f"[{name}] {label} seed {s}: pooled test {100 * r['final']['pooled test acc']:.2f}% "
-                  f"({r['seconds']:.0f} s, load {load()})", flush=True)
+            print(
+                f"[{name}] {label} seed {s}: pooled test {100 * r['final']['pooled test acc']:.2f}% "
+                f"({r['seconds']:.0f} s, load {load()})",
+                flush=True,
+            )
     info.update(wall_seconds=time.perf_counter() - start, load_after=load())
     return out, info
 
@@ -86,27 +101,49 @@ def sweep(name: str, settings: Dict[str, Dict[str, Any]], seeds: Sequence[int]) 
 def fednlr(args: argparse.Namespace) -> None:
     import torch
 
-    base = dict(dataset="mnist", data_dir=args.mnist, model="mlp1", hidden=25, partition="classes", clients=10,
-                holdout_fraction=0.0, clients_per_round=10, local_steps=10, batch_size=32, lr=0.05,
-                rounds=3 if args.quick else 60, eval_every=5, finetune_steps=0, split=(0.8, 0.1, 0.1),
-                backend="reference", device="cpu", client_parallel=10)
+    base = dict(
+        dataset="mnist",
+        data_dir=args.mnist,
+        model="mlp1",
+        hidden=25,
+        partition="classes",
+        clients=10,
+        holdout_fraction=0.0,
+        clients_per_round=10,
+        local_steps=10,
+        batch_size=32,
+        lr=0.05,
+        rounds=3 if args.quick else 60,
+        eval_every=5,
+        finetune_steps=0,
+        split=(0.8, 0.1, 0.1),
+        backend="reference",
+        device="cpu",
+        client_parallel=10,
+    )
     seeds = [0] if args.quick else [0, 1, 2]
-    runs, info = sweep("fednlr", {"FedAvg": dict(base, algorithm="fedavg"),
-                                  "FedNLR": dict(base, algorithm="fednlr")}, seeds)
+    runs, info = sweep(
+        "fednlr", {"FedAvg": dict(base, algorithm="fedavg"), "FedNLR": dict(base, algorithm="fednlr")}, seeds
+    )
     drift = [neuron_drift(base, s, args.quick) for s in seeds]
     info["drift_seconds"] = sum(d["seconds"] for d in drift)
     save("fednlr", {"runs": runs, "drift": drift, "timing": info})
     print("| method | pooled test acc (%) | val acc (%) |\n|---|---|---|")
     for label, rs in runs.items():
-        print(f"| {label} | {mean_std([r['final']['pooled test acc'] for r in rs])} | "
-              f"{mean_std([r['val_acc'] for r in rs])} |")
+        print(
+            f"| {label} | {mean_std([r['final']['pooled test acc'] for r in rs])} | "
+            f"{mean_std([r['val_acc'] for r in rs])} |"
+        )
     print("\n| seed | model acc (%) | bounded neurons (pairs) | change on C-2, FedAvg | change on C-2, FedNLR |")
     print("|---|---|---|---|---|")
     for s, d in zip(seeds, drift):
-        print(f"| {s} | {100 * d['model_acc']:.1f} | {d['bounded']} ({d['pairs']}) | {d['fedavg']:+.4f} | "
-              f"{d['fednlr']:+.4f} |")
-    print(f"wall {info['wall_seconds'] + info['drift_seconds']:.0f} s, load {info['load_before']} -> "
-          f"{info['load_after']}")
+        print(
+            f"| {s} | {100 * d['model_acc']:.1f} | {d['bounded']} ({d['pairs']}) | {d['fedavg']:+.4f} | "
+            f"{d['fednlr']:+.4f} |"
+        )
+    print(
+        f"wall {info['wall_seconds'] + info['drift_seconds']:.0f} s, load {info['load_before']} -> {info['load_after']}"
+    )
     del torch
 
 
@@ -138,9 +175,10 @@ def neuron_drift(base: Dict[str, Any], seed: int, quick: bool) -> Dict[str, Any]
     snapshot = [p.detach().clone() for p in avg.global_params]
 
     def hidden(sim: Simulation, x: torch.Tensor) -> torch.Tensor:
-        net = sim.model.net.net  # ImageClassifier -> OneHiddenMLP -> Sequential(Flatten, Linear, ReLU, Linear)
+        model: Any = sim.model  # typed nn.Module: its submodules are read by name
+        net = model.net.net  # ImageClassifier -> OneHiddenMLP -> Sequential(Flatten, Linear, ReLU, Linear)
         with torch.no_grad():
-            h = torch.relu(net[1](net[0](sim.model.preprocess(x, train=False))))
+            h = torch.relu(net[1](net[0](model.preprocess(x, train=False))))
         return h.mean(0)
 
     changes: Dict[str, List[float]] = {"fedavg": [], "fednlr": []}
@@ -166,10 +204,17 @@ def neuron_drift(base: Dict[str, Any], seed: int, quick: bool) -> Dict[str, Any]
                     sim.strategy.local_step(c1, opt, sim.streams[c1].next())
                 after2 = hidden(sim, clients[c2].train_x)
                 changes[name].append(float((after2 - before2)[bounded].mean()))
-    return {"seed": seed, "model_acc": acc, "model_round": t + 1, "pairs": pairs, "bounded": bounded_total,
-            "fedavg": float(np.mean(changes["fedavg"])), "fednlr": float(np.mean(changes["fednlr"])),
-            "fednlr_smaller_in": int(sum(abs(b) < abs(a) for a, b in zip(changes["fedavg"], changes["fednlr"]))),
-            "seconds": time.perf_counter() - start}
+    return {
+        "seed": seed,
+        "model_acc": acc,
+        "model_round": t + 1,
+        "pairs": pairs,
+        "bounded": bounded_total,
+        "fedavg": float(np.mean(changes["fedavg"])),
+        "fednlr": float(np.mean(changes["fednlr"])),
+        "fednlr_smaller_in": int(sum(abs(b) < abs(a) for a, b in zip(changes["fedavg"], changes["fednlr"]))),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 # ------------------------------------------------------------------ PAdaMFed: lr robustness, Fashion-MNIST Dir(1)
@@ -177,10 +222,25 @@ PADAMFED_LRS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 
 
 def padamfed(args: argparse.Namespace) -> None:
-    base = dict(dataset="fmnist", data_dir=args.fmnist, model="mlp", partition="dirichlet", dirichlet_alpha=1.0,
-                clients=50, holdout_fraction=0.0, clients_per_round=10, local_steps=10, batch_size=32,
-                rounds=3 if args.quick else 30, eval_every=30, finetune_steps=0, split=(0.8, 0.1, 0.1),
-                backend="reference", device="cpu", client_parallel=10)
+    base = dict(
+        dataset="fmnist",
+        data_dir=args.fmnist,
+        model="mlp",
+        partition="dirichlet",
+        dirichlet_alpha=1.0,
+        clients=50,
+        holdout_fraction=0.0,
+        clients_per_round=10,
+        local_steps=10,
+        batch_size=32,
+        rounds=3 if args.quick else 30,
+        eval_every=30,
+        finetune_steps=0,
+        split=(0.8, 0.1, 0.1),
+        backend="reference",
+        device="cpu",
+        client_parallel=10,
+    )
     lrs = PADAMFED_LRS[2:4] if args.quick else PADAMFED_LRS
     settings = {}
     for algo in ("fedavg", "scaffold", "padamfed"):
@@ -193,23 +253,46 @@ def padamfed(args: argparse.Namespace) -> None:
     save(name, {"runs": runs, "timing": info})
     print("| lr | " + " | ".join(("FedAvg", "SCAFFOLD", "PAdaMFed")) + " |\n|---|---|---|---|")
     for lr in lrs:
-        cells = [mean_std([r["final"]["pooled test acc"] for r in runs[f"{a} lr={lr}"]])
-                 for a in ("fedavg", "scaffold", "padamfed")]
+        cells = [
+            mean_std([r["final"]["pooled test acc"] for r in runs[f"{a} lr={lr}"]])
+            for a in ("fedavg", "scaffold", "padamfed")
+        ]
         print(f"| {lr} | " + " | ".join(cells) + " |")
     th = runs["padamfed theory"]
-    print(f"PAdaMFed at its theory step sizes (lr {th[0]['hparams']['lr']:.4g}): "
-          f"{mean_std([r['final']['pooled test acc'] for r in th])}%")
+    print(
+        f"PAdaMFed at its theory step sizes (lr {th[0]['hparams']['lr']:.4g}): "
+        f"{mean_std([r['final']['pooled test acc'] for r in th])}%"
+    )
     print(f"wall {info['wall_seconds']:.0f} s, load {info['load_before']} -> {info['load_after']}")
 
 
 # ------------------------------------------------------------------ FedNAR: Shakespeare table, scaled down
 def fednar(args: argparse.Namespace) -> None:
-    base = dict(dataset="shakespeare", data_dir=args.shakespeare, model="char-transformer", hidden=32, context=40, clients=100,
-                holdout_fraction=0.0, clients_per_round=10, local_steps=20, batch_size=10, lr=args.lr or 0.1,
-                round_decay=0.998, clip_norm=10.0, rounds=2 if args.quick else args.rounds, eval_every=10,
-                finetune_steps=0, split=(0.8, 0.1, 0.1), backend="reference", device="cpu", client_parallel=10)
-    pairs = [("fedavg", "fednar")] + ([] if args.quick else [("fedprox", "fednar-fedprox"),
-                                                            ("scaffold", "fednar-scaffold")][: args.extra_rows])
+    base = dict(
+        dataset="shakespeare",
+        data_dir=args.shakespeare,
+        model="char-transformer",
+        hidden=32,
+        context=40,
+        clients=100,
+        holdout_fraction=0.0,
+        clients_per_round=10,
+        local_steps=20,
+        batch_size=10,
+        lr=args.lr or 0.1,
+        round_decay=0.998,
+        clip_norm=10.0,
+        rounds=2 if args.quick else args.rounds,
+        eval_every=10,
+        finetune_steps=0,
+        split=(0.8, 0.1, 0.1),
+        backend="reference",
+        device="cpu",
+        client_parallel=10,
+    )
+    pairs = [("fedavg", "fednar")] + (
+        [] if args.quick else [("fedprox", "fednar-fedprox"), ("scaffold", "fednar-scaffold")][: args.extra_rows]
+    )
     settings = {}
     wds = tuple(args.weight_decays)
     for base_algo, nar_algo in pairs:
@@ -219,41 +302,76 @@ def fednar(args: argparse.Namespace) -> None:
     name = "fednar" + (f"-lr{args.lr}" if args.lr else "") + (f"-r{args.rounds}" if args.rounds != 40 else "")
     runs, info = sweep(name, settings, [0])
     save(name, {"runs": runs, "timing": info})
-    print("| algorithm | " + " | ".join(f"wd {wd} {k}" for wd in wds for k in ("baseline", "FedNAR")) + " |\n"
-          + "|---" * (1 + 2 * len(wds)) + "|")
+    print(
+        "| algorithm | "
+        + " | ".join(f"wd {wd} {k}" for wd in wds for k in ("baseline", "FedNAR"))
+        + " |\n"
+        + "|---" * (1 + 2 * len(wds))
+        + "|"
+    )
     for base_algo, nar_algo in pairs:
-        cells = [mean_std([r["final"]["pooled test acc"] for r in runs[f"{a} wd={wd}"]])
-                 for wd in wds for a in (base_algo, nar_algo)]
+        cells = [
+            mean_std([r["final"]["pooled test acc"] for r in runs[f"{a} wd={wd}"]])
+            for wd in wds
+            for a in (base_algo, nar_algo)
+        ]
         print(f"| {base_algo} | " + " | ".join(cells) + " |")
     print(f"wall {info['wall_seconds']:.0f} s, load {info['load_before']} -> {info['load_after']}")
 
 
 # ------------------------------------------------------------------ FedDecay: new users on Shakespeare roles
-FEDDECAY_BETAS = (("FedSGD (β=0)", "fedsgd", None), ("FedDecay β=0.25", "feddecay", 0.25),
-                  ("FedDecay β=0.5", "feddecay", 0.5), ("FedAvg (β=1)", "fedavg", None))
+FEDDECAY_BETAS = (
+    ("FedSGD (β=0)", "fedsgd", None),
+    ("FedDecay β=0.25", "feddecay", 0.25),
+    ("FedDecay β=0.5", "feddecay", 0.5),
+    ("FedAvg (β=1)", "fedavg", None),
+)
 
 
 def feddecay(args: argparse.Namespace) -> None:
-    base = dict(dataset="shakespeare", data_dir=args.shakespeare, model="char-transformer", hidden=32, context=40, clients=100,
-                holdout_fraction=0.2, clients_per_round=10, local_steps=20, batch_size=10, lr=0.5,
-                rounds=2 if args.quick else args.rounds, eval_every=10, finetune_steps=5, finetune_lr=0.5,
-                split=(0.6, 0.2, 0.2), backend="reference", device="cpu", client_parallel=10)
-    settings = {label: dict(base, algorithm=algo, **({} if beta is None else {"beta": beta}))
-                for label, algo, beta in FEDDECAY_BETAS}
+    base = dict(
+        dataset="shakespeare",
+        data_dir=args.shakespeare,
+        model="char-transformer",
+        hidden=32,
+        context=40,
+        clients=100,
+        holdout_fraction=0.2,
+        clients_per_round=10,
+        local_steps=20,
+        batch_size=10,
+        lr=0.5,
+        rounds=2 if args.quick else args.rounds,
+        eval_every=10,
+        finetune_steps=5,
+        finetune_lr=0.5,
+        split=(0.6, 0.2, 0.2),
+        backend="reference",
+        device="cpu",
+        client_parallel=10,
+    )
+    settings = {
+        label: dict(base, algorithm=algo, **({} if beta is None else {"beta": beta}))
+        for label, algo, beta in FEDDECAY_BETAS
+    }
     seeds = [0] if args.quick else list(range(args.first_seed, args.first_seed + args.seeds))
     name = "feddecay" + (f"-seeds{seeds[0]}-{seeds[-1]}" if seeds != [0] else "")
     runs, info = sweep(name, settings, seeds)
     save(name, {"runs": runs, "timing": info})
-    keys = [("new users, fine-tuned: mean", "fine-tuned new mean"), ("bottom 10%", "fine-tuned new bottom10%"),
-            ("std", "fine-tuned new std"), ("existing users, fine-tuned: mean", "fine-tuned existing mean"),
-            ("new users, global model", "global new mean")]
+    keys = [
+        ("new users, fine-tuned: mean", "fine-tuned new mean"),
+        ("bottom 10%", "fine-tuned new bottom10%"),
+        ("std", "fine-tuned new std"),
+        ("existing users, fine-tuned: mean", "fine-tuned existing mean"),
+        ("new users, global model", "global new mean"),
+    ]
     print("| method | " + " | ".join(k for k, _ in keys) + " |\n" + "|---" * (len(keys) + 1) + "|")
     for label, rs in runs.items():
         print(f"| {label} | " + " | ".join(mean_std([r["final"][m] for r in rs]) for _, m in keys) + " |")
     print(f"wall {info['wall_seconds']:.0f} s, load {info['load_before']} -> {info['load_after']}")
 
 
-def main(argv: Sequence[str] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", choices=("fednlr", "padamfed", "fednar", "feddecay"))
     p.add_argument("--mnist", help="MNIST folder (IDX files)")
@@ -263,7 +381,9 @@ def main(argv: Sequence[str] = None) -> int:
     p.add_argument("--seeds", type=int, default=1, help="feddecay, padamfed: seeds (default %(default)s)")
     p.add_argument("--first-seed", type=int, default=0, help="padamfed, feddecay: the first seed (default %(default)s)")
     p.add_argument("--extra-rows", type=int, default=0, help="fednar: also FedProx (1) and SCAFFOLD (2) rows")
-    p.add_argument("--lr", type=float, help="fednar: client lr instead of the paper's 0.1 (results go to fednar-lr<LR>.json)")
+    p.add_argument(
+        "--lr", type=float, help="fednar: client lr instead of the paper's 0.1 (results go to fednar-lr<LR>.json)"
+    )
     p.add_argument("--weight-decays", type=float, nargs="+", default=[1e-4, 1e-3], help="fednar (default %(default)s)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)

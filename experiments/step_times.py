@@ -6,6 +6,7 @@ uint8 images through the model's input stage, as the simulator runs it. FLOPs ar
 
     python experiments/step_times.py              # all models, 1 thread, 5 timed steps each
 """
+
 from __future__ import annotations
 
 import argparse

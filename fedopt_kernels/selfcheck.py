@@ -32,7 +32,7 @@ def _run(cfg: catalogue.Config, backend: str, dtype: torch.dtype, device: str) -
 
 def _max_rel_err(ref: List[torch.Tensor], got: List[torch.Tensor]) -> float:
     worst = 0.0
-    for a, b in zip(ref, got):
+    for a, b in zip(ref, got, strict=True):
         if a.numel():
             worst = max(worst, float(((a - b).abs() / (1 + a.abs())).max()))
     return worst

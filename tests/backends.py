@@ -1,7 +1,8 @@
 """Which backends the tests run on this machine: every registered backend usable on a device."""
+
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ def usable(device: str = "cpu") -> List[str]:
     return [b for b in _registry.BACKENDS if _registry.unavailable_reason(b, torch.device(device)) is None]
 
 
-def cases(with_reference: bool = True) -> List[tuple]:
+def cases(with_reference: bool = True) -> List[Any]:
     """(backend, device) pairs for parametrize; unusable pairs are kept and skipped with the reason."""
     out = []
     for device in DEVICES:

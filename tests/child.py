@@ -1,5 +1,6 @@
 """Python code run in a child process, for checks of how a process ends: an abort at interpreter exit
 (a C++ assertion in a destructor) cannot be caught by the process that aborts."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,9 @@ def run_child(code: str, timeout: float = 240.0, env: Optional[Dict[str, str]] =
     captured; ``env`` is added to this process's environment."""
     full = dict(os.environ)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def ending(proc: subprocess.CompletedProcess) -> str:

@@ -4,6 +4,7 @@ Without a GPU, Triton kernels run on CPU tensors under the Triton interpreter. T
 when a kernel is decorated, so it must be set before ``fedopt_kernels.triton_kernels`` is imported:
 this file runs before any test module.
 """
+
 import os
 
 import pytest
@@ -17,16 +18,42 @@ if not HAS_CUDA:
 # The fast tier (`pytest -m "not slow"`, docs/testing.md) leaves out, besides tests marked slow in
 # their file: whole files that build, install, start processes or train end to end, and every case
 # run through the Triton interpreter. The full suite (CI) runs everything.
-SLOW_FILES = frozenset({
-    "test_amp.py", "test_bench_clients.py", "test_bench_loop.py", "test_bench_smoke.py", "test_compile.py", "test_cuda_build.py",
-    "test_cuda_chunk_order.py", "test_dtensor.py", "test_flower_engine.py", "test_flower_resume.py",
-    "test_flower_strategies.py", "test_hardening.py", "test_native_build_rules.py", "test_newcomer_bench.py",
-    "test_newcomer_docs.py", "test_newcomer_extras.py", "test_newcomer_jit.py", "test_newcomer_packaging.py",
-    "test_properties.py", "test_replay.py", "test_sim_batched.py", "test_sim_data_cifar.py",
-    "test_sim_data_femnist.py", "test_sim_data_idx.py", "test_sim_data_shakespeare.py", "test_sim_dropouts.py",
-    "test_sim_evaluate.py", "test_sim_resume.py", "test_sim_resume_kill.py", "test_torch_conventions.py",
-    "test_triton_aot.py", "test_triton_launcher.py",
-})
+SLOW_FILES = frozenset(
+    {
+        "test_amp.py",
+        "test_bench_clients.py",
+        "test_bench_loop.py",
+        "test_bench_smoke.py",
+        "test_compile.py",
+        "test_cuda_build.py",
+        "test_cuda_chunk_order.py",
+        "test_dtensor.py",
+        "test_flower_engine.py",
+        "test_flower_resume.py",
+        "test_flower_strategies.py",
+        "test_hardening.py",
+        "test_native_build_rules.py",
+        "test_newcomer_bench.py",
+        "test_newcomer_docs.py",
+        "test_newcomer_extras.py",
+        "test_newcomer_jit.py",
+        "test_newcomer_packaging.py",
+        "test_properties.py",
+        "test_replay.py",
+        "test_sim_batched.py",
+        "test_sim_data_cifar.py",
+        "test_sim_data_femnist.py",
+        "test_sim_data_idx.py",
+        "test_sim_data_shakespeare.py",
+        "test_sim_dropouts.py",
+        "test_sim_evaluate.py",
+        "test_sim_resume.py",
+        "test_sim_resume_kill.py",
+        "test_torch_conventions.py",
+        "test_triton_aot.py",
+        "test_triton_launcher.py",
+    }
+)
 
 
 def _slow(item) -> bool:

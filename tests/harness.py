@@ -5,10 +5,11 @@ feeds every backend the same gradients and round inputs, and returns the final p
 optimizer state, so that a fused backend can be compared with ``reference`` tensor by tensor.
 Every backend registered with ``fedopt_kernels.core.registry`` is covered without touching this file.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -58,7 +59,7 @@ def make_params(shape_set: str, dtype: torch.dtype, seed: int) -> List[torch.nn.
     return params
 
 
-def make_grads(params: List[torch.Tensor], shape_set: str, step: int, seed: int) -> List[Optional[torch.Tensor]]:
+def make_grads(params: Sequence[torch.Tensor], shape_set: str, step: int, seed: int) -> List[Optional[torch.Tensor]]:
     """Gradients for global step ``step``: random, some non-contiguous, some missing (``frozen``)."""
     g = torch.Generator().manual_seed(seed * 1000 + step)
     out: List[Optional[torch.Tensor]] = []
@@ -93,12 +94,23 @@ class RunResult:
     params: List[torch.Tensor]
     state: List[Dict[str, torch.Tensor]]
     optimizer: torch.optim.Optimizer
+    state_dict: Optional[Dict[str, Any]] = None  # run_case(snapshot=...): the optimizer's, at the snapshot
 
 
-def run_case(algo_name: str, option: str, shape_set: str, dtype: torch.dtype, backend: str,
-             device: str = "cpu", seed: int = 0, rounds: int = ROUNDS, steps: int = STEPS,
-             snapshot: Optional[Tuple[int, int]] = None, load_from: Optional[Dict[str, Any]] = None,
-             start_at: Tuple[int, int] = (0, 0)) -> RunResult:
+def run_case(
+    algo_name: str,
+    option: str,
+    shape_set: str,
+    dtype: torch.dtype,
+    backend: str,
+    device: str = "cpu",
+    seed: int = 0,
+    rounds: int = ROUNDS,
+    steps: int = STEPS,
+    snapshot: Optional[Tuple[int, int]] = None,
+    load_from: Optional[Dict[str, Any]] = None,
+    start_at: Tuple[int, int] = (0, 0),
+) -> RunResult:
     """Run ``rounds`` x ``steps`` local steps.
 
     ``snapshot=(r, s)``: return right after step s of round r with ``result.state_dict`` set.
@@ -141,14 +153,28 @@ def assert_close_runs(ref: RunResult, got: RunResult, dtype: torch.dtype, what: 
     rtol, atol = TOLERANCE[dtype]
     assert len(ref.params) == len(got.params)
     for i, (a, b) in enumerate(zip(ref.params, got.params)):
-        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=rtol, atol=atol, equal_nan=True,
-                                   msg=lambda m: f"{what} parameter {i} {tuple(a.shape)}: {m}")
+        torch.testing.assert_close(
+            b.cpu(),
+            a.cpu(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
+            msg=lambda m: f"{what} parameter {i} {tuple(a.shape)}: {m}",  # noqa: B023 (called in this iteration)
+        )
     for i, (sa, sb) in enumerate(zip(ref.state, got.state)):
         assert sorted(sa) == sorted(sb), f"{what} state keys of parameter {i}: {sorted(sb)} != reference {sorted(sa)}"
         for key in sa:
-            assert sa[key].dtype == sb[key].dtype, f"{what} state {key} of parameter {i}: dtype {sb[key].dtype} != {sa[key].dtype}"
-            torch.testing.assert_close(sb[key].cpu(), sa[key].cpu(), rtol=rtol, atol=atol, equal_nan=True,
-                                       msg=lambda m: f"{what} state {key!r} of parameter {i}: {m}")
+            assert sa[key].dtype == sb[key].dtype, (
+                f"{what} state {key} of parameter {i}: dtype {sb[key].dtype} != {sa[key].dtype}"
+            )
+            torch.testing.assert_close(
+                sb[key].cpu(),
+                sa[key].cpu(),
+                rtol=rtol,
+                atol=atol,
+                equal_nan=True,
+                msg=lambda m: f"{what} state {key!r} of parameter {i}: {m}",  # noqa: B023 (called in this iteration)
+            )
 
 
 def backend_skip_reason(backend: str, device: str = "cpu") -> Optional[str]:

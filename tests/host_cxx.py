@@ -1,4 +1,5 @@
 """For the tests that compile kernel code on the host: the C++ compiler, and the generated op_table.h."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Stand-in for a deadline: gpu_check stops a phase with SIGINT, which Python raises as KeyboardInterrupt."""
+
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 

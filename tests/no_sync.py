@@ -1,4 +1,5 @@
 """A block in which any CUDA call that makes the host wait for the device raises (``step()`` never may)."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager

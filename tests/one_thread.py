@@ -1,6 +1,7 @@
 """An autouse fixture for test modules that import it: one torch thread while a test runs (the
 Flower simulations start clients in threads of their own; two torch threads each on a 2-core
 machine make them several times slower), the caller's setting restored after."""
+
 import pytest
 import torch
 

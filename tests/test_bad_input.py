@@ -1,4 +1,5 @@
 """docs/algorithms.md: bad input raises a clear error naming the parameter, and leaves parameters untouched."""
+
 import pytest
 import torch
 
@@ -58,9 +59,17 @@ def test_max_norm_not_positive(max_norm):
         fk.FedNAR([_p(2)], lr=0.1, weight_decay=0.0, max_norm=max_norm)
 
 
-@pytest.mark.parametrize("kw,name", [(dict(momentum=-0.1), "momentum"), (dict(weight_decay=-1.0), "weight_decay"),
-                                     (dict(nesterov=True), "nesterov"), (dict(decay_every=0), "decay_every"),
-                                     (dict(schedule="cosine"), "schedule"), (dict(prox_mu=-1.0), "prox_mu")])
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        (dict(momentum=-0.1), "momentum"),
+        (dict(weight_decay=-1.0), "weight_decay"),
+        (dict(nesterov=True), "nesterov"),
+        (dict(decay_every=0), "decay_every"),
+        (dict(schedule="cosine"), "schedule"),
+        (dict(prox_mu=-1.0), "prox_mu"),
+    ],
+)
 def test_feddecay_options(kw, name):
     with pytest.raises(ValueError, match=name):
         fk.FedDecaySGD([_p(2)], lr=0.1, beta=0.5, **kw)
@@ -168,6 +177,7 @@ def test_unknown_backend(backend):
 
 def test_unavailable_backend_names_what_is_missing(monkeypatch):
     from fedopt_kernels.core import registry as _registry
+
     monkeypatch.setitem(_registry._LOAD_ERRORS, "cpu", "extension fedopt_kernels._C_cpu was not built")
     with pytest.raises(ValueError, match=r"backend='cpu' cannot run parameter 0 .*_C_cpu was not built"):
         fk.FedDecaySGD([_p(2)], lr=0.1, beta=0.5, backend="cpu")
@@ -176,6 +186,7 @@ def test_unavailable_backend_names_what_is_missing(monkeypatch):
 
 def test_backend_made_unavailable_after_construction_is_refused_at_step(monkeypatch):
     from fedopt_kernels.core import registry as _registry
+
     p = _p(2)
     opt = fk.FedDecaySGD([p], lr=0.1, beta=0.5, backend="reference")
     monkeypatch.setitem(_registry._LOAD_ERRORS, "reference", "made unavailable by this test")

@@ -5,20 +5,20 @@ indices, learning-rate scales, round inputs (corrections, scales, controls), per
 active masks, on reference and every fused backend that implements the batched ops; each client
 is compared with the package's per-client optimizer (reference backend) run on that client alone.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
+from backends import DEVICES
 
 from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.fl import catalogue
 
-from backends import DEVICES
-
 SHAPES = [(4, 3), (7,), (2, 3, 2), (0,), (33,)]
 C = 3
 ROUNDS, STEPS = 2, 3
-T = [0, 2, 5]          # per-client round index of the first round
+T = [0, 2, 5]  # per-client round index of the first round
 SCALE = [1.0, 0.5, 2.0]  # per-client learning-rate scale
 ACTIVE = [[True] * C, [True, False, True], [False, False, True]]  # client 1 stops after 1 step, client 0 after 2
 TOL = {torch.float32: (2e-5, 2e-6), torch.float64: (1e-10, 1e-12), torch.bfloat16: (3e-2, 3e-2)}
@@ -44,8 +44,13 @@ def _per_client(cfg, init, c, backend="reference"):
         inputs = cfg.round_inputs(ordered, rnd, 100 * c)
         opt.start_round(**inputs)
         for group in opt.param_groups:  # this round's lr of client c
-            group["lr"] = cfg.kwargs["lr"] * SCALE[c] if group is opt.param_groups[0] else \
-                cfg.groups["lr"] * SCALE[c] if cfg.groups and "lr" in cfg.groups else cfg.kwargs["lr"] * SCALE[c]
+            group["lr"] = (
+                cfg.kwargs["lr"] * SCALE[c]
+                if group is opt.param_groups[0]
+                else cfg.groups["lr"] * SCALE[c]
+                if cfg.groups and "lr" in cfg.groups
+                else cfg.kwargs["lr"] * SCALE[c]
+            )
         for k in range(STEPS):
             if not ACTIVE[k][c]:
                 continue
@@ -61,13 +66,16 @@ def _batched(cfg, init, backend):
     ordered = [p for g in opt.param_groups for p in g["params"]]
     views = [[p[c] for p in ordered] for c in range(C)]
     for rnd in range(ROUNDS):
-        opt.start_round(round_index=[t + rnd for t in T], lr_scale=SCALE,
-                        **cfg.batched_round_inputs(views, ordered, rnd))
+        opt.start_round(
+            round_index=[t + rnd for t in T], lr_scale=SCALE, **cfg.batched_round_inputs(views, ordered, rnd)
+        )
         for k in range(STEPS):
             for p in params:
                 p.grad = torch.stack([_grad(rnd * STEPS + k, c, p[c]) for c in range(C)])
-            opt.step(active=torch.tensor(ACTIVE[k], device=params[0].device),
-                     **cfg.batched_step_inputs(views, rnd * STEPS + k))
+            opt.step(
+                active=torch.tensor(ACTIVE[k], device=params[0].device),
+                **cfg.batched_step_inputs(views, rnd * STEPS + k),
+            )
     return params, opt
 
 
@@ -146,8 +154,9 @@ def _stacked(c=C, shapes=((4, 3), (5,))):
 
 def test_leading_dimensions_must_agree():
     with pytest.raises(ValueError, match="leading"):
-        catalogue.config("fednar").build_batched([torch.nn.Parameter(torch.randn(3, 2)),
-                                                  torch.nn.Parameter(torch.randn(4, 2))])
+        catalogue.config("fednar").build_batched(
+            [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4, 2))]
+        )
     with pytest.raises(ValueError, match="0-dim"):
         catalogue.config("fednar").build_batched([torch.nn.Parameter(torch.tensor(1.0))])
 

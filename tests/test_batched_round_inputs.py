@@ -7,6 +7,7 @@
   truncated); zero clients are refused at construction; a refused call changes nothing;
 * ``BatchedPAdaMFed.local_control()`` of a client that took no step is the control it was given.
 """
+
 from __future__ import annotations
 
 import io
@@ -38,8 +39,9 @@ def _grads(params, step: int) -> None:
 def _start(cfg, opt, params, rnd: int, **kw) -> None:
     ordered = [p for grp in opt.param_groups for p in grp["params"]]
     views = [[p[c] for p in ordered] for c in range(C)]
-    opt.start_round(round_index=[t + rnd for t in T], lr_scale=SCALE, **cfg.batched_round_inputs(views, ordered, rnd),
-                    **kw)
+    opt.start_round(
+        round_index=[t + rnd for t in T], lr_scale=SCALE, **cfg.batched_round_inputs(views, ordered, rnd), **kw
+    )
 
 
 def _step(cfg, opt, params, step: int) -> None:
@@ -112,19 +114,35 @@ def test_restore_into_another_number_of_clients_is_refused():
     opt = cfg.build_batched(_stacked(), "reference")
     opt.start_round(round_index=T, lr_scale=SCALE)
     sd = opt.state_dict()
-    other = cfg.build_batched([torch.nn.Parameter(torch.randn(C + 1, *s, dtype=torch.float64)) for s in SHAPES],
-                              "reference")
+    other = cfg.build_batched(
+        [torch.nn.Parameter(torch.randn(C + 1, *s, dtype=torch.float64)) for s in SHAPES], "reference"
+    )
     with pytest.raises(ValueError, match="clients"):
         other.load_state_dict(sd)
     assert other.round_index == -1
 
 
 # ------------------------------------------------------------------ round_index: integers only
-@pytest.mark.parametrize("bad", [
-    [1, 1.5, 2, 3], 1.5, float("nan"), [0, float("nan"), 1, 2], -1, [0, -2, 1, 1], float("inf"),
-    torch.tensor([1.0, 1.5, 2.0, 3.0]), torch.tensor([0.0, float("nan"), 1.0, 1.0]), torch.tensor(-3),
-    torch.tensor([0, -1, 2, 3]), True, "2", [0, 1, None, 2],
-], ids=lambda v: repr(v).replace(" ", ""))
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [1, 1.5, 2, 3],
+        1.5,
+        float("nan"),
+        [0, float("nan"), 1, 2],
+        -1,
+        [0, -2, 1, 1],
+        float("inf"),
+        torch.tensor([1.0, 1.5, 2.0, 3.0]),
+        torch.tensor([0.0, float("nan"), 1.0, 1.0]),
+        torch.tensor(-3),
+        torch.tensor([0, -1, 2, 3]),
+        True,
+        "2",
+        [0, 1, None, 2],
+    ],
+    ids=lambda v: repr(v).replace(" ", ""),
+)
 def test_round_index_must_hold_non_negative_integers(bad):
     params = _stacked()
     opt = catalogue.config("fednar", "clipped").build_batched(params, "reference")
@@ -137,10 +155,17 @@ def test_round_index_must_hold_non_negative_integers(bad):
     assert (opt.round_index, opt.round_step, opt.client_round_index) == before
 
 
-@pytest.mark.parametrize("good,want", [(3, [3] * C), (2.0, [2] * C), ([0, 1, 2.0, 5], [0, 1, 2, 5]),
-                                       (torch.tensor([4, 3, 2, 1]), [4, 3, 2, 1]),
-                                       (torch.tensor([4.0, 3.0, 2.0, 1.0]), [4, 3, 2, 1]),
-                                       (torch.tensor(6), [6] * C)])
+@pytest.mark.parametrize(
+    "good,want",
+    [
+        (3, [3] * C),
+        (2.0, [2] * C),
+        ([0, 1, 2.0, 5], [0, 1, 2, 5]),
+        (torch.tensor([4, 3, 2, 1]), [4, 3, 2, 1]),
+        (torch.tensor([4.0, 3.0, 2.0, 1.0]), [4, 3, 2, 1]),
+        (torch.tensor(6), [6] * C),
+    ],
+)
 def test_integral_round_indices_are_taken(good, want):
     params = _stacked()
     opt = catalogue.config("fednar", "clipped").build_batched(params, "reference")
@@ -159,8 +184,9 @@ def test_per_client_optimizer_names_round_index():
 @pytest.mark.parametrize("algo", list(catalogue.ALGOS))
 def test_zero_clients_are_refused_at_construction(algo):
     with pytest.raises(ValueError, match="client"):
-        catalogue.config(algo).build_batched([torch.nn.Parameter(torch.zeros(0, 4)),
-                                              torch.nn.Parameter(torch.zeros(0, 2, 3))], "reference")
+        catalogue.config(algo).build_batched(
+            [torch.nn.Parameter(torch.zeros(0, 4)), torch.nn.Parameter(torch.zeros(0, 2, 3))], "reference"
+        )
 
 
 # ------------------------------------------------------------------ PAdaMFed: a client without steps
@@ -170,15 +196,18 @@ def test_padamfed_client_without_steps_keeps_its_control(backend):
     params = [torch.nn.Parameter(p.detach().float()) for p in _stacked()]
     opt = cfg.build_batched(params, backend)
     ci = [torch.randn(p.shape) for p in params]
-    opt.start_round(global_control=[torch.randn(p.shape) for p in params], local_control=ci,
-                    momentum=[torch.randn(p.shape) for p in params])
+    opt.start_round(
+        global_control=[torch.randn(p.shape) for p in params],
+        local_control=ci,
+        momentum=[torch.randn(p.shape) for p in params],
+    )
     for k in range(2):
         _grads(params, k)
         opt.step(active=torch.tensor([True, False, True, True]))
     out = opt.local_control()
     for o, c in zip(out, ci):
         assert torch.isfinite(o).all()
-        assert torch.equal(o[1], c[1])            # client 1 took no step: what it was given
+        assert torch.equal(o[1], c[1])  # client 1 took no step: what it was given
         assert o[0].numel() == 0 or not torch.equal(o[0], c[0])  # the others: acc / K
     # no client stepped at all: every client keeps its control; none given: zeros
     opt.start_round(local_control=ci)

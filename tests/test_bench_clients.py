@@ -1,4 +1,5 @@
 """``python -m bench clients --smoke`` runs every CPU mode and writes valid JSON/MD/PNG (never into bench/results)."""
+
 import json
 import sys
 from pathlib import Path
@@ -32,6 +33,35 @@ def test_plain_torch_fednar_is_fednar_per_client():
             torch.testing.assert_close(s[c], w, rtol=1e-5, atol=1e-6)
 
 
+def test_peak_memory_sees_what_was_allocated_inside():
+    from bench.clients import PeakMemory, _mallinfo
+
+    if _mallinfo() is None:
+        pytest.skip("needs glibc's mallinfo2")
+    keep = torch.ones(1 << 20)  # allocated before: not counted
+    with PeakMemory(torch.device("cpu")) as m:
+        a = torch.ones(4 << 20)  # 16 MiB
+        b = a + 1  # another 16 MiB at the peak
+        del a, b
+    assert 32 << 20 <= m.peak < 40 << 20 and keep.numel()
+
+
+def test_flops_per_client_step_are_the_models():
+    """small-cnn at batch 10: forward 2 x MACs (conv 1->8, conv 8->16 on 8x8, linear 256->10), backward
+    the same twice over, less the first layer's input gradient."""
+    from bench.clients import SETTINGS, client_step_flops
+
+    fwd = 2 * (64 * 8 * 9 + 64 * 16 * 72 + 256 * 10)
+    bwd = 2 * fwd - 2 * 64 * 8 * 9
+    assert client_step_flops(SETTINGS["small-cnn"], 10, torch.device("cpu")) == 10 * (fwd + bwd)
+    # the LSTM is counted written out: 4 gates x (input + hidden) x hidden per step and layer, 80 steps
+    H, T, E, V = 256, 80, 8, 80
+    lstm_fwd = 2 * T * 4 * H * ((E + H) + (H + H))
+    flops = client_step_flops(SETTINGS["char-lstm"], 10, torch.device("cpu"))
+    assert flops >= 10 * 3 * lstm_fwd - 10 * 2 * T * 4 * H * E  # forward + 2x backward, no input grad
+    assert flops <= 10 * 3 * (lstm_fwd + 2 * H * V)
+
+
 def test_smoke_run_writes_valid_files(tmp_path, capsys):
     from bench.__main__ import main
 
@@ -45,17 +75,80 @@ def test_smoke_run_writes_valid_files(tmp_path, capsys):
     assert len(jsons) == 1, sorted(p.name for p in tmp_path.iterdir())
     result = json.loads(jsons[0].read_text())
     meta, rows = result["meta"], result["rows"]
-    assert meta["mode"] == "clients" and meta["clients"] == [2, 4] and meta["threads"] == 1
-    runs = {(r["clients"], r["mode"]) for r in rows if "client_steps_per_s" in r}
-    assert runs == {(c, m) for c in (2, 4) for m in ("sequential", "batched-plain-torch", "batched-fused")}
+    assert meta["mode"] == "clients" and meta["models"] == ["small-cnn", "char-lstm"] and meta["threads"] == 1
+    assert meta["clients"] == {"small-cnn": [2, 4], "char-lstm": [2, 4]}
+    runs = {(r["model"], r["clients"], r["mode"]) for r in rows if "client_steps_per_s" in r}
+    batched = {"batched-plain-torch", "batched-fused"}
+    want = {(m, c, b) for m in meta["models"] for c in (2, 4) for b in batched | {"sequential"}}  # CPU: seq at every C
+    want |= {("small-cnn", c, "batched-vmap") for c in (2, 4)}
+    assert runs == want
+    skipped = {(r["model"], r["clients"], r["mode"]): r["skipped"] for r in rows if "skipped" in r}
+    assert "vmap cannot batch the fused recurrent layer" in skipped[("char-lstm", 2, "batched-vmap")]
     for r in rows:
         assert "error" not in r, r
         if "client_steps_per_s" in r:
             assert r["client_steps_per_s"] == pytest.approx(r["clients"] * 2 / r["round_s"])
-    parts = {(r["clients"], r["part"]) for r in rows if "part" in r}
-    assert len(parts) == 6 and all(r["step_s"] > 0 for r in rows if "part" in r)
+            assert r["peak_bytes_per_client"] > 0
+    assert result["models"]["small-cnn"]["flops_per_client_step"] == 4_761_600
+    assert len(result["peak"]) == 2 and all(p["peak_flops_per_s"] > 0 for p in result["peak"])
+    parts = {(r["model"], r["clients"], r["part"]) for r in rows if "part" in r}
+    assert ("small-cnn", 4, "grad vmap") in parts and ("char-lstm", 4, "update fused") in parts
+    layers = [r for r in rows if "layer" in r]
+    assert {r["formulation"] for r in layers if r["layer"] == "lstm"} == {"bmm", "loop"}
+    names = {(r["model"], r["layer"]) for r in layers}
+    assert all(sum(r["default"] for r in layers if (r["model"], r["layer"]) == n) == 1 for n in names)
     assert [g["verdict"] for g in result["goals"]] == ["n/a", "n/a"]  # C=50 not measured in a smoke run
     md = jsons[0].with_suffix(".md").read_text()
-    assert md.splitlines()[0] in stdout and "| 4 |" in md
+    assert md.splitlines()[0] in stdout and "| 4 | batched-fused |" in md and "## char-lstm" in md
     assert jsons[0].with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert jsons[0].name in (tmp_path / "LATEST.md").read_text()
+
+
+def test_clients_sim_times_both_runs_in_lockstep(tmp_path):
+    """``python -m bench clients-sim`` on stand-in images: both runs train the same clients (same
+    accuracies: FedAvg on the cpu backend, float32, a few steps), every evaluated round is timed and
+    counted (validation FLOPs = images x the model's forward FLOPs), the tables are written."""
+    from bench.__main__ import main
+
+    threads = torch.get_num_threads()
+    try:
+        assert (
+            main(
+                [
+                    "clients-sim",
+                    "--stand-in",
+                    "--stand-in-size",
+                    "1200",
+                    "--clients",
+                    "10",
+                    "--clients-per-round",
+                    "4",
+                    "--local-steps",
+                    "2",
+                    "--rounds",
+                    "2",
+                    "--device",
+                    "cpu",
+                    "--out-dir",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
+    finally:
+        torch.set_num_threads(threads)
+    js = list(tmp_path.glob("clients-sim-cpu-*.json"))
+    assert len(js) == 1
+    result = json.loads(js[0].read_text())
+    meta = result["meta"]
+    assert meta["algorithm"] == "fedavg" and meta["client_parallel"] == 4 and meta["local_steps"] == 2
+    assert [r["round"] for r in result["rounds"]] == [1, 2]
+    per_image = 24_546_304  # the FedAvg CNN's forward on one 28x28 image (2 x MACs)
+    for r in result["rounds"]:
+        for name in ("sequential", "client-parallel"):
+            assert r[name]["eval_flops"] == per_image * meta["val_samples"] and r[name]["eval_s"] > 0
+        assert abs(r["sequential"]["val_acc"] - r["client-parallel"]["val_acc"]) <= 0.05
+    for name in ("sequential", "client-parallel"):
+        assert result["final"][name]["cost"]["flops"] > 2 * per_image * meta["test_samples"]  # + fine-tuning
+    md = js[0].with_suffix(".md").read_text()
+    assert "| training per round, rounds 2-2 (mean) |" in md and "validation FLOP/s" in md

@@ -4,6 +4,7 @@ Both run end to end on CPU tensors (a dry run: the cpu backend, nothing replays)
 tables; the interleaving of the loop's rows, the goals' rules and the profile's analysis of CUDA
 events (on made-up events: this machine records none) are checked directly.
 """
+
 import json
 import sys
 from pathlib import Path
@@ -18,8 +19,9 @@ sys.path.insert(0, str(ROOT))
 from bench import loop as bench_loop  # noqa: E402
 from bench import profile as bench_profile  # noqa: E402
 
-pytestmark = pytest.mark.skipif("cpu" not in bench_loop.fused_backends(torch.device("cpu")),
-                                reason="the cpu backend is not built here")
+pytestmark = pytest.mark.skipif(
+    "cpu" not in bench_loop.fused_backends(torch.device("cpu")), reason="the cpu backend is not built here"
+)
 
 
 def test_rows_run_in_a_rotated_order_each_round():
@@ -33,8 +35,25 @@ def test_rows_run_in_a_rotated_order_each_round():
 
 
 def test_loop_dry_run_writes_its_tables(tmp_path):
-    rc = bench_loop.main(["--device", "cpu", "--models", "small_cnn", "--rows", "FedDecaySGD", "FedNAR",
-                          "--blocks", "2", "--per-block", "2", "--warmup", "1", "--out-dir", str(tmp_path)])
+    rc = bench_loop.main(
+        [
+            "--device",
+            "cpu",
+            "--models",
+            "small_cnn",
+            "--rows",
+            "FedDecaySGD",
+            "FedNAR",
+            "--blocks",
+            "2",
+            "--per-block",
+            "2",
+            "--warmup",
+            "1",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     result = json.loads(next(tmp_path.glob("loop-*.json")).read_text())
     names = [r["optimizer"] for r in result["rows"]]
@@ -49,15 +68,23 @@ def test_loop_dry_run_writes_its_tables(tmp_path):
 
 def test_goals_follow_the_medians():
     def row(name, blocks, base=(1.0, 1.0, 1.0), timed=None):
-        r = {"model": "m", "optimizer": name, "median_s": sorted(blocks)[1], "blocks_s": list(blocks),
-             "ratios": [b / s for b, s in zip(base, blocks)]}
+        r = {
+            "model": "m",
+            "optimizer": name,
+            "median_s": sorted(blocks)[1],
+            "blocks_s": list(blocks),
+            "ratios": [b / s for b, s in zip(base, blocks)],
+        }
         if timed is not None:
             r["replay_timed"] = timed
         return r
 
-    rows = [row("FedDecaySGD cuda", (0.9, 0.95, 1.2)), row("FedDecaySGD cuda eager", (1.0, 1.0, 1.0)),
-            row("FedNAR cuda", (1.1, 1.05, 0.9), timed={"eager": 1, "recorded": 1, "replayed": 8}),
-            row("PAdaMFed cuda", (1.0, 1.0, 1.0), timed={"eager": 1, "recorded": 0, "replayed": 9})]
+    rows = [
+        row("FedDecaySGD cuda", (0.9, 0.95, 1.2)),
+        row("FedDecaySGD cuda eager", (1.0, 1.0, 1.0)),
+        row("FedNAR cuda", (1.1, 1.05, 0.9), timed={"eager": 1, "recorded": 1, "replayed": 8}),
+        row("PAdaMFed cuda", (1.0, 1.0, 1.0), timed={"eager": 1, "recorded": 0, "replayed": 9}),
+    ]
     got = {(g, r): (v, verdict) for g, r, v, verdict in bench_loop.goals(rows)}
     assert got[(">= 1.0x torch.SGD(fused)", "m / FedDecaySGD cuda")] == ("1.05x", "pass")
     assert got[(">= 1.0x torch.SGD(fused)", "m / FedNAR cuda")] == ("0.95x", "miss")
@@ -67,8 +94,22 @@ def test_goals_follow_the_medians():
 
 
 def test_profile_dry_run_writes_its_table(tmp_path):
-    rc = bench_profile.main(["--device", "cpu", "--models", "small_cnn", "--rows", "FedNAR",
-                             "--warmup", "1", "--iterations", "2", "--out-dir", str(tmp_path)])
+    rc = bench_profile.main(
+        [
+            "--device",
+            "cpu",
+            "--models",
+            "small_cnn",
+            "--rows",
+            "FedNAR",
+            "--warmup",
+            "1",
+            "--iterations",
+            "2",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     result = json.loads(next(tmp_path.glob("profile-*.json")).read_text())
     assert [r["optimizer"] for r in result["rows"]] == [bench_loop.BASELINE, "FedNAR cpu", "FedNAR cpu eager"]
@@ -80,32 +121,65 @@ def test_profile_dry_run_writes_its_table(tmp_path):
         assert "gpu_idle_us" not in r  # no CUDA activity on a CPU
     md = next(tmp_path.glob("profile-*.md")).read_text()
     assert "| small_cnn | FedNAR cpu |" in md and "in loop / alone" in md
-    assert bench_loop.main(["--profile", "--device", "cpu", "--models", "small_cnn", "--rows", "FedNAR",
-                            "--warmup", "0", "--iterations", "1", "--no-write"]) == 0
+    assert (
+        bench_loop.main(
+            [
+                "--profile",
+                "--device",
+                "cpu",
+                "--models",
+                "small_cnn",
+                "--rows",
+                "FedNAR",
+                "--warmup",
+                "0",
+                "--iterations",
+                "1",
+                "--no-write",
+            ]
+        )
+        == 0
+    )
 
 
 def _event(name, start, end, device=False, self_bytes=0):
-    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end),
-                           device_type=torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU,
-                           self_device_memory_usage=self_bytes)
+    return SimpleNamespace(
+        name=name,
+        time_range=SimpleNamespace(start=start, end=end),
+        device_type=torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU,
+        self_device_memory_usage=self_bytes,
+    )
 
 
 def test_profile_analysis_of_cuda_events():
     """What a GPU run's events give: calls counted inside the step ranges only, allocations from the
     ops' own device memory, GPU idle time and the longest gap between device activities."""
     events = [
-        _event("loop.zero_grad", 0, 10), _event("loop.forward", 10, 100), _event("loop.backward", 100, 300),
+        _event("loop.zero_grad", 0, 10),
+        _event("loop.forward", 10, 100),
+        _event("loop.backward", 100, 300),
         _event("loop.step", 300, 340),
-        _event("cudaLaunchKernel", 20, 22), _event("cudaLaunchKernel", 310, 312), _event("cudaGraphLaunch", 320, 325),
-        _event("cudaStreamSynchronize", 330, 331), _event("aten::empty", 332, 333, self_bytes=512),
+        _event("cudaLaunchKernel", 20, 22),
+        _event("cudaLaunchKernel", 310, 312),
+        _event("cudaGraphLaunch", 320, 325),
+        _event("cudaStreamSynchronize", 330, 331),
+        _event("aten::empty", 332, 333, self_bytes=512),
         _event("cudaMemcpyAsync", 334, 335),
-        _event("kernel", 30, 200, device=True), _event("kernel", 250, 320, device=True),
+        _event("kernel", 30, 200, device=True),
+        _event("kernel", 250, 320, device=True),
         _event("graph kernel", 330, 335, device=True),
     ]
     out = bench_profile.analyse(events, iterations=1, cuda=True)
     assert (out["zero_grad_us"], out["forward_us"], out["backward_us"], out["step_us"]) == (10, 90, 200, 40)
-    assert out["calls_per_step"] == {"syncs": 1, "event records": 0, "event waits": 0, "memcpys": 1,
-                                     "allocations": 1, "graph launches": 1, "kernel launches": 1}
+    assert out["calls_per_step"] == {
+        "syncs": 1,
+        "event records": 0,
+        "event waits": 0,
+        "memcpys": 1,
+        "allocations": 1,
+        "graph launches": 1,
+        "kernel launches": 1,
+    }
     # busy 30-200, 250-320, 330-335 in the window 0-340: idle 30 + 50 + 10 + 5 = 95, longest 50
     assert out["gpu_idle_us"] == 95 and out["gpu_longest_gap_us"] == 50
 
@@ -121,8 +195,25 @@ def test_a_stopped_loop_keeps_the_models_it_timed(tmp_path, monkeypatch):
         return real(model_name, *args, **kwargs)
 
     monkeypatch.setattr(bench_loop, "run_model", second_model_stopped)
-    rc = bench_loop.main(["--device", "cpu", "--models", "small_cnn", "resnet18", "--rows", "FedNAR", "--blocks", "1",
-                          "--per-block", "1", "--warmup", "0", "--out-dir", str(tmp_path)])
+    rc = bench_loop.main(
+        [
+            "--device",
+            "cpu",
+            "--models",
+            "small_cnn",
+            "resnet18",
+            "--rows",
+            "FedNAR",
+            "--blocks",
+            "1",
+            "--per-block",
+            "1",
+            "--warmup",
+            "0",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     result = json.loads(next(tmp_path.glob("loop-*.json")).read_text())
     assert result["meta"]["interrupted"] and {r["model"] for r in result["rows"]} == {"small_cnn"}

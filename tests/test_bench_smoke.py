@@ -4,6 +4,7 @@ Runs ``python -m bench --smoke`` into a temporary folder (never into bench/resul
 JSON, the markdown table, the PNG and LATEST.md; plus the pieces the figures rest on: the exact
 ResNet-18 shape list and the docs/backends.md byte counts.
 """
+
 import json
 import math
 import os
@@ -45,7 +46,9 @@ def test_bytes_per_element_matches_spec_table():
     assert bytes_per_element(Traffic("padamfed", state + ("anchor_grad",)), f32) == 40
     # element size scales parameter streams, not PAdaMFed's float32 state
     assert bytes_per_element(Traffic("sgd", ("momentum_buffer",)), torch.bfloat16) == 10
-    assert bytes_per_element(Traffic("padamfed", state), torch.bfloat16) == 4 * 2 + 4 * 4  # g, g, x, x at 2 B; D, acc, acc, D at 4 B
+    assert (
+        bytes_per_element(Traffic("padamfed", state), torch.bfloat16) == 4 * 2 + 4 * 4
+    )  # g, g, x, x at 2 B; D, acc, acc, D at 4 B
     assert bytes_per_element(Traffic("padamfed", state), torch.float64) == 64
     # neuron scales are read once per row
     shapes = [(3, 5), (3,)]
@@ -54,8 +57,14 @@ def test_bytes_per_element_matches_spec_table():
 
 def test_smoke_run_writes_valid_files(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--device", "cpu", "--out-dir", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--device", "cpu", "--out-dir", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     jsons = list(tmp_path.glob("cpu-*-smoke.json"))
     assert len(jsons) == 1, sorted(p.name for p in tmp_path.iterdir())
@@ -95,6 +104,7 @@ def test_smoke_run_writes_valid_files(tmp_path):
 def test_checkpoint_benchmark_runs(capsys):
     """``python -m bench checkpoints`` at its smallest: a row per model, the default run's share."""
     from bench.checkpoints import main as checkpoints_main
+
     assert checkpoints_main(["--clients", "3", "--repeats", "1", "--rounds", "11", "--models", "small_cnn"]) == 0
     out = capsys.readouterr().out
     assert "small_cnn" in out, out
@@ -103,10 +113,10 @@ def test_checkpoint_benchmark_runs(capsys):
 def test_an_interrupted_run_writes_the_rows_it_timed(tmp_path, monkeypatch):
     """gpu_check stops a phase at its deadline with SIGINT: the rows timed until then are written,
     and the report says the table is partial."""
+    from interrupt import interrupt_on_call
+
     import bench.__main__ as bench_main
     import bench.runner as runner
-
-    from interrupt import interrupt_on_call
 
     monkeypatch.setattr(runner, "_case", interrupt_on_call(runner._case, 3))
     assert bench_main.main(["--smoke", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
@@ -121,10 +131,10 @@ def test_a_killed_run_writes_the_rows_it_timed(tmp_path, monkeypatch):
     SIGTERM keeps its previous handler."""
     import signal
 
+    from interrupt import kill_on_call, sigterm_guard
+
     import bench.__main__ as bench_main
     import bench.runner as runner
-
-    from interrupt import kill_on_call, sigterm_guard
 
     monkeypatch.setattr(runner, "_case", kill_on_call(runner._case, 3))
     with sigterm_guard() as outside:
@@ -152,8 +162,27 @@ def test_the_loop_benchmark_counts_gradient_address_sets():
 
     assert loop.address_sets(lambda: iteration(False), list(model.parameters()), 5) == 1
     assert loop.address_sets(lambda: iteration(True), list(model.parameters()), 5) == 5
-    table = loop.markdown({"meta": {"device_name": "d", "date": "t", "commit": "c", "torch": "v", "command": "x",
-                                    "blocks": 1, "per_block": 1, "warmup": 1},
-                           "rows": [{"model": "m", "optimizer": "torch.SGD(fused)", "median_s": 1e-3,
-                                     "ratios": [1.0, 1.0], "address_sets": 2}]})
+    table = loop.markdown(
+        {
+            "meta": {
+                "device_name": "d",
+                "date": "t",
+                "commit": "c",
+                "torch": "v",
+                "command": "x",
+                "blocks": 1,
+                "per_block": 1,
+                "warmup": 1,
+            },
+            "rows": [
+                {
+                    "model": "m",
+                    "optimizer": "torch.SGD(fused)",
+                    "median_s": 1e-3,
+                    "ratios": [1.0, 1.0],
+                    "address_sets": 2,
+                }
+            ],
+        }
+    )
     assert "| m | torch.SGD(fused) | 1.000 | 1.00x [1.00-1.00] | — | 2 |" in table

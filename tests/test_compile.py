@@ -5,18 +5,18 @@ step, so the within-round counter, the schedule, per-round inputs and hyperparam
 reach it; Dynamo never reads a hyperparameter, so an LR scheduler compiles nothing new. CI runs
 reference and cpu on CPU; cuda and triton run where a GPU is present.
 """
+
 from __future__ import annotations
 
 import warnings
 
 import pytest
 import torch
+from backends import cases, require
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import fedopt_kernels as fk
 from fedopt_kernels.fl import catalogue
-
-from backends import cases, require
 
 # every algorithm's full option set, and the schedule and variance-reduction variants
 CONFIGS = [(name, a.full) for name, a in catalogue.ALGOS.items()] + [("feddecay", "linear_every2"), ("padamfed", "vr")]
@@ -30,9 +30,16 @@ def _twins(cfg, backend, device, lr_on=None):
     b = [torch.nn.Parameter(t.clone().to(device)) for t in init]
     if lr_on is None:
         return cfg.build(a, backend), a, cfg.build(b, backend), b
-    kw = lambda: {**cfg.kwargs, "lr": torch.tensor(cfg.kwargs["lr"], dtype=torch.float64, device=lr_on)}
-    return (cfg.cls(cfg.param_groups(a), backend=backend, **kw()), a,
-            cfg.cls(cfg.param_groups(b), backend=backend, **kw()), b)
+
+    def kw():
+        return {**cfg.kwargs, "lr": torch.tensor(cfg.kwargs["lr"], dtype=torch.float64, device=lr_on)}
+
+    return (
+        cfg.cls(cfg.param_groups(a), backend=backend, **kw()),
+        a,
+        cfg.cls(cfg.param_groups(b), backend=backend, **kw()),
+        b,
+    )
 
 
 @pytest.mark.parametrize("lr_on", [None, "cpu", "params"], ids=["float_lr", "cpu_tensor_lr", "device_tensor_lr"])
@@ -57,9 +64,10 @@ def test_compiled_step_equals_eager_and_a_scheduler_recompiles_nothing(backend, 
             first()
             closure()
             second()
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": the wrapper is bypassed
-        sched = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.9 ** e) for o in (eager, comp)]
+        sched = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.9**e) for o in (eager, comp)]
     for rnd in range(2):
         eager.start_round(**cfg.round_inputs(a, rnd))
         comp.start_round(**cfg.round_inputs(b, rnd))
@@ -78,7 +86,7 @@ def test_compiled_step_equals_eager_and_a_scheduler_recompiles_nothing(backend, 
     assert comp.round_step == eager.round_step == 3
     if lr_on is not None:  # the scheduler filled the tensor in place
         assert isinstance(comp.param_groups[0]["lr"], torch.Tensor)
-        assert float(comp.param_groups[0]["lr"]) == cfg.kwargs["lr"] * 0.9 ** 6
+        assert float(comp.param_groups[0]["lr"]) == cfg.kwargs["lr"] * 0.9**6
     for p, q in zip(a, b):
         assert torch.equal(p.detach(), q.detach())
         for key, value in eager.state[p].items():
@@ -105,15 +113,15 @@ def test_compiled_training_step_with_forward_and_backward(backend, device):
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).to(device)
         opt = fk.FedNAR(model.parameters(), lr=0.05, weight_decay=1e-3, max_norm=1.0, backend=backend)
         opt.start_round()
-        forward = lambda: torch.nn.functional.mse_loss(model(x), y)  # noqa: E731
+        forward = lambda: torch.nn.functional.mse_loss(model(x), y)  # noqa: E731, B023 (called in this iteration)
         if mode == "model compiled":
             forward = torch.compile(forward)
 
-        def train():
-            loss = forward()
+        def train():  # called in this iteration only: the loop variables it reads are this iteration's
+            loss = forward()  # noqa: B023
             loss.backward()
-            opt.step()
-            opt.zero_grad()
+            opt.step()  # noqa: B023
+            opt.zero_grad()  # noqa: B023
             return loss
 
         fn = torch.compile(train) if mode == "whole step compiled" else train

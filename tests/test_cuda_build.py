@@ -12,6 +12,7 @@
 Skipped (with the reason) when the extension was deliberately not built (no nvcc, CPU-only torch,
 FEDOPT_BUILD_CUDA=0); a *failed* build with nvcc present is a test failure.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,9 +23,9 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Dict
 
 import pytest
-
 from host_cxx import generated_include
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +39,7 @@ def _built_library() -> Path:
     if spec is not None and spec.origin:
         return Path(spec.origin)
     import fedopt_kernels
+
     status = Path(fedopt_kernels.__file__).parent / "_C_cuda.build-status.txt"
     reason = status.read_text().strip() if status.is_file() else "no build status recorded"
     if reason.startswith("build failed") or (not status.is_file() and shutil.which("nvcc")):
@@ -80,7 +82,7 @@ def test_holds_sm86_and_sm90_code(lib):
 
 def _sass_by_function(sass: str):
     """{mangled kernel name: its SASS text} (one cubin's worth of each name is enough)."""
-    out = {}
+    out: Dict[str, str] = {}
     for block in re.split(r"\n\s*Function : ", sass)[1:]:
         name, _, body = block.partition("\n")
         out.setdefault(name.strip(), body)
@@ -96,8 +98,10 @@ def _built_archs(lib: Path) -> set:
 def test_float32_hot_loops_use_128bit_accesses(lib, arch):
     built = _built_archs(lib)
     if arch not in built:
-        pytest.skip(f"the extension holds no sm_{arch} code (built for sm_{', sm_'.join(sorted(built))}; "
-                    f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '')!r})")
+        pytest.skip(
+            f"the extension holds no sm_{arch} code (built for sm_{', sm_'.join(sorted(built))}; "
+            f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '')!r})"
+        )
     sass = _run([_cuobjdump(), "-sass", "-arch", f"sm_{arch}", str(lib)])
     funcs = _sass_by_function(sass)
     # float32 instantiations: sgd_kernel<float>, two_pass_kernel<NarOp|PadOp, float, pass>
@@ -116,7 +120,7 @@ def test_kernel_arguments_fit_the_portable_4kib(lib):
     elf = _run([_cuobjdump(), "-elf", str(lib)])
     ends = {}
     for section in re.split(r"\n(?=\.nv\.info\.)", elf)[1:]:
-        name = section.split("\n", 1)[0][len(".nv.info."):].strip()
+        name = section.split("\n", 1)[0][len(".nv.info.") :].strip()
         for off, size in re.findall(r"Offset\s*:\s*0x([0-9a-f]+)\s+Size\s*:\s*0x([0-9a-f]+)", section):
             ends[name] = max(ends.get(name, 0), int(off, 16) + int(size, 16))
     streaming = {n: e for n, e in ends.items() if re.search(r"sgd_kernel|two_pass_kernel", n)}
@@ -129,6 +133,7 @@ def test_kernel_arguments_fit_the_portable_4kib(lib):
 
 def test_batched_ops_are_bound_with_the_per_client_roles(lib):
     import fedopt_kernels._C_cuda as ext
+
     for base in ("sgd", "fednar", "padamfed"):
         assert hasattr(ext, f"{base}_batched"), f"_C_cuda has no {base}_batched"
         assert ext.op_signature(f"{base}_batched") == ext.op_signature(base)
@@ -150,8 +155,9 @@ def test_both_extensions_load_in_one_process(lib):
     for order in (["_C_cpu", "_C_cuda"], ["_C_cuda", "_C_cpu"]):
         if importlib.util.find_spec("fedopt_kernels._C_cpu") is None:
             pytest.skip("no built _C_cpu")
-        proc = subprocess.run([sys.executable, "-c", code, *order], capture_output=True, text=True, cwd=ROOT,
-                              timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *order], capture_output=True, text=True, cwd=ROOT, timeout=300
+        )
         assert proc.returncode == 0 and "OK 2" in proc.stdout, (order, proc.stderr[-2000:])
 
 
@@ -168,7 +174,9 @@ def test_built_kernels_use_no_local_memory(lib):
 def _nvcc() -> str:
     try:
         import torch.utils.cpp_extension  # noqa: F401
+
         spec = importlib.util.spec_from_file_location("fedopt_build", ROOT / "csrc" / "build.py")
+        assert spec is not None and spec.loader is not None
         build = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(build)
         home = build.find_cuda_home()
@@ -186,9 +194,27 @@ def test_ptxas_reports_no_spills(lib, tmp_path):
     def compile_one(job):
         src, arch = job
         # the build's device flags (csrc/build.py); -cubin skips host compilation
-        return src, arch, _run([nvcc, "-cubin", "-O3", "--fmad=false", "-std=c++17", f"-arch=sm_{arch}",
-                                "-Xptxas", "-v", "-I", generated, "-o", str(tmp_path / f"{src}.{arch}.cubin"),
-                                str(CUDA_DIR / src)])
+        return (
+            src,
+            arch,
+            _run(
+                [
+                    nvcc,
+                    "-cubin",
+                    "-O3",
+                    "--fmad=false",
+                    "-std=c++17",
+                    f"-arch=sm_{arch}",
+                    "-Xptxas",
+                    "-v",
+                    "-I",
+                    generated,
+                    "-o",
+                    str(tmp_path / f"{src}.{arch}.cubin"),
+                    str(CUDA_DIR / src),
+                ]
+            ),
+        )
 
     jobs = [(f, a) for f in KERNEL_FILES for a in ARCHS]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:

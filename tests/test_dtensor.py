@@ -20,15 +20,16 @@ workers return what they measured and the tests below assert on it.
   sharded / unsharded optimizers.
 * Misplaced inputs are refused with errors naming them, and change nothing.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+from typing import Any, Dict, List, cast
 
 import pytest
 import torch
 
-from fedopt_kernels import FedSAM
+from fedopt_kernels import FedSAM, PAdaMFed
 from fedopt_kernels.fl import catalogue
 from fedopt_kernels.fl.local_world import gloo_unavailable, run_local_world
 
@@ -41,11 +42,15 @@ ROUNDS, STEPS = 2, 3
 # (algo, option, dtype, placements): every option in float32 on every placement, the full option
 # sets in float64 and bfloat16 on the mixed placement
 # the triton backend (interpreted on the CPU, slow): the norm algorithms, fewer and smaller tensors
-TRITON_CASES = [("fednar", "prox_correction", "float32", "shard0"), ("fednar", "clipped", "float32", "shard_last"),
-                ("padamfed", "vr", "float32", "shard0")]
+TRITON_CASES = [
+    ("fednar", "prox_correction", "float32", "shard0"),
+    ("fednar", "clipped", "float32", "shard_last"),
+    ("padamfed", "vr", "float32", "shard0"),
+]
 TRITON_SHAPES = SHAPES[:5]  # (also the 4-rank world's: its start-up is what costs)
-CASES = [(a, o, "float32", pl) for a, algo in catalogue.ALGOS.items() for o in algo.options for pl in PLACEMENTS] + \
-        [(a, catalogue.ALGOS[a].full, dt, "mixed") for a in catalogue.ALGOS for dt in ("float64", "bfloat16")]
+CASES = [(a, o, "float32", pl) for a, algo in catalogue.ALGOS.items() for o in algo.options for pl in PLACEMENTS] + [
+    (a, catalogue.ALGOS[a].full, dt, "mixed") for a in catalogue.ALGOS for dt in ("float64", "bfloat16")
+]
 
 
 # ------------------------------------------------------------------------------ helpers (in the workers)
@@ -77,7 +82,7 @@ def _sharded_step_input(value: Any, params: List[Any]) -> Any:
 
 
 def _sharded_inputs(inputs: Dict[str, Any], plain: List[Any], params: List[Any]) -> Dict[str, Any]:
-    out = {}
+    out: Dict[str, Any] = {}
     for key, v in inputs.items():
         if isinstance(v, dict):  # neuron scales: whole vectors, sliced by the optimizer
             index = {id(p): i for i, p in enumerate(plain)}
@@ -87,7 +92,7 @@ def _sharded_inputs(inputs: Dict[str, Any], plain: List[Any], params: List[Any])
     return out
 
 
-def _state_tensors(opt, params) -> Dict[str, torch.Tensor]:
+def _state_tensors(opt, params) -> Dict[str, Any]:  # torch.Tensor, or DTensor
     out = {}
     for i, p in enumerate(params):
         for key, v in sorted(opt.state[p].items()):
@@ -106,16 +111,28 @@ def _ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.finfo(x.dtype).eps * torch.maximum(big, torch.full_like(big, torch.finfo(x.dtype).tiny))
 
 
-def _compare_config(algo: str, option: str, dtype_name: str, kind: str, backend: str, mesh, shapes=SHAPES,
-                    rounds: int = ROUNDS, steps: int = STEPS) -> Dict[str, Any]:
+def _compare_config(
+    algo: str,
+    option: str,
+    dtype_name: str,
+    kind: str,
+    backend: str,
+    mesh,
+    shapes=SHAPES,
+    rounds: int = ROUNDS,
+    steps: int = STEPS,
+) -> Dict[str, Any]:
     """Run one configuration sharded and unsharded; this rank's worst differences and bounds."""
     cfg = catalogue.config(algo, option)
     dtype = getattr(torch, dtype_name)
     g = torch.Generator().manual_seed(1)
     whole = [torch.randn(s, generator=g).to(dtype) for s in shapes]
     plain = [torch.nn.Parameter(t.clone()) for t in whole]
-    sharded = [torch.nn.Parameter(_like(t.clone(), _Ghost(mesh, _placements(kind, i, t.shape, mesh.ndim))))
-               for i, t in enumerate(whole)]
+    # DTensor parameters (torch's stubs type a Parameter of a DTensor as a plain Parameter)
+    sharded: List[Any] = [
+        torch.nn.Parameter(_like(t.clone(), _Ghost(mesh, _placements(kind, i, t.shape, mesh.ndim))))
+        for i, t in enumerate(whole)
+    ]
     opt_p, opt_s = cfg.build(plain, backend), cfg.build(sharded, backend)
     order_p = [p for grp in opt_p.param_groups for p in grp["params"]]
     order_s = [p for grp in opt_s.param_groups for p in grp["params"]]
@@ -137,8 +154,15 @@ def _compare_config(algo: str, option: str, dtype_name: str, kind: str, backend:
             opt_s.step(**{k: _sharded_step_input(v, order_s) for k, v in step_in.items()})
             for b, x0, p in zip(bound, before, plain):
                 b += 4 * eps_c * (p.detach().double() - x0).abs() + _ulp(p.detach())
-    worst = {"max_abs": 0.0, "max_rel": 0.0, "over_bound": 0.0, "state_abs": 0.0, "state_rel": 0.0,
-             "eps_c": eps_c, "steps": rounds * steps}
+    worst = {
+        "max_abs": 0.0,
+        "max_rel": 0.0,
+        "over_bound": 0.0,
+        "state_abs": 0.0,
+        "state_rel": 0.0,
+        "eps_c": eps_c,
+        "steps": rounds * steps,
+    }
     for p, q, b in zip(plain, sharded, bound):
         want = _like(p.detach(), q).to_local().double()
         got = q.detach().to_local().double()
@@ -159,8 +183,8 @@ def _compare_config(algo: str, option: str, dtype_name: str, kind: str, backend:
             scale = want.double().abs().max().clamp_min(torch.finfo(dtype).tiny)
             worst["state_rel"] = max(worst["state_rel"], float(diff.max() / scale))
     if cfg.cls.__name__ == "PAdaMFed":
-        for a, b in zip(opt_p.local_control(), opt_s.local_control()):
-            want, got = _like(a, b).to_local(), b.to_local()
+        for a, b in zip(cast(PAdaMFed, opt_p).local_control(), cast(PAdaMFed, opt_s).local_control()):
+            want, got = _like(a, b).to_local(), b.to_local()  # type: ignore[attr-defined]  # DTensors
             if want.numel():
                 worst["state_abs"] = max(worst["state_abs"], float((got.double() - want.double()).abs().max()))
     worst["same_round"] = (opt_p.round_index, opt_p.round_step) == (opt_s.round_index, opt_s.round_step)
@@ -174,16 +198,18 @@ class _Ghost:
         self.device_mesh, self.placements = mesh, placements
 
 
-def _agreement_world(rank: int, n: int, cases: List[tuple], mesh_shape: tuple,
-                     shapes=SHAPES) -> Dict[tuple, Dict[str, Any]]:
+def _agreement_world(
+    rank: int, n: int, cases: List[tuple], mesh_shape: tuple, shapes=SHAPES
+) -> Dict[tuple, Dict[str, Any]]:
     from torch.distributed.tensor import init_device_mesh
 
     mesh = init_device_mesh("cpu", mesh_shape)
     out = {}
     for algo, option, dtype, kind in cases:
         for backend in BACKENDS:
-            out[(algo, option, dtype, kind, backend)] = _compare_config(algo, option, dtype, kind, backend, mesh,
-                                                                        shapes=shapes)
+            out[(algo, option, dtype, kind, backend)] = _compare_config(
+                algo, option, dtype, kind, backend, mesh, shapes=shapes
+            )
     return out
 
 
@@ -196,15 +222,17 @@ def _merge(per_rank: List[Dict[tuple, Dict[str, Any]]]) -> Dict[tuple, Dict[str,
 
 
 # ------------------------------------------------------------------------------ FSDP2, state_dict, errors
-def _mlp(seed: int) -> torch.nn.Module:
+def _mlp(seed: int) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.ReLU(), torch.nn.Linear(9, 3)).double()
 
 
 def _batches(rank: int, steps: int):
     g = torch.Generator().manual_seed(100 + rank)
-    return [(torch.randn(5, 6, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64))
-            for _ in range(steps)]
+    return [
+        (torch.randn(5, 6, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64))
+        for _ in range(steps)
+    ]
 
 
 def _train(model, opt, batches) -> None:
@@ -214,25 +242,40 @@ def _train(model, opt, batches) -> None:
         opt.step()
 
 
-def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
-    import fedopt_kernels as fk
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                         set_optimizer_state_dict)
+def _fsdp_world(rank: int, n: int) -> Dict[Any, Any]:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, init_device_mesh
 
+    import fedopt_kernels as fk
+
     mesh = init_device_mesh("cpu", (n,))
-    out: Dict[str, Any] = {}
+    out: Dict[Any, Any] = {}
     steps = 3
     mine = _batches(rank, steps)
-    together = [(torch.cat([_batches(r, steps)[s][0] for r in range(n)]), torch.cat([_batches(r, steps)[s][1]
-                for r in range(n)])) for s in range(steps)]
+    together = [
+        (
+            torch.cat([_batches(r, steps)[s][0] for r in range(n)]),
+            torch.cat([_batches(r, steps)[s][1] for r in range(n)]),
+        )
+        for s in range(steps)
+    ]
     for backend in BACKENDS:
-        for name, make in (("FedNAR", lambda ps: fk.FedNAR(ps, lr=0.2, weight_decay=0.01, max_norm=0.3,
-                                                           backend=backend)),
-                           ("PAdaMFed", lambda ps: fk.PAdaMFed(ps, lr=0.05, beta=0.5, backend=backend)),
-                           ("FedDecaySGD", lambda ps: fk.FedDecaySGD(ps, lr=0.1, beta=0.8, momentum=0.9,
-                                                                     backend=backend))):
+        for name, make in (
+            (
+                "FedNAR",
+                lambda ps, backend=backend: fk.FedNAR(ps, lr=0.2, weight_decay=0.01, max_norm=0.3, backend=backend),
+            ),
+            ("PAdaMFed", lambda ps, backend=backend: fk.PAdaMFed(ps, lr=0.05, beta=0.5, backend=backend)),
+            (
+                "FedDecaySGD",
+                lambda ps, backend=backend: fk.FedDecaySGD(ps, lr=0.1, beta=0.8, momentum=0.9, backend=backend),
+            ),
+        ):
             model = _mlp(0)
             for layer in model:
                 if isinstance(layer, torch.nn.Linear):
@@ -245,15 +288,21 @@ def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
             ref_opt = make(ref.parameters())
             ref_opt.start_round()
             _train(ref, ref_opt, together)
-            diff = max(float((p.full_tensor() - q).abs().max()) for p, q in zip(model.parameters(), ref.parameters()))
+            # FSDP2's parameters are DTensors; torch's stubs type them as plain Parameters
+            diff = max(
+                float((p.full_tensor() - q).abs().max())  # type: ignore[attr-defined]
+                for p, q in zip(model.parameters(), ref.parameters())
+            )
             scale = max(float(q.abs().max()) for q in ref.parameters())
             out[("fsdp", name, backend)] = diff / scale
 
             # sharded checkpoint -> a fresh sharded optimizer: continues exactly as the original
             # cloned: a state_dict holds the optimizer's live tensors, as torch's optimizers' do
-            saved = get_optimizer_state_dict(model, opt)
-            saved["state"] = {k: {kk: (vv.clone() if isinstance(vv, torch.Tensor) else vv) for kk, vv in st.items()}
-                              for k, st in saved["state"].items()}
+            saved: Dict[str, Any] = get_optimizer_state_dict(model, opt)
+            saved["state"] = {
+                k: {kk: (vv.clone() if isinstance(vv, torch.Tensor) else vv) for kk, vv in st.items()}
+                for k, st in saved["state"].items()
+            }
             model2 = _mlp(1)
             for layer in model2:
                 if isinstance(layer, torch.nn.Linear):
@@ -266,9 +315,12 @@ def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
             _train(model, opt, more)
             _train(model2, opt2, more)
             out[("dcp_sharded", name, backend)] = (
-                max(float((p.to_local() - q.to_local()).abs().max()) for p, q in zip(model.parameters(),
-                                                                                      model2.parameters())),
-                (opt.round_index, opt.round_step) == (opt2.round_index, opt2.round_step))
+                max(
+                    float((p.to_local() - q.to_local()).abs().max())  # type: ignore[attr-defined]  # FSDP2: DTensors
+                    for p, q in zip(model.parameters(), model2.parameters())
+                ),
+                (opt.round_index, opt.round_step) == (opt2.round_index, opt2.round_step),
+            )
 
             # full (unsharded) checkpoint -> a plain optimizer in this process, and back into a sharded one
             full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
@@ -279,7 +331,8 @@ def _fsdp_world(rank: int, n: int) -> Dict[str, Any]:
             opt3 = make(model2.parameters())
             opt3.load_state_dict(full)  # whole tensors into a sharded optimizer: each rank keeps its slice
             out[("full_into_sharded_is_dtensor", name, backend)] = all(
-                isinstance(v, DTensor) for st in opt3.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+                isinstance(v, DTensor) for st in opt3.state.values() for v in st.values() if isinstance(v, torch.Tensor)
+            )
             p_state = get_optimizer_state_dict(model2, opt3, options=StateDictOptions(full_state_dict=True))
             out[("full_roundtrip", name, backend)] = _state_diff(full, p_state)
             out[("full_into_plain", name, backend)] = _state_diff(full, plain_opt.state_dict())
@@ -304,8 +357,9 @@ def _state_diff(a: Dict[str, Any], b: Dict[str, Any]) -> float:
 
 
 def _errors_world(rank: int, n: int) -> Dict[str, str]:
-    import fedopt_kernels as fk
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    import fedopt_kernels as fk
 
     mesh = init_device_mesh("cpu", (n,))
     mesh2 = init_device_mesh("cpu", (1, n))
@@ -320,7 +374,8 @@ def _errors_world(rank: int, n: int) -> Dict[str, str]:
             changed = any(not torch.equal(a, b.detach()) for a, b in zip(before, watched))
             out[key] = f"{type(exc).__name__}: {exc}" + (" [CHANGED STATE]" if changed else "")
 
-    w = torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)], src_data_rank=None))
+    # Parameters of DTensors (torch's stubs type them as plain Parameters)
+    w: Any = torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)], src_data_rank=None))
     b = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Replicate()], src_data_rank=None))
     catch("mixed_plain", lambda: fk.FedNAR([w, torch.nn.Parameter(torch.ones(2))], lr=0.1, weight_decay=0.0))
     other = torch.nn.Parameter(distribute_tensor(torch.ones(2), mesh2, [Replicate(), Shard(0)], src_data_rank=None))
@@ -328,8 +383,10 @@ def _errors_world(rank: int, n: int) -> Dict[str, str]:
     opt = fk.FedNAR([w, b], lr=0.1, weight_decay=0.0, prox_mu=0.1, backend="cpu")
     opt.start_round()
     x0_before = opt.state[w]["x0"].to_local().clone()
-    bad = [distribute_tensor(torch.ones(4, 3), mesh, [Replicate()], src_data_rank=None),
-           distribute_tensor(torch.ones(4), mesh, [Replicate()], src_data_rank=None)]
+    bad = [
+        distribute_tensor(torch.ones(4, 3), mesh, [Replicate()], src_data_rank=None),
+        distribute_tensor(torch.ones(4), mesh, [Replicate()], src_data_rank=None),
+    ]
     catch("correction_placement", lambda: opt.start_round(correction=bad), w.to_local())
     catch("correction_plain", lambda: opt.start_round(correction=[torch.ones(4, 3), torch.ones(4)]))
     out["x0_kept"] = str(torch.equal(opt.state[w]["x0"].to_local(), x0_before))
@@ -342,12 +399,14 @@ def _errors_world(rank: int, n: int) -> Dict[str, str]:
     pa.start_round()
     catch("anchor_placement", lambda: pa.step(anchor_grads=bad), w.to_local())
     nl = fk.NeuronLRSGD([w, b], lr=0.1)
-    catch("scale_placement", lambda: nl.set_neuron_scales(
-        {w: distribute_tensor(torch.ones(4), mesh, [Replicate()], src_data_rank=None)}))
+    catch(
+        "scale_placement",
+        lambda: nl.set_neuron_scales({w: distribute_tensor(torch.ones(4), mesh, [Replicate()], src_data_rank=None)}),
+    )
     catch("scale_shape", lambda: nl.set_neuron_scales({w: torch.ones(2)}))
     from fedopt_kernels.batched import BatchedFedNAR
 
-    stacked = torch.nn.Parameter(distribute_tensor(torch.ones(2, 4), mesh, [Shard(1)], src_data_rank=None))
+    stacked: Any = torch.nn.Parameter(distribute_tensor(torch.ones(2, 4), mesh, [Shard(1)], src_data_rank=None))
     stacked.grad = distribute_tensor(torch.ones(2, 4), mesh, [Shard(1)], src_data_rank=None)
     catch("batched", BatchedFedNAR([stacked], lr=0.1, weight_decay=0.0).step, stacked.to_local())
     plain = fk.FedNAR([torch.nn.Parameter(torch.ones(4, 3))], lr=0.1, weight_decay=0.0, prox_mu=0.1)
@@ -365,24 +424,35 @@ def two_ranks() -> Dict[str, Any]:
     res = run_local_world(_world2, 2)
     triton = res[0]["triton"]
     if "unavailable" not in triton:
-        triton = {**_merge([{k: v for k, v in r["triton"].items() if k != "mixed"} for r in res]),
-                  "mixed": triton["mixed"]}
-    return {"agree": _merge([r["agree"] for r in res]), "fsdp": res[0]["fsdp"], "errors": res[0]["errors"],
-            "errors_all": [r["errors"] for r in res], "triton": triton}
+        triton = {
+            **_merge([{k: v for k, v in r["triton"].items() if k != "mixed"} for r in res]),
+            "mixed": triton["mixed"],
+        }
+    return {
+        "agree": _merge([r["agree"] for r in res]),
+        "fsdp": res[0]["fsdp"],
+        "errors": res[0]["errors"],
+        "errors_all": [r["errors"] for r in res],
+        "triton": triton,
+    }
 
 
 def _triton_world(rank: int, n: int) -> Dict[Any, Any]:
-    import fedopt_kernels as fk
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    import fedopt_kernels as fk
 
     why = fk.available_backends("cpu").missing.get("triton")
     if why is not None:
         return {"unavailable": why}
     mesh = init_device_mesh("cpu", (n,))
-    out: Dict[Any, Any] = {case: _compare_config(*case, "triton", mesh, shapes=TRITON_SHAPES, rounds=1, steps=2)
-                           for case in TRITON_CASES}
-    ps = [torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [pl], src_data_rank=None))
-          for pl in (Shard(0), Replicate())]
+    out: Dict[Any, Any] = {
+        case: _compare_config(*case, "triton", mesh, shapes=TRITON_SHAPES, rounds=1, steps=2) for case in TRITON_CASES
+    }
+    ps = [
+        torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [pl], src_data_rank=None))
+        for pl in (Shard(0), Replicate())
+    ]
     for p in ps:
         p.grad = torch.ones_like(p)
     try:
@@ -394,8 +464,12 @@ def _triton_world(rank: int, n: int) -> Dict[Any, Any]:
 
 
 def _world2(rank: int, n: int) -> Dict[str, Any]:
-    return {"agree": _agreement_world(rank, n, CASES, (n,)), "fsdp": _fsdp_world(rank, n),
-            "errors": _errors_world(rank, n), "triton": _triton_world(rank, n)}
+    return {
+        "agree": _agreement_world(rank, n, CASES, (n,)),
+        "fsdp": _fsdp_world(rank, n),
+        "errors": _errors_world(rank, n),
+        "triton": _triton_world(rank, n),
+    }
 
 
 def _world4(rank: int, n: int) -> Dict[tuple, Dict[str, Any]]:
@@ -465,19 +539,22 @@ def test_fsdp2_training_and_checkpoints(two_ranks, name, backend):
     assert res[("full_into_plain", name, backend)] == 0.0
 
 
-@pytest.mark.parametrize("key,pattern", [
-    ("mixed_plain", "TypeError: .*plain tensor.*DTensor"),
-    ("mesh_mismatch", "ValueError: .*device mesh"),
-    ("correction_placement", "ValueError: correction entry for parameter 0 .*placed like its parameter"),
-    ("correction_plain", "TypeError: correction entry for parameter 0 .*plain Tensor.*distribute_tensor"),
-    ("grad_placement", "ValueError: gradient entry for parameter 0 "),
-    ("control_placement", "ValueError: global_control entry for parameter 0"),
-    ("anchor_placement", "ValueError: anchor_grads entry for parameter 0"),
-    ("scale_placement", "ValueError: neuron scale for parameter 0 .*Shard\\(dim=0\\)"),
-    ("scale_shape", "ValueError: neuron scale for parameter 0 .*shape"),
-    ("batched", "TypeError: BatchedFedNAR takes no DTensor parameters"),
-    ("dtensor_state_into_plain", "ValueError: state 'x0' of parameter 0 .*full_state_dict"),
-])
+@pytest.mark.parametrize(
+    "key,pattern",
+    [
+        ("mixed_plain", "TypeError: .*plain tensor.*DTensor"),
+        ("mesh_mismatch", "ValueError: .*device mesh"),
+        ("correction_placement", "ValueError: correction entry for parameter 0 .*placed like its parameter"),
+        ("correction_plain", "TypeError: correction entry for parameter 0 .*plain Tensor.*distribute_tensor"),
+        ("grad_placement", "ValueError: gradient entry for parameter 0 "),
+        ("control_placement", "ValueError: global_control entry for parameter 0"),
+        ("anchor_placement", "ValueError: anchor_grads entry for parameter 0"),
+        ("scale_placement", "ValueError: neuron scale for parameter 0 .*Shard\\(dim=0\\)"),
+        ("scale_shape", "ValueError: neuron scale for parameter 0 .*shape"),
+        ("batched", "TypeError: BatchedFedNAR takes no DTensor parameters"),
+        ("dtensor_state_into_plain", "ValueError: state 'x0' of parameter 0 .*full_state_dict"),
+    ],
+)
 def test_misplaced_inputs_are_refused(two_ranks, key, pattern):
     import re
 
@@ -485,7 +562,6 @@ def test_misplaced_inputs_are_refused(two_ranks, key, pattern):
         assert re.match(pattern, errors[key], re.S), errors[key]
         assert "CHANGED STATE" not in errors[key]
     assert two_ranks["errors"]["x0_kept"] == "True"
-
 
 
 def test_plain_tensors_keep_the_ordinary_plan():

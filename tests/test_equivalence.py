@@ -4,11 +4,22 @@ Parameters *and* optimizer state are compared after several rounds of several st
 appears here as soon as it registers with ``fedopt_kernels.core.registry``; unavailable ones are
 skipped with the reason ``available_backends()`` gives.
 """
+
+from typing import Any, Dict
+
 import pytest
 import torch
-
-from harness import (ALGOS, DTYPES, FUSED_BACKENDS, assert_close_runs, backend_skip_reason, cases,
-                     make_grads, make_params, run_case)
+from harness import (
+    ALGOS,
+    DTYPES,
+    FUSED_BACKENDS,
+    assert_close_runs,
+    backend_skip_reason,
+    cases,
+    make_grads,
+    make_params,
+    run_case,
+)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DTYPE_IDS = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -35,7 +46,7 @@ def _run_or_skip_fp64(fn, backend, dtype):
         raise
 
 
-_REFERENCE_CACHE = {}
+_REFERENCE_CACHE: Dict[Any, Any] = {}
 
 
 def _reference(algo, option, shapes, dtype):
@@ -65,8 +76,9 @@ def test_bitwise_deterministic(backend, algo, device):
     option = ALGOS[algo].full
     a = run_case(algo, option, "chunk", torch.float32, backend, device=device)
     b = run_case(algo, option, "chunk", torch.float32, backend, device=device)
-    for x, y in zip(a.params + [t for s in a.state for t in s.values()],
-                    b.params + [t for s in b.state for t in s.values()]):
+    for x, y in zip(
+        a.params + [t for s in a.state for t in s.values()], b.params + [t for s in b.state for t in s.values()]
+    ):
         assert torch.equal(x, y)
 
 
@@ -80,8 +92,15 @@ def test_state_dict_loads_across_backends(backend, algo, dtype):
     full = _reference(algo, option, "odd", dtype)
     for first, second in (("reference", backend), (backend, "reference")):
         half = run_case(algo, option, "odd", dtype, first, snapshot=(1, 0))
-        rest = run_case(algo, option, "odd", dtype, second,
-                        load_from={"params": half.params, "state_dict": half.state_dict}, start_at=(1, 1))
+        rest = run_case(
+            algo,
+            option,
+            "odd",
+            dtype,
+            second,
+            load_from={"params": half.params, "state_dict": half.state_dict},
+            start_at=(1, 1),
+        )
         assert_close_runs(full, rest, dtype, what=f"{first}->{second}")
 
 

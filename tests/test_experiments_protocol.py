@@ -1,18 +1,19 @@
 """experiments/run_protocol.py: its arguments, the protocol's rules (equal grids, per-epoch decay,
 selection, the verdict), and a one-round smoke run of every experiment on the built-in digits."""
+
 from __future__ import annotations
 
 import importlib.util
 import json
 import math
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "run_protocol.py"
 spec = importlib.util.spec_from_file_location("run_protocol", SCRIPT)
+assert spec is not None and spec.loader is not None
 rp = importlib.util.module_from_spec(spec)
 sys.modules["run_protocol"] = rp  # dataclasses look their module up there
 spec.loader.exec_module(rp)
@@ -30,10 +31,19 @@ def test_quick_keeps_the_first_seed():
     assert rp.parse_args(["fednar", "--quick", "--seeds", "3", "4"]).seeds == [3]
 
 
-@pytest.mark.parametrize("argv", [["nosuch"], ["feddyn", "--jobs", "0"], ["feddyn", "--seeds", "1", "1"],
-                                  ["feddyn", "--seeds", "-1"], ["feddyn", "--seeds", str(rp.PILOT_SEED)],
-                                  ["feddyn", "--dataset", "cifar10"], ["feddyn", "--client-parallel", "0"],
-                                  ["feddyn", "--device", "tpu"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["nosuch"],
+        ["feddyn", "--jobs", "0"],
+        ["feddyn", "--seeds", "1", "1"],
+        ["feddyn", "--seeds", "-1"],
+        ["feddyn", "--seeds", str(rp.PILOT_SEED)],
+        ["feddyn", "--dataset", "cifar10"],
+        ["feddyn", "--client-parallel", "0"],
+        ["feddyn", "--device", "tpu"],
+    ],
+)
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         rp.parse_args(argv)
@@ -41,13 +51,29 @@ def test_bad_arguments_are_refused(argv):
 
 def test_all_is_every_experiment():
     assert "all" in rp.parse_args(["all"]).experiment
-    assert set(EXPS) == {"feddecay", "fednlr-shards", "fednlr-dir", "fednar", "padamfed", "feddyn", "fednlr-drift",
-                         "feddyn10", "fednlr-lr", "padamfed-band", "fednar-wd"}
+    assert set(EXPS) == {
+        "feddecay",
+        "fednlr-shards",
+        "fednlr-dir",
+        "fednar",
+        "padamfed",
+        "feddyn",
+        "fednlr-drift",
+        "feddyn10",
+        "fednlr-lr",
+        "padamfed-band",
+        "fednar-wd",
+    }
 
 
-PILOTS = {"fednar": {"max_norm": 1.0}, "padamfed": {"eta": 0.01, "gamma": 0.1, "beta": 0.5}, "feddyn": {"target": 0.5},
-          "feddyn10": {"target": 0.5}, "padamfed-band": {"eta": 0.01, "gamma": 0.1, "beta": 0.5},
-          "fednar-wd": {"max_norm": 1.0}}
+PILOTS = {
+    "fednar": {"max_norm": 1.0},
+    "padamfed": {"eta": 0.01, "gamma": 0.1, "beta": 0.5},
+    "feddyn": {"target": 0.5},
+    "feddyn10": {"target": 0.5},
+    "padamfed-band": {"eta": 0.01, "gamma": 0.1, "beta": 0.5},
+    "fednar-wd": {"max_norm": 1.0},
+}
 
 
 def pilot_of(name):
@@ -68,7 +94,7 @@ def test_method_and_baseline_grids_are_equal_in_size(name):
     exp = EXPS[name]
     methods = grids(name)
     on_top = {name for name, *_ in exp.on_top}
-    for method, baseline, _, how in exp.comparisons:
+    for method, baseline, _, _how in exp.comparisons:
         if baseline is None or method in on_top:  # against zero / a per-seed subset of a grid
             continue
         if method == "PAdaMFed (theory)":  # the paper's claim itself: untuned against tuned
@@ -113,8 +139,11 @@ def test_padamfed_sweep_scales_eta_and_gamma_together():
 def test_select_takes_the_best_validation_score_and_the_first_on_ties():
     runs = {"a": {0: {"val_score": 0.5}}, "b": {0: {"val_score": 0.7}}, "c": {0: {"val_score": 0.7}}}
     assert rp.select(["a", "b", "c"], runs, 0) == "b"
-    rounds = {"a": {0: {"val_score": [-30, 0.8]}}, "b": {0: {"val_score": [-20, 0.7]}},
-              "c": {0: {"val_score": [-20, 0.75]}}}
+    rounds = {
+        "a": {0: {"val_score": [-30, 0.8]}},
+        "b": {0: {"val_score": [-20, 0.7]}},
+        "c": {0: {"val_score": [-20, 0.75]}},
+    }
     assert rp.select(["a", "b", "c"], rounds, 0) == "c"  # fewer rounds, then the higher final accuracy
 
 
@@ -228,6 +257,7 @@ def _fake_measure(best_lr):
     def measure(kind, cfg, pilot):
         score = -abs(math.log10(cfg["lr"]) - math.log10(best_lr)) + 0.01 * cfg["seed"] / 100
         return {"val_score": score, "test_acc": 0.9 + score / 10, "rounds_test": 10, "seconds": 0.0}
+
     return measure
 
 
@@ -279,9 +309,11 @@ def test_verdict_states_the_two_sided_p():
 
 def test_a_floor_axis_does_not_grow_below_its_first_value(tmp_path, monkeypatch):
     """FedProx's μ ladder stops at 0.01 (μ → 0 is FedAvg); its lr ladder still grows."""
+
     def measure(kind, cfg, pilot):
         score = -abs(math.log10(cfg["lr"]) - math.log10(0.5)) - cfg.get("prox_mu", 0.0) - cfg["weight_decay"]
         return {"val_score": score, "test_acc": 0.5, "seconds": 0.0, "norm_median": 1.0, "norm_steps": 1}
+
     monkeypatch.setattr(rp, "measure", measure)
     exp = rp.dataclasses.replace(EXPS["fednar-wd"], pilot=lambda e, a: {"max_norm": 1.0}, kind="final")
     args = rp.parse_args(["fednar-wd", "--dataset", "digits", "--out", str(tmp_path), "--seeds", "0"])

@@ -1,6 +1,7 @@
 """FedDyn (docs/algorithms.md): the client step and g_i against a float64 statement of the rule,
 fused backends against ``reference``, the client-batched form against the per-client optimizer,
 bad input, state_dict round trips, and the server rule (alone and end to end on a quadratic)."""
+
 from __future__ import annotations
 
 import copy
@@ -8,15 +9,22 @@ import io
 
 import pytest
 import torch
+from backends import supports, usable
+from harness import (
+    SHAPE_SETS,
+    TOLERANCE,
+    RunResult,
+    _state,
+    assert_close_runs,
+    backend_skip_reason,
+    make_grads,
+    make_params,
+)
 
 from fedopt_kernels import FedDecaySGD
 from fedopt_kernels.fl import catalogue
-from fedopt_kernels.optim.feddyn import BatchedFedDyn, FedDyn, feddyn_server_step
 from fedopt_kernels.fl.server_rules import weighted_average_step
-
-from backends import supports, usable
-from harness import (SHAPE_SETS, TOLERANCE, RunResult, _state, assert_close_runs, backend_skip_reason,
-                     make_grads, make_params)
+from fedopt_kernels.optim.feddyn import BatchedFedDyn, FedDyn, feddyn_server_step
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -47,8 +55,16 @@ def drive(opt, params, shape_set: str, rounds, steps: int, seed: int = 0, first_
         opt.end_round()
 
 
-def run(option: str, shape_set: str, dtype: torch.dtype, backend: str, rounds: int = 3, steps: int = 3,
-        seed: int = 0, device: str = "cpu") -> RunResult:
+def run(
+    option: str,
+    shape_set: str,
+    dtype: torch.dtype,
+    backend: str,
+    rounds: int = 3,
+    steps: int = 3,
+    seed: int = 0,
+    device: str = "cpu",
+) -> RunResult:
     params = make_params(shape_set, dtype, seed)
     if device != "cpu":
         params = [torch.nn.Parameter(p.detach().to(device)) for p in params]
@@ -64,8 +80,22 @@ def _skip_unless(backend: str) -> None:
 
 
 # ---------------------------------------------------------------- the rule, in float64
-def feddyn_f64(x_init, groups, grads, rounds: int, steps: int, *, beta=1.0, schedule="exponential",
-               decay_every=1, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0, maximize=False):
+def feddyn_f64(
+    x_init,
+    groups,
+    grads,
+    rounds: int,
+    steps: int,
+    *,
+    beta=1.0,
+    schedule="exponential",
+    decay_every=1,
+    momentum=0.0,
+    dampening=0.0,
+    nesterov=False,
+    weight_decay=0.0,
+    maximize=False,
+):
     """FedDyn's client written out: ``x`` per parameter, ``groups[i] = (lr, alpha)`` of parameter i,
     ``grads[rnd * steps + k][i]``. Returns the final parameters and g_i, in float64."""
     x = [t.double().clone() for t in x_init]
@@ -75,7 +105,7 @@ def feddyn_f64(x_init, groups, grads, rounds: int, steps: int, *, beta=1.0, sche
         buf = [None] * len(x)
         for k in range(steps):
             j = k // decay_every
-            s = beta ** j if schedule == "exponential" else max(0.0, 1 - j * (1 - beta))
+            s = beta**j if schedule == "exponential" else max(0.0, 1 - j * (1 - beta))
             for i, (lr, alpha) in enumerate(groups):
                 g = grads[rnd * steps + k][i].double()
                 d = (-g if maximize else g) + weight_decay * x[i] - gi[i] + alpha * (x[i] - x0[i])
@@ -109,8 +139,13 @@ def test_step_and_dyn_grad_match_the_float64_rule(variant, backend):
     grads = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(rounds * steps)]
     params = [torch.nn.Parameter(t.clone()) for t in init]
     # two groups with different lr and alpha: parameters 0, 2 and 1, 3
-    opt = FedDyn([{"params": params[0::2]}, {"params": params[1::2], "lr": 0.03, "alpha": 0.7}],
-                 lr=0.1, alpha=0.2, backend=backend, **kw)
+    opt = FedDyn(
+        [{"params": params[0::2]}, {"params": params[1::2], "lr": 0.03, "alpha": 0.7}],
+        lr=0.1,
+        alpha=0.2,
+        backend=backend,
+        **kw,
+    )
     for rnd in range(rounds):
         opt.start_round()
         for k in range(steps):
@@ -166,8 +201,9 @@ def test_state_is_in_the_parameter_dtype_and_group_alpha_is_readable():
     p.grad = torch.ones_like(p)
     opt.step()  # starts the round itself
     opt.end_round()
-    assert {k: v.dtype for k, v in opt.state[p].items()} == dict.fromkeys(("x0", "dyn_correction", "momentum_buffer"),
-                                                                          torch.bfloat16)
+    assert {k: v.dtype for k, v in opt.state[p].items()} == dict.fromkeys(
+        ("x0", "dyn_correction", "momentum_buffer"), torch.bfloat16
+    )
 
 
 def test_alpha_edit_in_the_group_takes_effect():
@@ -221,9 +257,13 @@ def test_bad_dyn_grad_is_refused_naming_it_and_changes_nothing():
         p.grad = torch.ones_like(p)
     opt.step()
     saved = _snapshot(opt, params)
-    for bad, exc in (([torch.zeros(3)], ValueError), ([torch.zeros(3), torch.zeros(4)], ValueError),
-                     (torch.zeros(3), TypeError), ([torch.zeros(3), "x"], TypeError),
-                     ([torch.zeros(3, dtype=torch.int64), torch.zeros(2, 2)], TypeError)):
+    for bad, exc in (
+        ([torch.zeros(3)], ValueError),
+        ([torch.zeros(3), torch.zeros(4)], ValueError),
+        (torch.zeros(3), TypeError),
+        ([torch.zeros(3), "x"], TypeError),
+        ([torch.zeros(3, dtype=torch.int64), torch.zeros(2, 2)], TypeError),
+    ):
         with pytest.raises(exc, match="dyn_grad"):
             opt.start_round(dyn_grad=bad)
         _assert_unchanged(saved, opt, params)
@@ -286,13 +326,23 @@ def _assert_unchanged(saved, opt, params):
         assert entry.keys() == now["state"][pid].keys()
         for key, v in entry.items():
             assert torch.equal(v, now["state"][pid][key]), key
-    assert [{k: v for k, v in g.items() if k != "fedopt_round"} for g in now["param_groups"]] == \
-           [{k: v for k, v in g.items() if k != "fedopt_round"} for g in sd["param_groups"]]
+    assert [{k: v for k, v in g.items() if k != "fedopt_round"} for g in now["param_groups"]] == [
+        {k: v for k, v in g.items() if k != "fedopt_round"} for g in sd["param_groups"]
+    ]
 
 
-@pytest.mark.parametrize("alpha,exc", [(0.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),
-                                       (float("inf"), ValueError), (True, TypeError), ("0.1", TypeError),
-                                       (torch.tensor(0.1), TypeError)])
+@pytest.mark.parametrize(
+    "alpha,exc",
+    [
+        (0.0, ValueError),
+        (-0.1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (True, TypeError),
+        ("0.1", TypeError),
+        (torch.tensor(0.1), TypeError),
+    ],
+)
 def test_bad_alpha_is_refused_naming_it(alpha, exc):
     p = torch.nn.Parameter(torch.randn(3))
     with pytest.raises(exc, match="alpha"):
@@ -372,8 +422,7 @@ def test_a_parameter_added_after_start_round_is_refused_until_the_next_round():
 
 
 # ---------------------------------------------------------------- fused backends against reference
-EQ_CASES = [(option, "odd") for option in CATALOGUE_OPTIONS] + \
-           [(CATALOGUE_FULL, s) for s in SHAPE_SETS if s != "odd"]
+EQ_CASES = [(option, "odd") for option in CATALOGUE_OPTIONS] + [(CATALOGUE_FULL, s) for s in SHAPE_SETS if s != "odd"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=DTYPE_IDS.get)
@@ -388,8 +437,9 @@ def test_cpu_matches_reference(option, shapes, dtype):
 
 # the Triton interpreter is slow on the CPU: a subset of options, shapes and dtypes
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
-@pytest.mark.parametrize("option,shapes", [(CATALOGUE_FULL, "odd"), (CATALOGUE_FULL, "noncontig"),
-                                           ("groups", "frozen")])
+@pytest.mark.parametrize(
+    "option,shapes", [(CATALOGUE_FULL, "odd"), (CATALOGUE_FULL, "noncontig"), ("groups", "frozen")]
+)
 def test_triton_matches_reference(option, shapes, dtype):
     _skip_unless("triton")
     ref = run(option, shapes, dtype, "reference", rounds=2, steps=2)
@@ -401,8 +451,9 @@ def test_triton_matches_reference(option, shapes, dtype):
 def test_bitwise_deterministic(backend):
     a = run(CATALOGUE_FULL, "odd", torch.float32, backend, rounds=2, steps=2)
     b = run(CATALOGUE_FULL, "odd", torch.float32, backend, rounds=2, steps=2)
-    for x, y in zip(a.params + [t for s in a.state for t in s.values()],
-                    b.params + [t for s in b.state for t in s.values()]):
+    for x, y in zip(
+        a.params + [t for s in a.state for t in s.values()], b.params + [t for s in b.state for t in s.values()]
+    ):
         assert torch.equal(x, y)
 
 
@@ -413,9 +464,14 @@ EPS = {dt: torch.finfo(dt).eps for dt in (torch.float32, torch.float64, torch.bf
 
 
 @COMMON
-@given(shapes=shapes_st, dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
-       alphas=st.tuples(st.floats(1e-3, 10.0), st.floats(1e-3, 10.0)), momentum=st.sampled_from([0.0, 0.9]),
-       seed=st.integers(0, 2 ** 16), backend=st.sampled_from(["reference"] + FUSED))
+@given(
+    shapes=shapes_st,
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
+    alphas=st.tuples(st.floats(1e-3, 10.0), st.floats(1e-3, 10.0)),
+    momentum=st.sampled_from([0.0, 0.9]),
+    seed=st.integers(0, 2**16),
+    backend=st.sampled_from(["reference"] + FUSED),
+)
 def test_end_round_is_the_dyn_grad_rule(shapes, dtype, alphas, momentum, seed, backend):
     """Each round, g_i' = g_i - alpha * (x - x0) for the stored g_i, x0 and final x, to one rounding
     of the state's dtype (the math runs in float32, or float64 for float64 parameters)."""
@@ -423,8 +479,13 @@ def test_end_round_is_the_dyn_grad_rule(shapes, dtype, alphas, momentum, seed, b
         return
     gen = torch.Generator().manual_seed(seed)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype)) for s in shapes]
-    opt = FedDyn([{"params": params[0::2]}, {"params": params[1::2], "alpha": alphas[1]}], lr=0.05,
-                 alpha=alphas[0], momentum=momentum, backend=backend)
+    opt = FedDyn(
+        [{"params": params[0::2]}, {"params": params[1::2], "alpha": alphas[1]}],
+        lr=0.05,
+        alpha=alphas[0],
+        momentum=momentum,
+        backend=backend,
+    )
     ordered = params[0::2] + params[1::2]
     alpha_of = [alphas[0]] * len(params[0::2]) + [alphas[1]] * len(params[1::2])
     compute_eps = EPS[torch.float64 if dtype == torch.float64 else torch.float32]
@@ -443,14 +504,22 @@ def test_end_round_is_the_dyn_grad_rule(shapes, dtype, alphas, momentum, seed, b
             # one rounding to the state dtype (absolute below its smallest normal: subnormal spacing),
             # and a few float32 roundings of each term
             info = torch.finfo(dtype)
-            tol = EPS[dtype] * want.abs() + info.smallest_normal * info.eps \
+            tol = (
+                EPS[dtype] * want.abs()
+                + info.smallest_normal * info.eps
                 + 4 * compute_eps * (g_old.abs() + a * (y.abs() + x.abs()))
+            )
             assert bool(((g_new.double() - want).abs() <= tol).all()), (rnd, a)
 
 
 @COMMON
-@given(n=st.integers(1, 8), alpha=st.floats(1e-2, 10.0), seed=st.integers(0, 2 ** 16),
-       backend=st.sampled_from(["reference"] + FUSED), data=st.data())
+@given(
+    n=st.integers(1, 8),
+    alpha=st.floats(1e-2, 10.0),
+    seed=st.integers(0, 2**16),
+    backend=st.sampled_from(["reference"] + FUSED),
+    data=st.data(),
+)
 def test_after_a_converged_round_dyn_grad_is_the_local_gradient(n, alpha, seed, backend, data):
     """FedDyn's first-order condition: a round run to convergence ends at the minimiser of
     L_i(x) - <g_i, x> + alpha/2 ||x - x0||^2, where grad L_i(x) - g_i + alpha (x - x0) = 0, so the
@@ -466,7 +535,7 @@ def test_after_a_converged_round_dyn_grad_is_the_local_gradient(n, alpha, seed, 
     # 1 - (0.5 + alpha) / (2 + alpha) <= 0.75 per step, so 150 steps reach 1e-18 of the start
     opt = FedDyn([x], lr=1.0 / (float(q.max()) + alpha), alpha=alpha, backend=backend)
     momentum_free_steps = 150
-    for rnd in range(3):
+    for _rnd in range(3):
         with torch.no_grad():
             x.add_(data.draw(st.floats(-2.0, 2.0), label="server move"))
         opt.start_round()
@@ -511,8 +580,10 @@ def _resume(backend_before: str, backend_after: str, dtype: torch.dtype, at_step
 def test_state_dict_resume_is_bitwise_on_reference(dtype, at_step):
     full = run(CATALOGUE_FULL, "odd", dtype, "reference", rounds=4)
     rest = _resume("reference", "reference", dtype, at_step)
-    for a, b in zip(full.params + [t for s in full.state for t in s.values()],
-                    rest.params + [t for s in rest.state for t in s.values()]):
+    for a, b in zip(
+        full.params + [t for s in full.state for t in s.values()],
+        rest.params + [t for s in rest.state for t in s.values()],
+    ):
         assert torch.equal(a, b)
     assert [sorted(s) for s in full.state] == [sorted(s) for s in rest.state]
 
@@ -531,9 +602,11 @@ C, B_ROUNDS, B_STEPS = 3, 3, 3
 B_SHAPES = [(4, 3), (7,), (2, 3, 2), (0,), (33,)]
 SCALE = [1.0, 0.5, 2.0]
 # per round, per step: which clients step; client 1 sits out all of round 1 (keeps its g_i)
-ACTIVE = [[[True] * C, [True, False, True], [False, False, True]],
-          [[True, False, True], [True, False, False], [True, False, True]],
-          [[True] * C, [True] * C, [False, True, True]]]
+ACTIVE = [
+    [[True] * C, [True, False, True], [False, False, True]],
+    [[True, False, True], [True, False, False], [True, False, True]],
+    [[True] * C, [True] * C, [False, True, True]],
+]
 
 
 def _client_grad(step, c, p):
@@ -558,9 +631,9 @@ def _per_client(cfg, init, c):
     return params, opt
 
 
-BATCHED_CASES = [(b, o, d) for b in ("reference", "cpu") for o in CATALOGUE_OPTIONS
-                 for d in (torch.float32, torch.bfloat16)] + \
-                [("triton", o, torch.float32) for o in (CATALOGUE_FULL, "groups")]  # interpreted: a subset
+BATCHED_CASES = [
+    (b, o, d) for b in ("reference", "cpu") for o in CATALOGUE_OPTIONS for d in (torch.float32, torch.bfloat16)
+] + [("triton", o, torch.float32) for o in (CATALOGUE_FULL, "groups")]  # interpreted: a subset
 
 
 @pytest.mark.parametrize("backend,option,dtype", BATCHED_CASES)
@@ -661,7 +734,7 @@ def test_server_step_sums_clients_in_the_given_order_bitwise():
     gen = torch.Generator().manual_seed(6)
     x = [torch.randn(1000, generator=gen)]
     h = [torch.randn(1000, generator=gen)]
-    deltas = [[torch.randn(1000, generator=gen) * 10 ** k] for k in range(-3, 4)]
+    deltas = [[torch.randn(1000, generator=gen) * 10**k] for k in range(-3, 4)]
     a = feddyn_server_step(x, h, deltas, 0.1, 10)
     b = feddyn_server_step(x, h, deltas, 0.1, 10)
     assert all(torch.equal(u, v) for u, v in zip(a[0] + a[1], b[0] + b[1]))
@@ -696,8 +769,12 @@ def _federate(kind: str, rounds: int, sample, K: int = 30, lr: float = 0.1, alph
     x_star = (Q * B).sum(0) / Q.sum(0)  # the global minimiser of sum_i L_i
     x, h = torch.zeros(n, dtype=torch.float64), [torch.zeros(n, dtype=torch.float64)]
     clients = [torch.nn.Parameter(torch.zeros(n, dtype=torch.float64)) for _ in range(m)]
-    opts = [FedDyn([w], lr=lr, alpha=alpha, backend="reference") if kind == "feddyn"
-            else FedDecaySGD([w], lr=lr, beta=1.0, backend="reference") for w in clients]
+    opts = [
+        FedDyn([w], lr=lr, alpha=alpha, backend="reference")
+        if kind == "feddyn"
+        else FedDecaySGD([w], lr=lr, beta=1.0, backend="reference")
+        for w in clients
+    ]
     for rnd in range(rounds):
         deltas = []
         for i in sample(rnd, m):
@@ -751,8 +828,13 @@ def test_gpu_steps_and_end_round_never_synchronise_with_the_host(backend):
     if why is not None:
         pytest.skip(why)
     params = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in ((64, 33), (7,), (1000,))]
-    opt = FedDyn([{"params": params[:2]}, {"params": params[2:], "alpha": 0.5}], lr=0.05, alpha=0.1,
-                 momentum=0.9, backend=backend)
+    opt = FedDyn(
+        [{"params": params[:2]}, {"params": params[2:], "alpha": 0.5}],
+        lr=0.05,
+        alpha=0.1,
+        momentum=0.9,
+        backend=backend,
+    )
     for p in params:
         p.grad = torch.randn_like(p)
     opt.start_round()

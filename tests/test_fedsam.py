@@ -5,6 +5,7 @@ Every fused backend against the reference over the catalogue's option sets (dtyp
 tensors, rounds) is tests/test_equivalence.py's and tests/test_batched.py's, which read FedSAM's
 option sets from its descriptor like every algorithm's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -12,12 +13,11 @@ import math
 
 import pytest
 import torch
+from backends import cases, require, supports
 
 import fedopt_kernels as fk
 from fedopt_kernels.fl import catalogue
 from fedopt_kernels.optim.fedsam import BatchedFedSAM
-
-from backends import cases, require, supports
 
 F64 = dict(dtype=torch.float64)
 
@@ -38,8 +38,20 @@ def _quadratic(params, seed=1):
     return loss
 
 
-def _oracle(x, grad_at, lr, rho, adaptive=False, eta=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0,
-            nesterov=False, eps=1e-12, bufs=None):
+def _oracle(
+    x,
+    grad_at,
+    lr,
+    rho,
+    adaptive=False,
+    eta=0.01,
+    momentum=0.0,
+    dampening=0.0,
+    weight_decay=0.0,
+    nesterov=False,
+    eps=1e-12,
+    bufs=None,
+):
     """SPEC §14 in float64, one step: the ascent from the gradient at x, the descent from x with the
     gradient at x + e (torch.optim.SGD's step with momentum buffers ``bufs``)."""
     g = grad_at(x)
@@ -57,10 +69,16 @@ def _oracle(x, grad_at, lr, rho, adaptive=False, eta=0.01, momentum=0.0, dampeni
     return out
 
 
-@pytest.mark.parametrize("kw", [dict(rho=0.05), dict(rho=0.5, momentum=0.9, weight_decay=0.01),
-                                dict(rho=0.2, adaptive=True, eta=0.1, momentum=0.9, nesterov=True),
-                                dict(rho=0.3, adaptive=True, momentum=0.5, dampening=0.3)],
-                         ids=["sam", "momentum_wd", "asam_nesterov", "asam_dampening"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(rho=0.05),
+        dict(rho=0.5, momentum=0.9, weight_decay=0.01),
+        dict(rho=0.2, adaptive=True, eta=0.1, momentum=0.9, nesterov=True),
+        dict(rho=0.3, adaptive=True, momentum=0.5, dampening=0.3),
+    ],
+    ids=["sam", "momentum_wd", "asam_nesterov", "asam_dampening"],
+)
 def test_the_reference_step_is_the_papers(kw):
     """FedSAM (reference backend, float64) against the oracle above over three steps of a quadratic."""
     params = _params((4, 3), (5,))
@@ -106,7 +124,7 @@ def test_rho_zero_is_the_sgd_step_exactly(backend, device):
     sam = fk.FedSAM(a, rho=0.0, backend=backend, **kw)
     sgd = fk.FedDecaySGD(b, beta=1.0, backend=backend, **kw)
     torch_sgd = torch.optim.SGD(c, **kw)
-    for step in range(4):
+    for _step in range(4):
         grads = [torch.randn(p.shape, **F64).to(dtype=dtype, device=device) for p in a]
         for ps in (a, b, c):
             for p, g in zip(ps, grads):
@@ -217,8 +235,16 @@ def test_the_two_step_form_is_enforced():
         opt.first_step(active=[True])
 
 
-@pytest.mark.parametrize("kw,name", [(dict(rho=-0.1), "rho"), (dict(eta=-1.0), "eta"), (dict(eps=-1.0), "eps"),
-                                     (dict(adaptive=1), "adaptive"), (dict(momentum=-0.5), "momentum")])
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        (dict(rho=-0.1), "rho"),
+        (dict(eta=-1.0), "eta"),
+        (dict(eps=-1.0), "eps"),
+        (dict(adaptive=1), "adaptive"),
+        (dict(momentum=-0.5), "momentum"),
+    ],
+)
 def test_bad_hyperparameters_are_named(kw, name):
     with pytest.raises((ValueError, TypeError), match=name):
         fk.FedSAM(_params((3,)), lr=0.1, **kw)

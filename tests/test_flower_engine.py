@@ -9,6 +9,7 @@
   shut down. Client state (SCAFFOLD's c_i, batch positions) lives in the SuperNodes between rounds,
   so agreement with the simulator after round 2 also shows that it survives there.
 """
+
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any, Dict
 
 import pytest
 
@@ -35,13 +37,25 @@ EXAMPLE = REPO / "examples" / "flower-digits"
 STRATEGIES = list(VARIANTS)  # every registered algorithm variant
 # mlp and a larger lr (lr-scale multiplies every client lr, PAdaMFed's theory eta too) so that three
 # rounds move accuracy clearly for every algorithm; decay-every=5 lets FedDecay's lr decay per half round
-SUITE = {"algorithm": ",".join(STRATEGIES), "clients": 5, "holdout-fraction": 0.0, "rounds": 3, "local-steps": 10,
-         "model": "mlp", "lr-scale": 4.0, "decay-every": 5, "sample-rate": 1.0, "seed": 1, "backend": "reference",
-         "device": "cpu"}
+SUITE = {
+    "algorithm": ",".join(STRATEGIES),
+    "clients": 5,
+    "holdout-fraction": 0.0,
+    "rounds": 3,
+    "local-steps": 10,
+    "model": "mlp",
+    "lr-scale": 4.0,
+    "decay-every": 5,
+    "sample-rate": 1.0,
+    "seed": 1,
+    "backend": "reference",
+    "device": "cpu",
+}
 
 
 def sim_config(saved: dict) -> SimConfig:
-    return SimConfig(**{k: (tuple(v) if k == "split" else v) for k, v in saved.items()})
+    kw: Dict[str, Any] = {k: (tuple(v) if k == "split" else v) for k, v in saved.items()}
+    return SimConfig(**kw)
 
 
 def divergence_per_round(result: dict):
@@ -76,17 +90,24 @@ def suite(tmp_path_factory):
     # one retry is allowed for that; errors of the apps themselves are raised as they are.
     for attempt in (1, 2):
         try:
-            run_simulation(server_app(config), client_app(config), num_supernodes=5,
-                           backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+            run_simulation(
+                server_app(config),
+                client_app(config),
+                num_supernodes=5,
+                backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}},
+            )
             break
         except RuntimeError as exc:
             if attempt == 2 or out.exists():
                 raise
             print(f"\nFlower's simulation engine did not start ({exc}); retrying once")
-    print(f"\nFlower simulation of {len(STRATEGIES)} strategies x 3 rounds x 5 clients: "
-          f"{time.perf_counter() - start:.1f} s")
+    print(
+        f"\nFlower simulation of {len(STRATEGIES)} strategies x 3 rounds x 5 clients: "
+        f"{time.perf_counter() - start:.1f} s"
+    )
     assert out.exists(), "the ServerApp did not save its results"
     import ray
+
     assert not ray.is_initialized(), "Flower left Ray running in the test process"
     return torch.load(out, weights_only=False)
 
@@ -105,7 +126,7 @@ def test_simulation_finishes_and_improves_accuracy(suite, algorithm):
 @pytest.mark.parametrize("algorithm", STRATEGIES)
 def test_simulation_agrees_with_fedopt_sim(suite, algorithm):
     rels = divergence_per_round(suite[algorithm])
-    print(f"\n{algorithm}: relative divergence from fedopt-sim per round {['%.2e' % r for r in rels]}")
+    print(f"\n{algorithm}: relative divergence from fedopt-sim per round {[f'{r:.2e}' for r in rels]}")
     # round 1 starts from the same state on both sides: it is the one-round divergence of --validate;
     # rounds 2-3 are the trajectory, held to the same tolerance
     assert max(rels) <= PARAM_RTOL, f"{algorithm}: {rels}"
@@ -130,8 +151,7 @@ def wait_healthy(port: int, proc: subprocess.Popen, log: Path, timeout: float = 
     end = time.time() + timeout
     while time.time() < end:
         if proc.poll() is not None:
-            pytest.skip(f"the SuperLink did not start offline (exit {proc.returncode}): "
-                        f"{log.read_text()[-800:]}")
+            pytest.skip(f"the SuperLink did not start offline (exit {proc.returncode}): {log.read_text()[-800:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200:
@@ -159,34 +179,61 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
     superlink, supernode, flwr_cli = (executable(n) for n in ("flower-superlink", "flower-supernode", "flwr"))
     home = tmp_path / "flwr-home"
     home.mkdir()
-    env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        FLWR_HOME=str(home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     link_port = free_port()
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "local-deployment"\n\n[superlink.local-deployment]\n'
-        f'address = "127.0.0.1:{link_port}"\ninsecure = true\n')
+        f'address = "127.0.0.1:{link_port}"\ninsecure = true\n'
+    )
     out = tmp_path / "deployment.pt"
     procs = {}
 
     def start(name, cmd):
         log = tmp_path / f"{name}.log"
-        procs[name] = (subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                        start_new_session=True), log)
+        procs[name] = (
+            subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True),
+            log,
+        )
         return procs[name]
 
     start_time = time.perf_counter()
     try:
-        link, link_log = start("superlink", [superlink, "--insecure", "--port", str(link_port),
-                                             "--disable-runtime-dependency-installation"])
+        link, link_log = start(
+            "superlink",
+            [superlink, "--insecure", "--port", str(link_port), "--disable-runtime-dependency-installation"],
+        )
         wait_healthy(link_port, link, link_log)
         for i in range(2):
-            start(f"supernode{i}", [supernode, "--insecure", "--superlink", f"127.0.0.1:{link_port}",
-                                    "--port", str(free_port()),
-                                    "--node-config", f"partition-id={i} num-partitions=2"])
-        run_config = (f"algorithm='fednar-scaffold' clients=2 holdout-fraction=0.0 rounds=2 local-steps=5 "
-                      f"model='mlp' sample-rate=1.0 seed=1 backend='reference' device='cpu' out='{out}'")
-        res = subprocess.run([flwr_cli, "run", str(EXAMPLE), "local-deployment", "--stream",
-                              "--run-config", run_config], env=env, capture_output=True, text=True, timeout=400)
+            start(
+                f"supernode{i}",
+                [
+                    supernode,
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{link_port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f"partition-id={i} num-partitions=2",
+                ],
+            )
+        run_config = (
+            f"algorithm='fednar-scaffold' clients=2 holdout-fraction=0.0 rounds=2 local-steps=5 "
+            f"model='mlp' sample-rate=1.0 seed=1 backend='reference' device='cpu' out='{out}'"
+        )
+        res = subprocess.run(
+            [flwr_cli, "run", str(EXAMPLE), "local-deployment", "--stream", "--run-config", run_config],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         run_seconds = time.perf_counter() - start_time
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         assert out.exists(), "the ServerApp saved no result:\n" + res.stdout[-3000:]
@@ -207,19 +254,21 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
         while time.time() < end and any(alive_in_group(p.pid) for p, _ in procs.values()):
             time.sleep(0.5)
         leftovers = {name: alive_in_group(proc.pid) for name, (proc, _) in procs.items()}
-        for name, (proc, _) in procs.items():  # never leave anything behind, even on failure
+        for proc, _ in procs.values():  # never leave anything behind, even on failure
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         shutdown_seconds = time.perf_counter() - start_time - run_seconds if "run_seconds" in locals() else 0.0
-    print(f"\nSuperLink + 2 SuperNodes, 2 rounds of fednar-scaffold: {run_seconds:.1f} s to the end of "
-          f"`flwr run`, {shutdown_seconds:.1f} s to shut down")
+    print(
+        f"\nSuperLink + 2 SuperNodes, 2 rounds of fednar-scaffold: {run_seconds:.1f} s to the end of "
+        f"`flwr run`, {shutdown_seconds:.1f} s to shut down"
+    )
     assert all(exited.values()), f"not stopped by SIGTERM within 30 s: {exited}"
     assert not any(leftovers.values()), f"processes left running 30 s after shutdown: {leftovers}"
 
     result = torch.load(out, weights_only=False)["fednar-scaffold"]
     assert [h["round"] for h in result["history"]] == [0, 1, 2] and result["rejections"] == []
     rels = divergence_per_round(result)
-    print(f"deployment vs fedopt-sim, relative divergence per round: {['%.2e' % r for r in rels]}")
+    print(f"deployment vs fedopt-sim, relative divergence per round: {[f'{r:.2e}' for r in rels]}")
     assert max(rels) <= PARAM_RTOL

@@ -8,6 +8,7 @@ state (control variates, FedDyn's g_i, batch positions) must come back from thei
 global model of every round, the server's metrics and the replies left out must equal those of an
 uninterrupted run bit for bit. Flower's simulation engine (Ray) runs the same for one algorithm.
 """
+
 import json
 
 import pytest
@@ -15,13 +16,13 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]'")
 
 import torch  # noqa: E402
+from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 
 from fedopt_kernels.fl.algorithm import VARIANTS  # noqa: E402
 from fedopt_kernels.fl.checkpoint import MANIFEST, CheckpointError  # noqa: E402
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
-from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 
 ROUNDS = 4
 
@@ -45,9 +46,19 @@ class StoppingGrid(InProcessGrid):
 
 
 def run_config(algorithm, folder, **kw):
-    rc = {"algorithm": algorithm, "clients": 5, "holdout-fraction": 0.0, "rounds": ROUNDS, "local-steps": 2,
-          "model": "mlp", "sample-rate": 0.6, "seed": 3, "backend": "reference", "device": "cpu",
-          "checkpoint-dir": str(folder)}
+    rc = {
+        "algorithm": algorithm,
+        "clients": 5,
+        "holdout-fraction": 0.0,
+        "rounds": ROUNDS,
+        "local-steps": 2,
+        "model": "mlp",
+        "sample-rate": 0.6,
+        "seed": 3,
+        "backend": "reference",
+        "device": "cpu",
+        "checkpoint-dir": str(folder),
+    }
     rc.update(kw)
     return rc
 
@@ -122,8 +133,12 @@ def test_simulation_engine_server_restart(tmp_path, monkeypatch):
         return configure_train(self, server_round, *args, **kw)
 
     def simulate():
-        run_simulation(server_app(rc), client_app(rc), num_supernodes=5,
-                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+        run_simulation(
+            server_app(rc),
+            client_app(rc),
+            num_supernodes=5,
+            backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}},
+        )
 
     monkeypatch.setattr(FedOptStrategy, "configure_train", stopping)
     with pytest.raises(Stopped):  # the engine re-raises what stopped the ServerApp

@@ -4,12 +4,12 @@ These functions are the one implementation both front ends call (the simulator's
 the Flower strategies); the simulator's hand-computed tests (test_sim_algorithms.py) pin them
 end to end, these pin each rule alone, its purity and its bad-input errors. No Flower needed.
 """
+
 import pytest
 import torch
 
+from fedopt_kernels.fl.server_rules import scaffold_control_step, scaffold_local_control, weighted_average_step
 from fedopt_kernels.optim.padamfed import padamfed_init, padamfed_step  # noqa: E402
-from fedopt_kernels.fl.server_rules import (scaffold_control_step, scaffold_local_control,
-                                            weighted_average_step)
 
 
 def tensors(*shapes, seed=0):
@@ -30,8 +30,9 @@ def test_weighted_average_step_matches_hand():
         torch.testing.assert_close(out[j], expect)
 
 
-@pytest.mark.parametrize("weights", [[1e308, 1e308], [1e308, 1e308, 1.0], [2.0 ** 53, 1.0, 3.0],
-                                     [1.7e308, 5e-324], [5e-324, 5e-324]])
+@pytest.mark.parametrize(
+    "weights", [[1e308, 1e308], [1e308, 1e308, 1.0], [2.0**53, 1.0, 3.0], [1.7e308, 5e-324], [5e-324, 5e-324]]
+)
 def test_weighted_average_weights_sum_to_one_without_overflow(weights):
     """Finite positive weights of any size: the step is the weighted mean, never a frozen model (a sum of
     weights that overflows to inf once made every weight 0)."""
@@ -69,8 +70,7 @@ def test_padamfed_rules_match_hand():
     deltas = [tensors(*SHAPES, seed=s) for s in (10, 11)]
     dcs = [tensors(*SHAPES, seed=s) for s in (12, 13)]
     eta, K, gamma, beta, N = 0.05, 4, 0.6, 0.3, 4
-    nx, nc, nm = padamfed_step(x, c, m, deltas, dcs, num_clients=N, lr=eta, local_steps=K, server_lr=gamma,
-                               beta=beta)
+    nx, nc, nm = padamfed_step(x, c, m, deltas, dcs, num_clients=N, lr=eta, local_steps=K, server_lr=gamma, beta=beta)
     for j in range(len(x)):
         dc = dcs[0][j] + dcs[1][j]
         torch.testing.assert_close(nx[j], x[j] - gamma * ((-deltas[0][j] - deltas[1][j]) / 2) / (eta * K))
@@ -90,17 +90,22 @@ def test_rules_do_not_modify_their_inputs():
     assert all(torch.equal(a, b) for a, b in zip(before, x + c + m + deltas[0] + dcs[0]))
 
 
-@pytest.mark.parametrize("call, names", [
-    (lambda x, d: weighted_average_step(x, [], [], 1.0), "deltas"),
-    (lambda x, d: weighted_average_step(x, [d[:1]], [1.0], 1.0), "deltas[0]"),
-    (lambda x, d: weighted_average_step(x, [[d[1], d[0]]], [1.0], 1.0), "deltas[0][0]"),
-    (lambda x, d: weighted_average_step(x, [d], [0.0], 1.0), "weights"),
-    (lambda x, d: weighted_average_step(x, [d], [1.0, 2.0], 1.0), "weights"),
-    (lambda x, d: scaffold_control_step(x, [d], 0), "num_clients"),
-    (lambda x, d: padamfed_init([], 3), "local_controls"),
-    (lambda x, d: padamfed_step(x, x, x, [d], [], num_clients=2, lr=0.1, local_steps=1, server_lr=1, beta=0.5),
-     "dcs"),
-])
+@pytest.mark.parametrize(
+    "call, names",
+    [
+        (lambda x, d: weighted_average_step(x, [], [], 1.0), "deltas"),
+        (lambda x, d: weighted_average_step(x, [d[:1]], [1.0], 1.0), "deltas[0]"),
+        (lambda x, d: weighted_average_step(x, [[d[1], d[0]]], [1.0], 1.0), "deltas[0][0]"),
+        (lambda x, d: weighted_average_step(x, [d], [0.0], 1.0), "weights"),
+        (lambda x, d: weighted_average_step(x, [d], [1.0, 2.0], 1.0), "weights"),
+        (lambda x, d: scaffold_control_step(x, [d], 0), "num_clients"),
+        (lambda x, d: padamfed_init([], 3), "local_controls"),
+        (
+            lambda x, d: padamfed_step(x, x, x, [d], [], num_clients=2, lr=0.1, local_steps=1, server_lr=1, beta=0.5),
+            "dcs",
+        ),
+    ],
+)
 def test_bad_input_names_the_argument(call, names):
     x, d = tensors(*SHAPES, seed=1), tensors(*SHAPES, seed=2)
     with pytest.raises(ValueError, match=rf"^{names.replace('[', '.').replace(']', '.')}"):

@@ -10,6 +10,7 @@
 
 Flower's own engines (Ray simulation, SuperLink + SuperNodes) are in test_flower_engine.py.
 """
+
 import logging
 import os
 import subprocess
@@ -22,18 +23,27 @@ flwr = pytest.importorskip("flwr", reason="Flower is not installed: pip install 
 
 import torch  # noqa: E402
 from flwr.app import Array, ConfigRecord, MessageType  # noqa: E402
+from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 
-from fedopt_kernels.fl.server_rules import RULES  # noqa: E402
 from fedopt_kernels.fl.algorithm import VARIANTS  # noqa: E402
-from fedopt_kernels.flower import (FedDecayStrategy, FedNARStrategy, FedNLRStrategy, PAdaMFedStrategy,  # noqa: E402
-                                   ScaffoldStrategy, strategy_for)
+from fedopt_kernels.fl.server_rules import (  # noqa: E402
+    RULES,
+    scaffold_control_step,
+    weighted_average_step,
+)
+from fedopt_kernels.flower import (  # noqa: E402
+    FedDecayStrategy,
+    FedNARStrategy,
+    FedNLRStrategy,
+    PAdaMFedStrategy,
+    ScaffoldStrategy,
+    strategy_for,
+)
 from fedopt_kernels.flower.apps import client_app, run_algorithm  # noqa: E402
 from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.records import from_record, to_record  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
-from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 from fedopt_kernels.flower.simdata import simulation_for  # noqa: E402
-from fedopt_kernels.fl.server_rules import scaffold_control_step, weighted_average_step  # noqa: E402
 from fedopt_kernels.optim.padamfed import padamfed_init, padamfed_step  # noqa: E402
 from fedopt_kernels.sim import Simulation  # noqa: E402
 from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence  # noqa: E402
@@ -42,16 +52,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_config(algorithm, **kw):
-    rc = {"algorithm": algorithm, "clients": 4, "holdout-fraction": 0.0, "rounds": 2, "local-steps": 3,
-          "model": "mlp", "sample-rate": 1.0, "seed": 3, "backend": "reference", "device": "cpu"}
+    rc = {
+        "algorithm": algorithm,
+        "clients": 4,
+        "holdout-fraction": 0.0,
+        "rounds": 2,
+        "local-steps": 3,
+        "model": "mlp",
+        "sample-rate": 1.0,
+        "seed": 3,
+        "backend": "reference",
+        "device": "cpu",
+    }
     rc.update(kw)
     return rc
 
 
 # ---------------------------------------------------------------------------------------------- agreement
 # every registered variant with everyone training, and partial participation for each rule with server state
-@pytest.mark.parametrize("algorithm, sample_rate", [(v, 1.0) for v in VARIANTS] +
-                         [(v.name, 0.5) for v in VARIANTS.values() if RULES[v.server].state])
+@pytest.mark.parametrize(
+    "algorithm, sample_rate",
+    [(v, 1.0) for v in VARIANTS] + [(v.name, 0.5) for v in VARIANTS.values() if RULES[v.server].state],
+)
 def test_flower_run_equals_the_simulator(algorithm, sample_rate):
     # sample_rate 0.5: the app's strategy trains the clients fedopt-sim samples (a twin simulator draws them)
     rc = run_config(algorithm, rounds=3, **{"sample-rate": sample_rate})
@@ -89,8 +111,7 @@ def test_client_keeps_its_control_and_never_sends_it(algorithm):
 def test_federated_evaluation_matches_the_servers_pooled_accuracy():
     rc = run_config("fednlr", rounds=2)
     cfg = sim_configs(rc)[0]
-    out = run_algorithm(InProcessGrid(client_app(), cfg.num_train_clients, rc), cfg, tag="eval",
-                        fraction_evaluate=1.0)
+    out = run_algorithm(InProcessGrid(client_app(), cfg.num_train_clients, rc), cfg, tag="eval", fraction_evaluate=1.0)
     # every client evaluates on its validation split; the n-weighted mean is the pooled accuracy
     for h in out["history"][1:]:
         fed = out["evaluate_metrics"][h["round"]]
@@ -139,8 +160,9 @@ def test_client_sampler_maps_client_ids_to_nodes(caplog):
 
     # everyone sampled: every node trains, and nobody is asked who they are
     queries = []
-    counting = InProcessGrid(lambda m, c: queries.append(m.metadata.message_type) or app(m, c),
-                             cfg.num_train_clients, rc)
+    counting = InProcessGrid(
+        lambda m, c: queries.append(m.metadata.message_type) or app(m, c), cfg.num_train_clients, rc
+    )
     everyone = strategy_for(cfg, client_sampler=lambda: [2, 0, 3, 1])
     msgs = everyone.configure_train(1, arrays, ConfigRecord(), counting)
     assert sorted(m.metadata.dst_node_id for m in msgs) == sorted(counting.get_node_ids()) and queries == []
@@ -168,14 +190,17 @@ class FaultyClient:
             return self.messages[(msg.metadata.message_type, rnd - 1, cid)]
         reply = self.app(msg, ctx)
         if hit and self.fault.startswith("count="):
-            reply.content["metrics"]["num-examples"] = eval(self.fault[len("count="):])
+            reply.content["metrics"]["num-examples"] = eval(self.fault[len("count=") :])
         key = "control" if "control" in reply.content and "delta" not in reply.content else "delta"
         if hit and self.fault in ("nan", "shape"):
             rec = reply.content[key]
             name = next(iter(rec.keys()))
             arr = rec[name].numpy()
-            rec[name] = Array(np.full(arr.shape, np.nan, arr.dtype) if self.fault == "nan"
-                              else np.zeros(arr.shape[:-1] + (arr.shape[-1] + 1,), arr.dtype))
+            rec[name] = Array(
+                np.full(arr.shape, np.nan, arr.dtype)
+                if self.fault == "nan"
+                else np.zeros(arr.shape[:-1] + (arr.shape[-1] + 1,), arr.dtype)
+            )
         if hit and self.fault == "nan-dc":
             rec = reply.content["dc"]
             name = next(iter(rec.keys()))
@@ -189,8 +214,13 @@ def tensors_of(record, names):
     return [torch.from_numpy(np.array(record[n].numpy())) for n in names]
 
 
-FAULTS = {"nan": "non-finite", "shape": "has shape", "dropout": "no reply", "crash": "simulated crash",
-          "nan-dc": "non-finite"}
+FAULTS = {
+    "nan": "non-finite",
+    "shape": "has shape",
+    "dropout": "no reply",
+    "crash": "simulated crash",
+    "nan-dc": "non-finite",
+}
 
 
 def drive_round(strategy, grid, server_round, arrays):
@@ -235,15 +265,25 @@ def test_a_bad_client_is_left_out_and_logged(algorithm, fault, caplog):
     weights = [float(r["metrics"]["num-examples"]) for r in good]
     if cfg.server_rule == "padamfed":
         dcs = [tensors_of(r["dc"], names) for r in good]
-        ex, ec, em = padamfed_step(x0, state0["c"], state0["m"], deltas, dcs, num_clients=cfg.num_train_clients,
-                                   lr=strategy.hp["lr"], local_steps=cfg.local_steps,
-                                   server_lr=strategy.hp["server_lr"], beta=strategy.hp["beta"])
+        ex, ec, em = padamfed_step(
+            x0,
+            state0["c"],
+            state0["m"],
+            deltas,
+            dcs,
+            num_clients=cfg.num_train_clients,
+            lr=strategy.hp["lr"],
+            local_steps=cfg.local_steps,
+            server_lr=strategy.hp["server_lr"],
+            beta=strategy.hp["beta"],
+        )
         expected = {"x": ex, "c": ec, "m": em}
     else:
         expected = {"x": weighted_average_step(x0, deltas, weights, strategy.hp["server_lr"])}
         if cfg.server_rule == "scaffold":
-            expected["c"] = scaffold_control_step(state0["c"], [tensors_of(r["dc"], names) for r in good],
-                                                  cfg.num_train_clients)
+            expected["c"] = scaffold_control_step(
+                state0["c"], [tensors_of(r["dc"], names) for r in good], cfg.num_train_clients
+            )
     got = {"x": strategy.global_params, **strategy.server_state()}
     assert set(got) == set(expected)
     for k in expected:
@@ -254,8 +294,7 @@ def test_a_bad_client_is_left_out_and_logged(algorithm, fault, caplog):
     # the next round (everyone well again) runs normally from there
     _, metrics = drive_round(strategy, grid, 2, arrays)
     assert metrics["clients-used"] == cfg.num_train_clients and len(strategy.rejections) == 1
-    assert all(torch.isfinite(t).all() for v in [strategy.global_params, *strategy.server_state().values()]
-               for t in v)
+    assert all(torch.isfinite(t).all() for v in [strategy.global_params, *strategy.server_state().values()] for t in v)
 
 
 @pytest.mark.parametrize("fault", ["nan", "dropout"])
@@ -271,8 +310,11 @@ def test_padamfed_initialisation_leaves_a_bad_client_out(fault, caplog):
         drive_round(strategy, grid, 1, to_record(names, sim.global_params))
     (rej,) = strategy.rejections
     assert rej.phase == "init" and FAULTS[fault] in rej.reason
-    good = [tensors_of(client.replies[("train.init_controls", 1, c)]["control"], names)
-            for c in range(cfg.num_train_clients) if c != 1]
+    good = [
+        tensors_of(client.replies[("train.init_controls", 1, c)]["control"], names)
+        for c in range(cfg.num_train_clients)
+        if c != 1
+    ]
     c0, _ = padamfed_init(good, cfg.num_train_clients)
     assert all(torch.isfinite(t).all() for v in strategy.server_state().values() for t in v)
     # c after round 1 = c0 + sum(dc) / N: recover c0 from the round's replies and compare
@@ -283,14 +325,17 @@ def test_padamfed_initialisation_leaves_a_bad_client_out(fault, caplog):
 
 
 @pytest.mark.parametrize("algorithm", ["fednar-scaffold", "padamfed"])
-@pytest.mark.parametrize("fault,bad,reason", [
-    ("count=1e308", (1, 3), "num-examples"),      # two such counts overflowed the weight sum: model frozen
-    ("count=2.5", (2,), "num-examples"),
-    ("count=2**53 + 2", (0,), "num-examples"),
-    ("count=0", (2,), "num-examples"),
-    ("count=-4", (2,), "num-examples"),
-    ("stale", (1,), "round"),                      # a node asked in round 2 answers with its round-1 reply
-])
+@pytest.mark.parametrize(
+    "fault,bad,reason",
+    [
+        ("count=1e308", (1, 3), "num-examples"),  # two such counts overflowed the weight sum: model frozen
+        ("count=2.5", (2,), "num-examples"),
+        ("count=2**53 + 2", (0,), "num-examples"),
+        ("count=0", (2,), "num-examples"),
+        ("count=-4", (2,), "num-examples"),
+        ("stale", (1,), "round"),  # a node asked in round 2 answers with its round-1 reply
+    ],
+)
 def test_a_bad_count_or_a_stale_reply_is_a_logged_dropout(algorithm, fault, bad, reason, caplog):
     rc = run_config(algorithm)
     cfg = sim_configs(rc)[0]
@@ -313,14 +358,23 @@ def test_a_bad_count_or_a_stale_reply_is_a_logged_dropout(algorithm, fault, bad,
     good = [client.replies[(MessageType.TRAIN, 2, c)] for c in range(cfg.num_train_clients) if c not in bad]
     deltas = [tensors_of(r["delta"], names) for r in good]
     if cfg.server_rule == "padamfed":
-        expect, _, _ = padamfed_step(x0, state0["c"], state0["m"], deltas, [tensors_of(r["dc"], names) for r in good],
-                                     num_clients=cfg.num_train_clients, lr=strategy.hp["lr"],
-                                     local_steps=cfg.local_steps, server_lr=strategy.hp["server_lr"],
-                                     beta=strategy.hp["beta"])
+        expect, _, _ = padamfed_step(
+            x0,
+            state0["c"],
+            state0["m"],
+            deltas,
+            [tensors_of(r["dc"], names) for r in good],
+            num_clients=cfg.num_train_clients,
+            lr=strategy.hp["lr"],
+            local_steps=cfg.local_steps,
+            server_lr=strategy.hp["server_lr"],
+            beta=strategy.hp["beta"],
+        )
     else:
-        expect = weighted_average_step(x0, deltas, [float(r["metrics"]["num-examples"]) for r in good],
-                                       strategy.hp["server_lr"])
-    for a, b, before in zip(strategy.global_params, expect, x0):
+        expect = weighted_average_step(
+            x0, deltas, [float(r["metrics"]["num-examples"]) for r in good], strategy.hp["server_lr"]
+        )
+    for a, b, _before in zip(strategy.global_params, expect, x0):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert any(not torch.equal(a, b) for a, b in zip(strategy.global_params, x0))  # not frozen
@@ -361,7 +415,7 @@ def test_own_model_and_data_as_in_the_docs():
         x, y = data(cid)
         while True:
             for i in range(0, 40, 8):
-                yield x[i:i + 8], y[i:i + 8]
+                yield x[i : i + 8], y[i : i + 8]
 
     app = ClientApp()
 
@@ -369,15 +423,24 @@ def test_own_model_and_data_as_in_the_docs():
     def train(msg, context):
         cid = context.node_config["partition-id"]
         it = batches(cid, context)
-        content = train_round(make_model(), lambda: next(it), msg.content, context.state, num_examples=40,
-                              calibration=data(cid), backend="reference")
+        content = train_round(
+            make_model(),
+            lambda: next(it),
+            msg.content,
+            context.state,
+            num_examples=40,
+            calibration=data(cid),
+            backend="reference",
+        )
         return Message(content, reply_to=msg)
 
     @app.train("init_controls")
     def init(msg, context):
         it = batches(context.node_config["partition-id"], context)
-        return Message(init_controls_round(make_model(), lambda: next(it), msg.content, context.state,
-                                           num_examples=40), reply_to=msg)
+        return Message(
+            init_controls_round(make_model(), lambda: next(it), msg.content, context.state, num_examples=40),
+            reply_to=msg,
+        )
 
     def loss_of(arrays):
         model = make_model()
@@ -390,26 +453,31 @@ def test_own_model_and_data_as_in_the_docs():
     model = make_model()
     names, params = zip(*model.named_parameters())
     start = loss_of(to_record(names, params))
-    for strategy in (FedNARStrategy(backbone="scaffold", lr=0.1, weight_decay=1e-3, local_steps=5),
-                     FedNLRStrategy(lr=0.1, local_steps=5),
-                     PAdaMFedStrategy(num_rounds=5, clients_per_round=3, local_steps=5)):
+    for strategy in (
+        FedNARStrategy(backbone="scaffold", lr=0.1, weight_decay=1e-3, local_steps=5),
+        FedNLRStrategy(lr=0.1, local_steps=5),
+        PAdaMFedStrategy(num_rounds=5, clients_per_round=3, local_steps=5),
+    ):
         result = strategy.start(InProcessGrid(app, 3), to_record(names, params), num_rounds=5)
         assert strategy.rejections == []
         assert loss_of(result.arrays) < start, type(strategy).__name__
 
 
 # ---------------------------------------------------------------------------------------------- constructors
-@pytest.mark.parametrize("make, name", [
-    (lambda: FedDecayStrategy(beta=1.5), "beta"),
-    (lambda: FedDecayStrategy(beta=0.5, lr=-1.0), "lr"),
-    (lambda: FedNARStrategy(backbone="fedadam"), "backbone"),
-    (lambda: FedNARStrategy(max_norm=0.0), "clip_norm"),
-    (lambda: FedNLRStrategy(fraction_train=0.0), "fraction_train"),
-    (lambda: ScaffoldStrategy(clients_per_round=0), "clients_per_round"),
-    (lambda: ScaffoldStrategy(fraction_evaluate=2.0), "fraction_evaluate"),
-    (lambda: PAdaMFedStrategy(num_rounds=0, clients_per_round=5), "num_rounds"),
-    (lambda: PAdaMFedStrategy(num_rounds=10, clients_per_round=5, fraction_train=0.5), "fraction_train"),
-])
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: FedDecayStrategy(beta=1.5), "beta"),
+        (lambda: FedDecayStrategy(beta=0.5, lr=-1.0), "lr"),
+        (lambda: FedNARStrategy(backbone="fedadam"), "backbone"),
+        (lambda: FedNARStrategy(max_norm=0.0), "clip_norm"),
+        (lambda: FedNLRStrategy(fraction_train=0.0), "fraction_train"),
+        (lambda: ScaffoldStrategy(clients_per_round=0), "clients_per_round"),
+        (lambda: ScaffoldStrategy(fraction_evaluate=2.0), "fraction_evaluate"),
+        (lambda: PAdaMFedStrategy(num_rounds=0, clients_per_round=5), "num_rounds"),
+        (lambda: PAdaMFedStrategy(num_rounds=10, clients_per_round=5, fraction_train=0.5), "fraction_train"),
+    ],
+)
 def test_constructors_name_the_bad_parameter(make, name):
     with pytest.raises(ValueError, match=name):
         make()
@@ -418,6 +486,7 @@ def test_constructors_name_the_bad_parameter(make, name):
 def test_keyword_constructors_resolve_the_simulators_defaults():
     s = PAdaMFedStrategy(num_rounds=100, clients_per_round=10, local_steps=5)
     from fedopt_kernels import theory_hparams
+
     eta, gamma, beta = theory_hparams(10, 5, 100)
     assert (s.hp["lr"], s.hp["server_lr"], s.hp["beta"]) == (eta, gamma, beta)
     assert FedNARStrategy(backbone="scaffold").cfg.algorithm == "fednar-scaffold"
@@ -433,9 +502,17 @@ def test_importing_without_flower_says_what_to_install():
     assert 'pip install "fedopt_kernels[flower]"' in res.stderr
 
 
-@pytest.mark.parametrize("old, new", [("FedDecay", "FedDecayStrategy"), ("FedNLR", "FedNLRStrategy"),
-                                      ("FedNAR", "FedNARStrategy"), ("Scaffold", "ScaffoldStrategy"),
-                                      ("PAdaMFed", "PAdaMFedStrategy"), ("padamfed_init_round", "init_controls_round")])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("FedDecay", "FedDecayStrategy"),
+        ("FedNLR", "FedNLRStrategy"),
+        ("FedNAR", "FedNARStrategy"),
+        ("Scaffold", "ScaffoldStrategy"),
+        ("PAdaMFed", "PAdaMFedStrategy"),
+        ("padamfed_init_round", "init_controls_round"),
+    ],
+)
 def test_earlier_flower_names_import_with_a_warning(old, new):
     import fedopt_kernels.flower as fl
 
@@ -443,4 +520,4 @@ def test_earlier_flower_names_import_with_a_warning(old, new):
         assert getattr(fl, old) is getattr(fl, new)
     assert old not in fl.__all__
     with pytest.raises(AttributeError):
-        fl.NoSuchStrategy
+        _ = fl.NoSuchStrategy

@@ -8,6 +8,7 @@
 * a rejected ``add_param_group`` adds nothing; PAdaMFed parameters added mid-round say what to do;
 * a state_dict of another optimizer class is refused at load time.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,11 +17,10 @@ import pickle
 
 import pytest
 import torch
+from backends import cases, require
 
 import fedopt_kernels as fk
 from fedopt_kernels.fl import catalogue
-
-from backends import cases, require
 
 LARGE, TINY = 1e18, 1e-25
 
@@ -33,8 +33,10 @@ def _params(n=3, seed=0, dtype=torch.float32, device="cpu"):
 
 def _grads(params, magnitude, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(p.shape, generator=g, dtype=torch.float64) * magnitude).to(dtype=p.dtype, device=p.device)
-            for p in params]
+    return [
+        (torch.randn(p.shape, generator=g, dtype=torch.float64) * magnitude).to(dtype=p.dtype, device=p.device)
+        for p in params
+    ]
 
 
 # ------------------------------------------------------------------ 1. norms without overflow / underflow
@@ -95,9 +97,16 @@ def test_backends_take_the_same_clip_decision_as_reference(backend, device):
 
 
 # ------------------------------------------------------------------ 2. tensor schedules
-@pytest.mark.parametrize("values,what", [([1.0, float("nan")], "finite"), ([1.0, float("inf")], "finite"),
-                                         ([1.0, -1.0], ">= 0"), ([1.0, 2.0], "non-increasing"),
-                                         ([0.0, 0.0], "s\\(0\\) > 0")])
+@pytest.mark.parametrize(
+    "values,what",
+    [
+        ([1.0, float("nan")], "finite"),
+        ([1.0, float("inf")], "finite"),
+        ([1.0, -1.0], ">= 0"),
+        ([1.0, 2.0], "non-increasing"),
+        ([0.0, 0.0], "s\\(0\\) > 0"),
+    ],
+)
 def test_tensor_schedule_is_validated_at_construction(values, what):
     with pytest.raises(ValueError, match=what):
         fk.FedDecaySGD(_params(1), lr=0.1, beta=0.5, schedule=torch.tensor(values))
@@ -133,8 +142,9 @@ def test_same_parameter_twice_is_refused(algo):
 @pytest.mark.parametrize("views", ["slices", "transposed", "whole_and_part"])
 def test_overlapping_views_are_refused(views):
     base = torch.randn(6, 4)
-    a, b = {"slices": (base[:4], base[2:]), "transposed": (base, base.t()),
-            "whole_and_part": (base.view(-1), base[1])}[views]
+    a, b = {"slices": (base[:4], base[2:]), "transposed": (base, base.t()), "whole_and_part": (base.view(-1), base[1])}[
+        views
+    ]
     with pytest.raises(ValueError, match="share memory"):
         fk.FedNAR([torch.nn.Parameter(a), torch.nn.Parameter(b)], lr=0.1, weight_decay=0.0)
     opt = fk.FedNAR([torch.nn.Parameter(a)], lr=0.1, weight_decay=0.0)

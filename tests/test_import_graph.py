@@ -10,11 +10,12 @@ them, but a reader (and a type checker) follows them, and a circle drawn there i
 ``sim.strategy.RoundHost`` do). A name computed at run time
 (``f"fedopt_kernels.core.backends.{name}"``) cannot be followed and does not count.
 """
+
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set
+from typing import AbstractSet, Dict, Iterator, List, Optional, Set
 
 ROOT = Path(__file__).resolve().parents[1]
 # (folder, the module name it is imported as)
@@ -38,7 +39,7 @@ def _all_nodes(tree: ast.AST) -> Iterator[ast.AST]:
     return ast.walk(tree)
 
 
-def imported_names(module: str, path: Path, known: Set[str] = frozenset()) -> List[str]:
+def imported_names(module: str, path: Path, known: AbstractSet[str] = frozenset()) -> List[str]:
     """Absolute names of the modules ``module`` imports anywhere (``known``: the package's modules)."""
     is_pkg = path.name == "__init__.py"
     package = module if is_pkg else module.rpartition(".")[0]
@@ -49,14 +50,18 @@ def imported_names(module: str, path: Path, known: Set[str] = frozenset()) -> Li
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
             # ``from pkg import mod`` imports the module; ``from mod import attr`` the module holding it
             out += [f"{stem}.{a.name}" if f"{stem}.{a.name}" in known else stem for a in node.names]
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             fn = node.func
             name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
             if name == "import_module":
@@ -83,7 +88,9 @@ def _cycle_through(graph: Dict[str, Set[str]], comp: Set[str], start: str) -> Li
             if nxt == start:
                 path = [node]
                 while path[-1] != start:
-                    path.append(prev[path[-1]])
+                    step = prev[path[-1]]
+                    assert step is not None  # only start has no predecessor, and the walk stops there
+                    path.append(step)
                 return [start] + path[::-1][1:] + [start]
             if nxt not in prev:
                 prev[nxt] = node
@@ -142,9 +149,11 @@ def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 def test_the_graph_sees_late_imports(tmp_path):
     # the walker must find imports inside functions and under TYPE_CHECKING
-    src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n"
-           "def f():\n    from . import c\n    from .e import g\n    import importlib\n"
-           "    importlib.import_module('pkg.d')\n")
+    src = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n"
+        "def f():\n    from . import c\n    from .e import g\n    import importlib\n"
+        "    importlib.import_module('pkg.d')\n"
+    )
     path = tmp_path / "a.py"
     path.write_text(src)
     names = imported_names("pkg.a", path, {"pkg.b", "pkg.c", "pkg.d", "pkg.e"})

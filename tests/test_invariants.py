@@ -2,6 +2,7 @@
 
 These catch a wrong reference: the fused backends are only as right as the reference they match.
 """
+
 import math
 
 import pytest
@@ -39,11 +40,19 @@ def _same_as_torch_sgd(make, a, sgd_kw, steps=3):
 
 
 # ---------------------------------------------------------------- FedDecay (docs/algorithms.md)
-@pytest.mark.parametrize("schedule,beta,every", [
-    ("exponential", 0.7, 1), ("exponential", 0.5, 3), ("linear", 0.8, 1), ("linear", 0.3, 2),
-    ("exponential", 0.0, 1), ("exponential", 1.0, 1),
-    (lambda j: 1.0 / (1 + j), 0.5, 1), (torch.tensor([1.0, 0.5, 0.25, 0.2, 0.1, 0.0, 0.0]), 0.5, 1),
-])
+@pytest.mark.parametrize(
+    "schedule,beta,every",
+    [
+        ("exponential", 0.7, 1),
+        ("exponential", 0.5, 3),
+        ("linear", 0.8, 1),
+        ("linear", 0.3, 2),
+        ("exponential", 0.0, 1),
+        ("exponential", 1.0, 1),
+        (lambda j: 1.0 / (1 + j), 0.5, 1),
+        (torch.tensor([1.0, 0.5, 0.25, 0.2, 0.1, 0.0, 0.0]), 0.5, 1),
+    ],
+)
 def test_feddecay_eq5_total_step_is_lr_times_sum_of_schedule(schedule, beta, every):
     """Paper Eq. 5: with a fixed gradient and no momentum, x0 - xK = lr * sum_k s(k // every) * g."""
     (p,) = _params((5, 4))
@@ -74,15 +83,23 @@ def test_feddecay_beta0_is_fedsgd_and_beta1_is_fedavg():
         torch.testing.assert_close(x0 - p.detach(), 0.1 * moved_steps * g)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(momentum=0.9), dict(momentum=0.9, dampening=0.3),
-                                dict(momentum=0.8, nesterov=True, weight_decay=0.1), dict(weight_decay=0.05, maximize=True)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(momentum=0.9),
+        dict(momentum=0.9, dampening=0.3),
+        dict(momentum=0.8, nesterov=True, weight_decay=0.1),
+        dict(weight_decay=0.05, maximize=True),
+    ],
+)
 def test_feddecay_is_torch_sgd_with_decayed_lr(kw):
     """Within a round, FedDecaySGD == torch.optim.SGD whose lr is set to lr * beta**k before step k."""
     a = _params((4, 3), (5,), seed=1)
     b = [torch.nn.Parameter(p.detach().clone()) for p in a]
     ours = fk.FedDecaySGD(a, lr=0.2, beta=0.6, backend="reference", **kw)
     theirs = torch.optim.SGD(b, lr=0.2, **kw)
-    for rnd in range(2):
+    for _rnd in range(2):
         ours.start_round()
         theirs.state.clear()  # a new round clears momentum, as a fresh torch optimizer per round would
         for k in range(4):
@@ -90,7 +107,7 @@ def test_feddecay_is_torch_sgd_with_decayed_lr(kw):
             _set_grads(a, grads)
             _set_grads(b, grads)
             for grp in theirs.param_groups:
-                grp["lr"] = 0.2 * 0.6 ** k
+                grp["lr"] = 0.2 * 0.6**k
             ours.step()
             theirs.step()
     for x, y in zip(a, b):
@@ -102,7 +119,7 @@ def test_within_round_decay_scheduler_drives_adam():
     opt = torch.optim.Adam([p], lr=0.01)
     sched = fk.WithinRoundDecay(opt, beta=0.5, decay_every=2)
     seen = []
-    for rnd in range(2):
+    for _rnd in range(2):
         sched.start_round()
         for _ in range(5):
             seen.append(opt.param_groups[0]["lr"])
@@ -138,11 +155,11 @@ def test_neuron_lr_scales_mean_one_and_ratio_mu():
     scales = fk.neuron_lr_scales(net, batches)
     layers = [net.conv, net.fc1, net.fc2]
     L = len(layers)
-    for l, m in enumerate(layers, start=1):
+    for ell, m in enumerate(layers, start=1):
         r = scales[m.weight]
         assert r.shape == (m.weight.shape[0],)
         assert torch.equal(scales[m.bias], r), "a bias shares its weight's scale"
-        mu = 1 + l / L + math.log10(r.numel())
+        mu = 1 + ell / L + math.log10(r.numel())
         assert r.mean().item() == pytest.approx(1.0, rel=1e-12)
         assert (r.max() / r.min()).item() == pytest.approx(mu, rel=1e-9)
 
@@ -205,7 +222,7 @@ def test_fednar_update_norm_bounded_by_lr_t_times_max_norm(max_norm):
     opt = fk.FedNAR(params, lr=0.3, weight_decay=0.1, max_norm=max_norm, round_decay=0.9, backend="reference")
     for rnd in range(3):
         opt.start_round()
-        lt = 0.3 * 0.9 ** rnd
+        lt = 0.3 * 0.9**rnd
         for _ in range(2):
             _set_grads(params, [5 * torch.randn(p.shape, **F64) for p in params])
             before = [p.detach().clone() for p in params]
@@ -216,7 +233,9 @@ def test_fednar_update_norm_bounded_by_lr_t_times_max_norm(max_norm):
 
 def test_fednar_equals_sgd_with_weight_decay_when_unclipped():
     kw = dict(lr=0.1, weight_decay=0.01)
-    _same_as_torch_sgd(lambda a: fk.FedNAR(a, max_norm=1e6, backend="reference", **kw), _params((6, 3), (3,), seed=5), kw)
+    _same_as_torch_sgd(
+        lambda a: fk.FedNAR(a, max_norm=1e6, backend="reference", **kw), _params((6, 3), (3,), seed=5), kw
+    )
 
 
 def test_fednar_clip_matches_clip_grad_norm_and_anneals():
@@ -234,7 +253,7 @@ def test_fednar_clip_matches_clip_grad_norm_and_anneals():
                 p.grad = d
             torch.nn.utils.clip_grad_norm_(b, 0.7)
             for p in b:
-                p -= 0.2 * 0.8 ** rnd * p.grad
+                p -= 0.2 * 0.8**rnd * p.grad
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
 
@@ -245,7 +264,10 @@ def test_padamfed_every_step_moves_exactly_eta(vr):
     params = _params((8, 4), (5,), (1,), seed=7)
     eta = 0.05
     opt = fk.PAdaMFed(params, lr=eta, beta=0.3, variance_reduction=vr, backend="reference")
-    ctl = lambda s: [torch.randn(p.shape, generator=torch.Generator().manual_seed(s), **F64) for p in params]
+
+    def ctl(s):
+        return [torch.randn(p.shape, generator=torch.Generator().manual_seed(s), **F64) for p in params]
+
     for rnd in range(2):
         opt.start_round(global_control=ctl(rnd), local_control=ctl(rnd + 10), momentum=ctl(rnd + 20))
         for k in range(3):
@@ -294,7 +316,7 @@ def test_padamfed_vr_direction():
 def test_theory_hparams():
     eta, gamma, beta = fk.theory_hparams(S=10, K=5, T=100)
     assert eta == pytest.approx(1 / (5 * 10))
-    assert gamma == pytest.approx(50 ** 0.25 / 100 ** 0.75)
+    assert gamma == pytest.approx(50**0.25 / 100**0.75)
     assert beta == pytest.approx(math.sqrt(50 / 100))
     eta, gamma, beta = fk.theory_hparams(S=10, K=5, T=100, variance_reduction=True)
     assert eta == pytest.approx(1 / 500)

@@ -9,6 +9,7 @@ included (the graph of tests/test_import_graph.py). ``sim`` has layers of its ow
 ``__init__``): ``data``, ``models``, ``parallel``, the round loop (the modules of ``sim`` itself),
 ``cli``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,13 +19,11 @@ from pathlib import Path
 from typing import Dict, List, Set
 
 import pytest
-
 from test_import_graph import import_graph, package_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "fedopt_kernels"
-RANK = {"core": 0, "triton_kernels": 0, "fl": 1, "batched": 2, "optim": 3, "": 4, "sim": 5, "selfcheck": 5,
-        "flower": 6}
+RANK = {"core": 0, "triton_kernels": 0, "fl": 1, "batched": 2, "optim": 3, "": 4, "sim": 5, "selfcheck": 5, "flower": 6}
 MAX_ROOT_MODULES = 10
 # "": the round loop, the modules of sim/ itself
 SIM_RANK = {"data": 0, "models": 1, "parallel": 2, "": 3, "cli": 4}
@@ -45,8 +44,7 @@ def test_every_module_belongs_to_a_layer():
 
 
 def test_imports_only_go_down_the_layers():
-    upward = sorted(f"{a} -> {b}" for a, bs in import_graph().items() for b in bs
-                    if RANK[layer(b)] > RANK[layer(a)])
+    upward = sorted(f"{a} -> {b}" for a, bs in import_graph().items() for b in bs if RANK[layer(b)] > RANK[layer(a)])
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
 
 
@@ -70,8 +68,13 @@ def test_every_folder_of_sim_is_one_of_its_layers():
 
 
 def test_sim_imports_only_go_down_its_layers():
-    upward = sorted(f"{a} -> {b}" for a, bs in import_graph().items() if layer(a) == "sim" for b in bs
-                    if layer(b) == "sim" and SIM_RANK[sim_layer(b)] > SIM_RANK[sim_layer(a)])
+    upward = sorted(
+        f"{a} -> {b}"
+        for a, bs in import_graph().items()
+        if layer(a) == "sim"
+        for b in bs
+        if layer(b) == "sim" and SIM_RANK[sim_layer(b)] > SIM_RANK[sim_layer(a)]
+    )
     assert not upward, "imports from a higher layer of sim:\n" + "\n".join(upward)
 
 
@@ -114,8 +117,12 @@ def resolve(name: str) -> object:
 
 
 def test_the_docs_name_something():
-    assert {"fedopt_kernels.available_backends", "fedopt_kernels.batched", "fedopt_kernels.flower",
-            "fedopt_kernels.sim"} <= set(documented_names())
+    assert {
+        "fedopt_kernels.available_backends",
+        "fedopt_kernels.batched",
+        "fedopt_kernels.flower",
+        "fedopt_kernels.sim",
+    } <= set(documented_names())
 
 
 @pytest.mark.parametrize("name", documented_names())
@@ -169,19 +176,32 @@ def private_reads(sources: Dict[str, str]) -> List[str]:
     for module, tree in trees.items():
         others = set().union(*(d for m, d in defined.items() if m != module))
         for node in ast.walk(tree):
-            name = None
+            name: object = None  # a str when node reads a name (a constant's value may be anything)
             if isinstance(node, ast.Attribute) and not _own(node.value):
                 name = node.attr
-            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr") \
-                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and not _own(node.args[0]):
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and not _own(node.args[0])
+            ):
                 name = node.args[1].value
             elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("fedopt_kernels")):
-                found += [f"{module}:{node.lineno}: from {'.' * node.level}{node.module or ''} import {a.name}"
-                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")
-                          and a.name in others]
-            if isinstance(name, str) and name.startswith("_") and not name.startswith("__") \
-                    and name in others and name not in defined[module]:
-                found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+                found += [
+                    f"{module}:{node.lineno}: from {'.' * node.level}{node.module or ''} import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__") and a.name in others
+                ]
+            if (
+                isinstance(name, str)
+                and name.startswith("_")
+                and not name.startswith("__")
+                and name in others
+                and name not in defined[module]
+            ):
+                # node is an Attribute or a Call here: an expression, which has a line
+                found.append(f"{module}:{getattr(node, 'lineno', '?')}: {ast.unparse(node)}")
     return found
 
 
@@ -192,29 +212,39 @@ def test_no_module_reads_another_modules_private_names():
 
 
 def test_the_private_read_check_can_fail():
-    sources = {"pkg.a": "class A:\n    def __init__(self):\n        self._plan = None\n        self._own = 1\n",
-               "pkg.b": "def f(opt):\n    opt._plan = 1\n    return getattr(opt, '_plan'), opt._torch_thing\n"
-                        "from .a import _helper\n",
-               "pkg.c": "def _helper():\n    pass\n"}
+    sources = {
+        "pkg.a": "class A:\n    def __init__(self):\n        self._plan = None\n        self._own = 1\n",
+        "pkg.b": "def f(opt):\n    opt._plan = 1\n    return getattr(opt, '_plan'), opt._torch_thing\n"
+        "from .a import _helper\n",
+        "pkg.c": "def _helper():\n    pass\n",
+    }
     found = private_reads(sources)
     # _own is a's own; _torch_thing is defined nowhere in the package (another library's)
-    assert sorted(f.split(": ", 1)[1] for f in found) == ["from .a import _helper", "getattr(opt, '_plan')", "opt._plan"]
+    assert sorted(f.split(": ", 1)[1] for f in found) == [
+        "from .a import _helper",
+        "getattr(opt, '_plan')",
+        "opt._plan",
+    ]
 
 
 def test_backends_never_import_the_registry():
     # a backend registers into core/impl_table.py; importing the registry, which loads backends,
     # would make loading a backend load the registry back
     graph = import_graph()
-    bad = sorted(f"{m} -> {t}" for m, ts in graph.items() if m.startswith(("fedopt_kernels.core.backends",
-                                                                           "fedopt_kernels.core.reference"))
-                 for t in ts if t == "fedopt_kernels.core.registry")
+    bad = sorted(
+        f"{m} -> {t}"
+        for m, ts in graph.items()
+        if m.startswith(("fedopt_kernels.core.backends", "fedopt_kernels.core.reference"))
+        for t in ts
+        if t == "fedopt_kernels.core.registry"
+    )
     assert not bad, "backends importing the registry:\n" + "\n".join(bad)
 
 
 # ------------------------------------------------------------------ the optimizer's hooks
 def _documented_hooks() -> Set[str]:
     text = (ROOT / "docs" / "dispatch.md").read_text()
-    section = text[text.index("## Extending FedOptimizer"):text.index("## torch.compile")]
+    section = text[text.index("## Extending FedOptimizer") : text.index("## torch.compile")]
     return set(re.findall(r"^\| `(_[a-z0-9_]+)", section, re.M))
 
 
@@ -229,8 +259,13 @@ def _overridden_hooks() -> Dict[str, Set[str]]:
     classes |= {base for c in list(classes) for base in c.__mro__ if issubclass(base, FedOptimizer)}
     out: Dict[str, Set[str]] = {}
     for cls in classes - {FedOptimizer}:
-        names = {n for n in vars(cls) if n.startswith("_") and not n.startswith("__")
-                 and (hasattr(FedOptimizer, n) or n in FedOptimizer.__annotations__)}
+        names = {
+            n
+            for n in vars(cls)
+            if n.startswith("_")
+            and not n.startswith("__")
+            and (hasattr(FedOptimizer, n) or n in FedOptimizer.__annotations__)
+        }
         if names:
             out[cls.__qualname__] = names
     return out
@@ -248,8 +283,14 @@ def test_every_documented_hook_exists():
 
     documented = _documented_hooks()
     assert len(documented) > 15  # the table was found and read
-    assert sorted(n for n in documented if not hasattr(FedOptimizer, n) and n not in FedOptimizer.__annotations__
-                  and n not in vars(ClientBatched)) == []
+    assert (
+        sorted(
+            n
+            for n in documented
+            if not hasattr(FedOptimizer, n) and n not in FedOptimizer.__annotations__ and n not in vars(ClientBatched)
+        )
+        == []
+    )
 
 
 def test_the_fast_tiers_slow_files_exist():
@@ -286,11 +327,17 @@ def test_no_private_module_is_imported_from_another_package():
 
 
 def test_the_private_module_check_can_fail():
-    graph = {"pkg.optim.a": {"pkg.batched._mixin"}, "pkg.batched.b": {"pkg.batched._mixin"},
-             "pkg.core.backends.cpu": {"pkg.core.backends._native"}, "pkg.core.x": {"pkg.core.backends._native"},
-             "pkg.sim.y": {"pkg.core.backends._native"}}
-    assert private_module_imports(graph) == ["pkg.optim.a -> pkg.batched._mixin",
-                                             "pkg.sim.y -> pkg.core.backends._native"]
+    graph = {
+        "pkg.optim.a": {"pkg.batched._mixin"},
+        "pkg.batched.b": {"pkg.batched._mixin"},
+        "pkg.core.backends.cpu": {"pkg.core.backends._native"},
+        "pkg.core.x": {"pkg.core.backends._native"},
+        "pkg.sim.y": {"pkg.core.backends._native"},
+    }
+    assert private_module_imports(graph) == [
+        "pkg.optim.a -> pkg.batched._mixin",
+        "pkg.sim.y -> pkg.core.backends._native",
+    ]
 
 
 # paths the package's comments name that are not this repository's (LEAF's source tree)
@@ -305,8 +352,11 @@ def _docstrings_and_comments(path: Path) -> List[tuple]:
     import tokenize
 
     src = path.read_text()
-    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(src).readline)
-           if t.type == tokenize.COMMENT]
+    out = [
+        (t.start[0], t.string)
+        for t in tokenize.generate_tokens(io.StringIO(src).readline)
+        if t.type == tokenize.COMMENT
+    ]
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             doc = ast.get_docstring(node, clean=False)
@@ -321,7 +371,7 @@ def stale_names(modules: Dict[str, Path]) -> List[str]:
     renamed to its public name); a ``fedopt_kernels.…`` name that does not import."""
     short = {m.rsplit(".", 1)[-1] for m in modules}
     found = []
-    for module, path in modules.items():
+    for _module, path in modules.items():
         where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         for line, text in _docstrings_and_comments(path):
             for rel in _PATH.findall(text):
@@ -350,8 +400,13 @@ def test_docstrings_and_comments_name_what_exists():
 
 def test_the_stale_name_check_can_fail(tmp_path):
     mod = tmp_path / "mod.py"
-    mod.write_text('"""Reads ``_ops.OPS`` and ``core/no_such_file.py``; see fedopt_kernels.no_such_name."""\n'
-                   "# core/plan.py and ``ops.OPS`` are there\n")
+    mod.write_text(
+        '"""Reads ``_ops.OPS`` and ``core/no_such_file.py``; see fedopt_kernels.no_such_name."""\n'
+        "# core/plan.py and ``ops.OPS`` are there\n"
+    )
     found = stale_names({"fedopt_kernels.core.ops": PKG / "core" / "ops.py", "x.mod": mod})
     assert [f.split(": ", 1)[1] for f in found if "mod.py" in f] == [
-        "file core/no_such_file.py", "_ops.OPS (the module is ops)", "fedopt_kernels.no_such_name"]
+        "file core/no_such_file.py",
+        "_ops.OPS (the module is ops)",
+        "fedopt_kernels.no_such_name",
+    ]

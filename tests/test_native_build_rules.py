@@ -1,5 +1,6 @@
 """setup.py's native build (csrc/build.py): the CUDA extension is built only where it can run (a
 visible GPU) unless asked for, and a second install of unchanged sources compiles nothing."""
+
 import importlib.util
 import os
 import shutil
@@ -83,9 +84,22 @@ BUILD_EXT = textwrap.dedent("""
 
 def _build_ext(project: Path, run: int) -> Path:
     lib = project / f"lib{run}"
-    proc = subprocess.run([sys.executable, "-c", BUILD_EXT, str(ROOT / "csrc" / "build.py"), str(project),
-                           str(project / f"pip-temp{run}"), str(lib)], cwd=project, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, FEDOPT_BUILD_CPU="1"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BUILD_EXT,
+            str(ROOT / "csrc" / "build.py"),
+            str(project),
+            str(project / f"pip-temp{run}"),
+            str(lib),
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, FEDOPT_BUILD_CPU="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert list(lib.glob("fedopt_kernels/_C_cpu*.so")), proc.stdout[-2000:] + proc.stderr[-3000:]
     return lib

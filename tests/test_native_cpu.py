@@ -9,10 +9,12 @@
 * the baseline and AVX2 copies of the kernels give the same bits;
 * bad calls into the extension fail with an error naming the tensor.
 """
+
 from __future__ import annotations
 
 import os
 import shutil
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -31,8 +33,10 @@ def _must_have_been_built() -> bool:
 
 if _WHY is not None:
     if _must_have_been_built():
+
         def test_cpu_extension_was_built():
             pytest.fail(f"a C++ compiler is present but the cpu backend is unavailable: {_WHY}")
+
     pytestmark = pytest.mark.skip(reason=f"cpu backend unavailable: {_WHY}")
 
 CHUNK = 16384  # csrc/cpu/cpu_tile.h kChunk
@@ -67,8 +71,9 @@ def _run(make_opt, shapes, backend, steps=3, dtypes=(torch.float32,), layout=Non
 
 ALGOS = {
     "sgd": lambda ps, b: FedDecaySGD(ps, lr=0.1, beta=0.8, backend=b),
-    "sgd_momentum": lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3,
-                                              nesterov=True, prox_mu=0.01, backend=b),
+    "sgd_momentum": lambda ps, b: FedDecaySGD(
+        ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3, nesterov=True, prox_mu=0.01, backend=b
+    ),
     # the fused fast path (float32/float64, weight decay + momentum / Nesterov only)
     "sgd_fast": lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3, backend=b),
     "sgd_fast_nesterov": lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, nesterov=True, backend=b),
@@ -116,8 +121,9 @@ def test_sgd_bitwise_equal_to_reference(algo, dtype):
 
 def _close(ref, got, rtol=2e-5, atol=2e-6):
     for i, (x, y) in enumerate(zip(ref, got)):
-        torch.testing.assert_close(y.double(), x.double(), rtol=rtol, atol=atol, equal_nan=True,
-                                   msg=lambda m, i=i: f"tensor {i}: {m}")
+        torch.testing.assert_close(
+            y.double(), x.double(), rtol=rtol, atol=atol, equal_nan=True, msg=lambda m, i=i: f"tensor {i}: {m}"
+        )
 
 
 @pytest.mark.parametrize("algo", sorted(ALGOS))
@@ -149,10 +155,15 @@ def test_mixed_dtypes_in_one_group(algo):
 
 def test_fednar_groups_with_own_max_norm():
     """One global norm over all groups, each group clips with its own max_norm / eps / lr."""
+
     def make(ps, b):
-        return FedNAR([{"params": ps[:4], "max_norm": 0.5}, {"params": ps[4:], "max_norm": 50.0, "lr": 0.3,
-                                                             "weight_decay": 0.0}],
-                      lr=0.1, weight_decay=1e-2, backend=b)
+        return FedNAR(
+            [{"params": ps[:4], "max_norm": 0.5}, {"params": ps[4:], "max_norm": 50.0, "lr": 0.3, "weight_decay": 0.0}],
+            lr=0.1,
+            weight_decay=1e-2,
+            backend=b,
+        )
+
     _close(_run(make, EDGE_SHAPES, "reference")[0], _run(make, EDGE_SHAPES, "cpu")[0])
 
 
@@ -163,6 +174,7 @@ def test_fednar_nonfinite_gradient_same_nan_pattern(nonfinite):
             g = g.clone()
             g.view(-1)[3] = nonfinite
         return g
+
     ref = _run(ALGOS["fednar"], EDGE_SHAPES, "reference", grad_fn=poison)[0]
     got = _run(ALGOS["fednar"], EDGE_SHAPES, "cpu", grad_fn=poison)[0]
     for x, y in zip(ref, got):
@@ -171,8 +183,15 @@ def test_fednar_nonfinite_gradient_same_nan_pattern(nonfinite):
     _close(ref, got)
 
 
-@pytest.mark.parametrize("options", [dict(momentum=0.9), dict(momentum=0.9, weight_decay=1e-3, nesterov=True),
-                                     dict(weight_decay=1e-3), dict(momentum=0.9, prox_mu=0.1)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(momentum=0.9),
+        dict(momentum=0.9, weight_decay=1e-3, nesterov=True),
+        dict(weight_decay=1e-3),
+        dict(momentum=0.9, prox_mu=0.1),
+    ],
+)
 def test_neuron_scales_rows_cross_tiles_and_chunks(options):
     """Rows of 700 and 16385 elements start inside tiles and chunks; float32/float64 without FedProx
     take the fast path (one loop per row), the others the staged one: both give the reference's bits."""
@@ -182,6 +201,7 @@ def test_neuron_scales_rows_cross_tiles_and_chunks(options):
         opt = NeuronLRSGD(ps, lr=0.1, backend=b, **options)
         opt.set_neuron_scales({p: torch.linspace(0.5, 2.0, p.shape[0]) for p in ps if p.dim() >= 1})
         return opt
+
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         ref = _run(make, shapes, "reference", dtypes=(dtype,))[0]
         got = _run(make, shapes, "cpu", dtypes=(dtype,))[0]
@@ -195,8 +215,10 @@ def test_padamfed_variance_reduction_mixed_dtypes():
         ps = _params(shapes, (torch.float32, torch.bfloat16, torch.float64))
         opt = PAdaMFed(ps, lr=0.01, beta=0.3, variance_reduction=True, backend=b)
         g = torch.Generator().manual_seed(5)
-        opt.start_round(global_control=[torch.randn(p.shape, generator=g).to(p.dtype) for p in ps],
-                        momentum=[torch.randn(p.shape, generator=g).to(p.dtype) for p in ps])
+        opt.start_round(
+            global_control=[torch.randn(p.shape, generator=g).to(p.dtype) for p in ps],
+            momentum=[torch.randn(p.shape, generator=g).to(p.dtype) for p in ps],
+        )
         for _ in range(3):
             for p in ps:
                 p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
@@ -209,6 +231,7 @@ def test_padamfed_variance_reduction_mixed_dtypes():
 
 def test_extension_errors_name_the_tensor():
     from fedopt_kernels import _C_cpu
+
     x, g = torch.zeros(4), torch.zeros(4)
     k, table = torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.float64)
     hp = torch.tensor([[0.1, 0.9, 0.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
@@ -218,14 +241,41 @@ def test_extension_errors_name_the_tensor():
     with pytest.raises(RuntimeError, match="momentum_buffer"):
         _C_cpu.sgd([[x], [g], [], [], [], []], [0], [1], hp, k, table, 1, None, None)
     with pytest.raises(RuntimeError, match="neuron_scale"):
-        _C_cpu.sgd([[x.view(2, 2)], [g.view(2, 2)], [torch.zeros(2, 2)], [], [], [torch.ones(3)]], [0], [9], hp, k,
-                   table, 1, None, None)
+        _C_cpu.sgd(
+            [[x.view(2, 2)], [g.view(2, 2)], [torch.zeros(2, 2)], [], [], [torch.ones(3)]],
+            [0],
+            [9],
+            hp,
+            k,
+            table,
+            1,
+            None,
+            None,
+        )
     with pytest.raises(RuntimeError, match="dtype"):
-        _C_cpu.fednar([[x.int()], [g.int()], [], []], [0], [0],
-                      torch.tensor([[0.1, 0.0, 1.0, 1e-6, 0.0]], dtype=torch.float64), k, table, 1, None, None)
+        _C_cpu.fednar(
+            [[x.int()], [g.int()], [], []],
+            [0],
+            [0],
+            torch.tensor([[0.1, 0.0, 1.0, 1e-6, 0.0]], dtype=torch.float64),
+            k,
+            table,
+            1,
+            None,
+            None,
+        )
     with pytest.raises(RuntimeError, match="anchor_grad"):
-        _C_cpu.padamfed([[x], [g], [torch.zeros(4)], [torch.zeros(4)], []], [0], [7],
-                        torch.tensor([[0.1, 0.5, 1e-12]], dtype=torch.float64), k, table, 1, None, None)
+        _C_cpu.padamfed(
+            [[x], [g], [torch.zeros(4)], [torch.zeros(4)], []],
+            [0],
+            [7],
+            torch.tensor([[0.1, 0.5, 1e-12]], dtype=torch.float64),
+            k,
+            table,
+            1,
+            None,
+            None,
+        )
     with pytest.raises(RuntimeError, match="hp must be"):
         _C_cpu.sgd([[x], [g], [], [], [], []], [0], [0], hp.float(), k, table, 1, None, None)
     with pytest.raises(RuntimeError, match="found_inf"):
@@ -270,6 +320,7 @@ def test_available_backends_lists_cpu():
 def _assert_avx2_same_bits_as_baseline(run, what):
     """``run()`` (the tensors a run ends with) under the AVX2 kernels, then the baseline ones: same bits."""
     from fedopt_kernels import _C_cpu
+
     try:
         _C_cpu.set_isa("avx2")
     except RuntimeError as exc:
@@ -300,17 +351,23 @@ def test_baseline_and_avx2_kernels_give_the_same_bits(algo):
 from fedopt_kernels.batched import BatchedFedDecaySGD, BatchedFedNAR, BatchedPAdaMFed  # noqa: E402
 
 # (batched maker, per-client maker); SGD with dampening so the FRESH first-step rule matters
-_SGD_KW = dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1, weight_decay=1e-3, prox_mu=0.01)
-_NAR_KW = dict(lr=0.1, weight_decay=1e-2, max_norm=5.0, prox_mu=0.1)
-_PAD_KW = dict(lr=0.01, beta=0.4)
+_SGD_KW: Dict[str, Any] = dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1, weight_decay=1e-3, prox_mu=0.01)
+_NAR_KW: Dict[str, Any] = dict(lr=0.1, weight_decay=1e-2, max_norm=5.0, prox_mu=0.1)
+_PAD_KW: Dict[str, Any] = dict(lr=0.01, beta=0.4)
 BATCHED_ALGOS = {
-    "sgd_momentum": (lambda ps, b: BatchedFedDecaySGD(ps, backend=b, **_SGD_KW),
-                     lambda ps, b: FedDecaySGD(ps, backend=b, **_SGD_KW)),
-    "sgd_fast": (lambda ps, b: BatchedFedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3, backend=b),
-                 lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3, backend=b)),
+    "sgd_momentum": (
+        lambda ps, b: BatchedFedDecaySGD(ps, backend=b, **_SGD_KW),
+        lambda ps, b: FedDecaySGD(ps, backend=b, **_SGD_KW),
+    ),
+    "sgd_fast": (
+        lambda ps, b: BatchedFedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3, backend=b),
+        lambda ps, b: FedDecaySGD(ps, lr=0.05, beta=0.8, momentum=0.9, weight_decay=1e-3, backend=b),
+    ),
     "fednar": (lambda ps, b: BatchedFedNAR(ps, backend=b, **_NAR_KW), lambda ps, b: FedNAR(ps, backend=b, **_NAR_KW)),
-    "padamfed": (lambda ps, b: BatchedPAdaMFed(ps, backend=b, **_PAD_KW),
-                 lambda ps, b: PAdaMFed(ps, backend=b, **_PAD_KW)),
+    "padamfed": (
+        lambda ps, b: BatchedPAdaMFed(ps, backend=b, **_PAD_KW),
+        lambda ps, b: PAdaMFed(ps, backend=b, **_PAD_KW),
+    ),
 }
 BATCHED_SHAPES = EDGE_SHAPES  # a () parameter is a [C] stack of scalars
 BATCHED_STEPS = 3
@@ -324,14 +381,20 @@ def _active(step, clients):
 def _client_grads(shapes, clients, steps, dtypes, seed=1):
     """grads[step][c][i]; client c's gradients scaled by 0.05 * (c + 1) so some clip and some do not."""
     g = torch.Generator().manual_seed(seed)
-    return [[[(torch.randn(s, generator=g) * 0.05 * (c + 1)).to(dtypes[i % len(dtypes)])
-              for i, s in enumerate(shapes)] for c in range(clients)] for _ in range(steps)]
+    return [
+        [
+            [(torch.randn(s, generator=g) * 0.05 * (c + 1)).to(dtypes[i % len(dtypes)]) for i, s in enumerate(shapes)]
+            for c in range(clients)
+        ]
+        for _ in range(steps)
+    ]
 
 
 def _run_batched(make, shapes, clients, backend, dtypes=(torch.float32,), steps=BATCHED_STEPS, round_inputs=None):
     init = [_params(shapes, dtypes, seed=10 + c) for c in range(clients)]
-    params = [torch.nn.Parameter(torch.stack([init[c][i].detach() for c in range(clients)]))
-              for i in range(len(shapes))]
+    params = [
+        torch.nn.Parameter(torch.stack([init[c][i].detach() for c in range(clients)])) for i in range(len(shapes))
+    ]
     opt = make(params, backend)
     opt.start_round(**(round_inputs or {}))
     grads = _client_grads(shapes, clients, steps, dtypes)
@@ -357,8 +420,9 @@ def _run_alone(make, shapes, clients, c, backend, dtypes=(torch.float32,), steps
     return [p.detach().clone() for p in params], opt
 
 
-@pytest.mark.parametrize("dtypes", [(torch.float32,), (torch.float32, torch.bfloat16, torch.float64, torch.float16)],
-                         ids=["fp32", "mixed"])
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32,), (torch.float32, torch.bfloat16, torch.float64, torch.float16)], ids=["fp32", "mixed"]
+)
 @pytest.mark.parametrize("algo", sorted(BATCHED_ALGOS))
 def test_batched_each_client_bitwise_equal_to_the_per_client_kernel(algo, dtypes):
     """Same chunks, same partials, same order: client c of the batched op is the per-client op's bits
@@ -392,14 +456,16 @@ def test_batched_bitwise_identical_across_thread_counts_and_runs(algo):
 @pytest.mark.parametrize("algo", sorted(BATCHED_ALGOS))
 def test_batched_baseline_and_avx2_kernels_give_the_same_bits(algo):
     make = BATCHED_ALGOS[algo][0]
-    _assert_avx2_same_bits_as_baseline(lambda: _run_batched(make, BATCHED_SHAPES, 3, "cpu", ALL_DTYPES)[0],
-                                       f"batched {algo}")
+    _assert_avx2_same_bits_as_baseline(
+        lambda: _run_batched(make, BATCHED_SHAPES, 3, "cpu", ALL_DTYPES)[0], f"batched {algo}"
+    )
 
 
 @pytest.mark.parametrize("algo", sorted(BATCHED_ALGOS))
 def test_batched_fifty_small_cnn_clients_match_reference(algo):
     """The simulator's CNN, 50 clients with their own round index, lr scale and active masks."""
     from bench.shapes import SIZES
+
     make = BATCHED_ALGOS[algo][0]
     C = 50
     inputs = dict(round_index=[c % 4 for c in range(C)], lr_scale=[0.5 + c / C for c in range(C)])
@@ -417,6 +483,7 @@ def test_batched_found_inf_changes_nothing(op):
     """GradScaler found an inf: no client moves and no counter advances (active or not)."""
     from fedopt_kernels import _C_cpu
     from fedopt_kernels.core.ops import BATCHED
+
     spec = BATCHED[op]
     C, g = 3, torch.Generator().manual_seed(3)
     x, grad = torch.randn(C, 4, 5, generator=g), torch.randn(C, 4, 5, generator=g)
@@ -428,12 +495,14 @@ def test_batched_found_inf_changes_nothing(op):
     k = torch.tensor([0, 2, 1], dtype=torch.int32)
     table = torch.ones(1, dtype=torch.float64)
     before = [t.clone() for lst in lists for t in lst]
-    getattr(_C_cpu, op)(lists, [0], present, hp, k, table, 1, torch.full((1,), 4.0), torch.ones(1),
-                        torch.tensor([True, False, True]))
+    getattr(_C_cpu, op)(
+        lists, [0], present, hp, k, table, 1, torch.full((1,), 4.0), torch.ones(1), torch.tensor([True, False, True])
+    )
     for a, b in zip(before, [t for lst in lists for t in lst]):
         assert torch.equal(a, b)
     assert k.tolist() == [0, 2, 1]
-    getattr(_C_cpu, op)(lists, [0], present, hp, k, table, 1, torch.full((1,), 4.0), torch.zeros(1),
-                        torch.tensor([True, False, True]))
+    getattr(_C_cpu, op)(
+        lists, [0], present, hp, k, table, 1, torch.full((1,), 4.0), torch.zeros(1), torch.tensor([True, False, True])
+    )
     assert k.tolist() == [1, 2, 2]
     assert not torch.equal(lists[0][0][0], before[0][0]) and torch.equal(lists[0][0][1], before[0][1])

@@ -14,20 +14,20 @@
 * the norm ops (per-client and batched) on views one element off alignment give the bits of the
   same op on aligned clones: the scalar and the vector path sum in one element-to-thread order.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
+from no_sync import no_host_sync
 
 from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed
 from fedopt_kernels.core import ops as _ops
-from fedopt_kernels.fl import catalogue
 from fedopt_kernels.core.ops import BATCHED, FRESH, OPS
 from fedopt_kernels.core.registry import unavailable_reason
+from fedopt_kernels.fl import catalogue
 
-from no_sync import no_host_sync
-
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu]
 
 if torch.cuda.is_available():
     _WHY = unavailable_reason("cuda", torch.device("cuda"))
@@ -41,12 +41,22 @@ def _make(name, params, backend, replay=True):
     """``replay=False``: the optimizer records no graphs of its own (tests of a user's own capture)."""
     kw = {} if replay else {"replay": False}
     if name == "sgd":
-        return FedDecaySGD(params, lr=0.1, beta=0.7, momentum=0.9, weight_decay=1e-3, nesterov=True,
-                           decay_every=2, backend=backend, **kw)
+        return FedDecaySGD(
+            params,
+            lr=0.1,
+            beta=0.7,
+            momentum=0.9,
+            weight_decay=1e-3,
+            nesterov=True,
+            decay_every=2,
+            backend=backend,
+            **kw,
+        )
     if name == "neuron":
         opt = NeuronLRSGD(params, lr=0.1, momentum=0.5, backend=backend, **kw)
-        opt.set_neuron_scales({p: torch.linspace(0.5, 2.0, p.shape[0], device=p.device)
-                               for p in params if p.dim() >= 1})
+        opt.set_neuron_scales(
+            {p: torch.linspace(0.5, 2.0, p.shape[0], device=p.device) for p in params if p.dim() >= 1}
+        )
         return opt
     if name == "fednar":
         return FedNAR(params, lr=0.1, weight_decay=1e-2, max_norm=1.0, prox_mu=0.01, backend=backend, **kw)
@@ -135,8 +145,10 @@ def test_split_launches_and_mixed_dtypes_match_reference(algo):
     out = {}
     for backend in ("reference", "cuda"):
         g = torch.Generator().manual_seed(3)
-        params = [torch.nn.Parameter(torch.randn(s, generator=g).to(device="cuda", dtype=dtypes[i % 4]))
-                  for i, s in enumerate(shapes)]
+        params = [
+            torch.nn.Parameter(torch.randn(s, generator=g).to(device="cuda", dtype=dtypes[i % 4]))
+            for i, s in enumerate(shapes)
+        ]
         groups = [{"params": params[i::70]} for i in range(70)]
         opt = _make(algo, groups, backend)
         opt.start_round()
@@ -147,7 +159,7 @@ def test_split_launches_and_mixed_dtypes_match_reference(algo):
         out[backend] = params
     for i, (a, b) in enumerate(zip(out["reference"], out["cuda"])):
         tol = {torch.float64: 1e-10, torch.float32: 2e-5}.get(a.dtype, 3e-2)
-        torch.testing.assert_close(b.double(), a.double(), rtol=tol, atol=tol, msg=lambda m: f"tensor {i}: {m}")
+        torch.testing.assert_close(b.double(), a.double(), rtol=tol, atol=tol, msg=lambda m, i=i: f"tensor {i}: {m}")
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -199,8 +211,12 @@ def _op_args(spec, layout, backend, clients=0, seed=0):
     lead = (clients,) if clients else ()
     nb = 1 + max(b for _, _, b in layout)
     always = {"D", "acc"}
-    present = [(1 << len(spec.optional)) - 1 if b % 2 == 0 else
-               sum(1 << i for i, r in enumerate(spec.optional) if r.name in always) for b in range(nb)]
+    present = [
+        (1 << len(spec.optional)) - 1
+        if b % 2 == 0
+        else sum(1 << i for i, r in enumerate(spec.optional) if r.name in always)
+        for b in range(nb)
+    ]
 
     def rnd(shape, dt):
         return torch.randn(lead + tuple(shape), generator=g).to(dtype=dt, device="cuda")
@@ -216,8 +232,19 @@ def _op_args(spec, layout, backend, clients=0, seed=0):
                 else:
                     ts.append(rnd(s, st if role.state_typed else dt))
         lists.append(ts)
-    base = {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01, "prox_mu": 0.2, "nesterov": 1.0,
-            "maximize": 0.0, "step_lr": 0.1, "max_norm": 1.0, "eps": 1e-6, "beta": 0.5}
+    base = {
+        "lr": 0.1,
+        "momentum": 0.9,
+        "dampening": 0.1,
+        "weight_decay": 0.01,
+        "prox_mu": 0.2,
+        "nesterov": 1.0,
+        "maximize": 0.0,
+        "step_lr": 0.1,
+        "max_norm": 1.0,
+        "eps": 1e-6,
+        "beta": 0.5,
+    }
     hp = torch.tensor([[base[h] for h in spec.hps] for _ in range(nb)], dtype=torch.float64)
     for b in range(nb):
         hp[b, 0] *= 1 + 0.05 * b
@@ -251,16 +278,29 @@ def _assert_same_roles(spec, ref, got, exact):
                 assert torch.equal(a, b), f"{spec.roles[r].name}[{i}] differs"
             else:
                 tol = _tol(a.dtype)
-                torch.testing.assert_close(b.double(), a.double(), rtol=tol, atol=tol,
-                                           msg=lambda m: f"{spec.roles[r].name}[{i}]: {m}")
+                torch.testing.assert_close(
+                    b.double(),
+                    a.double(),
+                    rtol=tol,
+                    atol=tol,
+                    msg=lambda m, r=r, i=i: f"{spec.roles[r].name}[{i}]: {m}",
+                )
     assert torch.equal(ref[n + 3].cpu(), got[n + 3].cpu()), "k differs"
 
 
 F32, F64, BF16, F16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
 # per-client shapes: two chunks per client (16384 + 4619 elements; 21003 is odd, so every other
 # client's slice is misaligned), 5 (misaligned), aligned ones, a one-element tensor, a zero-size one
-MIXED = [((3, 7001), F32, 0), ((5,), F32, 1), ((64, 3, 3, 3), BF16, 0), ((1,), F64, 2), ((0,), F32, 0),
-         ((33, 2), F16, 1), ((17, 1025), F64, 0), ((2, 2), F32, 2)]
+MIXED = [
+    ((3, 7001), F32, 0),
+    ((5,), F32, 1),
+    ((64, 3, 3, 3), BF16, 0),
+    ((1,), F64, 2),
+    ((0,), F32, 0),
+    ((33, 2), F16, 1),
+    ((17, 1025), F64, 0),
+    ((2, 2), F32, 2),
+]
 # more stacked tensors (65 float32 ones) and batches (20) than one kernel-argument table holds
 MANY = [(((i * 37) % 300 + 1,) if i % 3 else (i % 5 + 1, 9), (F32, F32, BF16, F64)[i % 4], i % 20) for i in range(130)]
 
@@ -278,8 +318,9 @@ def test_batched_op_matches_reference_per_client(name, layout):
         out[backend] = args
     _assert_same_roles(spec, out["reference"], out["cuda"], exact=False)
     n = len(spec.roles)
-    assert out["cuda"][n + 3].tolist() == [(0 if c % 3 == 0 else 1 + c % 2) + (3 if c % 4 != 3 else 0)
-                                           for c in range(C)]
+    assert out["cuda"][n + 3].tolist() == [
+        (0 if c % 3 == 0 else 1 + c % 2) + (3 if c % 4 != 3 else 0) for c in range(C)
+    ]
 
 
 @pytest.mark.parametrize("name", list(BATCHED))
@@ -303,8 +344,8 @@ def test_batched_client_is_bitwise_the_per_client_cuda_op(name):
             for b, m in enumerate(present):
                 if m & FRESH:
                     hc[b, spec.hps.index("dampening")] = 0.0
-        kc = k0[c:c + 1].clone()
-        _ops.torch_op(spec.base)(*lists, batch, [m & ~FRESH for m in present], hc, kc, *args[n + 4:n + 8], "cuda")
+        kc = k0[c : c + 1].clone()
+        _ops.torch_op(spec.base)(*lists, batch, [m & ~FRESH for m in present], hc, kc, *args[n + 4 : n + 8], "cuda")
         for r, (want, got) in enumerate(zip(lists, args[:n])):
             for i, (a, b) in enumerate(zip(want, got)):
                 assert torch.equal(a, b[c]), f"client {c}: {spec.roles[r].name}[{i}] differs from the per-client op"
@@ -313,8 +354,7 @@ def test_batched_client_is_bitwise_the_per_client_cuda_op(name):
 
 # odd sizes (every chunk ends in a partial vector) and float64 tensors: the norm and its factor are
 # then float64, so x shows any difference in the norm's bits
-ODD = [((3, 7001), F64, 0), ((5,), F32, 0), ((33, 3), F16, 0), ((17, 1025), F32, 0), ((1001,), BF16, 0),
-       ((7,), F64, 0)]
+ODD = [((3, 7001), F64, 0), ((5,), F32, 0), ((33, 3), F16, 0), ((17, 1025), F32, 0), ((1001,), BF16, 0), ((7,), F64, 0)]
 
 
 def _shifted(t: torch.Tensor) -> torch.Tensor:
@@ -366,6 +406,7 @@ def test_batched_op_skips_everything_on_found_inf():
 
 def _small_cnn_shapes():
     from fedopt_kernels.sim.models.small import SmallCNN
+
     return [tuple(p.shape) for p in SmallCNN((1, 28, 28), 10).parameters()]
 
 
@@ -377,8 +418,11 @@ def test_thousand_clients_small_cnn_match_reference(name):
     args = _op_args(spec, layout, "cuda", clients=1000, seed=2)
     n = len(spec.roles)
     # the reference on CPU copies (1000 per-client steps are quicker there than as tiny GPU launches)
-    ref = [[t.cpu() for t in lst] for lst in args[:n]] + [a.cpu() if isinstance(a, torch.Tensor) else a
-                                                         for a in args[n:-1]] + ["reference"]
+    ref = (
+        [[t.cpu() for t in lst] for lst in args[:n]]
+        + [a.cpu() if isinstance(a, torch.Tensor) else a for a in args[n:-1]]
+        + ["reference"]
+    )
     for _ in range(2):
         _ops.torch_op(name)(*args)
         _ops.torch_op(name)(*ref)
@@ -392,13 +436,18 @@ C_GRAPH = 5
 def _batched_setup(algo, option):
     cfg = catalogue.config(algo, option)
     g = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn((C_GRAPH,) + s, generator=g).cuda())
-              for s in [(1000, 37), (16385,), (64, 3, 3, 3), (7,), (513, 3)]]
+    params = [
+        torch.nn.Parameter(torch.randn((C_GRAPH,) + s, generator=g).cuda())
+        for s in [(1000, 37), (16385,), (64, 3, 3, 3), (7,), (513, 3)]
+    ]
     opt = cfg.build_batched(params, "cuda")
     ordered = [p for grp in opt.param_groups for p in grp["params"]]
     views = [[p[c] for p in ordered] for c in range(C_GRAPH)]
-    opt.start_round(round_index=[c % 3 for c in range(C_GRAPH)], lr_scale=[1.0 + 0.25 * c for c in range(C_GRAPH)],
-                    **cfg.batched_round_inputs(views, ordered, 0))
+    opt.start_round(
+        round_index=[c % 3 for c in range(C_GRAPH)],
+        lr_scale=[1.0 + 0.25 * c for c in range(C_GRAPH)],
+        **cfg.batched_round_inputs(views, ordered, 0),
+    )
     return params, opt
 
 

@@ -1,10 +1,13 @@
 """A newcomer's benchmark run: it never waits for a quiet machine unless asked, leaves the clone as it
 was (results go to a git-ignored folder), and bench/gpu_check.sh's install phase really runs."""
+
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -52,6 +55,7 @@ def test_quick_mode_neither_waits_nor_retries(monkeypatch, tmp_path, capsys):
     md = next(tmp_path.glob("*-quick.md")).read_text()
     assert "⚠" in md  # the disturbed row is flagged, not redone
     import json
+
     rows = json.loads(next(tmp_path.glob("*-quick.json")).read_text())["rows"]
     assert rows and all(r["attempts"] == 1 for r in rows)
 
@@ -60,7 +64,9 @@ def test_retries_and_waiting_stay_available(monkeypatch, tmp_path):
     waits = []
     monkeypatch.setattr(runner, "wait_quiet", lambda s: waits.append(s))
     monkeypatch.setattr(runner, "OtherLoad", _Busy)
-    assert bench_main.main(["--smoke", "--sizes", "small_cnn", "--retries", "2", "--out-dir", str(tmp_path)] + TINY) == 0
+    assert (
+        bench_main.main(["--smoke", "--sizes", "small_cnn", "--retries", "2", "--out-dir", str(tmp_path)] + TINY) == 0
+    )
     assert len(waits) == 2  # one wait before each redo of the one (always disturbed) case
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--retries", "-1"])
@@ -96,8 +102,14 @@ def test_gpu_check_dry_run_with_its_install_phase():
     env = dict(os.environ, PYTHON=sys.executable)
     env.pop("OUT", None)
     # the benchmark phase is left out: tests/test_bench_smoke.py runs the same --smoke benchmark
-    proc = subprocess.run(["bash", "bench/gpu_check.sh", "--no-gpu", "--skip-tests", "--skip-bench"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", "bench/gpu_check.sh", "--no-gpu", "--skip-tests", "--skip-bench"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     summary = proc.stdout
     assert "| install | 0 |" in summary, summary[-3000:] + proc.stderr[-2000:]
     assert "| bench | skipped" in summary, summary[-3000:]
@@ -115,8 +127,14 @@ def test_gpu_check_installs_the_package_alone_when_an_extra_is_not_to_be_had(tmp
     pins.write_text("flwr==0.0.0\n")
     env = dict(os.environ, PYTHON=sys.executable, PIP_CONSTRAINT=str(pins))
     env.pop("OUT", None)
-    proc = subprocess.run(["bash", "bench/gpu_check.sh", "--no-gpu", "--skip-tests", "--skip-bench"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", "bench/gpu_check.sh", "--no-gpu", "--skip-tests", "--skip-bench"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     summary = proc.stdout
     assert "| install | 0 |" in summary, summary[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, summary[-3000:] + proc.stderr[-2000:]
@@ -133,12 +151,15 @@ def test_result_files_name_no_enclosing_repository_commit(tmp_path, monkeypatch)
     """A copy of the tree inside another repository is not a checkout: its results say "unknown", or
     FEDOPT_COMMIT when that is set, never the enclosing repository's HEAD."""
     from bench.machine import commit_of
+
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     outer = tmp_path / "outer"
     (outer / "copy").mkdir(parents=True)
-    for args in (["init", "-q"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty",
-                                  "-m", "outer"]):
+    for args in (
+        ["init", "-q"],
+        ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "outer"],
+    ):
         subprocess.run(["git", *args], cwd=outer, check=True, capture_output=True)
     monkeypatch.delenv("FEDOPT_COMMIT", raising=False)
     assert commit_of(outer / "copy") == "unknown"
@@ -198,7 +219,7 @@ def _quick_row(monkeypatch, clock: _FakeTime) -> dict:
     monkeypatch.setattr(runner, "state_bytes", lambda opt: 0)
     budget = bench_main.MODES["quick"][3]
     plan = runner.Plan(device=runner.torch.device("cpu"), sizes=[], algos=[], budget=budget)
-    return runner._measure(lambda: Timed(_FakeOpt()), plan, graph=False)
+    return runner._measure(lambda: Timed(cast(Any, _FakeOpt())), plan, graph=False)  # a stand-in optimizer
 
 
 @pytest.mark.parametrize("stalled", [range(5, 6), range(1, 2)], ids=["mid_run", "first_timed"])
@@ -227,13 +248,41 @@ def test_flower_tests_skip_with_the_reason_where_flwr_is_missing(tmp_path):
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name == 'flwr' or name.startswith('flwr.'):\n"
         "            raise ModuleNotFoundError(f'No module named {name!r} (simulated)', name=name)\n"
-        "sys.meta_path.insert(0, _NoFlower())\n")
+        "sys.meta_path.insert(0, _NoFlower())\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                           "tests/test_flower_strategies.py", "tests/test_flower_engine.py",
-                           "tests/test_flower_resume.py"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_flower_strategies.py",
+            "tests/test_flower_engine.py",
+            "tests/test_flower_resume.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 5, out[-3000:]  # pytest's "no tests ran": every test skipped
     assert out.count("Flower is not installed") == 3 and "3 skipped" in out, out[-3000:]
     assert "failed" not in out and "error" not in out.lower().replace("importerror", ""), out[-3000:]
+
+
+def test_gpu_check_keeps_the_tests_their_share_of_the_budget():
+    """Each phase's deadline keeps back the shares of the phases after it. With the install an H100
+    took (43 s), the tests phase must still get its whole share: a phase added later must not
+    starve it (a run where the tests get under 10 s skips them)."""
+    text = (ROOT / "bench" / "gpu_check.sh").read_text()
+    budget = int(re.search(r"BUDGET=(\d+)", text).group(1))
+    shares = {k: int(v) for k, v in re.findall(r"\b([A-Z_]+_S)=(\d+)", text)}
+    tests_line = re.search(r"T=\$\(\( \$\(left\) - 15 - ([A-Z_ -]+) \)\)", text).group(1)
+    reserved = sum(shares[name.strip()] for name in tests_line.split("-"))
+    assert budget - 43 - 15 - reserved >= shares["TESTS_S"], (budget, reserved, shares)

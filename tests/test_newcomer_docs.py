@@ -1,6 +1,7 @@
 """The documentation a newcomer reads: it ships with the repository (no links outside it, no private
 document names), documents every algorithm with its paper, and the README's two commands are safe
 to paste into an interactive shell and are what CI runs."""
+
 import re
 import shutil
 import subprocess
@@ -41,13 +42,24 @@ PAPERS = {
 def test_algorithms_doc_has_each_rule_option_and_paper():
     text = DOCS["algorithms.md"]
     for cls, title in PAPERS.items():
-        assert f"`{cls}(params" in text, cls      # the signature with its options
+        assert f"`{cls}(params" in text, cls  # the signature with its options
         assert title in text, title
-    for rule in ("lr_k = lr * s(j)", "x[m, ...] -= lr * r[m] * buf[m, ...]", "coef  = min(1, max_norm / (s + eps))",
-                 "x   -= eta * v / n", "theta' = theta - gamma * mean"):
+    for rule in (
+        "lr_k = lr * s(j)",
+        "x[m, ...] -= lr * r[m] * buf[m, ...]",
+        "coef  = min(1, max_norm / (s + eps))",
+        "x   -= eta * v / n",
+        "theta' = theta - gamma * mean",
+    ):
         assert rule in text, rule
-    for api in ("start_round(", "resolved_backend()", "theory_hparams(", "local_control()", "WithinRoundDecay(",
-                "neuron_lr_scales("):
+    for api in (
+        "start_round(",
+        "resolved_backend()",
+        "theory_hparams(",
+        "local_control()",
+        "WithinRoundDecay(",
+        "neuron_lr_scales(",
+    ):
         assert api in text, api
     assert "server step size" in text and "float64" in text
     assert re.search(r"\(https://doi\.org/10\.1145/3637528\.3672042\)", text)
@@ -74,12 +86,13 @@ def test_ci_runs_the_readme_test_command_verbatim():
 def test_main_job_failure_does_not_close_the_shell():
     cmd = _command("Main job")
     assert "setuptools>=77" in cmd and "--quiet" in cmd
-    loop = cmd[cmd.index("python -m bench --quick"):]
+    loop = cmd[cmd.index("python -m bench --quick") :]
     # the same command with every step but one FL run replaced: that run fails
     loop = loop.replace("python -m bench --quick", "true")
     loop = re.sub(r"fedopt-sim [^|;)]*", 'test "$a" != fednar-scaffold ', loop)
-    proc = subprocess.run(["bash", "-c", f"{loop}; echo STILL-HERE status=$?"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        ["bash", "-c", f"{loop}; echo STILL-HERE status=$?"], capture_output=True, text=True, timeout=60
+    )
     assert "STILL-HERE status=1" in proc.stdout, (loop, proc.stdout, proc.stderr)
 
 

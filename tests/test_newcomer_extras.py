@@ -1,6 +1,7 @@
 """A newcomer without the optional extras: fedopt-sim and python -m bench say which extra is missing
 (or do without it) instead of dying with a raw ModuleNotFoundError; --quiet verdict lines say
 which algorithm they belong to."""
+
 import json
 import sys
 from pathlib import Path
@@ -10,8 +11,7 @@ import pytest
 from fedopt_kernels.sim.cli import fedopt_sim
 
 ROOT = Path(__file__).resolve().parent.parent
-SHORT = ["--clients", "10", "--rounds", "1", "--local-steps", "2", "--clients-per-round", "2",
-         "--finetune-steps", "1"]
+SHORT = ["--clients", "10", "--rounds", "1", "--local-steps", "2", "--clients-per-round", "2", "--finetune-steps", "1"]
 
 
 def _hide(monkeypatch, *modules):
@@ -25,7 +25,9 @@ def _hide(monkeypatch, *modules):
 
 def test_quiet_validate_verdicts_name_their_algorithm(capsys):
     for algorithm in ("fedavg", "fednar-scaffold"):
-        assert fedopt_sim.main(SHORT + ["--algorithm", algorithm, "--validate", "reference", "--quiet", "--no-files"]) == 0
+        assert (
+            fedopt_sim.main(SHORT + ["--algorithm", algorithm, "--validate", "reference", "--quiet", "--no-files"]) == 0
+        )
     verdicts = [ln for ln in capsys.readouterr().out.splitlines() if "PASS" in ln or "FAIL" in ln]
     assert len(verdicts) == 2, verdicts
     assert "PASS fedavg (reference vs reference, seed 0)" in verdicts[0]
@@ -72,8 +74,18 @@ def test_bench_without_matplotlib_skips_the_chart(monkeypatch, tmp_path, capsys)
     finally:
         sys.path.remove(str(ROOT))
     _hide(monkeypatch, "matplotlib")
-    args = ["--smoke", "--device", "cpu", "--algos", "feddecay", "--backends", "reference", "--no-baselines",
-            "--out-dir", str(tmp_path)]
+    args = [
+        "--smoke",
+        "--device",
+        "cpu",
+        "--algos",
+        "feddecay",
+        "--backends",
+        "reference",
+        "--no-baselines",
+        "--out-dir",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     js = next(tmp_path.glob("*-smoke.json"))
     assert json.loads(js.read_text())["rows"]

@@ -7,6 +7,7 @@ package, no ``_C_*.so``) and imports it in a child process with a fresh cache fo
 start at once, one builds, the other waits for it, and both step on the ``cpu`` backend. Building
 ``_C_cpu`` took 74 s on a shared 2-core machine (AMD EPYC), hence ``slow``.
 """
+
 import importlib.util
 import os
 import re
@@ -29,8 +30,14 @@ PRELUDE = textwrap.dedent("""
 
 def _child(code: str, cwd: Path, **env) -> subprocess.CompletedProcess:
     full_env = dict(os.environ, PYTHONPATH="", **env)
-    return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _build_module():
@@ -110,8 +117,14 @@ def test_no_compiler_says_so(tmp_path):
     empty.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "CXX"}
     env.update(PATH=str(empty), FEDOPT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH="")
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(HIDDEN)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(HIDDEN)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("MISSING"))
     assert "cannot be built on first use" in line and "no C++ compiler" in line, line
@@ -133,8 +146,9 @@ def test_disabled_at_install_time_is_respected(monkeypatch):
 def _wheel_layout(dst: Path) -> Path:
     """The package as a wheel installs it: csrc inside, no compiled extension, no build status."""
     pkg = dst / "fedopt_kernels"
-    shutil.copytree(ROOT / "fedopt_kernels", pkg,
-                    ignore=shutil.ignore_patterns("*.so", "*.build-status.txt", "__pycache__"))
+    shutil.copytree(
+        ROOT / "fedopt_kernels", pkg, ignore=shutil.ignore_patterns("*.so", "*.build-status.txt", "__pycache__")
+    )
     shutil.copytree(ROOT / "csrc", pkg / "csrc", ignore=shutil.ignore_patterns("__pycache__"))
     return dst
 
@@ -175,8 +189,10 @@ def test_first_use_build_of_the_cpu_extension(tmp_path):
     env.pop("FEDOPT_BUILD_CPU", None)
     cmd = [sys.executable, "-c", PRELUDE + textwrap.dedent(STEP)]
     # two processes at once with an empty cache: one builds, the other waits and loads its result
-    procs = [subprocess.Popen(cmd, cwd=site, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=site, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     results = [p.communicate(timeout=900) for p in procs]
     for p, (out, err) in zip(procs, results):
         assert p.returncode == 0, err[-4000:]
@@ -195,6 +211,7 @@ def test_first_use_build_of_the_cpu_extension(tmp_path):
 
 def test_the_installed_extension_records_the_torch_it_was_built_for():
     from fedopt_kernels.core.backends import _native
+
     try:
         mod = _native.load_extension("_C_cpu")
     except ImportError as exc:
@@ -222,8 +239,9 @@ def test_an_extension_built_for_another_torch_is_rebuilt_not_loaded(monkeypatch,
         return rebuilt
 
     monkeypatch.setattr(_jit, "build", fake_build)
-    with pytest.warns(RuntimeWarning, match=f"built for torch {built_for or 'an unknown version'}, not "
-                                            f"{_native.torch_release()}"):
+    with pytest.warns(
+        RuntimeWarning, match=f"built for torch {built_for or 'an unknown version'}, not {_native.torch_release()}"
+    ):
         assert _native.load_extension("_C_cpu") is rebuilt
     assert seen == ["_C_cpu"]
 
@@ -235,8 +253,15 @@ def test_an_extension_built_for_another_torch_is_rebuilt_not_loaded(monkeypatch,
         _native.load_extension("_C_cpu")
 
 
-@pytest.mark.parametrize("version,release", [("2.14.1+cu130", "2.14.1"), ("2.12.0a0+git1234abc", "2.12.0"),
-                                             ("2.10.0", "2.10.0"), ("2.11.0.dev20260101", "2.11.0")])
+@pytest.mark.parametrize(
+    "version,release",
+    [
+        ("2.14.1+cu130", "2.14.1"),
+        ("2.12.0a0+git1234abc", "2.12.0"),
+        ("2.10.0", "2.10.0"),
+        ("2.11.0.dev20260101", "2.11.0"),
+    ],
+)
 def test_torch_release_drops_local_and_pre_release_parts(version, release):
     """A nightly's "2.12.0a0" is the 2.12.0 its headers say: no rebuild warning at every import."""
     from fedopt_kernels.core.backends import _native

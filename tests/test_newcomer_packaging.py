@@ -1,6 +1,7 @@
 """What the sdist and the wheel carry: the test helpers (conftest.py, harness.py), the documentation
 the README links, and the C++/CUDA sources with csrc/build.py inside the package (for the first-use
 build); the project metadata uses the SPDX license string."""
+
 import importlib.util
 import json
 import os
@@ -21,8 +22,7 @@ def _build(kind: str, out: Path, src: Path = ROOT) -> Path:
     """Build an sdist or wheel the way `python -m build --no-isolation` does (setuptools' PEP 517 hooks)."""
     env = dict(os.environ, FEDOPT_BUILD_CPU="0", FEDOPT_BUILD_CUDA="0")  # no compiling here: contents only
     code = f"from setuptools import build_meta as b; print(b.build_{kind}({str(out)!r}))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=src, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=src, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out / proc.stdout.strip().splitlines()[-1]
 
@@ -33,8 +33,13 @@ def _fresh_clone(dest: Path) -> Path:
     A build in the checkout itself reuses what earlier builds left there (``*.egg-info/SOURCES.txt``
     lists every file an earlier setup.py shipped), which hid a package that setup.py no longer
     listed. Without git (the tests of an unpacked sdist) the folder itself is what a user has."""
-    proc = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                          capture_output=True) if (ROOT / ".git").exists() else None
+    proc = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True
+        )
+        if (ROOT / ".git").exists()
+        else None
+    )
     if proc is None or proc.returncode != 0:
         return ROOT
     for name in proc.stdout.decode().split("\0"):
@@ -66,9 +71,17 @@ def wheel_names(tmp_path_factory):
 
 
 def test_sdist_runs_its_own_tests(sdist_names):
-    for name in ("tests/conftest.py", "tests/harness.py", "tests/test_equivalence.py", "pyproject.toml",
-                 "setup.py", "csrc/build.py", "README.md", "tests/cuda_host/chunk_order.cpp",
-                 "tests/cuda_host/include/cuda_runtime.h"):
+    for name in (
+        "tests/conftest.py",
+        "tests/harness.py",
+        "tests/test_equivalence.py",
+        "pyproject.toml",
+        "setup.py",
+        "csrc/build.py",
+        "README.md",
+        "tests/cuda_host/chunk_order.cpp",
+        "tests/cuda_host/include/cuda_runtime.h",
+    ):
         assert name in sdist_names, name
 
 
@@ -115,8 +128,9 @@ runpy.run_path("setup.py", run_name="__main__")
 
 def test_setup_lists_every_package_folder():
     env = dict(os.environ, FEDOPT_BUILD_CPU="0", FEDOPT_BUILD_CUDA="0")
-    proc = subprocess.run([sys.executable, "-c", SETUP_ARGS], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SETUP_ARGS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     args = json.loads(proc.stdout.strip().splitlines()[-1])
     folders = {name: name.replace(".", "/") for name in args["packages"]}
@@ -132,8 +146,9 @@ def test_setup_lists_every_package_folder():
 def test_wheel_carries_every_python_file_of_the_package(wheel_names):
     # setup.py finds the packages from the folders: a subpackage without __init__.py, or one that a
     # hand-kept list forgets, installs a package whose imports fail outside the source tree
-    expected = list(_python_files("fedopt_kernels", "fedopt_kernels")) + \
-        list(_python_files("triton_kernels", "fedopt_kernels/triton_kernels"))
+    expected = list(_python_files("fedopt_kernels", "fedopt_kernels")) + list(
+        _python_files("triton_kernels", "fedopt_kernels/triton_kernels")
+    )
     assert any(src.startswith("fedopt_kernels/batched/") for src, _ in expected)  # the folder the list once lacked
     missing = [src for src, installed in expected if installed not in wheel_names]
     assert not missing, f"in the checkout but not in the wheel: {missing}"

@@ -9,6 +9,7 @@
   C++ source names an op: the bindings and the entry-point headers reach every op through
   op_table.h's ``FO_FOR_EACH_OP``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -73,8 +74,11 @@ def test_every_declared_op_has_its_files():
 def test_an_op_without_its_files_is_refused_by_name(monkeypatch):
     build = _build_module()
     sgd = OPS["sgd"]
-    declared = dict(OPS, adamw=replace(sgd, name="adamw"),
-                    adamw_batched=replace(OPS["sgd_batched"], name="adamw_batched", base="adamw"))
+    declared = dict(
+        OPS,
+        adamw=replace(sgd, name="adamw"),
+        adamw_batched=replace(OPS["sgd_batched"], name="adamw_batched", base="adamw"),
+    )
     monkeypatch.setattr(build, "_op_header_module", lambda: types.SimpleNamespace(OPS=declared))
     assert build.missing_op_sources("_C_cpu") == ["csrc/cpu/adamw_cpu.cpp"]
     assert build.missing_op_sources("_C_cuda") == ["csrc/cuda/adamw.cu"]

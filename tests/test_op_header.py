@@ -8,6 +8,7 @@
 * the build generates the header itself (``csrc/build.py`` as setup.py loads it), nothing under
   ``csrc/`` is generated or committed, and no C++ source spells a role or hp name by hand.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,11 +21,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from host_cxx import compiler, generated_include
 
 from fedopt_kernels.core import op_header as _op_header
 from fedopt_kernels.core.ops import FRESH, OPS, PER_CLIENT, Role
-
-from host_cxx import compiler, generated_include
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,8 +61,10 @@ def _constants() -> str:
             lines.append(f'  std::printf("{op} bit {r.short} %d\\n", static_cast<int>({op}_bit::{r.short.upper()}));')
         for h in spec.hps:
             lines.append(f'  std::printf("{op} col {h} %d\\n", static_cast<int>({op}_hp::{h.upper()}));')
-        lines.append(f'  std::printf("{op} counts %d %d\\n", static_cast<int>({op}_slot::COUNT), '
-                     f'static_cast<int>({op}_hp::COUNT));')
+        lines.append(
+            f'  std::printf("{op} counts %d %d\\n", static_cast<int>({op}_slot::COUNT), '
+            f"static_cast<int>({op}_hp::COUNT));"
+        )
     return "\n".join(lines)
 
 
@@ -72,8 +74,10 @@ def _expected() -> list:
         op = spec.name
         for i, r in enumerate(spec.roles):
             bit = spec.bit(r.name) if i >= 2 else 0
-            out.append(f"{op} role {i} {r.name} {int(r.state_typed)} {int(r.written)} {int(r.per_row)} {bit} "
-                       f"{int(r.state_typed)}")
+            out.append(
+                f"{op} role {i} {r.name} {int(r.state_typed)} {int(r.written)} {int(r.per_row)} {bit} "
+                f"{int(r.state_typed)}"
+            )
         out += [f"{op} hp {i} {h}" for i, h in enumerate(spec.hps)]
         out.append(f"{op} flags {op}_batched {int(spec.norm)} {int(spec.schedule)}")
     for spec in PER_CLIENT.values():
@@ -90,8 +94,12 @@ def test_generated_header_declares_every_op_as_ops_py(tmp_path):
     src = tmp_path / "printer.cpp"
     src.write_text(PRINTER.replace("%CONSTANTS%", _constants()))
     exe = tmp_path / "printer"
-    build = subprocess.run([compiler(), "-std=c++17", "-Wall", "-Werror", "-I", generated, str(src), "-o", str(exe)],
-                           capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [compiler(), "-std=c++17", "-Wall", "-Werror", "-I", generated, str(src), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
@@ -100,8 +108,10 @@ def test_generated_header_declares_every_op_as_ops_py(tmp_path):
 
 def _layout(spec) -> tuple:
     """What op_layout returns for ``spec``, from the declaration."""
-    roles = [(r.name, r.state_typed, r.written, r.per_row, 0 if i < 2 else spec.bit(r.name))
-             for i, r in enumerate(spec.roles)]
+    roles = [
+        (r.name, r.state_typed, r.written, r.per_row, 0 if i < 2 else spec.bit(r.name))
+        for i, r in enumerate(spec.roles)
+    ]
     return roles, list(spec.hps), FRESH
 
 
@@ -124,14 +134,16 @@ def test_generator_refuses_what_cpp_cannot_name():
     sgd = OPS["sgd"]
     bad_role = replace(sgd, roles=sgd.roles[:2] + (Role("x-0", "x-0"),))
     with pytest.raises(ValueError, match="C\\+\\+ identifier"):
-        _op_header.render({"sgd": bad_role, "sgd_batched": replace(bad_role, name="sgd_batched", batched=True,
-                                                                   base="sgd")})
+        _op_header.render(
+            {"sgd": bad_role, "sgd_batched": replace(bad_role, name="sgd_batched", batched=True, base="sgd")}
+        )
     clash = replace(sgd, hps=("lr", "LR"))
     with pytest.raises(ValueError, match="collide"):
         _op_header.render({"sgd": clash, "sgd_batched": replace(clash, name="sgd_batched", batched=True, base="sgd")})
     with pytest.raises(ValueError, match="roles and hp columns"):
-        _op_header.render({"sgd": sgd, "sgd_batched": replace(OPS["fednar"], name="sgd_batched", batched=True,
-                                                              base="sgd")})
+        _op_header.render(
+            {"sgd": sgd, "sgd_batched": replace(OPS["fednar"], name="sgd_batched", batched=True, base="sgd")}
+        )
     with pytest.raises(ValueError, match="no batched form"):
         _op_header.render({"sgd": sgd})
 
@@ -145,12 +157,19 @@ def test_the_build_generates_the_header_and_csrc_holds_no_copy(tmp_path):
     assert (Path(folder) / "op_table.h").read_text() == _op_header.render()
     assert not list((ROOT / "csrc").rglob("op_table.h")), "op_table.h is generated into the build's folder only"
     # as in setup.py's process: the package is not imported, its sources beside csrc/ are read
-    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('b', sys.argv[1]); "
-            "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b); "
-            "b.write_op_header(sys.argv[2]); assert 'fedopt_kernels' not in sys.modules")
-    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "csrc" / "build.py"), str(tmp_path / "setup")],
-                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=""), capture_output=True, text=True,
-                          timeout=300)
+    code = (
+        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('b', sys.argv[1]); "
+        "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b); "
+        "b.write_op_header(sys.argv[2]); assert 'fedopt_kernels' not in sys.modules"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "csrc" / "build.py"), str(tmp_path / "setup")],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=""),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "setup" / "op_table.h").read_text() == _op_header.render()
 
@@ -164,5 +183,5 @@ def test_no_cpp_source_spells_a_role_or_hp_name():
             code = re.sub(r"//[^\n]*|/\*.*?\*/", "", path.read_text(), flags=re.S)  # comments may name them
             for lit in re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"', code):
                 if lit in names:
-                    found.append(f"{path.relative_to(ROOT)}: \"{lit}\"")
+                    found.append(f'{path.relative_to(ROOT)}: "{lit}"')
     assert not found, found

@@ -7,18 +7,19 @@
 * ``torch.ops.fedopt.<op>`` computes what the optimizer's step computes;
 * bad op arguments raise an error naming what is wrong.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
 import torch
+from backends import cases, require
 
 import fedopt_kernels as fk
-from fedopt_kernels.core import ops as _ops, registry as _registry
+from fedopt_kernels.core import ops as _ops
+from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.core.ops import BATCHED, FRESH, OPS, PER_CLIENT
-
-from backends import cases, require
 
 SHAPES = [(5, 3), (7,), (2, 3, 2)]
 
@@ -48,9 +49,22 @@ def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, cli
         lists.append(ts)
     rows = []
     for b in range(2):
-        row = {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01, "prox_mu": 0.2, "nesterov": 0.0,
-               "maximize": 0.0, "step_lr": 0.1, "max_norm": 1.0, "eps": 1e-6, "beta": 0.5, "rho": 0.5, "eta": 0.01,
-               "adaptive": float(b == 0)}
+        row = {
+            "lr": 0.1,
+            "momentum": 0.9,
+            "dampening": 0.1,
+            "weight_decay": 0.01,
+            "prox_mu": 0.2,
+            "nesterov": 0.0,
+            "maximize": 0.0,
+            "step_lr": 0.1,
+            "max_norm": 1.0,
+            "eps": 1e-6,
+            "beta": 0.5,
+            "rho": 0.5,
+            "eta": 0.01,
+            "adaptive": float(b == 0),
+        }
         rows.append([row[h] for h in spec.hps])
     hp = torch.tensor(rows, dtype=torch.float64, device=device)
     k = torch.zeros(1, dtype=torch.int32, device=device)
@@ -115,8 +129,9 @@ def test_batched_reference_op_is_the_per_client_op_client_by_client(name):
             ph[0, spec.hps.index("dampening")] = 0.0
         kc = torch.tensor([[0, 1, 0][c]], dtype=torch.int32)
         if active[c]:
-            _ops.torch_op(spec.base)(*lists, per[n], present, ph, kc, per[n + 4], 1, per[n + 6], per[n + 7],
-                                     "reference")
+            _ops.torch_op(spec.base)(
+                *lists, per[n], present, ph, kc, per[n + 4], 1, per[n + 6], per[n + 7], "reference"
+            )
         got = [t[c] for lst in args[:n] for t in lst]
         want = [t for lst in lists for t in lst]
         for a, b in zip(want, got):
@@ -127,6 +142,7 @@ def test_batched_reference_op_is_the_per_client_op_client_by_client(name):
 def test_triton_kernels_take_their_slots_and_columns_from_the_declaration(monkeypatch):
     require("triton")
     from fedopt_kernels.triton_kernels import fednar, launcher, padamfed, sgd
+
     for mod, name in ((sgd, "sgd"), (fednar, "fednar"), (padamfed, "padamfed")):
         spec = OPS[name]
         assert mod.ROLES == tuple(r.short for r in spec.roles)
@@ -134,9 +150,12 @@ def test_triton_kernels_take_their_slots_and_columns_from_the_declaration(monkey
     shorts = [r.short for r in OPS["padamfed"].roles]
     assert (padamfed._ACC.value, padamfed._H.value) == (shorts.index("acc"), shorts.index("H"))
     assert (sgd._LR.value, sgd._NEST.value, sgd._MAX.value) == tuple(
-        OPS["sgd"].hp_index(h) for h in ("lr", "nesterov", "maximize"))
-    assert (fednar._MAX_NORM.value, fednar._PROX.value) == (OPS["fednar"].hp_index("max_norm"),
-                                                            OPS["fednar"].hp_index("prox_mu"))
+        OPS["sgd"].hp_index(h) for h in ("lr", "nesterov", "maximize")
+    )
+    assert (fednar._MAX_NORM.value, fednar._PROX.value) == (
+        OPS["fednar"].hp_index("max_norm"),
+        OPS["fednar"].hp_index("prox_mu"),
+    )
     # the constants follow the declaration, whatever its order
     monkeypatch.setitem(_ops.OPS, "padamfed", replace(OPS["padamfed"], hps=("eps", "beta", "lr")))
     assert [c.value for c in launcher.spec_columns("padamfed", "lr", "eps")] == [2, 0, 3]
@@ -167,8 +186,23 @@ def test_optimizer_step_is_the_op_with_the_plan_s_arguments():
     b = [t.clone() for t in a]
     bufs = [t.clone() for t in plan.lists["momentum_buffer"]]
     k = opt._k_dev.clone()
-    _ops.torch_op("sgd")(b, [p.grad for p in a], bufs, [], [], [], plan.batch, plan.present, plan.hp, k,
-                         opt.schedule.table(torch.device("cpu"), 2), 1, None, None, "reference")
+    _ops.torch_op("sgd")(
+        b,
+        [p.grad for p in a],
+        bufs,
+        [],
+        [],
+        [],
+        plan.batch,
+        plan.present,
+        plan.hp,
+        k,
+        opt.schedule.table(torch.device("cpu"), 2),
+        1,
+        None,
+        None,
+        "reference",
+    )
     opt.step()
     for x, y in zip(a, b):
         assert torch.equal(x.detach(), y)

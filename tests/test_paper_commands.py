@@ -1,5 +1,6 @@
 """experiments/paper_commands.py: the papers' own commands parse as fedopt-sim takes them, the
 results page shows them as the script prints them, and the timing slice runs (a CPU smoke slice)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("paper_commands", ROOT / "experiments" / "paper_commands.py")
+assert spec is not None and spec.loader is not None
 pc = importlib.util.module_from_spec(spec)
 sys.modules["paper_commands"] = pc
 spec.loader.exec_module(pc)
@@ -51,20 +53,24 @@ def test_a_smoke_slice_times_every_paper(tmp_path):
     assert set(res["papers"]) == {name for name, *_ in pc.PAPERS}
     for paper in res["papers"].values():
         for row in paper["rows"].values():
-            assert row["rounds_timed"] == 2 and row["round_s"] > 0 and row["estimate_s"] > row["rounds"] * row["round_s"]
+            assert (
+                row["rounds_timed"] == 2 and row["round_s"] > 0 and row["estimate_s"] > row["rounds"] * row["round_s"]
+            )
             assert row["config"]["clients_per_round"] == 2  # the smoke slice shrank it
     assert (tmp_path / "paper-commands-cpu.md").read_text().startswith("## The papers' commands")
 
 
 def test_one_papers_slices_alone(tmp_path):
-    pc.main(["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--paper", "fednlr",
-             "--out-dir", str(tmp_path)])
+    pc.main(
+        ["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--paper", "fednlr", "--out-dir", str(tmp_path)]
+    )
     res = json.loads((tmp_path / "paper-commands-cpu.json").read_text())
     assert list(res["papers"]) == ["fednlr"] and set(res["papers"]["fednlr"]["rows"]) == {"method", "baseline"}
 
 
-@pytest.mark.parametrize("argv", [[], ["--print", "--time"], ["--time", "--slice-rounds", "0"],
-                                  ["--time", "--paper", "fedsomething"]])
+@pytest.mark.parametrize(
+    "argv", [[], ["--print", "--time"], ["--time", "--slice-rounds", "0"], ["--time", "--paper", "fedsomething"]]
+)
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         pc.main(argv)

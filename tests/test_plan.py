@@ -7,15 +7,15 @@ independent oracle: ``torch.optim.SGD`` (FedDecaySGD with beta=1 is SGD) or the 
 out by hand. The oracle is stepped with the same change applied, so a stale plan shows as a
 difference. Error messages are built only when raising.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
+from backends import cases, require
 
 import fedopt_kernels as fk
 from fedopt_kernels.core import plan_inputs as _params
-
-from backends import cases, require
 
 KW = dict(lr=0.1, momentum=0.9, weight_decay=0.01)
 
@@ -69,7 +69,7 @@ def test_plan_is_reused_between_unchanged_steps(backend, device):
 @pytest.mark.parametrize("backend,device", cases())
 def test_lr_change_refreshes_values_without_rebuilding(backend, device):
     run = Pair(backend, device)
-    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.5 ** e) for o in (run.ours, run.oracle)]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.5**e) for o in (run.ours, run.oracle)]
     run.step(0)
     run.step(1)
     plan = run.ours._plan
@@ -264,9 +264,23 @@ def test_the_plan_is_built_from_data_alone(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the plan called back into the optimizer")
 
-    for name in ("_validate_group", "_structure", "_hp_row", "_row_of", "_lr_factor", "_step_tensors",
-                 "_extra_present", "_step_roles", "_check_grad", "_name_of", "_group_rows", "_group_inputs",
-                 "_plan_inputs", "_schedule", "_run"):
+    for name in (
+        "_validate_group",
+        "_structure",
+        "_hp_row",
+        "_row_of",
+        "_lr_factor",
+        "_step_tensors",
+        "_extra_present",
+        "_step_roles",
+        "_check_grad",
+        "_name_of",
+        "_group_rows",
+        "_group_inputs",
+        "_plan_inputs",
+        "_schedule",
+        "_run",
+    ):
         monkeypatch.setattr(opt, name, boom)
     plan = StepPlan(inputs)
     assert torch.equal(plan.hp, opt._plan.hp) and plan.order == opt._plan.order

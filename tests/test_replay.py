@@ -9,25 +9,25 @@ boundaries, a state_dict load, gradients that move and come back, GradScaler wit
 a tensor lr changed on the device and on the host, client-batched steps with changing active
 masks - and end with the same bits in parameters and state, the replaying one having replayed.
 """
+
 from __future__ import annotations
 
 import gc
-from typing import List
+from typing import Any, List
 
 import pytest
 import torch
+from backends import require
+from child import ending, run_child
+from no_sync import no_host_sync
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 import fedopt_kernels
 from fedopt_kernels.core import grad_watch as _grad_watch
 from fedopt_kernels.core import replay as _replay
-from fedopt_kernels.fl import catalogue
 from fedopt_kernels.core.replay import StepReplay
-
-from backends import require
-from child import ending, run_child
-from no_sync import no_host_sync
+from fedopt_kernels.fl import catalogue
 
 CASES = [(a, o) for a, algo in catalogue.ALGOS.items() for o in algo.options]
 _REAL_RECORD = StepReplay._record  # before any test puts a stand-in there
@@ -50,7 +50,7 @@ def fake_graphs(monkeypatch):
     monkeypatch.setattr(StepReplay, "_record", lambda self, device, run: _FakeGraph(run))
 
 
-def _drive(rep: StepReplay, keys: List[str]) -> List[int]:
+def _drive(rep: StepReplay, keys: List[Any]) -> List[int]:
     """Launch step i with key keys[i]; return which step's launch ran at each step."""
     ran: List[int] = []
     for i, key in enumerate(keys):
@@ -140,6 +140,7 @@ def test_the_switch(monkeypatch):
 def test_copies_keep_the_switch_and_no_recording():
     import copy
     import pickle
+
     p = [torch.nn.Parameter(torch.zeros(3))]
     cfg = catalogue.config("fednar", next(iter(catalogue.ALGOS["fednar"].options)))
     for replay in (True, False):
@@ -358,7 +359,7 @@ def _replayed_step_calls(n: int, algo: str) -> tuple:
     params, opt, inputs = _optimizer(algo, "cpu", [(1,)] * n)
     for p in params:
         p.grad = torch.randn_like(p)
-    for k in range(4):
+    for _k in range(4):
         opt.step(**inputs(0))
     assert type(opt._plan.watch).__name__ == "GradWatch" and type(opt._plan.watch) is not _grad_watch.PyGradWatch
     calls = [0]
@@ -470,7 +471,7 @@ def test_replayed_steps_with_moving_gradients_are_the_eager_bits(algo, cpu_repla
             _fill_grads(params, slots, g)
             step_inputs = inputs(k)
             if "closure" in step_inputs:  # FedSAM: its second gradient into the same tensors (their addresses)
-                step_inputs = dict(step_inputs, closure=lambda: [q.grad.add_(q.detach()) for q in params])
+                step_inputs = dict(step_inputs, closure=lambda params=params: [q.grad.add_(q.detach()) for q in params])
             opt.step(**step_inputs)
         runs.append((params, opt))
     (a, ea), (b, eb) = runs
@@ -541,7 +542,9 @@ def test_a_failed_capture_leaves_no_capture_open_and_no_pool_behind(fail):
     later MemPool's destructor aborts the process at exit (H100: five pytest workers). ``capture``
     ends the capture (again, if the stream still captures) and ends and releases the pool, unless
     torch did (newer torch ends it itself, and then releases it too)."""
-    graph = _Graph(fail="end" if fail.startswith("end") else fail, capturing_after_end_failure=fail == "end-stays-capturing")
+    graph = _Graph(
+        fail="end" if fail.startswith("end") else fail, capturing_after_end_failure=fail == "end-stays-capturing"
+    )
     log, end_pool, release_pool = _pool_calls(ended_by_torch=fail == "end-torch-cleans")
     ran = []
 
@@ -710,15 +713,15 @@ def _run_script(cfg, backend: str, replay: bool):
     params = _params()
     opt = cfg.build(params, backend, replay=replay)
     order = [p for g in opt.param_groups for p in g["params"]]
-    fixed = [torch.zeros_like(p) for p in params]   # gradients at fixed addresses
-    other = [torch.zeros_like(p) for p in params]   # a second address set, alternating with the first
+    fixed = [torch.zeros_like(p) for p in params]  # gradients at fixed addresses
+    other = [torch.zeros_like(p) for p in params]  # a second address set, alternating with the first
     step_inputs = _StepInputs(cfg.step_inputs)
     step = 0
     for rnd in range(3):
         opt.start_round(**cfg.round_inputs(order, rnd))
         for k in range(7):
             grads = _grads(params, step)
-            if rnd == 2 and k % 2:   # round 2: the two address sets alternate
+            if rnd == 2 and k % 2:  # round 2: the two address sets alternate
                 slots = other
             elif rnd == 1 and k >= 4:  # round 1 ends with new tensors every step (set_to_none=True)
                 slots = [torch.empty_like(p) for p in params]
@@ -727,7 +730,7 @@ def _run_script(cfg, backend: str, replay: bool):
             for p, s, g in zip(params, slots, grads):
                 s.copy_(g)
                 p.grad = s
-            if k == 3:   # a scheduler's float lr, and an edit of another hyperparameter
+            if k == 3:  # a scheduler's float lr, and an edit of another hyperparameter
                 opt.param_groups[0]["lr"] *= 0.5
             if k == 5 and rnd == 0 and "weight_decay" in opt.param_groups[-1]:
                 opt.param_groups[-1]["weight_decay"] = opt.param_groups[-1]["weight_decay"] + 1e-3
@@ -763,7 +766,7 @@ def test_grad_scaler_with_a_skipped_step_replays_to_the_eager_bits(backend, algo
         params = _params()
         opt = cfg.build(params, backend, replay=replay)
         order = [p for g in opt.param_groups for p in g["params"]]
-        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 10, growth_interval=3)
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10, growth_interval=3)
         opt.start_round(**cfg.round_inputs(order, 0))
         slots = [torch.zeros_like(p) for p in params]
         step_inputs = _StepInputs(cfg.step_inputs)

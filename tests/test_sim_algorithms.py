@@ -5,7 +5,8 @@ client (every step sees the whole train split, so batch order does not matter), 
 per-round lr decay, FedNAR's annealing and the control variates all take effect). The hand versions
 below use autograd only for gradients and write every update rule out.
 """
-from typing import Dict, List, Optional
+
+from typing import Any, Dict, List, Optional, cast
 
 import pytest
 import torch
@@ -31,14 +32,25 @@ def tiny_data(sizes=SIZES, new=0) -> FederatedData:
     users = []
     for i, n in enumerate(list(sizes) + [3] * new):
         x, y = torch.randn(n + 2, 3, generator=g), torch.randint(0, 2, (n + 2,), generator=g)
-        users.append(ClientData(i, x[:n], y[:n], x[n:n + 1], y[n:n + 1], x[n + 1:], y[n + 1:]))
-    return FederatedData(users[:len(sizes)], users[len(sizes):], (3,), 2)
+        users.append(ClientData(i, x[:n], y[:n], x[n : n + 1], y[n : n + 1], x[n + 1 :], y[n + 1 :]))
+    return FederatedData(users[: len(sizes)], users[len(sizes) :], (3,), 2)
 
 
 def tiny_config(algorithm: str, **kw) -> SimConfig:
-    base = dict(algorithm=algorithm, clients=len(SIZES), holdout_fraction=0.0, clients_per_round=len(SIZES),
-                local_steps=K, batch_size=100, rounds=ROUNDS, lr=LR, server_lr=SERVER_LR, backend="reference",
-                device="cpu", finetune_steps=0)
+    base: Dict[str, Any] = dict(
+        algorithm=algorithm,
+        clients=len(SIZES),
+        holdout_fraction=0.0,
+        clients_per_round=len(SIZES),
+        local_steps=K,
+        batch_size=100,
+        rounds=ROUNDS,
+        lr=LR,
+        server_lr=SERVER_LR,
+        backend="reference",
+        device="cpu",
+        finetune_steps=0,
+    )
     base.update(kw)
     return SimConfig(**base)
 
@@ -57,7 +69,7 @@ def grad(params: List[torch.Tensor], c: ClientData) -> List[torch.Tensor]:
 
 
 def norm(ts: List[torch.Tensor]) -> torch.Tensor:
-    return torch.sqrt(sum((t.double() ** 2).sum() for t in ts))
+    return torch.sqrt(cast(torch.Tensor, sum((t.double() ** 2).sum() for t in ts)))  # ts is never empty
 
 
 def weighted_avg_update(x, ys, weights, server_lr):
@@ -94,14 +106,16 @@ def hand_sgd_family(cfg: SimConfig, scaffold: bool = False, nlr: bool = False) -
                     lin.weight.copy_(x[0]), lin.bias.copy_(x[1])
                 r = neuron_lr_scales(lin, [(cl.train_x, cl.train_y)])
                 scales = [r[lin.weight][:, None], r[lin.bias]]
-            lrs = [hp["lr"] * rd ** t * beta ** k for k in range(K)]
+            lrs = [hp["lr"] * rd**t * beta**k for k in range(K)]
             for k in range(K):
                 g = grad(y, cl)
                 if cfg.clip_norm is not None:
                     coef = min(1.0, cfg.clip_norm / (float(norm(g)) + 1e-6))
                     g = [gj * coef for gj in g]
-                d = [gj + wd * yj + mu * (yj - xj) + (cj - cij if scaffold else 0)
-                     for gj, yj, xj, cj, cij in zip(g, y, x, c, ci[i])]
+                d = [
+                    gj + wd * yj + mu * (yj - xj) + (cj - cij if scaffold else 0)
+                    for gj, yj, xj, cj, cij in zip(g, y, x, c, ci[i])
+                ]
                 if scales is not None:
                     d = [dj * s for dj, s in zip(d, scales)]
                 y = [yj - lrs[k] * dj for yj, dj in zip(y, d)]
@@ -116,14 +130,17 @@ def hand_sgd_family(cfg: SimConfig, scaffold: bool = False, nlr: bool = False) -
     return {"x": x, "c": c, "ci": ci}
 
 
-@pytest.mark.parametrize("algorithm,kw", [
-    ("fedavg", {}),
-    ("fedavg", {"round_decay": 0.5, "clip_norm": 0.05}),  # FedNAR's baseline: lr decay + gradient clipping
-    ("fedsgd", {}),
-    ("feddecay", {"beta": 0.4}),
-    ("feddecay", {"beta": 0.4, "weight_decay": 0.1}),
-    ("fedprox", {"prox_mu": 0.5}),
-])
+@pytest.mark.parametrize(
+    "algorithm,kw",
+    [
+        ("fedavg", {}),
+        ("fedavg", {"round_decay": 0.5, "clip_norm": 0.05}),  # FedNAR's baseline: lr decay + gradient clipping
+        ("fedsgd", {}),
+        ("feddecay", {"beta": 0.4}),
+        ("feddecay", {"beta": 0.4, "weight_decay": 0.1}),
+        ("fedprox", {"prox_mu": 0.5}),
+    ],
+)
 def test_fedavg_family_matches_hand(algorithm, kw):
     cfg = tiny_config(algorithm, **kw)
     assert_close(run_sim(cfg).global_params, hand_sgd_family(cfg)["x"])
@@ -159,8 +176,10 @@ def hand_fednar(cfg: SimConfig, scaffold: bool = False) -> List[torch.Tensor]:
             y = [p.clone() for p in x]
             for _ in range(K):
                 g = grad(y, cl)
-                d = [gj + cfg.weight_decay * yj + hp["prox_mu"] * (yj - xj) + (cj - cij if scaffold else 0)
-                     for gj, yj, xj, cj, cij in zip(g, y, x, c, ci[i])]
+                d = [
+                    gj + cfg.weight_decay * yj + hp["prox_mu"] * (yj - xj) + (cj - cij if scaffold else 0)
+                    for gj, yj, xj, cj, cij in zip(g, y, x, c, ci[i])
+                ]
                 coef = min(1.0, hp["clip_norm"] / (float(norm(d)) + 1e-6))
                 y = [yj - lr_t * coef * dj for yj, dj in zip(y, d)]
             ys.append(y)
@@ -175,7 +194,9 @@ def hand_fednar(cfg: SimConfig, scaffold: bool = False) -> List[torch.Tensor]:
 
 @pytest.mark.parametrize("algorithm", ["fednar", "fednar-fedprox", "fednar-scaffold"])
 def test_fednar_matches_hand(algorithm):
-    cfg = tiny_config(algorithm, weight_decay=0.1, clip_norm=0.2, round_decay=0.5, prox_mu=0.3 if "prox" in algorithm else None)
+    cfg = tiny_config(
+        algorithm, weight_decay=0.1, clip_norm=0.2, round_decay=0.5, prox_mu=0.3 if "prox" in algorithm else None
+    )
     sim = run_sim(cfg)
     assert_close(sim.global_params, hand_fednar(cfg, scaffold=algorithm.endswith("scaffold")))
 
@@ -197,7 +218,7 @@ def hand_padamfed(cfg: SimConfig, vr: bool) -> Dict:
     x = initial_params(cfg)
     n = len(SIZES)
     ci = {i: grad(x, cl) for i, cl in enumerate(data.train_clients)}  # mean of K full-batch grads at x0
-    c = [sum(ci[i][j] for i in range(n)) / n for j in range(len(x))]
+    c = [cast(torch.Tensor, sum(ci[i][j] for i in range(n))) / n for j in range(len(x))]  # n >= 1 clients
     m = [cj.clone() for cj in c]
     for _ in range(cfg.rounds):
         ys, new_ci = [], {}
@@ -239,16 +260,24 @@ def test_padamfed_matches_hand(algorithm):
 # ---------------------------------------------------------------- control-variate bookkeeping, partial participation
 def controls(st, n_clients):
     """Every training client's control (SCAFFOLD: zero until the client first trains)."""
-    return {i: [v.clone() for v in st.c_local[i]] if i in st.c_local else [torch.zeros_like(v) for v in st.c]
-            for i in range(n_clients)}
+    return {
+        i: [v.clone() for v in st.c_local[i]] if i in st.c_local else [torch.zeros_like(v) for v in st.c]
+        for i in range(n_clients)
+    }
 
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "fednar-scaffold", "padamfed"])
 def test_control_variates_under_partial_participation(algorithm):
     sizes = (2, 3, 4, 5, 6)
     padam = algorithm == "padamfed"
-    cfg = tiny_config(algorithm, clients=len(sizes), clients_per_round=2, rounds=5,
-                      lr=None if padam else LR, server_lr=None if padam else SERVER_LR)
+    cfg = tiny_config(
+        algorithm,
+        clients=len(sizes),
+        clients_per_round=2,
+        rounds=5,
+        lr=None if padam else LR,
+        server_lr=None if padam else SERVER_LR,
+    )
     sim = Simulation(cfg, data=tiny_data(sizes), model_fn=lambda: nn.Linear(3, 2))
     st, beta = sim.strategy, cfg.hparams()["beta"]
     sim.load_global()
@@ -295,7 +324,7 @@ def flat_state(state) -> List[torch.Tensor]:
     out = []
     for key in sorted(state):
         v = state[key]
-        for ts in ([v[i] for i in sorted(v)] if isinstance(v, dict) else [v]):
+        for ts in [v[i] for i in sorted(v)] if isinstance(v, dict) else [v]:
             out += ts
     return out
 
@@ -304,8 +333,14 @@ def flat_state(state) -> List[torch.Tensor]:
 def test_sync_from_restores_the_whole_server_state(algorithm):
     """--validate re-synchronises a run to the reference each round: global model + server state suffice."""
     padam = algorithm.startswith("padamfed")
-    cfg = tiny_config(algorithm, clients=5, clients_per_round=2, rounds=3, lr=None if padam else LR,
-                      server_lr=None if padam else SERVER_LR)
+    cfg = tiny_config(
+        algorithm,
+        clients=5,
+        clients_per_round=2,
+        rounds=3,
+        lr=None if padam else LR,
+        server_lr=None if padam else SERVER_LR,
+    )
     a, b = (Simulation(cfg, data=tiny_data((2, 3, 4, 5, 6)), model_fn=lambda: nn.Linear(3, 2)) for _ in range(2))
     for t in range(2):
         a.run_round(t)

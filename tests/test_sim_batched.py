@@ -8,7 +8,9 @@ reference: the client-parallel run must stay within rounding of it. The validati
 (observed 1.2e-16), so ``ROUNDING_RTOL`` (float64's eps times 1e6 for the amplification by
 normalised or cancelling updates) still sits six orders of magnitude below the documented 1e-4.
 """
+
 import math
+from typing import Any, Dict
 
 import numpy as np
 import pytest
@@ -31,7 +33,7 @@ from fedopt_kernels.sim.simulation import Simulation
 from fedopt_kernels.sim.validate import PARAM_RTOL, validate_client_parallel
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
-SIZES = (3, 9, 14, 6, 22)   # batch size 4: client 0 always short, the others end epochs short
+SIZES = (3, 9, 14, 6, 22)  # batch size 4: client 0 always short, the others end epochs short
 SHAPE = (1, 8, 8)
 ROUNDS = 2
 
@@ -46,7 +48,7 @@ def tiny_images(sizes=SIZES) -> FederatedData:
     for i, n in enumerate(sizes):
         y = torch.randint(0, 4, (n + 2,), generator=g)
         x = torch.randn(n + 2, *SHAPE, generator=g) + y.view(-1, 1, 1, 1) * 0.5  # learnable
-        users.append(ClientData(i, x[:n], y[:n], x[n:n + 1], y[n:n + 1], x[n + 1:], y[n + 1:]))
+        users.append(ClientData(i, x[:n], y[:n], x[n : n + 1], y[n : n + 1], x[n + 1 :], y[n + 1 :]))
     return FederatedData(users, [], SHAPE, 4)
 
 
@@ -55,19 +57,35 @@ def model_fn() -> nn.Module:
 
 
 def tiny_config(algorithm: str, **kw) -> SimConfig:
-    base = dict(algorithm=algorithm, clients=len(SIZES), holdout_fraction=0.0, clients_per_round=4, local_steps=3,
-                batch_size=4, rounds=ROUNDS, lr=0.1, backend="reference", device="cpu", finetune_steps=0,
-                client_parallel=3)  # 4 sampled -> chunks of 2 + 2
+    base: Dict[str, Any] = dict(
+        algorithm=algorithm,
+        clients=len(SIZES),
+        holdout_fraction=0.0,
+        clients_per_round=4,
+        local_steps=3,
+        batch_size=4,
+        rounds=ROUNDS,
+        lr=0.1,
+        backend="reference",
+        device="cpu",
+        finetune_steps=0,
+        client_parallel=3,
+    )  # 4 sampled -> chunks of 2 + 2
     base.update(kw)
     return SimConfig(**base)
 
 
 # options that make each algorithm's round inputs and update rule matter (momentum, clipping, decays)
-EXTRA = {"feddecay": dict(momentum=0.9, clip_norm=0.5, round_decay=0.9, beta=0.7),
-         "fednlr": dict(momentum=0.5, weight_decay=1e-3), "fedprox": dict(prox_mu=0.5),
-         "fednar": dict(clip_norm=0.5, weight_decay=1e-2), "fednar-fedprox": dict(prox_mu=0.5),
-         "fednar-scaffold": dict(clip_norm=1.0), "scaffold": dict(momentum=0.5),
-         "fedavg": dict(clients_per_round=5)}  # 5 sampled: chunks of 2, 2 and 1 (one inactive slot)
+EXTRA = {
+    "feddecay": dict(momentum=0.9, clip_norm=0.5, round_decay=0.9, beta=0.7),
+    "fednlr": dict(momentum=0.5, weight_decay=1e-3),
+    "fedprox": dict(prox_mu=0.5),
+    "fednar": dict(clip_norm=0.5, weight_decay=1e-2),
+    "fednar-fedprox": dict(prox_mu=0.5),
+    "fednar-scaffold": dict(clip_norm=1.0),
+    "scaffold": dict(momentum=0.5),
+    "fedavg": dict(clients_per_round=5),
+}  # 5 sampled: chunks of 2, 2 and 1 (one inactive slot)
 
 
 def _op(algorithm: str) -> str:
@@ -106,6 +124,7 @@ def test_validation_catches_padding_counted_as_samples(monkeypatch):
 def _train(cfg, emulate: bool):
     sim = Simulation(cfg, data=tiny_images(), model_fn=model_fn)
     if emulate:
+        assert sim.batched is not None  # the config trains client-parallel
         sim.batched.graph_mode = "emulate"
     for t in range(cfg.rounds):
         sim.run_round(t)
@@ -141,8 +160,10 @@ def test_padded_batches_give_each_clients_mean_gradient():
     assert torch.allclose(rb.w.sum(-1), torch.ones(2, 3))
     model = model_fn()
     loss = ClientLoss(model)
-    stacked = [p.detach().unsqueeze(0).repeat(3, *([1] * p.dim())) + 0.01 * torch.randn(3, *p.shape)
-               for p in model.parameters()]
+    stacked = [
+        p.detach().unsqueeze(0).repeat(3, *([1] * p.dim())) + 0.01 * torch.randn(3, *p.shape)
+        for p in model.parameters()
+    ]
     for k in range(2):
         grads, losses = loss.grads(stacked, rb.x[k], rb.y[k], rb.w[k])
         for c in range(3):
@@ -162,9 +183,23 @@ def test_augmentation_draws_the_sequential_random_crops(tmp_path):
     from sim_data_files import write_cifar10
 
     write_cifar10(tmp_path, per_batch=8, test=4)
-    cfg = SimConfig(algorithm="padamfed-vr", dataset="cifar10", data_dir=str(tmp_path), model="cnn", augment=True,
-                    clients=6, holdout_fraction=0.0, rounds=2, local_steps=2, batch_size=3, clients_per_round=3,
-                    finetune_steps=1, backend="reference", device="cpu", client_parallel=2)
+    cfg = SimConfig(
+        algorithm="padamfed-vr",
+        dataset="cifar10",
+        data_dir=str(tmp_path),
+        model="cnn",
+        augment=True,
+        clients=6,
+        holdout_fraction=0.0,
+        rounds=2,
+        local_steps=2,
+        batch_size=3,
+        clients_per_round=3,
+        finetune_steps=1,
+        backend="reference",
+        device="cpu",
+        client_parallel=2,
+    )
     v = validate_client_parallel(cfg)
     assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
 
@@ -178,9 +213,23 @@ def test_fedavg_cnn_on_cifar_matches_the_sequential_run(tmp_path, algorithm):
     from sim_data_files import write_cifar10
 
     write_cifar10(tmp_path, per_batch=12, test=6)
-    cfg = SimConfig(algorithm=algorithm, dataset="cifar10", data_dir=str(tmp_path), model="fedavg-cnn",
-                    augment=True, clients=6, holdout_fraction=0.0, rounds=2, local_steps=2, batch_size=4,
-                    clients_per_round=3, finetune_steps=0, backend="auto", device="cpu", client_parallel=3)
+    cfg = SimConfig(
+        algorithm=algorithm,
+        dataset="cifar10",
+        data_dir=str(tmp_path),
+        model="fedavg-cnn",
+        augment=True,
+        clients=6,
+        holdout_fraction=0.0,
+        rounds=2,
+        local_steps=2,
+        batch_size=4,
+        clients_per_round=3,
+        finetune_steps=0,
+        backend="auto",
+        device="cpu",
+        client_parallel=3,
+    )
     v = validate_client_parallel(cfg)
     assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
 
@@ -214,14 +263,20 @@ def test_validation_holds_on_other_cpu_kernels():
     from pathlib import Path
 
     tests = Path(__file__).resolve().parent
-    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="default", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", _OTHER_ISA], env=env, cwd=tests.parent, capture_output=True,
-                         text=True, timeout=600)
+    env = dict(
+        os.environ,
+        ONEDNN_MAX_CPU_ISA="AVX2",
+        ATEN_CPU_CAPABILITY="default",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")]),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _OTHER_ISA], env=env, cwd=tests.parent, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
     assert [r[0] for r in rows] == ["padamfed"], out.stdout
-    for name, passed, dtype, rel in rows:
+    for _name, passed, dtype, rel in rows:
         assert passed == "True" and dtype == "float64" and float(rel) <= ROUNDING_RTOL, out.stdout
 
 
@@ -267,7 +322,9 @@ class WithBuffer(nn.Module):
         return self.fc(x.flatten(1) * self.scale)
 
 
-@pytest.mark.parametrize("model,names", [(WithBatchNorm, r"BatchNorm layer\(s\) bn"), (WithBuffer, r"buffer\(s\) scale")])
+@pytest.mark.parametrize(
+    "model,names", [(WithBatchNorm, r"BatchNorm layer\(s\) bn"), (WithBuffer, r"buffer\(s\) scale")]
+)
 def test_batchnorm_or_buffers_are_refused_by_name(model, names):
     with pytest.raises(ValueError, match=r"--client-parallel needs a BatchNorm- and buffer-free model") as exc:
         Simulation(tiny_config("fedavg"), data=tiny_images(), model_fn=model)
@@ -284,26 +341,41 @@ def test_auto_fits_the_estimate():
     assert activation_bytes(model, x, y) > x.numel() * 4  # at least the conv outputs are saved
     assert auto_client_parallel(model, x, y, 2, 1000, budget=3 * per_client + 1) == 3
     assert auto_client_parallel(model, x, y, 2, 1000, budget=per_client // 2) == 1  # never below 1
-    assert auto_client_parallel(model, x, y, 2, 7, budget=1 << 40) == 7           # never above the sampled
+    assert auto_client_parallel(model, x, y, 2, 7, budget=1 << 40) == 7  # never above the sampled
     assert auto_client_parallel(model, x, y, 2, 5000, budget=1 << 40) == MAX_AUTO  # nor past the cap
     sim = Simulation(tiny_config("padamfed", client_parallel="auto"), data=tiny_images(), model_fn=model_fn)
     assert sim.batched.parallel == sim.batched.size == 4  # a tiny model: every sampled client at once
     assert sim.model.training  # the measurement left the model as it was
 
 
-SHORT = ["--clients", "10", "--rounds", "2", "--local-steps", "2", "--clients-per-round", "3",
-         "--finetune-steps", "1", "--quiet", "--no-files"]
+SHORT = [
+    "--clients",
+    "10",
+    "--rounds",
+    "2",
+    "--local-steps",
+    "2",
+    "--clients-per-round",
+    "3",
+    "--finetune-steps",
+    "1",
+    "--quiet",
+    "--no-files",
+]
 
 
-@pytest.mark.parametrize("args,names", [
-    (["--client-parallel", "0"], "--client-parallel"),
-    (["--client-parallel", "-3"], "--client-parallel"),
-    (["--client-parallel", "many"], "--client-parallel"),
-    (["--client-parallel", "1.5"], "--client-parallel"),
-    (["--validate", "sequential"], "--client-parallel"),
-    (["--cuda-graph"], "--cuda-graph"),
-    (["--client-parallel", "2", "--cuda-graph", "--device", "cpu"], "--cuda-graph"),
-])
+@pytest.mark.parametrize(
+    "args,names",
+    [
+        (["--client-parallel", "0"], "--client-parallel"),
+        (["--client-parallel", "-3"], "--client-parallel"),
+        (["--client-parallel", "many"], "--client-parallel"),
+        (["--client-parallel", "1.5"], "--client-parallel"),
+        (["--validate", "sequential"], "--client-parallel"),
+        (["--cuda-graph"], "--cuda-graph"),
+        (["--client-parallel", "2", "--cuda-graph", "--device", "cpu"], "--cuda-graph"),
+    ],
+)
 def test_bad_client_parallel_input_exits_2_naming_it(args, names, capsys):
     with pytest.raises(SystemExit) as exc:
         fedopt_sim.main(SHORT + args)
@@ -319,7 +391,9 @@ def test_config_refuses_bad_values():
 
 
 def test_cli_validate_sequential_on_digits(capsys):
-    status = fedopt_sim.main(SHORT + ["--algorithm", "fednar-scaffold", "--client-parallel", "2", "--validate", "sequential"])
+    status = fedopt_sim.main(
+        SHORT + ["--algorithm", "fednar-scaffold", "--client-parallel", "2", "--validate", "sequential"]
+    )
     out = capsys.readouterr().out
     assert status == 0 and "PASS" in out, out
     assert "sequential [" in out and "client-parallel 2 [" in out
@@ -333,8 +407,10 @@ def test_validate_sequential_without_float64_kernels_checks_paths_and_kernels_ap
     why = _registry.unavailable_reason("triton", torch.device("cpu"), "fednar_batched")
     if why is not None:
         pytest.skip(why)
-    cfg = tiny_config("fednar-scaffold", **dict(EXTRA.get("fednar-scaffold", {}), backend="triton", rounds=2,
-                                                local_steps=2, clients_per_round=3))
+    cfg = tiny_config(
+        "fednar-scaffold",
+        **dict(EXTRA.get("fednar-scaffold", {}), backend="triton", rounds=2, local_steps=2, clients_per_round=3),
+    )
     v = validate_client_parallel(cfg, data=tiny_images(), model_fn=model_fn)
     assert v.passed, v.report()
     assert [p.dtype for p in v.parts] == ["float64"] and v.dtype == "float32"
@@ -355,9 +431,15 @@ def test_cuda_graph_matches_eager_on_gpu(algorithm, backend):
     kw = dict(EXTRA.get(algorithm, {}), device="cuda", backend=backend, rounds=3, local_steps=4, clients_per_round=5)
     cfg = tiny_config(algorithm, **kw)
     data = tiny_images()
-    data = FederatedData([ClientData(c.client_id, *(t.cuda() for t in (c.train_x, c.train_y, c.val_x, c.val_y,
-                                                                         c.test_x, c.test_y)))
-                          for c in data.train_clients], [], SHAPE, 4)
+    data = FederatedData(
+        [
+            ClientData(c.client_id, *(t.cuda() for t in (c.train_x, c.train_y, c.val_x, c.val_y, c.test_x, c.test_y)))
+            for c in data.train_clients
+        ],
+        [],
+        SHAPE,
+        4,
+    )
     eager = Simulation(cfg, data=data, model_fn=model_fn)
     graph = Simulation(cfg.replace(cuda_graph=True), data=data, model_fn=model_fn)
     for t in range(cfg.rounds):

@@ -1,4 +1,5 @@
 """fedopt-sim end to end: --validate on every available backend, determinism, output files, bad input."""
+
 import argparse
 import json
 import math
@@ -13,8 +14,20 @@ from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.simulation import Simulation
 from fedopt_kernels.sim.validate import Validation
 
-SHORT = ["--clients", "10", "--rounds", "2", "--local-steps", "2", "--clients-per-round", "2",
-         "--finetune-steps", "1", "--quiet", "--no-files"]
+SHORT = [
+    "--clients",
+    "10",
+    "--rounds",
+    "2",
+    "--local-steps",
+    "2",
+    "--clients-per-round",
+    "2",
+    "--finetune-steps",
+    "1",
+    "--quiet",
+    "--no-files",
+]
 # one algorithm per op and option: sgd, sgd + neuron scales, fednar + correction, padamfed with anchor grads
 VALIDATE_ALGORITHMS = ["fedavg", "fednlr", "fednar-scaffold", "padamfed-vr"]
 
@@ -88,8 +101,15 @@ def test_validate_catches_a_wrong_kernel(monkeypatch, capsys):
 
 
 def test_run_is_deterministic_from_its_seed():
-    cfg = SimConfig(algorithm="scaffold", clients=10, rounds=3, local_steps=3, clients_per_round=3,
-                    backend="reference", finetune_steps=2)
+    cfg = SimConfig(
+        algorithm="scaffold",
+        clients=10,
+        rounds=3,
+        local_steps=3,
+        clients_per_round=3,
+        backend="reference",
+        finetune_steps=2,
+    )
     a, b = Simulation(cfg).run(), Simulation(cfg).run()
     c = Simulation(cfg.replace(seed=1)).run()
 
@@ -102,8 +122,28 @@ def test_run_is_deterministic_from_its_seed():
 
 def test_files_and_table(tmp_path, capsys):
     out = tmp_path / "run"
-    status = fedopt_sim.main(["--clients", "10", "--rounds", "2", "--local-steps", "2", "--quiet", "--seeds", "0", "1",
-                       "--algorithm", "feddecay", "--beta", "0.5", "--backend", "reference", "--out", str(out)])
+    status = fedopt_sim.main(
+        [
+            "--clients",
+            "10",
+            "--rounds",
+            "2",
+            "--local-steps",
+            "2",
+            "--quiet",
+            "--seeds",
+            "0",
+            "1",
+            "--algorithm",
+            "feddecay",
+            "--beta",
+            "0.5",
+            "--backend",
+            "reference",
+            "--out",
+            str(out),
+        ]
+    )
     assert status == 0
     text = capsys.readouterr().out
     assert "fine-tuned new bottom10%" in text and "±" in text
@@ -117,25 +157,28 @@ def test_files_and_table(tmp_path, capsys):
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("args,names", [
-    (["--algorithm", "fedmagic"], "--algorithm"),
-    (["--dirichlet-alpha", "0"], "--dirichlet-alpha"),
-    (["--alpha", "-1"], "--dirichlet-alpha"),
-    (["--clients", "10", "--clients-per-round", "9"], "--clients-per-round"),
-    (["--sample-rate", "0"], "--sample-rate"),
-    (["--rounds", "0"], "--rounds"),
-    (["--lr", "-0.1"], "--lr"),
-    (["--algorithm", "fedavg", "--beta", "0.5"], "--beta"),
-    (["--algorithm", "feddecay", "--beta", "1.5"], "--beta"),
-    (["--algorithm", "fedavg", "--prox-mu", "0.1"], "--prox-mu"),
-    (["--dataset", "synthetic", "--model", "cnn"], "cnn"),
-    (["--clients", "5000"], "--clients"),
-    (["--backend", "nope"], "--backend"),
-    (["--validate", "nope"], "--validate 'nope'"),
-    (["--seeds", "1", "1"], "--seeds"),
-    (["--split", "0", "0.5", "0.5"], "--split"),
-    (["--dataset", "mnist"], "--data-dir"),
-])
+@pytest.mark.parametrize(
+    "args,names",
+    [
+        (["--algorithm", "fedmagic"], "--algorithm"),
+        (["--dirichlet-alpha", "0"], "--dirichlet-alpha"),
+        (["--alpha", "-1"], "--dirichlet-alpha"),
+        (["--clients", "10", "--clients-per-round", "9"], "--clients-per-round"),
+        (["--sample-rate", "0"], "--sample-rate"),
+        (["--rounds", "0"], "--rounds"),
+        (["--lr", "-0.1"], "--lr"),
+        (["--algorithm", "fedavg", "--beta", "0.5"], "--beta"),
+        (["--algorithm", "feddecay", "--beta", "1.5"], "--beta"),
+        (["--algorithm", "fedavg", "--prox-mu", "0.1"], "--prox-mu"),
+        (["--dataset", "synthetic", "--model", "cnn"], "cnn"),
+        (["--clients", "5000"], "--clients"),
+        (["--backend", "nope"], "--backend"),
+        (["--validate", "nope"], "--validate 'nope'"),
+        (["--seeds", "1", "1"], "--seeds"),
+        (["--split", "0", "0.5", "0.5"], "--split"),
+        (["--dataset", "mnist"], "--data-dir"),
+    ],
+)
 def test_bad_input_names_the_parameter(args, names, capsys):
     with pytest.raises(SystemExit) as exc:
         fedopt_sim.main(SHORT + args)
@@ -148,8 +191,10 @@ def test_an_error_names_the_option_as_typed():
     with pytest.raises(SystemExit):
         fedopt_sim.main(SHORT + ["--rounds=-1"])
     # the settings name the field (the Python API's word); the command line names its option
-    assert fedopt_sim.name_flags("rounds must be an integer >= 1, got -1", fedopt_sim.build_parser()) == \
-        "--rounds must be an integer >= 1, got -1"
+    assert (
+        fedopt_sim.name_flags("rounds must be an integer >= 1, got -1", fedopt_sim.build_parser())
+        == "--rounds must be an integer >= 1, got -1"
+    )
 
 
 def _numeric_options():
@@ -163,8 +208,11 @@ def test_every_numeric_option_out_of_range_is_named_by_its_flag(action, capsys):
     """-5 for every integer option, NaN for every real one: each is refused (exit 2) with its flag,
     and the field name behind it (``clients_per_round``) does not appear on its own."""
     value = "-5" if action.type is int else "nan"
-    given = [f"{action.option_strings[-1]}={value}"] if action.nargs in (None, "+") else \
-        [action.option_strings[-1]] + [value] * action.nargs
+    given = (
+        [f"{action.option_strings[-1]}={value}"]
+        if action.nargs in (None, "+")
+        else [action.option_strings[-1]] + [value] * action.nargs
+    )
     with pytest.raises(SystemExit) as exc:
         fedopt_sim.main(SHORT + given)
     assert exc.value.code == 2
@@ -205,8 +253,25 @@ def test_client_parallel_says_when_it_trains_another_number_of_clients(capsys):
 
 
 def test_a_resumed_run_reports_the_rounds_it_ran(tmp_path, monkeypatch, capsys):
-    args = ["--clients", "10", "--rounds", "3", "--local-steps", "1", "--clients-per-round", "2", "--finetune-steps",
-            "1", "--quiet", "--algorithm", "fedavg", "--checkpoint-every", "1", "--out", str(tmp_path / "run")]
+    args = [
+        "--clients",
+        "10",
+        "--rounds",
+        "3",
+        "--local-steps",
+        "1",
+        "--clients-per-round",
+        "2",
+        "--finetune-steps",
+        "1",
+        "--quiet",
+        "--algorithm",
+        "fedavg",
+        "--checkpoint-every",
+        "1",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     real = Simulation.run_round
 
     def stop_at_round_2(self, t):
@@ -225,8 +290,9 @@ def test_a_resumed_run_reports_the_rounds_it_ran(tmp_path, monkeypatch, capsys):
 
 
 # --threads on the client-parallel path stands for both paths: the sequential one sets the same count
-@pytest.mark.parametrize("extra, want", [([], 1), (["--client-parallel", "2"], 1),
-                                         (["--client-parallel", "2", "--threads", "2"], 2)])
+@pytest.mark.parametrize(
+    "extra, want", [([], 1), (["--client-parallel", "2"], 1), (["--client-parallel", "2", "--threads", "2"], 2)]
+)
 def test_threads_default_is_one_on_both_paths(extra, want):
     """One thread whether clients train one after another or at once: with torch's default, a
     client-parallel run slowed down several times over once another process took a core; --threads wins."""
@@ -277,8 +343,23 @@ def test_help_shows_every_default(capsys):
     assert not missing, "--help does not show these defaults:\n" + "\n".join(missing)
 
 
-FILES = ["--clients", "10", "--rounds", "1", "--local-steps", "1", "--clients-per-round", "2", "--finetune-steps",
-         "1", "--quiet", "--backend", "reference", "--algorithm", "fedavg"]
+FILES = [
+    "--clients",
+    "10",
+    "--rounds",
+    "1",
+    "--local-steps",
+    "1",
+    "--clients-per-round",
+    "2",
+    "--finetune-steps",
+    "1",
+    "--quiet",
+    "--backend",
+    "reference",
+    "--algorithm",
+    "fedavg",
+]
 
 
 def _snapshot(folder):

@@ -1,17 +1,19 @@
 """CIFAR-10/100 from tiny files in the official python-pickle layout: loading, partitions, training, bad folders."""
+
 import pickle
 import sys
 
 import numpy as np
 import pytest
 import torch
+from sim_data_files import write_cifar10, write_cifar100
 
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data.cifar import load_cifar
 from fedopt_kernels.sim.federated_data import build_federated_data
 from fedopt_kernels.sim.simulation import Simulation
-from sim_data_files import write_cifar10, write_cifar100
+
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():  # tiny models: extra threads only fight over the shared cores
@@ -21,8 +23,9 @@ def one_thread():  # tiny models: extra threads only fight over the shared cores
     torch.set_num_threads(n)
 
 
-SHORT = dict(rounds=2, local_steps=2, batch_size=4, clients_per_round=2, finetune_steps=1, backend="reference",
-             device="cpu")
+SHORT = dict(
+    rounds=2, local_steps=2, batch_size=4, clients_per_round=2, finetune_steps=1, backend="reference", device="cpu"
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +76,9 @@ def test_dirichlet_partition_on_cifar(cifar_dir):
 
 
 def test_shards_partition_on_cifar(cifar_dir):
-    cfg = SimConfig(dataset="cifar10", data_dir=str(cifar_dir[0]), clients=10, partition="shards",
-                    shards_per_client=2, **SHORT)
+    cfg = SimConfig(
+        dataset="cifar10", data_dir=str(cifar_dir[0]), clients=10, partition="shards", shards_per_client=2, **SHORT
+    )
     data = build_federated_data(cfg, np.random.default_rng(1), torch.device("cpu"))
     per = classes_per_client(data.train_clients + data.new_clients)
     # 20 shards of 18 images over classes of ~36: a shard spans at most 2 classes, a client at most 4
@@ -82,8 +86,14 @@ def test_shards_partition_on_cifar(cifar_dir):
 
 
 def test_training_run_with_augmentation_is_seeded(cifar_dir):
-    cfg = SimConfig(dataset="cifar10", data_dir=str(cifar_dir[0]), clients=6, model="fedavg-cnn", augment=True,
-                    **{**SHORT, "finetune_steps": 0})
+    cfg = SimConfig(
+        dataset="cifar10",
+        data_dir=str(cifar_dir[0]),
+        clients=6,
+        model="fedavg-cnn",
+        augment=True,
+        **{**SHORT, "finetune_steps": 0},
+    )
     a, b = Simulation(cfg).run(), Simulation(cfg).run()
     assert a["history"][-1]["train_loss"] == b["history"][-1]["train_loss"]  # same crops and flips
     assert np.isfinite(a["history"][-1]["train_loss"])
@@ -92,9 +102,27 @@ def test_training_run_with_augmentation_is_seeded(cifar_dir):
 
 
 def test_cli_runs_on_cifar(cifar_dir, capsys):
-    rc = fedopt_sim.main(["--dataset", "cifar10", "--data-dir", str(cifar_dir[0]), "--clients", "6", "--rounds", "1",
-                   "--local-steps", "1", "--clients-per-round", "2", "--finetune-steps", "0", "--no-normalize",
-                   "--quiet", "--no-files"])
+    rc = fedopt_sim.main(
+        [
+            "--dataset",
+            "cifar10",
+            "--data-dir",
+            str(cifar_dir[0]),
+            "--clients",
+            "6",
+            "--rounds",
+            "1",
+            "--local-steps",
+            "1",
+            "--clients-per-round",
+            "2",
+            "--finetune-steps",
+            "0",
+            "--no-normalize",
+            "--quiet",
+            "--no-files",
+        ]
+    )
     assert rc == 0 and "fedavg on cifar10 (dirichlet), 6 clients" in capsys.readouterr().out
 
 
@@ -117,19 +145,32 @@ def test_missing_batch_file(tmp_path):
     bad(tmp_path, r"missing file '.*data_batch_3': expected a CIFAR-10 data batch")
 
 
-@pytest.mark.parametrize("damage, match", [
-    (lambda p: p.write_bytes(p.read_bytes()[:100]), r"could not read '.*data_batch_2' as a CIFAR-10 python pickle"),
-    (lambda p: p.write_bytes(b"not a pickle"), r"could not read '.*data_batch_2'"),
-    (lambda p: p.write_bytes(pickle.dumps([1, 2, 3], protocol=2)), r"holds a list, expected a dict"),
-    (lambda p: p.write_bytes(pickle.dumps({"data": np.zeros((2, 3072), np.uint8)}, protocol=2)),
-     r"has keys \['data'\], expected a dict with 'data' .* and 'labels'"),
-    (lambda p: p.write_bytes(pickle.dumps({"data": np.zeros((2, 100), np.uint8), "labels": [0, 1]}, protocol=2)),
-     r"'data' is a uint8 array of shape \(2, 100\)"),
-    (lambda p: p.write_bytes(pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]}, protocol=2)),
-     r"labels span 0..10, expected 0..9"),
-    (lambda p: p.write_bytes(pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0]}, protocol=2)),
-     r"2 images but 1 labels"),
-])
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:100]), r"could not read '.*data_batch_2' as a CIFAR-10 python pickle"),
+        (lambda p: p.write_bytes(b"not a pickle"), r"could not read '.*data_batch_2'"),
+        (lambda p: p.write_bytes(pickle.dumps([1, 2, 3], protocol=2)), r"holds a list, expected a dict"),
+        (
+            lambda p: p.write_bytes(pickle.dumps({"data": np.zeros((2, 3072), np.uint8)}, protocol=2)),
+            r"has keys \['data'\], expected a dict with 'data' .* and 'labels'",
+        ),
+        (
+            lambda p: p.write_bytes(pickle.dumps({"data": np.zeros((2, 100), np.uint8), "labels": [0, 1]}, protocol=2)),
+            r"'data' is a uint8 array of shape \(2, 100\)",
+        ),
+        (
+            lambda p: p.write_bytes(
+                pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]}, protocol=2)
+            ),
+            r"labels span 0..10, expected 0..9",
+        ),
+        (
+            lambda p: p.write_bytes(pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0]}, protocol=2)),
+            r"2 images but 1 labels",
+        ),
+    ],
+)
 def test_damaged_batch(tmp_path, damage, match):
     write_cifar10(tmp_path, per_batch=2, test=2)
     damage(tmp_path / "cifar-10-batches-py" / "data_batch_2")

@@ -1,17 +1,17 @@
 """FEMNIST from tiny files in LEAF's JSON layout: writers as clients, writer subsampling, training, bad folders."""
+
 import json
 
 import numpy as np
 import pytest
 import torch
+from sim_data_files import write_femnist
 
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data.femnist import count_writers, load_femnist
 from fedopt_kernels.sim.federated_data import build_federated_data
 from fedopt_kernels.sim.simulation import Simulation
-from sim_data_files import write_femnist
-
 
 # the simulator's tiny models: one torch thread (conftest.py), as fedopt-sim's --threads default
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -59,12 +59,40 @@ def test_natural_partition_one_client_per_writer(leaf):
 
 def test_training_run_and_writer_fraction_cli(leaf, capsys):
     root = str(leaf[0])
-    res = Simulation(SimConfig(dataset="femnist", data_dir=root, clients=6, model="fedavg-cnn", rounds=2,
-                               local_steps=2, batch_size=4, clients_per_round=2, finetune_steps=1,
-                               backend="reference", device="cpu")).run()
+    res = Simulation(
+        SimConfig(
+            dataset="femnist",
+            data_dir=root,
+            clients=6,
+            model="fedavg-cnn",
+            rounds=2,
+            local_steps=2,
+            batch_size=4,
+            clients_per_round=2,
+            finetune_steps=1,
+            backend="reference",
+            device="cpu",
+        )
+    ).run()
     assert np.isfinite(res["history"][-1]["train_loss"]) and res["final"]["finetuned"]["new"]["users"] == 1
-    rc = fedopt_sim.main(["--dataset", "femnist", "--data-dir", root, "--writer-fraction", "0.5", "--rounds", "1",
-                   "--local-steps", "1", "--finetune-steps", "0", "--quiet", "--no-files"])
+    rc = fedopt_sim.main(
+        [
+            "--dataset",
+            "femnist",
+            "--data-dir",
+            root,
+            "--writer-fraction",
+            "0.5",
+            "--rounds",
+            "1",
+            "--local-steps",
+            "1",
+            "--finetune-steps",
+            "0",
+            "--quiet",
+            "--no-files",
+        ]
+    )
     assert rc == 0 and "fedavg on femnist (natural), 4 clients" in capsys.readouterr().out
 
 
@@ -93,41 +121,71 @@ def _user(x=None, y=None):
     return {"x": x if x is not None else [[0.5] * 784] * 2, "y": y if y is not None else [1, 2]}
 
 
-@pytest.mark.parametrize("content, match", [
-    ('{"users": ["u"], "num_samples": [2], "user_da', r"a.json': not valid JSON \(line 1, column \d+"),
-    ([1, 2], r"expected an object with 'users', 'num_samples' and 'user_data', got list"),
-    ({"users": ["u"], "num_samples": [2]}, r"got \['num_samples', 'users'\]"),
-    ({"users": ["u", "v"], "num_samples": [2], "user_data": {}}, r"2 users but 1 entries"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {}}, r"user 'u' is listed in 'users' but has no"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[0.5] * 783] * 2)}},
-     r"'x' has shape \(2, 783\) .* expected \[n, 784\]"),
-    ({"users": ["u"], "num_samples": [3], "user_data": {"u": _user()}}, r"num_samples says 3 but it has 2"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=[1, 62])}}, r"labels must be integers in 0..61"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[255.0] * 784] * 2)}},
-     r"pixel values must lie in \[0, 1\]"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[["a"] * 784] * 2)}},
-     r"'x' must be a list of 784-number lists"),
-    # 'users' holding lists or objects (unhashable ids), numbers; counts that are not integers
-    ({"users": [["u"]], "num_samples": [2], "user_data": {"u": _user()}}, r"'users' must hold user ids .*position 0"),
-    ({"users": ["u", {"v": 1}], "num_samples": [2, 2], "user_data": {"u": _user()}}, r"'users' must hold user ids"),
-    ({"users": [7], "num_samples": [2], "user_data": {"7": _user()}}, r"'users' must hold user ids"),
-    ({"users": ["u"], "num_samples": ["2"], "user_data": {"u": _user()}}, r"'num_samples' must hold integers >= 0"),
-    ({"users": ["u"], "num_samples": [[2]], "user_data": {"u": _user()}}, r"'num_samples' must hold integers >= 0"),
-    ({"users": ["u"], "num_samples": [2.5], "user_data": {"u": _user()}}, r"'num_samples' must hold integers >= 0"),
-    ({"users": ["u"], "num_samples": [2], "user_data": [_user()]}, r"'user_data' an object"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": [_user()]}}, r"user 'u' is listed in 'users' but has no"),
-    # x/y that do not pair up, pixels that are not numbers
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=[1])}}, r"'x' has shape \(2, 784\) and 'y' \(1,\)"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=[[1], [2]])}}, r"expected \[n, 784\] and \[n\]"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[None] * 784] * 2)}},
-     r"'x' must be a list of 784-number lists"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[0.5] * 784, [0.5] * 10])}},
-     r"'x' must be a list of 784-number lists"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x={"a": 1})}}, r"'x' must be a list"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=["a", "b"])}}, r"'y' a list of integers"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[True] * 784] * 2)}},
-     r"'x' must be a list of 784-number lists"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ('{"users": ["u"], "num_samples": [2], "user_da', r"a.json': not valid JSON \(line 1, column \d+"),
+        ([1, 2], r"expected an object with 'users', 'num_samples' and 'user_data', got list"),
+        ({"users": ["u"], "num_samples": [2]}, r"got \['num_samples', 'users'\]"),
+        ({"users": ["u", "v"], "num_samples": [2], "user_data": {}}, r"2 users but 1 entries"),
+        ({"users": ["u"], "num_samples": [2], "user_data": {}}, r"user 'u' is listed in 'users' but has no"),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[0.5] * 783] * 2)}},
+            r"'x' has shape \(2, 783\) .* expected \[n, 784\]",
+        ),
+        ({"users": ["u"], "num_samples": [3], "user_data": {"u": _user()}}, r"num_samples says 3 but it has 2"),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=[1, 62])}},
+            r"labels must be integers in 0..61",
+        ),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[255.0] * 784] * 2)}},
+            r"pixel values must lie in \[0, 1\]",
+        ),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[["a"] * 784] * 2)}},
+            r"'x' must be a list of 784-number lists",
+        ),
+        # 'users' holding lists or objects (unhashable ids), numbers; counts that are not integers
+        (
+            {"users": [["u"]], "num_samples": [2], "user_data": {"u": _user()}},
+            r"'users' must hold user ids .*position 0",
+        ),
+        ({"users": ["u", {"v": 1}], "num_samples": [2, 2], "user_data": {"u": _user()}}, r"'users' must hold user ids"),
+        ({"users": [7], "num_samples": [2], "user_data": {"7": _user()}}, r"'users' must hold user ids"),
+        ({"users": ["u"], "num_samples": ["2"], "user_data": {"u": _user()}}, r"'num_samples' must hold integers >= 0"),
+        ({"users": ["u"], "num_samples": [[2]], "user_data": {"u": _user()}}, r"'num_samples' must hold integers >= 0"),
+        ({"users": ["u"], "num_samples": [2.5], "user_data": {"u": _user()}}, r"'num_samples' must hold integers >= 0"),
+        ({"users": ["u"], "num_samples": [2], "user_data": [_user()]}, r"'user_data' an object"),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": [_user()]}},
+            r"user 'u' is listed in 'users' but has no",
+        ),
+        # x/y that do not pair up, pixels that are not numbers
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=[1])}},
+            r"'x' has shape \(2, 784\) and 'y' \(1,\)",
+        ),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=[[1], [2]])}},
+            r"expected \[n, 784\] and \[n\]",
+        ),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[None] * 784] * 2)}},
+            r"'x' must be a list of 784-number lists",
+        ),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[0.5] * 784, [0.5] * 10])}},
+            r"'x' must be a list of 784-number lists",
+        ),
+        ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x={"a": 1})}}, r"'x' must be a list"),
+        ({"users": ["u"], "num_samples": [2], "user_data": {"u": _user(y=["a", "b"])}}, r"'y' a list of integers"),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[True] * 784] * 2)}},
+            r"'x' must be a list of 784-number lists",
+        ),
+    ],
+)
 def test_malformed_json(tmp_path, content, match):
     _one_file(tmp_path, content)
     bad_folder(tmp_path, match)
@@ -141,9 +199,11 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
         SimConfig(dataset="femnist", data_dir=root, download=True).validate()
     with pytest.raises(ValueError, match="a mirrored handwritten character"):
         SimConfig(dataset="femnist", data_dir=root, augment=True).validate()
-    for argv, msg in [(["--clients", "9"], "--clients 9 is more than the 8 FEMNIST writers"),
-                      (["--clients", "4", "--writer-fraction", "0.5"], "not both"),
-                      (["--writer-fraction", "1.5"], "--writer-fraction must be in (0, 1]")]:
+    for argv, msg in [
+        (["--clients", "9"], "--clients 9 is more than the 8 FEMNIST writers"),
+        (["--clients", "4", "--writer-fraction", "0.5"], "not both"),
+        (["--writer-fraction", "1.5"], "--writer-fraction must be in (0, 1]"),
+    ]:
         with pytest.raises(SystemExit) as exc:
             fedopt_sim.main(["--dataset", "femnist", "--data-dir", root, "--quiet", "--no-files"] + argv)
         err = capsys.readouterr().err
@@ -154,11 +214,14 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
     assert exc.value.code == 2 and "not valid JSON" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("content", [
-    {"users": [["u"]], "num_samples": [2], "user_data": {"u": _user()}},
-    {"users": ["u"], "num_samples": [{"n": 2}], "user_data": {"u": _user()}},
-    {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[[0.5]] * 784] * 2)}},
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        {"users": [["u"]], "num_samples": [2], "user_data": {"u": _user()}},
+        {"users": ["u"], "num_samples": [{"n": 2}], "user_data": {"u": _user()}},
+        {"users": ["u"], "num_samples": [2], "user_data": {"u": _user(x=[[[0.5]] * 784] * 2)}},
+    ],
+)
 def test_malformed_json_is_a_one_line_cli_error(tmp_path, capsys, content):
     _one_file(tmp_path, content)
     with pytest.raises(SystemExit) as exc:

@@ -1,24 +1,33 @@
 """MNIST / Fashion-MNIST from tiny IDX files: raw and gzipped, the packages' and torchvision's layouts,
 the one-class-per-client partition, a training run, damaged files."""
+
 import gzip
 
 import numpy as np
 import pytest
 import torch
+from sim_data_files import idx_bytes, write_idx
 
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data.idx import load_idx_dataset, read_idx
 from fedopt_kernels.sim.data.partition import class_partition
 from fedopt_kernels.sim.federated_data import build_federated_data
-from sim_data_files import idx_bytes, write_idx
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("gz", [False, True])
-@pytest.mark.parametrize("name, sub", [("mnist", ""), ("mnist", "MNIST/raw"), ("mnist", "data"),
-                                       ("fmnist", "FashionMNIST/raw"), ("fmnist", "fashion-mnist")])
+@pytest.mark.parametrize(
+    "name, sub",
+    [
+        ("mnist", ""),
+        ("mnist", "MNIST/raw"),
+        ("mnist", "data"),
+        ("fmnist", "FashionMNIST/raw"),
+        ("fmnist", "fashion-mnist"),
+    ],
+)
 def test_loads_exactly_from_every_layout(tmp_path, name, sub, gz):
     x, y = write_idx(tmp_path / sub if sub else tmp_path, train=30, test=10, gz=gz, seed=len(sub))
     train, test = load_idx_dataset(name, str(tmp_path))
@@ -67,12 +76,15 @@ def test_missing_and_damaged_files(tmp_path):
 def test_cli_errors_exit_2_with_one_line(tmp_path, capsys):
     write_idx(tmp_path, train=20, test=10)
     (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x01\x00\x08\x03")
-    for argv, msg in [(["--dataset", "mnist"], "read from a local folder: set --data-dir"),
-                      (["--dataset", "fmnist", "--data-dir", str(tmp_path)], "is not an IDX file"),
-                      (["--dataset", "mnist", "--data-dir", str(tmp_path), "--partition", "natural"],
-                       "--partition 'natural' only applies"),
-                      (["--dataset", "mnist", "--data-dir", str(tmp_path), "--model", "char-gru"],
-                       "does not fit --dataset 'mnist'")]:
+    for argv, msg in [
+        (["--dataset", "mnist"], "read from a local folder: set --data-dir"),
+        (["--dataset", "fmnist", "--data-dir", str(tmp_path)], "is not an IDX file"),
+        (
+            ["--dataset", "mnist", "--data-dir", str(tmp_path), "--partition", "natural"],
+            "--partition 'natural' only applies",
+        ),
+        (["--dataset", "mnist", "--data-dir", str(tmp_path), "--model", "char-gru"], "does not fit --dataset 'mnist'"),
+    ]:
         with pytest.raises(SystemExit) as exc:
             fedopt_sim.main(argv + ["--quiet", "--no-files"])
         err = capsys.readouterr().err
@@ -94,15 +106,48 @@ def test_class_partition_one_class_per_client():
 
 def test_federated_mnist_classes_partition_and_training(tmp_path, capsys):
     write_idx(tmp_path, train=200, test=100)
-    cfg = SimConfig(dataset="mnist", data_dir=str(tmp_path), partition="classes", clients=10, holdout_fraction=0.0,
-                    model="mlp1", hidden=25)
+    cfg = SimConfig(
+        dataset="mnist",
+        data_dir=str(tmp_path),
+        partition="classes",
+        clients=10,
+        holdout_fraction=0.0,
+        model="mlp1",
+        hidden=25,
+    )
     data = build_federated_data(cfg, np.random.default_rng(0), torch.device("cpu"))
     assert data.input_shape == (1, 28, 28) and data.input_spec.mean == (0.1307,)
     for c in data.train_clients:
         assert len(torch.cat([c.train_y, c.val_y, c.test_y]).unique()) == 1
-    assert fedopt_sim.main(["--dataset", "mnist", "--data-dir", str(tmp_path), "--partition", "classes", "--clients", "10",
-                     "--holdout-fraction", "0", "--model", "mlp1", "--algorithm", "fednlr", "--rounds", "2",
-                     "--local-steps", "2", "--client-parallel", "5", "--quiet", "--no-files"]) == 0
+    assert (
+        fedopt_sim.main(
+            [
+                "--dataset",
+                "mnist",
+                "--data-dir",
+                str(tmp_path),
+                "--partition",
+                "classes",
+                "--clients",
+                "10",
+                "--holdout-fraction",
+                "0",
+                "--model",
+                "mlp1",
+                "--algorithm",
+                "fednlr",
+                "--rounds",
+                "2",
+                "--local-steps",
+                "2",
+                "--client-parallel",
+                "5",
+                "--quiet",
+                "--no-files",
+            ]
+        )
+        == 0
+    )
     assert "fednlr on mnist (classes), 10 clients" in capsys.readouterr().out
 
 
@@ -111,5 +156,7 @@ def test_gz_and_raw_give_the_same_arrays(tmp_path):
     write_idx(tmp_path / "gz", train=20, test=10, seed=3, gz=True)
     a, b = load_idx_dataset("fmnist", str(tmp_path / "raw")), load_idx_dataset("fmnist", str(tmp_path / "gz"))
     assert all(np.array_equal(p.x, q.x) and np.array_equal(p.y, q.y) for p, q in zip(a, b))
-    assert gzip.decompress((tmp_path / "gz" / "t10k-labels-idx1-ubyte.gz").read_bytes()) == \
-        (tmp_path / "raw" / "t10k-labels-idx1-ubyte").read_bytes()
+    assert (
+        gzip.decompress((tmp_path / "gz" / "t10k-labels-idx1-ubyte.gz").read_bytes())
+        == (tmp_path / "raw" / "t10k-labels-idx1-ubyte").read_bytes()
+    )

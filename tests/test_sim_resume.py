@@ -6,8 +6,10 @@ gives the same per-round metrics, final model, server state and final evaluation
 Tiny image data on the simulator's CNN (as test_sim_batched.py), three rounds, so each run takes
 well under a second. ``test_sim_resume_kill.py`` kills real ``fedopt-sim`` processes.
 """
+
 import json
 import math
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -33,8 +35,8 @@ def tiny_images(sizes=SIZES, shift=0.0) -> FederatedData:
     for i, n in enumerate(list(sizes) + [5]):
         y = torch.randint(0, 4, (n + 2,), generator=g)
         x = torch.randn(n + 2, *SHAPE, generator=g) + y.view(-1, 1, 1, 1) * 0.5 + shift
-        users.append(ClientData(i, x[:n], y[:n], x[n:n + 1], y[n:n + 1], x[n + 1:], y[n + 1:]))
-    return FederatedData(users[:len(sizes)], users[len(sizes):], SHAPE, 4)
+        users.append(ClientData(i, x[:n], y[:n], x[n : n + 1], y[n : n + 1], x[n + 1 :], y[n + 1 :]))
+    return FederatedData(users[: len(sizes)], users[len(sizes) :], SHAPE, 4)
 
 
 def model_fn() -> nn.Module:
@@ -42,16 +44,25 @@ def model_fn() -> nn.Module:
 
 
 def tiny_config(algorithm: str, **kw) -> SimConfig:
-    base = dict(algorithm=algorithm, clients=len(SIZES) + 1, holdout_fraction=1 / 6, clients_per_round=3,
-                local_steps=2, batch_size=4, rounds=ROUNDS, lr=0.1, backend="auto", device="cpu",
-                finetune_steps=1)
+    base: Dict[str, Any] = dict(
+        algorithm=algorithm,
+        clients=len(SIZES) + 1,
+        holdout_fraction=1 / 6,
+        clients_per_round=3,
+        local_steps=2,
+        batch_size=4,
+        rounds=ROUNDS,
+        lr=0.1,
+        backend="auto",
+        device="cpu",
+        finetune_steps=1,
+    )
     base.update(kw)
     return SimConfig(**base)
 
 
 def make(cfg: SimConfig, folder=None, every: int = 1, data=None) -> Simulation:
-    return Simulation(cfg, data=data or tiny_images(), model_fn=model_fn, checkpoint_dir=folder,
-                      checkpoint_every=every)
+    return Simulation(cfg, data=data or tiny_images(), model_fn=model_fn, checkpoint_dir=folder, checkpoint_every=every)
 
 
 def comparable(result: dict) -> dict:
@@ -132,14 +143,17 @@ def test_resume_without_a_checkpoint_starts_at_round_one(tmp_path):
     assert sim.run(resume=True)["resumed_from_round"] == 0
 
 
-@pytest.mark.parametrize("change,named", [
-    (dict(algorithm="fedprox"), "algorithm"),
-    (dict(seed=1), "seed"),
-    (dict(lr=0.2), "lr"),
-    (dict(rounds=4), "rounds"),
-    (dict(client_parallel=2), "client_parallel"),
-    (dict(backend="reference"), "resolved backend"),
-])
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        (dict(algorithm="fedprox"), "algorithm"),
+        (dict(seed=1), "seed"),
+        (dict(lr=0.2), "lr"),
+        (dict(rounds=4), "rounds"),
+        (dict(client_parallel=2), "client_parallel"),
+        (dict(backend="reference"), "resolved backend"),
+    ],
+)
 def test_checkpoint_of_other_settings_is_refused_naming_them(tmp_path, change, named):
     sim = make(tiny_config("fedavg"), tmp_path)
     sim.run_round(0)
@@ -157,8 +171,12 @@ def test_other_data_or_model_is_refused(tmp_path):
     sim.save_checkpoint()
     with pytest.raises(CheckpointError, match="data sha256"):
         make(tiny_config("fedavg"), tmp_path, data=tiny_images(shift=1.0)).load_checkpoint()
-    wider = Simulation(tiny_config("fedavg"), data=tiny_images(), checkpoint_dir=tmp_path,
-                       model_fn=lambda: SmallCNN(SHAPE, 4, channels=(3, 5)))
+    wider = Simulation(
+        tiny_config("fedavg"),
+        data=tiny_images(),
+        checkpoint_dir=tmp_path,
+        model_fn=lambda: SmallCNN(SHAPE, 4, channels=(3, 5)),
+    )
     with pytest.raises(CheckpointError, match="model parameters"):
         wider.load_checkpoint()
 
@@ -182,7 +200,7 @@ def _refused(tmp_path, match):
 def test_truncated_state_file_is_refused(tmp_path):
     state = _saved(tmp_path)
     data = state.read_bytes()
-    state.write_bytes(data[:len(data) // 2])
+    state.write_bytes(data[: len(data) // 2])
     _refused(tmp_path, "damaged or truncated")
 
 
@@ -262,6 +280,7 @@ def _stop_and_resume(cfg, tmp_path, **kw):
 
 def test_torch_global_generator_is_restored(tmp_path):
     """A user model with dropout draws from torch's global generator in every local step."""
+
     def dropout_model():
         return nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Dropout(0.5), nn.Linear(8, 4))
 
@@ -274,15 +293,44 @@ def test_augmentation_generators_are_restored(tmp_path, mode):
     from sim_data_files import write_cifar10
 
     write_cifar10(tmp_path / "data", per_batch=8, test=4)
-    cfg = SimConfig(algorithm="padamfed-vr", dataset="cifar10", data_dir=str(tmp_path / "data"), model="cnn",
-                    augment=True, clients=6, holdout_fraction=0.0, rounds=3, local_steps=2, batch_size=3,
-                    clients_per_round=3, finetune_steps=1, backend="auto", device="cpu", **MODES[mode])
+    cfg = SimConfig(
+        algorithm="padamfed-vr",
+        dataset="cifar10",
+        data_dir=str(tmp_path / "data"),
+        model="cnn",
+        augment=True,
+        clients=6,
+        holdout_fraction=0.0,
+        rounds=3,
+        local_steps=2,
+        batch_size=3,
+        clients_per_round=3,
+        finetune_steps=1,
+        backend="auto",
+        device="cpu",
+        **MODES[mode],
+    )
     _stop_and_resume(cfg, tmp_path / "ckpt")
 
 
 # ---------------------------------------------------------------- fedopt-sim's flags
-CLI = ["--clients", "6", "--rounds", "2", "--local-steps", "1", "--clients-per-round", "2", "--finetune-steps", "1",
-       "--model", "mlp", "--quiet", "--algorithm", "scaffold"]
+CLI = [
+    "--clients",
+    "6",
+    "--rounds",
+    "2",
+    "--local-steps",
+    "1",
+    "--clients-per-round",
+    "2",
+    "--finetune-steps",
+    "1",
+    "--model",
+    "mlp",
+    "--quiet",
+    "--algorithm",
+    "scaffold",
+]
 
 
 def _exit_code(argv, capsys):
@@ -293,13 +341,16 @@ def _exit_code(argv, capsys):
     return exc.value.code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("extra,named", [
-    (["--checkpoint-every", "-1"], "--checkpoint-every"),
-    (["--resume", "--overwrite"], "--overwrite"),
-    (["--resume", "--checkpoint-every", "0"], "--checkpoint-every 0"),
-    (["--resume", "--no-files"], "--checkpoint-dir"),
-    (["--validate", "reference", "--resume"], "--validate"),
-])
+@pytest.mark.parametrize(
+    "extra,named",
+    [
+        (["--checkpoint-every", "-1"], "--checkpoint-every"),
+        (["--resume", "--overwrite"], "--overwrite"),
+        (["--resume", "--checkpoint-every", "0"], "--checkpoint-every 0"),
+        (["--resume", "--no-files"], "--checkpoint-dir"),
+        (["--validate", "reference", "--resume"], "--validate"),
+    ],
+)
 def test_cli_refuses_flag_combinations_naming_them(tmp_path, monkeypatch, capsys, extra, named):
     monkeypatch.chdir(tmp_path)
     code, err = _exit_code(CLI + extra, capsys)

@@ -14,6 +14,7 @@ kept state) must equal, bit for bit, those of an uninterrupted run with the same
 algorithm of the registry is resumed in-process by ``test_sim_resume.py``; these tests show that
 it also holds across processes and kills.
 """
+
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -36,19 +38,44 @@ RUNS = {
 # where each run is killed before it may finish: inside a state file's write, between the state
 # file and the manifest (the testing hook), and wherever it is once round 6 is checkpointed
 KILLS = {"scaffold": ["2:payload", "4:commit", "anywhere"], "padamfed-vr": ["3:commit"]}
-COMMON = ["--clients", "8", "--rounds", str(ROUNDS), "--local-steps", "6", "--model", "mlp", "--finetune-steps", "2",
-          "--device", "cpu", "--threads", "1", "--quiet", "--seeds", "3", "--checkpoint-every", "1"]
+COMMON = [
+    "--clients",
+    "8",
+    "--rounds",
+    str(ROUNDS),
+    "--local-steps",
+    "6",
+    "--model",
+    "mlp",
+    "--finetune-steps",
+    "2",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+    "--quiet",
+    "--seeds",
+    "3",
+    "--checkpoint-every",
+    "1",
+]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def start(args, cwd: Path, hook: str = None) -> subprocess.Popen:
+def start(args, cwd: Path, hook: Optional[str] = None) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop(KILL_HOOK, None)
     if hook is not None:
         env[KILL_HOOK] = hook
-    return subprocess.Popen([sys.executable, "-m", "fedopt_kernels.sim.cli"] + args, cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedopt_kernels.sim.cli"] + args,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> int:
@@ -70,8 +97,10 @@ def final_state(folder: Path) -> dict:
 
 
 def without_times(result: dict) -> dict:
-    return {"history": [{k: v for k, v in r.items() if k != "seconds"} for r in result["history"]],
-            "final": result["final"]}
+    return {
+        "history": [{k: v for k, v in r.items() if k != "seconds"} for r in result["history"]],
+        "final": result["final"],
+    }
 
 
 def kill(flags, out, cwd: Path, ckpt: Path, point: str) -> None:

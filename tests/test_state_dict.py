@@ -1,9 +1,10 @@
 """state_dict round trip in the middle of a round: save, load into a fresh optimizer, continue —
 bit-identical to the uninterrupted run, on every available backend."""
+
 import pytest
 import torch
-
 from harness import ALGOS, backend_skip_reason, run_case
+
 from fedopt_kernels.core import registry as _registry
 
 
@@ -18,6 +19,7 @@ def test_mid_round_round_trip_is_bit_identical(backend, algo, option, dtype):
     half = run_case(algo, option, "odd", dtype, backend, snapshot=(1, 0))
     # through torch.save/load, as a checkpoint would go
     import io
+
     buf = io.BytesIO()
     torch.save({"params": half.params, "state_dict": half.state_dict}, buf)
     buf.seek(0)
@@ -34,6 +36,7 @@ def test_mid_round_round_trip_is_bit_identical(backend, algo, option, dtype):
 
 def test_round_counters_are_saved():
     import fedopt_kernels as fk
+
     p = torch.nn.Parameter(torch.zeros(3))
     opt = fk.FedNAR([p], lr=0.1, weight_decay=0.0, backend="reference")
     for _ in range(3):

@@ -7,6 +7,7 @@ unnamed optimizers, hooks, printing, deepcopy, ``step()`` without gradients, and
 ``torch.save``/``torch.load(weights_only=True)``. Triton runs on CPU under its interpreter for the
 full option set of each algorithm only (it is slow there); GPU cases run where a GPU is present.
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,14 +16,13 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 import torch
+from no_sync import no_host_sync
 
 from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.fl import algorithm, catalogue
 
-from no_sync import no_host_sync
-
 SHAPES = [(4, 3), (5,), (2, 3, 2)]
-C = 2                      # clients of the batched form
+C = 2  # clients of the batched form
 ROUND_INDEX, LR_SCALE = [0, 3], [1.0, 0.5]  # batched per-client round inputs (tensor-lr bits test)
 HAS_CUDA = torch.cuda.is_available()
 
@@ -150,13 +150,15 @@ def _same(a: Any, b: Any, where: str = "") -> None:
     """Bitwise equality of nested state_dict-like structures (tensors: dtype, shape and bits)."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{where}: tensor vs {type(b).__name__}"
-        assert a.dtype == b.dtype and a.shape == b.shape, \
+        assert a.dtype == b.dtype and a.shape == b.shape, (
             f"{where}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"
+        )
         assert torch.equal(a.detach().cpu(), b.detach().cpu()), f"{where}: values differ"
     elif isinstance(a, dict):
         # key order is not compared (torch compares state_dicts as dicts, too)
-        assert isinstance(b, dict) and sorted(map(str, a)) == sorted(map(str, b)), \
+        assert isinstance(b, dict) and sorted(map(str, a)) == sorted(map(str, b)), (
             f"{where}: keys {list(a)} vs {list(b) if isinstance(b, dict) else b}"
+        )
         for k in a:
             _same(a[k], b[k], f"{where}[{k!r}]")
     elif isinstance(a, (list, tuple)):
@@ -335,10 +337,16 @@ def test_an_lr_scheduler_changes_a_tensor_lr(case):
 @pytest.mark.parametrize("case", SOME)
 def test_bad_tensor_lr_is_refused_naming_lr(case):
     params = case.params()
-    for bad, err, match in [(torch.tensor([0.1, 0.2]), ValueError, "^Tensor lr must be 1-element: lr must be a number or a tensor with one"),
-                            (torch.tensor(-0.1), ValueError, "lr must be >= 0"),
-                            (torch.tensor(float("nan")), ValueError, "lr must be finite"),
-                            (torch.tensor(1), TypeError, "lr tensor must have a real floating-point dtype")]:
+    for bad, err, match in [
+        (
+            torch.tensor([0.1, 0.2]),
+            ValueError,
+            "^Tensor lr must be 1-element: lr must be a number or a tensor with one",
+        ),
+        (torch.tensor(-0.1), ValueError, "lr must be >= 0"),
+        (torch.tensor(float("nan")), ValueError, "lr must be finite"),
+        (torch.tensor(1), TypeError, "lr tensor must have a real floating-point dtype"),
+    ]:
         with pytest.raises(err, match=match):
             case.cls(case.cfg.param_groups(params), backend=case.backend, **{**case.cfg.kwargs, "lr": bad})
     # set on a built optimizer: refused at the next step, which changes nothing
@@ -361,8 +369,9 @@ def test_bad_tensor_lr_is_refused_naming_lr(case):
             case.step(opt, params, 5)
 
 
-@pytest.mark.parametrize("case", [c for c in ALL_AND_TRITON if c.values[0].device == "cpu"
-                                  and c.values[0].backend != "reference"])
+@pytest.mark.parametrize(
+    "case", [c for c in ALL_AND_TRITON if c.values[0].device == "cpu" and c.values[0].backend != "reference"]
+)
 def test_tensor_lr_step_reads_no_value_back(case, monkeypatch):
     """Inside step() a tensor lr goes tensor to tensor into the hp row: no .item()/float()/bool().
     (The reference backend is plain PyTorch that reads its step counter back: fused backends only.)"""
@@ -401,8 +410,9 @@ def test_tensor_lr_step_reads_no_value_back(case, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [c for c in SOME if c.values[0].device == "cuda"
-                                  and c.values[0].backend != "reference"])
+@pytest.mark.parametrize(
+    "case", [c for c in SOME if c.values[0].device == "cuda" and c.values[0].backend != "reference"]
+)
 @pytest.mark.parametrize("kind", ["tensor", "device"])
 def test_tensor_lr_step_does_not_sync_the_device(case, kind):
     """A 0-d lr on the CPU or the parameters' device, changed in place between steps: no host sync
@@ -430,7 +440,7 @@ def test_no_empty_state_entries(case):
     params = case.params()
     opt = case.build(params)
     case.run(opt, params)
-    for p, st in opt.state.items():
+    for _p, st in opt.state.items():
         assert st, "an empty state entry"
     sd = opt.state_dict()["state"]
     assert all(sd.values()), f"empty entries in state_dict()['state']: {sd}"
@@ -492,11 +502,14 @@ def test_global_hooks_and_the_profilers_range(case):
     """torch.optim's global step hooks run around every step, and a running profiler sees the step as
     ``Optimizer.step#<Class>.step`` (the range is entered only while a profiler records)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
     params = case.params()
     opt = case.build(params)
     calls: List[str] = []
-    handles = [register_optimizer_step_pre_hook(lambda o, a, k: calls.append("pre") if o is opt else None),
-               register_optimizer_step_post_hook(lambda o, a, k: calls.append("post") if o is opt else None)]
+    handles = [
+        register_optimizer_step_pre_hook(lambda o, a, k: calls.append("pre") if o is opt else None),
+        register_optimizer_step_post_hook(lambda o, a, k: calls.append("post") if o is opt else None),
+    ]
     opt.register_step_pre_hook(lambda o, a, k: calls.append("own_pre"))
     opt.register_step_post_hook(lambda o, a, k: calls.append("own_post"))
     try:
@@ -533,6 +546,7 @@ def test_deepcopy_continues_exactly_as_the_original(case, lr):
     twin, copied = copy.deepcopy((params, opt))
     if lr is not None:
         assert copied.param_groups[0]["lr"] is not opt.param_groups[0]["lr"]
+
     def halve_lr(o):
         for g in o.param_groups:
             g["lr"] = g["lr"].mul_(0.5) if lr is not None else g["lr"] * 0.5

@@ -9,6 +9,7 @@ The interpreter (``TRITON_INTERPRET=1``, set by conftest.py on machines without 
 ``triton.jit`` at decoration time, so the compilation runs in a subprocess with the variable
 unset: ``python tests/test_triton_aot.py`` prints one JSON line per compiled variant.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,22 +38,67 @@ def _variants():
     tile = dict(ROWS=1, BLOCK=launcher.GPU_BLOCK)
 
     def sgd_c(dt, mom, x0, corr, scale, amp, batched=False, aligned=True):
-        return dict(NR=8 + 2 * batched, X_DTYPE=dt, G_DTYPE=dt, BUF_DTYPE=dt, X0_DTYPE=dt, CORR_DTYPE=dt,
-                    HAS_MOMENTUM=mom, HAS_X0=x0, HAS_CORR=corr, HAS_SCALE=scale, UNSCALE=amp, SKIPPABLE=amp,
-                    HAS_ACTIVE=batched, BATCHED=batched, ALIGNED=aligned, **tile)
+        return dict(
+            NR=8 + 2 * batched,
+            X_DTYPE=dt,
+            G_DTYPE=dt,
+            BUF_DTYPE=dt,
+            X0_DTYPE=dt,
+            CORR_DTYPE=dt,
+            HAS_MOMENTUM=mom,
+            HAS_X0=x0,
+            HAS_CORR=corr,
+            HAS_SCALE=scale,
+            UNSCALE=amp,
+            SKIPPABLE=amp,
+            HAS_ACTIVE=batched,
+            BATCHED=batched,
+            ALIGNED=aligned,
+            **tile,
+        )
 
     def two(op, dt, amp=False, batched=False, aligned=True):
         # roles by position: fednar x, g, x0, corr; padamfed x, g, D, acc (float32 state), H
         flags = dict(UNSCALE=amp, SKIPPABLE=amp, HAS_ACTIVE=batched, BATCHED=batched, ALIGNED=aligned, **tile)
         if op == "fednar":
-            return dict(OP=0, NR=6 + 2 * batched, HPN=5, DT0=dt, DT1=dt, DT2=dt, DT3=dt, DT4=f32, P2=True, P3=True,
-                        P4=False, **flags)
-        return dict(OP=1, NR=7 + 2 * batched, HPN=3, DT0=dt, DT1=dt, DT2=f32, DT3=f32, DT4=dt, P2=True, P3=True,
-                    P4=True, **flags)
+            return dict(
+                OP=0,
+                NR=6 + 2 * batched,
+                HPN=5,
+                DT0=dt,
+                DT1=dt,
+                DT2=dt,
+                DT3=dt,
+                DT4=f32,
+                P2=True,
+                P3=True,
+                P4=False,
+                **flags,
+            )
+        return dict(
+            OP=1,
+            NR=7 + 2 * batched,
+            HPN=3,
+            DT0=dt,
+            DT1=dt,
+            DT2=f32,
+            DT3=f32,
+            DT4=dt,
+            P2=True,
+            P3=True,
+            P4=True,
+            **flags,
+        )
 
     def fin(op):
-        return dict(OP=0 if op == "fednar" else 1, HPN=5 if op == "fednar" else 3, SKIPPABLE=True, HAS_ACTIVE=True,
-                    CLIENTS=1, SLOT_BLOCK=launcher.SLOT_BLOCK)
+        return dict(
+            OP=0 if op == "fednar" else 1,
+            HPN=5 if op == "fednar" else 3,
+            SKIPPABLE=True,
+            HAS_ACTIVE=True,
+            CLIENTS=1,
+            SLOT_BLOCK=launcher.SLOT_BLOCK,
+        )
 
     upd = dict(ADVANCE=True, SLOT_BLOCK=launcher.SLOT_BLOCK)
     bupd = dict(ADVANCE=False, SLOT_BLOCK=launcher.SLOT_BLOCK)
@@ -74,26 +120,48 @@ def _variants():
         ("advance", two_pass.advance_kernel, dict(SKIPPABLE=True, HAS_ACTIVE=False, BLOCK=1), False),
         # client-batched (active mask and GradScaler in use: the fullest variants)
         ("sgd_batched_full_amp_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, True, True), True),
-        ("sgd_batched_full_amp_fp32_unaligned", sgd.sgd_kernel,
-         sgd_c(f32, True, True, True, True, True, True, False), False),
+        (
+            "sgd_batched_full_amp_fp32_unaligned",
+            sgd.sgd_kernel,
+            sgd_c(f32, True, True, True, True, True, True, False),
+            False,
+        ),
         ("fednar_batched_norm_fp32", two_pass.norm_kernel, two("fednar", f32, True, True), True),
         ("fednar_batched_update_fp32", two_pass.update_kernel, {**two("fednar", f32, True, True), **bupd}, True),
-        ("fednar_batched_update_fp32_unaligned", two_pass.update_kernel,
-         {**two("fednar", f32, True, True, False), **bupd}, False),
+        (
+            "fednar_batched_update_fp32_unaligned",
+            two_pass.update_kernel,
+            {**two("fednar", f32, True, True, False), **bupd},
+            False,
+        ),
         ("padamfed_batched_norm_fp32", two_pass.norm_kernel, two("padamfed", f32, True, True), True),
         ("padamfed_batched_norm_bf16", two_pass.norm_kernel, two("padamfed", bf16, True, True), False),
         ("padamfed_batched_update_fp32", two_pass.update_kernel, {**two("padamfed", f32, True, True), **bupd}, True),
         ("fednar_finalize", two_pass.finalize_kernel, fin("fednar"), False),
         ("padamfed_finalize", two_pass.finalize_kernel, fin("padamfed"), False),
-        ("advance_batched", two_pass.advance_kernel,
-         dict(SKIPPABLE=True, HAS_ACTIVE=True, BLOCK=two_pass.ADVANCE_BLOCK), False),
+        (
+            "advance_batched",
+            two_pass.advance_kernel,
+            dict(SKIPPABLE=True, HAS_ACTIVE=True, BLOCK=two_pass.ADVANCE_BLOCK),
+            False,
+        ),
     ]
 
 
 # pointer arguments by name (every kernel uses these names); other ints are i32
-_POINTERS = {"meta_ptr": "*i64", "chunks_ptr": "*i32", "k_ptr": "*i32", "table_ptr": "*fp64",
-             "partials_ptr": "*fp64", "hp_ptr": "*fp64", "scale_ptr": "*fp32", "found_ptr": "*fp32",
-             "active_ptr": "*i1", "factors_ptr": "*fp32", "seg_ptr": "*i32"}
+_POINTERS = {
+    "meta_ptr": "*i64",
+    "chunks_ptr": "*i32",
+    "k_ptr": "*i32",
+    "table_ptr": "*fp64",
+    "partials_ptr": "*fp64",
+    "hp_ptr": "*fp64",
+    "scale_ptr": "*fp32",
+    "found_ptr": "*fp32",
+    "active_ptr": "*i1",
+    "factors_ptr": "*fp32",
+    "seg_ptr": "*i32",
+}
 
 
 def _signature(kernel):
@@ -126,23 +194,33 @@ def compile_all(shard: int = 0, shards: int = 1) -> list:
         sig, attrs = _signature(kernel)
         for cc in TARGETS:
             src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
-            compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                                      options=launcher.launch_options())
+            compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=launcher.launch_options())
             ptx = compiled.asm["ptx"]
             with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
                 f.write(ptx)
             arch = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
-            out = subprocess.run([get_ptxas(cc).path, "-v", f"--gpu-name={arch}", f.name, "-o", os.devnull],
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [get_ptxas(cc).path, "-v", f"--gpu-name={arch}", f.name, "-o", os.devnull],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             os.unlink(f.name)
             info = out.stdout + out.stderr
             regs = re.search(r"Used (\d+) registers", info)
             spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
-            results.append(dict(
-                variant=name, cc=cc, float32=is_f32, registers=int(regs.group(1)) if regs else None,
-                spill_bytes=sum(spills), spill_lines=len(spills),
-                v4_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
-                v4_stores=len(re.findall(r"st\.global(?:\.\w+)*\.v4", ptx))))
+            results.append(
+                dict(
+                    variant=name,
+                    cc=cc,
+                    float32=is_f32,
+                    registers=int(regs.group(1)) if regs else None,
+                    spill_bytes=sum(spills),
+                    spill_lines=len(spills),
+                    v4_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
+                    v4_stores=len(re.findall(r"st\.global(?:\.\w+)*\.v4", ptx)),
+                )
+            )
     return results
 
 
@@ -152,9 +230,16 @@ def aot_results():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # one compiling process per core (CI has two): the variants are independent
     shards = max(1, min(2, os.cpu_count() or 1))
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(i), str(shards)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for i in range(shards)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), str(i), str(shards)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(shards)
+    ]
     rows = []
     for proc in procs:
         out, err = proc.communicate(timeout=600)
@@ -191,8 +276,7 @@ def test_float32_paths_use_128_bit_accesses(aot_results):
         if name.endswith("_unaligned"):
             # a client slice off 16-byte alignment: a 128-bit access there would fault
             assert r["v4_loads"] == 0 and r["v4_stores"] == 0, f"128-bit access without the alignment promise: {r}"
-        elif name.startswith(("sgd", "fednar_update", "fednar_batched_update", "padamfed")) \
-                and "finalize" not in name:
+        elif name.startswith(("sgd", "fednar_update", "fednar_batched_update", "padamfed")) and "finalize" not in name:
             assert r["v4_stores"] > 0, f"no st.global.v4 in {r}"
 
 
@@ -203,6 +287,7 @@ if __name__ == "__main__":
     # a checkout installed the legacy way (setup.py develop) has no fedopt_kernels.triton_kernels
     # until the triton backend maps the top-level folder to that name
     import fedopt_kernels.core.backends.triton  # noqa: F401
+
     shard, shards = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) == 3 else (0, 1)
     for row in compile_all(shard, shards):
         print(json.dumps(row))

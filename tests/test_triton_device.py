@@ -10,6 +10,7 @@ per-client and client-batched op. Checked here:
 * with two GPUs: parameters on ``cuda:1`` while ``cuda:0`` is current match ``reference`` on
   ``cuda:1``, and ``cuda:0`` is current again afterwards.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -77,6 +78,7 @@ def test_every_launch_happens_inside_the_tensors_device_guard(algo, stacked, mon
         def call(*args, **kwargs):
             at_launch.append(inside[-1] if inside else None)
             return fn(*args, **kwargs)
+
         return call
 
     # raising=False: without a guard in the launcher the fake is never called and the asserts say so

@@ -1,15 +1,15 @@
 """GPU-only properties of the Triton backend (skipped without CUDA): a step (per-client or
 client-batched) is CUDA-graph capturable and replays to the eager result, never synchronises with
 the host, and changing hyperparameters between steps compiles nothing new."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from no_sync import no_host_sync
 
 import fedopt_kernels as fk
 from fedopt_kernels.core import registry as _registry
-
-from no_sync import no_host_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -27,8 +27,13 @@ def _params(dtype=torch.float32, seed=0):
 def _builders():
     return {
         "feddecay": lambda ps: fk.FedDecaySGD(ps, lr=0.1, beta=0.8, momentum=0.9, weight_decay=0.01, backend="triton"),
-        "neuron_lr": lambda ps: fk.NeuronLRSGD(ps, lr=0.1, momentum=0.5, backend="triton", neuron_scales={
-            p: torch.linspace(0.5, 1.5, p.shape[0], device="cuda") for p in ps if p.dim() >= 1}),
+        "neuron_lr": lambda ps: fk.NeuronLRSGD(
+            ps,
+            lr=0.1,
+            momentum=0.5,
+            backend="triton",
+            neuron_scales={p: torch.linspace(0.5, 1.5, p.shape[0], device="cuda") for p in ps if p.dim() >= 1},
+        ),
         "fednar": lambda ps: fk.FedNAR(ps, lr=0.1, weight_decay=0.05, max_norm=0.5, backend="triton"),
         "padamfed": lambda ps: fk.PAdaMFed(ps, lr=0.05, beta=0.5, backend="triton"),
     }
@@ -92,8 +97,14 @@ def _steps_never_sync(step, warm: int = 1) -> None:
 
 def _compiled_variants() -> int:
     from fedopt_kernels.triton_kernels import sgd, two_pass
-    kernels = [sgd.sgd_kernel, two_pass.norm_kernel, two_pass.update_kernel, two_pass.finalize_kernel,
-               two_pass.advance_kernel]
+
+    kernels = [
+        sgd.sgd_kernel,
+        two_pass.norm_kernel,
+        two_pass.update_kernel,
+        two_pass.finalize_kernel,
+        two_pass.advance_kernel,
+    ]
     return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
 
 
@@ -131,11 +142,20 @@ def _stacked(seed=0):
 
 def _batched_builders():
     from fedopt_kernels.batched import BatchedFedDecaySGD, BatchedFedNAR, BatchedNeuronLRSGD, BatchedPAdaMFed
+
     return {
-        "feddecay": lambda ps: BatchedFedDecaySGD(ps, lr=0.1, beta=0.8, momentum=0.9, weight_decay=0.01,
-                                                  backend="triton"),
-        "neuron_lr": lambda ps: BatchedNeuronLRSGD(ps, lr=0.1, momentum=0.5, backend="triton", neuron_scales={
-            p: torch.linspace(0.5, 1.5, C * p.shape[1], device="cuda").view(C, -1) for p in ps if p.dim() >= 2}),
+        "feddecay": lambda ps: BatchedFedDecaySGD(
+            ps, lr=0.1, beta=0.8, momentum=0.9, weight_decay=0.01, backend="triton"
+        ),
+        "neuron_lr": lambda ps: BatchedNeuronLRSGD(
+            ps,
+            lr=0.1,
+            momentum=0.5,
+            backend="triton",
+            neuron_scales={
+                p: torch.linspace(0.5, 1.5, C * p.shape[1], device="cuda").view(C, -1) for p in ps if p.dim() >= 2
+            },
+        ),
         "fednar": lambda ps: BatchedFedNAR(ps, lr=0.1, weight_decay=0.05, max_norm=0.5, backend="triton"),
         "padamfed": lambda ps: BatchedPAdaMFed(ps, lr=0.05, beta=0.5, backend="triton"),
     }

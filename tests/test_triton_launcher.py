@@ -5,6 +5,7 @@ Numerical agreement with ``reference`` over the full option matrix is test_equiv
 here each check compares against ``reference`` only where a launcher code path needs it.
 Runs on CUDA tensors with a GPU, else on CPU tensors under TRITON_INTERPRET=1 (conftest.py).
 """
+
 from __future__ import annotations
 
 import time
@@ -65,8 +66,9 @@ def _copy(params) -> List[torch.nn.Parameter]:
 # one builder per op, with the options that give every role of its kernels
 def _sgd(ps, backend):
     scales = {p: torch.linspace(0.5, 1.5, p.shape[0], device=DEVICE) for p in ps if p.dim() >= 1}
-    return fk.NeuronLRSGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, prox_mu=0.1,
-                          neuron_scales=scales, backend=backend)
+    return fk.NeuronLRSGD(
+        ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, prox_mu=0.1, neuron_scales=scales, backend=backend
+    )
 
 
 def _fednar(ps, backend):
@@ -152,8 +154,12 @@ def test_plan_is_reused_while_the_tensor_set_is_unchanged_and_rebuilt_when_it_ch
 
 
 def test_one_launch_per_dtype_signature_and_zero_size_tensors_skipped():
-    ps = _params([(4, 3), (9,)]) + _params([(6,)], torch.bfloat16) + _params([(0,), (3, 0)]) + \
-        _params([(5,)], torch.float16)
+    ps = (
+        _params([(4, 3), (9,)])
+        + _params([(6,)], torch.bfloat16)
+        + _params([(0,), (3, 0)])
+        + _params([(5,)], torch.float16)
+    )
     opt = fk.FedDecaySGD(ps, lr=0.1, beta=0.5, backend="triton")
     for p, g in zip(ps, _grads(ps, 0)):
         p.grad = g
@@ -173,10 +179,12 @@ def test_one_launch_per_dtype_signature_and_zero_size_tensors_skipped():
 def test_noncontiguous_and_misaligned_tensors_are_staged_and_correct():
     base = torch.randn(12, 10, device=DEVICE)
     flat = torch.randn(101, device=DEVICE)
-    params = [torch.nn.Parameter(base.t()),           # transposed
-              torch.nn.Parameter(base[:, ::2]),        # strided
-              torch.nn.Parameter(flat[1:]),            # contiguous but 4 bytes off 16-byte alignment
-              torch.nn.Parameter(torch.randn(33, device=DEVICE))]
+    params = [
+        torch.nn.Parameter(base.t()),  # transposed
+        torch.nn.Parameter(base[:, ::2]),  # strided
+        torch.nn.Parameter(flat[1:]),  # contiguous but 4 bytes off 16-byte alignment
+        torch.nn.Parameter(torch.randn(33, device=DEVICE)),
+    ]
     assert params[2].data_ptr() % 16 != 0
     for name, build in BUILDERS.items():
         want = _run(build, params, "reference")
@@ -195,8 +203,11 @@ def test_gradients_at_new_addresses_every_step_give_the_bits_of_fixed_ones(op, m
     if INTERPRETED:
         monkeypatch.setattr(launcher, "FORCE_TILE", (2, 64))
     base = torch.randn(12, 10, device=DEVICE)
-    params = [torch.nn.Parameter(base.t()), torch.nn.Parameter(torch.randn(101, device=DEVICE)[1:]),
-              *_params([(130,), (17, 5), (1,)], seed=7)]
+    params = [
+        torch.nn.Parameter(base.t()),
+        torch.nn.Parameter(torch.randn(101, device=DEVICE)[1:]),
+        *_params([(130,), (17, 5), (1,)], seed=7),
+    ]
 
     def laid_out(i: int, g: torch.Tensor) -> torch.Tensor:
         """Gradient 0 transposed in memory, gradient 2 off 16-byte alignment: both are staged."""
@@ -306,8 +317,9 @@ def test_bitwise_deterministic_across_runs_and_plan_rebuilds(op, monkeypatch):
     if INTERPRETED:  # several norm programs and slots, so the fixed-order reduction is exercised
         monkeypatch.setattr(launcher, "FORCE_TILE", (2, 64))
         monkeypatch.setattr(launcher, "MAX_NORM_PROGRAMS", 4)
-    params = _params([(300,), (17, 5), (1,), (129,), (64, 8)], torch.float32, seed=3) + \
-        _params([(200,)], torch.bfloat16, seed=4)
+    params = _params([(300,), (17, 5), (1,), (129,), (64, 8)], torch.float32, seed=3) + _params(
+        [(200,)], torch.bfloat16, seed=4
+    )
     first = _run(BUILDERS[op], params, "triton")
     launcher.clear_cache()
     second = _run(BUILDERS[op], params, "triton")
@@ -316,13 +328,13 @@ def test_bitwise_deterministic_across_runs_and_plan_rebuilds(op, monkeypatch):
 
 
 # ---------------------------------------------------------------- client-batched ops
-def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0, amp: bool = True,
-                  found: float = 0.0):
+def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0, amp: bool = True, found: float = 0.0):
     """Arguments of ``<name>_batched`` over stacked ``[C, *shape]`` tensors: even-indexed tensors in
     batch 0 (every optional role; FRESH for sgd), odd ones in batch 1 (none but PAdaMFed's D/acc);
     per-client hp rows, per-client k (0, 1, 2, 0, ...) and an active mask with clients 2, 5, ...
     off. ``dtype`` may be a list (one per shape)."""
     from fedopt_kernels.core.ops import FRESH, OPS
+
     spec = OPS[f"{name}_batched"]
     g = torch.Generator().manual_seed(seed)
     dts = dtype if isinstance(dtype, list) else [dtype] * len(shapes)
@@ -331,8 +343,10 @@ def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0,
         return torch.randn((C,) + tuple(shape), generator=g).to(dtype=dt, device=DEVICE)
 
     batch = [i % 2 for i in range(len(shapes))]
-    present = [(1 << len(spec.optional)) - 1,
-               sum(1 << i for i, r in enumerate(spec.optional) if r.name in ("D", "acc"))]
+    present = [
+        (1 << len(spec.optional)) - 1,
+        sum(1 << i for i, r in enumerate(spec.optional) if r.name in ("D", "acc")),
+    ]
     lists = [[rnd(s, dt) for s, dt in zip(shapes, dts)], [rnd(s, dt) for s, dt in zip(shapes, dts)]]
     for i, role in enumerate(spec.optional):
         ts = []
@@ -343,10 +357,24 @@ def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0,
                 else:
                     ts.append(rnd(s, torch.float32 if role.state_typed else dt))
         lists.append(ts)
-    base = {"lr": 0.1, "momentum": 0.9, "dampening": 0.2, "weight_decay": 0.01, "prox_mu": 0.2, "nesterov": 0.0,
-            "maximize": 0.0, "step_lr": 0.1, "max_norm": 0.5, "eps": 1e-6, "beta": 0.5}
-    hp = torch.tensor([[[base[h] * (1 + 0.1 * c + 0.3 * b) for h in spec.hps] for c in range(C)] for b in range(2)],
-                      dtype=torch.float64, device=DEVICE)
+    base = {
+        "lr": 0.1,
+        "momentum": 0.9,
+        "dampening": 0.2,
+        "weight_decay": 0.01,
+        "prox_mu": 0.2,
+        "nesterov": 0.0,
+        "maximize": 0.0,
+        "step_lr": 0.1,
+        "max_norm": 0.5,
+        "eps": 1e-6,
+        "beta": 0.5,
+    }
+    hp = torch.tensor(
+        [[[base[h] * (1 + 0.1 * c + 0.3 * b) for h in spec.hps] for c in range(C)] for b in range(2)],
+        dtype=torch.float64,
+        device=DEVICE,
+    )
     if "nesterov" in spec.hps:
         hp[1, :, spec.hps.index("nesterov")] = 1.0
     if spec.base == "sgd":
@@ -362,6 +390,7 @@ def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0,
 def _run_batched(name: str, args, backend: str, steps: int = 2) -> List[torch.Tensor]:
     """``steps`` calls of the op on copies of ``args``; every tensor it may write, and k."""
     from fedopt_kernels.core import ops as _ops
+
     n = len(_ops.OPS[f"{name}_batched"].roles)
     lists = [[t.clone() for t in lst] for lst in args[:n]]
     rest = list(args[n:])
@@ -416,6 +445,7 @@ def test_batched_bitwise_deterministic_across_runs_and_plan_rebuilds(op, monkeyp
 def test_batched_many_clients_small_cnn_matches_reference(op):
     """C = 50 clients of the simulator's small CNN: per-client norms, k, hp rows and active flags."""
     from bench.shapes import SIZES
+
     args = _batched_args(op, SIZES["small_cnn"], 50, seed=5)
     want = _run_batched(op, args, "reference", steps=1)
     got = _run_batched(op, args, "triton", steps=1)
@@ -426,6 +456,7 @@ def test_batched_fresh_bit_follows_the_round():
     """A round kept with its momentum buffers (reset_state=False) is not FRESH: the plan (cached by
     the optimizer) must not keep the first round's dampening-0 rule."""
     from fedopt_kernels.batched import BatchedFedDecaySGD
+
     init = _params([(3, 4, 3), (3, 5)], seed=7)
     out = []
     for backend in ("reference", "triton"):
@@ -449,6 +480,7 @@ def _strict_index(monkeypatch) -> None:
     import operator
 
     import triton.runtime.interpreter as interp
+
     patch = getattr(interp, "_patch_lang_tensor", None)
     if patch is None:
         pytest.skip("this Triton's interpreter patches its tensors elsewhere: nothing to make strict")
@@ -483,9 +515,11 @@ def test_loop_bounds_need_no_lenient_scalar_conversion(op, tile, monkeypatch):
 @interpreter_only
 def test_step_over_250_small_tensors_is_fast_under_the_interpreter():
     ps = _params([(1 + (i * 37) % 61, 1 + i % 7) for i in range(250)])
-    opts = [fk.FedDecaySGD(ps, lr=0.1, beta=0.5, momentum=0.9, backend="triton"),
-            fk.FedNAR(ps, lr=0.1, weight_decay=0.01, backend="triton"),
-            fk.PAdaMFed(ps, lr=0.1, beta=0.5, backend="triton")]
+    opts = [
+        fk.FedDecaySGD(ps, lr=0.1, beta=0.5, momentum=0.9, backend="triton"),
+        fk.FedNAR(ps, lr=0.1, weight_decay=0.01, backend="triton"),
+        fk.PAdaMFed(ps, lr=0.1, beta=0.5, backend="triton"),
+    ]
     for p, g in zip(ps, _grads(ps, 0)):
         p.grad = g
     for opt in opts:
@@ -522,6 +556,7 @@ def test_kernels_load_from_a_source_checkout_without_the_installed_mapping(tmp_p
     """backends/triton.py falls back to loading the top-level triton_kernels/ folder."""
     import subprocess
     import sys
+
     code = (
         "import importlib.abc, sys\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
@@ -628,8 +663,16 @@ def _as_bound(kernel, grid, args, kwargs):
     """The launcher call a bound launch of ``kernel[grid](*args, **kwargs)`` must make."""
     values = [args[i] if i < len(args) else kwargs[n] for i, n in enumerate(kernel.arg_names)]
     g = (tuple(grid) + (1, 1))[:3]
-    return (*g, 7, f"function of {kernel.name}", ("metadata",), None, None, None,
-            *[v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values])
+    return (
+        *g,
+        7,
+        f"function of {kernel.name}",
+        ("metadata",),
+        None,
+        None,
+        None,
+        *[v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values],
+    )
 
 
 @pytest.mark.parametrize("op", ["sgd", "fednar"])
@@ -646,8 +689,12 @@ def test_a_bound_launch_passes_what_the_first_launch_passed(op, monkeypatch):
 
     log: list = []
     kernels = {}
-    for mod, name in [(sgd, "sgd_kernel"), (two_pass, "norm_kernel"), (two_pass, "update_kernel"),
-                      (two_pass, "advance_kernel")]:
+    for mod, name in [
+        (sgd, "sgd_kernel"),
+        (two_pass, "norm_kernel"),
+        (two_pass, "update_kernel"),
+        (two_pass, "advance_kernel"),
+    ]:
         kernels[name] = _KernelStandIn(getattr(mod, name), name, log)
         monkeypatch.setattr(mod, name, kernels[name])
     monkeypatch.setattr(launcher, "_stream", lambda: 7)

@@ -7,6 +7,7 @@ rows (``hp_ptr``); only structural switches (dtypes, which tensors exist, GradSc
 op, tile shape) are constexprs, and integer sizes that change with the tensor set must not be
 specialised on either (``do_not_specialize``). Works on the kernel objects of either mode.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -20,14 +21,22 @@ from fedopt_kernels.core import registry as _registry
 _WHY = _registry.unavailable_reason("triton", torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 
-STRUCTURAL = re.compile(r"^(?:[A-Z0-9]+_DTYPE|HAS_[A-Z0-9_]+|DT\d|P\d|OP|NR|HPN|UNSCALE|SKIPPABLE|ADVANCE|ROWS|"
-                        r"BLOCK|SLOT_BLOCK|BATCHED|ALIGNED|CLIENTS)$")
+STRUCTURAL = re.compile(
+    r"^(?:[A-Z0-9]+_DTYPE|HAS_[A-Z0-9_]+|DT\d|P\d|OP|NR|HPN|UNSCALE|SKIPPABLE|ADVANCE|ROWS|"
+    r"BLOCK|SLOT_BLOCK|BATCHED|ALIGNED|CLIENTS)$"
+)
 
 
 def _kernels():
     from fedopt_kernels.triton_kernels import sgd, two_pass
-    return [sgd.sgd_kernel, two_pass.norm_kernel, two_pass.update_kernel, two_pass.finalize_kernel,
-            two_pass.advance_kernel]
+
+    return [
+        sgd.sgd_kernel,
+        two_pass.norm_kernel,
+        two_pass.update_kernel,
+        two_pass.finalize_kernel,
+        two_pass.advance_kernel,
+    ]
 
 
 def _annotation(param: inspect.Parameter) -> str:

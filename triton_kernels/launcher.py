@@ -236,7 +236,7 @@ class LaunchPlan:
             keep = [role not in roles[g] or (g, role, i) in staged for g, i in self.sources]
             step = [
                 0 if (k or not self.batched) else roles[g][role][i].stride(0) * roles[g][role][i].element_size()
-                for k, (g, i) in zip(keep, self.sources)
+                for k, (g, i) in zip(keep, self.sources, strict=True)
             ]
             known = self.columns[role] = (
                 self.role_names.index(role),
@@ -456,7 +456,7 @@ def _launch_of(
         # no more rows than chunks: the interpreter's cost is per lane, used or not
         rows = min(rows, triton.next_power_of_2(n_chunks))
     dtypes = {name: tl.float32 for name in role_names}
-    dtypes.update(zip(present, sig))
+    dtypes.update(zip(present, sig, strict=True))
     host = np.asarray(rows_meta, dtype=np.int64).reshape(len(rows_meta), nr)
     return Launch(
         dtypes=dtypes,
@@ -590,7 +590,7 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
     groups: OrderedDict[tuple, Tuple[list, list, list, list]] = OrderedDict()
     for c in range(C):
         for e, (row, present, sig, base, step, checked, per, rowlen, fr) in enumerate(entries):
-            addrs = [b + c * s for b, s in zip(base, step)]
+            addrs = [b + c * s for b, s in zip(base, step, strict=True)]
             aligned = not split_aligned or all(addrs[j] % 16 == 0 for j in checked)
             rows_meta, numels, clients, srcs = groups.setdefault((present, sig, aligned, fr), ([], [], [], []))
             rows_meta.append(addrs + [row * C + c, c, per, rowlen])

@@ -6,6 +6,7 @@
 Each client's ``fit`` starts a 2-process gloo world (``flower_fsdp.task.train_on_ranks``) and
 returns the updated weights; the server averages them with Flower's FedAvg (docs/sharded.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,8 @@ sys.path.insert(0, str(HERE))
 # the simulation's client processes (and their training processes) import flower_fsdp too
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
 
-from flwr.client import ClientApp, NumPyClient  # noqa: E402
 import torch  # noqa: E402
+from flwr.client import ClientApp, NumPyClient  # noqa: E402
 from flwr.common import ConfigRecord, Context, ndarrays_to_parameters  # noqa: E402
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig  # noqa: E402
 from flwr.server.strategy import FedAvg  # noqa: E402
@@ -71,13 +72,22 @@ def main() -> None:
             print(f"round {rnd}: loss {loss:.4f}, accuracy {acc:.3f} on the clients' data", flush=True)
             return loss, {"accuracy": acc}
 
-        strategy = FedAvg(fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=args.clients,
-                          min_available_clients=args.clients, evaluate_fn=central,
-                          initial_parameters=ndarrays_to_parameters(get_weights(make_model())))
+        strategy = FedAvg(
+            fraction_fit=1.0,
+            fraction_evaluate=0.0,
+            min_fit_clients=args.clients,
+            min_available_clients=args.clients,
+            evaluate_fn=central,
+            initial_parameters=ndarrays_to_parameters(get_weights(make_model())),
+        )
         return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=args.rounds))
 
-    run_simulation(server_app=ServerApp(server_fn=server_fn), client_app=ClientApp(client_fn=client_fn),
-                   num_supernodes=args.clients, backend_config={"client_resources": {"num_cpus": 1}})
+    run_simulation(
+        server_app=ServerApp(server_fn=server_fn),
+        client_app=ClientApp(client_fn=client_fn),
+        num_supernodes=args.clients,
+        backend_config={"client_resources": {"num_cpus": 1}},
+    )
 
 
 if __name__ == "__main__":

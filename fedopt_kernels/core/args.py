@@ -46,7 +46,9 @@ class OpArgs:
         if len(args) != want:
             raise TypeError(f"fedopt::{spec.name} takes {want} arguments, got {len(args)}")
         # the optimizer's cached path hands over its plan's lists: read as they are (never changed)
-        lists = {r.name: (a if checked and type(a) is list else list(a)) for r, a in zip(spec.roles, args[:n])}
+        lists = {
+            r.name: (a if checked and type(a) is list else list(a)) for r, a in zip(spec.roles, args[:n], strict=True)
+        }
         rest = list(args[n:])
         active = rest.pop(8) if spec.batched else None
         batch, present, hp, k, table, decay_every, grad_scale, found_inf, backend = rest

@@ -227,7 +227,7 @@ def _owner(p: torch.Tensor) -> bool:
     """Does this rank count ``p``'s local elements? Not when it is a copy: along every mesh dim where
     ``p`` is replicated only coordinate 0 counts."""
     coord = p.device_mesh.get_coordinate()
-    return all(c == 0 for c, pl in zip(coord, p.placements) if pl.is_replicate())
+    return all(c == 0 for c, pl in zip(coord, p.placements, strict=True) if pl.is_replicate())
 
 
 class ShardedPlan(StepPlan):
@@ -252,10 +252,10 @@ class ShardedPlan(StepPlan):
         spec = self.spec
         self.mesh = self.all_params[0].device_mesh if self.all_params else None
         names = self.name
-        for idx, p in zip(self.order, self.params):
+        for idx, p in zip(self.order, self.params, strict=True):
             check_placed_like("gradient", p.grad, p, names(idx))
         cursor = {name: 0 for name in self.lists}
-        for b, idx in zip(self.batch, self.order):
+        for b, idx in zip(self.batch, self.order, strict=True):
             p = self.all_params[idx]
             for role in spec.optional:
                 if role.name in self.step_roles or not self.present[b] & spec.bit(role.name):
@@ -316,7 +316,7 @@ class ShardedPlan(StepPlan):
             else:
                 if self.backend == "cpu":
                     # the C++ kernels hand over one sum per non-empty tensor (zero-size ones make no entry)
-                    weights = [w for w, p in zip(weights, self.params) if p.numel() > 0]
+                    weights = [w for w, p in zip(weights, self.params, strict=True) if p.numel() > 0]
                 reduce = _norm_reduce(torch.tensor(weights, dtype=torch.float64), groups)
             step = _with_reduce(inner, reduce, self.backend, localized)
         self.fn = step
@@ -330,9 +330,9 @@ class ShardedPlan(StepPlan):
             return False
         grads = [self.all_params[i].grad for i in self.order]
         if any(
-            a is not b for a, b in zip(grads, self._dgrads)
+            a is not b for a, b in zip(grads, self._dgrads, strict=True)
         ):  # a new gradient DTensor: the base plan took it as given
-            for i, g in zip(self.order, grads):
+            for i, g in zip(self.order, grads, strict=True):
                 if (
                     not isinstance(g, torch.Tensor)
                     or not is_dtensor(g)

@@ -38,7 +38,7 @@ def _bool(v: bool) -> str:
 
 
 def _enum(namespace: str, names: List[str], values: List[int], count: Optional[int]) -> str:
-    items = [f"{n} = {v}" for n, v in zip(names, values)]
+    items = [f"{n} = {v}" for n, v in zip(names, values, strict=True)]
     if count is not None:
         items.append(f"COUNT = {count}")
     return f"namespace {namespace} {{ enum : int {{ {', '.join(items)} }}; }}"
@@ -70,7 +70,7 @@ def _op_block(spec: OpSpec, batched_name: str) -> List[str]:
     bits = [0, 0] + [spec.bit(r.name) for r in spec.optional]
     roles = ",\n      ".join(
         f'{{"{r.name}", {_bool(r.state_typed)}, {_bool(r.written)}, {_bool(r.per_row)}, {b}}}'
-        for r, b in zip(spec.roles, bits)
+        for r, b in zip(spec.roles, bits, strict=True)
     )
     hp_names = ", ".join(f'"{h}"' for h in spec.hps)
     state = ", ".join(_bool(r.state_typed) for r in spec.roles)

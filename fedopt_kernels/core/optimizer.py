@@ -86,7 +86,7 @@ def check_tensor_list(
         raise TypeError(f"{name} must be a list of tensors, one per parameter, got {type(tensors).__name__}")
     if len(tensors) != len(params):
         raise ValueError(f"{name} has {len(tensors)} tensors but the optimizer has {len(params)} parameters")
-    for i, (t, p) in enumerate(zip(tensors, params)):
+    for i, (t, p) in enumerate(zip(tensors, params, strict=True)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} entry for {param_names(i)} is {type(t).__name__}, not a tensor")
         if t.shape != p.shape:
@@ -104,7 +104,7 @@ def _extent(p: torch.Tensor) -> Optional[Tuple[int, int, int]]:
     p = _dtensor.local(p)
     if p.numel() == 0:
         return None
-    span = sum((s - 1) * abs(st) for s, st in zip(p.shape, p.stride()))
+    span = sum((s - 1) * abs(st) for s, st in zip(p.shape, p.stride(), strict=True))
     item = p.element_size()
     start = p.storage_offset() * item
     return p.untyped_storage().data_ptr(), int(start), int(start + (span + 1) * item)
@@ -422,7 +422,7 @@ class FedOptimizer(Optimizer):
                 if group.get("prox_mu", 0.0) != 0.0:
                     self.state[p]["x0"] = p.detach().clone(memory_format=torch.preserve_format)
         if correction is not None:
-            for p, c in zip(params, correction):
+            for p, c in zip(params, correction, strict=True):
                 self.state[p]["correction"] = c.detach().to(dtype=p.dtype).clone()
         self._apply_round_inputs(inputs)
         self._plan = None
@@ -653,7 +653,7 @@ class FedOptimizer(Optimizer):
         cache: Optional[Dict[str, Any]] = plan.cache
         if params_given is not None and params_given is not self._params_flat:
             params = [params_given[i] for i in plan.order]
-            if any(a is not b for a, b in zip(params, plan.params)):
+            if any(a is not b for a, b in zip(params, plan.params, strict=True)):
                 cache = None  # copies of the parameters: per-tensor caches would point at the originals
         if cache is not None and type(plan) is StepPlan:
             cache["grad_set"] = plan.grad_set  # the backend's own key of the gradients' addresses
@@ -769,7 +769,8 @@ class FedOptimizer(Optimizer):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._check_foreign(state_dict)
-        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+        # strict=False: torch's load_state_dict below refuses another number of groups, with its message
+        for group, saved in zip(self.param_groups, state_dict["param_groups"], strict=False):
             lr = saved.get("lr") if isinstance(saved, dict) else None
             if isinstance(lr, torch.Tensor):  # outside step(): its value is checked here, once
                 check_lr_tensor(lr, group["params"][0].device if group["params"] else None, read_value=True)
@@ -794,7 +795,7 @@ class FedOptimizer(Optimizer):
             del self.state[p]  # empty entries of older state_dicts: torch keeps none
         self._lr_checked = [g["lr"] for g in self.param_groups if isinstance(g["lr"], torch.Tensor)]
         params = self._params_flat = [p for g in self.param_groups for p in g["params"]]
-        for pid, p in zip(saved_ids, params):
+        for pid, p in zip(saved_ids, params, strict=True):
             for key, value in kept.get(pid, {}).items():
                 self.state[p][key] = value.to(device=p.device, dtype=state_dtype(p))
         if self.sharded:

@@ -62,7 +62,8 @@ def capturing(device: torch.device) -> bool:
 def _same(a: tuple, b: tuple) -> bool:
     """Hyperparameter values unchanged? Tensors (lr) by identity: comparing values would sync."""
     return len(a) == len(b) and all(
-        x is y or not (isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor)) and x == y for x, y in zip(a, b)
+        x is y or not (isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor)) and x == y
+        for x, y in zip(a, b, strict=True)
     )
 
 
@@ -203,7 +204,7 @@ class StepPlan:
         if not self.batch_group:
             return torch.zeros((0, self.clients, H) if self.clients is not None else (0, H), dtype=torch.float64)
         out: List[Any] = []  # per batch: a row, or one row per client
-        for gi, override in zip(self.batch_group, self.batch_override):
+        for gi, override in zip(self.batch_group, self.batch_override, strict=True):
             g = groups[gi]
             if not override and g.lr_scale is None:  # the rows as gathered (the common case)
                 out.append(g.rows if batched else g.rows[0])

@@ -37,8 +37,9 @@ import torch
 from torch import _C as _torch_c
 
 ENV = "FEDOPT_REPLAY"
-BACKENDS = ("cuda", "triton")  # the fused backends that run on CUDA tensors
-DEVICE_TYPES = ("cuda",)  # where steps are recorded (the tests add "cpu", with a stand-in for the graph)
+BACKENDS: Tuple[str, ...] = ("cuda", "triton")  # the fused backends that run on CUDA tensors
+# where steps are recorded (the tests add "cpu", with a stand-in for the graph)
+DEVICE_TYPES: Tuple[str, ...] = ("cuda",)
 MAX_RECORDINGS = 2  # per optimizer: two alternating gradient address sets both replay
 HISTORY = 4  # eager keys remembered: a key seen again among them is recorded
 WASTE_LIMIT = 2  # recordings never replayed, in a row, before backing off

@@ -13,7 +13,7 @@ an algorithm registered there, whenever that happens, is covered by every check.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
 
 import torch
 
@@ -22,15 +22,17 @@ from ..core.optimizer import FedOptimizer
 from . import algorithm
 
 Tensors = List[torch.Tensor]
+# parameters read, never changed in length: a list of nn.Parameter is one (a List would refuse it)
+Params = Sequence[torch.Tensor]
 
 
-def rand_like_list(params: Tensors, seed: int, scale: float = 0.1, dtype: Optional[torch.dtype] = None) -> Tensors:
+def rand_like_list(params: Params, seed: int, scale: float = 0.1, dtype: Optional[torch.dtype] = None) -> Tensors:
     """Seeded random tensors shaped like ``params`` (on their devices)."""
     g = torch.Generator().manual_seed(seed)
     return [(scale * torch.randn(p.shape, generator=g)).to(dtype=dtype or p.dtype, device=p.device) for p in params]
 
 
-def scales_for(params: Tensors, seed: int, every: bool = False) -> Dict[torch.Tensor, torch.Tensor]:
+def scales_for(params: Params, seed: int, every: bool = False) -> Dict[torch.Tensor, torch.Tensor]:
     """Positive per-row scales for two thirds of the parameters that have rows (all of them: ``every``)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -50,7 +52,7 @@ class SecondGradient:
         self.params, self.bases = params, bases
 
     def __call__(self) -> None:
-        for p, b in zip(self.params, self.bases):
+        for p, b in zip(self.params, self.bases, strict=True):
             if p.grad is not None:
                 p.grad = b + p.detach()
 
@@ -78,15 +80,15 @@ class Config:
     def spec(self) -> OpSpec:
         return self.cls.op_spec()
 
-    def param_groups(self, params: Tensors) -> List[Dict[str, Any]]:
+    def param_groups(self, params: Params) -> List[Dict[str, Any]]:
         if not self.groups:
             return [{"params": list(params)}]
         return [{"params": list(params[0::2])}, {"params": list(params[1::2]), **self.groups}]
 
-    def build(self, params: Tensors, backend: str = "auto", replay: Optional[bool] = None) -> FedOptimizer:
+    def build(self, params: Params, backend: str = "auto", replay: Optional[bool] = None) -> FedOptimizer:
         return self.cls(self.param_groups(params), backend=backend, replay=replay, **self.kwargs)
 
-    def build_batched(self, params: Tensors, backend: str = "auto", replay: Optional[bool] = None) -> FedOptimizer:
+    def build_batched(self, params: Params, backend: str = "auto", replay: Optional[bool] = None) -> FedOptimizer:
         """The client-batched form over stacked parameters ``[C, *shape]``."""
         return algorithm.of_optimizer(self.cls).batched(
             self.param_groups(params), backend=backend, replay=replay, **self.kwargs
@@ -230,7 +232,7 @@ def run(
         for step in range(steps):
             gstep = rnd * steps + step
             new = grads(params, gstep) if grads is not None else rand_like_list(params, seed * 1000 + gstep, 1.0)
-            for p, g in zip(params, new):
+            for p, g in zip(params, new, strict=True):
                 p.grad = g
             opt.step(**cfg.step_inputs(ordered, gstep, seed))
     return opt

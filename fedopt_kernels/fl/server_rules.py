@@ -49,7 +49,7 @@ __all__ = [
 def check_like(name: str, tensors: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> None:
     if len(tensors) != len(ref):
         raise ValueError(f"{name} has {len(tensors)} tensors, expected {len(ref)} (one per parameter)")
-    for j, (t, r) in enumerate(zip(tensors, ref)):
+    for j, (t, r) in enumerate(zip(tensors, ref, strict=True)):
         if tuple(t.shape) != tuple(r.shape):
             raise ValueError(f"{name}[{j}] has shape {tuple(t.shape)}, expected {tuple(r.shape)}")
 
@@ -84,7 +84,7 @@ def weighted_average_step(
     out = []
     for j, xj in enumerate(x):
         avg = torch.zeros_like(xj)
-        for d, w in zip(deltas, weights):
+        for d, w in zip(deltas, weights, strict=True):
             avg.add_(d[j], alpha=w / total)
         out.append(xj.clone().add_(avg, alpha=server_lr))
     return out
@@ -106,7 +106,7 @@ def scaffold_local_control(
     check_like("c", c, ci)
     check_like("delta", delta, ci)
     if lr_sum > 0:
-        return [c_i - cj - d / lr_sum for c_i, cj, d in zip(ci, c, delta)]
+        return [c_i - cj - d / lr_sum for c_i, cj, d in zip(ci, c, delta, strict=True)]
     return [c_i.clone() for c_i in ci]
 
 
@@ -124,7 +124,7 @@ def scaffold_control_step(
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     out = [cj.clone() for cj in c]
     for dc in dcs:
-        for cj, d in zip(out, dc):
+        for cj, d in zip(out, dc, strict=True):
             cj.add_(d, alpha=1.0 / num_clients)
     return out
 
@@ -199,13 +199,13 @@ class ScaffoldRule(ServerRule):
     def client_inputs(self, got, kept, x):
         c = got["c"]
         ci = kept if kept is not None else [torch.zeros_like(v) for v in c]
-        return {"correction": [cj - cij for cj, cij in zip(c, ci)]}
+        return {"correction": [cj - cij for cj, cij in zip(c, ci, strict=True)]}
 
     def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):
         c = got["c"]
         ci = kept if kept is not None else [torch.zeros_like(v) for v in c]
         new_ci = scaffold_local_control(ci, c, delta, algo.lr_sum(opt, hp, t, steps))
-        return new_ci, {"dc": [n - o for n, o in zip(new_ci, ci)]}
+        return new_ci, {"dc": [n - o for n, o in zip(new_ci, ci, strict=True)]}
 
     def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
         out = super().step(x, state, deltas, weights, replies, hp, num_clients, local_steps)

@@ -74,7 +74,7 @@ def run_algorithm(
             return None
         params = from_record(arrays, names, sim.global_params, "global arrays")
         with torch.no_grad():
-            for p, v in zip(model.parameters(), params):
+            for p, v in zip(model.parameters(), params, strict=True):
                 p.copy_(v)
         val = pooled_metrics(model, sim.train_clients, "val")
         history.append({"round": server_round, "val_acc": val["acc"], "val_loss": val["loss"], "params": params})

@@ -50,7 +50,7 @@ def _load_global(model: nn.Module, content: RecordDict) -> Tuple[list, Tensors, 
     """Copy the received global model into ``model``; returns (names, parameters, global tensors)."""
     names, params = _named(model)
     x = from_record(get_record(content, "arrays", ArrayRecord, "message"), names, params, "arrays")
-    for p, g in zip(params, x):
+    for p, g in zip(params, x, strict=True):
         p.copy_(g)
     return names, params, x
 
@@ -137,7 +137,7 @@ def train_round(
     out = RecordDict()
     with torch.no_grad():
         end_round(opt)
-        delta = [p.detach() - g for p, g in zip(params, x)]
+        delta = [p.detach() - g for p, g in zip(params, x, strict=True)]
         out["delta"] = to_record(names, delta)
         new_kept, reply = rule.client_finish(opt, opts.algo, hp, t, K, got, kept, delta)
         for name, tensors in reply.items():
@@ -172,7 +172,7 @@ def init_controls_round(
         model.zero_grad(set_to_none=True)
         loss_fn(model(bx), by).backward()
         with torch.no_grad():
-            for a, p in zip(acc, params):
+            for a, p in zip(acc, params, strict=True):
                 a.add_(cast(torch.Tensor, p.grad))  # backward() just gave every parameter one
     ci = [a / K for a in acc]
     _store_control(state, tag, names, ci)

@@ -30,7 +30,8 @@ def split_keywords(decl: algorithm.FlowerName, args: Tuple[Any, ...], kw: Dict[s
     """``(FLConfig keywords, strategy keywords)`` of a call of the strategy ``decl`` declares."""
     if len(args) > len(decl.positional):
         raise TypeError(f"{decl.name} takes {len(decl.positional)} positional arguments, got {len(args)}")
-    for name, value in zip(decl.positional, args):
+    # strict=False: a call may give fewer positional arguments than the strategy declares
+    for name, value in zip(decl.positional, args, strict=False):
         if name in kw:
             raise TypeError(f"{decl.name} got {name!r} twice (by position and by keyword)")
         kw[name] = value

@@ -29,7 +29,9 @@ def to_record(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> ArrayRec
     """One numpy array per name, in order (the tensors are copied to the host)."""
     if len(names) != len(tensors):
         raise ValueError(f"{len(names)} names for {len(tensors)} tensors")
-    return ArrayRecord({n: Array(np.ascontiguousarray(t.detach().cpu().numpy())) for n, t in zip(names, tensors)})
+    return ArrayRecord(
+        {n: Array(np.ascontiguousarray(t.detach().cpu().numpy())) for n, t in zip(names, tensors, strict=True)}
+    )
 
 
 def from_record(record: ArrayRecord, names: Sequence[str], like: Sequence[torch.Tensor], what: str) -> Tensors:
@@ -46,7 +48,7 @@ def from_record(record: ArrayRecord, names: Sequence[str], like: Sequence[torch.
         parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
         raise BadUpdate(f"{what} has the wrong arrays: {', '.join(parts)}")
     out = []
-    for name, ref in zip(names, like):
+    for name, ref in zip(names, like, strict=True):
         try:
             arr = record[name].numpy()
         except Exception as exc:  # a foreign serialisation: say so instead of a deep traceback

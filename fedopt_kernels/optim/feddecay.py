@@ -189,7 +189,7 @@ class WithinRoundDecay(LRScheduler):
     def start_round(self) -> None:
         """Reset k to 0: every group gets its base learning rate back."""
         self.last_epoch = 0
-        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
             if isinstance(group["lr"], torch.Tensor):
                 group["lr"].fill_(lr)  # in place, as torch's schedulers treat a tensor lr
             else:

@@ -119,7 +119,7 @@ class PAdaMFed(FedOptimizer):
         def entry_name(i: int) -> Callable[[int], str]:  # check_tensor_list's names for entry i alone
             return lambda _j: self._name_of(i)
 
-        for i, (t, p) in enumerate(zip(anchor, params)):
+        for i, (t, p) in enumerate(zip(anchor, params, strict=True)):
             if p.grad is None:
                 continue
             if t is None:
@@ -235,7 +235,7 @@ def padamfed_init(local_controls: Sequence[Sequence[torch.Tensor]], num_clients:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     c = [torch.zeros_like(t) for t in ref]
     for ci in local_controls:
-        for cj, t in zip(c, ci):
+        for cj, t in zip(c, ci, strict=True):
             cj.add_(t, alpha=1.0 / num_clients)
     return c, [cj.clone() for cj in c]
 
@@ -279,7 +279,7 @@ def padamfed_step(
     for j, xj in enumerate(x):
         mean_delta = torch.zeros_like(xj)
         dc = torch.zeros_like(xj)
-        for d, dci in zip(deltas, dcs):  # the order given: deterministic sums
+        for d, dci in zip(deltas, dcs, strict=True):  # the order given: deterministic sums
             mean_delta.add_(d[j], alpha=1.0 / S)
             dc.add_(dci[j])
         x_out.append(xj.clone().add_(mean_delta, alpha=scale))
@@ -309,9 +309,9 @@ class PAdaMFedRule(ServerRule):
         return {"global_control": got["c"], "local_control": kept, "momentum": got["m"]}
 
     def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):
-        new_ci = [v.to(d.dtype) for v, d in zip(opt.local_control(), delta)]
+        new_ci = [v.to(d.dtype) for v, d in zip(opt.local_control(), delta, strict=True)]
         ci = kept if kept is not None else [torch.zeros_like(d) for d in delta]
-        return new_ci, {"dc": [n - o for n, o in zip(new_ci, ci)]}
+        return new_ci, {"dc": [n - o for n, o in zip(new_ci, ci, strict=True)]}
 
     def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
         new_x, c, m = padamfed_step(

@@ -192,12 +192,6 @@ class SimConfig(FLConfig):
             v = self.client_parallel
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"client_parallel must be an integer >= 1 or 'auto', got {v!r}")
-        if self.client_parallel != 1 and self.model == "char-lstm":
-            raise ValueError(
-                "client_parallel (--client-parallel) cannot train model='char-lstm': torch.func.vmap "
-                "cannot batch nn.LSTM's fused kernel over client copies. Use model='char-gru' or "
-                "'char-transformer' (plain tensor ops) or client_parallel=1 (the sequential path)"
-            )
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
         if self.cuda_graph and self.client_parallel == 1:

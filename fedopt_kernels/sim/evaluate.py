@@ -6,31 +6,184 @@ After training, every user (new and existing) fine-tunes the global model on its
 split. Across users we report the mean accuracy, the bottom-10% accuracy (the 10th percentile of the
 per-user accuracies: 90% of users do at least this well) and the standard deviation; users count
 equally, whatever their size. The global model's accuracy before fine-tuning is reported the same way.
+
+Each necessary forward pass runs once: the global model's pooled numbers and every user's accuracy
+come from one pass over the users' split (``split_scores``), and each fine-tuned model sees its
+user's test split once. With ``parallel`` (the client-parallel simulator's chunk size) the users
+fine-tune ``parallel`` at a time like client-parallel training (``parallel/``: stacked clients,
+padded batches, the same plain SGD) and their fine-tuned models are evaluated stacked; each user
+gets what ``finetune`` then its test pass give it alone (``--validate sequential`` compares them).
+
+``EvalCost`` adds up the seconds and the model FLOPs (forward passes, and the fine-tuning's forward
+and backward passes; ``torch.utils.flop_counter`` on one sample, times the samples) of what it is
+given to, so a run can report evaluation FLOP/s.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-from ..fl.client_round import loss_and_correct
 from .data.clients import BatchStream, ClientData
+from .data.image_input import ImageClassifier
+
+# samples per forward pass when scoring: on a CPU small enough for the caches (FedAvg CNN, 1 thread:
+# 61-62 GFLOP/s at 64-512 samples in channels-last, 34 at 4096); on a GPU large enough to fill it
+EVAL_CHUNK = {"cpu": 256}
+EVAL_CHUNK_DEVICE = 4096
 
 
-def pooled_metrics(model: nn.Module, clients: Sequence[ClientData], split: str) -> Dict[str, float]:
+def eval_chunk(device: torch.device) -> int:
+    return EVAL_CHUNK.get(device.type, EVAL_CHUNK_DEVICE)
+
+
+@dataclass
+class EvalCost:
+    """Seconds and model FLOPs spent evaluating (module docstring)."""
+
+    seconds: float = 0.0
+    flops: float = 0.0
+    samples: int = 0
+    parts: Dict[str, float] = field(default_factory=dict)  # seconds per part
+
+    def add(self, part: str, seconds: float, flops: float, samples: int = 0) -> None:
+        self.seconds += seconds
+        self.flops += flops
+        self.samples += samples
+        self.parts[part] = self.parts.get(part, 0.0) + seconds
+
+    def as_dict(self) -> Dict[str, Any]:
+        rate = self.flops / self.seconds if self.seconds > 0 else float("nan")
+        return {
+            "seconds": self.seconds,
+            "flops": self.flops,
+            "flops_per_s": rate,
+            "samples": self.samples,
+            "parts_s": dict(self.parts),
+        }
+
+
+@dataclass
+class Scores:
+    """Per-user summed cross-entropy, correct predictions and samples of one split."""
+
+    loss: np.ndarray
+    correct: np.ndarray
+    count: np.ndarray
+
+    def pooled(self) -> Dict[str, float]:
+        n = max(int(self.count.sum()), 1)
+        return {"loss": float(self.loss.sum()) / n, "acc": int(self.correct.sum()) / n}
+
+    def accuracy(self) -> List[float]:
+        """Each user's accuracy (users with no samples: NaN)."""
+        return [c / n if n else float("nan") for c, n in zip(self.correct.tolist(), self.count.tolist(), strict=True)]
+
+
+# ------------------------------------------------------------------ the global model
+def _eval_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``model`` in eval mode as a function of a batch. On a CPU, convolutional models run through the
+    stacked engine as one client with channels-last convolutions (``parallel/layers.py``,
+    ``grouped-nhwc``): oneDNN's faster layout, which also keeps the pooling and element-wise layers
+    after each convolution in it (a plain call on 1-channel images runs the first block in NCHW, where
+    max-pooling is 8x slower). The model's own parameters are untouched."""
+    net = model.net if isinstance(model, ImageClassifier) else model
+    stage = model.preprocess if isinstance(model, ImageClassifier) else None
+    p0 = next(net.parameters(), None)
+    plain = lambda x: net(x if stage is None else stage(x, False))  # noqa: E731
+    if p0 is None or p0.device.type != "cpu" or not any(isinstance(m, nn.Conv2d) for m in net.modules()):
+        return plain
+    from .parallel.layers import Clients
+    from .parallel.stacked import NotStackable, StackedNet
+
+    try:
+        stacked = StackedNet(net)
+    except NotStackable:
+        return plain
+    stacked.set_formulations({"Conv2d": "grouped-nhwc"})
+    one = [p.detach().unsqueeze(0) for p in net.parameters()]
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        x = x if stage is None else stage(x, False)
+        return stacked(one, x, Clients(1, x.shape[0]))
+
+    return call
+
+
+_FLOPS: Dict[Tuple[int, Tuple[int, ...], str], float] = {}
+
+
+def forward_flops(model: nn.Module, x: torch.Tensor) -> float:
+    """Model FLOPs of one forward pass of one sample like ``x[:1]`` (matmuls and convolutions, as
+    ``torch.utils.flop_counter`` counts them); cached per model and sample shape."""
+    key = (id(model), tuple(x.shape[1:]), str(x.dtype))
+    if key not in _FLOPS:
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                model(x[:1])
+        finally:
+            model.train(was)
+        _FLOPS[key] = float(counter.get_total_flops())
+    return _FLOPS[key]
+
+
+@torch.no_grad()
+def split_scores(
+    model: nn.Module, clients: Sequence[ClientData], split: str, cost: Optional[EvalCost] = None
+) -> Scores:
+    """Every client's summed loss, correct predictions and count on its ``split`` ("val" or "test"):
+    one forward pass over the union of the clients' splits, in chunks of ``eval_chunk(device)``."""
+    start = time.perf_counter()
+    xs = [getattr(c, f"{split}_x") for c in clients]
+    ys = [getattr(c, f"{split}_y") for c in clients]
+    counts = np.array([int(y.shape[0]) for y in ys], dtype=np.int64)
+    loss = np.zeros(len(clients), dtype=np.float64)
+    correct = np.zeros(len(clients), dtype=np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return Scores(loss, correct, counts)
+    x, y = torch.cat(xs), torch.cat(ys)
+    owner = torch.repeat_interleave(
+        torch.arange(len(clients), device=y.device), torch.as_tensor(counts, device=y.device)
+    )
+    was = model.training
+    model.eval()
+    call = _eval_call(model)
+    per_loss = torch.empty(total, dtype=torch.float64, device=y.device)
+    per_hit = torch.empty(total, dtype=torch.bool, device=y.device)
+    step = eval_chunk(y.device)
+    try:
+        for i in range(0, total, step):
+            out = call(x[i : i + step])
+            yy = y[i : i + step]
+            per_loss[i : i + step] = F.cross_entropy(out, yy, reduction="none")
+            per_hit[i : i + step] = out.argmax(dim=1) == yy
+    finally:
+        model.train(was)
+    sums = torch.zeros(len(clients), dtype=torch.float64, device=y.device).index_add_(0, owner, per_loss)
+    hits = torch.zeros(len(clients), dtype=torch.int64, device=y.device).index_add_(0, owner, per_hit.long())
+    loss[:] = sums.cpu().numpy()
+    correct[:] = hits.cpu().numpy()
+    if cost is not None:
+        cost.add(f"forward {split}", time.perf_counter() - start, forward_flops(model, x) * total, total)
+    return Scores(loss, correct, counts)
+
+
+def pooled_metrics(
+    model: nn.Module, clients: Sequence[ClientData], split: str, cost: Optional[EvalCost] = None
+) -> Dict[str, float]:
     """Loss and accuracy over the union of the clients' ``split`` ("val" or "test") data."""
-    loss, correct, n = 0.0, 0, 0
-    for c in clients:
-        x, y = getattr(c, f"{split}_x"), getattr(c, f"{split}_y")
-        if y.shape[0] == 0:
-            continue
-        batch_loss, k = loss_and_correct(model, x, y)
-        loss, correct, n = loss + batch_loss, correct + k, n + y.shape[0]
-    return {"loss": loss / max(n, 1), "acc": correct / max(n, 1)}
+    return split_scores(model, clients, split, cost).pooled()
 
 
 def user_summary(accs: Sequence[float]) -> Dict[str, float]:
@@ -47,23 +200,142 @@ def user_summary(accs: Sequence[float]) -> Dict[str, float]:
 
 
 def user_accuracy(model: nn.Module, client: ClientData) -> float:
-    _, k = loss_and_correct(model, client.test_x, client.test_y)
-    return k / client.test_y.shape[0]
+    return split_scores(model, [client], "test").accuracy()[0]
 
 
-def finetune(model: nn.Module, client: ClientData, steps: int, lr: float, stream: BatchStream) -> None:
-    """``steps`` plain SGD steps on the client's train mini-batches (not part of the FL algorithm)."""
+# ------------------------------------------------------------------ fine-tuning, one user at a time
+def finetune(model: nn.Module, client: ClientData, steps: int, lr: float, stream: BatchStream) -> int:
+    """``steps`` plain SGD steps on the client's train mini-batches (not part of the FL algorithm);
+    returns the samples they saw."""
     if steps == 0:
-        return
+        return 0
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     model.train()
+    seen = 0
     for _ in range(steps):
         x, y = stream.next()
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         opt.step()
+        seen += int(y.shape[0])
+    return seen
 
 
+def _train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Model FLOPs of one training step (forward and backward) on one sample like ``x[:1]``."""
+    key = (id(model), tuple(x.shape[1:]), "train")
+    if key not in _FLOPS:
+        was = model.training
+        model.eval()  # no augmentation draw: the run's random streams stay untouched
+        try:
+            with FlopCounterMode(display=False) as counter:
+                F.cross_entropy(model(x[:1]), y[:1]).backward()
+            model.zero_grad(set_to_none=True)
+        finally:
+            model.train(was)
+        _FLOPS[key] = float(counter.get_total_flops())
+    return _FLOPS[key]
+
+
+def _finetuned_sequential(
+    model: nn.Module,
+    users: Sequence[ClientData],
+    load: Callable[[], None],
+    steps: int,
+    lr: float,
+    make_stream: Callable[[ClientData], BatchStream],
+    cost: Optional[EvalCost],
+) -> List[float]:
+    after = []
+    for u in users:
+        load()
+        start = time.perf_counter()
+        samples = finetune(model, u, steps, lr, make_stream(u))
+        if cost is not None and samples:
+            cost.add("fine-tune", time.perf_counter() - start, _train_flops(model, u.train_x, u.train_y) * samples)
+        after.append(split_scores(model, [u], "test", cost).accuracy()[0])
+    return after
+
+
+# ------------------------------------------------------------------ fine-tuning, client-batched
+def _finetuned_batched(
+    model: nn.Module,
+    users: Sequence[ClientData],
+    global_params: List[torch.Tensor],
+    steps: int,
+    lr: float,
+    make_stream: Callable[[ClientData], BatchStream],
+    parallel: int,
+    cost: Optional[EvalCost],
+) -> List[float]:
+    """Fine-tune and test ``users`` ``parallel`` at a time: stacked copies of the global model,
+    each user's own batches (padded, weighted 1/n), ``p -= lr * g`` per user, then every user's
+    fine-tuned model on its own test split (padded, masked), stacked."""
+    from .parallel.batches import BatchPool, apply_stage
+    from .parallel.loss import client_loss
+
+    engine = client_loss(model)
+    random = isinstance(model, ImageClassifier) and model.spec.augment  # fine-tuning runs in train mode
+    streams = {u.client_id: make_stream(u) for u in users}
+    pool = BatchPool(list(users), streams[users[0].client_id].batch_size, dtype=global_params[0].dtype)
+    chunks = math.ceil(len(users) / parallel)
+    size = math.ceil(len(users) / chunks)
+    after: List[float] = []
+    was = model.training
+    for i in range(0, len(users), size):
+        chunk = list(users[i : i + size])
+        C = len(chunk)
+        params = [g.detach().unsqueeze(0).repeat(C, *([1] * g.dim())) for g in global_params]
+        if steps:
+            start = time.perf_counter()
+            model.train()
+            batches = pool.draw(streams, [u.client_id for u in chunk], steps)
+            x = apply_stage(engine.input_stage, batches, random)
+            for k in range(steps):
+                grads, _ = engine.grads(params, x[k], batches.y[k], batches.w[k])
+                with torch.no_grad():
+                    for p, g in zip(params, grads, strict=True):
+                        p.add_(g, alpha=-lr)  # torch.optim.SGD's update, per user
+            model.train(was)
+            if cost is not None:
+                flops = _train_flops(model, chunk[0].train_x, chunk[0].train_y) * int(batches.counts.sum())
+                cost.add("fine-tune", time.perf_counter() - start, flops)
+        after += _stacked_accuracy(model, engine, params, chunk, cost)
+    return after
+
+
+@torch.no_grad()
+def _stacked_accuracy(model, engine, params, users: Sequence[ClientData], cost: Optional[EvalCost]) -> List[float]:
+    """User c's model (row c of ``params``) on user c's test split, all users at once."""
+    start = time.perf_counter()
+    n = [int(u.test_y.shape[0]) for u in users]
+    T = max(n)
+    hits = [0] * len(users)
+    was = model.training
+    model.eval()
+    step = max(1, eval_chunk(params[0].device) // len(users))
+    for t0 in range(0, T, step):
+        t1 = min(t0 + step, T)
+        # rows past a user's end repeat its last sample; they are not counted
+        idx = [torch.clamp(torch.arange(t0, t1), max=k - 1) for k in n]
+        x = torch.stack([u.test_x[i.to(u.test_x.device)] for u, i in zip(users, idx, strict=True)])
+        y = torch.stack([u.test_y[i.to(u.test_y.device)] for u, i in zip(users, idx, strict=True)])
+        if engine.input_stage is not None:
+            flat = engine.input_stage(x.flatten(0, 1), False)
+            x = flat.view(x.shape[0], x.shape[1], *flat.shape[1:])
+        right = (engine.logits(params, x).argmax(-1) == y).cpu()
+        for c, k in enumerate(n):
+            hits[c] += int(right[c, : max(0, min(k, t1) - t0)].sum())
+    model.train(was)
+    if cost is not None:
+        total = sum(n)
+        cost.add(
+            "forward fine-tuned", time.perf_counter() - start, forward_flops(model, users[0].test_x) * total, total
+        )
+    return [h / k for h, k in zip(hits, n, strict=True)]
+
+
+# ------------------------------------------------------------------ the protocol
 def evaluate_users(
     model: nn.Module,
     global_params: List[torch.Tensor],
@@ -71,29 +343,40 @@ def evaluate_users(
     steps: int,
     lr: float,
     make_stream: Callable[[ClientData], BatchStream],
+    parallel: Optional[int] = None,
+    cost: Optional[EvalCost] = None,
 ) -> Dict[str, Dict]:
     """The per-user protocol for each group of users ("existing", "new").
 
-    Returns ``{"global": {group: summary}, "finetuned": {group: summary}}``. ``model`` is used as
-    scratch space and is left holding ``global_params``.
+    Returns ``{"global": {group: summary}, "finetuned": {group: summary}, "pooled_test_acc": acc}``,
+    the last over every group's users (from the same pass as the global per-user numbers).
+    ``parallel``: fine-tune and test that many users at a time, client-batched; None: one after
+    another. ``cost`` adds up the seconds and FLOPs. ``model`` is used as scratch space and is left
+    holding ``global_params``.
     """
 
     def load() -> None:
         with torch.no_grad():
-            for p, g in zip(model.parameters(), global_params):
+            for p, g in zip(model.parameters(), global_params, strict=True):
                 p.copy_(g)
 
-    out: Dict[str, Dict] = {"global": {}, "finetuned": {}}
-    for name, users in groups.items():
-        users = [u for u in users if u.test_y.shape[0] > 0]
-        load()
-        before = [user_accuracy(model, u) for u in users]
-        after = []
-        for u in users:
-            load()
-            finetune(model, u, steps, lr, make_stream(u))
-            after.append(user_accuracy(model, u))
-        out["global"][name] = user_summary(before)
+    out: Dict[str, Any] = {"global": {}, "finetuned": {}}
+    tested = {name: [u for u in users if u.test_y.shape[0] > 0] for name, users in groups.items()}
+    everyone = [u for users in tested.values() for u in users]
+    load()
+    scores = split_scores(model, everyone, "test", cost)  # the global model: one pass for all numbers
+    out["pooled_test_acc"] = scores.pooled()["acc"]
+    before = scores.accuracy()
+    k = 0
+    for name, users in tested.items():
+        out["global"][name] = user_summary(before[k : k + len(users)])
+        k += len(users)
+        if steps == 0:
+            after = before[k - len(users) : k]
+        elif parallel is not None and parallel > 1 and users:
+            after = _finetuned_batched(model, users, global_params, steps, lr, make_stream, parallel, cost)
+        else:
+            after = _finetuned_sequential(model, users, load, steps, lr, make_stream, cost)
         out["finetuned"][name] = user_summary(after)
     load()
     return out

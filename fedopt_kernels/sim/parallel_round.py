@@ -29,7 +29,8 @@ from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from .data.image_input import ImageClassifier
 from .parallel.batches import BatchPool, apply_stage
-from .parallel.loss import ClientLoss
+from .parallel.host_memory import keep_freed_memory
+from .parallel.loss import client_loss
 from .parallel.size import auto_client_parallel, free_bytes, state_copies
 from .parallel.trainer import BatchedTrainer
 from .strategy import ClientUpdate, RoundHost
@@ -75,7 +76,9 @@ class BatchedClients:
         self.sim = sim
         cfg = sim.cfg
         self.cfg = cfg
-        self.loss = ClientLoss(sim.model)  # ValueError for BatchNorm / buffers
+        self.loss = client_loss(sim.model)  # ValueError naming what neither engine can batch
+        if sim.device.type == "cpu":
+            keep_freed_memory()  # [C, ...] tensors are past malloc's mmap ceiling (parallel/host_memory.py)
         self.opts = sim.strategy.opts
         self.algo = self.opts.algo
         self.anchor_model = getattr(sim.strategy, "anchor_model", None)
@@ -170,7 +173,7 @@ class BatchedClients:
         params = list(sim.model.parameters())
         for c, cid in enumerate(chunk):
             with torch.no_grad():
-                for p, s in zip(params, tr.stacked):
+                for p, s in zip(params, tr.stacked, strict=True):
                     p.copy_(s[c])
             updates.append(sim.strategy.finish(cid, _OneClient(tr.opt, c, outputs), t))
         return updates, [v / K for v in total[:m].tolist()]

@@ -133,7 +133,7 @@ def capture(sim: ResumableRun) -> Dict[str, Any]:
 
 
 def _check_like(what: str, got: List[torch.Tensor], like: List[torch.Tensor]) -> None:
-    if len(got) != len(like) or any(g.shape != w.shape or g.dtype != w.dtype for g, w in zip(got, like)):
+    if len(got) != len(like) or any(g.shape != w.shape or g.dtype != w.dtype for g, w in zip(got, like, strict=True)):
         raise ValueError(f"checkpoint's {what} does not match the model's parameters")
 
 
@@ -155,7 +155,7 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     for cid in kept:
         if not 0 <= cid < sim.cfg.num_train_clients:
             raise ValueError(f"checkpoint keeps state of client {cid}, which this run does not have")
-    if state["stream_ids"] != sorted(sim.streams):
+    if state["stream_ids"] != sorted(sim.streams) or len(state["streams"]) != len(state["stream_ids"]):
         raise ValueError("checkpoint's batch streams are not this run's clients")
     models = {"model": sim.model, "anchor": st.anchor_model}
     for key, bufs in state["buffers"].items():
@@ -164,13 +164,13 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
         if set(bufs) != set(mine):
             raise ValueError(f"checkpoint's buffers of the {key} do not match the model's")
     # from here on nothing raises
-    for p, v in zip(sim.global_params, state["global"]):
+    for p, v in zip(sim.global_params, state["global"], strict=True):
         p.copy_(v)
     st.state = server
     st.kept = kept
     sim.setup_done = bool(state["setup_done"])
     sim.sample_rng.bit_generator.state = state["sample_rng"]
-    for cid, s in zip(state["stream_ids"], state["streams"]):
+    for cid, s in zip(state["stream_ids"], state["streams"], strict=True):
         stream = sim.streams[cid]
         stream.rng.bit_generator.state = s["rng"]
         stream.pending = [int(i) for i in s["order"]]

@@ -36,7 +36,7 @@ def refusal(update: ClientUpdate, like: Sequence[torch.Tensor]) -> str:
     for name, tensors in parts:
         if len(tensors) != len(like):
             return f"{name} has {len(tensors)} tensors, the model {len(like)}"
-        for j, (t, ref) in enumerate(zip(tensors, like)):
+        for j, (t, ref) in enumerate(zip(tensors, like, strict=True)):
             if t.shape != ref.shape:
                 return f"{name}[{j}] has shape {tuple(t.shape)}, the model {tuple(ref.shape)}"
             if not bool(torch.isfinite(t).all()):

@@ -22,7 +22,7 @@ from ..fl.checkpoint import CheckpointDir
 from . import resume as _resume
 from .config import SimConfig
 from .data.clients import BatchStream, ClientData
-from .evaluate import evaluate_users, pooled_metrics
+from .evaluate import EvalCost, evaluate_users, pooled_metrics
 from .federated_data import FederatedData, build_federated_data
 from .models.build import build_model
 from .screen import logger, screen_updates
@@ -117,7 +117,7 @@ class Simulation:
         self.sample_rng = np.random.default_rng(ss_sample)
         self.streams = {
             c.client_id: BatchStream(c.train_x, c.train_y, cfg.batch_size, np.random.default_rng(s))
-            for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)))
+            for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)), strict=True)
         }
         self._tune_seed = ss_tune
         self.strategy = Strategy(self)
@@ -127,6 +127,8 @@ class Simulation:
 
             self.batched = BatchedClients(self)
         self.history: List[Dict[str, Any]] = []
+        self.final_cost = EvalCost()
+        self.eval_log: List[Dict[str, float]] = []  # per evaluated round: seconds and model FLOPs of the pass
         self.setup_done = False
         self._settings: Optional[Dict[str, Any]] = None
 
@@ -136,7 +138,7 @@ class Simulation:
 
     def load_global(self) -> None:
         with torch.no_grad():
-            for p, g in zip(self.model.parameters(), self.global_params):
+            for p, g in zip(self.model.parameters(), self.global_params, strict=True):
                 p.copy_(g)
 
     @torch.no_grad()
@@ -146,7 +148,7 @@ class Simulation:
         Client-side state needs no copy: every round starts it afresh (momentum cleared, FedNLR scales
         and PAdaMFed's D recomputed), and sampling and batch streams advance identically in both runs.
         """
-        for mine, theirs in zip(self.global_params, other.global_params):
+        for mine, theirs in zip(self.global_params, other.global_params, strict=True):
             mine.copy_(theirs)
         self.strategy.load_server_state(other.strategy.server_state())
         self.setup_done = other.setup_done
@@ -182,37 +184,44 @@ class Simulation:
             logger.warning("round %d: no usable client update; the global model and server state are unchanged", t + 1)
         self.load_global()
         ok = {id(u) for u in accepted}
-        kept = [(u.weight, loss) for u, loss in zip(updates, losses) if id(u) in ok]
+        kept = [(u.weight, loss) for u, loss in zip(updates, losses, strict=True) if id(u) in ok]
         weights = np.array([w for w, _ in kept])
         train_loss = float(np.dot(weights, [v for _, v in kept]) / weights.sum()) if kept else float("nan")
         record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled}
         if refused:
             record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
         if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
-            val = pooled_metrics(self.model, self.train_clients, "val")
-            record.update(val_loss=val["loss"], val_acc=val["acc"])
+            cost = EvalCost()
+            val = pooled_metrics(self.model, self.train_clients, "val", cost)
+            record.update(val_loss=val["loss"], val_acc=val["acc"], eval_flops=cost.flops)
+            self.eval_log.append({"round": t + 1, "seconds": cost.seconds, "flops": cost.flops})
         record["seconds"] = time.perf_counter() - start
         self.history.append(record)
         return record
 
     def final_evaluation(self) -> Dict[str, Any]:
-        """The per-user protocol on existing and new users, plus pooled test accuracy of the global model."""
+        """The per-user protocol on existing and new users, plus pooled test accuracy of the global model.
+
+        Client-parallel runs fine-tune and test the users client-batched, N at a time (``evaluate``);
+        ``self.final_cost`` holds its seconds and model FLOPs afterwards.
+        """
         users = self.train_clients + self.data.new_clients
-        seeds = {u.client_id: s for u, s in zip(users, self._tune_seed.spawn(len(users)))}
+        seeds = {u.client_id: s for u, s in zip(users, self._tune_seed.spawn(len(users)), strict=True)}
 
         def stream(u: ClientData) -> BatchStream:
             return BatchStream(u.train_x, u.train_y, self.cfg.batch_size, np.random.default_rng(seeds[u.client_id]))
 
-        out: Dict[str, Any] = evaluate_users(  # plus the pooled accuracy below
+        self.final_cost = EvalCost()
+        return evaluate_users(  # the pooled test accuracy comes from the same pass as the per-user one
             self.model,
             self.global_params,
             {"existing": self.train_clients, "new": self.data.new_clients},
             self.cfg.finetune_steps,
             self.cfg.finetune_lr,
             stream,
+            parallel=None if self.batched is None else self.batched.parallel,
+            cost=self.final_cost,
         )
-        out["pooled_test_acc"] = pooled_metrics(self.model, users, "test")["acc"]
-        return out
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_settings(self) -> Dict[str, Any]:
@@ -267,6 +276,11 @@ class Simulation:
         train_seconds = time.perf_counter() - start
         final = self.final_evaluation()
         return {
+            "evaluation": {  # this process's evaluations (a resumed run: since it resumed)
+                "rounds_s": sum(e["seconds"] for e in self.eval_log),
+                "rounds_flops": sum(e["flops"] for e in self.eval_log),
+                "final": self.final_cost.as_dict(),
+            },
             "config": self.cfg.to_dict(),
             "hparams": self.hp,
             "backend": self.backend,

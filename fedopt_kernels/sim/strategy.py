@@ -70,7 +70,7 @@ def clone_all(tensors: Tensors) -> Tensors:
 
 def copy_into(dst: Tensors, src: Tensors) -> None:
     """Overwrite ``dst``'s tensors in place: whoever holds them (the round loop, validation) sees the new values."""
-    for d, s in zip(dst, src):
+    for d, s in zip(dst, src, strict=True):
         d.copy_(s)
 
 
@@ -124,7 +124,7 @@ class Strategy:
         for _ in range(K):
             with torch.enable_grad():
                 self.loss_and_grad(stream.next())
-            for a, p in zip(acc, self.sim.model.parameters()):
+            for a, p in zip(acc, self.sim.model.parameters(), strict=True):
                 a.add_(cast(torch.Tensor, p.grad))  # backward() just gave every parameter one
         return [a / K for a in acc]
 
@@ -135,7 +135,7 @@ class Strategy:
         """Client ``cid``'s ``start_round`` inputs from the server state and what it kept."""
         if self.anchor_model is not None:
             with torch.no_grad():
-                for a, g in zip(self.anchor_model.parameters(), self.sim.global_params):
+                for a, g in zip(self.anchor_model.parameters(), self.sim.global_params, strict=True):
                     a.copy_(g)
         return self.rule.client_inputs(self._sent(), self.kept.get(cid), self.sim.global_params)
 
@@ -169,7 +169,7 @@ class Strategy:
         """Client ``cid``'s update after round ``t``; ``opt``: its optimizer, or what stands in for
         it (the client-parallel round's view of one client of the batched optimizer)."""
         end_round(opt)
-        delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params)]
+        delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params, strict=True)]
         update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
         new_kept, reply = self.rule.client_finish(
             opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps, self._sent(), self.kept.get(cid), delta

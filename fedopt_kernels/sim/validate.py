@@ -133,7 +133,7 @@ class Validation:
 
 def param_divergence(a: List[torch.Tensor], b: List[torch.Tensor]) -> Dict[str, float]:
     """Largest absolute parameter difference, and that divided by the largest |reference parameter|."""
-    max_abs = _nan_max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b) if x.numel())
+    max_abs = _nan_max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b, strict=True) if x.numel())
     scale = max((float(x.double().abs().max()) for x in a if x.numel()), default=0.0)
     return {"max_abs": max_abs, "rel": max_abs / scale if scale > 0 else max_abs}
 

@@ -7,6 +7,7 @@ norm is the norm over the whole model (one all-reduce of one float64 per step). 
 the updated weights (gathered with ``full_tensor``) and the optimizer's full state_dict, which the
 client keeps for its next round (FedNAR's round counter anneals the step size).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -18,9 +19,10 @@ from torch import nn
 IN, HIDDEN, CLASSES = 20, 64, 4
 
 
-def make_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-                         nn.Linear(HIDDEN, CLASSES))
+def make_model() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES)
+    )
 
 
 def client_data(cid: int, n: int = 256) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -50,10 +52,21 @@ def evaluate(weights: List[np.ndarray], cids: List[int]) -> Tuple[float, float]:
     return float(nn.functional.cross_entropy(out, y)), float((out.argmax(1) == y).float().mean())
 
 
-def _rank_train(rank: int, ranks: int, weights: List[np.ndarray], cid: int, steps: int, batch: int,
-                hp: Dict[str, float], opt_state: Optional[Dict[str, Any]]) -> Optional[Tuple[Any, ...]]:
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                         set_optimizer_state_dict)
+def _rank_train(
+    rank: int,
+    ranks: int,
+    weights: List[np.ndarray],
+    cid: int,
+    steps: int,
+    batch: int,
+    hp: Dict[str, float],
+    opt_state: Optional[Dict[str, Any]],
+) -> Optional[Tuple[Any, ...]]:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import init_device_mesh
 
@@ -66,8 +79,14 @@ def _rank_train(rank: int, ranks: int, weights: List[np.ndarray], cid: int, step
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = fk.FedNAR(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], max_norm=hp["max_norm"],
-                    prox_mu=hp["prox_mu"], backend="cpu")
+    opt = fk.FedNAR(
+        model.parameters(),
+        lr=hp["lr"],
+        weight_decay=hp["weight_decay"],
+        max_norm=hp["max_norm"],
+        prox_mu=hp["prox_mu"],
+        backend="cpu",
+    )
     full = StateDictOptions(full_state_dict=True)
     if opt_state is not None:
         set_optimizer_state_dict(model, opt, opt_state, options=full)
@@ -87,8 +106,15 @@ def _rank_train(rank: int, ranks: int, weights: List[np.ndarray], cid: int, step
     return [params[k].numpy() for k in params], state, opt.round_index
 
 
-def train_on_ranks(weights: List[np.ndarray], cid: int, ranks: int, steps: int, batch: int, hp: Dict[str, float],
-                   opt_state: Optional[Dict[str, Any]]) -> Tuple[List[np.ndarray], Dict[str, Any], int]:
+def train_on_ranks(
+    weights: List[np.ndarray],
+    cid: int,
+    ranks: int,
+    steps: int,
+    batch: int,
+    hp: Dict[str, float],
+    opt_state: Optional[Dict[str, Any]],
+) -> Tuple[List[np.ndarray], Dict[str, Any], int]:
     from fedopt_kernels.fl.local_world import run_local_world
 
     return run_local_world(_rank_train, ranks, weights, cid, steps, batch, hp, opt_state)[0]

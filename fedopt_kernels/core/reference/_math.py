@@ -96,6 +96,6 @@ def norm_step(spec: OpSpec, args: tuple, direction: Direction, update: Update) -
         rows = {b.index: a.hp[b.index].tolist() for b in batches}
         ds = [[direction(b.tensors, i, rows[b.index], amp) for i in range(len(b.tensors["params"]))] for b in batches]
         norm = global_norm([d for per in ds for d in per], a.device).to(norm_dtype(a.lists["params"]))
-        for b, per in zip(batches, ds):
+        for b, per in zip(batches, ds, strict=True):
             update(b.tensors["params"], per, rows[b.index], norm)
     advance(a, amp)

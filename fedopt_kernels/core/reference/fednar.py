@@ -30,7 +30,7 @@ def fednar_direction(t, i: int, row, amp: Amp) -> torch.Tensor:
 def _clipped_update(xs, ds, row, s: torch.Tensor) -> None:
     step_lr, _wd, max_norm, eps, _mu = row
     coef = torch.clamp(max_norm / (s + eps), max=1.0)
-    for x, d in zip(xs, ds):
+    for x, d in zip(xs, ds, strict=True):
         scale = (step_lr * coef).to(d.dtype)
         x.copy_(up(x) - scale * d)
 

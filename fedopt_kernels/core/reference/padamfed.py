@@ -39,7 +39,7 @@ def _direction_and_sum(t, i: int, row, amp: Amp) -> torch.Tensor:
 def _normalized_update(xs, vs, row, norm: torch.Tensor) -> None:
     lr, _beta, eps = row
     scale_all = lr / torch.clamp(norm, min=eps)
-    for x, v in zip(xs, vs):
+    for x, v in zip(xs, vs, strict=True):
         x.copy_(up(x) - v * scale_all.to(v.dtype))
 
 

@@ -47,12 +47,12 @@ def sam_ascent_step(*args, cache=None) -> None:
             [sam_direction(b.tensors, i, rows[b.index], amp) for i in range(len(b.tensors["params"]))] for b in batches
         ]
         norm = global_norm([d for per in ds for d in per], a.device).to(norm_dtype(a.lists["params"]))
-        for b, per in zip(batches, ds):
+        for b, per in zip(batches, ds, strict=True):
             row = rows[b.index]
             rho, _eta, eps, adaptive = row
             scale = rho / (norm + eps)
             t = b.tensors
-            for i, (x, d) in enumerate(zip(t["params"], per)):
+            for i, (x, d) in enumerate(zip(t["params"], per, strict=True)):
                 if "saved_x" in t:  # the optimizer always gives it; a bare op call may not
                     t["saved_x"][i].copy_(x)
                 w_d = _weight(x, row) * d if adaptive else d

@@ -44,7 +44,7 @@ def sgd_step(*args, cache=None) -> None:
             lr, momentum, dampening, wd, prox_mu, nesterov, maximize = a.hp[bat.index].tolist()
             lr_k = lr * factor
             t = bat.tensors
-            for i, (x, g) in enumerate(zip(t["params"], t["grads"])):
+            for i, (x, g) in enumerate(zip(t["params"], t["grads"], strict=True)):
                 xf = up(x)
                 d = amp.grad(g)
                 if maximize:

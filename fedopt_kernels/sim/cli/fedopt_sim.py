@@ -390,7 +390,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
 
     out_dir = args.out_dir
     results: List[Dict[str, Any]] = []
-    folders = dict(zip(args.seeds, args.checkpoint_folders))
+    folders = dict(zip(args.seeds, args.checkpoint_folders, strict=True))
     if not args.quiet and not args.resume and args.checkpoint_folders[0] is not None:
         again = f"--out {out_dir} --resume" if args.checkpoint_dir is None else "--resume"
         print(

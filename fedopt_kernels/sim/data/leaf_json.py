@@ -51,7 +51,7 @@ def read_file(path: Path, decode: Decoder, how_to_get: str) -> Dict[str, Arrays]
         raise fail(path, "'users' and 'num_samples' must be lists and 'user_data' an object")
     if len(users) != len(counts):
         raise fail(path, f"{len(users)} users but {len(counts)} entries in 'num_samples'")
-    for i, (uid, n) in enumerate(zip(users, counts)):  # ids are the keys of 'user_data': JSON strings
+    for i, (uid, n) in enumerate(zip(users, counts, strict=True)):  # ids are the keys of 'user_data': JSON strings
         if not isinstance(uid, str):
             raise fail(
                 path,
@@ -61,7 +61,7 @@ def read_file(path: Path, decode: Decoder, how_to_get: str) -> Dict[str, Arrays]
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise fail(path, f"'num_samples' must hold integers >= 0, got {n!r} for user {uid!r}")
     out: Dict[str, Arrays] = {}
-    for uid, n in zip(users, counts):
+    for uid, n in zip(users, counts, strict=True):
         u = data.get(uid)
         if not isinstance(u, dict) or "x" not in u or "y" not in u:
             raise fail(path, f"user {uid!r} is listed in 'users' but has no {{'x', 'y'}} in 'user_data'")

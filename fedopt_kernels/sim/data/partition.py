@@ -100,7 +100,7 @@ def class_partition(labels: np.ndarray, num_clients: int, rng: np.random.Generat
         pool = rng.permutation(np.flatnonzero(labels == c))
         if len(pool) < len(owners):
             raise ValueError(f"class {c} has {len(pool)} samples, fewer than its {len(owners)} clients")
-        for i, part in zip(owners, np.split(pool, np.cumsum(_equal_sizes(len(pool), len(owners)))[:-1])):
+        for i, part in zip(owners, np.split(pool, np.cumsum(_equal_sizes(len(pool), len(owners)))[:-1]), strict=True):
             parts[i] = np.sort(part)
     return parts
 

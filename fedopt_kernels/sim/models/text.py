@@ -3,9 +3,10 @@ for the character after the window.
 
 - ``CharLSTM``: LEAF's model (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018):
   Embedding(8) -> 2-layer LSTM(256) -> Linear(vocab) on the last step. ``nn.LSTM`` runs one fused
-  kernel that ``torch.func.vmap`` cannot batch over client copies: sequential simulator only.
+  kernel that ``torch.func.vmap`` cannot batch over client copies; the client-parallel simulator's
+  stacked engine (``sim.parallel.stacked``) trains it.
 - ``CharGRU``: the same shape with a GRU written in plain tensor ops (one matmul per gate block and
-  step), which ``vmap`` batches: the client-parallel simulator can train it.
+  step): the client-parallel simulator trains it.
 - ``CharTransformer``: a small causal pre-LayerNorm transformer in plain ops (FedNAR's Shakespeare
   model, Li et al., "FedNAR: Federated Optimization with Normalized Annealing Regularization",
   NeurIPS 2023, has 6 layers, 128-d embeddings, hidden 512; the default here is 2 layers of 64-d
@@ -27,6 +28,8 @@ from torch import nn
 class CharLSTM(nn.Module):
     """Embedding(embed) -> LSTM(hidden, layers) -> Linear(vocab) of the last step's output."""
 
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
+
     def __init__(self, vocab: int, embed: int = 8, hidden: int = 256, layers: int = 2):
         super().__init__()
         self.embed = nn.Embedding(vocab, embed)
@@ -41,6 +44,8 @@ class CharLSTM(nn.Module):
 class _GRULayer(nn.Module):
     """``h_t = (1 - z) * n + z * h_{t-1}`` with ``r, z = sigmoid(W x + U h)``, ``n = tanh(W_n x + r * (U_n h))``
     (torch's GRU equations), unrolled in plain ops."""
+
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
 
     def __init__(self, inp: int, hidden: int):
         super().__init__()
@@ -67,6 +72,8 @@ class _GRULayer(nn.Module):
 class CharGRU(nn.Module):
     """Embedding(embed) -> ``layers`` GRU layers (hidden) in plain ops -> Linear(vocab) of the last step."""
 
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
+
     def __init__(self, vocab: int, embed: int = 8, hidden: int = 128, layers: int = 2):
         super().__init__()
         self.embed = nn.Embedding(vocab, embed)
@@ -81,6 +88,8 @@ class CharGRU(nn.Module):
 
 
 class _Block(nn.Module):
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
+
     def __init__(self, dim: int, heads: int, ff: int):
         super().__init__()
         self.heads = heads
@@ -106,6 +115,8 @@ class CharTransformer(nn.Module):
 
     ``context``: read only the last ``context`` characters of each window (attention costs grow with
     its square; None: the whole window)."""
+
+    sample_wise = True  # forward treats dim 0 as independent samples (parallel/stacked.py)
 
     def __init__(
         self, vocab: int, seq_len: int, dim: int = 64, layers: int = 2, heads: int = 4, context: Optional[int] = None

@@ -52,7 +52,7 @@ class BatchPool:
         self.y = torch.cat([c.train_y for c in clients])
         sizes = [c.size for c in clients]
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        self.start: Dict[int, int] = {c.client_id: int(s) for c, s in zip(clients, starts)}
+        self.start: Dict[int, int] = {c.client_id: int(s) for c, s in zip(clients, starts, strict=True)}
 
     def draw(self, streams: Mapping[int, BatchStream], cids: Sequence[int], steps: int) -> RoundBatches:
         """The next ``steps`` batches of every client in ``cids`` from its stream, padded and gathered."""

@@ -1,4 +1,8 @@
-"""Per-client loss and gradients of many client models at once: ``torch.func`` over stacked parameters.
+"""Per-client loss and gradients of many client models at once: the engines, and vmap's.
+
+``client_loss`` picks the engine: the stacked one (``stacked.py``: the model's own code over all
+clients' samples, per-layer formulations) where it computes the model, else ``ClientLoss`` below,
+``torch.func`` over stacked parameters, which takes any functional model.
 
 Client ``c`` holds its own copy of every parameter (row ``c`` of a ``[C, *shape]`` tensor) and its
 own padded mini-batch ``x[c]`` (``[B, ...]``) with sample weights ``w[c]`` (``1/n_c`` on its ``n_c``
@@ -10,12 +14,12 @@ client's gradient of its mean cross-entropy over its real samples, in one comput
 This needs a functional model: no BatchNorm (running statistics are state updated in place, and
 their aggregation is another algorithm) and no buffers at all. The simulator's models qualify.
 An input stage with randomness (``ImageClassifier``'s augmentation) stays outside: the network
-after it is what gets vmapped, and the caller preprocesses the batches (``client_batches.py``).
+after it is what gets vmapped, and the caller preprocesses the batches (``batches.py``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -23,12 +27,15 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
 from ..data.image_input import ImageClassifier
+from .stacked import NotStackable, StackedLoss
+from .trainable import check_trainable
 
 Tensors = List[torch.Tensor]
 
 
 def check_vmappable(model: nn.Module) -> None:
-    """ValueError naming what stops ``model`` from being trained client-batched (BatchNorm, buffers)."""
+    """ValueError naming what stops ``model`` from being trained under ``torch.func.vmap`` (RNN kernels,
+    BatchNorm, buffers)."""
     rnns = [
         f"{name or type(model).__name__} ({type(m).__name__})"
         for name, m in model.named_modules()
@@ -38,27 +45,10 @@ def check_vmappable(model: nn.Module) -> None:
         raise ValueError(
             f"--client-parallel cannot train {type(model).__name__}: torch.func.vmap cannot batch the fused "
             f"recurrent layer {', '.join(rnns[:4])} over client copies. Use a model written in plain tensor ops "
-            f"(char-gru, char-transformer) or client_parallel=1 (--client-parallel 1, the sequential path)"
+            f"(char-gru, char-transformer), nn.LSTM(batch_first=True) inside a model the stacked engine "
+            f"computes (char-lstm), or client_parallel=1 (--client-parallel 1, the sequential path)"
         )
-    norms = [
-        name or type(model).__name__
-        for name, m in model.named_modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm)
-    ]
-    buffers = [name for name, _ in model.named_buffers()]
-    if not norms and not buffers:
-        return
-    found = []
-    if norms:
-        found.append(f"BatchNorm layer(s) {', '.join(norms[:4])}{' ...' if len(norms) > 4 else ''}")
-    if buffers:
-        found.append(f"buffer(s) {', '.join(buffers[:4])}{' ...' if len(buffers) > 4 else ''}")
-    raise ValueError(
-        f"--client-parallel needs a BatchNorm- and buffer-free model (client copies under torch.func.vmap "
-        f"cannot carry running statistics or other buffers), but {type(model).__name__} has {' and '.join(found)}. "
-        f"Use a GroupNorm/LayerNorm model (the simulator's mlp, cnn, fedavg-cnn, resnet18-gn) or "
-        f"client_parallel=1 (--client-parallel 1, the sequential path)"
-    )
+    check_trainable(model)
 
 
 class ClientLoss:
@@ -68,6 +58,8 @@ class ClientLoss:
     tuple. For an ``ImageClassifier`` the vmapped function is its network; ``input_stage`` is
     then its ``preprocess`` (applied by the caller, outside vmap).
     """
+
+    engine = "vmap"
 
     def __init__(self, model: nn.Module):
         check_vmappable(model)
@@ -88,7 +80,7 @@ class ClientLoss:
 
     def loss(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """One client's weighted cross-entropy (``w``: 1/n on real samples, 0 on padding)."""
-        out = functional_call(self.net, dict(zip(self.names, params)), (x,))
+        out = functional_call(self.net, dict(zip(self.names, params, strict=True)), (x,))
         return (F.cross_entropy(out, y, reduction="none") * w).sum()
 
     def grads(
@@ -97,8 +89,40 @@ class ClientLoss:
         """Every client's gradient (``[C, *shape]`` each) and loss (``[C]``)."""
         return self.per_client(tuple(params), x, y, w)
 
+    def logits(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Client c's model on its samples: ``x`` [C, B, ...] -> [C, B, classes]."""
+        return vmap(lambda ps, xx: functional_call(self.net, dict(zip(self.names, ps, strict=True)), (xx,)))(
+            tuple(params), x
+        )
+
     def grads_at(
         self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
         """Every client's gradient at the same (unstacked) parameters ``shared``."""
         return self.at_shared(tuple(shared), x, y, w)
+
+
+ENGINES = ("auto", "stacked", "vmap")
+
+
+def client_loss(model: nn.Module, engine: str = "auto", formulations: Optional[Dict[str, str]] = None):
+    """The gradient engine for C stacked clients of ``model``: ``StackedLoss`` or ``ClientLoss`` (vmap).
+
+    ``auto``: the stacked engine (``stacked.py``) when it computes the model, else vmap; a model
+    neither can batch is refused with both reasons. ``formulations``: the stacked engine's
+    per-layer choices (``StackedNet.set_formulations``).
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "vmap":
+        return ClientLoss(model)
+    try:
+        return StackedLoss(model, formulations)
+    except NotStackable as why:
+        if engine == "stacked":
+            name = type(model).__name__
+            raise ValueError(f"--client-parallel: the stacked engine cannot train {name}: {why}") from None
+        try:
+            return ClientLoss(model)
+        except ValueError as vmap_why:
+            raise ValueError(f"{vmap_why} (the stacked engine cannot either: {why})") from None

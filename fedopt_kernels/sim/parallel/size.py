@@ -3,7 +3,7 @@
 Per client, the batched round keeps (bytes):
 
     persistent = P * (4 + S)      P: parameter bytes of the model; 4: the client's parameter copy,
-                                  its gradient, the gradient vmap returns before it is handed over
+                                  its gradient, the gradient the engine returns before it is handed over
                                   (or clipped), and its update (ClientUpdate.delta); S: optimizer
                                   state copies (momentum, FedProx x0, SCAFFOLD correction, PAdaMFed
                                   D and acc, VR anchor gradients)

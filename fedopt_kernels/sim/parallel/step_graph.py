@@ -1,13 +1,13 @@
 """The batched local step captured once in a CUDA graph and replayed for every later step and round.
 
-Eager, a client-batched step at small C is host-bound: vmap's forward and backward plus the
+Eager, a client-batched step at small C is host-bound: the batched forward and backward plus the
 optimizer launch hundreds of small kernels, and the CPU, not the GPU, sets the pace. A CUDA graph
 replays the whole step (forward, backward, clipping, anchor gradients, the fused batched update)
 in one launch. Replaying is correct only if every tensor the step reads or writes stays at the
 address it had during capture and holds this step's values:
 
 * inputs: static ``x``/``y``/``w`` (and anchor ``x``) buffers, copied into before each replay;
-* gradients: static ``p.grad`` tensors the vmapped gradients are copied into, inside the graph;
+* gradients: static ``p.grad`` tensors the engine's gradients are copied into, inside the graph;
 * parameters: the trainer's stacked parameters (loaded in place every round);
 * optimizer state: ``start_round`` makes new state tensors (momentum cleared, FedProx anchor,
   SCAFFOLD correction, FedNLR scales, PAdaMFed's D/acc); ``begin_round`` copies their values into
@@ -95,7 +95,7 @@ class StepGraph:
         """After ``opt.start_round``: state back at the captured addresses, this round's hp in place."""
         opt = self.tr.opt
         params = [p for g in opt.param_groups for p in g["params"]]
-        for p, momentum in zip(params, self._momentum):
+        for p, momentum in zip(params, self._momentum, strict=True):
             st = opt.state[p]
             if momentum and "momentum_buffer" not in st:
                 st["momentum_buffer"] = torch.zeros_like(p)  # adopted below (or zeroed into the static one)
@@ -115,7 +115,7 @@ class StepGraph:
         if self.inputs is None:
             self.inputs = [t.clone() for t in new]
         else:
-            for s, t in zip(self.inputs, new):
+            for s, t in zip(self.inputs, new, strict=True):
                 s.copy_(t)
         if active is None:
             self.active.fill_(True)
@@ -128,12 +128,12 @@ class StepGraph:
         assert inputs is not None  # step() copied this step's inputs in first
         x, y, w = inputs[:3]
         grads, loss, anchors = self.tr.gradients(x, y, w, inputs[3] if self.tr.anchor else None)
-        for s, g in zip(self.grads, grads):
+        for s, g in zip(self.grads, grads, strict=True):
             s.copy_(g)
         self.loss.copy_(loss)
         if anchors is not None:
             assert self.anchors is not None  # both exist when the trainer passes anchor gradients
-            for s, g in zip(self.anchors, anchors):
+            for s, g in zip(self.anchors, anchors, strict=True):
                 s.copy_(g)
 
     def _body(self) -> None:

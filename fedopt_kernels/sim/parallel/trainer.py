@@ -1,9 +1,9 @@
-"""C clients' local steps as one computation: stacked parameters, vmapped gradients, a batched optimizer.
+"""C clients' local steps as one computation: stacked parameters, batched gradients, a batched optimizer.
 
 ``BatchedTrainer`` owns C copies of the model's parameters (``[C, *shape]`` each) and a
 client-batched optimizer over them (``fedopt_kernels.batched``). A local step of every client::
 
-    g_c, loss_c = grad of client c's mean loss on its batch, at its parameters   (ClientLoss, vmap)
+    g_c, loss_c = grad of client c's mean loss on its batch, at its parameters   (loss.client_loss)
     clip g_c by its own norm (SGD algorithms with clip_norm, as clip_grad_norm_ does per client)
     H_c         = grad of the same batch at the round's starting model           (PAdaMFed-VR only)
     optimizer.step(anchor_grads=H, active=mask)                                   (one op for all clients)
@@ -16,16 +16,24 @@ parameters as the step's first part left them (the views share the stacked param
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from ...core.optimizer import FedOptimizer
-from .loss import ClientLoss
 from .step_graph import StepGraph
 
 Tensors = List[torch.Tensor]
+Grads = Tuple[Tuple[torch.Tensor, ...], torch.Tensor]
+
+
+class GradientEngine(Protocol):
+    """What the trainer needs of ``loss.client_loss``'s engines (``StackedLoss``, vmap's ``ClientLoss``)."""
+
+    def grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Grads: ...
+
+    def grads_at(self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Grads: ...
 
 
 @torch.no_grad()
@@ -52,7 +60,7 @@ class BatchedTrainer:
 
     def __init__(
         self,
-        loss: ClientLoss,
+        loss: GradientEngine,
         like: Sequence[torch.Tensor],
         clients: int,
         make_optimizer: Callable[[List[nn.Parameter]], FedOptimizer],
@@ -73,7 +81,7 @@ class BatchedTrainer:
         self.stacked = [
             nn.Parameter(p.detach().unsqueeze(0).repeat(clients, *([1] * p.dim())).contiguous()) for p in like
         ]
-        self.views = [p.detach() for p in self.stacked]  # same storage, no autograd history: vmap's inputs
+        self.views = [p.detach() for p in self.stacked]  # same storage, no autograd history: the engine's inputs
         self.shared = [p.detach().clone() for p in like]  # the round's starting model (anchor gradients)
         self.opt = make_optimizer(self.stacked)
         self.graph = None if graph is None else StepGraph(self, mode=graph)
@@ -81,7 +89,7 @@ class BatchedTrainer:
     @torch.no_grad()
     def load(self, params: Sequence[torch.Tensor]) -> None:
         """Every client starts from ``params`` (the global model)."""
-        for s, sh, p in zip(self.stacked, self.shared, params):
+        for s, sh, p in zip(self.stacked, self.shared, params, strict=True):
             s.copy_(p.unsqueeze(0).expand_as(s))
             sh.copy_(p)
 
@@ -113,7 +121,7 @@ class BatchedTrainer:
         if self.graph is not None:
             return self.graph.step(x, y, w, anchor_x, active)
         grads, loss, anchors = self.gradients(x, y, w, anchor_x)
-        for p, g in zip(self.stacked, grads):
+        for p, g in zip(self.stacked, grads, strict=True):
             p.grad = g
         kwargs: Dict[str, Any] = {"anchor_grads": list(anchors)} if anchors is not None else {}
         if self.closure_step:  # FedSAM: the second gradients, at the parameters the step moved to
@@ -122,7 +130,7 @@ class BatchedTrainer:
         return loss
 
     def _set_grads(self, grads: Sequence[torch.Tensor]) -> None:
-        for p, g in zip(self.stacked, grads):
+        for p, g in zip(self.stacked, grads, strict=True):
             p.grad = g
 
     def run(

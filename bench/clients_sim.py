@@ -1,0 +1,325 @@
+"""``python -m bench clients-sim``: a real simulator run, one client after another vs client-parallel, timed.
+
+The same ``fedopt-sim`` configuration (same seed, clients, batches) is built twice — sequential
+(``client_parallel=1``) and client-parallel (``--client-parallel N``) — and the two step together in
+one process, round by round (the one that goes first alternates), so that load from other processes
+falls on both alike. Per round and run: training seconds, evaluation seconds and model FLOPs (the
+validation pass), then each run's final evaluation (the per-user protocol: the global model's one
+test pass, the fine-tuning, the fine-tuned models' test passes). The device's FLOP/s (``peak.py``)
+is measured at the start and the end.
+
+Default: Fashion-MNIST, the FedAvg CNN (McMahan et al. 2017), 100 clients (no held-out users),
+20 per round, 5 local epochs' worth of steps at batch 10, 50 rounds, FedAvg. ``--stand-in`` writes
+random images in Fashion-MNIST's format first (a machine without the data: the timings do not
+depend on the pixels; the accuracies then mean nothing).
+
+Results: ``clients-sim-<device>-<date>.{json,md}`` in ``--out-dir`` (default ``bench_runs/``); the
+JSON is rewritten after every round, so a run stopped early keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import shlex
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from .machine import ROOT, loadavg, run_meta
+from .peak import device_peak
+
+
+def write_stand_in(folder: Path, train: int = 60000, test: int = 10000, seed: int = 0) -> Path:
+    """Random 28x28 uint8 images and labels as the four gzipped IDX files of (Fashion-)MNIST."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def idx(path: Path, array: np.ndarray) -> None:
+        header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+        with gzip.open(path, "wb", compresslevel=1) as f:
+            f.write(header + array.astype(np.uint8).tobytes())
+
+    for split, n in (("train", train), ("t10k", test)):
+        idx(folder / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        idx(folder / f"{split}-labels-idx1-ubyte.gz", rng.integers(0, 10, n, dtype=np.uint8))
+    return folder
+
+
+def _config(args: argparse.Namespace, parallel: Any, data_dir: str):
+    from fedopt_kernels.sim.config import SimConfig
+
+    chosen = {} if args.algorithm is None else {"algorithm": args.algorithm}  # None: the simulator's default
+    return SimConfig(
+        **chosen,
+        dataset=args.dataset,
+        data_dir=data_dir,
+        model=args.model,
+        clients=args.clients,
+        clients_per_round=args.clients_per_round,
+        holdout_fraction=args.holdout_fraction,
+        local_steps=args.local_steps,
+        batch_size=args.batch_size,
+        rounds=args.rounds,
+        device=args.device,
+        eval_every=args.eval_every,
+        client_parallel=parallel,
+        seed=args.seed,
+    )
+
+
+def _peak(device: torch.device, log) -> Dict[str, Any]:
+    p = device_peak(device)
+    log(f"  device FLOP/s: matmul {p['matmul_flops_per_s'] / 1e9:.1f} G, conv {p['conv_flops_per_s'] / 1e9:.1f} G")
+    return p
+
+
+def run(args: argparse.Namespace, log) -> Dict[str, Any]:
+    from fedopt_kernels.sim.simulation import Simulation
+
+    device = torch.device(args.device)
+    data_dir = args.data_dir
+    tmp: Optional[tempfile.TemporaryDirectory] = None
+    if args.stand_in:
+        tmp = tempfile.TemporaryDirectory(prefix="fmnist-stand-in-")
+        n = args.stand_in_size
+        data_dir = str(write_stand_in(Path(tmp.name), train=n, test=max(1, n // 6)))
+    try:
+        if args.local_steps is None:  # local epochs -> steps, from the clients' mean train size
+            probe = Simulation(_config(argparse.Namespace(**{**vars(args), "local_steps": 1}), 1, data_dir))
+            mean = float(np.mean([c.size for c in probe.train_clients]))
+            args.local_steps = max(1, math.ceil(args.local_epochs * mean / args.batch_size))
+            del probe
+        runs = {
+            "sequential": Simulation(_config(args, 1, data_dir)),
+            "client-parallel": Simulation(_config(args, args.client_parallel, data_dir)),
+        }
+        par = runs["client-parallel"].batched
+        meta = run_meta(device, "python -m bench clients-sim " + " ".join(shlex.quote(a) for a in args.argv))
+        meta.update(
+            mode="clients-sim",
+            dtype="float32",
+            local_steps=args.local_steps,
+            algorithm=runs["sequential"].cfg.algorithm,
+            client_parallel=None if par is None else par.parallel,
+            loadavg_before=loadavg(),
+            config={k: v for k, v in vars(args).items() if k not in ("argv", "out_dir")},
+            train_clients=len(runs["sequential"].train_clients),
+            val_samples=sum(int(c.val_y.shape[0]) for c in runs["sequential"].train_clients),
+            test_samples=sum(
+                int(c.test_y.shape[0]) for c in runs["sequential"].train_clients + runs["sequential"].data.new_clients
+            ),
+        )
+        result: Dict[str, Any] = {"meta": meta, "peak": [_peak(device, log)], "rounds": [], "final": {}}
+        log(
+            f"bench clients-sim: {meta['device_name']}, {args.model} on {args.dataset}, {meta['train_clients']} "
+            f"clients, {args.clients_per_round} per round, K={args.local_steps}, {args.rounds} rounds, "
+            f"client-parallel N={meta['client_parallel']}"
+        )
+        for t in range(args.rounds):
+            order = list(runs) if t % 2 == 0 else list(reversed(runs))
+            row: Dict[str, Any] = {"round": t + 1}
+            for name in order:
+                sim = runs[name]
+                rec = sim.run_round(t)
+                last = sim.eval_log[-1] if sim.eval_log and sim.eval_log[-1]["round"] == t + 1 else {}
+                ev = last.get("seconds", 0.0)
+                row[name] = {
+                    "train_s": rec["seconds"] - ev,
+                    "eval_s": ev,
+                    "eval_flops": rec.get("eval_flops", 0.0),
+                    "val_acc": rec.get("val_acc"),
+                    "train_loss": rec["train_loss"],
+                }
+            row["loadavg"] = loadavg()
+            result["rounds"].append(row)
+            log(
+                f"  round {t + 1}: "
+                + "; ".join(
+                    f"{n} train {row[n]['train_s']:.1f} s eval {row[n]['eval_s']:.2f} s"
+                    + ("" if row[n]["val_acc"] is None else f" val acc {row[n]['val_acc']:.4f}")
+                    for n in runs
+                )
+            )
+            if args.out_file is not None:
+                args.out_file.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        for name in runs:  # the final evaluations, one after the other
+            sim = runs[name]
+            t0 = time.perf_counter()
+            final = sim.final_evaluation()
+            result["final"][name] = {
+                "seconds": time.perf_counter() - t0,
+                "cost": sim.final_cost.as_dict(),
+                "pooled_test_acc": final["pooled_test_acc"],
+                "finetuned_existing_mean": final["finetuned"]["existing"]["mean"],
+            }
+            log(
+                f"  final {name}: {result['final'][name]['seconds']:.1f} s, pooled test acc "
+                f"{final['pooled_test_acc']:.4f}"
+            )
+        result["peak"].append(_peak(device, log))
+        meta["loadavg_after"] = loadavg()
+        return result
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def totals(result: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
+    out = {}
+    for name in ("sequential", "client-parallel"):
+        rows = [r[name] for r in result["rounds"] if name in r]
+        fin = result["final"].get(name, {})
+        out[name] = {
+            "train_s": sum(r["train_s"] for r in rows),
+            "eval_s": sum(r["eval_s"] for r in rows),
+            "eval_flops": sum(r["eval_flops"] for r in rows),
+            "final_s": fin.get("seconds", float("nan")),
+            "rounds": len(rows),
+        }
+        out[name]["total_s"] = out[name]["train_s"] + out[name]["eval_s"] + (fin.get("seconds") or 0.0)
+    return out
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    meta, tot = result["meta"], totals(result)
+    # the higher of the run's two device figures, as in bench clients: load from other processes only
+    # ever lowers a measurement of the device, so the higher is the nearer to what it can do
+    peak = max(p["peak_flops_per_s"] for p in result["peak"])
+    peak_lo = min(p["peak_flops_per_s"] for p in result["peak"])
+    cfg = meta["config"]
+    seq, par = tot["sequential"], tot["client-parallel"]
+    lines = [
+        f"# A simulator run, sequential vs client-parallel — {meta['device_name']} ({meta['date']})",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- commit: `{meta['commit']}`{' (uncommitted changes)' if meta.get('dirty') else ''}; torch {meta['torch']}; "
+        f"threads {meta['threads']}; load average before/after {meta.get('loadavg_before')} / "
+        f"{meta.get('loadavg_after')}",
+        f"- run: {meta.get('algorithm') or cfg['algorithm']}, {cfg['model']} on {cfg['dataset']}"
+        f"{' (stand-in images)' if cfg['stand_in'] else ''}, "
+        f"{meta['train_clients']} clients, {cfg['clients_per_round']} per round, K={meta['local_steps']} local steps "
+        f"of batch {cfg['batch_size']}, {seq['rounds']} of {cfg['rounds']} rounds, validation every "
+        f"{cfg['eval_every']} round(s) ({meta['val_samples']} images), final test {meta['test_samples']} images; "
+        f"client-parallel N={meta['client_parallel']}; the two runs in lockstep, round by round",
+        "- device FLOP/s measured in the run (start, end): "
+        + ", ".join(f"{p['peak_flops_per_s'] / 1e9:,.1f} G ({p['peak_from']})" for p in result["peak"]),
+        "",
+        "| | sequential | client-parallel | sequential / client-parallel |",
+        "|---|---|---|---|",
+    ]
+
+    def row(label: str, key: str) -> None:
+        a, b = seq[key], par[key]
+        lines.append(f"| {label} | {a:,.1f} s | {b:,.1f} s | {a / b if b else float('nan'):.2f}x |")
+
+    row("training (all rounds)", "train_s")
+    row("validation passes (all rounds)", "eval_s")
+    row("final evaluation", "final_s")
+    row("total", "total_s")
+    later = [r for r in result["rounds"][1:] if "sequential" in r and "client-parallel" in r]
+    if later:  # the first round pays the one-time costs (allocations, kernel selection, the trainer)
+        a, b = (sum(r[n]["train_s"] for r in later) / len(later) for n in ("sequential", "client-parallel"))
+        lines.append(
+            f"| training per round, rounds 2-{len(later) + 1} (mean) | {a:,.2f} s | {b:,.2f} s | "
+            f"{a / b if b else float('nan'):.2f}x |"
+        )
+    lines.append("")
+    lines += ["| evaluation | sequential | client-parallel |", "|---|---|---|"]
+    for name, label in (("eval_flops", "validation FLOPs per round"),):
+        lines.append(
+            f"| {label} | {seq[name] / max(seq['rounds'], 1) / 1e9:,.1f} G | "
+            f"{par[name] / max(par['rounds'], 1) / 1e9:,.1f} G |"
+        )
+    rates = [t["eval_flops"] / t["eval_s"] if t["eval_s"] else float("nan") for t in (seq, par)]
+    lines.append(
+        f"| validation FLOP/s | {rates[0] / 1e9:,.1f} G ({rates[0] / peak:.0%}) | "
+        f"{rates[1] / 1e9:,.1f} G ({rates[1] / peak:.0%}) |"
+    )
+    fin = [result["final"].get(n, {}).get("cost", {}) for n in ("sequential", "client-parallel")]
+    if all(fin):
+        lines.append(f"| final evaluation FLOPs | {fin[0]['flops'] / 1e9:,.1f} G | {fin[1]['flops'] / 1e9:,.1f} G |")
+        lines.append(
+            f"| final evaluation FLOP/s | {fin[0]['flops_per_s'] / 1e9:,.1f} G ({fin[0]['flops_per_s'] / peak:.0%}) | "
+            f"{fin[1]['flops_per_s'] / 1e9:,.1f} G ({fin[1]['flops_per_s'] / peak:.0%}) |"
+        )
+        accs = [result["final"][n]["pooled_test_acc"] for n in ("sequential", "client-parallel")]
+        lines.append(f"| pooled test accuracy | {accs[0]:.4f} | {accs[1]:.4f} |")
+    lines += [
+        "",
+        f"FLOP/s percentages are of the higher device figure ({peak / 1e9:,.1f} G; the lower was "
+        f"{peak_lo / 1e9:,.1f} G). Every validation and test image goes through each model once per "
+        f"pass (evaluate.split_scores).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench clients-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--algorithm", default=None, help="the simulator's algorithm (default: its default, FedAvg)")
+    ap.add_argument("--dataset", default="fmnist")
+    ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--stand-in", action="store_true", help="random images in Fashion-MNIST's format (no data here)")
+    ap.add_argument("--stand-in-size", type=int, default=60000, help="--stand-in's training images (default 60000)")
+    ap.add_argument("--model", default="fedavg-cnn")
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--holdout-fraction", type=float, default=0.0)
+    ap.add_argument("--clients-per-round", type=int, default=20)
+    ap.add_argument("--local-epochs", type=float, default=5.0, help="local steps = ceil(E x mean train size / batch)")
+    ap.add_argument("--local-steps", type=int, default=None, help="instead of --local-epochs")
+    ap.add_argument("--batch-size", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--eval-every", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--client-parallel", default="auto", help="N or auto (as fedopt-sim)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as fedopt-sim)")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--render", type=Path, metavar="RESULT.json", help="only rewrite that result's .md")
+    args = ap.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[2:])
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.client_parallel != "auto":
+        args.client_parallel = int(args.client_parallel)
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.render is not None:
+        args.render.with_suffix(".md").write_text(markdown(json.loads(args.render.read_text())))
+        return 0
+    torch.set_num_threads(args.threads)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    args.out_file = None
+    if not args.no_write:
+        from .machine import device_meta
+
+        slug = device_meta(torch.device(args.device))["device_slug"]
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"clients-sim-{slug}-{time.strftime('%Y-%m-%d', time.gmtime())}"
+        args.out_file = args.out_dir / f"{stem}.json"
+    result = run(args, log)
+    text = markdown(result)
+    print(text)
+    if args.out_file is not None:
+        args.out_file.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        args.out_file.with_suffix(".md").write_text(text)
+        log(f"wrote {args.out_file} and {args.out_file.with_suffix('.md').name}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

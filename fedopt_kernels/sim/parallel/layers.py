@@ -1,0 +1,435 @@
+"""Client-stacked layers: one layer of C client models applied to all their samples at once.
+
+The samples of all C clients (B each) flow through the model's own forward code as one batch of
+``N = C * B`` samples; only the layers that hold parameters need to know which sample belongs to
+which client. ``Clients`` says how the N samples are ordered: ``"client"`` (sample b of client c at
+``c * B + b``) or ``"batch"`` (at ``b * C + c``, so that ``[N, Ch, H, W]`` *is* the
+``[B, C * Ch, H, W]`` tensor a grouped convolution reads). Every parameter is stacked
+``[C, *shape]``; client c's rows are its own copy.
+
+Each layer has one or more *formulations*, the same mathematics computed by different kernels:
+
+=============  ==================  ==========================================================
+layer          formulation         computes
+=============  ==================  ==========================================================
+Conv2d         ``grouped``         one convolution with ``C * groups`` groups on
+                                   ``[B, C * Cin, H, W]`` (NCHW)
+               ``grouped-nhwc``    the same in channels-last memory (oneDNN's fast path for
+                                   many small groups; two layout copies per call)
+               ``loop``            an ordinary convolution per client (for per-client work
+                                   large enough to fill the machine on its own)
+Linear         ``bmm``             one batched matmul ``[C, M, I] x [C, I, O]``
+               ``loop``            a matmul per client
+LSTM           ``bmm``             the recurrence written out: per time step one batched
+                                   matmul for all clients, then the gates
+               ``loop``            the fused LSTM kernel once per client
+GroupNorm,     (one)               normalise every sample (statistics are per sample), then
+LayerNorm                          each client's affine
+Embedding      (one)               a lookup in the ``[C * V, D]`` table, indices offset by
+                                   ``c * V``
+=============  ==================  ==========================================================
+
+``docs/client_batched.md`` has the measurements behind the defaults (``default_formulation``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.nn import functional as F
+
+ORDERS = ("client", "batch")
+FORMULATIONS: Dict[str, Tuple[str, ...]] = {
+    "Conv2d": ("grouped", "grouped-nhwc", "loop"),
+    "Linear": ("bmm", "loop"),
+    "LSTM": ("bmm", "loop"),
+    "GroupNorm": ("one",),
+    "LayerNorm": ("one",),
+    "Embedding": ("one",),
+}
+# CPU: a convolution whose per-client forward work reaches this many FLOPs runs client by client
+# (oneDNN's ordinary convolution at the client's batch is then at its best; below it, one grouped
+# channels-last call for all clients saves the per-call overhead). Measured on a 2-core AMD EPYC
+# (python -m bench clients, layers alone): the FedAvg CNN's first layer, 12.5 MFLOP per client,
+# 38 ms grouped-nhwc against 56 ms loop at C=20; its second, 200 MFLOP, loop 260 = grouped 250-260;
+# ResNet-18's, 177-1,850 MFLOP, loop best or within noise (docs/client_batched.md).
+CONV_LOOP_FLOPS = 32e6
+
+
+@dataclass
+class Clients:
+    """How the N = ``count * batch`` samples of one call are laid out (module docstring)."""
+
+    count: int
+    batch: int
+    order: str = "client"
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, *rest]`` -> ``[C, B, *rest]`` (a view)."""
+        C, B = self.count, self.batch
+        if self.order == "client":
+            return x.unflatten(0, (C, B))
+        return x.unflatten(0, (B, C)).transpose(0, 1)
+
+    def merge(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """``[..., C, B, *rest]`` (client axis at ``dim``) -> ``[..., N, *rest]`` (a view where the memory allows)."""
+        if self.order == "batch":
+            t = t.transpose(dim, dim + 1)
+        return t.flatten(dim, dim + 1)
+
+    def inputs(self, t: torch.Tensor) -> torch.Tensor:
+        """A round's per-client tensor ``[C, B, ...]`` as the model's batch ``[N, ...]``."""
+        return self.merge(t)
+
+
+def _stack_merge(ctx: Clients, parts: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """Per-client outputs (``[B, ...]`` each, batch axis at ``dim``) as one ``[N, ...]`` tensor."""
+    if ctx.order == "client":
+        return torch.cat(list(parts), dim=dim)
+    return torch.stack(list(parts), dim=dim + 1).flatten(dim, dim + 1)
+
+
+class StackedLayer(nn.Module):
+    """A parameterised layer of C clients. ``params`` (name -> ``[C, *shape]``) and ``ctx`` are
+    set by the owning ``StackedNet`` before every call; ``formulation`` None: ``default_formulation``."""
+
+    kind = ""
+
+    def __init__(self, names: Sequence[str]):
+        super().__init__()
+        self.names = list(names)
+        self.params: Dict[str, torch.Tensor] = {}
+        self.ctx = Clients(1, 1)
+        self.formulation: Optional[str] = None
+        self.last_formulation = ""  # what the latest call ran (the benchmark reports it)
+
+    def p(self, name: str) -> Optional[torch.Tensor]:
+        return self.params.get(name)
+
+    def pick(self, x: torch.Tensor) -> str:
+        form = self.formulation or self.default_formulation(x)
+        self.last_formulation = form
+        return form
+
+    def default_formulation(self, x: torch.Tensor) -> str:
+        return FORMULATIONS[self.kind][0]
+
+
+class StackedLinear(StackedLayer):
+    kind = "Linear"
+
+    def __init__(self, m: nn.Linear):
+        super().__init__(["weight"] + (["bias"] if m.bias is not None else []))
+        self.out_features = m.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ctx, w, b = self.ctx, self.params["weight"], self.p("bias")
+        if self.pick(x) == "loop":
+            # unbind, not w[c]: the backward of C selects would write C zero-filled [C, ...] tensors
+            ws, bs = w.unbind(0), [None] * ctx.count if b is None else b.unbind(0)
+            return _stack_merge(
+                ctx, [F.linear(xc, wc, bc) for xc, wc, bc in zip(ctx.split(x).unbind(0), ws, bs, strict=True)]
+            )
+        C = ctx.count
+        xs = ctx.split(x).reshape(C, -1, x.shape[-1])  # a view in client order
+        out = _BatchedLinear.apply(xs, w, b)
+        return ctx.merge(out.view(C, ctx.batch, *x.shape[1:-1], self.out_features))
+
+
+class _BatchedLinear(torch.autograd.Function):
+    """``x [C, M, I] @ w[C, O, I]^T + b[C, O]`` with the weight gradient computed as ``gy^T @ x``, in the
+    weight's own layout: autograd's formula for the transposed weight gives it transposed, and the
+    optimizer would then read (or copy) a [C, O, I] tensor against its strides."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        wt = w.transpose(1, 2)
+        out = torch.bmm(x, wt) if b is None else torch.baddbmm(b.unsqueeze(1), x, wt)
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        gx = torch.bmm(gy, w) if ctx.needs_input_grad[0] else None
+        gw = torch.bmm(gy.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
+        gb = gy.sum(1) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+class StackedConv2d(StackedLayer):
+    kind = "Conv2d"
+
+    def __init__(self, m: nn.Conv2d):
+        super().__init__(["weight"] + (["bias"] if m.bias is not None else []))
+        self.stride, self.padding, self.dilation, self.groups = m.stride, m.padding, m.dilation, m.groups
+        self.kernel = m.kernel_size
+        self.out_channels = m.out_channels
+
+    def default_formulation(self, x: torch.Tensor) -> str:
+        if x.device.type != "cpu":
+            return "grouped"
+        H, W = x.shape[-2:]
+        out_px = math.ceil(H / self.stride[0]) * math.ceil(W / self.stride[1])
+        cin = x.shape[1] // self.groups
+        per_client = 2 * self.ctx.batch * out_px * self.out_channels * cin * self.kernel[0] * self.kernel[1]
+        return "loop" if per_client >= CONV_LOOP_FLOPS else "grouped-nhwc"
+
+    def _conv(self, x, w, b, groups):
+        return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ctx, w, b = self.ctx, self.params["weight"], self.p("bias")
+        C, B = ctx.count, ctx.batch
+        form = self.pick(x)
+        if form == "loop":
+            ws, bs = w.unbind(0), [None] * C if b is None else b.unbind(0)
+            parts = [
+                self._conv(xc, wc, bc, self.groups) for xc, wc, bc in zip(ctx.split(x).unbind(0), ws, bs, strict=True)
+            ]
+            if x.device.type == "cpu" and x.shape[1] == 1:
+                # a 1-channel input is NCHW and channels-last at once, and oneDNN answers in NCHW,
+                # where the max-pooling after it runs 8x slower than in channels-last (FedAvg CNN);
+                # otherwise the output keeps the input's layout, as in the model's own forward
+                parts = [p.contiguous(memory_format=torch.channels_last) for p in parts]
+            return _stack_merge(ctx, parts)
+        cin, H, W = x.shape[1:]
+        wg = w.reshape(C * w.shape[1], *w.shape[2:])
+        bg = None if b is None else b.reshape(-1)
+        if form == "grouped":
+            xg = ctx.split(x).transpose(0, 1).reshape(B, C * cin, H, W)  # a view in batch order
+            y = self._conv(xg, wg, bg, C * self.groups)
+            return ctx.merge(y.unflatten(1, (C, -1)).transpose(0, 1))
+        return _GroupedConvNHWC.apply(x, w, b, ctx, self.stride, self.padding, self.dilation, self.groups)
+
+
+def _to_grouped_nhwc(x: torch.Tensor, ctx: Clients) -> torch.Tensor:
+    """``[N, Ch, H, W]`` (any memory format) -> ``[B, C * Ch, H, W]`` in channels-last memory ([B, H, W, C, Ch])."""
+    B, H, W = ctx.batch, x.shape[2], x.shape[3]
+    t = ctx.split(x).permute(1, 3, 4, 0, 2).contiguous()
+    return t.view(B, H, W, -1).permute(0, 3, 1, 2)
+
+
+def _from_grouped_nhwc(y: torch.Tensor, ctx: Clients) -> torch.Tensor:
+    """``[B, C * Ch, H, W]`` -> ``[N, Ch, H, W]`` with every sample channels-last ([N, H, W, Ch] memory)."""
+    B, C = ctx.batch, ctx.count
+    Ho, Wo = y.shape[2:]
+    y5 = y.permute(0, 2, 3, 1).reshape(B, Ho, Wo, C, -1)  # a view of channels-last memory
+    return ctx.merge(y5.permute(3, 0, 1, 2, 4)).contiguous().permute(0, 3, 1, 2)
+
+
+class _GroupedConvNHWC(torch.autograd.Function):
+    """The ``grouped-nhwc`` convolution with its own backward, so that every gradient leaves in the
+    memory format its tensor came in (element-wise backward kernels on mismatched layouts are slow)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, clients: Clients, stride, padding, dilation, groups):
+        C = clients.count
+        xg = _to_grouped_nhwc(x, clients)
+        wg = w.reshape(C * w.shape[1], *w.shape[2:]).contiguous(memory_format=torch.channels_last)
+        y = F.conv2d(xg, wg, None if b is None else b.reshape(-1), stride, padding, dilation, C * groups)
+        ctx.save_for_backward(xg, wg)
+        ctx.clients, ctx.conv = clients, (stride, padding, dilation, C * groups)
+        last = x.is_contiguous(memory_format=torch.channels_last)
+        ctx.x_format = torch.channels_last if last else torch.contiguous_format
+        ctx.w_shape, ctx.has_bias = w.shape, b is not None
+        return _from_grouped_nhwc(y, clients)
+
+    @staticmethod
+    def backward(ctx, gy):
+        xg, wg = ctx.saved_tensors
+        clients = ctx.clients
+        stride, padding, dilation, groups = ctx.conv
+        gyg = _to_grouped_nhwc(gy, clients)
+        if isinstance(padding, str):  # convolution_backward takes numbers: what "same"/"valid" pad
+            padding = _explicit_padding(padding, wg.shape[2:], dilation)
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            gyg, xg, wg, [wg.shape[0]] if ctx.has_bias else None, stride, padding, dilation, False, [0, 0], groups, mask
+        )
+        if gx is not None:
+            gx = _from_grouped_nhwc(gx, clients).contiguous(memory_format=ctx.x_format)
+        if gw is not None:
+            gw = gw.contiguous().view(ctx.w_shape)
+        if gb is not None:
+            gb = gb.view(clients.count, -1)
+        return gx, gw, gb, None, None, None, None, None
+
+
+def _explicit_padding(padding: str, kernel, dilation) -> List[int]:
+    if padding == "valid":
+        return [0, 0]
+    # "same" (stride 1): total padding d * (k - 1), split evenly (F.conv2d pads an odd total on the right,
+    # which an explicit symmetric padding cannot say)
+    total = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
+    if any(t % 2 for t in total):
+        raise ValueError("client-stacked conv: padding='same' with an even kernel needs an asymmetric padding")
+    return [t // 2 for t in total]
+
+
+class StackedGroupNorm(StackedLayer):
+    kind = "GroupNorm"
+
+    def __init__(self, m: nn.GroupNorm):
+        super().__init__(["weight", "bias"] if m.affine else [])
+        self.num_groups, self.eps = m.num_groups, m.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.pick(x)
+        y = F.group_norm(x, self.num_groups, None, None, self.eps)  # statistics per sample: no client needed
+        if not self.names:
+            return y
+        ctx, w, b = self.ctx, self.params["weight"], self.params["bias"]
+        C, ch = ctx.count, x.shape[1]
+        # broadcast over the spatial dims in the tensor's own layout (a channels-last activation stays
+        # channels-last: no copy here, and none in the next layer)
+        shape = (C, 1, ch) + (1,) * (x.dim() - 2)
+        out = torch.addcmul(b.view(shape), ctx.split(y), w.view(shape))
+        return ctx.merge(out)
+
+
+class StackedLayerNorm(StackedLayer):
+    kind = "LayerNorm"
+
+    def __init__(self, m: nn.LayerNorm):
+        names = []
+        if m.weight is not None:
+            names.append("weight")
+        if m.bias is not None:
+            names.append("bias")
+        super().__init__(names)
+        self.shape, self.eps = tuple(m.normalized_shape), m.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.pick(x)
+        y = F.layer_norm(x, self.shape, None, None, self.eps)
+        if not self.names:
+            return y
+        ctx, w, b = self.ctx, self.p("weight"), self.p("bias")
+        C, f = ctx.count, math.prod(self.shape)
+        ys = ctx.split(y.reshape(x.shape[0], -1, f))  # [C, B, M, F]
+        if w is not None:
+            ys = ys * w.view(C, 1, 1, f) if b is None else torch.addcmul(b.view(C, 1, 1, f), ys, w.view(C, 1, 1, f))
+        else:
+            ys = ys + b.view(C, 1, 1, f)  # type: ignore[union-attr]  # names holds "bias" when weight is None
+        return ctx.merge(ys).reshape(x.shape)
+
+
+class StackedEmbedding(StackedLayer):
+    kind = "Embedding"
+
+    def __init__(self, m: nn.Embedding):
+        super().__init__(["weight"])
+        self.vocab = m.num_embeddings
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        self.pick(idx)
+        ctx, w = self.ctx, self.params["weight"]
+        C = ctx.count
+        client = ctx.merge(torch.arange(C, device=idx.device).view(C, 1).expand(C, ctx.batch))  # [N]
+        offset = (client * self.vocab).view(-1, *([1] * (idx.dim() - 1)))
+        return F.embedding(idx + offset, w.reshape(C * self.vocab, -1))
+
+
+class StackedLSTM(StackedLayer):
+    """``nn.LSTM(batch_first=True)``, unidirectional, no projection, no dropout between layers."""
+
+    kind = "LSTM"
+
+    def __init__(self, m: nn.LSTM):
+        names = []
+        for k in range(m.num_layers):
+            names += [f"weight_ih_l{k}", f"weight_hh_l{k}"] + ([f"bias_ih_l{k}", f"bias_hh_l{k}"] if m.bias else [])
+        super().__init__(names)
+        self.layers, self.hidden, self.bias = m.num_layers, m.hidden_size, m.bias
+        # the loop formulation runs its fused kernel with each client's weights (a list: not a submodule,
+        # so its own parameters are not the stacked layer's)
+        self.module = [m]
+
+    def default_formulation(self, x: torch.Tensor) -> str:
+        # CPU: one client's weights stay in cache across the time steps of its fused kernel
+        return "loop" if x.device.type == "cpu" else "bmm"
+
+    def forward(self, x: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
+        if hx is not None:
+            raise ValueError("client-stacked LSTM: an initial state (hx) is not supported; it starts from zeros")
+        ctx = self.ctx
+        if self.pick(x) == "loop":
+            xs = ctx.split(x).unbind(0)
+            per_client = zip(*[self.params[n].unbind(0) for n in self.names], strict=True)
+            outs, hs, cs = [], [], []
+            for xc, ps in zip(xs, per_client, strict=True):
+                out, (h, cell) = functional_call(self.module[0], dict(zip(self.names, ps, strict=True)), (xc,))
+                outs.append(out)
+                hs.append(h)
+                cs.append(cell)
+            return _stack_merge(ctx, outs), (_stack_merge(ctx, hs, 1), _stack_merge(ctx, cs, 1))
+        return self._recurrence(ctx.split(x))
+
+    def _recurrence(self, seq: torch.Tensor):
+        """``seq`` [C, B, T, I]: torch's LSTM equations (gates i, f, g, o), all clients per matmul."""
+        ctx, H = self.ctx, self.hidden
+        C, B, T = seq.shape[:3]
+        h_last: List[torch.Tensor] = []
+        c_last: List[torch.Tensor] = []
+        for k in range(self.layers):
+            w_ih, w_hh = self.params[f"weight_ih_l{k}"], self.params[f"weight_hh_l{k}"]
+            flat = seq.reshape(C, B * T, -1)
+            if self.bias:
+                bias = (self.params[f"bias_ih_l{k}"] + self.params[f"bias_hh_l{k}"]).unsqueeze(1)
+                gi = torch.baddbmm(bias, flat, w_ih.transpose(1, 2))
+            else:
+                gi = torch.bmm(flat, w_ih.transpose(1, 2))
+            gi = gi.view(C, B, T, 4 * H)
+            w_hh_t = w_hh.transpose(1, 2)
+            h = seq.new_zeros(C, B, H)
+            cell = seq.new_zeros(C, B, H)
+            outs = []
+            for t in range(T):
+                gates = torch.baddbmm(gi[:, :, t], h, w_hh_t)
+                s = torch.sigmoid(gates)
+                i, f, o = s[..., :H], s[..., H : 2 * H], s[..., 3 * H :]
+                cell = torch.addcmul(f * cell, i, torch.tanh(gates[..., 2 * H : 3 * H]))
+                h = o * torch.tanh(cell)
+                outs.append(h)
+            seq = torch.stack(outs, dim=2)
+            h_last.append(h)
+            c_last.append(cell)
+        state = (torch.stack([ctx.merge(h) for h in h_last]), torch.stack([ctx.merge(c) for c in c_last]))
+        return ctx.merge(seq), state
+
+
+def stacked_layer(m: nn.Module) -> Optional[StackedLayer]:
+    """The client-stacked form of ``m``, or None if ``m`` is not a layer this module stacks."""
+    maker = _MAKERS.get(type(m))
+    return None if maker is None else maker(m)
+
+
+def unsupported_reason(m: nn.Module) -> Optional[str]:
+    """Why a layer of a stacked type cannot be stacked in this configuration (None: it can)."""
+    if isinstance(m, nn.Conv2d) and m.padding_mode != "zeros":
+        return f"Conv2d with padding_mode={m.padding_mode!r}"
+    if isinstance(m, nn.Embedding) and (
+        m.padding_idx is not None or m.max_norm is not None or m.scale_grad_by_freq or m.sparse
+    ):
+        return "Embedding with padding_idx, max_norm, scale_grad_by_freq or sparse"
+    if isinstance(m, nn.LSTM) and (not m.batch_first or m.bidirectional or m.proj_size or m.dropout):
+        return "LSTM other than batch_first=True, unidirectional, proj_size=0, dropout=0"
+    return None
+
+
+_MAKERS = {
+    nn.Linear: StackedLinear,
+    nn.Conv2d: StackedConv2d,
+    nn.GroupNorm: StackedGroupNorm,
+    nn.LayerNorm: StackedLayerNorm,
+    nn.Embedding: StackedEmbedding,
+    nn.LSTM: StackedLSTM,
+}
+STACKED_TYPES = tuple(_MAKERS)

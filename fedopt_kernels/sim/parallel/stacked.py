@@ -1,0 +1,225 @@
+"""Client-stacked training: C clients' losses and gradients from one forward and one backward pass.
+
+Client c holds its own copy of every parameter (row c of a ``[C, *shape]`` tensor) and its own
+padded mini-batch with sample weights (``1/n_c`` on its ``n_c`` real samples, 0 on padding). The
+model's own forward code runs once on all ``N = C * B`` samples; only the parameterised layers
+(``layers.py``) know which sample belongs to which client, and compute each sample with its
+client's parameters. The total loss ``sum_c loss_c`` then has, for the rows of client c, exactly
+the gradient of ``loss_c`` (no other client's loss depends on them), so one backward pass gives
+every client's gradient::
+
+    loss_c(theta_c) = sum_b w[c, b] * CE(f(theta_c; x[c, b]), y[c, b])
+
+This is exact when everything outside those layers is *sample-wise*: it treats dim 0 as independent
+samples, so running it on N samples is running it on each client's B. A module class declares that
+with the class attribute ``sample_wise = True`` (the simulator's models do); torch's containers and
+its parameter-free element-wise and pooling layers are known to be. A model with anything else (a
+parameter outside the stacked layer types, tied weights, a module not known to be sample-wise, an
+LSTM configuration the stacked form lacks) is not stacked: ``loss.client_loss`` then takes
+``torch.func.vmap`` (``loss.ClientLoss``) where it can batch the model, or refuses with the reason.
+
+Against vmap, this avoids the copies vmap makes to move the client dimension, lets every layer pick
+the kernels that run best for C clients (``layers.py``, ``Clients``), and batches ``nn.LSTM``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..data.image_input import ImageClassifier
+from .layers import FORMULATIONS, STACKED_TYPES, Clients, StackedLayer, stacked_layer, unsupported_reason
+from .trainable import check_trainable
+
+# parameter-free modules whose forward treats dim 0 as independent samples, and torch's containers
+KNOWN_SAMPLE_WISE = (
+    nn.Sequential,
+    nn.ModuleList,
+    nn.ModuleDict,
+    nn.Identity,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Softplus,
+    nn.Hardtanh,
+    nn.Hardswish,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+)
+
+
+class NotStackable(ValueError):
+    """The model cannot be trained client-stacked; the message says why."""
+
+
+def is_sample_wise(m: nn.Module) -> bool:
+    """Known (``KNOWN_SAMPLE_WISE``) or declared (``sample_wise = True`` on the module's own class)."""
+    return type(m) in KNOWN_SAMPLE_WISE or vars(type(m)).get("sample_wise") is True
+
+
+def stack_reason(net: nn.Module) -> Optional[str]:
+    """Why ``net`` cannot be stacked (None: it can); see the module docstring."""
+    all_params = list(net.named_parameters(remove_duplicate=False))
+    if len(all_params) != len({id(p) for _, p in all_params}):
+        return "it shares (ties) a parameter between layers"
+
+    def visit(m: nn.Module, path: str) -> Optional[str]:
+        where = path or type(net).__name__
+        if type(m) in STACKED_TYPES:
+            why = unsupported_reason(m)
+            return None if why is None else f"{where}: {why}"
+        if any(p is not None for p in m._parameters.values()):
+            if not m._modules:
+                kinds = ", ".join(t.__name__ for t in STACKED_TYPES)
+                return f"{where} ({type(m).__name__}) is not a layer it computes ({kinds})"
+            return f"{where} ({type(m).__name__}) holds parameters itself, outside the stacked layer types"
+        if not is_sample_wise(m):
+            return f"{where} ({type(m).__name__}) is not known to be sample-wise (set sample_wise = True on its class)"
+        for name, child in m.named_children():
+            why = visit(child, f"{path}.{name}" if path else name)
+            if why is not None:
+                return why
+        return None
+
+    return visit(net, "")
+
+
+def _rebuild(m: nn.Module) -> nn.Module:
+    """A copy of the module tree with every stacked-type layer replaced by its stacked form (no parameters)."""
+    layer = stacked_layer(m)
+    if layer is not None:
+        return layer
+    new = copy.copy(m)
+    new._modules = {k: None if c is None else _rebuild(c) for k, c in m._modules.items()}
+    return new
+
+
+class StackedNet:
+    """``net``'s forward code over C clients' stacked parameters (module docstring)."""
+
+    def __init__(self, net: nn.Module):
+        why = stack_reason(net)
+        if why is not None:
+            raise NotStackable(why)
+        self.source = net
+        self.net = _rebuild(net)
+        self.slots: List[Tuple[StackedLayer, str]] = []
+        for name, _ in net.named_parameters():
+            path, _, attr = name.rpartition(".")
+            layer = self.net.get_submodule(path)
+            assert isinstance(layer, StackedLayer)  # stack_reason: every parameter is a stacked layer's
+            self.slots.append((layer, attr))
+        self.layers: Dict[str, StackedLayer] = {
+            n: m for n, m in self.net.named_modules() if isinstance(m, StackedLayer)
+        }
+
+    def set_formulations(self, spec: Optional[Dict[str, str]]) -> None:
+        """Force formulations: ``{layer type or module path: formulation}`` (``layers.FORMULATIONS``)."""
+        for layer in self.layers.values():
+            layer.formulation = None
+        for key, form in (spec or {}).items():
+            hits = [m for n, m in self.layers.items() if key in (n, m.kind)]
+            if not hits:
+                raise ValueError(f"formulations: no stacked layer is named or of type {key!r}")
+            for m in hits:
+                if form not in FORMULATIONS[m.kind]:
+                    raise ValueError(f"formulations: {m.kind} has {FORMULATIONS[m.kind]}, not {form!r}")
+                m.formulation = form
+
+    def __call__(self, params: Sequence[torch.Tensor], x: torch.Tensor, ctx: Clients) -> torch.Tensor:
+        if self.net.training != self.source.training:  # the copy follows the model's train/eval mode
+            self.net.train(self.source.training)
+        for layer in self.layers.values():
+            layer.ctx = ctx
+        for (layer, attr), t in zip(self.slots, params, strict=True):
+            layer.params[attr] = t
+        try:
+            return self.net(x)
+        finally:
+            for layer in self.layers.values():
+                layer.params = {}
+
+    def formulations(self) -> Dict[str, str]:
+        """What each stacked layer ran in the latest call (module path -> formulation)."""
+        return {n: m.last_formulation for n, m in self.layers.items()}
+
+
+class StackedLoss:
+    """The per-client weighted loss and its gradients for C stacked clients of ``model``.
+
+    The interface of ``loss.ClientLoss`` (``grads``, ``grads_at``, ``input_stage``); ``order``:
+    ``Clients.order`` (None: "client" on a CPU, "batch" elsewhere, where grouped convolutions read
+    the batch order without a copy); ``formulations``: ``StackedNet.set_formulations``.
+    """
+
+    engine = "stacked"
+
+    def __init__(self, model: nn.Module, formulations: Optional[Dict[str, str]] = None, order: Optional[str] = None):
+        check_trainable(model)
+        net = model.net if isinstance(model, ImageClassifier) else model
+        self.model, self.net = model, net
+        self.input_stage = model.preprocess if isinstance(model, ImageClassifier) else None
+        named = list(net.named_parameters())
+        if [id(p) for _, p in named] != [id(p) for p in model.parameters()]:
+            raise ValueError(f"{type(model).__name__}: its parameters are not those of its network in the same order")
+        self.names = [n for n, _ in named]
+        self.stacked = StackedNet(net)
+        self.stacked.set_formulations(formulations)
+        if order is not None and order not in ("client", "batch"):
+            raise ValueError(f"order must be 'client' or 'batch', got {order!r}")
+        self.order = order
+
+    def context(self, clients: int, batch: int, device: torch.device) -> Clients:
+        order = self.order or ("client" if device.type == "cpu" else "batch")
+        return Clients(clients, batch, order)
+
+    def logits(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Client c's model on its samples: ``x`` [C, B, ...] -> [C, B, classes]."""
+        ctx = self.context(x.shape[0], x.shape[1], x.device)
+        return ctx.split(self.stacked(params, ctx.inputs(x), ctx))
+
+    def _loss(self, params: Sequence[torch.Tensor], x, y, w) -> torch.Tensor:
+        ctx = self.context(x.shape[0], x.shape[1], x.device)
+        out = self.stacked(params, ctx.inputs(x), ctx)
+        per_sample = F.cross_entropy(out, ctx.inputs(y), reduction="none") * ctx.inputs(w)
+        return ctx.split(per_sample).sum(1)  # [C]
+
+    def grads(
+        self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
+        """Every client's gradient (``[C, *shape]`` each) and loss (``[C]``) on ``x`` [C, B, ...]."""
+        leaves = [p.detach().requires_grad_() for p in params]
+        with torch.enable_grad():
+            loss = self._loss(leaves, x, y, w)
+            grads = torch.autograd.grad(loss.sum(), leaves)
+        return grads, loss.detach()
+
+    def grads_at(
+        self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
+        """Every client's gradient at the same (unstacked) parameters ``shared``."""
+        C = x.shape[0]
+        with torch.enable_grad():
+            base = [s.detach().requires_grad_() for s in shared]
+            wide = [b.expand(C, *b.shape) for b in base]  # the gradient w.r.t. these is per client
+            loss = self._loss(wide, x, y, w)
+            grads = torch.autograd.grad(loss.sum(), wide)
+        return grads, loss.detach()
