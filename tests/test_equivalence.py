@@ -28,6 +28,10 @@ DTYPE_IDS = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16
 # --validate runs of the fast tier use end to end) run in the full suite
 FAST_DTYPES = (torch.float32, torch.bfloat16)
 DTYPE_PARAMS = [pytest.param(d, id=DTYPE_IDS[d], marks=() if d in FAST_DTYPES else pytest.mark.slow) for d in DTYPES]
+# the chunk-boundary shapes (tensors of up to 65,537 elements, several rounds) cost most of this file's
+# fast-tier time, nearly all of it in the reference run: they run in the full suite, and the fast tier
+# keeps them in test_bitwise_deterministic
+CASE_PARAMS = [pytest.param(*c, marks=pytest.mark.slow if c[2] == "chunk" else ()) for c in cases()]
 
 
 def _require(backend, device):
@@ -58,7 +62,7 @@ def _reference(algo, option, shapes, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
-@pytest.mark.parametrize("algo,option,shapes", cases(), ids=lambda x: x if isinstance(x, str) else None)
+@pytest.mark.parametrize("algo,option,shapes", CASE_PARAMS, ids=lambda x: x if isinstance(x, str) else None)
 @pytest.mark.parametrize("backend", FUSED_BACKENDS)
 def test_matches_reference(backend, algo, option, shapes, dtype, device):
     _require(backend, device)
