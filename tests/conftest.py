@@ -38,6 +38,7 @@ SLOW_FILES = frozenset(
         "test_newcomer_extras.py",
         "test_newcomer_jit.py",
         "test_newcomer_packaging.py",
+        "test_paper_commands.py",
         "test_properties.py",
         "test_replay.py",
         "test_sim_batched.py",

@@ -84,7 +84,8 @@ def _rel(a, b):
 @pytest.mark.parametrize("order", ["client", "batch"])
 @pytest.mark.parametrize(
     "name,choice",
-    [(n, c) for n in MODELS for c in CHOICES[n]],
+    # ResNet-18-GN's cases (about a second each) run in the full suite; the fast tier keeps the others
+    [pytest.param(n, c, marks=pytest.mark.slow if n == "resnet18-gn" else ()) for n in MODELS for c in CHOICES[n]],
     ids=lambda v: v if isinstance(v, str) else "-".join(v.values()),
 )
 def test_stacked_gradients_equal_per_client_autograd(name, choice, order):
@@ -120,7 +121,7 @@ def test_a_swapped_client_is_caught():
     assert max(_rel(g[0], r) for g, r in zip(grads, want[0])) > 1e-3
 
 
-@pytest.mark.parametrize("name", ["cnn", "char-lstm", "resnet18-gn"])
+@pytest.mark.parametrize("name", ["cnn", "char-lstm", pytest.param("resnet18-gn", marks=pytest.mark.slow)])
 def test_gradients_at_shared_parameters(name):
     """grads_at (PAdaMFed-VR's anchor): every client's batch at the same parameters."""
     model, params, x, y, w = _case(name, seed=2)
