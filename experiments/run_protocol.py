@@ -430,20 +430,26 @@ def feddyn10_methods(pilot: Dict[str, Any], ext: Ext) -> Grids:
 # §8 FedNLR against FedAvg at the same learning rates (Dirichlet 0.05)
 FEDNLR_LADDER = (0.03, QUARTER, 1, 5)
 FEDNLR_LR_LADDER = tuple(ladder(*FEDNLR_LADDER))  # 0.05335 ... 0.5335: quarter decades of L9
-FEDNLR_MU0 = (0.5, 1.0, 2.0)
+FEDNLR_MU0 = (1.0, 2.0, -1, 1)  # 0.5, 1, 2 (§2's grid), grown by the edge rule in its own step (x2)
+
+
+def _mu0_grown(ext: Ext) -> Tuple[int, int]:
+    """One μ0 ladder for every FedNLR cell: grown on a side when any cell's pick touches that end."""
+    grown = [v for (_, axis), v in ext.items() if axis == "nlr_mu0"]
+    return (max((b for b, _ in grown), default=0), max((a for _, a in grown), default=0))
 
 
 def fednlr_lr_methods(pilot: Dict[str, Any], ext: Ext) -> Grids:
-    """Design A: both methods over the same lrs, FedNLR's μ0 tuned on top (3x FedAvg's points).
+    """Design A: both methods over the same lrs, FedNLR's μ0 tuned on top (3x FedAvg's points, more
+    once the edge rule grows μ0's ladder).
     Design B (FedNLR at FedAvg's selected lr, μ0 tuned: ``Experiment.on_top``) and the per-lr
     comparisons read the same runs."""
     lrs = ladder(*FEDNLR_LADDER, *_grown(ext, "FedNLR", "lr"))
     avg = ladder(*FEDNLR_LADDER, *_grown(ext, "FedAvg", "lr"))
     # both ladders grow together: the two methods keep the same lr points
     lrs = sorted(set(lrs) | set(avg))
-    nlr = {
-        lr: {f"fednlr_mu{m}_lr{_fmt(lr)}": dict(algorithm="fednlr", nlr_mu0=m, lr=lr) for m in FEDNLR_MU0} for lr in lrs
-    }
+    mu0s = ladder(*FEDNLR_MU0, *_mu0_grown(ext))
+    nlr = {lr: {f"fednlr_mu{m}_lr{_fmt(lr)}": dict(algorithm="fednlr", nlr_mu0=m, lr=lr) for m in mu0s} for lr in lrs}
     fedavg = {lr: {f"fedavg_lr{_fmt(lr)}": dict(algorithm="fedavg", lr=lr)} for lr in lrs}
     out: Grids = {
         "FedNLR": {k: v for lr in lrs for k, v in nlr[lr].items()},
@@ -726,7 +732,7 @@ def experiments(
             + [(f"FedNLR lr={_fmt(lr)}", f"FedAvg lr={_fmt(lr)}", +1, "select") for lr in FEDNLR_LR_LADDER],
             "test_acc",
             "pooled test accuracy (%)",
-            axes=("lr",),
+            axes=("lr", "nlr_mu0"),
             on_top=[("FedNLR on FedAvg's lr", "FedNLR", "FedAvg", "lr")],
             paper={"FedNLR vs FedAvg": "CIFAR-10 Dir(0.1): 63.40 vs 63.30 (Table 3), every method at lr 0.01"},
         ),
