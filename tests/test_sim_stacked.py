@@ -325,6 +325,46 @@ def test_conv_options_same_padding_dilation_stride_groups(form):
                 assert _rel(got[c], ref) <= ROUNDING_RTOL
 
 
+def test_grouped_runs_convert_once_per_run_and_stop_at_mixing_modules(monkeypatch):
+    """A Sequential keeps the grouped layout through per-channel modules and grouped convolutions, and
+    converts back before a module that mixes channels (GroupNorm) or samples' planes (Flatten): its
+    gradients are per-client autograd's, with one conversion into the grouped layout per run."""
+    from fedopt_kernels.sim.parallel import layers
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.AvgPool2d(2, stride=1),  # 8x8 -> 7x7
+        nn.Conv2d(4, 6, 3, padding=1, groups=2),
+        nn.GroupNorm(2, 6),  # statistics over a sample's channels: not per channel, ends the run
+        nn.Tanh(),
+        nn.Conv2d(6, 4, 3, stride=2),  # 7x7 -> 3x3
+        nn.MaxPool2d(2, stride=1),  # 3x3 -> 2x2
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(4 * 2 * 2, 3),
+    ).double()
+    C, B = 3, 2
+    params = [p.detach().unsqueeze(0) + 0.1 * torch.randn(C, *p.shape, dtype=torch.float64) for p in model.parameters()]
+    x = torch.randn(C, B, 2, 8, 8, dtype=torch.float64)
+    y = torch.randint(0, 3, (C, B))
+    w = torch.rand(C, B, dtype=torch.float64)
+    want, _ = _per_client(model, params, x, y, w)
+    into = []
+    to_grouped = layers._to_grouped_nhwc
+    monkeypatch.setattr(layers, "_to_grouped_nhwc", lambda t, ctx: into.append(tuple(t.shape)) or to_grouped(t, ctx))
+    for order in ("client", "batch"):
+        into.clear()
+        grads, _ = StackedLoss(model, formulations={"Conv2d": "grouped-nhwc"}, order=order).grads(params, x, y, w)
+        for c in range(C):
+            for got, ref in zip(grads, want[c]):
+                assert _rel(got[c], ref) <= ROUNDING_RTOL
+        # forward: the input of each run (conv-relu-pool-conv, then conv-pool-pool); backward: the gradient
+        # at each run's end
+        assert into == [(C * B, 2, 8, 8), (C * B, 6, 7, 7), (C * B, 4, 2, 2), (C * B, 6, 7, 7)], into
+
+
 def test_keep_freed_memory_is_idempotent():
     import sys
 
