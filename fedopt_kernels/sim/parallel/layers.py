@@ -297,14 +297,17 @@ class _GroupedConvNHWC(torch.autograd.Function):
         gy = gy.contiguous(memory_format=torch.channels_last)
         if isinstance(padding, str):  # convolution_backward takes numbers: what "same"/"valid" pad
             padding = _explicit_padding(padding, wg.shape[2:], dilation)
-        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
-        gx, gw, gb = torch.ops.aten.convolution_backward(
-            gy, xg, wg, [wg.shape[0]] if ctx.has_bias else None, stride, padding, dilation, False, [0, 0], groups, mask
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False]
+        gx, gw, _ = torch.ops.aten.convolution_backward(
+            gy, xg, wg, None, stride, padding, dilation, False, [0, 0], groups, mask
         )
         if gw is not None:
             gw = gw.contiguous().view(ctx.w_shape)
-        if gb is not None:
-            gb = gb.view(ctx.w_shape[0], -1)
+        gb = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            # a plain sum: oneDNN's bias gradient in the same call costs 4-8x more (0.12 against 0.016 ms
+            # alone for the small CNN's first layer at C=50)
+            gb = gy.sum((0, 2, 3)).view(ctx.w_shape[0], -1)
         return gx, gw, gb, None, None, None, None, None
 
 
