@@ -15,7 +15,8 @@ layer          formulation         computes
 Conv2d         ``grouped``         one convolution with ``C * groups`` groups on
                                    ``[B, C * Cin, H, W]`` (NCHW)
                ``grouped-nhwc``    the same in channels-last memory (oneDNN's fast path for
-                                   many small groups; two layout copies per call)
+                                   many small groups; a layout copy at each end of a grouped
+                                   run, ``grouped_runs.py``)
                ``loop``            an ordinary convolution per client (for per-client work
                                    large enough to fill the machine on its own)
 Linear         ``bmm``             one batched matmul ``[C, M, I] x [C, I, O]``
