@@ -365,6 +365,47 @@ def test_grouped_runs_convert_once_per_run_and_stop_at_mixing_modules(monkeypatc
         assert into == [(C * B, 2, 8, 8), (C * B, 6, 7, 7), (C * B, 4, 2, 2), (C * B, 6, 7, 7)], into
 
 
+def test_relu_then_max_pool_runs_pooled_first_with_the_same_gradients(monkeypatch):
+    """Inside a grouped run ReLU -> MaxPool2d is computed as MaxPool2d -> ReLU (the ReLU on the smaller
+    tensor): equal values and gradients, also where a window's maximum is tied (piecewise-constant
+    images give tied positive maxima, as well as the all-zero windows after the ReLU)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2, stride=1, padding=1),  # overlapping windows, padded
+        nn.Flatten(),
+        nn.Linear(4 * 5 * 5, 3),
+    ).double()
+    C, B = 3, 2
+    params = [p.detach().unsqueeze(0) + 0.1 * torch.randn(C, *p.shape, dtype=torch.float64) for p in model.parameters()]
+    with torch.no_grad():
+        params[1].abs_()  # positive first-layer biases: constant regions give positive, tied outputs
+    x = torch.randint(0, 2, (C, B, 1, 4, 4)).double().repeat_interleave(2, -1).repeat_interleave(2, -2)  # 2x2 blocks
+    y = torch.randint(0, 3, (C, B))
+    w = torch.rand(C, B, dtype=torch.float64)
+    with torch.no_grad():  # the case is not vacuous: client 0's first pooling sees tied positive maxima
+        for p, s in zip(model.parameters(), params):
+            p.copy_(s[0])
+        a = model[1](model[0](x[0])).unfold(2, 2, 2).unfold(3, 2, 2).flatten(-2)
+        top = a.max(-1, keepdim=True).values
+        assert ((a == top).sum(-1) > 1)[top.squeeze(-1) > 0].any()
+    want, _ = _per_client(model, params, x, y, w)
+    relu_inputs = []
+    relu = F.relu
+    monkeypatch.setattr(F, "relu", lambda t, inplace=False: relu_inputs.append(tuple(t.shape)) or relu(t, inplace))
+    for order in ("client", "batch"):
+        relu_inputs.clear()
+        grads, _ = StackedLoss(model, formulations={"Conv2d": "grouped-nhwc"}, order=order).grads(params, x, y, w)
+        for c in range(C):
+            for got, ref in zip(grads, want[c]):
+                assert _rel(got[c], ref) <= ROUNDING_RTOL
+        assert relu_inputs == [(B, C * 3, 4, 4), (B, C * 4, 5, 5)]  # pooled, grouped
+
+
 def test_keep_freed_memory_is_idempotent():
     import sys
 
