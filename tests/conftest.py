@@ -15,6 +15,22 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# Under pytest-xdist (the README's test command) each worker is a process of its own; torch's default
+# of one thread per core in each of them would put several threads on every core, and threads that
+# spin waiting for each other slow everything down. The cores are shared out instead; tests that
+# are about thread counts set their own.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, _cores() // _WORKERS))
+
+
 # The fast tier (`pytest -m "not slow"`, docs/testing.md) leaves out, besides tests marked slow in
 # their file: whole files that build, install, start processes or train end to end, and every case
 # run through the Triton interpreter. The full suite (CI) runs everything.
