@@ -95,6 +95,8 @@ def test_smoke_run_writes_valid_files(tmp_path, capsys):
     assert ("small-cnn", 4, "grad vmap") in parts and ("char-lstm", 4, "update fused") in parts
     layers = [r for r in rows if "layer" in r]
     assert {r["formulation"] for r in layers if r["layer"] == "lstm"} == {"bmm", "loop"}
+    # every parameterised layer is timed, the convolutions of a grouped run included
+    assert {r["layer"] for r in layers if r["model"] == "small-cnn"} == {"features.0", "features.2", "head"}
     names = {(r["model"], r["layer"]) for r in layers}
     assert all(sum(r["default"] for r in layers if (r["model"], r["layer"]) == n) == 1 for n in names)
     assert [g["verdict"] for g in result["goals"]] == ["n/a", "n/a"]  # C=50 not measured in a smoke run

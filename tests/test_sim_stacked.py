@@ -81,6 +81,21 @@ def _rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
+def _perturbed_clients(model, x, classes):
+    """C distinct float64 perturbations of ``model``'s parameters, labels and sample weights for ``x`` [C, B, ...]."""
+    C, B = x.shape[:2]
+    params = [p.detach().unsqueeze(0) + 0.1 * torch.randn(C, *p.shape, dtype=torch.float64) for p in model.parameters()]
+    return params, torch.randint(0, classes, (C, B)), torch.rand(C, B, dtype=torch.float64)
+
+
+def _assert_stacked_equals(want, model, params, x, y, w, formulations, order):
+    """The stacked engine's gradients in ``order`` equal ``want`` (``_per_client``'s)."""
+    grads, _ = StackedLoss(model, formulations=formulations, order=order).grads(params, x, y, w)
+    for c in range(x.shape[0]):
+        for got, ref in zip(grads, want[c]):
+            assert _rel(got[c], ref) <= ROUNDING_RTOL
+
+
 @pytest.mark.parametrize("order", ["client", "batch"])
 @pytest.mark.parametrize(
     "name,choice",
@@ -312,17 +327,82 @@ def test_conv_options_same_padding_dilation_stride_groups(form):
         nn.Flatten(),
         nn.Linear(6 * 4 * 4, 3),
     ).double()
-    C, B = 3, 2
-    params = [p.detach().unsqueeze(0) + 0.1 * torch.randn(C, *p.shape, dtype=torch.float64) for p in model.parameters()]
-    x = torch.randn(C, B, 2, 8, 8, dtype=torch.float64)
-    y = torch.randint(0, 3, (C, B))
-    w = torch.rand(C, B, dtype=torch.float64)
+    x = torch.randn(3, 2, 2, 8, 8, dtype=torch.float64)
+    params, y, w = _perturbed_clients(model, x, 3)
     want, _ = _per_client(model, params, x, y, w)
     for order in ("client", "batch"):
-        grads, _ = StackedLoss(model, formulations={"Conv2d": form}, order=order).grads(params, x, y, w)
-        for c in range(C):
-            for got, ref in zip(grads, want[c]):
-                assert _rel(got[c], ref) <= ROUNDING_RTOL
+        _assert_stacked_equals(want, model, params, x, y, w, {"Conv2d": form}, order)
+
+
+def test_grouped_runs_convert_once_per_run_and_stop_at_mixing_modules(monkeypatch):
+    """A Sequential keeps the grouped layout through per-channel modules and grouped convolutions, and
+    converts back before a module that mixes channels (GroupNorm) or samples' planes (Flatten): its
+    gradients are per-client autograd's, with one conversion into the grouped layout per run."""
+    from fedopt_kernels.sim.parallel import layers
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.AvgPool2d(2, stride=1),  # 8x8 -> 7x7
+        nn.Conv2d(4, 6, 3, padding=1, groups=2),
+        nn.GroupNorm(2, 6),  # statistics over a sample's channels: not per channel, ends the run
+        nn.Tanh(),
+        nn.Conv2d(6, 4, 3, stride=2),  # 7x7 -> 3x3
+        nn.MaxPool2d(2, stride=1),  # 3x3 -> 2x2
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(4 * 2 * 2, 3),
+    ).double()
+    C, B = 3, 2
+    x = torch.randn(C, B, 2, 8, 8, dtype=torch.float64)
+    params, y, w = _perturbed_clients(model, x, 3)
+    want, _ = _per_client(model, params, x, y, w)
+    into = []
+    to_grouped = layers._to_grouped_nhwc
+    monkeypatch.setattr(layers, "_to_grouped_nhwc", lambda t, ctx: into.append(tuple(t.shape)) or to_grouped(t, ctx))
+    for order in ("client", "batch"):
+        into.clear()
+        _assert_stacked_equals(want, model, params, x, y, w, {"Conv2d": "grouped-nhwc"}, order)
+        # forward: the input of each run (conv-relu-pool-conv, then conv-pool-pool); backward: the gradient
+        # at each run's end
+        assert into == [(C * B, 2, 8, 8), (C * B, 6, 7, 7), (C * B, 4, 2, 2), (C * B, 6, 7, 7)], into
+
+
+def test_relu_then_max_pool_runs_pooled_first_with_the_same_gradients(monkeypatch):
+    """Inside a grouped run ReLU -> MaxPool2d is computed as MaxPool2d -> ReLU (the ReLU on the smaller
+    tensor): equal values and gradients, also where a window's maximum is tied (piecewise-constant
+    images give tied positive maxima, as well as the all-zero windows after the ReLU)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2, stride=1, padding=1),  # overlapping windows, padded
+        nn.Flatten(),
+        nn.Linear(4 * 5 * 5, 3),
+    ).double()
+    C, B = 3, 2
+    x = torch.randint(0, 2, (C, B, 1, 4, 4)).double().repeat_interleave(2, -1).repeat_interleave(2, -2)  # 2x2 blocks
+    params, y, w = _perturbed_clients(model, x, 3)
+    with torch.no_grad():
+        params[1].abs_()  # positive first-layer biases: constant regions give positive, tied outputs
+    with torch.no_grad():  # the case is not vacuous: client 0's first pooling sees tied positive maxima
+        for p, s in zip(model.parameters(), params):
+            p.copy_(s[0])
+        a = model[1](model[0](x[0])).unfold(2, 2, 2).unfold(3, 2, 2).flatten(-2)
+        top = a.max(-1, keepdim=True).values
+        assert ((a == top).sum(-1) > 1)[top.squeeze(-1) > 0].any()
+    want, _ = _per_client(model, params, x, y, w)
+    relu_inputs = []
+    relu = F.relu
+    monkeypatch.setattr(F, "relu", lambda t, inplace=False: relu_inputs.append(tuple(t.shape)) or relu(t, inplace))
+    for order in ("client", "batch"):
+        relu_inputs.clear()
+        _assert_stacked_equals(want, model, params, x, y, w, {"Conv2d": "grouped-nhwc"}, order)
+        assert relu_inputs == [(B, C * 3, 4, 4), (B, C * 4, 5, 5)]  # pooled, grouped
 
 
 def test_keep_freed_memory_is_idempotent():

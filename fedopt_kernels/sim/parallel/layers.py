@@ -15,7 +15,8 @@ layer          formulation         computes
 Conv2d         ``grouped``         one convolution with ``C * groups`` groups on
                                    ``[B, C * Cin, H, W]`` (NCHW)
                ``grouped-nhwc``    the same in channels-last memory (oneDNN's fast path for
-                                   many small groups; two layout copies per call)
+                                   many small groups; a layout copy at each end of a grouped
+                                   run, ``grouped_runs.py``)
                ``loop``            an ordinary convolution per client (for per-client work
                                    large enough to fill the machine on its own)
 Linear         ``bmm``             one batched matmul ``[C, M, I] x [C, I, O]``
@@ -173,11 +174,14 @@ class StackedConv2d(StackedLayer):
         self.out_channels = m.out_channels
 
     def default_formulation(self, x: torch.Tensor) -> str:
-        if x.device.type != "cpu":
+        return self.choose(x.device, x.shape[1], x.shape[-2], x.shape[-1])
+
+    def choose(self, device: torch.device, channels: int, H: int, W: int) -> str:
+        """The default formulation for an input of ``channels`` x H x W per sample on ``device``."""
+        if device.type != "cpu":
             return "grouped"
-        H, W = x.shape[-2:]
         out_px = math.ceil(H / self.stride[0]) * math.ceil(W / self.stride[1])
-        cin = x.shape[1] // self.groups
+        cin = channels // self.groups
         per_client = 2 * self.ctx.batch * out_px * self.out_channels * cin * self.kernel[0] * self.kernel[1]
         return "loop" if per_client >= CONV_LOOP_FLOPS else "grouped-nhwc"
 
@@ -199,14 +203,25 @@ class StackedConv2d(StackedLayer):
                 # otherwise the output keeps the input's layout, as in the model's own forward
                 parts = [p.contiguous(memory_format=torch.channels_last) for p in parts]
             return _stack_merge(ctx, parts)
-        cin, H, W = x.shape[1:]
-        wg = w.reshape(C * w.shape[1], *w.shape[2:])
-        bg = None if b is None else b.reshape(-1)
         if form == "grouped":
+            cin, H, W = x.shape[1:]
+            wg = w.reshape(C * w.shape[1], *w.shape[2:])
+            bg = None if b is None else b.reshape(-1)
             xg = ctx.split(x).transpose(0, 1).reshape(B, C * cin, H, W)  # a view in batch order
             y = self._conv(xg, wg, bg, C * self.groups)
             return ctx.merge(y.unflatten(1, (C, -1)).transpose(0, 1))
-        return _GroupedConvNHWC.apply(x, w, b, ctx, self.stride, self.padding, self.dilation, self.groups)
+        return from_grouped(self.grouped(to_grouped(x, ctx)), ctx)
+
+    def grouped_in_run(self, xg: torch.Tensor) -> bool:
+        """Whether this convolution, met inside a grouped run with the grouped ``xg``, runs ``grouped-nhwc``."""
+        form = self.formulation or self.choose(xg.device, xg.shape[1] // self.ctx.count, xg.shape[2], xg.shape[3])
+        return form == "grouped-nhwc"
+
+    def grouped(self, xg: torch.Tensor) -> torch.Tensor:
+        """The ``grouped-nhwc`` convolution of a tensor already in the grouped layout (``to_grouped``)."""
+        ctx, w, b = self.ctx, self.params["weight"], self.p("bias")
+        self.last_formulation = "grouped-nhwc"
+        return _GroupedConvNHWC.apply(xg, w, b, ctx.count, self.stride, self.padding, self.dilation, self.groups)
 
 
 def _to_grouped_nhwc(x: torch.Tensor, ctx: Clients) -> torch.Tensor:
@@ -217,48 +232,83 @@ def _to_grouped_nhwc(x: torch.Tensor, ctx: Clients) -> torch.Tensor:
 
 
 def _from_grouped_nhwc(y: torch.Tensor, ctx: Clients) -> torch.Tensor:
-    """``[B, C * Ch, H, W]`` -> ``[N, Ch, H, W]`` with every sample channels-last ([N, H, W, Ch] memory)."""
-    B, C = ctx.batch, ctx.count
-    Ho, Wo = y.shape[2:]
-    y5 = y.permute(0, 2, 3, 1).reshape(B, Ho, Wo, C, -1)  # a view of channels-last memory
+    """``[B, C * Ch, H, W]`` (any memory format) -> ``[N, Ch, H, W]`` with every sample channels-last."""
+    y5 = y.permute(0, 2, 3, 1).unflatten(3, (ctx.count, -1))  # [B, Ho, Wo, C, Ch] (a view)
     return ctx.merge(y5.permute(3, 0, 1, 2, 4)).contiguous().permute(0, 3, 1, 2)
 
 
-class _GroupedConvNHWC(torch.autograd.Function):
-    """The ``grouped-nhwc`` convolution with its own backward, so that every gradient leaves in the
-    memory format its tensor came in (element-wise backward kernels on mismatched layouts are slow)."""
+class _ToGrouped(torch.autograd.Function):
+    """The model's batch ``[N, Ch, H, W]`` -> the grouped layout; the gradient returns in the input's format."""
 
     @staticmethod
-    def forward(ctx, x, w, b, clients: Clients, stride, padding, dilation, groups):
-        C = clients.count
-        xg = _to_grouped_nhwc(x, clients)
+    def forward(ctx, x, clients: Clients):
+        ctx.clients = clients
+        last = x.is_contiguous(memory_format=torch.channels_last)
+        ctx.x_format = torch.channels_last if last else torch.contiguous_format
+        return _to_grouped_nhwc(x, clients)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _from_grouped_nhwc(g, ctx.clients).contiguous(memory_format=ctx.x_format), None
+
+
+class _FromGrouped(torch.autograd.Function):
+    """The grouped layout -> the model's batch (channels-last samples); the gradient returns grouped, in
+    channels-last memory whatever layout it arrives in (the pooling before it has its fast kernel there)."""
+
+    @staticmethod
+    def forward(ctx, y, clients: Clients):
+        ctx.clients = clients
+        return _from_grouped_nhwc(y, clients)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _to_grouped_nhwc(g, ctx.clients), None
+
+
+def to_grouped(x: torch.Tensor, ctx: Clients) -> torch.Tensor:
+    """``[N, Ch, H, W]`` -> ``[B, C * Ch, H, W]`` (channel ``c * Ch + k`` is client c's channel k) in
+    channels-last memory: the input of oneDNN's grouped convolution for all clients, without copies."""
+    return _ToGrouped.apply(x, ctx)
+
+
+def from_grouped(y: torch.Tensor, ctx: Clients) -> torch.Tensor:
+    """The inverse of ``to_grouped``: ``[N, Ch, H, W]`` with every sample channels-last."""
+    return _FromGrouped.apply(y, ctx)
+
+
+class _GroupedConvNHWC(torch.autograd.Function):
+    """The ``grouped-nhwc`` convolution on grouped tensors, with its own backward, so that every gradient
+    leaves in the memory format its tensor came in (element-wise backward kernels on mismatched layouts
+    are slow) and the weight's in its own ``[C, ...]`` layout."""
+
+    @staticmethod
+    def forward(ctx, xg, w, b, C: int, stride, padding, dilation, groups):
         wg = w.reshape(C * w.shape[1], *w.shape[2:]).contiguous(memory_format=torch.channels_last)
         y = F.conv2d(xg, wg, None if b is None else b.reshape(-1), stride, padding, dilation, C * groups)
         ctx.save_for_backward(xg, wg)
-        ctx.clients, ctx.conv = clients, (stride, padding, dilation, C * groups)
-        last = x.is_contiguous(memory_format=torch.channels_last)
-        ctx.x_format = torch.channels_last if last else torch.contiguous_format
+        ctx.conv = (stride, padding, dilation, C * groups)
         ctx.w_shape, ctx.has_bias = w.shape, b is not None
-        return _from_grouped_nhwc(y, clients)
+        return y.contiguous(memory_format=torch.channels_last)
 
     @staticmethod
     def backward(ctx, gy):
         xg, wg = ctx.saved_tensors
-        clients = ctx.clients
         stride, padding, dilation, groups = ctx.conv
-        gyg = _to_grouped_nhwc(gy, clients)
+        gy = gy.contiguous(memory_format=torch.channels_last)
         if isinstance(padding, str):  # convolution_backward takes numbers: what "same"/"valid" pad
             padding = _explicit_padding(padding, wg.shape[2:], dilation)
-        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
-        gx, gw, gb = torch.ops.aten.convolution_backward(
-            gyg, xg, wg, [wg.shape[0]] if ctx.has_bias else None, stride, padding, dilation, False, [0, 0], groups, mask
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False]
+        gx, gw, _ = torch.ops.aten.convolution_backward(
+            gy, xg, wg, None, stride, padding, dilation, False, [0, 0], groups, mask
         )
-        if gx is not None:
-            gx = _from_grouped_nhwc(gx, clients).contiguous(memory_format=ctx.x_format)
         if gw is not None:
             gw = gw.contiguous().view(ctx.w_shape)
-        if gb is not None:
-            gb = gb.view(clients.count, -1)
+        gb = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            # a plain sum: oneDNN's bias gradient in the same call costs 4-8x more (0.12 against 0.016 ms
+            # alone for the small CNN's first layer at C=50)
+            gb = gy.sum((0, 2, 3)).view(ctx.w_shape[0], -1)
         return gx, gw, gb, None, None, None, None, None
 
 

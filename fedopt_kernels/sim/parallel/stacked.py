@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..data.image_input import ImageClassifier
+from .grouped_runs import PER_CHANNEL, StackedSequential
 from .layers import FORMULATIONS, STACKED_TYPES, Clients, StackedLayer, stacked_layer, unsupported_reason
 from .trainable import check_trainable
 
@@ -40,30 +41,13 @@ KNOWN_SAMPLE_WISE = (
     nn.Sequential,
     nn.ModuleList,
     nn.ModuleDict,
-    nn.Identity,
     nn.Flatten,
     nn.Unflatten,
-    nn.ReLU,
-    nn.ReLU6,
-    nn.LeakyReLU,
-    nn.ELU,
-    nn.GELU,
-    nn.SiLU,
-    nn.Mish,
-    nn.Tanh,
-    nn.Sigmoid,
-    nn.Softplus,
-    nn.Hardtanh,
-    nn.Hardswish,
     nn.MaxPool1d,
-    nn.MaxPool2d,
     nn.AvgPool1d,
-    nn.AvgPool2d,
     nn.AdaptiveAvgPool1d,
-    nn.AdaptiveAvgPool2d,
     nn.AdaptiveMaxPool1d,
-    nn.AdaptiveMaxPool2d,
-)
+) + PER_CHANNEL
 
 
 class NotStackable(ValueError):
@@ -103,11 +87,14 @@ def stack_reason(net: nn.Module) -> Optional[str]:
 
 
 def _rebuild(m: nn.Module) -> nn.Module:
-    """A copy of the module tree with every stacked-type layer replaced by its stacked form (no parameters)."""
+    """A copy of the module tree with every stacked-type layer replaced by its stacked form (no parameters)
+    and every ``nn.Sequential`` by a ``StackedSequential`` (the same modules, with grouped runs)."""
     layer = stacked_layer(m)
     if layer is not None:
         return layer
     new = copy.copy(m)
+    if type(m) is nn.Sequential:
+        new.__class__ = StackedSequential  # a copy keeps the container's own attributes and hooks
     new._modules = {k: None if c is None else _rebuild(c) for k, c in m._modules.items()}
     return new
 
