@@ -6,6 +6,7 @@
 ``python -m bench loop``: a user's training loop on a GPU, wall time per iteration (bench/loop.py).
 ``python -m bench profile``: where that loop's iteration time goes, under torch.profiler (bench/profile.py).
 ``python -m bench host``: the host side of a replayed and of an eager triton step, on any machine (bench/host.py).
+``python -m bench cpu-floor``: the small CNN's stacked CPU step per operator, beside alternatives (bench/cpu_floor.py).
 ``python -m bench checkpoints``: bytes and seconds of a simulator checkpoint (bench/checkpoints.py).
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core
@@ -145,6 +146,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .host import main as host_main
 
         return host_main((sys.argv[1:] if argv is None else argv)[1:])
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["cpu-floor"]:
+        # the small CNN's stacked step on CPU threads against the alternatives to its calls
+        from .cpu_floor import main as cpu_floor_main
+
+        return cpu_floor_main((sys.argv[1:] if argv is None else argv)[1:])
     if (sys.argv[1:] if argv is None else argv)[:1] == ["checkpoints"]:
         # bytes and seconds of a simulator checkpoint (bench/checkpoints.py)
         from .checkpoints import main as checkpoints_main

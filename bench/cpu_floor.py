@@ -1,0 +1,365 @@
+"""``python -m bench cpu-floor``: the small CNN's client-batched step on CPU threads, operator by operator,
+against the alternatives to the calls it makes.
+
+The stacked engine (``sim.parallel``) computes C clients' small-CNN gradients with oneDNN's grouped
+convolutions in channels-last memory, torch's 2x2 max-pooling and batched matmuls for the head. This
+benchmark times, at the engine's shapes (C clients, batch B, 8x8 single-channel inputs), each of those
+calls beside other ways to compute the same numbers, interleaved in random order and median taken:
+
+* the second convolution's input gradient: oneDNN's backward against a forward convolution of the
+  output gradient with the weights flipped and their channels swapped;
+* its weight gradient: oneDNN's backward against a convolution over the batch (the input's channels
+  as the batch, the output gradient as the kernel);
+* the first convolution (one input channel per client): oneDNN against patches + ``baddbmm`` and
+  against nine shifted slices + ``einsum``;
+* the pooling, forward and backward: ``max_pool2d`` against a two-stage ``max`` and against
+  ``maximum`` with a masked backward;
+* the head's three matmuls: ``bmm`` against ``matmul`` and ``einsum``.
+
+Every alternative's result is checked against the same math in float64, within the error bound of
+its sum (``k * 2**-24 * sum |a| |b|``, k the terms summed); a row that misses it says so. Then the
+whole step: at C=1 (the fixed part) and at C, the per-client rest, and the step time that 8x the
+sequential clients' rate (timed in the same run) leaves. docs/client_batched.md reads the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .machine import ROOT, run_meta
+
+CB = torch.ops.aten.convolution_backward
+CL = torch.channels_last
+U32 = 2.0**-24  # float32's unit roundoff
+
+
+def _conv_bwd(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, groups: int, mask: List[bool]):
+    return CB(gy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups, mask)
+
+
+def _dgrad_weight(w: torch.Tensor, C: int) -> torch.Tensor:
+    """The weights of the input gradient as a forward convolution: each client's in/out channels swapped,
+    the kernel flipped."""
+    o, i = w.shape[0] // C, w.shape[1]
+    return w.view(C, o, i, 3, 3).transpose(1, 2).flip(3, 4).reshape(C * i, o, 3, 3)
+
+
+class Case:
+    """One computation: named formulations of it, each a callable returning tensors (``used`` first), and
+    the float64 result with its error bound to check them against."""
+
+    def __init__(self, name: str, forms: Dict[str, Callable[[], Tuple[torch.Tensor, ...]]], exact, bound, terms: int):
+        self.name, self.forms = name, forms
+        self.exact = [t.double() for t in exact]
+        self.bound = [terms * U32 * b.double() + 1e-30 for b in bound]
+
+    def error(self, outs: Tuple[torch.Tensor, ...]) -> float:
+        """Largest error as a share of its bound (<= 1: within it)."""
+        return max(
+            float(((o.double() - e).abs() / b).max()) for o, e, b in zip(outs, self.exact, self.bound, strict=True)
+        )
+
+
+def cases(C: int, B: int, seed: int = 0) -> List[Case]:
+    """The small CNN's operators at C clients of batch B (8x8 inputs, 8 and 16 channels, 10 classes)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g)
+
+    out: List[Case] = []
+    # second convolution: 8 -> 16 channels per client, grouped [B, C*Ch, 8, 8] in channels-last memory
+    x = rnd(B, C * 8, 8, 8).contiguous(memory_format=CL)
+    w = rnd(C * 16, 8, 3, 3)
+    gy = rnd(B, C * 16, 8, 8).contiguous(memory_format=CL)
+    wcl = w.contiguous(memory_format=CL)
+    x64, w64, gy64 = x.double(), w.double(), gy.double()
+    dx64, dw64, _ = _conv_bwd(gy64, x64, w64, C, [True, True, False])
+    adx, adw, _ = _conv_bwd(gy64.abs(), x64.abs(), w64.abs(), C, [True, True, False])
+    out.append(
+        Case(
+            "2nd conv input gradient",
+            {
+                "oneDNN backward (used)": lambda: (_conv_bwd(gy, x, wcl, C, [True, False, False])[0],),
+                "forward conv, flipped weights": lambda: (
+                    F.conv2d(gy, _dgrad_weight(w, C).contiguous(memory_format=CL), None, 1, 1, 1, C),
+                ),
+            },
+            [dx64],
+            [adx],
+            16 * 9,
+        )
+    )
+
+    def wgrad_as_conv():
+        xi = x.view(B, C, 8, 8, 8).permute(2, 1, 0, 3, 4).reshape(8, C * B, 8, 8)  # [Cin, C*B, H, W]
+        k = gy.view(B, C, 16, 8, 8).permute(1, 2, 0, 3, 4).reshape(C * 16, B, 8, 8)  # kernel: the gradient
+        return (F.conv2d(xi, k, None, 1, 1, 1, C).transpose(0, 1),)
+
+    out.append(
+        Case(
+            "2nd conv weight gradient",
+            {
+                "oneDNN backward (used)": lambda: (_conv_bwd(gy, x, wcl, C, [False, True, False])[1],),
+                "conv over the batch": wgrad_as_conv,
+            },
+            [dw64],
+            [adw],
+            B * 64,
+        )
+    )
+
+    # first convolution: 1 -> 8 channels per client
+    x1 = rnd(B, C, 8, 8).contiguous(memory_format=CL)
+    w1, b1 = rnd(C * 8, 1, 3, 3), rnd(C * 8)
+    w1cl = w1.contiguous(memory_format=CL)
+
+    def conv1_patches():
+        cols = F.unfold(x1, 3, padding=1).view(B, C, 9, 64).permute(1, 0, 3, 2).reshape(C, B * 64, 9)
+        y = torch.baddbmm(b1.view(C, 1, 8), cols, w1.view(C, 8, 9).transpose(1, 2))  # [C, B*64, 8]
+        return (y.view(C, B, 8, 8, 8).permute(1, 2, 3, 0, 4).reshape(B, 8, 8, C * 8).permute(0, 3, 1, 2),)
+
+    def conv1_shifts():
+        xp = F.pad(x1.permute(0, 2, 3, 1), (0, 0, 1, 1, 1, 1))  # [B, 10, 10, C]
+        cols = torch.stack([xp[:, i : i + 8, j : j + 8] for i in range(3) for j in range(3)], -1)
+        y = torch.einsum("bhwck,cok->bhwco", cols, w1.view(C, 8, 9)) + b1.view(C, 8)
+        return (y.reshape(B, 8, 8, C * 8).permute(0, 3, 1, 2),)
+
+    out.append(
+        Case(
+            "1st conv forward",
+            {
+                "oneDNN grouped (used)": lambda: (F.conv2d(x1, w1cl, b1, 1, 1, 1, C),),
+                "patches + baddbmm": conv1_patches,
+                "shifted slices + einsum": conv1_shifts,
+            },
+            [F.conv2d(x1.double(), w1.double(), b1.double(), 1, 1, 1, C)],
+            [F.conv2d(x1.double().abs(), w1.double().abs(), b1.double().abs(), 1, 1, 1, C)],
+            10,
+        )
+    )
+
+    # 2x2 max-pooling of the second convolution's output, forward and backward
+    xp_ = rnd(B, C * 16, 8, 8).contiguous(memory_format=CL).requires_grad_()
+    gp = rnd(B, C * 16, 4, 4).contiguous(memory_format=CL)
+
+    def pool_torch():
+        y = F.max_pool2d(xp_, 2)
+        return (y.detach(), torch.autograd.grad(y, xp_, gp)[0])
+
+    def pool_two_stage():
+        v = xp_.permute(0, 2, 3, 1).view(B, 4, 2, 4, 2, C * 16)
+        y = v.max(4)[0].max(2)[0]
+        return (y.permute(0, 3, 1, 2).detach(), torch.autograd.grad(y, xp_, gp.permute(0, 2, 3, 1))[0])
+
+    def pool_masked():
+        with torch.no_grad():
+            v = xp_.detach().permute(0, 2, 3, 1).view(B, 4, 2, 4, 2, C * 16)
+            r = torch.maximum(v[:, :, 0], v[:, :, 1])
+            y = torch.maximum(r[:, :, :, 0], r[:, :, :, 1])  # [B, 4, 4, N]
+            # every maximal element gets the gradient: torch's pooling gives it to the first only
+            gx = torch.where(v == y.view(B, 4, 1, 4, 1, -1), gp.permute(0, 2, 3, 1).reshape(B, 4, 1, 4, 1, -1), 0.0)
+        return (y.permute(0, 3, 1, 2), gx.view(B, 8, 8, -1).permute(0, 3, 1, 2))
+
+    ref_pool = pool_torch()
+    out.append(
+        Case(
+            "max-pool forward + backward",
+            {
+                "max_pool2d (used)": pool_torch,
+                "two-stage max": pool_two_stage,
+                "maximum + masked backward": pool_masked,
+            },
+            list(ref_pool),
+            [t.abs() for t in ref_pool],
+            1,
+        )
+    )
+
+    # the head: Linear(256 -> 10) per client, forward and both gradients
+    xh, wh, bh, gh = rnd(C, B, 256), rnd(C, 10, 256), rnd(C, 10), rnd(C, B, 10)
+
+    def head(mm):
+        return lambda: (mm(xh, wh.transpose(1, 2)) + bh.unsqueeze(1), mm(gh, wh), mm(gh.transpose(1, 2), xh))
+
+    exact = [t.double() for t in (xh, wh, bh, gh)]
+    absd = [t.abs() for t in exact]
+    out.append(
+        Case(
+            "head: 3 batched matmuls",
+            {
+                "bmm (used)": lambda: (
+                    torch.baddbmm(bh.unsqueeze(1), xh, wh.transpose(1, 2)),
+                    torch.bmm(gh, wh),
+                    torch.bmm(gh.transpose(1, 2), xh),
+                ),
+                "matmul": head(torch.matmul),
+                "einsum": lambda: (
+                    torch.einsum("cbi,coi->cbo", xh, wh) + bh.unsqueeze(1),
+                    torch.einsum("cbo,coi->cbi", gh, wh),
+                    torch.einsum("cbo,cbi->coi", gh, xh),
+                ),
+            },
+            [
+                torch.baddbmm(exact[2].unsqueeze(1), exact[0], exact[1].transpose(1, 2)),
+                torch.bmm(exact[3], exact[1]),
+                torch.bmm(exact[3].transpose(1, 2), exact[0]),
+            ],
+            [
+                torch.baddbmm(absd[2].unsqueeze(1), absd[0], absd[1].transpose(1, 2)),
+                torch.bmm(absd[3], absd[1]),
+                torch.bmm(absd[3].transpose(1, 2), absd[0]),
+            ],
+            max(257, B),
+        )
+    )
+    return out
+
+
+def time_cases(cs: List[Case], reps: int) -> List[Dict[str, Any]]:
+    """Every formulation of every case, interleaved in a random order per repetition; medians in us."""
+    calls = [(c, name, f) for c in cs for name, f in c.forms.items()]
+    samples: Dict[Tuple[str, str], List[float]] = {(c.name, n): [] for c, n, _ in calls}
+    for _, _, f in calls:  # warm-up: first calls allocate and pick kernels
+        f()
+    rng = random.Random(0)
+    for _ in range(reps):
+        rng.shuffle(calls)
+        for c, name, f in calls:
+            t = time.perf_counter()
+            f()
+            samples[(c.name, name)].append(time.perf_counter() - t)
+    rows = []
+    for c in cs:
+        for name, f in c.forms.items():
+            s = sorted(samples[(c.name, name)])
+            rows.append(
+                {"case": c.name, "formulation": name, "median_us": s[len(s) // 2] * 1e6, "error_share": c.error(f())}
+            )
+    return rows
+
+
+def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, float]:
+    """The stacked step (gradients + fused FedNAR) at C=1 and C=clients, and a sequential client's step,
+    interleaved round by round (bench/clients.py's workload and modes)."""
+    from fedopt_kernels import FedNAR
+    from fedopt_kernels.sim.parallel.stacked import StackedLoss
+
+    from .clients import HP, SETTINGS, Workload, fused_round, fused_trainer, sequential_round
+
+    s = SETTINGS["small-cnn"]
+    runs: Dict[str, Tuple[Callable[[], None], int]] = {}
+    for C in sorted({1, clients}):
+        wl = Workload(s, C, s.steps, batch, torch.device("cpu"))
+        tr = fused_trainer(wl, StackedLoss(wl.model), None)
+        runs[f"stacked C={C}"] = (functools.partial(fused_round, wl, tr), C)
+    seq = Workload(s, clients, s.steps, batch, torch.device("cpu"))
+    hp: Dict[str, Any] = dict(HP)
+    runs["sequential"] = (functools.partial(sequential_round, seq, FedNAR(seq.model.parameters(), **hp)), clients)
+    best: Dict[str, float] = {}
+    for fn, _ in runs.values():
+        fn()
+    for _ in range(rounds):
+        for name, (fn, _) in runs.items():
+            t = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t
+            best[name] = min(best.get(name, dt), dt)
+    per_step = {name: best[name] / s.steps for name in runs}
+    out = {f"{k} ms per step": v * 1e3 for k, v in per_step.items() if k != "sequential"}
+    out["sequential client-steps/s"] = clients * s.steps / best["sequential"]
+    out["stacked client-steps/s"] = clients * s.steps / best[f"stacked C={clients}"]
+    one, full = per_step["stacked C=1"], per_step[f"stacked C={clients}"]
+    out["per further client us"] = (full - one) / max(1, clients - 1) * 1e6
+    out["8x budget ms per step"] = clients / (8 * out["sequential client-steps/s"]) * 1e3
+    return out
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    m = result["meta"]
+    lines = [
+        f"# The small CNN's stacked step on the CPU, operator by operator — {m['device_name']} ({m['date']})",
+        "",
+        f"- command: `{m['command']}`",
+        f"- commit: `{m['commit']}`{' (tracked files changed)' if m.get('dirty') else ''}; torch {m['torch']}; "
+        f"threads {m['threads']}; load average before/after {m.get('load_before')} / {m.get('load_after')}",
+        f"- C={m['clients']} clients, batch {m['batch']}; medians of {m['reps']} interleaved calls; error: the "
+        "largest deviation from float64 as a share of the sum's bound k 2^-24 sum|a||b| (<= 1 passes)",
+        "",
+        "| computation | formulation | median | vs used | error / bound |",
+        "|---|---|---|---|---|",
+    ]
+    used: Dict[str, float] = {}
+    for r in result["rows"]:
+        used.setdefault(r["case"], r["median_us"])
+        ok = "" if r["error_share"] <= 1 else " **over**"
+        lines.append(
+            f"| {r['case']} | {r['formulation']} | {r['median_us']:,.0f} us | "
+            f"{r['median_us'] / used[r['case']]:.2f}x | {r['error_share']:.3f}{ok} |"
+        )
+    st = result.get("steps")
+    if st:
+        C = m["clients"]
+        lines += [
+            "",
+            "## The whole step (gradients + fused FedNAR), best of the rounds",
+            "",
+            f"- stacked, C=1: {st['stacked C=1 ms per step']:.3f} ms; C={C}: {st[f'stacked C={C} ms per step']:.3f} ms "
+            f"({st['stacked client-steps/s']:,.0f} client-steps/s); each further client "
+            f"{st['per further client us']:.0f} us",
+            f"- sequential clients: {st['sequential client-steps/s']:,.0f} client-steps/s; 8x that leaves "
+            f"{st['8x budget ms per step']:.3f} ms per step of C={C} "
+            f"({st['stacked client-steps/s'] / st['sequential client-steps/s']:.2f}x now)",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench cpu-floor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--clients", type=int, default=50, help="C (default 50)")
+    ap.add_argument("--batch", type=int, default=10, help="batch per client (default 10)")
+    ap.add_argument("--reps", type=int, default=60, help="interleaved calls per formulation (default 60)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of each step mode, best taken (default 5)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, the simulator's)")
+    ap.add_argument("--no-steps", action="store_true", help="the operators only")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs", help="default bench_runs/ (git-ignored)")
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    return ap.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import os
+    import shlex
+    import sys
+
+    from fedopt_kernels.sim.parallel.host_memory import keep_freed_memory
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the simulator's client-parallel path and the clients benchmark do
+    cmd = "python -m bench cpu-floor " + " ".join(shlex.quote(a) for a in (sys.argv[2:] if argv is None else argv))
+    meta = run_meta(torch.device("cpu"), cmd.strip())
+    meta.update(clients=args.clients, batch=args.batch, reps=args.reps, load_before=round(os.getloadavg()[0], 2))
+    rows = time_cases(cases(args.clients, args.batch), args.reps)
+    steps = None if args.no_steps else time_steps(args.clients, args.batch, args.rounds)
+    meta["load_after"] = round(os.getloadavg()[0], 2)
+    result = {"meta": meta, "rows": rows, "steps": steps}
+    text = markdown(result)
+    print(text)
+    if not args.no_write:
+        from .report import save
+
+        stem = f"cpu-floor-{meta['device_slug']}-{meta['date']}"
+        paths = save(result, args.out_dir, stem, markdown, lambda r, p: False)
+        print(f"wrote {paths['md']}")
+    return 0 if all(r["error_share"] <= 1 for r in rows) else 1
