@@ -247,9 +247,44 @@ def time_cases(cs: List[Case], reps: int) -> List[Dict[str, Any]]:
     return rows
 
 
-def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, float]:
-    """The stacked step (gradients + fused FedNAR) at C=1 and C=clients, and a sequential client's step,
-    interleaved round by round (bench/clients.py's workload and modes)."""
+def _backward_dgrad_as_conv(ctx, gy):
+    """``_GroupedConvNHWC.backward`` with the input gradient as a forward convolution (3x3, stride 1,
+    padding 1, as in the small CNN), the weight gradient from oneDNN alone: the first row of the table
+    swapped into the step."""
+    xg, wg = ctx.saved_tensors
+    stride, padding, dilation, groups = ctx.conv
+    gy = gy.contiguous(memory_format=CL)
+    gx = gw = gb = None
+    if ctx.needs_input_grad[0]:
+        gx = F.conv2d(gy, _dgrad_weight(wg, groups).contiguous(memory_format=CL), None, 1, 1, 1, groups)
+    if ctx.needs_input_grad[1]:
+        gw = CB(gy, xg, wg, None, stride, padding, dilation, False, [0, 0], groups, [False, True, False])[1]
+        gw = gw.contiguous().view(ctx.w_shape)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        gb = gy.sum((0, 2, 3)).view(ctx.w_shape[0], -1)
+    return gx, gw, gb, None, None, None, None, None
+
+
+def _swapped(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` run with ``_backward_dgrad_as_conv`` in place of the stacked convolution's backward."""
+    from fedopt_kernels.sim.parallel import layers
+
+    def run() -> None:
+        cls = layers._GroupedConvNHWC
+        keep = cls.__dict__["backward"]
+        cls.backward = staticmethod(_backward_dgrad_as_conv)  # type: ignore[method-assign]
+        try:
+            fn()
+        finally:
+            cls.backward = keep  # type: ignore[method-assign]
+
+    return run
+
+
+def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, Dict[str, float]]:
+    """Round by round, interleaved (bench/clients.py's workload and modes): the stacked step (gradients +
+    fused FedNAR) at C=1 and at C=clients, the latter also with the input gradient as a forward
+    convolution, and the sequential clients. Per mode: best and median ms per step, client-steps/s."""
     from fedopt_kernels import FedNAR
     from fedopt_kernels.sim.parallel.stacked import StackedLoss
 
@@ -261,25 +296,26 @@ def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, float]:
         wl = Workload(s, C, s.steps, batch, torch.device("cpu"))
         tr = fused_trainer(wl, StackedLoss(wl.model), None)
         runs[f"stacked C={C}"] = (functools.partial(fused_round, wl, tr), C)
+    runs[f"stacked C={clients}, input gradient as a forward conv"] = (
+        _swapped(runs[f"stacked C={clients}"][0]),
+        clients,
+    )
     seq = Workload(s, clients, s.steps, batch, torch.device("cpu"))
     hp: Dict[str, Any] = dict(HP)
     runs["sequential"] = (functools.partial(sequential_round, seq, FedNAR(seq.model.parameters(), **hp)), clients)
-    best: Dict[str, float] = {}
+    samples: Dict[str, List[float]] = {name: [] for name in runs}
     for fn, _ in runs.values():
         fn()
     for _ in range(rounds):
         for name, (fn, _) in runs.items():
             t = time.perf_counter()
             fn()
-            dt = time.perf_counter() - t
-            best[name] = min(best.get(name, dt), dt)
-    per_step = {name: best[name] / s.steps for name in runs}
-    out = {f"{k} ms per step": v * 1e3 for k, v in per_step.items() if k != "sequential"}
-    out["sequential client-steps/s"] = clients * s.steps / best["sequential"]
-    out["stacked client-steps/s"] = clients * s.steps / best[f"stacked C={clients}"]
-    one, full = per_step["stacked C=1"], per_step[f"stacked C={clients}"]
-    out["per further client us"] = (full - one) / max(1, clients - 1) * 1e6
-    out["8x budget ms per step"] = clients / (8 * out["sequential client-steps/s"]) * 1e3
+            samples[name].append((time.perf_counter() - t) / s.steps)
+    out = {}
+    for name, (_, C) in runs.items():
+        v = sorted(samples[name])
+        med = v[len(v) // 2]
+        out[name] = {"best_ms": v[0] * 1e3, "median_ms": med * 1e3, "client_steps_per_s": C / med}
     return out
 
 
@@ -308,16 +344,24 @@ def markdown(result: Dict[str, Any]) -> str:
     st = result.get("steps")
     if st:
         C = m["clients"]
+        seq = st["sequential"]["client_steps_per_s"]
+        one, full = st["stacked C=1"]["median_ms"], st[f"stacked C={C}"]["median_ms"]
         lines += [
             "",
-            "## The whole step (gradients + fused FedNAR), best of the rounds",
+            f"## The whole step (gradients + fused FedNAR), {m['rounds']} interleaved rounds",
             "",
-            f"- stacked, C=1: {st['stacked C=1 ms per step']:.3f} ms; C={C}: {st[f'stacked C={C} ms per step']:.3f} ms "
-            f"({st['stacked client-steps/s']:,.0f} client-steps/s); each further client "
-            f"{st['per further client us']:.0f} us",
-            f"- sequential clients: {st['sequential client-steps/s']:,.0f} client-steps/s; 8x that leaves "
-            f"{st['8x budget ms per step']:.3f} ms per step of C={C} "
-            f"({st['stacked client-steps/s'] / st['sequential client-steps/s']:.2f}x now)",
+            "| mode | best ms per step | median ms per step | client-steps/s (median) | vs sequential |",
+            "|---|---|---|---|---|",
+        ]
+        for name, r in st.items():
+            lines.append(
+                f"| {name} | {r['best_ms']:.3f} | {r['median_ms']:.3f} | {r['client_steps_per_s']:,.0f} | "
+                f"{r['client_steps_per_s'] / seq:.2f}x |"
+            )
+        lines += [
+            "",
+            f"Each client past the first adds {(full - one) / max(1, C - 1) * 1e3:.0f} us to the step (medians); "
+            f"8x the sequential rate leaves {C / (8 * seq) * 1e3:.3f} ms per step of C={C}.",
         ]
     return "\n".join(lines) + "\n"
 
@@ -329,7 +373,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--clients", type=int, default=50, help="C (default 50)")
     ap.add_argument("--batch", type=int, default=10, help="batch per client (default 10)")
     ap.add_argument("--reps", type=int, default=60, help="interleaved calls per formulation (default 60)")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of each step mode, best taken (default 5)")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds of each step mode (default 15)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, the simulator's)")
     ap.add_argument("--no-steps", action="store_true", help="the operators only")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs", help="default bench_runs/ (git-ignored)")
@@ -349,7 +393,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     keep_freed_memory()  # as the simulator's client-parallel path and the clients benchmark do
     cmd = "python -m bench cpu-floor " + " ".join(shlex.quote(a) for a in (sys.argv[2:] if argv is None else argv))
     meta = run_meta(torch.device("cpu"), cmd.strip())
-    meta.update(clients=args.clients, batch=args.batch, reps=args.reps, load_before=round(os.getloadavg()[0], 2))
+    meta.update(
+        clients=args.clients,
+        batch=args.batch,
+        reps=args.reps,
+        rounds=args.rounds,
+        load_before=round(os.getloadavg()[0], 2),
+    )
     rows = time_cases(cases(args.clients, args.batch), args.reps)
     steps = None if args.no_steps else time_steps(args.clients, args.batch, args.rounds)
     meta["load_after"] = round(os.getloadavg()[0], 2)

@@ -48,4 +48,28 @@ def test_main_writes_the_table(tmp_path, monkeypatch):
     assert rc == 0
     md = next(tmp_path.glob("cpu-floor-*.md")).read_text()
     assert "| 2nd conv input gradient | oneDNN backward (used) |" in md
-    assert "8x that leaves" in md
+    assert "8x the sequential rate leaves" in md and "input gradient as a forward conv" in md
+
+
+def test_the_swapped_backward_gives_the_engines_gradients():
+    """The step row with the input gradient as a forward convolution computes what the engine does (float64)."""
+    from fedopt_kernels.sim.models.build import build_model
+    from fedopt_kernels.sim.parallel.stacked import StackedLoss
+
+    g = torch.Generator().manual_seed(4)
+    C, B = 3, 2
+    model = build_model("cnn", (1, 8, 8), 10).double()
+    params = [
+        p.detach().unsqueeze(0) + 0.1 * torch.randn(C, *p.shape, dtype=torch.float64, generator=g)
+        for p in model.parameters()
+    ]
+    x = torch.randn(C, B, 1, 8, 8, dtype=torch.float64, generator=g)
+    y = torch.randint(0, 10, (C, B), generator=g)
+    w = torch.full((C, B), 1.0 / B, dtype=torch.float64)
+    loss = StackedLoss(model, formulations={"Conv2d": "grouped-nhwc"})
+    want, _ = loss.grads(params, x, y, w)
+    got = []
+    cpu_floor._swapped(lambda: got.extend(loss.grads(params, x, y, w)[0]))()
+    assert len(got) == len(want)
+    for a, b in zip(got, want):  # the stacked engine's own float64 rounding budget (tests/test_sim_stacked.py)
+        assert float((a - b).abs().max() / b.abs().max()) <= 1e6 * torch.finfo(torch.float64).eps
