@@ -350,6 +350,8 @@ def markdown(result: Dict[str, Any]) -> str:
             "",
             f"## The whole step (gradients + fused FedNAR), {m['rounds']} interleaved rounds",
             "",
+            "A step is one local step of every client: all C at once (stacked) or one after another (sequential).",
+            "",
             "| mode | best ms per step | median ms per step | client-steps/s (median) | vs sequential |",
             "|---|---|---|---|---|",
         ]
