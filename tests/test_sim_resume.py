@@ -82,8 +82,18 @@ def same_floats(a, b) -> bool:
     return a == b
 
 
+def differences(a, b, path: str = "") -> list:
+    """Where ``a`` and ``b`` differ as ``same_floats`` sees them: paths with both values."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return [d for k in a for d in differences(a[k], b[k], f"{path}/{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if same_floats(a, b) else [(path, a, b)]
+
+
 def assert_same_run(a: Simulation, ra: dict, b: Simulation, rb: dict) -> None:
-    assert same_floats(comparable(ra), comparable(rb))
+    diff = differences(comparable(ra), comparable(rb))
+    assert not diff, diff[:10]
     for x, y in zip(a.global_params, b.global_params):
         assert torch.equal(x, y)
     sa, sb = a.strategy.server_state(), b.strategy.server_state()
