@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import functools
 import random
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -34,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .machine import ROOT, run_meta
+from .machine import ROOT, loadavg, run_meta
 
 CB = torch.ops.aten.convolution_backward
 CL = torch.channels_last
@@ -169,7 +171,7 @@ def cases(C: int, B: int, seed: int = 0) -> List[Case]:
             gx = torch.where(v == y.view(B, 4, 1, 4, 1, -1), gp.permute(0, 2, 3, 1).reshape(B, 4, 1, 4, 1, -1), 0.0)
         return (y.permute(0, 3, 1, 2), gx.view(B, 8, 8, -1).permute(0, 3, 1, 2))
 
-    ref_pool = pool_torch()
+    ref_pool = pool_torch()  # pooling selects, it does not round: float32 max_pool2d is the exact result
     out.append(
         Case(
             "max-pool forward + backward",
@@ -384,10 +386,6 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    import os
-    import shlex
-    import sys
-
     from fedopt_kernels.sim.parallel.host_memory import keep_freed_memory
 
     args = parse_args(argv)
@@ -400,11 +398,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         batch=args.batch,
         reps=args.reps,
         rounds=args.rounds,
-        load_before=round(os.getloadavg()[0], 2),
+        load_before=loadavg(),
     )
     rows = time_cases(cases(args.clients, args.batch), args.reps)
     steps = None if args.no_steps else time_steps(args.clients, args.batch, args.rounds)
-    meta["load_after"] = round(os.getloadavg()[0], 2)
+    meta["load_after"] = loadavg()
     result = {"meta": meta, "rows": rows, "steps": steps}
     text = markdown(result)
     print(text)

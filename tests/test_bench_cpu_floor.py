@@ -4,6 +4,7 @@ of that can fail."""
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +43,7 @@ def test_dgrad_weights_give_the_input_gradient():
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.slow  # a whole (tiny) benchmark run: the full suite has it
 def test_main_writes_the_table(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # leave the test worker's threads alone
     rc = cpu_floor.main(["--clients", "2", "--batch", "2", "--reps", "1", "--rounds", "1", "--out-dir", str(tmp_path)])
