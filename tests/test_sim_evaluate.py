@@ -233,3 +233,25 @@ def test_client_batched_finetuning_is_each_users_own(augment):
     assert results[0]["finetuned"] != results[0]["global"]  # fine-tuning changed something
     for out in results[1:]:
         assert out == results[0]
+
+
+def test_flop_counts_are_each_models_own_at_a_reused_address(monkeypatch):
+    """A freed model's FLOP counts never answer for a new model that CPython puts at its address (the
+    counts were once cached by ``id()``): every model here reports the same ``id``, as reused addresses
+    would, and each still gets its own count, forward and training step."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedopt_kernels.sim import evaluate
+
+    monkeypatch.setattr(evaluate, "id", lambda obj: 1, raising=False)  # one address for every model
+    x, y = torch.randn(2, 1, 8, 8), torch.tensor([0, 1])
+    for channels in [(3, 4), (8, 16), (5, 2)]:
+        model = SmallCNN((1, 8, 8), 4, channels=channels)
+        with torch.no_grad(), FlopCounterMode(display=False) as fwd:
+            model.eval()(x[:1])
+        with FlopCounterMode(display=False) as train:
+            torch.nn.functional.cross_entropy(model(x[:1]), y[:1]).backward()
+        model.zero_grad(set_to_none=True)
+        assert evaluate.forward_flops(model, x) == fwd.get_total_flops()
+        assert evaluate._train_flops(model, x, y) == train.get_total_flops()
+        del model

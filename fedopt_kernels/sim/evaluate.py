@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -118,23 +119,37 @@ def _eval_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     return call
 
 
-_FLOPS: Dict[Tuple[int, Tuple[int, ...], str], float] = {}
+# per live model: held weakly, so a freed model's counts go with it (a cache keyed by id() answered a
+# new model at a freed model's address with the old model's count)
+_FLOPS: weakref.WeakKeyDictionary[nn.Module, Dict[Tuple[Tuple[int, ...], str], float]] = weakref.WeakKeyDictionary()
+
+
+def _counted(model: nn.Module, x: torch.Tensor, kind: str, run: Callable[[], object]) -> float:
+    """FLOPs ``torch.utils.flop_counter`` counts in ``run()`` with ``model`` in eval mode, cached per
+    model, sample shape and ``kind``."""
+    per_model = _FLOPS.setdefault(model, {})
+    key = (tuple(x.shape[1:]), kind)
+    if key not in per_model:
+        was = model.training
+        model.eval()  # no augmentation draw: the run's random streams stay untouched
+        try:
+            with FlopCounterMode(display=False) as counter:
+                run()
+        finally:
+            model.train(was)
+        per_model[key] = float(counter.get_total_flops())
+    return per_model[key]
 
 
 def forward_flops(model: nn.Module, x: torch.Tensor) -> float:
     """Model FLOPs of one forward pass of one sample like ``x[:1]`` (matmuls and convolutions, as
     ``torch.utils.flop_counter`` counts them); cached per model and sample shape."""
-    key = (id(model), tuple(x.shape[1:]), str(x.dtype))
-    if key not in _FLOPS:
-        was = model.training
-        model.eval()
-        try:
-            with torch.no_grad(), FlopCounterMode(display=False) as counter:
-                model(x[:1])
-        finally:
-            model.train(was)
-        _FLOPS[key] = float(counter.get_total_flops())
-    return _FLOPS[key]
+
+    def run() -> None:
+        with torch.no_grad():
+            model(x[:1])
+
+    return _counted(model, x, str(x.dtype), run)
 
 
 @torch.no_grad()
@@ -223,18 +238,12 @@ def finetune(model: nn.Module, client: ClientData, steps: int, lr: float, stream
 
 def _train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """Model FLOPs of one training step (forward and backward) on one sample like ``x[:1]``."""
-    key = (id(model), tuple(x.shape[1:]), "train")
-    if key not in _FLOPS:
-        was = model.training
-        model.eval()  # no augmentation draw: the run's random streams stay untouched
-        try:
-            with FlopCounterMode(display=False) as counter:
-                F.cross_entropy(model(x[:1]), y[:1]).backward()
-            model.zero_grad(set_to_none=True)
-        finally:
-            model.train(was)
-        _FLOPS[key] = float(counter.get_total_flops())
-    return _FLOPS[key]
+
+    def run() -> None:
+        F.cross_entropy(model(x[:1]), y[:1]).backward()
+        model.zero_grad(set_to_none=True)
+
+    return _counted(model, x, "train", run)
 
 
 def _finetuned_sequential(
