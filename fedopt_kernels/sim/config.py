@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional, Tuple
 from ..fl.algorithm import VARIANTS
 from ..fl.config import FLConfig, check_choice, check_integer, check_real
 from .models.build import MODELS, TEXT_MODELS
+from .parallel.choose import MODES as FORMULATION_MODES
 
 # What ``--algorithm`` names is a *variant* (fedavg, fedprox, scaffold, ... each an algorithm's
 # optimizer on a server rule): every registered one, fedopt_kernels.fl.algorithm.VARIANTS. The
@@ -76,6 +77,10 @@ class SimConfig(FLConfig):
     augment: bool = False  # cifar: random crop (padding 4) + horizontal flip in training
     client_parallel: Any = 1  # clients trained at once (vmap); "auto": as many as fit; 1: sequential
     cuda_graph: bool = False  # client-parallel on CUDA: replay each local step from a CUDA graph
+    # client-parallel: how the stacked engine's per-layer formulations are chosen (parallel/choose.py):
+    # "auto" measures on the device (reusing earlier choices), "measure" always, "default" never
+    formulations: str = "auto"
+    formulation_cache: Optional[str] = None  # a JSON file keeping measured choices across runs
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -194,6 +199,11 @@ class SimConfig(FLConfig):
                 raise ValueError(f"client_parallel must be an integer >= 1 or 'auto', got {v!r}")
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
+        check_choice("formulations", self.formulations, FORMULATION_MODES)
+        if self.formulation_cache is not None and (
+            not isinstance(self.formulation_cache, str) or not self.formulation_cache
+        ):
+            raise ValueError(f"formulation_cache must be a file path or None, got {self.formulation_cache!r}")
         if self.cuda_graph and self.client_parallel == 1:
             raise ValueError(
                 "cuda_graph captures the client-parallel local step: it needs client_parallel "

@@ -29,9 +29,12 @@ from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from .data.image_input import ImageClassifier
 from .parallel.batches import BatchPool, apply_stage
+from .parallel.choice_cache import ChoiceCache
+from .parallel.choose import Choice, Chooser
 from .parallel.host_memory import keep_freed_memory
 from .parallel.loss import client_loss
-from .parallel.size import auto_client_parallel, free_bytes, state_copies
+from .parallel.size import MAX_AUTO, auto_client_parallel, free_bytes, state_copies
+from .parallel.stacked import StackedLoss
 from .parallel.trainer import BatchedTrainer
 from .strategy import ClientUpdate, RoundHost
 
@@ -83,23 +86,104 @@ class BatchedClients:
         self.algo = self.opts.algo
         self.anchor_model = getattr(sim.strategy, "anchor_model", None)
         self.pool = BatchPool(sim.train_clients, cfg.batch_size, dtype=sim.global_params[0].dtype)
-        S = cfg.sampled_per_round
-        n = self.resolve_parallel()
-        chunks = math.ceil(S / n)
-        self.parallel = n
-        self.size = math.ceil(S / chunks)  # equal chunks: at most one inactive slot in the last
+        # the stacked engine's formulations (and, for "auto", the clients at once) are chosen at the
+        # first round, by measurement on the run's device (parallel/choose.py), or taken back from a
+        # checkpoint (adopt)
+        self.chooser: Optional[Chooser] = None
+        if isinstance(self.loss, StackedLoss):
+            cache = ChoiceCache(cfg.formulation_cache) if cfg.formulation_cache else None
+            self.chooser = Chooser(self.loss, self._sample_inputs, cfg.formulations, cache)
+        self.choice: Optional[Choice] = None
+        self._parallel: Optional[int] = None
+        self._size: Optional[int] = None
+        self._sample: Optional[Tuple[int, Any]] = None
         # "cuda": replay each step from a CUDA graph; tests set "emulate" (parallel/step_graph.py) before round 0
         self.graph_mode = "cuda" if cfg.cuda_graph else None
         self._trainer: Optional[BatchedTrainer] = None  # built at the first round (after the strategy's setup)
 
-    def resolve_parallel(self) -> int:
-        """``client_parallel`` as a number (``auto``: parallel/size.py's estimate), at most the sampled clients."""
+    # ------------------------------------------------------------------ clients at once
+    @property
+    def parallel(self) -> int:
+        """Clients trained at once: ``client_parallel``, or the chosen number for ``auto``."""
+        if self._parallel is None:
+            self._resolve()
+        assert self._parallel is not None
+        return self._parallel
+
+    @property
+    def size(self) -> int:
+        """The trainer's clients: ``parallel`` evened out into equal chunks of the sampled clients."""
+        if self._size is None:
+            self._resolve()
+        assert self._size is not None
+        return self._size
+
+    def setting(self) -> Any:
+        """What a checkpoint compares: the number of clients at once when the user gave it, else "auto"."""
+        return self.cfg.client_parallel
+
+    def _resolve(self) -> None:
         cfg, S = self.cfg, self.cfg.sampled_per_round
-        if cfg.client_parallel != "auto":
-            return min(int(cfg.client_parallel), S)
+        fixed = None if cfg.client_parallel == "auto" else min(int(cfg.client_parallel), S)
+        if self.chooser is None:
+            n = fixed if fixed is not None else self._fit(limit=True)
+            size = math.ceil(S / math.ceil(S / n))
+        else:
+            even = None if fixed is None else math.ceil(S / math.ceil(S / fixed))
+            size, self.choice = self.chooser.plan(
+                S, self._fit(limit=False) if fixed is None else S, cfg.rounds * cfg.local_steps, even
+            )
+            n = fixed if fixed is not None else size
+        self._parallel, self._size = n, size  # equal chunks: at most one inactive slot in the last
+        self._sample = None
+
+    def _fit(self, limit: bool) -> int:
+        """Clients that fit in memory (parallel/size.py's estimate); ``limit``: at most ``MAX_AUTO`` too."""
+        cfg = self.cfg
         client = self.sim.train_clients[0]
         x, y = client.train_x[: cfg.batch_size], client.train_y[: cfg.batch_size]
-        return auto_client_parallel(self.sim.model, x, y, state_copies(cfg), S, free_bytes(self.sim.device))
+        budget = free_bytes(self.sim.device)
+        cap = MAX_AUTO if limit else None
+        return auto_client_parallel(self.sim.model, x, y, state_copies(cfg), cfg.sampled_per_round, budget, cap)
+
+    def _sample_inputs(self, C: int) -> Tuple[List[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the chooser times: the global model for C clients and one batch of the first training
+        client for each (its model inputs without augmentation: no draw from the run's generators)."""
+        if self._sample is not None and self._sample[0] == C:
+            return self._sample[1]
+        self._sample = None  # one size at a time: [C, ...] copies of the model can be large
+        B = self.cfg.batch_size
+        client = self.sim.train_clients[0]
+        idx = torch.arange(B, device=client.train_x.device) % client.train_x.shape[0]
+        x, y = client.train_x[idx], client.train_y[idx]
+        stage = self.loss.input_stage
+        with torch.no_grad():
+            x = x if stage is None else stage(x, False)
+        params = [p.detach().unsqueeze(0).repeat(C, *([1] * p.dim())) for p in self.sim.global_params]
+        w = torch.full((C, B), 1.0 / B, dtype=self.sim.global_params[0].dtype, device=x.device)
+        out = (params, x.unsqueeze(0).repeat(C, *([1] * x.dim())), y.unsqueeze(0).repeat(C, 1), w)
+        self._sample = (C, out)
+        return out
+
+    def adopt(self, saved: Dict[str, Any]) -> None:
+        """Take back the clients at once and formulations a checkpoint recorded (``choice_state``), so
+        that a resumed run computes what the uninterrupted one did."""
+        size, parallel = int(saved["size"]), int(saved["parallel"])
+        forms = saved.get("formulations")
+        if self.chooser is not None and isinstance(forms, dict):
+            self.loss.stacked.set_formulations(forms)
+            self.choice = Choice(size, dict(forms), {p: "from the checkpoint" for p in forms}, source="checkpoint")
+            self.chooser.choices[size] = self.choice
+        self._parallel, self._size = parallel, size
+
+    def choice_state(self) -> Dict[str, Any]:
+        """The clients at once and the formulations this run uses (checkpointed, reported)."""
+        out: Dict[str, Any] = {"parallel": self.parallel, "size": self.size}
+        if self.choice is not None:
+            out["formulations"] = dict(self.choice.formulations)
+            out["why"] = dict(self.choice.why)
+            out["search_s"] = self.chooser.spent_s if self.chooser is not None else 0.0
+        return out
 
     @property
     def trainer(self) -> BatchedTrainer:

@@ -15,7 +15,8 @@ Not saved, because they restart every round or are rebuilt from the seed: the da
 the initial model (the settings' fingerprints check them), each client's optimizer (momentum is
 cleared at every ``start_round``, FedNLR scales are recomputed from the received model, and the
 round index is advanced to the global round, see ``client_round.advance_to_round``), and the
-client-parallel trainer. The tests resume every registered algorithm and compare bitwise with an
+client-parallel trainer, whose clients at once and formulations are saved (measured choices may
+differ between two processes) and taken back. The tests resume every registered algorithm and compare bitwise with an
 uninterrupted run, which is what keeps this list complete.
 """
 
@@ -46,7 +47,8 @@ class ResumableRun(RoundHost, Protocol):
 
 KIND = "fedopt-sim"
 # settings that cannot change a run's numbers (a download flag) are not compared on resume
-_NOT_COMPARED = ("download",)
+# nor how formulations are chosen: a resumed run takes the checkpoint's choice back (``batched``)
+_NOT_COMPARED = ("download", "formulations", "formulation_cache")
 
 
 def tensor_digest(tensors: List[torch.Tensor]) -> str:
@@ -79,7 +81,7 @@ def run_settings(sim: ResumableRun) -> Dict[str, Any]:
             "model parameters": [f"{n} {tuple(p.shape)}" for n, p in sim.model.named_parameters()],
             "initial model sha256": sim.initial_model_digest,
             "data sha256": data_digest(sim),
-            "clients trained at once": sim.batched.size if sim.batched is not None else 1,
+            "clients trained at once": sim.batched.setting() if sim.batched is not None else 1,
         }
     )
     return out
@@ -129,6 +131,8 @@ def capture(sim: ResumableRun) -> Dict[str, Any]:
         "generators": {k: _augment_generators(m) for k, m in models.items()},
         "buffers": {k: {n: b.detach() for n, b in m.named_buffers()} for k, m in models.items()},
         "rng": global_rng_state(),
+        # the client-batched engine's clients at once and formulations, chosen by measurement
+        "batched": None if sim.batched is None else sim.batched.choice_state(),
     }
 
 
@@ -163,6 +167,10 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
         mine = dict(holder.named_buffers()) if holder is not None else {}
         if set(bufs) != set(mine):
             raise ValueError(f"checkpoint's buffers of the {key} do not match the model's")
+    batched = state.get("batched")
+    if batched is not None and sim.batched is not None:
+        if not isinstance(batched, dict) or not {"parallel", "size"} <= set(batched):
+            raise ValueError("checkpoint's client-batched choice is not readable")
     # from here on nothing raises
     for p, v in zip(sim.global_params, state["global"], strict=True):
         p.copy_(v)
@@ -184,5 +192,7 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
             for n, b in holder.named_buffers():
                 b.copy_(bufs[n])
     set_global_rng_state(state["rng"])
+    if batched is not None and sim.batched is not None:
+        sim.batched.adopt(batched)
     sim.history = list(state["history"])
     sim.load_global()

@@ -290,4 +290,6 @@ class Simulation:
             "train_seconds": train_seconds,
             "total_seconds": time.perf_counter() - start,
             "resumed_from_round": self.resumed_from,
+            # what the client-batched engine ran: clients at once, each layer's formulation and why
+            "client_batched": None if self.batched is None else self.batched.choice_state(),
         }

@@ -26,7 +26,16 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ...fl.config import algorithm_settings
-from ..config import DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, VARIANTS, SimConfig, default_dataset
+from ..config import (
+    DATASETS,
+    DEVICES,
+    FOLDER_DATASETS,
+    FORMULATION_MODES,
+    PARTITIONS,
+    VARIANTS,
+    SimConfig,
+    default_dataset,
+)
 from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
@@ -177,6 +186,22 @@ def build_parser() -> argparse.ArgumentParser:
         "replay it (needs a fused backend)",
     )
     g.add_argument(
+        "--formulations",
+        choices=FORMULATION_MODES,
+        default=d.formulations,
+        help="with --client-parallel: how each layer's formulation (and, with auto clients, how many at "
+        "once) is chosen: auto: measured on this device at the first round, within 2%% of the run's "
+        "estimated training time, reusing earlier choices; measure: measured anew, no time limit; "
+        "default: the fixed defaults, no measurement (default %(default)s; docs/client_batched.md)",
+    )
+    g.add_argument(
+        "--formulation-cache",
+        metavar="FILE",
+        default=os.environ.get("FEDOPT_FORMULATION_CACHE"),
+        help="a JSON file keeping measured formulation choices across runs (default: $FEDOPT_FORMULATION_CACHE, "
+        "else none: this process only)",
+    )
+    g.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -270,6 +295,8 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         eval_every=args.eval_every,
         client_parallel=parse_client_parallel(args.client_parallel),
         cuda_graph=args.cuda_graph,
+        formulations=args.formulations,
+        formulation_cache=args.formulation_cache,
         **{f.name: getattr(args, f.name) for f in algorithm_settings(SimConfig)},
     ).validate()
 
@@ -445,16 +472,21 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
 
 
 def _say_parallel(sim: Any) -> None:
-    """Say so when ``--client-parallel N`` trains another number of clients at once than N (fewer are
-    sampled per round, or the sampled ones split into equal chunks)."""
+    """Say how many clients a client-parallel run trains at once when that is not plainly N (fewer are
+    sampled per round, equal chunks, or ``auto``), and what choosing its formulations took."""
     n, batched = sim.cfg.client_parallel, sim.batched
-    if batched is None or n == "auto" or batched.size == n:
+    if batched is None:
         return
+    size = batched.size  # chosen now, by measurement, unless a checkpoint gave it back
     S = sim.cfg.sampled_per_round
-    chunks = -(-S // batched.size)
+    chunks = -(-S // size)
     how = f"all {S} sampled clients" if chunks == 1 else f"the {S} sampled clients in {chunks} equal chunks"
+    chooser = batched.chooser
+    spent = f"; choosing formulations took {chooser.spent_s:.1f} s" if chooser is not None and chooser.spent_s else ""
+    if n != "auto" and size == n and not spent:
+        return
     print(
-        f"seed {sim.cfg.seed}: --client-parallel {n} trains {batched.size} clients at once ({how} of a round)",
+        f"seed {sim.cfg.seed}: --client-parallel {n} trains {size} clients at once ({how} of a round){spent}",
         file=sys.stderr,
     )
 

@@ -23,7 +23,7 @@ The estimate is deliberately rough; give N explicitly to override it.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from torch import nn
@@ -74,13 +74,20 @@ def free_bytes(device: torch.device) -> int:
 
 
 def auto_client_parallel(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, state: int, limit: int, budget: int
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    state: int,
+    limit: int,
+    budget: int,
+    cap: Optional[int] = MAX_AUTO,
 ) -> int:
-    """Clients that fit in ``budget`` bytes (module docstring), between 1 and ``min(limit, MAX_AUTO)``.
+    """Clients that fit in ``budget`` bytes (module docstring), between 1 and ``min(limit, cap)``
+    (``cap`` None: memory alone, for a caller that measures which size runs fastest).
 
     ``x``, ``y``: one batch of one client (as the model takes it, e.g. raw pixels for image
     models); ``state``: optimizer state copies per parameter (``state_copies``).
     """
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     per_client = param_bytes * (4 + state) + 2 * activation_bytes(model, x, y)
-    return max(1, min(limit, MAX_AUTO, budget // max(per_client, 1)))
+    return max(1, min(limit, cap or limit, budget // max(per_client, 1)))

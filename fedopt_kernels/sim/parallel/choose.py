@@ -1,0 +1,392 @@
+"""Formulations and clients per chunk chosen on the device that runs them, by measurement.
+
+Every formulation of a stacked layer computes the same mathematics (each equals per-client autograd
+in float64, tests/test_sim_stacked.py); which one is fastest depends on the device, its libraries,
+the shapes, the number of clients C and the precision. So the engine times them where it runs, as
+cuDNN's benchmark mode times its kernels, instead of trusting defaults chosen on another machine:
+
+* Layers are grouped by *signature* (kind, configuration, per-sample input shape, dtype and memory
+  format); the layers of one group share one choice (ResNet-18's repeated blocks are measured once).
+* From the defaults, group after group in forward order, the whole stacked step (forward and
+  backward of the clients' loss, as training runs it, so that layouts shared with neighbouring
+  layers count) is timed with each of the group's candidates (``StackedLayer.candidates``): one
+  warm-up call each, then ``rounds`` calls each in a rotated order, synchronised; medians compared.
+* A candidate replaces the current choice only when its median is at least ``margin`` faster: on a
+  noisy machine the default stays rather than flipping on noise. A candidate that runs out of
+  memory is dropped.
+* The clients computed at once (``--client-parallel auto``) are chosen the same way: for a few
+  equal chunk sizes that fit the device's free memory, largest first, the formulations are chosen
+  at that size and the round's time (chunks x step time) compared.
+
+The search spends at most ``Budget.seconds`` (``auto``: a share of the run's estimated training
+time; ``measure``: no limit); what it could not measure keeps its default, and ``Choice.why`` says
+so. A choice is kept for the process and, with a cache file (``choice_cache.py``), across runs: the
+same signature on the same device and torch then gets the same formulations, hence the same bits.
+``default`` skips the search: the fixed defaults, what the search is compared against.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .choice_cache import ChoiceCache, step_key
+from .layers import FORMULATIONS, StackedLayer
+from .stacked import StackedLoss
+
+MODES = ("auto", "default", "measure")
+# auto: the search may spend this share of the run's estimated training time
+AUTO_SHARE = 0.02
+MARGIN = 0.05
+ROUNDS = 5
+MIN_CALL_S = 0.05  # a candidate's timed calls last at least this long (more rounds for tiny steps)
+MAX_ROUNDS = 25
+
+
+class Budget:
+    """How long the search may take (wall-clock seconds from its creation; None: no limit), and
+    how it compares candidates: ``rounds`` timed calls each at least, ``margin`` to replace a choice."""
+
+    def __init__(self, seconds: Optional[float] = None, rounds: int = ROUNDS, margin: float = MARGIN):
+        self.seconds, self.rounds, self.margin = seconds, rounds, margin
+        self.start = time.perf_counter()
+
+    @property
+    def spent(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return math.inf if self.seconds is None else self.seconds - self.spent
+
+
+@dataclass
+class Choice:
+    """The formulations chosen for C clients: module path -> formulation, and why each."""
+
+    clients: int
+    formulations: Dict[str, str]
+    why: Dict[str, str]
+    step_s: Optional[float] = None  # median time of one step with these formulations (None: not timed)
+    source: str = "default"  # default | measured | process | cache
+    spent_s: float = 0.0  # what finding it cost (0 when it came from a cache)
+    times_s: Dict[str, Dict[str, float]] = field(default_factory=dict)  # group -> candidate -> median
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "clients": self.clients,
+            "formulations": dict(self.formulations),
+            "why": dict(self.why),
+            "step_s": self.step_s,
+            "times_s": {g: dict(t) for g, t in self.times_s.items()},
+        }
+
+
+# ------------------------------------------------------------------ signatures
+def layer_inputs(engine: StackedLoss, params: Sequence[torch.Tensor], x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """Each stacked layer's input in one forward pass of the clients' samples ``x`` [C, B, ...]
+    (detached): what the layer's candidates and signature depend on."""
+    seen: Dict[str, torch.Tensor] = {}
+    hooks = []
+    for path, layer in engine.stacked.layers.items():
+
+        def keep(m: Any, args: tuple, path: str = path) -> None:
+            seen.setdefault(path, args[0].detach())
+
+        hooks.append(layer.register_forward_pre_hook(keep))
+    try:
+        with torch.no_grad():
+            engine.logits(params, x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def candidates(layer: StackedLayer, x: torch.Tensor) -> Tuple[str, ...]:
+    """The formulations that compute ``layer`` on an input like ``x``."""
+    own = getattr(layer, "candidates", None)
+    return tuple(own(x)) if callable(own) else tuple(FORMULATIONS[layer.kind])
+
+
+def layer_signature(engine: StackedLoss, path: str, x: torch.Tensor) -> str:
+    """Kind, configuration (the source module's ``extra_repr``), per-sample input and its layout."""
+    src = engine.stacked.source.get_submodule(path)
+    layout = "nhwc" if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) else "dense"
+    dtype = str(x.dtype).replace("torch.", "")
+    return f"{type(src).__name__}({src.extra_repr()}) in {list(x.shape[1:])} {dtype} {layout}"
+
+
+def groups_of(engine: StackedLoss, inputs: Dict[str, torch.Tensor]) -> Dict[str, List[str]]:
+    """Signature -> the layer paths that have it (forward order), for layers with a choice to make."""
+    out: Dict[str, List[str]] = {}
+    for path, layer in engine.stacked.layers.items():
+        x = inputs.get(path)
+        if x is None or len(candidates(layer, x)) < 2:
+            continue
+        out.setdefault(layer_signature(engine, path, x), []).append(path)
+    return out
+
+
+# ------------------------------------------------------------------ timing
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+class Timer:
+    """Times ``engine.grads`` on fixed inputs under a formulation assignment; counts what it spends."""
+
+    def __init__(self, engine: StackedLoss, params: Sequence[torch.Tensor], x, y, w, budget: Budget):
+        self.engine, self.params, self.x, self.y, self.w = engine, list(params), x, y, w
+        self.device = x.device
+        self.budget = budget
+
+    def call(self, forms: Dict[str, str]) -> float:
+        self.engine.stacked.set_formulations(forms)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        self.engine.grads(self.params, self.x, self.y, self.w)
+        _sync(self.device)
+        return time.perf_counter() - t0
+
+    def compare(self, options: Dict[str, Dict[str, str]]) -> Dict[str, float]:
+        """Median seconds per step of each option (name -> assignment), interleaved; an option that
+        runs out of memory or fails is left out of the answer."""
+        live: Dict[str, Dict[str, str]] = {}
+        for name, forms in options.items():  # the warm-up call: allocations, library autotuning
+            try:
+                self.call(forms)
+                live[name] = forms
+            except RuntimeError as exc:
+                if self.device.type == "cuda" and _out_of_memory(exc):
+                    torch.cuda.empty_cache()
+                elif not _out_of_memory(exc):
+                    raise
+        times: Dict[str, List[float]] = {n: [] for n in live}
+        names = list(live)
+        r = 0
+        while names and r < MAX_ROUNDS:
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                times[name].append(self.call(live[name]))
+            r += 1
+            if r >= self.budget.rounds and min(sum(t) for t in times.values()) >= MIN_CALL_S:
+                break
+            if self.budget.left() <= 0 and r >= 2:
+                break
+        return {n: statistics.median(t) for n, t in times.items() if t}
+
+
+# ------------------------------------------------------------------ the search
+def defaults(engine: StackedLoss, params: Sequence[torch.Tensor], x: torch.Tensor) -> Dict[str, str]:
+    """The fixed default formulation of every stacked layer at this input (one forward pass)."""
+    engine.stacked.set_formulations(None)
+    with torch.no_grad():
+        engine.logits(params, x)
+    return dict(engine.stacked.formulations())
+
+
+def search(
+    engine: StackedLoss,
+    params: Sequence[torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w: torch.Tensor,
+    budget: Budget,
+) -> Choice:
+    """Formulations for the clients of ``x`` [C, B, ...] by measurement (module docstring)."""
+    t0 = time.perf_counter()
+    C = x.shape[0]
+    forms = defaults(engine, params, x)
+    why = {p: "the default; the only formulation for this layer" for p in forms}
+    inputs = layer_inputs(engine, params, x)
+    groups = groups_of(engine, inputs)
+    timer = Timer(engine, params, x, y, w, budget)
+    times: Dict[str, Dict[str, float]] = {}
+    step_s: Optional[float] = None
+    for paths in groups.values():
+        for p in paths:
+            why[p] = "the default; not measured: the search's time budget was spent"
+    for sig, paths in groups.items():
+        if budget.left() <= 0:
+            break
+        layer = engine.stacked.layers[paths[0]]
+        current = forms[paths[0]]
+        options = {f: {**forms, **{p: f for p in paths}} for f in candidates(layer, inputs[paths[0]])}
+        measured = timer.compare(options)
+        times[sig] = measured
+        if not measured:
+            continue
+        best = min(measured, key=lambda f: measured[f])
+        base = measured.get(current)
+        label = ", ".join(f"{f} {measured[f] * 1e3:.3g} ms" for f in sorted(measured, key=lambda f: measured[f]))
+        if base is None or (best != current and measured[best] < base * (1 - budget.margin)):
+            chosen, verdict = best, f"measured fastest (step: {label})"
+        else:
+            chosen = current
+            verdict = (
+                f"the default, measured fastest (step: {label})"
+                if best == current
+                else f"the default, kept: no candidate {budget.margin:.0%} faster (step: {label})"
+            )
+        for p in paths:
+            forms[p] = chosen
+            why[p] = verdict
+        step_s = measured[chosen]
+    engine.stacked.set_formulations(forms)
+    return Choice(C, forms, why, step_s, "measured", time.perf_counter() - t0, times)
+
+
+def time_step(engine: StackedLoss, params, x, y, w, forms: Dict[str, str], budget: Budget) -> Optional[float]:
+    """The median step time with ``forms`` (None: out of memory)."""
+    return Timer(engine, params, x, y, w, budget).compare({"step": forms}).get("step")
+
+
+# ------------------------------------------------------------------ choosing for a run
+Inputs = Callable[[int], Tuple[List[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]]
+_PROCESS: Dict[str, Dict[str, Any]] = {}  # choices made in this process, by key
+
+
+def chunk_sizes(sampled: int, fit: int) -> List[int]:
+    """Candidate clients per chunk for ``sampled`` clients a round when at most ``fit`` fit at once:
+    equal chunks, 1, 2, 4 and 8 times as many as the fewest that fit, largest first."""
+    top = max(1, min(sampled, fit))
+    first = math.ceil(sampled / top)
+    sizes: List[int] = []
+    for mult in (1, 2, 4, 8):
+        n = math.ceil(sampled / (first * mult))
+        if n not in sizes:
+            sizes.append(n)
+    return sizes
+
+
+class Chooser:
+    """Formulations, and the clients per chunk, for the stacked engine ``engine`` in one run.
+
+    ``inputs(C)``: stacked parameters and one step's ``x, y, w`` for C clients (after the model's
+    input stage); ``mode``: one of ``MODES``; ``cache``: a ``ChoiceCache`` file (None: this process
+    only); ``precision``: the run's (part of the key: it changes which kernels run).
+    """
+
+    def __init__(
+        self,
+        engine: StackedLoss,
+        inputs: Inputs,
+        mode: str = "auto",
+        cache: Optional[ChoiceCache] = None,
+        precision: str = "fp32",
+    ):
+        if mode not in MODES:
+            raise ValueError(f"formulations must be one of {MODES}, got {mode!r}")
+        self.engine, self.inputs, self.mode, self.cache, self.precision = engine, inputs, mode, cache, precision
+        self.choices: Dict[int, Choice] = {}
+        self.spent_s = 0.0  # what this run's search took, in all
+
+    def key(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> Tuple[str, Dict[str, Any]]:
+        """The cache key of a step at ``x``'s shape: device, torch, every layer's signature and candidates."""
+        inputs = layer_inputs(self.engine, params, x)
+        layers = {
+            p: {
+                "signature": layer_signature(self.engine, p, t),
+                "candidates": list(candidates(self.engine.stacked.layers[p], t)),
+            }
+            for p, t in inputs.items()
+        }
+        order = self.engine.context(x.shape[0], x.shape[1], x.device).order
+        return step_key(x.device, layers, x.shape[0], x.shape[1], order, self.precision)
+
+    def known(self, clients: int) -> Optional[Choice]:
+        """A choice for ``clients`` made before (this run, this process or the cache file), or None."""
+        if clients in self.choices:
+            return self.choices[clients]
+        if self.mode != "auto":
+            return None
+        params, x, _, _ = self.inputs(clients)
+        key, described = self.key(params, x)
+        saved, source = _PROCESS.get(key), "process"
+        if saved is None and self.cache is not None:
+            saved, source = self.cache.get(key, described), "cache"
+        if saved is None:
+            return None
+        choice = self._restore(saved, clients, source)
+        if choice is None and self.cache is not None and source == "cache":
+            self.cache.reject(key, "names formulations this engine does not have")
+        return choice
+
+    def at(self, clients: int, budget: Budget) -> Choice:
+        """The choice for ``clients`` at once: made before, the defaults (``default``), or measured."""
+        choice = self.known(clients)
+        if choice is None:
+            params, x, y, w = self.inputs(clients)
+            if self.mode == "default":
+                forms = defaults(self.engine, params, x)
+                choice = Choice(clients, forms, {p: "the default (formulations='default')" for p in forms})
+            else:
+                choice = search(self.engine, params, x, y, w, budget)
+                self.spent_s += choice.spent_s
+                key, described = self.key(params, x)
+                _PROCESS[key] = choice.to_json()
+                if self.cache is not None:
+                    self.cache.put(key, described, choice.to_json())
+        self.choices[clients] = choice
+        self.engine.stacked.set_formulations(choice.formulations)
+        return choice
+
+    def _restore(self, saved: Dict[str, Any], clients: int, source: str) -> Optional[Choice]:
+        """A saved choice, if it still names a formulation for every layer (else None: measure again)."""
+        forms = saved.get("formulations")
+        layers = self.engine.stacked.layers
+        if not isinstance(forms, dict) or set(forms) != set(layers):
+            return None
+        if any(not isinstance(f, str) or f not in FORMULATIONS[layers[p].kind] for p, f in forms.items()):
+            return None
+        where = "made earlier in this process" if source == "process" else "read from the cache file"
+        reasons = saved.get("why")
+        if not isinstance(reasons, dict):
+            reasons = {}
+        why = {p: f"{reasons.get(p, 'measured')} ({where})" for p in forms}
+        step = saved.get("step_s")
+        step_s = float(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None
+        return Choice(clients, dict(forms), why, step_s, source)
+
+    def plan(self, sampled: int, fit: int, steps_per_run: int, fixed: Optional[int] = None) -> Tuple[int, Choice]:
+        """Clients per chunk and their formulations for a run of ``sampled`` clients a round.
+
+        ``fixed``: the user's number of clients at once (None: choose among ``chunk_sizes(sampled,
+        fit)`` by the shortest round, chunks x step time); ``steps_per_run``: local steps of one
+        client over the run (rounds x K), which with the default step's time estimates the run's
+        training time, of which ``auto`` spends at most ``AUTO_SHARE`` searching."""
+        sizes = [fixed] if fixed is not None else chunk_sizes(sampled, fit)
+        budget = Budget()
+        if self.mode == "default":
+            return sizes[0], self.at(sizes[0], budget)
+        if self.mode == "auto" and any(self.known(n) is None for n in sizes):
+            params, x, y, w = self.inputs(sizes[0])
+            t = time_step(self.engine, params, x, y, w, defaults(self.engine, params, x), budget)
+            if t is not None:
+                budget.seconds = AUTO_SHARE * t * math.ceil(sampled / sizes[0]) * steps_per_run
+        best: Optional[Tuple[float, int]] = None
+        for n in sizes:
+            if best is not None and budget.left() <= 0 and self.known(n) is None:
+                break
+            choice = self.at(n, budget)
+            if choice.step_s is None and len(sizes) > 1:  # not timed (nothing to choose, or not reached)
+                params, x, y, w = self.inputs(n)
+                choice.step_s = time_step(self.engine, params, x, y, w, choice.formulations, budget)
+            if choice.step_s is not None:
+                round_s = choice.step_s * math.ceil(sampled / n)
+                if best is None or round_s < best[0]:
+                    best = (round_s, n)
+        self.spent_s = max(self.spent_s, budget.spent)
+        n = sizes[0] if best is None else best[1]
+        return n, self.at(n, budget)

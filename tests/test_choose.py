@@ -1,0 +1,328 @@
+"""Formulations chosen by measurement (sim/parallel/choose.py) and the file that keeps them (choice_cache.py).
+
+The search's logic is tested with a stand-in clock (``Timer.call`` replaced by a function of the
+formulations it runs), so that which candidate wins is known; that every formulation computes the
+same gradients is tests/test_sim_stacked.py's job, and the chosen one is checked here in float64.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Dict, List
+
+import pytest
+import torch
+from torch import nn
+
+from fedopt_kernels.sim.models.build import build_model
+from fedopt_kernels.sim.parallel import choose
+from fedopt_kernels.sim.parallel.choice_cache import ChoiceCache
+from fedopt_kernels.sim.parallel.choose import Budget, Chooser, chunk_sizes, search
+from fedopt_kernels.sim.parallel.stacked import StackedLoss
+
+
+def _cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return build_model("cnn", (1, 8, 8), 10)
+
+
+def _inputs(model: nn.Module, B: int = 4, dtype=torch.float32):
+    def make(C: int):
+        g = torch.Generator().manual_seed(C)
+        params = [p.detach().to(dtype).unsqueeze(0).repeat(C, *([1] * p.dim())) for p in model.parameters()]
+        x = torch.randn(C, B, 1, 8, 8, generator=g, dtype=dtype)
+        y = torch.randint(0, 10, (C, B), generator=g)
+        w = torch.full((C, B), 1.0 / B, dtype=dtype)
+        return params, x, y, w
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_cache(monkeypatch):
+    monkeypatch.setattr(choose, "_PROCESS", {})
+
+
+def _clock(monkeypatch, cost: Dict[str, Dict[str, float]], per_client: float = 0.0) -> List[Dict[str, str]]:
+    """Replace the timer: a step costs the sum of its layers' formulation costs (+ per_client * C)."""
+    calls: List[Dict[str, str]] = []
+
+    def call(self, forms):
+        calls.append(dict(forms))
+        self.engine.stacked.set_formulations(forms)
+        return sum(cost.get(p, {}).get(f, 1.0) for p, f in forms.items()) + per_client * self.x.shape[0]
+
+    monkeypatch.setattr(choose.Timer, "call", call)
+    return calls
+
+
+def test_search_takes_the_fastest_candidate_of_every_layer(monkeypatch):
+    model = _cnn()
+    engine = StackedLoss(model)
+    _clock(monkeypatch, {"features.0": {"loop": 0.1}, "features.2": {"grouped-nhwc": 0.2}, "head": {"loop": 0.3}})
+    choice = search(engine, *_inputs(model)(6), Budget())
+    assert choice.formulations == {"features.0": "loop", "features.2": "grouped-nhwc", "head": "loop"}
+    assert all("measured fastest" in why for why in choice.why.values()), choice.why
+    params, x, y, w = _inputs(model)(6)
+    engine.grads(params, x, y, w)
+    assert engine.stacked.formulations() == choice.formulations  # the engine now runs the choice
+
+
+def test_a_candidate_must_beat_the_default_by_the_margin(monkeypatch):
+    model = _cnn()
+    engine = StackedLoss(model)
+    default = choose.defaults(engine, *_inputs(model)(6)[:2])
+    slow = {p: {f: 1.0 for f in ("grouped", "grouped-nhwc", "loop", "bmm")} for p in default}
+    for p, f in default.items():
+        other = "loop" if f != "loop" else "bmm" if p == "head" else "grouped"
+        slow[p][other] = 0.99  # 1% faster: within the 5% margin, noise as far as the search knows
+    _clock(monkeypatch, slow)
+    choice = search(engine, *_inputs(model)(6), Budget())
+    assert choice.formulations == default
+    assert all("kept" in why for why in choice.why.values()), choice.why
+
+
+def test_layers_with_one_signature_share_one_measurement(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 3))
+    engine = StackedLoss(model)
+    calls = _clock(monkeypatch, {"0": {"loop": 0.1}, "2": {"loop": 0.1}, "4": {"loop": 0.5}})
+
+    def inputs(C):
+        params = [p.detach().unsqueeze(0).repeat(C, *([1] * p.dim())) for p in model.parameters()]
+        return params, torch.randn(C, 3, 5), torch.randint(0, 3, (C, 3)), torch.full((C, 3), 1 / 3)
+
+    choice = search(engine, *inputs(4), Budget(rounds=1))
+    # 0 and 2: Linear(5, 5) on 5 features, one group; 4: Linear(5, 3), its own
+    assert choice.formulations["0"] == choice.formulations["2"]
+    assert len(choice.times_s) == 2
+    assert all(c["0"] == c["2"] for c in calls)
+
+
+def test_no_budget_left_keeps_the_defaults_and_says_why(monkeypatch):
+    model = _cnn()
+    engine = StackedLoss(model)
+    calls = _clock(monkeypatch, {"features.0": {"loop": 0.01}})
+    choice = search(engine, *_inputs(model)(6), Budget(seconds=0.0))
+    assert not calls
+    assert choice.formulations == choose.defaults(engine, *_inputs(model)(6)[:2])
+    assert all("budget" in why for why in choice.why.values())
+
+
+def test_a_candidate_out_of_memory_is_dropped(monkeypatch):
+    model = _cnn()
+    engine = StackedLoss(model)
+    calls = _clock(monkeypatch, {"features.2": {"loop": 0.001}})
+    real = choose.Timer.call
+
+    def call(self, forms):
+        if forms["features.2"] == "loop":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, forms)
+
+    monkeypatch.setattr(choose.Timer, "call", call)
+    choice = search(engine, *_inputs(model)(6), Budget(rounds=1))
+    assert choice.formulations["features.2"] != "loop"
+    assert "loop" not in choice.times_s[choose.layer_signature(engine, "features.2", _layer_input(engine, model))]
+    assert calls
+
+
+def _layer_input(engine, model):
+    params, x, _, _ = _inputs(model)(6)
+    return choose.layer_inputs(engine, params, x)["features.2"]
+
+
+def test_another_error_is_not_swallowed(monkeypatch):
+    model = _cnn()
+    engine = StackedLoss(model)
+
+    def call(self, forms):
+        raise RuntimeError("a bug in a formulation")
+
+    monkeypatch.setattr(choose.Timer, "call", call)
+    with pytest.raises(RuntimeError, match="a bug"):
+        search(engine, *_inputs(model)(6), Budget(rounds=1))
+
+
+@pytest.mark.parametrize(
+    "sampled, fit, sizes",
+    [
+        (100, 100, [100, 50, 25, 13]),
+        (1000, 250, [250, 125, 63, 32]),
+        (5, 64, [5, 3, 2, 1]),
+        (1, 1, [1]),
+        (10, 3, [3, 2, 1]),
+    ],
+)
+def test_chunk_sizes_are_equal_chunks_that_fit(sampled, fit, sizes):
+    got = chunk_sizes(sampled, fit)
+    assert got == sizes
+    assert all(n <= fit for n in got)
+    for n in got:  # equal chunks: the last one at most one client short
+        chunks = math.ceil(sampled / n)
+        assert n * chunks - sampled < chunks
+
+
+def test_plan_takes_the_size_with_the_shortest_round(monkeypatch):
+    model = _cnn()
+    engine = StackedLoss(model)
+    # a step costs a fixed 1 s + 0.05 s per client: more clients at once is faster per round until
+    # ... a collapse past 30 clients (0.5 s per client), as a device's library slows for many groups
+    calls: List[int] = []
+
+    def call(self, forms):
+        C = self.x.shape[0]
+        calls.append(C)
+        return 1.0 + 0.05 * C + (0.5 * C if C > 30 else 0.0)
+
+    monkeypatch.setattr(choose.Timer, "call", call)
+    chooser = Chooser(engine, _inputs(model), mode="measure")
+    n, choice = chooser.plan(100, 100, steps_per_run=10)
+    # sizes 100, 50, 25, 13: rounds 1 * 56, 2 * 28.5, 4 * 2.25, 8 * 1.65
+    assert n == 25 and choice.clients == 25
+
+
+def test_default_mode_measures_nothing(monkeypatch):
+    model = _cnn()
+    engine = StackedLoss(model)
+
+    def call(self, forms):
+        raise AssertionError("default mode must not time anything")
+
+    monkeypatch.setattr(choose.Timer, "call", call)
+    chooser = Chooser(engine, _inputs(model), mode="default")
+    n, choice = chooser.plan(40, 16, steps_per_run=1000)
+    assert n == 14  # the fewest equal chunks that fit: 40 in 3 chunks of 14
+    assert choice.formulations == choose.defaults(engine, *_inputs(model)(14)[:2])
+    assert chooser.spent_s == 0.0
+
+
+def test_auto_spends_a_share_of_the_runs_estimated_time(monkeypatch):
+    model = _cnn()
+    engine = StackedLoss(model)
+    calls = _clock(monkeypatch, {})  # every step "takes" 3 s (three layers at 1 s)
+    budgets: List[float] = []
+    real = choose.search
+
+    def spy(engine, params, x, y, w, budget):
+        budgets.append(budget.seconds)
+        return real(engine, params, x, y, w, budget)
+
+    monkeypatch.setattr(choose, "search", spy)
+    Chooser(engine, _inputs(model), mode="auto").plan(10, 10, steps_per_run=500, fixed=10)
+    # one round of 1 chunk, 500 steps of 3 s: 2% of 1,500 s
+    assert budgets == [pytest.approx(choose.AUTO_SHARE * 3.0 * 500)]
+    assert calls
+
+
+def test_auto_reuses_a_choice_made_in_the_process(monkeypatch):
+    model = _cnn()
+    _clock(monkeypatch, {"features.0": {"loop": 0.1}})
+    first = Chooser(StackedLoss(model), _inputs(model), mode="measure")
+    first.plan(6, 6, steps_per_run=10**6, fixed=6)
+    calls = _clock(monkeypatch, {"features.0": {"grouped": 0.1}})  # another device state: would differ
+    second = Chooser(StackedLoss(model), _inputs(model), mode="auto")
+    _, choice = second.plan(6, 6, steps_per_run=10**6, fixed=6)
+    assert choice.formulations["features.0"] == "loop" and choice.source == "process"
+    assert not calls
+
+
+def test_the_cache_file_keeps_choices_across_processes(monkeypatch, tmp_path):
+    model = _cnn()
+    path = tmp_path / "choices.json"
+    _clock(monkeypatch, {"features.0": {"loop": 0.1}})
+    Chooser(StackedLoss(model), _inputs(model), mode="measure", cache=ChoiceCache(path)).plan(6, 6, 10**6, fixed=6)
+    saved = json.loads(path.read_text())  # plain data
+    assert saved["format"] == 1 and len(saved["entries"]) == 1
+    monkeypatch.setattr(choose, "_PROCESS", {})  # a new process
+    calls = _clock(monkeypatch, {"features.0": {"grouped": 0.1}})
+    _, choice = Chooser(StackedLoss(model), _inputs(model), mode="auto", cache=ChoiceCache(path)).plan(
+        6, 6, 10**6, fixed=6
+    )
+    assert choice.formulations["features.0"] == "loop" and choice.source == "cache"
+    assert "cache file" in choice.why["features.0"]
+    assert not calls
+    # another batch size is another key: measured
+    _, other = Chooser(StackedLoss(model), _inputs(model, B=5), mode="auto", cache=ChoiceCache(path)).plan(
+        6, 6, 10**6, fixed=6
+    )
+    assert other.source == "measured" and other.formulations["features.0"] == "grouped"
+    assert len(json.loads(path.read_text())["entries"]) == 2
+    assert not list(tmp_path.glob(".choices.json.*"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text[: len(text) // 2],  # cut short
+        lambda text: "[1, 2, 3]",  # JSON, but no cache
+        lambda text: text.replace('"loop"', '"no-such-formulation"'),  # names what does not exist
+        lambda text: text.replace('"clients": 6', '"clients": 7'),  # stored under another key
+    ],
+)
+def test_a_damaged_cache_is_ignored_and_measured_again(monkeypatch, tmp_path, damage):
+    model = _cnn()
+    path = tmp_path / "choices.json"
+    _clock(monkeypatch, {"features.0": {"loop": 0.1}})
+    Chooser(StackedLoss(model), _inputs(model), mode="measure", cache=ChoiceCache(path)).plan(6, 6, 10**6, fixed=6)
+    path.write_text(damage(path.read_text()))
+    monkeypatch.setattr(choose, "_PROCESS", {})
+    calls = _clock(monkeypatch, {"features.0": {"grouped-nhwc": 0.1}})
+    with pytest.warns(RuntimeWarning, match="formulation cache"):
+        _, choice = Chooser(StackedLoss(model), _inputs(model), mode="auto", cache=ChoiceCache(path)).plan(
+            6, 6, 10**6, fixed=6
+        )
+    assert calls and choice.source == "measured"
+    assert choice.formulations["features.0"] == "grouped-nhwc"
+
+
+def test_the_chosen_formulations_compute_per_client_gradients(monkeypatch):
+    """End to end in float64: whatever the clock says, the chosen step equals per-client autograd."""
+    model = _cnn().double()
+    engine = StackedLoss(model)
+    _clock(monkeypatch, {"features.0": {"loop": 0.1}, "features.2": {"grouped-nhwc": 0.1}, "head": {"loop": 0.1}})
+    params, x, y, w = _inputs(model, dtype=torch.float64)(3)
+    Chooser(engine, _inputs(model, dtype=torch.float64), mode="measure").plan(3, 3, 10, fixed=3)
+    grads, _ = engine.grads(params, x, y, w)
+    for c in range(3):
+        with torch.no_grad():
+            for p, s in zip(model.parameters(), params):
+                p.copy_(s[c])
+        model.zero_grad()
+        out = model(x[c])
+        (torch.nn.functional.cross_entropy(out, y[c], reduction="none") * w[c]).sum().backward()
+        for p, g in zip(model.parameters(), grads):
+            torch.testing.assert_close(g[c], p.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_bad_mode_is_refused_by_name():
+    model = _cnn()
+    with pytest.raises(ValueError, match="formulations must be one of"):
+        Chooser(StackedLoss(model), _inputs(model), mode="fastest")
+
+
+@pytest.mark.slow
+def test_a_resumed_run_takes_back_the_measured_choice(monkeypatch, tmp_path):
+    """The checkpoint records the clients at once and the formulations; a resumed run measuring
+    otherwise (another process, another moment) still computes what the uninterrupted run did."""
+    from test_sim_resume import comparable, make, same_floats, tiny_config
+
+    cfg = tiny_config("fedavg", client_parallel="auto", formulations="measure", rounds=3)
+    _clock(monkeypatch, {"features.0": {"loop": 0.01}, "features.2": {"loop": 0.01}})
+    whole = make(cfg)
+    expected = whole.run()
+    assert expected["client_batched"]["formulations"]["features.0"] == "loop", expected["client_batched"]
+
+    first = make(cfg, folder=tmp_path / "ck")
+    for t in range(2):
+        first.run_round(t)
+    first.save_checkpoint()
+    monkeypatch.setattr(choose, "_PROCESS", {})
+    calls = _clock(monkeypatch, {"features.0": {"grouped": 0.01}, "features.2": {"grouped": 0.01}})
+    again = make(cfg, folder=tmp_path / "ck")
+    got = again.run(resume=True)
+    assert not calls  # nothing measured: the checkpoint's choice came back
+    assert got["client_batched"]["formulations"] == expected["client_batched"]["formulations"]
+    assert got["client_batched"]["size"] == expected["client_batched"]["size"]
+    assert same_floats(comparable(got), comparable(expected))
