@@ -24,10 +24,18 @@ round 2 of every mode, ...) after one untimed round each; a mode's figure is its
 * ``batched-vmap``: ``torch.func.vmap`` gradients (``sim.parallel.loss.ClientLoss``) + ``BatchedFedNAR``:
   the client-parallel step before the stacked engine;
 * ``batched-plain-torch``: the stacked engine's gradients + FedNAR in plain torch on stacked tensors;
-* ``batched-fused``: the stacked engine (``sim.parallel.stacked``) + ``BatchedFedNAR``: the
-  simulator's ``--client-parallel`` step;
+* ``batched-fused-default``: the stacked engine (``sim.parallel.stacked``) with its fixed default
+  formulations + ``BatchedFedNAR``: what the search is compared against;
+* ``batched-fused``: the same with the formulations chosen by measurement on this device
+  (``sim.parallel.choose``, ``--formulations``): the simulator's ``--client-parallel`` step;
 * ``batched-fused-graph`` (CUDA): that step replayed from a CUDA graph (``--cuda-graph``);
-* ``batched-fused-chunked`` (C > ``--chunk``): the C clients in equal chunks through one trainer.
+* ``batched-fused-chunked``: the C clients in equal chunks through one trainer, the chunk size chosen
+  by measurement among those that fit in memory (``--client-parallel auto``), or ``--chunk``; not
+  run when the chosen size is C itself.
+
+Per model and C the report states each layer's formulation and why (the candidates' step times).
+Models are run a size at a time: every model's smallest C first, the largest last, so that a run cut
+at a deadline still has a row for every model.
 
 Per row: model FLOPs per client-step (forward + backward, counted with ``torch.utils.flop_counter``
 on one client's step, the LSTM written out in matmuls), the achieved model FLOP/s and its fraction
@@ -68,9 +76,13 @@ from fedopt_kernels import FedNAR
 from fedopt_kernels.batched import BatchedFedNAR
 from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.sim.models.build import build_model
+from fedopt_kernels.sim.parallel.choose import MODES as FORMULATION_MODES
+from fedopt_kernels.sim.parallel.choose import Budget as SearchBudget
+from fedopt_kernels.sim.parallel.choose import Chooser
 from fedopt_kernels.sim.parallel.host_memory import keep_freed_memory
 from fedopt_kernels.sim.parallel.layers import FORMULATIONS
 from fedopt_kernels.sim.parallel.loss import ClientLoss
+from fedopt_kernels.sim.parallel.size import activation_bytes, free_bytes
 from fedopt_kernels.sim.parallel.stacked import StackedLoss
 from fedopt_kernels.sim.parallel.trainer import BatchedTrainer
 from fedopt_kernels.sim.parallel_round import _pad_clients
@@ -81,16 +93,17 @@ from .peak import device_peak
 from .timing import Budget, median, time_calls
 
 HP = dict(lr=0.05, weight_decay=5e-4, max_norm=10.0)
-SEQ, VMAP, PLAIN, FUSED, GRAPH = (
+SEQ, VMAP, PLAIN, DEFAULTS, FUSED, GRAPH = (
     "sequential",
     "batched-vmap",
     "batched-plain-torch",
+    "batched-fused-default",
     "batched-fused",
     "batched-fused-graph",
 )
 CHUNKED = "batched-fused-chunked"
-MODES = (SEQ, VMAP, PLAIN, FUSED, GRAPH, CHUNKED)
-BATCHED = (FUSED, GRAPH, CHUNKED)  # the simulator's client-parallel step in its forms
+MODES = (SEQ, VMAP, PLAIN, DEFAULTS, FUSED, GRAPH, CHUNKED)
+BATCHED = (DEFAULTS, FUSED, GRAPH, CHUNKED)  # the simulator's client-parallel step in its forms
 PART_BUDGET = Budget(warmup=2, min_reps=5, max_reps=200, min_time_s=0.5)
 
 
@@ -143,7 +156,7 @@ SETTINGS: Dict[str, Setting] = {
         50,
         20,
         "FedNAR (Li et al. 2023), CIFAR-10: B=50, 20 local steps",
-        {"cpu": [2, 4], "cuda": [5, 40]},
+        {"cpu": [2, 4], "cuda": [4, 16, 32]},
     ),
 }
 CPU_STEPS = {"resnet18-gn": 2}  # a CPU round of 20 ResNet steps takes minutes per client
@@ -158,6 +171,12 @@ GOALS = {
             8.0,
         ),
         (
+            "small-cnn: chosen formulations >= the defaults at C=50 (batched-fused / batched-fused-default)",
+            "small-cnn",
+            lambda r: _div(_rate(r, "small-cnn", 50, FUSED), _rate(r, "small-cnn", 50, DEFAULTS)),
+            1.0,
+        ),
+        (
             "fedavg-cnn: best batched >= 50% of the device's FLOP/s at C=20",
             "fedavg-cnn",
             lambda r: _frac(r, "fedavg-cnn", 20),
@@ -167,6 +186,12 @@ GOALS = {
             "fedavg-cnn: batched-fused >= sequential at C=20",
             "fedavg-cnn",
             lambda r: _ratio(r, "fedavg-cnn", 20, FUSED),
+            1.0,
+        ),
+        (
+            "fedavg-cnn: chosen formulations >= the defaults at C=20 (batched-fused / batched-fused-default)",
+            "fedavg-cnn",
+            lambda r: _div(_rate(r, "fedavg-cnn", 20, FUSED), _rate(r, "fedavg-cnn", 20, DEFAULTS)),
             1.0,
         ),
         (
@@ -191,27 +216,58 @@ GOALS = {
             0.25,
         ),
         (
-            "fedavg-cnn: best batched >= 20x sequential at C>=100",
+            "fedavg-cnn: best batched >= 50x sequential at C>=100",
             "fedavg-cnn",
             lambda r: _max_over(
                 r, "fedavg-cnn", lambda C: _div(_best(r, "fedavg-cnn", C), _seq(r, "fedavg-cnn", C)), 100
             ),
-            20.0,
+            50.0,
         ),
         (
-            "resnet18-gn: best batched >= 3x sequential at the largest C run",
+            "fedavg-cnn: no collapse at C=200 (best >= best at C=100)",
+            "fedavg-cnn",
+            lambda r: _div(_best(r, "fedavg-cnn", 200), _best(r, "fedavg-cnn", 100)),
+            1.0,
+        ),
+        (
+            "resnet18-gn: best batched >= 4x sequential at C>=16",
             "resnet18-gn",
-            lambda r: _at_largest(r, "resnet18-gn"),
-            3.0,
+            lambda r: _max_over(
+                r, "resnet18-gn", lambda C: _div(_best(r, "resnet18-gn", C), _seq(r, "resnet18-gn", C)), 16
+            ),
+            4.0,
         ),
         (
-            "char-lstm: best batched >= 3x sequential at the largest C run",
+            "resnet18-gn: best batched >= 30% of the device's FLOP/s at C>=16",
+            "resnet18-gn",
+            lambda r: _max_over(r, "resnet18-gn", lambda C: _frac(r, "resnet18-gn", C), 16),
+            0.30,
+        ),
+        (
+            "char-lstm: best batched >= 10x sequential at C=200",
             "char-lstm",
-            lambda r: _at_largest(r, "char-lstm"),
-            3.0,
+            lambda r: _div(_best(r, "char-lstm", 200), _seq(r, "char-lstm", 200)),
+            10.0,
+        ),
+        (
+            "every model: chosen formulations >= the defaults at its largest C",
+            "",
+            lambda r: _min_over_models(r),
+            1.0,
         ),
     ],
 }
+
+
+def _min_over_models(result: Dict[str, Any]) -> Optional[float]:
+    """The smallest batched-fused / batched-fused-default ratio over the models, at each one's largest C run."""
+    vals: List[float] = []
+    for model in result["meta"]["models"]:
+        sizes = [C for C in result["meta"]["clients"].get(model, []) if _rate(result, model, C, FUSED) is not None]
+        v = _div(_rate(result, model, max(sizes), FUSED), _rate(result, model, max(sizes), DEFAULTS)) if sizes else None
+        if v is not None:
+            vals.append(v)
+    return min(vals) if vals else None
 
 
 # ------------------------------------------------------------------ host memory
@@ -404,7 +460,12 @@ def measure(
     rows: List[Dict[str, Any]] = []
     wl = Workload(setting, C, steps, batch, device)
     base = dict(model=name, clients=C, steps=steps, batch=batch)
-    engine = StackedLoss(wl.model)
+    chooser = Chooser(StackedLoss(wl.model), partial(_choice_inputs, wl), args.formulations)
+    _, choice = chooser.plan(C, C, steps, fixed=C, budget_s=args.search_budget)
+    rows.append(dict(base, choice=choice.to_json(), search_s=chooser.spent_s, source=choice.source))
+    log(f"  {name} C={C:>5} formulations {choice.formulations} ({chooser.spent_s:.1f} s to choose)")
+    engine = StackedLoss(wl.model, formulations=choice.formulations)
+    default_engine = StackedLoss(wl.model)
     backend = _fused_backend(device)
     graph = "cuda" if device.type == "cuda" and backend != "reference" else None
     builders: Dict[str, Tuple[str, Callable[[], Callable[[], None]]]] = {}
@@ -433,6 +494,8 @@ def measure(
             return lambda: plain_round(wl, engine, stacked)
 
         builders[PLAIN] = ("torch", build_plain)
+    if DEFAULTS in modes:
+        builders[DEFAULTS] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, default_engine, None)))
     if FUSED in modes:
         builders[FUSED] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, engine, None)))
     if GRAPH in modes and device.type == "cuda":
@@ -441,9 +504,24 @@ def measure(
         else:
             builders[GRAPH] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, engine, graph)))
     chunk = None
-    if CHUNKED in modes and C > args.chunk:
-        chunk = math.ceil(C / math.ceil(C / args.chunk))
-        builders[CHUNKED] = (backend, lambda: partial(chunked_round, wl, fused_trainer(wl, engine, graph, chunk)))
+    if CHUNKED in modes and C > 1:
+        if args.chunk is not None:
+            chunk = math.ceil(C / math.ceil(C / args.chunk)) if C > args.chunk else None
+            chunk_forms = choice.formulations if chunk is None else chooser.at(chunk, _budget(args)).formulations
+        else:
+            fit = _clients_that_fit(wl, device)
+            chunk, chunk_choice = chooser.plan(C, fit, steps, budget_s=args.search_budget)
+            chunk_forms = chunk_choice.formulations
+            chunk = None if chunk >= C else chunk
+            rows.append(dict(base, chunk_choice=chunk_choice.to_json(), search_s=chooser.spent_s, fit=fit))
+        if chunk is None:
+            skipped[CHUNKED] = "all C clients at once was fastest (or --chunk >= C)"
+        else:
+            chunk_engine = StackedLoss(wl.model, formulations=chunk_forms)
+            builders[CHUNKED] = (
+                backend,
+                lambda: partial(chunked_round, wl, fused_trainer(wl, chunk_engine, graph, chunk)),
+            )
 
     runs: Dict[str, Callable[[], None]] = {}
     info: Dict[str, Dict[str, Any]] = {}
@@ -502,7 +580,8 @@ def measure(
     stacked = [g.unsqueeze(0).repeat(C, *([1] * g.dim())).contiguous() for g in wl.glob]
     grads = [torch.randn_like(s) * 0.01 for s in stacked]
     parts: List[Tuple[str, str, Callable[[], Any]]] = [
-        ("grad stacked", "torch", lambda: engine.grads(stacked, wl.x[0], wl.y[0], wl.w[0]))
+        ("grad stacked", "torch", lambda: engine.grads(stacked, wl.x[0], wl.y[0], wl.w[0])),
+        ("grad stacked default", "torch", lambda: default_engine.grads(stacked, wl.x[0], wl.y[0], wl.w[0])),
     ]
     if VMAP in builders:
         parts.append(("grad vmap", "torch", lambda: vmap_loss.grads(stacked, wl.x[0], wl.y[0], wl.w[0])))
@@ -519,8 +598,26 @@ def measure(
         rows.append(dict(base, part=part, backend=be, step_s=median(ts), reps=len(ts), other_load_cores=others.cores))
         log(f"  {name} C={C:>5} part {part:<18} {be:<10} {median(ts) * 1e3:10.3f} ms/step")
     if args.layers and C == max(args.clients_of[name]):
-        rows += layer_rows(name, wl, engine, args, device, log)
+        rows += layer_rows(name, wl, default_engine, args, device, log)
     return rows
+
+
+def _choice_inputs(wl: Workload, n: int) -> Tuple[List[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the formulation search times for n of the workload's clients: the global model, step 0."""
+    params = [g.unsqueeze(0).repeat(n, *([1] * g.dim())).contiguous() for g in wl.glob]
+    return params, wl.x[0, :n], wl.y[0, :n], wl.w[0, :n]
+
+
+def _budget(args: argparse.Namespace) -> SearchBudget:
+    return SearchBudget(args.search_budget)
+
+
+def _clients_that_fit(wl: Workload, device: torch.device) -> int:
+    """Clients whose parameters, gradients, state and activations fit in the device's memory budget
+    (``sim.parallel.size``: half the free memory on CUDA)."""
+    params = sum(g.numel() * g.element_size() for g in wl.glob)
+    per_client = params * 6 + 2 * activation_bytes(wl.model, wl.x[0, 0], wl.y[0, 0])
+    return max(1, free_bytes(device) // per_client)
 
 
 def layer_rows(
@@ -671,7 +768,7 @@ def _part_ratio(result: Dict[str, Any], model: str, C: int) -> Optional[float]:
 def judge(result: Dict[str, Any]) -> List[Dict[str, Any]]:
     out = []
     for text, model, value, threshold in GOALS.get(result["meta"]["device_type"], []):
-        if model not in result["meta"]["models"]:
+        if model and model not in result["meta"]["models"]:
             continue
         v = value(result)
         out.append(
@@ -789,15 +886,18 @@ def markdown(result: Dict[str, Any]) -> str:
                 )
         lines += [
             "",
-            "| clients | grad stacked | grad vmap | update plain torch | update fused | update: plain / fused |",
-            "|---|---|---|---|---|---|",
+            "| clients | grad stacked (chosen) | grad stacked (defaults) | grad vmap | update plain torch | "
+            "update fused | update: plain / fused |",
+            "|---|---|---|---|---|---|---|",
         ]
         for C in meta["clients"][name]:
-            g, v, p, f = (
-                _part(result, name, C, n) for n in ("grad stacked", "grad vmap", "update plain torch", "update fused")
+            g, d, v, p, f = (
+                _part(result, name, C, n)
+                for n in ("grad stacked", "grad stacked default", "grad vmap", "update plain torch", "update fused")
             )
             fmt = lambda s: "—" if s is None else f"{s * 1e3:.3f} ms"  # noqa: E731
-            lines.append(f"| {C} | {fmt(g)} | {fmt(v)} | {fmt(p)} | {fmt(f)} | {_fmt_x(_div(p, f))} |")
+            lines.append(f"| {C} | {fmt(g)} | {fmt(d)} | {fmt(v)} | {fmt(p)} | {fmt(f)} | {_fmt_x(_div(p, f))} |")
+        lines += choice_lines(result, name)
         layer_rows_ = [r for r in result["rows"] if r.get("model") == name and "layer" in r]
         if layer_rows_:
             C = layer_rows_[0]["clients"]
@@ -819,6 +919,37 @@ def markdown(result: Dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def choice_lines(result: Dict[str, Any], name: str) -> List[str]:
+    """The formulations each C ran and why, and the chunk size chosen, as report lines."""
+    rows = [r for r in result["rows"] if r.get("model") == name and ("choice" in r or "chunk_choice" in r)]
+    if not rows:
+        return []
+    how = result["meta"].get("formulations", "measure")
+    out = [
+        "",
+        f"Formulations (`--formulations {how}`: each layer group's candidates timed in the whole step, "
+        "interleaved medians; a candidate replaces the default when 5% faster):",
+        "",
+        "| clients | layer | formulation | why |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        if "choice" not in r:
+            continue
+        ch = r["choice"]
+        for i, (layer, form) in enumerate(ch["formulations"].items()):
+            when = f"{r['clients']} ({r['search_s']:.1f} s to choose)" if i == 0 else ""
+            out.append(f"| {when} | {layer} | {form} | {ch['why'].get(layer, '')} |")
+    for r in rows:
+        if "chunk_choice" in r:
+            ch = r["chunk_choice"]
+            out.append(
+                f"\nC={r['clients']}: chunks of {ch['clients']} clients chosen (at most {r['fit']:,} fit in "
+                f"memory; candidates timed per round: chunks x step time)"
+            )
+    return out
 
 
 def chart(result: Dict[str, Any], path: Path) -> bool:
@@ -891,9 +1022,24 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument(
         "--chunk",
         type=int,
-        default=200,
+        default=None,
         help=f"{CHUNKED}: for C above this, C clients in equal chunks of at most this many, one "
-        f"after another (--client-parallel N; CUDA: graph replay) (default %(default)s)",
+        f"after another (--client-parallel N; CUDA: graph replay) (default: the size the engine chooses "
+        f"by measurement among those that fit in memory, as --client-parallel auto)",
+    )
+    ap.add_argument(
+        "--formulations",
+        choices=FORMULATION_MODES,
+        default="measure",
+        help="how each layer's formulation is chosen for the batched modes but batched-fused-default: "
+        "measure: timed on this device now; auto: earlier choices of this process or the cache file "
+        "first; default: the fixed defaults (default %(default)s)",
+    )
+    ap.add_argument(
+        "--search-budget",
+        type=float,
+        default=None,
+        help="seconds the formulation search may spend per model and C (default: no limit)",
     )
     ap.add_argument(
         "--seq-clients",
@@ -908,7 +1054,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--layers",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="time every stacked layer under each formulation at the largest C (default on)",
+        help="also time every stacked layer alone under each formulation at the largest C (default on; "
+        "the search's step times, in context, are reported either way)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's default)")
     ap.add_argument("--smoke", action="store_true", help="small-cnn and char-lstm, C in {2, 4}, K=2, one round")
@@ -924,8 +1071,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     for name in ("steps", "batch", "rounds"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")
-    if args.chunk < 1:
+    if args.chunk is not None and args.chunk < 1:
         ap.error("--chunk must be >= 1")
+    if args.search_budget is not None and not args.search_budget > 0:
+        ap.error("--search-budget must be > 0")
     if args.clients is not None and any(c < 1 for c in args.clients):
         ap.error("--clients values must be >= 1")
     if args.threads is not None and args.threads < 1:
@@ -938,6 +1087,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         args.clients, args.rounds = [2, 4], 1
         args.steps = args.steps or 2
         args.part_budget = Budget(warmup=1, min_reps=2, max_reps=2, min_time_s=0.0)
+        args.search_budget = args.search_budget or 0.5
         args.layer_budget = Budget(warmup=1, min_reps=1, max_reps=1, min_time_s=0.0)
     return args
 
@@ -973,6 +1123,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         clients=args.clients_of,
         rounds=args.rounds,
         fused_backend=_fused_backend(device),
+        formulations=args.formulations,
         sequential_backend=_registry.auto_backend(device, "fednar"),
         hp=HP,
     )
@@ -984,6 +1135,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     smoke_peak = 0.05 if args.smoke else 0.5
     result["peak"].append(device_peak(device, min_time_s=smoke_peak))
     try:
+        seq_of: Dict[str, List[int]] = {}
         for name in args.models:
             s = SETTINGS[name]
             model = build_model(s.model, s.shape, s.classes, **s.kwargs)
@@ -998,19 +1150,25 @@ def main(argv: Optional[List[str]] = None) -> int:
             del model
             sizes = args.clients_of[name]
             if args.seq_clients:
-                seq_at = [args.seq_clients]
+                seq_of[name] = [args.seq_clients]
             elif device.type == "cpu":  # other processes' load moves: compare within each C's interleaving
-                seq_at = [C for C in sizes if C <= args.seq_max_clients] or [min(sizes)]
+                seq_of[name] = [C for C in sizes if C <= args.seq_max_clients] or [min(sizes)]
             else:
-                seq_at = [min(sizes)]
-            args.clients_of[name] = sorted(set(sizes) | set(seq_at))
-            for C in args.clients_of[name]:
+                seq_of[name] = [min(sizes)]
+            args.clients_of[name] = sorted(set(sizes) | set(seq_of[name]))
+        # a size at a time: every model's smallest C, then every model's next one, ... the largest last,
+        # so that a run cut at its deadline has a row for every model
+        for i in range(max(len(v) for v in args.clients_of.values())):
+            for name in args.models:
+                if i >= len(args.clients_of[name]):
+                    continue
+                C = args.clients_of[name][i]
                 try:
                     if "flops_per_client_step" not in result["models"][name]:
                         result["models"][name]["flops_per_client_step"] = client_step_flops(
-                            s, args.batch_of[name], device
+                            SETTINGS[name], args.batch_of[name], device
                         )
-                    result["rows"] += measure(name, C, args, device, seq_at, log)
+                    result["rows"] += measure(name, C, args, device, seq_of[name], log)
                 except (RuntimeError, ValueError) as exc:  # e.g. out of memory: the next case may still fit
                     result["rows"].append(
                         dict(

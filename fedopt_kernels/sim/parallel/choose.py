@@ -359,18 +359,26 @@ class Chooser:
         step_s = float(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None
         return Choice(clients, dict(forms), why, step_s, source)
 
-    def plan(self, sampled: int, fit: int, steps_per_run: int, fixed: Optional[int] = None) -> Tuple[int, Choice]:
+    def plan(
+        self,
+        sampled: int,
+        fit: int,
+        steps_per_run: int,
+        fixed: Optional[int] = None,
+        budget_s: Optional[float] = None,
+    ) -> Tuple[int, Choice]:
         """Clients per chunk and their formulations for a run of ``sampled`` clients a round.
 
         ``fixed``: the user's number of clients at once (None: choose among ``chunk_sizes(sampled,
         fit)`` by the shortest round, chunks x step time); ``steps_per_run``: local steps of one
         client over the run (rounds x K), which with the default step's time estimates the run's
-        training time, of which ``auto`` spends at most ``AUTO_SHARE`` searching."""
+        training time, of which ``auto`` spends at most ``AUTO_SHARE`` searching; ``budget_s``: a
+        limit of the user's instead (seconds)."""
         sizes = [fixed] if fixed is not None else chunk_sizes(sampled, fit)
-        budget = Budget()
+        budget = Budget(budget_s)
         if self.mode == "default":
             return sizes[0], self.at(sizes[0], budget)
-        if self.mode == "auto" and any(self.known(n) is None for n in sizes):
+        if self.mode == "auto" and budget_s is None and any(self.known(n) is None for n in sizes):
             params, x, y, w = self.inputs(sizes[0])
             t = time_step(self.engine, params, x, y, w, defaults(self.engine, params, x), budget)
             if t is not None:
