@@ -10,8 +10,11 @@ each paper it builds the first configuration of the method's grid and of the bas
 as ``fedopt-sim`` would from the command (its own parser and ``config_from_args``), then times the
 set-up, ``--slice-rounds`` rounds (the first is a warm-up and is left out: kernels compile,
 graphs are captured), one validation pass and the final evaluation. A run's estimate is set-up +
-rounds x round + (rounds / eval-every) x validation + final evaluation; a grid's, that times its
-configurations and seeds. Results go to ``--out-dir`` as paper-commands-<device>.json/.md.
+rounds x round + (rounds / eval-every) x validation + final evaluation (the set-up includes the
+client-batched engine's formulation search, once per run); a grid's, that times its configurations
+and seeds. Each paper's method command is also timed with its clients one after another
+(``--client-parallel 1``, what FL libraries do), beside the client-batched estimate. Results go to
+``--out-dir`` as paper-commands-<device>.json/.md.
 """
 
 from __future__ import annotations
@@ -142,6 +145,8 @@ def time_slice(
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     t0 = time.perf_counter()
     sim = Simulation(cfg)
+    if sim.batched is not None:
+        sim.batched.size  # noqa: B018 - the formulation search happens here, once per run: part of the set-up
     sync()
     setup = time.perf_counter() - t0
     per_round = []
@@ -172,6 +177,9 @@ def time_slice(
         "rounds": full_rounds,
         "eval_every": every,
         "estimate_s": estimate,
+        "engine": "sequential" if sim.batched is None else f"client-batched, {sim.batched.size} at once",
+        "search_s": 0.0 if sim.batched is None or sim.batched.chooser is None else sim.batched.chooser.spent_s,
+        "formulations": None if sim.batched is None else sim.batched.choice_state().get("formulations"),
         "config": {k: v for k, v in vars(cfg).items() if not k.startswith("_")},
     }
 
@@ -183,6 +191,7 @@ def time_all(
     shrink: Optional[Dict[str, Any]] = None,
     images: Tuple[int, int] = (50000, 10000),
     papers: Optional[Sequence[str]] = None,
+    sequential: bool = True,
 ) -> Dict[str, Any]:
     import platform
 
@@ -208,14 +217,19 @@ def time_all(
                     continue
                 rows: Dict[str, Any] = {}
                 results["papers"][name] = {"paper": paper, "rows": rows}
-                for role, grid in (("method", method), ("baseline", baseline)):
+                slices = [("method", method, {}), ("baseline", baseline, {})]
+                if sequential:  # the method's command with its clients one after another, as FL libraries train
+                    slices.append(("method, sequential", method, {"client_parallel": 1, "cuda_graph": False}))
+                for role, grid, change in slices:
                     label, own = grid[0]
                     argv = command(shared, own, label, name)
-                    row = time_slice(argv, tmp, device, rounds, shrink)
+                    row = time_slice(argv, tmp, device, rounds, {**(shrink or {}), **change})
                     row.update(label=label, command=shlex.join(argv), configurations=len(grid))
+                    if change:
+                        row["command"] += " # with --client-parallel 1"
                     rows[role] = row
                 results["papers"][name]["grid_estimate_s"] = sum(
-                    r["estimate_s"] * r["configurations"] * 5 for r in rows.values()
+                    r["estimate_s"] * r["configurations"] * 5 for role, r in rows.items() if "sequential" not in role
                 )
     except KeyboardInterrupt:  # a deadline (gpu_check sends SIGINT) or kill (SIGTERM): keep the slices timed so far
         results["interrupted"] = True
@@ -235,20 +249,28 @@ def markdown(res: Dict[str, Any]) -> str:
         f"{res['date']}, torch {res['torch']}; a stand-in CIFAR-10 of {res['images'][0]:,} + "
         f"{res['images'][1]:,} random images; seed 0; `python experiments/paper_commands.py --time`{cut}",
         "",
-        "| paper | run | set-up | round (median after the first) | validation | final evaluation | "
-        "one run (estimate) | the grid x 5 seeds (estimate) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| paper | run | engine | set-up (formulation search) | round (median after the first) | validation | "
+        "final evaluation | one run (estimate) | vs sequential | the grid x 5 seeds (estimate) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in res["papers"].values():
+        seq = p["rows"].get("method, sequential")
         for role, r in p["rows"].items():
             grid = r["estimate_s"] * r["configurations"] * 5
+            faster = f"{seq['estimate_s'] / r['estimate_s']:.1f}x" if seq is not None and role == "method" else ""
             lines.append(
                 f"| {p['paper'].split(',')[0]} | {role}: {r['label']} ({r['rounds']} rounds) | "
-                f"{r['setup_s']:.1f} s | {1000 * r['round_s']:.0f} ms | {r['validation_s']:.2f} s | "
-                f"{r['final_evaluation_s']:.2f} s | {r['estimate_s'] / 3600:.2f} h | "
-                f"{grid / 3600:.1f} h ({r['configurations']} configurations) |"
+                f"{r.get('engine', '')} | {r['setup_s']:.1f} s ({r.get('search_s', 0.0):.1f} s) | "
+                f"{1000 * r['round_s']:.0f} ms | {r['validation_s']:.2f} s | "
+                f"{r['final_evaluation_s']:.2f} s | {_duration(r['estimate_s'])} | {faster} | "
+                + ("" if "sequential" in role else f"{grid / 3600:.1f} h ({r['configurations']} configurations)")
+                + " |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -266,6 +288,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="time only this paper's slices (repeatable; default every paper)",
     )
     ap.add_argument(
+        "--no-sequential",
+        dest="sequential",
+        action="store_false",
+        help="do not time each paper's method command with its clients one after another (--client-parallel 1)",
+    )
+    ap.add_argument(
         "--smoke",
         action="store_true",
         help="a tiny slice (2 clients per round, 1 local step, 600 images): checks the code on a CPU",
@@ -276,9 +304,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.print:
         print(print_commands())
         return 0
-    shrink = dict(clients_per_round=2, local_steps=1, batch_size=4, client_parallel=2) if args.smoke else None
+    # a smoke slice keeps the defaults: a search's budget is a share of the whole (unshrunk) run's time
+    shrink = (
+        dict(clients_per_round=2, local_steps=1, batch_size=4, client_parallel=2, formulations="default")
+        if args.smoke
+        else None
+    )
     res = time_all(
-        args.device, args.slice_rounds, args.out_dir, shrink, (500, 100) if args.smoke else (50000, 10000), args.paper
+        args.device,
+        args.slice_rounds,
+        args.out_dir,
+        shrink,
+        (500, 100) if args.smoke else (50000, 10000),
+        args.paper,
+        args.sequential,
     )
     print(markdown(res))
     return 0

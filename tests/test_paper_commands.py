@@ -57,12 +57,15 @@ def test_a_smoke_slice_times_every_paper(tmp_path):
                 row["rounds_timed"] == 2 and row["round_s"] > 0 and row["estimate_s"] > row["rounds"] * row["round_s"]
             )
             assert row["config"]["clients_per_round"] == 2  # the smoke slice shrank it
+        assert paper["rows"]["method, sequential"]["engine"] == "sequential"
+        assert paper["rows"]["method"]["engine"].startswith("client-batched")
     assert (tmp_path / "paper-commands-cpu.md").read_text().startswith("## The papers' commands")
 
 
 def test_one_papers_slices_alone(tmp_path):
     pc.main(
-        ["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--paper", "fednlr", "--out-dir", str(tmp_path)]
+        ["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--paper", "fednlr", "--no-sequential"]
+        + ["--out-dir", str(tmp_path)]
     )
     res = json.loads((tmp_path / "paper-commands-cpu.json").read_text())
     assert list(res["papers"]) == ["fednlr"] and set(res["papers"]["fednlr"]["rows"]) == {"method", "baseline"}
@@ -80,7 +83,9 @@ def test_an_interrupted_timing_writes_the_slices_it_has(tmp_path, monkeypatch):
     from interrupt import interrupt_on_call
 
     monkeypatch.setattr(pc, "time_slice", interrupt_on_call(pc.time_slice, 2))
-    pc.main(["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--out-dir", str(tmp_path)])
+    pc.main(
+        ["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--no-sequential", "--out-dir", str(tmp_path)]
+    )
     res = json.loads((tmp_path / "paper-commands-cpu.json").read_text())
     assert res["interrupted"] and list(res["papers"]) == ["fednar"]
     assert list(res["papers"]["fednar"]["rows"]) == ["method"]
@@ -95,7 +100,10 @@ def test_a_killed_timing_writes_the_slices_it_has(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pc, "time_slice", kill_on_call(pc.time_slice, 2))
     with sigterm_guard() as outside:
-        pc.main(["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--out-dir", str(tmp_path)])
+        pc.main(
+            ["--time", "--device", "cpu", "--smoke", "--slice-rounds", "1", "--no-sequential"]
+            + ["--out-dir", str(tmp_path)]
+        )
         assert signal.getsignal(signal.SIGTERM) is outside
     res = json.loads((tmp_path / "paper-commands-cpu.json").read_text())
     assert res["interrupted"] and list(res["papers"]["fednar"]["rows"]) == ["method"]
