@@ -1,7 +1,7 @@
 """Formulations chosen by measurement (sim/parallel/choose.py) and the file that keeps them (choice_cache.py).
 
-The search's logic is tested with a stand-in clock (``Timer.call`` replaced by a function of the
-formulations it runs), so that which candidate wins is known; that every formulation computes the
+The search's logic is tested with a stand-in clock (``Timer.measure`` replaced by a function of the
+trial it runs), so that which candidate wins is known; that every formulation computes the
 same gradients is tests/test_sim_stacked.py's job, and the chosen one is checked here in float64.
 """
 
@@ -44,17 +44,21 @@ def _fresh_process_cache(monkeypatch):
     monkeypatch.setattr(choose, "_PROCESS", {})
 
 
-def _clock(monkeypatch, cost: Dict[str, Dict[str, float]], per_client: float = 0.0) -> List[Dict[str, str]]:
-    """Replace the timer: a step costs the sum of its layers' formulation costs (+ per_client * C)."""
-    calls: List[Dict[str, str]] = []
+def _clock(monkeypatch, cost: Dict[str, Dict[str, float]], step_extra=None) -> List[tuple]:
+    """Replace the timer's clock: a layer alone costs ``cost[path][formulation]`` (1.0 if not given); a
+    step the sum of its layers' costs, plus ``step_extra(assignment, C)``. Returns the trials run."""
+    trials: List[tuple] = []
 
-    def call(self, forms):
-        calls.append(dict(forms))
-        self.engine.stacked.set_formulations(forms)
-        return sum(cost.get(p, {}).get(f, 1.0) for p, f in forms.items()) + per_client * self.x.shape[0]
+    def measure(self, trial):
+        trials.append(trial)
+        if trial[0] == "alone":
+            return cost.get(trial[1], {}).get(trial[2], 1.0)
+        forms = self.assignments[trial[1]]
+        extra = 0.0 if step_extra is None else step_extra(forms, self.x.shape[0])
+        return sum(cost.get(p, {}).get(f, 1.0) for p, f in forms.items()) + extra
 
-    monkeypatch.setattr(choose.Timer, "call", call)
-    return calls
+    monkeypatch.setattr(choose.Timer, "measure", measure)
+    return trials
 
 
 def test_search_takes_the_fastest_candidate_of_every_layer(monkeypatch):
@@ -83,11 +87,27 @@ def test_a_candidate_must_beat_the_default_by_the_margin(monkeypatch):
     assert all("kept" in why for why in choice.why.values()), choice.why
 
 
+def test_the_whole_step_overrules_the_layers_alone(monkeypatch):
+    """Faster alone, slower in the step (what neighbours share): the defaults stay, and say why."""
+    model = _cnn()
+    engine = StackedLoss(model)
+    default = choose.defaults(engine, *_inputs(model)(6)[:2])
+    _clock(
+        monkeypatch, {"features.0": {"loop": 0.1}}, step_extra=lambda forms, C: 5.0 * (forms["features.0"] == "loop")
+    )
+    choice = search(engine, *_inputs(model)(6), Budget())
+    assert choice.formulations == default
+    assert "whole step was not faster" in choice.why["features.0"], choice.why
+    # without the penalty in the step, the same alone times choose loop
+    _clock(monkeypatch, {"features.0": {"loop": 0.1}})
+    assert search(engine, *_inputs(model)(6), Budget()).formulations["features.0"] == "loop"
+
+
 def test_layers_with_one_signature_share_one_measurement(monkeypatch):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 3))
     engine = StackedLoss(model)
-    calls = _clock(monkeypatch, {"0": {"loop": 0.1}, "2": {"loop": 0.1}, "4": {"loop": 0.5}})
+    trials = _clock(monkeypatch, {"0": {"loop": 0.1}, "2": {"loop": 0.1}, "4": {"loop": 0.5}})
 
     def inputs(C):
         params = [p.detach().unsqueeze(0).repeat(C, *([1] * p.dim())) for p in model.parameters()]
@@ -95,54 +115,64 @@ def test_layers_with_one_signature_share_one_measurement(monkeypatch):
 
     choice = search(engine, *inputs(4), Budget(rounds=1))
     # 0 and 2: Linear(5, 5) on 5 features, one group; 4: Linear(5, 3), its own
-    assert choice.formulations["0"] == choice.formulations["2"]
+    assert choice.formulations == {"0": "loop", "2": "loop", "4": "loop"}
     assert len(choice.times_s) == 2
-    assert all(c["0"] == c["2"] for c in calls)
+    assert {t[1] for t in trials if t[0] == "alone"} == {"0", "4"}
 
 
 def test_no_budget_left_keeps_the_defaults_and_says_why(monkeypatch):
     model = _cnn()
     engine = StackedLoss(model)
-    calls = _clock(monkeypatch, {"features.0": {"loop": 0.01}})
+    trials = _clock(monkeypatch, {"features.0": {"loop": 0.01}})
     choice = search(engine, *_inputs(model)(6), Budget(seconds=0.0))
-    assert not calls
+    assert not [t for t in trials if t[0] == "alone"]
     assert choice.formulations == choose.defaults(engine, *_inputs(model)(6)[:2])
-    assert all("budget" in why for why in choice.why.values())
+    assert all("budget" in why for p, why in choice.why.items()), choice.why
 
 
 def test_a_candidate_out_of_memory_is_dropped(monkeypatch):
     model = _cnn()
     engine = StackedLoss(model)
-    calls = _clock(monkeypatch, {"features.2": {"loop": 0.001}})
-    real = choose.Timer.call
+    _clock(monkeypatch, {"features.2": {"loop": 0.001}})
+    fake = choose.Timer.measure
 
-    def call(self, forms):
-        if forms["features.2"] == "loop":
+    def measure(self, trial):
+        if trial == ("alone", "features.2", "loop"):
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(self, forms)
+        return fake(self, trial)
 
-    monkeypatch.setattr(choose.Timer, "call", call)
+    monkeypatch.setattr(choose.Timer, "measure", measure)
     choice = search(engine, *_inputs(model)(6), Budget(rounds=1))
     assert choice.formulations["features.2"] != "loop"
-    assert "loop" not in choice.times_s[choose.layer_signature(engine, "features.2", _layer_input(engine, model))]
-    assert calls
-
-
-def _layer_input(engine, model):
     params, x, _, _ = _inputs(model)(6)
-    return choose.layer_inputs(engine, params, x)["features.2"]
+    layer_input = choose.layer_inputs(engine, params, x)["features.2"][0]
+    assert "loop" not in choice.times_s[choose.layer_signature(engine, "features.2", layer_input)]
 
 
 def test_another_error_is_not_swallowed(monkeypatch):
     model = _cnn()
     engine = StackedLoss(model)
 
-    def call(self, forms):
+    def measure(self, trial):
         raise RuntimeError("a bug in a formulation")
 
-    monkeypatch.setattr(choose.Timer, "call", call)
+    monkeypatch.setattr(choose.Timer, "measure", measure)
     with pytest.raises(RuntimeError, match="a bug"):
         search(engine, *_inputs(model)(6), Budget(rounds=1))
+
+
+def test_a_layer_alone_runs_its_forward_and_backward(monkeypatch):
+    """The real timer: each candidate of every layer runs alone without error, on the step's input."""
+    model = _cnn()
+    engine = StackedLoss(model)
+    params, x, y, w = _inputs(model)(5)
+    timer = choose.Timer(engine, params, x, y, w, Budget(rounds=1))
+    timer.inputs = choose.layer_inputs(engine, params, x)
+    assert timer.inputs["features.0"][1] is False and timer.inputs["features.2"][1] is True
+    for path, layer in engine.stacked.layers.items():
+        for form in choose.candidates(layer, timer.inputs[path][0]):
+            assert timer.measure(("alone", path, form)) > 0
+        assert layer.params == {}  # nothing left behind
 
 
 @pytest.mark.parametrize(
@@ -167,19 +197,12 @@ def test_chunk_sizes_are_equal_chunks_that_fit(sampled, fit, sizes):
 def test_plan_takes_the_size_with_the_shortest_round(monkeypatch):
     model = _cnn()
     engine = StackedLoss(model)
-    # a step costs a fixed 1 s + 0.05 s per client: more clients at once is faster per round until
-    # ... a collapse past 30 clients (0.5 s per client), as a device's library slows for many groups
-    calls: List[int] = []
-
-    def call(self, forms):
-        C = self.x.shape[0]
-        calls.append(C)
-        return 1.0 + 0.05 * C + (0.5 * C if C > 30 else 0.0)
-
-    monkeypatch.setattr(choose.Timer, "call", call)
+    # a step costs 0.05 s per client on top of its layers (3 s): more clients at once is faster per
+    # round until a collapse past 30 clients (0.5 s per client), as a library slows for many groups
+    _clock(monkeypatch, {}, step_extra=lambda forms, C: 0.05 * C + (0.5 * C if C > 30 else 0.0))
     chooser = Chooser(engine, _inputs(model), mode="measure")
     n, choice = chooser.plan(100, 100, steps_per_run=10)
-    # sizes 100, 50, 25, 13: rounds 1 * 56, 2 * 28.5, 4 * 2.25, 8 * 1.65
+    # sizes 100, 50, 25, 13: rounds 1 x 58, 2 x 30.5, 4 x 4.25, 8 x 3.65
     assert n == 25 and choice.clients == 25
 
 
@@ -187,10 +210,10 @@ def test_default_mode_measures_nothing(monkeypatch):
     model = _cnn()
     engine = StackedLoss(model)
 
-    def call(self, forms):
+    def measure(self, trial):
         raise AssertionError("default mode must not time anything")
 
-    monkeypatch.setattr(choose.Timer, "call", call)
+    monkeypatch.setattr(choose.Timer, "measure", measure)
     chooser = Chooser(engine, _inputs(model), mode="default")
     n, choice = chooser.plan(40, 16, steps_per_run=1000)
     assert n == 14  # the fewest equal chunks that fit: 40 in 3 chunks of 14

@@ -7,16 +7,17 @@ cuDNN's benchmark mode times its kernels, instead of trusting defaults chosen on
 
 * Layers are grouped by *signature* (kind, configuration, per-sample input shape, dtype and memory
   format); the layers of one group share one choice (ResNet-18's repeated blocks are measured once).
-* From the defaults, group after group in forward order, the whole stacked step (forward and
-  backward of the clients' loss, as training runs it, so that layouts shared with neighbouring
-  layers count) is timed with each of the group's candidates (``StackedLayer.candidates``): one
-  warm-up call each, then ``rounds`` calls each in a rotated order, synchronised; medians compared.
-* A candidate replaces the current choice only when its median is at least ``margin`` faster: on a
-  noisy machine the default stays rather than flipping on noise. A candidate that runs out of
-  memory is dropped.
-* The clients computed at once (``--client-parallel auto``) are chosen the same way: for a few
-  equal chunk sizes that fit the device's free memory, largest first, the formulations are chosen
-  at that size and the round's time (chunks x step time) compared.
+* Group after group, each candidate (``StackedLayer.candidates``) runs the group's first layer alone,
+  forward and backward on the input it gets in the step: one warm-up run each, then ``rounds`` runs
+  each in a rotated order, synchronised; medians compared. A candidate replaces the default only
+  when it is at least ``margin`` faster: on a noisy machine the default stays rather than flipping
+  on noise. A candidate that runs out of memory is dropped.
+* A layer alone leaves out what it shares with its neighbours (a grouped run's layout copies), so the
+  whole step (forward and backward of the clients' loss, as training runs it) then decides: the
+  assembled choice is kept only if its step is not slower than the defaults' step, timed the same way.
+* The clients computed at once (``--client-parallel auto``) are chosen by the step time too: for a
+  few equal chunk sizes that fit the device's free memory, largest first, the formulations are
+  chosen at that size and the round's time (chunks x step time) compared.
 
 The search spends at most ``Budget.seconds`` (``auto``: a share of the run's estimated training
 time; ``measure``: no limit); what it could not measure keeps its default, and ``Choice.why`` says
@@ -87,20 +88,24 @@ class Choice:
 
 
 # ------------------------------------------------------------------ signatures
-def layer_inputs(engine: StackedLoss, params: Sequence[torch.Tensor], x: torch.Tensor) -> Dict[str, torch.Tensor]:
+def layer_inputs(
+    engine: StackedLoss, params: Sequence[torch.Tensor], x: torch.Tensor
+) -> Dict[str, Tuple[torch.Tensor, bool]]:
     """Each stacked layer's input in one forward pass of the clients' samples ``x`` [C, B, ...]
-    (detached): what the layer's candidates and signature depend on."""
-    seen: Dict[str, torch.Tensor] = {}
+    (detached), and whether training takes its gradient: what the layer's candidates, signature and
+    time alone depend on."""
+    seen: Dict[str, Tuple[torch.Tensor, bool]] = {}
     hooks = []
     for path, layer in engine.stacked.layers.items():
 
         def keep(m: Any, args: tuple, path: str = path) -> None:
-            seen.setdefault(path, args[0].detach())
+            seen.setdefault(path, (args[0].detach(), args[0].requires_grad))
 
         hooks.append(layer.register_forward_pre_hook(keep))
+    leaves = [p.detach().requires_grad_() for p in params]
     try:
-        with torch.no_grad():
-            engine.logits(params, x)
+        with torch.enable_grad():
+            engine.logits(leaves, x)
     finally:
         for h in hooks:
             h.remove()
@@ -143,48 +148,82 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
+Trial = Tuple[str, ...]  # ("step", <assignment key>) or ("alone", path, formulation)
+
+
 class Timer:
-    """Times ``engine.grads`` on fixed inputs under a formulation assignment; counts what it spends."""
+    """Times trials on fixed inputs: the whole step (``engine.grads``) under an assignment of
+    formulations, or one layer alone (its forward and backward on its own input, as in the step)."""
 
     def __init__(self, engine: StackedLoss, params: Sequence[torch.Tensor], x, y, w, budget: Budget):
         self.engine, self.params, self.x, self.y, self.w = engine, list(params), x, y, w
         self.device = x.device
         self.budget = budget
+        self.assignments: Dict[str, Dict[str, str]] = {}
+        self.inputs: Dict[str, Tuple[torch.Tensor, bool]] = {}  # layer path -> (its input, needs a gradient)
 
-    def call(self, forms: Dict[str, str]) -> float:
-        self.engine.stacked.set_formulations(forms)
+    def measure(self, trial: Trial) -> float:
+        """Seconds one run of ``trial`` takes, synchronised."""
         _sync(self.device)
         t0 = time.perf_counter()
-        self.engine.grads(self.params, self.x, self.y, self.w)
+        if trial[0] == "step":
+            self.engine.stacked.set_formulations(self.assignments[trial[1]])
+            self.engine.grads(self.params, self.x, self.y, self.w)
+        else:
+            self._alone(trial[1], trial[2])
         _sync(self.device)
         return time.perf_counter() - t0
 
-    def compare(self, options: Dict[str, Dict[str, str]]) -> Dict[str, float]:
-        """Median seconds per step of each option (name -> assignment), interleaved; an option that
-        runs out of memory or fails is left out of the answer."""
-        live: Dict[str, Dict[str, str]] = {}
-        for name, forms in options.items():  # the warm-up call: allocations, library autotuning
+    def _alone(self, path: str, form: str) -> None:
+        stacked = self.engine.stacked
+        layer = stacked.layers[path]
+        x, needs_grad = self.inputs[path]
+        x = x.detach().requires_grad_(needs_grad)
+        ps = {
+            a: t.detach().requires_grad_() for (m, a), t in zip(stacked.slots, self.params, strict=True) if m is layer
+        }
+        saved = layer.formulation
+        layer.formulation, layer.params = form, ps
+        layer.ctx = self.engine.context(self.x.shape[0], self.x.shape[1], self.device)
+        try:
+            with torch.enable_grad():
+                out = layer(x)
+                out = out[0] if isinstance(out, tuple) else out
+                out.backward(torch.ones_like(out))
+        finally:
+            layer.formulation, layer.params = saved, {}
+
+    def compare(self, options: Dict[str, Trial]) -> Dict[str, float]:
+        """Median seconds of each option's trial, interleaved (rotated order each round) after one
+        warm-up run each; an option that runs out of memory is left out of the answer."""
+        live: Dict[str, Trial] = {}
+        for name, trial in options.items():  # the warm-up run: allocations, library autotuning
             try:
-                self.call(forms)
-                live[name] = forms
+                self.measure(trial)
+                live[name] = trial
             except RuntimeError as exc:
-                if self.device.type == "cuda" and _out_of_memory(exc):
-                    torch.cuda.empty_cache()
-                elif not _out_of_memory(exc):
+                if not _out_of_memory(exc):
                     raise
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
         times: Dict[str, List[float]] = {n: [] for n in live}
         names = list(live)
         r = 0
         while names and r < MAX_ROUNDS:
             shift = r % len(names)
             for name in names[shift:] + names[:shift]:
-                times[name].append(self.call(live[name]))
+                times[name].append(self.measure(live[name]))
             r += 1
             if r >= self.budget.rounds and min(sum(t) for t in times.values()) >= MIN_CALL_S:
                 break
             if self.budget.left() <= 0 and r >= 2:
                 break
         return {n: statistics.median(t) for n, t in times.items() if t}
+
+    def steps(self, assignments: Dict[str, Dict[str, str]]) -> Dict[str, float]:
+        """``compare`` of whole steps, one per named assignment."""
+        self.assignments.update(assignments)
+        return self.compare({name: ("step", name) for name in assignments})
 
 
 # ------------------------------------------------------------------ the search
@@ -194,6 +233,10 @@ def defaults(engine: StackedLoss, params: Sequence[torch.Tensor], x: torch.Tenso
     with torch.no_grad():
         engine.logits(params, x)
     return dict(engine.stacked.formulations())
+
+
+def _ms(times: Dict[str, float]) -> str:
+    return ", ".join(f"{f} {times[f] * 1e3:.3g} ms" for f in sorted(times, key=lambda f: times[f]))
 
 
 def search(
@@ -207,49 +250,56 @@ def search(
     """Formulations for the clients of ``x`` [C, B, ...] by measurement (module docstring)."""
     t0 = time.perf_counter()
     C = x.shape[0]
-    forms = defaults(engine, params, x)
+    start = defaults(engine, params, x)
+    forms = dict(start)
     why = {p: "the default; the only formulation for this layer" for p in forms}
     inputs = layer_inputs(engine, params, x)
-    groups = groups_of(engine, inputs)
+    groups = groups_of(engine, {p: t for p, (t, _) in inputs.items()})
     timer = Timer(engine, params, x, y, w, budget)
+    timer.inputs = inputs
     times: Dict[str, Dict[str, float]] = {}
-    step_s: Optional[float] = None
     for paths in groups.values():
         for p in paths:
             why[p] = "the default; not measured: the search's time budget was spent"
     for sig, paths in groups.items():
         if budget.left() <= 0:
             break
-        layer = engine.stacked.layers[paths[0]]
-        current = forms[paths[0]]
-        options = {f: {**forms, **{p: f for p in paths}} for f in candidates(layer, inputs[paths[0]])}
-        measured = timer.compare(options)
-        times[sig] = measured
-        if not measured:
+        layer, current = engine.stacked.layers[paths[0]], forms[paths[0]]
+        alone = timer.compare({f: ("alone", paths[0], f) for f in candidates(layer, inputs[paths[0]][0])})
+        times[sig] = alone
+        if not alone:
             continue
-        best = min(measured, key=lambda f: measured[f])
-        base = measured.get(current)
-        label = ", ".join(f"{f} {measured[f] * 1e3:.3g} ms" for f in sorted(measured, key=lambda f: measured[f]))
-        if base is None or (best != current and measured[best] < base * (1 - budget.margin)):
-            chosen, verdict = best, f"measured fastest (step: {label})"
+        best, base = min(alone, key=lambda f: alone[f]), alone.get(current)
+        if base is None or (best != current and alone[best] < base * (1 - budget.margin)):
+            chosen, verdict = best, f"measured fastest (the layer alone: {_ms(alone)})"
+        elif best == current:
+            chosen, verdict = current, f"the default, measured fastest (the layer alone: {_ms(alone)})"
         else:
             chosen = current
-            verdict = (
-                f"the default, measured fastest (step: {label})"
-                if best == current
-                else f"the default, kept: no candidate {budget.margin:.0%} faster (step: {label})"
-            )
+            verdict = f"the default, kept: no candidate {budget.margin:.0%} faster (the layer alone: {_ms(alone)})"
         for p in paths:
-            forms[p] = chosen
-            why[p] = verdict
-        step_s = measured[chosen]
+            forms[p], why[p] = chosen, verdict
+    # the layers alone leave out what neighbours share (a grouped run's layout copies): the whole
+    # step decides between the assembled choice and the defaults
+    step = timer.steps({"chosen": forms, "default": start} if forms != start else {"default": start})
+    step_s = step.get("chosen", step.get("default"))
+    if forms != start and (step.get("chosen") is None or step["chosen"] > step.get("default", math.inf)):
+        kept = (
+            f"the whole step was not faster ({_ms({'these': step['chosen'], 'defaults': step['default']})})"
+            if ("chosen" in step and "default" in step)
+            else "the whole step did not fit in memory"
+        )
+        for p in forms:
+            if forms[p] != start[p]:
+                why[p] = f"the default, kept: {kept} with {forms[p]} and the others chosen"
+        forms, step_s = dict(start), step.get("default")
     engine.stacked.set_formulations(forms)
     return Choice(C, forms, why, step_s, "measured", time.perf_counter() - t0, times)
 
 
 def time_step(engine: StackedLoss, params, x, y, w, forms: Dict[str, str], budget: Budget) -> Optional[float]:
     """The median step time with ``forms`` (None: out of memory)."""
-    return Timer(engine, params, x, y, w, budget).compare({"step": forms}).get("step")
+    return Timer(engine, params, x, y, w, budget).steps({"step": forms}).get("step")
 
 
 # ------------------------------------------------------------------ choosing for a run
@@ -300,7 +350,7 @@ class Chooser:
                 "signature": layer_signature(self.engine, p, t),
                 "candidates": list(candidates(self.engine.stacked.layers[p], t)),
             }
-            for p, t in inputs.items()
+            for p, (t, _) in inputs.items()
         }
         order = self.engine.context(x.shape[0], x.shape[1], x.device).order
         return step_key(x.device, layers, x.shape[0], x.shape[1], order, self.precision)
