@@ -481,13 +481,20 @@ def measure(
             builders[SEQ] = (_registry.auto_backend(device, "fednar"), build_seq)
         else:
             skipped[SEQ] = f"measured at C={seq_at[0]} (client by client: its rate does not depend on C)"
-    if VMAP in modes:
+    # on a GPU the earlier engines (vmap, the update in plain torch) are compared at the smallest C only:
+    # the GPU share goes to the engine's own modes at the larger ones
+    earlier = device.type == "cpu" or C == min(args.clients_of[name])
+    if VMAP in modes and not earlier:
+        skipped[VMAP] = "on a GPU at the smallest C only"
+    elif VMAP in modes:
         try:
             vmap_loss = ClientLoss(wl.model)
             builders[VMAP] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, vmap_loss, None)))
         except ValueError as why:
             skipped[VMAP] = str(why).split(". ")[0]
-    if PLAIN in modes:
+    if PLAIN in modes and not earlier:
+        skipped[PLAIN] = "on a GPU at the smallest C only"
+    elif PLAIN in modes:
 
         def build_plain():
             stacked = [g.unsqueeze(0).repeat(C, *([1] * g.dim())).contiguous() for g in wl.glob]

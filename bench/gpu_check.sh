@@ -175,10 +175,10 @@ fi
 BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends()).replace(chr(10), '; '))" 2>&1 | tail -1)
 
 # shares of the budget (seconds) from an H100 (install 43, loop 25, small-CNN clients 41) and an
-# H200 (tests ~90, bench ~90 without the reference rows); the four models' clients (not yet
-# measured) at most 140, clients_sim (not yet measured) at most 60. Reserved ahead: only what
+# H200 (tests ~90, bench ~90 without the reference rows, the four models' clients 144 cut before
+# ResNet's largest C, clients_sim 39); clients at most 170 with its formulation search, clients_sim 60. Reserved ahead: only what
 # comes before paper_slice (45 s on the H100) and tests_wide, which take what is left
-TESTS_S=120; BENCH_S=110; LOOP_S=40; CLIENTS_S=140; CLIENTS_SIM_S=60; PAPER_S=90
+TESTS_S=120; BENCH_S=110; LOOP_S=40; CLIENTS_S=170; CLIENTS_SIM_S=60; PAPER_S=90
 PAR=""
 if "$PY" -c "import xdist" >/dev/null 2>&1; then
   # a worker per core but two (GPU tests share one device), at most 14
@@ -214,9 +214,11 @@ if [ "$SKIP_BENCH" = 0 ]; then
     L=$(( $(left) - 15 - CLIENTS_S - CLIENTS_SIM_S )); [ "$L" -gt "$LOOP_S" ] && L=$LOOP_S
     phase bench_loop "$L" "$PY" -m bench loop --device cuda --blocks 5 --per-block 15 --warmup 15 --out-dir "$RES"
   fi
-  # client-batched training on the four models: sequential vs vmap vs the stacked engine (+ CUDA graph);
-  # two timed rounds per mode (a deadline's SIGINT still writes the cases measured)
-  CLIENTS_ARGS="--rounds 2"
+  # client-batched training on the four models: sequential vs vmap vs the stacked engine with its
+  # default and its measured formulations (+ CUDA graph, + chunks); two timed rounds per mode, every
+  # model's smallest C first (a deadline's SIGINT still writes the cases measured); the formulation
+  # search at most 8 s per model and C, its in-context times instead of the layers-alone table
+  CLIENTS_ARGS="--rounds 2 --search-budget 8 --no-layers"
   [ "$BENCH_MODE" = smoke ] && CLIENTS_ARGS="--smoke"
   # shellcheck disable=SC2086
   C=$(( $(left) - 15 - CLIENTS_SIM_S )); [ "$C" -gt "$CLIENTS_S" ] && C=$CLIENTS_S
