@@ -131,13 +131,20 @@ def _prepare(case: Case, plan: Plan, out: Row) -> Optional[Stepper]:
         return None
 
 
-def _copy(nbytes: int, device: torch.device) -> Callable[[], object]:
-    """``dst.copy_(src)`` moving ``nbytes`` in total (half read, half written): the roofline of a step
-    that moves the same bytes, with the same cache behaviour."""
-    n = max(1, nbytes // 8)  # float32 elements: n*4 read + n*4 written = nbytes
-    src = torch.randn(n, device=device)
+def _copies(sizes: List[int], device: torch.device) -> Dict[int, Callable[[], object]]:
+    """Per byte count, ``dst.copy_(src)`` moving that many bytes in total (half read, half written):
+    the roofline of a step that moves the same bytes, with the same cache behaviour. The copies are
+    prefixes of one pair of buffers, so a group holds one copy's memory, the largest."""
+    if not sizes:
+        return {}
+    elements = {b: max(1, b // 8) for b in sizes}  # float32: n*4 read + n*4 written = nbytes
+    src = torch.randn(max(elements.values()), device=device)
     dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
+    return {b: functools.partial(_copy_prefix, dst, src, n) for b, n in elements.items()}
+
+
+def _copy_prefix(dst: torch.Tensor, src: torch.Tensor, n: int) -> torch.Tensor:
+    return dst[:n].copy_(src[:n])
 
 
 def _time_together(steppers: Dict[int, Stepper], cases: List[Case], plan: Plan, outs: List[Row]) -> None:
@@ -149,9 +156,9 @@ def _time_together(steppers: Dict[int, Stepper], cases: List[Case], plan: Plan, 
     for i, stepper in steppers.items():
         fns.append(stepper.step)
         owner.append(i)
-    for nbytes in dict.fromkeys(cases[i].nbytes for i in steppers if cases[i].nbytes is not None):
-        assert nbytes is not None
-        fns.append(_copy(nbytes, plan.device))
+    sizes = [b for b in dict.fromkeys(cases[i].nbytes for i in steppers) if b is not None]
+    for nbytes, copy in _copies(sizes, plan.device).items():
+        fns.append(copy)
         owner.append(("copy", nbytes))
     budget = dataclasses.replace(plan.budget, warmup=1)
     copies: Dict[int, Timed] = {}
@@ -166,14 +173,14 @@ def _time_together(steppers: Dict[int, Stepper], cases: List[Case], plan: Plan, 
         out.update(median_s=median(res.times), min_s=min(res.times), reps=len(res.times))
         out["other_load_cores"] = res.other_load
     for i in steppers:
-        nbytes = cases[i].nbytes
-        if nbytes is None or "error" in outs[i]:
+        moved = cases[i].nbytes
+        if moved is None or "error" in outs[i]:
             continue
-        res = copies[nbytes]
+        res = copies[moved]
         if res.error is not None or not res.times:
             outs[i]["error"] = f"copy roofline: {res.error}"
             continue
-        outs[i]["copy_gbps"] = 8 * max(1, nbytes // 8) / median(res.times) / 1e9
+        outs[i]["copy_gbps"] = 8 * max(1, moved // 8) / median(res.times) / 1e9
         outs[i]["copy_other_load_cores"] = res.other_load
 
 
