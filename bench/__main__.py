@@ -13,9 +13,11 @@ Modes: default (full: every size, every configuration, ~1 s per case), ``--quick
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
 ``--smoke`` (small CNN only, three timed steps: checks the machinery, numbers mean little).
 
-A run never waits for the machine to be quiet and never redoes a case unless asked (inside a case,
-a disturbed block of timed steps is replaced: ``timing.time_settled``): rows that other processes
-disturbed are flagged (⚠). ``--wait-quiet`` and ``--retries`` are for the tables
+The cases of one algorithm and list are timed interleaved, round by round (``timing.time_interleaved``),
+so the goals compare medians taken under the same load. A run never waits for the machine to be
+quiet and never redoes a group unless asked (a disturbed block of timed steps is replaced by another
+round): rows that other processes disturbed are flagged (⚠), and a goal judged on them says
+"disturbed" instead of pass or miss. ``--wait-quiet`` and ``--retries`` are for the tables
 that get committed. Files go to ``bench_runs/`` (git-ignored); the committed tables in
 ``bench/results/`` are written only when that folder is named with ``--out-dir``.
 """
@@ -32,7 +34,7 @@ from typing import List, Optional
 
 import torch
 
-from .algorithms import ALGOS, CORE, FULL
+from .algorithms import ALGOS, CORE, FULL, baseline_names
 from .contention import wait_quiet
 from .goals import judge_rows
 from .machine import ROOT, loadavg, run_meta
@@ -93,8 +95,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "--retries",
         type=int,
         default=0,
-        help="CPU: redo a case that other processes disturbed up to N times, waiting for idle cores "
-        "before each (default 0: disturbed rows are only flagged)",
+        help="CPU: time a group of cases that other processes disturbed again, up to N times, waiting for "
+        "idle cores before each (default 0: disturbed rows are only flagged)",
     )
     ap.add_argument(
         "--out-dir",
@@ -223,7 +225,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     meta["wall_s"] = time.perf_counter() - t0
     meta["loadavg_after"] = loadavg()
     result["meta"] = meta
-    result["goals"] = judge_rows(result["rows"], device.type)
+    left_out = dict(result["skipped"])
+    if not plan.baselines:
+        left_out.update((name, "--no-baselines") for name in baseline_names())
+    result["goals"] = judge_rows(result["rows"], device.type, left_out)
     print(markdown(result))
     if not args.no_write:
         paths = write(result, args.out_dir)

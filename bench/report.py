@@ -99,15 +99,28 @@ def markdown(result: Dict[str, Any]) -> str:
         "",
         "## Goals",
         "",
-        "| goal | judged on | verdict | passed | missed | judged rows disturbed (⚠) |",
+        *(
+            [
+                "Each figure compares rows timed interleaved, in the same rounds. **disturbed**: other processes "
+                f"used more than {DISTURBED} cores while a judged row or what it is compared with was timed, so "
+                "neither pass nor miss can be told; **n/a**: what the goal compares with was not timed.",
+                "",
+            ]
+            if any("disturbed" in g for g in result.get("goals", []))
+            else []
+        ),
+        "| goal | judged on | verdict | passed | missed | disturbed |",
         "|---|---|---|---|---|---|",
     ]
     for g in result.get("goals", []):
         missed = ", ".join(g["missed"]) or "—"
-        disturbed = sum(1 for r in result["rows"] if g["goal"] in r.get("goals", {}) and _disturbed(r))
+        if "disturbed" in g:
+            disturbed = ", ".join(g["disturbed"]) or "—"
+        else:  # a result written before goals judged disturbed rows: count the flagged ones
+            disturbed = str(sum(1 for r in result["rows"] if g["goal"] in r.get("goals", {}) and _disturbed(r)))
+        verdict = f"**{g['verdict']}**" + (f": {g['reason']}" if g.get("reason") else "")
         lines.append(
-            f"| {g['text']} | {g['where']} | **{g['verdict']}** | {g['passed']}/{g['judged']} | {missed} "
-            f"| {disturbed} |"
+            f"| {g['text']} | {g['where']} | {verdict} | {g['passed']}/{g['judged']} | {missed} | {disturbed} |"
         )
     head = [
         "algorithm",

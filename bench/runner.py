@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import sys
 import time
@@ -14,11 +15,11 @@ import torch
 import fedopt_kernels as fk
 
 from .algorithms import ALGOS, EAGER, REPLAYING, TORCH_FOREACH, TORCH_FUSED, Stepper, build_baseline, eager_name
-from .contention import DISTURBED, OtherLoad, wait_quiet
+from .contention import DISTURBED, wait_quiet
 from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
 from .stopping import sigterm_interrupts
-from .timing import Budget, copy_bandwidth, host_time, median, time_graph, time_settled
+from .timing import Budget, Timed, copy_bandwidth, host_time, median, time_graph, time_interleaved
 from .traffic import bytes_per_element, bytes_per_step
 
 Row = Dict[str, Any]
@@ -35,7 +36,7 @@ class Plan:
     graph_steps: int = 10  # steps captured per CUDA graph (0: no graph timing)
     baselines: bool = True  # time torch.optim.SGD fused/foreach where comparable
     eager_rows: bool = True  # on CUDA: also each replaying backend with replay=False
-    retries: int = 0  # CPU: redo a case disturbed by other processes this often
+    retries: int = 0  # CPU: time a group disturbed by other processes again this often
     quiet_wait_s: float = 60.0  # ... after waiting at most this long for idle cores
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
 
@@ -98,78 +99,154 @@ def record_host_time(build: Callable[[], Stepper], device: torch.device, tries: 
     return median(times) if times else None
 
 
-def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
-    out: Row = {}
-    if plan.device.type == "cuda":
-        out["record_host_s"] = record_host_time(build, plan.device)
-    stepper = build()
-    for _ in range(plan.budget.warmup):
-        stepper.step()
-    # after warm-up all state exists, so this is what a step allocates on top of it
-    out["step_extra_bytes"] = step_peak_bytes(stepper.step, plan.device)
-    out["state_bytes"] = state_bytes(stepper.opt)
-    times = time_settled(stepper.step, plan.device, dataclasses.replace(plan.budget, warmup=1))
-    out.update(median_s=median(times), min_s=min(times), reps=len(times))
-    out["host_s"] = host_time(stepper.step, plan.device) if plan.device.type == "cuda" else out["median_s"]
-    if graph and plan.device.type == "cuda" and plan.graph_steps > 0:
-        try:
-            out["graph_median_s"] = time_graph(
-                stepper.step,
-                plan.device,
-                plan.graph_steps,
-                plan.budget,
-                # read late on purpose (not bound as a default): `del stepper` below frees it
-                before_capture=lambda k: _prepare_capture(stepper, k),  # noqa: F821
-            )
-        except Exception as exc:  # report, do not abort the run
-            out["graph_error"] = f"{type(exc).__name__}: {exc}"
-    del stepper
-    return out
+@dataclass
+class Case:
+    """One row to time: how to build its stepper, whether to time it replayed from a CUDA graph, and
+    the bytes its copy roofline moves (None: no roofline)."""
+
+    build: Callable[[], Stepper]
+    graph: bool
+    nbytes: Optional[int]
 
 
-_MEASURED = (
-    "median_s",
-    "min_s",
-    "reps",
-    "host_s",
-    "record_host_s",
-    "step_extra_bytes",
-    "state_bytes",
-    "graph_median_s",
-    "graph_error",
-    "copy_gbps",
-    "other_load_cores",
-    "attempts",
-    "error",
-)
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
-def _case(build: Callable[[], Stepper], plan: Plan, graph: bool, nbytes: int) -> Row:
-    """Measure one case and the copy roofline next to it; on a CPU, redo a case that other
-    processes disturbed (up to ``plan.retries`` times, after waiting for idle cores) and keep the
-    least disturbed attempt."""
-    best: Optional[Row] = None
-    for attempt in range(1 + (plan.retries if plan.device.type == "cpu" else 0)):
+def _prepare(case: Case, plan: Plan, out: Row) -> Optional[Stepper]:
+    """Build and warm a case's stepper and take its memory figures (and, on CUDA, the host time of
+    the step that records a graph); None, with ``out["error"]`` set, when the case fails."""
+    try:
+        if plan.device.type == "cuda":
+            out["record_host_s"] = record_host_time(case.build, plan.device)
+        stepper = case.build()
+        for _ in range(plan.budget.warmup):
+            stepper.step()
+        # after warm-up all state exists, so this is what a step allocates on top of it
+        out["step_extra_bytes"] = step_peak_bytes(stepper.step, plan.device)
+        out["state_bytes"] = state_bytes(stepper.opt)
+        return stepper
+    except Exception as exc:  # a backend that fails is a result too, not a crash
+        out["error"] = _error(exc)
+        return None
+
+
+def _copies(sizes: List[int], device: torch.device) -> Dict[int, Callable[[], object]]:
+    """Per byte count, ``dst.copy_(src)`` moving that many bytes in total (half read, half written):
+    the roofline of a step that moves the same bytes, with the same cache behaviour. The copies are
+    prefixes of one pair of buffers, so a group holds one copy's memory, the largest."""
+    if not sizes:
+        return {}
+    elements = {b: max(1, b // 8) for b in sizes}  # float32: n*4 read + n*4 written = nbytes
+    src = torch.randn(max(elements.values()), device=device)
+    dst = torch.empty_like(src)
+    return {b: functools.partial(_copy_prefix, dst, src, n) for b, n in elements.items()}
+
+
+def _copy_prefix(dst: torch.Tensor, src: torch.Tensor, n: int) -> torch.Tensor:
+    return dst[:n].copy_(src[:n])
+
+
+def _time_together(steppers: Dict[int, Stepper], cases: List[Case], plan: Plan, outs: List[Row]) -> None:
+    """Time every live stepper and the copy rooflines of their byte counts interleaved, round by
+    round (``timing.time_interleaved``): a ratio between two rows of the group, or between a row and
+    its roofline, is a ratio of medians taken under the same load."""
+    fns: List[Callable[[], object]] = []
+    owner: List[Any] = []  # a case index, or ("copy", nbytes)
+    for i, stepper in steppers.items():
+        fns.append(stepper.step)
+        owner.append(i)
+    sizes = [b for b in dict.fromkeys(cases[i].nbytes for i in steppers) if b is not None]
+    for nbytes, copy in _copies(sizes, plan.device).items():
+        fns.append(copy)
+        owner.append(("copy", nbytes))
+    budget = dataclasses.replace(plan.budget, warmup=1)
+    copies: Dict[int, Timed] = {}
+    for who, res in zip(owner, time_interleaved(fns, plan.device, budget)):
+        if isinstance(who, tuple):
+            copies[who[1]] = res
+            continue
+        out = outs[who]
+        if res.error is not None:
+            out["error"] = res.error
+            continue
+        out.update(median_s=median(res.times), min_s=min(res.times), reps=len(res.times))
+        out["other_load_cores"] = res.other_load
+    for i in steppers:
+        moved = cases[i].nbytes
+        if moved is None or "error" in outs[i]:
+            continue
+        res = copies[moved]
+        if res.error is not None or not res.times:
+            outs[i]["error"] = f"copy roofline: {res.error}"
+            continue
+        outs[i]["copy_gbps"] = 8 * max(1, moved // 8) / median(res.times) / 1e9
+        outs[i]["copy_other_load_cores"] = res.other_load
+
+
+def _worst_load(outs: List[Row]) -> float:
+    return max(
+        (o.get(k) or 0.0 for o in outs if "error" not in o for k in ("other_load_cores", "copy_other_load_cores")),
+        default=0.0,
+    )
+
+
+def measure_group(cases: List[Case], plan: Plan) -> List[Row]:
+    """Measure the cases of one algorithm and size together: each is built and warmed up, then all
+    are timed interleaved with their copy rooflines, then (CUDA) each one's host time and graph
+    replay. On a CPU, a group that other processes disturbed is timed again, up to
+    ``plan.retries`` times after waiting for idle cores, and the least disturbed attempt is kept."""
+    outs: List[Row] = [{} for _ in cases]
+    steppers: Dict[int, Stepper] = {}
+    for i, case in enumerate(cases):
+        stepper = _prepare(case, plan, outs[i])
+        if stepper is not None:
+            steppers[i] = stepper
+    best: Optional[List[Row]] = None
+    attempts = 1 + (plan.retries if plan.device.type == "cpu" else 0)
+    for attempt in range(attempts):
         if attempt:
             wait_quiet(plan.quiet_wait_s)
-        out: Row = {}
-        with OtherLoad() as others:
-            try:
-                out.update(_measure(build, plan, graph))
-                # the roofline, measured now: same load on the machine as the step just timed
-                out["copy_gbps"] = copy_bandwidth(nbytes, plan.device, plan.budget) / 1e9
-            except Exception as exc:  # a backend that fails is a result too, not a crash
-                out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        out["other_load_cores"] = others.cores
-        out["attempts"] = attempt + 1
+        tried = [dict(o) for o in outs]
+        _time_together(steppers, cases, plan, tried)
         gc.collect()
-        if best is None or (others.cores or 0.0) < (best["other_load_cores"] or 0.0):
-            best = out
-        if "error" in out or others.cores is None or others.cores <= DISTURBED:
+        if best is None or _worst_load(tried) < _worst_load(best):
+            best = tried
+        for o in best:
+            o["attempts"] = attempt + 1
+        if _worst_load(tried) <= DISTURBED:
             break
     assert best is not None  # the first attempt always sets it
-    best["attempts"] = out["attempts"]
+    for i, stepper in steppers.items():
+        out = best[i]
+        if "error" in out:
+            continue
+        if plan.device.type != "cuda":
+            out["host_s"] = out["median_s"]
+            continue
+        try:
+            out["host_s"] = host_time(stepper.step, plan.device)
+            if cases[i].graph and plan.graph_steps > 0:
+                try:
+                    out["graph_median_s"] = time_graph(
+                        stepper.step,
+                        plan.device,
+                        plan.graph_steps,
+                        plan.budget,
+                        before_capture=functools.partial(_prepare_capture, stepper),
+                    )
+                except Exception as exc:  # report, do not abort the run
+                    out["graph_error"] = _error(exc)
+        except Exception as exc:
+            out["error"] = _error(exc)
+    steppers.clear()
+    gc.collect()
     return best
+
+
+def _measure(build: Callable[[], Stepper], plan: Plan, graph: bool) -> Row:
+    """One case alone, without a copy roofline."""
+    return measure_group([Case(build, graph, None)], plan)[0]
 
 
 def _prime(plan: Plan, backends: List[str]) -> None:
@@ -205,72 +282,77 @@ def run(plan: Plan) -> Dict[str, Any]:
 
 
 def _time_cases(plan: Plan, backends: List[str], rows: List[Row]) -> None:
-    """Time every (size, algorithm, backend) case of ``plan``, appending each row as it is done."""
+    """Time every (size, algorithm, backend) case of ``plan``, the cases of one size and algorithm
+    together (``measure_group``), appending each group's rows as it is done."""
     for size in plan.sizes:
         shapes = SIZES[size]
         params = _make_params(shapes, plan.dtype, plan.device)
-        baseline_cache: Dict[tuple, Row] = {}
         for algo_name in plan.algos:
             algo = ALGOS[algo_name]
             # the builders read algo and params late on purpose, called in this iteration only: bound as
             # defaults, the cases list would keep this size's params alive past `del params` below
-            cases = [(b, (lambda b=b: algo.build(params, b))) for b in backends]  # noqa: B023, F821
+            builds = [(b, (lambda b=b: algo.build(params, b))) for b in backends]  # noqa: B023, F821
             if plan.eager_rows and plan.device.type == "cuda":
-                cases += [
+                builds += [
                     (eager_name(b), (lambda b=b: algo.build(params, b, replay=False)))  # noqa: B023, F821
                     for b in backends
                     if b in REPLAYING
                 ]
             if plan.baselines:
-                cases += [(w, (lambda w=w: build_baseline(algo, params, w))) for w in algo.baselines()]  # noqa: B023, F821
-            for backend, build in cases:
+                builds += [(w, (lambda w=w: build_baseline(algo, params, w))) for w in algo.baselines()]  # noqa: B023, F821
+            group: List[Row] = []
+            cases: List[Case] = []
+            for backend, build in builds:
                 # torch.optim.SGD does the plain SGD work (no neuron scales, corrections or anchors);
                 # a hand-written baseline does the algorithm's work, counted at its bytes (Baseline.traffic)
-                baseline = backend in algo.baseline_of
-                traffic = algo.baseline_traffic(backend) if baseline else algo.traffic
+                traffic = algo.baseline_traffic(backend) if backend in algo.baseline_of else algo.traffic
                 nbytes = bytes_per_step(traffic, shapes, plan.dtype)
-                row: Row = dict(
-                    algorithm=algo_name,
-                    label=algo.label,
-                    backend=backend,
-                    size=size,
-                    device_type=plan.device.type,
-                    dtype=str(plan.dtype).replace("torch.", ""),
-                    n_tensors=len(shapes),
-                    numel=total_numel(shapes),
-                    bytes_per_element=bytes_per_element(traffic, plan.dtype),
-                    bytes_per_step=nbytes,
+                group.append(
+                    dict(
+                        algorithm=algo_name,
+                        label=algo.label,
+                        backend=backend,
+                        size=size,
+                        device_type=plan.device.type,
+                        dtype=str(plan.dtype).replace("torch.", ""),
+                        n_tensors=len(shapes),
+                        numel=total_numel(shapes),
+                        bytes_per_element=bytes_per_element(traffic, plan.dtype),
+                        bytes_per_step=nbytes,
+                    )
                 )
-                key = (backend, nbytes, tuple(sorted(algo.baseline_kwargs(backend).items()))) if baseline else None
-                t0 = time.perf_counter()
-                if key is not None and key in baseline_cache:
-                    row.update(baseline_cache[key])  # the same torch work, measured for another algorithm
-                else:
-                    row.update(_case(build, plan, backend != "reference", nbytes))
-                    if key is not None:
-                        baseline_cache[key] = {k: v for k, v in row.items() if k in _MEASURED}
-                gc.collect()
+                cases.append(Case(build, backend != "reference", nbytes))
+            t0 = time.perf_counter()
+            for row, out in zip(group, measure_group(cases, plan)):
+                row.update(out)
                 rows.append(row)
                 plan.log(
-                    f"  {size:>9} {algo_name:<22} {backend:<19} "
+                    f"  {size:>9} {algo_name:<22} {row['backend']:<19} "
                     + (
-                        f"{row['median_s'] * 1e3:9.3f} ms  ({row['reps']} reps, {time.perf_counter() - t0:.1f}s)"
+                        f"{row['median_s'] * 1e3:9.3f} ms  ({row['reps']} reps)"
                         if "median_s" in row
                         else f"ERROR {row['error']}"
                     )
                 )
+            plan.log(f"  ({len(group)} cases timed together in {time.perf_counter() - t0:.1f}s)")
+            gc.collect()
         del params
         gc.collect()
 
 
 def _derive(rows: List[Row], plan: Plan) -> None:
-    """GB/s, % of copy bandwidth, and speedups against reference and torch SGD, per row."""
+    """GB/s, % of copy bandwidth, and speedups against reference and torch SGD, per row; and, per
+    figure, how many cores other processes used while the row it is compared with was timed
+    (``against_load``: the goals call a figure disturbed when either side was)."""
     index = {(r["algorithm"], r["backend"], r["size"]): r for r in rows}
     for r in rows:
         if "median_s" not in r:
             continue
         r["gbps"] = r["bytes_per_step"] / r["median_s"] / 1e9
-        r["pct_copy"] = 100.0 * r["gbps"] / r["copy_gbps"]
+        against: Dict[str, Optional[float]] = {}
+        if "copy_gbps" in r:
+            r["pct_copy"] = 100.0 * r["gbps"] / r["copy_gbps"]
+            against["pct_copy"] = r.get("copy_other_load_cores")
         if "graph_median_s" in r:
             r["graph_gbps"] = r["bytes_per_step"] / r["graph_median_s"] / 1e9
         cuda = "cuda" + EAGER if r["backend"].endswith(EAGER) else "cuda"  # eager against eager
@@ -284,8 +366,16 @@ def _derive(rows: List[Row], plan: Plan) -> None:
         ):
             o = index.get((r["algorithm"], other, r["size"]))
             r[col] = o["median_s"] / r["median_s"] if o is not None and "median_s" in o else None
-        # torch's fused SGD on the same list, whatever the algorithm: the step a user has today
-        sgd = next(
-            (o for (a, b, z), o in index.items() if b == TORCH_FUSED and z == r["size"] and "median_s" in o), None
-        )
+            if r[col] is not None:
+                against[col] = o.get("other_load_cores") if o is not None else None
+        # torch's fused SGD on the same list, whatever the algorithm: the step a user has today (the
+        # row timed beside this one where the algorithm has it, else another algorithm's)
+        sgd = index.get((r["algorithm"], TORCH_FUSED, r["size"]))
+        if sgd is None or "median_s" not in sgd:
+            sgd = next(
+                (o for (a, b, z), o in index.items() if b == TORCH_FUSED and z == r["size"] and "median_s" in o), None
+            )
         r["vs_torch_sgd_step"] = r["median_s"] / sgd["median_s"] if sgd is not None else None
+        if sgd is not None:
+            against["vs_torch_sgd_step"] = sgd.get("other_load_cores")
+        r["against_load"] = against

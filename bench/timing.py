@@ -4,17 +4,19 @@ CPU times are host wall clock around each call. CUDA times come from events reco
 current stream around each call, so a step whose host overhead exceeds its GPU work is timed at
 its host rate, which is what a training loop sees.
 
-``time_settled`` times a case in a few short blocks and drops the blocks that a disturbance
-slowed (docs/benchmarks.md): a stall of another process only ever adds time, so a block whose
-median is well above the fastest block's was disturbed.
+``time_interleaved`` times several cases in rounds, one short block of each per round in a rotated
+order, so that whatever load the machine is under falls on all of them alike and their ratios are
+ratios of interleaved medians (docs/benchmarks.md); it drops the blocks that a disturbance slowed:
+a stall of another process only ever adds time, so a block whose median is well above the fastest
+block's was disturbed. ``time_settled`` is the same for one case.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -68,11 +70,131 @@ def time_calls(fn: Callable[[], object], device: torch.device, budget: Budget) -
     return times
 
 
-# time_settled: blocks timed at first and at most, and how much slower than the fastest block's
-# median a block may be and still count as undisturbed
+# time_interleaved: blocks (rounds) timed at first and at most, and how much slower than the fastest
+# block's median a block may be and still count as undisturbed
 BLOCKS = 3
 MAX_BLOCKS = 6
 AGREE = 1.5
+
+
+@dataclass
+class Timed:
+    """One case's result from ``time_interleaved``: seconds per call of its kept blocks, the cores
+    other processes used while those blocks ran (None where unmeasurable), or the error it raised."""
+
+    times: List[float] = field(default_factory=list)
+    other_load: Optional[float] = None
+    error: Optional[str] = None
+    exc: Optional[Exception] = field(default=None, repr=False)
+
+
+def _failed(res: Timed, exc: Exception) -> None:
+    res.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    res.exc = exc
+
+
+@dataclass
+class _Blocks:
+    times: List[List[float]] = field(default_factory=list)
+    loads: List[Optional[float]] = field(default_factory=list)  # cores, per block
+    walls: List[float] = field(default_factory=list)  # seconds, per block
+
+    def median(self, i: int) -> float:
+        return statistics.median(self.times[i])
+
+
+def _per_block(budget: Budget, blocks: int) -> Budget:
+    per_max = max(1, budget.max_reps // blocks)
+    return Budget(
+        warmup=0,
+        min_reps=min(per_max, -(-budget.min_reps // blocks)),
+        max_reps=per_max,
+        min_time_s=budget.min_time_s / blocks,
+    )
+
+
+def _undisturbed(b: _Blocks, device: torch.device, agree: float) -> List[int]:
+    """A case's blocks that no disturbance slowed: as fast as its fastest and, on a CPU, quiet."""
+    medians = [b.median(i) for i in range(len(b.times))]
+    fast = [m <= agree * min(medians) for m in medians]
+    loaded = [device.type == "cpu" and c is not None and c > DISTURBED for c in b.loads]
+    return [i for i in range(len(b.times)) if fast[i] and not loaded[i]]
+
+
+def _load_of(b: _Blocks, chosen: List[int]) -> Optional[float]:
+    """Cores other processes used over the chosen blocks together (weighted by their wall time)."""
+    pairs = [(c, b.walls[i]) for i in chosen if (c := b.loads[i]) is not None]
+    if not pairs:
+        return None
+    wall = sum(w for _, w in pairs)
+    return sum(c * w for c, w in pairs) / wall if wall > 0 else max(c for c, _ in pairs)
+
+
+def time_interleaved(
+    fns: Sequence[Callable[[], object]],
+    device: torch.device,
+    budget: Budget,
+    blocks: int = BLOCKS,
+    max_blocks: int = MAX_BLOCKS,
+    agree: float = AGREE,
+) -> List[Timed]:
+    """Seconds per call of each of ``fns``, each with the budget ``time_calls`` would give it alone,
+    timed in rounds: each round times one block of every case, the cases in a rotated order (none
+    always first, none always after the same neighbour), so that load on the machine falls on all of
+    them alike. A block is disturbed when its median exceeds ``agree`` x the fastest block's of its
+    case or, on a CPU, when other processes kept more than ``DISTURBED`` cores busy while it ran;
+    rounds go on until every case has ``blocks`` undisturbed blocks, ``max_blocks`` rounds at most.
+    A case keeps its undisturbed blocks (when none is: those as fast as its fastest), topped up with
+    its next fastest blocks to at least ``budget.min_reps`` calls. A case that raises is left out of
+    later rounds and returns its error.
+
+    One stalled call cannot move a median, but a stall of a few hundred milliseconds can fill a
+    whole short timing loop: a multi-threaded kernel waits for its descheduled thread on every
+    call. A disturbance longer than every block stays in the figures, and the runner flags the row."""
+    per = _per_block(budget, blocks)
+    out = [Timed() for _ in fns]
+    for i, fn in enumerate(fns):
+        try:
+            for _ in range(budget.warmup):
+                fn()
+        except Exception as exc:  # a case that fails is a result too
+            _failed(out[i], exc)
+    timed = [_Blocks() for _ in fns]
+    for r in range(max_blocks):
+        live = [i for i in range(len(fns)) if out[i].error is None]
+        if not live or (r >= blocks and all(len(_undisturbed(timed[i], device, agree)) >= blocks for i in live)):
+            break
+        shift = r % len(live)
+        order = live[shift:] + live[:shift]  # each case first in turn
+        if (r // len(live)) % 2:
+            order.reverse()  # every other cycle backwards: no case always after the same neighbour
+        for i in order:
+            with OtherLoad() as others:
+                t0 = time.perf_counter()
+                try:
+                    calls = time_calls(fns[i], device, per)
+                except Exception as exc:
+                    _failed(out[i], exc)
+                    continue
+                wall = time.perf_counter() - t0
+            timed[i].times.append(calls)
+            timed[i].walls.append(wall)
+            timed[i].loads.append(others.cores)
+    for i, b in enumerate(timed):
+        if out[i].error is not None or not b.times:
+            continue
+        chosen = _undisturbed(b, device, agree)
+        if not chosen:
+            medians = [b.median(j) for j in range(len(b.times))]
+            chosen = [j for j in range(len(b.times)) if medians[j] <= agree * min(medians)]
+        for j in sorted(range(len(b.times)), key=b.median):
+            if sum(len(b.times[k]) for k in chosen) >= budget.min_reps:
+                break
+            if j not in chosen:
+                chosen.append(j)
+        out[i].times = [x for j in chosen for x in b.times[j]]
+        out[i].other_load = _load_of(b, chosen)
+    return out
 
 
 def time_settled(
@@ -83,43 +205,11 @@ def time_settled(
     max_blocks: int = MAX_BLOCKS,
     agree: float = AGREE,
 ) -> List[float]:
-    """Seconds per call, like ``time_calls`` with the same budget in total, but timed in ``blocks``
-    blocks. A block is disturbed when its median exceeds ``agree`` x the fastest block's or, on a
-    CPU, when other processes kept more than ``DISTURBED`` cores busy while it ran; another block
-    is timed for each disturbed one, up to ``max_blocks`` in all. Returns the undisturbed blocks'
-    calls (when none is: those of the blocks as fast as the fastest), topped up with the next
-    fastest blocks to at least ``budget.min_reps`` calls.
-
-    One stalled call cannot move a median, but a stall of a few hundred milliseconds can fill a
-    whole short timing loop: a multi-threaded kernel waits for its descheduled thread on every
-    call. A disturbance longer than every block stays in the figures, and the runner flags the row."""
-    per_max = max(1, budget.max_reps // blocks)
-    per = Budget(
-        warmup=0,
-        min_reps=min(per_max, -(-budget.min_reps // blocks)),
-        max_reps=per_max,
-        min_time_s=budget.min_time_s / blocks,
-    )
-    for _ in range(budget.warmup):
-        fn()
-    timed: List[List[float]] = []
-    loaded: List[bool] = []
-    while True:
-        with OtherLoad() as others:
-            timed.append(time_calls(fn, device, per))
-        loaded.append(device.type == "cpu" and others.cores is not None and others.cores > DISTURBED)
-        medians = [statistics.median(b) for b in timed]
-        fast = [m <= agree * min(medians) for m in medians]
-        quiet = [i for i in range(len(timed)) if fast[i] and not loaded[i]]
-        if len(quiet) >= blocks or len(timed) >= max_blocks:
-            break
-    chosen = quiet or [i for i in range(len(timed)) if fast[i]]
-    for i in sorted(range(len(timed)), key=medians.__getitem__):
-        if sum(len(timed[j]) for j in chosen) >= budget.min_reps:
-            break
-        if i not in chosen:
-            chosen.append(i)
-    return [t for i in chosen for t in timed[i]]
+    """Seconds per call of ``fn`` alone, timed as ``time_interleaved`` times each of several cases."""
+    (res,) = time_interleaved([fn], device, budget, blocks, max_blocks, agree)
+    if res.exc is not None:
+        raise res.exc
+    return res.times
 
 
 def host_time(fn: Callable[[], object], device: torch.device, reps: int = 20) -> float:

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 import bench.__main__ as bench_main  # noqa: E402
 import bench.runner as runner  # noqa: E402
+import bench.timing as timing  # noqa: E402
 
 TINY = ["--algos", "feddecay", "--backends", "reference", "--no-baselines", "--device", "cpu"]
 
@@ -29,7 +30,7 @@ def _in_git_checkout() -> bool:
 
 
 class _Busy:
-    """OtherLoad stand-in: another process kept a whole core busy during every case."""
+    """OtherLoad stand-in: another process kept a whole core busy during every timed block."""
 
     def __init__(self):
         self.cores = 1.0
@@ -50,7 +51,7 @@ def test_quick_mode_neither_waits_nor_retries(monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(runner, "wait_quiet", no_waiting)
     monkeypatch.setattr(bench_main, "wait_quiet", no_waiting)
-    monkeypatch.setattr(runner, "OtherLoad", _Busy)
+    monkeypatch.setattr(timing, "OtherLoad", _Busy)
     assert bench_main.main(["--quick", "--sizes", "small_cnn", "--out-dir", str(tmp_path)] + TINY) == 0
     md = next(tmp_path.glob("*-quick.md")).read_text()
     assert "⚠" in md  # the disturbed row is flagged, not redone
@@ -63,11 +64,11 @@ def test_quick_mode_neither_waits_nor_retries(monkeypatch, tmp_path, capsys):
 def test_retries_and_waiting_stay_available(monkeypatch, tmp_path):
     waits = []
     monkeypatch.setattr(runner, "wait_quiet", lambda s: waits.append(s))
-    monkeypatch.setattr(runner, "OtherLoad", _Busy)
+    monkeypatch.setattr(timing, "OtherLoad", _Busy)
     assert (
         bench_main.main(["--smoke", "--sizes", "small_cnn", "--retries", "2", "--out-dir", str(tmp_path)] + TINY) == 0
     )
-    assert len(waits) == 2  # one wait before each redo of the one (always disturbed) case
+    assert len(waits) == 2  # one wait before each redo of the one (always disturbed) group of cases
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--retries", "-1"])
 
@@ -206,7 +207,6 @@ class _FakeOpt:
 
 def _quick_row(monkeypatch, clock: _FakeTime) -> dict:
     """One case measured as the quick benchmark does, on the fake clock (no memory probes)."""
-    import bench.timing as timing
     from bench.algorithms import Stepper
 
     class Timed(Stepper):

@@ -99,3 +99,29 @@ def test_main_job_failure_does_not_close_the_shell():
 def test_readme_states_how_long_the_commands_take():
     assert re.search(r"main job took\s+\d+(\.\d+)?\s(s|min)", README), "measured main-job time"
     assert re.search(r"tests\s+command\s+took\s+\d+(\.\d+)?\s(s|min)", README), "measured test time"
+
+
+def _headings(text: str) -> list:
+    """The markdown lines that start with '#', code blocks left out."""
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return [ln for ln in prose.splitlines() if ln.startswith("#")]
+
+
+def _diary(text: str) -> list:
+    """What marks a measurement diary: a commit hash in backticks, a load average."""
+    return re.findall(r"`[0-9a-f]{7,40}`|load average", text)
+
+
+def test_each_document_has_one_title_and_no_diary():
+    """docs/ is reference: one H1 each, and measurements (with their commits and the machine's load)
+    live in bench/results/, which the docs link."""
+    for name, text in _user_docs().items():
+        heads = _headings(text)
+        titles = [h for h in heads if h.startswith("# ")]
+        assert len(titles) == 1 and heads[0] == titles[0], (name, titles)
+        assert not _diary(text), (name, _diary(text))
+
+
+def test_the_document_checks_can_fail():
+    assert len([h for h in _headings("# A\n\n```bash\n# a comment\n```\n\n# B\n") if h.startswith("# ")]) == 2
+    assert _diary("measured at commit `b018500` (load average 6.5)") == ["`b018500`", "load average"]

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 import fedopt_kernels
 from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.sim.cli import fedopt_sim
-from fedopt_kernels.sim.config import ALGORITHMS, SimConfig
+from fedopt_kernels.sim.config import VARIANTS, SimConfig
 from fedopt_kernels.sim.data.clients import BatchStream, ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.models.small import SmallCNN
@@ -93,7 +93,7 @@ def _op(algorithm: str) -> str:
 
 
 @pytest.mark.parametrize("backend", _registry.BACKENDS)
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize("algorithm", list(VARIANTS))
 def test_client_parallel_reproduces_the_sequential_run(algorithm, backend):
     why = _registry.unavailable_reason(backend, torch.device("cpu"), _op(algorithm))
     if why is not None:

@@ -198,9 +198,12 @@ def test_an_error_names_the_option_as_typed():
 
 
 def _numeric_options():
-    for action in fedopt_sim.build_parser()._actions:
-        if action.option_strings and action.type in (int, float):
-            yield pytest.param(action, id=action.option_strings[-1])
+    # a list: pytest deprecates parametrizing over a one-shot iterator
+    return [
+        pytest.param(action, id=action.option_strings[-1])
+        for action in fedopt_sim.build_parser()._actions
+        if action.option_strings and action.type in (int, float)
+    ]
 
 
 @pytest.mark.parametrize("action", _numeric_options())

@@ -30,7 +30,14 @@ __all__ = ["VARIANTS", "SimConfig", "Simulation", "validate_backend", "validate_
 
 def __getattr__(name: str) -> Any:
     if name == "ALGORITHMS":  # the earlier name of VARIANTS (deprecated: it holds variants)
-        from . import config
+        import warnings
 
-        return config.ALGORITHMS
+        # warned here, not through config.ALGORITHMS: the warning names the caller's line, not this one
+        warnings.warn(
+            "fedopt_kernels.sim.ALGORITHMS is fedopt_kernels.sim.VARIANTS (variants, not "
+            "algorithms: fedopt_kernels.fl.algorithm.ALGORITHMS holds those)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return VARIANTS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -322,19 +322,26 @@ def name_flags(message: str, parser: argparse.ArgumentParser) -> str:
     """A settings error (which names the field, as the Python API does) in the terms of the command
     line: ``rounds must be ...`` -> ``--rounds must be ...``, ``dataset='cifar10'`` -> ``--dataset
     'cifar10'``, ``clients (--clients)`` -> ``--clients``. Only a field as the message's subject or
-    as ``field=value`` is renamed: words such as "clients" stay words elsewhere."""
+    as ``field=value`` is renamed: words such as "clients" stay words elsewhere, and text between
+    backticks (a command or Python to run, ``CIFAR10('DIR', download=True)``) stays as it is."""
     flags = {
         a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
         for a in parser._actions
         if a.option_strings and a.dest != "help"
     }
     flags.update(_FLAG_OF_FIELD)
-    for field, flag in flags.items():
-        name = rf"(?<![\w-]){re.escape(field)}(?![\w-])"
-        message = re.sub(rf"{name} \(({re.escape(flag)}[^)]*)\)", r"\1", message)  # already named: once
-        message = re.sub(rf"{name}=", flag + " ", message)
-        message = re.sub(rf"^{name}(?= )", flag, message)
-    return message
+    # even pieces are prose, odd ones the code between a pair of backticks
+    pieces = re.split(r"(`[^`]*`)", message)
+    for i in range(0, len(pieces), 2):
+        text = pieces[i]
+        for field, flag in flags.items():
+            name = rf"(?<![\w-]){re.escape(field)}(?![\w-])"
+            text = re.sub(rf"{name} \(({re.escape(flag)}[^)]*)\)", r"\1", text)  # already named: once
+            text = re.sub(rf"{name}=", flag + " ", text)
+            if i == 0:
+                text = re.sub(rf"^{name}(?= )", flag, text)
+        pieces[i] = text
+    return "".join(pieces)
 
 
 def resolve_writer_fraction(args: argparse.Namespace) -> None:

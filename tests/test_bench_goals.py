@@ -1,0 +1,128 @@
+"""The benchmark's goal verdicts do not turn with the machine's load: the rows a goal compares are timed
+interleaved, a figure taken under other processes' load is judged "disturbed", and a goal whose
+counterpart rows were not run is "n/a" with the reason, never "miss"."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import bench.timing as timing  # noqa: E402
+from bench.goals import judge_rows  # noqa: E402
+
+QUIET, BUSY = 0.0, 1.2  # cores other processes used
+
+
+def _row(backend="cpu", speedup=6.0, load=QUIET, against=QUIET, device="cpu", size="resnet18"):
+    return dict(
+        algorithm="fednar",
+        backend=backend,
+        size=size,
+        device_type=device,
+        speedup_ref=speedup,
+        other_load_cores=load,
+        against_load={"speedup_ref": against},
+    )
+
+
+def _verdict(rows, device="cpu", skipped=None, key=">=5x ref"):
+    (goal,) = [g for g in judge_rows(rows, device, skipped) if key in g["goal"]]
+    return goal
+
+
+@pytest.mark.parametrize(
+    "speedup,load,against,expected",
+    [
+        (6.0, QUIET, QUIET, "pass"),
+        (3.77, QUIET, QUIET, "miss"),  # the check can fail: a quiet miss is a miss
+        (6.0, QUIET, BUSY, "disturbed"),  # the reference slowed by load: the ratio flatters the row
+        (3.77, BUSY, QUIET, "disturbed"),  # the row slowed by load
+    ],
+)
+def test_a_figure_taken_under_load_is_neither_pass_nor_miss(speedup, load, against, expected):
+    rows = [_row(speedup=speedup, load=load, against=against)]
+    goal = _verdict(rows)
+    assert goal["verdict"] == expected and rows[0]["goals"]["cpu: >=5x ref"] == expected
+    assert goal["disturbed"] == (["fednar/cpu/resnet18"] if expected == "disturbed" else [])
+
+
+def test_a_quiet_miss_outweighs_a_disturbed_row():
+    rows = [_row(speedup=3.77), _row(speedup=6.0, against=BUSY, size="large")]
+    assert _verdict(rows)["verdict"] == "miss"
+
+
+def test_a_goal_whose_counterpart_was_not_run_is_na_with_the_reason():
+    """The GPU check leaves the reference rows out on purpose: ">= 10x over reference" has no figure."""
+    rows = [_row(backend=b, speedup=None, device="cuda") for b in ("cuda", "triton", "cuda eager")]
+    goal = _verdict(rows, "cuda", {"reference": "not requested"}, key=">=10x ref")
+    assert goal["verdict"] == "n/a" and goal["missed"] == [] and goal["judged"] == 0
+    assert goal["reason"] == "the reference rows were not timed (not requested)"
+    assert {r["goals"]["gpu: >=10x ref"] for r in rows} == {"n/a"}
+    # the same rows with the reference timed are judged (this check can fail)
+    for r in rows:
+        r["speedup_ref"] = 4.0
+    assert _verdict(rows, "cuda", {}, key=">=10x ref")["verdict"] == "miss"
+
+
+def test_a_goal_none_of_whose_rows_ran_is_na():
+    goal = _verdict([_row(size="small_cnn")])
+    assert goal["verdict"] == "n/a" and "were run" in goal["reason"]
+
+
+class _Clock:
+    """bench.timing's ``time`` on a fake clock: a call of case ``name`` takes ``base[name]`` seconds,
+    three times that while a burst of other load lasts (``burst``, in fake seconds)."""
+
+    def __init__(self, base, burst):
+        self.now, self.base, self.burst, self.log = 0.0, base, burst, []
+
+    def perf_counter(self):
+        return self.now
+
+    def in_burst(self, t):
+        return self.burst[0] <= t < self.burst[1]
+
+    def call(self, name):
+        self.log.append(name)
+        self.now += self.base[name] * (3 if self.in_burst(self.now) else 1)
+
+
+def test_interleaved_rounds_keep_the_ratio_through_a_burst_of_load(monkeypatch):
+    clock = _Clock({"a": 1e-3, "b": 4e-3}, burst=(0.3, 0.9))
+
+    starts = []  # where each timed block begins in the clock's log of calls
+
+    class Load:
+        def __enter__(self):
+            self.start = clock.now
+            starts.append(len(clock.log))
+            return self
+
+        def __exit__(self, *exc):
+            hit = clock.in_burst(self.start) or clock.in_burst(clock.now) or self.start < clock.burst[0] < clock.now
+            self.cores = BUSY if hit else QUIET
+
+    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(timing, "OtherLoad", Load)
+    budget = timing.Budget(warmup=1, min_reps=3, max_reps=100, min_time_s=0.25)
+    a, b = timing.time_interleaved([lambda: clock.call("a"), lambda: clock.call("b")], torch.device("cpu"), budget)
+    assert timing.median(b.times) / timing.median(a.times) == pytest.approx(4.0)
+    assert a.other_load == QUIET and b.other_load == QUIET  # the burst's blocks were dropped
+    blocks = [clock.log[i] for i in starts]
+    rounds = [blocks[i : i + 2] for i in range(0, len(blocks), 2)]
+    assert all(sorted(r) == ["a", "b"] for r in rounds)  # one block of each case per round
+    assert timing.BLOCKS < len(rounds) <= timing.MAX_BLOCKS  # the burst's rounds were made up for
+    assert {r[0] for r in rounds} == {"a", "b"}  # neither always first
+
+
+def test_a_case_that_fails_is_reported_and_the_others_are_timed():
+    def broken():
+        raise RuntimeError("no kernel for this dtype")
+
+    ok, bad = timing.time_interleaved([lambda: None, broken], torch.device("cpu"), timing.Budget(1, 3, 3, 0.0))
+    assert len(ok.times) >= 3 and ok.error is None
+    assert bad.times == [] and bad.error == "RuntimeError: no kernel for this dtype"
