@@ -72,6 +72,7 @@ def _config(args: argparse.Namespace, parallel: Any, data_dir: str):
         device=args.device,
         eval_every=args.eval_every,
         client_parallel=parallel,
+        formulations=args.formulations,
         seed=args.seed,
     )
 
@@ -103,6 +104,10 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
             "client-parallel": Simulation(_config(args, args.client_parallel, data_dir)),
         }
         par = runs["client-parallel"].batched
+        t0 = time.perf_counter()
+        if par is not None:  # the clients at once and the formulations, chosen by measurement: once a run
+            par.size  # noqa: B018
+        search_s = time.perf_counter() - t0
         meta = run_meta(device, "python -m bench clients-sim " + " ".join(shlex.quote(a) for a in args.argv))
         meta.update(
             mode="clients-sim",
@@ -110,6 +115,8 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
             local_steps=args.local_steps,
             algorithm=runs["sequential"].cfg.algorithm,
             client_parallel=None if par is None else par.parallel,
+            search_s=search_s,
+            choice=None if par is None else par.choice_state(),
             loadavg_before=loadavg(),
             config={k: v for k, v in vars(args).items() if k not in ("argv", "out_dir")},
             train_clients=len(runs["sequential"].train_clients),
@@ -225,6 +232,12 @@ def markdown(result: Dict[str, Any]) -> str:
     row("validation passes (all rounds)", "eval_s")
     row("final evaluation", "final_s")
     row("total", "total_s")
+    search = meta.get("search_s")
+    if search is not None:
+        lines.append(
+            f"| formulation search (once, before round 1; `--formulations {cfg.get('formulations', 'auto')}`) | — | "
+            f"{search:,.1f} s ({search / par['train_s'] if par['train_s'] else float('nan'):.1%} of its training) | |"
+        )
     later = [r for r in result["rounds"][1:] if "sequential" in r and "client-parallel" in r]
     if later:  # the first round pays the one-time costs (allocations, kernel selection, the trainer)
         a, b = (sum(r[n]["train_s"] for r in later) / len(later) for n in ("sequential", "client-parallel"))
@@ -253,6 +266,10 @@ def markdown(result: Dict[str, Any]) -> str:
         )
         accs = [result["final"][n]["pooled_test_acc"] for n in ("sequential", "client-parallel")]
         lines.append(f"| pooled test accuracy | {accs[0]:.4f} | {accs[1]:.4f} |")
+    choice = meta.get("choice") or {}
+    if choice.get("formulations"):
+        lines += ["", "| layer | formulation (client-parallel) | why |", "|---|---|---|"]
+        lines += [f"| {p} | {f} | {choice.get('why', {}).get(p, '')} |" for p, f in choice["formulations"].items()]
     lines += [
         "",
         f"FLOP/s percentages are of the higher device figure ({peak / 1e9:,.1f} G; the lower was "
@@ -284,6 +301,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--client-parallel", default="auto", help="N or auto (as fedopt-sim)")
+    ap.add_argument(
+        "--formulations",
+        choices=("auto", "default", "measure"),
+        default="auto",
+        help="how the client-parallel run chooses its formulations (as fedopt-sim; default %(default)s)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as fedopt-sim)")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs")
     ap.add_argument("--no-write", action="store_true")
