@@ -19,16 +19,31 @@ Conv2d         ``grouped``         one convolution with ``C * groups`` groups on
                                    run, ``grouped_runs.py``)
                ``loop``            an ordinary convolution per client (for per-client work
                                    large enough to fill the machine on its own)
+               ``loop-nhwc``       the same with every client's input and weight in
+                                   channels-last memory (one copy of the input for all
+                                   clients; cuDNN's tensor-core kernels read that layout)
+               ``im2col``          every client's patches unfolded, then one batched matmul
+                                   for all clients forward and two backward, the patch
+                                   gradient folded back (``conv_im2col.py``; patches about
+                                   ``kh * kw`` times the input)
 Linear         ``bmm``             one batched matmul ``[C, M, I] x [C, I, O]``
                ``loop``            a matmul per client
 LSTM           ``bmm``             the recurrence written out: per time step one batched
                                    matmul for all clients, then the gates
+               ``bmm-fused``       the same matmul per step, then the cell's pointwise part
+                                   as one autograd node with a written-out backward
+                                   (``lstm_cell.py``)
                ``loop``            the fused LSTM kernel once per client
 GroupNorm,     (one)               normalise every sample (statistics are per sample), then
 LayerNorm                          each client's affine
 Embedding      (one)               a lookup in the ``[C * V, D]`` table, indices offset by
                                    ``c * V``
 =============  ==================  ==========================================================
+
+A layer's ``candidates(x)`` are the formulations that compute it on inputs like ``x`` (a
+configuration a formulation does not support leaves it out, ``why_not`` says why); forcing another
+one raises a ``ValueError`` naming the layer. Every candidate equals per-client autograd
+(tests/test_sim_stacked.py): which one runs is a question of speed only.
 
 ``docs/client_batched.md`` has the measurements behind the defaults (``default_formulation``).
 """
@@ -44,11 +59,14 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
+from .conv_im2col import im2col_conv2d, padding_sides
+from .lstm_cell import lstm_cell
+
 ORDERS = ("client", "batch")
 FORMULATIONS: Dict[str, Tuple[str, ...]] = {
-    "Conv2d": ("grouped", "grouped-nhwc", "loop"),
+    "Conv2d": ("grouped", "grouped-nhwc", "loop", "loop-nhwc", "im2col"),
     "Linear": ("bmm", "loop"),
-    "LSTM": ("bmm", "loop"),
+    "LSTM": ("bmm", "loop", "bmm-fused"),
     "GroupNorm": ("one",),
     "LayerNorm": ("one",),
     "Embedding": ("one",),
@@ -108,12 +126,34 @@ class StackedLayer(nn.Module):
         self.ctx = Clients(1, 1)
         self.formulation: Optional[str] = None
         self.last_formulation = ""  # what the latest call ran (the benchmark reports it)
+        self.path = ""  # the module path in its model (StackedNet sets it; error messages name it)
 
     def p(self, name: str) -> Optional[torch.Tensor]:
         return self.params.get(name)
 
+    def why_not(self, form: str, x: Optional[torch.Tensor] = None) -> Optional[str]:
+        """Why ``form`` cannot compute this layer (on inputs like ``x``; None: any input), or None if it can."""
+        if form not in FORMULATIONS[self.kind]:
+            return f"{self.kind} has {FORMULATIONS[self.kind]}"
+        return None
+
+    def candidates(self, x: torch.Tensor) -> Tuple[str, ...]:
+        """The formulations that compute this layer on inputs like ``x`` (its shape, dtype and layout;
+        a meta tensor will do): ``FORMULATIONS[kind]`` less those ``why_not`` refuses."""
+        return tuple(f for f in FORMULATIONS[self.kind] if self.why_not(f, x) is None)
+
+    def refuse(self, form: str, x: Optional[torch.Tensor] = None) -> None:
+        """ValueError naming the layer if ``form`` is not one of its candidates."""
+        why = self.why_not(form, x)
+        if why is not None:
+            raise ValueError(f"formulations: {self.path or self.kind} ({self.kind}) cannot run {form!r}: {why}")
+
     def pick(self, x: torch.Tensor) -> str:
-        form = self.formulation or self.default_formulation(x)
+        form = self.formulation
+        if form is None:
+            form = self.default_formulation(x)
+        else:
+            self.refuse(form, x)
         self.last_formulation = form
         return form
 
@@ -185,6 +225,14 @@ class StackedConv2d(StackedLayer):
         per_client = 2 * self.ctx.batch * out_px * self.out_channels * cin * self.kernel[0] * self.kernel[1]
         return "loop" if per_client >= CONV_LOOP_FLOPS else "grouped-nhwc"
 
+    def why_not(self, form: str, x: Optional[torch.Tensor] = None) -> Optional[str]:
+        why = super().why_not(form, x)
+        if why is None and form == "grouped-nhwc" and self.padding == "same":
+            top, bottom, left, right = padding_sides(self.padding, self.kernel, self.dilation)
+            if top != bottom or left != right:
+                why = "padding='same' with an even kernel pads one side more, and its backward pads both alike"
+        return why
+
     def _conv(self, x, w, b, groups):
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, groups)
 
@@ -192,6 +240,20 @@ class StackedConv2d(StackedLayer):
         ctx, w, b = self.ctx, self.params["weight"], self.p("bias")
         C, B = ctx.count, ctx.batch
         form = self.pick(x)
+        if form == "im2col":
+            xs = ctx.split(x).flatten(0, 1)  # client order (a copy in batch order)
+            y = im2col_conv2d(xs, w, b, C, self.stride, self.padding, self.dilation, self.groups)
+            return ctx.merge(y.unflatten(0, (C, B)))
+        if form == "loop-nhwc":
+            # one copy puts every client's samples and weights in channels-last memory, each client's
+            # slice contiguous in it (a no-op for a channels-last input in client order)
+            xs = ctx.split(x).permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+            ws = w.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+            bs = [None] * C if b is None else b.unbind(0)
+            parts = [
+                self._conv(xc, wc, bc, self.groups) for xc, wc, bc in zip(xs.unbind(0), ws.unbind(0), bs, strict=True)
+            ]
+            return _stack_merge(ctx, parts)
         if form == "loop":
             ws, bs = w.unbind(0), [None] * C if b is None else b.unbind(0)
             parts = [
@@ -214,7 +276,11 @@ class StackedConv2d(StackedLayer):
 
     def grouped_in_run(self, xg: torch.Tensor) -> bool:
         """Whether this convolution, met inside a grouped run with the grouped ``xg``, runs ``grouped-nhwc``."""
-        form = self.formulation or self.choose(xg.device, xg.shape[1] // self.ctx.count, xg.shape[2], xg.shape[3])
+        form = self.formulation
+        if form is None:
+            form = self.choose(xg.device, xg.shape[1] // self.ctx.count, xg.shape[2], xg.shape[3])
+        else:
+            self.refuse(form)
         return form == "grouped-nhwc"
 
     def grouped(self, xg: torch.Tensor) -> torch.Tensor:
@@ -420,10 +486,11 @@ class StackedLSTM(StackedLayer):
                 hs.append(h)
                 cs.append(cell)
             return _stack_merge(ctx, outs), (_stack_merge(ctx, hs, 1), _stack_merge(ctx, cs, 1))
-        return self._recurrence(ctx.split(x))
+        return self._recurrence(ctx.split(x), fused=self.last_formulation == "bmm-fused")
 
-    def _recurrence(self, seq: torch.Tensor):
-        """``seq`` [C, B, T, I]: torch's LSTM equations (gates i, f, g, o), all clients per matmul."""
+    def _recurrence(self, seq: torch.Tensor, fused: bool):
+        """``seq`` [C, B, T, I]: torch's LSTM equations (gates i, f, g, o), all clients per matmul; the
+        cell's pointwise part ``lstm_cell`` (one autograd node) if ``fused``, else written out."""
         ctx, H = self.ctx, self.hidden
         C, B, T = seq.shape[:3]
         h_last: List[torch.Tensor] = []
@@ -436,13 +503,20 @@ class StackedLSTM(StackedLayer):
                 gi = torch.baddbmm(bias, flat, w_ih.transpose(1, 2))
             else:
                 gi = torch.bmm(flat, w_ih.transpose(1, 2))
-            gi = gi.view(C, B, T, 4 * H)
+            # unbind: one autograd node whose backward stacks the T step gradients (indexing gi[:, :, t]
+            # would give each step's gradient as a zero-filled tensor of gi's full size, T of them)
+            gis = gi.view(C, B, T, 4 * H).unbind(2)
             w_hh_t = w_hh.transpose(1, 2)
             h = seq.new_zeros(C, B, H)
             cell = seq.new_zeros(C, B, H)
             outs = []
             for t in range(T):
-                gates = torch.baddbmm(gi[:, :, t], h, w_hh_t)
+                if fused:
+                    # at t = 0 the state is zero: the gates are the input's part alone
+                    h, cell = lstm_cell(gis[t] if t == 0 else torch.baddbmm(gis[t], h, w_hh_t), cell)
+                    outs.append(h)
+                    continue
+                gates = torch.baddbmm(gis[t], h, w_hh_t)
                 s = torch.sigmoid(gates)
                 i, f, o = s[..., :H], s[..., H : 2 * H], s[..., 3 * H :]
                 cell = torch.addcmul(f * cell, i, torch.tanh(gates[..., 2 * H : 3 * H]))
