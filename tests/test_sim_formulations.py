@@ -17,9 +17,10 @@ from torch import nn
 from torch.func import functional_call
 
 from fedopt_kernels.sim.parallel.conv_im2col import _Im2colConv
-from fedopt_kernels.sim.parallel.layers import FORMULATIONS, Clients, stacked_layer
+from fedopt_kernels.sim.parallel.layers import FORMULATIONS, Clients
 from fedopt_kernels.sim.parallel.lstm_cell import _LSTMCell
 from fedopt_kernels.sim.parallel.stacked import StackedLoss
+from fedopt_kernels.sim.parallel.stacked_types import stacked_layer
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
 C, B = 3, 2
@@ -43,7 +44,15 @@ LAYERS = {
     "groupnorm": (lambda: nn.GroupNorm(2, 4), (4, 3, 3)),
     "layernorm": (lambda: nn.LayerNorm(4), (2, 4)),
 }
-CASES = [(name, form) for name, (make, _) in LAYERS.items() for form in FORMULATIONS[stacked_layer(make()).kind]]
+
+
+def _layer(make):
+    layer = stacked_layer(make())
+    assert layer is not None
+    return layer
+
+
+CASES = [(name, form) for name, (make, _) in LAYERS.items() for form in FORMULATIONS[_layer(make).kind]]
 
 
 def _module(name):
@@ -134,7 +143,7 @@ def test_candidates_leave_out_what_a_layer_cannot_run():
     """Every formulation is a candidate, except grouped-nhwc for 'same' padding with an even kernel
     (its backward takes one padding for both sides); asked on a meta tensor, as a chooser does."""
     for name, (make, shape) in LAYERS.items():
-        layer = stacked_layer(make())
+        layer = _layer(make)
         x = torch.empty(C * B, *shape, device="meta")
         want = FORMULATIONS[layer.kind]
         if name == "conv-same-even-kernel":

@@ -16,8 +16,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedopt_kernels.sim.models.build import build_model
-from fedopt_kernels.sim.parallel.layers import FORMULATIONS, Clients, StackedConv2d, StackedLSTM
+from fedopt_kernels.sim.parallel.layers import FORMULATIONS, Clients, StackedConv2d
 from fedopt_kernels.sim.parallel.loss import ClientLoss, client_loss
+from fedopt_kernels.sim.parallel.lstm import StackedLSTM
 from fedopt_kernels.sim.parallel.stacked import NotStackable, StackedLoss, StackedNet
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
@@ -269,7 +270,7 @@ def test_an_initial_lstm_state_is_refused():
 
 
 def test_every_stacked_type_has_a_formulation_list():
-    from fedopt_kernels.sim.parallel.layers import _MAKERS
+    from fedopt_kernels.sim.parallel.stacked_types import _MAKERS
 
     assert {m.kind for m in _MAKERS.values()} == set(FORMULATIONS)
     assert all(FORMULATIONS[k] for k in FORMULATIONS)

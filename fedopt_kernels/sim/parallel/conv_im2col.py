@@ -27,7 +27,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch.nn import functional as F
 
-Pair = Tuple[int, int]
+Pair = Tuple[int, ...]  # (height, width)
 
 
 def padding_sides(padding: Union[str, Pair], kernel: Pair, dilation: Pair) -> Tuple[int, int, int, int]:

@@ -21,7 +21,7 @@ Conv2d         ``grouped``         one convolution with ``C * groups`` groups on
                                    large enough to fill the machine on its own)
                ``loop-nhwc``       the same with every client's input and weight in
                                    channels-last memory (one copy of the input for all
-                                   clients; cuDNN's tensor-core kernels read that layout)
+                                   clients; the layout cuDNN's tensor-core kernels prefer)
                ``im2col``          every client's patches unfolded, then one batched matmul
                                    for all clients forward and two backward, the patch
                                    gradient folded back (``conv_im2col.py``; patches about
@@ -40,6 +40,9 @@ Embedding      (one)               a lookup in the ``[C * V, D]`` table, indices
                                    ``c * V``
 =============  ==================  ==========================================================
 
+The LSTM's code is in ``lstm.py``, the convolution's ``im2col`` in ``conv_im2col.py``; which torch
+layers have a stacked form, and in which configurations: ``stacked_types.py``.
+
 A layer's ``candidates(x)`` are the formulations that compute it on inputs like ``x`` (a
 configuration a formulation does not support leaves it out, ``why_not`` says why); forcing another
 one raises a ``ValueError`` naming the layer. Every candidate equals per-client autograd
@@ -56,11 +59,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-from torch.func import functional_call
 from torch.nn import functional as F
 
 from .conv_im2col import im2col_conv2d, padding_sides
-from .lstm_cell import lstm_cell
 
 ORDERS = ("client", "batch")
 FORMULATIONS: Dict[str, Tuple[str, ...]] = {
@@ -106,7 +107,7 @@ class Clients:
         return self.merge(t)
 
 
-def _stack_merge(ctx: Clients, parts: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+def stack_merge(ctx: Clients, parts: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
     """Per-client outputs (``[B, ...]`` each, batch axis at ``dim``) as one ``[N, ...]`` tensor."""
     if ctx.order == "client":
         return torch.cat(list(parts), dim=dim)
@@ -173,7 +174,7 @@ class StackedLinear(StackedLayer):
         if self.pick(x) == "loop":
             # unbind, not w[c]: the backward of C selects would write C zero-filled [C, ...] tensors
             ws, bs = w.unbind(0), [None] * ctx.count if b is None else b.unbind(0)
-            return _stack_merge(
+            return stack_merge(
                 ctx, [F.linear(xc, wc, bc) for xc, wc, bc in zip(ctx.split(x).unbind(0), ws, bs, strict=True)]
             )
         C = ctx.count
@@ -249,11 +250,11 @@ class StackedConv2d(StackedLayer):
             # slice contiguous in it (a no-op for a channels-last input in client order)
             xs = ctx.split(x).permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
             ws = w.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
-            bs = [None] * C if b is None else b.unbind(0)
+            bs: Sequence[Optional[torch.Tensor]] = [None] * C if b is None else b.unbind(0)
             parts = [
                 self._conv(xc, wc, bc, self.groups) for xc, wc, bc in zip(xs.unbind(0), ws.unbind(0), bs, strict=True)
             ]
-            return _stack_merge(ctx, parts)
+            return stack_merge(ctx, parts)
         if form == "loop":
             ws, bs = w.unbind(0), [None] * C if b is None else b.unbind(0)
             parts = [
@@ -264,7 +265,7 @@ class StackedConv2d(StackedLayer):
                 # where the max-pooling after it runs 8x slower than in channels-last (FedAvg CNN);
                 # otherwise the output keeps the input's layout, as in the model's own forward
                 parts = [p.contiguous(memory_format=torch.channels_last) for p in parts]
-            return _stack_merge(ctx, parts)
+            return stack_merge(ctx, parts)
         if form == "grouped":
             cin, H, W = x.shape[1:]
             wg = w.reshape(C * w.shape[1], *w.shape[2:])
@@ -451,109 +452,3 @@ class StackedEmbedding(StackedLayer):
         client = ctx.merge(torch.arange(C, device=idx.device).view(C, 1).expand(C, ctx.batch))  # [N]
         offset = (client * self.vocab).view(-1, *([1] * (idx.dim() - 1)))
         return F.embedding(idx + offset, w.reshape(C * self.vocab, -1))
-
-
-class StackedLSTM(StackedLayer):
-    """``nn.LSTM(batch_first=True)``, unidirectional, no projection, no dropout between layers."""
-
-    kind = "LSTM"
-
-    def __init__(self, m: nn.LSTM):
-        names = []
-        for k in range(m.num_layers):
-            names += [f"weight_ih_l{k}", f"weight_hh_l{k}"] + ([f"bias_ih_l{k}", f"bias_hh_l{k}"] if m.bias else [])
-        super().__init__(names)
-        self.layers, self.hidden, self.bias = m.num_layers, m.hidden_size, m.bias
-        # the loop formulation runs its fused kernel with each client's weights (a list: not a submodule,
-        # so its own parameters are not the stacked layer's)
-        self.module = [m]
-
-    def default_formulation(self, x: torch.Tensor) -> str:
-        # CPU: one client's weights stay in cache across the time steps of its fused kernel
-        return "loop" if x.device.type == "cpu" else "bmm"
-
-    def forward(self, x: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
-        if hx is not None:
-            raise ValueError("client-stacked LSTM: an initial state (hx) is not supported; it starts from zeros")
-        ctx = self.ctx
-        if self.pick(x) == "loop":
-            xs = ctx.split(x).unbind(0)
-            per_client = zip(*[self.params[n].unbind(0) for n in self.names], strict=True)
-            outs, hs, cs = [], [], []
-            for xc, ps in zip(xs, per_client, strict=True):
-                out, (h, cell) = functional_call(self.module[0], dict(zip(self.names, ps, strict=True)), (xc,))
-                outs.append(out)
-                hs.append(h)
-                cs.append(cell)
-            return _stack_merge(ctx, outs), (_stack_merge(ctx, hs, 1), _stack_merge(ctx, cs, 1))
-        return self._recurrence(ctx.split(x), fused=self.last_formulation == "bmm-fused")
-
-    def _recurrence(self, seq: torch.Tensor, fused: bool):
-        """``seq`` [C, B, T, I]: torch's LSTM equations (gates i, f, g, o), all clients per matmul; the
-        cell's pointwise part ``lstm_cell`` (one autograd node) if ``fused``, else written out."""
-        ctx, H = self.ctx, self.hidden
-        C, B, T = seq.shape[:3]
-        h_last: List[torch.Tensor] = []
-        c_last: List[torch.Tensor] = []
-        for k in range(self.layers):
-            w_ih, w_hh = self.params[f"weight_ih_l{k}"], self.params[f"weight_hh_l{k}"]
-            flat = seq.reshape(C, B * T, -1)
-            if self.bias:
-                bias = (self.params[f"bias_ih_l{k}"] + self.params[f"bias_hh_l{k}"]).unsqueeze(1)
-                gi = torch.baddbmm(bias, flat, w_ih.transpose(1, 2))
-            else:
-                gi = torch.bmm(flat, w_ih.transpose(1, 2))
-            # unbind: one autograd node whose backward stacks the T step gradients (indexing gi[:, :, t]
-            # would give each step's gradient as a zero-filled tensor of gi's full size, T of them)
-            gis = gi.view(C, B, T, 4 * H).unbind(2)
-            w_hh_t = w_hh.transpose(1, 2)
-            h = seq.new_zeros(C, B, H)
-            cell = seq.new_zeros(C, B, H)
-            outs = []
-            for t in range(T):
-                if fused:
-                    # at t = 0 the state is zero: the gates are the input's part alone
-                    h, cell = lstm_cell(gis[t] if t == 0 else torch.baddbmm(gis[t], h, w_hh_t), cell)
-                    outs.append(h)
-                    continue
-                gates = torch.baddbmm(gis[t], h, w_hh_t)
-                s = torch.sigmoid(gates)
-                i, f, o = s[..., :H], s[..., H : 2 * H], s[..., 3 * H :]
-                cell = torch.addcmul(f * cell, i, torch.tanh(gates[..., 2 * H : 3 * H]))
-                h = o * torch.tanh(cell)
-                outs.append(h)
-            seq = torch.stack(outs, dim=2)
-            h_last.append(h)
-            c_last.append(cell)
-        state = (torch.stack([ctx.merge(h) for h in h_last]), torch.stack([ctx.merge(c) for c in c_last]))
-        return ctx.merge(seq), state
-
-
-def stacked_layer(m: nn.Module) -> Optional[StackedLayer]:
-    """The client-stacked form of ``m``, or None if ``m`` is not a layer this module stacks."""
-    maker = _MAKERS.get(type(m))
-    return None if maker is None else maker(m)
-
-
-def unsupported_reason(m: nn.Module) -> Optional[str]:
-    """Why a layer of a stacked type cannot be stacked in this configuration (None: it can)."""
-    if isinstance(m, nn.Conv2d) and m.padding_mode != "zeros":
-        return f"Conv2d with padding_mode={m.padding_mode!r}"
-    if isinstance(m, nn.Embedding) and (
-        m.padding_idx is not None or m.max_norm is not None or m.scale_grad_by_freq or m.sparse
-    ):
-        return "Embedding with padding_idx, max_norm, scale_grad_by_freq or sparse"
-    if isinstance(m, nn.LSTM) and (not m.batch_first or m.bidirectional or m.proj_size or m.dropout):
-        return "LSTM other than batch_first=True, unidirectional, proj_size=0, dropout=0"
-    return None
-
-
-_MAKERS = {
-    nn.Linear: StackedLinear,
-    nn.Conv2d: StackedConv2d,
-    nn.GroupNorm: StackedGroupNorm,
-    nn.LayerNorm: StackedLayerNorm,
-    nn.Embedding: StackedEmbedding,
-    nn.LSTM: StackedLSTM,
-}
-STACKED_TYPES = tuple(_MAKERS)

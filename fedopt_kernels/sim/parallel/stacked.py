@@ -33,7 +33,8 @@ from torch.nn import functional as F
 
 from ..data.image_input import ImageClassifier
 from .grouped_runs import PER_CHANNEL, StackedSequential
-from .layers import STACKED_TYPES, Clients, StackedLayer, stacked_layer, unsupported_reason
+from .layers import Clients, StackedLayer
+from .stacked_types import STACKED_TYPES, stacked_layer, unsupported_reason
 from .trainable import check_trainable
 
 # parameter-free modules whose forward treats dim 0 as independent samples, and torch's containers
