@@ -11,6 +11,8 @@ relative); ``test_a_wrong_written_out_backward_is_caught`` shows a 1e-8 relative
 gradient of a hand-written backward fails the check.
 """
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -104,7 +106,8 @@ def _rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
-def _check(name, form, order="client", channels_last=False):
+def _check(name, form, order="client", channels_last=False, device="cpu"):
+    """The stacked layer (on ``device``) against per-client autograd on the CPU."""
     module, shape = _module(name)
     g = torch.Generator().manual_seed(1)
     params = {
@@ -116,7 +119,10 @@ def _check(name, form, order="client", channels_last=False):
         ref = [_outputs(module(x[0]))]
     weights = [torch.randn(C, *o.shape, generator=g, dtype=torch.float64) for o in ref[0]]
     want_out, want = _per_client(module, params, x, weights)
-    got_out, got = _stacked(module, params, x, weights, form, order, channels_last)
+    on = {n: p.to(device) for n, p in params.items()}
+    there = [r.to(device) for r in weights]
+    got_out, got = _stacked(copy.deepcopy(module).to(device), on, x.to(device), there, form, order, channels_last)
+    got_out, got = [o.cpu() for o in got_out], [t.cpu() for t in got]
     for c in range(C):
         for o, r in zip(got_out, want_out[c]):
             assert _rel(o[c], r) <= ROUNDING_RTOL, ("output", c)
@@ -137,6 +143,19 @@ def test_every_candidate_equals_per_client_autograd(name, form, order):
     _check(name, form, order)
     if len(shape) == 3:  # a channels-last input (what a grouped run or an im2col layer before hands on)
         _check(name, form, order, channels_last=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["client", "batch"])
+@pytest.mark.parametrize("name,form", CASES, ids=[f"{n}-{f}" for n, f in CASES])
+def test_every_candidate_on_a_gpu_equals_per_client_autograd(name, form, order):
+    """The same in float64 on CUDA (cuDNN, cuBLAS), against the CPU's per-client autograd."""
+    _, shape = _module(name)
+    if form not in _layer(LAYERS[name][0]).candidates(torch.empty(C * B, *shape, device="meta")):
+        pytest.skip(f"{form} is not a candidate for {name}")
+    _check(name, form, order, device="cuda")
+    if len(shape) == 3:
+        _check(name, form, order, channels_last=True, device="cuda")
 
 
 def test_candidates_leave_out_what_a_layer_cannot_run():

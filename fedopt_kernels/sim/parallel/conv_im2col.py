@@ -10,9 +10,10 @@ input values under the kernel of one group, client c's group j has a patch matri
     dP[c, j] = dy[c, j] @ W[c, j]                  one bmm, then dx = F.fold(dP)
     db[c, j] = sum over the B*L rows of dy[c, j]
 
-C small convolutions become three large batched GEMMs (M = B * L rows per client). The output is
-channels-last memory per sample (``[C, B, Ho, Wo, Cout]`` viewed as ``[N, Cout, Ho, Wo]``, no copy at
-``g = 1``), and a channels-last output gradient is read without a copy.
+C small convolutions become three large batched GEMMs (M = B * L rows per client). Building ``P``
+is the one copy of the input side, in either sample order. In client order with ``g = 1`` the output
+is the GEMM's result viewed as ``[N, Cout, Ho, Wo]`` (channels-last memory per sample), and a
+channels-last output gradient is read as it is; in batch order each is copied once.
 
 Memory: ``P`` holds ``kh * kw * Ho * Wo / (H * W)`` values per input value (about ``kh * kw / (sh * sw)``:
 9x the input for a 3x3 kernel at stride 1) and is saved for the backward, which makes ``dP``, as
@@ -52,19 +53,26 @@ def im2col_conv2d(
     w: torch.Tensor,
     b: Optional[torch.Tensor],
     clients: int,
+    order: str,
     stride: Pair,
     padding: Union[str, Pair],
     dilation: Pair,
     groups: int,
 ) -> torch.Tensor:
-    """Client c's convolution of its samples ``x[c * B : (c + 1) * B]`` (``x`` [C * B, Cin, H, W], client
-    order, any memory format) with ``w[c]`` ([C, Cout, Cin / groups, kh, kw]) and ``b[c]``: [C * B, Cout, Ho, Wo]."""
+    """Each client's convolution of its samples in ``x`` [C * B, Cin, H, W] (any memory format; sample order
+    ``order``, ``layers.Clients``) with its ``w[c]`` ([C, Cout, Cin / groups, kh, kw]) and ``b[c]``:
+    [C * B, Cout, Ho, Wo] in the same order."""
     kernel = (w.shape[-2], w.shape[-1])
     top, bottom, left, right = padding_sides(padding, kernel, dilation)
     if top != bottom or left != right:  # F.unfold pads symmetrically: pad the odd side first
         x = F.pad(x, (left, right, top, bottom))
         top = left = 0
-    return _Im2colConv.apply(x, w, b, clients, stride, (top, left), dilation, groups)
+    return _Im2colConv.apply(x, w, b, clients, order == "batch", stride, (top, left), dilation, groups)
+
+
+def _client_major(t: torch.Tensor, C: int, B: int, batch_major: bool) -> torch.Tensor:
+    """``[N, ...]`` -> ``[C, B, ...]`` (a view)."""
+    return t.unflatten(0, (B, C)).transpose(0, 1) if batch_major else t.unflatten(0, (C, B))
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -75,38 +83,42 @@ class _Im2colConv(torch.autograd.Function):
     """The module docstring's three batched matmuls; saves the patches ``P``, not the input."""
 
     @staticmethod
-    def forward(ctx, x, w, b, C: int, stride: Pair, padding: Pair, dilation: Pair, g: int):
+    def forward(ctx, x, w, b, C: int, batch_major: bool, stride: Pair, padding: Pair, dilation: Pair, g: int):
         N, cin, H, W = x.shape
         B, cout, kh, kw = N // C, w.shape[1], w.shape[-2], w.shape[-1]
         sizes = zip((H, W), (kh, kw), stride, padding, dilation, strict=True)
         Ho, Wo = (_out_size(n, k, s, p, d) for n, k, s, p, d in sizes)
         L, K, co = Ho * Wo, cin // g * kh * kw, cout // g
         cols = F.unfold(x, (kh, kw), dilation, padding, stride)  # [N, g * K, L]
-        P = cols.view(C, B, g, K, L).permute(0, 2, 1, 4, 3).reshape(C * g, B * L, K)
+        # [C, B, g, K, L] -> [C*g, B*L, K]: the one copy, which also puts batch-major samples in client order
+        P = _client_major(cols, C, B, batch_major).unflatten(2, (g, K)).permute(0, 2, 1, 4, 3).reshape(C * g, B * L, K)
         wm = w.reshape(C * g, co, K)
         wt = wm.transpose(1, 2)
         y = torch.bmm(P, wt) if b is None else torch.baddbmm(b.view(C * g, 1, co), P, wt)
         ctx.save_for_backward(P, w)
-        ctx.conv = (C, B, g, H, W, (kh, kw), stride, padding, dilation)
+        ctx.conv = (C, B, batch_major, g, H, W, (kh, kw), stride, padding, dilation)
         ctx.has_bias = b is not None
-        # [C*g, B*L, co] -> [C, B, g*co, Ho, Wo]: channels-last per sample, a view when g = 1
-        return y.view(C, g, B, Ho, Wo, co).permute(0, 2, 1, 5, 3, 4).reshape(N, cout, Ho, Wo)
+        # [C*g, B*L, co] -> [C, B, g*co, Ho, Wo]: channels-last per sample, a view when g = 1 in client order
+        y6 = y.view(C, g, B, Ho, Wo, co).permute(0, 2, 1, 5, 3, 4)
+        return (y6.transpose(0, 1) if batch_major else y6).reshape(N, cout, Ho, Wo)
 
     @staticmethod
     def backward(ctx, gy):
         P, w = ctx.saved_tensors
-        C, B, g, H, W, kernel, stride, padding, dilation = ctx.conv
+        C, B, batch_major, g, H, W, kernel, stride, padding, dilation = ctx.conv
         cout, (Ho, Wo) = w.shape[1], gy.shape[-2:]
         L, K, co = Ho * Wo, P.shape[-1], w.shape[1] // g
         # [N, Cout, Ho, Wo] -> [C*g, B*L, co] (a view of a channels-last gradient when g = 1)
-        g2 = gy.reshape(C, B, g, co, L).permute(0, 2, 1, 4, 3).reshape(C * g, B * L, co)
+        gy5 = _client_major(gy.reshape(C * B, g, co, L), C, B, batch_major)
+        g2 = gy5.permute(0, 2, 1, 4, 3).reshape(C * g, B * L, co)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gP = torch.bmm(g2, w.reshape(C * g, co, K))
-            gcols = gP.view(C, g, B, L, K).permute(0, 2, 1, 4, 3).reshape(C * B, g * K, L)
+            gc5 = gP.view(C, g, B, L, K).permute(0, 2, 1, 4, 3)  # [C, B, g, K, L]
+            gcols = (gc5.transpose(0, 1) if batch_major else gc5).reshape(C * B, g * K, L)
             gx = F.fold(gcols, (H, W), kernel, dilation, padding, stride)
         if ctx.needs_input_grad[1]:
             gw = torch.bmm(g2.transpose(1, 2), P).view(w.shape)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(1).view(C, cout)
-        return gx, gw, gb, None, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None, None

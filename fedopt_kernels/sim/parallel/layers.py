@@ -242,9 +242,7 @@ class StackedConv2d(StackedLayer):
         C, B = ctx.count, ctx.batch
         form = self.pick(x)
         if form == "im2col":
-            xs = ctx.split(x).flatten(0, 1)  # client order (a copy in batch order)
-            y = im2col_conv2d(xs, w, b, C, self.stride, self.padding, self.dilation, self.groups)
-            return ctx.merge(y.unflatten(0, (C, B)))
+            return im2col_conv2d(x, w, b, C, ctx.order, self.stride, self.padding, self.dilation, self.groups)
         if form == "loop-nhwc":
             # one copy puts every client's samples and weights in channels-last memory, each client's
             # slice contiguous in it (a no-op for a channels-last input in client order)
