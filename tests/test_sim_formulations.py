@@ -158,34 +158,42 @@ def test_every_candidate_on_a_gpu_equals_per_client_autograd(name, form, order):
         _check(name, form, order, channels_last=True, device="cuda")
 
 
-def test_candidates_leave_out_what_a_layer_cannot_run():
-    """Every formulation is a candidate, except grouped-nhwc for 'same' padding with an even kernel
-    (its backward takes one padding for both sides); asked on a meta tensor, as a chooser does."""
+def test_every_formulation_is_a_candidate_for_these_layers():
+    """Asked on a meta tensor, as a chooser does: every configuration above runs every formulation."""
     for name, (make, shape) in LAYERS.items():
         layer = _layer(make)
-        x = torch.empty(C * B, *shape, device="meta")
-        want = FORMULATIONS[layer.kind]
-        if name == "conv-same-even-kernel":
-            want = tuple(f for f in want if f != "grouped-nhwc")
-        assert layer.candidates(x) == want, name
+        assert layer.candidates(torch.empty(C * B, *shape, device="meta")) == FORMULATIONS[layer.kind], name
 
 
-def test_a_non_candidate_is_refused_by_layer_name_and_nothing_changes():
-    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Conv2d(2, 2, 2, padding="same"), nn.Flatten())
+def test_a_non_candidate_is_refused_by_layer_name_and_nothing_changes(monkeypatch):
+    """A layer that cannot run a formulation (here: a convolution with a kernel wider than 2 refuses
+    ``im2col``, a stand-in for a configuration a formulation lacks) leaves it out of its candidates,
+    and forcing it raises, naming the layer: in ``set_formulations``, which then changes nothing, and
+    at call time when it was set around it, inside a grouped run too."""
+    from fedopt_kernels.sim.parallel.layers import StackedConv2d
+
+    def why_not(self, form, x=None):
+        if form == "im2col" and self.kernel[0] > 2:
+            return "a stand-in refusal"
+        return super(StackedConv2d, self).why_not(form, x)
+
+    monkeypatch.setattr(StackedConv2d, "why_not", why_not)
+    model = nn.Sequential(nn.Conv2d(1, 2, 2), nn.ReLU(), nn.Conv2d(2, 2, 3, padding="same"), nn.Flatten())
     engine = StackedLoss(model, formulations={"Conv2d": "loop"})
-    with pytest.raises(ValueError, match=r"formulations: 2 \(Conv2d\) cannot run 'grouped-nhwc': padding='same'"):
-        engine.stacked.set_formulations({"0": "im2col", "Conv2d": "grouped-nhwc"})
+    x = torch.empty(6, 2, 5, 5, device="meta")
+    assert "im2col" in engine.stacked.layers["0"].candidates(x)
+    assert engine.stacked.layers["2"].candidates(x) == ("grouped", "grouped-nhwc", "loop", "loop-nhwc")
+    with pytest.raises(ValueError, match=r"formulations: 2 \(Conv2d\) cannot run 'im2col': a stand-in refusal"):
+        engine.stacked.set_formulations({"0": "grouped", "Conv2d": "im2col"})
     assert [m.formulation for m in engine.stacked.layers.values()] == ["loop", "loop"]
     with pytest.raises(ValueError, match=r"formulations: 0 \(Conv2d\) cannot run 'bmm-fused': Conv2d has"):
         StackedLoss(model, formulations={"0": "bmm-fused"})
-    # forced around set_formulations (as a benchmark does), the layer refuses when it is called, also
-    # inside a grouped run, where the first convolution hands the second the grouped layout
     params = [p.detach().unsqueeze(0).repeat(2, *([1] * p.dim())) for p in model.parameters()]
     x, y, w = torch.randn(2, 3, 1, 6, 6), torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3)
-    for first in ("loop", "grouped-nhwc"):
+    for first, second in (("loop", "im2col"), ("grouped-nhwc", "im2col"), ("grouped-nhwc", "nhwc")):
         engine.stacked.set_formulations({"0": first})
-        engine.stacked.layers["2"].formulation = "grouped-nhwc"
-        with pytest.raises(ValueError, match=r"formulations: 2 \(Conv2d\) cannot run 'grouped-nhwc'"):
+        engine.stacked.layers["2"].formulation = second  # as a benchmark sets it, around set_formulations
+        with pytest.raises(ValueError, match=f"formulations: 2 \\(Conv2d\\) cannot run '{second}'"):
             engine.grads(params, x, y, w)
 
 

@@ -226,14 +226,6 @@ class StackedConv2d(StackedLayer):
         per_client = 2 * self.ctx.batch * out_px * self.out_channels * cin * self.kernel[0] * self.kernel[1]
         return "loop" if per_client >= CONV_LOOP_FLOPS else "grouped-nhwc"
 
-    def why_not(self, form: str, x: Optional[torch.Tensor] = None) -> Optional[str]:
-        why = super().why_not(form, x)
-        if why is None and form == "grouped-nhwc" and self.padding == "same":
-            top, bottom, left, right = padding_sides(self.padding, self.kernel, self.dilation)
-            if top != bottom or left != right:
-                why = "padding='same' with an even kernel pads one side more, and its backward pads both alike"
-        return why
-
     def _conv(self, x, w, b, groups):
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, groups)
 
@@ -286,7 +278,12 @@ class StackedConv2d(StackedLayer):
         """The ``grouped-nhwc`` convolution of a tensor already in the grouped layout (``to_grouped``)."""
         ctx, w, b = self.ctx, self.params["weight"], self.p("bias")
         self.last_formulation = "grouped-nhwc"
-        return _GroupedConvNHWC.apply(xg, w, b, ctx.count, self.stride, self.padding, self.dilation, self.groups)
+        padding = self.padding
+        if padding == "same":
+            top, bottom, left, right = padding_sides(padding, self.kernel, self.dilation)
+            if top != bottom or left != right:  # an even kernel: the backward takes one padding for both sides
+                xg, padding = F.pad(xg, (left, right, top, bottom)), (0, 0)
+        return _GroupedConvNHWC.apply(xg, w, b, ctx.count, self.stride, padding, self.dilation, self.groups)
 
 
 def _to_grouped_nhwc(x: torch.Tensor, ctx: Clients) -> torch.Tensor:
