@@ -238,11 +238,11 @@ class StackedConv2d(StackedLayer):
         if form == "loop-nhwc":
             # one copy puts every client's samples and weights in channels-last memory, each client's
             # slice contiguous in it (a no-op for a channels-last input in client order)
-            xs = ctx.split(x).permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
-            ws = w.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
-            bs: Sequence[Optional[torch.Tensor]] = [None] * C if b is None else b.unbind(0)
+            xl = ctx.split(x).permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+            wl = w.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+            bl: Sequence[Optional[torch.Tensor]] = [None] * C if b is None else b.unbind(0)
             parts = [
-                self._conv(xc, wc, bc, self.groups) for xc, wc, bc in zip(xs.unbind(0), ws.unbind(0), bs, strict=True)
+                self._conv(xc, wc, bc, self.groups) for xc, wc, bc in zip(xl.unbind(0), wl.unbind(0), bl, strict=True)
             ]
             return stack_merge(ctx, parts)
         if form == "loop":
