@@ -46,7 +46,7 @@ layers have a stacked form, and in which configurations: ``stacked_types.py``.
 A layer's ``candidates(x)`` are the formulations that compute it on inputs like ``x`` (a
 configuration a formulation does not support leaves it out, ``why_not`` says why); forcing another
 one raises a ``ValueError`` naming the layer. Every candidate equals per-client autograd
-(tests/test_sim_stacked.py): which one runs is a question of speed only.
+(tests/test_sim_stacked.py, tests/test_sim_formulations.py): which one runs is a question of speed.
 
 ``docs/client_batched.md`` has the measurements behind the defaults (``default_formulation``).
 """
