@@ -3,6 +3,7 @@ float64, and what cannot be compiled says so with ``NotCompilable`` (never a wro
 input error disguised as one). Compiling takes tens of seconds on a CPU: the full suite runs this file."""
 
 import pytest
+import torch
 from test_sim_stacked import ROUNDING_RTOL, _case, _per_client, _rel
 
 from fedopt_kernels.sim.parallel.compiled import CompiledStackedLoss, NotCompilable
@@ -69,3 +70,16 @@ def test_an_input_error_is_raised_as_the_eager_engine_raises_it():
     assert not isinstance(info.value, NotCompilable)
     want, _ = _per_client(model, params, x, y, w)  # and the engine still works
     _assert_equal(engine.grads(params, x, y, w)[0], want)
+
+
+def test_past_the_recompile_limit_it_raises_rather_than_run_eagerly(monkeypatch):
+    """Compiled in parts (``fullgraph=False``), Dynamo alone would run a step past its recompile limit
+    eagerly, without a word: timed as the compiled candidate, that would be the eager engine's time."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    model, params, x, y, w = _case("mlp")
+    engine = CompiledStackedLoss(model, backend="eager", fullgraph=False)
+    want, _ = _per_client(model, params, x, y, w)
+    _assert_equal(engine.grads(params, x, y, w)[0], want)
+    assert engine.fullgraph is False
+    with pytest.raises(NotCompilable, match="RecompileLimit"):
+        engine.grads([p[:2] for p in params], x[:2], y[:2], w[:2])  # two clients: another shape

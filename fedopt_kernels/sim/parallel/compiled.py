@@ -9,9 +9,9 @@ is compiled by ``torch.compile`` at its first call (``dynamic=False``), through 
 layers have then; AOTAutograd compiles its backward with it, so ``grads`` and ``grads_at`` run a
 compiled forward and backward. ``logits`` (evaluation) runs eagerly.
 
-- ``fullgraph=True`` first. Where Dynamo cannot take the step as one graph (``nn.LSTM``'s fused
-  kernel, the LSTM's ``loop`` formulation), it compiles the parts between the breaks instead, and
-  ``fullgraph`` says which it got.
+- ``fullgraph=True`` first (unless built with ``fullgraph=False``). Where Dynamo cannot take the step
+  as one graph (``nn.LSTM``'s fused kernel, the LSTM's ``loop`` formulation), it compiles the parts
+  between the breaks instead, and the attribute ``fullgraph`` says which it got.
 - Where compiling fails anyway, the call raises ``NotCompilable`` with the reason, and so does every
   later call at once; a chooser takes it for "not a candidate". The eager engine first reruns the
   same call: an error of the inputs is raised as the eager engine raises it, not as ``NotCompilable``.
@@ -59,7 +59,8 @@ def _strict_recompiles() -> Any:
 
 
 class CompiledStackedLoss(StackedLoss):
-    """``StackedLoss`` with its loss compiled (module docstring); ``backend``: ``torch.compile``'s."""
+    """``StackedLoss`` with its loss compiled (module docstring); ``backend``: ``torch.compile``'s;
+    ``fullgraph=False``: compile in parts from the start."""
 
     engine = "stacked-compiled"
 
@@ -69,9 +70,11 @@ class CompiledStackedLoss(StackedLoss):
         formulations: Optional[Dict[str, str]] = None,
         order: Optional[str] = None,
         backend: Any = "inductor",
+        fullgraph: bool = True,
     ):
         super().__init__(model, formulations, order)
         self.backend = backend
+        self._first = fullgraph
         self.fullgraph: Optional[bool] = None  # what the compiled step was built with (None: not built yet)
         self._compiled: Optional[Callable[..., torch.Tensor]] = None
         self._broken: Optional[str] = None  # why compiling failed, once it has
@@ -88,7 +91,7 @@ class CompiledStackedLoss(StackedLoss):
         if self._eager:
             return StackedLoss._loss(self, params, x, y, w)
         if self._compiled is None:
-            self._build(fullgraph=True)
+            self._build(fullgraph=self._first)
         assert self._compiled is not None
         with _strict_recompiles():
             return self._compiled(params, x, y, w)
