@@ -47,7 +47,7 @@ operator; sequential: the whole, as it holds one client at a time).
 
 Parts, per step at each C (median of repeated calls): the gradients alone (stacked engine, vmap)
 and the update alone (plain torch vs ``BatchedFedNAR``); with ``--layers``, every stacked layer's
-forward + backward under each of its formulations (``sim.parallel.layers``), at the largest C.
+forward + backward under each of its candidate formulations (``StackedLayer.candidates``), at the largest C.
 
 Results: ``clients-<device>-<date>.{json,md,png}`` in ``--out-dir`` (default ``bench_runs/``,
 git-ignored; ``--out-dir bench/results`` for the committed tables), listed in LATEST.md there.
@@ -80,7 +80,6 @@ from fedopt_kernels.sim.parallel.choose import MODES as FORMULATION_MODES
 from fedopt_kernels.sim.parallel.choose import Budget as SearchBudget
 from fedopt_kernels.sim.parallel.choose import Chooser
 from fedopt_kernels.sim.parallel.host_memory import keep_freed_memory
-from fedopt_kernels.sim.parallel.layers import FORMULATIONS
 from fedopt_kernels.sim.parallel.loss import ClientLoss
 from fedopt_kernels.sim.parallel.size import activation_bytes, free_bytes
 from fedopt_kernels.sim.parallel.stacked import StackedLoss
@@ -655,10 +654,12 @@ def layer_rows(
         slots[id(layer)].append((attr, t))
     rows = []
     for path, layer in engine.stacked.layers.items():
-        forms = FORMULATIONS[layer.kind]
-        if len(forms) < 2 or path not in inputs:
+        if path not in inputs:
             continue
         x, needs_grad = inputs[path]
+        forms = layer.candidates(x)
+        if len(forms) < 2:
+            continue
         x = x.requires_grad_() if needs_grad else x
         ps = {a: t.detach().requires_grad_() for a, t in slots[id(layer)]}
         for form in forms:

@@ -16,8 +16,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedopt_kernels.sim.models.build import build_model
-from fedopt_kernels.sim.parallel.layers import FORMULATIONS, Clients, StackedConv2d, StackedLSTM
+from fedopt_kernels.sim.parallel.layers import FORMULATIONS, Clients, StackedConv2d
 from fedopt_kernels.sim.parallel.loss import ClientLoss, client_loss
+from fedopt_kernels.sim.parallel.lstm import StackedLSTM
 from fedopt_kernels.sim.parallel.stacked import NotStackable, StackedLoss, StackedNet
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
@@ -37,7 +38,7 @@ CHOICES = {
     "cnn": [{"Conv2d": c, "Linear": lin} for c in FORMULATIONS["Conv2d"] for lin in FORMULATIONS["Linear"]],
     "fedavg-cnn": [{"Conv2d": c} for c in FORMULATIONS["Conv2d"]],
     "mlp": [{"Linear": lin} for lin in FORMULATIONS["Linear"]],
-    "resnet18-gn": [{"Conv2d": "grouped"}, {"Conv2d": "grouped-nhwc"}, {"Conv2d": "loop"}],
+    "resnet18-gn": [{"Conv2d": c} for c in FORMULATIONS["Conv2d"]],
     "char-lstm": [{"LSTM": f} for f in FORMULATIONS["LSTM"]],
     "char-gru": [{"Linear": lin} for lin in FORMULATIONS["Linear"]],
 }
@@ -241,7 +242,7 @@ def test_auto_falls_back_to_vmap_or_refuses_with_both_reasons():
 
 def test_bad_formulations_are_refused_by_name():
     model = build_model("cnn", (1, 8, 8), 10)
-    with pytest.raises(ValueError, match=r"Conv2d has \('grouped', 'grouped-nhwc', 'loop'\), not 'bmm'"):
+    with pytest.raises(ValueError, match=r"features.0 \(Conv2d\) cannot run 'bmm': Conv2d has \('grouped', 'grouped-"):
         StackedLoss(model, formulations={"Conv2d": "bmm"})
     with pytest.raises(ValueError, match="no stacked layer is named or of type 'LSTM'"):
         StackedLoss(model, formulations={"LSTM": "loop"})
@@ -269,7 +270,7 @@ def test_an_initial_lstm_state_is_refused():
 
 
 def test_every_stacked_type_has_a_formulation_list():
-    from fedopt_kernels.sim.parallel.layers import _MAKERS
+    from fedopt_kernels.sim.parallel.stacked_types import _MAKERS
 
     assert {m.kind for m in _MAKERS.values()} == set(FORMULATIONS)
     assert all(FORMULATIONS[k] for k in FORMULATIONS)
@@ -367,6 +368,38 @@ def test_grouped_runs_convert_once_per_run_and_stop_at_mixing_modules(monkeypatc
         # forward: the input of each run (conv-relu-pool-conv, then conv-pool-pool); backward: the gradient
         # at each run's end
         assert into == [(C * B, 2, 8, 8), (C * B, 6, 7, 7), (C * B, 4, 2, 2), (C * B, 6, 7, 7)], into
+
+
+@pytest.mark.parametrize("order", ["client", "batch"])
+def test_grouped_runs_end_at_convolutions_of_other_formulations(monkeypatch, order):
+    """A run goes on only through grouped-nhwc convolutions: an im2col or loop-nhwc convolution ends it
+    (it reads the model's batch), and the next grouped-nhwc one starts a new run."""
+    from fedopt_kernels.sim.parallel import layers
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1),  # grouped-nhwc: a run starts
+        nn.ReLU(),
+        nn.Conv2d(3, 4, 3, padding=1),  # im2col: the run ends before it
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, padding=1, groups=2),  # grouped-nhwc: a second run
+        nn.MaxPool2d(2),
+        nn.Conv2d(4, 3, 2),  # loop-nhwc: the second run ends
+        nn.Tanh(),
+        nn.Flatten(),
+        nn.Linear(3 * 3 * 3, 3),
+    ).double()
+    C, B = 3, 2
+    x = torch.randn(C, B, 2, 8, 8, dtype=torch.float64)
+    params, y, w = _perturbed_clients(model, x, 3)
+    want, _ = _per_client(model, params, x, y, w)
+    into = []
+    to_grouped = layers._to_grouped_nhwc
+    monkeypatch.setattr(layers, "_to_grouped_nhwc", lambda t, ctx: into.append(tuple(t.shape)) or to_grouped(t, ctx))
+    forms = {"0": "grouped-nhwc", "2": "im2col", "4": "grouped-nhwc", "6": "loop-nhwc"}
+    _assert_stacked_equals(want, model, params, x, y, w, forms, order)
+    # forward: each run's input; backward: the gradient at each run's end, last run first
+    assert into == [(C * B, 2, 8, 8), (C * B, 4, 8, 8), (C * B, 4, 4, 4), (C * B, 3, 8, 8)], into
 
 
 def test_relu_then_max_pool_runs_pooled_first_with_the_same_gradients(monkeypatch):

@@ -19,16 +19,34 @@ Conv2d         ``grouped``         one convolution with ``C * groups`` groups on
                                    run, ``grouped_runs.py``)
                ``loop``            an ordinary convolution per client (for per-client work
                                    large enough to fill the machine on its own)
+               ``loop-nhwc``       the same with every client's input and weight in
+                                   channels-last memory (one copy of the input for all
+                                   clients; the layout cuDNN's tensor-core kernels prefer)
+               ``im2col``          every client's patches unfolded, then one batched matmul
+                                   for all clients forward and two backward, the patch
+                                   gradient folded back (``conv_im2col.py``; patches about
+                                   ``kh * kw`` times the input)
 Linear         ``bmm``             one batched matmul ``[C, M, I] x [C, I, O]``
                ``loop``            a matmul per client
 LSTM           ``bmm``             the recurrence written out: per time step one batched
                                    matmul for all clients, then the gates
+               ``bmm-fused``       the same matmul per step, then the cell's pointwise part
+                                   as one autograd node with a written-out backward
+                                   (``lstm_cell.py``)
                ``loop``            the fused LSTM kernel once per client
 GroupNorm,     (one)               normalise every sample (statistics are per sample), then
 LayerNorm                          each client's affine
 Embedding      (one)               a lookup in the ``[C * V, D]`` table, indices offset by
                                    ``c * V``
 =============  ==================  ==========================================================
+
+The LSTM's code is in ``lstm.py``, the convolution's ``im2col`` in ``conv_im2col.py``; which torch
+layers have a stacked form, and in which configurations: ``stacked_types.py``.
+
+A layer's ``candidates(x)`` are the formulations that compute it on inputs like ``x`` (a
+configuration a formulation does not support leaves it out, ``why_not`` says why); forcing another
+one raises a ``ValueError`` naming the layer. Every candidate equals per-client autograd
+(tests/test_sim_stacked.py, tests/test_sim_formulations.py): which one runs is a question of speed.
 
 ``docs/client_batched.md`` has the measurements behind the defaults (``default_formulation``).
 """
@@ -41,14 +59,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-from torch.func import functional_call
 from torch.nn import functional as F
+
+from .conv_im2col import im2col_conv2d, padding_sides
 
 ORDERS = ("client", "batch")
 FORMULATIONS: Dict[str, Tuple[str, ...]] = {
-    "Conv2d": ("grouped", "grouped-nhwc", "loop"),
+    "Conv2d": ("grouped", "grouped-nhwc", "loop", "loop-nhwc", "im2col"),
     "Linear": ("bmm", "loop"),
-    "LSTM": ("bmm", "loop"),
+    "LSTM": ("bmm", "loop", "bmm-fused"),
     "GroupNorm": ("one",),
     "LayerNorm": ("one",),
     "Embedding": ("one",),
@@ -88,7 +107,7 @@ class Clients:
         return self.merge(t)
 
 
-def _stack_merge(ctx: Clients, parts: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+def stack_merge(ctx: Clients, parts: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
     """Per-client outputs (``[B, ...]`` each, batch axis at ``dim``) as one ``[N, ...]`` tensor."""
     if ctx.order == "client":
         return torch.cat(list(parts), dim=dim)
@@ -108,12 +127,34 @@ class StackedLayer(nn.Module):
         self.ctx = Clients(1, 1)
         self.formulation: Optional[str] = None
         self.last_formulation = ""  # what the latest call ran (the benchmark reports it)
+        self.path = ""  # the module path in its model (StackedNet sets it; error messages name it)
 
     def p(self, name: str) -> Optional[torch.Tensor]:
         return self.params.get(name)
 
+    def why_not(self, form: str, x: Optional[torch.Tensor] = None) -> Optional[str]:
+        """Why ``form`` cannot compute this layer (on inputs like ``x``; None: any input), or None if it can."""
+        if form not in FORMULATIONS[self.kind]:
+            return f"{self.kind} has {FORMULATIONS[self.kind]}"
+        return None
+
+    def candidates(self, x: torch.Tensor) -> Tuple[str, ...]:
+        """The formulations that compute this layer on inputs like ``x`` (its shape, dtype and layout;
+        a meta tensor will do): ``FORMULATIONS[kind]`` less those ``why_not`` refuses."""
+        return tuple(f for f in FORMULATIONS[self.kind] if self.why_not(f, x) is None)
+
+    def refuse(self, form: str, x: Optional[torch.Tensor] = None) -> None:
+        """ValueError naming the layer if ``form`` is not one of its candidates."""
+        why = self.why_not(form, x)
+        if why is not None:
+            raise ValueError(f"formulations: {self.path or self.kind} ({self.kind}) cannot run {form!r}: {why}")
+
     def pick(self, x: torch.Tensor) -> str:
-        form = self.formulation or self.default_formulation(x)
+        form = self.formulation
+        if form is None:
+            form = self.default_formulation(x)
+        else:
+            self.refuse(form, x)
         self.last_formulation = form
         return form
 
@@ -133,7 +174,7 @@ class StackedLinear(StackedLayer):
         if self.pick(x) == "loop":
             # unbind, not w[c]: the backward of C selects would write C zero-filled [C, ...] tensors
             ws, bs = w.unbind(0), [None] * ctx.count if b is None else b.unbind(0)
-            return _stack_merge(
+            return stack_merge(
                 ctx, [F.linear(xc, wc, bc) for xc, wc, bc in zip(ctx.split(x).unbind(0), ws, bs, strict=True)]
             )
         C = ctx.count
@@ -192,6 +233,18 @@ class StackedConv2d(StackedLayer):
         ctx, w, b = self.ctx, self.params["weight"], self.p("bias")
         C, B = ctx.count, ctx.batch
         form = self.pick(x)
+        if form == "im2col":
+            return im2col_conv2d(x, w, b, C, ctx.order, self.stride, self.padding, self.dilation, self.groups)
+        if form == "loop-nhwc":
+            # one copy puts every client's samples and weights in channels-last memory, each client's
+            # slice contiguous in it (a no-op for a channels-last input in client order)
+            xl = ctx.split(x).permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+            wl = w.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+            bl: Sequence[Optional[torch.Tensor]] = [None] * C if b is None else b.unbind(0)
+            parts = [
+                self._conv(xc, wc, bc, self.groups) for xc, wc, bc in zip(xl.unbind(0), wl.unbind(0), bl, strict=True)
+            ]
+            return stack_merge(ctx, parts)
         if form == "loop":
             ws, bs = w.unbind(0), [None] * C if b is None else b.unbind(0)
             parts = [
@@ -202,7 +255,7 @@ class StackedConv2d(StackedLayer):
                 # where the max-pooling after it runs 8x slower than in channels-last (FedAvg CNN);
                 # otherwise the output keeps the input's layout, as in the model's own forward
                 parts = [p.contiguous(memory_format=torch.channels_last) for p in parts]
-            return _stack_merge(ctx, parts)
+            return stack_merge(ctx, parts)
         if form == "grouped":
             cin, H, W = x.shape[1:]
             wg = w.reshape(C * w.shape[1], *w.shape[2:])
@@ -214,14 +267,23 @@ class StackedConv2d(StackedLayer):
 
     def grouped_in_run(self, xg: torch.Tensor) -> bool:
         """Whether this convolution, met inside a grouped run with the grouped ``xg``, runs ``grouped-nhwc``."""
-        form = self.formulation or self.choose(xg.device, xg.shape[1] // self.ctx.count, xg.shape[2], xg.shape[3])
+        form = self.formulation
+        if form is None:
+            form = self.choose(xg.device, xg.shape[1] // self.ctx.count, xg.shape[2], xg.shape[3])
+        else:
+            self.refuse(form)
         return form == "grouped-nhwc"
 
     def grouped(self, xg: torch.Tensor) -> torch.Tensor:
         """The ``grouped-nhwc`` convolution of a tensor already in the grouped layout (``to_grouped``)."""
         ctx, w, b = self.ctx, self.params["weight"], self.p("bias")
         self.last_formulation = "grouped-nhwc"
-        return _GroupedConvNHWC.apply(xg, w, b, ctx.count, self.stride, self.padding, self.dilation, self.groups)
+        padding = self.padding
+        if padding == "same":
+            top, bottom, left, right = padding_sides(padding, self.kernel, self.dilation)
+            if top != bottom or left != right:  # an even kernel: the backward takes one padding for both sides
+                xg, padding = F.pad(xg, (left, right, top, bottom)), (0, 0)
+        return _GroupedConvNHWC.apply(xg, w, b, ctx.count, self.stride, padding, self.dilation, self.groups)
 
 
 def _to_grouped_nhwc(x: torch.Tensor, ctx: Clients) -> torch.Tensor:
@@ -385,101 +447,3 @@ class StackedEmbedding(StackedLayer):
         client = ctx.merge(torch.arange(C, device=idx.device).view(C, 1).expand(C, ctx.batch))  # [N]
         offset = (client * self.vocab).view(-1, *([1] * (idx.dim() - 1)))
         return F.embedding(idx + offset, w.reshape(C * self.vocab, -1))
-
-
-class StackedLSTM(StackedLayer):
-    """``nn.LSTM(batch_first=True)``, unidirectional, no projection, no dropout between layers."""
-
-    kind = "LSTM"
-
-    def __init__(self, m: nn.LSTM):
-        names = []
-        for k in range(m.num_layers):
-            names += [f"weight_ih_l{k}", f"weight_hh_l{k}"] + ([f"bias_ih_l{k}", f"bias_hh_l{k}"] if m.bias else [])
-        super().__init__(names)
-        self.layers, self.hidden, self.bias = m.num_layers, m.hidden_size, m.bias
-        # the loop formulation runs its fused kernel with each client's weights (a list: not a submodule,
-        # so its own parameters are not the stacked layer's)
-        self.module = [m]
-
-    def default_formulation(self, x: torch.Tensor) -> str:
-        # CPU: one client's weights stay in cache across the time steps of its fused kernel
-        return "loop" if x.device.type == "cpu" else "bmm"
-
-    def forward(self, x: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
-        if hx is not None:
-            raise ValueError("client-stacked LSTM: an initial state (hx) is not supported; it starts from zeros")
-        ctx = self.ctx
-        if self.pick(x) == "loop":
-            xs = ctx.split(x).unbind(0)
-            per_client = zip(*[self.params[n].unbind(0) for n in self.names], strict=True)
-            outs, hs, cs = [], [], []
-            for xc, ps in zip(xs, per_client, strict=True):
-                out, (h, cell) = functional_call(self.module[0], dict(zip(self.names, ps, strict=True)), (xc,))
-                outs.append(out)
-                hs.append(h)
-                cs.append(cell)
-            return _stack_merge(ctx, outs), (_stack_merge(ctx, hs, 1), _stack_merge(ctx, cs, 1))
-        return self._recurrence(ctx.split(x))
-
-    def _recurrence(self, seq: torch.Tensor):
-        """``seq`` [C, B, T, I]: torch's LSTM equations (gates i, f, g, o), all clients per matmul."""
-        ctx, H = self.ctx, self.hidden
-        C, B, T = seq.shape[:3]
-        h_last: List[torch.Tensor] = []
-        c_last: List[torch.Tensor] = []
-        for k in range(self.layers):
-            w_ih, w_hh = self.params[f"weight_ih_l{k}"], self.params[f"weight_hh_l{k}"]
-            flat = seq.reshape(C, B * T, -1)
-            if self.bias:
-                bias = (self.params[f"bias_ih_l{k}"] + self.params[f"bias_hh_l{k}"]).unsqueeze(1)
-                gi = torch.baddbmm(bias, flat, w_ih.transpose(1, 2))
-            else:
-                gi = torch.bmm(flat, w_ih.transpose(1, 2))
-            gi = gi.view(C, B, T, 4 * H)
-            w_hh_t = w_hh.transpose(1, 2)
-            h = seq.new_zeros(C, B, H)
-            cell = seq.new_zeros(C, B, H)
-            outs = []
-            for t in range(T):
-                gates = torch.baddbmm(gi[:, :, t], h, w_hh_t)
-                s = torch.sigmoid(gates)
-                i, f, o = s[..., :H], s[..., H : 2 * H], s[..., 3 * H :]
-                cell = torch.addcmul(f * cell, i, torch.tanh(gates[..., 2 * H : 3 * H]))
-                h = o * torch.tanh(cell)
-                outs.append(h)
-            seq = torch.stack(outs, dim=2)
-            h_last.append(h)
-            c_last.append(cell)
-        state = (torch.stack([ctx.merge(h) for h in h_last]), torch.stack([ctx.merge(c) for c in c_last]))
-        return ctx.merge(seq), state
-
-
-def stacked_layer(m: nn.Module) -> Optional[StackedLayer]:
-    """The client-stacked form of ``m``, or None if ``m`` is not a layer this module stacks."""
-    maker = _MAKERS.get(type(m))
-    return None if maker is None else maker(m)
-
-
-def unsupported_reason(m: nn.Module) -> Optional[str]:
-    """Why a layer of a stacked type cannot be stacked in this configuration (None: it can)."""
-    if isinstance(m, nn.Conv2d) and m.padding_mode != "zeros":
-        return f"Conv2d with padding_mode={m.padding_mode!r}"
-    if isinstance(m, nn.Embedding) and (
-        m.padding_idx is not None or m.max_norm is not None or m.scale_grad_by_freq or m.sparse
-    ):
-        return "Embedding with padding_idx, max_norm, scale_grad_by_freq or sparse"
-    if isinstance(m, nn.LSTM) and (not m.batch_first or m.bidirectional or m.proj_size or m.dropout):
-        return "LSTM other than batch_first=True, unidirectional, proj_size=0, dropout=0"
-    return None
-
-
-_MAKERS = {
-    nn.Linear: StackedLinear,
-    nn.Conv2d: StackedConv2d,
-    nn.GroupNorm: StackedGroupNorm,
-    nn.LayerNorm: StackedLayerNorm,
-    nn.Embedding: StackedEmbedding,
-    nn.LSTM: StackedLSTM,
-}
-STACKED_TYPES = tuple(_MAKERS)

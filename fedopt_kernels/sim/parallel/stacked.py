@@ -33,7 +33,8 @@ from torch.nn import functional as F
 
 from ..data.image_input import ImageClassifier
 from .grouped_runs import PER_CHANNEL, StackedSequential
-from .layers import FORMULATIONS, STACKED_TYPES, Clients, StackedLayer, stacked_layer, unsupported_reason
+from .layers import Clients, StackedLayer
+from .stacked_types import STACKED_TYPES, stacked_layer, unsupported_reason
 from .trainable import check_trainable
 
 # parameter-free modules whose forward treats dim 0 as independent samples, and torch's containers
@@ -117,19 +118,25 @@ class StackedNet:
         self.layers: Dict[str, StackedLayer] = {
             n: m for n, m in self.net.named_modules() if isinstance(m, StackedLayer)
         }
+        for n, m in self.layers.items():
+            m.path = n
 
     def set_formulations(self, spec: Optional[Dict[str, str]]) -> None:
-        """Force formulations: ``{layer type or module path: formulation}`` (``layers.FORMULATIONS``)."""
-        for layer in self.layers.values():
-            layer.formulation = None
+        """Force formulations: ``{layer type or module path: formulation}`` (``layers.FORMULATIONS``).
+
+        A formulation a layer cannot run in its configuration (not among its ``candidates``) is refused
+        here with a ``ValueError`` naming the layer, and nothing changes; one refused only for some
+        inputs, when the layer meets one."""
+        chosen: Dict[str, str] = {}
         for key, form in (spec or {}).items():
-            hits = [m for n, m in self.layers.items() if key in (n, m.kind)]
+            hits = [n for n, m in self.layers.items() if key in (n, m.kind)]
             if not hits:
                 raise ValueError(f"formulations: no stacked layer is named or of type {key!r}")
-            for m in hits:
-                if form not in FORMULATIONS[m.kind]:
-                    raise ValueError(f"formulations: {m.kind} has {FORMULATIONS[m.kind]}, not {form!r}")
-                m.formulation = form
+            for n in hits:
+                self.layers[n].refuse(form)
+                chosen[n] = form
+        for n, layer in self.layers.items():
+            layer.formulation = chosen.get(n)
 
     def __call__(self, params: Sequence[torch.Tensor], x: torch.Tensor, ctx: Clients) -> torch.Tensor:
         if self.net.training != self.source.training:  # the copy follows the model's train/eval mode
