@@ -349,3 +349,76 @@ def test_a_resumed_run_takes_back_the_measured_choice(monkeypatch, tmp_path):
     assert got["client_batched"]["formulations"] == expected["client_batched"]["formulations"]
     assert got["client_batched"]["size"] == expected["client_batched"]["size"]
     assert same_floats(comparable(got), comparable(expected))
+
+
+def test_the_compiled_step_is_kept_only_when_faster(monkeypatch):
+    from fedopt_kernels.sim.parallel.compiled import CompiledStackedLoss
+
+    model = _cnn()
+    trials = _clock(monkeypatch, {})
+    fake = choose.Timer.measure
+    factor = {"compiled": 0.5}
+
+    def measure(self, trial):
+        t = fake(self, trial)
+        return t * factor["compiled"] if isinstance(self.engine, CompiledStackedLoss) else t
+
+    monkeypatch.setattr(choose.Timer, "measure", measure)
+    choice = search(StackedLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
+    assert choice.compiled and "compiled with torch.compile" in choice.compile_note
+    assert choice.step_s == pytest.approx(1.5)  # three layers at 1 s, halved
+    factor["compiled"] = 0.97  # 3% faster: within the margin
+    choice = search(StackedLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
+    assert not choice.compiled and "not 5% faster" in choice.compile_note
+    assert trials
+
+
+def test_a_step_that_does_not_compile_is_not_a_candidate(monkeypatch):
+    from fedopt_kernels.sim.parallel.compiled import CompiledStackedLoss, NotCompilable
+
+    model = _cnn()
+    _clock(monkeypatch, {})
+    fake = choose.Timer.measure
+
+    def measure(self, trial):
+        if isinstance(self.engine, CompiledStackedLoss):
+            raise NotCompilable("torch.compile (inductor) cannot compute SmallCNN: a stand-in failure")
+        return fake(self, trial)
+
+    monkeypatch.setattr(choose.Timer, "measure", measure)
+    choice = search(StackedLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
+    assert not choice.compiled and "stand-in failure" in choice.compile_note
+
+
+@pytest.mark.slow
+def test_a_run_whose_search_chose_the_compiled_step_trains_through_it(monkeypatch):
+    """The simulator swaps its engine for the compiled one, and the run still equals the eager run."""
+    from test_sim_resume import comparable, make, same_floats, tiny_config
+
+    from fedopt_kernels.sim.parallel.compiled import CompiledStackedLoss
+
+    base = tiny_config("fedavg", client_parallel=3, rounds=2)
+    eager = make(base.replace(formulations="default")).run()
+    _clock(monkeypatch, {})
+    fake = choose.Timer.measure
+    monkeypatch.setattr(
+        choose.Timer,
+        "measure",
+        lambda self, trial: fake(self, trial) * (0.5 if isinstance(self.engine, CompiledStackedLoss) else 1.0),
+    )
+    monkeypatch.setattr(choose.Chooser, "__init__", _with_compile(choose.Chooser.__init__))
+    sim = make(base.replace(formulations="measure"))
+    got = sim.run()
+    assert isinstance(sim.batched.loss, CompiledStackedLoss) and got["client_batched"]["compiled"]
+    # the stand-in clock chose the defaults' formulations: compiled or not, the same math to rounding
+    for a, b in zip(comparable(got)["history"], comparable(eager)["history"]):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    assert same_floats(got["history"][0]["clients"], eager["history"][0]["clients"])
+
+
+def _with_compile(init):
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.compile_step = True
+
+    return patched

@@ -31,6 +31,7 @@ from .data.image_input import ImageClassifier
 from .parallel.batches import BatchPool, apply_stage
 from .parallel.choice_cache import ChoiceCache
 from .parallel.choose import Choice, Chooser
+from .parallel.compiled import CompiledStackedLoss
 from .parallel.host_memory import keep_freed_memory
 from .parallel.loss import client_loss
 from .parallel.size import MAX_AUTO, auto_client_parallel, free_bytes, state_copies
@@ -134,6 +135,7 @@ class BatchedClients:
                 S, self._fit(limit=False) if fixed is None else S, cfg.rounds * cfg.local_steps, even
             )
             n = fixed if fixed is not None else size
+            self._use_compiled(self.choice)
         self._parallel, self._size = n, size  # equal chunks: at most one inactive slot in the last
         self._sample = None
 
@@ -165,6 +167,12 @@ class BatchedClients:
         self._sample = (C, out)
         return out
 
+    def _use_compiled(self, choice: Choice) -> None:
+        """Train through ``torch.compile``'s step when the search chose it (not for the anchor
+        gradients of PAdaMFed-VR, another graph to compile)."""
+        if choice.compiled and self.anchor_model is None and isinstance(self.loss, StackedLoss):
+            self.loss = CompiledStackedLoss(self.sim.model, formulations=choice.formulations, order=self.loss.order)
+
     def adopt(self, saved: Dict[str, Any]) -> None:
         """Take back the clients at once and formulations a checkpoint recorded (``choice_state``), so
         that a resumed run computes what the uninterrupted one did."""
@@ -172,8 +180,12 @@ class BatchedClients:
         forms = saved.get("formulations")
         if self.chooser is not None and isinstance(forms, dict):
             self.loss.stacked.set_formulations(forms)
-            self.choice = Choice(size, dict(forms), {p: "from the checkpoint" for p in forms}, source="checkpoint")
+            compiled = saved.get("compiled") is True
+            self.choice = Choice(
+                size, dict(forms), {p: "from the checkpoint" for p in forms}, source="checkpoint", compiled=compiled
+            )
             self.chooser.choices[size] = self.choice
+            self._use_compiled(self.choice)
         self._parallel, self._size = parallel, size
 
     def choice_state(self) -> Dict[str, Any]:
@@ -181,6 +193,7 @@ class BatchedClients:
         out: Dict[str, Any] = {"parallel": self.parallel, "size": self.size}
         if self.choice is not None:
             out["formulations"] = dict(self.choice.formulations)
+            out["compiled"] = self.choice.compiled
             out["why"] = dict(self.choice.why)
             out["search_s"] = self.chooser.spent_s if self.chooser is not None else 0.0
         return out

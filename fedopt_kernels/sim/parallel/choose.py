@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .choice_cache import ChoiceCache, step_key
+from .compiled import CompiledStackedLoss, NotCompilable
 from .layers import FORMULATIONS, StackedLayer
 from .stacked import StackedLoss
 
@@ -76,10 +77,14 @@ class Choice:
     source: str = "default"  # default | measured | process | cache
     spent_s: float = 0.0  # what finding it cost (0 when it came from a cache)
     times_s: Dict[str, Dict[str, float]] = field(default_factory=dict)  # group -> candidate -> median
+    compiled: bool = False  # the step runs through torch.compile (CompiledStackedLoss)
+    compile_note: str = ""  # whether torch.compile was tried, and what it measured
 
     def to_json(self) -> Dict[str, Any]:
         return {
             "clients": self.clients,
+            "compiled": self.compiled,
+            "compile_note": self.compile_note,
             "formulations": dict(self.formulations),
             "why": dict(self.why),
             "step_s": self.step_s,
@@ -113,9 +118,8 @@ def layer_inputs(
 
 
 def candidates(layer: StackedLayer, x: torch.Tensor) -> Tuple[str, ...]:
-    """The formulations that compute ``layer`` on an input like ``x``."""
-    own = getattr(layer, "candidates", None)
-    return tuple(own(x)) if callable(own) else tuple(FORMULATIONS[layer.kind])
+    """The formulations that compute ``layer`` on an input like ``x`` (``StackedLayer.candidates``)."""
+    return tuple(layer.candidates(x))
 
 
 def layer_signature(engine: StackedLoss, path: str, x: torch.Tensor) -> str:
@@ -246,8 +250,10 @@ def search(
     y: torch.Tensor,
     w: torch.Tensor,
     budget: Budget,
+    compile_step: bool = False,
 ) -> Choice:
-    """Formulations for the clients of ``x`` [C, B, ...] by measurement (module docstring)."""
+    """Formulations for the clients of ``x`` [C, B, ...] by measurement (module docstring);
+    ``compile_step``: then also the step through ``torch.compile`` with them (``compiled``)."""
     t0 = time.perf_counter()
     C = x.shape[0]
     start = defaults(engine, params, x)
@@ -294,7 +300,30 @@ def search(
                 why[p] = f"the default, kept: {kept} with {forms[p]} and the others chosen"
         forms, step_s = dict(start), step.get("default")
     engine.stacked.set_formulations(forms)
-    return Choice(C, forms, why, step_s, "measured", time.perf_counter() - t0, times)
+    choice = Choice(C, forms, why, step_s, "measured", time.perf_counter() - t0, times)
+    if compile_step and step_s is not None:
+        _try_compiled(engine, params, x, y, w, budget, choice)
+        choice.spent_s = time.perf_counter() - t0
+    return choice
+
+
+def _try_compiled(engine: StackedLoss, params, x, y, w, budget: Budget, choice: Choice) -> None:
+    """The chosen step through ``torch.compile`` (its first run compiles), kept if ``margin`` faster."""
+    assert choice.step_s is not None
+    compiled = CompiledStackedLoss(engine.model, formulations=choice.formulations, order=engine.order)
+    timer = Timer(compiled, params, x, y, w, budget)
+    try:
+        t = timer.steps({"compiled": choice.formulations}).get("compiled")
+    except NotCompilable as exc:
+        choice.compile_note = f"not compiled: {exc}"
+        return
+    eager = choice.step_s
+    if t is not None and t < eager * (1 - budget.margin):
+        choice.compiled, choice.step_s = True, t
+        choice.compile_note = f"compiled with torch.compile: step {t * 1e3:.3g} ms against {eager * 1e3:.3g} ms eager"
+    else:
+        shown = "out of memory" if t is None else f"{t * 1e3:.3g} ms"
+        choice.compile_note = f"not compiled: torch.compile's step {shown}, not {budget.margin:.0%} faster"
 
 
 def time_step(engine: StackedLoss, params, x, y, w, forms: Dict[str, str], budget: Budget) -> Optional[float]:
@@ -325,7 +354,9 @@ class Chooser:
 
     ``inputs(C)``: stacked parameters and one step's ``x, y, w`` for C clients (after the model's
     input stage); ``mode``: one of ``MODES``; ``cache``: a ``ChoiceCache`` file (None: this process
-    only); ``precision``: the run's (part of the key: it changes which kernels run).
+    only); ``precision``: the run's (part of the key: it changes which kernels run); ``compile_step``:
+    also time the chosen step through ``torch.compile`` (its first run compiles, which can take longer
+    than ``auto``'s budget; None: only with ``measure`` on a GPU).
     """
 
     def __init__(
@@ -335,10 +366,12 @@ class Chooser:
         mode: str = "auto",
         cache: Optional[ChoiceCache] = None,
         precision: str = "fp32",
+        compile_step: Optional[bool] = None,
     ):
         if mode not in MODES:
             raise ValueError(f"formulations must be one of {MODES}, got {mode!r}")
         self.engine, self.inputs, self.mode, self.cache, self.precision = engine, inputs, mode, cache, precision
+        self.compile_step = compile_step
         self.choices: Dict[int, Choice] = {}
         self.spent_s = 0.0  # what this run's search took, in all
 
@@ -382,7 +415,10 @@ class Chooser:
                 forms = defaults(self.engine, params, x)
                 choice = Choice(clients, forms, {p: "the default (formulations='default')" for p in forms})
             else:
-                choice = search(self.engine, params, x, y, w, budget)
+                compile_step = self.compile_step
+                if compile_step is None:
+                    compile_step = self.mode == "measure" and x.device.type == "cuda"
+                choice = search(self.engine, params, x, y, w, budget, compile_step)
                 self.spent_s += choice.spent_s
                 key, described = self.key(params, x)
                 _PROCESS[key] = choice.to_json()
@@ -407,7 +443,16 @@ class Chooser:
         why = {p: f"{reasons.get(p, 'measured')} ({where})" for p in forms}
         step = saved.get("step_s")
         step_s = float(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None
-        return Choice(clients, dict(forms), why, step_s, source)
+        compiled = saved.get("compiled") is True
+        return Choice(
+            clients,
+            dict(forms),
+            why,
+            step_s,
+            source,
+            compiled=compiled,
+            compile_note=str(saved.get("compile_note", "")),
+        )
 
     def plan(
         self,
