@@ -5,6 +5,7 @@ tables; the interleaving of the loop's rows, the goals' rules and the profile's 
 events (on made-up events: this machine records none) are checked directly.
 """
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -285,3 +286,31 @@ def test_host_cost_runs_and_a_replayed_step_reads_no_tensor_per_parameter(capsys
     assert small["tensor_accesses"] == large["tensor_accesses"] and small["python_calls"] == large["python_calls"]
     assert host.main(["--what", "replay", "--tensors", "3", "--reps", "2"]) == 0
     assert "replayed step" in capsys.readouterr().out
+
+
+def test_a_graphed_row_replays_the_iteration_it_captured(monkeypatch):
+    """GraphedRow's recipe on the CPU, torch.cuda's streams and graph replaced by the stand-in graph
+    (tests/graph_stand_in.py, which records every op of the capture, the model's included): each
+    replay is the eager iteration with the gradients kept, bit for bit."""
+    from graph_stand_in import StandInGraph, install
+
+    install(monkeypatch)
+    stream = SimpleNamespace(wait_stream=lambda other: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", StandInGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: graph.capture())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    cpu = torch.device("cpu")
+    makers = bench_loop.graphed(["cpu"])
+    for name in (bench_loop.TORCH_GRAPHED, "FedNAR cpu graphed", "FedDecaySGD cpu graphed"):
+        row, twin = (bench_loop.make_row("small_cnn", name, makers[name], cpu) for _ in range(2))
+        assert isinstance(row, bench_loop.GraphedRow)
+        row.capture(steps=20)
+        twin.static = (twin.x.clone(), twin.y.clone())
+        for _ in range(bench_loop.GRAPH_WARMUP + 3):  # the warm-up, then what the replays take
+            twin.eager_iteration()
+        for _ in range(3):
+            row.iteration()
+        for p, q in zip(row.model.parameters(), twin.model.parameters()):
+            assert torch.equal(p, q), name
