@@ -15,7 +15,9 @@ runs those kernels again: none of the Python that launched them runs. Here, insi
 ``replay()`` runs the records in order on the same tensors: an out-of-place op's output is the
 replay's own; a recorded backward writes its gradients into the tensors the capture's backward made,
 as a graph's backward does (or adds into gradients that were there before, as ``backward()`` does).
-A host sync inside the capture (``.item()``) raises, as it does on a GPU.
+A forward and backward not handed to ``model()`` are recorded op by op like the rest (what
+``tests/test_bench_loop.py`` does with the benchmark's graphed rows). A host sync inside the capture
+(``.item()``) raises, as it does on a GPU.
 """
 
 from __future__ import annotations

@@ -740,10 +740,10 @@ class FedOptimizer(Optimizer):
             ):
                 raise RuntimeError(
                     f"{me} reads its within-round decay s(k // decay_every) from a table on the device, "
-                    f"and the replays of a CUDA graph advance k without {me} seeing them; the table "
-                    f"holds s for {n * every} steps and s is not constant after them, so call "
-                    f"opt.prepare_capture(steps) with the most steps of a round the graph will take, "
-                    f"before capturing"
+                    f"and the replays of a CUDA graph advance k without {me} seeing them, so the table "
+                    f"must cover every step of the round before the capture (it holds s for the first "
+                    f"{n * every} steps): call opt.prepare_capture(steps) with the most steps of a round "
+                    f"the graph will take, before capturing"
                 )
             cover = None if sched.constant_after(n) else n * every
         self._graph_plan = plan
