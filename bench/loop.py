@@ -6,7 +6,11 @@ default), forward, cross-entropy, backward, ``step()``. Models: the simulator's 
 on the device. Optimizers doing the same work (momentum 0.9, weight decay 5e-4, lr 0.05):
 ``torch.optim.SGD(fused=True)``, the baseline; ``FedDecaySGD`` (beta 1, i.e. plain SGD) on each
 fused backend, replaying steps as it does by default and with ``replay=False`` (``eager``);
-``FedNAR`` (also ``eager``) and ``PAdaMFed``, whose hand-written alternatives cost most.
+``FedNAR`` (also ``eager``) and ``PAdaMFed``, whose hand-written alternatives cost most. The
+``graphed`` rows capture the whole iteration in one CUDA graph (docs/replay.md, "A whole iteration in
+one graph": gradients kept, zeroed inside the graph) and replay it after copying the batch into the
+graph's input, with torch's fused SGD (capturable as it is) and with FedDecaySGD, FedNAR and PAdaMFed
+on each fused backend; on a CPU they are listed as not run.
 
 Protocol (fixed before a run): every row of a model is built and warmed up first; then ``--blocks``
 rounds, in each of which every row times one block of ``--per-block`` iterations (after two
@@ -17,8 +21,11 @@ of the two blocks of the same round (>= 1: the iteration is at least as fast). V
 ``Goals`` table) follow these medians: a FedDecaySGD or FedNAR row passes ">= 1.0x torch.SGD(fused)"
 when its median ratio is >= 1.00; a replaying row passes "never slower than its eager row" when
 the median over rounds of eager / replaying is >= 1.00; FedNAR and PAdaMFed pass "replay >= 90%"
-when at least 90% of their timed steps replayed. Then, untimed, how many gradient address sets 20
-more iterations of each row give (what decides whether steps can replay).
+when at least 90% of their timed steps replayed. On the small CNN each of the package's graphed rows
+passes ">= 3x torch.SGD(fused)" when its median ratio to the eager torch row is >= 3.00, and
+">= 1.0x torch.SGD(fused) graphed" when the median over rounds of torch's graphed block over its own
+is >= 1.00. Then, untimed, how many gradient address sets 20 more iterations of each row give (what
+decides whether steps can replay).
 
 On a CPU (``--device cpu``) the same runs as a check of the machinery: the fused rows run the cpu
 backend and nothing replays (replayed steps are a GPU feature).
@@ -56,6 +63,9 @@ PROBE = 20  # iterations after the timed ones whose gradient addresses are count
 UNTIMED = 2  # iterations of a row before each of its timed blocks
 SGD: Dict[str, Any] = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
 BASELINE = "torch.SGD(fused)"
+GRAPHED = " graphed"  # a row whose iteration is the replay of one CUDA graph holding it whole
+TORCH_GRAPHED = BASELINE + GRAPHED
+GRAPH_WARMUP = 3  # eager iterations before a capture (the first step makes the momentum buffers)
 
 
 def fused_backends(device: torch.device) -> List[str]:
@@ -76,6 +86,17 @@ def optimizers(backends: List[str]) -> Dict[str, Callable[[List[torch.Tensor]], 
         out[f"FedNAR {b}"] = functools.partial(fk.FedNAR, backend=b, **nar)
         out[f"FedNAR {b} eager"] = functools.partial(fk.FedNAR, backend=b, replay=False, **nar)
         out[f"PAdaMFed {b}"] = functools.partial(fk.PAdaMFed, lr=0.01, beta=0.5, backend=b)
+    return out
+
+
+def graphed(backends: List[str]) -> Dict[str, Callable[[List[torch.Tensor]], torch.optim.Optimizer]]:
+    """The rows whose whole iteration is one CUDA graph: torch's fused SGD (it has no ``capturable``
+    flag: its fused step captures as it is) and the package's optimizers as ``optimizers`` builds them."""
+    eager = optimizers(backends)
+    out = {TORCH_GRAPHED: eager[BASELINE]}
+    for b in backends:
+        for name in (f"FedDecaySGD {b}", f"FedNAR {b}", f"PAdaMFed {b}"):
+            out[name + GRAPHED] = eager[name]
     return out
 
 
@@ -102,6 +123,48 @@ class Row:
         return get() if get is not None else None
 
 
+@dataclass
+class GraphedRow(Row):
+    """A row whose iteration copies the batch into the graph's static input and replays one CUDA graph
+    holding zero_grad (``set_to_none=False``: the gradients stay where the warm-up made them, which
+    both fused backends can capture), forward, loss, backward and step."""
+
+    graph: Any = None
+    static: Optional[tuple] = None
+
+    def eager_iteration(self) -> None:
+        assert self.static is not None  # made by capture()
+        self.opt.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(self.model(self.static[0]), self.static[1]).backward()
+        self.opt.step()
+
+    def capture(self, steps: int) -> None:
+        """PyTorch's recipe: eager iterations on a side stream, then the capture; ``steps``: how many
+        iterations the row will replay (what the optimizer's decay table must cover)."""
+        self.static = (self.x.clone(), self.y.clone())
+        prepare = getattr(self.opt, "prepare_capture", None)
+        if prepare is not None:
+            prepare(steps)
+        side, current = torch.cuda.Stream(), torch.cuda.current_stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP):
+                self.eager_iteration()
+        current.wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.eager_iteration()
+
+    def iteration(self) -> None:
+        assert self.static is not None
+        self.static[0].copy_(self.x)
+        self.static[1].copy_(self.y)
+        self.graph.replay()
+
+    def stats(self) -> Optional[Dict[str, Any]]:
+        return None  # the steps are in the graph: the optimizer neither records nor replays them
+
+
 def make_row(model_name: str, name: str, make_opt: Callable, device: torch.device, seed: int = 0) -> Row:
     torch.manual_seed(seed)
     model, shape, classes = MODELS[model_name]()
@@ -109,7 +172,7 @@ def make_row(model_name: str, name: str, make_opt: Callable, device: torch.devic
     opt = make_opt(list(model.parameters()))
     x = torch.randn((BATCH,) + shape, device=device)
     y = torch.randint(0, classes, (BATCH,), device=device)
-    return Row(model_name, name, model, opt, x, y)
+    return (GraphedRow if name.endswith(GRAPHED) else Row)(model_name, name, model, opt, x, y)
 
 
 def sync(device: torch.device) -> None:
@@ -164,9 +227,15 @@ def run_model(
 ) -> List[Dict[str, Any]]:
     rows: List[Row] = []
     failed: List[Dict[str, Any]] = []
+    steps = GRAPH_WARMUP + 1 + warmup + blocks * (UNTIMED + per_block) + PROBE  # of a graphed row, in all
     for name, make in makers.items():
+        if name.endswith(GRAPHED) and device.type != "cuda":
+            failed.append({"model": model_name, "optimizer": name, "not_run": "needs CUDA"})
+            continue
         try:
             row = make_row(model_name, name, make, device)
+            if isinstance(row, GraphedRow):
+                row.capture(steps)
             for _ in range(warmup):
                 row.iteration()
             sync(device)
@@ -195,6 +264,8 @@ def run_model(
         if stats is not None:
             res["replay_timed"] = dict(row.replay)
             res["replay"] = stats
+        if isinstance(row, GraphedRow):
+            res["graphed"] = True
         res["address_sets"] = address_sets(row.iteration, list(row.model.parameters()))
         out.append(res)
         log(f"  {model_name:<10} {row.name:<26} {1e3 * res['median_s']:.3f} ms")
@@ -211,6 +282,9 @@ def goals(rows: List[Dict[str, Any]], replaying: bool = True) -> List[tuple]:
     by = {(r["model"], r["optimizer"]): r for r in rows if "median_s" in r}
     out = []
     for (model, name), r in by.items():
+        if name.endswith(GRAPHED):
+            out += _graph_goals(model, name, r, by.get((model, TORCH_GRAPHED)))
+            continue
         if name.startswith(("FedDecaySGD", "FedNAR")) and "ratios" in r:
             v = _median(r["ratios"])
             out.append((">= 1.0x torch.SGD(fused)", f"{model} / {name}", f"{v:.2f}x", "pass" if v >= 1.0 else "miss"))
@@ -240,6 +314,21 @@ def goals(rows: List[Dict[str, Any]], replaying: bool = True) -> List[tuple]:
     return out
 
 
+def _graph_goals(model: str, name: str, r: Dict[str, Any], torch_graphed: Optional[Dict[str, Any]]) -> List[tuple]:
+    """A graphed row of the package's on the small CNN: >= 3x the eager torch loop, and at least as fast
+    as the same graph with torch's fused SGD (median over rounds of the two blocks' ratio)."""
+    if model != "small_cnn" or name == TORCH_GRAPHED:
+        return []
+    out = []
+    if "ratios" in r:
+        v = _median(r["ratios"])
+        out.append((">= 3x torch.SGD(fused)", f"{model} / {name}", f"{v:.2f}x", "pass" if v >= 3.0 else "miss"))
+    if torch_graphed is not None:
+        v = _median([t / s for t, s in zip(torch_graphed["blocks_s"], r["blocks_s"])])
+        out.append((f">= 1.0x {TORCH_GRAPHED}", f"{model} / {name}", f"{v:.2f}x", "pass" if v >= 1.0 else "miss"))
+    return out
+
+
 def markdown(result: Dict[str, Any]) -> str:
     m = result["meta"]
     lines = [
@@ -256,11 +345,14 @@ def markdown(result: Dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        if "error" in r:
-            lines.append(f"| {r['model']} | {r['optimizer']} | error: {r['error']} | | | |")
+        if "error" in r or "not_run" in r:
+            what = f"error: {r['error']}" if "error" in r else f"not run: {r['not_run']}"
+            lines.append(f"| {r['model']} | {r['optimizer']} | {what} | | | |")
             continue
         t = r.get("replay_timed")
         replayed = "—" if t is None else f"{t['replayed']}/{t['eager'] + t['recorded'] + t['replayed']}"
+        if r.get("graphed"):
+            replayed = "in the graph"
         ratios = r.get("ratios")
         ratio = "—" if not ratios else f"{_median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
         lines.append(
@@ -269,7 +361,8 @@ def markdown(result: Dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "x torch.SGD(fused) > 1: the iteration is faster than with torch's fused SGD.",
+        "x torch.SGD(fused) > 1: the iteration is faster than with torch's fused SGD. graphed: the whole "
+        "iteration is one CUDA graph, replayed after the batch is copied into its input (docs/replay.md).",
         "",
         "## Goals",
         "",
@@ -299,9 +392,13 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def selected(makers: Dict[str, Callable], rows: Optional[List[str]]) -> Dict[str, Callable]:
+    """The rows whose names start with one of ``rows``, with the baselines they are measured against."""
     if not rows:
         return makers
-    return {k: v for k, v in makers.items() if k == BASELINE or any(k.startswith(r) for r in rows)}
+    out = {k: v for k, v in makers.items() if k == BASELINE or any(k.startswith(r) for r in rows)}
+    if TORCH_GRAPHED in makers and any(k.endswith(GRAPHED) for k in out):
+        out[TORCH_GRAPHED] = makers[TORCH_GRAPHED]
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -318,7 +415,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if min(args.blocks, args.per_block) < 1 or args.warmup < 0:
         print("bench loop: --blocks and --per-block must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
-    makers = selected(optimizers(fused_backends(device)), args.rows)
+    backends = fused_backends(device)
+    makers = selected({**optimizers(backends), **graphed(backends)}, args.rows)
     meta = run_meta(device, "python -m bench loop " + " ".join(argv))
     meta.update(warmup=args.warmup, blocks=args.blocks, per_block=args.per_block)
 

@@ -5,6 +5,7 @@ tables; the interleaving of the loop's rows, the goals' rules and the profile's 
 events (on made-up events: this machine records none) are checked directly.
 """
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -58,12 +59,19 @@ def test_loop_dry_run_writes_its_tables(tmp_path):
     result = json.loads(next(tmp_path.glob("loop-*.json")).read_text())
     names = [r["optimizer"] for r in result["rows"]]
     assert names[0] == bench_loop.BASELINE and "FedDecaySGD cpu eager" in names and "PAdaMFed cpu" not in names
+    # the whole-iteration graphs need CUDA: listed, not run (torch's graph comes with the selected ones)
+    not_run = [r["optimizer"] for r in result["rows"] if "not_run" in r]
+    assert sorted(not_run) == sorted([bench_loop.TORCH_GRAPHED, "FedDecaySGD cpu graphed", "FedNAR cpu graphed"])
     for r in result["rows"]:
         assert "error" not in r, r
+        if "not_run" in r:
+            assert r["not_run"] == "needs CUDA" and "blocks_s" not in r
+            continue
         assert len(r["blocks_s"]) == 2 and len(r["ratios"]) == 2 and r["address_sets"] >= 1
     md = next(tmp_path.glob("loop-*.md")).read_text()
     assert "rows interleaved: 2 rounds" in md and "## Goals" in md and ">= 1.0x torch.SGD(fused)" in md
-    assert "replay >= 90%" not in md  # nothing replays on a CPU: no verdict on it
+    assert "| small_cnn | FedNAR cpu graphed | not run: needs CUDA |" in md
+    assert "replay >= 90%" not in md and ">= 3x" not in md  # nothing replays or is graphed on a CPU
 
 
 def test_goals_follow_the_medians():
@@ -86,11 +94,57 @@ def test_goals_follow_the_medians():
         row("PAdaMFed cuda", (1.0, 1.0, 1.0), timed={"eager": 1, "recorded": 0, "replayed": 9}),
     ]
     got = {(g, r): (v, verdict) for g, r, v, verdict in bench_loop.goals(rows)}
+    assert not any("graphed" in r for _, r in got)  # no graphed rows, no graph goals
     assert got[(">= 1.0x torch.SGD(fused)", "m / FedDecaySGD cuda")] == ("1.05x", "pass")
     assert got[(">= 1.0x torch.SGD(fused)", "m / FedNAR cuda")] == ("0.95x", "miss")
     assert got[("replaying never slower than eager", "m / FedDecaySGD cuda")][1] == "pass"
     assert got[("replay >= 90% of steps", "m / FedNAR cuda")] == ("80%", "miss")
     assert got[("replay >= 90% of steps", "m / PAdaMFed cuda")] == ("90%", "pass")
+
+
+def test_graph_goals_follow_the_medians_on_the_small_cnn():
+    """A graphed row of ours: >= 3x the eager torch loop (its ratio) and >= 1.0x torch's graphed row
+    (the median over rounds of the two blocks' ratio), judged on the small CNN only."""
+
+    def row(model, name, blocks):
+        base = (3.0, 3.0, 3.0)
+        return {
+            "model": model,
+            "optimizer": name,
+            "median_s": sorted(blocks)[1],
+            "blocks_s": list(blocks),
+            "ratios": [b / s for b, s in zip(base, blocks)],
+            "graphed": name.endswith(bench_loop.GRAPHED),
+        }
+
+    rows = [
+        row("small_cnn", bench_loop.BASELINE, (3.0, 3.0, 3.0)),
+        row("small_cnn", bench_loop.TORCH_GRAPHED, (1.0, 1.0, 1.0)),
+        row("small_cnn", "FedNAR cuda graphed", (0.9, 0.95, 1.1)),  # 3.16x eager torch; 1.05x torch's graph
+        row("small_cnn", "FedDecaySGD cuda graphed", (1.1, 1.2, 0.9)),  # 2.73x; 0.91x: both miss
+        row("resnet18", "FedNAR cuda graphed", (9.0, 9.0, 9.0)),  # not judged
+    ]
+    got = {(g, r): (v, verdict) for g, r, v, verdict in bench_loop.goals(rows)}
+    torch_graph = f">= 1.0x {bench_loop.TORCH_GRAPHED}"
+    assert got[(">= 3x torch.SGD(fused)", "small_cnn / FedNAR cuda graphed")] == ("3.16x", "pass")
+    assert got[(torch_graph, "small_cnn / FedNAR cuda graphed")] == ("1.05x", "pass")
+    assert got[(">= 3x torch.SGD(fused)", "small_cnn / FedDecaySGD cuda graphed")] == ("2.73x", "miss")
+    assert got[(torch_graph, "small_cnn / FedDecaySGD cuda graphed")] == ("0.91x", "miss")
+    assert not [k for k in got if "resnet18" in k[1] or bench_loop.TORCH_GRAPHED in k[1]]
+    md = bench_loop.markdown({"meta": _META, "rows": rows, "goals": bench_loop.goals(rows)})
+    assert "| small_cnn | FedNAR cuda graphed | 950.000 | 3.16x [2.73-3.33] | in the graph |" in md
+
+
+_META = {
+    "device_name": "test",
+    "date": "2026-01-01",
+    "commit": "x",
+    "torch": "x",
+    "command": "python -m bench loop",
+    "blocks": 3,
+    "per_block": 2,
+    "warmup": 1,
+}
 
 
 def test_profile_dry_run_writes_its_table(tmp_path):
@@ -232,3 +286,31 @@ def test_host_cost_runs_and_a_replayed_step_reads_no_tensor_per_parameter(capsys
     assert small["tensor_accesses"] == large["tensor_accesses"] and small["python_calls"] == large["python_calls"]
     assert host.main(["--what", "replay", "--tensors", "3", "--reps", "2"]) == 0
     assert "replayed step" in capsys.readouterr().out
+
+
+def test_a_graphed_row_replays_the_iteration_it_captured(monkeypatch):
+    """GraphedRow's recipe on the CPU, torch.cuda's streams and graph replaced by the stand-in graph
+    (tests/graph_stand_in.py, which records every op of the capture, the model's included): each
+    replay is the eager iteration with the gradients kept, bit for bit."""
+    from graph_stand_in import StandInGraph, install
+
+    install(monkeypatch)
+    stream = SimpleNamespace(wait_stream=lambda other: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", StandInGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: graph.capture())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    cpu = torch.device("cpu")
+    makers = bench_loop.graphed(["cpu"])
+    for name in (bench_loop.TORCH_GRAPHED, "FedNAR cpu graphed", "FedDecaySGD cpu graphed"):
+        row, twin = (bench_loop.make_row("small_cnn", name, makers[name], cpu) for _ in range(2))
+        assert isinstance(row, bench_loop.GraphedRow)
+        row.capture(steps=20)
+        twin.static = (twin.x.clone(), twin.y.clone())
+        for _ in range(bench_loop.GRAPH_WARMUP + 3):  # the warm-up, then what the replays take
+            twin.eager_iteration()
+        for _ in range(3):
+            row.iteration()
+        for p, q in zip(row.model.parameters(), twin.model.parameters()):
+            assert torch.equal(p, q), name

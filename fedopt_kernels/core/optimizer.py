@@ -31,7 +31,9 @@ from .schedules import DecaySchedule
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 ROUND_KEY = "fedopt_round"
 # attributes rebuilt after a copy instead of copied: caches and the compile handle
-_TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache", "_replay")
+_TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache", "_replay", "_graph_plan", "_graph_cover", "_retired")
+# plans of retired graphs kept alive (with the tensors their graphs write), the most recent first
+RETIRED_GRAPHS = 2
 
 
 def check_number(
@@ -151,6 +153,12 @@ class FedOptimizer(Optimizer):
         self._handle = _step_op.register(self._run)
         self._hp_names = tuple(defaults)  # what a state_dict's param groups must carry to be ours
         self._lr_checked: List[torch.Tensor] = []  # tensor lrs whose value was validated (by identity)
+        # a CUDA graph of the caller's holding a step (docs/replay.md, "A whole iteration in one graph"):
+        # the plan it reads, how many steps of a round its decay table covers (None: all), retired plans
+        self._graph_plan: Optional[StepPlan] = None
+        self._graph_cover: Optional[int] = None
+        self._retired: List[StepPlan] = []
+        self._capture_steps = 0  # prepare_capture's steps per round (0: not called)
         super().__init__(params, defaults)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -351,6 +359,7 @@ class FedOptimizer(Optimizer):
         super().add_param_group(group)
         self._params_flat = [p for g in self.param_groups for p in g["params"]]
         self._plan_cls = _dtensor.plan_class(sharded)
+        self._retire_graph()
         self._plan = None
 
     @property
@@ -402,7 +411,9 @@ class FedOptimizer(Optimizer):
                 raise TypeError(f"{type(self).__name__}.start_round() takes no 'correction'")
             correction = check_tensor_list("correction", correction, params, self._name_of)
         inputs = self._check_round_inputs(inputs)
+        self._check_graph_round()
         # everything validated: from here on nothing raises
+        self._retire_graph()
         self._t += 1
         self._k_host = 0
         self._host_steps = 0
@@ -606,6 +617,8 @@ class FedOptimizer(Optimizer):
         if plan is None or (
             verdict is not True and (verdict is False or not plan.update_groups(self._group_inputs(verdict)))
         ):
+            if self._graph_plan is not None:
+                self._retire_graph()
             plan = self._plan = None  # a failed rebuild must not leave the old plan behind
             plan = self._plan = self._plan_cls(self._plan_inputs())
         if not plan.params:
@@ -619,6 +632,9 @@ class FedOptimizer(Optimizer):
             found_inf = self._check_amp("found_inf", found_inf, device)
         k = self._counter(device)
         sched = self._schedule()
+        capture = capturing(device)  # a CUDA graph of the caller's is being captured
+        if capture:
+            self._enter_capture(plan, sched, device)
         if sched is not None:
             table, every = sched.table(device, self._host_steps), sched.decay_every
         else:
@@ -626,7 +642,7 @@ class FedOptimizer(Optimizer):
         spec = self._spec
         active = self._active_for(device) if spec.batched else None
         rep = self._replay
-        if rep is not None and (params_given is not None or not _replayable(plan) or capturing(device)):
+        if rep is not None and (params_given is not None or not _replayable(plan) or capture):
             rep = None  # this step runs eagerly (docs/replay.md)
         elif rep is not None and rep.off_reason is not None:
             rep.stats["eager"] += 1  # replay is off for good: no key to build, no AMP buffers to fill
@@ -680,6 +696,93 @@ class FedOptimizer(Optimizer):
             rep.launch(key, device, lambda: plan.fn(*args, cache=cache), cache)  # type: ignore[union-attr]
         self._host_steps += 1
 
+    # ---------------------------------------------------------------- a CUDA graph of the caller's
+    def prepare_capture(self, steps_per_round: int) -> None:
+        """Ready what a CUDA graph holding ``step()`` reads for the first ``steps_per_round`` steps of
+        a round. A graph's replays advance the within-round step counter ``k`` on the device without
+        the optimizer seeing them, so a table the kernels index by ``k`` must be complete before the
+        capture: FedDecaySGD's ``s(k // decay_every)`` is tabulated here for every ``k <
+        steps_per_round`` (the other optimizers read no such table). A capture that needs it and
+        was not prepared is refused (docs/replay.md, "A whole iteration in one graph")."""
+        if isinstance(steps_per_round, bool) or not isinstance(steps_per_round, int) or steps_per_round < 1:
+            raise ValueError(f"steps_per_round must be an integer >= 1, got {steps_per_round!r}")
+        sched = self._schedule()
+        params = self._params_flat
+        if sched is not None and params:
+            device = params[0].device
+            if capturing(device):
+                raise RuntimeError(
+                    "prepare_capture() copies the decay table to the device: call it before the capture, not inside it"
+                )
+            sched.table(device, steps_per_round - 1)
+        self._capture_steps = steps_per_round
+
+    def _enter_capture(self, plan: StepPlan, sched: Optional[DecaySchedule], device: torch.device) -> None:
+        """This step goes into a CUDA graph the caller is capturing, whose replays will not call
+        ``step()``: refuse what they would compute wrongly, and remember the plan they read."""
+        me = type(self).__name__
+        step = self.__dict__.get("step")  # an LR scheduler wraps the bound step() of its optimizer
+        if getattr(step, "_wrapped_by_lr_sched", False) and any(
+            not isinstance(g["lr"], torch.Tensor) for g in self.param_groups
+        ):
+            raise RuntimeError(
+                f"an LR scheduler steps {me}'s learning rate, a float in param_groups, which the replays of "
+                f"a CUDA graph never read (they read the values the capture saw); give the optimizer a "
+                f"tensor lr on the parameters' device, e.g. lr=torch.tensor(0.05, device='{device}'): "
+                f"the scheduler fills it in place and every replay reads it"
+            )
+        cover = None
+        if sched is not None:
+            every = sched.decay_every
+            n = sched.length(device)
+            if n * every <= max(self._host_steps, self._capture_steps - 1) or not (
+                sched.constant_after(n) or self._capture_steps
+            ):
+                raise RuntimeError(
+                    f"{me} reads its within-round decay s(k // decay_every) from a table on the device, "
+                    f"and the replays of a CUDA graph advance k without {me} seeing them, so the table "
+                    f"must cover every step of the round before the capture (it holds s for the first "
+                    f"{n * every} steps): call opt.prepare_capture(steps) with the most steps of a round "
+                    f"the graph will take, before capturing"
+                )
+            cover = None if sched.constant_after(n) else n * every
+        self._graph_plan = plan
+        self._graph_cover = cover
+
+    def _check_graph_round(self) -> None:
+        """At a round start after a round whose steps a graph of the caller's took with a decay
+        table that ends (``_graph_cover`` steps): raise once if it took more. Reads the device step
+        counter (a host sync, only after such a round)."""
+        cover = self._graph_cover
+        if cover is None or self._k_dev is None:
+            return
+        self._graph_cover = None
+        k = int(self._k_dev.max())
+        if k > cover:
+            raise RuntimeError(
+                f"round {self._t} of {type(self).__name__} took {k} steps, but the decay table of the CUDA "
+                f"graph that took them covers {cover}: its steps past {cover} used the table's last "
+                f"s instead of s(k // decay_every), so the round's result is wrong. Call "
+                f"opt.prepare_capture(steps) with the round's number of steps before capturing (this "
+                f"error is raised once; call start_round() again to go on)"
+            )
+
+    def _retire_graph(self) -> None:
+        """The plan a graph of the caller's read is being dropped (a round start, new param groups or
+        state, a rebuilt plan): later replays of that graph would step with tensors and
+        hyperparameters the optimizer no longer uses. Its hp tensor is filled with NaN, so that such
+        a replay turns the parameters into NaN rather than into plausible numbers, and the plan is
+        kept (with the tensors its graph writes) so that the replay writes nowhere else; the next
+        plan gets an hp tensor of its own."""
+        plan = self._graph_plan
+        self._graph_cover = None
+        if plan is None:
+            return
+        self._graph_plan = None
+        plan.hp.fill_(float("nan"))
+        self._retired = [plan] + [p for p in self._retired if p is not plan][: RETIRED_GRAPHS - 1]
+        self._hp_cache = HpCache()
+
     # ---------------------------------------------------------------- for code that captures steps
     # A caller that captures step() into a graph of its own and replays it (sim/parallel/step_graph.py)
     # keeps the plan the capture read and tells the optimizer what the replays did, through these three.
@@ -697,6 +800,7 @@ class FedOptimizer(Optimizer):
         host = plan.hp_rows([groups[gi] for gi in range(len(groups))])
         plan.hp.copy_(host)
         self._plan = plan
+        self._graph_plan = plan  # a graph reads it: a later round start retires it until reinstated again
         self._hp_cache.keep(host, plan.hp)
 
     def note_replayed_steps(self, n: int = 1) -> None:
@@ -819,6 +923,10 @@ class FedOptimizer(Optimizer):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("_lr_checked", [])
+        if self.__dict__.get("_graph_plan") is not None:  # load_state_dict on a live optimizer: new state tensors
+            self._retire_graph()
+        for name, default in (("_graph_plan", None), ("_graph_cover", None), ("_retired", []), ("_capture_steps", 0)):
+            self.__dict__.setdefault(name, default)
         self._plan = None
         self._ones = {}
         self._hp_cache = HpCache()

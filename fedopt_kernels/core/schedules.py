@@ -97,6 +97,22 @@ class DecaySchedule:
         """s(k // decay_every) for within-round step k."""
         return self.value(k // self.decay_every)
 
+    def length(self, device: torch.device) -> int:
+        """Entries of the table on ``device`` (0 when none was made there)."""
+        tab = self._tables.get(torch.device(device))
+        return 0 if tab is None else tab.numel()
+
+    def constant_after(self, n: int) -> bool:
+        """Is ``s(j) == s(n - 1)`` for every ``j >= n``, so that a table of ``n`` entries, whose last
+        entry the kernels read past its end, is exact for every step? For a built-in schedule with
+        ``beta = 1`` (s = 1), and for any schedule with ``s(n - 1) == 0`` (non-increasing and
+        non-negative, it stays 0), except a tensor schedule: a step past its length is an error."""
+        if self.kind == "tensor" or n < 1:
+            return False
+        if self.kind in ("exponential", "linear") and self.beta == 1.0:
+            return True
+        return self.value(n - 1) == 0.0
+
     def table(self, device: torch.device, k: int) -> torch.Tensor:
         """float64 tensor [s(0), ..., s(J)] on ``device`` with J >= k // decay_every."""
         j = k // self.decay_every

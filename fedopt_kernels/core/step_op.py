@@ -6,7 +6,9 @@ the integer ``handle`` names (registered by the optimizer as a callable, weakly 
 compiled step computes exactly what an eager one does, and Dynamo never reads a hyperparameter
 float (reading one guards on its value: torch's own optimizers recompile on every learning-rate
 change for that reason). The op writes only through the tensors it is given: under
-functionalization they may be copies of the parameters, which torch copies back afterwards.
+functionalization they may be copies of the parameters, which torch copies back afterwards. It is
+tagged ``cudagraph_unsafe``: inductor's CUDA graphs leave it out (docs/replay.md, "A whole iteration
+in one graph").
 """
 
 from __future__ import annotations
@@ -62,7 +64,11 @@ def _fake(params, grads, step_inputs, grad_scale, found_inf, handle) -> None:
 
 def _declare() -> torch.library.Library:
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-    lib.define(SCHEMA)
+    # Inductor's CUDA graphs (torch.compile(mode="reduce-overhead")) replay what they recorded without
+    # calling the op again, so what a step does on the host (a round start, a hyperparameter edit, a
+    # new decay factor) would never reach a replay: the op keeps out of them and runs every time.
+    unsafe = getattr(torch.Tag, "cudagraph_unsafe", None)
+    lib.define(SCHEMA, tags=() if unsafe is None else (unsafe,))
     lib.impl("optimizer_step", _impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::optimizer_step", _fake, lib=lib)
     return lib

@@ -209,6 +209,7 @@ class FedDyn(FedDecaySGD):
             # -g_i + alpha * (x - x0) in the compute dtype, rounded once to the state's dtype
             neg.copy_(_compute(neg) + alpha * (_compute(p.detach()) - _compute(st["x0"])))
         self._round_ended = True
+        self._retire_graph()  # a CUDA graph's replay after end_round would step on
         self._plan = None  # the next step() must see that the round is over
 
     @torch.no_grad()

@@ -180,6 +180,24 @@ def _op_roles(op: str) -> _OpRoles:
     )
 
 
+def _capturing(device: torch.device) -> bool:
+    """Is a CUDA graph being captured on ``device``'s current stream?"""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _refuse_new_tables(device: torch.device) -> None:
+    """New pointer tables are copied from the host, which a capture cannot hold: refuse, saying why
+    (mostly gradients a capture's own backward made, after zero_grad(set_to_none=True))."""
+    if _capturing(device):
+        raise RuntimeError(
+            "the triton backend needs new pointer tables for tensors no eager step has seen, and cannot "
+            "make them inside a CUDA graph capture; this happens to gradients made by the captured "
+            "backward after zero_grad(set_to_none=True). Keep the warm-up's gradients instead: call "
+            'opt.zero_grad(set_to_none=False) before the capture and inside it (docs/replay.md, "A whole '
+            "iteration in one graph\"), or use backend='cuda'"
+        )
+
+
 def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
     spec = a.spec
     names, written, scale_role, per_step, moving = _op_roles(spec.name)
@@ -191,7 +209,7 @@ def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
         plan = known.get(ptrs)
         if plan is None and cache["layout"] == _per_step_layout(a, per_step):
             # moved gradients: the cached plan with their table columns rewritten (launcher.LaunchPlan.moved)
-            _launcher.refuse_while_capturing(a.device)
+            _refuse_new_tables(a.device)
             plan = cache["plan"].moved(_roles(a)[0], moving)
             _launcher.stats["moved"] += 1
         if plan is not None:

@@ -175,9 +175,7 @@ class StepGraph:
 
     def _capture(self) -> None:
         opt = self.tr.opt
-        sched = getattr(opt, "schedule", None)
-        if sched is not None:  # the decay table must cover every step of a round before capture
-            sched.table(self.device, self.tr.steps)
+        opt.prepare_capture(self.tr.steps + 1)  # a decay table must cover every step of a round before capture
         if self.mode == "cuda":
             torch.cuda.synchronize(self.device)
             self.graph = torch.cuda.CUDAGraph()
