@@ -217,7 +217,10 @@ def time_all(
                     continue
                 rows: Dict[str, Any] = {}
                 results["papers"][name] = {"paper": paper, "rows": rows}
-                slices = [("method", method, {}), ("baseline", baseline, {})]
+                slices: List[Tuple[str, List[Tuple[str, str]], Dict[str, Any]]] = [
+                    ("method", method, {}),
+                    ("baseline", baseline, {}),
+                ]
                 if sequential:  # the method's command with its clients one after another, as FL libraries train
                     slices.append(("method, sequential", method, {"client_parallel": 1, "cuda_graph": False}))
                 for role, grid, change in slices:
