@@ -228,9 +228,9 @@ def test_auto_spends_a_share_of_the_runs_estimated_time(monkeypatch):
     budgets: List[float] = []
     real = choose.search
 
-    def spy(engine, params, x, y, w, budget):
+    def spy(engine, params, x, y, w, budget, compile_step=False):
         budgets.append(budget.seconds)
-        return real(engine, params, x, y, w, budget)
+        return real(engine, params, x, y, w, budget, compile_step)
 
     monkeypatch.setattr(choose, "search", spy)
     Chooser(engine, _inputs(model), mode="auto").plan(10, 10, steps_per_run=500, fixed=10)
