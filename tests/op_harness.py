@@ -132,11 +132,10 @@ def same_roles(spec: OpSpec, ref: Sequence[Any], got: Sequence[Any], exact: bool
                 assert torch.equal(a, b), f"{spec.roles[r].name}[{i}] differs"
             else:
                 t = tol(a.dtype)
-                torch.testing.assert_close(
-                    b.double(),
-                    a.double(),
-                    rtol=t,
-                    atol=t,
-                    msg=lambda m, r=r, i=i: f"{spec.roles[r].name}[{i}]: {m}",
-                )
+                name = f"{spec.roles[r].name}[{i}]"
+
+                def msg(m: str, name: str = name) -> str:
+                    return f"{name}: {m}"
+
+                torch.testing.assert_close(b.double(), a.double(), rtol=t, atol=t, msg=msg)
     assert torch.equal(ref[n + 3].cpu(), got[n + 3].cpu()), "k differs"

@@ -884,9 +884,10 @@ def _grad_scaler_runs(algo: str, backend: str, device: str) -> None:
             else:
                 scaler.unscale_(opt)
                 if not sum(v.item() for v in scaler._found_inf_per_device(opt).values()):
-                    opt.first_step(**inputs)
+                    sam: Any = opt  # FedSAM: its two steps
+                    sam.first_step(**inputs)
                     closure()
-                    opt.second_step()
+                    sam.second_step()
             scaler.update()
         runs.append((params, opt, scaler.get_scale()))
     (a, ea, sa), (b, eb, sb) = runs
