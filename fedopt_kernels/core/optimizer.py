@@ -29,6 +29,7 @@ from .plan_inputs import GroupInputs, Member, PlanInputs, check_grad, name_of, p
 from .schedules import DecaySchedule
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NO_STEP_INPUTS: Dict[str, List[Optional[torch.Tensor]]] = {}  # never written: shared by every step
 ROUND_KEY = "fedopt_round"
 # attributes rebuilt after a copy instead of copied: caches and the compile handle
 _TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache", "_replay", "_prologue")
@@ -599,9 +600,12 @@ class FedOptimizer(Optimizer):
         """The eager step. ``params_given``: tensors to write instead of the parameters (compiled path)."""
         if self._t < 0:
             self.start_round()
-        if self._step_input is not None and isinstance(step_input, (list, tuple)) and len(step_input) == 0:
-            step_input = None
-        per_step = self._check_step_inputs(step_input)
+        if self._step_input is None:
+            per_step = _NO_STEP_INPUTS  # step() refused any: nothing to check (a call less per step)
+        else:
+            if isinstance(step_input, (list, tuple)) and len(step_input) == 0:
+                step_input = None
+            per_step = self._check_step_inputs(step_input)
         plan = self._plan
         verdict = False if plan is None else plan.still_valid(self.param_groups)
         if plan is None or (
@@ -618,7 +622,9 @@ class FedOptimizer(Optimizer):
             grad_scale = self._check_amp("grad_scale", grad_scale, device)
         if found_inf is not None:
             found_inf = self._check_amp("found_inf", found_inf, device)
-        k = self._counter(device)
+        k = self._k_dev
+        if k is None or k.device != device:
+            k = self._counter(device)
         sched = self._schedule()
         if sched is not None:
             table, every = sched.table(device, self._host_steps), sched.decay_every
@@ -627,7 +633,10 @@ class FedOptimizer(Optimizer):
         spec = self._spec
         active = self._active_for(device) if spec.batched else None
         rep = self._replay
-        if rep is not None and (params_given is not None or not replayable(plan) or capturing(device)):
+        ok = plan.replayable  # decided once per plan
+        if ok is None:
+            ok = replayable(plan)
+        if rep is not None and (params_given is not None or not ok or capturing(device)):
             rep = None  # this step runs eagerly (docs/replay.md)
         elif rep is not None and rep.off_reason is not None:
             rep.stats["eager"] += 1  # replay is off for good: no key to build, no AMP buffers to fill

@@ -111,7 +111,10 @@ class Ascent:
         """The ascent op over ``plan``: replayed, recorded or eager, as the descent (``FedOptimizer._run``)."""
         device = plan.device
         rep = self.replay
-        if rep is not None and (not replayable(plan) or capturing(device)):
+        ok = plan.replayable  # decided once per plan
+        if ok is None:
+            ok = replayable(plan)
+        if rep is not None and (not ok or capturing(device)):
             rep = None
         elif rep is not None and rep.off_reason is not None:
             rep.stats["eager"] += 1
