@@ -156,6 +156,7 @@ class FedSAM(SGDFamily):
         self._pending = None
 
     # ---------------------------------------------------------------- the two steps
+    @torch.no_grad()
     def first_step(self, **step_inputs: Any) -> None:
         """The ascent: ``saved = x; x += e`` for every parameter with a gradient (its gradient at x).
 
@@ -163,17 +164,16 @@ class FedSAM(SGDFamily):
         is for the other optimizers: compiled and eager steps compute the same bits."""
         if torch.compiler.is_compiling() and not step_inputs:
             return self._as_op(0)
-        with torch.no_grad():
-            self._first(step_inputs)
+        self._first(step_inputs)
 
+    @torch.no_grad()
     def second_step(self) -> None:
         """The descent: every parameter the first step moved back to its saved ``x`` (bit for bit),
         then the SGD step with the gradients now in ``p.grad`` (those at ``x + e``). Compiled like
         ``first_step``."""
         if torch.compiler.is_compiling():
             return self._as_op(1)
-        with torch.no_grad():
-            self._second()
+        self._second()
 
     def step(self, closure: Optional[Callable[[], Any]] = None, **step_inputs: Any) -> Any:
         """One SAM step: ``first_step()``, ``closure()`` (loss and gradients at ``x + e``),
