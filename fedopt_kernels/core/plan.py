@@ -54,8 +54,11 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-# torch.cuda.is_current_stream_capturing's own C call (one Python call less a step; CUDA builds)
-_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+# torch.cuda.is_current_stream_capturing's own C call (one Python call less a step)
+try:
+    from torch._C import _cuda_isCurrentStreamCapturing as _stream_capturing
+except ImportError:  # a torch built without CUDA
+    _stream_capturing = torch.cuda.is_current_stream_capturing
 
 
 def capturing(device: torch.device) -> bool:

@@ -19,6 +19,7 @@ from ..core import replay as _replay
 from ..core import step_op as _step_op
 from ..core.ops import BATCHED, SAM_ASCENT
 from ..core.optimizer import ROUND_KEY, check_number, round_entry
+from ..core.plan import StepPlan
 from ..core.plan_inputs import GroupInputs, Member, PlanInputs
 from ..fl import algorithm
 from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
@@ -112,7 +113,7 @@ class FedSAM(SGDFamily):
             prox_mu=prox_mu,
         )
         super().__init__(params, defaults, backend, replay)
-        self._ascent = Ascent(self._replay_on, self._plan_cls)
+        self._ascent = Ascent(self._replay_on)
         self._sam_handles = self._register_steps()
 
     def _register_steps(self) -> Tuple[int, int]:
@@ -220,7 +221,7 @@ class FedSAM(SGDFamily):
             self.start_round()
         active = self._take_active(step_inputs)
         ascent = self._ascent
-        plan = ascent.current(self.param_groups, self._ascent_groups, self._ascent_inputs)
+        plan = ascent.current(self.param_groups, self._ascent_groups, self._new_ascent_plan)
         if plan.params:
             device = plan.device
             ascent.launch(plan, ascent.counter(device, self._clients()), self._one(device), active)
@@ -275,6 +276,9 @@ class FedSAM(SGDFamily):
             keys = tuple(k for k in group if k != "params")
             out[gi] = GroupInputs(group, keys, tuple(group[k] for k in keys), (), (self.ascent_row(group),) * rows)
         return out
+
+    def _new_ascent_plan(self) -> StepPlan:
+        return self._plan_cls(self._ascent_inputs())
 
     def _ascent_inputs(self) -> PlanInputs:
         """The ascent's plan inputs, gathered like the descent's (``_plan_inputs``): each parameter
@@ -377,13 +381,12 @@ class FedSAM(SGDFamily):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
-        ascent = self.__dict__.get("_ascent")
-        if isinstance(ascent, Ascent) and ascent.replay is not None:
-            ascent.replay.forget()  # load_state_dict on a live optimizer: new state tensors
-        old = ascent.replay if isinstance(ascent, Ascent) else None
-        self._ascent = Ascent(self._replay_on, self._plan_cls)
-        if old is not None:
-            self._ascent.replay = old  # its counts and off_reason stay, as the descent's do
+        ascent = self.__dict__.get("_ascent")  # load_state_dict on a live optimizer: its ascent
+        replay = ascent.replay if isinstance(ascent, Ascent) else None
+        self._ascent = Ascent(self._replay_on)
+        if replay is not None:  # the counts and off_reason stay, the recordings (old state) go
+            replay.forget()
+            self._ascent.replay = replay
         self._restore = self._restored = None
         self._sam_handles = self._register_steps()
 

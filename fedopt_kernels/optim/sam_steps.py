@@ -17,7 +17,7 @@ from ..core import dtensor as _dtensor
 from ..core import replay as _replay
 from ..core.optimizer import replayable
 from ..core.plan import HpCache, StepPlan, capturing, refuse_in_capture
-from ..core.plan_inputs import PlanInputs
+from ..core.plan_inputs import GroupInputs
 
 SAVED = "saved_x"  # per-parameter state: x before the ascent, restored bit for bit by the descent
 _NO_AMP = (False, False)
@@ -76,26 +76,30 @@ class Restore:
 
 
 class Ascent:
-    """The ascent's plan, hp rows, counter and replay; ``groups(indexes)`` validates param groups
-    and returns their ``GroupInputs`` (the optimizer's), ``inputs()`` gathers a new plan's inputs."""
+    """The ascent's plan, hp rows, counter and replay (the optimizer builds its plans)."""
 
-    def __init__(self, replay_on: bool, plan_cls: Callable[[PlanInputs], StepPlan]):
+    def __init__(self, replay_on: bool):
         self.plan: Optional[StepPlan] = None
         self.hp = HpCache()
         self.k: Dict[torch.device, torch.Tensor] = {}  # the op's own counter (nothing reads it)
         self.replay: Optional[_replay.StepReplay] = _replay.StepReplay() if replay_on else None
-        self.plan_cls = plan_cls
 
-    def current(self, groups: List[Dict[str, Any]], group_inputs, inputs) -> StepPlan:
+    def current(
+        self,
+        groups: List[Dict[str, Any]],
+        group_inputs: Callable[[List[int]], Dict[int, GroupInputs]],
+        build: Callable[[], StepPlan],
+    ) -> StepPlan:
         """The plan for this step: the last one while it serves (rows rewritten in place after an
-        hp edit), else a new one that keeps the last one's norm scratch."""
+        hp edit; ``group_inputs(indexes)``: the edited groups' ``GroupInputs``), else ``build()``'s,
+        which keeps the last one's norm scratch."""
         plan = self.plan
         if plan is not None:
             verdict = plan.still_valid(groups)
             if verdict is True or (verdict is not False and plan.update_groups(group_inputs(verdict))):
                 return plan
         self.plan = None  # a failed rebuild must not leave the old plan behind
-        new = self.plan = self.plan_cls(inputs())
+        new = self.plan = build()
         if plan is not None and "scratch" in plan.cache:
             new.cache["scratch"] = plan.cache["scratch"]  # the backend reuses it when big enough
         return new
