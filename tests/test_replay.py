@@ -1099,12 +1099,13 @@ def test_an_eager_step_allocates_no_device_memory(backend, algo):
 
 @gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("make", ["FedDecaySGD", "FedNAR"])
+@pytest.mark.parametrize("make", ["FedDecaySGD", "FedNAR", "FedSAM"])
 def test_a_training_loop_with_set_to_none_replays(backend, make):
     """torch's default loop (zero_grad(set_to_none=True), forward, backward, step): the caching
     allocator brings the gradients back to a few address sets, and most steps replay. On an H200 the
     cuda backend replayed 154 of 159 such steps of the small CNN; the triton backend none, while its
-    pointer tables came from the shared memory pool and moved the gradients."""
+    pointer tables came from the shared memory pool and moved the gradients. FedSAM's closure does
+    the same again at x + e: its step allocates nothing, so both of its launches replay."""
     require(backend, "cuda")
     from fedopt_kernels.sim.models.small import SmallCNN
 
@@ -1112,12 +1113,21 @@ def test_a_training_loop_with_set_to_none_replays(backend, make):
     model = SmallCNN((1, 8, 8), 10).cuda()
     if make == "FedNAR":
         opt = fedopt_kernels.FedNAR(model.parameters(), lr=0.05, weight_decay=0.01, max_norm=1.0, backend=backend)
+    elif make == "FedSAM":
+        opt = fedopt_kernels.FedSAM(model.parameters(), lr=0.05, rho=0.05, momentum=0.9, backend=backend)
     else:
         opt = fedopt_kernels.FedDecaySGD(model.parameters(), lr=0.05, beta=1.0, momentum=0.9, backend=backend)
     x, y = torch.randn(32, 1, 8, 8, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
-    for _ in range(40):
+
+    def closure():
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+
+    for _ in range(40):
+        closure()
+        if make == "FedSAM":
+            opt.step(closure)
+        else:
+            opt.step()
     stats = opt.replay_stats()
-    assert stats["replayed"] >= 20, stats
+    assert stats["replayed"] >= (40 if make == "FedSAM" else 20), stats  # FedSAM: two launches a step
