@@ -30,7 +30,8 @@
 # torch, triton, pytest, pytest-xdist, pytest-timeout and hypothesis but no flwr: the tests that need
 # a missing extra skip with the reason); else with the registry. tests: in parallel when pytest-xdist
 # is installed. The commit is $FEDOPT_COMMIT when set, else HEAD when this folder is a checkout's
-# top level (never an enclosing repository's), else "unknown".
+# top level (never an enclosing repository's), else "unknown". The summary lists the tests that
+# failed or errored by node id, from both test phases' junit files (bench/junit_failures.py).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -263,6 +264,13 @@ fi
   done
   echo "- wall time: $(elapsed) s of a ${BUDGET} s budget"
   echo
+  # the failing tests by node id (both test phases), so that the summary alone says what to look at
+  JUNITS=$(ls "$RES"/junit-*.xml 2>/dev/null)
+  if [ "$SKIP_TESTS" = 0 ]; then
+    # shellcheck disable=SC2086
+    "$PY" -m bench.junit_failures $JUNITS || echo "(the junit files could not be read)"
+    echo
+  fi
   BENCH_MD=$(ls "$RES"/*.md 2>/dev/null | grep -v -e summary.md -e LATEST.md -e /clients- -e /loop- -e /profile- | head -1)
   if [ -n "$BENCH_MD" ]; then
     echo "## Benchmark goals ($(basename "$BENCH_MD"))"

@@ -38,6 +38,7 @@ SLOW_FILES = frozenset(
     {
         "test_amp.py",
         "test_bench_clients.py",
+        "test_bench_junit.py",
         "test_bench_loop.py",
         "test_bench_smoke.py",
         "test_compile.py",

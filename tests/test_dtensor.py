@@ -148,7 +148,7 @@ def _compare_config(
             before = [p.detach().double() for p in plain]
             for p, q, gr in zip(plain, sharded, grads):
                 p.grad = gr
-                q.grad = _like(gr, q)
+                q.grad = _like(gr.clone(), q)  # its own memory: a closure writes the gradients in place
             step_in = cfg.step_inputs(order_p, gstep)
             opt_p.step(**step_in)
             opt_s.step(**{k: _sharded_step_input(v, order_s) for k, v in step_in.items()})

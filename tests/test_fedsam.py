@@ -340,3 +340,185 @@ def test_a_batched_state_dict_between_the_two_steps_keeps_the_first_steps_mask()
     other.second_step()
     for a, b in zip(stacked, twins):
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------- a closure that raises
+class _Boom(Exception):
+    pass
+
+
+def _setup(backend, device, batched, seed=20):
+    """FedSAM's full option set (momentum, FedProx, SCAFFOLD, two groups of its own) in its first round,
+    per-client or client-batched over 3 clients, and step ``k``'s closure (the second gradients)."""
+    cfg = catalogue.config("fedsam", catalogue.ALGOS["fedsam"].full)
+    dtype = torch.float64 if supports(backend, torch.float64) else torch.float32
+    C = 3
+    shapes = [(5, 3), (4,), (2, 2, 3)]
+    params = _params(*[((C,) if batched else ()) + s for s in shapes], dtype=dtype, seed=seed, device=device)
+    opt = (cfg.build_batched if batched else cfg.build)(params, backend)
+    order = [p for g in opt.param_groups for p in g["params"]]
+    if batched:
+        views = [[p[c] for p in order] for c in range(C)]
+        opt.start_round(round_index=[0] * C, **cfg.batched_round_inputs(views, order, 0))
+
+        def inputs(k):
+            return cfg.batched_step_inputs(views, k, stacked=order)
+
+    else:
+        opt.start_round(**cfg.round_inputs(order, 0))
+
+        def inputs(k):
+            return cfg.step_inputs(order, k)
+
+    g = torch.Generator().manual_seed(seed + 1)
+    slots = [torch.zeros_like(p) for p in params]
+
+    def step_inputs(k, active=None):
+        for p, s in zip(params, slots):
+            s.copy_(torch.randn(s.shape, generator=g))
+            p.grad = s
+        out = inputs(k)
+        return out if active is None else dict(out, active=active)
+
+    return params, opt, step_inputs
+
+
+def _same_state(a, b, where=""):
+    """Two state_dicts (or parts of them) hold the same values, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a, key=str) == sorted(b, key=str), (
+            where,
+            sorted(a, key=str),
+            sorted(b, key=str),
+        )
+        for key in a:
+            _same_state(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+def _raise_in_closure(backend, device, batched, fail_at):
+    """Step ``fail_at`` of two optimizers: in one the closure raises after writing the second
+    gradients; that one must be where it was before the step (parameters, state_dict) and then take
+    the next step to the bits of the other one, which never saw the failed step."""
+    active = torch.tensor([True, False, True], device=device) if batched else None
+    params, opt, inputs = _setup(backend, device, batched)
+    twin_params, twin, twin_inputs = _setup(backend, device, batched)
+    for k in range(fail_at):
+        opt.step(**inputs(k, active))
+        twin.step(**twin_inputs(k, active))
+    before = [p.detach().clone() for p in params]
+    state = copy.deepcopy(opt.state_dict())
+    failing = inputs(fail_at, active)
+    second = failing.pop("closure")
+
+    def closure():
+        second()  # the second gradients are written, then the user's code fails
+        raise _Boom("in the closure")
+
+    with pytest.raises(_Boom):
+        opt.step(closure, **failing)
+    twin_inputs(fail_at)  # the twin's gradient stream stays in step with the failing one's
+    for i, (p, b) in enumerate(zip(params, before)):
+        assert torch.equal(p.detach(), b), f"parameter {i} is not where the step began"
+    _same_state(state, opt.state_dict(), "state_dict")
+    opt.step(**inputs(fail_at + 1, active))
+    twin.step(**twin_inputs(fail_at + 1, active))
+    for i, (a, b) in enumerate(zip(params, twin_params)):
+        assert torch.equal(a.detach(), b.detach()), f"parameter {i} after the next step"
+
+
+@pytest.mark.parametrize("fail_at", [0, 2], ids=["first-step", "third-step"])
+@pytest.mark.parametrize("batched", [False, True], ids=["per_client", "batched"])
+@pytest.mark.parametrize("backend,device", cases())
+def test_a_closure_that_raises_leaves_the_model_and_optimizer_where_the_step_began(backend, device, batched, fail_at):
+    """The closure raises after the ascent moved x: x is restored bit for bit (the active clients'
+    only: the others never moved), the first step is forgotten (no pending second step, the same
+    state_dict), and the next step is the step of an optimizer that never saw the failure."""
+    require(backend, device)
+    _raise_in_closure(backend, device, batched, fail_at)
+
+
+def test_the_closure_check_can_fail(monkeypatch):
+    """Not vacuous: without the restore (the first step only forgotten), the check above fails."""
+    from fedopt_kernels.optim.fedsam import FedSAM
+
+    monkeypatch.setattr(FedSAM, "_abandon", lambda self: setattr(self, "_pending", None))
+    with pytest.raises(AssertionError, match="where the step began"):
+        _raise_in_closure("reference", "cpu", False, 2)
+
+
+# ---------------------------------------------------------------- allocations
+def _fresh_tensors_per_step(backend, batched, replay, monkeypatch):
+    """Tensors made by each of 6 steps of FedSAM's full option set (its closure's work not counted),
+    with the replay path on CPU tensors when ``replay`` (a stand-in graph that re-runs the launch)."""
+    from allocations import FreshTensors
+
+    from fedopt_kernels.core import replay as _replay
+
+    if replay:
+        monkeypatch.setattr(_replay, "DEVICE_TYPES", ("cuda", "cpu"))
+        monkeypatch.setattr(_replay, "BACKENDS", ("cuda", "triton", "cpu", "reference"))
+        monkeypatch.setattr(_replay.StepReplay, "_record", lambda self, device, run: _Rerun(run))
+    params, opt, inputs = _setup(backend, "cpu", batched)
+    active = torch.tensor([True, True, False]) if batched else None
+    made = []
+    for k in range(6):
+        step_inputs = inputs(k, active)
+        second = step_inputs.pop("closure")
+        if active is not None:
+            active[1] = k % 2 == 0  # in place, as a simulator keeps its mask
+
+        def closure(second=second):
+            seen.paused = True  # the closure's work is the user's (its backward)
+            second()
+            seen.paused = False
+
+        with FreshTensors() as seen:
+            opt.step(closure, **step_inputs)
+        made.append(seen.ops)
+    return made, opt
+
+
+class _Rerun:
+    def __init__(self, run):
+        self.run = run
+
+    def replay(self):
+        self.run()
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["eager", "replaying"])
+@pytest.mark.parametrize("batched", [False, True], ids=["per_client", "batched"])
+def test_no_step_after_the_first_makes_a_tensor(batched, replay, monkeypatch):
+    """Every tensor FedSAM's steps need (the ascent's plan, counter and norm, the saved x, the masked
+    restore, the descent's momentum buffers, hp rows, counters) is made by the first step and kept:
+    later steps, eager or replayed, make none. On a GPU a tensor made in a step moves where the
+    caching allocator puts the next gradients, and no step would replay (cpu backend: its kernels
+    allocate nothing, so what is counted is the step's own Python side, the same on every backend)."""
+    require("cpu", "cpu")
+    made, opt = _fresh_tensors_per_step("cpu", batched, replay, monkeypatch)
+    assert made[0], "the first step makes the state tensors"
+    assert made[1:] == [[]] * 5, f"tensors made per step: {made}"
+    if replay:
+        stats = opt.replay_stats()
+        assert stats["replayed"] >= 6 and stats["wasted"] == 0, stats  # both launches of the last steps
+
+
+def test_the_tensor_count_can_fail(monkeypatch):
+    """Not vacuous: a restore that makes a tensor each step (``x.copy_(where(...))``) is seen."""
+    from fedopt_kernels.optim import sam_steps
+
+    def allocating(xs, saved, mask):
+        for x, s in zip(xs, saved):
+            x.copy_(torch.where(mask.view((-1,) + (1,) * (x.dim() - 1)), s, x))
+
+    monkeypatch.setattr(sam_steps, "masked_restore", allocating)
+    made, _ = _fresh_tensors_per_step("cpu", True, False, monkeypatch)
+    assert all(any("where" in op for op in ops) for ops in made[1:]), made

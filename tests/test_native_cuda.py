@@ -20,12 +20,13 @@ from __future__ import annotations
 import pytest
 import torch
 from no_sync import no_host_sync
+from op_harness import BF16, F16, F32, F64, MANY, MIXED, op_args, same_roles
 
-from fedopt_kernels import FedDecaySGD, FedNAR, NeuronLRSGD, PAdaMFed
+from fedopt_kernels import FedDecaySGD, FedDyn, FedNAR, FedSAM, NeuronLRSGD, PAdaMFed
 from fedopt_kernels.core import ops as _ops
-from fedopt_kernels.core.ops import BATCHED, FRESH, OPS
+from fedopt_kernels.core.ops import BATCHED, FRESH, OPS, PER_CLIENT
 from fedopt_kernels.core.registry import unavailable_reason
-from fedopt_kernels.fl import catalogue
+from fedopt_kernels.fl import algorithm, catalogue
 
 pytestmark = [pytest.mark.gpu]
 
@@ -62,7 +63,30 @@ def _make(name, params, backend, replay=True):
         return FedNAR(params, lr=0.1, weight_decay=1e-2, max_norm=1.0, prox_mu=0.01, backend=backend, **kw)
     if name == "padamfed":
         return PAdaMFed(params, lr=0.01, beta=0.3, backend=backend, **kw)
+    if name == "feddyn":
+        return FedDyn(params, lr=0.1, alpha=0.1, momentum=0.9, weight_decay=1e-3, backend=backend, **kw)
+    if name == "fedsam":  # dampening 0: its first (fresh-momentum) step has the rows of the later ones
+        return FedSAM(params, lr=0.1, rho=0.2, adaptive=True, momentum=0.9, weight_decay=1e-3, backend=backend, **kw)
     raise ValueError(name)
+
+
+def _second_gradient(params):
+    """A closure for a step that takes one (FedSAM): the second gradient, ``g / 2 + x`` at the
+    parameters the ascent moved to, written in place (a graph captures it; no tensor is made)."""
+
+    def closure():
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(0.5).add_(p.detach())
+
+    return closure
+
+
+def _step(opt, params, **kwargs):
+    """``opt.step()``, with a closure for an optimizer whose step takes two gradients (FedSAM)."""
+    if algorithm.of_optimizer(type(opt)).closure_step:
+        return opt.step(_second_gradient(params), **kwargs)
+    return opt.step(**kwargs)
 
 
 def _params(dtype=torch.float32, shapes=SHAPES, seed=0):
@@ -75,7 +99,9 @@ def _grads(params, step):
     return [torch.randn(p.shape, generator=g).to(device="cuda", dtype=p.dtype) for p in params]
 
 
-ALGOS = ["sgd", "neuron", "fednar", "padamfed"]
+# the per-client GPU tests' optimizers, one per algorithm of the catalogue (tests/test_gpu_harness.py
+# fails on the CPU when an algorithm has none)
+ALGOS = ["sgd", "neuron", "fednar", "padamfed", "feddyn", "fedsam"]
 STEPS = 6
 
 
@@ -91,7 +117,7 @@ def test_cuda_graph_replay_equals_eager(algo, warmup):
     for k in range(STEPS):
         for p, g in zip(eager, _grads(eager, k)):
             p.grad = g
-        opt.step()
+        _step(opt, eager)
 
     graphed = _params()
     opt = _make(algo, graphed, "cuda", replay=False)
@@ -102,11 +128,11 @@ def test_cuda_graph_replay_equals_eager(algo, warmup):
     for k in range(warmup):  # eager warm-up: device counter, schedule table, state
         for s, g in zip(static, _grads(graphed, k)):
             s.copy_(g)
-        opt.step()
+        _step(opt, graphed)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        opt.step()  # recorded, not run
+        _step(opt, graphed)  # recorded, not run (FedSAM: ascent, closure, restore and descent)
     for k in range(warmup, STEPS):
         for s, g in zip(static, _grads(graphed, k)):
             s.copy_(g)
@@ -131,13 +157,13 @@ def _steps_never_sync(opt, params, **step_kwargs) -> None:
         for p, g in zip(params, _grads(params, k)):
             p.grad = g
         if k == 0:
-            opt.step(**step_kwargs)
+            _step(opt, params, **step_kwargs)
             continue
         with no_host_sync():
-            opt.step(**step_kwargs)
+            _step(opt, params, **step_kwargs)
 
 
-@pytest.mark.parametrize("algo", ["sgd", "fednar", "padamfed"])
+@pytest.mark.parametrize("algo", ["sgd", "fednar", "padamfed", "fedsam"])
 def test_split_launches_and_mixed_dtypes_match_reference(algo):
     """150 tensors in 70 param groups, four dtypes: several tables per pass, two finalize launches."""
     shapes = [((i * 97) % 5000 + 1,) if i % 4 else (i % 9 + 1, 17) for i in range(150)]
@@ -155,7 +181,7 @@ def test_split_launches_and_mixed_dtypes_match_reference(algo):
         for k in range(3):
             for p, gr in zip(params, _grads(params, k)):
                 p.grad = gr
-            opt.step()
+            _step(opt, params)
         out[backend] = params
     for i, (a, b) in enumerate(zip(out["reference"], out["cuda"])):
         tol = {torch.float64: 1e-10, torch.float32: 2e-5}.get(a.dtype, 3e-2)
@@ -172,7 +198,7 @@ def test_capture_refuses_a_hyperparameter_change_that_needs_a_host_copy(algo):
     for k in range(2):
         for p, g in zip(params, _grads(params, k)):
             p.grad = g
-        opt.step()
+        _step(opt, params)
     group = opt.param_groups[0]
     group["lr"] = group["lr"] * 0.5
     before = [p.detach().clone() for p in params]
@@ -181,11 +207,11 @@ def test_capture_refuses_a_hyperparameter_change_that_needs_a_host_copy(algo):
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="CUDA graph"):
         with torch.cuda.graph(graph):
-            opt.step()
+            _step(opt, params)  # FedSAM: the ascent is captured (not run), its descent's new rows refused
     assert opt.round_step == k_before
     for a, b in zip(before, params):
         assert torch.equal(a, b.detach())
-    opt.step()  # eagerly, the new lr is taken
+    _step(opt, params)  # eagerly, the new lr is taken
     assert opt.round_step == k_before + 1
 
 
@@ -202,107 +228,12 @@ def test_per_client_sgd_ignores_the_fresh_bit():
 
 # ------------------------------------------------------------------ client-batched ops (docs/client_batched.md)
 def _op_args(spec, layout, backend, clients=0, seed=0):
-    """Arguments of op ``spec``: ``layout`` lists (per-client shape, dtype, batch) per parameter.
-    Even batches carry every optional role, odd ones only PAdaMFed's D and acc. Batched
-    (``clients`` > 0): every tensor gets a leading client dimension, hp rows differ per client, k
-    is 0 for every third client (sgd's FRESH rule applies to it in batch 0) and every fourth client
-    is inactive."""
-    g = torch.Generator().manual_seed(seed)
-    lead = (clients,) if clients else ()
-    nb = 1 + max(b for _, _, b in layout)
-    always = {"D", "acc"}
-    present = [
-        (1 << len(spec.optional)) - 1
-        if b % 2 == 0
-        else sum(1 << i for i, r in enumerate(spec.optional) if r.name in always)
-        for b in range(nb)
-    ]
-
-    def rnd(shape, dt):
-        return torch.randn(lead + tuple(shape), generator=g).to(dtype=dt, device="cuda")
-
-    lists = [[rnd(s, dt) for s, dt, _ in layout], [rnd(s, dt) for s, dt, _ in layout]]
-    for i, role in enumerate(spec.optional):
-        ts = []
-        for s, dt, b in layout:
-            if present[b] >> i & 1:
-                st = torch.float64 if dt == torch.float64 else torch.float32
-                if role.per_row:
-                    ts.append((0.5 + torch.rand(lead + tuple(s[:1]), generator=g)).to(dtype=st, device="cuda"))
-                else:
-                    ts.append(rnd(s, st if role.state_typed else dt))
-        lists.append(ts)
-    base = {
-        "lr": 0.1,
-        "momentum": 0.9,
-        "dampening": 0.1,
-        "weight_decay": 0.01,
-        "prox_mu": 0.2,
-        "nesterov": 1.0,
-        "maximize": 0.0,
-        "step_lr": 0.1,
-        "max_norm": 1.0,
-        "eps": 1e-6,
-        "beta": 0.5,
-    }
-    hp = torch.tensor([[base[h] for h in spec.hps] for _ in range(nb)], dtype=torch.float64)
-    for b in range(nb):
-        hp[b, 0] *= 1 + 0.05 * b
-    batch = [b for _, _, b in layout]
-    table = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, device="cuda")
-    gs = torch.full((1,), 4.0, device="cuda")
-    fi = torch.zeros(1, device="cuda")
-    if not clients:
-        k = torch.zeros(1, dtype=torch.int32, device="cuda")
-        return [*lists, batch, present, hp.cuda(), k, table, 1, gs, fi, backend]
-    hp = torch.stack([hp * (1 + 0.1 * (c % 7)) for c in range(clients)], 1).contiguous().cuda()
-    k = torch.tensor([0 if c % 3 == 0 else 1 + c % 2 for c in range(clients)], dtype=torch.int32, device="cuda")
-    active = torch.tensor([c % 4 != 3 for c in range(clients)], device="cuda")
-    if spec.base == "sgd":
-        present = [m | FRESH if b == 0 else m for b, m in enumerate(present)]
-    return [*lists, batch, present, hp, k, table, 1, gs, fi, active, backend]
+    """tests/op_harness.py's arguments of op ``spec`` on the GPU (a CPU test builds and runs every op
+    through the same harness, tests/test_gpu_harness.py)."""
+    return op_args(spec, layout, backend, "cuda", clients, seed)
 
 
-def _tol(dtype):
-    return {torch.float64: 1e-10, torch.float32: 2e-5}.get(dtype, 3e-2)
-
-
-def _assert_same_roles(spec, ref, got, exact):
-    """Every role tensor and k of two argument lists (on any devices) agree."""
-    n = len(spec.roles)
-    for r, (la, lb) in enumerate(zip(ref[:n], got[:n])):
-        assert len(la) == len(lb)
-        for i, (a, b) in enumerate(zip(la, lb)):
-            a, b = a.cpu(), b.cpu()
-            if exact:
-                assert torch.equal(a, b), f"{spec.roles[r].name}[{i}] differs"
-            else:
-                tol = _tol(a.dtype)
-                torch.testing.assert_close(
-                    b.double(),
-                    a.double(),
-                    rtol=tol,
-                    atol=tol,
-                    msg=lambda m, r=r, i=i: f"{spec.roles[r].name}[{i}]: {m}",
-                )
-    assert torch.equal(ref[n + 3].cpu(), got[n + 3].cpu()), "k differs"
-
-
-F32, F64, BF16, F16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
-# per-client shapes: two chunks per client (16384 + 4619 elements; 21003 is odd, so every other
-# client's slice is misaligned), 5 (misaligned), aligned ones, a one-element tensor, a zero-size one
-MIXED = [
-    ((3, 7001), F32, 0),
-    ((5,), F32, 1),
-    ((64, 3, 3, 3), BF16, 0),
-    ((1,), F64, 2),
-    ((0,), F32, 0),
-    ((33, 2), F16, 1),
-    ((17, 1025), F64, 0),
-    ((2, 2), F32, 2),
-]
-# more stacked tensors (65 float32 ones) and batches (20) than one kernel-argument table holds
-MANY = [(((i * 37) % 300 + 1,) if i % 3 else (i % 5 + 1, 9), (F32, F32, BF16, F64)[i % 4], i % 20) for i in range(130)]
+_assert_same_roles = same_roles
 
 
 @pytest.mark.parametrize("layout", [MIXED, MANY], ids=["mixed", "many"])
@@ -363,8 +294,11 @@ def _shifted(t: torch.Tensor) -> torch.Tensor:
     return out.copy_(t)
 
 
+NORM_OPS = [name for name, spec in PER_CLIENT.items() if spec.norm]  # every two-pass op of the declaration
+
+
 @pytest.mark.parametrize("batched", [False, True], ids=["per_client", "batched"])
-@pytest.mark.parametrize("base", ["fednar", "padamfed"])
+@pytest.mark.parametrize("base", NORM_OPS)
 def test_norm_op_on_unaligned_views_is_bitwise_the_aligned_op(base, batched):
     """The scalar (unaligned) path gives each thread the elements the vector path gives it, in the
     same order, so the norm, and x through it, does not depend on where the tensors start."""
@@ -457,11 +391,13 @@ def _active(k):
 
 @pytest.mark.parametrize("algo,option", BATCHED_CFGS)
 def test_batched_cuda_graph_replay_equals_eager(algo, option):
+    """A user's capture of a batched step (FedSAM's: ``step(closure, active=...)``, its closure
+    writing the second gradients in place) replays to the eager bits."""
     eager, opt = _batched_setup(algo, option)
     for k in range(STEPS):
         for p, g in zip(eager, _grads(eager, k)):
             p.grad = g
-        opt.step(active=_active(k))
+        _step(opt, eager, active=_active(k))
 
     graphed, opt = _batched_setup(algo, option)
     static = [torch.empty_like(p) for p in graphed]
@@ -472,11 +408,11 @@ def test_batched_cuda_graph_replay_equals_eager(algo, option):
         for s, g in zip(static, _grads(graphed, k)):
             s.copy_(g)
         active.copy_(_active(k))
-        opt.step(active=active)
+        _step(opt, graphed, active=active)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        opt.step(active=active)  # recorded, not run
+        _step(opt, graphed, active=active)  # recorded, not run
     for k in range(2, STEPS):
         for s, g in zip(static, _grads(graphed, k)):
             s.copy_(g)

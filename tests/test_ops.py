@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 from backends import cases, require
+from op_harness import HP
 
 import fedopt_kernels as fk
 from fedopt_kernels.core import ops as _ops
@@ -48,23 +49,8 @@ def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, cli
                     ts.append(rnd(SHAPES[j], torch.float32 if role.state_typed else dtype))
         lists.append(ts)
     rows = []
-    for b in range(2):
-        row = {
-            "lr": 0.1,
-            "momentum": 0.9,
-            "dampening": 0.1,
-            "weight_decay": 0.01,
-            "prox_mu": 0.2,
-            "nesterov": 0.0,
-            "maximize": 0.0,
-            "step_lr": 0.1,
-            "max_norm": 1.0,
-            "eps": 1e-6,
-            "beta": 0.5,
-            "rho": 0.5,
-            "eta": 0.01,
-            "adaptive": float(b == 0),
-        }
+    for b in range(2):  # the GPU tests' values (tests/op_harness.py), ASAM in batch 0 only
+        row = {**HP, "nesterov": 0.0, "rho": 0.5, "adaptive": float(b == 0)}
         rows.append([row[h] for h in spec.hps])
     hp = torch.tensor(rows, dtype=torch.float64, device=device)
     k = torch.zeros(1, dtype=torch.int32, device=device)

@@ -483,6 +483,104 @@ def test_replayed_steps_with_moving_gradients_are_the_eager_bits(algo, cpu_repla
     assert eb.replay_stats()["replayed"] > 4, eb.replay_stats()
 
 
+def _fedsam_run(batched: bool, replay: bool, steps: int = 8):
+    """FedSAM's full option set (per-client, or 3 clients with a mask changed in place) stepped with
+    gradients at fixed addresses and the catalogue's closure, which writes the second gradients where
+    the first are (as a backward does with the caching allocator); returns (params, optimizer,
+    replay stats after each step)."""
+    cfg = catalogue.config("fedsam", catalogue.ALGOS["fedsam"].full)
+    C = 3
+    g = torch.Generator().manual_seed(3)
+    shapes = [s for s in SHAPES if s != ()] if batched else SHAPES
+    params = [torch.nn.Parameter(torch.randn(((C,) if batched else ()) + s, generator=g)) for s in shapes]
+    opt = (cfg.build_batched if batched else cfg.build)(params, "cpu", replay=replay)
+    order = [p for gr in opt.param_groups for p in gr["params"]]
+    active = torch.ones(C, dtype=torch.bool)
+    if batched:
+        views = [[p[c] for p in order] for c in range(C)]
+        opt.start_round(round_index=[0] * C, **cfg.batched_round_inputs(views, order, 0))
+    else:
+        opt.start_round(**cfg.round_inputs(order, 0))
+    slots = [torch.zeros_like(p) for p in params]
+    stats = []
+    for k in range(steps):
+        _fill_grads(params, slots, g)
+        if batched:
+            active[2] = k % 3 != 1
+            opt.step(active=active, **cfg.batched_step_inputs(views, k, stacked=order))
+        else:
+            opt.step(**cfg.step_inputs(order, k))
+        stats.append(dict(opt.replay_stats()))
+    return params, opt, stats
+
+
+def _fedsam_replays_to_the_eager_bits(batched: bool) -> None:
+    runs = [_fedsam_run(batched, replay) for replay in (False, True)]
+    (a, ea, _), (b, eb, stats) = runs
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert torch.equal(x.detach(), y.detach()), f"parameter {i}"
+        for key, value in ea.state[x].items():
+            assert torch.equal(value, eb.state[y][key]), (i, key)
+    # past the warm-up (a fresh-momentum step, a new plan, the recordings) every launch replays:
+    # the ascent's and the descent's (with the restore recorded in it), two per step
+    for before, after in zip(stats[3:], stats[4:]):
+        assert after["replayed"] - before["replayed"] == 2 and after["eager"] == before["eager"], (before, after)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["per_client", "batched"])
+def test_fedsam_replays_both_of_its_launches_to_the_eager_bits(batched, cpu_replay):
+    """On the H200 FedSAM recorded once and replayed none of its steps: its ascent had no replay of
+    its own, and its descent's gradients (the test's closure made new ones) moved every step. Now
+    the ascent has its launch key and recordings, the restore runs inside the descent's launch, and
+    a step at fixed addresses replays both; the stand-in graph re-runs the recorded launch, so a
+    recording without the restore, or a key that matched the wrong tensors, would show in the bits."""
+    _fedsam_replays_to_the_eager_bits(batched)
+
+
+def test_the_fedsam_replay_check_can_fail(cpu_replay, monkeypatch):
+    """Not vacuous: a descent replayed without its restore (x left at x + e) fails the check above."""
+    replaying = [False]
+
+    class WithoutRestore(_FakeGraph):
+        def replay(self):
+            replaying[0] = True
+            try:
+                self.run()
+            finally:
+                replaying[0] = False
+
+    run = _replay.Prologue.run
+    monkeypatch.setattr(_replay.Prologue, "run", lambda self: None if replaying[0] else run(self))
+    cpu_replay(WithoutRestore)
+    with pytest.raises(AssertionError, match="parameter"):
+        _fedsam_replays_to_the_eager_bits(False)
+
+
+def test_the_ascent_key_repeats_and_the_restore_is_in_the_descent_key(cpu_replay):
+    """The launch keys FedSAM's replays hang on: the ascent's is the same at every step at fixed
+    addresses (its counter, hp rows and plan are kept); the descent's carries the restore's tensors
+    (the moved parameters and their saved x), so another restore never replays this recording."""
+    params, opt, _ = _fedsam_run(False, True, steps=4)
+    ascent, restore, descent = opt.step_plans
+    assert restore is opt._restore.prologue(None) and restore.key == opt._restore.key
+    rep = opt._ascent.replay
+
+    def key_of():
+        k = opt._ascent.k[ascent.device]
+        return rep.key(ascent, (), ascent.hp, k, opt._one(ascent.device), 1, (False, False), None)
+
+    first = key_of()
+    assert first in rep.recordings
+    other = _replay.Prologue(_replay.tensors_id([params[0]], [torch.zeros_like(params[0])]), restore.fn, ())
+    k, one = opt._counter(descent.device), opt._one(descent.device)
+    keys = [
+        opt._replay.key(descent, [], descent.hp, k, one, 1, (False, False), None, pro.key) for pro in (restore, other)
+    ]
+    assert keys[0] != keys[1] and keys[0] in opt._replay.recordings
+    opt.step(lambda: None)
+    assert key_of() == first
+
+
 def test_a_new_plan_records_a_key_only_after_its_own_eager_step(cpu_replay):
     """A rebuilt plan (a round start) has new backend caches: a key seen eagerly under the old plan is
     not recorded at once (a triton recording would have to build its pointer tables inside the
@@ -665,9 +763,9 @@ def test_a_failed_recording_never_aborts_the_process(backend):
     assert proc.returncode == 0 and "done:" in proc.stdout, ending(proc)
 
 
-def _params(seed: int = 0) -> List[torch.Tensor]:
+def _params(seed: int = 0, device: str = "cuda") -> List[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(s, generator=g).cuda()) for s in SHAPES]
+    return [torch.nn.Parameter(torch.randn(s, generator=g).to(device)) for s in SHAPES]
 
 
 def _grads(params, step: int) -> List[torch.Tensor]:
@@ -698,7 +796,8 @@ class _StepInputs:
 
 
 def _same_bits(a_params, a_opt, b_params, b_opt, what: str) -> None:
-    torch.cuda.synchronize()
+    if a_params[0].is_cuda:
+        torch.cuda.synchronize()
     for i, (a, b) in enumerate(zip(a_params, b_params)):
         assert torch.equal(a.detach(), b.detach()), f"{what}: parameter {i}"
         for key, value in a_opt.state[a].items():
@@ -755,18 +854,19 @@ def test_replayed_steps_are_the_eager_bits(backend, algo, option):
     assert eager.replay_stats()["replayed"] == 0
 
 
-@gpu
-@pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("algo", list(catalogue.ALGOS))
-def test_grad_scaler_with_a_skipped_step_replays_to_the_eager_bits(backend, algo):
-    require(backend, "cuda")
+def _grad_scaler_runs(algo: str, backend: str, device: str) -> None:
+    """Ten steps under GradScaler, two of them with an inf gradient (skipped, the scale halves), by an
+    optimizer that replays and one that never does: the same bits, and replays. FedSAM as its users
+    call it under AMP (torch refuses a closure under GradScaler): ``scaler.unscale_(opt)`` by hand,
+    the step skipped when GradScaler's own check finds an inf (as ``scaler.step`` skips it), else
+    ``first_step()``, the second forward and backward (the catalogue's closure), ``second_step()``."""
     cfg = catalogue.config(algo, catalogue.ALGOS[algo].full)
     runs = []
     for replay in (False, True):
-        params = _params()
+        params = _params(device=device)
         opt = cfg.build(params, backend, replay=replay)
         order = [p for g in opt.param_groups for p in g["params"]]
-        scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10, growth_interval=3)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=3)
         opt.start_round(**cfg.round_inputs(order, 0))
         slots = [torch.zeros_like(p) for p in params]
         step_inputs = _StepInputs(cfg.step_inputs)
@@ -777,13 +877,39 @@ def test_grad_scaler_with_a_skipped_step_replays_to_the_eager_bits(backend, algo
             for p, s, g in zip(params, slots, grads):
                 s.copy_(scaler.scale(g))
                 p.grad = s
-            scaler.step(opt, **step_inputs(order, k))
+            inputs = dict(step_inputs(order, k))
+            closure = inputs.pop("closure", None)
+            if closure is None:
+                scaler.step(opt, **inputs)
+            else:
+                scaler.unscale_(opt)
+                if not sum(v.item() for v in scaler._found_inf_per_device(opt).values()):
+                    sam: Any = opt  # FedSAM: its two steps
+                    sam.first_step(**inputs)
+                    closure()
+                    sam.second_step()
             scaler.update()
         runs.append((params, opt, scaler.get_scale()))
     (a, ea, sa), (b, eb, sb) = runs
     assert sa == sb
     _same_bits(a, ea, b, eb, f"{algo} under GradScaler on {backend}")
     assert eb.replay_stats()["replayed"] > 0
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("algo", list(catalogue.ALGOS))
+def test_grad_scaler_with_a_skipped_step_replays_to_the_eager_bits(backend, algo):
+    require(backend, "cuda")
+    _grad_scaler_runs(algo, backend, "cuda")
+
+
+@pytest.mark.parametrize("algo", list(catalogue.ALGOS))
+def test_grad_scaler_runs_of_the_gpu_test_on_the_cpu(algo, cpu_replay):
+    """The GPU test above, on the cpu backend with a stand-in graph that re-runs the launch: its
+    logic (FedSAM's AMP steps included) is checked on every machine."""
+    require("cpu", "cpu")
+    _grad_scaler_runs(algo, "cpu", "cpu")
 
 
 @gpu
@@ -813,41 +939,56 @@ def test_a_tensor_lr_changed_in_place_reaches_replayed_steps(backend, where):
     assert runs[1][1].replay_stats()["replayed"] > 0
 
 
-@gpu
-@pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("algo", list(catalogue.ALGOS))
-def test_client_batched_steps_replay_to_the_eager_bits(backend, algo):
+def _client_batched_runs(algo: str, backend: str, device: str) -> None:
+    """Two rounds of client-batched steps, client 1 sitting out the last steps of each, by an optimizer
+    that replays and one that never does: the same bits, and replays. Every step gets the catalogue's
+    step inputs: FedSAM's its closure (``BatchedFedSAM.step`` takes no step without one)."""
     cfg = catalogue.config(algo, catalogue.ALGOS[algo].full)
-    require(backend, "cuda")
     C = 3
     runs = []
     for replay in (False, True):
         g = torch.Generator().manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn((C,) + s, generator=g).cuda()) for s in SHAPES if s != (0,)]
+        params = [torch.nn.Parameter(torch.randn((C,) + s, generator=g).to(device)) for s in SHAPES if s != (0,)]
         opt = cfg.build_batched(params, backend, replay=replay)
         order = [p for gr in opt.param_groups for p in gr["params"]]
         views = [[p[c] for p in order] for c in range(C)]
         slots = [torch.zeros_like(p) for p in params]
-        active = torch.ones(C, dtype=torch.bool, device="cuda")
+        active = torch.ones(C, dtype=torch.bool, device=device)
         step_inputs = _StepInputs(cfg.batched_step_inputs)
         for rnd in range(2):
             opt.start_round(round_index=[rnd] * C, **cfg.batched_round_inputs(views, order, rnd))
             for k in range(6):
                 for s, p in zip(slots, params):
-                    s.copy_(torch.randn(p.shape, generator=g).cuda())
+                    s.copy_(torch.randn(p.shape, generator=g).to(device))
                     p.grad = s
                 active.fill_(True)
                 if k >= 4:
                     active[1] = False  # client 1 sits out the round's last steps
                 opt.step(active=active, **step_inputs(views, rnd * 6 + k))
         runs.append((params, opt))
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     (a, ea), (b, eb) = runs
     for i, (x, y) in enumerate(zip(a, b)):
         assert torch.equal(x.detach(), y.detach()), f"{algo} batched on {backend}: parameter {i}"
         for key, value in ea.state[x].items():
             assert torch.equal(value, eb.state[y][key]), (i, key)
     assert eb.replay_stats()["replayed"] > 0
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("algo", list(catalogue.ALGOS))
+def test_client_batched_steps_replay_to_the_eager_bits(backend, algo):
+    require(backend, "cuda")
+    _client_batched_runs(algo, backend, "cuda")
+
+
+@pytest.mark.parametrize("algo", list(catalogue.ALGOS))
+def test_client_batched_runs_of_the_gpu_test_on_the_cpu(algo, cpu_replay):
+    """The GPU test above on the cpu backend, with a stand-in graph that re-runs the launch."""
+    require("cpu", "cpu")
+    _client_batched_runs(algo, "cpu", "cpu")
 
 
 def _steps_at_fixed_addresses(algo: str, backend: str, replay: bool):
@@ -958,12 +1099,13 @@ def test_an_eager_step_allocates_no_device_memory(backend, algo):
 
 @gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("make", ["FedDecaySGD", "FedNAR"])
+@pytest.mark.parametrize("make", ["FedDecaySGD", "FedNAR", "FedSAM"])
 def test_a_training_loop_with_set_to_none_replays(backend, make):
     """torch's default loop (zero_grad(set_to_none=True), forward, backward, step): the caching
     allocator brings the gradients back to a few address sets, and most steps replay. On an H200 the
     cuda backend replayed 154 of 159 such steps of the small CNN; the triton backend none, while its
-    pointer tables came from the shared memory pool and moved the gradients."""
+    pointer tables came from the shared memory pool and moved the gradients. FedSAM's closure does
+    the same again at x + e: its step allocates nothing, so both of its launches replay."""
     require(backend, "cuda")
     from fedopt_kernels.sim.models.small import SmallCNN
 
@@ -971,12 +1113,21 @@ def test_a_training_loop_with_set_to_none_replays(backend, make):
     model = SmallCNN((1, 8, 8), 10).cuda()
     if make == "FedNAR":
         opt = fedopt_kernels.FedNAR(model.parameters(), lr=0.05, weight_decay=0.01, max_norm=1.0, backend=backend)
+    elif make == "FedSAM":
+        opt = fedopt_kernels.FedSAM(model.parameters(), lr=0.05, rho=0.05, momentum=0.9, backend=backend)
     else:
         opt = fedopt_kernels.FedDecaySGD(model.parameters(), lr=0.05, beta=1.0, momentum=0.9, backend=backend)
     x, y = torch.randn(32, 1, 8, 8, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
-    for _ in range(40):
+
+    def closure():
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+
+    for _ in range(40):
+        closure()
+        if make == "FedSAM":
+            opt.step(closure)
+        else:
+            opt.step()
     stats = opt.replay_stats()
-    assert stats["replayed"] >= 20, stats
+    assert stats["replayed"] >= (40 if make == "FedSAM" else 20), stats  # FedSAM: two launches a step

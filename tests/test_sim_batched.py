@@ -131,15 +131,21 @@ def _train(cfg, emulate: bool):
     return sim
 
 
-@pytest.mark.parametrize("algorithm", ["feddecay", "fednlr", "fednar-scaffold", "padamfed-vr"])
+@pytest.mark.parametrize(
+    "algorithm", ["feddecay", "fednlr", "fednar-scaffold", "padamfed-vr", "fedsam-scaffold", "fedasam"]
+)
 def test_graph_bookkeeping_replays_exactly(algorithm):
-    """The CUDA-graph path's state/hp handling, emulated on the CPU: a recorded optimizer call
+    """The CUDA-graph path's state/hp handling, emulated on the CPU: the recorded optimizer calls
     replayed with the captured tensors over 3 rounds (round 0: 2 eager steps, capture, replays;
-    later rounds: replays only) equals the eager client-parallel run bit for bit."""
+    later rounds: replays only) equal the eager client-parallel run bit for bit. FedSAM's step is
+    captured whole: ascent, the closure's second gradients, restore and descent."""
     cfg = tiny_config(algorithm, rounds=3, local_steps=4, clients_per_round=5, **EXTRA.get(algorithm, {}))
     eager, graph = _train(cfg, False), _train(cfg, True)
     g = graph.batched.trainer.graph
-    assert g.plan is not None and g.recorded is not None and g.eager_steps == 2
+    assert g.plan is not None and g.recorded and g.eager_steps == 2
+    closure_step = cfg.algo.closure_step
+    assert len(g.recorded) == (3 if closure_step else 1)  # FedSAM: the ascent, the restore, the descent
+    assert [after for after, *_ in g.recorded] == ([False, True, True] if closure_step else [False])
     for a, b in zip(eager.global_params, graph.global_params):
         assert torch.equal(a, b)
     assert [h["train_loss"] for h in eager.history] == [h["train_loss"] for h in graph.history]
@@ -420,7 +426,7 @@ def test_validate_sequential_without_float64_kernels_checks_paths_and_kernels_ap
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("algorithm", ["feddecay", "fednar-scaffold", "padamfed-vr"])
+@pytest.mark.parametrize("algorithm", ["feddecay", "fednar-scaffold", "padamfed-vr", "fedsam-scaffold"])
 def test_cuda_graph_matches_eager_on_gpu(algorithm, backend):
     """The real capture: a fused batched backend on CUDA, graph replay vs eager (same backend); then
     ``--validate sequential`` with the graph: in float64 on cuda; on triton (no float64 kernels) the

@@ -1,6 +1,9 @@
 """GPU-only properties of the Triton backend (skipped without CUDA): a step (per-client or
 client-batched) is CUDA-graph capturable and replays to the eager result, never synchronises with
-the host, and changing hyperparameters between steps compiles nothing new."""
+the host, and changing hyperparameters between steps compiles nothing new.
+
+One optimizer per algorithm of the catalogue (``_builders``, ``_batched_builders``; a CPU test,
+tests/test_gpu_harness.py, fails when an algorithm has none); FedSAM's steps get a closure."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from no_sync import no_host_sync
 
 import fedopt_kernels as fk
 from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.fl import algorithm
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +40,23 @@ def _builders():
         ),
         "fednar": lambda ps: fk.FedNAR(ps, lr=0.1, weight_decay=0.05, max_norm=0.5, backend="triton"),
         "padamfed": lambda ps: fk.PAdaMFed(ps, lr=0.05, beta=0.5, backend="triton"),
+        "feddyn": lambda ps: fk.FedDyn(ps, lr=0.1, alpha=0.1, momentum=0.9, weight_decay=0.01, backend="triton"),
+        "fedsam": lambda ps: fk.FedSAM(ps, lr=0.1, rho=0.1, momentum=0.9, weight_decay=0.01, backend="triton"),
     }
+
+
+def _step(opt, ps, **kwargs):
+    """``opt.step()``; a step that takes two gradients (FedSAM) gets a closure writing the second one,
+    ``g / 2 + x`` at the moved parameters, into the gradients in place (a graph captures it)."""
+    if not algorithm.of_optimizer(type(opt)).closure_step:
+        return opt.step(**kwargs)
+
+    def closure():
+        for p in ps:
+            if p.grad is not None:
+                p.grad.mul_(0.5).add_(p.detach())
+
+    return opt.step(closure, **kwargs)
 
 
 def _with_static_grads(ps, seed=1):
@@ -59,18 +79,18 @@ def test_cuda_graph_of_k_steps_replays_to_the_eager_result(name, dtype):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        graphed.step()  # warm-up: builds the plan (tables, state) outside the capture
-        graphed.step()  # momentum buffers exist now: the plan is steady
+        _step(graphed, graph_ps)  # warm-up: builds the plan (tables, state) outside the capture
+        _step(graphed, graph_ps)  # momentum buffers exist now: the plan is steady
     torch.cuda.current_stream().wait_stream(side)
-    eager.step()
-    eager.step()
+    _step(eager, eager_ps)
+    _step(eager, eager_ps)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(K):
-            graphed.step()
+            _step(graphed, graph_ps)
     graph.replay()
     for _ in range(K):
-        eager.step()
+        _step(eager, eager_ps)
     torch.cuda.synchronize()
     for a, b in zip(eager_ps, graph_ps):
         assert torch.equal(a.detach(), b.detach()), name
@@ -81,7 +101,8 @@ def test_cuda_graph_of_k_steps_replays_to_the_eager_result(name, dtype):
 def test_step_never_synchronises_with_the_host(name):
     ps = _params()
     _with_static_grads(ps)
-    _steps_never_sync(_builders()[name](ps).step)
+    opt = _builders()[name](ps)
+    _steps_never_sync(lambda: _step(opt, ps))
 
 
 def _steps_never_sync(step, warm: int = 1) -> None:
@@ -115,18 +136,20 @@ def test_changing_hyperparameters_compiles_nothing_new():
         "neuron_lr": dict(lr=0.02, momentum=0.7, weight_decay=0.1),
         "fednar": dict(lr=0.5, max_norm=3.0, weight_decay=0.01, eps=1e-3, round_decay=0.5),
         "padamfed": dict(lr=0.2, beta=0.9, eps=1e-6),
+        "feddyn": dict(lr=0.03, alpha=0.5, momentum=0.5, weight_decay=0.1, dampening=0.3),
+        "fedsam": dict(lr=0.03, rho=0.5, adaptive=True, eta=0.1, eps=1e-6, momentum=0.5, weight_decay=0.1),
     }
     for name, build in _builders().items():
         ps = _params()
         _with_static_grads(ps)
         opt = build(ps)
-        opt.step()
-        opt.step()
+        _step(opt, ps)
+        _step(opt, ps)
         before = _compiled_variants()
         for key, value in edits[name].items():
             for group in opt.param_groups:
                 group[key] = value
-            opt.step()
+            _step(opt, ps)
         torch.cuda.synchronize()
         assert _compiled_variants() == before, f"{name}: a hyperparameter change compiled a new kernel"
 
@@ -142,6 +165,8 @@ def _stacked(seed=0):
 
 def _batched_builders():
     from fedopt_kernels.batched import BatchedFedDecaySGD, BatchedFedNAR, BatchedNeuronLRSGD, BatchedPAdaMFed
+    from fedopt_kernels.optim.feddyn import BatchedFedDyn
+    from fedopt_kernels.optim.fedsam import BatchedFedSAM
 
     return {
         "feddecay": lambda ps: BatchedFedDecaySGD(
@@ -158,6 +183,8 @@ def _batched_builders():
         ),
         "fednar": lambda ps: BatchedFedNAR(ps, lr=0.1, weight_decay=0.05, max_norm=0.5, backend="triton"),
         "padamfed": lambda ps: BatchedPAdaMFed(ps, lr=0.05, beta=0.5, backend="triton"),
+        "feddyn": lambda ps: BatchedFedDyn(ps, lr=0.1, alpha=0.1, momentum=0.9, backend="triton"),
+        "fedsam": lambda ps: BatchedFedSAM(ps, lr=0.1, rho=0.1, adaptive=True, momentum=0.9, backend="triton"),
     }
 
 
@@ -177,18 +204,18 @@ def test_batched_cuda_graph_replays_to_the_eager_result(name):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        graphed.step(active=masks[0])  # warm-up: plans, state and tables are built outside the capture
-        graphed.step(active=masks[1])
+        _step(graphed, graph_ps, active=masks[0])  # warm-up: plans, state and tables are built outside the capture
+        _step(graphed, graph_ps, active=masks[1])
     torch.cuda.current_stream().wait_stream(side)
-    eager.step(active=masks[0])
-    eager.step(active=masks[1])
+    _step(eager, eager_ps, active=masks[0])
+    _step(eager, eager_ps, active=masks[1])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for s in range(K):
-            graphed.step(active=masks[s])
+            _step(graphed, graph_ps, active=masks[s])
     graph.replay()
     for s in range(K):
-        eager.step(active=masks[s])
+        _step(eager, eager_ps, active=masks[s])
     torch.cuda.synchronize()
     for a, b in zip(eager_ps, graph_ps):
         assert torch.equal(a.detach(), b.detach()), name
@@ -202,7 +229,7 @@ def test_batched_step_never_synchronises_with_the_host(name):
     _with_static_grads(ps)
     opt = _batched_builders()[name](ps)
     active = torch.tensor([True, False, True, True, False], device="cuda")
-    _steps_never_sync(lambda: opt.step(active=active), warm=2)
+    _steps_never_sync(lambda: _step(opt, ps, active=active), warm=2)
 
 
 @needs_triton_cuda
@@ -219,7 +246,7 @@ def test_gradients_at_new_addresses_never_synchronise_with_the_host(name):
     def step():
         for p in ps:  # new tensors, made on the device (a copy from the host would be a sync itself)
             p.grad = torch.randn_like(p)
-        opt.step()
+        _step(opt, ps)
 
     _steps_never_sync(step, warm=2)
     assert launcher.stats["moved"] > moved

@@ -29,9 +29,10 @@ from .plan_inputs import GroupInputs, Member, PlanInputs, check_grad, name_of, p
 from .schedules import DecaySchedule
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NO_STEP_INPUTS: Dict[str, List[Optional[torch.Tensor]]] = {}  # never written: shared by every step
 ROUND_KEY = "fedopt_round"
 # attributes rebuilt after a copy instead of copied: caches and the compile handle
-_TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache", "_replay", "_graph_plan", "_graph_cover", "_retired")
+_TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache", "_replay", "_prologue", "_graph_plan", "_graph_cover", "_retired")
 # plans of retired graphs kept alive (with the tensors their graphs write), the most recent first
 RETIRED_GRAPHS = 2
 
@@ -142,6 +143,7 @@ class FedOptimizer(Optimizer):
         self.backend = backend
         self._replay_on = _replay.resolve_switch(replay)  # docs/replay.md
         self._replay: Optional[_replay.StepReplay] = _replay.StepReplay() if self._replay_on else None
+        self._prologue: Optional[_replay.Prologue] = None  # work the next launch runs first (FedSAM's restore)
         self._t = -1  # index of the current round (-1: no round started yet)
         self._k_host: Any = 0  # within-round step counter until the device counter exists (client-batched: a list)
         self._k_dev: Optional[torch.Tensor] = None  # int32 [1] on the parameters' device (authoritative)
@@ -609,9 +611,12 @@ class FedOptimizer(Optimizer):
         """The eager step. ``params_given``: tensors to write instead of the parameters (compiled path)."""
         if self._t < 0:
             self.start_round()
-        if self._step_input is not None and isinstance(step_input, (list, tuple)) and len(step_input) == 0:
-            step_input = None
-        per_step = self._check_step_inputs(step_input)
+        if self._step_input is None:
+            per_step = _NO_STEP_INPUTS  # step() refused any: nothing to check (a call less per step)
+        else:
+            if isinstance(step_input, (list, tuple)) and len(step_input) == 0:
+                step_input = None
+            per_step = self._check_step_inputs(step_input)
         plan = self._plan
         verdict = False if plan is None else plan.still_valid(self.param_groups)
         if plan is None or (
@@ -630,7 +635,9 @@ class FedOptimizer(Optimizer):
             grad_scale = self._check_amp("grad_scale", grad_scale, device)
         if found_inf is not None:
             found_inf = self._check_amp("found_inf", found_inf, device)
-        k = self._counter(device)
+        k = self._k_dev
+        if k is None or k.device != device:
+            k = self._counter(device)
         sched = self._schedule()
         capture = capturing(device)  # a CUDA graph of the caller's is being captured
         if capture:
@@ -642,22 +649,36 @@ class FedOptimizer(Optimizer):
         spec = self._spec
         active = self._active_for(device) if spec.batched else None
         rep = self._replay
-        if rep is not None and (params_given is not None or not _replayable(plan) or capture):
+        ok = plan.replayable  # decided once per plan
+        if ok is None:
+            ok = replayable(plan)
+        if rep is not None and (params_given is not None or not ok or capture):
             rep = None  # this step runs eagerly (docs/replay.md)
         elif rep is not None and rep.off_reason is not None:
             rep.stats["eager"] += 1  # replay is off for good: no key to build, no AMP buffers to fill
             rep = None
         key = None
+        pro = self._prologue
         if rep is not None:
             # GradScaler's new tensors each step: their values go into buffers a graph reads
-            grad_scale, found_inf = rep.amp_buffers(device, grad_scale, found_inf)
+            if grad_scale is not None or found_inf is not None:
+                grad_scale, found_inf = rep.amp_buffers(device, grad_scale, found_inf)
             per_step_lists: List[List[Any]] = (
                 [[per_param[i] for i in plan.step_order[r]] for r, per_param in per_step.items()] if per_step else []
             )
             key = rep.key(
-                plan, per_step_lists, plan.hp, k, table, every, (grad_scale is not None, found_inf is not None), active
+                plan,
+                per_step_lists,
+                plan.hp,
+                k,
+                table,
+                every,
+                (grad_scale is not None, found_inf is not None),
+                active,
+                None if pro is None else pro.key,
             )
             if rep.replay(key):  # docs/replay.md: the recorded launch, bitwise the eager step
+                self._prologue = None  # it was recorded with the launch
                 self._host_steps += 1
                 return
         lists: Dict[str, Any] = plan.lists
@@ -690,10 +711,21 @@ class FedOptimizer(Optimizer):
             *((active,) if spec.batched else ()),
             plan.backend,
         )
+        if pro is not None:
+            self._prologue = None  # it runs first in the launch below (so a recording holds it)
         if key is None:
+            if pro is not None:
+                pro.run()
             plan.fn(*args, cache=cache)
-        else:  # eager or recorded: bitwise the same step
+        elif pro is None:  # eager or recorded: bitwise the same step
             rep.launch(key, device, lambda: plan.fn(*args, cache=cache), cache)  # type: ignore[union-attr]
+        else:
+
+            def launch() -> None:
+                pro.run()
+                plan.fn(*args, cache=cache)
+
+            rep.launch(key, device, launch, cache)  # type: ignore[union-attr]
         self._host_steps += 1
 
     # ---------------------------------------------------------------- a CUDA graph of the caller's
@@ -802,6 +834,16 @@ class FedOptimizer(Optimizer):
         self._plan = plan
         self._graph_plan = plan  # a graph reads it: a later round start retires it until reinstated again
         self._hp_cache.keep(host, plan.hp)
+
+    @property
+    def step_plans(self) -> Tuple[Any, ...]:
+        """Everything the next step launches through a ``fn`` attribute, in launch order: its plan
+        (none before the first step). FedSAM's: its ascent's plan, its restore, its descent's plan."""
+        return () if self._plan is None else (self._plan,)
+
+    def reinstate_plans(self, plans: Sequence[Any]) -> None:
+        """``reinstate_plan`` for what ``step_plans`` returned (a captured step's launches)."""
+        self.reinstate_plan(plans[-1])
 
     def note_replayed_steps(self, n: int = 1) -> None:
         """Count ``n`` steps a replay took without ``step()``: the host-side count that sizes the
@@ -928,6 +970,7 @@ class FedOptimizer(Optimizer):
         for name, default in (("_graph_plan", None), ("_graph_cover", None), ("_retired", []), ("_capture_steps", 0)):
             self.__dict__.setdefault(name, default)
         self._plan = None
+        self._prologue = None
         self._ones = {}
         self._hp_cache = HpCache()
         self._handle = _step_op.register(self._run)
@@ -942,7 +985,7 @@ class FedOptimizer(Optimizer):
             self._replay = _replay.StepReplay() if self._replay_on else None
 
 
-def _replayable(plan: StepPlan) -> bool:
+def replayable(plan: StepPlan) -> bool:
     """Can this plan's steps be recorded (docs/replay.md, "Always eager")? Decided once per plan."""
     ok = plan.replayable
     if ok is None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import _C as _torch_c
@@ -85,6 +85,11 @@ def _layout(t: torch.Tensor) -> tuple:
 
 def _list_layout(ts: Sequence[torch.Tensor]) -> tuple:
     return tuple([_layout(t) for t in ts])
+
+
+def tensors_id(*lists: Sequence[torch.Tensor]) -> int:
+    """One interned id for the layouts (address, shape, strides, dtype) of ``lists``' tensors."""
+    return _intern(tuple([_list_layout(ts) for ts in lists]))
 
 
 def _end_pool(index: int, pool: Any) -> bool:
@@ -154,6 +159,23 @@ def capture(
     return failure
 
 
+class Prologue:
+    """Work a step runs right before its op, in the same launch, so a recording holds both (FedSAM's
+    restore of ``x`` before its descent). ``key``: what its launches bake in (its tensors' addresses,
+    computed once), which joins the step's launch key; ``fn(*args)`` runs it, ``fn`` read when it
+    runs (a caller that records launches, sim/parallel/step_graph.py, may stand in for it)."""
+
+    __slots__ = ("key", "fn", "args")
+
+    def __init__(self, key: Hashable, fn: Callable[..., Any], args: tuple):
+        self.key = key
+        self.fn = fn
+        self.args = args
+
+    def run(self) -> None:
+        self.fn(*self.args)
+
+
 class _Recording:
     __slots__ = ("graph", "keep", "replays")
 
@@ -209,11 +231,13 @@ class StepReplay:
         every: int,
         amp: Tuple[bool, bool],
         active: Optional[torch.Tensor],
+        prologue: Hashable = None,
     ) -> tuple:
         """``plan``'s launch key for this step. The gradients enter as ``plan.grad_set``, the id of their
         (address, strides) set that the plan's ``still_valid`` computed for this step (their shapes and
-        dtypes are the parameters', checked there). A new plan starts a new history of eager keys: a
-        key is recorded only when the plan's own caches (the backend's tables) are warm for it."""
+        dtypes are the parameters', checked there); ``prologue``: the key of a ``Prologue`` the launch
+        runs first. A new plan starts a new history of eager keys: a key is recorded only when the
+        plan's own caches (the backend's tables) are warm for it."""
         if plan.version != self.plan_version:
             self.plan_version = plan.version
             self.recent.clear()
@@ -230,6 +254,7 @@ class StepReplay:
             every,
             amp,
             None if active is None else active.data_ptr(),
+            prologue,
         )
 
     # ------------------------------------------------------------------ AMP inputs

@@ -46,15 +46,19 @@ def scales_for(params: Params, seed: int, every: bool = False) -> Dict[torch.Ten
 class SecondGradient:
     """The closure a catalogue step that takes one gets (FedSAM's): it sets each parameter's gradient
     to ``base + x``, seeded noise plus the parameter as it is then, so that where the step moved the
-    parameters before calling it shows in what the step does next."""
+    parameters before calling it shows in what the step does next. It writes into the gradient
+    tensors there are (the bits of ``base + x``), as a backward does into kept gradients, and as
+    the caching allocator makes of ``zero_grad(set_to_none=True)`` and a backward: the second
+    gradients sit where the first did."""
 
     def __init__(self, params: Tensors, bases: Tensors):
         self.params, self.bases = params, bases
 
     def __call__(self) -> None:
         for p, b in zip(self.params, self.bases, strict=True):
-            if p.grad is not None:
-                p.grad = b + p.detach()
+            g = p.grad
+            if g is not None:
+                g.copy_(b).add_(p.detach())
 
 
 @dataclass(frozen=True)

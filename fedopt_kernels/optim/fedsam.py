@@ -9,22 +9,23 @@ computes the second one.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
+from torch._C import _set_grad_enabled
 
 from ..batched.mixin import ClientBatched
-from ..core import dtensor as _dtensor
+from ..core import replay as _replay
 from ..core import step_op as _step_op
 from ..core.ops import BATCHED, SAM_ASCENT
 from ..core.optimizer import ROUND_KEY, check_number, round_entry
-from ..core.plan import HpCache, StepPlan
+from ..core.plan import StepPlan
 from ..core.plan_inputs import GroupInputs, Member, PlanInputs
 from ..fl import algorithm
 from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
+from .sam_steps import SAVED, Ascent, Pending, Restore
 from .sgd import SGDAlgorithm, SGDFamily
 
-_SAVED = "saved_x"  # per-parameter state: x before the ascent, restored bit for bit by the descent
 _TWO_STEPS = (
     "FedSAM takes two gradients per step: call step(closure), whose closure re-evaluates the loss and "
     "calls backward at the perturbed parameters, or first_step(), your forward and backward, then "
@@ -52,9 +53,15 @@ class FedSAM(SGDFamily):
     ``rho = 0`` is that SGD step. Use it as torch users use SAM: ``step(closure)`` after the first
     backward, with a closure that clears the gradients, re-evaluates the loss and calls backward
     (it returns the loss of the perturbed model); or ``first_step()``, forward and backward,
-    ``second_step()``. ``step()`` without a closure raises. The saved ``x`` is optimizer state
-    (``"saved_x"``, with whether a second step is pending): a ``state_dict`` taken between the two
-    steps continues there.
+    ``second_step()``. ``step()`` without a closure raises. When the closure raises, ``x`` is
+    restored and the first step forgotten before the exception propagates: the model and the
+    optimizer are where the step began. The saved ``x`` is optimizer state (``"saved_x"``, in a
+    ``state_dict`` only while a second step is pending, with that fact): a ``state_dict`` taken
+    between the two steps continues there.
+
+    On a GPU both steps replay recorded launches (docs/replay.md) as the other optimizers' steps do,
+    as two recordings: the ascent's, and the descent's, which restores ``x`` first. Two, not one,
+    because the caller's forward and backward run between them: a recording holds no user code.
 
     Args:
         params: parameters or param groups.
@@ -66,11 +73,11 @@ class FedSAM(SGDFamily):
         eps: added to the norm (>= 0).
         prox_mu: FedProx coefficient (anchor taken at ``start_round``).
         backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
-        replay: record the descent on a GPU in a CUDA graph (docs/replay.md); None: on unless
+        replay: record both steps on a GPU in CUDA graphs (docs/replay.md); None: on unless
             ``FEDOPT_REPLAY=0``.
     """
 
-    _state_keys: Tuple[str, ...] = SGDFamily._state_keys + (_SAVED,)
+    _state_keys: Tuple[str, ...] = SGDFamily._state_keys + (SAVED,)
     # GradScaler.step calls step() without a closure: unscale_ by hand, then first_step / second_step
     _step_supports_amp_scaling = False
 
@@ -90,10 +97,9 @@ class FedSAM(SGDFamily):
         backend: str = "auto",
         replay: Optional[bool] = None,
     ):
-        self._pending: Optional[List[int]] = None  # flat indexes the last first_step() moved
-        self._ascent: Optional[StepPlan] = None
-        self._ascent_hp = HpCache()
-        self._ascent_k: Dict[torch.device, torch.Tensor] = {}  # the ascent op's own (unread) counter
+        self._pending: Optional[Pending] = None  # the last first_step(), until its second_step()
+        self._restore: Optional[Restore] = None  # the last restore's tensors (reused while they hold)
+        self._restored: Optional[_replay.Prologue] = None  # the last descent's restore (step_plans)
         defaults = dict(
             lr=lr,
             rho=rho,
@@ -107,6 +113,7 @@ class FedSAM(SGDFamily):
             prox_mu=prox_mu,
         )
         super().__init__(params, defaults, backend, replay)
+        self._ascent = Ascent(self._replay_on)
         self._sam_handles = self._register_steps()
 
     def _register_steps(self) -> Tuple[int, int]:
@@ -158,40 +165,7 @@ class FedSAM(SGDFamily):
         is for the other optimizers: compiled and eager steps compute the same bits."""
         if torch.compiler.is_compiling() and not step_inputs:
             return self._as_op(0)
-        if self._pending is not None:
-            raise RuntimeError(
-                "first_step() was called twice without second_step(): the parameters hold x + e; call "
-                "second_step() (after the backward at x + e) first"
-            )
-        if self._t < 0:
-            self.start_round()
-        active = self._take_active(step_inputs)
-        plan = self._ascent
-        if plan is None or plan.still_valid(self.param_groups) is not True:
-            plan = self._ascent = None
-            plan = self._ascent = self._plan_cls(self._ascent_inputs())
-        if plan.params:
-            device = plan.device
-            k = self._ascent_k.get(device)
-            if k is None:
-                k = self._ascent_k[device] = torch.zeros(self._clients() or 1, dtype=torch.int32, device=device)
-            args = (
-                plan.params,
-                plan.current_grads(),
-                plan.lists[_SAVED],
-                plan.batch,
-                plan.present,
-                plan.hp,
-                k,
-                self._one(device),
-                1,
-                None,
-                None,
-                *((active,) if self._clients() is not None else ()),
-                plan.backend,
-            )
-            plan.fn(*args, cache=plan.cache)
-        self._pending = list(plan.order)
+        self._first(step_inputs)
 
     @torch.no_grad()
     def second_step(self) -> None:
@@ -200,15 +174,12 @@ class FedSAM(SGDFamily):
         ``first_step``."""
         if torch.compiler.is_compiling():
             return self._as_op(1)
-        if self._pending is None:
-            raise RuntimeError("second_step() without first_step(): " + _TWO_STEPS)
-        self._restore(self._pending)
-        self._pending = None
-        self._descend()
+        self._second()
 
     def step(self, closure: Optional[Callable[[], Any]] = None, **step_inputs: Any) -> Any:
         """One SAM step: ``first_step()``, ``closure()`` (loss and gradients at ``x + e``),
-        ``second_step()``; returns the closure's loss."""
+        ``second_step()``; returns the closure's loss. A closure that raises leaves the parameters
+        and the optimizer as they were before the step."""
         return self._sam_step(closure, step_inputs)
 
     def _sam_step(self, closure: Optional[Callable[[], Any]], step_inputs: Dict[str, Any]) -> Any:
@@ -222,28 +193,97 @@ class FedSAM(SGDFamily):
                 "and a backward): compile opt.first_step and opt.second_step and call your forward and "
                 "backward between them"
             )
-        self.first_step(**step_inputs)
-        with torch.enable_grad():
-            loss = closure()
-        self.second_step()
+        grad = torch.is_grad_enabled()
+        try:  # the grad mode set directly: torch.no_grad()'s objects cost microseconds a step
+            _set_grad_enabled(False)
+            self._first(step_inputs)
+            _set_grad_enabled(True)
+            try:
+                loss = closure()
+            except BaseException:
+                _set_grad_enabled(False)
+                self._abandon()
+                raise
+            _set_grad_enabled(False)
+            self._second()
+        finally:
+            _set_grad_enabled(grad)
         return loss
 
     # ---------------------------------------------------------------- what the steps do
+    def _first(self, step_inputs: Dict[str, Any]) -> None:
+        if self._pending is not None:
+            raise RuntimeError(
+                "first_step() was called twice without second_step(): the parameters hold x + e; call "
+                "second_step() (after the backward at x + e) first"
+            )
+        if self._t < 0:
+            self.start_round()
+        active = self._take_active(step_inputs)
+        ascent = self._ascent
+        plan = ascent.current(self.param_groups, self._ascent_groups, self._new_ascent_plan)
+        if plan.params:
+            device = plan.device
+            ascent.launch(plan, ascent.counter(device, self._clients()), self._one(device), active)
+        self._pending = Pending(plan.order, plan, active)
+
+    def _second(self) -> None:
+        pending = self._pending
+        if pending is None:
+            raise RuntimeError("second_step() without first_step(): " + _TWO_STEPS)
+        self._pending = None
+        self._prologue = self._restored = self._restore_of(pending)
+        try:
+            self._descend(pending)
+        finally:
+            pro = self._prologue
+            if pro is not None:  # the descent launched nothing (no gradient now, or refused): restore anyway
+                self._prologue = None
+                pro.run()
+
+    def _abandon(self) -> None:
+        """The closure raised: ``x`` back to the saved ``x`` (active clients only) and the first step
+        forgotten, so that the caller's handler finds the model where the step began."""
+        pending = self._pending
+        self._pending = None
+        if pending is not None:
+            pro = self._restore_of(pending)
+            if pro is not None:
+                pro.run()
+
+    def _restore_of(self, pending: Pending) -> Optional[_replay.Prologue]:
+        """The restore of what ``pending`` moved, as the descent's prologue."""
+        r = self._restore
+        if r is None or pending.plan is None or r.source is not pending.plan:
+            r = self._restore = Restore(pending.plan, self._params_flat, self.state, pending.order)
+        return r.prologue(pending.mask)
+
     def _take_active(self, step_inputs: Dict[str, Any]) -> Optional[torch.Tensor]:
         if step_inputs:
             raise TypeError(f"{type(self).__name__} steps take no {sorted(step_inputs)}")
         return None
 
+    def _ascent_groups(self, indexes: Iterable[int]) -> Dict[int, GroupInputs]:
+        """The ascent plan's record of each group in ``indexes``: all of them validated first."""
+        groups = self.param_groups
+        indexes = list(indexes)
+        for gi in indexes:
+            self._validate_group(groups[gi])
+        rows = self._clients() or 1
+        out = {}
+        for gi in indexes:
+            group = groups[gi]
+            keys = tuple(k for k in group if k != "params")
+            out[gi] = GroupInputs(group, keys, tuple(group[k] for k in keys), (), (self.ascent_row(group),) * rows)
+        return out
+
+    def _new_ascent_plan(self) -> StepPlan:
+        return self._plan_cls(self._ascent_inputs())
+
     def _ascent_inputs(self) -> PlanInputs:
         """The ascent's plan inputs, gathered like the descent's (``_plan_inputs``): each parameter
         with a gradient, its saved-x tensor (made on first use) and its group's ascent row."""
-        groups = []
-        C = self._clients()
-        for group in self.param_groups:
-            self._validate_group(group)
-            keys = tuple(k for k in group if k != "params")
-            row = self.ascent_row(group)
-            groups.append(GroupInputs(group, keys, tuple(group[k] for k in keys), (), (row,) * (C or 1)))
+        groups = self._ascent_groups(range(len(self.param_groups)))
         members, device, idx = [], None, -1
         for gi, group in enumerate(self.param_groups):
             for p in group["params"]:
@@ -256,39 +296,72 @@ class FedSAM(SGDFamily):
                 elif p.device != device:
                     raise RuntimeError(f"{self._name_of(idx)} is on {p.device} but other parameters are on {device}")
                 st = self.state[p]
-                saved = st.get(_SAVED)
+                saved = st.get(SAVED)
                 if saved is None or saved.shape != p.shape or saved.dtype != p.dtype or saved.device != p.device:
-                    saved = st[_SAVED] = torch.empty_like(p, memory_format=torch.preserve_format)
-                members.append(Member(idx, gi, {_SAVED: saved}, {}))
+                    # zeros, not empty: an inactive client's saved x is state too (deterministic bits)
+                    saved = st[SAVED] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                members.append(Member(idx, gi, {SAVED: saved}, {}))
         params = self._params_flat
-        spec = SAM_ASCENT if C is None else BATCHED["sam_ascent_batched"]
+        C = self._clients()
         return PlanInputs(
-            spec,
+            SAM_ASCENT if C is None else BATCHED["sam_ascent_batched"],
             self.backend,
             type(self).__name__,
             params,
-            tuple(groups),
+            tuple(groups.values()),
             tuple(members),
             device if device is not None else params[0].device,
             (),
             C,
-            self._ascent_hp,
+            self._ascent.hp,
         )
 
-    def _restore(self, moved: List[int]) -> None:
-        params = [self._params_flat[i] for i in moved]
-        if params:  # element by element: a sharded parameter restores its own shard
-            saved = [_dtensor.local(self.state[p][_SAVED]) for p in params]
-            torch._foreach_copy_([_dtensor.local(p) for p in params], saved)
-
-    def _descend(self) -> None:
+    def _descend(self, pending: Pending) -> None:
         self._run(None, None, None, None)
+
+    # ---------------------------------------------------------------- replay and captures
+    def replay_stats(self) -> Dict[str, Any]:
+        """``FedOptimizer.replay_stats`` over both steps: the ascent's and the descent's launches are
+        counted separately (a step replayed whole counts 2 in ``replayed``)."""
+        out = super().replay_stats()
+        rep = self._ascent.replay
+        if rep is not None:
+            for key in ("eager", "recorded", "replayed", "wasted"):
+                out[key] += rep.stats[key]
+            out["recordings"] += len(rep.recordings)
+            if out["off_reason"] is None and rep.off_reason is not None:
+                out["on"], out["off_reason"] = False, rep.off_reason
+        return out
+
+    @property
+    def step_plans(self) -> Tuple[Any, ...]:
+        """The ascent's plan, the restore (a ``Prologue``) and the descent's plan, once a step ran."""
+        plan, ascent, r, pro = self._plan, self._ascent.plan, self._restore, self._restored
+        if plan is None or ascent is None or r is None or r.source is not ascent:
+            return ()
+        return (ascent, plan) if pro is None else (ascent, pro, plan)
+
+    def reinstate_plans(self, plans: Sequence[Any]) -> None:
+        ascent = plans[0]
+        host = ascent.hp_rows([self._ascent_groups([gi])[gi] for gi in range(len(self.param_groups))])
+        ascent.hp.copy_(host)
+        self._ascent.hp.keep(host, ascent.hp)
+        self._ascent.plan = ascent
+        super().reinstate_plans(plans)
 
     # ---------------------------------------------------------------- state_dict
     def state_dict(self) -> Dict[str, Any]:
         sd = super().state_dict()
+        pending = self._pending
+        if pending is None:  # between steps the saved x is scratch: left out
+            state = {}
+            for pid, st in sd["state"].items():
+                kept = {k: v for k, v in st.items() if k != SAVED}
+                if kept:
+                    state[pid] = kept
+            sd["state"] = state
         for entry in [sd[ROUND_KEY]] + [g[ROUND_KEY] for g in sd["param_groups"]]:
-            entry["sam_pending"] = None if self._pending is None else list(self._pending)
+            entry["sam_pending"] = None if pending is None else [int(i) for i in pending.order]
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -296,19 +369,25 @@ class FedSAM(SGDFamily):
         rnd = round_entry(state_dict)
         assert rnd is not None  # the base class refused a state_dict without its round entry
         pending = rnd.get("sam_pending")
-        self._pending = None if pending is None else [int(i) for i in pending]
-        self._ascent = None
+        self._pending = None if pending is None else Pending([int(i) for i in pending], None, self._loaded_mask(rnd))
+
+    def _loaded_mask(self, rnd: Dict[str, Any]) -> Optional[torch.Tensor]:
+        return None
 
     def __getstate__(self) -> Dict[str, Any]:
         # the ascent's plan and its caches are rebuilt, as the descent's are
         state = super().__getstate__()
-        return {k: v for k, v in state.items() if k not in ("_ascent", "_ascent_hp", "_ascent_k", "_sam_handles")}
+        return {k: v for k, v in state.items() if k not in ("_ascent", "_restore", "_restored", "_sam_handles")}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._ascent = None
-        self._ascent_hp = HpCache()
-        self._ascent_k = {}
+        ascent = self.__dict__.get("_ascent")  # load_state_dict on a live optimizer: its ascent
+        replay = ascent.replay if isinstance(ascent, Ascent) else None
+        self._ascent = Ascent(self._replay_on)
+        if replay is not None:  # the counts and off_reason stay, the recordings (old state) go
+            replay.forget()
+            self._ascent.replay = replay
+        self._restore = self._restored = None
         self._sam_handles = self._register_steps()
 
 
@@ -316,13 +395,9 @@ class BatchedFedSAM(ClientBatched, FedSAM):
     """FedSAM for ``C`` stacked clients: each client's ascent is scaled by its own global norm
     (over all of that client's tensors); ``step(closure, active=mask)`` /
     ``first_step(active=mask)`` leave inactive clients' parameters and state untouched, and
-    ``second_step()`` uses the first step's mask."""
+    ``second_step()`` uses the first step's mask (as does the restore after a closure that raised)."""
 
     _spec = BATCHED["sgd_batched"]
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        self._sam_active: Optional[torch.Tensor] = None  # the first step's mask, for the second
-        super().__init__(*args, **kwargs)
 
     def step(self, closure: Optional[Callable[[], Any]] = None, *, active: Any = None) -> Any:  # type: ignore[override]
         """One SAM step of every active client (``active``: C bools, default all); see FedSAM.step."""
@@ -332,38 +407,27 @@ class BatchedFedSAM(ClientBatched, FedSAM):
         active = step_inputs.pop("active", None)
         if step_inputs:
             raise TypeError(f"{type(self).__name__} steps take no {sorted(step_inputs)}")
-        self._sam_active = self.check_active(active)
-        return self._sam_active
+        return self.check_active(active)
 
-    def _restore(self, moved: List[int]) -> None:
-        mask = self._sam_active
-        if mask is None:
-            return super()._restore(moved)
-        for i in moved:  # the active clients' saved x, in place (allocating nothing)
-            p = self._params_flat[i]
-            torch.where(mask.view(-1, *([1] * (p.dim() - 1))), self.state[p][_SAVED], p, out=p)
-
-    def _descend(self) -> None:
-        self._active = self._sam_active
+    def _descend(self, pending: Pending) -> None:
+        self._active = pending.mask
         try:
             self._run(None, None, None, None)
         finally:
-            self._active = self._sam_active = None
+            self._active = None
 
     def state_dict(self) -> Dict[str, Any]:
         # between the two steps the first step's mask says which clients' saved x to restore
         sd = super().state_dict()
-        mask = None if self._sam_active is None else [bool(v) for v in self._sam_active.tolist()]
+        mask = None if self._pending is None else self._pending.mask
+        listed = None if mask is None else [bool(v) for v in mask.tolist()]
         for entry in [sd[ROUND_KEY]] + [g[ROUND_KEY] for g in sd["param_groups"]]:
-            entry["sam_active"] = mask
+            entry["sam_active"] = listed
         return sd
 
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        rnd = round_entry(state_dict)
-        assert rnd is not None
+    def _loaded_mask(self, rnd: Dict[str, Any]) -> Optional[torch.Tensor]:
         mask = rnd.get("sam_active")
-        self._sam_active = None if mask is None else self.check_active(torch.tensor(mask, dtype=torch.bool))
+        return None if mask is None else self.check_active(torch.tensor(mask, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------------------- what a user writes instead

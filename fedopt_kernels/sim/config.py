@@ -209,11 +209,6 @@ class SimConfig(FLConfig):
                 "cuda_graph captures the client-parallel local step: it needs client_parallel "
                 "(--client-parallel N or auto), not the sequential path (client_parallel=1)"
             )
-        if self.cuda_graph and self.algo.closure_step:
-            raise ValueError(
-                f"cuda_graph captures one gradient per local step; algorithm={self.algorithm!r} takes two "
-                f"(its closure computes the second), so it runs client-parallel without --cuda-graph"
-            )
         if self.cuda_graph and self.device == "cpu":
             raise ValueError("cuda_graph needs device='cuda' (CUDA graphs do not exist on the CPU)")
 

@@ -22,12 +22,17 @@ the optimizer's plan and device counters are built there, as torch's CUDA-graph 
 next step is captured, and from then on every step is a replay. The optimizer's host-side step
 count, which replays do not advance, is advanced here (PAdaMFed's ``local_control`` checks it).
 
-``mode="emulate"`` does the same bookkeeping without CUDA: "capture" records the optimizer's op
-call, and a "replay" recomputes the gradients into the static buffers and repeats that recorded
-call with the same tensors, so the state and hp handling above is tested on a CPU.
+A step that takes two gradients (FedSAM: ``closure_step``) is captured whole: the first
+gradients, the ascent, the second gradients at the moved parameters (the step's closure, writing
+into the same static buffers), the restore and the descent; its loss is the first gradients'.
 
-It keeps the plan the capture read and tells the optimizer about replays through
-``FedOptimizer.step_plan``, ``reinstate_plan`` and ``note_replayed_steps``.
+``mode="emulate"`` does the same bookkeeping without CUDA: "capture" records the optimizer's
+launches (each ``fn`` of ``FedOptimizer.step_plans``, in order, and whether the closure had run),
+and a "replay" recomputes the gradients into the static buffers and repeats those recorded calls
+with the same tensors, so the state and hp handling above is tested on a CPU.
+
+It keeps the plans the capture read and tells the optimizer about replays through
+``FedOptimizer.step_plans``, ``reinstate_plans`` and ``note_replayed_steps``.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class Trainer(Protocol):
     clients: int
     steps: int
     anchor: bool
+    closure_step: bool  # a step takes two gradients (FedSAM): its closure computes the second
 
     @property
     def stacked(self) -> Sequence[torch.Tensor]: ...  # read only here (a list of Parameters is one)
@@ -73,7 +79,10 @@ class StepGraph:
         self.eager_steps = 0
         self.graph: Optional[Any] = None
         self.plan: Optional[StepPlan] = None  # the optimizer's step plan the graph was captured with
-        self.recorded: Optional[Tuple[Any, tuple, dict]] = None  # emulate: (fn, args, kwargs)
+        self.plans: Tuple[Any, ...] = ()  # everything the captured step launched (FedOptimizer.step_plans)
+        # emulate: the captured step's launches, (after the closure?, fn, args, kwargs) each
+        self.recorded: Optional[List[Tuple[bool, Any, tuple, dict]]] = None
+        self._in_closure = False
         self.state: Dict[Tuple[int, str], torch.Tensor] = {}
         opt = trainer.opt
         # static gradients: the optimizer sees the same tensors every step
@@ -106,8 +115,8 @@ class StepGraph:
                 elif static is not value:
                     static.copy_(value)
                     st[key] = static
-        if self.plan is not None:
-            opt.reinstate_plan(self.plan)  # its hp rows rewritten in place: the graph reads that tensor
+        if self.plans:
+            opt.reinstate_plans(self.plans)  # their hp rows rewritten in place: the graph reads those tensors
 
     # ------------------------------------------------------------------ steps
     def _set_inputs(self, x, y, w, anchor_x, active) -> None:
@@ -122,23 +131,33 @@ class StepGraph:
         else:
             self.active.copy_(active)
 
-    def _gradients(self) -> None:
-        """Everything of a step before the optimizer's op, into the static buffers."""
+    def _gradients(self, second: bool = False) -> None:
+        """Everything of a step before the optimizer's op, into the static buffers; ``second``: the
+        closure's gradients at the parameters the step moved to (the loss stays the first's)."""
         inputs = self.inputs
         assert inputs is not None  # step() copied this step's inputs in first
         x, y, w = inputs[:3]
         grads, loss, anchors = self.tr.gradients(x, y, w, inputs[3] if self.tr.anchor else None)
         for s, g in zip(self.grads, grads, strict=True):
             s.copy_(g)
+        if second:
+            return
         self.loss.copy_(loss)
         if anchors is not None:
             assert self.anchors is not None  # both exist when the trainer passes anchor gradients
             for s, g in zip(self.anchors, anchors, strict=True):
                 s.copy_(g)
 
+    def _closure(self) -> None:
+        self._in_closure = True
+        self._gradients(second=True)
+
     def _body(self) -> None:
         self._gradients()
         kwargs: Dict[str, Any] = {"anchor_grads": self.anchors} if self.anchors is not None else {}
+        if self.tr.closure_step:
+            kwargs["closure"] = self._closure
+        self._in_closure = False
         self.tr.opt.step(active=self.active, **kwargs)
 
     def step(self, x, y, w, anchor_x=None, active=None) -> torch.Tensor:
@@ -154,11 +173,15 @@ class StepGraph:
             assert self.graph is not None  # captured along with the plan
             self.graph.replay()
         else:
-            assert self.recorded is not None  # recorded along with the plan
+            assert self.recorded is not None  # recorded along with the plans
             self._gradients()
-            fn, args, kwargs = self.recorded
+            second = False
             with torch.no_grad():  # as inside step()
-                fn(*args, **kwargs)
+                for after_closure, fn, args, kwargs in self.recorded:
+                    if after_closure and not second:
+                        second = True
+                        self._gradients(second=True)
+                    fn(*args, **kwargs)
         opt.note_replayed_steps(1)  # what step() counts on the host; a replay does not run it
         return self.loss
 
@@ -181,22 +204,30 @@ class StepGraph:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self._body()
-            self.plan = opt.step_plan
+            self.plan, self.plans = opt.step_plan, opt.step_plans
             self.graph.replay()  # capture records; this replay takes the step
             return
-        plan = opt.step_plan
-        assert plan is not None  # the warm-up steps built it
-        fn = plan.fn
+        plans = opt.step_plans
+        assert plans, "the warm-up steps build the optimizer's plans"
+        recorded: List[Tuple[bool, Any, tuple, dict]] = []
 
-        def record(*args, **kwargs):
-            self.recorded = (fn, args, kwargs)
-            return fn(*args, **kwargs)
+        def recorder(fn):
+            def record(*args, **kwargs):
+                recorded.append((self._in_closure, fn, args, kwargs))
+                return fn(*args, **kwargs)
 
-        plan.fn = record
+            return record
+
+        fns = [p.fn for p in plans]
+        for p, fn in zip(plans, fns, strict=True):
+            p.fn = recorder(fn)
         try:
             self._body()
         finally:
-            plan.fn = fn
-        if self.recorded is None or opt.step_plan is not plan:
-            raise RuntimeError("the optimizer rebuilt its step plan during capture; take more warm-up steps")
-        self.plan = plan
+            for p, fn in zip(plans, fns, strict=True):
+                p.fn = fn
+        now = opt.step_plans
+        same = len(now) == len(plans) and all(a is b for a, b in zip(now, plans, strict=True))
+        if len(recorded) != len(plans) or not same:
+            raise RuntimeError("the optimizer rebuilt its step plans during capture; take more warm-up steps")
+        self.recorded, self.plan, self.plans = recorded, opt.step_plan, plans
