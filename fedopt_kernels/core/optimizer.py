@@ -32,7 +32,17 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NO_STEP_INPUTS: Dict[str, List[Optional[torch.Tensor]]] = {}  # never written: shared by every step
 ROUND_KEY = "fedopt_round"
 # attributes rebuilt after a copy instead of copied: caches and the compile handle
-_TRANSIENT = ("_plan", "_handle", "_ones", "_hp_cache", "_replay", "_prologue", "_graph_plan", "_graph_cover", "_retired")
+_TRANSIENT = (
+    "_plan",
+    "_handle",
+    "_ones",
+    "_hp_cache",
+    "_replay",
+    "_prologue",
+    "_graph_plan",
+    "_graph_cover",
+    "_retired",
+)
 # plans of retired graphs kept alive (with the tensors their graphs write), the most recent first
 RETIRED_GRAPHS = 2
 
