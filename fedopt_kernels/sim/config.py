@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional, Tuple
 from ..fl.algorithm import VARIANTS
 from ..fl.config import FLConfig, check_choice, check_integer, check_real
 from .models.build import MODELS, TEXT_MODELS
+from .parallel.precision import PRECISIONS
 
 # What ``--algorithm`` names is a *variant* (fedavg, fedprox, scaffold, ... each an algorithm's
 # optimizer on a server rule): every registered one, fedopt_kernels.fl.algorithm.VARIANTS. The
@@ -76,6 +77,7 @@ class SimConfig(FLConfig):
     augment: bool = False  # cifar: random crop (padding 4) + horizontal flip in training
     client_parallel: Any = 1  # clients trained at once (vmap); "auto": as many as fit; 1: sequential
     cuda_graph: bool = False  # client-parallel on CUDA: replay each local step from a CUDA graph
+    precision: str = "fp32"  # forward and backward passes: fp32, tf32 or bf16 (sim/parallel/precision.py)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -89,6 +91,7 @@ class SimConfig(FLConfig):
         choice("dataset", self.dataset, DATASETS)
         choice("model", self.model, MODELS)
         choice("device", self.device, DEVICES)
+        choice("precision", self.precision, PRECISIONS)
         if self.partition is not None:
             choice("partition", self.partition, PARTITIONS)
         part = self.resolved_partition
@@ -239,4 +242,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["SimConfig", "VARIANTS", "DATASETS", "PARTITIONS", "DEVICES", "FOLDER_DATASETS", "NATURAL_DATASETS"]
+__all__ = [
+    "SimConfig",
+    "VARIANTS",
+    "DATASETS",
+    "PARTITIONS",
+    "DEVICES",
+    "PRECISIONS",
+    "FOLDER_DATASETS",
+    "NATURAL_DATASETS",
+]

@@ -76,7 +76,8 @@ class BatchedClients:
         self.sim = sim
         cfg = sim.cfg
         self.cfg = cfg
-        self.loss = client_loss(sim.model)  # ValueError naming what neither engine can batch
+        # ValueError naming what neither engine can batch
+        self.loss = client_loss(sim.model, precision=cfg.precision)
         if sim.device.type == "cpu":
             keep_freed_memory()  # [C, ...] tensors are past malloc's mmap ceiling (parallel/host_memory.py)
         self.opts = sim.strategy.opts

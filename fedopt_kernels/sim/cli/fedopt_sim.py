@@ -26,7 +26,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ...fl.config import algorithm_settings
-from ..config import DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, VARIANTS, SimConfig, default_dataset
+from ..config import DATASETS, DEVICES, FOLDER_DATASETS, PARTITIONS, PRECISIONS, VARIANTS, SimConfig, default_dataset
 from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
@@ -158,6 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("execution")
     g.add_argument("--backend", default=d.backend, help="auto, reference, triton, cuda or cpu (default %(default)s)")
     g.add_argument("--device", default=d.device, choices=DEVICES)
+    g.add_argument(
+        "--precision",
+        default=d.precision,
+        choices=PRECISIONS,
+        help="what forward and backward passes compute in (training, fine-tuning, evaluation): fp32, "
+        "torch's defaults (on CUDA these already let cuDNN run float32 convolutions in TF32); tf32, CUDA "
+        "matmuls and convolutions in TF32 (a CPU has no TF32: there it is fp32); bf16, autocast to "
+        "bfloat16 (parameters, gradients, optimizer state and step stay float32; --validate compares "
+        "at fp32, docs/simulator.md) (default %(default)s)",
+    )
     g.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0], help="one run per seed (default 0)")
     g.add_argument(
         "--client-parallel",
@@ -270,6 +280,7 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         eval_every=args.eval_every,
         client_parallel=parse_client_parallel(args.client_parallel),
         cuda_graph=args.cuda_graph,
+        precision=args.precision,
         **{f.name: getattr(args, f.name) for f in algorithm_settings(SimConfig)},
     ).validate()
 
@@ -432,7 +443,8 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     hp = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results[0]["hparams"].items())
     print(
         f"{args.algorithm} on {args.dataset} ({configs[0].resolved_partition}), {configs[0].clients} clients, "
-        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps; {hp}"
+        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps, "
+        f"precision {configs[0].precision}; {hp}"
     )
     print(format_final_table(results))
     if out_dir is not None:
