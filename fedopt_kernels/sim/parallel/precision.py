@@ -30,7 +30,7 @@ so nothing leaks into the caller's other code.
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -42,11 +42,9 @@ Device = Union[torch.device, str]
 # torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32, but restorable exactly:
 # resetting a legacy flag leaves "ieee" where "none" (inherit) was, and reading a legacy flag after
 # a new-style setting raises
-_TF32_SWITCHES = (
-    (torch.backends.cuda.matmul, "matmul"),
-    (torch.backends.cudnn.conv, "conv"),
-    (torch.backends.cudnn.rnn, "rnn"),
-)
+_CUBLAS: Any = torch.backends.cuda.matmul  # Any: torch's type stubs lack the fp32_precision settings
+_CUDNN: Any = torch.backends.cudnn
+_TF32_SWITCHES = (_CUBLAS, _CUDNN.conv, _CUDNN.rnn)
 
 
 def check_precision(value: object, name: str = "precision") -> str:
@@ -70,7 +68,7 @@ def precision_scope(precision: str, device: Device) -> Iterator[None]:
     if precision != "tf32" or _device_type(device) != "cuda":
         yield
         return
-    saved = [(switch, switch.fp32_precision) for switch, _ in _TF32_SWITCHES]
+    saved = [(switch, switch.fp32_precision) for switch in _TF32_SWITCHES]
     try:
         for switch, _ in saved:
             switch.fp32_precision = "tf32"
@@ -92,12 +90,11 @@ def autocast_scope(precision: str, device: Device) -> contextlib.AbstractContext
 def tf32_enabled() -> Dict[str, bool]:
     """Whether CUDA matmuls and cuDNN convolutions take float32 inputs in TF32 now."""
     out = {}
-    for switch, name in _TF32_SWITCHES[:2]:
+    for name, legacy, switch in (("matmul", _CUBLAS, _CUBLAS), ("conv", _CUDNN, _CUDNN.conv)):
         try:
-            legacy = bool(switch.allow_tf32)  # resolves "none" (inherit) to the effective value
+            out[name] = bool(legacy.allow_tf32)  # resolves "none" (inherit) to the effective value
         except RuntimeError:  # set through the new settings (precision_scope): read those
-            legacy = switch.fp32_precision == "tf32"
-        out[name] = legacy
+            out[name] = switch.fp32_precision == "tf32"
     return out
 
 
