@@ -45,6 +45,7 @@ from fedopt_kernels.sim.parallel import layers
 from fedopt_kernels.sim.parallel.loss import ClientLoss, client_loss
 from fedopt_kernels.sim.parallel.precision import (
     PRECISIONS,
+    UnsupportedPrecision,
     autocast_inputs,
     autocast_scope,
     check_precision,
@@ -138,7 +139,7 @@ def test_check_supported_names_the_precision_when_a_layer_has_no_kernel(monkeypa
         raise RuntimeError("could not create a primitive descriptor for the LSTM forward propagation primitive")
 
     monkeypatch.setattr(nn.LSTM, "forward", refuse)
-    with pytest.raises(ValueError, match=r"precision='bf16' cannot run lstm \(LSTM\) on this CPU.*fp32"):
+    with pytest.raises(UnsupportedPrecision, match=r"precision='bf16' cannot run lstm \(LSTM\) on this CPU.*fp32"):
         check_supported(lstm, "bf16", "cpu")
     check_supported(lstm, "bf16", "cuda")  # torch's CUDA autocast keeps nn.LSTM in float32: not tried
 
@@ -178,16 +179,21 @@ def _clients(model, C, B, shape, classes, seed=0, dtype=torch.float32, device="c
 
 
 # (model, input shape, classes, engine: ("stacked", formulations) or ("vmap", None))
-DTYPE_CASES = [
-    ("cnn", (1, 8, 8), 10, "stacked", {"Conv2d": c, "Linear": lin})
-    for c in layers.FORMULATIONS["Conv2d"]
-    for lin in layers.FORMULATIONS["Linear"]
-] + [
-    ("cnn", (1, 8, 8), 10, "vmap", None),
-    ("mlp", (1, 6, 6), 5, "stacked", None),
-    ("char-gru", (12,), 20, "stacked", None),
-    ("char-lstm", (12,), 20, "stacked", {"LSTM": "bmm"}),  # "loop" is torch's own LSTM
-]
+DTYPE_CASES = (
+    [
+        ("cnn", (1, 8, 8), 10, "stacked", {"Conv2d": c, "Linear": lin})
+        for c in layers.FORMULATIONS["Conv2d"]
+        for lin in layers.FORMULATIONS["Linear"]
+    ]
+    + [
+        ("cnn", (1, 8, 8), 10, "vmap", None),
+        ("mlp", (1, 6, 6), 5, "stacked", None),
+        ("char-gru", (12,), 20, "stacked", None),
+    ]
+    + [  # "loop" is torch's own LSTM kernel (check_supported)
+        ("char-lstm", (12,), 20, "stacked", {"LSTM": f}) for f in layers.FORMULATIONS["LSTM"] if f != "loop"
+    ]
+)
 
 
 def _engine(model, kind, forms, precision):
@@ -425,6 +431,21 @@ def test_the_command_line_takes_precision_and_shows_it(capsys):
     with pytest.raises(SystemExit) as exc:
         fedopt_sim.main(["--precision", "fp16"])
     assert exc.value.code == 2 and "--precision" in capsys.readouterr().err
+
+
+def test_the_command_line_refuses_a_model_without_a_kernel_at_the_precision(monkeypatch, capsys):
+    """A layer without a kernel at the precision (torch's LSTM in bf16 on a CPU without AVX-512) is
+    found when the run builds its model: exit 2 naming the option, no traceback."""
+    pytest.importorskip("sklearn")  # the digits
+
+    def refuse(model, precision, device):
+        raise UnsupportedPrecision(f"precision={precision!r} cannot run lstm (LSTM) on this CPU")
+
+    monkeypatch.setattr("fedopt_kernels.sim.simulation.check_supported", refuse)
+    with pytest.raises(SystemExit) as exc:
+        fedopt_sim.main("--precision bf16 --rounds 1 --clients 10 --no-files --quiet".split())
+    assert exc.value.code == 2
+    assert "fedopt-sim: error: --precision 'bf16' cannot run lstm" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ accuracy, end to end (slow)

@@ -566,6 +566,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
     from ...core.extras import MissingExtra
     from ...fl.checkpoint import CheckpointError
+    from ..parallel.precision import UnsupportedPrecision
 
     try:
         if args.validate is not None:
@@ -575,3 +576,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(3, f"fedopt-sim: error: {exc}\n")
     except CheckpointError as exc:  # --resume from a checkpoint of other settings, or a damaged one
         parser.exit(2, f"fedopt-sim: error: {exc}\n")
+    except UnsupportedPrecision as exc:  # found when the run builds its model (bf16 LSTM on this CPU)
+        parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")

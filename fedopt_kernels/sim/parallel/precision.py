@@ -47,6 +47,10 @@ _CUDNN: Any = torch.backends.cudnn
 _TF32_SWITCHES = (_CUBLAS, _CUDNN.conv, _CUDNN.rnn)
 
 
+class UnsupportedPrecision(ValueError):
+    """A layer of the model has no kernel at the asked precision on the device; the message says which."""
+
+
 def check_precision(value: object, name: str = "precision") -> str:
     """``value`` if it is one of ``PRECISIONS``, else ValueError naming ``name``."""
     if not isinstance(value, str) or value not in PRECISIONS:
@@ -116,7 +120,8 @@ def autocast_inputs(*tensors: Optional[torch.Tensor]) -> Tuple[Optional[torch.Te
 
 
 def check_supported(model: nn.Module, precision: str, device: Device) -> None:
-    """ValueError naming ``precision`` when a layer of ``model`` has no kernel for it on ``device``.
+    """``UnsupportedPrecision`` (a ValueError) naming ``precision`` when a layer of ``model`` has no
+    kernel for it on ``device``.
 
     The one case known: ``bf16`` on a CPU runs ``nn.LSTM`` through oneDNN's bfloat16 LSTM, which
     needs AVX-512 (x86 CPUs without it refuse it). A one-step LSTM of each configuration is tried."""
@@ -132,7 +137,7 @@ def check_supported(model: nn.Module, precision: str, device: Device) -> None:
                     m(x)  # one step of one sample: [1, 1, input] whether batch_first or not
             except RuntimeError as exc:
                 first = str(exc).splitlines()[0][:160]
-                raise ValueError(
+                raise UnsupportedPrecision(
                     f"precision='bf16' cannot run {name or type(model).__name__} ({type(m).__name__}) on this "
                     f"CPU: torch's bfloat16 kernel for it refused ({first}); use precision='fp32' here"
                 ) from None
@@ -143,5 +148,6 @@ def summary(precision: str) -> str:
     return {
         "fp32": "fp32 (torch's defaults)",
         "tf32": "tf32 (CUDA matmuls and convolutions in TF32; a CPU computes fp32)",
-        "bf16": "bf16 (autocast forward and backward; parameters, gradients and optimizer in float32)",
+        "bf16": "bf16 (autocast: bfloat16 matmuls and convolutions, forward and backward; parameters, "
+        "gradients and optimizer in float32)",
     }[check_precision(precision)]
