@@ -228,6 +228,7 @@ def test_the_dtype_check_can_fail():
     """Not vacuous: the same engine at fp32 runs its matmuls in float32, which the check refuses."""
     seen, _, _ = _seen_dtypes("cnn", (1, 8, 8), 10, "stacked", None, "fp32")
     assert seen and all(dtypes == {torch.float32} for _, dtypes in seen)
+    assert not any(dtypes == {torch.bfloat16} for _, dtypes in seen)
 
 
 def test_the_stacked_functions_need_their_casts_under_autocast(monkeypatch):

@@ -67,7 +67,10 @@ def precision_scope(precision: str, device: Device) -> Iterator[None]:
     """What a forward and backward pass run under: for ``tf32`` on a CUDA device, TF32 matmuls and
     cuDNN convolutions (and recurrent layers), restored afterwards; otherwise nothing.
 
-    The switches are process-wide while the scope lasts (torch has no per-thread ones)."""
+    The switches are process-wide while the scope lasts (torch has no per-thread ones). Inside it,
+    read them as ``fp32_precision`` or with ``tf32_enabled``: torch's legacy getters
+    (``torch.backends.cuda.matmul.allow_tf32``, ``torch.get_float32_matmul_precision``) refuse to
+    read a switch set the new way."""
     check_precision(precision)
     if precision != "tf32" or _device_type(device) != "cuda":
         yield
