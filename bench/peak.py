@@ -50,9 +50,9 @@ def device_peak(
     dtype = torch.bfloat16 if precision == "bf16" else dtype
     n = 8192 if gpu else 2048
     if not gpu and dtype == torch.bfloat16:
-        # a CPU without bfloat16 instructions multiplies bfloat16 matrices on a slow path (a 2-core AMD
-        # EPYC: 0.3 GFLOP/s at 2048, a minute per product); at 512 that is a fifth of a second, and a
-        # CPU with them still fills its caches
+        # a CPU without bfloat16 instructions multiplies bfloat16 matrices on a slow path, orders of
+        # magnitude below its float32 rate, where a 2048 product takes tens of seconds; 512 keeps the
+        # measurement short there and still fills the caches of a CPU that has them
         n = 512
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
