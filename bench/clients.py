@@ -45,6 +45,10 @@ memory per client (CUDA: ``max_memory_allocated`` over the untimed round, less w
 before the mode was built, over C; CPU: the same from malloc's in-use bytes, read after every
 operator; sequential: the whole, as it holds one client at a time).
 
+``--precision`` (fp32, tf32, bf16; ``fedopt_kernels.sim.parallel.precision``) is what every mode's
+forward and backward passes compute in, and what the device's FLOP/s are measured in; parameters,
+gradients and every update stay float32.
+
 Parts, per step at each C (median of repeated calls): the gradients alone (stacked engine, vmap)
 and the update alone (plain torch vs ``BatchedFedNAR``); with ``--layers``, every stacked layer's
 forward + backward under each of its candidate formulations (``StackedLayer.candidates``), at the largest C.
@@ -81,6 +85,13 @@ from fedopt_kernels.sim.parallel.choose import Budget as SearchBudget
 from fedopt_kernels.sim.parallel.choose import Chooser
 from fedopt_kernels.sim.parallel.host_memory import keep_freed_memory
 from fedopt_kernels.sim.parallel.loss import ClientLoss
+from fedopt_kernels.sim.parallel.precision import (
+    PRECISIONS,
+    autocast_scope,
+    check_supported,
+    precision_scope,
+    summary,
+)
 from fedopt_kernels.sim.parallel.size import activation_bytes, free_bytes
 from fedopt_kernels.sim.parallel.stacked import StackedLoss
 from fedopt_kernels.sim.parallel.trainer import BatchedTrainer
@@ -343,9 +354,19 @@ class PeakMemory(TorchDispatchMode):
 
 # ------------------------------------------------------------------ the workload
 class Workload:
-    """A round's data and global model for C clients (random, seeded; the same for every mode)."""
+    """A round's data and global model for C clients (random, seeded; the same for every mode), and the
+    precision its passes compute in."""
 
-    def __init__(self, setting: Setting, clients: int, steps: int, batch: int, device: torch.device, seed: int = 0):
+    def __init__(
+        self,
+        setting: Setting,
+        clients: int,
+        steps: int,
+        batch: int,
+        device: torch.device,
+        seed: int = 0,
+        precision: str = "fp32",
+    ):
         g = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         self.model = build_model(setting.model, setting.shape, setting.classes, **setting.kwargs).to(device)
@@ -359,7 +380,7 @@ class Workload:
             self.x = torch.randn(steps, clients, batch, *setting.shape, generator=g).to(device)
         self.y = torch.randint(0, setting.classes, (steps, clients, batch), generator=g).to(device)
         self.w = torch.full((steps, clients, batch), 1.0 / batch, device=device)
-        self.clients, self.steps, self.device = clients, steps, device
+        self.clients, self.steps, self.device, self.precision = clients, steps, device, precision
 
 
 def plain_fednar_(
@@ -388,7 +409,10 @@ def sequential_round(wl: Workload, opt: FedNAR) -> None:
         opt.start_round()
         for k in range(wl.steps):
             model.zero_grad(set_to_none=True)
-            F.cross_entropy(model(wl.x[k, c]), wl.y[k, c]).backward()
+            with precision_scope(wl.precision, wl.device):
+                with autocast_scope(wl.precision, wl.device):
+                    loss = F.cross_entropy(model(wl.x[k, c]), wl.y[k, c])
+                loss.backward()
             opt.step()
 
 
@@ -457,14 +481,20 @@ def measure(
     setting = SETTINGS[name]
     steps, batch = args.steps_of[name], args.batch_of[name]
     rows: List[Dict[str, Any]] = []
-    wl = Workload(setting, C, steps, batch, device)
+    wl = Workload(setting, C, steps, batch, device, precision=args.precision)
+    check_supported(wl.model, wl.precision, device)  # bf16 on a CPU without a kernel for a layer: one clear error
     base = dict(model=name, clients=C, steps=steps, batch=batch)
-    chooser = Chooser(StackedLoss(wl.model), partial(_choice_inputs, wl), args.formulations)
+    chooser = Chooser(
+        StackedLoss(wl.model, precision=wl.precision),
+        partial(_choice_inputs, wl),
+        args.formulations,
+        precision=wl.precision,
+    )
     _, choice = chooser.plan(C, C, steps, fixed=C, budget_s=args.search_budget)
     rows.append(dict(base, choice=choice.to_json(), search_s=chooser.spent_s, source=choice.source))
     log(f"  {name} C={C:>5} formulations {choice.formulations} ({chooser.spent_s:.1f} s to choose)")
-    engine = StackedLoss(wl.model, formulations=choice.formulations)
-    default_engine = StackedLoss(wl.model)
+    engine = StackedLoss(wl.model, formulations=choice.formulations, precision=wl.precision)
+    default_engine = StackedLoss(wl.model, precision=wl.precision)
     backend = _fused_backend(device)
     graph = "cuda" if device.type == "cuda" and backend != "reference" else None
     builders: Dict[str, Tuple[str, Callable[[], Callable[[], None]]]] = {}
@@ -487,7 +517,7 @@ def measure(
         skipped[VMAP] = "on a GPU at the smallest C only"
     elif VMAP in modes:
         try:
-            vmap_loss = ClientLoss(wl.model)
+            vmap_loss = ClientLoss(wl.model, precision=wl.precision)
             builders[VMAP] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, vmap_loss, None)))
         except ValueError as why:
             skipped[VMAP] = str(why).split(". ")[0]
@@ -523,7 +553,7 @@ def measure(
         if chunk is None:
             skipped[CHUNKED] = "all C clients at once was fastest (or --chunk >= C)"
         else:
-            chunk_engine = StackedLoss(wl.model, formulations=chunk_forms)
+            chunk_engine = StackedLoss(wl.model, formulations=chunk_forms, precision=wl.precision)
             builders[CHUNKED] = (
                 backend,
                 lambda: partial(chunked_round, wl, fused_trainer(wl, chunk_engine, graph, chunk)),
@@ -666,9 +696,11 @@ def layer_rows(
 
             def call(form=form, layer=layer, x=x, ps=ps):
                 layer.formulation, layer.params, layer.ctx = form, ps, ctx
-                out = layer(x)
-                out = out[0] if isinstance(out, tuple) else out
-                out.backward(torch.ones_like(out))
+                with precision_scope(wl.precision, device):
+                    with autocast_scope(wl.precision, device):
+                        out = layer(x)
+                    out = out[0] if isinstance(out, tuple) else out
+                    out.backward(torch.ones_like(out))
 
             try:
                 ts = time_calls(call, device, args.layer_budget)
@@ -823,10 +855,14 @@ def markdown(result: Dict[str, Any]) -> str:
         "- round: C clients x K local steps, FedNAR update; the modes of one C timed interleaved, best of "
         f"{meta['rounds']} rounds after one untimed round; batched backend (auto): {meta['fused_backend']}, "
         f"sequential: {meta['sequential_backend']}",
-        "- device FLOP/s, measured in this run (start, end): "
+        f"- precision: {summary(meta.get('precision', 'fp32'))}",
+        "- device FLOP/s, measured in this run at that precision (start, end): "
         + "; ".join(
             f"matmul {p['matmul_flops_per_s'] / 1e9:,.1f} G, conv {p['conv_flops_per_s'] / 1e9:,.1f} G"
-            + (" (TF32 conv)" if p.get("tf32_conv") else "")
+            + f" ({p.get('dtype', 'float32')}"
+            + (", TF32 matmul" if p.get("tf32_matmul") else "")
+            + (", TF32 conv" if p.get("tf32_conv") else "")
+            + ")"
             for p in result.get("peak", [])
         )
         + (f"; the table uses {peak / 1e9:,.1f} G" if peak else ""),
@@ -1066,6 +1102,14 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "the search's step times, in context, are reported either way)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's default)")
+    ap.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="what forward and backward passes compute in, and the device FLOP/s are measured in: fp32 (torch's "
+        "defaults), tf32 (CUDA matmuls and convolutions in TF32; a CPU computes fp32), bf16 (autocast; parameters, "
+        "gradients and updates float32) (default %(default)s)",
+    )
     ap.add_argument("--smoke", action="store_true", help="small-cnn and char-lstm, C in {2, 4}, K=2, one round")
     ap.add_argument(
         "--out-dir",
@@ -1126,6 +1170,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     meta.update(
         mode="clients",
         dtype="float32",
+        precision=args.precision,
         smoke=args.smoke,
         models=args.models,
         clients=args.clients_of,
@@ -1141,7 +1186,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.perf_counter()
     result: Dict[str, Any] = {"meta": meta, "rows": [], "models": {}, "peak": []}
     smoke_peak = 0.05 if args.smoke else 0.5
-    result["peak"].append(device_peak(device, min_time_s=smoke_peak))
+    result["peak"].append(device_peak(device, min_time_s=smoke_peak, precision=args.precision))
     try:
         seq_of: Dict[str, List[int]] = {}
         for name in args.models:
@@ -1189,7 +1234,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     log(f"  {name} C={C}: {result['rows'][-1]['error']}")
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
-        result["peak"].append(device_peak(device, min_time_s=smoke_peak))
+        result["peak"].append(device_peak(device, min_time_s=smoke_peak, precision=args.precision))
     except KeyboardInterrupt:  # a deadline's SIGINT: keep and write what was measured
         meta["interrupted"] = True
         log("bench clients: interrupted; writing the cases measured so far")

@@ -161,10 +161,12 @@ def test_another_error_is_not_swallowed(monkeypatch):
         search(engine, *_inputs(model)(6), Budget(rounds=1))
 
 
-def test_a_layer_alone_runs_its_forward_and_backward(monkeypatch):
-    """The real timer: each candidate of every layer runs alone without error, on the step's input."""
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_layer_alone_runs_its_forward_and_backward(precision):
+    """The real timer: each candidate of every layer runs alone without error, on the step's input
+    (under bf16 that input is bfloat16: the layer alone runs under the step's autocast too)."""
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = StackedLoss(model, precision=precision)
     params, x, y, w = _inputs(model)(5)
     timer = choose.Timer(engine, params, x, y, w, Budget(rounds=1))
     timer.inputs = choose.layer_inputs(engine, params, x)

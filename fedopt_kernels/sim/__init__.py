@@ -9,7 +9,8 @@ Layers, lowest first; each imports only from those before it:
   image input stage.
 - ``models/``: the models, built from their names (``models.build``).
 - ``parallel/``: the client-parallel engine (``--client-parallel N``, docs/client_batched.md):
-  stacked clients, vmapped gradients, padded batches, CUDA-graph replay, ``auto``'s size.
+  stacked clients, vmapped gradients, padded batches, CUDA-graph replay, ``auto``'s size; and
+  ``precision`` (fp32, tf32, bf16: what every forward and backward pass of a run computes in).
 - the round loop, in this folder: ``config`` (``SimConfig``), ``federated_data`` (from a config to
   the users and the new-user holdout), ``strategy`` (an algorithm on the round loop: its client
   optimizer and server rule, read from their descriptors), ``screen`` (the check of client updates

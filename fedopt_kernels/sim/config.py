@@ -12,6 +12,7 @@ from ..fl.algorithm import VARIANTS
 from ..fl.config import FLConfig, check_choice, check_integer, check_real
 from .models.build import MODELS, TEXT_MODELS
 from .parallel.choose import MODES as FORMULATION_MODES
+from .parallel.precision import PRECISIONS
 
 # What ``--algorithm`` names is a *variant* (fedavg, fedprox, scaffold, ... each an algorithm's
 # optimizer on a server rule): every registered one, fedopt_kernels.fl.algorithm.VARIANTS. The
@@ -81,6 +82,7 @@ class SimConfig(FLConfig):
     # "auto" measures on the device (reusing earlier choices), "measure" always, "default" never
     formulations: str = "auto"
     formulation_cache: Optional[str] = None  # a JSON file keeping measured choices across runs
+    precision: str = "fp32"  # forward and backward passes: fp32, tf32 or bf16 (sim/parallel/precision.py)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -94,6 +96,7 @@ class SimConfig(FLConfig):
         choice("dataset", self.dataset, DATASETS)
         choice("model", self.model, MODELS)
         choice("device", self.device, DEVICES)
+        choice("precision", self.precision, PRECISIONS)
         if self.partition is not None:
             choice("partition", self.partition, PARTITIONS)
         part = self.resolved_partition
@@ -244,4 +247,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["SimConfig", "VARIANTS", "DATASETS", "PARTITIONS", "DEVICES", "FOLDER_DATASETS", "NATURAL_DATASETS"]
+__all__ = [
+    "SimConfig",
+    "VARIANTS",
+    "DATASETS",
+    "PARTITIONS",
+    "DEVICES",
+    "PRECISIONS",
+    "FOLDER_DATASETS",
+    "NATURAL_DATASETS",
+]

@@ -17,6 +17,9 @@ gets what ``finetune`` then its test pass give it alone (``--validate sequential
 ``EvalCost`` adds up the seconds and the model FLOPs (forward passes, and the fine-tuning's forward
 and backward passes; ``torch.utils.flop_counter`` on one sample, times the samples) of what it is
 given to, so a run can report evaluation FLOP/s.
+
+``precision`` (``parallel/precision.py``): every forward pass, and the fine-tuning's backward passes,
+compute in the run's precision; the fine-tuning's SGD update is float32.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .data.clients import BatchStream, ClientData
 from .data.image_input import ImageClassifier
+from .parallel.precision import autocast_scope, precision_scope
 
 # samples per forward pass when scoring: on a CPU small enough for the caches (FedAvg CNN, 1 thread:
 # 61-62 GFLOP/s at 64-512 samples in channels-last, 34 at 4096); on a GPU large enough to fill it
@@ -154,10 +158,15 @@ def forward_flops(model: nn.Module, x: torch.Tensor) -> float:
 
 @torch.no_grad()
 def split_scores(
-    model: nn.Module, clients: Sequence[ClientData], split: str, cost: Optional[EvalCost] = None
+    model: nn.Module,
+    clients: Sequence[ClientData],
+    split: str,
+    cost: Optional[EvalCost] = None,
+    precision: str = "fp32",
 ) -> Scores:
     """Every client's summed loss, correct predictions and count on its ``split`` ("val" or "test"):
-    one forward pass over the union of the clients' splits, in chunks of ``eval_chunk(device)``."""
+    one forward pass over the union of the clients' splits, in chunks of ``eval_chunk(device)``, in
+    ``precision``."""
     start = time.perf_counter()
     xs = [getattr(c, f"{split}_x") for c in clients]
     ys = [getattr(c, f"{split}_y") for c in clients]
@@ -178,11 +187,12 @@ def split_scores(
     per_hit = torch.empty(total, dtype=torch.bool, device=y.device)
     step = eval_chunk(y.device)
     try:
-        for i in range(0, total, step):
-            out = call(x[i : i + step])
-            yy = y[i : i + step]
-            per_loss[i : i + step] = F.cross_entropy(out, yy, reduction="none")
-            per_hit[i : i + step] = out.argmax(dim=1) == yy
+        with precision_scope(precision, y.device), autocast_scope(precision, y.device):
+            for i in range(0, total, step):
+                out = call(x[i : i + step])
+                yy = y[i : i + step]
+                per_loss[i : i + step] = F.cross_entropy(out, yy, reduction="none")
+                per_hit[i : i + step] = out.argmax(dim=1) == yy
     finally:
         model.train(was)
     sums = torch.zeros(len(clients), dtype=torch.float64, device=y.device).index_add_(0, owner, per_loss)
@@ -195,10 +205,14 @@ def split_scores(
 
 
 def pooled_metrics(
-    model: nn.Module, clients: Sequence[ClientData], split: str, cost: Optional[EvalCost] = None
+    model: nn.Module,
+    clients: Sequence[ClientData],
+    split: str,
+    cost: Optional[EvalCost] = None,
+    precision: str = "fp32",
 ) -> Dict[str, float]:
     """Loss and accuracy over the union of the clients' ``split`` ("val" or "test") data."""
-    return split_scores(model, clients, split, cost).pooled()
+    return split_scores(model, clients, split, cost, precision).pooled()
 
 
 def user_summary(accs: Sequence[float]) -> Dict[str, float]:
@@ -219,9 +233,11 @@ def user_accuracy(model: nn.Module, client: ClientData) -> float:
 
 
 # ------------------------------------------------------------------ fine-tuning, one user at a time
-def finetune(model: nn.Module, client: ClientData, steps: int, lr: float, stream: BatchStream) -> int:
-    """``steps`` plain SGD steps on the client's train mini-batches (not part of the FL algorithm);
-    returns the samples they saw."""
+def finetune(
+    model: nn.Module, client: ClientData, steps: int, lr: float, stream: BatchStream, precision: str = "fp32"
+) -> int:
+    """``steps`` plain SGD steps on the client's train mini-batches (not part of the FL algorithm),
+    forward and backward in ``precision``; returns the samples they saw."""
     if steps == 0:
         return 0
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -230,7 +246,10 @@ def finetune(model: nn.Module, client: ClientData, steps: int, lr: float, stream
     for _ in range(steps):
         x, y = stream.next()
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        with precision_scope(precision, y.device):
+            with autocast_scope(precision, y.device):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
         opt.step()
         seen += int(y.shape[0])
     return seen
@@ -254,15 +273,16 @@ def _finetuned_sequential(
     lr: float,
     make_stream: Callable[[ClientData], BatchStream],
     cost: Optional[EvalCost],
+    precision: str,
 ) -> List[float]:
     after = []
     for u in users:
         load()
         start = time.perf_counter()
-        samples = finetune(model, u, steps, lr, make_stream(u))
+        samples = finetune(model, u, steps, lr, make_stream(u), precision)
         if cost is not None and samples:
             cost.add("fine-tune", time.perf_counter() - start, _train_flops(model, u.train_x, u.train_y) * samples)
-        after.append(split_scores(model, [u], "test", cost).accuracy()[0])
+        after.append(split_scores(model, [u], "test", cost, precision).accuracy()[0])
     return after
 
 
@@ -276,6 +296,7 @@ def _finetuned_batched(
     make_stream: Callable[[ClientData], BatchStream],
     parallel: int,
     cost: Optional[EvalCost],
+    precision: str,
 ) -> List[float]:
     """Fine-tune and test ``users`` ``parallel`` at a time: stacked copies of the global model,
     each user's own batches (padded, weighted 1/n), ``p -= lr * g`` per user, then every user's
@@ -283,7 +304,7 @@ def _finetuned_batched(
     from .parallel.batches import BatchPool, apply_stage
     from .parallel.loss import client_loss
 
-    engine = client_loss(model)
+    engine = client_loss(model, precision=precision)
     random = isinstance(model, ImageClassifier) and model.spec.augment  # fine-tuning runs in train mode
     streams = {u.client_id: make_stream(u) for u in users}
     pool = BatchPool(list(users), streams[users[0].client_id].batch_size, dtype=global_params[0].dtype)
@@ -354,14 +375,15 @@ def evaluate_users(
     make_stream: Callable[[ClientData], BatchStream],
     parallel: Optional[int] = None,
     cost: Optional[EvalCost] = None,
+    precision: str = "fp32",
 ) -> Dict[str, Dict]:
     """The per-user protocol for each group of users ("existing", "new").
 
     Returns ``{"global": {group: summary}, "finetuned": {group: summary}, "pooled_test_acc": acc}``,
     the last over every group's users (from the same pass as the global per-user numbers).
     ``parallel``: fine-tune and test that many users at a time, client-batched; None: one after
-    another. ``cost`` adds up the seconds and FLOPs. ``model`` is used as scratch space and is left
-    holding ``global_params``.
+    another. ``cost`` adds up the seconds and FLOPs; ``precision``: what the passes compute in.
+    ``model`` is used as scratch space and is left holding ``global_params``.
     """
 
     def load() -> None:
@@ -373,7 +395,7 @@ def evaluate_users(
     tested = {name: [u for u in users if u.test_y.shape[0] > 0] for name, users in groups.items()}
     everyone = [u for users in tested.values() for u in users]
     load()
-    scores = split_scores(model, everyone, "test", cost)  # the global model: one pass for all numbers
+    scores = split_scores(model, everyone, "test", cost, precision)  # the global model: one pass for all numbers
     out["pooled_test_acc"] = scores.pooled()["acc"]
     before = scores.accuracy()
     k = 0
@@ -383,9 +405,9 @@ def evaluate_users(
         if steps == 0:
             after = before[k - len(users) : k]
         elif parallel is not None and parallel > 1 and users:
-            after = _finetuned_batched(model, users, global_params, steps, lr, make_stream, parallel, cost)
+            after = _finetuned_batched(model, users, global_params, steps, lr, make_stream, parallel, cost, precision)
         else:
-            after = _finetuned_sequential(model, users, load, steps, lr, make_stream, cost)
+            after = _finetuned_sequential(model, users, load, steps, lr, make_stream, cost, precision)
         out["finetuned"][name] = user_summary(after)
     load()
     return out

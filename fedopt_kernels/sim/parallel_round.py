@@ -80,7 +80,8 @@ class BatchedClients:
         self.sim = sim
         cfg = sim.cfg
         self.cfg = cfg
-        self.loss = client_loss(sim.model)  # ValueError naming what neither engine can batch
+        # ValueError naming what neither engine can batch
+        self.loss = client_loss(sim.model, precision=cfg.precision)
         if sim.device.type == "cpu":
             keep_freed_memory()  # [C, ...] tensors are past malloc's mmap ceiling (parallel/host_memory.py)
         self.opts = sim.strategy.opts
@@ -93,7 +94,7 @@ class BatchedClients:
         self.chooser: Optional[Chooser] = None
         if isinstance(self.loss, StackedLoss):
             cache = ChoiceCache(cfg.formulation_cache) if cfg.formulation_cache else None
-            self.chooser = Chooser(self.loss, self._sample_inputs, cfg.formulations, cache)
+            self.chooser = Chooser(self.loss, self._sample_inputs, cfg.formulations, cache, precision=cfg.precision)
         self.choice: Optional[Choice] = None
         self._parallel: Optional[int] = None
         self._size: Optional[int] = None
@@ -171,7 +172,9 @@ class BatchedClients:
         """Train through ``torch.compile``'s step when the search chose it (not for the anchor
         gradients of PAdaMFed-VR, another graph to compile)."""
         if choice.compiled and self.anchor_model is None and isinstance(self.loss, StackedLoss):
-            self.loss = CompiledStackedLoss(self.sim.model, formulations=choice.formulations, order=self.loss.order)
+            self.loss = CompiledStackedLoss(
+                self.sim.model, formulations=choice.formulations, order=self.loss.order, precision=self.loss.precision
+            )
 
     def adopt(self, saved: Dict[str, Any]) -> None:
         """Take back the clients at once and formulations a checkpoint recorded (``choice_state``), so

@@ -25,6 +25,7 @@ from .data.clients import BatchStream, ClientData
 from .evaluate import EvalCost, evaluate_users, pooled_metrics
 from .federated_data import FederatedData, build_federated_data
 from .models.build import build_model
+from .parallel.precision import check_supported
 from .screen import logger, screen_updates
 from .strategy import Strategy
 
@@ -112,6 +113,7 @@ class Simulation:
                 )
             )
         self.model = model.to(self.device) if dtype is None else model.to(self.device, dtype)
+        check_supported(self.model, cfg.precision, self.device)  # bf16 on a CPU without a kernel for a layer
         self.global_params: List[torch.Tensor] = [p.detach().clone() for p in self.model.parameters()]
         self.initial_model_digest = _resume.tensor_digest(self.global_params)
         self.sample_rng = np.random.default_rng(ss_sample)
@@ -192,7 +194,7 @@ class Simulation:
             record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
         if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
             cost = EvalCost()
-            val = pooled_metrics(self.model, self.train_clients, "val", cost)
+            val = pooled_metrics(self.model, self.train_clients, "val", cost, self.cfg.precision)
             record.update(val_loss=val["loss"], val_acc=val["acc"], eval_flops=cost.flops)
             self.eval_log.append({"round": t + 1, "seconds": cost.seconds, "flops": cost.flops})
         record["seconds"] = time.perf_counter() - start
@@ -221,6 +223,7 @@ class Simulation:
             stream,
             parallel=None if self.batched is None else self.batched.parallel,
             cost=self.final_cost,
+            precision=self.cfg.precision,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -285,6 +288,7 @@ class Simulation:
             "hparams": self.hp,
             "backend": self.backend,
             "device": str(self.device),
+            "precision": self.cfg.precision,
             "history": self.history,
             "final": final,
             "train_seconds": train_seconds,

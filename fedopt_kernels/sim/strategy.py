@@ -22,6 +22,7 @@ from ..fl.client_round import ClientOptimizers
 from ..fl.server_rules import RULES
 from .config import SimConfig
 from .data.clients import Batch, BatchStream, ClientData
+from .parallel.precision import autocast_scope, precision_scope
 
 Tensors = List[torch.Tensor]
 
@@ -143,12 +144,18 @@ class Strategy:
         return self.opts.begin(cid, self.sim.train_clients[cid], t, **self.round_inputs(cid, t))
 
     def loss_and_grad(self, batch: Batch) -> torch.Tensor:
-        """Forward/backward of one mini-batch on the local model; returns the (detached) loss."""
-        model = self.sim.model
+        """Forward/backward of one mini-batch on the local model, in the run's precision; returns the
+        (detached) loss."""
+        return self._forward_backward(self.sim.model, batch)
+
+    def _forward_backward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         x, y = batch
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        precision, device = self.sim.cfg.precision, self.sim.device
+        with precision_scope(precision, device):
+            with autocast_scope(precision, device):  # the forward pass and the loss
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
         return loss.detach()
 
     def local_step(self, cid: int, opt: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
@@ -157,9 +164,7 @@ class Strategy:
             self.opts.clip()
             self.opts.step(opt, lambda: self.loss_and_grad(batch))  # the closure: FedSAM's second gradient
             return loss
-        self.anchor_model.zero_grad(set_to_none=True)
-        x, y = batch
-        F.cross_entropy(self.anchor_model(x), y).backward()
+        self._forward_backward(self.anchor_model, batch)
         # anchor gradients: PAdaMFed-VR's optimizer (a FedOptimizer: steps take keyword inputs)
         cast(FedOptimizer, opt).step(anchor_grads=[p.grad for p in self.anchor_model.parameters()])
         return loss

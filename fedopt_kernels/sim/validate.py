@@ -39,6 +39,13 @@ caveat). ``cuda`` has float64 kernels for every op; ``triton`` has none, so
   in float64 with a backend that has float64 kernels (``cuda``, else ``reference``), and triton's
   batched kernels are checked against the reference batched op on the client-parallel path in
   float32, where only the optimizer kernels differ.
+
+The run's ``precision`` (``tf32``, ``bf16``: ``parallel/precision.py``) is not what a validation
+compares: both sides run at ``fp32``. What it checks, the optimizer kernels and the client-parallel
+gradients, computes the same mathematics at every precision, and autocast and TF32 act on float32
+tensors only, so in float64 they would change nothing anyway; in float32, a bf16 cast that the two
+sides round differently (2**-8 relative) would swamp the 1e-4 tolerance. The report says so. A
+bf16 run's accuracy against fp32 is a test of its own (tests/test_precision.py).
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ class Validation:
     reference: str = "reference"  # what it was checked against (label)
     dtype: str = "float32"  # precision both sides ran in
     parts: List[Validation] = field(default_factory=list)  # further checks of the same claim
+    precision: str = "fp32"  # the run's precision; the comparison itself runs at fp32 (module docstring)
 
     @property
     def max_rel(self) -> float:
@@ -109,6 +117,13 @@ class Validation:
         lines = [part.report(name) for part in self.parts]
         lines += [
             f"validate: {self.reference} vs {self.backend} (same seeds and batches, {self.dtype})",
+        ]
+        if self.precision != "fp32":
+            lines.append(
+                f"  precision {self.precision} is not applied here: both sides run at fp32, as the optimizer "
+                f"kernels and the client-parallel gradients compute the same mathematics at every precision"
+            )
+        lines += [
             f"  {'round':>5}  {'one-round max |dx|':>18}  {'relative':>10}  "
             f"{'trajectory max |dx|':>19}  {'relative':>10}",
         ]
@@ -149,13 +164,15 @@ def validate_backend(
     """Run ``cfg`` on reference and on ``backend`` round by round; compare (see module docstring).
 
     ``dtype``: the precision of every run (None: ``validation_dtype`` of the backends compared).
+    Every run is at ``fp32`` whatever ``cfg.precision`` says (module docstring).
     """
+    asked, cfg = cfg.precision, cfg.replace(precision="fp32")
     checked = cfg.replace(backend=backend)
     dtype = dtype or validation_dtype("reference", resolve_backend(checked, resolve_device(cfg.device)))
     ref = Simulation(cfg.replace(backend="reference"), dtype=dtype)
     free = Simulation(checked, data=ref.data, dtype=dtype)
     synced = Simulation(checked, data=ref.data, dtype=dtype)
-    out = Validation(backend=free.backend, param_rtol=param_rtol, acc_tol=acc_tol, dtype=_name(dtype))
+    out = Validation(backend=free.backend, param_rtol=param_rtol, acc_tol=acc_tol, dtype=_name(dtype), precision=asked)
     return _compare(cfg, ref, free, synced, out, on_round)
 
 
@@ -174,14 +191,18 @@ def validate_client_parallel(
     batched op in parallel); same tolerances, same one-round / end-to-end protocol as above.
     ``data`` / ``model_fn`` replace the config's data set / model, as for ``Simulation``;
     ``dtype``: the precision of every run (None: ``validation_dtype`` of both paths' backends).
+    Every run is at ``fp32`` whatever ``cfg.precision`` says (module docstring).
     """
     if not cfg.parallel:
         raise ValueError("validate_client_parallel needs a client-parallel config (client_parallel != 1)")
+    asked, cfg = cfg.precision, cfg.replace(precision="fp32")
     seq_cfg = cfg.replace(client_parallel=1, cuda_graph=False)
     device = resolve_device(cfg.device)
     backends = (resolve_backend(seq_cfg, device), resolve_backend(cfg, device))
     if dtype is None and not all(b in FLOAT64_BACKENDS for b in backends):
-        return _paths_and_kernels(cfg, device, param_rtol, acc_tol, on_round, data, model_fn)
+        out = _paths_and_kernels(cfg, device, param_rtol, acc_tol, on_round, data, model_fn)
+        out.precision = asked
+        return out
     dtype = dtype or validation_dtype(*backends)
     ref = Simulation(seq_cfg, data=data, model_fn=model_fn, dtype=dtype)
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=dtype)
@@ -195,6 +216,7 @@ def validate_client_parallel(
         param_rtol=param_rtol,
         acc_tol=acc_tol,
         dtype=_name(dtype),
+        precision=asked,
     )
     return _compare(cfg, ref, free, synced, out, on_round)
 

@@ -32,6 +32,7 @@ from ..config import (
     FOLDER_DATASETS,
     FORMULATION_MODES,
     PARTITIONS,
+    PRECISIONS,
     VARIANTS,
     SimConfig,
     default_dataset,
@@ -167,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("execution")
     g.add_argument("--backend", default=d.backend, help="auto, reference, triton, cuda or cpu (default %(default)s)")
     g.add_argument("--device", default=d.device, choices=DEVICES)
+    g.add_argument(
+        "--precision",
+        default=d.precision,
+        choices=PRECISIONS,
+        help="what forward and backward passes compute in (training, fine-tuning, evaluation): fp32, "
+        "torch's defaults (on CUDA these already let cuDNN run float32 convolutions in TF32); tf32, CUDA "
+        "matmuls and convolutions in TF32 (a CPU has no TF32: there it is fp32); bf16, autocast to "
+        "bfloat16 (parameters, gradients, optimizer state and step stay float32; --validate compares "
+        "at fp32, docs/simulator.md) (default %(default)s)",
+    )
     g.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0], help="one run per seed (default 0)")
     g.add_argument(
         "--client-parallel",
@@ -297,6 +308,7 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         cuda_graph=args.cuda_graph,
         formulations=args.formulations,
         formulation_cache=args.formulation_cache,
+        precision=args.precision,
         **{f.name: getattr(args, f.name) for f in algorithm_settings(SimConfig)},
     ).validate()
 
@@ -466,7 +478,8 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     hp = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results[0]["hparams"].items())
     print(
         f"{args.algorithm} on {args.dataset} ({configs[0].resolved_partition}), {configs[0].clients} clients, "
-        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps; {hp}"
+        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps, "
+        f"precision {configs[0].precision}; {hp}"
     )
     print(format_final_table(results))
     if out_dir is not None:
@@ -593,6 +606,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
     from ...core.extras import MissingExtra
     from ...fl.checkpoint import CheckpointError
+    from ..parallel.precision import UnsupportedPrecision
 
     try:
         if args.validate is not None:
@@ -602,3 +616,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(3, f"fedopt-sim: error: {exc}\n")
     except CheckpointError as exc:  # --resume from a checkpoint of other settings, or a damaged one
         parser.exit(2, f"fedopt-sim: error: {exc}\n")
+    except UnsupportedPrecision as exc:  # found when the run builds its model (bf16 LSTM on this CPU)
+        parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")

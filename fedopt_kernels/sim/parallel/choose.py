@@ -39,6 +39,7 @@ import torch
 from .choice_cache import ChoiceCache, step_key
 from .compiled import CompiledStackedLoss, NotCompilable
 from .layers import FORMULATIONS, StackedLayer
+from .precision import autocast_scope, precision_scope
 from .stacked import StackedLoss
 
 MODES = ("auto", "default", "measure")
@@ -189,10 +190,12 @@ class Timer:
         saved = layer.formulation
         layer.formulation, layer.params = form, ps
         layer.ctx = self.engine.context(self.x.shape[0], self.x.shape[1], self.device)
-        try:
-            with torch.enable_grad():
-                out = layer(x)
-                out = out[0] if isinstance(out, tuple) else out
+        prec, dev = self.engine.precision, self.device
+        try:  # as in the step: the forward under the run's precision and autocast, the backward outside autocast
+            with torch.enable_grad(), precision_scope(prec, dev):
+                with autocast_scope(prec, dev):
+                    out = layer(x)
+                    out = out[0] if isinstance(out, tuple) else out
                 out.backward(torch.ones_like(out))
         finally:
             layer.formulation, layer.params = saved, {}
@@ -310,7 +313,9 @@ def search(
 def _try_compiled(engine: StackedLoss, params, x, y, w, budget: Budget, choice: Choice) -> None:
     """The chosen step through ``torch.compile`` (its first run compiles), kept if ``margin`` faster."""
     assert choice.step_s is not None
-    compiled = CompiledStackedLoss(engine.model, formulations=choice.formulations, order=engine.order)
+    compiled = CompiledStackedLoss(
+        engine.model, formulations=choice.formulations, order=engine.order, precision=engine.precision
+    )
     timer = Timer(compiled, params, x, y, w, budget)
     try:
         t = timer.steps({"compiled": choice.formulations}).get("compiled")

@@ -71,8 +71,9 @@ class CompiledStackedLoss(StackedLoss):
         order: Optional[str] = None,
         backend: Any = "inductor",
         fullgraph: bool = True,
+        precision: str = "fp32",
     ):
-        super().__init__(model, formulations, order)
+        super().__init__(model, formulations, order, precision)
         self.backend = backend
         self._first = fullgraph
         self.fullgraph: Optional[bool] = None  # what the compiled step was built with (None: not built yet)

@@ -28,6 +28,8 @@ from typing import Optional, Tuple, Union
 import torch
 from torch.nn import functional as F
 
+from .precision import autocast_inputs
+
 Pair = Tuple[int, ...]  # (height, width)
 
 
@@ -67,6 +69,7 @@ def im2col_conv2d(
     if top != bottom or left != right:  # F.unfold pads symmetrically: pad the odd side first
         x = F.pad(x, (left, right, top, bottom))
         top = left = 0
+    x, w, b = autocast_inputs(x, w, b)  # bf16: forward and backward in one dtype
     return _Im2colConv.apply(x, w, b, clients, order == "batch", stride, (top, left), dilation, groups)
 
 

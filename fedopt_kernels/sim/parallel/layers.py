@@ -62,6 +62,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .conv_im2col import im2col_conv2d, padding_sides
+from .precision import autocast_inputs
 
 ORDERS = ("client", "batch")
 FORMULATIONS: Dict[str, Tuple[str, ...]] = {
@@ -190,6 +191,7 @@ class _BatchedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b):
+        x, w, b = autocast_inputs(x, w, b)  # bf16: forward and backward in one dtype
         wt = w.transpose(1, 2)
         out = torch.bmm(x, wt) if b is None else torch.baddbmm(b.unsqueeze(1), x, wt)
         ctx.save_for_backward(x, w)
@@ -346,6 +348,7 @@ class _GroupedConvNHWC(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, xg, w, b, C: int, stride, padding, dilation, groups):
+        xg, w, b = autocast_inputs(xg, w, b)  # bf16: forward and backward in one dtype
         wg = w.reshape(C * w.shape[1], *w.shape[2:]).contiguous(memory_format=torch.channels_last)
         y = F.conv2d(xg, wg, None if b is None else b.reshape(-1), stride, padding, dilation, C * groups)
         ctx.save_for_backward(xg, wg)

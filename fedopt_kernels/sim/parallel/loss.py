@@ -27,6 +27,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
 from ..data.image_input import ImageClassifier
+from .precision import autocast_scope, check_precision, precision_scope
 from .stacked import NotStackable, StackedLoss
 from .trainable import check_trainable
 
@@ -56,12 +57,14 @@ class ClientLoss:
 
     ``model``'s parameters (in ``model.parameters()`` order) are what the functions take, as a
     tuple. For an ``ImageClassifier`` the vmapped function is its network; ``input_stage`` is
-    then its ``preprocess`` (applied by the caller, outside vmap).
+    then its ``preprocess`` (applied by the caller, outside vmap). ``precision``: what the passes
+    compute in (``precision.py``; autocast wraps the loss, so the backward runs outside it).
     """
 
     engine = "vmap"
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, precision: str = "fp32"):
+        self.precision = check_precision(precision)
         check_vmappable(model)
         self.model = model
         net = model.net if isinstance(model, ImageClassifier) else model
@@ -80,49 +83,57 @@ class ClientLoss:
 
     def loss(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """One client's weighted cross-entropy (``w``: 1/n on real samples, 0 on padding)."""
-        out = functional_call(self.net, dict(zip(self.names, params, strict=True)), (x,))
-        return (F.cross_entropy(out, y, reduction="none") * w).sum()
+        with autocast_scope(self.precision, x.device):
+            out = functional_call(self.net, dict(zip(self.names, params, strict=True)), (x,))
+            return (F.cross_entropy(out, y, reduction="none") * w).sum()
 
     def grads(
         self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
         """Every client's gradient (``[C, *shape]`` each) and loss (``[C]``)."""
-        return self.per_client(tuple(params), x, y, w)
+        with precision_scope(self.precision, x.device):
+            return self.per_client(tuple(params), x, y, w)
 
     def logits(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Client c's model on its samples: ``x`` [C, B, ...] -> [C, B, classes]."""
-        return vmap(lambda ps, xx: functional_call(self.net, dict(zip(self.names, ps, strict=True)), (xx,)))(
-            tuple(params), x
-        )
+        with precision_scope(self.precision, x.device), autocast_scope(self.precision, x.device):
+            return vmap(lambda ps, xx: functional_call(self.net, dict(zip(self.names, ps, strict=True)), (xx,)))(
+                tuple(params), x
+            )
 
     def grads_at(
         self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
         """Every client's gradient at the same (unstacked) parameters ``shared``."""
-        return self.at_shared(tuple(shared), x, y, w)
+        with precision_scope(self.precision, x.device):
+            return self.at_shared(tuple(shared), x, y, w)
 
 
 ENGINES = ("auto", "stacked", "vmap")
 
 
-def client_loss(model: nn.Module, engine: str = "auto", formulations: Optional[Dict[str, str]] = None):
+def client_loss(
+    model: nn.Module, engine: str = "auto", formulations: Optional[Dict[str, str]] = None, precision: str = "fp32"
+):
     """The gradient engine for C stacked clients of ``model``: ``StackedLoss`` or ``ClientLoss`` (vmap).
 
     ``auto``: the stacked engine (``stacked.py``) when it computes the model, else vmap; a model
     neither can batch is refused with both reasons. ``formulations``: the stacked engine's
-    per-layer choices (``StackedNet.set_formulations``).
+    per-layer choices (``StackedNet.set_formulations``); ``precision``: what the engine's passes
+    compute in (``precision.PRECISIONS``; the engine's ``precision`` attribute).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    check_precision(precision)
     if engine == "vmap":
-        return ClientLoss(model)
+        return ClientLoss(model, precision)
     try:
-        return StackedLoss(model, formulations)
+        return StackedLoss(model, formulations, precision=precision)
     except NotStackable as why:
         if engine == "stacked":
             name = type(model).__name__
             raise ValueError(f"--client-parallel: the stacked engine cannot train {name}: {why}") from None
         try:
-            return ClientLoss(model)
+            return ClientLoss(model, precision)
         except ValueError as vmap_why:
             raise ValueError(f"{vmap_why} (the stacked engine cannot either: {why})") from None

@@ -34,6 +34,7 @@ from torch.nn import functional as F
 from ..data.image_input import ImageClassifier
 from .grouped_runs import PER_CHANNEL, StackedSequential
 from .layers import Clients, StackedLayer
+from .precision import autocast_scope, check_precision, precision_scope
 from .stacked_types import STACKED_TYPES, stacked_layer, unsupported_reason
 from .trainable import check_trainable
 
@@ -159,14 +160,22 @@ class StackedNet:
 class StackedLoss:
     """The per-client weighted loss and its gradients for C stacked clients of ``model``.
 
-    The interface of ``loss.ClientLoss`` (``grads``, ``grads_at``, ``input_stage``); ``order``:
-    ``Clients.order`` (None: "client" on a CPU, "batch" elsewhere, where grouped convolutions read
-    the batch order without a copy); ``formulations``: ``StackedNet.set_formulations``.
+    The interface of ``loss.ClientLoss`` (``grads``, ``grads_at``, ``input_stage``, ``precision``);
+    ``order``: ``Clients.order`` (None: "client" on a CPU, "batch" elsewhere, where grouped
+    convolutions read the batch order without a copy); ``formulations``:
+    ``StackedNet.set_formulations``; ``precision``: what the passes compute in (``precision.py``).
     """
 
     engine = "stacked"
 
-    def __init__(self, model: nn.Module, formulations: Optional[Dict[str, str]] = None, order: Optional[str] = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        formulations: Optional[Dict[str, str]] = None,
+        order: Optional[str] = None,
+        precision: str = "fp32",
+    ):
+        self.precision = check_precision(precision)
         check_trainable(model)
         net = model.net if isinstance(model, ImageClassifier) else model
         self.model, self.net = model, net
@@ -188,7 +197,8 @@ class StackedLoss:
     def logits(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Client c's model on its samples: ``x`` [C, B, ...] -> [C, B, classes]."""
         ctx = self.context(x.shape[0], x.shape[1], x.device)
-        return ctx.split(self.stacked(params, ctx.inputs(x), ctx))
+        with precision_scope(self.precision, x.device), autocast_scope(self.precision, x.device):
+            return ctx.split(self.stacked(params, ctx.inputs(x), ctx))
 
     def _loss(self, params: Sequence[torch.Tensor], x, y, w) -> torch.Tensor:
         ctx = self.context(x.shape[0], x.shape[1], x.device)
@@ -201,8 +211,9 @@ class StackedLoss:
     ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
         """Every client's gradient (``[C, *shape]`` each) and loss (``[C]``) on ``x`` [C, B, ...]."""
         leaves = [p.detach().requires_grad_() for p in params]
-        with torch.enable_grad():
-            loss = self._loss(leaves, x, y, w)
+        with torch.enable_grad(), precision_scope(self.precision, x.device):
+            with autocast_scope(self.precision, x.device):
+                loss = self._loss(leaves, x, y, w)
             grads = torch.autograd.grad(loss.sum(), leaves)
         return grads, loss.detach()
 
@@ -211,9 +222,10 @@ class StackedLoss:
     ) -> Tuple[Tuple[torch.Tensor, ...], torch.Tensor]:
         """Every client's gradient at the same (unstacked) parameters ``shared``."""
         C = x.shape[0]
-        with torch.enable_grad():
+        with torch.enable_grad(), precision_scope(self.precision, x.device):
             base = [s.detach().requires_grad_() for s in shared]
             wide = [b.expand(C, *b.shape) for b in base]  # the gradient w.r.t. these is per client
-            loss = self._loss(wide, x, y, w)
+            with autocast_scope(self.precision, x.device):
+                loss = self._loss(wide, x, y, w)
             grads = torch.autograd.grad(loss.sum(), wide)
         return grads, loss.detach()

@@ -31,6 +31,8 @@ Grads = Tuple[Tuple[torch.Tensor, ...], torch.Tensor]
 class GradientEngine(Protocol):
     """What the trainer needs of ``loss.client_loss``'s engines (``StackedLoss``, vmap's ``ClientLoss``)."""
 
+    precision: str  # what its passes compute in (precision.PRECISIONS)
+
     def grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Grads: ...
 
     def grads_at(self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Grads: ...
@@ -55,7 +57,8 @@ class BatchedTrainer:
     ``make_optimizer(stacked_params)`` builds the client-batched optimizer; ``clip_norm``: clip each
     client's gradient first; ``anchor``: pass PAdaMFed-VR anchor gradients; ``graph``: None (eager),
     ``"cuda"`` (CUDA-graph replay) or ``"emulate"`` (the same bookkeeping without CUDA, for tests);
-    ``closure_step``: hand the step a closure for its second gradients (FedSAM).
+    ``closure_step``: hand the step a closure for its second gradients (FedSAM). ``precision``:
+    the engine's (``precision.py``); the update is float32 at every precision.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class BatchedTrainer:
         if clients < 1:
             raise ValueError(f"clients must be >= 1, got {clients}")
         self.loss = loss
+        self.precision = loss.precision
         self.clients = clients
         self.steps = steps
         self.clip_norm = clip_norm
