@@ -502,7 +502,9 @@ def _say_parallel(sim: Any) -> None:
     chunks = -(-S // size)
     how = f"all {S} sampled clients" if chunks == 1 else f"the {S} sampled clients in {chunks} equal chunks"
     chooser = batched.chooser
-    spent = f"; choosing formulations took {chooser.spent_s:.1f} s" if chooser is not None and chooser.spent_s else ""
+    # the search's time, where a user would notice it (a second or more)
+    took = chooser.spent_s if chooser is not None else 0.0
+    spent = f"; choosing formulations took {took:.1f} s" if took >= 1.0 else ""
     if n != "auto" and size == n and not spent:
         return
     print(
