@@ -177,9 +177,10 @@ BACKENDS=$("$PY" -c "import fedopt_kernels as f; print(repr(f.available_backends
 
 # shares of the budget (seconds) from an H100 (install 43, loop 25, small-CNN clients 41) and an
 # H200 (tests ~90, bench ~90 without the reference rows, the four models' clients 144 cut before
-# ResNet's largest C, clients_sim 39); clients at most 170 with its formulation search, clients_sim 60. Reserved ahead: only what
+# ResNet's largest C, clients_sim 39); clients at most 170 with its formulation search, clients_sim 60;
+# bench 90 (cut at its deadline, it writes the groups of cases it finished). Reserved ahead: only what
 # comes before paper_slice (45 s on the H100) and tests_wide, which take what is left
-TESTS_S=120; BENCH_S=110; LOOP_S=40; CLIENTS_S=170; CLIENTS_SIM_S=60; PAPER_S=90
+TESTS_S=120; BENCH_S=90; LOOP_S=40; CLIENTS_S=170; CLIENTS_SIM_S=60; PAPER_S=90
 PAR=""
 if "$PY" -c "import xdist" >/dev/null 2>&1; then
   # a worker per core but two (GPU tests share one device), at most 14

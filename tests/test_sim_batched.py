@@ -349,9 +349,15 @@ def test_auto_fits_the_estimate():
     assert auto_client_parallel(model, x, y, 2, 1000, budget=per_client // 2) == 1  # never below 1
     assert auto_client_parallel(model, x, y, 2, 7, budget=1 << 40) == 7  # never above the sampled
     assert auto_client_parallel(model, x, y, 2, 5000, budget=1 << 40) == MAX_AUTO  # nor past the cap
-    sim = Simulation(tiny_config("padamfed", client_parallel="auto"), data=tiny_images(), model_fn=model_fn)
+    # formulations="default": nothing timed, the largest number that fits
+    cfg = tiny_config("padamfed", client_parallel="auto", formulations="default")
+    sim = Simulation(cfg, data=tiny_images(), model_fn=model_fn)
     assert sim.batched.parallel == sim.batched.size == 4  # a tiny model: every sampled client at once
     assert sim.model.training  # the measurement left the model as it was
+    # measured ("auto"): one of the equal chunk sizes that fit, largest first (parallel/choose.py)
+    sim = Simulation(cfg.replace(formulations="auto"), data=tiny_images(), model_fn=model_fn)
+    assert sim.batched.size in (4, 2, 1) and sim.batched.parallel == sim.batched.size
+    assert sim.model.training
 
 
 SHORT = [
