@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
+from torch._C import _set_grad_enabled
 
 from .dispatch import StepDispatch
 from .op_runner import OpRunner, OtherOp
@@ -51,13 +52,15 @@ class OtherOps(StepDispatch):
         )
         if plan.params:
             device = plan.device
-            runner.launch(
-                plan,
-                runner.counter(device, self._clients()),
-                self._one(device),
-                active,
-                self._check_op_inputs(name, plan, per_step),
-            )
+            inputs = self._check_op_inputs(name, plan, per_step)
+            grad = torch.is_grad_enabled()
+            if grad:  # the op writes parameters in place: outside autograd, as step() runs its own
+                _set_grad_enabled(False)
+            try:
+                runner.launch(plan, runner.counter(device, self._clients()), self._one(device), active, inputs)
+            finally:
+                if grad:
+                    _set_grad_enabled(True)
         return plan
 
     def _op_plan(self, name: str) -> Optional[StepPlan]:
