@@ -6,7 +6,7 @@ sets it). The base's other parts build on it, one concern per file, each on the 
 
 ====================================  ==================================================================
 ``caller_graph.CallerGraph``          a CUDA graph of the caller's that holds a step
-``checks.ParamChecks``                parameters and param groups: refused with an error naming them
+``param_checks.ParamChecks``          parameters and param groups: refused with an error naming them
 ``gather.PlanGather``                 the hooks' results gathered into a step plan's inputs
 ``round_api.RoundAPI``                ``start_round`` and the round counters
 ``dispatch.StepDispatch``             ``step()``: the plan, the device counters, the launch, replays

@@ -42,9 +42,8 @@ class OtherOps(StepDispatch):
         if runner is None:
             raise KeyError(f"{type(self).__name__} declares no other op {name!r} (its: {list(self._runners)})")
         op = runner.op
-        given = sorted(per_step)
-        if given != sorted(op.step_roles):
-            raise TypeError(f"op {name!r} takes per-step roles {sorted(op.step_roles)}, got {given}")
+        if (per_step or op.step_roles) and sorted(per_step) != sorted(op.step_roles):
+            raise TypeError(f"op {name!r} takes per-step roles {sorted(op.step_roles)}, got {sorted(per_step)}")
         plan = runner.current(
             self.param_groups,
             lambda indexes: self._op_groups(op, indexes),
@@ -52,7 +51,7 @@ class OtherOps(StepDispatch):
         )
         if plan.params:
             device = plan.device
-            inputs = self._check_op_inputs(name, plan, per_step)
+            inputs = self._check_op_inputs(name, plan, per_step) if per_step else per_step
             grad = torch.is_grad_enabled()
             if grad:  # the op writes parameters in place: outside autograd, as step() runs its own
                 _set_grad_enabled(False)
