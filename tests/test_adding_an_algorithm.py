@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import pathlib
-from typing import List
+from typing import List, cast
 
 import pytest
 import torch
@@ -291,6 +291,7 @@ def _one_module(tmp_path, name: str, text: str):
     path = tmp_path / f"{name}.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
@@ -467,7 +468,9 @@ def _check_push_step(cls, kw) -> None:
     goes through about ten float64 roundings (the norm's sum over 17 squares included), so 64 ulps of
     the largest magnitude involved bound the difference."""
     g = torch.Generator().manual_seed(3)
-    params = [torch.nn.Parameter(torch.randn(s, generator=g, dtype=torch.float64)) for s in ((4, 3), (5,))]
+    params: List[torch.Tensor] = [
+        torch.nn.Parameter(torch.randn(s, generator=g, dtype=torch.float64)) for s in ((4, 3), (5,))
+    ]
     x0 = [p.detach().clone() for p in params]
     g0 = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params]
     b = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params]
@@ -541,7 +544,7 @@ def _check_batched_is_per_client(cfg, batched_cls, C=3) -> None:
             for p in singles[c]:
                 p.grad = catalogue.rand_like_list([p], 100 * step + c)[0]
         for i, sp in enumerate(stacked):
-            sp.grad = torch.stack([singles[c][i].grad for c in range(C)])
+            sp.grad = torch.stack([cast(torch.Tensor, singles[c][i].grad) for c in range(C)])  # set above
         for c in range(C):
             if active[c]:
                 opts[c].step(**cfg.step_inputs(order[c], step, 100 * c))

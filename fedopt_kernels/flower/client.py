@@ -125,13 +125,13 @@ def train_round(
 
         loss_sum += loss_and_grad()
         opts.clip()
-        inputs: Dict[str, Any] = {}
+        step_inputs: Dict[str, Any] = {}
         if anchor is not None:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
             anchor.zero_grad(set_to_none=True)
             loss_fn(anchor(bx), by).backward()
-            inputs["anchor_grads"] = [p.grad for p in anchor.parameters()]
+            step_inputs["anchor_grads"] = [p.grad for p in anchor.parameters()]
         # recompute: a step that takes two gradients (FedSAM) calls it at the parameters it moved to
-        opts.step(opt, loss_and_grad, **inputs)
+        opts.step(opt, loss_and_grad, **step_inputs)
 
     out = RecordDict()
     with torch.no_grad():
