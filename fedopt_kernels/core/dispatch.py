@@ -209,21 +209,7 @@ class StepDispatch(RoundAPI):
             cache["grad_set"] = plan.grad_set  # the backend's own key of the gradients' addresses
         # plan.fn: the backend's kernel for this op, as core/registry.py's resolve() picked it from
         # core/impl_table.py (reference/, backends/cpu.py, cuda.py, triton.py); ShardedPlan wraps it
-        args = (
-            params,
-            plan.current_grads(),
-            *[lists[r.name] for r in spec.optional],
-            plan.batch,
-            plan.present,
-            plan.hp,
-            k,
-            table,
-            every,
-            grad_scale,
-            found_inf,
-            *((active,) if spec.batched else ()),
-            plan.backend,
-        )
+        args = plan.args(params, lists, k, table, every, grad_scale, found_inf, active)
         if pro is not None:
             self._prologue = None  # it runs first in the launch below (so a recording holds it)
         if key is None:

@@ -151,21 +151,7 @@ class OpRunner:
         if type(plan) is StepPlan:
             cache["grad_set"] = plan.grad_set  # the backend's own key of the gradients' addresses
         lists = {**plan.lists, **given} if given else plan.lists
-        args = (
-            plan.params,
-            plan.current_grads(),
-            *[lists[r.name] for r in plan.spec.optional],
-            plan.batch,
-            plan.present,
-            plan.hp,
-            k,
-            one,
-            1,
-            None,
-            None,
-            *((active,) if plan.spec.batched else ()),
-            plan.backend,
-        )
+        args = plan.args(plan.params, lists, k, one, 1, None, None, active)
         if key is None:
             plan.fn(*args, cache=cache)
         else:
