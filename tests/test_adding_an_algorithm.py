@@ -6,11 +6,13 @@ and the benchmark with nothing else but its export and its docs section (the che
 
 from __future__ import annotations
 
+import math
 import pathlib
-from typing import List
+from typing import List, cast
 
 import pytest
 import torch
+from harness import TOLERANCE
 
 import fedopt_kernels
 import fedopt_kernels.batched
@@ -280,20 +282,29 @@ DESCRIPTOR = algorithm.register(_HeavyBall(
 '''
 
 
-@pytest.fixture
-def heavyball(tmp_path):
+def _one_module(tmp_path, name: str, text: str):
+    """Import ``text`` as module ``name`` from a file of its own (it registers its algorithm ``name``);
+    unregistered afterwards."""
     import importlib.util
     import sys
 
-    path = tmp_path / "heavyball.py"
-    path.write_text(ONE_MODULE)
-    spec = importlib.util.spec_from_file_location("heavyball", path)
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["heavyball"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
-    yield mod
-    algorithm.unregister("heavyball")
-    del sys.modules["heavyball"]
+    try:
+        yield mod
+    finally:
+        algorithm.unregister(name)
+        del sys.modules[name]
+
+
+@pytest.fixture
+def heavyball(tmp_path):
+    yield from _one_module(tmp_path, "heavyball", ONE_MODULE)
 
 
 def test_an_algorithm_on_an_existing_op_is_one_module(heavyball, tmp_path):
@@ -340,6 +351,303 @@ def test_an_algorithm_from_one_module_gets_its_flower_strategy(heavyball):
     assert isinstance(flower.strategy_for(FLConfig(algorithm="heavyball-scaffold")), flower.AveragingStrategy)
     with pytest.raises(TypeError, match="no_such_keyword"):
         flower.HeavyBallStrategy(no_such_keyword=1)
+
+
+# ---------------------------------------------------------------- a second op and two gradients, from one module
+# A seventh algorithm whose step runs a second op (sam_ascent, declared as an OtherOp and run by the base's
+# _run_op) and takes two gradients (the descriptor's closure_step), complete in one file: nothing in sim/,
+# flower/ or batched/ knows it, and the command line, the simulator (client by client and client-batched,
+# its step graph included) and Flower run it.
+TWO_GRADIENTS = '''
+"""PushSGD: SGD from a pushed point (a test's algorithm: a second op and two gradients per step)."""
+import torch
+
+from fedopt_kernels.batched.mixin import ClientBatched
+from fedopt_kernels.core.op_runner import OtherOp
+from fedopt_kernels.core.ops import BATCHED, SAM_ASCENT
+from fedopt_kernels.core.optimizer import FedOptimizer, check_number
+from fedopt_kernels.fl import algorithm
+from fedopt_kernels.fl.algorithm import Baseline, BenchCase, FlowerName, Variant
+from fedopt_kernels.optim.sgd import SGDAlgorithm, SGDFamily
+
+
+class PushSGD(SGDFamily):
+    """SGD from a pushed point: x += rho * g / (||g|| + eps), then SGD there with the gradient there."""
+
+    _state_keys = SGDFamily._state_keys + ("pushed_from",)
+    _hp_columns = {"maximize": 0.0}
+    # the push is the sam_ascent op with w = 1; the x it saves is kept, never restored
+    _other_ops = (OtherOp("push", SAM_ASCENT, state={"saved_x": "pushed_from"}, columns={"eta": 0.0, "adaptive": 0.0}),)
+
+    def __init__(self, params, lr=0.1, rho=0.05, momentum=0.0, weight_decay=0.0, eps=1e-12, prox_mu=0.0,
+                 backend="auto", replay=None):
+        defaults = dict(lr=lr, rho=rho, eps=eps, momentum=momentum, dampening=0.0, weight_decay=weight_decay,
+                        nesterov=False, prox_mu=prox_mu)
+        super().__init__(params, defaults, backend, replay)
+
+    def _validate_group(self, group):
+        super()._validate_group(group)
+        check_number("rho", group["rho"], low=0.0)
+        check_number("eps", group["eps"], low=0.0)
+
+    def step(self, closure=None):
+        return self._push_then_step(closure, {})
+
+    def _push_then_step(self, closure, kwargs):
+        if closure is None:
+            raise RuntimeError("PushSGD.step() needs a closure: its second gradient, at the pushed point")
+        if self._t < 0:
+            self.start_round()
+        self._run_op("push", active=kwargs.get("active"))
+        return FedOptimizer.step(self, closure, **kwargs)  # the closure, then the sgd op
+
+
+class BatchedPushSGD(ClientBatched, PushSGD):
+    _spec = BATCHED["sgd_batched"]
+
+    def step(self, closure=None, *, active=None):
+        active = self.check_active(active)
+        if closure is None:
+            return self._push_then_step(None, {})
+        self._run_op("push", active=active)
+        return ClientBatched.step(self, closure, active=active)
+
+
+class _Push(SGDAlgorithm):
+    closure_step = True  # two gradients per step: every front end hands the step its closure
+
+    def make(self, params, cfg, variant, hp, backend, batched=False):
+        cls = self.batched if batched else self.optimizer
+        return cls(params, lr=hp["lr"], momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                   prox_mu=hp["prox_mu"], backend=backend)
+
+    def lr_sum(self, opt, hp, t, steps):
+        return steps * opt.param_groups[0]["lr"]
+
+    def state_copies(self, cfg, variant):
+        return super().state_copies(cfg, variant) + 1  # pushed_from
+
+    def more_traffic(self, kwargs):
+        return (("sam_ascent", ("saved_x",)),), 0
+
+
+def plain_sgd(params, kwargs):
+    return torch.optim.SGD(params, lr=kwargs["lr"], momentum=kwargs.get("momentum", 0.0), foreach=True)
+
+
+DESCRIPTOR = algorithm.register(_Push(
+    "pushsgd", PushSGD, BatchedPushSGD, title="A pushed point for a test",
+    settings=("momentum", "weight_decay", "round_decay"),
+    variants=(Variant("pushsgd", "avg"), Variant("pushsgd-scaffold", "scaffold")),
+    flower=(FlowerName("PushSGDStrategy", "pushsgd"),),
+    full="momentum_wd",
+    bench=(BenchCase("pushsgd", "PushSGD", "plain", core=True,
+                     baselines=(Baseline("torch.SGD(foreach) by hand", plain_sgd),)),),
+    options={"plain": dict(lr=0.1, rho=0.05),
+             "momentum_wd": dict(lr=0.05, rho=0.2, momentum=0.5, weight_decay=0.01, correction=True),
+             "groups": dict(lr=0.1, rho=0.05, groups=dict(lr=0.03, rho=0.5))},
+))
+'''
+
+
+@pytest.fixture
+def pushsgd(tmp_path):
+    yield from _one_module(tmp_path, "pushsgd", TWO_GRADIENTS)
+
+
+def _push_oracle(x0, g0, b, lr, rho, eps, wd):
+    """One PushSGD step in float64 by hand: x1 = x0 + rho g0 / (||g0|| + eps), g1 = b + x1 (the
+    catalogue's second gradient), x2 = x1 - lr (g1 + wd x1)."""
+    norm = math.sqrt(sum(float((g * g).sum()) for g in g0))
+    x1 = [x + rho * g / (norm + eps) for x, g in zip(x0, g0)]
+    return [x - lr * ((bb + x) + wd * x) for x, bb in zip(x1, b)]
+
+
+def _check_push_step(cls, kw) -> None:
+    """``cls``'s first step on the reference backend, float64, against ``_push_oracle``. Each element
+    goes through about ten float64 roundings (the norm's sum over 17 squares included), so 64 ulps of
+    the largest magnitude involved bound the difference."""
+    g = torch.Generator().manual_seed(3)
+    params: List[torch.Tensor] = [
+        torch.nn.Parameter(torch.randn(s, generator=g, dtype=torch.float64)) for s in ((4, 3), (5,))
+    ]
+    x0 = [p.detach().clone() for p in params]
+    g0 = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params]
+    b = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params]
+    opt = cls(params, backend="reference", **kw)
+    opt.start_round()
+    for p, gg in zip(params, g0):
+        p.grad = gg.clone()
+    opt.step(catalogue.SecondGradient(params, b))
+    want = _push_oracle(x0, g0, b, kw["lr"], kw["rho"], 1e-12, kw["weight_decay"])
+    scale = max(float(t.abs().max()) for t in x0 + g0 + b)
+    for got, w in zip(params, want):
+        torch.testing.assert_close(got.detach(), w, rtol=0, atol=64 * torch.finfo(torch.float64).eps * scale)
+
+
+PUSH_KW = dict(lr=0.3, rho=0.7, weight_decay=0.05)
+
+
+def test_a_second_op_and_two_gradients_take_one_module(pushsgd):
+    import bench.algorithms as bench_algorithms
+    from fedopt_kernels.sim.cli.fedopt_sim import build_parser, config_from_args
+
+    a = algorithm.ALGORITHMS["pushsgd"]
+    missing = missing_registrations(a)
+    assert len(missing) == 2 and missing[0].startswith("export: fedopt_kernels.PushSGD"), missing
+    assert missing[1].startswith("docs/algorithms.md"), missing
+    assert a.closure_step  # the capability the front ends read (Algorithm.local_step)
+    # the command line
+    args = build_parser().parse_args(["--algorithm", "pushsgd-scaffold", "--momentum", "0.5", "--rounds", "1"])
+    cfg = config_from_args(args, 0)
+    opt = cfg.algo.make([torch.nn.Parameter(torch.randn(3))], cfg, cfg.variant, cfg.hparams(), "reference")
+    assert isinstance(opt, pushsgd.PushSGD) and opt.param_groups[0]["momentum"] == 0.5
+    # its step is the math, through the base's _run_op and the sgd op
+    _check_push_step(pushsgd.PushSGD, PUSH_KW)
+    # the catalogue: every backend against the reference (the harness's fused-vs-reference tolerance)
+    rtol, atol = TOLERANCE[torch.float32]
+    for option in catalogue.ALGOS["pushsgd"].options:
+        cfg = catalogue.config("pushsgd", option)
+        ref = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
+        got = [torch.nn.Parameter(p.detach().clone()) for p in ref]
+        catalogue.run(cfg, ref, "reference")
+        opt = catalogue.run(cfg, got, "auto")
+        for x, y in zip(ref, got):
+            torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
+        push, own = opt.step_plans  # the push's plan launches first, then the step's own
+        assert push.spec.name == "sam_ascent" and own.spec.name == "sgd"
+    # the client-batched form: each client is the per-client optimizer alone, bit for bit (reference)
+    _check_batched_is_per_client(catalogue.config("pushsgd"), pushsgd.BatchedPushSGD)
+    # the benchmark: its row and its baseline
+    case = bench_algorithms.ALGOS["pushsgd"]
+    params = [torch.nn.Parameter(torch.randn(6))]
+    params[0].grad = torch.randn(6)
+    case.build(params, "reference").step()
+    bench_algorithms.build_baseline(case, params, case.by_hand).step()
+
+
+def _check_batched_is_per_client(cfg, batched_cls, C=3) -> None:
+    g = torch.Generator().manual_seed(5)
+    singles = [[torch.nn.Parameter(torch.randn(s, generator=g)) for s in ((4, 3), (5,), (2,))] for _ in range(C)]
+    stacked = [torch.nn.Parameter(torch.stack([ps[i].detach() for ps in singles])) for i in range(3)]
+    opts = [cfg.build(ps, "reference") for ps in singles]
+    bopt = cfg.build_batched(stacked, "reference")
+    assert isinstance(bopt, batched_cls)
+    order = [[p for gr in o.param_groups for p in gr["params"]] for o in opts]
+    border = [p for gr in bopt.param_groups for p in gr["params"]]
+    for c, (o, ps) in enumerate(zip(opts, order)):
+        o.start_round(**cfg.round_inputs(ps, 0, 100 * c))
+    bopt.start_round(**cfg.batched_round_inputs(order, border, 0))
+    for step in range(3):
+        active = [True, step != 1, True]
+        for c in range(C):
+            for p in singles[c]:
+                p.grad = catalogue.rand_like_list([p], 100 * step + c)[0]
+        for i, sp in enumerate(stacked):
+            sp.grad = torch.stack([cast(torch.Tensor, singles[c][i].grad) for c in range(C)])  # set above
+        for c in range(C):
+            if active[c]:
+                opts[c].step(**cfg.step_inputs(order[c], step, 100 * c))
+        views = [[p[c] for p in border] for c in range(C)]
+        bopt.step(active=torch.tensor(active), **cfg.batched_step_inputs(views, step, stacked=border))
+    for i, sp in enumerate(stacked):
+        for c in range(C):
+            assert torch.equal(sp.detach()[c], singles[c][i].detach()), (i, c)
+
+
+def test_the_push_check_can_fail(pushsgd):
+    """Not vacuous: a push whose rho column reads the lr instead fails the hand computation."""
+    from fedopt_kernels.core.op_runner import OtherOp
+    from fedopt_kernels.core.ops import SAM_ASCENT
+
+    class WrongColumn(pushsgd.PushSGD):
+        _other_ops = (OtherOp("push", SAM_ASCENT, state={"saved_x": "pushed_from"},
+                              columns={"rho": "lr", "eta": 0.0, "adaptive": 0.0}),)  # fmt: skip
+
+    _check_push_step(pushsgd.PushSGD, PUSH_KW)
+    with pytest.raises(AssertionError):
+        _check_push_step(WrongColumn, PUSH_KW)
+
+
+@pytest.mark.slow
+def test_a_second_op_and_two_gradients_run_in_the_simulator_and_on_flower(pushsgd, capsys):
+    """fedopt-sim validates it against the cpu backend and its client-batched run against the
+    sequential one; the step graph (emulated) replays both launches to the eager bits; a Flower run
+    equals the simulator's."""
+    from test_sim_batched import model_fn, tiny_config, tiny_images
+
+    from fedopt_kernels.sim.cli import fedopt_sim
+    from fedopt_kernels.sim.simulation import Simulation
+
+    short = ["--rounds", "2", "--clients", "6", "--local-steps", "2", "--no-files", "--quiet"]
+    assert fedopt_sim.main(["--algorithm", "pushsgd-scaffold", "--validate", "auto", *short]) == 0
+    assert (
+        fedopt_sim.main(["--algorithm", "pushsgd", "--client-parallel", "3", "--validate", "sequential", *short]) == 0
+    )
+    assert capsys.readouterr().out.count("PASS pushsgd") == 2
+
+    cfg = tiny_config("pushsgd", rounds=3, local_steps=4, clients_per_round=5, momentum=0.5)
+    runs = []
+    for emulate in (False, True):
+        sim = Simulation(cfg, data=tiny_images(), model_fn=model_fn)
+        if emulate:
+            sim.batched.graph_mode = "emulate"
+        for t in range(cfg.rounds):
+            sim.run_round(t)
+        runs.append(sim)
+    g = runs[1].batched.trainer.graph
+    assert [after for after, *_ in g.recorded] == [False, True]  # the push, then (after the closure) the sgd op
+    assert all(torch.equal(a, b) for a, b in zip(runs[0].global_params, runs[1].global_params))
+
+    pytest.importorskip("flwr")
+    from test_flower_strategies import run_config
+
+    from fedopt_kernels.flower.apps import client_app, run_algorithm
+    from fedopt_kernels.flower.inprocess import InProcessGrid
+    from fedopt_kernels.flower.runconfig import sim_configs
+    from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence
+
+    rc = run_config("pushsgd", rounds=2)
+    cfg = sim_configs(rc)[0]
+    out = run_algorithm(InProcessGrid(client_app(), cfg.num_train_clients, rc), cfg, tag="push")
+    assert out["rejections"] == []
+    sim = Simulation(cfg)
+    for t in range(cfg.rounds):
+        sim.run_round(t)
+        assert param_divergence(sim.global_params, out["history"][t + 1]["params"])["rel"] <= PARAM_RTOL
+
+
+def test_the_two_gradient_capability_is_read_in_one_place():
+    """``closure_step`` is read by ``Algorithm.local_step`` (and the catalogue's seeded closures),
+    never by a front end: the next algorithm that needs it touches only its own module."""
+    sources = {rel: (ROOT / rel).read_text() for rel in _package_files()}
+    assert capability_readers(sources) == []
+
+
+def test_the_capability_check_can_fail():
+    sources = {"fedopt_kernels/sim/x.py": "def f(algo, opt):\n    if algo.closure_step:\n        opt.step()\n"}
+    assert capability_readers(sources) == ["fedopt_kernels/sim/x.py:2"]
+
+
+_CAPABILITY_HOMES = {"fedopt_kernels/fl/algorithm.py", "fedopt_kernels/fl/catalogue.py"}
+
+
+def _package_files() -> List[str]:
+    return [p.relative_to(ROOT).as_posix() for p in sorted(ROOT.glob("fedopt_kernels/**/*.py"))]
+
+
+def capability_readers(sources) -> List[str]:
+    """``file:line`` of every read of ``.closure_step`` outside the descriptor and the catalogue."""
+    import ast
+
+    found = []
+    for rel, src in sources.items():
+        if rel in _CAPABILITY_HOMES:
+            continue
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Attribute) and node.attr == "closure_step" and isinstance(node.ctx, ast.Load):
+                found.append(f"{rel}:{node.lineno}")
+    return found
 
 
 # ---------------------------------------------------------------- the docs index

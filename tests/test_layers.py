@@ -39,6 +39,29 @@ def test_the_package_root_holds_few_modules():
     assert len(modules) <= MAX_ROOT_MODULES, f"{len(modules)} modules at the package root: {modules}"
 
 
+MAX_MODULE_LINES = 700  # a module a reader can hold: split a longer one by concern
+
+
+def long_modules(paths, limit: int = MAX_MODULE_LINES) -> List[str]:
+    """``path (lines)`` of every file in ``paths`` longer than ``limit`` lines."""
+    out = []
+    for path in paths:
+        n = len(path.read_text().splitlines())
+        if n > limit:
+            out.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} ({n})")
+    return out
+
+
+def test_no_module_of_the_package_is_over_700_lines():
+    assert long_modules(sorted(PKG.rglob("*.py"))) == []
+
+
+def test_the_module_length_check_can_fail(tmp_path):
+    path = tmp_path / "long.py"
+    path.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_modules([path]) == [f"{path} ({MAX_MODULE_LINES + 1})"]
+
+
 def test_every_module_belongs_to_a_layer():
     assert {layer(m) for m in import_graph()} <= set(RANK), "a folder with no place in RANK: add it to the layers"
 

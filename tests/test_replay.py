@@ -563,10 +563,11 @@ def test_the_ascent_key_repeats_and_the_restore_is_in_the_descent_key(cpu_replay
     params, opt, _ = _fedsam_run(False, True, steps=4)
     ascent, restore, descent = opt.step_plans
     assert restore is opt._restore.prologue(None) and restore.key == opt._restore.key
-    rep = opt._ascent.replay
+    runner = opt._runners["ascent"]
+    rep = runner.replay
 
     def key_of():
-        k = opt._ascent.k[ascent.device]
+        k = runner.k[ascent.device]
         return rep.key(ascent, (), ascent.hp, k, opt._one(ascent.device), 1, (False, False), None)
 
     first = key_of()

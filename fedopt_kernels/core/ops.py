@@ -44,6 +44,11 @@ import torch
 NAMESPACE = "fedopt"
 
 
+def state_dtype(p: torch.Tensor) -> torch.dtype:
+    """dtype of a state-typed role's tensor (control variates, accumulators, scales) for parameter ``p``."""
+    return torch.float64 if p.dtype == torch.float64 else torch.float32
+
+
 @dataclass(frozen=True)
 class Role:
     """One tensor list of an op.
@@ -60,6 +65,10 @@ class Role:
     per_row: bool = False
     reads: int = 1
     writes: int = 0
+
+    def dtype_for(self, p: torch.Tensor) -> torch.dtype:
+        """The dtype of this role's tensor for parameter ``p``."""
+        return state_dtype(p) if self.state_typed else p.dtype
 
 
 @dataclass(frozen=True)

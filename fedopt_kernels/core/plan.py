@@ -313,6 +313,37 @@ class StepPlan:
         """The gradients in kernel order, read now: the plan keeps none between steps."""
         return list(map(_GRAD, self.params))
 
+    def args(
+        self,
+        params: List[Any],
+        lists: Dict[str, Any],
+        k: torch.Tensor,
+        table: torch.Tensor,
+        every: int,
+        grad_scale: Optional[torch.Tensor],
+        found_inf: Optional[torch.Tensor],
+        active: Optional[torch.Tensor],
+    ) -> tuple:
+        """``fn``'s arguments for one launch, in the op's schema order (``ops.OpSpec.schema``):
+        ``params`` (the plan's, or the tensors torch.compile hands over), the gradients read now,
+        one list per optional role from ``lists``, the plan's batches and hp, then the step's own."""
+        spec = self.spec
+        return (
+            params,
+            self.current_grads(),
+            *[lists[r.name] for r in spec.optional],
+            self.batch,
+            self.present,
+            self.hp,
+            k,
+            table,
+            every,
+            grad_scale,
+            found_inf,
+            *((active,) if spec.batched else ()),
+            self.backend,
+        )
+
     def update_groups(self, new: Dict[int, GroupInputs]) -> bool:
         """Take re-validated groups (``still_valid``'s list); False when one needs other tensors (rebuild).
         Nothing changes when the new rows cannot be copied to the device (during a capture)."""

@@ -36,6 +36,8 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 import torch
 from torch import _C as _torch_c
 
+from .plan import StepPlan
+
 ENV = "FEDOPT_REPLAY"
 BACKENDS: Tuple[str, ...] = ("cuda", "triton")  # the fused backends that run on CUDA tensors
 # where steps are recorded (the tests add "cpu", with a stand-in for the graph)
@@ -157,6 +159,20 @@ def capture(
                 pass
         end_and_release()
     return failure
+
+
+def replayable(plan: Any) -> bool:
+    """Can this plan's steps be recorded (docs/replay.md, "Always eager")? Decided once per plan:
+    a plain ``StepPlan`` (not a sharded one) that no step changes, on a fused backend, on a GPU."""
+    ok = plan.replayable
+    if ok is None:
+        ok = plan.replayable = (
+            not plan.one_shot
+            and type(plan) is StepPlan
+            and plan.backend in BACKENDS
+            and plan.device.type in DEVICE_TYPES
+        )
+    return ok
 
 
 class Prologue:

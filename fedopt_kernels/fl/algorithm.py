@@ -183,8 +183,10 @@ class FlowerName:
 class Algorithm:
     """The descriptor of one algorithm; subclasses override the client-side hooks that differ.
 
-    ``closure_step`` (class attribute): a step takes two gradients, the second computed by the
-    closure of ``step(closure)`` at the parameters the step moved to (FedSAM).
+    ``closure_step`` (class attribute; a capability): a step takes two gradients, the second
+    computed by the closure of ``step(closure)`` at the parameters the step's first part moved to
+    (FedSAM). Every front end steps an optimizer through ``local_step``, which reads it, so an
+    algorithm that sets it needs nothing else of the simulator, its client-batched trainer or Flower.
 
     Attributes set by the constructor: ``name`` (the catalogue's name), ``optimizer`` (the
     per-client class), ``batched`` (its client-batched form), ``options`` / ``full`` (catalogue
@@ -289,14 +291,17 @@ class Algorithm:
         """Optimizer state tensors per parameter per client (the client-parallel memory estimate)."""
         raise NotImplementedError
 
-    def local_step(self, opt: Any, recompute: Callable[[], Any]) -> None:
-        """One local step of ``opt``, whose gradients are in ``p.grad``. ``recompute()`` computes the
-        loss and gradients again on the same batch at the parameters as they are then: the closure of
-        an algorithm with ``closure_step`` (FedSAM's second gradient, at the perturbed model)."""
+    def local_step(self, opt: Any, recompute: Callable[[], Any], **step_inputs: Any) -> Any:
+        """One local step of ``opt``, whose gradients are in ``p.grad``: how every front end steps a
+        client (the simulator's sequential round, its client-batched trainer and step graph, the
+        Flower client). ``recompute()`` computes the loss and gradients again on the same batch at
+        the parameters as they are then; an algorithm with ``closure_step`` gets it as the step's
+        closure (FedSAM's second gradient, at the perturbed model), the others never call it.
+        ``step_inputs``: the step's keywords (PAdaMFed-VR's ``anchor_grads``, a client-batched
+        step's ``active``). Returns what ``step`` returns."""
         if self.closure_step:
-            opt.step(recompute)
-        else:
-            opt.step()
+            return opt.step(recompute, **step_inputs)
+        return opt.step(**step_inputs)
 
     def round_lr(self, hp: Mapping[str, Any], t: int) -> Optional[float]:
         """The lr a client's param groups get at round ``t``; None: the optimizer anneals by itself."""

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import copy
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, cast
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers, loss_and_correct
 from ..fl.server_rules import RULES
@@ -125,14 +124,14 @@ def train_round(
             return loss.detach()
 
         loss_sum += loss_and_grad()
-        if anchor is None:
-            opts.clip()
-            opts.step(opt, loss_and_grad)  # the closure: FedSAM's second gradient, on the same batch
-        else:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
+        opts.clip()
+        step_inputs: Dict[str, Any] = {}
+        if anchor is not None:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
             anchor.zero_grad(set_to_none=True)
             loss_fn(anchor(bx), by).backward()
-            # anchor gradients: PAdaMFed-VR's optimizer (a FedOptimizer: steps take keyword inputs)
-            cast(FedOptimizer, opt).step(anchor_grads=[p.grad for p in anchor.parameters()])
+            step_inputs["anchor_grads"] = [p.grad for p in anchor.parameters()]
+        # recompute: a step that takes two gradients (FedSAM) calls it at the parameters it moved to
+        opts.step(opt, loss_and_grad, **step_inputs)
 
     out = RecordDict()
     with torch.no_grad():

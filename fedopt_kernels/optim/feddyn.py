@@ -68,6 +68,8 @@ class FedDyn(FedDecaySGD):
 
     _accepts_correction = False
     _state_keys: Tuple[str, ...] = ("momentum_buffer", "x0", _NEG_G)
+    # the sgd op's FedProx column carries alpha: its math, prox_mu * (x - x0), is FedDyn's alpha term
+    _hp_columns = {"prox_mu": "alpha"}
 
     def __init__(
         self,
@@ -112,10 +114,6 @@ class FedDyn(FedDecaySGD):
             raise TypeError("FedDyn's param groups take no prox_mu: its alpha * (x - x0) term takes FedProx's place")
         super()._validate_group(group)
         check_number("alpha", group["alpha"], low=0.0, low_open=True)
-
-    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
-        # the sgd op's prox_mu column carries alpha
-        return [float(group["alpha" if name == "prox_mu" else name]) for name in self._spec.hps]
 
     # ---------------------------------------------------------------- rounds
     def start_round(

@@ -9,7 +9,7 @@ computes the second one.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 from torch._C import _set_grad_enabled
@@ -17,13 +17,12 @@ from torch._C import _set_grad_enabled
 from ..batched.mixin import ClientBatched
 from ..core import replay as _replay
 from ..core import step_op as _step_op
+from ..core.op_runner import OtherOp
 from ..core.ops import BATCHED, SAM_ASCENT
 from ..core.optimizer import ROUND_KEY, check_number, round_entry
-from ..core.plan import StepPlan
-from ..core.plan_inputs import GroupInputs, Member, PlanInputs
 from ..fl import algorithm
 from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
-from .sam_steps import SAVED, Ascent, Pending, Restore
+from .sam_steps import SAVED, Pending, Restore
 from .sgd import SGDAlgorithm, SGDFamily
 
 _TWO_STEPS = (
@@ -80,6 +79,9 @@ class FedSAM(SGDFamily):
     _state_keys: Tuple[str, ...] = SGDFamily._state_keys + (SAVED,)
     # GradScaler.step calls step() without a closure: unscale_ by hand, then first_step / second_step
     _step_supports_amp_scaling = False
+    _hp_columns = {"maximize": 0.0}  # the sgd op's columns; FedSAM has no maximize
+    # the ascent: its hp columns rho, eta, eps, adaptive are the param group's own
+    _other_ops = (OtherOp("ascent", SAM_ASCENT, state={"saved_x": SAVED}),)
 
     def __init__(
         self,
@@ -113,7 +115,6 @@ class FedSAM(SGDFamily):
             prox_mu=prox_mu,
         )
         super().__init__(params, defaults, backend, replay)
-        self._ascent = Ascent(self._replay_on)
         self._sam_handles = self._register_steps()
 
     def _register_steps(self) -> Tuple[int, int]:
@@ -139,15 +140,6 @@ class FedSAM(SGDFamily):
         check_number("eps", group["eps"], low=0.0)
         if not isinstance(group["adaptive"], bool):
             raise TypeError(f"adaptive must be True or False, got {group['adaptive']!r}")
-
-    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
-        # the sgd op's columns; FedSAM has no maximize
-        return [0.0 if name == "maximize" else float(group[name]) for name in self._spec.hps]
-
-    @staticmethod
-    def ascent_row(group: Dict[str, Any]) -> Tuple[float, ...]:
-        """A group's row of the ascent op's hp (``rho, eta, eps, adaptive``)."""
-        return (float(group["rho"]), float(group["eta"]), float(group["eps"]), 1.0 if group["adaptive"] else 0.0)
 
     # ---------------------------------------------------------------- rounds
     def start_round(self, **kwargs: Any) -> None:
@@ -220,11 +212,7 @@ class FedSAM(SGDFamily):
         if self._t < 0:
             self.start_round()
         active = self._take_active(step_inputs)
-        ascent = self._ascent
-        plan = ascent.current(self.param_groups, self._ascent_groups, self._new_ascent_plan)
-        if plan.params:
-            device = plan.device
-            ascent.launch(plan, ascent.counter(device, self._clients()), self._one(device), active)
+        plan = self._run_op("ascent", active=active)
         self._pending = Pending(plan.order, plan, active)
 
     def _second(self) -> None:
@@ -263,91 +251,17 @@ class FedSAM(SGDFamily):
             raise TypeError(f"{type(self).__name__} steps take no {sorted(step_inputs)}")
         return None
 
-    def _ascent_groups(self, indexes: Iterable[int]) -> Dict[int, GroupInputs]:
-        """The ascent plan's record of each group in ``indexes``: all of them validated first."""
-        groups = self.param_groups
-        indexes = list(indexes)
-        for gi in indexes:
-            self._validate_group(groups[gi])
-        rows = self._clients() or 1
-        out = {}
-        for gi in indexes:
-            group = groups[gi]
-            keys = tuple(k for k in group if k != "params")
-            out[gi] = GroupInputs(group, keys, tuple(group[k] for k in keys), (), (self.ascent_row(group),) * rows)
-        return out
-
-    def _new_ascent_plan(self) -> StepPlan:
-        return self._plan_cls(self._ascent_inputs())
-
-    def _ascent_inputs(self) -> PlanInputs:
-        """The ascent's plan inputs, gathered like the descent's (``_plan_inputs``): each parameter
-        with a gradient, its saved-x tensor (made on first use) and its group's ascent row."""
-        groups = self._ascent_groups(range(len(self.param_groups)))
-        members, device, idx = [], None, -1
-        for gi, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                idx += 1
-                if p.grad is None:
-                    continue
-                self._check_grad(p, p.grad, idx)
-                if device is None:
-                    device = p.device
-                elif p.device != device:
-                    raise RuntimeError(f"{self._name_of(idx)} is on {p.device} but other parameters are on {device}")
-                st = self.state[p]
-                saved = st.get(SAVED)
-                if saved is None or saved.shape != p.shape or saved.dtype != p.dtype or saved.device != p.device:
-                    # zeros, not empty: an inactive client's saved x is state too (deterministic bits)
-                    saved = st[SAVED] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                members.append(Member(idx, gi, {SAVED: saved}, {}))
-        params = self._params_flat
-        C = self._clients()
-        return PlanInputs(
-            SAM_ASCENT if C is None else BATCHED["sam_ascent_batched"],
-            self.backend,
-            type(self).__name__,
-            params,
-            tuple(groups.values()),
-            tuple(members),
-            device if device is not None else params[0].device,
-            (),
-            C,
-            self._ascent.hp,
-        )
-
     def _descend(self, pending: Pending) -> None:
         self._run(None, None, None, None)
 
-    # ---------------------------------------------------------------- replay and captures
-    def replay_stats(self) -> Dict[str, Any]:
-        """``FedOptimizer.replay_stats`` over both steps: the ascent's and the descent's launches are
-        counted separately (a step replayed whole counts 2 in ``replayed``)."""
-        out = super().replay_stats()
-        rep = self._ascent.replay
-        if rep is not None:
-            for key in ("eager", "recorded", "replayed", "wasted"):
-                out[key] += rep.stats[key]
-            out["recordings"] += len(rep.recordings)
-            if out["off_reason"] is None and rep.off_reason is not None:
-                out["on"], out["off_reason"] = False, rep.off_reason
-        return out
-
+    # ---------------------------------------------------------------- captures
     @property
     def step_plans(self) -> Tuple[Any, ...]:
         """The ascent's plan, the restore (a ``Prologue``) and the descent's plan, once a step ran."""
-        plan, ascent, r, pro = self._plan, self._ascent.plan, self._restore, self._restored
+        plan, ascent, r, pro = self._plan, self._op_plan("ascent"), self._restore, self._restored
         if plan is None or ascent is None or r is None or r.source is not ascent:
             return ()
         return (ascent, plan) if pro is None else (ascent, pro, plan)
-
-    def reinstate_plans(self, plans: Sequence[Any]) -> None:
-        ascent = plans[0]
-        host = ascent.hp_rows([self._ascent_groups([gi])[gi] for gi in range(len(self.param_groups))])
-        ascent.hp.copy_(host)
-        self._ascent.hp.keep(host, ascent.hp)
-        self._ascent.plan = ascent
-        super().reinstate_plans(plans)
 
     # ---------------------------------------------------------------- state_dict
     def state_dict(self) -> Dict[str, Any]:
@@ -375,18 +289,12 @@ class FedSAM(SGDFamily):
         return None
 
     def __getstate__(self) -> Dict[str, Any]:
-        # the ascent's plan and its caches are rebuilt, as the descent's are
+        # the restore's tensors are worked out again, as the plans are
         state = super().__getstate__()
-        return {k: v for k, v in state.items() if k not in ("_ascent", "_restore", "_restored", "_sam_handles")}
+        return {k: v for k, v in state.items() if k not in ("_restore", "_restored", "_sam_handles")}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
-        ascent = self.__dict__.get("_ascent")  # load_state_dict on a live optimizer: its ascent
-        replay = ascent.replay if isinstance(ascent, Ascent) else None
-        self._ascent = Ascent(self._replay_on)
-        if replay is not None:  # the counts and off_reason stay, the recordings (old state) go
-            replay.forget()
-            self._ascent.replay = replay
         self._restore = self._restored = None
         self._sam_handles = self._register_steps()
 

@@ -1,26 +1,22 @@
-"""FedSAM's ascent launch and its restore of ``x``, as ``optim/fedsam.py`` runs them (docs/replay.md).
+"""FedSAM's restore of ``x`` and its pending first step, as ``optim/fedsam.py`` runs them (docs/replay.md).
 
-The ascent (op ``sam_ascent``) has a step plan, hp rows, counter and launch replay of its own,
-kept here as the base class keeps the descent's: built once, reused while nothing changes, so that
-an eager step allocates nothing on the device and a step at known addresses replays its recording.
-The restore (``x = saved``, bit for bit) is the descent's ``Prologue``: it runs first in the
-descent's launch, so that one recording holds the restore and the descent.
+The ascent (op ``sam_ascent``) is one of the optimizer's other ops (``core/other_ops.py``): the base
+class builds, keeps and replays its plan. The restore (``x = saved``, bit for bit) is the descent's
+``Prologue``: it runs first in the descent's launch, so that one recording holds the restore and
+the descent.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
 from ..core import dtensor as _dtensor
 from ..core import replay as _replay
-from ..core.optimizer import replayable
-from ..core.plan import HpCache, StepPlan, capturing, refuse_in_capture
-from ..core.plan_inputs import GroupInputs
+from ..core.plan import StepPlan
 
 SAVED = "saved_x"  # per-parameter state: x before the ascent, restored bit for bit by the descent
-_NO_AMP = (False, False)
 
 
 class Pending(NamedTuple):
@@ -73,80 +69,3 @@ class Restore:
         if pro is None or pro.args[2] is not mask:
             pro = self._masked = _replay.Prologue(self.key, masked_restore, (self.xs, self.saved, mask))
         return pro
-
-
-class Ascent:
-    """The ascent's plan, hp rows, counter and replay (the optimizer builds its plans)."""
-
-    def __init__(self, replay_on: bool):
-        self.plan: Optional[StepPlan] = None
-        self.hp = HpCache()
-        self.k: Dict[torch.device, torch.Tensor] = {}  # the op's own counter (nothing reads it)
-        self.replay: Optional[_replay.StepReplay] = _replay.StepReplay() if replay_on else None
-
-    def current(
-        self,
-        groups: List[Dict[str, Any]],
-        group_inputs: Callable[[List[int]], Dict[int, GroupInputs]],
-        build: Callable[[], StepPlan],
-    ) -> StepPlan:
-        """The plan for this step: the last one while it serves (rows rewritten in place after an
-        hp edit; ``group_inputs(indexes)``: the edited groups' ``GroupInputs``), else ``build()``'s,
-        which keeps the last one's norm scratch."""
-        plan = self.plan
-        if plan is not None:
-            verdict = plan.still_valid(groups)
-            if verdict is True or (verdict is not False and plan.update_groups(group_inputs(verdict))):
-                return plan
-        self.plan = None  # a failed rebuild must not leave the old plan behind
-        new = self.plan = build()
-        if plan is not None and "scratch" in plan.cache:
-            new.cache["scratch"] = plan.cache["scratch"]  # the backend reuses it when big enough
-        return new
-
-    def counter(self, device: torch.device, clients: Optional[int]) -> torch.Tensor:
-        k = self.k.get(device)
-        if k is None:
-            refuse_in_capture(device, "create the ascent's step counter on the device")
-            k = self.k[device] = torch.zeros(clients or 1, dtype=torch.int32, device=device)
-        return k
-
-    def launch(self, plan: StepPlan, k: torch.Tensor, one: torch.Tensor, active: Optional[torch.Tensor]) -> None:
-        """The ascent op over ``plan``: replayed, recorded or eager, as the descent (``FedOptimizer._run``)."""
-        device = plan.device
-        rep = self.replay
-        ok = plan.replayable  # decided once per plan
-        if ok is None:
-            ok = replayable(plan)
-        if rep is not None and (not ok or capturing(device)):
-            rep = None
-        elif rep is not None and rep.off_reason is not None:
-            rep.stats["eager"] += 1
-            rep = None
-        key = None
-        if rep is not None:
-            key = rep.key(plan, (), plan.hp, k, one, 1, _NO_AMP, active)
-            if rep.replay(key):
-                return
-        cache = plan.cache
-        if type(plan) is StepPlan:
-            cache["grad_set"] = plan.grad_set  # the backend's own key of the gradients' addresses
-        args = (
-            plan.params,
-            plan.current_grads(),
-            plan.lists[SAVED],
-            plan.batch,
-            plan.present,
-            plan.hp,
-            k,
-            one,
-            1,
-            None,
-            None,
-            *((active,) if plan.spec.batched else ()),
-            plan.backend,
-        )
-        if key is None:
-            plan.fn(*args, cache=cache)
-        else:
-            rep.launch(key, device, lambda: plan.fn(*args, cache=cache), cache)  # type: ignore[union-attr]

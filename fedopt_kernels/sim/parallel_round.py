@@ -215,7 +215,6 @@ class BatchedClients:
                 clip_norm=clip,
                 anchor=self.anchor_model is not None,
                 graph=self.graph_mode,
-                closure_step=self.algo.closure_step,
             )
         return self._trainer
 

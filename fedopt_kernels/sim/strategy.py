@@ -16,7 +16,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers
 from ..fl.server_rules import RULES
@@ -160,13 +159,13 @@ class Strategy:
 
     def local_step(self, cid: int, opt: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         loss = self.loss_and_grad(batch)
-        if self.anchor_model is None:
-            self.opts.clip()
-            self.opts.step(opt, lambda: self.loss_and_grad(batch))  # the closure: FedSAM's second gradient
-            return loss
-        self._forward_backward(self.anchor_model, batch)
-        # anchor gradients: PAdaMFed-VR's optimizer (a FedOptimizer: steps take keyword inputs)
-        cast(FedOptimizer, opt).step(anchor_grads=[p.grad for p in self.anchor_model.parameters()])
+        self.opts.clip()
+        inputs: Dict[str, Any] = {}
+        if self.anchor_model is not None:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
+            self._forward_backward(self.anchor_model, batch)
+            inputs["anchor_grads"] = [p.grad for p in self.anchor_model.parameters()]
+        # recompute: a step that takes two gradients (FedSAM) calls it at the parameters it moved to
+        self.opts.step(opt, lambda: self.loss_and_grad(batch), **inputs)
         return loss
 
     @torch.no_grad()

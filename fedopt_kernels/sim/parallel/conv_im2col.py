@@ -69,8 +69,8 @@ def im2col_conv2d(
     if top != bottom or left != right:  # F.unfold pads symmetrically: pad the odd side first
         x = F.pad(x, (left, right, top, bottom))
         top = left = 0
-    x, w, b = autocast_inputs(x, w, b)  # bf16: forward and backward in one dtype
-    return _Im2colConv.apply(x, w, b, clients, order == "batch", stride, (top, left), dilation, groups)
+    cx, cw, b = autocast_inputs(x, w, b)  # bf16: forward and backward in one dtype
+    return _Im2colConv.apply(cx, cw, b, clients, order == "batch", stride, (top, left), dilation, groups)
 
 
 def _client_major(t: torch.Tensor, C: int, B: int, batch_major: bool) -> torch.Tensor:

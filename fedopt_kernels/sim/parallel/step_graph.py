@@ -22,7 +22,7 @@ the optimizer's plan and device counters are built there, as torch's CUDA-graph 
 next step is captured, and from then on every step is a replay. The optimizer's host-side step
 count, which replays do not advance, is advanced here (PAdaMFed's ``local_control`` checks it).
 
-A step that takes two gradients (FedSAM: ``closure_step``) is captured whole: the first
+A step that takes two gradients (FedSAM: ``Algorithm.closure_step``) is captured whole: the first
 gradients, the ascent, the second gradients at the moved parameters (the step's closure, writing
 into the same static buffers), the restore and the descent; its loss is the first gradients'.
 
@@ -43,6 +43,7 @@ import torch
 
 from ...core.optimizer import FedOptimizer
 from ...core.plan import StepPlan
+from ...fl.algorithm import Algorithm
 from ...optim.sgd import SGDFamily
 
 MODES = ("cuda", "emulate")
@@ -52,10 +53,10 @@ class Trainer(Protocol):
     """What a step graph uses of its trainer (``batched_trainer.BatchedTrainer``)."""
 
     opt: FedOptimizer
+    algo: Algorithm  # the optimizer's descriptor: it takes the step (Algorithm.local_step)
     clients: int
     steps: int
     anchor: bool
-    closure_step: bool  # a step takes two gradients (FedSAM): its closure computes the second
 
     @property
     def stacked(self) -> Sequence[torch.Tensor]: ...  # read only here (a list of Parameters is one)
@@ -155,10 +156,8 @@ class StepGraph:
     def _body(self) -> None:
         self._gradients()
         kwargs: Dict[str, Any] = {"anchor_grads": self.anchors} if self.anchors is not None else {}
-        if self.tr.closure_step:
-            kwargs["closure"] = self._closure
         self._in_closure = False
-        self.tr.opt.step(active=self.active, **kwargs)
+        self.tr.algo.local_step(self.tr.opt, self._closure, active=self.active, **kwargs)
 
     def step(self, x, y, w, anchor_x=None, active=None) -> torch.Tensor:
         self._set_inputs(x, y, w, anchor_x, active)

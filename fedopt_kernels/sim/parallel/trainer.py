@@ -8,8 +8,10 @@ client-batched optimizer over them (``fedopt_kernels.batched``). A local step of
     H_c         = grad of the same batch at the round's starting model           (PAdaMFed-VR only)
     optimizer.step(anchor_grads=H, active=mask)                                   (one op for all clients)
 
-A step that takes two gradients (FedSAM's) gets a closure that computes them again, at the
-parameters as the step's first part left them (the views share the stacked parameters' storage).
+The step is taken as every front end takes one, through the optimizer's algorithm descriptor
+(``Algorithm.local_step``): a step that takes two gradients (FedSAM's, ``closure_step``) gets a
+closure that computes them again, at the parameters as the step's first part left them (the views
+share the stacked parameters' storage).
 
 ``step_graph.StepGraph`` replays that step from a CUDA graph instead (``graph="cuda"``).
 """
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from ...core.optimizer import FedOptimizer
+from ...fl import algorithm
 from .step_graph import StepGraph
 
 Tensors = List[torch.Tensor]
@@ -56,9 +59,9 @@ class BatchedTrainer:
 
     ``make_optimizer(stacked_params)`` builds the client-batched optimizer; ``clip_norm``: clip each
     client's gradient first; ``anchor``: pass PAdaMFed-VR anchor gradients; ``graph``: None (eager),
-    ``"cuda"`` (CUDA-graph replay) or ``"emulate"`` (the same bookkeeping without CUDA, for tests);
-    ``closure_step``: hand the step a closure for its second gradients (FedSAM). ``precision``:
-    the engine's (``precision.py``); the update is float32 at every precision.
+    ``"cuda"`` (CUDA-graph replay) or ``"emulate"`` (the same bookkeeping without CUDA, for tests).
+    ``algo``: the optimizer's algorithm descriptor, which takes each step (``Algorithm.local_step``).
+    ``precision``: the engine's (``precision.py``); the update is float32 at every precision.
     """
 
     def __init__(
@@ -71,7 +74,6 @@ class BatchedTrainer:
         clip_norm: Optional[float] = None,
         anchor: bool = False,
         graph: Optional[str] = None,
-        closure_step: bool = False,
     ):
         if clients < 1:
             raise ValueError(f"clients must be >= 1, got {clients}")
@@ -81,13 +83,13 @@ class BatchedTrainer:
         self.steps = steps
         self.clip_norm = clip_norm
         self.anchor = anchor
-        self.closure_step = closure_step  # a step takes two gradients (Algorithm.closure_step)
         self.stacked = [
             nn.Parameter(p.detach().unsqueeze(0).repeat(clients, *([1] * p.dim())).contiguous()) for p in like
         ]
         self.views = [p.detach() for p in self.stacked]  # same storage, no autograd history: the engine's inputs
         self.shared = [p.detach().clone() for p in like]  # the round's starting model (anchor gradients)
         self.opt = make_optimizer(self.stacked)
+        self.algo = algorithm.of_optimizer(type(self.opt))
         self.graph = None if graph is None else StepGraph(self, mode=graph)
 
     @torch.no_grad()
@@ -128,9 +130,11 @@ class BatchedTrainer:
         for p, g in zip(self.stacked, grads, strict=True):
             p.grad = g
         kwargs: Dict[str, Any] = {"anchor_grads": list(anchors)} if anchors is not None else {}
-        if self.closure_step:  # FedSAM: the second gradients, at the parameters the step moved to
-            kwargs["closure"] = lambda: self._set_grads(self.gradients(x, y, w, anchor_x)[0])
-        self.opt.step(active=active, **kwargs)
+
+        def recompute() -> None:  # a step that takes two gradients (FedSAM) calls it where it moved to
+            self._set_grads(self.gradients(x, y, w, anchor_x)[0])
+
+        self.algo.local_step(self.opt, recompute, active=active, **kwargs)
         return loss
 
     def _set_grads(self, grads: Sequence[torch.Tensor]) -> None:
