@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import bench.timing as timing  # noqa: E402
-from bench.goals import judge_rows  # noqa: E402
+from bench.step_goals import judge_rows  # noqa: E402
 
 QUIET, BUSY = 0.0, 1.2  # cores other processes used
 
