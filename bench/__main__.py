@@ -1,13 +1,15 @@
-"""``python -m bench``: run the benchmark matrix, print the table, write the result files.
+"""``python -m bench``: run the step table (every algorithm x backend x size), print it, write the result files.
 
-``python -m bench clients``: the client-batched training benchmark instead (bench/clients/).
-``python -m bench clients-sim``: a simulator run, sequential vs client-parallel in lockstep (bench/clients_sim.py).
-``python -m bench sharded``: the step on DTensor parameters over 2 CPU processes (bench/sharded.py).
-``python -m bench loop``: a user's training loop on a GPU, wall time per iteration (bench/loop.py).
-``python -m bench profile``: where that loop's iteration time goes, under torch.profiler (bench/profile.py).
-``python -m bench host``: the host side of a replayed and of an eager triton step, on any machine (bench/host.py).
-``python -m bench cpu-floor``: the small CNN's stacked CPU step per operator, beside alternatives (bench/cpu_floor.py).
-``python -m bench checkpoints``: bytes and seconds of a simulator checkpoint (bench/checkpoints.py).
+``python -m bench COMMAND``: another benchmark instead (``COMMANDS`` below names the module of each):
+
+- ``clients``: the client-batched training benchmark (bench/clients/);
+- ``clients-sim``: a simulator run, sequential vs client-parallel in lockstep;
+- ``sharded``: the step on DTensor parameters over 2 CPU processes;
+- ``loop``: a user's training loop on a GPU, wall time per iteration;
+- ``profile``: where that loop's iteration time goes, under torch.profiler;
+- ``host``: the host side of a replayed and of an eager triton step, on any machine;
+- ``cpu-floor``: the small CNN's stacked CPU step per operator, beside alternatives;
+- ``checkpoints``: bytes and seconds of a simulator checkpoint.
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and

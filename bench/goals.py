@@ -69,6 +69,7 @@ class Goal:
         return f"no {self.against} row was timed"
 
     def judge(self, result: Any, device_type: str, skipped: Optional[Dict[str, str]] = None) -> Judged:
+        """Each figure of ``result`` judged, and the goal as a whole (module docstring)."""
         judged = [(f, self.verdict(f, device_type)) for f in self.figures(result)]
         taken = [v for _, v in judged if v != "n/a"]
         reason = None

@@ -33,7 +33,7 @@ from .loop_rows import BATCH, MODELS, Row, fused_backends, make_row, optimizers,
 from .machine import run_meta
 from .report import publish
 from .stopping import sigterm_interrupts
-from .timing import Stopwatch, error_text, host_call, median, sync
+from .timing import error_text, host_call, median, sync, time_block
 
 PHASES = ("zero_grad", "forward", "backward", "step")
 # what the step calls, by the names of the CUDA runtime / driver calls the profiler records
@@ -170,12 +170,9 @@ def profile_row(row: Row, device: torch.device, warmup: int, iterations: int) ->
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities, profile_memory=True, record_shapes=False) as prof:
-        wall = Stopwatch()
-        for _ in range(iterations):
-            profiled_iteration(row)
-        sync(device)
+        seconds = time_block(lambda: profiled_iteration(row), device, iterations)
     out = analyse(list(prof.events()), iterations, cuda)
-    out["iteration_us"] = 1e6 * wall.seconds() / iterations
+    out["iteration_us"] = 1e6 * seconds
     stats = getattr(row.opt, "replay_stats", None)
     out["replay"] = stats() if stats is not None else None
     out["step_in_loop_us"] = in_loop = step_in_loop_us(row, max(iterations, 10))

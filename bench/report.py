@@ -60,7 +60,8 @@ def publish(
 ) -> Dict[str, Path]:
     """Print the table; unless ``out_dir`` is None (``--no-write``), ``save`` the result and say where.
     ``name``: the command, for its messages."""
-    print(markdown_fn(result))
+    text = markdown_fn(result)
+    print(text, end="" if text.endswith("\n") else "\n")
     if out_dir is None:
         return {}
     paths = save(result, out_dir, stem, markdown_fn, chart_fn, latest)
