@@ -1,13 +1,15 @@
-"""``python -m bench``: run the benchmark matrix, print the table, write the result files.
+"""``python -m bench``: run the step table (every algorithm x backend x size), print it, write the result files.
 
-``python -m bench clients``: the client-batched training benchmark instead (bench/clients.py).
-``python -m bench clients-sim``: a simulator run, sequential vs client-parallel in lockstep (bench/clients_sim.py).
-``python -m bench sharded``: the step on DTensor parameters over 2 CPU processes (bench/sharded.py).
-``python -m bench loop``: a user's training loop on a GPU, wall time per iteration (bench/loop.py).
-``python -m bench profile``: where that loop's iteration time goes, under torch.profiler (bench/profile.py).
-``python -m bench host``: the host side of a replayed and of an eager triton step, on any machine (bench/host.py).
-``python -m bench cpu-floor``: the small CNN's stacked CPU step per operator, beside alternatives (bench/cpu_floor.py).
-``python -m bench checkpoints``: bytes and seconds of a simulator checkpoint (bench/checkpoints.py).
+``python -m bench COMMAND``: another benchmark instead (``COMMANDS`` below names the module of each):
+
+- ``clients``: the client-batched training benchmark (bench/clients/);
+- ``clients-sim``: a simulator run, sequential vs client-parallel in lockstep;
+- ``sharded``: the step on DTensor parameters over 2 CPU processes;
+- ``loop``: a user's training loop on a GPU, wall time per iteration;
+- ``profile``: where that loop's iteration time goes, under torch.profiler;
+- ``host``: the host side of a replayed and of an eager triton step, on any machine;
+- ``cpu-floor``: the small CNN's stacked CPU step per operator, beside alternatives;
+- ``checkpoints``: bytes and seconds of a simulator checkpoint.
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
@@ -26,25 +28,35 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shlex
+import importlib
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
 import torch
 
+from . import cli
 from .algorithms import ALGOS, CORE, FULL, baseline_names
 from .contention import wait_quiet
-from .goals import judge_rows
-from .machine import ROOT, loadavg, run_meta
-from .report import markdown, render, write, write_latest
+from .machine import loadavg, run_meta
+from .report import COMMITTED, publish, write_latest
 from .runner import Plan, run
 from .shapes import SIZES
-from .timing import Budget
+from .step_goals import judge_rows
+from .step_report import chart, markdown, render, stem
+from .timing import Budget, Stopwatch
 
-DEFAULT_OUT = ROOT / "bench_runs"  # a user's runs: git-ignored, the clone stays clean
-COMMITTED = ROOT / "bench" / "results"  # the tables kept in git: written only when named
+# python -m bench COMMAND ...: the module whose main(argv) runs it
+COMMANDS = {
+    "clients": "bench.clients.cli",
+    "clients-sim": "bench.clients_sim",
+    "sharded": "bench.sharded",
+    "loop": "bench.loop",
+    "profile": "bench.profile",
+    "host": "bench.host",
+    "cpu-floor": "bench.cpu_floor",
+    "checkpoints": "bench.checkpoints",
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 MODES = {
@@ -66,9 +78,7 @@ MODES = {
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = cli.parser("", __doc__)
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument(
         "--full", action="store_const", dest="mode", const="full", help="every size and configuration (default)"
@@ -77,7 +87,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     mode.add_argument(
         "--smoke", action="store_const", dest="mode", const="smoke", help="quickest run: checks the machinery"
     )
-    ap.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
+    cli.add_device(ap)
     ap.add_argument("--sizes", nargs="+", choices=list(SIZES), help="override the mode's sizes")
     ap.add_argument("--algos", nargs="+", choices=list(ALGOS), help="override the mode's algorithms")
     ap.add_argument("--backends", nargs="+", help="only these fedopt backends (default: all available)")
@@ -98,15 +108,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="CPU: time a group of cases that other processes disturbed again, up to N times, waiting for "
         "idle cores before each (default 0: disturbed rows are only flagged)",
     )
-    ap.add_argument(
-        "--out-dir",
-        type=Path,
-        default=DEFAULT_OUT,
-        help="where the result files and LATEST.md go (default: bench_runs/, git-ignored; "
+    cli.add_output(
+        ap,
+        render="only redraw that result's .md and .png",
+        out_help="where the result files and LATEST.md go (default: bench_runs/, git-ignored; "
         "the committed tables: --out-dir bench/results)",
     )
-    ap.add_argument("--no-write", action="store_true", help="print only")
-    ap.add_argument("--render", type=Path, metavar="RESULT.json", help="only redraw that result's .md and .png")
     ap.add_argument("--rebuild-latest", action="store_true", help="only rewrite LATEST.md in --out-dir")
     args = ap.parse_args(argv)
     args.mode = args.mode or "full"
@@ -123,46 +130,9 @@ def _is_committed_folder(path: Path) -> bool:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["clients"]:
-        # the client-batched training benchmark (bench/clients.py): python -m bench clients --help
-        from .clients import main as clients_main
-
-        return clients_main((sys.argv[1:] if argv is None else argv)[1:])
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["clients-sim"]:
-        # a simulator run timed sequential vs client-parallel, in lockstep (bench/clients_sim.py)
-        from .clients_sim import main as clients_sim_main
-
-        return clients_sim_main((sys.argv[1:] if argv is None else argv)[1:])
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["loop"]:
-        # a user's training loop on the GPU, wall time per iteration (bench/loop.py)
-        from .loop import main as loop_main
-
-        return loop_main((sys.argv[1:] if argv is None else argv)[1:])
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["profile"]:
-        # the loop's iterations under torch.profiler: host time per phase, the step's calls, GPU gaps
-        from .profile import main as profile_main
-
-        return profile_main((sys.argv[1:] if argv is None else argv)[1:])
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["host"]:
-        # a step's host side with a stand-in graph or stubbed launches: no GPU needed
-        from .host import main as host_main
-
-        return host_main((sys.argv[1:] if argv is None else argv)[1:])
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["cpu-floor"]:
-        # the small CNN's stacked step on CPU threads against the alternatives to its calls
-        from .cpu_floor import main as cpu_floor_main
-
-        return cpu_floor_main((sys.argv[1:] if argv is None else argv)[1:])
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["checkpoints"]:
-        # bytes and seconds of a simulator checkpoint (bench/checkpoints.py)
-        from .checkpoints import main as checkpoints_main
-
-        return checkpoints_main((sys.argv[1:] if argv is None else argv)[1:])
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["sharded"]:
-        # the optimizers on DTensor parameters over a 2-process gloo world (bench/sharded.py)
-        from .sharded import main as sharded_main
-
-        return sharded_main((sys.argv[1:] if argv is None else argv)[1:])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in COMMANDS:  # another benchmark: its own command line (COMMAND --help)
+        return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     args = parse_args(argv)
     if args.render:
         render(args.render)
@@ -170,9 +140,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.rebuild_latest:
         print(write_latest(args.out_dir))
         return 0
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device")
+    device = cli.device_of(args.device)
     cpu_sizes, cuda_sizes, algos, budget = MODES[args.mode]
     sizes = args.sizes or (cuda_sizes if device.type == "cuda" else cpu_sizes)
     plan = Plan(
@@ -186,9 +154,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         baselines=not args.no_baselines,
         retries=args.retries,
     )
-    meta = run_meta(
-        device, "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    )
+    meta = run_meta(device, cli.command_line("", argv))
     meta.update(
         mode=args.mode,
         dtype=args.dtype,
@@ -198,7 +164,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         retries=plan.retries,
         graph_steps=args.graph_steps if device.type == "cuda" else None,
     )
-    print(f"bench: {meta['device_name']}, mode {args.mode}, sizes {sizes}", file=sys.stderr, flush=True)
+    cli.log(f"bench: {meta['device_name']}, mode {args.mode}, sizes {sizes}")
     if (
         not args.no_write
         and _is_committed_folder(args.out_dir)
@@ -206,39 +172,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         and args.wait_quiet == 0
         and args.retries == 0
     ):
-        print(
+        cli.log(
             "bench: note: writing into the committed tables (bench/results) without --wait-quiet / --retries; "
-            "disturbed rows will only be flagged",
-            file=sys.stderr,
-            flush=True,
+            "disturbed rows will only be flagged"
         )
     if args.wait_quiet > 0:
         cores = wait_quiet(args.wait_quiet)
-        print(
-            f"bench: other processes use {cores if cores is None else round(cores, 2)} cores; starting",
-            file=sys.stderr,
-            flush=True,
-        )
+        cli.log(f"bench: other processes use {cores if cores is None else round(cores, 2)} cores; starting")
     meta["loadavg_before"] = loadavg()
-    t0 = time.perf_counter()
+    wall = Stopwatch()
     result = run(plan)
-    meta["wall_s"] = time.perf_counter() - t0
+    meta["wall_s"] = wall.seconds()
     meta["loadavg_after"] = loadavg()
     result["meta"] = meta
     left_out = dict(result["skipped"])
     if not plan.baselines:
         left_out.update((name, "--no-baselines") for name in baseline_names())
     result["goals"] = judge_rows(result["rows"], device.type, left_out)
-    print(markdown(result))
-    if not args.no_write:
-        paths = write(result, args.out_dir)
-        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
-        if "png" not in paths:
-            print(
-                "bench: no chart drawn: matplotlib is not installed (pip install 'fedopt_kernels[bench]' "
-                "or pip install matplotlib)",
-                file=sys.stderr,
-            )
+    publish(result, cli.out_dir(args), stem(result), markdown, chart)
     return 0
 
 

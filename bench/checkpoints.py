@@ -19,11 +19,9 @@ The state files go to a temporary folder (``--dir`` to choose it: the disk is pa
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -34,6 +32,9 @@ from fedopt_kernels.sim.config import VARIANTS
 from fedopt_kernels.sim.data.clients import ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.models.resnet_gn import ResNet18GN
+
+from . import cli
+from .timing import host_call, median
 
 
 def _tiny_cifar(clients: int) -> FederatedData:
@@ -74,19 +75,15 @@ def state_row(model: str, clients: int, repeats: int, folder: Path) -> Dict[str,
         sim.strategy.kept[cid] = [torch.full_like(p, 1e-3 * cid) for p in sim.global_params]
     sim.history = [{"round": 1, "train_loss": 0.0, "clients": [0]}]
     saves = [sim.save_checkpoint() for _ in range(repeats)]
-    loads = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        sim.load_checkpoint()
-        loads.append(time.perf_counter() - start)
+    loads = [host_call(sim.load_checkpoint) for _ in range(repeats)]
     params = sum(p.numel() for p in sim.global_params)
     return {
         "row": model,
         "parameters": params,
         "clients": clients,
         "bytes": saves[-1]["bytes"],
-        "save_s": statistics.median(s["seconds"] for s in saves),
-        "load_s": statistics.median(loads),
+        "save_s": median([s["seconds"] for s in saves]),
+        "load_s": median(loads),
     }
 
 
@@ -137,7 +134,7 @@ def table(rows: List[Dict[str, Any]]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench checkpoints", description=__doc__.split("\n\n")[0])
+    p = cli.parser("checkpoints", __doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=100, help="clients holding a control (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="saves and loads per model row (default %(default)s)")
     p.add_argument("--rounds", type=int, default=12, help="rounds of the default run (default %(default)s)")

@@ -21,21 +21,21 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import math
-import shlex
 import struct
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
-from .machine import ROOT, loadavg, run_meta
+from . import cli
+from .machine import device_meta, loadavg, run_meta, utc_date
 from .peak import device_peak
+from .report import publish, rerender, write_json
+from .timing import Stopwatch, rotated
 
 
 def write_stand_in(folder: Path, train: int = 60000, test: int = 10000, seed: int = 0) -> Path:
@@ -104,11 +104,11 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
             "client-parallel": Simulation(_config(args, args.client_parallel, data_dir)),
         }
         par = runs["client-parallel"].batched
-        t0 = time.perf_counter()
+        search = Stopwatch()
         if par is not None:  # the clients at once and the formulations, chosen by measurement: once a run
             par.size  # noqa: B018
-        search_s = time.perf_counter() - t0
-        meta = run_meta(device, "python -m bench clients-sim " + " ".join(shlex.quote(a) for a in args.argv))
+        search_s = search.seconds()
+        meta = run_meta(device, cli.command_line("clients-sim", args.argv))
         meta.update(
             mode="clients-sim",
             dtype="float32",
@@ -132,9 +132,8 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
             f"client-parallel N={meta['client_parallel']}"
         )
         for t in range(args.rounds):
-            order = list(runs) if t % 2 == 0 else list(reversed(runs))
             row: Dict[str, Any] = {"round": t + 1}
-            for name in order:
+            for name in rotated(list(runs), t):  # the one that goes first alternates
                 sim = runs[name]
                 rec = sim.run_round(t)
                 last = sim.eval_log[-1] if sim.eval_log and sim.eval_log[-1]["round"] == t + 1 else {}
@@ -156,14 +155,14 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
                     for n in runs
                 )
             )
-            if args.out_file is not None:
-                args.out_file.write_text(json.dumps(result, indent=1, default=str) + "\n")
+            if args.out_file is not None:  # a run stopped early keeps what it measured
+                write_json(result, args.out_file)
         for name in runs:  # the final evaluations, one after the other
             sim = runs[name]
-            t0 = time.perf_counter()
+            took = Stopwatch()
             final = sim.final_evaluation()
             result["final"][name] = {
-                "seconds": time.perf_counter() - t0,
+                "seconds": took.seconds(),
                 "cost": sim.final_cost.as_dict(),
                 "pooled_test_acc": final["pooled_test_acc"],
                 "finetuned_existing_mean": final["finetuned"]["existing"]["mean"],
@@ -281,9 +280,7 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench clients-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = cli.parser("clients-sim", __doc__)
     ap.add_argument("--algorithm", default=None, help="the simulator's algorithm (default: its default, FedAvg)")
     ap.add_argument("--dataset", default="fmnist")
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
@@ -299,7 +296,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    cli.add_device(ap)
     ap.add_argument("--client-parallel", default="auto", help="N or auto (as fedopt-sim)")
     ap.add_argument(
         "--formulations",
@@ -308,9 +305,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         help="how the client-parallel run chooses its formulations (as fedopt-sim; default %(default)s)",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as fedopt-sim)")
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs")
-    ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--render", type=Path, metavar="RESULT.json", help="only rewrite that result's .md")
+    cli.add_output(ap, render="only rewrite that result's .md")
     args = ap.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[2:])
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -322,25 +317,15 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.render is not None:
-        args.render.with_suffix(".md").write_text(markdown(json.loads(args.render.read_text())))
+        rerender(args.render, markdown)
         return 0
     torch.set_num_threads(args.threads)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    args.out_file = None
-    if not args.no_write:
-        from .machine import device_meta
-
-        slug = device_meta(torch.device(args.device))["device_slug"]
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"clients-sim-{slug}-{time.strftime('%Y-%m-%d', time.gmtime())}"
-        args.out_file = args.out_dir / f"{stem}.json"
-    result = run(args, log)
-    text = markdown(result)
-    print(text)
-    if args.out_file is not None:
-        args.out_file.write_text(json.dumps(result, indent=1, default=str) + "\n")
-        args.out_file.with_suffix(".md").write_text(text)
-        log(f"wrote {args.out_file} and {args.out_file.with_suffix('.md').name}")
+    out_dir = cli.out_dir(args)
+    stem = f"clients-sim-{device_meta(torch.device(args.device))['device_slug']}-{utc_date()}"
+    args.out_file = None if out_dir is None else out_dir / f"{stem}.json"
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    publish(run(args, cli.log), out_dir, stem, markdown, latest=False)
     return 0
 
 

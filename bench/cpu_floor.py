@@ -4,7 +4,7 @@ against the alternatives to the calls it makes.
 The stacked engine (``sim.parallel``) computes C clients' small-CNN gradients with oneDNN's grouped
 convolutions in channels-last memory, torch's 2x2 max-pooling and batched matmuls for the head. This
 benchmark times, at the engine's shapes (C clients, batch B, 8x8 single-channel inputs), each of those
-calls beside other ways to compute the same numbers, interleaved in random order and median taken:
+calls beside other ways to compute the same numbers, interleaved in a rotated order and median taken:
 
 * the second convolution's input gradient: oneDNN's backward against a forward convolution of the
   output gradient with the weights flipped and their channels swapped;
@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import random
-import shlex
 import sys
-import time
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .machine import ROOT, loadavg, run_meta
+from . import cli
+from .machine import loadavg, run_meta
+from .report import publish
+from .timing import median, time_rounds
 
 CB = torch.ops.aten.convolution_backward
 CL = torch.channels_last
@@ -227,24 +226,20 @@ def cases(C: int, B: int, seed: int = 0) -> List[Case]:
 
 
 def time_cases(cs: List[Case], reps: int) -> List[Dict[str, Any]]:
-    """Every formulation of every case, interleaved in a random order per repetition; medians in us."""
-    calls = [(c, name, f) for c in cs for name, f in c.forms.items()]
-    samples: Dict[Tuple[str, str], List[float]] = {(c.name, n): [] for c, n, _ in calls}
-    for _, _, f in calls:  # warm-up: first calls allocate and pick kernels
+    """Every formulation of every case, ``reps`` rounds of one call each in a rotated order
+    (``timing.time_rounds``); medians in us."""
+    fns = {f"{c.name}: {name}": f for c in cs for name, f in c.forms.items()}
+    for f in fns.values():  # warm-up: first calls allocate and pick kernels
         f()
-    rng = random.Random(0)
-    for _ in range(reps):
-        rng.shuffle(calls)
-        for c, name, f in calls:
-            t = time.perf_counter()
-            f()
-            samples[(c.name, name)].append(time.perf_counter() - t)
+    timed = time_rounds(fns, torch.device("cpu"), reps)
     rows = []
     for c in cs:
         for name, f in c.forms.items():
-            s = sorted(samples[(c.name, name)])
+            res = timed[f"{c.name}: {name}"]
+            if res.error is not None:
+                raise RuntimeError(f"{c.name}, {name}: {res.error}")
             rows.append(
-                {"case": c.name, "formulation": name, "median_us": s[len(s) // 2] * 1e6, "error_share": c.error(f())}
+                {"case": c.name, "formulation": name, "median_us": median(res.times) * 1e6, "error_share": c.error(f())}
             )
     return rows
 
@@ -284,13 +279,14 @@ def _swapped(fn: Callable[[], None]) -> Callable[[], None]:
 
 
 def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, Dict[str, float]]:
-    """Round by round, interleaved (bench/clients.py's workload and modes): the stacked step (gradients +
+    """Round by round, interleaved (``bench.clients.workload``'s workload and rounds): the stacked step (gradients +
     fused FedNAR) at C=1 and at C=clients, the latter also with the input gradient as a forward
     convolution, and the sequential clients. Per mode: best and median ms per step, client-steps/s."""
     from fedopt_kernels import FedNAR
     from fedopt_kernels.sim.parallel.stacked import StackedLoss
 
-    from .clients import HP, SETTINGS, Workload, fused_round, fused_trainer, sequential_round
+    from .clients.settings import HP, SETTINGS
+    from .clients.workload import Workload, fused_round, fused_trainer, sequential_round
 
     s = SETTINGS["small-cnn"]
     runs: Dict[str, Tuple[Callable[[], None], int]] = {}
@@ -305,19 +301,16 @@ def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, Dict[str, flo
     seq = Workload(s, clients, s.steps, batch, torch.device("cpu"))
     hp: Dict[str, Any] = dict(HP)
     runs["sequential"] = (functools.partial(sequential_round, seq, FedNAR(seq.model.parameters(), **hp)), clients)
-    samples: Dict[str, List[float]] = {name: [] for name in runs}
     for fn, _ in runs.values():
         fn()
-    for _ in range(rounds):
-        for name, (fn, _) in runs.items():
-            t = time.perf_counter()
-            fn()
-            samples[name].append((time.perf_counter() - t) / s.steps)
+    timed = time_rounds({name: fn for name, (fn, _) in runs.items()}, torch.device("cpu"), rounds)
     out = {}
     for name, (_, C) in runs.items():
-        v = sorted(samples[name])
-        med = v[len(v) // 2]
-        out[name] = {"best_ms": v[0] * 1e3, "median_ms": med * 1e3, "client_steps_per_s": C / med}
+        res = timed[name]
+        if res.error is not None:
+            raise RuntimeError(f"{name}: {res.error}")
+        best, med = min(res.times) / s.steps, median(res.times) / s.steps  # a round is s.steps steps
+        out[name] = {"best_ms": best * 1e3, "median_ms": med * 1e3, "client_steps_per_s": C / med}
     return out
 
 
@@ -371,17 +364,14 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench cpu-floor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = cli.parser("cpu-floor", __doc__)
     ap.add_argument("--clients", type=int, default=50, help="C (default 50)")
     ap.add_argument("--batch", type=int, default=10, help="batch per client (default 10)")
     ap.add_argument("--reps", type=int, default=60, help="interleaved calls per formulation (default 60)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds of each step mode (default 15)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, the simulator's)")
     ap.add_argument("--no-steps", action="store_true", help="the operators only")
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs", help="default bench_runs/ (git-ignored)")
-    ap.add_argument("--no-write", action="store_true", help="print only")
+    cli.add_output(ap)
     return ap.parse_args(argv)
 
 
@@ -391,8 +381,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as the simulator's client-parallel path and the clients benchmark do
-    cmd = "python -m bench cpu-floor " + " ".join(shlex.quote(a) for a in (sys.argv[2:] if argv is None else argv))
-    meta = run_meta(torch.device("cpu"), cmd.strip())
+    meta = run_meta(torch.device("cpu"), cli.command_line("cpu-floor", sys.argv[2:] if argv is None else argv))
     meta.update(
         clients=args.clients,
         batch=args.batch,
@@ -404,12 +393,5 @@ def main(argv: Optional[List[str]] = None) -> int:
     steps = None if args.no_steps else time_steps(args.clients, args.batch, args.rounds)
     meta["load_after"] = loadavg()
     result = {"meta": meta, "rows": rows, "steps": steps}
-    text = markdown(result)
-    print(text)
-    if not args.no_write:
-        from .report import save
-
-        stem = f"cpu-floor-{meta['device_slug']}-{meta['date']}"
-        paths = save(result, args.out_dir, stem, markdown, lambda r, p: False)
-        print(f"wrote {paths['md']}")
+    publish(result, cli.out_dir(args), f"cpu-floor-{meta['device_slug']}-{meta['date']}", markdown)
     return 0 if all(r["error_share"] <= 1 for r in rows) else 1

@@ -1,263 +1,108 @@
-"""The project's performance goals, evaluated per result row as pass / miss / disturbed / n/a.
+"""The project's performance goals, one mechanism for every benchmark: a goal reads figures from a
+result and judges each one pass / miss / disturbed / n/a, then the goal as a whole.
 
-A goal applies to some rows only (a device type, fused backends, a size); elsewhere it is
-blank. The thresholds are the project's targets; which sizes they are judged on is stated in ``where``.
+A ``Goal`` is a declaration: what it asks (``text``), which figures it is judged on (``where``), the
+threshold a figure must reach (``value >= threshold`` passes) and how to read its figures from a
+result (``figures``). Each benchmark declares its own (``bench.step_goals`` for the step table,
+``bench.clients.goals``, ``bench.loop``) and formats the verdicts in its report.
 
-A goal's figure compares a row with another timing (the reference row, torch's fused SGD, the copy
-roofline, ...), both timed interleaved in the same rounds (``bench.runner.measure_group``), so the
-machine's load falls on both alike. On a CPU, a row whose own timing or whose counterpart's ran
-while other processes used more than ``DISTURBED`` cores is judged **disturbed**, not pass or miss:
-its figure says nothing reliable about the goal. A row whose counterpart was not timed (the GPU check
-leaves the reference rows out) is **n/a**, and a goal none of whose rows has a figure says n/a with
-the reason, never miss.
+A figure compares timings taken interleaved in the same rounds (``bench.timing``), so the machine's
+load falls on both sides alike. On a CPU, a figure one of whose timings ran while other processes
+used more than ``DISTURBED`` cores is judged **disturbed**, not pass or miss: it says nothing
+reliable about the goal. A figure that could not be taken (what it compares with was not timed) is
+**n/a**. A goal as a whole: **miss** when a quiet figure misses, else **disturbed** when one was
+disturbed, else **pass**; **n/a** with the reason when none of its figures was taken or none applied.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .algorithms import TORCH_FUSED, baseline_names
 from .contention import DISTURBED
 
-Row = Dict[str, Any]
 
-FUSED = ("triton", "cuda", "cpu", "triton eager", "cuda eager")
-SGD_FAMILY = ("feddecay", "feddecay_plain", "feddecay_scaffold_prox")
+@dataclass(frozen=True)
+class Figure:
+    """One figure a goal judges: where it was taken, its value (None: not taken), the cores other
+    processes used while each timing it rests on ran (None where unmeasured), and the result row
+    it was read from, where there is one."""
+
+    where: str
+    value: Optional[float]
+    loads: Tuple[Optional[float], ...] = ()
+    row: Optional[Dict[str, Any]] = field(default=None, compare=False)
+
+
+def _plain(value: float) -> str:
+    return f"{value:.3g}"
 
 
 @dataclass(frozen=True)
 class Goal:
-    key: str  # column name
+    """A performance target: ``figures(result)`` -> the figures judged against ``threshold``."""
+
+    key: str  # its short name (a column of the step table)
     text: str  # what it asks
-    where: str  # which rows it is judged on
-    device: str  # "cuda" or "cpu"
-    applies: Callable[[Row], bool]
-    column: str  # the row's figure it reads
+    where: str  # which rows or figures it is judged on
     threshold: float
-    against: Optional[str]  # what that figure compares the row with (a row's backend, "copy"), if anything
-    to_value: Callable[[float], float] = lambda v: v  # the figure -> the value held to the threshold
+    figures: Callable[[Any], List[Figure]]
+    device: Optional[str] = None  # the device type it is judged on (None: any)
+    against: Optional[str] = None  # what its figures compare with (a row's backend, "copy"), for n/a
+    show: Callable[[float], str] = _plain  # a figure's value as a report shows it
 
-    def value(self, row: Row) -> Optional[float]:
-        v = row.get(self.column)
-        return None if v is None else self.to_value(v)
-
-    def disturbed(self, row: Row) -> bool:
-        """Whether other processes' load on a CPU disturbed this row's timing or its counterpart's."""
-        if row.get("device_type") != "cpu":
-            return False
-        loads = [row.get("other_load_cores"), (row.get("against_load") or {}).get(self.column)]
-        return any(c is not None and c > DISTURBED for c in loads)
-
-    def judge(self, row: Row) -> Optional[str]:
-        """'pass', 'miss', 'disturbed', 'n/a' (applies but no figure), or None (does not apply)."""
-        if row.get("device_type") != self.device or not self.applies(row):
-            return None
-        v = self.value(row)
-        if v is None:
+    def verdict(self, figure: Figure, device_type: str) -> str:
+        """'pass', 'miss', 'disturbed' (CPU timings under other processes' load) or 'n/a' (no value)."""
+        if figure.value is None:
             return "n/a"
-        if self.disturbed(row):
+        if device_type == "cpu" and any(c is not None and c > DISTURBED for c in figure.loads):
             return "disturbed"
-        return "pass" if v >= self.threshold else "miss"
+        return "pass" if figure.value >= self.threshold else "miss"
 
     def why_no_figure(self, skipped: Dict[str, str]) -> str:
-        """Why no row of this goal has a figure, for its n/a verdict."""
+        """Why none of this goal's figures was taken, for its n/a verdict (``skipped``: what the run
+        left out on purpose, by name, with the reason)."""
         if self.against is None:
             return "its rows have no figure"
         if self.against in skipped:
             return f"the {self.against} rows were not timed ({skipped[self.against]})"
         return f"no {self.against} row was timed"
 
-
-def _fused(row: Row) -> bool:
-    return row["backend"] in FUSED and not row.get("error")
-
-
-def _ok(row: Row, backend: str) -> bool:
-    return row["backend"] == backend and not row.get("error")
-
-
-GOALS: List[Goal] = [
-    Goal(
-        "gpu: >=85% copy",
-        "every fused algorithm >= 85% of measured copy bandwidth",
-        "fused backends, large list",
-        "cuda",
-        lambda r: _fused(r) and r["size"] == "large",
-        "pct_copy",
-        85.0,
-        "copy",
-    ),
-    Goal(
-        "gpu: >=10x ref",
-        ">= 10x over reference",
-        "fused backends, ResNet-18 list",
-        "cuda",
-        lambda r: _fused(r) and r["size"] == "resnet18",
-        "speedup_ref",
-        10.0,
-        "reference",
-    ),
-    Goal(
-        "gpu: <=1.1x SGD fused",
-        "eager FedDecaySGD within 1.1x of torch.optim.SGD(fused=True)",
-        "FedDecaySGD (momentum, wd) on cuda eager, small CNN and ResNet-18 lists",
-        "cuda",
-        lambda r: _ok(r, "cuda eager") and r["algorithm"] == "feddecay" and r["size"] in ("small_cnn", "resnet18"),
-        "speedup_sgd_fused",
-        1 / 1.1,
-        TORCH_FUSED,
-    ),
-    Goal(
-        "gpu: FedNAR >=2.5x clip+SGD",
-        "eager FedNAR >= 2.5x faster than clip_grad_norm_(foreach) + SGD(fused)",
-        "FedNAR on cuda eager, ResNet-18 list",
-        "cuda",
-        lambda r: _ok(r, "cuda eager") and r["algorithm"] == "fednar" and r["size"] == "resnet18",
-        "speedup_hand",
-        2.5,
-        "hand-written baseline",
-    ),
-    Goal(
-        "gpu: triton <=1.2x cuda",
-        "triton within 1.2x of cuda (replayed against replayed, eager against eager)",
-        "triton and triton eager, every algorithm and list",
-        "cuda",
-        lambda r: _ok(r, "triton") or _ok(r, "triton eager"),
-        "speedup_cuda",
-        1 / 1.2,
-        "cuda",
-    ),
-    Goal(
-        "gpu: FedNAR >=90% copy",
-        "FedNAR cuda eager >= 90% of copy bandwidth",
-        "FedNAR on cuda eager, large list",
-        "cuda",
-        lambda r: _ok(r, "cuda eager") and r["algorithm"] == "fednar" and r["size"] == "large",
-        "pct_copy",
-        90.0,
-        "copy",
-    ),
-    Goal(
-        "gpu: replayed host <=15us",
-        "a replayed step costs <= 15 us of host time",
-        "cuda and triton (replaying), every algorithm, 62 one-element tensors",
-        "cuda",
-        lambda r: (_ok(r, "cuda") or _ok(r, "triton")) and r["size"] == "overhead",
-        "host_s",
-        1.0,
-        None,
-        lambda s: 15e-6 / s if s > 0 else float("inf"),
-    ),
-    Goal(
-        "gpu: step <=0.5x SGD fused",
-        "every fused algorithm's step (as a user loop gets it) <= 0.5x "
-        "torch.optim.SGD(fused=True)'s step time on the same list",
-        "cuda (replaying), every algorithm, small CNN and ResNet-18 lists",
-        "cuda",
-        lambda r: _ok(r, "cuda") and r["size"] in ("small_cnn", "resnet18"),
-        "vs_torch_sgd_step",
-        1.0,
-        TORCH_FUSED,
-        lambda v: 0.5 / v if v > 0 else float("inf"),
-    ),
-    Goal(
-        "cpu: >=70% copy",
-        "every algorithm's cpu step >= 70% of copy bandwidth",
-        "backend cpu, ResNet-18 and large lists",
-        "cpu",
-        lambda r: r["backend"] == "cpu" and not r.get("error") and r["size"] in ("resnet18", "large"),
-        "pct_copy",
-        70.0,
-        "copy",
-    ),
-    Goal(
-        "cpu: >=5x ref",
-        "FedNAR and PAdaMFed cpu >= 5x over reference",
-        "backend cpu, FedNAR/PAdaMFed, ResNet-18 and large lists",
-        "cpu",
-        lambda r: (
-            r["backend"] == "cpu"
-            and not r.get("error")
-            and r["algorithm"].startswith(("fednar", "padamfed"))
-            and r["size"] in ("resnet18", "large")
-        ),
-        "speedup_ref",
-        5.0,
-        "reference",
-    ),
-    Goal(
-        "cpu: >=1x SGD fused",
-        "FedDecaySGD cpu no slower than torch.optim.SGD(fused=True)",
-        "backend cpu, FedDecaySGD, ResNet-18 list",
-        "cpu",
-        lambda r: (
-            r["backend"] == "cpu" and not r.get("error") and r["algorithm"] in SGD_FAMILY and r["size"] == "resnet18"
-        ),
-        "speedup_sgd_fused",
-        1.0,
-        TORCH_FUSED,
-    ),
-    Goal(
-        "cpu: overhead <=1x SGD fused",
-        "pure-overhead step no slower than torch.optim.SGD(fused=True)",
-        "backend cpu, FedDecaySGD, 62 one-element tensors",
-        "cpu",
-        lambda r: _ok(r, "cpu") and r["algorithm"] == "feddecay" and r["size"] == "overhead",
-        "speedup_sgd_fused",
-        1.0,
-        TORCH_FUSED,
-    ),
-]
-
-
-def goals_for(device_type: str) -> List[Goal]:
-    return [g for g in GOALS if g.device == device_type]
-
-
-def _named(verdicts: List[Tuple[Row, str]], verdict: str) -> List[str]:
-    return [f"{r['algorithm']}/{r['backend']}/{r['size']}" for r, v in verdicts if v == verdict]
-
-
-def judge_rows(rows: List[Row], device_type: str, skipped: Optional[Dict[str, str]] = None) -> List[Dict[str, Any]]:
-    """Set ``row["goals"]`` = {goal key: verdict} and return a summary per goal. ``skipped``: the
-    rows left out of the run on purpose, by backend, with the reason (for the n/a verdicts)."""
-    goals = goals_for(device_type)
-    baselines = baseline_names()
-    summary = []
-    for g in goals:
-        verdicts: List[Tuple[Row, str]] = []
-        for row in rows:
-            if row["backend"] in baselines:
-                continue
-            v = g.judge(row)
-            if v is not None:
-                row.setdefault("goals", {})[g.key] = v
-                verdicts.append((row, v))
-        figures = [v for _, v in verdicts if v != "n/a"]
+    def judge(self, result: Any, device_type: str, skipped: Optional[Dict[str, str]] = None) -> Judged:
+        """Each figure of ``result`` judged, and the goal as a whole (module docstring)."""
+        judged = [(f, self.verdict(f, device_type)) for f in self.figures(result)]
+        taken = [v for _, v in judged if v != "n/a"]
         reason = None
-        if not verdicts:
-            verdict, reason = "n/a", f"none of its rows ({g.where}) were run"
-        elif not figures:
-            verdict, reason = "n/a", g.why_no_figure(skipped or {})
-        elif "miss" in figures:
+        if not judged:
+            verdict, reason = "n/a", f"none of its rows ({self.where}) were run"
+        elif not taken:
+            verdict, reason = "n/a", self.why_no_figure(skipped or {})
+        elif "miss" in taken:
             verdict = "miss"
-        elif "disturbed" in figures:
+        elif "disturbed" in taken:
             verdict = "disturbed"
         else:
             verdict = "pass"
-        summary.append(
-            {
-                "goal": g.key,
-                "text": g.text,
-                "where": g.where,
-                "judged": len(figures),
-                "passed": figures.count("pass"),
-                "missed": _named(verdicts, "miss"),
-                "disturbed": _named(verdicts, "disturbed"),
-                "not_judged": len(verdicts) - len(figures),
-                "verdict": verdict,
-                "reason": reason,
-            }
-        )
-    return summary
+        return Judged(self, judged, verdict, reason)
+
+
+@dataclass
+class Judged:
+    """A goal's verdicts: one per figure, and the goal's as a whole (with the reason for n/a)."""
+
+    goal: Goal
+    figures: List[Tuple[Figure, str]]
+    verdict: str
+    reason: Optional[str]
+
+    def named(self, verdict: str) -> List[str]:
+        """Where each figure with this verdict was taken."""
+        return [f.where for f, v in self.figures if v == verdict]
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for _, v in self.figures if v == verdict)
+
+
+def goals_for(goals: List[Goal], device_type: str) -> List[Goal]:
+    """The goals judged on a device type."""
+    return [g for g in goals if g.device in (None, device_type)]

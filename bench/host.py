@@ -18,31 +18,38 @@ Medians of 7 blocks; the machine's load moves them, so compare runs interleaved 
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import gc
 import os
-import statistics
 import sys
-import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
+from . import cli
+from .timing import median, time_rounds
+
 SMALL = [(64, 1, 3, 3), (64,), (128, 64, 3, 3), (128,), (10, 512), (10,)]
+BLOCKS = 7
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection pass lands in a timed block (a host cost of the collector, not of the step)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _median_us(step: Callable[[], None], reps: int) -> float:
-    blocks = []
-    gc.disable()
-    try:
-        for _ in range(7):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                step()
-            blocks.append((time.perf_counter() - t0) / reps * 1e6)
-    finally:
-        gc.enable()
-    return statistics.median(blocks)
+    """Microseconds per call: the median of ``BLOCKS`` blocks of ``reps`` calls."""
+    with _gc_paused():
+        (res,) = time_rounds({"step": step}, torch.device("cpu"), BLOCKS, calls=reps).values()
+    if res.error is not None:
+        raise RuntimeError(f"the step failed: {res.error}")
+    return median(res.times) * 1e6
 
 
 def _optimizer(algo: str, params: Sequence[torch.Tensor], backend: str, replay: bool) -> Any:
@@ -95,7 +102,7 @@ def replayed_step(algo: str, n: int, reps: int) -> Dict[str, Any]:
         replayed = opt.replay_stats()["replayed"]
         us = _median_us(opt.step, reps)
         # (FedDecaySGD's schedule table grows after 1024 steps: a new table, one eager and one recorded step)
-        assert opt.replay_stats()["replayed"] - replayed >= 0.99 * 7 * reps, "the timed steps did not replay"
+        assert opt.replay_stats()["replayed"] - replayed >= 0.99 * BLOCKS * reps, "the timed steps did not replay"
     finally:
         _replay.DEVICE_TYPES, _replay.BACKENDS, _replay.StepReplay._record = saved  # type: ignore[method-assign]
     return {"python_calls": calls[0], "tensor_accesses": Accesses.n, "host_us": us}
@@ -156,9 +163,7 @@ def eager_triton_step(algo: str, n: int, reps: int) -> Dict[str, float]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench host", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = cli.parser("host", __doc__)
     ap.add_argument("--what", nargs="+", choices=["replay", "triton"], default=["replay", "triton"])
     ap.add_argument("--tensors", nargs="+", type=int, default=[6, 62])
     ap.add_argument("--reps", type=int, default=1000, help="steps per timed block (7 blocks)")

@@ -34,176 +34,37 @@ backend and nothing replays (replayed steps are a GPU feature).
 from __future__ import annotations
 
 import argparse
-import functools
-import json
-import statistics
 import sys
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
-from torch import nn
 
-import fedopt_kernels as fk
-from fedopt_kernels.sim.models.resnet_gn import ResNet18GN
-from fedopt_kernels.sim.models.small import SmallCNN
-
-from .machine import ROOT, run_meta
+from . import cli
+from .goals import Figure, Goal
+from .loop_rows import (
+    BASELINE,
+    BATCH,
+    GRAPH_WARMUP,
+    GRAPHED,
+    MODELS,
+    TORCH_GRAPHED,
+    GraphedRow,
+    Row,
+    fused_backends,
+    graphed,
+    make_row,
+    optimizers,
+    selected,
+)
+from .machine import run_meta
+from .report import publish
 from .stopping import sigterm_interrupts
+from .timing import Rounds, error_text, median, sync, time_round
 
-MODELS: Dict[str, Callable[[], tuple]] = {
-    # name -> (model, input shape per sample, classes)
-    "small_cnn": lambda: (SmallCNN((1, 8, 8), 10), (1, 8, 8), 10),
-    "resnet18": lambda: (ResNet18GN(3, 10), (3, 32, 32), 10),
-}
-BATCH = 32
 PROBE = 20  # iterations after the timed ones whose gradient addresses are counted
 UNTIMED = 2  # iterations of a row before each of its timed blocks
-SGD: Dict[str, Any] = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
-BASELINE = "torch.SGD(fused)"
-GRAPHED = " graphed"  # a row whose iteration is the replay of one CUDA graph holding it whole
-TORCH_GRAPHED = BASELINE + GRAPHED
-GRAPH_WARMUP = 3  # eager iterations before a capture (the first step makes the momentum buffers)
 
-
-def fused_backends(device: torch.device) -> List[str]:
-    """The fused backends the rows run on ``device``: cuda and triton on a GPU, cpu on a CPU."""
-    wanted = ("cuda", "triton") if device.type == "cuda" else ("cpu",)
-    return [b for b in wanted if b in fk.available_backends(device)]
-
-
-def optimizers(backends: List[str]) -> Dict[str, Callable[[List[torch.Tensor]], torch.optim.Optimizer]]:
-    """Row name -> how to build its optimizer for a model's parameters."""
-    out: Dict[str, Callable[[List[torch.Tensor]], torch.optim.Optimizer]] = {
-        BASELINE: lambda ps: torch.optim.SGD(ps, fused=True, **SGD)
-    }
-    nar: Dict[str, Any] = dict(lr=SGD["lr"], weight_decay=SGD["weight_decay"], max_norm=1.0)
-    for b in backends:  # partial: the same calls as lambdas binding b, and typed
-        out[f"FedDecaySGD {b}"] = functools.partial(fk.FedDecaySGD, beta=1.0, backend=b, **SGD)
-        out[f"FedDecaySGD {b} eager"] = functools.partial(fk.FedDecaySGD, beta=1.0, backend=b, replay=False, **SGD)
-        out[f"FedNAR {b}"] = functools.partial(fk.FedNAR, backend=b, **nar)
-        out[f"FedNAR {b} eager"] = functools.partial(fk.FedNAR, backend=b, replay=False, **nar)
-        out[f"PAdaMFed {b}"] = functools.partial(fk.PAdaMFed, lr=0.01, beta=0.5, backend=b)
-    return out
-
-
-def graphed(backends: List[str]) -> Dict[str, Callable[[List[torch.Tensor]], torch.optim.Optimizer]]:
-    """The rows whose whole iteration is one CUDA graph: torch's fused SGD (it has no ``capturable``
-    flag: its fused step captures as it is) and the package's optimizers as ``optimizers`` builds them."""
-    eager = optimizers(backends)
-    out = {TORCH_GRAPHED: eager[BASELINE]}
-    for b in backends:
-        for name in (f"FedDecaySGD {b}", f"FedNAR {b}", f"PAdaMFed {b}"):
-            out[name + GRAPHED] = eager[name]
-    return out
-
-
-@dataclass
-class Row:
-    """One model with one optimizer, its data, and what its timed blocks measured."""
-
-    model_name: str
-    name: str
-    model: nn.Module
-    opt: torch.optim.Optimizer
-    x: torch.Tensor
-    y: torch.Tensor
-    blocks: List[float] = field(default_factory=list)  # seconds per iteration, one per round
-    replay: Dict[str, int] = field(default_factory=lambda: {"eager": 0, "recorded": 0, "replayed": 0})
-
-    def iteration(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(self.model(self.x), self.y).backward()
-        self.opt.step()
-
-    def stats(self) -> Optional[Dict[str, Any]]:
-        get = getattr(self.opt, "replay_stats", None)
-        return get() if get is not None else None
-
-
-@dataclass
-class GraphedRow(Row):
-    """A row whose iteration copies the batch into the graph's static input and replays one CUDA graph
-    holding zero_grad (``set_to_none=False``: the gradients stay where the warm-up made them, which
-    both fused backends can capture), forward, loss, backward and step."""
-
-    graph: Any = None
-    static: Optional[tuple] = None
-
-    def eager_iteration(self) -> None:
-        assert self.static is not None  # made by capture()
-        self.opt.zero_grad(set_to_none=False)
-        nn.functional.cross_entropy(self.model(self.static[0]), self.static[1]).backward()
-        self.opt.step()
-
-    def capture(self, steps: int) -> None:
-        """PyTorch's recipe: eager iterations on a side stream, then the capture; ``steps``: how many
-        iterations the row will replay (what the optimizer's decay table must cover)."""
-        self.static = (self.x.clone(), self.y.clone())
-        prepare = getattr(self.opt, "prepare_capture", None)
-        if prepare is not None:
-            prepare(steps)
-        side, current = torch.cuda.Stream(), torch.cuda.current_stream()
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            for _ in range(GRAPH_WARMUP):
-                self.eager_iteration()
-        current.wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.eager_iteration()
-
-    def iteration(self) -> None:
-        assert self.static is not None
-        self.static[0].copy_(self.x)
-        self.static[1].copy_(self.y)
-        self.graph.replay()
-
-    def stats(self) -> Optional[Dict[str, Any]]:
-        return None  # the steps are in the graph: the optimizer neither records nor replays them
-
-
-def make_row(model_name: str, name: str, make_opt: Callable, device: torch.device, seed: int = 0) -> Row:
-    torch.manual_seed(seed)
-    model, shape, classes = MODELS[model_name]()
-    model = model.to(device)
-    opt = make_opt(list(model.parameters()))
-    x = torch.randn((BATCH,) + shape, device=device)
-    y = torch.randint(0, classes, (BATCH,), device=device)
-    return (GraphedRow if name.endswith(GRAPHED) else Row)(model_name, name, model, opt, x, y)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_block(row: Row, device: torch.device, per_block: int) -> float:
-    """Seconds per iteration of one block of ``per_block`` iterations (after ``UNTIMED`` more)."""
-    for _ in range(UNTIMED):
-        row.iteration()
-    before = row.stats()
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(per_block):
-        row.iteration()
-    sync(device)
-    seconds = (time.perf_counter() - t0) / per_block
-    after = row.stats()
-    if before is not None and after is not None:
-        for k in row.replay:
-            row.replay[k] += after[k] - before[k]
-    return seconds
-
-
-def rotated(rows: List[Any], r: int) -> List[Any]:
-    """Round ``r``'s order: from row ``r`` on, forwards in even rounds and backwards in odd ones (each
-    row comes first once in ``len(rows)`` rounds, and follows each neighbour in both directions)."""
-    n = len(rows)
-    step = 1 if r % 2 == 0 else -1
-    return [rows[(r + step * i) % n] for i in range(n)]
+Result = Dict[str, Any]
 
 
 def address_sets(iteration: Callable[[], None], params: List[torch.Tensor], iterations: int = PROBE) -> int:
@@ -216,18 +77,13 @@ def address_sets(iteration: Callable[[], None], params: List[torch.Tensor], iter
     return len(seen)
 
 
-def run_model(
-    model_name: str,
-    makers: Dict[str, Callable],
-    device: torch.device,
-    warmup: int,
-    blocks: int,
-    per_block: int,
-    log: Callable[[str], None],
-) -> List[Dict[str, Any]]:
+def _build(
+    model_name: str, makers: Dict[str, Callable], device: torch.device, warmup: int, steps: int
+) -> Tuple[List[Row], List[Result]]:
+    """Every row of a model, built and warmed up (a graphed row captured for ``steps`` iterations);
+    and the rows that could not run, with the reason."""
     rows: List[Row] = []
-    failed: List[Dict[str, Any]] = []
-    steps = GRAPH_WARMUP + 1 + warmup + blocks * (UNTIMED + per_block) + PROBE  # of a graphed row, in all
+    failed: List[Result] = []
     for name, make in makers.items():
         if name.endswith(GRAPHED) and device.type != "cuda":
             failed.append({"model": model_name, "optimizer": name, "not_run": "needs CUDA"})
@@ -241,25 +97,45 @@ def run_model(
             sync(device)
             rows.append(row)
         except Exception as exc:  # a failing optimizer is a result, not a crash
-            failed.append(
-                {"model": model_name, "optimizer": name, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
-            )
+            failed.append({"model": model_name, "optimizer": name, "error": error_text(exc, 200)})
+    return rows, failed
+
+
+def run_model(
+    model_name: str,
+    makers: Dict[str, Callable],
+    device: torch.device,
+    warmup: int,
+    blocks: int,
+    per_block: int,
+    log: Callable[[str], None],
+) -> List[Result]:
+    """Every row of a model: built and warmed up, then ``blocks`` rounds of one block of each, in a
+    rotated order (``timing.time_round``), then the gradient address sets of each."""
+    steps = GRAPH_WARMUP + 1 + warmup + blocks * (UNTIMED + per_block) + PROBE  # of a graphed row, in all
+    rows, failed = _build(model_name, makers, device, warmup, steps)
+    by_name = {row.name: row for row in rows}
+    timed = {name: Rounds() for name in by_name}
+    fns = {name: row.iteration for name, row in by_name.items()}
     for r in range(blocks):
-        for row in rotated(rows, r):
-            row.blocks.append(time_block(row, device, per_block))
+        time_round(fns, device, r, timed, per_block, UNTIMED, around=lambda name: by_name[name].counting())
         log(f"  {model_name}: round {r + 1}/{blocks}")
-    base = next((row for row in rows if row.name == BASELINE), None)
+    base = timed.get(BASELINE)
     out = []
     for row in rows:
-        res: Dict[str, Any] = {
+        t = timed[row.name]
+        if t.error is not None:
+            failed.append({"model": model_name, "optimizer": row.name, "error": t.error[:200]})
+            continue
+        res: Result = {
             "model": model_name,
             "optimizer": row.name,
-            "blocks_s": row.blocks,
-            "median_s": statistics.median(row.blocks),
-            "min_s": min(row.blocks),
+            "blocks_s": t.times,
+            "median_s": median(t.times),
+            "min_s": min(t.times),
         }
-        if base is not None:
-            res["ratios"] = [b / s for b, s in zip(base.blocks, row.blocks)]
+        if base is not None and base.error is None:
+            res["ratios"] = [b / s for b, s in zip(base.times, t.times)]
         stats = row.stats()
         if stats is not None:
             res["replay_timed"] = dict(row.replay)
@@ -272,61 +148,119 @@ def run_model(
     return out + failed
 
 
-def _median(xs: List[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
+# ------------------------------------------------------------------ goals (bench.goals), from the medians
+def _timed(rows: List[Result]) -> Dict[Tuple[str, str], Result]:
+    return {(r["model"], r["optimizer"]): r for r in rows if "median_s" in r}
 
 
-def goals(rows: List[Dict[str, Any]], replaying: bool = True) -> List[tuple]:
-    """(goal, row, value, verdict) by the rules of the module docstring; ``replaying``: the device
-    replays steps (a GPU), else the replay goals are left out."""
-    by = {(r["model"], r["optimizer"]): r for r in rows if "median_s" in r}
+def _figure(r: Result, value: float) -> Figure:
+    return Figure(f"{r['model']} / {r['optimizer']}", value, row=r)
+
+
+def _vs_torch(rows: List[Result]) -> List[Figure]:
+    """FedDecaySGD and FedNAR rows: the median over rounds of torch's fused SGD block over theirs."""
+    return [
+        _figure(r, median(r["ratios"]))
+        for (_, name), r in _timed(rows).items()
+        if not name.endswith(GRAPHED) and name.startswith(("FedDecaySGD", "FedNAR")) and "ratios" in r
+    ]
+
+
+def _vs_eager(rows: List[Result]) -> List[Figure]:
+    """A replaying row against its eager twin: the median over rounds of eager / replaying."""
+    by = _timed(rows)
     out = []
     for (model, name), r in by.items():
-        if name.endswith(GRAPHED):
-            out += _graph_goals(model, name, r, by.get((model, TORCH_GRAPHED)))
-            continue
-        if name.startswith(("FedDecaySGD", "FedNAR")) and "ratios" in r:
-            v = _median(r["ratios"])
-            out.append((">= 1.0x torch.SGD(fused)", f"{model} / {name}", f"{v:.2f}x", "pass" if v >= 1.0 else "miss"))
         eager = by.get((model, f"{name} eager"))
-        if eager is not None and replaying:
-            v = _median([e / s for e, s in zip(eager["blocks_s"], r["blocks_s"])])
-            out.append(
-                (
-                    "replaying never slower than eager",
-                    f"{model} / {name}",
-                    f"eager / replaying {v:.2f}",
-                    "pass" if v >= 1.0 else "miss",
-                )
-            )
-        if replaying and name.startswith(("FedNAR", "PAdaMFed")) and not name.endswith("eager") and "replay_timed" in r:
+        if eager is not None and not name.endswith(GRAPHED):
+            out.append(_figure(r, median([e / s for e, s in zip(eager["blocks_s"], r["blocks_s"])])))
+    return out
+
+
+def _replayed(rows: List[Result]) -> List[Figure]:
+    """FedNAR and PAdaMFed (replaying): the share of their timed steps that replayed."""
+    out = []
+    for (_, name), r in _timed(rows).items():
+        if name.startswith(("FedNAR", "PAdaMFed")) and not name.endswith(("eager", GRAPHED)) and "replay_timed" in r:
             t = r["replay_timed"]
             total = t["eager"] + t["recorded"] + t["replayed"]
-            share = t["replayed"] / total if total else 0.0
-            out.append(
-                (
-                    "replay >= 90% of steps",
-                    f"{model} / {name}",
-                    f"{100 * share:.0f}%",
-                    "pass" if share >= 0.9 else "miss",
-                )
-            )
+            out.append(_figure(r, t["replayed"] / total if total else 0.0))
     return out
 
 
-def _graph_goals(model: str, name: str, r: Dict[str, Any], torch_graphed: Optional[Dict[str, Any]]) -> List[tuple]:
-    """A graphed row of the package's on the small CNN: >= 3x the eager torch loop, and at least as fast
-    as the same graph with torch's fused SGD (median over rounds of the two blocks' ratio)."""
-    if model != "small_cnn" or name == TORCH_GRAPHED:
-        return []
+def _graphs(rows: List[Result], against_torch_graph: bool) -> List[Figure]:
+    """The package's graphed rows on the small CNN: the median ratio to the eager torch row, or the
+    median over rounds of torch's graphed block over theirs."""
+    by = _timed(rows)
     out = []
-    if "ratios" in r:
-        v = _median(r["ratios"])
-        out.append((">= 3x torch.SGD(fused)", f"{model} / {name}", f"{v:.2f}x", "pass" if v >= 3.0 else "miss"))
-    if torch_graphed is not None:
-        v = _median([t / s for t, s in zip(torch_graphed["blocks_s"], r["blocks_s"])])
-        out.append((f">= 1.0x {TORCH_GRAPHED}", f"{model} / {name}", f"{v:.2f}x", "pass" if v >= 1.0 else "miss"))
+    for (model, name), r in by.items():
+        if model != "small_cnn" or not name.endswith(GRAPHED) or name == TORCH_GRAPHED:
+            continue
+        torch_graph = by.get((model, TORCH_GRAPHED))
+        if not against_torch_graph and "ratios" in r:
+            out.append(_figure(r, median(r["ratios"])))
+        elif against_torch_graph and torch_graph is not None:
+            out.append(_figure(r, median([t / s for t, s in zip(torch_graph["blocks_s"], r["blocks_s"])])))
     return out
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+# in the order a row's goals are listed; the replay goals only where steps replay (a GPU)
+GOALS: List[Goal] = [
+    Goal(
+        ">= 1.0x torch.SGD(fused)", ">= 1.0x torch.SGD(fused)", "FedDecaySGD and FedNAR rows", 1.0, _vs_torch, show=_x
+    ),
+    Goal(
+        "replaying never slower than eager",
+        "replaying never slower than eager",
+        "replaying rows with an eager twin",
+        1.0,
+        _vs_eager,
+        show=lambda v: f"eager / replaying {v:.2f}",
+    ),
+    Goal(
+        "replay >= 90% of steps",
+        "replay >= 90% of steps",
+        "FedNAR and PAdaMFed, replaying",
+        0.9,
+        _replayed,
+        show=lambda v: f"{100 * v:.0f}%",
+    ),
+    Goal(
+        ">= 3x torch.SGD(fused)",
+        ">= 3x torch.SGD(fused)",
+        "graphed rows, small CNN",
+        3.0,
+        lambda rows: _graphs(rows, False),
+        show=_x,
+    ),
+    Goal(
+        f">= 1.0x {TORCH_GRAPHED}",
+        f">= 1.0x {TORCH_GRAPHED}",
+        "graphed rows, small CNN",
+        1.0,
+        lambda rows: _graphs(rows, True),
+        show=_x,
+    ),
+]
+REPLAY_GOALS = ("replaying never slower than eager", "replay >= 90% of steps")
+
+
+def goals(rows: List[Result], replaying: bool = True) -> List[Tuple[str, str, str, str]]:
+    """(goal, row, value, verdict) per judged row, the rows in their order and each row's goals in
+    ``GOALS``' order; ``replaying``: the device replays steps (a GPU), else the replay goals are left out."""
+    order = {id(r): i for i, r in enumerate(rows)}
+    judged = []
+    for k, g in enumerate(GOALS):
+        if g.key in REPLAY_GOALS and not replaying:
+            continue
+        for figure, verdict in g.judge(rows, "cuda" if replaying else "cpu").figures:
+            shown = "—" if figure.value is None else g.show(figure.value)
+            judged.append((order[id(figure.row)], k, (g.text, figure.where, shown, verdict)))
+    return [entry for _, _, entry in sorted(judged, key=lambda j: j[:2])]
 
 
 def markdown(result: Dict[str, Any]) -> str:
@@ -354,7 +288,7 @@ def markdown(result: Dict[str, Any]) -> str:
         if r.get("graphed"):
             replayed = "in the graph"
         ratios = r.get("ratios")
-        ratio = "—" if not ratios else f"{_median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+        ratio = "—" if not ratios else f"{median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
         lines.append(
             f"| {r['model']} | {r['optimizer']} | {1e3 * r['median_s']:.3f} | {ratio} | {replayed} | "
             f"{r.get('address_sets', '—')} |"
@@ -370,14 +304,12 @@ def markdown(result: Dict[str, Any]) -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| {g} | {row} | {v} | **{verdict}** |" for g, row, v, verdict in result.get("goals", [])]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench loop", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--device", default="cuda")
+    ap = cli.parser("loop", __doc__)
+    cli.add_device(ap, "cuda", help="cuda (default), or cpu: the machinery without a GPU")
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     ap.add_argument(
         "--rows", nargs="+", help="only the rows whose names start with one of these (the baseline always runs)"
@@ -386,23 +318,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--blocks", type=int, default=7, help="rounds: timed blocks per row")
     ap.add_argument("--per-block", type=int, default=20, help="timed iterations per block")
     ap.add_argument("--profile", action="store_true", help="run the profile (python -m bench profile) instead")
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs")
-    ap.add_argument("--no-write", action="store_true")
+    cli.add_output(ap)
     return ap.parse_args(argv)
 
 
-def selected(makers: Dict[str, Callable], rows: Optional[List[str]]) -> Dict[str, Callable]:
-    """The rows whose names start with one of ``rows``, with the baselines they are measured against."""
-    if not rows:
-        return makers
-    out = {k: v for k, v in makers.items() if k == BASELINE or any(k.startswith(r) for r in rows)}
-    if TORCH_GRAPHED in makers and any(k.endswith(GRAPHED) for k in out):
-        out[TORCH_GRAPHED] = makers[TORCH_GRAPHED]
-    return out
-
-
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[2:] if argv is None else argv)
     if "--profile" in argv:
         from .profile import main as profile_main
 
@@ -410,40 +331,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("bench loop: torch sees no CUDA device (--device cpu runs the machinery without one)", file=sys.stderr)
+        cli.log("bench loop: torch sees no CUDA device (--device cpu runs the machinery without one)")
         return 2
     if min(args.blocks, args.per_block) < 1 or args.warmup < 0:
-        print("bench loop: --blocks and --per-block must be >= 1, --warmup >= 0", file=sys.stderr)
+        cli.log("bench loop: --blocks and --per-block must be >= 1, --warmup >= 0")
         return 2
     backends = fused_backends(device)
     makers = selected({**optimizers(backends), **graphed(backends)}, args.rows)
-    meta = run_meta(device, "python -m bench loop " + " ".join(argv))
+    meta = run_meta(device, cli.command_line("loop", argv))
     meta.update(warmup=args.warmup, blocks=args.blocks, per_block=args.per_block)
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    rows: List[Dict[str, Any]] = []
+    rows: List[Result] = []
     try:
         with sigterm_interrupts():  # stopped (Ctrl-C, gpu_check's deadline, kill): the models done are kept
             for model_name in args.models:
-                rows += run_model(model_name, makers, device, args.warmup, args.blocks, args.per_block, log)
+                rows += run_model(model_name, makers, device, args.warmup, args.blocks, args.per_block, cli.log)
     except KeyboardInterrupt:
         meta["interrupted"] = True
-        log("bench loop: interrupted; writing the models timed so far")
+        cli.log("bench loop: interrupted; writing the models timed so far")
     result = {"meta": meta, "rows": rows, "goals": goals(rows, replaying=device.type == "cuda")}
-    publish(result, markdown(result), "loop", None if args.no_write else args.out_dir)
+    publish(result, cli.out_dir(args), f"loop-{meta['device_slug']}-{meta['date']}", markdown, latest=False)
     return 0
-
-
-def publish(result: Dict[str, Any], text: str, kind: str, out_dir: Optional[Path]) -> None:
-    """Print the table; unless ``out_dir`` is None, write it and the result as ``<kind>-<device>-<date>``."""
-    print(text)
-    if out_dir is None:
-        return
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = result["meta"]
-    stem = f"{kind}-{meta['device_slug']}-{meta['date']}"
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    (out_dir / f"{stem}.md").write_text(text + "\n")
-    print(f"wrote {out_dir / stem}.json/.md", file=sys.stderr)

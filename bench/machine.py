@@ -5,15 +5,24 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
 
-from .report import slug
-
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def slug(text: str) -> str:
+    """``text`` as a file-name part: lower case, runs of other characters as one dash."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "unknown"
+
+
+def utc_date() -> str:
+    """Today in UTC, as a result's file name and header give it."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
 
 
 def git(*args: str, root: Path = ROOT) -> Optional[str]:

@@ -11,7 +11,6 @@ it is measured in the same run as the model, not taken from a data sheet.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Dict
 
 import torch
@@ -19,25 +18,13 @@ from torch.nn import functional as F
 
 from fedopt_kernels.sim.parallel.precision import check_precision, precision_scope, tf32_enabled
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from .timing import Budget, time_calls
 
 
 def _best_rate(fn: Callable[[], Any], flops: float, device: torch.device, min_time_s: float) -> float:
-    """FLOP/s of the fastest of repeated calls (after two warm-up calls), at least ``min_time_s`` of them."""
-    fn()
-    fn()
-    _sync(device)
-    best, spent, reps = float("inf"), 0.0, 0
-    while reps < 3 or spent < min_time_s:
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        dt = time.perf_counter() - t0
-        best, spent, reps = min(best, dt), spent + dt, reps + 1
-    return flops / best
+    """FLOP/s of the fastest of repeated calls (after two warm-up calls), at least 3 of them and
+    ``min_time_s`` seconds: the fastest call is the one the least disturbed by other work."""
+    return flops / min(time_calls(fn, device, Budget(warmup=2, min_reps=3, max_reps=10**6, min_time_s=min_time_s)))
 
 
 def device_peak(

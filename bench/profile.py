@@ -20,21 +20,20 @@ On a CPU it runs as a dry run of the same machinery (no CUDA activity, nothing r
 
 from __future__ import annotations
 
-import argparse
 import bisect
-import statistics
 import sys
-import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 from torch.autograd import profiler as _autograd_profiler
 
-from .loop import BATCH, MODELS, Row, fused_backends, make_row, optimizers, publish, selected, sync
-from .machine import ROOT, run_meta
+from . import cli
+from .loop_rows import BATCH, MODELS, Row, fused_backends, make_row, optimizers, selected
+from .machine import run_meta
+from .report import publish
 from .stopping import sigterm_interrupts
+from .timing import error_text, host_call, median, sync, time_block
 
 PHASES = ("zero_grad", "forward", "backward", "step")
 # what the step calls, by the names of the CUDA runtime / driver calls the profiler records
@@ -147,10 +146,8 @@ def step_in_loop_us(row: Row, iterations: int) -> float:
     for _ in range(iterations):
         row.opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(row.model(row.x), row.y).backward()
-        t0 = time.perf_counter()
-        row.opt.step()
-        times.append(time.perf_counter() - t0)
-    return 1e6 * statistics.median(times)
+        times.append(host_call(row.opt.step))
+    return 1e6 * median(times)
 
 
 def step_alone_us(row: Row, device: torch.device, reps: int = 50) -> float:
@@ -159,11 +156,9 @@ def step_alone_us(row: Row, device: torch.device, reps: int = 50) -> float:
     sync(device)
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        row.opt.step()
-        times.append(time.perf_counter() - t0)
+        times.append(host_call(row.opt.step))
         sync(device)
-    return 1e6 * statistics.median(times)
+    return 1e6 * median(times)
 
 
 def profile_row(row: Row, device: torch.device, warmup: int, iterations: int) -> Dict[str, Any]:
@@ -175,13 +170,9 @@ def profile_row(row: Row, device: torch.device, warmup: int, iterations: int) ->
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities, profile_memory=True, record_shapes=False) as prof:
-        t0 = time.perf_counter()
-        for _ in range(iterations):
-            profiled_iteration(row)
-        sync(device)
-        wall = time.perf_counter() - t0
+        seconds = time_block(lambda: profiled_iteration(row), device, iterations)
     out = analyse(list(prof.events()), iterations, cuda)
-    out["iteration_us"] = 1e6 * wall / iterations
+    out["iteration_us"] = 1e6 * seconds
     stats = getattr(row.opt, "replay_stats", None)
     out["replay"] = stats() if stats is not None else None
     out["step_in_loop_us"] = in_loop = step_in_loop_us(row, max(iterations, 10))
@@ -229,31 +220,28 @@ def markdown(result: Dict[str, Any]) -> str:
         "in loop / alone: the step's host time inside iterations (no profiler) over its host time with "
         "the gradients in place and nothing around it (1.00: the rest of the loop costs the step nothing).",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(
-        prog="python -m bench profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--device", default="cuda")
+    argv = list(sys.argv[2:] if argv is None else argv)
+    ap = cli.parser("profile", __doc__)
+    cli.add_device(ap, "cuda", help="cuda (default), or cpu: a dry run of the machinery")
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     ap.add_argument("--rows", nargs="+", help="only the rows whose names start with one of these")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--iterations", type=int, default=5)
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs")
-    ap.add_argument("--no-write", action="store_true")
+    cli.add_output(ap)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("bench profile: torch sees no CUDA device (--device cpu runs it as a dry run)", file=sys.stderr)
+        cli.log("bench profile: torch sees no CUDA device (--device cpu runs it as a dry run)")
         return 2
     if args.iterations < 1 or args.warmup < 0:
-        print("bench profile: --iterations must be >= 1, --warmup >= 0", file=sys.stderr)
+        cli.log("bench profile: --iterations must be >= 1, --warmup >= 0")
         return 2
     makers = selected(optimizers(fused_backends(device)), args.rows)
-    meta = run_meta(device, "python -m bench profile " + " ".join(argv))
+    meta = run_meta(device, cli.command_line("profile", argv))
     meta.update(warmup=args.warmup, iterations=args.iterations, cuda=device.type == "cuda")
     rows: List[Dict[str, Any]] = []
     try:
@@ -264,18 +252,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                         row = make_row(model_name, name, make, device)
                         res = profile_row(row, device, args.warmup, args.iterations)
                     except Exception as exc:  # a failing optimizer is a result, not a crash
-                        res = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
+                        res = {"error": error_text(exc, 200)}
                     res.update(model=model_name, optimizer=name)
                     rows.append(res)
-                    print(
+                    cli.log(
                         f"  {model_name:<10} {name:<26} "
-                        + (f"step {res['step_us']:.1f} us" if "step_us" in res else res["error"]),
-                        file=sys.stderr,
-                        flush=True,
+                        + (f"step {res['step_us']:.1f} us" if "step_us" in res else res["error"])
                     )
     except KeyboardInterrupt:
         meta["interrupted"] = True
-        print("bench profile: interrupted; writing the rows profiled so far", file=sys.stderr)
+        cli.log("bench profile: interrupted; writing the rows profiled so far")
     result = {"meta": meta, "rows": rows}
-    publish(result, markdown(result), "profile", None if args.no_write else args.out_dir)
+    publish(result, cli.out_dir(args), f"profile-{meta['device_slug']}-{meta['date']}", markdown, latest=False)
     return 0

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import gc
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -19,7 +18,19 @@ from .contention import DISTURBED, wait_quiet
 from .memory import state_bytes, step_peak_bytes
 from .shapes import SIZES, total_numel
 from .stopping import sigterm_interrupts
-from .timing import Budget, Timed, copy_bandwidth, host_time, median, time_graph, time_interleaved
+from .timing import (
+    Budget,
+    Stopwatch,
+    Timed,
+    copy_bandwidth,
+    error_text,
+    host_call,
+    host_time,
+    median,
+    sync,
+    time_graph,
+    time_interleaved,
+)
 from .traffic import bytes_per_element, bytes_per_step
 
 Row = Dict[str, Any]
@@ -86,15 +97,13 @@ def record_host_time(build: Callable[[], Stepper], device: torch.device, tries: 
         if stats is None or not stats()["on"]:
             return None
         for _ in range(4):  # eager steps (a fresh-momentum step, a new plan), then the recording
-            torch.cuda.synchronize(device)
+            sync(device)
             before = stats()["recorded"]
-            t0 = time.perf_counter()
-            stepper.step()
-            t = time.perf_counter() - t0
+            t = host_call(stepper.step)
             if stats()["recorded"] > before:
                 times.append(t)
                 break
-        torch.cuda.synchronize(device)
+        sync(device)
         del stepper
     return median(times) if times else None
 
@@ -107,10 +116,6 @@ class Case:
     build: Callable[[], Stepper]
     graph: bool
     nbytes: Optional[int]
-
-
-def _error(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
 def _prepare(case: Case, plan: Plan, out: Row) -> Optional[Stepper]:
@@ -127,7 +132,7 @@ def _prepare(case: Case, plan: Plan, out: Row) -> Optional[Stepper]:
         out["state_bytes"] = state_bytes(stepper.opt)
         return stepper
     except Exception as exc:  # a backend that fails is a result too, not a crash
-        out["error"] = _error(exc)
+        out["error"] = error_text(exc)
         return None
 
 
@@ -236,9 +241,9 @@ def measure_group(cases: List[Case], plan: Plan) -> List[Row]:
                         before_capture=functools.partial(_prepare_capture, stepper),
                     )
                 except Exception as exc:  # report, do not abort the run
-                    out["graph_error"] = _error(exc)
+                    out["graph_error"] = error_text(exc)
         except Exception as exc:
-            out["error"] = _error(exc)
+            out["error"] = error_text(exc)
     steppers.clear()
     gc.collect()
     return best
@@ -322,7 +327,7 @@ def _time_cases(plan: Plan, backends: List[str], rows: List[Row]) -> None:
                     )
                 )
                 cases.append(Case(build, backend != "reference", nbytes))
-            t0 = time.perf_counter()
+            took = Stopwatch()
             for row, out in zip(group, measure_group(cases, plan)):
                 row.update(out)
                 rows.append(row)
@@ -334,7 +339,7 @@ def _time_cases(plan: Plan, backends: List[str], rows: List[Row]) -> None:
                         else f"ERROR {row['error']}"
                     )
                 )
-            plan.log(f"  ({len(group)} cases timed together in {time.perf_counter() - t0:.1f}s)")
+            plan.log(f"  ({len(group)} cases timed together in {took.seconds():.1f}s)")
             gc.collect()
         del params
         gc.collect()

@@ -23,22 +23,18 @@ a figure is the slowest rank's median. Results go to ``bench_runs/`` (JSON and M
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
-import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
 
+from . import cli
 from .algorithms import ALGOS, CORE
-from .machine import ROOT, loadavg, run_meta
-from .report import slug
+from .machine import loadavg, run_meta, slug
+from .report import publish
 from .runner import _make_params
 from .shapes import SIZES
-from .timing import Budget, time_calls
+from .timing import Budget, Stopwatch, median, time_calls
 
 DEFAULT_ALGOS = CORE  # each algorithm's core row
 DEFAULT_SIZES = ["small_cnn", "resnet18"]
@@ -107,18 +103,18 @@ def _world(rank: int, n: int, cases: List[tuple], reps: int) -> Dict[str, Any]:
     out: Dict[str, Any] = {"rows": []}
     x = torch.ones(1, dtype=torch.float64)
     lat = time_calls(lambda: dist.all_reduce(x), cpu, budget)
-    out["allreduce_s"] = statistics.median(lat)
+    out["allreduce_s"] = median(lat)
     for algo, size, backend in cases:
         whole = _make_params(SIZES[size], torch.float32, cpu)
         row: Dict[str, Any] = {"algo": algo, "size": size, "backend": backend}
         if rank == 0:
-            row["whole_s"] = statistics.median(time_calls(_stepper(algo, whole, whole, backend), cpu, budget))
+            row["whole_s"] = median(time_calls(_stepper(algo, whole, whole, backend), cpu, budget))
         dist.barrier()
         sharded = _sharded_params(whole, mesh)
         local = _local_params(sharded)
         local_step = _stepper(algo, local, whole, backend)
-        row["local_s"] = statistics.median(time_calls(local_step, cpu, budget))
-        row["local_ar_s"] = statistics.median(
+        row["local_s"] = median(time_calls(local_step, cpu, budget))
+        row["local_ar_s"] = median(
             time_calls(lambda: (local_step(), dist.all_reduce(x)), cpu, budget)  # noqa: B023 (timed here)
         )
         step = _stepper(algo, sharded, whole, backend)
@@ -136,7 +132,7 @@ def _world(rank: int, n: int, cases: List[tuple], reps: int) -> Dict[str, Any]:
         finally:
             dist.all_reduce = real
         row["allreduces"], row["allreduce_bytes"] = len(calls), sum(calls)
-        row["sharded_s"] = statistics.median(time_calls(step, cpu, budget))
+        row["sharded_s"] = median(time_calls(step, cpu, budget))
         row["local_numel"] = sum(p.numel() for p in local)
         row["numel"] = sum(p.numel() for p in whole)
         out["rows"].append(row)
@@ -182,16 +178,13 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench sharded", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = cli.parser("sharded", __doc__)
     ap.add_argument("--algos", nargs="+", choices=list(ALGOS), default=DEFAULT_ALGOS)
     ap.add_argument("--sizes", nargs="+", choices=list(SIZES), default=DEFAULT_SIZES)
     ap.add_argument("--backends", nargs="+", choices=["cpu", "reference"], default=["cpu"])
     ap.add_argument("--world", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--reps", type=int, default=30, help="timed steps per case on every rank (default 30)")
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench_runs")
-    ap.add_argument("--no-write", action="store_true", help="print only")
+    cli.add_output(ap)
     args = ap.parse_args(argv)
     from fedopt_kernels.fl.local_world import gloo_unavailable, run_local_world
 
@@ -199,18 +192,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if why is not None:
         raise SystemExit(f"bench sharded: {why}")
     cases = [(a, s, b) for a in args.algos for s in args.sizes for b in args.backends]
-    meta = run_meta(torch.device("cpu"), "python -m bench sharded " + " ".join(sys.argv[2:] if argv is None else argv))
+    meta = run_meta(torch.device("cpu"), cli.command_line("sharded", sys.argv[2:] if argv is None else argv))
     meta.update(world=args.world, reps=args.reps, threads=1, loadavg_before=loadavg())
-    t0 = time.perf_counter()
+    wall = Stopwatch()
     result = _merge(run_local_world(_world, args.world, cases, args.reps))
-    meta.update(wall_s=time.perf_counter() - t0, loadavg_after=loadavg())
+    meta.update(wall_s=wall.seconds(), loadavg_after=loadavg())
     result["meta"] = meta
-    text = markdown(result)
-    print(text)
-    if not args.no_write:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"sharded-{meta['date']}-{slug(meta['device_slug'])}-{meta['commit'][:7]}"
-        (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        (args.out_dir / f"{stem}.md").write_text(text)
-        print(f"wrote {args.out_dir / stem}.json and .md", file=sys.stderr)
+    stem = f"sharded-{meta['date']}-{slug(meta['device_slug'])}-{meta['commit'][:7]}"
+    publish(result, cli.out_dir(args), stem, markdown, latest=False)
     return 0

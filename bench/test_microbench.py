@@ -19,6 +19,7 @@ import torch
 from bench.algorithms import ALGOS, BASELINES, CORE, build_baseline
 from bench.runner import Plan, _make_params, select_backends
 from bench.shapes import SIZES
+from bench.timing import sync
 from bench.traffic import bytes_per_step
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -30,11 +31,6 @@ BACKENDS, _ = select_backends(Plan(device=DEVICE, sizes=[], algos=[]))
 @functools.lru_cache(maxsize=1)
 def _params(size: str) -> List[torch.Tensor]:
     return _make_params(SIZES[size], torch.float32, DEVICE)
-
-
-def _sync() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("size", SIZE_NAMES)
@@ -55,7 +51,7 @@ def test_step(benchmark, algo: str, backend: str, size: str) -> None:
 
     def step() -> None:
         stepper.step()
-        _sync()
+        sync(DEVICE)
 
     benchmark(step)
     benchmark.extra_info["gbps_at_median"] = nbytes / benchmark.stats.stats.median / 1e9
@@ -71,7 +67,7 @@ def test_copy(benchmark, size: str) -> None:
 
     def copy() -> None:
         dst.copy_(src)
-        _sync()
+        sync(DEVICE)
 
     benchmark(copy)
     benchmark.extra_info["gbps_at_median"] = nbytes / benchmark.stats.stats.median / 1e9

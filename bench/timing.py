@@ -1,22 +1,30 @@
-"""Step timers: median wall time per call, CUDA-graph replay time, and copy bandwidth.
+"""Timing for every benchmark: device sync, warm-up, blocks timed in a rotated order, medians, and
+the disturbance check (other processes' CPU use, ``bench.contention``).
 
-CPU times are host wall clock around each call. CUDA times come from events recorded on the
-current stream around each call, so a step whose host overhead exceeds its GPU work is timed at
+CPU times are host wall clock. CUDA times come from events recorded on the current stream around
+each call (``time_calls``), or from the wall clock of a whole block with the device waited for at
+its start and end (``time_block``), so a step whose host overhead exceeds its GPU work is timed at
 its host rate, which is what a training loop sees.
 
-``time_interleaved`` times several cases in rounds, one short block of each per round in a rotated
-order, so that whatever load the machine is under falls on all of them alike and their ratios are
-ratios of interleaved medians (docs/benchmarks.md); it drops the blocks that a disturbance slowed:
-a stall of another process only ever adds time, so a block whose median is well above the fastest
-block's was disturbed. ``time_settled`` is the same for one case.
+Every benchmark that compares cases times them interleaved, in rounds, each round in a rotated
+order (``rotated``), so that whatever load the machine is under falls on all of them alike:
+
+- ``time_interleaved``: several cases, one short block of each per round, until every case has
+  enough undisturbed blocks; a stall of another process only ever adds time, so a block whose
+  median is well above the fastest block's was disturbed and is dropped (the step benchmark's
+  rows, the parts and layers of the client-batched one; docs/benchmarks.md). ``time_settled`` is
+  the same for one case.
+- ``time_rounds``: a fixed number of rounds, each one block of every case, with the cores other
+  processes used during each block (whole FL rounds, a training loop's iterations, operators).
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -34,16 +42,65 @@ class Budget:
     min_time_s: float = 1.0
 
 
-def _sync(device: torch.device) -> None:
+T = TypeVar("T")
+
+
+def sync(device: torch.device) -> None:
+    """Wait until ``device`` has run the work queued on it (a CPU runs it as it is called)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def median(xs: Sequence[float]) -> float:
+    """The median of ``xs``; NaN when there is none (a case that timed nothing)."""
+    return statistics.median(xs) if len(xs) else float("nan")
+
+
+def error_text(exc: BaseException, limit: int = 300) -> str:
+    """A failed case's result: the exception's type and the first line of its message."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:limit]
+
+
+def rotated(items: Sequence[T], r: int) -> List[T]:
+    """Round ``r``'s order: from item ``r`` on, forwards in even rounds and backwards in odd ones (each
+    item comes first once in ``len(items)`` rounds, and follows each neighbour in both directions)."""
+    n = len(items)
+    step = 1 if r % 2 == 0 else -1
+    return [items[(r + step * i) % n] for i in range(n)]
+
+
+class Stopwatch:
+    """Wall seconds since it was made: how long a run or a phase took (its header, its log), not a timing."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def host_call(fn: Callable[[], object]) -> float:
+    """Host seconds of one call of ``fn``, without waiting for the device: what a loop pays on the CPU."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def time_block(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Seconds per call of ``calls`` calls of ``fn`` in one stretch, the device waited for at its start and end."""
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / calls
 
 
 def time_calls(fn: Callable[[], object], device: torch.device, budget: Budget) -> List[float]:
     """Seconds per call of ``fn`` for each timed call (median it: the first calls can be outliers)."""
     for _ in range(budget.warmup):
         fn()
-    _sync(device)
+    sync(device)
     times: List[float] = []
     t_start = time.perf_counter()
     if device.type == "cuda":
@@ -89,7 +146,7 @@ class Timed:
 
 
 def _failed(res: Timed, exc: Exception) -> None:
-    res.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    res.error = error_text(exc)
     res.exc = exc
 
 
@@ -164,11 +221,7 @@ def time_interleaved(
         live = [i for i in range(len(fns)) if out[i].error is None]
         if not live or (r >= blocks and all(len(_undisturbed(timed[i], device, agree)) >= blocks for i in live)):
             break
-        shift = r % len(live)
-        order = live[shift:] + live[:shift]  # each case first in turn
-        if (r // len(live)) % 2:
-            order.reverse()  # every other cycle backwards: no case always after the same neighbour
-        for i in order:
+        for i in rotated(live, r):  # none always first, none always after the same neighbour
             with OtherLoad() as others:
                 t0 = time.perf_counter()
                 try:
@@ -212,22 +265,70 @@ def time_settled(
     return res.times
 
 
+@dataclass
+class Rounds:
+    """One case's result from ``time_rounds``: per round, the seconds per call of its block and the
+    cores other processes used meanwhile (None where unmeasurable); or the error it raised, after
+    which it sat out the later rounds."""
+
+    times: List[float] = field(default_factory=list)
+    loads: List[Optional[float]] = field(default_factory=list)
+    error: Optional[str] = None
+
+    def worst_load(self) -> Optional[float]:
+        """The most cores other processes used during one of its blocks (None: never measured)."""
+        loads = [c for c in self.loads if c is not None]
+        return max(loads) if loads else None
+
+
+def time_round(
+    fns: Mapping[str, Callable[[], object]],
+    device: torch.device,
+    r: int,
+    out: Dict[str, Rounds],
+    calls: int = 1,
+    untimed: int = 0,
+    around: Optional[Callable[[str], ContextManager[object]]] = None,
+) -> None:
+    """Round ``r`` of ``time_rounds``, added to ``out``."""
+    for name in rotated([n for n in fns if out[n].error is None], r):
+        try:
+            for _ in range(untimed):
+                fns[name]()
+            with around(name) if around is not None else contextlib.nullcontext(), OtherLoad() as others:
+                seconds = time_block(fns[name], device, calls)
+        except Exception as exc:  # a case that fails is a result too
+            out[name].error = error_text(exc)
+            continue
+        out[name].times.append(seconds)
+        out[name].loads.append(others.cores)
+
+
+def time_rounds(
+    fns: Mapping[str, Callable[[], object]],
+    device: torch.device,
+    rounds: int,
+    calls: int = 1,
+    untimed: int = 0,
+    around: Optional[Callable[[str], ContextManager[object]]] = None,
+) -> Dict[str, Rounds]:
+    """Each of ``rounds`` rounds times one block of every case in a rotated order (``rotated``): ``untimed``
+    calls, then ``calls`` timed ones (``time_block``), inside ``around(name)`` when given (what a case
+    counts during its timed calls). Warm-up comes first, from the caller: every block is kept."""
+    out = {name: Rounds() for name in fns}
+    for r in range(rounds):
+        time_round(fns, device, r, out, calls, untimed, around)
+    return out
+
+
 def host_time(fn: Callable[[], object], device: torch.device, reps: int = 20) -> float:
     """Median host seconds of one call, without waiting for the device: what a training loop pays on
     the CPU per step (on a CPU it is the step time; on a GPU the launch overhead, when the GPU keeps up)."""
     fn()
-    _sync(device)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    _sync(device)
-    return statistics.median(times)
-
-
-def median(xs: List[float]) -> float:
-    return statistics.median(xs)
+    sync(device)
+    times = [host_call(fn) for _ in range(reps)]
+    sync(device)
+    return median(times)
 
 
 def time_graph(

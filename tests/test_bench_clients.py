@@ -10,7 +10,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.clients import plain_fednar_  # noqa: E402
+from bench.clients.workload import plain_fednar_  # noqa: E402
 
 
 def test_plain_torch_fednar_is_fednar_per_client():
@@ -34,7 +34,7 @@ def test_plain_torch_fednar_is_fednar_per_client():
 
 
 def test_peak_memory_sees_what_was_allocated_inside():
-    from bench.clients import PeakMemory, _mallinfo
+    from bench.clients.peak_memory import PeakMemory, _mallinfo
 
     if _mallinfo() is None:
         pytest.skip("needs glibc's mallinfo2")
@@ -49,7 +49,8 @@ def test_peak_memory_sees_what_was_allocated_inside():
 def test_flops_per_client_step_are_the_models():
     """small-cnn at batch 10: forward 2 x MACs (conv 1->8, conv 8->16 on 8x8, linear 256->10), backward
     the same twice over, less the first layer's input gradient."""
-    from bench.clients import SETTINGS, client_step_flops
+    from bench.clients.settings import SETTINGS
+    from bench.clients.workload import client_step_flops
 
     fwd = 2 * (64 * 8 * 9 + 64 * 16 * 72 + 256 * 10)
     bwd = 2 * fwd - 2 * 64 * 8 * 9

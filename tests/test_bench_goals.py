@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import bench.timing as timing  # noqa: E402
-from bench.goals import judge_rows  # noqa: E402
+from bench.step_goals import judge_rows  # noqa: E402
 
 QUIET, BUSY = 0.0, 1.2  # cores other processes used
 
@@ -126,3 +126,48 @@ def test_a_case_that_fails_is_reported_and_the_others_are_timed():
     ok, bad = timing.time_interleaved([lambda: None, broken], torch.device("cpu"), timing.Budget(1, 3, 3, 0.0))
     assert len(ok.times) >= 3 and ok.error is None
     assert bad.times == [] and bad.error == "RuntimeError: no kernel for this dtype"
+
+
+def _clients_result(fused_rate, seq_load=QUIET):
+    """A client-batched run of the small CNN at C=50: the sequential mode at 1,000 client-steps/s."""
+
+    def mode(name, rate, load=QUIET):
+        return dict(model="small-cnn", clients=50, mode=name, client_steps_per_s=rate, other_load_cores=load)
+
+    rows = [mode("sequential", 1000.0, seq_load)]
+    if fused_rate is not None:
+        rows += [mode("batched-fused", fused_rate), mode("batched-fused-default", fused_rate)]
+    meta = dict(device_type="cpu", models=["small-cnn"], clients={"small-cnn": [50]})
+    return {"meta": meta, "rows": rows, "models": {}, "peak": []}
+
+
+@pytest.mark.parametrize(
+    "fused_rate,seq_load,expected",
+    [
+        (9000.0, QUIET, "pass"),
+        (7000.0, QUIET, "miss"),  # the check can fail: 7x sequential, quiet
+        (9000.0, BUSY, "disturbed"),  # the sequential round ran under load
+        (None, QUIET, "n/a"),  # no batched-fused row at C=50
+    ],
+)
+def test_client_batched_goals_have_the_same_verdicts(fused_rate, seq_load, expected):
+    from bench.clients.goals import judge
+
+    goals = {g["goal"]: g for g in judge(_clients_result(fused_rate, seq_load))}
+    goal = goals["small-cnn: batched-fused >= 8x sequential at C=50"]
+    assert goal["verdict"] == expected and (goal["reason"] is None) == (expected in ("pass", "miss"))
+    assert goal["value"] == (None if fused_rate is None else pytest.approx(fused_rate / 1000.0))
+
+
+def test_other_processes_load_disturbs_cpu_figures_only():
+    """The mechanism every benchmark's goals use: a figure under load is disturbed on a CPU; on a GPU
+    the CPU's other load does not time the device, and the figure is judged."""
+    from bench.goals import Figure, Goal
+
+    goal = Goal("k", "k", "rows", 2.0, lambda figures: figures)
+    loaded, quiet = Figure("a", 3.0, (BUSY,)), Figure("b", 1.0, (QUIET, None))
+    assert [goal.verdict(f, "cpu") for f in (loaded, quiet)] == ["disturbed", "miss"]
+    assert [goal.verdict(f, "cuda") for f in (loaded, quiet)] == ["pass", "miss"]
+    assert goal.judge([loaded, quiet], "cpu").verdict == "miss"  # a quiet miss outweighs a disturbed figure
+    assert goal.judge([loaded], "cpu").verdict == "disturbed" and goal.judge([loaded], "cuda").verdict == "pass"
+    assert goal.judge([], "cpu").reason == "none of its rows (rows) were run"

@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import loop as bench_loop  # noqa: E402
 from bench import profile as bench_profile  # noqa: E402
+from bench.timing import rotated  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     "cpu" not in bench_loop.fused_backends(torch.device("cpu")), reason="the cpu backend is not built here"
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 def test_rows_run_in_a_rotated_order_each_round():
     """No row always runs first, nor always after the same neighbour."""
     rows = list("ABCDE")
-    orders = [bench_loop.rotated(rows, r) for r in range(5)]
+    orders = [rotated(rows, r) for r in range(5)]
     assert {o[0] for o in orders} == set(rows)
     assert all(sorted(o) == rows for o in orders)
     after = {(o[i], o[i + 1]) for o in orders for i in range(len(o) - 1)}

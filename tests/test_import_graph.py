@@ -2,7 +2,8 @@
 
 A late import (inside a function) hides a circle from Python's loader but not from a reader: two
 modules that need each other are one module in two files. Each module of ``fedopt_kernels`` (and of
-``triton_kernels/``, installed as ``fedopt_kernels.triton_kernels``) is parsed with ``ast``; every
+``triton_kernels/``, installed as ``fedopt_kernels.triton_kernels``), and apart from them each module
+of the benchmark suite ``bench/``, is parsed with ``ast``; every
 ``import`` / ``from ... import`` statement anywhere in it, and every ``importlib.import_module`` call
 with a literal name, is an edge. Imports under ``if TYPE_CHECKING:`` count too: Python never runs
 them, but a reader (and a type checker) follows them, and a circle drawn there is the same coupling
@@ -15,17 +16,20 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import AbstractSet, Dict, Iterator, List, Optional, Set
+from typing import AbstractSet, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # (folder, the module name it is imported as)
 PACKAGES = ((ROOT / "fedopt_kernels", "fedopt_kernels"), (ROOT / "triton_kernels", "fedopt_kernels.triton_kernels"))
+BENCH = ((ROOT / "bench", "bench"),)  # the benchmark suite: a graph of its own (it imports the package)
 
 
-def package_modules() -> Dict[str, Path]:
-    """module name -> file, for every module of the package."""
+def package_modules(packages: Sequence[Tuple[Path, str]] = PACKAGES) -> Dict[str, Path]:
+    """module name -> file, for every module of the package (or of ``packages``)."""
     mods: Dict[str, Path] = {}
-    for folder, name in PACKAGES:
+    for folder, name in packages:
         for path in sorted(folder.rglob("*.py")):
             parts = list(path.relative_to(folder).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -69,8 +73,9 @@ def imported_names(module: str, path: Path, known: AbstractSet[str] = frozenset(
     return out
 
 
-def import_graph() -> Dict[str, Set[str]]:
-    mods = package_modules()
+def import_graph(packages: Sequence[Tuple[Path, str]] = PACKAGES) -> Dict[str, Set[str]]:
+    """module -> the modules of the same ``packages`` it imports."""
+    mods = package_modules(packages)
     graph: Dict[str, Set[str]] = {}
     for module, path in mods.items():
         edges = {name for name in imported_names(module, path, set(mods)) if name in mods and name != module}
@@ -165,3 +170,25 @@ def test_the_graph_sees_late_imports(tmp_path):
 def test_no_import_cycles():
     found = cycles(import_graph())
     assert not found, "import circles among the package's modules:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_no_import_cycles_in_bench():
+    found = cycles(import_graph(BENCH))
+    assert not found, "import circles among bench's modules:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_bench_cycle_check_can_fail(tmp_path, monkeypatch):
+    """A circle drawn by a late import, in a folder laid out as bench/ is (a subpackage, relative imports)."""
+    import test_import_graph
+
+    pkg = tmp_path / "bench"
+    (pkg / "clients").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "timing.py").write_text("def f():\n    from .clients import run\n")
+    (pkg / "clients" / "__init__.py").write_text("")
+    (pkg / "clients" / "run.py").write_text("from ..timing import f\n")
+    (pkg / "report.py").write_text("from . import timing\n")
+    assert cycles(import_graph(((pkg, "bench"),))) == [["bench.clients.run", "bench.timing", "bench.clients.run"]]
+    monkeypatch.setattr(test_import_graph, "BENCH", ((pkg, "bench"),))
+    with pytest.raises(AssertionError, match="bench.clients.run -> bench.timing"):
+        test_no_import_cycles_in_bench()
