@@ -3,7 +3,7 @@
 ``python -m bench COMMAND``: another benchmark instead (``COMMANDS`` below names the module of each):
 
 - ``clients``: the client-batched training benchmark (bench/clients/);
-- ``clients-sim``: a simulator run, sequential vs client-parallel in lockstep;
+- ``clients-sim``: a simulator run, sequential vs client-batched side by side;
 - ``sharded``: the step on DTensor parameters over 2 CPU processes;
 - ``loop``: a user's training loop on a GPU, wall time per iteration;
 - ``profile``: where that loop's iteration time goes, under torch.profiler;

@@ -1,7 +1,7 @@
-"""``python -m bench clients-sim``: a real simulator run, one client after another vs client-parallel, timed.
+"""``python -m bench clients-sim``: a real simulator run, one client after another vs client-batched, timed.
 
 The same ``fedopt-sim`` configuration (same seed, clients, batches) is built twice — sequential
-(``client_parallel=1``) and client-parallel (``--client-parallel N``) — and the two step together in
+(``client_batched=1``) and client-batched (``--client-batched N``) — and the two step together in
 one process, round by round (the one that goes first alternates), so that load from other processes
 falls on both alike. Per round and run: training seconds, evaluation seconds and model FLOPs (the
 validation pass), then each run's final evaluation (the per-user protocol: the global model's one
@@ -31,6 +31,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from fedopt_kernels.sim.cli.renamed import RenamedStore
+
 from . import cli
 from .machine import device_meta, loadavg, run_meta, utc_date
 from .peak import device_peak
@@ -54,7 +56,7 @@ def write_stand_in(folder: Path, train: int = 60000, test: int = 10000, seed: in
     return folder
 
 
-def _config(args: argparse.Namespace, parallel: Any, data_dir: str):
+def _config(args: argparse.Namespace, at_once: Any, data_dir: str):
     from fedopt_kernels.sim.config import SimConfig
 
     chosen = {} if args.algorithm is None else {"algorithm": args.algorithm}  # None: the simulator's default
@@ -71,7 +73,7 @@ def _config(args: argparse.Namespace, parallel: Any, data_dir: str):
         rounds=args.rounds,
         device=args.device,
         eval_every=args.eval_every,
-        client_parallel=parallel,
+        client_batched=at_once,
         formulations=args.formulations,
         seed=args.seed,
     )
@@ -101,12 +103,12 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
             del probe
         runs = {
             "sequential": Simulation(_config(args, 1, data_dir)),
-            "client-parallel": Simulation(_config(args, args.client_parallel, data_dir)),
+            "client-batched": Simulation(_config(args, args.client_batched, data_dir)),
         }
-        par = runs["client-parallel"].batched
+        bat = runs["client-batched"].batched
         search = Stopwatch()
-        if par is not None:  # the clients at once and the formulations, chosen by measurement: once a run
-            par.size  # noqa: B018
+        if bat is not None:  # the clients at once and the formulations, chosen by measurement: once a run
+            bat.size  # noqa: B018
         search_s = search.seconds()
         meta = run_meta(device, cli.command_line("clients-sim", args.argv))
         meta.update(
@@ -114,9 +116,9 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
             dtype="float32",
             local_steps=args.local_steps,
             algorithm=runs["sequential"].cfg.algorithm,
-            client_parallel=None if par is None else par.parallel,
+            client_batched=None if bat is None else bat.at_once,
             search_s=search_s,
-            choice=None if par is None else par.choice_state(),
+            choice=None if bat is None else bat.choice_state(),
             loadavg_before=loadavg(),
             config={k: v for k, v in vars(args).items() if k not in ("argv", "out_dir")},
             train_clients=len(runs["sequential"].train_clients),
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
         log(
             f"bench clients-sim: {meta['device_name']}, {args.model} on {args.dataset}, {meta['train_clients']} "
             f"clients, {args.clients_per_round} per round, K={args.local_steps}, {args.rounds} rounds, "
-            f"client-parallel N={meta['client_parallel']}"
+            f"client-batched N={meta['client_batched']}"
         )
         for t in range(args.rounds):
             row: Dict[str, Any] = {"round": t + 1}
@@ -181,7 +183,7 @@ def run(args: argparse.Namespace, log) -> Dict[str, Any]:
 
 def totals(result: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
     out = {}
-    for name in ("sequential", "client-parallel"):
+    for name in ("sequential", "client-batched"):
         rows = [r[name] for r in result["rounds"] if name in r]
         fin = result["final"].get(name, {})
         out[name] = {
@@ -195,16 +197,35 @@ def totals(result: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
     return out
 
 
+# names in results saved before client-batched runs had that name (the run's key, the meta's field)
+_EARLIER = {"client-parallel": "client-batched", "client_parallel": "client_batched"}
+
+
+def renamed(result: Dict[str, Any]) -> Dict[str, Any]:
+    """``result`` with the names of results saved before the rename replaced by today's."""
+
+    def new(d: Dict[str, Any]) -> Dict[str, Any]:
+        return {_EARLIER.get(k, k): v for k, v in d.items()}
+
+    return {
+        **result,
+        "meta": new(result["meta"]),
+        "rounds": [new(r) for r in result["rounds"]],
+        "final": new(result["final"]),
+    }
+
+
 def markdown(result: Dict[str, Any]) -> str:
+    result = renamed(result)
     meta, tot = result["meta"], totals(result)
     # the higher of the run's two device figures, as in bench clients: load from other processes only
     # ever lowers a measurement of the device, so the higher is the nearer to what it can do
     peak = max(p["peak_flops_per_s"] for p in result["peak"])
     peak_lo = min(p["peak_flops_per_s"] for p in result["peak"])
     cfg = meta["config"]
-    seq, par = tot["sequential"], tot["client-parallel"]
+    seq, bat = tot["sequential"], tot["client-batched"]
     lines = [
-        f"# A simulator run, sequential vs client-parallel — {meta['device_name']} ({meta['date']})",
+        f"# A simulator run, sequential vs client-batched — {meta['device_name']} ({meta['date']})",
         "",
         f"- command: `{meta['command']}`",
         f"- commit: `{meta['commit']}`{' (uncommitted changes)' if meta.get('dirty') else ''}; torch {meta['torch']}; "
@@ -215,16 +236,16 @@ def markdown(result: Dict[str, Any]) -> str:
         f"{meta['train_clients']} clients, {cfg['clients_per_round']} per round, K={meta['local_steps']} local steps "
         f"of batch {cfg['batch_size']}, {seq['rounds']} of {cfg['rounds']} rounds, validation every "
         f"{cfg['eval_every']} round(s) ({meta['val_samples']} images), final test {meta['test_samples']} images; "
-        f"client-parallel N={meta['client_parallel']}; the two runs in lockstep, round by round",
+        f"client-batched N={meta['client_batched']}; the two runs side by side, round by round",
         "- device FLOP/s measured in the run (start, end): "
         + ", ".join(f"{p['peak_flops_per_s'] / 1e9:,.1f} G ({p['peak_from']})" for p in result["peak"]),
         "",
-        "| | sequential | client-parallel | sequential / client-parallel |",
+        "| | sequential | client-batched | sequential / client-batched |",
         "|---|---|---|---|",
     ]
 
     def row(label: str, key: str) -> None:
-        a, b = seq[key], par[key]
+        a, b = seq[key], bat[key]
         lines.append(f"| {label} | {a:,.1f} s | {b:,.1f} s | {a / b if b else float('nan'):.2f}x |")
 
     row("training (all rounds)", "train_s")
@@ -235,39 +256,39 @@ def markdown(result: Dict[str, Any]) -> str:
     if search is not None:
         lines.append(
             f"| formulation search (once, before round 1; `--formulations {cfg.get('formulations', 'auto')}`) | — | "
-            f"{search:,.1f} s ({search / par['train_s'] if par['train_s'] else float('nan'):.1%} of its training) | |"
+            f"{search:,.1f} s ({search / bat['train_s'] if bat['train_s'] else float('nan'):.1%} of its training) | |"
         )
-    later = [r for r in result["rounds"][1:] if "sequential" in r and "client-parallel" in r]
+    later = [r for r in result["rounds"][1:] if "sequential" in r and "client-batched" in r]
     if later:  # the first round pays the one-time costs (allocations, kernel selection, the trainer)
-        a, b = (sum(r[n]["train_s"] for r in later) / len(later) for n in ("sequential", "client-parallel"))
+        a, b = (sum(r[n]["train_s"] for r in later) / len(later) for n in ("sequential", "client-batched"))
         lines.append(
             f"| training per round, rounds 2-{len(later) + 1} (mean) | {a:,.2f} s | {b:,.2f} s | "
             f"{a / b if b else float('nan'):.2f}x |"
         )
     lines.append("")
-    lines += ["| evaluation | sequential | client-parallel |", "|---|---|---|"]
+    lines += ["| evaluation | sequential | client-batched |", "|---|---|---|"]
     for name, label in (("eval_flops", "validation FLOPs per round"),):
         lines.append(
             f"| {label} | {seq[name] / max(seq['rounds'], 1) / 1e9:,.1f} G | "
-            f"{par[name] / max(par['rounds'], 1) / 1e9:,.1f} G |"
+            f"{bat[name] / max(bat['rounds'], 1) / 1e9:,.1f} G |"
         )
-    rates = [t["eval_flops"] / t["eval_s"] if t["eval_s"] else float("nan") for t in (seq, par)]
+    rates = [t["eval_flops"] / t["eval_s"] if t["eval_s"] else float("nan") for t in (seq, bat)]
     lines.append(
         f"| validation FLOP/s | {rates[0] / 1e9:,.1f} G ({rates[0] / peak:.0%}) | "
         f"{rates[1] / 1e9:,.1f} G ({rates[1] / peak:.0%}) |"
     )
-    fin = [result["final"].get(n, {}).get("cost", {}) for n in ("sequential", "client-parallel")]
+    fin = [result["final"].get(n, {}).get("cost", {}) for n in ("sequential", "client-batched")]
     if all(fin):
         lines.append(f"| final evaluation FLOPs | {fin[0]['flops'] / 1e9:,.1f} G | {fin[1]['flops'] / 1e9:,.1f} G |")
         lines.append(
             f"| final evaluation FLOP/s | {fin[0]['flops_per_s'] / 1e9:,.1f} G ({fin[0]['flops_per_s'] / peak:.0%}) | "
             f"{fin[1]['flops_per_s'] / 1e9:,.1f} G ({fin[1]['flops_per_s'] / peak:.0%}) |"
         )
-        accs = [result["final"][n]["pooled_test_acc"] for n in ("sequential", "client-parallel")]
+        accs = [result["final"][n]["pooled_test_acc"] for n in ("sequential", "client-batched")]
         lines.append(f"| pooled test accuracy | {accs[0]:.4f} | {accs[1]:.4f} |")
     choice = meta.get("choice") or {}
     if choice.get("formulations"):
-        lines += ["", "| layer | formulation (client-parallel) | why |", "|---|---|---|"]
+        lines += ["", "| layer | formulation (client-batched) | why |", "|---|---|---|"]
         lines += [f"| {p} | {f} | {choice.get('why', {}).get(p, '')} |" for p, f in choice["formulations"].items()]
     lines += [
         "",
@@ -297,20 +318,26 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     cli.add_device(ap)
-    ap.add_argument("--client-parallel", default="auto", help="N or auto (as fedopt-sim)")
+    ap.add_argument(
+        "--client-batched",
+        "--client-parallel",
+        action=RenamedStore,
+        default="auto",
+        help="N or auto (as fedopt-sim; --client-parallel: its earlier name, deprecated)",
+    )
     ap.add_argument(
         "--formulations",
         choices=("auto", "default", "measure"),
         default="auto",
-        help="how the client-parallel run chooses its formulations (as fedopt-sim; default %(default)s)",
+        help="how the client-batched run chooses its formulations (as fedopt-sim; default %(default)s)",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as fedopt-sim)")
     cli.add_output(ap, render="only rewrite that result's .md")
     args = ap.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[2:])
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.client_parallel != "auto":
-        args.client_parallel = int(args.client_parallel)
+    if args.client_batched != "auto":
+        args.client_batched = int(args.client_batched)
     return args
 
 

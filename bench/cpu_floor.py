@@ -1,7 +1,7 @@
 """``python -m bench cpu-floor``: the small CNN's client-batched step on CPU threads, operator by operator,
 against the alternatives to the calls it makes.
 
-The stacked engine (``sim.parallel``) computes C clients' small-CNN gradients with oneDNN's grouped
+The stacked engine (``sim.batched``) computes C clients' small-CNN gradients with oneDNN's grouped
 convolutions in channels-last memory, torch's 2x2 max-pooling and batched matmuls for the head. This
 benchmark times, at the engine's shapes (C clients, batch B, 8x8 single-channel inputs), each of those
 calls beside other ways to compute the same numbers, interleaved in a rotated order and median taken:
@@ -264,7 +264,7 @@ def _backward_dgrad_as_conv(ctx, gy):
 
 def _swapped(fn: Callable[[], None]) -> Callable[[], None]:
     """``fn`` run with ``_backward_dgrad_as_conv`` in place of the stacked convolution's backward."""
-    from fedopt_kernels.sim.parallel import layers
+    from fedopt_kernels.sim.batched import layers
 
     def run() -> None:
         cls = layers._GroupedConvNHWC
@@ -283,7 +283,7 @@ def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, Dict[str, flo
     fused FedNAR) at C=1 and at C=clients, the latter also with the input gradient as a forward
     convolution, and the sequential clients. Per mode: best and median ms per step, client-steps/s."""
     from fedopt_kernels import FedNAR
-    from fedopt_kernels.sim.parallel.stacked import StackedLoss
+    from fedopt_kernels.sim.batched.stacked import StackedLoss
 
     from .clients.settings import HP, SETTINGS
     from .clients.workload import Workload, fused_round, fused_trainer, sequential_round
@@ -376,11 +376,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from fedopt_kernels.sim.parallel.host_memory import keep_freed_memory
+    from fedopt_kernels.sim.batched.host_memory import keep_freed_memory
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as the simulator's client-parallel path and the clients benchmark do
+    keep_freed_memory()  # as the simulator's client-batched path and the clients benchmark do
     meta = run_meta(torch.device("cpu"), cli.command_line("cpu-floor", sys.argv[2:] if argv is None else argv))
     meta.update(
         clients=args.clients,

@@ -225,7 +225,7 @@ if [ "$SKIP_BENCH" = 0 ]; then
   # shellcheck disable=SC2086
   C=$(( $(left) - 15 - CLIENTS_SIM_S )); [ "$C" -gt "$CLIENTS_S" ] && C=$CLIENTS_S
   phase bench_clients "$C" "$PY" -m bench clients $CLIENTS_ARGS $BENCH_ARGS --out-dir "$RES"
-  # a simulator run, sequential vs client-parallel in lockstep: FedAvg CNN on stand-in Fashion-MNIST
+  # a simulator run, sequential vs client-batched side by side: FedAvg CNN on stand-in Fashion-MNIST
   # (no data on a lent machine), 100 clients, 20 per round, 5 local epochs, two of the 50 rounds: GPU only
   if [ "$NO_GPU" = 0 ]; then
     S=$(( $(left) - 15 )); [ "$S" -gt "$CLIENTS_SIM_S" ] && S=$CLIENTS_SIM_S

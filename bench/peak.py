@@ -1,7 +1,7 @@
 """The device's measured FLOP/s: a dense matmul and a dense convolution of the run's dtype, timed in
 the same process and with the same thread count and backend settings as the model they are compared
 with (on a GPU that includes cuDNN's TF32 default for float32 convolutions), at the run's precision
-(``fedopt_kernels.sim.parallel.precision``): ``tf32`` times them with the TF32 switches on, ``bf16``
+(``fedopt_kernels.sim.batched.precision``): ``tf32`` times them with the TF32 switches on, ``bf16``
 in bfloat16 (what autocast makes of a model's matmuls and convolutions).
 
 ``device_peak`` returns both and takes the larger as the device's FLOP/s: a model's achieved FLOP/s
@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict
 import torch
 from torch.nn import functional as F
 
-from fedopt_kernels.sim.parallel.precision import check_precision, precision_scope, tf32_enabled
+from fedopt_kernels.sim.batched.precision import check_precision, precision_scope, tf32_enabled
 
 from .timing import Budget, time_calls
 

@@ -13,7 +13,7 @@ graphs are captured), one validation pass and the final evaluation. A run's esti
 rounds x round + (rounds / eval-every) x validation + final evaluation (the set-up includes the
 client-batched engine's formulation search, once per run); a grid's, that times its configurations
 and seeds. Each paper's method command is also timed with its clients one after another
-(``--client-parallel 1``, what FL libraries do), beside the client-batched estimate. Results go to
+(``--client-batched 1``, what FL libraries do), beside the client-batched estimate. Results go to
 ``--out-dir`` as paper-commands-<device>.json/.md.
 """
 
@@ -48,7 +48,7 @@ PAPERS: List[Tuple[str, str, str, List[Tuple[str, str]], List[Tuple[str, str]]]]
         "SCAFFOLD 86.89 -> 89.17)",
         "--dataset cifar10 --data-dir DATA --clients 100 --alpha 0.3 --holdout-fraction 0 --split 0.8 0.1 0.1 "
         "--model resnet18-gn --augment --round-decay 0.998 --clip-norm 10 --clients-per-round 20 --local-steps 20 "
-        "--batch-size 50 --rounds 1000 --finetune-steps 0 --eval-every 20 --device cuda --client-parallel 20",
+        "--batch-size 50 --rounds 1000 --finetune-steps 0 --eval-every 20 --device cuda --client-batched 20",
         [
             (f"{algo}-wd{wd}-lr{lr}", f"--algorithm {algo} --weight-decay {wd} --lr {lr}")
             for algo in ("fednar", "fednar-fedprox", "fednar-scaffold")
@@ -67,7 +67,7 @@ PAPERS: List[Tuple[str, str, str, List[Tuple[str, str]], List[Tuple[str, str]]]]
         "FedNLR, CIFAR-10 Shards(100, 4), 10% of clients per round (Table 3: FedAvg 72.94 -> 73.38)",
         "--dataset cifar10 --data-dir DATA --clients 100 --partition shards --shards-per-client 4 "
         "--holdout-fraction 0 --split 0.8 0.1 0.1 --model cnn --clients-per-round 10 --local-steps 50 "
-        "--batch-size 50 --rounds 500 --finetune-steps 0 --eval-every 20 --device cuda --client-parallel 10",
+        "--batch-size 50 --rounds 500 --finetune-steps 0 --eval-every 20 --device cuda --client-batched 10",
         [
             (f"fednlr-mu{mu}-lr{lr}", f"--algorithm fednlr --nlr-mu0 {mu} --lr {lr}")
             for mu in ("0.5", "1", "2")
@@ -222,14 +222,14 @@ def time_all(
                     ("baseline", baseline, {}),
                 ]
                 if sequential:  # the method's command with its clients one after another, as FL libraries train
-                    slices.append(("method, sequential", method, {"client_parallel": 1, "cuda_graph": False}))
+                    slices.append(("method, sequential", method, {"client_batched": 1, "cuda_graph": False}))
                 for role, grid, change in slices:
                     label, own = grid[0]
                     argv = command(shared, own, label, name)
                     row = time_slice(argv, tmp, device, rounds, {**(shrink or {}), **change})
                     row.update(label=label, command=shlex.join(argv), configurations=len(grid))
                     if change:
-                        row["command"] += " # with --client-parallel 1"
+                        row["command"] += " # with --client-batched 1"
                     rows[role] = row
                 results["papers"][name]["grid_estimate_s"] = sum(
                     r["estimate_s"] * r["configurations"] * 5 for role, r in rows.items() if "sequential" not in role
@@ -294,7 +294,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--no-sequential",
         dest="sequential",
         action="store_false",
-        help="do not time each paper's method command with its clients one after another (--client-parallel 1)",
+        help="do not time each paper's method command with its clients one after another (--client-batched 1)",
     )
     ap.add_argument(
         "--smoke",
@@ -309,7 +309,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     # a smoke slice keeps the defaults: a search's budget is a share of the whole (unshrunk) run's time
     shrink = (
-        dict(clients_per_round=2, local_steps=1, batch_size=4, client_parallel=2, formulations="default")
+        dict(clients_per_round=2, local_steps=1, batch_size=4, client_batched=2, formulations="default")
         if args.smoke
         else None
     )

@@ -535,16 +535,16 @@ def fednar_wd_methods(pilot: Dict[str, Any]) -> Grids:
 
 
 def experiments(
-    dataset: str, data_dir: Optional[str], device: str = "cpu", client_parallel: int = 1
+    dataset: str, data_dir: Optional[str], device: str = "cpu", client_batched: int = 1
 ) -> Dict[str, Experiment]:
-    """The six comparisons; ``device``/``client_parallel`` only change where and how clients train."""
+    """The six comparisons; ``device``/``client_batched`` only change where and how clients train."""
     data = dict(
         dataset=dataset,
         data_dir=data_dir if dataset != "digits" else None,
         model="mlp",
         backend="reference",
         device=device,
-        client_parallel=client_parallel,
+        client_batched=client_batched,
         partition="dirichlet",
         split=(0.8, 0.1, 0.1),
         holdout_fraction=0.0,
@@ -616,7 +616,7 @@ def experiments(
             "fednar",
             dict(
                 data,
-                client_parallel=1,
+                client_batched=1,
                 dirichlet_alpha=0.3,
                 clients=100,
                 clients_per_round=10,
@@ -769,7 +769,7 @@ def experiments(
             "fednar-wd",
             dict(
                 data,
-                client_parallel=1,
+                client_batched=1,
                 dirichlet_alpha=0.3,
                 clients=100,
                 clients_per_round=10,
@@ -799,7 +799,7 @@ def experiments(
             "fednlr-drift",
             dict(
                 data,
-                client_parallel=1,
+                client_batched=1,
                 model="mlp1",
                 hidden=25,
                 partition="classes",
@@ -1325,6 +1325,8 @@ def markdown(exp: Experiment, pilot: Dict[str, Any], summary: Dict[str, Any], ti
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     names = list(experiments("digits", None))
+    from fedopt_kernels.sim.cli.renamed import RenamedStore
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", choices=names + ["all"])
     p.add_argument(
@@ -1345,10 +1347,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where clients train (default cpu)")
     p.add_argument(
+        "--client-batched",
         "--client-parallel",
+        action=RenamedStore,
         type=int,
         default=1,
-        help="clients trained at once by the client-batched engine (default 1: one after another; FedNAR always 1)",
+        help="clients trained at once by the client-batched engine (default 1: one after another; FedNAR always 1; "
+        "--client-parallel: its earlier name, deprecated)",
     )
     p.add_argument(
         "--no-run", action="store_true", help="train nothing: summarise the seeds whose runs are all on disk"
@@ -1362,8 +1367,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
-    if args.client_parallel < 1:
-        p.error("--client-parallel must be >= 1")
+    if args.client_batched < 1:
+        p.error("--client-batched must be >= 1")
     if args.seeds is not None:
         if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
             p.error("--seeds must be distinct integers >= 0")
@@ -1377,7 +1382,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    exps = experiments(args.dataset, args.data_dir, args.device, args.client_parallel)
+    exps = experiments(args.dataset, args.data_dir, args.device, args.client_batched)
     for name in list(exps) if args.experiment == "all" else [args.experiment]:
         exp = quick_version(exps[name]) if args.quick else exps[name]
         run_experiment(exp, args)

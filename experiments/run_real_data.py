@@ -13,7 +13,7 @@ load average before and after) and prints a markdown table; ``experiments/result
 holds the tables (superseded by ``run_protocol.py`` and ``experiments/protocol.md``). Settings
 are fixed below before any result was seen; every scale-down against the paper is listed in
 ``SCALE_DOWN``. Runs are in-process, one after another, on one torch thread (``FEDOPT_THREADS=N``
-for more: on a quiet machine 2 threads help the client-parallel runs; on a loaded one they spin
+for more: on a quiet machine 2 threads help the client-batched runs; on a loaded one they spin
 against each other).
 """
 
@@ -119,7 +119,7 @@ def fednlr(args: argparse.Namespace) -> None:
         split=(0.8, 0.1, 0.1),
         backend="reference",
         device="cpu",
-        client_parallel=10,
+        client_batched=10,
     )
     seeds = [0] if args.quick else [0, 1, 2]
     runs, info = sweep(
@@ -162,7 +162,7 @@ def neuron_drift(base: Dict[str, Any], seed: int, quick: bool) -> Dict[str, Any]
     from fedopt_kernels.sim import SimConfig, Simulation
 
     start = time.perf_counter()
-    cfg = SimConfig(**{**base, "algorithm": "fedavg", "seed": seed, "client_parallel": 1})
+    cfg = SimConfig(**{**base, "algorithm": "fedavg", "seed": seed, "client_batched": 1})
     sims = {"fedavg": Simulation(cfg), "fednlr": Simulation(cfg.replace(algorithm="fednlr"))}
     avg = sims["fedavg"]
     acc, t = 0.0, 0
@@ -239,7 +239,7 @@ def padamfed(args: argparse.Namespace) -> None:
         split=(0.8, 0.1, 0.1),
         backend="reference",
         device="cpu",
-        client_parallel=10,
+        client_batched=10,
     )
     lrs = PADAMFED_LRS[2:4] if args.quick else PADAMFED_LRS
     settings = {}
@@ -288,7 +288,7 @@ def fednar(args: argparse.Namespace) -> None:
         split=(0.8, 0.1, 0.1),
         backend="reference",
         device="cpu",
-        client_parallel=10,
+        client_batched=10,
     )
     pairs = [("fedavg", "fednar")] + (
         [] if args.quick else [("fedprox", "fednar-fedprox"), ("scaffold", "fednar-scaffold")][: args.extra_rows]
@@ -348,7 +348,7 @@ def feddecay(args: argparse.Namespace) -> None:
         split=(0.6, 0.2, 0.2),
         backend="reference",
         device="cpu",
-        client_parallel=10,
+        client_batched=10,
     )
     settings = {
         label: dict(base, algorithm=algo, **({} if beta is None else {"beta": beta}))

@@ -581,9 +581,7 @@ def test_a_second_op_and_two_gradients_run_in_the_simulator_and_on_flower(pushsg
 
     short = ["--rounds", "2", "--clients", "6", "--local-steps", "2", "--no-files", "--quiet"]
     assert fedopt_sim.main(["--algorithm", "pushsgd-scaffold", "--validate", "auto", *short]) == 0
-    assert (
-        fedopt_sim.main(["--algorithm", "pushsgd", "--client-parallel", "3", "--validate", "sequential", *short]) == 0
-    )
+    assert fedopt_sim.main(["--algorithm", "pushsgd", "--client-batched", "3", "--validate", "sequential", *short]) == 0
     assert capsys.readouterr().out.count("PASS pushsgd") == 2
 
     cfg = tiny_config("pushsgd", rounds=3, local_steps=4, clients_per_round=5, momentum=0.5)

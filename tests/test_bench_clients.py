@@ -116,7 +116,7 @@ def test_smoke_run_writes_valid_files(tmp_path, capsys):
     assert jsons[0].name in (tmp_path / "LATEST.md").read_text()
 
 
-def test_clients_sim_times_both_runs_in_lockstep(tmp_path):
+def test_clients_sim_times_both_runs_side_by_side(tmp_path):
     """``python -m bench clients-sim`` on stand-in images: both runs train the same clients (same
     accuracies: FedAvg on the cpu backend, float32, a few steps), every evaluated round is timed and
     counted (validation FLOPs = images x the model's forward FLOPs), the tables are written."""
@@ -153,14 +153,14 @@ def test_clients_sim_times_both_runs_in_lockstep(tmp_path):
     assert len(js) == 1
     result = json.loads(js[0].read_text())
     meta = result["meta"]
-    assert meta["algorithm"] == "fedavg" and meta["client_parallel"] == 4 and meta["local_steps"] == 2
+    assert meta["algorithm"] == "fedavg" and meta["client_batched"] == 4 and meta["local_steps"] == 2
     assert [r["round"] for r in result["rounds"]] == [1, 2]
     per_image = 24_546_304  # the FedAvg CNN's forward on one 28x28 image (2 x MACs)
     for r in result["rounds"]:
-        for name in ("sequential", "client-parallel"):
+        for name in ("sequential", "client-batched"):
             assert r[name]["eval_flops"] == per_image * meta["val_samples"] and r[name]["eval_s"] > 0
-        assert abs(r["sequential"]["val_acc"] - r["client-parallel"]["val_acc"]) <= 0.05
-    for name in ("sequential", "client-parallel"):
+        assert abs(r["sequential"]["val_acc"] - r["client-batched"]["val_acc"]) <= 0.05
+    for name in ("sequential", "client-batched"):
         assert result["final"][name]["cost"]["flops"] > 2 * per_image * meta["test_samples"]  # + fine-tuning
     md = js[0].with_suffix(".md").read_text()
     assert "| training per round, rounds 2-2 (mean) |" in md and "validation FLOP/s" in md

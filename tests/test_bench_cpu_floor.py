@@ -55,8 +55,8 @@ def test_main_writes_the_table(tmp_path, monkeypatch):
 
 def test_the_swapped_backward_gives_the_engines_gradients():
     """The step row with the input gradient as a forward convolution computes what the engine does (float64)."""
+    from fedopt_kernels.sim.batched.stacked import StackedLoss
     from fedopt_kernels.sim.models.build import build_model
-    from fedopt_kernels.sim.parallel.stacked import StackedLoss
 
     g = torch.Generator().manual_seed(4)
     C, B = 3, 2

@@ -1,4 +1,4 @@
-"""Formulations chosen by measurement (sim/parallel/choose.py) and the file that keeps them (choice_cache.py).
+"""Formulations chosen by measurement (sim/batched/choose.py) and the file that keeps them (choice_cache.py).
 
 The search's logic is tested with a stand-in clock (``Timer.measure`` replaced by a function of the
 trial it runs), so that which candidate wins is known; that every formulation computes the
@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch import nn
 
+from fedopt_kernels.sim.batched import choose
+from fedopt_kernels.sim.batched.choice_cache import ChoiceCache
+from fedopt_kernels.sim.batched.choose import Budget, Chooser, chunk_sizes, search
+from fedopt_kernels.sim.batched.stacked import StackedLoss
 from fedopt_kernels.sim.models.build import build_model
-from fedopt_kernels.sim.parallel import choose
-from fedopt_kernels.sim.parallel.choice_cache import ChoiceCache
-from fedopt_kernels.sim.parallel.choose import Budget, Chooser, chunk_sizes, search
-from fedopt_kernels.sim.parallel.stacked import StackedLoss
 
 
 def _cnn() -> nn.Module:
@@ -333,7 +333,7 @@ def test_a_resumed_run_takes_back_the_measured_choice(monkeypatch, tmp_path):
     otherwise (another process, another moment) still computes what the uninterrupted run did."""
     from test_sim_resume import comparable, make, same_floats, tiny_config
 
-    cfg = tiny_config("fedavg", client_parallel="auto", formulations="measure", rounds=3)
+    cfg = tiny_config("fedavg", client_batched="auto", formulations="measure", rounds=3)
     _clock(monkeypatch, {"features.0": {"loop": 0.01}, "features.2": {"loop": 0.01}})
     whole = make(cfg)
     expected = whole.run()
@@ -354,7 +354,7 @@ def test_a_resumed_run_takes_back_the_measured_choice(monkeypatch, tmp_path):
 
 
 def test_the_compiled_step_is_kept_only_when_faster(monkeypatch):
-    from fedopt_kernels.sim.parallel.compiled import CompiledStackedLoss
+    from fedopt_kernels.sim.batched.compiled import CompiledStackedLoss
 
     model = _cnn()
     trials = _clock(monkeypatch, {})
@@ -376,7 +376,7 @@ def test_the_compiled_step_is_kept_only_when_faster(monkeypatch):
 
 
 def test_a_step_that_does_not_compile_is_not_a_candidate(monkeypatch):
-    from fedopt_kernels.sim.parallel.compiled import CompiledStackedLoss, NotCompilable
+    from fedopt_kernels.sim.batched.compiled import CompiledStackedLoss, NotCompilable
 
     model = _cnn()
     _clock(monkeypatch, {})
@@ -397,9 +397,9 @@ def test_a_run_whose_search_chose_the_compiled_step_trains_through_it(monkeypatc
     """The simulator swaps its engine for the compiled one, and the run still equals the eager run."""
     from test_sim_resume import comparable, make, same_floats, tiny_config
 
-    from fedopt_kernels.sim.parallel.compiled import CompiledStackedLoss
+    from fedopt_kernels.sim.batched.compiled import CompiledStackedLoss
 
-    base = tiny_config("fedavg", client_parallel=3, rounds=2)
+    base = tiny_config("fedavg", client_batched=3, rounds=2)
     eager = make(base.replace(formulations="default")).run()
     _clock(monkeypatch, {})
     fake = choose.Timer.measure

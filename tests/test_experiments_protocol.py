@@ -40,7 +40,7 @@ def test_quick_keeps_the_first_seed():
         ["feddyn", "--seeds", "-1"],
         ["feddyn", "--seeds", str(rp.PILOT_SEED)],
         ["feddyn", "--dataset", "cifar10"],
-        ["feddyn", "--client-parallel", "0"],
+        ["feddyn", "--client-batched", "0"],
         ["feddyn", "--device", "tpu"],
     ],
 )
@@ -116,11 +116,11 @@ def test_baseline_lr_grid_contains_the_methods_lrs():
         assert method_lrs <= base_lrs and min(base_lrs) == min(method_lrs) and max(base_lrs) == max(method_lrs)
 
 
-def test_device_and_client_parallel_reach_every_run_but_fednar():
+def test_device_and_client_batched_reach_every_run_but_fednar():
     exps = rp.experiments("digits", None, "cuda", 8)
     for name, exp in exps.items():
         assert exp.base["device"] == "cuda"
-        assert exp.base["client_parallel"] == (1 if name in ("fednar", "fednar-wd", "fednlr-drift") else 8)
+        assert exp.base["client_batched"] == (1 if name in ("fednar", "fednar-wd", "fednlr-drift") else 8)
 
 
 def test_feddecay_decays_per_epoch():

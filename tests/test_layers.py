@@ -6,7 +6,7 @@ server rules, the client round), ``batched`` (the client-batched mixin), ``optim
 the package's ``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module
 imports only from its own layer or lower ones: every import counts, late and ``TYPE_CHECKING`` ones
 included (the graph of tests/test_import_graph.py). ``sim`` has layers of its own (its
-``__init__``): ``data``, ``models``, ``parallel``, the round loop (the modules of ``sim`` itself),
+``__init__``): ``data``, ``models``, ``batched``, the round loop (the modules of ``sim`` itself),
 ``cli``.
 """
 
@@ -26,7 +26,7 @@ PKG = ROOT / "fedopt_kernels"
 RANK = {"core": 0, "triton_kernels": 0, "fl": 1, "batched": 2, "optim": 3, "": 4, "sim": 5, "selfcheck": 5, "flower": 6}
 MAX_ROOT_MODULES = 10
 # "": the round loop, the modules of sim/ itself
-SIM_RANK = {"data": 0, "models": 1, "parallel": 2, "": 3, "cli": 4}
+SIM_RANK = {"data": 0, "models": 1, "batched": 2, "": 3, "cli": 4}
 
 
 def layer(module: str) -> str:

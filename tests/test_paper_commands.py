@@ -30,7 +30,7 @@ def test_every_command_is_one_fedopt_sim_accepts():
         args = build_parser().parse_args(shlex.split(line)[1:])
         for seed in args.seeds:
             cfg = config_from_args(args, seed)  # the config validates every setting's range
-            assert cfg.seed == seed and cfg.device == "cuda" and cfg.client_parallel > 1
+            assert cfg.seed == seed and cfg.device == "cuda" and cfg.client_batched > 1
 
 
 def test_grids_are_equal_and_the_baseline_lrs_cover_the_methods():

@@ -1,4 +1,4 @@
-"""The run's precision (``fedopt_kernels/sim/parallel/precision.py``): fp32, tf32, bf16.
+"""The run's precision (``fedopt_kernels/sim/batched/precision.py``): fp32, tf32, bf16.
 
 What is checked, and against what:
 
@@ -35,15 +35,9 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedopt_kernels.fl.checkpoint import CheckpointError
-from fedopt_kernels.sim.cli import fedopt_sim
-from fedopt_kernels.sim.config import SimConfig
-from fedopt_kernels.sim.data.clients import ClientData
-from fedopt_kernels.sim.federated_data import FederatedData
-from fedopt_kernels.sim.models.build import build_model
-from fedopt_kernels.sim.models.small import SmallCNN
-from fedopt_kernels.sim.parallel import layers
-from fedopt_kernels.sim.parallel.loss import ClientLoss, client_loss
-from fedopt_kernels.sim.parallel.precision import (
+from fedopt_kernels.sim.batched import layers
+from fedopt_kernels.sim.batched.loss import ClientLoss, client_loss
+from fedopt_kernels.sim.batched.precision import (
     PRECISIONS,
     UnsupportedPrecision,
     autocast_inputs,
@@ -53,9 +47,15 @@ from fedopt_kernels.sim.parallel.precision import (
     precision_scope,
     tf32_enabled,
 )
-from fedopt_kernels.sim.parallel.stacked import StackedLoss
+from fedopt_kernels.sim.batched.stacked import StackedLoss
+from fedopt_kernels.sim.cli import fedopt_sim
+from fedopt_kernels.sim.config import SimConfig
+from fedopt_kernels.sim.data.clients import ClientData
+from fedopt_kernels.sim.federated_data import FederatedData
+from fedopt_kernels.sim.models.build import build_model
+from fedopt_kernels.sim.models.small import SmallCNN
 from fedopt_kernels.sim.simulation import Simulation
-from fedopt_kernels.sim.validate import validate_client_parallel
+from fedopt_kernels.sim.validate import validate_client_batched
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -377,14 +377,14 @@ def _run(cfg) -> Simulation:
     return sim
 
 
-@pytest.mark.parametrize("parallel", [1, 2])
-def test_tf32_on_a_cpu_is_fp32_bit_for_bit_and_bf16_is_not(parallel):
-    fp32, tf32, bf16 = (_run(tiny(client_parallel=parallel, precision=p)) for p in PRECISIONS)
+@pytest.mark.parametrize("at_once", [1, 2])
+def test_tf32_on_a_cpu_is_fp32_bit_for_bit_and_bf16_is_not(at_once):
+    fp32, tf32, bf16 = (_run(tiny(client_batched=at_once, precision=p)) for p in PRECISIONS)
     assert all(torch.equal(a, b) for a, b in zip(fp32.global_params, tf32.global_params))
     assert [h["train_loss"] for h in fp32.history] == [h["train_loss"] for h in tf32.history]
     assert not all(torch.equal(a, b) for a, b in zip(fp32.global_params, bf16.global_params))
     assert {p.dtype for p in bf16.global_params} == {torch.float32}  # parameters stay float32
-    if parallel > 1:
+    if at_once > 1:
         assert bf16.batched.trainer.precision == bf16.batched.loss.precision == "bf16"
         opt = bf16.batched.trainer.opt
         assert {t.dtype for st in opt.state.values() for t in st.values() if t.is_floating_point()} <= {torch.float32}
@@ -392,8 +392,8 @@ def test_tf32_on_a_cpu_is_fp32_bit_for_bit_and_bf16_is_not(parallel):
 
 def test_graph_bookkeeping_replays_bf16_steps_exactly():
     """The CUDA-graph path (emulated on the CPU: a recorded step replayed) under bf16 equals the eager
-    client-parallel run bit for bit: the precision travels with the engine into the recorded step."""
-    cfg = tiny(client_parallel=2, precision="bf16", rounds=3, local_steps=4, finetune_steps=0)
+    client-batched run bit for bit: the precision travels with the engine into the recorded step."""
+    cfg = tiny(client_batched=2, precision="bf16", rounds=3, local_steps=4, finetune_steps=0)
     eager = _run(cfg)
     graph = Simulation(cfg, data=tiny_data(), model_fn=_model)
     graph.batched.graph_mode = "emulate"
@@ -404,9 +404,9 @@ def test_graph_bookkeeping_replays_bf16_steps_exactly():
 
 
 def test_validation_runs_at_fp32_and_says_so():
-    cfg = tiny(client_parallel=2, finetune_steps=0)
+    cfg = tiny(client_batched=2, finetune_steps=0)
     plain, asked = (
-        validate_client_parallel(c, data=tiny_data(), model_fn=_model) for c in (cfg, cfg.replace(precision="bf16"))
+        validate_client_batched(c, data=tiny_data(), model_fn=_model) for c in (cfg, cfg.replace(precision="bf16"))
     )
     assert plain.passed and asked.passed, asked.report()
     assert asked.rounds == plain.rounds and asked.dtype == "float64"
@@ -458,7 +458,7 @@ def _accuracy_tolerance(p: float, n: int) -> float:
 @pytest.mark.slow
 def test_bf16_trains_the_digits_as_well_as_fp32():
     """A few rounds of fedopt-sim's default CNN on the built-in digits (20 users, all sampled, iid):
-    bf16 sequential and bf16 client-parallel reach fp32's final pooled test accuracy within three
+    bf16 sequential and bf16 client-batched reach fp32's final pooled test accuracy within three
     standard errors; the untrained model does not (the check can fail)."""
     pytest.importorskip("sklearn")
     cfg = SimConfig(clients=20, sample_rate=1.0, partition="iid", rounds=8, lr=0.1, finetune_steps=0, device="cpu")
@@ -466,7 +466,7 @@ def test_bf16_trains_the_digits_as_well_as_fp32():
     for name, c in (
         ("fp32", cfg),
         ("bf16", cfg.replace(precision="bf16")),
-        ("bf16 client-parallel", cfg.replace(precision="bf16", client_parallel=8)),
+        ("bf16 client-batched", cfg.replace(precision="bf16", client_batched=8)),
     ):
         sim = Simulation(c)
         runs[name] = sim.run()["final"]["pooled_test_acc"]
@@ -475,7 +475,7 @@ def test_bf16_trains_the_digits_as_well_as_fp32():
     p = runs["fp32"]
     tol = _accuracy_tolerance(p, n)
     assert p > 0.6, runs  # the run trained: a comparison near chance would say little
-    for name in ("bf16", "bf16 client-parallel"):
+    for name in ("bf16", "bf16 client-batched"):
         assert abs(runs[name] - p) <= tol, (runs, n, tol)
     untrained = Simulation(cfg.replace(rounds=1)).final_evaluation()["pooled_test_acc"]
     assert abs(untrained - p) > tol, (untrained, p, tol)

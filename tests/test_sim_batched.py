@@ -1,9 +1,9 @@
-"""--client-parallel: the client-batched round reproduces the sequential one, for every algorithm.
+"""--client-batched: the client-batched round reproduces the sequential one, for every algorithm.
 
 Tiny image data (8x8, 4 classes) on the simulator's CNN, clients of very different sizes (one
 smaller than the batch size, others whose epochs end in a short batch), chunks that leave an
 inactive slot. The sequential run (one client after another, per-client optimizers) is the
-reference: the client-parallel run must stay within rounding of it. The validations run in float64
+reference: the client-batched run must stay within rounding of it. The validations run in float64
 (validate.py's docstring says why): rounding-only divergences are then ~1e-16 relative on any CPU
 (observed 1.2e-16), so ``ROUNDING_RTOL`` (float64's eps times 1e6 for the amplification by
 normalised or cancelling updates) still sits six orders of magnitude below the documented 1e-4.
@@ -20,17 +20,17 @@ from torch.nn import functional as F
 
 import fedopt_kernels
 from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.sim.batched.batches import BatchPool
+from fedopt_kernels.sim.batched.loss import ClientLoss
+from fedopt_kernels.sim.batched.size import MAX_AUTO, activation_bytes, auto_clients_at_once
+from fedopt_kernels.sim.batched.trainer import clip_per_client_
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import VARIANTS, SimConfig
 from fedopt_kernels.sim.data.clients import BatchStream, ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.models.small import SmallCNN
-from fedopt_kernels.sim.parallel.batches import BatchPool
-from fedopt_kernels.sim.parallel.loss import ClientLoss
-from fedopt_kernels.sim.parallel.size import MAX_AUTO, activation_bytes, auto_client_parallel
-from fedopt_kernels.sim.parallel.trainer import clip_per_client_
 from fedopt_kernels.sim.simulation import Simulation
-from fedopt_kernels.sim.validate import PARAM_RTOL, validate_client_parallel
+from fedopt_kernels.sim.validate import PARAM_RTOL, validate_client_batched
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
 SIZES = (3, 9, 14, 6, 22)  # batch size 4: client 0 always short, the others end epochs short
@@ -69,7 +69,7 @@ def tiny_config(algorithm: str, **kw) -> SimConfig:
         backend="reference",
         device="cpu",
         finetune_steps=0,
-        client_parallel=3,
+        client_batched=3,
     )  # 4 sampled -> chunks of 2 + 2
     base.update(kw)
     return SimConfig(**base)
@@ -94,12 +94,12 @@ def _op(algorithm: str) -> str:
 
 @pytest.mark.parametrize("backend", _registry.BACKENDS)
 @pytest.mark.parametrize("algorithm", list(VARIANTS))
-def test_client_parallel_reproduces_the_sequential_run(algorithm, backend):
+def test_client_batched_reproduces_the_sequential_run(algorithm, backend):
     why = _registry.unavailable_reason(backend, torch.device("cpu"), _op(algorithm))
     if why is not None:
         pytest.skip(str(why))
     cfg = tiny_config(algorithm, backend=backend, **EXTRA.get(algorithm, {}))
-    v = validate_client_parallel(cfg, data=tiny_images(), model_fn=model_fn)
+    v = validate_client_batched(cfg, data=tiny_images(), model_fn=model_fn)
     assert v.passed, v.report()
     # backends with float64 kernels: rounding only (vmap's convolutions sum in another order), so a
     # bound far below the documented tolerance catches a wrong term early
@@ -117,14 +117,14 @@ def test_validation_catches_padding_counted_as_samples(monkeypatch):
         return rb
 
     monkeypatch.setattr(BatchPool, "draw", wrong)
-    v = validate_client_parallel(tiny_config("fedavg"), data=tiny_images(), model_fn=model_fn)
+    v = validate_client_batched(tiny_config("fedavg"), data=tiny_images(), model_fn=model_fn)
     assert not v.passed and v.max_rel > 1e-4, v.report()
 
 
 def _train(cfg, emulate: bool):
     sim = Simulation(cfg, data=tiny_images(), model_fn=model_fn)
     if emulate:
-        assert sim.batched is not None  # the config trains client-parallel
+        assert sim.batched is not None  # the config trains client-batched
         sim.batched.graph_mode = "emulate"
     for t in range(cfg.rounds):
         sim.run_round(t)
@@ -137,7 +137,7 @@ def _train(cfg, emulate: bool):
 def test_graph_bookkeeping_replays_exactly(algorithm):
     """The CUDA-graph path's state/hp handling, emulated on the CPU: the recorded optimizer calls
     replayed with the captured tensors over 3 rounds (round 0: 2 eager steps, capture, replays;
-    later rounds: replays only) equal the eager client-parallel run bit for bit. FedSAM's step is
+    later rounds: replays only) equal the eager client-batched run bit for bit. FedSAM's step is
     captured whole: ascent, the closure's second gradients, restore and descent."""
     cfg = tiny_config(algorithm, rounds=3, local_steps=4, clients_per_round=5, **EXTRA.get(algorithm, {}))
     eager, graph = _train(cfg, False), _train(cfg, True)
@@ -204,16 +204,16 @@ def test_augmentation_draws_the_sequential_random_crops(tmp_path):
         finetune_steps=1,
         backend="reference",
         device="cpu",
-        client_parallel=2,
+        client_batched=2,
     )
-    v = validate_client_parallel(cfg)
+    v = validate_client_batched(cfg)
     assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
 
 
 @pytest.mark.parametrize("algorithm", ["fednar-scaffold", "padamfed"])
 def test_fedavg_cnn_on_cifar_matches_the_sequential_run(tmp_path, algorithm):
     """The FedAvg paper's CNN (2.2M parameters, 5x5 convs, two pools) with augmentation, on the fused
-    backend auto picks: client-parallel rounds reproduce the sequential ones. (In float32 this failed
+    backend auto picks: client-batched rounds reproduce the sequential ones. (In float32 this failed
     on AVX-512 CPUs: a max-pool/ReLU decision taken differently by the two roundings of oneDNN's
     convolutions moved one client's conv gradient by 1e-3 relative; the validation runs in float64.)"""
     from sim_data_files import write_cifar10
@@ -234,9 +234,9 @@ def test_fedavg_cnn_on_cifar_matches_the_sequential_run(tmp_path, algorithm):
         finetune_steps=0,
         backend="auto",
         device="cpu",
-        client_parallel=3,
+        client_batched=3,
     )
-    v = validate_client_parallel(cfg)
+    v = validate_client_batched(cfg)
     assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
 
 
@@ -246,14 +246,14 @@ import torch
 torch.set_num_threads(1)
 from sim_data_files import write_cifar10
 from fedopt_kernels.sim.config import SimConfig
-from fedopt_kernels.sim.validate import validate_client_parallel
+from fedopt_kernels.sim.validate import validate_client_batched
 root = pathlib.Path(tempfile.mkdtemp())
 write_cifar10(root, per_batch=12, test=6)
 for algorithm in ("padamfed",):
     cfg = SimConfig(algorithm=algorithm, dataset="cifar10", data_dir=str(root), model="fedavg-cnn", augment=True,
                     clients=6, holdout_fraction=0.0, rounds=2, local_steps=2, batch_size=4, clients_per_round=3,
-                    finetune_steps=0, backend="auto", device="cpu", client_parallel=3)
-    v = validate_client_parallel(cfg)
+                    finetune_steps=0, backend="auto", device="cpu", client_batched=3)
+    v = validate_client_batched(cfg)
     print(algorithm, v.passed, v.dtype, repr(v.max_rel))
 """
 
@@ -332,10 +332,10 @@ class WithBuffer(nn.Module):
     "model,names", [(WithBatchNorm, r"BatchNorm layer\(s\) bn"), (WithBuffer, r"buffer\(s\) scale")]
 )
 def test_batchnorm_or_buffers_are_refused_by_name(model, names):
-    with pytest.raises(ValueError, match=r"--client-parallel needs a BatchNorm- and buffer-free model") as exc:
+    with pytest.raises(ValueError, match=r"--client-batched needs a BatchNorm- and buffer-free model") as exc:
         Simulation(tiny_config("fedavg"), data=tiny_images(), model_fn=model)
     assert exc.match(names)
-    Simulation(tiny_config("fedavg", client_parallel=1), data=tiny_images(), model_fn=model)  # sequential: fine
+    Simulation(tiny_config("fedavg", client_batched=1), data=tiny_images(), model_fn=model)  # sequential: fine
 
 
 # ------------------------------------------------------------------ auto and bad values
@@ -345,18 +345,18 @@ def test_auto_fits_the_estimate():
     param_bytes = sum(p.numel() * 4 for p in model.parameters())
     per_client = param_bytes * (4 + 2) + 2 * activation_bytes(model, x, y)
     assert activation_bytes(model, x, y) > x.numel() * 4  # at least the conv outputs are saved
-    assert auto_client_parallel(model, x, y, 2, 1000, budget=3 * per_client + 1) == 3
-    assert auto_client_parallel(model, x, y, 2, 1000, budget=per_client // 2) == 1  # never below 1
-    assert auto_client_parallel(model, x, y, 2, 7, budget=1 << 40) == 7  # never above the sampled
-    assert auto_client_parallel(model, x, y, 2, 5000, budget=1 << 40) == MAX_AUTO  # nor past the cap
+    assert auto_clients_at_once(model, x, y, 2, 1000, budget=3 * per_client + 1) == 3
+    assert auto_clients_at_once(model, x, y, 2, 1000, budget=per_client // 2) == 1  # never below 1
+    assert auto_clients_at_once(model, x, y, 2, 7, budget=1 << 40) == 7  # never above the sampled
+    assert auto_clients_at_once(model, x, y, 2, 5000, budget=1 << 40) == MAX_AUTO  # nor past the cap
     # formulations="default": nothing timed, the largest number that fits
-    cfg = tiny_config("padamfed", client_parallel="auto", formulations="default")
+    cfg = tiny_config("padamfed", client_batched="auto", formulations="default")
     sim = Simulation(cfg, data=tiny_images(), model_fn=model_fn)
-    assert sim.batched.parallel == sim.batched.size == 4  # a tiny model: every sampled client at once
+    assert sim.batched.at_once == sim.batched.size == 4  # a tiny model: every sampled client at once
     assert sim.model.training  # the measurement left the model as it was
-    # measured ("auto"): one of the equal chunk sizes that fit, largest first (parallel/choose.py)
+    # measured ("auto"): one of the equal chunk sizes that fit, largest first (batched/choose.py)
     sim = Simulation(cfg.replace(formulations="auto"), data=tiny_images(), model_fn=model_fn)
-    assert sim.batched.size in (4, 2, 1) and sim.batched.parallel == sim.batched.size
+    assert sim.batched.size in (4, 2, 1) and sim.batched.at_once == sim.batched.size
     assert sim.model.training
 
 
@@ -379,16 +379,16 @@ SHORT = [
 @pytest.mark.parametrize(
     "args,names",
     [
-        (["--client-parallel", "0"], "--client-parallel"),
-        (["--client-parallel", "-3"], "--client-parallel"),
-        (["--client-parallel", "many"], "--client-parallel"),
-        (["--client-parallel", "1.5"], "--client-parallel"),
-        (["--validate", "sequential"], "--client-parallel"),
+        (["--client-batched", "0"], "--client-batched"),
+        (["--client-batched", "-3"], "--client-batched"),
+        (["--client-batched", "many"], "--client-batched"),
+        (["--client-batched", "1.5"], "--client-batched"),
+        (["--validate", "sequential"], "--client-batched"),
         (["--cuda-graph"], "--cuda-graph"),
-        (["--client-parallel", "2", "--cuda-graph", "--device", "cpu"], "--cuda-graph"),
+        (["--client-batched", "2", "--cuda-graph", "--device", "cpu"], "--cuda-graph"),
     ],
 )
-def test_bad_client_parallel_input_exits_2_naming_it(args, names, capsys):
+def test_bad_client_batched_input_exits_2_naming_it(args, names, capsys):
     with pytest.raises(SystemExit) as exc:
         fedopt_sim.main(SHORT + args)
     assert exc.value.code == 2
@@ -398,24 +398,24 @@ def test_bad_client_parallel_input_exits_2_naming_it(args, names, capsys):
 
 def test_config_refuses_bad_values():
     for bad in (0, -1, 2.0, True, "all"):
-        with pytest.raises(ValueError, match="client_parallel"):
-            SimConfig(client_parallel=bad).validate()
+        with pytest.raises(ValueError, match="client_batched"):
+            SimConfig(client_batched=bad).validate()
 
 
 def test_cli_validate_sequential_on_digits(capsys):
     status = fedopt_sim.main(
-        SHORT + ["--algorithm", "fednar-scaffold", "--client-parallel", "2", "--validate", "sequential"]
+        SHORT + ["--algorithm", "fednar-scaffold", "--client-batched", "2", "--validate", "sequential"]
     )
     out = capsys.readouterr().out
     assert status == 0 and "PASS" in out, out
-    assert "sequential [" in out and "client-parallel 2 [" in out
-    assert "client-parallel" in fedopt_sim.build_parser().format_help()
+    assert "sequential [" in out and "client-batched 2 [" in out
+    assert "client-batched" in fedopt_sim.build_parser().format_help()
 
 
 def test_validate_sequential_without_float64_kernels_checks_paths_and_kernels_apart():
     """triton (interpreted here) has no float64 kernels: the two gradient paths are validated in
     float64 on a stand-in backend, and triton's batched kernels against the reference batched op on
-    the client-parallel path in float32. A wrong kernel fails the second part."""
+    the client-batched path in float32. A wrong kernel fails the second part."""
     why = _registry.unavailable_reason("triton", torch.device("cpu"), "fednar_batched")
     if why is not None:
         pytest.skip(why)
@@ -423,7 +423,7 @@ def test_validate_sequential_without_float64_kernels_checks_paths_and_kernels_ap
         "fednar-scaffold",
         **dict(EXTRA.get("fednar-scaffold", {}), backend="triton", rounds=2, local_steps=2, clients_per_round=3),
     )
-    v = validate_client_parallel(cfg, data=tiny_images(), model_fn=model_fn)
+    v = validate_client_batched(cfg, data=tiny_images(), model_fn=model_fn)
     assert v.passed, v.report()
     assert [p.dtype for p in v.parts] == ["float64"] and v.dtype == "float32"
     assert "[reference]" in v.parts[0].backend and "[triton]" in v.backend
@@ -436,7 +436,7 @@ def test_validate_sequential_without_float64_kernels_checks_paths_and_kernels_ap
 def test_cuda_graph_matches_eager_on_gpu(algorithm, backend):
     """The real capture: a fused batched backend on CUDA, graph replay vs eager (same backend); then
     ``--validate sequential`` with the graph: in float64 on cuda; on triton (no float64 kernels) the
-    paths in float64 on cuda and triton's kernels against the reference on the client-parallel path."""
+    paths in float64 on cuda and triton's kernels against the reference on the client-batched path."""
     why = _registry.unavailable_reason(backend, torch.device("cuda"), _op(algorithm))
     if why is not None:
         pytest.skip(why)
@@ -460,7 +460,7 @@ def test_cuda_graph_matches_eager_on_gpu(algorithm, backend):
     assert graph.batched.trainer.graph.graph is not None
     for a, b in zip(eager.global_params, graph.global_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    seq = validate_client_parallel(cfg.replace(cuda_graph=True), data=data, model_fn=model_fn)
+    seq = validate_client_batched(cfg.replace(cuda_graph=True), data=data, model_fn=model_fn)
     assert seq.passed, seq.report()
     assert math.isfinite(seq.max_rel)
     if backend == "cuda":

@@ -246,13 +246,31 @@ def test_quiet_hides_the_bar_not_the_timing_line(capsys):
     assert re.search(r"^seed 0: 2 rounds in \d+\.\d s \(backend reference, device cpu\)$", err, re.M), err
 
 
-def test_client_parallel_says_when_it_trains_another_number_of_clients(capsys):
-    """--client-parallel 10 with 2 clients sampled per round trains 2 at once, and says so."""
-    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--client-parallel", "10"]) == 0
+def test_client_batched_says_when_it_trains_another_number_of_clients(capsys):
+    """--client-batched 10 with 2 clients sampled per round trains 2 at once, and says so."""
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--client-batched", "10"]) == 0
     err = capsys.readouterr().err
-    assert "seed 0: --client-parallel 10 trains 2 clients at once (all 2 sampled clients of a round)" in err, err
-    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--client-parallel", "2"]) == 0
-    assert "--client-parallel 2 trains" not in capsys.readouterr().err
+    assert "seed 0: --client-batched 10 trains 2 clients at once (all 2 sampled clients of a round)" in err, err
+    assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--client-batched", "2"]) == 0
+    assert "--client-batched 2 trains" not in capsys.readouterr().err
+
+
+# an option's earlier spelling -> its name today: the earlier one still works and says it is deprecated
+RENAMED_OPTIONS = {"--client-parallel": ("--client-batched", "4")}
+
+
+@pytest.mark.parametrize("earlier", list(RENAMED_OPTIONS))
+def test_an_earlier_option_name_works_and_says_once_what_to_use(earlier, capsys):
+    name, value = RENAMED_OPTIONS[earlier]
+    given = [value] if value else []
+    parser = fedopt_sim.build_parser()
+    new = parser.parse_args(SHORT + [name, *given])
+    assert capsys.readouterr().err == ""
+    old = fedopt_sim.build_parser().parse_args(SHORT + [earlier, *given, earlier, *given])
+    err = capsys.readouterr().err
+    assert err.count("deprecated") == 1 and f"{earlier} is deprecated, use {name}" in err, err
+    assert fedopt_sim.config_from_args(old, 0) == fedopt_sim.config_from_args(new, 0)
+    assert fedopt_sim.config_from_args(new, 0) != fedopt_sim.config_from_args(parser.parse_args(SHORT), 0)
 
 
 def test_a_resumed_run_reports_the_rounds_it_ran(tmp_path, monkeypatch, capsys):
@@ -292,13 +310,13 @@ def test_a_resumed_run_reports_the_rounds_it_ran(tmp_path, monkeypatch, capsys):
     assert re.search(r"^seed 0: 2 rounds \(2-3, resumed\) in \d+\.\d s", err, re.M), err
 
 
-# --threads on the client-parallel path stands for both paths: the sequential one sets the same count
+# --threads on the client-batched path stands for both paths: the sequential one sets the same count
 @pytest.mark.parametrize(
-    "extra, want", [([], 1), (["--client-parallel", "2"], 1), (["--client-parallel", "2", "--threads", "2"], 2)]
+    "extra, want", [([], 1), (["--client-batched", "2"], 1), (["--client-batched", "2", "--threads", "2"], 2)]
 )
 def test_threads_default_is_one_on_both_paths(extra, want):
     """One thread whether clients train one after another or at once: with torch's default, a
-    client-parallel run slowed down several times over once another process took a core; --threads wins."""
+    client-batched run slowed down several times over once another process took a core; --threads wins."""
     torch.set_num_threads(3)  # stands for torch's default; the module fixture restores the thread count
     assert fedopt_sim.main(SHORT + ["--algorithm", "fedavg", "--rounds", "1", "--local-steps", "1"] + extra) == 0
     assert torch.get_num_threads() == want

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_sim_stacked import ROUNDING_RTOL, _case, _per_client, _rel
 
-from fedopt_kernels.sim.parallel.compiled import CompiledStackedLoss, NotCompilable
+from fedopt_kernels.sim.batched.compiled import CompiledStackedLoss, NotCompilable
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -140,7 +140,7 @@ def test_federated_mnist_classes_partition_and_training(tmp_path, capsys):
                 "2",
                 "--local-steps",
                 "2",
-                "--client-parallel",
+                "--client-batched",
                 "5",
                 "--quiet",
                 "--no-files",

@@ -91,7 +91,7 @@ def test_builder_cli_and_caps(tmp_path, capsys):
         assert exc.value.code == 2 and msg in err and err.count("\n") == 1, err
 
 
-def test_natural_partition_and_client_parallel_training(leaf, capsys):
+def test_natural_partition_and_client_batched_training(leaf, capsys):
     out, written = leaf
     cfg = SimConfig(dataset="shakespeare", data_dir=str(out), clients=3, holdout_fraction=0.0, model="char-transformer")
     assert cfg.validate().resolved_partition == "natural"
@@ -117,7 +117,7 @@ def test_natural_partition_and_client_parallel_training(leaf, capsys):
         "--quiet",
         "--no-files",
     ]
-    assert fedopt_sim.main(argv + ["--model", "char-transformer", "--hidden", "16", "--client-parallel", "3"]) == 0
+    assert fedopt_sim.main(argv + ["--model", "char-transformer", "--hidden", "16", "--client-batched", "3"]) == 0
     assert fedopt_sim.main(argv + ["--model", "char-lstm", "--hidden", "8"]) == 0
     assert "fednar on shakespeare (natural), 3 clients" in capsys.readouterr().out
 
@@ -166,8 +166,8 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
     assert SimConfig(dataset="shakespeare", data_dir=root).model == "char-gru"  # its default model
     with pytest.raises(ValueError, match="hidden only applies to"):
         SimConfig(model="cnn", hidden=8).validate()
-    # char-lstm trains client-parallel (the stacked engine batches nn.LSTM): no longer refused
-    SimConfig(dataset="shakespeare", data_dir=root, model="char-lstm", clients=3, client_parallel=2).validate()
+    # char-lstm trains client-batched (the stacked engine batches nn.LSTM): no longer refused
+    SimConfig(dataset="shakespeare", data_dir=root, model="char-lstm", clients=3, client_batched=2).validate()
     for argv, msg in [
         (["--clients", "4"], "--clients 4 is more than the 3 Shakespeare users"),
         (["--data-dir", str(tmp_path)], "the Shakespeare folder train/ was not found"),

@@ -147,7 +147,7 @@ def test_the_global_model_sees_each_test_image_once():
     existing, new = image_users(SIZES[:3]), image_users(SIZES[3:], seed=1)
     n_test = sum(u.test_y.shape[0] for u in existing + new)
     want_pooled = pooled_metrics(model, existing + new, "test")["acc"]
-    for parallel in (None, 2):
+    for at_once in (None, 2):
         model.seen[0] = 0
         out = evaluate_users(
             model,
@@ -156,7 +156,7 @@ def test_the_global_model_sees_each_test_image_once():
             steps=0,
             lr=0.1,
             make_stream=_streams(4),
-            parallel=parallel,
+            at_once=at_once,
         )
         assert model.seen[0] == n_test  # pooled and per-user numbers from one pass
         assert out["pooled_test_acc"] == pytest.approx(want_pooled)
@@ -168,11 +168,11 @@ def test_the_global_model_sees_each_test_image_once():
             steps=2,
             lr=0.1,
             make_stream=_streams(4),
-            parallel=parallel,
+            at_once=at_once,
         )
         # the global model once; each fine-tuned model once (stacked: padded to the chunk's longest split)
         # existing test sizes (5, 2, 7) in chunks {5, 2} {7}, new (1, 4) in one: 2 * 5 + 7 + 2 * 4
-        padded = n_test if parallel is None else 2 * 5 + 7 + 2 * 4
+        padded = n_test if at_once is None else 2 * 5 + 7 + 2 * 4
         assert model.seen[0] == n_test + padded
 
 
@@ -197,7 +197,7 @@ def test_split_scores_are_per_user_and_cost_counts_flops():
 
 @pytest.mark.parametrize("augment", [False, True])
 def test_client_batched_finetuning_is_each_users_own(augment):
-    """parallel=N fine-tunes N users at a time (stacked, padded batches) and tests them stacked: every
+    """at_once=N fine-tunes N users at a time (stacked, padded batches) and tests them stacked: every
     user's fine-tuned accuracy equals the one-after-another protocol's (float64; with augmentation,
     the same random crops in the same order)."""
     torch.manual_seed(0)
@@ -211,7 +211,7 @@ def test_client_batched_finetuning_is_each_users_own(augment):
     users = image_users(SIZES, raw=augment)
     new = image_users([(4, 3), (8, 6)], seed=3, raw=augment)
     results = []
-    for parallel in (None, 2, 3):
+    for at_once in (None, 2, 3):
         model = make()
         params = [p.detach().clone() for p in model.parameters()]
         cost = EvalCost()
@@ -222,12 +222,12 @@ def test_client_batched_finetuning_is_each_users_own(augment):
             steps=5,
             lr=0.5,
             make_stream=_streams(4),
-            parallel=parallel,
+            at_once=at_once,
             cost=cost,
         )
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
         assert cost.flops > 0 and set(cost.parts) == {"forward test", "fine-tune"} | (
-            {"forward fine-tuned"} if parallel else set()
+            {"forward fine-tuned"} if at_once else set()
         )
         results.append(out)
     assert results[0]["finetuned"] != results[0]["global"]  # fine-tuning changed something

@@ -18,11 +18,11 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedopt_kernels.sim.parallel.conv_im2col import _Im2colConv
-from fedopt_kernels.sim.parallel.layers import FORMULATIONS, Clients
-from fedopt_kernels.sim.parallel.lstm_cell import _LSTMCell
-from fedopt_kernels.sim.parallel.stacked import StackedLoss
-from fedopt_kernels.sim.parallel.stacked_types import stacked_layer
+from fedopt_kernels.sim.batched.conv_im2col import _Im2colConv
+from fedopt_kernels.sim.batched.layers import FORMULATIONS, Clients
+from fedopt_kernels.sim.batched.lstm_cell import _LSTMCell
+from fedopt_kernels.sim.batched.stacked import StackedLoss
+from fedopt_kernels.sim.batched.stacked_types import stacked_layer
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
 C, B = 3, 2
@@ -170,7 +170,7 @@ def test_a_non_candidate_is_refused_by_layer_name_and_nothing_changes(monkeypatc
     ``im2col``, a stand-in for a configuration a formulation lacks) leaves it out of its candidates,
     and forcing it raises, naming the layer: in ``set_formulations``, which then changes nothing, and
     at call time when it was set around it, inside a grouped run too."""
-    from fedopt_kernels.sim.parallel.layers import StackedConv2d
+    from fedopt_kernels.sim.batched.layers import StackedConv2d
 
     def why_not(self, form, x=None):
         if form == "im2col" and self.kernel[0] > 2:

@@ -226,13 +226,13 @@ def test_character_models_vmap_over_clients_matches_a_loop(name):
 
 
 def test_vmap_refuses_an_lstm_the_stacked_engine_takes_it():
-    from fedopt_kernels.sim.parallel.loss import ClientLoss, client_loss
-    from fedopt_kernels.sim.parallel.stacked import StackedLoss
+    from fedopt_kernels.sim.batched.loss import ClientLoss, client_loss
+    from fedopt_kernels.sim.batched.stacked import StackedLoss
 
     with pytest.raises(ValueError, match=r"vmap cannot batch the fused recurrent layer lstm \(LSTM\)"):
         ClientLoss(build_model("char-lstm", (80,), 80, hidden=8))
     assert isinstance(client_loss(build_model("char-lstm", (80,), 80, hidden=8)), StackedLoss)
-    SimConfig(dataset="shakespeare", data_dir="x", model="char-lstm", client_parallel=4).validate()
+    SimConfig(dataset="shakespeare", data_dir="x", model="char-lstm", client_batched=4).validate()
 
 
 def test_char_transformer_context_reads_the_last_characters():

@@ -1,6 +1,6 @@
 """Checkpoint and resume of the simulator: a resumed run ends bitwise where an uninterrupted one does.
 
-In-process, for every registered algorithm variant, sequential and client-parallel: a run stopped
+In-process, for every registered algorithm variant, sequential and client-batched: a run stopped
 after round k (its Simulation thrown away) and continued by a new Simulation from the checkpoint
 gives the same per-round metrics, final model, server state and final evaluation, bit for bit.
 Tiny image data on the simulator's CNN (as test_sim_batched.py), three rounds, so each run takes
@@ -107,7 +107,7 @@ def assert_same_run(a: Simulation, ra: dict, b: Simulation, rb: dict) -> None:
             assert all(torch.equal(x, y) for x, y in zip(sa[key], sb[key]))
 
 
-MODES = {"sequential": {}, "client-parallel": {"client_parallel": 2}}
+MODES = {"sequential": {}, "client-batched": {"client_batched": 2}}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -160,7 +160,7 @@ def test_resume_without_a_checkpoint_starts_at_round_one(tmp_path):
         (dict(seed=1), "seed"),
         (dict(lr=0.2), "lr"),
         (dict(rounds=4), "rounds"),
-        (dict(client_parallel=2), "client_parallel"),
+        (dict(client_batched=2), "client_batched"),
         (dict(backend="reference"), "resolved backend"),
     ],
 )
@@ -258,6 +258,45 @@ class _Boom:
 
     def __reduce__(self):
         return (open, (self.path, "w"))
+
+
+# what checkpoints saved before the settings' renames hold instead of today's names
+EARLIER_SETTINGS = {"client_batched": "client_parallel"}
+
+
+def _as_saved_before_the_rename(folder) -> None:
+    """Rewrite the checkpoint in ``folder`` as the code before the renames wrote it: the earlier
+    settings' names in the manifest, the earlier key of the client-batched choice in the state."""
+    import hashlib
+
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["settings"] = {EARLIER_SETTINGS.get(k, k): v for k, v in manifest["settings"].items()}
+    path = folder / manifest["state_file"]
+    state = torch.load(path, weights_only=True)
+    state["batched"] = {("parallel" if k == "at_once" else k): v for k, v in state["batched"].items()}
+    torch.save(state, path)
+    data = path.read_bytes()
+    manifest.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_a_checkpoint_saved_before_the_renames_resumes(tmp_path):
+    cfg = tiny_config("scaffold", client_batched=2)
+    whole = make(cfg)
+    want = whole.run()
+    first = make(cfg, tmp_path)
+    first.run_round(0)
+    first.save_checkpoint()
+    del first
+    _as_saved_before_the_rename(tmp_path)
+    assert set(EARLIER_SETTINGS.values()) <= set(json.loads((tmp_path / MANIFEST).read_text())["settings"])
+    # the check can fail: read without the renames, the same checkpoint has other settings
+    with pytest.raises(CheckpointError, match="client_parallel"):
+        CheckpointDir(tmp_path, "fedopt-sim").check_settings(make(cfg).checkpoint_settings())
+    again = make(cfg, tmp_path)
+    got = again.run(resume=True)
+    assert again.resumed_from == 1
+    assert_same_run(whole, want, again, got)
 
 
 def test_checkpoint_every_is_checked():

@@ -8,7 +8,7 @@ variates) is killed three times before it may finish:
 2. after the state file of round 4 is in place but before the manifest names it: round 3's counts;
 3. at whatever moment the process has reached once a checkpoint of round >= 6 exists;
 
-PAdaMFed-VR client-parallel (the initial round of controls, momentum, the anchor copy) once, at
+PAdaMFed-VR client-batched (the initial round of controls, momentum, the anchor copy) once, at
 the second point. Each finished run's metrics file and final checkpoint (model, server state, every client's
 kept state) must equal, bit for bit, those of an uninterrupted run with the same flags. Every
 algorithm of the registry is resumed in-process by ``test_sim_resume.py``; these tests show that
@@ -33,7 +33,7 @@ from fedopt_kernels.sim.cli import fedopt_sim
 ROUNDS = 10
 RUNS = {
     "scaffold": ["--algorithm", "scaffold", "--momentum", "0.5"],
-    "padamfed-vr": ["--algorithm", "padamfed-vr", "--client-parallel", "2"],
+    "padamfed-vr": ["--algorithm", "padamfed-vr", "--client-batched", "2"],
 }
 # where each run is killed before it may finish: inside a state file's write, between the state
 # file and the manifest (the testing hook), and wherever it is once round 6 is checkpointed

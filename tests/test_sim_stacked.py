@@ -15,11 +15,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fedopt_kernels.sim.batched.layers import FORMULATIONS, Clients, StackedConv2d
+from fedopt_kernels.sim.batched.loss import ClientLoss, client_loss
+from fedopt_kernels.sim.batched.lstm import StackedLSTM
+from fedopt_kernels.sim.batched.stacked import NotStackable, StackedLoss, StackedNet
 from fedopt_kernels.sim.models.build import build_model
-from fedopt_kernels.sim.parallel.layers import FORMULATIONS, Clients, StackedConv2d
-from fedopt_kernels.sim.parallel.loss import ClientLoss, client_loss
-from fedopt_kernels.sim.parallel.lstm import StackedLSTM
-from fedopt_kernels.sim.parallel.stacked import NotStackable, StackedLoss, StackedNet
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -270,7 +270,7 @@ def test_an_initial_lstm_state_is_refused():
 
 
 def test_every_stacked_type_has_a_formulation_list():
-    from fedopt_kernels.sim.parallel.stacked_types import _MAKERS
+    from fedopt_kernels.sim.batched.stacked_types import _MAKERS
 
     assert {m.kind for m in _MAKERS.values()} == set(FORMULATIONS)
     assert all(FORMULATIONS[k] for k in FORMULATIONS)
@@ -278,13 +278,13 @@ def test_every_stacked_type_has_a_formulation_list():
 
 
 # ------------------------------------------------------------------ the simulator on it
-def test_char_lstm_trains_client_parallel_as_sequentially():
-    """fedopt-sim --client-parallel on the LSTM (vmap cannot batch it; the stacked engine does):
-    the client-parallel run stays within rounding of the sequential one (float64), fine-tuning included."""
+def test_char_lstm_trains_client_batched_as_sequentially():
+    """fedopt-sim --client-batched on the LSTM (vmap cannot batch it; the stacked engine does):
+    the client-batched run stays within rounding of the sequential one (float64), fine-tuning included."""
     from fedopt_kernels.sim.config import SimConfig
     from fedopt_kernels.sim.data.clients import ClientData
     from fedopt_kernels.sim.federated_data import FederatedData
-    from fedopt_kernels.sim.validate import validate_client_parallel
+    from fedopt_kernels.sim.validate import validate_client_batched
 
     g = torch.Generator().manual_seed(0)
     T, V = 6, 12
@@ -306,13 +306,13 @@ def test_char_lstm_trains_client_parallel_as_sequentially():
         backend="reference",
         device="cpu",
         finetune_steps=2,
-        client_parallel=2,
+        client_batched=2,
     )
 
     def model_fn():
         return build_model("char-lstm", (T,), V, hidden=8)
 
-    v = validate_client_parallel(cfg, data=data, model_fn=model_fn)
+    v = validate_client_batched(cfg, data=data, model_fn=model_fn)
     assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
 
 
@@ -339,7 +339,7 @@ def test_grouped_runs_convert_once_per_run_and_stop_at_mixing_modules(monkeypatc
     """A Sequential keeps the grouped layout through per-channel modules and grouped convolutions, and
     converts back before a module that mixes channels (GroupNorm) or samples' planes (Flatten): its
     gradients are per-client autograd's, with one conversion into the grouped layout per run."""
-    from fedopt_kernels.sim.parallel import layers
+    from fedopt_kernels.sim.batched import layers
 
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -374,7 +374,7 @@ def test_grouped_runs_convert_once_per_run_and_stop_at_mixing_modules(monkeypatc
 def test_grouped_runs_end_at_convolutions_of_other_formulations(monkeypatch, order):
     """A run goes on only through grouped-nhwc convolutions: an im2col or loop-nhwc convolution ends it
     (it reads the model's batch), and the next grouped-nhwc one starts a new run."""
-    from fedopt_kernels.sim.parallel import layers
+    from fedopt_kernels.sim.batched import layers
 
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -441,7 +441,7 @@ def test_relu_then_max_pool_runs_pooled_first_with_the_same_gradients(monkeypatc
 def test_keep_freed_memory_is_idempotent():
     import sys
 
-    from fedopt_kernels.sim.parallel.host_memory import keep_freed_memory
+    from fedopt_kernels.sim.batched.host_memory import keep_freed_memory
 
     first = keep_freed_memory()
     assert keep_freed_memory() == first

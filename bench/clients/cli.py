@@ -22,16 +22,16 @@ round each; a mode's figure is its best round:
   ``--seq-max-clients`` (200), interleaved with that C's modes, and each C compares with its own
   (other processes' load moves, and a short round is likelier to find a quiet moment than a long
   one); on a GPU its rate does not depend on C, and it runs at the smallest C only;
-* ``batched-vmap``: ``torch.func.vmap`` gradients (``sim.parallel.loss.ClientLoss``) + ``BatchedFedNAR``:
-  the client-parallel step before the stacked engine;
+* ``batched-vmap``: ``torch.func.vmap`` gradients (``sim.batched.loss.ClientLoss``) + ``BatchedFedNAR``:
+  the client-batched step before the stacked engine;
 * ``batched-plain-torch``: the stacked engine's gradients + FedNAR in plain torch on stacked tensors;
-* ``batched-fused-default``: the stacked engine (``sim.parallel.stacked``) with its fixed default
+* ``batched-fused-default``: the stacked engine (``sim.batched.stacked``) with its fixed default
   formulations + ``BatchedFedNAR``: what the search is compared against;
 * ``batched-fused``: the same with the formulations chosen by measurement on this device
-  (``sim.parallel.choose``, ``--formulations``): the simulator's ``--client-parallel`` step;
+  (``sim.batched.choose``, ``--formulations``): the simulator's ``--client-batched`` step;
 * ``batched-fused-graph`` (CUDA): that step replayed from a CUDA graph (``--cuda-graph``);
 * ``batched-fused-chunked``: the C clients in equal chunks through one trainer, the chunk size chosen
-  by measurement among those that fit in memory (``--client-parallel auto``), or ``--chunk``; not
+  by measurement among those that fit in memory (``--client-batched auto``), or ``--chunk``; not
   run when the chosen size is C itself.
 
 Per model and C the report states each layer's formulation and why (the candidates' step times).
@@ -46,7 +46,7 @@ memory per client (CUDA: ``max_memory_allocated`` over the untimed round, less w
 before the mode was built, over C; CPU: the same from malloc's in-use bytes, read after every
 operator; sequential: the whole, as it holds one client at a time).
 
-``--precision`` (fp32, tf32, bf16; ``fedopt_kernels.sim.parallel.precision``) is what every mode's
+``--precision`` (fp32, tf32, bf16; ``fedopt_kernels.sim.batched.precision``) is what every mode's
 forward and backward passes compute in, and what the device's FLOP/s are measured in; parameters,
 gradients and every update stay float32.
 
@@ -70,9 +70,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from fedopt_kernels.sim.parallel.choose import MODES as FORMULATION_MODES
-from fedopt_kernels.sim.parallel.host_memory import keep_freed_memory
-from fedopt_kernels.sim.parallel.precision import PRECISIONS
+from fedopt_kernels.sim.batched.choose import MODES as FORMULATION_MODES
+from fedopt_kernels.sim.batched.host_memory import keep_freed_memory
+from fedopt_kernels.sim.batched.precision import PRECISIONS
 
 from .. import cli
 from ..machine import loadavg, run_meta
@@ -107,8 +107,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         type=int,
         default=None,
         help=f"{CHUNKED}: for C above this, C clients in equal chunks of at most this many, one "
-        f"after another (--client-parallel N; CUDA: graph replay) (default: the size the engine chooses "
-        f"by measurement among those that fit in memory, as --client-parallel auto)",
+        f"after another (--client-batched N; CUDA: graph replay) (default: the size the engine chooses "
+        f"by measurement among those that fit in memory, as --client-batched auto)",
     )
     ap.add_argument(
         "--formulations",
@@ -190,7 +190,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if device.type == "cpu":
-        keep_freed_memory()  # as the simulator's client-parallel path does (sim/parallel/host_memory.py)
+        keep_freed_memory()  # as the simulator's client-batched path does (sim/batched/host_memory.py)
     kind = "cuda" if device.type == "cuda" else "cpu"
     args.clients_of = {n: args.clients or SETTINGS[n].clients[kind] for n in args.models}
     args.steps_of = {

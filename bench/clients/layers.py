@@ -8,8 +8,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from fedopt_kernels.sim.parallel.precision import autocast_scope, precision_scope
-from fedopt_kernels.sim.parallel.stacked import StackedLoss
+from fedopt_kernels.sim.batched.precision import autocast_scope, precision_scope
+from fedopt_kernels.sim.batched.stacked import StackedLoss
 
 from ..timing import Budget, median, time_interleaved
 from .workload import Workload

@@ -15,12 +15,12 @@ import torch
 
 from fedopt_kernels import FedNAR
 from fedopt_kernels.batched import BatchedFedNAR
-from fedopt_kernels.sim.parallel.choose import Budget as SearchBudget
-from fedopt_kernels.sim.parallel.choose import Chooser
-from fedopt_kernels.sim.parallel.loss import ClientLoss
-from fedopt_kernels.sim.parallel.precision import check_supported
-from fedopt_kernels.sim.parallel.size import activation_bytes, free_bytes
-from fedopt_kernels.sim.parallel.stacked import StackedLoss
+from fedopt_kernels.sim.batched.choose import Budget as SearchBudget
+from fedopt_kernels.sim.batched.choose import Chooser
+from fedopt_kernels.sim.batched.loss import ClientLoss
+from fedopt_kernels.sim.batched.precision import check_supported
+from fedopt_kernels.sim.batched.size import activation_bytes, free_bytes
+from fedopt_kernels.sim.batched.stacked import StackedLoss
 
 from ..timing import error_text, median, sync, time_interleaved, time_rounds
 from .layers import layer_rows
@@ -67,7 +67,7 @@ def _choice_inputs(wl: Workload, n: int) -> Tuple[List[torch.Tensor], torch.Tens
 
 def _clients_that_fit(wl: Workload, device: torch.device) -> int:
     """Clients whose parameters, gradients, state and activations fit in the device's memory budget
-    (``sim.parallel.size``: half the free memory on CUDA)."""
+    (``sim.batched.size``: half the free memory on CUDA)."""
     params = sum(g.numel() * g.element_size() for g in wl.glob)
     per_client = params * 6 + 2 * activation_bytes(wl.model, wl.x[0, 0], wl.y[0, 0])
     return max(1, free_bytes(device) // per_client)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
-from fedopt_kernels.sim.parallel.precision import summary
+from fedopt_kernels.sim.batched.precision import summary
 
 from ..contention import DISTURBED
 from ..report import rerender, save

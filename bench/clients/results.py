@@ -27,7 +27,7 @@ def seq_row(result: Result, model: str, C: Optional[int] = None) -> Optional[Row
 
 
 def best_row(result: Result, model: str, C: int) -> Optional[Row]:
-    """The fastest of the batched modes (the simulator's client-parallel step in its forms) at C."""
+    """The fastest of the batched modes (the simulator's client-batched step in its forms) at C."""
     rows = [r for r in (mode_row(result, model, C, m) for m in BATCHED) if r is not None]
     return max(rows, key=lambda r: r["client_steps_per_s"]) if rows else None
 

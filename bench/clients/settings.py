@@ -17,7 +17,7 @@ SEQ, VMAP, PLAIN, DEFAULTS, FUSED, GRAPH = (
 )
 CHUNKED = "batched-fused-chunked"
 MODES = (SEQ, VMAP, PLAIN, DEFAULTS, FUSED, GRAPH, CHUNKED)
-BATCHED = (DEFAULTS, FUSED, GRAPH, CHUNKED)  # the simulator's client-parallel step in its forms
+BATCHED = (DEFAULTS, FUSED, GRAPH, CHUNKED)  # the simulator's client-batched step in its forms
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedopt_kernels import FedNAR
 from fedopt_kernels.batched import BatchedFedNAR
 from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.sim.batched.precision import autocast_scope, precision_scope
+from fedopt_kernels.sim.batched.stacked import StackedLoss
+from fedopt_kernels.sim.batched.trainer import BatchedTrainer
+from fedopt_kernels.sim.batched_round import _pad_clients
 from fedopt_kernels.sim.models.build import build_model
-from fedopt_kernels.sim.parallel.precision import autocast_scope, precision_scope
-from fedopt_kernels.sim.parallel.stacked import StackedLoss
-from fedopt_kernels.sim.parallel.trainer import BatchedTrainer
-from fedopt_kernels.sim.parallel_round import _pad_clients
 
 from .settings import HP, Setting
 
@@ -109,7 +109,7 @@ def fused_round(wl: Workload, tr: BatchedTrainer) -> None:
 
 
 def chunked_round(wl: Workload, tr: BatchedTrainer) -> None:
-    """The simulator's ``--client-parallel N`` with N < C: equal chunks of ``tr.clients``, one trainer."""
+    """The simulator's ``--client-batched N`` with N < C: equal chunks of ``tr.clients``, one trainer."""
     n = tr.clients
     for i in range(0, wl.clients, n):
         m = min(n, wl.clients - i)

@@ -288,7 +288,7 @@ class Algorithm:
         raise NotImplementedError
 
     def state_copies(self, cfg: RunSettings, variant: Variant) -> int:
-        """Optimizer state tensors per parameter per client (the client-parallel memory estimate)."""
+        """Optimizer state tensors per parameter per client (the client-batched memory estimate)."""
         raise NotImplementedError
 
     def local_step(self, opt: Any, recompute: Callable[[], Any], **step_inputs: Any) -> Any:

@@ -198,11 +198,14 @@ def _sha256(path: Path) -> str:
 
 class CheckpointDir:
     """One run's checkpoints in ``folder`` (see the module docstring). ``kind`` names what saves
-    them ("fedopt-sim", "flower-server", ...): a checkpoint of another kind is refused."""
+    them ("fedopt-sim", "flower-server", ...): a checkpoint of another kind is refused.
+    ``renamed``: earlier name -> name of settings that were renamed; a checkpoint saved under an
+    earlier name compares that setting as the new one."""
 
-    def __init__(self, folder: PathLike, kind: str):
+    def __init__(self, folder: PathLike, kind: str, renamed: Optional[Mapping[str, str]] = None):
         self.folder = Path(folder)
         self.kind = kind
+        self.renamed = dict(renamed or {})
 
     @property
     def manifest_path(self) -> Path:
@@ -302,7 +305,8 @@ class CheckpointDir:
     def check_settings(self, settings: Mapping[str, Any]) -> Dict[str, Any]:
         """The manifest, after checking that it was saved with ``settings`` (CheckpointError naming each difference)."""
         m = self.manifest()
-        diff = settings_diff(m["settings"], plain_settings(settings))
+        saved = {self.renamed.get(k, k): v for k, v in m["settings"].items()}
+        diff = settings_diff(saved, plain_settings(settings))
         if diff:
             raise CheckpointError(
                 f"the checkpoint in {self.folder} was saved by a run with other settings; it "

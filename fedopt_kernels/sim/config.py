@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from ..fl.algorithm import VARIANTS
 from ..fl.config import FLConfig, check_choice, check_integer, check_real
+from .batched.choose import MODES as FORMULATION_MODES
+from .batched.precision import PRECISIONS
 from .models.build import MODELS, TEXT_MODELS
-from .parallel.choose import MODES as FORMULATION_MODES
-from .parallel.precision import PRECISIONS
 
 # What ``--algorithm`` names is a *variant* (fedavg, fedprox, scaffold, ... each an algorithm's
 # optimizer on a server rule): every registered one, fedopt_kernels.fl.algorithm.VARIANTS. The
@@ -43,7 +44,7 @@ def default_dataset() -> str:
 
 def default_model(dataset: str) -> str:
     """The model a data set runs with unless one is named: mlp for synthetic's vectors, a character GRU
-    for Shakespeare's windows (client-parallel too), the small CNN for the images."""
+    for Shakespeare's windows (client-batched too), the small CNN for the images."""
     return {"synthetic": "mlp", "shakespeare": "char-gru"}.get(dataset, "cnn")
 
 
@@ -76,13 +77,13 @@ class SimConfig(FLConfig):
     download: bool = False  # cifar: fetch into data_dir with torchvision if missing
     normalize: bool = True  # cifar/femnist: per-channel (x - mean) / std
     augment: bool = False  # cifar: random crop (padding 4) + horizontal flip in training
-    client_parallel: Any = 1  # clients trained at once (vmap); "auto": as many as fit; 1: sequential
-    cuda_graph: bool = False  # client-parallel on CUDA: replay each local step from a CUDA graph
-    # client-parallel: how the stacked engine's per-layer formulations are chosen (parallel/choose.py):
+    client_batched: Any = 1  # clients trained at once, client-batched; "auto": as many as fit; 1: sequential
+    cuda_graph: bool = False  # client-batched on CUDA: replay each local step from a CUDA graph
+    # client-batched: how the stacked engine's per-layer formulations are chosen (batched/choose.py):
     # "auto" measures on the device (reusing earlier choices), "measure" always, "default" never
     formulations: str = "auto"
     formulation_cache: Optional[str] = None  # a JSON file keeping measured choices across runs
-    precision: str = "fp32"  # forward and backward passes: fp32, tf32 or bf16 (sim/parallel/precision.py)
+    precision: str = "fp32"  # forward and backward passes: fp32, tf32 or bf16 (sim/batched/precision.py)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -192,14 +193,14 @@ class SimConfig(FLConfig):
         integer("finetune_steps", self.finetune_steps, 0)
         number("finetune_lr", self.finetune_lr, 0.0)
         integer("eval_every", self.eval_every, 1)
-        self._validate_client_parallel()
+        self._validate_client_batched()
         return self
 
-    def _validate_client_parallel(self) -> None:
-        if self.client_parallel != "auto":
-            v = self.client_parallel
+    def _validate_client_batched(self) -> None:
+        if self.client_batched != "auto":
+            v = self.client_batched
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"client_parallel must be an integer >= 1 or 'auto', got {v!r}")
+                raise ValueError(f"client_batched must be an integer >= 1 or 'auto', got {v!r}")
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
         check_choice("formulations", self.formulations, FORMULATION_MODES)
@@ -207,18 +208,24 @@ class SimConfig(FLConfig):
             not isinstance(self.formulation_cache, str) or not self.formulation_cache
         ):
             raise ValueError(f"formulation_cache must be a file path or None, got {self.formulation_cache!r}")
-        if self.cuda_graph and self.client_parallel == 1:
+        if self.cuda_graph and self.client_batched == 1:
             raise ValueError(
-                "cuda_graph captures the client-parallel local step: it needs client_parallel "
-                "(--client-parallel N or auto), not the sequential path (client_parallel=1)"
+                "cuda_graph captures the client-batched local step: it needs client_batched "
+                "(--client-batched N or auto), not the sequential path (client_batched=1)"
             )
         if self.cuda_graph and self.device == "cpu":
             raise ValueError("cuda_graph needs device='cuda' (CUDA graphs do not exist on the CPU)")
 
     @property
-    def parallel(self) -> bool:
-        """Are the sampled clients trained client-batched (``client_parallel`` other than 1)?"""
-        return self.client_parallel != 1
+    def batched(self) -> bool:
+        """Are the sampled clients trained client-batched (``client_batched`` other than 1)?"""
+        return self.client_batched != 1
+
+    @property
+    def client_parallel(self) -> Any:
+        """Deprecated: the earlier name of ``client_batched`` (read-only)."""
+        warnings.warn("SimConfig.client_parallel is SimConfig.client_batched", DeprecationWarning, stacklevel=2)
+        return self.client_batched
 
     # ------------------------------------------------------------------ defaults
     @property
@@ -235,8 +242,6 @@ class SimConfig(FLConfig):
 
 def __getattr__(name: str) -> Any:
     if name == "ALGORITHMS":  # the earlier name of VARIANTS here, which held variants, not algorithms
-        import warnings
-
         warnings.warn(
             "fedopt_kernels.sim.config.ALGORITHMS is fedopt_kernels.sim.VARIANTS (variants, not "
             "algorithms: fedopt_kernels.fl.algorithm.ALGORITHMS holds those)",

@@ -9,8 +9,8 @@ equally, whatever their size. The global model's accuracy before fine-tuning is 
 
 Each necessary forward pass runs once: the global model's pooled numbers and every user's accuracy
 come from one pass over the users' split (``split_scores``), and each fine-tuned model sees its
-user's test split once. With ``parallel`` (the client-parallel simulator's chunk size) the users
-fine-tune ``parallel`` at a time like client-parallel training (``parallel/``: stacked clients,
+user's test split once. With ``at_once`` (the client-batched simulator's chunk size) the users
+fine-tune ``at_once`` at a time like client-batched training (``batched/``: stacked clients,
 padded batches, the same plain SGD) and their fine-tuned models are evaluated stacked; each user
 gets what ``finetune`` then its test pass give it alone (``--validate sequential`` compares them).
 
@@ -18,7 +18,7 @@ gets what ``finetune`` then its test pass give it alone (``--validate sequential
 and backward passes; ``torch.utils.flop_counter`` on one sample, times the samples) of what it is
 given to, so a run can report evaluation FLOP/s.
 
-``precision`` (``parallel/precision.py``): every forward pass, and the fine-tuning's backward passes,
+``precision`` (``batched/precision.py``): every forward pass, and the fine-tuning's backward passes,
 compute in the run's precision; the fine-tuning's SGD update is float32.
 """
 
@@ -36,9 +36,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from .batched.precision import autocast_scope, precision_scope
 from .data.clients import BatchStream, ClientData
 from .data.image_input import ImageClassifier
-from .parallel.precision import autocast_scope, precision_scope
 
 # samples per forward pass when scoring: on a CPU small enough for the caches (FedAvg CNN, 1 thread:
 # 61-62 GFLOP/s at 64-512 samples in channels-last, 34 at 4096); on a GPU large enough to fill it
@@ -96,7 +96,7 @@ class Scores:
 # ------------------------------------------------------------------ the global model
 def _eval_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """``model`` in eval mode as a function of a batch. On a CPU, convolutional models run through the
-    stacked engine as one client with channels-last convolutions (``parallel/layers.py``,
+    stacked engine as one client with channels-last convolutions (``batched/layers.py``,
     ``grouped-nhwc``): oneDNN's faster layout, which also keeps the pooling and element-wise layers
     after each convolution in it (a plain call on 1-channel images runs the first block in NCHW, where
     max-pooling is 8x slower). The model's own parameters are untouched."""
@@ -106,8 +106,8 @@ def _eval_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     plain = lambda x: net(x if stage is None else stage(x, False))  # noqa: E731
     if p0 is None or p0.device.type != "cpu" or not any(isinstance(m, nn.Conv2d) for m in net.modules()):
         return plain
-    from .parallel.layers import Clients
-    from .parallel.stacked import NotStackable, StackedNet
+    from .batched.layers import Clients
+    from .batched.stacked import NotStackable, StackedNet
 
     try:
         stacked = StackedNet(net)
@@ -294,21 +294,21 @@ def _finetuned_batched(
     steps: int,
     lr: float,
     make_stream: Callable[[ClientData], BatchStream],
-    parallel: int,
+    at_once: int,
     cost: Optional[EvalCost],
     precision: str,
 ) -> List[float]:
-    """Fine-tune and test ``users`` ``parallel`` at a time: stacked copies of the global model,
+    """Fine-tune and test ``users`` ``at_once`` at a time: stacked copies of the global model,
     each user's own batches (padded, weighted 1/n), ``p -= lr * g`` per user, then every user's
     fine-tuned model on its own test split (padded, masked), stacked."""
-    from .parallel.batches import BatchPool, apply_stage
-    from .parallel.loss import client_loss
+    from .batched.batches import BatchPool, apply_stage
+    from .batched.loss import client_loss
 
     engine = client_loss(model, precision=precision)
     random = isinstance(model, ImageClassifier) and model.spec.augment  # fine-tuning runs in train mode
     streams = {u.client_id: make_stream(u) for u in users}
     pool = BatchPool(list(users), streams[users[0].client_id].batch_size, dtype=global_params[0].dtype)
-    chunks = math.ceil(len(users) / parallel)
+    chunks = math.ceil(len(users) / at_once)
     size = math.ceil(len(users) / chunks)
     after: List[float] = []
     was = model.training
@@ -373,7 +373,7 @@ def evaluate_users(
     steps: int,
     lr: float,
     make_stream: Callable[[ClientData], BatchStream],
-    parallel: Optional[int] = None,
+    at_once: Optional[int] = None,
     cost: Optional[EvalCost] = None,
     precision: str = "fp32",
 ) -> Dict[str, Dict]:
@@ -381,7 +381,7 @@ def evaluate_users(
 
     Returns ``{"global": {group: summary}, "finetuned": {group: summary}, "pooled_test_acc": acc}``,
     the last over every group's users (from the same pass as the global per-user numbers).
-    ``parallel``: fine-tune and test that many users at a time, client-batched; None: one after
+    ``at_once``: fine-tune and test that many users at a time, client-batched; None: one after
     another. ``cost`` adds up the seconds and FLOPs; ``precision``: what the passes compute in.
     ``model`` is used as scratch space and is left holding ``global_params``.
     """
@@ -404,8 +404,8 @@ def evaluate_users(
         k += len(users)
         if steps == 0:
             after = before[k - len(users) : k]
-        elif parallel is not None and parallel > 1 and users:
-            after = _finetuned_batched(model, users, global_params, steps, lr, make_stream, parallel, cost, precision)
+        elif at_once is not None and at_once > 1 and users:
+            after = _finetuned_batched(model, users, global_params, steps, lr, make_stream, at_once, cost, precision)
         else:
             after = _finetuned_sequential(model, users, load, steps, lr, make_stream, cost, precision)
         out["finetuned"][name] = user_summary(after)

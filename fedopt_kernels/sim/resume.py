@@ -15,7 +15,7 @@ Not saved, because they restart every round or are rebuilt from the seed: the da
 the initial model (the settings' fingerprints check them), each client's optimizer (momentum is
 cleared at every ``start_round``, FedNLR scales are recomputed from the received model, and the
 round index is advanced to the global round, see ``client_round.advance_to_round``), and the
-client-parallel trainer, whose clients at once and formulations are saved (measured choices may
+client-batched trainer, whose clients at once and formulations are saved (measured choices may
 differ between two processes) and taken back. The tests resume every registered algorithm and compare bitwise with an
 uninterrupted run, which is what keeps this list complete.
 """
@@ -46,6 +46,8 @@ class ResumableRun(RoundHost, Protocol):
 
 
 KIND = "fedopt-sim"
+# settings that checkpoints saved before their rename hold under the earlier name: compared as the new one
+RENAMED_SETTINGS = {"client_parallel": "client_batched"}
 # settings that cannot change a run's numbers (a download flag) are not compared on resume
 # nor how formulations are chosen: a resumed run takes the checkpoint's choice back (``batched``)
 _NOT_COMPARED = ("download", "formulations", "formulation_cache")
@@ -168,8 +170,10 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
         if set(bufs) != set(mine):
             raise ValueError(f"checkpoint's buffers of the {key} do not match the model's")
     batched = state.get("batched")
+    if isinstance(batched, dict) and "at_once" not in batched and "parallel" in batched:
+        batched = {**batched, "at_once": batched["parallel"]}  # its key in checkpoints saved before the rename
     if batched is not None and sim.batched is not None:
-        if not isinstance(batched, dict) or not {"parallel", "size"} <= set(batched):
+        if not isinstance(batched, dict) or not {"at_once", "size"} <= set(batched):
             raise ValueError("checkpoint's client-batched choice is not readable")
     # from here on nothing raises
     for p, v in zip(sim.global_params, state["global"], strict=True):

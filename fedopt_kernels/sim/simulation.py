@@ -20,12 +20,12 @@ from torch import nn
 from ..core import registry as _registry
 from ..fl.checkpoint import CheckpointDir
 from . import resume as _resume
+from .batched.precision import check_supported
 from .config import SimConfig
 from .data.clients import BatchStream, ClientData
 from .evaluate import EvalCost, evaluate_users, pooled_metrics
 from .federated_data import FederatedData, build_federated_data
 from .models.build import build_model
-from .parallel.precision import check_supported
 from .screen import logger, screen_updates
 from .strategy import Strategy
 
@@ -41,9 +41,9 @@ def resolve_device(name: str) -> torch.device:
 def resolve_backend(cfg: SimConfig, device: torch.device) -> str:
     """The concrete backend the run's optimizers use; ValueError naming it when it cannot run here.
 
-    Client-parallel runs use the client-batched form of the op (``<op>_batched``).
+    Client-batched runs use the client-batched form of the op (``<op>_batched``).
     """
-    op = cfg.algo.op.name + ("_batched" if cfg.parallel else "")
+    op = cfg.algo.op.name + ("_batched" if cfg.batched else "")
     name = _registry.auto_backend(device, op) if cfg.backend == "auto" else cfg.backend
     why = _registry.unavailable_reason(name, device, op)
     if why is not None:
@@ -60,7 +60,7 @@ def resolve_backend(cfg: SimConfig, device: torch.device) -> str:
 
 
 class Simulation:
-    """One FL run. ``run()`` does everything; ``run_round(t)`` lets a caller step runs in lockstep.
+    """One FL run. ``run()`` does everything; ``run_round(t)`` lets a caller step runs side by side.
 
     ``data`` and ``model_fn`` replace the data set / model built from ``cfg`` (tests use tiny ones).
     ``dtype`` (e.g. ``torch.float64``) casts the model and the floating-point data to it; the
@@ -82,7 +82,11 @@ class Simulation:
     ):
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
-        self.checkpoint = None if checkpoint_dir is None else CheckpointDir(Path(checkpoint_dir), _resume.KIND)
+        self.checkpoint = (
+            None
+            if checkpoint_dir is None
+            else CheckpointDir(Path(checkpoint_dir), _resume.KIND, _resume.RENAMED_SETTINGS)
+        )
         self.checkpoint_every = checkpoint_every
         self.checkpoint_stats: List[Dict[str, float]] = []  # bytes and seconds of each checkpoint this run wrote
         self.resumed_from = 0
@@ -124,8 +128,8 @@ class Simulation:
         self._tune_seed = ss_tune
         self.strategy = Strategy(self)
         self.batched = None
-        if cfg.parallel:  # --client-parallel: the sampled clients train N at a time (parallel_round.py)
-            from .parallel_round import BatchedClients
+        if cfg.batched:  # --client-batched: the sampled clients train N at a time (batched_round.py)
+            from .batched_round import BatchedClients
 
             self.batched = BatchedClients(self)
         self.history: List[Dict[str, Any]] = []
@@ -204,7 +208,7 @@ class Simulation:
     def final_evaluation(self) -> Dict[str, Any]:
         """The per-user protocol on existing and new users, plus pooled test accuracy of the global model.
 
-        Client-parallel runs fine-tune and test the users client-batched, N at a time (``evaluate``);
+        Client-batched runs fine-tune and test the users client-batched, N at a time (``evaluate``);
         ``self.final_cost`` holds its seconds and model FLOPs afterwards.
         """
         users = self.train_clients + self.data.new_clients
@@ -221,7 +225,7 @@ class Simulation:
             self.cfg.finetune_steps,
             self.cfg.finetune_lr,
             stream,
-            parallel=None if self.batched is None else self.batched.parallel,
+            at_once=None if self.batched is None else self.batched.at_once,
             cost=self.final_cost,
             precision=self.cfg.precision,
         )

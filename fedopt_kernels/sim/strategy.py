@@ -19,9 +19,9 @@ from torch.nn import functional as F
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers
 from ..fl.server_rules import RULES
+from .batched.precision import autocast_scope, precision_scope
 from .config import SimConfig
 from .data.clients import Batch, BatchStream, ClientData
-from .parallel.precision import autocast_scope, precision_scope
 
 Tensors = List[torch.Tensor]
 
@@ -171,7 +171,7 @@ class Strategy:
     @torch.no_grad()
     def finish(self, cid: int, opt: Any, t: int) -> ClientUpdate:
         """Client ``cid``'s update after round ``t``; ``opt``: its optimizer, or what stands in for
-        it (the client-parallel round's view of one client of the batched optimizer)."""
+        it (the client-batched round's view of one client of the batched optimizer)."""
         end_round(opt)
         delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params, strict=True)]
         update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)

@@ -1,7 +1,7 @@
-"""``--validate BACKEND``: the same run on ``reference`` and on BACKEND, in lockstep, compared.
+"""``--validate BACKEND``: the same run on ``reference`` and on BACKEND, side by side, compared.
 
-(``--validate sequential`` with ``--client-parallel N`` does the same with the sequential run in
-the reference's place and the client-parallel run as the one checked: ``validate_client_parallel``.)
+(``--validate sequential`` with ``--client-batched N`` does the same with the sequential run in
+the reference's place and the client-batched run as the one checked: ``validate_client_batched``.)
 
 All runs share the data and every seed, so they see the same clients and mini-batches; they differ
 only in the optimizer kernels. Three runs step together:
@@ -34,14 +34,14 @@ caveat). ``cuda`` has float64 kernels for every op; ``triton`` has none, so
 
 * ``--validate triton`` compares it with ``reference`` in float32: both run the same model code and
   differ only in the optimizer kernels;
-* ``--validate sequential`` on triton splits the claim in two (``validate_client_parallel``): the
+* ``--validate sequential`` on triton splits the claim in two (``validate_client_batched``): the
   two gradient paths (client by client vs vmapped, where cuDNN's float32 orders differ) are checked
   in float64 with a backend that has float64 kernels (``cuda``, else ``reference``), and triton's
-  batched kernels are checked against the reference batched op on the client-parallel path in
+  batched kernels are checked against the reference batched op on the client-batched path in
   float32, where only the optimizer kernels differ.
 
-The run's ``precision`` (``tf32``, ``bf16``: ``parallel/precision.py``) is not what a validation
-compares: both sides run at ``fp32``. What it checks, the optimizer kernels and the client-parallel
+The run's ``precision`` (``tf32``, ``bf16``: ``batched/precision.py``) is not what a validation
+compares: both sides run at ``fp32``. What it checks, the optimizer kernels and the client-batched
 gradients, computes the same mathematics at every precision, and autocast and TF32 act on float32
 tensors only, so in float64 they would change nothing anyway; in float32, a bf16 cast that the two
 sides round differently (2**-8 relative) would swamp the 1e-4 tolerance. The report says so. A
@@ -121,7 +121,7 @@ class Validation:
         if self.precision != "fp32":
             lines.append(
                 f"  precision {self.precision} is not applied here: both sides run at fp32, as the optimizer "
-                f"kernels and the client-parallel gradients compute the same mathematics at every precision"
+                f"kernels and the client-batched gradients compute the same mathematics at every precision"
             )
         lines += [
             f"  {'round':>5}  {'one-round max |dx|':>18}  {'relative':>10}  "
@@ -176,7 +176,7 @@ def validate_backend(
     return _compare(cfg, ref, free, synced, out, on_round)
 
 
-def validate_client_parallel(
+def validate_client_batched(
     cfg: SimConfig,
     param_rtol: float = PARAM_RTOL,
     acc_tol: float = ACC_TOL,
@@ -185,7 +185,7 @@ def validate_client_parallel(
     model_fn: Optional[Callable[[], nn.Module]] = None,
     dtype: Optional[torch.dtype] = None,
 ) -> Validation:
-    """The client-parallel run ``cfg`` against the same config trained one client after another.
+    """The client-batched run ``cfg`` against the same config trained one client after another.
 
     Both use ``cfg.backend`` (``auto`` resolves per path: the per-client op sequentially, the
     batched op in parallel); same tolerances, same one-round / end-to-end protocol as above.
@@ -193,10 +193,10 @@ def validate_client_parallel(
     ``dtype``: the precision of every run (None: ``validation_dtype`` of both paths' backends).
     Every run is at ``fp32`` whatever ``cfg.precision`` says (module docstring).
     """
-    if not cfg.parallel:
-        raise ValueError("validate_client_parallel needs a client-parallel config (client_parallel != 1)")
+    if not cfg.batched:
+        raise ValueError("validate_client_batched needs a client-batched config (client_batched != 1)")
     asked, cfg = cfg.precision, cfg.replace(precision="fp32")
-    seq_cfg = cfg.replace(client_parallel=1, cuda_graph=False)
+    seq_cfg = cfg.replace(client_batched=1, cuda_graph=False)
     device = resolve_device(cfg.device)
     backends = (resolve_backend(seq_cfg, device), resolve_backend(cfg, device))
     if dtype is None and not all(b in FLOAT64_BACKENDS for b in backends):
@@ -208,10 +208,10 @@ def validate_client_parallel(
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=dtype)
     synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=dtype)
     b = free.batched
-    assert b is not None  # cfg.parallel, checked above
-    chunks = f" (chunks of {b.size})" if b.size != b.parallel else ""
+    assert b is not None  # cfg.batched, checked above
+    chunks = f" (chunks of {b.size})" if b.size != b.at_once else ""
     out = Validation(
-        backend=f"client-parallel {b.parallel}{chunks} [{free.backend}]",
+        backend=f"client-batched {b.at_once}{chunks} [{free.backend}]",
         reference=f"sequential [{ref.backend}]",
         param_rtol=param_rtol,
         acc_tol=acc_tol,
@@ -230,24 +230,24 @@ def _paths_and_kernels(
     data: Optional[FederatedData],
     model_fn: Optional[Callable[[], nn.Module]],
 ) -> Validation:
-    """``validate_client_parallel`` for a backend without float64 kernels (module docstring): the
-    paths in float64 with a stand-in backend, then the kernels on the client-parallel path in float32."""
+    """``validate_client_batched`` for a backend without float64 kernels (module docstring): the
+    paths in float64 with a stand-in backend, then the kernels on the client-batched path in float32."""
     ops = [cfg.algo.op.name, cfg.algo.op.name + "_batched"]
     if all(_registry.unavailable_reason("cuda", device, op) is None for op in ops):
         paths_cfg = cfg.replace(backend="cuda")
     else:  # the reference's batched ops read step counters on the host: no CUDA graph there
         paths_cfg = cfg.replace(backend="reference", cuda_graph=False)
-    paths = validate_client_parallel(paths_cfg, param_rtol, acc_tol, on_round, data, model_fn, dtype=torch.float64)
+    paths = validate_client_batched(paths_cfg, param_rtol, acc_tol, on_round, data, model_fn, dtype=torch.float64)
     ref = Simulation(
         cfg.replace(backend="reference", cuda_graph=False), data=data, model_fn=model_fn, dtype=torch.float32
     )
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     b = free.batched
-    assert b is not None  # cfg.parallel: validate_client_parallel's caller checked it
+    assert b is not None  # cfg.batched: validate_client_batched's caller checked it
     out = Validation(
-        backend=f"client-parallel {b.parallel} [{free.backend}]",
-        reference=f"client-parallel {b.parallel} [{ref.backend}]",
+        backend=f"client-batched {b.at_once} [{free.backend}]",
+        reference=f"client-batched {b.at_once} [{ref.backend}]",
         param_rtol=param_rtol,
         acc_tol=acc_tol,
         dtype="float32",

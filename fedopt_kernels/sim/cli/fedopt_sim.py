@@ -7,8 +7,8 @@ Examples::
     fedopt-sim --algorithm fedsam --sam-rho 0.1 --momentum 0.9 --rounds 20
     fedopt-sim --algorithm fednar --rounds 5 --validate cpu
     fedopt-sim --algorithm fednar-scaffold --clients 20 --rounds 5 --validate auto
-    fedopt-sim --algorithm fednar --clients 100 --sample-rate 0.5 --client-parallel auto
-    fedopt-sim --algorithm scaffold --rounds 5 --client-parallel 10 --validate sequential
+    fedopt-sim --algorithm fednar --clients 100 --sample-rate 0.5 --client-batched auto
+    fedopt-sim --algorithm scaffold --rounds 5 --client-batched 10 --validate sequential
     fedopt-sim --dataset cifar10 --data-dir ~/data --model resnet18-gn --augment --alpha 0.3 --clients 100
     fedopt-sim --dataset femnist --data-dir leaf/data/femnist/data --writer-fraction 0.1 --model fedavg-cnn
 
@@ -40,6 +40,7 @@ from ..config import (
 from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
+from .renamed import RenamedStore
 from .run_folder import (
     check_checkpoint_flags,
     checkpoint_folders,
@@ -48,7 +49,7 @@ from .run_folder import (
     refuse_earlier_checkpoints,
 )
 
-SEQUENTIAL = "sequential"  # --validate sequential: the client-parallel run against the sequential one
+SEQUENTIAL = "sequential"  # --validate sequential: the client-batched run against the sequential one
 # on the default run one checkpoint costs 12-15% of a round (four fsyncs dominate a 37 KiB state), so
 # every 5th round keeps the cost per round near 2.4-2.9% (docs/checkpoints.md gives the measurement)
 CHECKPOINT_EVERY = 5
@@ -180,27 +181,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0], help="one run per seed (default 0)")
     g.add_argument(
+        "--client-batched",
         "--client-parallel",
+        action=RenamedStore,
         default="1",
         metavar="N|auto",
         help="train N sampled clients of a round at once, as one client-batched step "
-        "(torch.func.vmap + fedopt_kernels.batched, the ops' _batched forms) with the same seeds and "
-        "batches as one after another: it agrees with the sequential run to rounding, ~1e-16 "
+        "(the layers engine or torch.func.vmap + fedopt_kernels.batched, the ops' _batched forms) with the "
+        "same seeds and batches as one after another: it agrees with the sequential run to rounding, ~1e-16 "
         "relative in float64, and in float32 within --validate sequential's 1 pp accuracy check (not "
         "bitwise); auto: as many as fit in memory; default 1: one after another "
-        "(docs/client_batched.md)",
+        "(docs/client_batched.md; --client-parallel: its earlier name, deprecated)",
     )
     g.add_argument(
         "--cuda-graph",
         action="store_true",
-        help="with --client-parallel on CUDA: capture the batched local step in a CUDA graph and "
+        help="with --client-batched on CUDA: capture the batched local step in a CUDA graph and "
         "replay it (needs a fused backend)",
     )
     g.add_argument(
         "--formulations",
         choices=FORMULATION_MODES,
         default=d.formulations,
-        help="with --client-parallel: how each layer's formulation (and, with auto clients, how many at "
+        help="with --client-batched: how each layer's formulation (and, with auto clients, how many at "
         "once) is chosen: auto: measured on this device at the first round, within 2%% of the run's "
         "estimated training time, reusing earlier choices; measure: measured anew, no time limit; "
         "default: the fixed defaults, no measurement (default %(default)s; docs/client_batched.md)",
@@ -216,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (default 1, also with --client-parallel: more pay only on cores no "
-        'other process uses, for large client-parallel rounds; docs/benchmarks.md, "Client-batched training on a CPU")',
+        help="torch CPU threads (default 1, also with --client-batched: more pay only on cores no "
+        'other process uses, for large client-batched rounds; docs/benchmarks.md, "Client-batched training on a CPU")',
     )
     g.add_argument(
         "--out",
@@ -256,8 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--validate",
         metavar="BACKEND",
         help="run on reference and on BACKEND (or 'auto': the one backend=auto picks here) "
-        "with identical seeds and batches; compare. 'sequential' (with --client-parallel): "
-        "compare the client-parallel run with the same run one client after another",
+        "with identical seeds and batches; compare. 'sequential' (with --client-batched): "
+        "compare the client-batched run with the same run one client after another",
     )
     g.add_argument(
         "--param-rtol",
@@ -304,7 +307,7 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         device=args.device,
         seed=seed,
         eval_every=args.eval_every,
-        client_parallel=parse_client_parallel(args.client_parallel),
+        client_batched=parse_client_batched(args.client_batched),
         cuda_graph=args.cuda_graph,
         formulations=args.formulations,
         formulation_cache=args.formulation_cache,
@@ -313,8 +316,8 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
     ).validate()
 
 
-def parse_client_parallel(text: str) -> Any:
-    """``--client-parallel``: "auto" or an integer >= 1 (ValueError naming it otherwise)."""
+def parse_client_batched(text: str) -> Any:
+    """``--client-batched``: "auto" or an integer >= 1 (ValueError naming it otherwise)."""
     if text == "auto":
         return text
     try:
@@ -322,7 +325,7 @@ def parse_client_parallel(text: str) -> Any:
     except ValueError:
         value = None
     if value is None or value < 1:
-        raise ValueError(f"client_parallel (--client-parallel) must be an integer >= 1 or 'auto', got {text!r}")
+        raise ValueError(f"client_batched (--client-batched) must be an integer >= 1 or 'auto', got {text!r}")
     return value
 
 
@@ -416,7 +419,7 @@ def _prepare_environment(args: argparse.Namespace) -> None:
         raise ValueError(f"threads must be >= 1, got {args.threads}")
     # One thread unless --threads asks for more, on both paths and in evaluation: torch's threads
     # wait for each other at every operator, so another process taking a core made 2-thread
-    # client-parallel runs several times slower than sequential ones (docs/benchmarks.md,
+    # client-batched runs several times slower than sequential ones (docs/benchmarks.md,
     # "Client-batched training on a CPU")
     torch.set_num_threads(1 if args.threads is None else args.threads)
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
@@ -448,7 +451,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         sim = Simulation(cfg, checkpoint_dir=folders[cfg.seed], checkpoint_every=max(args.checkpoint_every, 1))
         if args.resume:
             _resume_seed(sim, args.quiet)
-        _say_parallel(sim)
+        _say_batched(sim)
         bar = _progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
         bar.update(len(sim.history))
 
@@ -462,12 +465,12 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             write_json(out_dir / f"metrics_seed{cfg.seed}.json", result)
             write_csv(out_dir / f"metrics_seed{cfg.seed}.csv", result["history"])
         # kept under --quiet, which hides only the progress bar: the time is part of the result
-        par = f", {sim.batched.size} clients at once" if sim.batched is not None else ""
+        at_once = f", {sim.batched.size} clients at once" if sim.batched is not None else ""
         ran = cfg.rounds - result["resumed_from_round"]  # this process's rounds, not the checkpoint's
         which = f" ({result['resumed_from_round'] + 1}-{cfg.rounds}, resumed)" if result["resumed_from_round"] else ""
         print(
             f"seed {cfg.seed}: {ran} round{'s' * (ran != 1)}{which} in {result['train_seconds']:.1f} s "
-            f"(backend {result['backend']}, device {result['device']}{par})",
+            f"(backend {result['backend']}, device {result['device']}{at_once})",
             file=sys.stderr,
         )
     plotted = out_dir is not None and plot_curves(
@@ -491,10 +494,10 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     return 0
 
 
-def _say_parallel(sim: Any) -> None:
-    """Say how many clients a client-parallel run trains at once when that is not plainly N (fewer are
+def _say_batched(sim: Any) -> None:
+    """Say how many clients a client-batched run trains at once when that is not plainly N (fewer are
     sampled per round, equal chunks, or ``auto``), and what choosing its formulations took."""
-    n, batched = sim.cfg.client_parallel, sim.batched
+    n, batched = sim.cfg.client_batched, sim.batched
     if batched is None:
         return
     size = batched.size  # chosen now, by measurement, unless a checkpoint gave it back
@@ -508,7 +511,7 @@ def _say_parallel(sim: Any) -> None:
     if n != "auto" and size == n and not spent:
         return
     print(
-        f"seed {sim.cfg.seed}: --client-parallel {n} trains {size} clients at once ({how} of a round){spent}",
+        f"seed {sim.cfg.seed}: --client-batched {n} trains {size} clients at once ({how} of a round){spent}",
         file=sys.stderr,
     )
 
@@ -527,7 +530,7 @@ def _resume_seed(sim: Any, quiet: bool) -> None:
 
 
 def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
-    from ..validate import validate_backend, validate_client_parallel
+    from ..validate import validate_backend, validate_client_batched
 
     status = 0
     if args.validate == "reference":
@@ -535,7 +538,7 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     for cfg in configs:
         bar = _progress_bar(cfg.rounds, f"validate {args.validate} seed {cfg.seed}", args.quiet)
         if args.validate == SEQUENTIAL:
-            v = validate_client_parallel(cfg, args.param_rtol, args.acc_tol, on_round=_advance(bar))
+            v = validate_client_batched(cfg, args.param_rtol, args.acc_tol, on_round=_advance(bar))
         else:
             v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol, on_round=_advance(bar))
         bar.close()
@@ -590,12 +593,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         check_data(configs[0])  # a missing or damaged data file: exit 2 with its message
         if args.validate == SEQUENTIAL:
-            if not configs[0].parallel:
+            if not configs[0].batched:
                 raise ValueError(
-                    "validate='sequential' compares a client-parallel run with the sequential one: "
-                    "give --client-parallel N (N >= 2) or auto"
+                    "validate='sequential' compares a client-batched run with the sequential one: "
+                    "give --client-batched N (N >= 2) or auto"
                 )
-            resolve_backend(configs[0].replace(client_parallel=1, cuda_graph=False), device)
+            resolve_backend(configs[0].replace(client_batched=1, cuda_graph=False), device)
         elif args.validate is not None:
             # "auto": whatever backend=auto would pick here (cuda > triton on GPU, cpu > reference on CPU)
             try:
@@ -608,7 +611,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
     from ...core.extras import MissingExtra
     from ...fl.checkpoint import CheckpointError
-    from ..parallel.precision import UnsupportedPrecision
+    from ..batched.precision import UnsupportedPrecision
 
     try:
         if args.validate is not None:

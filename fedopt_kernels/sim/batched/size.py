@@ -1,4 +1,4 @@
-"""``--client-parallel auto``: how many clients to train at once, from a memory estimate.
+"""``--client-batched auto``: how many clients to train at once, from a memory estimate.
 
 Per client, the batched round keeps (bytes):
 
@@ -59,7 +59,7 @@ def activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
 
 
 def free_bytes(device: torch.device) -> int:
-    """The memory budget for client-parallel training on ``device`` (see the module docstring)."""
+    """The memory budget for client-batched training on ``device`` (see the module docstring)."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return free // 2
@@ -73,7 +73,7 @@ def free_bytes(device: torch.device) -> int:
     return _CPU_FALLBACK
 
 
-def auto_client_parallel(
+def auto_clients_at_once(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,

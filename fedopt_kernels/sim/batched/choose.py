@@ -15,7 +15,7 @@ cuDNN's benchmark mode times its kernels, instead of trusting defaults chosen on
 * A layer alone leaves out what it shares with its neighbours (a grouped run's layout copies), so the
   whole step (forward and backward of the clients' loss, as training runs it) then decides: the
   assembled choice is kept only if its step is not slower than the defaults' step, timed the same way.
-* The clients computed at once (``--client-parallel auto``) are chosen by the step time too: for a
+* The clients computed at once (``--client-batched auto``) are chosen by the step time too: for a
   few equal chunk sizes that fit the device's free memory, largest first, the formulations are
   chosen at that size and the round's time (chunks x step time) compared.
 

@@ -11,7 +11,7 @@ allocators (jemalloc, tcmalloc, PyTorch's CUDA allocator) do. The process keeps 
 instead of returning it to the system.
 
 It changes the whole process, so it is called only where the simulator trains clients
-client-batched on a CPU (``sim.parallel_round``) and by the client-batched benchmark; elsewhere
+client-batched on a CPU (``sim.batched_round``) and by the client-batched benchmark; elsewhere
 (macOS, musl, Windows) it does nothing.
 """
 

@@ -21,8 +21,8 @@ def check_trainable(model: nn.Module) -> None:
     if buffers:
         found.append(f"buffer(s) {', '.join(buffers[:4])}{' ...' if len(buffers) > 4 else ''}")
     raise ValueError(
-        f"--client-parallel needs a BatchNorm- and buffer-free model (client copies cannot carry running "
+        f"--client-batched needs a BatchNorm- and buffer-free model (client copies cannot carry running "
         f"statistics or other buffers), but {type(model).__name__} has {' and '.join(found)}. "
         f"Use a GroupNorm/LayerNorm model (the simulator's mlp, cnn, fedavg-cnn, resnet18-gn) or "
-        f"client_parallel=1 (--client-parallel 1, the sequential path)"
+        f"client_batched=1 (--client-batched 1, the sequential path)"
     )

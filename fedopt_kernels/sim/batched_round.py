@@ -1,4 +1,4 @@
-"""The client-parallel round (``--client-parallel N``): the sampled clients' local training, N at a time.
+"""The client-batched round (``--client-batched N``): the sampled clients' local training, N at a time.
 
 What the sequential loop of ``Simulation.run_round`` does client by client happens here for a
 chunk of clients at once, with the same inputs and the same server rules:
@@ -7,7 +7,7 @@ chunk of clients at once, with the same inputs and the same server rules:
   SCAFFOLD corrections, PAdaMFed controls and momentum; FedNLR scales from ``neuron_lr_scales`` on
   the client's data with the received global model) and are stacked ``[C, ...]``; every client
   gets the global round index ``t`` (FedNAR's annealing) and the round's lr;
-* every client draws its K batches from its own ``BatchStream`` (``parallel/batches.py``);
+* every client draws its K batches from its own ``BatchStream`` (``batched/batches.py``);
 * K batched steps (``BatchedTrainer``; ``--cuda-graph``: replayed from a CUDA graph);
 * every client's result becomes the ``ClientUpdate`` that the strategy's own ``finish`` builds
   (the client's parameters are put into the simulation's model for it, and the optimizer is seen
@@ -27,16 +27,16 @@ import torch
 
 from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
+from .batched.batches import BatchPool, apply_stage
+from .batched.choice_cache import ChoiceCache
+from .batched.choose import Choice, Chooser
+from .batched.compiled import CompiledStackedLoss
+from .batched.host_memory import keep_freed_memory
+from .batched.loss import client_loss
+from .batched.size import MAX_AUTO, auto_clients_at_once, free_bytes, state_copies
+from .batched.stacked import StackedLoss
+from .batched.trainer import BatchedTrainer
 from .data.image_input import ImageClassifier
-from .parallel.batches import BatchPool, apply_stage
-from .parallel.choice_cache import ChoiceCache
-from .parallel.choose import Choice, Chooser
-from .parallel.compiled import CompiledStackedLoss
-from .parallel.host_memory import keep_freed_memory
-from .parallel.loss import client_loss
-from .parallel.size import MAX_AUTO, auto_client_parallel, free_bytes, state_copies
-from .parallel.stacked import StackedLoss
-from .parallel.trainer import BatchedTrainer
 from .strategy import ClientUpdate, RoundHost
 
 
@@ -74,7 +74,7 @@ def _pad_clients(t: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class BatchedClients:
-    """A simulation's client-parallel local training (see the module docstring)."""
+    """A simulation's client-batched local training (see the module docstring)."""
 
     def __init__(self, sim: RoundHost):
         self.sim = sim
@@ -83,38 +83,38 @@ class BatchedClients:
         # ValueError naming what neither engine can batch
         self.loss = client_loss(sim.model, precision=cfg.precision)
         if sim.device.type == "cpu":
-            keep_freed_memory()  # [C, ...] tensors are past malloc's mmap ceiling (parallel/host_memory.py)
+            keep_freed_memory()  # [C, ...] tensors are past malloc's mmap ceiling (batched/host_memory.py)
         self.opts = sim.strategy.opts
         self.algo = self.opts.algo
         self.anchor_model = getattr(sim.strategy, "anchor_model", None)
         self.pool = BatchPool(sim.train_clients, cfg.batch_size, dtype=sim.global_params[0].dtype)
         # the stacked engine's formulations (and, for "auto", the clients at once) are chosen at the
-        # first round, by measurement on the run's device (parallel/choose.py), or taken back from a
+        # first round, by measurement on the run's device (batched/choose.py), or taken back from a
         # checkpoint (adopt)
         self.chooser: Optional[Chooser] = None
         if isinstance(self.loss, StackedLoss):
             cache = ChoiceCache(cfg.formulation_cache) if cfg.formulation_cache else None
             self.chooser = Chooser(self.loss, self._sample_inputs, cfg.formulations, cache, precision=cfg.precision)
         self.choice: Optional[Choice] = None
-        self._parallel: Optional[int] = None
+        self._at_once: Optional[int] = None
         self._size: Optional[int] = None
         self._sample: Optional[Tuple[int, Any]] = None
-        # "cuda": replay each step from a CUDA graph; tests set "emulate" (parallel/step_graph.py) before round 0
+        # "cuda": replay each step from a CUDA graph; tests set "emulate" (batched/step_graph.py) before round 0
         self.graph_mode = "cuda" if cfg.cuda_graph else None
         self._trainer: Optional[BatchedTrainer] = None  # built at the first round (after the strategy's setup)
 
     # ------------------------------------------------------------------ clients at once
     @property
-    def parallel(self) -> int:
-        """Clients trained at once: ``client_parallel``, or the chosen number for ``auto``."""
-        if self._parallel is None:
+    def at_once(self) -> int:
+        """Clients trained at once: ``client_batched``, or the chosen number for ``auto``."""
+        if self._at_once is None:
             self._resolve()
-        assert self._parallel is not None
-        return self._parallel
+        assert self._at_once is not None
+        return self._at_once
 
     @property
     def size(self) -> int:
-        """The trainer's clients: ``parallel`` evened out into equal chunks of the sampled clients."""
+        """The trainer's clients: ``at_once`` evened out into equal chunks of the sampled clients."""
         if self._size is None:
             self._resolve()
         assert self._size is not None
@@ -122,11 +122,11 @@ class BatchedClients:
 
     def setting(self) -> Any:
         """What a checkpoint compares: the number of clients at once when the user gave it, else "auto"."""
-        return self.cfg.client_parallel
+        return self.cfg.client_batched
 
     def _resolve(self) -> None:
         cfg, S = self.cfg, self.cfg.sampled_per_round
-        fixed = None if cfg.client_parallel == "auto" else min(int(cfg.client_parallel), S)
+        fixed = None if cfg.client_batched == "auto" else min(int(cfg.client_batched), S)
         if self.chooser is None:
             n = fixed if fixed is not None else self._fit(limit=True)
             size = math.ceil(S / math.ceil(S / n))
@@ -137,17 +137,17 @@ class BatchedClients:
             )
             n = fixed if fixed is not None else size
             self._use_compiled(self.choice)
-        self._parallel, self._size = n, size  # equal chunks: at most one inactive slot in the last
+        self._at_once, self._size = n, size  # equal chunks: at most one inactive slot in the last
         self._sample = None
 
     def _fit(self, limit: bool) -> int:
-        """Clients that fit in memory (parallel/size.py's estimate); ``limit``: at most ``MAX_AUTO`` too."""
+        """Clients that fit in memory (batched/size.py's estimate); ``limit``: at most ``MAX_AUTO`` too."""
         cfg = self.cfg
         client = self.sim.train_clients[0]
         x, y = client.train_x[: cfg.batch_size], client.train_y[: cfg.batch_size]
         budget = free_bytes(self.sim.device)
         cap = MAX_AUTO if limit else None
-        return auto_client_parallel(self.sim.model, x, y, state_copies(cfg), cfg.sampled_per_round, budget, cap)
+        return auto_clients_at_once(self.sim.model, x, y, state_copies(cfg), cfg.sampled_per_round, budget, cap)
 
     def _sample_inputs(self, C: int) -> Tuple[List[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
         """What the chooser times: the global model for C clients and one batch of the first training
@@ -179,7 +179,7 @@ class BatchedClients:
     def adopt(self, saved: Dict[str, Any]) -> None:
         """Take back the clients at once and formulations a checkpoint recorded (``choice_state``), so
         that a resumed run computes what the uninterrupted one did."""
-        size, parallel = int(saved["size"]), int(saved["parallel"])
+        size, at_once = int(saved["size"]), int(saved["at_once"])
         forms = saved.get("formulations")
         if self.chooser is not None and isinstance(forms, dict):
             self.loss.stacked.set_formulations(forms)
@@ -189,11 +189,11 @@ class BatchedClients:
             )
             self.chooser.choices[size] = self.choice
             self._use_compiled(self.choice)
-        self._parallel, self._size = parallel, size
+        self._at_once, self._size = at_once, size
 
     def choice_state(self) -> Dict[str, Any]:
         """The clients at once and the formulations this run uses (checkpointed, reported)."""
-        out: Dict[str, Any] = {"parallel": self.parallel, "size": self.size}
+        out: Dict[str, Any] = {"at_once": self.at_once, "size": self.size}
         if self.choice is not None:
             out["formulations"] = dict(self.choice.formulations)
             out["compiled"] = self.choice.compiled

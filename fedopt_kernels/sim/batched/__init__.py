@@ -1,7 +1,7 @@
-"""The client-parallel engine (``--client-parallel N``, docs/client_batched.md): N clients' local steps at once.
+"""The client-batched engine (``--client-batched N``, docs/client_batched.md): N clients' local steps at once.
 
 ``trainer`` (stacked clients and a batched optimizer), ``loss`` (the gradient engines: ``stacked``, the
 model's own code over all clients' samples with per-layer formulations from ``layers``, else vmap),
 ``batches`` (padded per-client batches), ``step_graph`` (the step replayed from a CUDA graph),
-``size`` (``--client-parallel auto``). ``sim.parallel_round`` runs a round on it.
+``size`` (``--client-batched auto``). ``sim.batched_round`` runs a round on it.
 """

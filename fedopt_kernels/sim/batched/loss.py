@@ -44,10 +44,10 @@ def check_vmappable(model: nn.Module) -> None:
     ]
     if rnns:  # its fused kernel has no batching rule: vmap would not batch the clients
         raise ValueError(
-            f"--client-parallel cannot train {type(model).__name__}: torch.func.vmap cannot batch the fused "
+            f"--client-batched cannot train {type(model).__name__}: torch.func.vmap cannot batch the fused "
             f"recurrent layer {', '.join(rnns[:4])} over client copies. Use a model written in plain tensor ops "
             f"(char-gru, char-transformer), nn.LSTM(batch_first=True) inside a model the stacked engine "
-            f"computes (char-lstm), or client_parallel=1 (--client-parallel 1, the sequential path)"
+            f"computes (char-lstm), or client_batched=1 (--client-batched 1, the sequential path)"
         )
     check_trainable(model)
 
@@ -132,7 +132,7 @@ def client_loss(
     except NotStackable as why:
         if engine == "stacked":
             name = type(model).__name__
-            raise ValueError(f"--client-parallel: the stacked engine cannot train {name}: {why}") from None
+            raise ValueError(f"--client-batched: the stacked engine cannot train {name}: {why}") from None
         try:
             return ClientLoss(model, precision)
         except ValueError as vmap_why:
