@@ -8,7 +8,7 @@
 - ``loop``: a user's training loop on a GPU, wall time per iteration;
 - ``profile``: where that loop's iteration time goes, under torch.profiler;
 - ``host``: the host side of a replayed and of an eager triton step, on any machine;
-- ``cpu-floor``: the small CNN's stacked CPU step per operator, beside alternatives;
+- ``cpu-floor``: the small CNN's layers-engine CPU step per operator, beside alternatives;
 - ``checkpoints``: bytes and seconds of a simulator checkpoint.
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core

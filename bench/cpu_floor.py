@@ -1,7 +1,7 @@
 """``python -m bench cpu-floor``: the small CNN's client-batched step on CPU threads, operator by operator,
 against the alternatives to the calls it makes.
 
-The stacked engine (``sim.batched``) computes C clients' small-CNN gradients with oneDNN's grouped
+The layers engine (``sim.batched``) computes C clients' small-CNN gradients with oneDNN's grouped
 convolutions in channels-last memory, torch's 2x2 max-pooling and batched matmuls for the head. This
 benchmark times, at the engine's shapes (C clients, batch B, 8x8 single-channel inputs), each of those
 calls beside other ways to compute the same numbers, interleaved in a rotated order and median taken:
@@ -263,7 +263,7 @@ def _backward_dgrad_as_conv(ctx, gy):
 
 
 def _swapped(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn`` run with ``_backward_dgrad_as_conv`` in place of the stacked convolution's backward."""
+    """``fn`` run with ``_backward_dgrad_as_conv`` in place of the grouped convolution's backward."""
     from fedopt_kernels.sim.batched import layers
 
     def run() -> None:
@@ -279,11 +279,11 @@ def _swapped(fn: Callable[[], None]) -> Callable[[], None]:
 
 
 def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, Dict[str, float]]:
-    """Round by round, interleaved (``bench.clients.workload``'s workload and rounds): the stacked step (gradients +
-    fused FedNAR) at C=1 and at C=clients, the latter also with the input gradient as a forward
+    """Round by round, interleaved (``bench.clients.workload``'s workload and rounds): the client-batched
+    step (gradients + fused FedNAR) at C=1 and at C=clients, the latter also with the input gradient as a forward
     convolution, and the sequential clients. Per mode: best and median ms per step, client-steps/s."""
     from fedopt_kernels import FedNAR
-    from fedopt_kernels.sim.batched.stacked import StackedLoss
+    from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 
     from .clients.settings import HP, SETTINGS
     from .clients.workload import Workload, fused_round, fused_trainer, sequential_round
@@ -292,10 +292,10 @@ def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, Dict[str, flo
     runs: Dict[str, Tuple[Callable[[], None], int]] = {}
     for C in sorted({1, clients}):
         wl = Workload(s, C, s.steps, batch, torch.device("cpu"))
-        tr = fused_trainer(wl, StackedLoss(wl.model), None)
-        runs[f"stacked C={C}"] = (functools.partial(fused_round, wl, tr), C)
-    runs[f"stacked C={clients}, input gradient as a forward conv"] = (
-        _swapped(runs[f"stacked C={clients}"][0]),
+        tr = fused_trainer(wl, LayersLoss(wl.model), None)
+        runs[f"batched C={C}"] = (functools.partial(fused_round, wl, tr), C)
+    runs[f"batched C={clients}, input gradient as a forward conv"] = (
+        _swapped(runs[f"batched C={clients}"][0]),
         clients,
     )
     seq = Workload(s, clients, s.steps, batch, torch.device("cpu"))
@@ -317,7 +317,7 @@ def time_steps(clients: int, batch: int, rounds: int) -> Dict[str, Dict[str, flo
 def markdown(result: Dict[str, Any]) -> str:
     m = result["meta"]
     lines = [
-        f"# The small CNN's stacked step on the CPU, operator by operator — {m['device_name']} ({m['date']})",
+        f"# The small CNN's client-batched step on the CPU, operator by operator — {m['device_name']} ({m['date']})",
         "",
         f"- command: `{m['command']}`",
         f"- commit: `{m['commit']}`{' (tracked files changed)' if m.get('dirty') else ''}; torch {m['torch']}; "
@@ -336,16 +336,18 @@ def markdown(result: Dict[str, Any]) -> str:
             f"| {r['case']} | {r['formulation']} | {r['median_us']:,.0f} us | "
             f"{r['median_us'] / used[r['case']]:.2f}x | {r['error_share']:.3f}{ok} |"
         )
-    st = result.get("steps")
+    # "stacked C=": the modes' earlier name, in results saved before the rename
+    st = {k.replace("stacked C=", "batched C=", 1): v for k, v in (result.get("steps") or {}).items()}
     if st:
         C = m["clients"]
         seq = st["sequential"]["client_steps_per_s"]
-        one, full = st["stacked C=1"]["median_ms"], st[f"stacked C={C}"]["median_ms"]
+        one, full = st["batched C=1"]["median_ms"], st[f"batched C={C}"]["median_ms"]
         lines += [
             "",
             f"## The whole step (gradients + fused FedNAR), {m['rounds']} interleaved rounds",
             "",
-            "A step is one local step of every client: all C at once (stacked) or one after another (sequential).",
+            "A step is one local step of every client: all C at once (client-batched) or one after another "
+            "(sequential).",
             "",
             "| mode | best ms per step | median ms per step | client-steps/s (median) | vs sequential |",
             "|---|---|---|---|---|",

@@ -216,7 +216,7 @@ if [ "$SKIP_BENCH" = 0 ]; then
     L=$(( $(left) - 15 - CLIENTS_S - CLIENTS_SIM_S )); [ "$L" -gt "$LOOP_S" ] && L=$LOOP_S
     phase bench_loop "$L" "$PY" -m bench loop --device cuda --blocks 5 --per-block 15 --warmup 15 --out-dir "$RES"
   fi
-  # client-batched training on the four models: sequential vs vmap vs the stacked engine with its
+  # client-batched training on the four models: sequential vs vmap vs the layers engine with its
   # default and its measured formulations (+ CUDA graph, + chunks); two timed rounds per mode, every
   # model's smallest C first (a deadline's SIGINT still writes the cases measured); the formulation
   # search at most 8 s per model and C, its in-context times instead of the layers-alone table

@@ -55,7 +55,7 @@ def test_main_writes_the_table(tmp_path, monkeypatch):
 
 def test_the_swapped_backward_gives_the_engines_gradients():
     """The step row with the input gradient as a forward convolution computes what the engine does (float64)."""
-    from fedopt_kernels.sim.batched.stacked import StackedLoss
+    from fedopt_kernels.sim.batched.layers_engine import LayersLoss
     from fedopt_kernels.sim.models.build import build_model
 
     g = torch.Generator().manual_seed(4)
@@ -68,10 +68,10 @@ def test_the_swapped_backward_gives_the_engines_gradients():
     x = torch.randn(C, B, 1, 8, 8, dtype=torch.float64, generator=g)
     y = torch.randint(0, 10, (C, B), generator=g)
     w = torch.full((C, B), 1.0 / B, dtype=torch.float64)
-    loss = StackedLoss(model, formulations={"Conv2d": "grouped-nhwc"})
+    loss = LayersLoss(model, formulations={"Conv2d": "grouped-nhwc"})
     want, _ = loss.grads(params, x, y, w)
     got = []
     cpu_floor._swapped(lambda: got.extend(loss.grads(params, x, y, w)[0]))()
     assert len(got) == len(want)
-    for a, b in zip(got, want):  # the stacked engine's own float64 rounding budget (tests/test_sim_stacked.py)
+    for a, b in zip(got, want):  # the layers engine's own float64 rounding budget (tests/test_sim_layers_engine.py)
         assert float((a - b).abs().max() / b.abs().max()) <= 1e6 * torch.finfo(torch.float64).eps

@@ -2,7 +2,7 @@
 
 The search's logic is tested with a stand-in clock (``Timer.measure`` replaced by a function of the
 trial it runs), so that which candidate wins is known; that every formulation computes the
-same gradients is tests/test_sim_stacked.py's job, and the chosen one is checked here in float64.
+same gradients is tests/test_sim_layers_engine.py's job, and the chosen one is checked here in float64.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import nn
 from fedopt_kernels.sim.batched import choose
 from fedopt_kernels.sim.batched.choice_cache import ChoiceCache
 from fedopt_kernels.sim.batched.choose import Budget, Chooser, chunk_sizes, search
-from fedopt_kernels.sim.batched.stacked import StackedLoss
+from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 from fedopt_kernels.sim.models.build import build_model
 
 
@@ -63,19 +63,19 @@ def _clock(monkeypatch, cost: Dict[str, Dict[str, float]], step_extra=None) -> L
 
 def test_search_takes_the_fastest_candidate_of_every_layer(monkeypatch):
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
     _clock(monkeypatch, {"features.0": {"loop": 0.1}, "features.2": {"grouped-nhwc": 0.2}, "head": {"loop": 0.3}})
     choice = search(engine, *_inputs(model)(6), Budget())
     assert choice.formulations == {"features.0": "loop", "features.2": "grouped-nhwc", "head": "loop"}
     assert all("measured fastest" in why for why in choice.why.values()), choice.why
     params, x, y, w = _inputs(model)(6)
     engine.grads(params, x, y, w)
-    assert engine.stacked.formulations() == choice.formulations  # the engine now runs the choice
+    assert engine.layers_net.formulations() == choice.formulations  # the engine now runs the choice
 
 
 def test_a_candidate_must_beat_the_default_by_the_margin(monkeypatch):
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
     default = choose.defaults(engine, *_inputs(model)(6)[:2])
     slow = {p: {f: 1.0 for f in ("grouped", "grouped-nhwc", "loop", "bmm")} for p in default}
     for p, f in default.items():
@@ -90,7 +90,7 @@ def test_a_candidate_must_beat_the_default_by_the_margin(monkeypatch):
 def test_the_whole_step_overrules_the_layers_alone(monkeypatch):
     """Faster alone, slower in the step (what neighbours share): the defaults stay, and say why."""
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
     default = choose.defaults(engine, *_inputs(model)(6)[:2])
     _clock(
         monkeypatch, {"features.0": {"loop": 0.1}}, step_extra=lambda forms, C: 5.0 * (forms["features.0"] == "loop")
@@ -106,7 +106,7 @@ def test_the_whole_step_overrules_the_layers_alone(monkeypatch):
 def test_layers_with_one_signature_share_one_measurement(monkeypatch):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 3))
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
     trials = _clock(monkeypatch, {"0": {"loop": 0.1}, "2": {"loop": 0.1}, "4": {"loop": 0.5}})
 
     def inputs(C):
@@ -122,7 +122,7 @@ def test_layers_with_one_signature_share_one_measurement(monkeypatch):
 
 def test_no_budget_left_keeps_the_defaults_and_says_why(monkeypatch):
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
     trials = _clock(monkeypatch, {"features.0": {"loop": 0.01}})
     choice = search(engine, *_inputs(model)(6), Budget(seconds=0.0))
     assert not [t for t in trials if t[0] == "alone"]
@@ -132,7 +132,7 @@ def test_no_budget_left_keeps_the_defaults_and_says_why(monkeypatch):
 
 def test_a_candidate_out_of_memory_is_dropped(monkeypatch):
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
     _clock(monkeypatch, {"features.2": {"loop": 0.001}})
     fake = choose.Timer.measure
 
@@ -151,7 +151,7 @@ def test_a_candidate_out_of_memory_is_dropped(monkeypatch):
 
 def test_another_error_is_not_swallowed(monkeypatch):
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
 
     def measure(self, trial):
         raise RuntimeError("a bug in a formulation")
@@ -166,12 +166,12 @@ def test_a_layer_alone_runs_its_forward_and_backward(precision):
     """The real timer: each candidate of every layer runs alone without error, on the step's input
     (under bf16 that input is bfloat16: the layer alone runs under the step's autocast too)."""
     model = _cnn()
-    engine = StackedLoss(model, precision=precision)
+    engine = LayersLoss(model, precision=precision)
     params, x, y, w = _inputs(model)(5)
     timer = choose.Timer(engine, params, x, y, w, Budget(rounds=1))
     timer.inputs = choose.layer_inputs(engine, params, x)
     assert timer.inputs["features.0"][1] is False and timer.inputs["features.2"][1] is True
-    for path, layer in engine.stacked.layers.items():
+    for path, layer in engine.layers_net.layers.items():
         for form in choose.candidates(layer, timer.inputs[path][0]):
             assert timer.measure(("alone", path, form)) > 0
         assert layer.params == {}  # nothing left behind
@@ -198,7 +198,7 @@ def test_chunk_sizes_are_equal_chunks_that_fit(sampled, fit, sizes):
 
 def test_plan_takes_the_size_with_the_shortest_round(monkeypatch):
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
     # a step costs 0.05 s per client on top of its layers (3 s): more clients at once is faster per
     # round until a collapse past 30 clients (0.5 s per client), as a library slows for many groups
     _clock(monkeypatch, {}, step_extra=lambda forms, C: 0.05 * C + (0.5 * C if C > 30 else 0.0))
@@ -210,7 +210,7 @@ def test_plan_takes_the_size_with_the_shortest_round(monkeypatch):
 
 def test_default_mode_measures_nothing(monkeypatch):
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
 
     def measure(self, trial):
         raise AssertionError("default mode must not time anything")
@@ -225,7 +225,7 @@ def test_default_mode_measures_nothing(monkeypatch):
 
 def test_auto_spends_a_share_of_the_runs_estimated_time(monkeypatch):
     model = _cnn()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
     calls = _clock(monkeypatch, {})  # every step "takes" 3 s (three layers at 1 s)
     budgets: List[float] = []
     real = choose.search
@@ -244,10 +244,10 @@ def test_auto_spends_a_share_of_the_runs_estimated_time(monkeypatch):
 def test_auto_reuses_a_choice_made_in_the_process(monkeypatch):
     model = _cnn()
     _clock(monkeypatch, {"features.0": {"loop": 0.1}})
-    first = Chooser(StackedLoss(model), _inputs(model), mode="measure")
+    first = Chooser(LayersLoss(model), _inputs(model), mode="measure")
     first.plan(6, 6, steps_per_run=10**6, fixed=6)
     calls = _clock(monkeypatch, {"features.0": {"grouped": 0.1}})  # another device state: would differ
-    second = Chooser(StackedLoss(model), _inputs(model), mode="auto")
+    second = Chooser(LayersLoss(model), _inputs(model), mode="auto")
     _, choice = second.plan(6, 6, steps_per_run=10**6, fixed=6)
     assert choice.formulations["features.0"] == "loop" and choice.source == "process"
     assert not calls
@@ -257,19 +257,19 @@ def test_the_cache_file_keeps_choices_across_processes(monkeypatch, tmp_path):
     model = _cnn()
     path = tmp_path / "choices.json"
     _clock(monkeypatch, {"features.0": {"loop": 0.1}})
-    Chooser(StackedLoss(model), _inputs(model), mode="measure", cache=ChoiceCache(path)).plan(6, 6, 10**6, fixed=6)
+    Chooser(LayersLoss(model), _inputs(model), mode="measure", cache=ChoiceCache(path)).plan(6, 6, 10**6, fixed=6)
     saved = json.loads(path.read_text())  # plain data
     assert saved["format"] == 1 and len(saved["entries"]) == 1
     monkeypatch.setattr(choose, "_PROCESS", {})  # a new process
     calls = _clock(monkeypatch, {"features.0": {"grouped": 0.1}})
-    _, choice = Chooser(StackedLoss(model), _inputs(model), mode="auto", cache=ChoiceCache(path)).plan(
+    _, choice = Chooser(LayersLoss(model), _inputs(model), mode="auto", cache=ChoiceCache(path)).plan(
         6, 6, 10**6, fixed=6
     )
     assert choice.formulations["features.0"] == "loop" and choice.source == "cache"
     assert "cache file" in choice.why["features.0"]
     assert not calls
     # another batch size is another key: measured
-    _, other = Chooser(StackedLoss(model), _inputs(model, B=5), mode="auto", cache=ChoiceCache(path)).plan(
+    _, other = Chooser(LayersLoss(model), _inputs(model, B=5), mode="auto", cache=ChoiceCache(path)).plan(
         6, 6, 10**6, fixed=6
     )
     assert other.source == "measured" and other.formulations["features.0"] == "grouped"
@@ -290,12 +290,12 @@ def test_a_damaged_cache_is_ignored_and_measured_again(monkeypatch, tmp_path, da
     model = _cnn()
     path = tmp_path / "choices.json"
     _clock(monkeypatch, {"features.0": {"loop": 0.1}})
-    Chooser(StackedLoss(model), _inputs(model), mode="measure", cache=ChoiceCache(path)).plan(6, 6, 10**6, fixed=6)
+    Chooser(LayersLoss(model), _inputs(model), mode="measure", cache=ChoiceCache(path)).plan(6, 6, 10**6, fixed=6)
     path.write_text(damage(path.read_text()))
     monkeypatch.setattr(choose, "_PROCESS", {})
     calls = _clock(monkeypatch, {"features.0": {"grouped-nhwc": 0.1}})
     with pytest.warns(RuntimeWarning, match="formulation cache"):
-        _, choice = Chooser(StackedLoss(model), _inputs(model), mode="auto", cache=ChoiceCache(path)).plan(
+        _, choice = Chooser(LayersLoss(model), _inputs(model), mode="auto", cache=ChoiceCache(path)).plan(
             6, 6, 10**6, fixed=6
         )
     assert calls and choice.source == "measured"
@@ -305,7 +305,7 @@ def test_a_damaged_cache_is_ignored_and_measured_again(monkeypatch, tmp_path, da
 def test_the_chosen_formulations_compute_per_client_gradients(monkeypatch):
     """End to end in float64: whatever the clock says, the chosen step equals per-client autograd."""
     model = _cnn().double()
-    engine = StackedLoss(model)
+    engine = LayersLoss(model)
     _clock(monkeypatch, {"features.0": {"loop": 0.1}, "features.2": {"grouped-nhwc": 0.1}, "head": {"loop": 0.1}})
     params, x, y, w = _inputs(model, dtype=torch.float64)(3)
     Chooser(engine, _inputs(model, dtype=torch.float64), mode="measure").plan(3, 3, 10, fixed=3)
@@ -324,7 +324,7 @@ def test_the_chosen_formulations_compute_per_client_gradients(monkeypatch):
 def test_bad_mode_is_refused_by_name():
     model = _cnn()
     with pytest.raises(ValueError, match="formulations must be one of"):
-        Chooser(StackedLoss(model), _inputs(model), mode="fastest")
+        Chooser(LayersLoss(model), _inputs(model), mode="fastest")
 
 
 @pytest.mark.slow
@@ -354,7 +354,7 @@ def test_a_resumed_run_takes_back_the_measured_choice(monkeypatch, tmp_path):
 
 
 def test_the_compiled_step_is_kept_only_when_faster(monkeypatch):
-    from fedopt_kernels.sim.batched.compiled import CompiledStackedLoss
+    from fedopt_kernels.sim.batched.compiled import CompiledLayersLoss
 
     model = _cnn()
     trials = _clock(monkeypatch, {})
@@ -363,32 +363,32 @@ def test_the_compiled_step_is_kept_only_when_faster(monkeypatch):
 
     def measure(self, trial):
         t = fake(self, trial)
-        return t * factor["compiled"] if isinstance(self.engine, CompiledStackedLoss) else t
+        return t * factor["compiled"] if isinstance(self.engine, CompiledLayersLoss) else t
 
     monkeypatch.setattr(choose.Timer, "measure", measure)
-    choice = search(StackedLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
+    choice = search(LayersLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
     assert choice.compiled and "compiled with torch.compile" in choice.compile_note
     assert choice.step_s == pytest.approx(1.5)  # three layers at 1 s, halved
     factor["compiled"] = 0.97  # 3% faster: within the margin
-    choice = search(StackedLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
+    choice = search(LayersLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
     assert not choice.compiled and "not 5% faster" in choice.compile_note
     assert trials
 
 
 def test_a_step_that_does_not_compile_is_not_a_candidate(monkeypatch):
-    from fedopt_kernels.sim.batched.compiled import CompiledStackedLoss, NotCompilable
+    from fedopt_kernels.sim.batched.compiled import CompiledLayersLoss, NotCompilable
 
     model = _cnn()
     _clock(monkeypatch, {})
     fake = choose.Timer.measure
 
     def measure(self, trial):
-        if isinstance(self.engine, CompiledStackedLoss):
+        if isinstance(self.engine, CompiledLayersLoss):
             raise NotCompilable("torch.compile (inductor) cannot compute SmallCNN: a stand-in failure")
         return fake(self, trial)
 
     monkeypatch.setattr(choose.Timer, "measure", measure)
-    choice = search(StackedLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
+    choice = search(LayersLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
     assert not choice.compiled and "stand-in failure" in choice.compile_note
 
 
@@ -397,7 +397,7 @@ def test_a_run_whose_search_chose_the_compiled_step_trains_through_it(monkeypatc
     """The simulator swaps its engine for the compiled one, and the run still equals the eager run."""
     from test_sim_resume import comparable, make, same_floats, tiny_config
 
-    from fedopt_kernels.sim.batched.compiled import CompiledStackedLoss
+    from fedopt_kernels.sim.batched.compiled import CompiledLayersLoss
 
     base = tiny_config("fedavg", client_batched=3, rounds=2)
     eager = make(base.replace(formulations="default")).run()
@@ -406,12 +406,12 @@ def test_a_run_whose_search_chose_the_compiled_step_trains_through_it(monkeypatc
     monkeypatch.setattr(
         choose.Timer,
         "measure",
-        lambda self, trial: fake(self, trial) * (0.5 if isinstance(self.engine, CompiledStackedLoss) else 1.0),
+        lambda self, trial: fake(self, trial) * (0.5 if isinstance(self.engine, CompiledLayersLoss) else 1.0),
     )
     monkeypatch.setattr(choose.Chooser, "__init__", _with_compile(choose.Chooser.__init__))
     sim = make(base.replace(formulations="measure"))
     got = sim.run()
-    assert isinstance(sim.batched.loss, CompiledStackedLoss) and got["client_batched"]["compiled"]
+    assert isinstance(sim.batched.loss, CompiledLayersLoss) and got["client_batched"]["compiled"]
     # the stand-in clock chose the defaults' formulations: compiled or not, the same math to rounding
     for a, b in zip(comparable(got)["history"], comparable(eager)["history"]):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)

@@ -36,7 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedopt_kernels.fl.checkpoint import CheckpointError
 from fedopt_kernels.sim.batched import layers
-from fedopt_kernels.sim.batched.loss import ClientLoss, client_loss
+from fedopt_kernels.sim.batched.layers_engine import LayersLoss
+from fedopt_kernels.sim.batched.loss import VmapLoss, client_loss
 from fedopt_kernels.sim.batched.precision import (
     PRECISIONS,
     UnsupportedPrecision,
@@ -47,7 +48,6 @@ from fedopt_kernels.sim.batched.precision import (
     precision_scope,
     tf32_enabled,
 )
-from fedopt_kernels.sim.batched.stacked import StackedLoss
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import SimConfig
 from fedopt_kernels.sim.data.clients import ClientData
@@ -178,28 +178,28 @@ def _clients(model, C, B, shape, classes, seed=0, dtype=torch.float32, device="c
     return params, x, y, w
 
 
-# (model, input shape, classes, engine: ("stacked", formulations) or ("vmap", None))
+# (model, input shape, classes, engine: ("layers", formulations) or ("vmap", None))
 DTYPE_CASES = (
     [
-        ("cnn", (1, 8, 8), 10, "stacked", {"Conv2d": c, "Linear": lin})
+        ("cnn", (1, 8, 8), 10, "layers", {"Conv2d": c, "Linear": lin})
         for c in layers.FORMULATIONS["Conv2d"]
         for lin in layers.FORMULATIONS["Linear"]
     ]
     + [
         ("cnn", (1, 8, 8), 10, "vmap", None),
-        ("mlp", (1, 6, 6), 5, "stacked", None),
-        ("char-gru", (12,), 20, "stacked", None),
+        ("mlp", (1, 6, 6), 5, "layers", None),
+        ("char-gru", (12,), 20, "layers", None),
     ]
     + [  # "loop" is torch's own LSTM kernel (check_supported)
-        ("char-lstm", (12,), 20, "stacked", {"LSTM": f}) for f in layers.FORMULATIONS["LSTM"] if f != "loop"
+        ("char-lstm", (12,), 20, "layers", {"LSTM": f}) for f in layers.FORMULATIONS["LSTM"] if f != "loop"
     ]
 )
 
 
 def _engine(model, kind, forms, precision):
     if kind == "vmap":
-        return ClientLoss(model, precision=precision)
-    return StackedLoss(model, formulations=forms, precision=precision)
+        return VmapLoss(model, precision=precision)
+    return LayersLoss(model, formulations=forms, precision=precision)
 
 
 def _seen_dtypes(name, shape, classes, kind, forms, precision, device="cpu"):
@@ -226,17 +226,17 @@ def test_bf16_matmuls_and_convolutions_take_bfloat16_and_gradients_stay_float32(
 
 def test_the_dtype_check_can_fail():
     """Not vacuous: the same engine at fp32 runs its matmuls in float32, which the check refuses."""
-    seen, _, _ = _seen_dtypes("cnn", (1, 8, 8), 10, "stacked", None, "fp32")
+    seen, _, _ = _seen_dtypes("cnn", (1, 8, 8), 10, "layers", None, "fp32")
     assert seen and all(dtypes == {torch.float32} for _, dtypes in seen)
     assert not any(dtypes == {torch.bfloat16} for _, dtypes in seen)
 
 
-def test_the_stacked_functions_need_their_casts_under_autocast(monkeypatch):
+def test_the_client_layers_need_their_casts_under_autocast(monkeypatch):
     """Why layers.py casts: without it a hand-written backward meets a saved float32 tensor and the
     bfloat16 gradient of the output autocast gave its forward."""
     monkeypatch.setattr(layers, "autocast_inputs", lambda *ts: ts)
     with pytest.raises(RuntimeError, match="(?i)float|bfloat16|dtype"):
-        _seen_dtypes("cnn", (1, 8, 8), 10, "stacked", {"Conv2d": "grouped-nhwc", "Linear": "bmm"}, "bf16")
+        _seen_dtypes("cnn", (1, 8, 8), 10, "layers", {"Conv2d": "grouped-nhwc", "Linear": "bmm"}, "bf16")
 
 
 # ------------------------------------------------------------------ engines against per-client autograd
@@ -306,13 +306,13 @@ def _bf16_gap(kind, device, engine, params=None):
 
 
 ENGINES = [("conv", "vmap", None, None)] + [
-    ("conv", "stacked", {"Conv2d": c, "Linear": lin}, order)
+    ("conv", "layers", {"Conv2d": c, "Linear": lin}, order)
     for c in layers.FORMULATIONS["Conv2d"]
     for lin in layers.FORMULATIONS["Linear"]
     for order in layers.ORDERS
 ]
 ENGINES += [("text", "vmap", None, None)] + [
-    ("text", "stacked", {"Linear": lin}, order) for lin in layers.FORMULATIONS["Linear"] for order in layers.ORDERS
+    ("text", "layers", {"Linear": lin}, order) for lin in layers.FORMULATIONS["Linear"] for order in layers.ORDERS
 ]
 
 
@@ -326,8 +326,8 @@ def test_bf16_engines_equal_per_client_autograd_under_the_same_autocast(device, 
 
     def make(m):
         if engine == "vmap":
-            return ClientLoss(m, precision="bf16")
-        return StackedLoss(m, formulations=forms, order=order, precision="bf16")
+            return VmapLoss(m, precision="bf16")
+        return LayersLoss(m, formulations=forms, order=order, precision="bf16")
 
     assert _bf16_gap(kind, device, make) <= 2.0
 
@@ -336,7 +336,7 @@ def test_the_bf16_engine_check_can_fail():
     """Not vacuous: client 0 computed with client 1's parameters is far outside."""
     _, params, *_ = _smooth_case("conv", "cpu")
     swapped = [torch.cat([p[1:2], p[0:1], p[2:]]) for p in params]
-    assert _bf16_gap("conv", "cpu", lambda m: StackedLoss(m, precision="bf16"), swapped) > 10
+    assert _bf16_gap("conv", "cpu", lambda m: LayersLoss(m, precision="bf16"), swapped) > 10
 
 
 # ------------------------------------------------------------------ the simulator

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 import fedopt_kernels
 from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.sim.batched.batches import BatchPool
-from fedopt_kernels.sim.batched.loss import ClientLoss
+from fedopt_kernels.sim.batched.loss import VmapLoss
 from fedopt_kernels.sim.batched.size import MAX_AUTO, activation_bytes, auto_clients_at_once
 from fedopt_kernels.sim.batched.trainer import clip_per_client_
 from fedopt_kernels.sim.cli import fedopt_sim
@@ -165,7 +165,7 @@ def test_padded_batches_give_each_clients_mean_gradient():
     assert rb.x.shape == (2, 3, 4) + SHAPE and rb.counts.tolist() == [[1, 4, 4], [1, 2, 4]]
     assert torch.allclose(rb.w.sum(-1), torch.ones(2, 3))
     model = model_fn()
-    loss = ClientLoss(model)
+    loss = VmapLoss(model)
     stacked = [
         p.detach().unsqueeze(0).repeat(3, *([1] * p.dim())) + 0.01 * torch.randn(3, *p.shape)
         for p in model.parameters()

@@ -1,12 +1,12 @@
-"""``CompiledStackedLoss``: the stacked step through ``torch.compile`` equals per-client autograd in
+"""``CompiledLayersLoss``: the layers engine's step through ``torch.compile`` equals per-client autograd in
 float64, and what cannot be compiled says so with ``NotCompilable`` (never a wrong answer, never an
 input error disguised as one). Compiling takes tens of seconds on a CPU: the full suite runs this file."""
 
 import pytest
 import torch
-from test_sim_stacked import ROUNDING_RTOL, _case, _per_client, _rel
+from test_sim_layers_engine import ROUNDING_RTOL, _case, _per_client, _rel
 
-from fedopt_kernels.sim.batched.compiled import CompiledStackedLoss, NotCompilable
+from fedopt_kernels.sim.batched.compiled import CompiledLayersLoss, NotCompilable
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -21,11 +21,11 @@ def test_compiled_gradients_equal_per_client_autograd():
     """Inductor, one graph: the grouped runs' and the batched head's custom autograd Functions included."""
     model, params, x, y, w = _case("cnn")
     want, want_loss = _per_client(model, params, x, y, w)
-    engine = CompiledStackedLoss(model, formulations={"features.0": "im2col", "features.2": "grouped-nhwc"})
-    assert engine.engine == "stacked-compiled" and engine.fullgraph is None  # built at the first call
+    engine = CompiledLayersLoss(model, formulations={"features.0": "im2col", "features.2": "grouped-nhwc"})
+    assert engine.engine == "layers-compiled" and engine.fullgraph is None  # built at the first call
     grads, loss = engine.grads(params, x, y, w)
     assert engine.fullgraph is True
-    assert engine.stacked.formulations() == {"features.0": "im2col", "features.2": "grouped-nhwc", "head": "bmm"}
+    assert engine.layers_net.formulations() == {"features.0": "im2col", "features.2": "grouped-nhwc", "head": "bmm"}
     assert _rel(loss, want_loss) <= ROUNDING_RTOL
     _assert_equal(grads, want)
     shared = [p[0] for p in params]  # every client's batch at the same parameters (grads_at)
@@ -37,12 +37,12 @@ def test_a_graph_break_compiles_the_parts_between():
     """nn.LSTM's fused kernel (the loop formulation) is no graph for Dynamo: the step compiles around it."""
     model, params, x, y, w = _case("char-lstm")
     want, _ = _per_client(model, params, x, y, w)
-    engine = CompiledStackedLoss(model, formulations={"LSTM": "loop"}, backend="aot_eager")
+    engine = CompiledLayersLoss(model, formulations={"LSTM": "loop"}, backend="aot_eager")
     _assert_equal(engine.grads(params, x, y, w)[0], want)
     assert engine.fullgraph is False
-    engine.stacked.set_formulations({"LSTM": "bmm-fused"})  # other formulations: compiled again, still right
+    engine.layers_net.set_formulations({"LSTM": "bmm-fused"})  # other formulations: compiled again, still right
     _assert_equal(engine.grads(params, x, y, w)[0], want)
-    assert engine.stacked.formulations()["lstm"] == "bmm-fused"
+    assert engine.layers_net.formulations()["lstm"] == "bmm-fused"
 
 
 def test_a_failing_compiler_raises_not_compilable_once():
@@ -53,7 +53,7 @@ def test_a_failing_compiler_raises_not_compilable_once():
         raise RuntimeError("no C++ compiler on this machine")
 
     model, params, x, y, w = _case("mlp")
-    engine = CompiledStackedLoss(model, backend=broken)
+    engine = CompiledLayersLoss(model, backend=broken)
     with pytest.raises(NotCompilable, match=r"torch.compile .* cannot compute MLP: .*no C\+\+ compiler"):
         engine.grads(params, x, y, w)
     n = len(calls)
@@ -64,7 +64,7 @@ def test_a_failing_compiler_raises_not_compilable_once():
 
 def test_an_input_error_is_raised_as_the_eager_engine_raises_it():
     model, params, x, y, w = _case("mlp")
-    engine = CompiledStackedLoss(model, backend="eager")
+    engine = CompiledLayersLoss(model, backend="eager")
     with pytest.raises(RuntimeError, match="Expected size for first two dimensions of batch2") as info:
         engine.grads(params, x[..., :5], y, w)  # one pixel short
     assert not isinstance(info.value, NotCompilable)
@@ -77,7 +77,7 @@ def test_past_the_recompile_limit_it_raises_rather_than_run_eagerly(monkeypatch)
     eagerly, without a word: timed as the compiled candidate, that would be the eager engine's time."""
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     model, params, x, y, w = _case("mlp")
-    engine = CompiledStackedLoss(model, backend="eager", fullgraph=False)
+    engine = CompiledLayersLoss(model, backend="eager", fullgraph=False)
     want, _ = _per_client(model, params, x, y, w)
     _assert_equal(engine.grads(params, x, y, w)[0], want)
     assert engine.fullgraph is False

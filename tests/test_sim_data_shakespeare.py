@@ -166,7 +166,7 @@ def test_config_and_cli_errors(leaf, tmp_path, capsys):
     assert SimConfig(dataset="shakespeare", data_dir=root).model == "char-gru"  # its default model
     with pytest.raises(ValueError, match="hidden only applies to"):
         SimConfig(model="cnn", hidden=8).validate()
-    # char-lstm trains client-batched (the stacked engine batches nn.LSTM): no longer refused
+    # char-lstm trains client-batched (the layers engine batches nn.LSTM): no longer refused
     SimConfig(dataset="shakespeare", data_dir=root, model="char-lstm", clients=3, client_batched=2).validate()
     for argv, msg in [
         (["--clients", "4"], "--clients 4 is more than the 3 Shakespeare users"),

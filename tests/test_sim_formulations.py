@@ -1,9 +1,9 @@
-"""Every candidate formulation of every stacked layer, alone: its output and the gradients of its
+"""Every candidate formulation of every client layer, alone: its output and the gradients of its
 parameters *and its input* equal per-client autograd on the plain module, in float64, in both sample
 orders and input layouts; a formulation a layer cannot run is left out of its candidates and refused
 by name.
 
-The models' cases (tests/test_sim_stacked.py) see a layer's input gradient only through the layers
+The models' cases (tests/test_sim_layers_engine.py) see a layer's input gradient only through the layers
 before it, and never the first layer's; here every layer's input requires a gradient, and an LSTM's
 final state is part of the loss (its last cell gradient is not zero). ``ROUNDING_RTOL`` is float64's
 eps times 1e6, as there: the formulations sum the same products in other orders (observed <= 1e-15
@@ -19,10 +19,10 @@ from torch import nn
 from torch.func import functional_call
 
 from fedopt_kernels.sim.batched.conv_im2col import _Im2colConv
+from fedopt_kernels.sim.batched.layer_types import client_layer
 from fedopt_kernels.sim.batched.layers import FORMULATIONS, Clients
+from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 from fedopt_kernels.sim.batched.lstm_cell import _LSTMCell
-from fedopt_kernels.sim.batched.stacked import StackedLoss
-from fedopt_kernels.sim.batched.stacked_types import stacked_layer
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
 C, B = 3, 2
@@ -49,7 +49,7 @@ LAYERS = {
 
 
 def _layer(make):
-    layer = stacked_layer(make())
+    layer = client_layer(make())
     assert layer is not None
     return layer
 
@@ -84,9 +84,9 @@ def _per_client(module, params, x, weights):
     return outs, grads
 
 
-def _stacked(module, params, x, weights, form, order, channels_last):
-    """The stacked layer under ``form``: its outputs per client and the gradients of its input and parameters."""
-    layer = stacked_layer(module)
+def _client_layer(module, params, x, weights, form, order, channels_last):
+    """The client layer under ``form``: its outputs per client and the gradients of its input and parameters."""
+    layer = client_layer(module)
     layer.ctx = ctx = Clients(C, B, order)
     layer.formulation = form
     ps = {n: p.detach().requires_grad_() for n, p in params.items()}
@@ -107,7 +107,7 @@ def _rel(a, b):
 
 
 def _check(name, form, order="client", channels_last=False, device="cpu"):
-    """The stacked layer (on ``device``) against per-client autograd on the CPU."""
+    """The client layer (on ``device``) against per-client autograd on the CPU."""
     module, shape = _module(name)
     g = torch.Generator().manual_seed(1)
     params = {
@@ -121,7 +121,7 @@ def _check(name, form, order="client", channels_last=False, device="cpu"):
     want_out, want = _per_client(module, params, x, weights)
     on = {n: p.to(device) for n, p in params.items()}
     there = [r.to(device) for r in weights]
-    got_out, got = _stacked(copy.deepcopy(module).to(device), on, x.to(device), there, form, order, channels_last)
+    got_out, got = _client_layer(copy.deepcopy(module).to(device), on, x.to(device), there, form, order, channels_last)
     got_out, got = [o.cpu() for o in got_out], [t.cpu() for t in got]
     for c in range(C):
         for o, r in zip(got_out, want_out[c]):
@@ -134,7 +134,7 @@ def _check(name, form, order="client", channels_last=False, device="cpu"):
 @pytest.mark.parametrize("name,form", CASES, ids=[f"{n}-{f}" for n, f in CASES])
 def test_every_candidate_equals_per_client_autograd(name, form, order):
     module, shape = _module(name)
-    layer = stacked_layer(module)
+    layer = client_layer(module)
     x = torch.empty(C * B, *shape, device="meta", dtype=torch.float64)
     if form not in layer.candidates(x):
         with pytest.raises(ValueError, match=f"{layer.kind}\\) cannot run '{form}'"):
@@ -170,29 +170,29 @@ def test_a_non_candidate_is_refused_by_layer_name_and_nothing_changes(monkeypatc
     ``im2col``, a stand-in for a configuration a formulation lacks) leaves it out of its candidates,
     and forcing it raises, naming the layer: in ``set_formulations``, which then changes nothing, and
     at call time when it was set around it, inside a grouped run too."""
-    from fedopt_kernels.sim.batched.layers import StackedConv2d
+    from fedopt_kernels.sim.batched.layers import ClientConv2d
 
     def why_not(self, form, x=None):
         if form == "im2col" and self.kernel[0] > 2:
             return "a stand-in refusal"
-        return super(StackedConv2d, self).why_not(form, x)
+        return super(ClientConv2d, self).why_not(form, x)
 
-    monkeypatch.setattr(StackedConv2d, "why_not", why_not)
+    monkeypatch.setattr(ClientConv2d, "why_not", why_not)
     model = nn.Sequential(nn.Conv2d(1, 2, 2), nn.ReLU(), nn.Conv2d(2, 2, 3, padding="same"), nn.Flatten())
-    engine = StackedLoss(model, formulations={"Conv2d": "loop"})
+    engine = LayersLoss(model, formulations={"Conv2d": "loop"})
     x = torch.empty(6, 2, 5, 5, device="meta")
-    assert "im2col" in engine.stacked.layers["0"].candidates(x)
-    assert engine.stacked.layers["2"].candidates(x) == ("grouped", "grouped-nhwc", "loop", "loop-nhwc")
+    assert "im2col" in engine.layers_net.layers["0"].candidates(x)
+    assert engine.layers_net.layers["2"].candidates(x) == ("grouped", "grouped-nhwc", "loop", "loop-nhwc")
     with pytest.raises(ValueError, match=r"formulations: 2 \(Conv2d\) cannot run 'im2col': a stand-in refusal"):
-        engine.stacked.set_formulations({"0": "grouped", "Conv2d": "im2col"})
-    assert [m.formulation for m in engine.stacked.layers.values()] == ["loop", "loop"]
+        engine.layers_net.set_formulations({"0": "grouped", "Conv2d": "im2col"})
+    assert [m.formulation for m in engine.layers_net.layers.values()] == ["loop", "loop"]
     with pytest.raises(ValueError, match=r"formulations: 0 \(Conv2d\) cannot run 'bmm-fused': Conv2d has"):
-        StackedLoss(model, formulations={"0": "bmm-fused"})
+        LayersLoss(model, formulations={"0": "bmm-fused"})
     params = [p.detach().unsqueeze(0).repeat(2, *([1] * p.dim())) for p in model.parameters()]
     x, y, w = torch.randn(2, 3, 1, 6, 6), torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3)
     for first, second in (("loop", "im2col"), ("grouped-nhwc", "im2col"), ("grouped-nhwc", "nhwc")):
-        engine.stacked.set_formulations({"0": first})
-        engine.stacked.layers["2"].formulation = second  # as a benchmark sets it, around set_formulations
+        engine.layers_net.set_formulations({"0": first})
+        engine.layers_net.layers["2"].formulation = second  # as a benchmark sets it, around set_formulations
         with pytest.raises(ValueError, match=f"formulations: 2 \\(Conv2d\\) cannot run '{second}'"):
             engine.grads(params, x, y, w)
 

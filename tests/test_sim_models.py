@@ -225,13 +225,13 @@ def test_character_models_vmap_over_clients_matches_a_loop(name):
     torch.testing.assert_close(got, torch.stack([models[i](x[i]) for i in range(3)]), rtol=1e-4, atol=1e-5)
 
 
-def test_vmap_refuses_an_lstm_the_stacked_engine_takes_it():
-    from fedopt_kernels.sim.batched.loss import ClientLoss, client_loss
-    from fedopt_kernels.sim.batched.stacked import StackedLoss
+def test_vmap_refuses_an_lstm_the_layers_engine_takes_it():
+    from fedopt_kernels.sim.batched.layers_engine import LayersLoss
+    from fedopt_kernels.sim.batched.loss import VmapLoss, client_loss
 
     with pytest.raises(ValueError, match=r"vmap cannot batch the fused recurrent layer lstm \(LSTM\)"):
-        ClientLoss(build_model("char-lstm", (80,), 80, hidden=8))
-    assert isinstance(client_loss(build_model("char-lstm", (80,), 80, hidden=8)), StackedLoss)
+        VmapLoss(build_model("char-lstm", (80,), 80, hidden=8))
+    assert isinstance(client_loss(build_model("char-lstm", (80,), 80, hidden=8)), LayersLoss)
     SimConfig(dataset="shakespeare", data_dir="x", model="char-lstm", client_batched=4).validate()
 
 

@@ -22,10 +22,10 @@ round each; a mode's figure is its best round:
   ``--seq-max-clients`` (200), interleaved with that C's modes, and each C compares with its own
   (other processes' load moves, and a short round is likelier to find a quiet moment than a long
   one); on a GPU its rate does not depend on C, and it runs at the smallest C only;
-* ``batched-vmap``: ``torch.func.vmap`` gradients (``sim.batched.loss.ClientLoss``) + ``BatchedFedNAR``:
-  the client-batched step before the stacked engine;
-* ``batched-plain-torch``: the stacked engine's gradients + FedNAR in plain torch on stacked tensors;
-* ``batched-fused-default``: the stacked engine (``sim.batched.stacked``) with its fixed default
+* ``batched-vmap``: ``torch.func.vmap`` gradients (``sim.batched.loss.VmapLoss``) + ``BatchedFedNAR``:
+  the client-batched step before the layers engine;
+* ``batched-plain-torch``: the layers engine's gradients + FedNAR in plain torch on stacked tensors;
+* ``batched-fused-default``: the layers engine (``sim.batched.layers_engine``) with its fixed default
   formulations + ``BatchedFedNAR``: what the search is compared against;
 * ``batched-fused``: the same with the formulations chosen by measurement on this device
   (``sim.batched.choose``, ``--formulations``): the simulator's ``--client-batched`` step;
@@ -51,9 +51,9 @@ forward and backward passes compute in, and what the device's FLOP/s are measure
 gradients and every update stay float32.
 
 Parts, per step at each C (medians, the parts timed interleaved: ``timing.time_interleaved``): the
-gradients alone (stacked engine, vmap) and the update alone (plain torch vs ``BatchedFedNAR``); with
-``--layers``, every stacked layer's forward + backward under each of its candidate formulations
-(``StackedLayer.candidates``, interleaved), at the largest C.
+gradients alone (layers engine, vmap) and the update alone (plain torch vs ``BatchedFedNAR``); with
+``--layers``, every client layer's forward + backward under each of its candidate formulations
+(``ClientLayer.candidates``, interleaved), at the largest C.
 
 Goals (``bench.clients.goals``): pass / miss, or on a CPU "disturbed" where a round a figure rests on
 ran while other processes kept more than 0.25 cores busy (its row is marked ⚠), or n/a.
@@ -137,7 +137,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--layers",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also time every stacked layer alone under each formulation at the largest C (default on; "
+        help="also time every client layer alone under each formulation at the largest C (default on; "
         "the search's step times, in context, are reported either way)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's default)")

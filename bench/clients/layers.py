@@ -1,4 +1,4 @@
-"""Every stacked layer of a model alone, forward + backward on the input it gets in a real step, under
+"""Every client layer of a model alone, forward + backward on the input it gets in a real step, under
 each of its candidate formulations, the candidates of a layer timed interleaved."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
+from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 from fedopt_kernels.sim.batched.precision import autocast_scope, precision_scope
-from fedopt_kernels.sim.batched.stacked import StackedLoss
 
 from ..timing import Budget, median, time_interleaved
 from .workload import Workload
 
 
 def _layer_inputs(
-    engine: StackedLoss, wl: Workload, stacked: List[torch.Tensor]
+    engine: LayersLoss, wl: Workload, stacked: List[torch.Tensor]
 ) -> Dict[str, Tuple[torch.Tensor, bool]]:
     """Each layer's input in one step under the default formulations, and whether it needed a gradient."""
     inputs: Dict[str, Tuple[torch.Tensor, bool]] = {}
@@ -26,7 +26,7 @@ def _layer_inputs(
 
     hooks = [
         layer.register_forward_pre_hook(lambda m, a, path=path: keep(path, a))
-        for path, layer in engine.stacked.layers.items()
+        for path, layer in engine.layers_net.layers.items()
     ]
     try:
         engine.grads(stacked, wl.x[0], wl.y[0], wl.w[0])
@@ -37,20 +37,20 @@ def _layer_inputs(
 
 
 def layer_rows(
-    name: str, wl: Workload, engine: StackedLoss, budget: Budget, log: Callable[[str], None]
+    name: str, wl: Workload, engine: LayersLoss, budget: Budget, log: Callable[[str], None]
 ) -> List[Dict[str, Any]]:
-    """Forward + backward of every stacked layer of ``engine`` (default formulations) alone under each
+    """Forward + backward of every client layer of ``engine`` (default formulations) alone under each
     formulation it has, on its real input; a row per layer and formulation."""
     device = wl.device
     stacked = [g.unsqueeze(0).repeat(wl.clients, *([1] * g.dim())).contiguous() for g in wl.glob]
     inputs = _layer_inputs(engine, wl, stacked)
-    default = engine.stacked.formulations()
+    default = engine.layers_net.formulations()
     ctx = engine.context(wl.clients, wl.x.shape[2], device)
-    slots: Dict[int, List[Tuple[str, torch.Tensor]]] = {id(layer): [] for layer in engine.stacked.layers.values()}
-    for (layer, attr), t in zip(engine.stacked.slots, stacked):
+    slots: Dict[int, List[Tuple[str, torch.Tensor]]] = {id(layer): [] for layer in engine.layers_net.layers.values()}
+    for (layer, attr), t in zip(engine.layers_net.slots, stacked):
         slots[id(layer)].append((attr, t))
     rows = []
-    for path, layer in engine.stacked.layers.items():
+    for path, layer in engine.layers_net.layers.items():
         if path not in inputs:
             continue
         x, needs_grad = inputs[path]

@@ -17,10 +17,10 @@ from fedopt_kernels import FedNAR
 from fedopt_kernels.batched import BatchedFedNAR
 from fedopt_kernels.sim.batched.choose import Budget as SearchBudget
 from fedopt_kernels.sim.batched.choose import Chooser
-from fedopt_kernels.sim.batched.loss import ClientLoss
+from fedopt_kernels.sim.batched.layers_engine import LayersLoss
+from fedopt_kernels.sim.batched.loss import VmapLoss
 from fedopt_kernels.sim.batched.precision import check_supported
 from fedopt_kernels.sim.batched.size import activation_bytes, free_bytes
-from fedopt_kernels.sim.batched.stacked import StackedLoss
 
 from ..timing import error_text, median, sync, time_interleaved, time_rounds
 from .layers import layer_rows
@@ -52,7 +52,7 @@ class _Modes:
     builders: Dict[str, Tuple[str, Build]] = field(default_factory=dict)
     skipped: Dict[str, str] = field(default_factory=dict)
     chunk: Optional[int] = None
-    vmap_loss: Optional[ClientLoss] = None
+    vmap_loss: Optional[VmapLoss] = None
 
 
 def _stacked(wl: Workload, clients: int) -> List[torch.Tensor]:
@@ -83,8 +83,8 @@ class _Setup:
     base: Row  # what every row of it starts with
     chooser: Chooser
     forms: Dict[str, str]  # the formulations chosen for all C clients at once
-    engine: StackedLoss  # with them
-    default_engine: StackedLoss  # with the defaults
+    engine: LayersLoss  # with them
+    default_engine: LayersLoss  # with the defaults
 
 
 def _modes(setup: _Setup, seq_at: List[int], rows: List[Row]) -> _Modes:
@@ -112,7 +112,7 @@ def _modes(setup: _Setup, seq_at: List[int], rows: List[Row]) -> _Modes:
         m.skipped[VMAP] = "on a GPU at the smallest C only"
     elif VMAP in wanted:
         try:
-            vmap_loss = m.vmap_loss = ClientLoss(wl.model, precision=wl.precision)
+            vmap_loss = m.vmap_loss = VmapLoss(wl.model, precision=wl.precision)
             m.builders[VMAP] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, vmap_loss, None)))
         except ValueError as why:
             m.skipped[VMAP] = str(why).split(". ")[0]
@@ -143,7 +143,7 @@ def _modes(setup: _Setup, seq_at: List[int], rows: List[Row]) -> _Modes:
         if m.chunk is None:
             m.skipped[CHUNKED] = "all C clients at once was fastest (or --chunk >= C)"
         else:
-            chunk_engine = StackedLoss(wl.model, formulations=chunk_forms, precision=wl.precision)
+            chunk_engine = LayersLoss(wl.model, formulations=chunk_forms, precision=wl.precision)
             per = m.chunk
             m.builders[CHUNKED] = (
                 backend,
@@ -206,8 +206,8 @@ def _time_parts(setup: _Setup, m: _Modes, log: Callable[[str], None]) -> List[Ro
     grads = [torch.randn_like(t) * 0.01 for t in stacked]
     x, y, w = wl.x[0], wl.y[0], wl.w[0]
     parts: List[Tuple[str, str, Callable[[], Any]]] = [
-        ("grad stacked", "torch", lambda: engine.grads(stacked, x, y, w)),
-        ("grad stacked default", "torch", lambda: default_engine.grads(stacked, x, y, w)),
+        ("grad layers", "torch", lambda: engine.grads(stacked, x, y, w)),
+        ("grad layers default", "torch", lambda: default_engine.grads(stacked, x, y, w)),
     ]
     vmap_loss = m.vmap_loss
     if VMAP in m.builders and vmap_loss is not None:
@@ -241,13 +241,13 @@ def measure(
     name: str, C: int, args: argparse.Namespace, device: torch.device, seq_at: List[int], log: Callable[[str], None]
 ) -> List[Row]:
     """Every mode (interleaved) and part of model ``name`` at C clients; with ``--layers``, at the
-    model's largest C, every stacked layer alone under each of its formulations."""
+    model's largest C, every client layer alone under each of its formulations."""
     steps, batch = args.steps_of[name], args.batch_of[name]
     wl = Workload(SETTINGS[name], C, steps, batch, device, precision=args.precision)
     check_supported(wl.model, wl.precision, device)  # bf16 on a CPU without a kernel for a layer: one clear error
     base: Row = dict(model=name, clients=C, steps=steps, batch=batch)
     chooser = Chooser(
-        StackedLoss(wl.model, precision=wl.precision),
+        LayersLoss(wl.model, precision=wl.precision),
         partial(_choice_inputs, wl),
         args.formulations,
         precision=wl.precision,
@@ -256,8 +256,8 @@ def measure(
     rows: List[Row] = [dict(base, choice=choice.to_json(), search_s=chooser.spent_s, source=choice.source)]
     log(f"  {name} C={C:>5} formulations {choice.formulations} ({chooser.spent_s:.1f} s to choose)")
     forms = choice.formulations
-    engine = StackedLoss(wl.model, formulations=forms, precision=wl.precision)
-    setup = _Setup(wl, args, name, base, chooser, forms, engine, StackedLoss(wl.model, precision=wl.precision))
+    engine = LayersLoss(wl.model, formulations=forms, precision=wl.precision)
+    setup = _Setup(wl, args, name, base, chooser, forms, engine, LayersLoss(wl.model, precision=wl.precision))
     m = _modes(setup, seq_at, rows)
     rows += _time_modes(wl, m, args.rounds, base, log)
     gc.collect()

@@ -11,7 +11,7 @@ from fedopt_kernels.sim.batched.precision import summary
 
 from ..contention import DISTURBED
 from ..report import rerender, save
-from .results import device_flops, div, fmt_bytes, fmt_rate, fmt_x, part_time, rate, seq_rate
+from .results import device_flops, div, fmt_bytes, fmt_rate, fmt_x, named, part_time, rate, seq_rate
 from .settings import MODES, SEQ
 
 
@@ -82,7 +82,7 @@ def markdown(result: Dict[str, Any]) -> str:
                     (
                         r
                         for r in result["rows"]
-                        if r.get("model") == name and r.get("mode") == mode and r["clients"] == C
+                        if r.get("model") == name and named(r.get("mode")) == mode and r["clients"] == C
                     ),
                     None,
                 )
@@ -107,14 +107,14 @@ def markdown(result: Dict[str, Any]) -> str:
                 )
         lines += [
             "",
-            "| clients | grad stacked (chosen) | grad stacked (defaults) | grad vmap | update plain torch | "
+            "| clients | grad layers (chosen) | grad layers (defaults) | grad vmap | update plain torch | "
             "update fused | update: plain / fused |",
             "|---|---|---|---|---|---|---|",
         ]
         for C in meta["clients"][name]:
             g, d, v, p, f = (
                 part_time(result, name, C, n)
-                for n in ("grad stacked", "grad stacked default", "grad vmap", "update plain torch", "update fused")
+                for n in ("grad layers", "grad layers default", "grad vmap", "update plain torch", "update fused")
             )
             fmt = lambda s: "—" if s is None else f"{s * 1e3:.3f} ms"  # noqa: E731
             lines.append(f"| {C} | {fmt(g)} | {fmt(d)} | {fmt(v)} | {fmt(p)} | {fmt(f)} | {fmt_x(div(p, f))} |")

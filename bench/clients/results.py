@@ -9,12 +9,19 @@ from .settings import BATCHED, SEQ
 
 Result = Dict[str, Any]
 Row = Dict[str, Any]
+# the earlier names of parts and modes, in results saved before they were renamed
+EARLIER = {"grad stacked": "grad layers", "grad stacked default": "grad layers default"}
+
+
+def named(label: Optional[str]) -> Optional[str]:
+    """A row's part or mode under today's name."""
+    return None if label is None else EARLIER.get(label, label)
 
 
 def mode_row(result: Result, model: str, C: int, mode: str) -> Optional[Row]:
     """The timed row of ``mode`` for ``model`` at C clients (None: not run, skipped or failed)."""
     for r in result["rows"]:
-        if r.get("model") == model and r.get("mode") == mode and r["clients"] == C and "client_steps_per_s" in r:
+        if r.get("model") == model and named(r.get("mode")) == mode and r["clients"] == C and "client_steps_per_s" in r:
             return r
     return None
 
@@ -35,7 +42,7 @@ def best_row(result: Result, model: str, C: int) -> Optional[Row]:
 def part_row(result: Result, model: str, C: int, name: str) -> Optional[Row]:
     """The timed row of part ``name`` (the gradients alone, the update alone) at C."""
     for r in result["rows"]:
-        if r.get("model") == model and r.get("part") == name and r["clients"] == C and "step_s" in r:
+        if r.get("model") == model and named(r.get("part")) == name and r["clients"] == C and "step_s" in r:
             return r
     return None
 

@@ -13,8 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedopt_kernels import FedNAR
 from fedopt_kernels.batched import BatchedFedNAR
 from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 from fedopt_kernels.sim.batched.precision import autocast_scope, precision_scope
-from fedopt_kernels.sim.batched.stacked import StackedLoss
 from fedopt_kernels.sim.batched.trainer import BatchedTrainer
 from fedopt_kernels.sim.batched_round import _pad_clients
 from fedopt_kernels.sim.models.build import build_model
@@ -123,10 +123,10 @@ def chunked_round(wl: Workload, tr: BatchedTrainer) -> None:
 
 # ------------------------------------------------------------------ counting
 def client_step_flops(setting: Setting, batch: int, device: torch.device) -> float:
-    """Model FLOPs of one client's local step (forward + backward) at ``batch``: the stacked engine
+    """Model FLOPs of one client's local step (forward + backward) at ``batch``: the layers engine
     with one client, the LSTM written out (torch's fused LSTM kernel is invisible to the counter)."""
     wl = Workload(setting, 1, 1, batch, device)
-    engine = StackedLoss(wl.model, formulations={"LSTM": "bmm"} if setting.model == "char-lstm" else None)
+    engine = LayersLoss(wl.model, formulations={"LSTM": "bmm"} if setting.model == "char-lstm" else None)
     stacked = [g.unsqueeze(0) for g in wl.glob]
     with FlopCounterMode(display=False) as counter:
         engine.grads(stacked, wl.x[0], wl.y[0], wl.w[0])

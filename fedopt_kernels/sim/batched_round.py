@@ -30,11 +30,11 @@ from ..fl.algorithm import end_round
 from .batched.batches import BatchPool, apply_stage
 from .batched.choice_cache import ChoiceCache
 from .batched.choose import Choice, Chooser
-from .batched.compiled import CompiledStackedLoss
+from .batched.compiled import CompiledLayersLoss
 from .batched.host_memory import keep_freed_memory
+from .batched.layers_engine import LayersLoss
 from .batched.loss import client_loss
 from .batched.size import MAX_AUTO, auto_clients_at_once, free_bytes, state_copies
-from .batched.stacked import StackedLoss
 from .batched.trainer import BatchedTrainer
 from .data.image_input import ImageClassifier
 from .strategy import ClientUpdate, RoundHost
@@ -88,11 +88,11 @@ class BatchedClients:
         self.algo = self.opts.algo
         self.anchor_model = getattr(sim.strategy, "anchor_model", None)
         self.pool = BatchPool(sim.train_clients, cfg.batch_size, dtype=sim.global_params[0].dtype)
-        # the stacked engine's formulations (and, for "auto", the clients at once) are chosen at the
+        # the layers engine's formulations (and, for "auto", the clients at once) are chosen at the
         # first round, by measurement on the run's device (batched/choose.py), or taken back from a
         # checkpoint (adopt)
         self.chooser: Optional[Chooser] = None
-        if isinstance(self.loss, StackedLoss):
+        if isinstance(self.loss, LayersLoss):
             cache = ChoiceCache(cfg.formulation_cache) if cfg.formulation_cache else None
             self.chooser = Chooser(self.loss, self._sample_inputs, cfg.formulations, cache, precision=cfg.precision)
         self.choice: Optional[Choice] = None
@@ -171,8 +171,8 @@ class BatchedClients:
     def _use_compiled(self, choice: Choice) -> None:
         """Train through ``torch.compile``'s step when the search chose it (not for the anchor
         gradients of PAdaMFed-VR, another graph to compile)."""
-        if choice.compiled and self.anchor_model is None and isinstance(self.loss, StackedLoss):
-            self.loss = CompiledStackedLoss(
+        if choice.compiled and self.anchor_model is None and isinstance(self.loss, LayersLoss):
+            self.loss = CompiledLayersLoss(
                 self.sim.model, formulations=choice.formulations, order=self.loss.order, precision=self.loss.precision
             )
 
@@ -182,7 +182,7 @@ class BatchedClients:
         size, at_once = int(saved["size"]), int(saved["at_once"])
         forms = saved.get("formulations")
         if self.chooser is not None and isinstance(forms, dict):
-            self.loss.stacked.set_formulations(forms)
+            self.loss.layers_net.set_formulations(forms)
             compiled = saved.get("compiled") is True
             self.choice = Choice(
                 size, dict(forms), {p: "from the checkpoint" for p in forms}, source="checkpoint", compiled=compiled

@@ -79,7 +79,7 @@ class SimConfig(FLConfig):
     augment: bool = False  # cifar: random crop (padding 4) + horizontal flip in training
     client_batched: Any = 1  # clients trained at once, client-batched; "auto": as many as fit; 1: sequential
     cuda_graph: bool = False  # client-batched on CUDA: replay each local step from a CUDA graph
-    # client-batched: how the stacked engine's per-layer formulations are chosen (batched/choose.py):
+    # client-batched: how the layers engine's per-layer formulations are chosen (batched/choose.py):
     # "auto" measures on the device (reusing earlier choices), "measure" always, "default" never
     formulations: str = "auto"
     formulation_cache: Optional[str] = None  # a JSON file keeping measured choices across runs

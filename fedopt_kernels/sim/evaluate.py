@@ -96,7 +96,7 @@ class Scores:
 # ------------------------------------------------------------------ the global model
 def _eval_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """``model`` in eval mode as a function of a batch. On a CPU, convolutional models run through the
-    stacked engine as one client with channels-last convolutions (``batched/layers.py``,
+    layers engine as one client with channels-last convolutions (``batched/layers.py``,
     ``grouped-nhwc``): oneDNN's faster layout, which also keeps the pooling and element-wise layers
     after each convolution in it (a plain call on 1-channel images runs the first block in NCHW, where
     max-pooling is 8x slower). The model's own parameters are untouched."""
@@ -107,18 +107,18 @@ def _eval_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     if p0 is None or p0.device.type != "cpu" or not any(isinstance(m, nn.Conv2d) for m in net.modules()):
         return plain
     from .batched.layers import Clients
-    from .batched.stacked import NotStackable, StackedNet
+    from .batched.layers_engine import LayersNet, UnsupportedModel
 
     try:
-        stacked = StackedNet(net)
-    except NotStackable:
+        layered = LayersNet(net)
+    except UnsupportedModel:
         return plain
-    stacked.set_formulations({"Conv2d": "grouped-nhwc"})
+    layered.set_formulations({"Conv2d": "grouped-nhwc"})
     one = [p.detach().unsqueeze(0) for p in net.parameters()]
 
     def call(x: torch.Tensor) -> torch.Tensor:
         x = x if stage is None else stage(x, False)
-        return stacked(one, x, Clients(1, x.shape[0]))
+        return layered(one, x, Clients(1, x.shape[0]))
 
     return call
 

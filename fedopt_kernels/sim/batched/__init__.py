@@ -1,7 +1,7 @@
 """The client-batched engine (``--client-batched N``, docs/client_batched.md): N clients' local steps at once.
 
-``trainer`` (stacked clients and a batched optimizer), ``loss`` (the gradient engines: ``stacked``, the
-model's own code over all clients' samples with per-layer formulations from ``layers``, else vmap),
-``batches`` (padded per-client batches), ``step_graph`` (the step replayed from a CUDA graph),
-``size`` (``--client-batched auto``). ``sim.batched_round`` runs a round on it.
+``trainer`` (stacked clients and a batched optimizer), ``loss`` (the gradient engines: the layers
+engine, ``layers_engine``, the model's own code over all clients' samples with client layers from
+``layers``, else vmap), ``batches`` (padded per-client batches), ``step_graph`` (the step replayed
+from a CUDA graph), ``size`` (``--client-batched auto``). ``sim.batched_round`` runs a round on it.
 """

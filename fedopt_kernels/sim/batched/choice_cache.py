@@ -2,7 +2,7 @@
 
 An entry is keyed by everything the choice depends on: the device's name (and, on a CPU, the
 threads torch uses), torch's version, this package's version, the precision, the clients and batch
-per step, the sample order and every stacked layer's signature and candidate formulations. The key
+per step, the sample order and every client layer's signature and candidate formulations. The key
 is stored beside the choice and compared whole on reading (the file name of an entry is only its
 hash), so an entry measured elsewhere, or for other shapes, is never used.
 

@@ -1,13 +1,13 @@
 """Formulations and clients per chunk chosen on the device that runs them, by measurement.
 
-Every formulation of a stacked layer computes the same mathematics (each equals per-client autograd
-in float64, tests/test_sim_stacked.py); which one is fastest depends on the device, its libraries,
+Every formulation of a client layer computes the same mathematics (each equals per-client autograd
+in float64, tests/test_sim_layers_engine.py); which one is fastest depends on the device, its libraries,
 the shapes, the number of clients C and the precision. So the engine times them where it runs, as
 cuDNN's benchmark mode times its kernels, instead of trusting defaults chosen on another machine:
 
 * Layers are grouped by *signature* (kind, configuration, per-sample input shape, dtype and memory
   format); the layers of one group share one choice (ResNet-18's repeated blocks are measured once).
-* Group after group, each candidate (``StackedLayer.candidates``) runs the group's first layer alone,
+* Group after group, each candidate (``ClientLayer.candidates``) runs the group's first layer alone,
   forward and backward on the input it gets in the step: one warm-up run each, then ``rounds`` runs
   each in a rotated order, synchronised; medians compared. A candidate replaces the default only
   when it is at least ``margin`` faster: on a noisy machine the default stays rather than flipping
@@ -37,10 +37,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .choice_cache import ChoiceCache, step_key
-from .compiled import CompiledStackedLoss, NotCompilable
-from .layers import FORMULATIONS, StackedLayer
+from .compiled import CompiledLayersLoss, NotCompilable
+from .layers import FORMULATIONS, ClientLayer
+from .layers_engine import LayersLoss
 from .precision import autocast_scope, precision_scope
-from .stacked import StackedLoss
 
 MODES = ("auto", "default", "measure")
 # auto: the search may spend this share of the run's estimated training time
@@ -78,7 +78,7 @@ class Choice:
     source: str = "default"  # default | measured | process | cache
     spent_s: float = 0.0  # what finding it cost (0 when it came from a cache)
     times_s: Dict[str, Dict[str, float]] = field(default_factory=dict)  # group -> candidate -> median
-    compiled: bool = False  # the step runs through torch.compile (CompiledStackedLoss)
+    compiled: bool = False  # the step runs through torch.compile (CompiledLayersLoss)
     compile_note: str = ""  # whether torch.compile was tried, and what it measured
 
     def to_json(self) -> Dict[str, Any]:
@@ -95,14 +95,14 @@ class Choice:
 
 # ------------------------------------------------------------------ signatures
 def layer_inputs(
-    engine: StackedLoss, params: Sequence[torch.Tensor], x: torch.Tensor
+    engine: LayersLoss, params: Sequence[torch.Tensor], x: torch.Tensor
 ) -> Dict[str, Tuple[torch.Tensor, bool]]:
-    """Each stacked layer's input in one forward pass of the clients' samples ``x`` [C, B, ...]
+    """Each client layer's input in one forward pass of the clients' samples ``x`` [C, B, ...]
     (detached), and whether training takes its gradient: what the layer's candidates, signature and
     time alone depend on."""
     seen: Dict[str, Tuple[torch.Tensor, bool]] = {}
     hooks = []
-    for path, layer in engine.stacked.layers.items():
+    for path, layer in engine.layers_net.layers.items():
 
         def keep(m: Any, args: tuple, path: str = path) -> None:
             seen.setdefault(path, (args[0].detach(), args[0].requires_grad))
@@ -118,23 +118,23 @@ def layer_inputs(
     return seen
 
 
-def candidates(layer: StackedLayer, x: torch.Tensor) -> Tuple[str, ...]:
-    """The formulations that compute ``layer`` on an input like ``x`` (``StackedLayer.candidates``)."""
+def candidates(layer: ClientLayer, x: torch.Tensor) -> Tuple[str, ...]:
+    """The formulations that compute ``layer`` on an input like ``x`` (``ClientLayer.candidates``)."""
     return tuple(layer.candidates(x))
 
 
-def layer_signature(engine: StackedLoss, path: str, x: torch.Tensor) -> str:
+def layer_signature(engine: LayersLoss, path: str, x: torch.Tensor) -> str:
     """Kind, configuration (the source module's ``extra_repr``), per-sample input and its layout."""
-    src = engine.stacked.source.get_submodule(path)
+    src = engine.layers_net.source.get_submodule(path)
     layout = "nhwc" if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) else "dense"
     dtype = str(x.dtype).replace("torch.", "")
     return f"{type(src).__name__}({src.extra_repr()}) in {list(x.shape[1:])} {dtype} {layout}"
 
 
-def groups_of(engine: StackedLoss, inputs: Dict[str, torch.Tensor]) -> Dict[str, List[str]]:
+def groups_of(engine: LayersLoss, inputs: Dict[str, torch.Tensor]) -> Dict[str, List[str]]:
     """Signature -> the layer paths that have it (forward order), for layers with a choice to make."""
     out: Dict[str, List[str]] = {}
-    for path, layer in engine.stacked.layers.items():
+    for path, layer in engine.layers_net.layers.items():
         x = inputs.get(path)
         if x is None or len(candidates(layer, x)) < 2:
             continue
@@ -160,7 +160,7 @@ class Timer:
     """Times trials on fixed inputs: the whole step (``engine.grads``) under an assignment of
     formulations, or one layer alone (its forward and backward on its own input, as in the step)."""
 
-    def __init__(self, engine: StackedLoss, params: Sequence[torch.Tensor], x, y, w, budget: Budget):
+    def __init__(self, engine: LayersLoss, params: Sequence[torch.Tensor], x, y, w, budget: Budget):
         self.engine, self.params, self.x, self.y, self.w = engine, list(params), x, y, w
         self.device = x.device
         self.budget = budget
@@ -172,7 +172,7 @@ class Timer:
         _sync(self.device)
         t0 = time.perf_counter()
         if trial[0] == "step":
-            self.engine.stacked.set_formulations(self.assignments[trial[1]])
+            self.engine.layers_net.set_formulations(self.assignments[trial[1]])
             self.engine.grads(self.params, self.x, self.y, self.w)
         else:
             self._alone(trial[1], trial[2])
@@ -180,13 +180,11 @@ class Timer:
         return time.perf_counter() - t0
 
     def _alone(self, path: str, form: str) -> None:
-        stacked = self.engine.stacked
-        layer = stacked.layers[path]
+        net = self.engine.layers_net
+        layer = net.layers[path]
         x, needs_grad = self.inputs[path]
         x = x.detach().requires_grad_(needs_grad)
-        ps = {
-            a: t.detach().requires_grad_() for (m, a), t in zip(stacked.slots, self.params, strict=True) if m is layer
-        }
+        ps = {a: t.detach().requires_grad_() for (m, a), t in zip(net.slots, self.params, strict=True) if m is layer}
         saved = layer.formulation
         layer.formulation, layer.params = form, ps
         layer.ctx = self.engine.context(self.x.shape[0], self.x.shape[1], self.device)
@@ -234,12 +232,12 @@ class Timer:
 
 
 # ------------------------------------------------------------------ the search
-def defaults(engine: StackedLoss, params: Sequence[torch.Tensor], x: torch.Tensor) -> Dict[str, str]:
-    """The fixed default formulation of every stacked layer at this input (one forward pass)."""
-    engine.stacked.set_formulations(None)
+def defaults(engine: LayersLoss, params: Sequence[torch.Tensor], x: torch.Tensor) -> Dict[str, str]:
+    """The fixed default formulation of every client layer at this input (one forward pass)."""
+    engine.layers_net.set_formulations(None)
     with torch.no_grad():
         engine.logits(params, x)
-    return dict(engine.stacked.formulations())
+    return dict(engine.layers_net.formulations())
 
 
 def _ms(times: Dict[str, float]) -> str:
@@ -247,7 +245,7 @@ def _ms(times: Dict[str, float]) -> str:
 
 
 def search(
-    engine: StackedLoss,
+    engine: LayersLoss,
     params: Sequence[torch.Tensor],
     x: torch.Tensor,
     y: torch.Tensor,
@@ -273,7 +271,7 @@ def search(
     for sig, paths in groups.items():
         if budget.left() <= 0:
             break
-        layer, current = engine.stacked.layers[paths[0]], forms[paths[0]]
+        layer, current = engine.layers_net.layers[paths[0]], forms[paths[0]]
         alone = timer.compare({f: ("alone", paths[0], f) for f in candidates(layer, inputs[paths[0]][0])})
         times[sig] = alone
         if not alone:
@@ -302,7 +300,7 @@ def search(
             if forms[p] != start[p]:
                 why[p] = f"the default, kept: {kept} with {forms[p]} and the others chosen"
         forms, step_s = dict(start), step.get("default")
-    engine.stacked.set_formulations(forms)
+    engine.layers_net.set_formulations(forms)
     choice = Choice(C, forms, why, step_s, "measured", time.perf_counter() - t0, times)
     if compile_step and step_s is not None:
         _try_compiled(engine, params, x, y, w, budget, choice)
@@ -310,10 +308,10 @@ def search(
     return choice
 
 
-def _try_compiled(engine: StackedLoss, params, x, y, w, budget: Budget, choice: Choice) -> None:
+def _try_compiled(engine: LayersLoss, params, x, y, w, budget: Budget, choice: Choice) -> None:
     """The chosen step through ``torch.compile`` (its first run compiles), kept if ``margin`` faster."""
     assert choice.step_s is not None
-    compiled = CompiledStackedLoss(
+    compiled = CompiledLayersLoss(
         engine.model, formulations=choice.formulations, order=engine.order, precision=engine.precision
     )
     timer = Timer(compiled, params, x, y, w, budget)
@@ -331,7 +329,7 @@ def _try_compiled(engine: StackedLoss, params, x, y, w, budget: Budget, choice: 
         choice.compile_note = f"not compiled: torch.compile's step {shown}, not {budget.margin:.0%} faster"
 
 
-def time_step(engine: StackedLoss, params, x, y, w, forms: Dict[str, str], budget: Budget) -> Optional[float]:
+def time_step(engine: LayersLoss, params, x, y, w, forms: Dict[str, str], budget: Budget) -> Optional[float]:
     """The median step time with ``forms`` (None: out of memory)."""
     return Timer(engine, params, x, y, w, budget).steps({"step": forms}).get("step")
 
@@ -355,7 +353,7 @@ def chunk_sizes(sampled: int, fit: int) -> List[int]:
 
 
 class Chooser:
-    """Formulations, and the clients per chunk, for the stacked engine ``engine`` in one run.
+    """Formulations, and the clients per chunk, for the layers engine ``engine`` in one run.
 
     ``inputs(C)``: stacked parameters and one step's ``x, y, w`` for C clients (after the model's
     input stage); ``mode``: one of ``MODES``; ``cache``: a ``ChoiceCache`` file (None: this process
@@ -366,7 +364,7 @@ class Chooser:
 
     def __init__(
         self,
-        engine: StackedLoss,
+        engine: LayersLoss,
         inputs: Inputs,
         mode: str = "auto",
         cache: Optional[ChoiceCache] = None,
@@ -386,7 +384,7 @@ class Chooser:
         layers = {
             p: {
                 "signature": layer_signature(self.engine, p, t),
-                "candidates": list(candidates(self.engine.stacked.layers[p], t)),
+                "candidates": list(candidates(self.engine.layers_net.layers[p], t)),
             }
             for p, (t, _) in inputs.items()
         }
@@ -430,13 +428,13 @@ class Chooser:
                 if self.cache is not None:
                     self.cache.put(key, described, choice.to_json())
         self.choices[clients] = choice
-        self.engine.stacked.set_formulations(choice.formulations)
+        self.engine.layers_net.set_formulations(choice.formulations)
         return choice
 
     def _restore(self, saved: Dict[str, Any], clients: int, source: str) -> Optional[Choice]:
         """A saved choice, if it still names a formulation for every layer (else None: measure again)."""
         forms = saved.get("formulations")
-        layers = self.engine.stacked.layers
+        layers = self.engine.layers_net.layers
         if not isinstance(forms, dict) or set(forms) != set(layers):
             return None
         if any(not isinstance(f, str) or f not in FORMULATIONS[layers[p].kind] for p, f in forms.items()):

@@ -1,7 +1,7 @@
-"""``torch.compile`` of the stacked engine's step: a whole-step candidate beside the layers' formulations.
+"""``torch.compile`` of the layers engine's step: a whole-step candidate beside the layers' formulations.
 
-``CompiledStackedLoss`` is a ``StackedLoss`` (the same interface: ``grads``, ``grads_at``, ``logits``,
-``input_stage``, ``stacked``, ``engine``) whose loss over all clients::
+``CompiledLayersLoss`` is a ``LayersLoss`` (the same interface: ``grads``, ``grads_at``, ``logits``,
+``input_stage``, ``layers_net``, ``engine``) whose loss over all clients::
 
     sum_c loss_c,   loss_c = sum_b w[c, b] * CE(f(theta_c; x[c, b]), y[c, b])
 
@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .stacked import StackedLoss
+from .layers_engine import LayersLoss
 
 Grads = Tuple[Tuple[torch.Tensor, ...], torch.Tensor]
 
@@ -58,11 +58,11 @@ def _strict_recompiles() -> Any:
     return contextlib.nullcontext()
 
 
-class CompiledStackedLoss(StackedLoss):
-    """``StackedLoss`` with its loss compiled (module docstring); ``backend``: ``torch.compile``'s;
+class CompiledLayersLoss(LayersLoss):
+    """``LayersLoss`` with its loss compiled (module docstring); ``backend``: ``torch.compile``'s;
     ``fullgraph=False``: compile in parts from the start."""
 
-    engine = "stacked-compiled"
+    engine = "layers-compiled"
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class CompiledStackedLoss(StackedLoss):
         self._eager = False  # the eager engine reruns a failed call
 
     def _traced(self, params: Sequence[torch.Tensor], x, y, w) -> torch.Tensor:
-        return StackedLoss._loss(self, params, x, y, w)
+        return LayersLoss._loss(self, params, x, y, w)
 
     def _build(self, fullgraph: bool) -> None:
         self._compiled = torch.compile(self._traced, fullgraph=fullgraph, dynamic=False, backend=self.backend)
@@ -90,7 +90,7 @@ class CompiledStackedLoss(StackedLoss):
 
     def _loss(self, params: Sequence[torch.Tensor], x, y, w) -> torch.Tensor:
         if self._eager:
-            return StackedLoss._loss(self, params, x, y, w)
+            return LayersLoss._loss(self, params, x, y, w)
         if self._compiled is None:
             self._build(fullgraph=self._first)
         assert self._compiled is not None
@@ -121,9 +121,9 @@ class CompiledStackedLoss(StackedLoss):
         raise NotCompilable(self._broken) from failure
 
     def grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Grads:
-        """``StackedLoss.grads`` through the compiled step; ``NotCompilable`` if it cannot be compiled."""
+        """``LayersLoss.grads`` through the compiled step; ``NotCompilable`` if it cannot be compiled."""
         return self._run(super().grads, params, x, y, w)
 
     def grads_at(self, shared: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Grads:
-        """``StackedLoss.grads_at`` through the compiled step; ``NotCompilable`` if it cannot be compiled."""
+        """``LayersLoss.grads_at`` through the compiled step; ``NotCompilable`` if it cannot be compiled."""
         return self._run(super().grads_at, shared, x, y, w)

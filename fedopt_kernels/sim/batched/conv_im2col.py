@@ -46,7 +46,7 @@ def padding_sides(padding: Union[str, Pair], kernel: Pair, dilation: Pair) -> Tu
             sides += [total // 2, total - total // 2]
         return (sides[0], sides[1], sides[2], sides[3])
     if isinstance(padding, str):
-        raise ValueError(f"client-stacked conv: padding must be numbers, 'same' or 'valid', got {padding!r}")
+        raise ValueError(f"ClientConv2d: padding must be numbers, 'same' or 'valid', got {padding!r}")
     return (padding[0], padding[0], padding[1], padding[1])
 
 

@@ -6,7 +6,7 @@ The ``grouped-nhwc`` convolution computes all C clients as one grouped convoluti
 model's batch ``[N, Ch, H, W]`` to that layout and back around every call: two copies of an
 activation forward and two backward, per convolution. A module that acts on each (sample, channel)
 plane by itself (an element-wise activation, a 2-d pooling) computes the same on the grouped tensor,
-whose planes are (sample b, client c, channel k). So ``StackedSequential`` keeps the grouped layout
+whose planes are (sample b, client c, channel k). So ``GroupedSequential`` keeps the grouped layout
 from a grouped convolution through the element-wise and pooling modules and grouped convolutions
 after it, and converts back once, where the run ends. The pooling then also gets its gradient in
 channels-last memory (``layers.from_grouped``), where its backward kernel is several times faster
@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .layers import StackedConv2d, from_grouped, to_grouped
+from .layers import ClientConv2d, from_grouped, to_grouped
 
 ELEMENTWISE = (
     nn.ReLU,
@@ -52,8 +52,8 @@ def _hooked(m: nn.Module) -> bool:
     return bool(m._forward_pre_hooks or m._forward_hooks)
 
 
-def _starts_run(m: StackedConv2d, x: torch.Tensor) -> bool:
-    """The stacked convolution ``m`` starts a grouped run on the model's batch ``x``."""
+def _starts_run(m: ClientConv2d, x: torch.Tensor) -> bool:
+    """The client convolution ``m`` starts a grouped run on the model's batch ``x``."""
     return not _hooked(m) and x.dim() == 4 and m.pick(x) == "grouped-nhwc"
 
 
@@ -66,19 +66,19 @@ def _pools_after_relu(m: nn.Module, nxt: nn.Module) -> bool:
     return type(m) is nn.ReLU and type(nxt) is nn.MaxPool2d and per_channel(nxt)
 
 
-class StackedSequential(nn.Sequential):
-    """``nn.Sequential`` of a stacked model, with grouped runs (module docstring)."""
+class GroupedSequential(nn.Sequential):
+    """``nn.Sequential`` of a model on the layers engine, with grouped runs (module docstring)."""
 
     def forward(self, x):
         grouped: Optional[torch.Tensor] = None  # the run's tensor, None outside a run
-        head: Optional[StackedConv2d] = None  # the run's first convolution (holds the clients)
+        head: Optional[ClientConv2d] = None  # the run's first convolution (holds the clients)
         mods = list(self)
         i = 0
         while i < len(mods):
             m, i = mods[i], i + 1
             if grouped is not None:
                 assert head is not None
-                if isinstance(m, StackedConv2d) and not _hooked(m) and m.grouped_in_run(grouped):
+                if isinstance(m, ClientConv2d) and not _hooked(m) and m.grouped_in_run(grouped):
                     grouped = m.grouped(grouped)
                     continue
                 if per_channel(m):
@@ -88,7 +88,7 @@ class StackedSequential(nn.Sequential):
                         grouped = m(grouped)
                     continue
                 x, grouped = from_grouped(grouped, head.ctx), None
-            if isinstance(m, StackedConv2d) and _starts_run(m, x):
+            if isinstance(m, ClientConv2d) and _starts_run(m, x):
                 head = m
                 grouped = m.grouped(to_grouped(x, m.ctx))
                 continue

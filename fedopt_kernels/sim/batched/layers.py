@@ -1,4 +1,4 @@
-"""Client-stacked layers: one layer of C client models applied to all their samples at once.
+"""Client layers: one layer of C client models applied to all their samples at once (the layers engine).
 
 The samples of all C clients (B each) flow through the model's own forward code as one batch of
 ``N = C * B`` samples; only the layers that hold parameters need to know which sample belongs to
@@ -41,12 +41,12 @@ Embedding      (one)               a lookup in the ``[C * V, D]`` table, indices
 =============  ==================  ==========================================================
 
 The LSTM's code is in ``lstm.py``, the convolution's ``im2col`` in ``conv_im2col.py``; which torch
-layers have a stacked form, and in which configurations: ``stacked_types.py``.
+layers have a client form, and in which configurations: ``layer_types.py``.
 
 A layer's ``candidates(x)`` are the formulations that compute it on inputs like ``x`` (a
 configuration a formulation does not support leaves it out, ``why_not`` says why); forcing another
 one raises a ``ValueError`` naming the layer. Every candidate equals per-client autograd
-(tests/test_sim_stacked.py, tests/test_sim_formulations.py): which one runs is a question of speed.
+(tests/test_sim_layers_engine.py, tests/test_sim_formulations.py): which one runs is a question of speed.
 
 ``docs/client_batched.md`` has the measurements behind the defaults (``default_formulation``).
 """
@@ -115,9 +115,9 @@ def stack_merge(ctx: Clients, parts: Sequence[torch.Tensor], dim: int = 0) -> to
     return torch.stack(list(parts), dim=dim + 1).flatten(dim, dim + 1)
 
 
-class StackedLayer(nn.Module):
+class ClientLayer(nn.Module):
     """A parameterised layer of C clients. ``params`` (name -> ``[C, *shape]``) and ``ctx`` are
-    set by the owning ``StackedNet`` before every call; ``formulation`` None: ``default_formulation``."""
+    set by the owning ``LayersNet`` before every call; ``formulation`` None: ``default_formulation``."""
 
     kind = ""
 
@@ -128,7 +128,7 @@ class StackedLayer(nn.Module):
         self.ctx = Clients(1, 1)
         self.formulation: Optional[str] = None
         self.last_formulation = ""  # what the latest call ran (the benchmark reports it)
-        self.path = ""  # the module path in its model (StackedNet sets it; error messages name it)
+        self.path = ""  # the module path in its model (LayersNet sets it; error messages name it)
 
     def p(self, name: str) -> Optional[torch.Tensor]:
         return self.params.get(name)
@@ -163,7 +163,7 @@ class StackedLayer(nn.Module):
         return FORMULATIONS[self.kind][0]
 
 
-class StackedLinear(StackedLayer):
+class ClientLinear(ClientLayer):
     kind = "Linear"
 
     def __init__(self, m: nn.Linear):
@@ -207,7 +207,7 @@ class _BatchedLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
-class StackedConv2d(StackedLayer):
+class ClientConv2d(ClientLayer):
     kind = "Conv2d"
 
     def __init__(self, m: nn.Conv2d):
@@ -384,11 +384,11 @@ def _explicit_padding(padding: str, kernel, dilation) -> List[int]:
     # which an explicit symmetric padding cannot say)
     total = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
     if any(t % 2 for t in total):
-        raise ValueError("client-stacked conv: padding='same' with an even kernel needs an asymmetric padding")
+        raise ValueError("ClientConv2d: padding='same' with an even kernel needs an asymmetric padding")
     return [t // 2 for t in total]
 
 
-class StackedGroupNorm(StackedLayer):
+class ClientGroupNorm(ClientLayer):
     kind = "GroupNorm"
 
     def __init__(self, m: nn.GroupNorm):
@@ -409,7 +409,7 @@ class StackedGroupNorm(StackedLayer):
         return ctx.merge(out)
 
 
-class StackedLayerNorm(StackedLayer):
+class ClientLayerNorm(ClientLayer):
     kind = "LayerNorm"
 
     def __init__(self, m: nn.LayerNorm):
@@ -436,7 +436,7 @@ class StackedLayerNorm(StackedLayer):
         return ctx.merge(ys).reshape(x.shape)
 
 
-class StackedEmbedding(StackedLayer):
+class ClientEmbedding(ClientLayer):
     kind = "Embedding"
 
     def __init__(self, m: nn.Embedding):

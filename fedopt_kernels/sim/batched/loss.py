@@ -1,8 +1,8 @@
 """Per-client loss and gradients of many client models at once: the engines, and vmap's.
 
-``client_loss`` picks the engine: the stacked one (``stacked.py``: the model's own code over all
-clients' samples, per-layer formulations) where it computes the model, else ``ClientLoss`` below,
-``torch.func`` over stacked parameters, which takes any functional model.
+``client_loss`` picks the engine: the layers engine (``layers_engine.py``: the model's own code over
+all clients' samples, client layers with per-layer formulations) where it computes the model, else
+``VmapLoss`` below, ``torch.func`` over stacked parameters, which takes any functional model.
 
 Client ``c`` holds its own copy of every parameter (row ``c`` of a ``[C, *shape]`` tensor) and its
 own padded mini-batch ``x[c]`` (``[B, ...]``) with sample weights ``w[c]`` (``1/n_c`` on its ``n_c``
@@ -19,6 +19,7 @@ after it is what gets vmapped, and the caller preprocesses the batches (``batche
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -27,8 +28,8 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
 from ..data.image_input import ImageClassifier
+from .layers_engine import LayersLoss, UnsupportedModel
 from .precision import autocast_scope, check_precision, precision_scope
-from .stacked import NotStackable, StackedLoss
 from .trainable import check_trainable
 
 Tensors = List[torch.Tensor]
@@ -46,13 +47,13 @@ def check_vmappable(model: nn.Module) -> None:
         raise ValueError(
             f"--client-batched cannot train {type(model).__name__}: torch.func.vmap cannot batch the fused "
             f"recurrent layer {', '.join(rnns[:4])} over client copies. Use a model written in plain tensor ops "
-            f"(char-gru, char-transformer), nn.LSTM(batch_first=True) inside a model the stacked engine "
+            f"(char-gru, char-transformer), nn.LSTM(batch_first=True) inside a model the layers engine "
             f"computes (char-lstm), or client_batched=1 (--client-batched 1, the sequential path)"
         )
     check_trainable(model)
 
 
-class ClientLoss:
+class VmapLoss:
     """The loss of one client as a function of its parameters, and its vmapped gradient.
 
     ``model``'s parameters (in ``model.parameters()`` order) are what the functions take, as a
@@ -109,31 +110,37 @@ class ClientLoss:
             return self.at_shared(tuple(shared), x, y, w)
 
 
-ENGINES = ("auto", "stacked", "vmap")
+ENGINES = ("auto", "layers", "vmap")
+EARLIER_ENGINES = {"stacked": "layers"}  # earlier names, deprecated
 
 
 def client_loss(
     model: nn.Module, engine: str = "auto", formulations: Optional[Dict[str, str]] = None, precision: str = "fp32"
 ):
-    """The gradient engine for C stacked clients of ``model``: ``StackedLoss`` or ``ClientLoss`` (vmap).
+    """The gradient engine for C stacked clients of ``model``: ``LayersLoss`` (``engine="layers"``) or
+    ``VmapLoss`` (``engine="vmap"``).
 
-    ``auto``: the stacked engine (``stacked.py``) when it computes the model, else vmap; a model
-    neither can batch is refused with both reasons. ``formulations``: the stacked engine's
-    per-layer choices (``StackedNet.set_formulations``); ``precision``: what the engine's passes
+    ``auto``: the layers engine (``layers_engine.py``) when it computes the model, else vmap; a model
+    neither can batch is refused with both reasons (``"stacked"``, the layers engine's earlier name,
+    still works, with a DeprecationWarning). ``formulations``: the layers engine's
+    per-layer choices (``LayersNet.set_formulations``); ``precision``: what the engine's passes
     compute in (``precision.PRECISIONS``; the engine's ``precision`` attribute).
     """
+    if engine in EARLIER_ENGINES:
+        warnings.warn(f"engine={engine!r} is engine={EARLIER_ENGINES[engine]!r}", DeprecationWarning, stacklevel=2)
+        engine = EARLIER_ENGINES[engine]
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     check_precision(precision)
     if engine == "vmap":
-        return ClientLoss(model, precision)
+        return VmapLoss(model, precision)
     try:
-        return StackedLoss(model, formulations, precision=precision)
-    except NotStackable as why:
-        if engine == "stacked":
+        return LayersLoss(model, formulations, precision=precision)
+    except UnsupportedModel as why:
+        if engine == "layers":
             name = type(model).__name__
-            raise ValueError(f"--client-batched: the stacked engine cannot train {name}: {why}") from None
+            raise ValueError(f"--client-batched: the layers engine cannot train {name}: {why}") from None
         try:
-            return ClientLoss(model, precision)
+            return VmapLoss(model, precision)
         except ValueError as vmap_why:
-            raise ValueError(f"{vmap_why} (the stacked engine cannot either: {why})") from None
+            raise ValueError(f"{vmap_why} (the layers engine cannot either: {why})") from None

@@ -1,4 +1,4 @@
-"""The client-stacked ``nn.LSTM``: its formulations (``layers.py``'s table).
+"""The client layer of ``nn.LSTM``: its formulations (``layers.py``'s table).
 
 ``loop`` runs torch's fused LSTM kernel once per client with that client's weights. ``bmm`` and
 ``bmm-fused`` write torch's equations out for all clients at once: per layer one batched matmul
@@ -16,11 +16,11 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .layers import StackedLayer, stack_merge
+from .layers import ClientLayer, stack_merge
 from .lstm_cell import lstm_cell
 
 
-class StackedLSTM(StackedLayer):
+class ClientLSTM(ClientLayer):
     """``nn.LSTM(batch_first=True)``, unidirectional, no projection, no dropout between layers."""
 
     kind = "LSTM"
@@ -32,7 +32,7 @@ class StackedLSTM(StackedLayer):
         super().__init__(names)
         self.layers, self.hidden, self.bias = m.num_layers, m.hidden_size, m.bias
         # the loop formulation runs its fused kernel with each client's weights (a list: not a submodule,
-        # so its own parameters are not the stacked layer's)
+        # so its own parameters are not the client layer's)
         self.module = [m]
 
     def default_formulation(self, x: torch.Tensor) -> str:
@@ -41,7 +41,7 @@ class StackedLSTM(StackedLayer):
 
     def forward(self, x: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
         if hx is not None:
-            raise ValueError("client-stacked LSTM: an initial state (hx) is not supported; it starts from zeros")
+            raise ValueError("ClientLSTM: an initial state (hx) is not supported; it starts from zeros")
         ctx = self.ctx
         if self.pick(x) == "loop":
             xs = ctx.split(x).unbind(0)

@@ -32,7 +32,7 @@ Grads = Tuple[Tuple[torch.Tensor, ...], torch.Tensor]
 
 
 class GradientEngine(Protocol):
-    """What the trainer needs of ``loss.client_loss``'s engines (``StackedLoss``, vmap's ``ClientLoss``)."""
+    """What the trainer needs of ``loss.client_loss``'s engines (``LayersLoss``, vmap's ``VmapLoss``)."""
 
     precision: str  # what its passes compute in (precision.PRECISIONS)
 

@@ -31,7 +31,7 @@ def _norm(channels: int, groups: int) -> nn.GroupNorm:
 class BasicBlockGN(nn.Module):
     """Two 3x3 convs with GroupNorm; ``relu(norm(conv(relu(norm(conv(x))))) + shortcut(x))``."""
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(self, in_ch: int, out_ch: int, stride: int, groups: int):
         super().__init__()
@@ -55,7 +55,7 @@ class ResNet18GN(nn.Module):
     Built for 32x32 (CIFAR) but any H, W >= 8 works (global pooling). BatchNorm-free and buffer-free.
     """
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(self, in_channels: int = 3, num_classes: int = 10, groups: int = 2):
         super().__init__()

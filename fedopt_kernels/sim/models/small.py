@@ -16,7 +16,7 @@ from torch import nn
 class MLP(nn.Module):
     """Flatten -> Linear(hidden) -> ReLU -> Linear(hidden) -> ReLU -> Linear(classes)."""
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(self, in_features: int, num_classes: int, hidden: int = 64):
         super().__init__()
@@ -38,7 +38,7 @@ class OneHiddenMLP(nn.Module):
     experiment (25 hidden neurons on MNIST; Zhao et al., "FedNLR: Federated Learning with Neuron-wise
     Learning Rates", KDD 2024, appendix A)."""
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(self, in_features: int, num_classes: int, hidden: int = 25):
         super().__init__()
@@ -53,7 +53,7 @@ class OneHiddenMLP(nn.Module):
 class SmallCNN(nn.Module):
     """Conv(8, 3x3) -> ReLU -> Conv(16, 3x3) -> ReLU -> MaxPool(2) -> Linear(classes); ~4k parameters on 8x8."""
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(self, in_shape: Tuple[int, int, int], num_classes: int, channels: Tuple[int, int] = (8, 16)):
         super().__init__()
@@ -81,7 +81,7 @@ class FedAvgCNN(nn.Module):
     2,156,490 on CIFAR's 32x32x3. BatchNorm-free and buffer-free.
     """
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(
         self, in_shape: Tuple[int, int, int], num_classes: int, channels: Tuple[int, int] = (32, 64), hidden: int = 512

@@ -4,7 +4,7 @@ for the character after the window.
 - ``CharLSTM``: LEAF's model (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018):
   Embedding(8) -> 2-layer LSTM(256) -> Linear(vocab) on the last step. ``nn.LSTM`` runs one fused
   kernel that ``torch.func.vmap`` cannot batch over client copies; the client-batched simulator's
-  stacked engine (``sim.batched.stacked``) trains it.
+  layers engine (``sim.batched.layers_engine``) trains it.
 - ``CharGRU``: the same shape with a GRU written in plain tensor ops (one matmul per gate block and
   step): the client-batched simulator trains it.
 - ``CharTransformer``: a small causal pre-LayerNorm transformer in plain ops (FedNAR's Shakespeare
@@ -28,7 +28,7 @@ from torch import nn
 class CharLSTM(nn.Module):
     """Embedding(embed) -> LSTM(hidden, layers) -> Linear(vocab) of the last step's output."""
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(self, vocab: int, embed: int = 8, hidden: int = 256, layers: int = 2):
         super().__init__()
@@ -45,7 +45,7 @@ class _GRULayer(nn.Module):
     """``h_t = (1 - z) * n + z * h_{t-1}`` with ``r, z = sigmoid(W x + U h)``, ``n = tanh(W_n x + r * (U_n h))``
     (torch's GRU equations), unrolled in plain ops."""
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(self, inp: int, hidden: int):
         super().__init__()
@@ -72,7 +72,7 @@ class _GRULayer(nn.Module):
 class CharGRU(nn.Module):
     """Embedding(embed) -> ``layers`` GRU layers (hidden) in plain ops -> Linear(vocab) of the last step."""
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(self, vocab: int, embed: int = 8, hidden: int = 128, layers: int = 2):
         super().__init__()
@@ -88,7 +88,7 @@ class CharGRU(nn.Module):
 
 
 class _Block(nn.Module):
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(self, dim: int, heads: int, ff: int):
         super().__init__()
@@ -116,7 +116,7 @@ class CharTransformer(nn.Module):
     ``context``: read only the last ``context`` characters of each window (attention costs grow with
     its square; None: the whole window)."""
 
-    sample_wise = True  # forward treats dim 0 as independent samples (batched/stacked.py)
+    sample_wise = True  # forward treats dim 0 as independent samples (batched/layers_engine.py)
 
     def __init__(
         self, vocab: int, seq_len: int, dim: int = 64, layers: int = 2, heads: int = 4, context: Optional[int] = None

@@ -1,4 +1,4 @@
-"""Client-stacked training: C clients' losses and gradients from one forward and one backward pass.
+"""The layers engine: C clients' losses and gradients from one forward and one backward pass.
 
 Client c holds its own copy of every parameter (row c of a ``[C, *shape]`` tensor) and its own
 padded mini-batch with sample weights (``1/n_c`` on its ``n_c`` real samples, 0 on padding). The
@@ -14,9 +14,9 @@ This is exact when everything outside those layers is *sample-wise*: it treats d
 samples, so running it on N samples is running it on each client's B. A module class declares that
 with the class attribute ``sample_wise = True`` (the simulator's models do); torch's containers and
 its parameter-free element-wise and pooling layers are known to be. A model with anything else (a
-parameter outside the stacked layer types, tied weights, a module not known to be sample-wise, an
-LSTM configuration the stacked form lacks) is not stacked: ``loss.client_loss`` then takes
-``torch.func.vmap`` (``loss.ClientLoss``) where it can batch the model, or refuses with the reason.
+parameter outside the client layer types, tied weights, a module not known to be sample-wise, an
+LSTM configuration the client layer lacks) is not for this engine: ``loss.client_loss`` then takes
+``torch.func.vmap`` (``loss.VmapLoss``) where it can batch the model, or refuses with the reason.
 
 Against vmap, this avoids the copies vmap makes to move the client dimension, lets every layer pick
 the kernels that run best for C clients (``layers.py``, ``Clients``), and batches ``nn.LSTM``.
@@ -32,10 +32,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..data.image_input import ImageClassifier
-from .grouped_runs import PER_CHANNEL, StackedSequential
-from .layers import Clients, StackedLayer
+from .grouped_runs import PER_CHANNEL, GroupedSequential
+from .layer_types import CLIENT_LAYER_TYPES, client_layer, unsupported_reason
+from .layers import ClientLayer, Clients
 from .precision import autocast_scope, check_precision, precision_scope
-from .stacked_types import STACKED_TYPES, stacked_layer, unsupported_reason
 from .trainable import check_trainable
 
 # parameter-free modules whose forward treats dim 0 as independent samples, and torch's containers
@@ -52,8 +52,8 @@ KNOWN_SAMPLE_WISE = (
 ) + PER_CHANNEL
 
 
-class NotStackable(ValueError):
-    """The model cannot be trained client-stacked; the message says why."""
+class UnsupportedModel(ValueError):
+    """The layers engine cannot compute the model; the message says why."""
 
 
 def is_sample_wise(m: nn.Module) -> bool:
@@ -61,22 +61,22 @@ def is_sample_wise(m: nn.Module) -> bool:
     return type(m) in KNOWN_SAMPLE_WISE or vars(type(m)).get("sample_wise") is True
 
 
-def stack_reason(net: nn.Module) -> Optional[str]:
-    """Why ``net`` cannot be stacked (None: it can); see the module docstring."""
+def why_unsupported(net: nn.Module) -> Optional[str]:
+    """Why the layers engine cannot compute ``net`` (None: it can); see the module docstring."""
     all_params = list(net.named_parameters(remove_duplicate=False))
     if len(all_params) != len({id(p) for _, p in all_params}):
         return "it shares (ties) a parameter between layers"
 
     def visit(m: nn.Module, path: str) -> Optional[str]:
         where = path or type(net).__name__
-        if type(m) in STACKED_TYPES:
+        if type(m) in CLIENT_LAYER_TYPES:
             why = unsupported_reason(m)
             return None if why is None else f"{where}: {why}"
         if any(p is not None for p in m._parameters.values()):
             if not m._modules:
-                kinds = ", ".join(t.__name__ for t in STACKED_TYPES)
+                kinds = ", ".join(t.__name__ for t in CLIENT_LAYER_TYPES)
                 return f"{where} ({type(m).__name__}) is not a layer it computes ({kinds})"
-            return f"{where} ({type(m).__name__}) holds parameters itself, outside the stacked layer types"
+            return f"{where} ({type(m).__name__}) holds parameters itself, outside the client layer types"
         if not is_sample_wise(m):
             return f"{where} ({type(m).__name__}) is not known to be sample-wise (set sample_wise = True on its class)"
         for name, child in m.named_children():
@@ -89,36 +89,34 @@ def stack_reason(net: nn.Module) -> Optional[str]:
 
 
 def _rebuild(m: nn.Module) -> nn.Module:
-    """A copy of the module tree with every stacked-type layer replaced by its stacked form (no parameters)
-    and every ``nn.Sequential`` by a ``StackedSequential`` (the same modules, with grouped runs)."""
-    layer = stacked_layer(m)
+    """A copy of the module tree with every layer of a client layer type replaced by its client layer (no parameters)
+    and every ``nn.Sequential`` by a ``GroupedSequential`` (the same modules, with grouped runs)."""
+    layer = client_layer(m)
     if layer is not None:
         return layer
     new = copy.copy(m)
     if type(m) is nn.Sequential:
-        new.__class__ = StackedSequential  # a copy keeps the container's own attributes and hooks
+        new.__class__ = GroupedSequential  # a copy keeps the container's own attributes and hooks
     new._modules = {k: None if c is None else _rebuild(c) for k, c in m._modules.items()}
     return new
 
 
-class StackedNet:
+class LayersNet:
     """``net``'s forward code over C clients' stacked parameters (module docstring)."""
 
     def __init__(self, net: nn.Module):
-        why = stack_reason(net)
+        why = why_unsupported(net)
         if why is not None:
-            raise NotStackable(why)
+            raise UnsupportedModel(why)
         self.source = net
         self.net = _rebuild(net)
-        self.slots: List[Tuple[StackedLayer, str]] = []
+        self.slots: List[Tuple[ClientLayer, str]] = []
         for name, _ in net.named_parameters():
             path, _, attr = name.rpartition(".")
             layer = self.net.get_submodule(path)
-            assert isinstance(layer, StackedLayer)  # stack_reason: every parameter is a stacked layer's
+            assert isinstance(layer, ClientLayer)  # why_unsupported: every parameter is a client layer's
             self.slots.append((layer, attr))
-        self.layers: Dict[str, StackedLayer] = {
-            n: m for n, m in self.net.named_modules() if isinstance(m, StackedLayer)
-        }
+        self.layers: Dict[str, ClientLayer] = {n: m for n, m in self.net.named_modules() if isinstance(m, ClientLayer)}
         for n, m in self.layers.items():
             m.path = n
 
@@ -132,7 +130,7 @@ class StackedNet:
         for key, form in (spec or {}).items():
             hits = [n for n, m in self.layers.items() if key in (n, m.kind)]
             if not hits:
-                raise ValueError(f"formulations: no stacked layer is named or of type {key!r}")
+                raise ValueError(f"formulations: no client layer is named or of type {key!r}")
             for n in hits:
                 self.layers[n].refuse(form)
                 chosen[n] = form
@@ -153,20 +151,20 @@ class StackedNet:
                 layer.params = {}
 
     def formulations(self) -> Dict[str, str]:
-        """What each stacked layer ran in the latest call (module path -> formulation)."""
+        """What each client layer ran in the latest call (module path -> formulation)."""
         return {n: m.last_formulation for n, m in self.layers.items()}
 
 
-class StackedLoss:
+class LayersLoss:
     """The per-client weighted loss and its gradients for C stacked clients of ``model``.
 
-    The interface of ``loss.ClientLoss`` (``grads``, ``grads_at``, ``input_stage``, ``precision``);
+    The interface of ``loss.VmapLoss`` (``grads``, ``grads_at``, ``input_stage``, ``precision``);
     ``order``: ``Clients.order`` (None: "client" on a CPU, "batch" elsewhere, where grouped
     convolutions read the batch order without a copy); ``formulations``:
-    ``StackedNet.set_formulations``; ``precision``: what the passes compute in (``precision.py``).
+    ``LayersNet.set_formulations``; ``precision``: what the passes compute in (``precision.py``).
     """
 
-    engine = "stacked"
+    engine = "layers"
 
     def __init__(
         self,
@@ -184,8 +182,8 @@ class StackedLoss:
         if [id(p) for _, p in named] != [id(p) for p in model.parameters()]:
             raise ValueError(f"{type(model).__name__}: its parameters are not those of its network in the same order")
         self.names = [n for n, _ in named]
-        self.stacked = StackedNet(net)
-        self.stacked.set_formulations(formulations)
+        self.layers_net = LayersNet(net)
+        self.layers_net.set_formulations(formulations)
         if order is not None and order not in ("client", "batch"):
             raise ValueError(f"order must be 'client' or 'batch', got {order!r}")
         self.order = order
@@ -198,11 +196,11 @@ class StackedLoss:
         """Client c's model on its samples: ``x`` [C, B, ...] -> [C, B, classes]."""
         ctx = self.context(x.shape[0], x.shape[1], x.device)
         with precision_scope(self.precision, x.device), autocast_scope(self.precision, x.device):
-            return ctx.split(self.stacked(params, ctx.inputs(x), ctx))
+            return ctx.split(self.layers_net(params, ctx.inputs(x), ctx))
 
     def _loss(self, params: Sequence[torch.Tensor], x, y, w) -> torch.Tensor:
         ctx = self.context(x.shape[0], x.shape[1], x.device)
-        out = self.stacked(params, ctx.inputs(x), ctx)
+        out = self.layers_net(params, ctx.inputs(x), ctx)
         per_sample = F.cross_entropy(out, ctx.inputs(y), reduction="none") * ctx.inputs(w)
         return ctx.split(per_sample).sum(1)  # [C]
 

@@ -1,4 +1,4 @@
-"""The stacked gradient engine: every client's gradient equals per-client autograd, for every model,
+"""The layers engine: every client's gradient equals per-client autograd, for every model,
 layer formulation and sample order; what it cannot compute goes to vmap or is refused with the reason.
 
 All comparisons run in float64: the formulations compute the same sums in other orders (grouped vs
@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedopt_kernels.sim.batched.layers import FORMULATIONS, Clients, StackedConv2d
-from fedopt_kernels.sim.batched.loss import ClientLoss, client_loss
-from fedopt_kernels.sim.batched.lstm import StackedLSTM
-from fedopt_kernels.sim.batched.stacked import NotStackable, StackedLoss, StackedNet
+from fedopt_kernels.sim.batched.layers import FORMULATIONS, ClientConv2d, Clients
+from fedopt_kernels.sim.batched.layers_engine import LayersLoss, LayersNet, UnsupportedModel
+from fedopt_kernels.sim.batched.loss import VmapLoss, client_loss
+from fedopt_kernels.sim.batched.lstm import ClientLSTM
 from fedopt_kernels.sim.models.build import build_model
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
@@ -89,9 +89,9 @@ def _perturbed_clients(model, x, classes):
     return params, torch.randint(0, classes, (C, B)), torch.rand(C, B, dtype=torch.float64)
 
 
-def _assert_stacked_equals(want, model, params, x, y, w, formulations, order):
-    """The stacked engine's gradients in ``order`` equal ``want`` (``_per_client``'s)."""
-    grads, _ = StackedLoss(model, formulations=formulations, order=order).grads(params, x, y, w)
+def _assert_layers_engine_equals(want, model, params, x, y, w, formulations, order):
+    """The layers engine's gradients in ``order`` equal ``want`` (``_per_client``'s)."""
+    grads, _ = LayersLoss(model, formulations=formulations, order=order).grads(params, x, y, w)
     for c in range(x.shape[0]):
         for got, ref in zip(grads, want[c]):
             assert _rel(got[c], ref) <= ROUNDING_RTOL
@@ -104,12 +104,12 @@ def _assert_stacked_equals(want, model, params, x, y, w, formulations, order):
     [pytest.param(n, c, marks=pytest.mark.slow if n == "resnet18-gn" else ()) for n in MODELS for c in CHOICES[n]],
     ids=lambda v: v if isinstance(v, str) else "-".join(v.values()),
 )
-def test_stacked_gradients_equal_per_client_autograd(name, choice, order):
+def test_layers_engine_gradients_equal_per_client_autograd(name, choice, order):
     model, params, x, y, w = _case(name)
     want, want_loss = _per_client(model, params, x, y, w)
-    engine = StackedLoss(model, formulations=choice, order=order)
+    engine = LayersLoss(model, formulations=choice, order=order)
     grads, loss = engine.grads(params, x, y, w)
-    ran = set(engine.stacked.formulations().values())
+    ran = set(engine.layers_net.formulations().values())
     assert set(choice.values()) <= ran, (choice, ran)  # the forced formulations did run
     assert _rel(loss, want_loss) <= ROUNDING_RTOL
     for c in range(x.shape[0]):
@@ -122,7 +122,7 @@ def test_stacked_gradients_equal_per_client_autograd(name, choice, order):
 def test_default_formulations_equal_per_client_autograd(name):
     model, params, x, y, w = _case(name, seed=1)
     want, _ = _per_client(model, params, x, y, w)
-    grads, _ = StackedLoss(model).grads(params, x, y, w)
+    grads, _ = LayersLoss(model).grads(params, x, y, w)
     for c in range(x.shape[0]):
         for got, ref in zip(grads, want[c]):
             assert _rel(got[c], ref) <= ROUNDING_RTOL
@@ -133,7 +133,7 @@ def test_a_swapped_client_is_caught():
     model, params, x, y, w = _case("cnn")
     want, _ = _per_client(model, params, x, y, w)
     swapped = [torch.cat([p[1:2], p[0:1], p[2:]]) for p in params]
-    grads, _ = StackedLoss(model).grads(swapped, x, y, w)
+    grads, _ = LayersLoss(model).grads(swapped, x, y, w)
     assert max(_rel(g[0], r) for g, r in zip(grads, want[0])) > 1e-3
 
 
@@ -143,7 +143,7 @@ def test_gradients_at_shared_parameters(name):
     model, params, x, y, w = _case(name, seed=2)
     shared = [p[0] for p in params]
     want, _ = _per_client(model, [s.unsqueeze(0).expand(x.shape[0], *s.shape) for s in shared], x, y, w)
-    grads, _ = StackedLoss(model).grads_at(shared, x, y, w)
+    grads, _ = LayersLoss(model).grads_at(shared, x, y, w)
     for c in range(x.shape[0]):
         for got, ref in zip(grads, want[c]):
             assert got.shape[0] == x.shape[0] and _rel(got[c], ref) <= ROUNDING_RTOL
@@ -151,7 +151,7 @@ def test_gradients_at_shared_parameters(name):
 
 def test_logits_are_each_clients_model():
     model, params, x, _, _ = _case("fedavg-cnn")
-    out = StackedLoss(model, order="batch").logits(params, x)
+    out = LayersLoss(model, order="batch").logits(params, x)
     for c in range(x.shape[0]):
         with torch.no_grad():
             for p, s in zip(model.parameters(), params):
@@ -161,18 +161,18 @@ def test_logits_are_each_clients_model():
 
 def test_gpu_defaults_are_the_grouped_and_batched_forms():
     """Off the CPU the convolutions are grouped (cuDNN), LSTMs written out: checked on meta tensors."""
-    conv = StackedConv2d(nn.Conv2d(8, 16, 3, padding=1))
+    conv = ClientConv2d(nn.Conv2d(8, 16, 3, padding=1))
     conv.ctx = Clients(50, 10)
     x = torch.empty(500, 8, 28, 28, device="meta")
     assert conv.default_formulation(x) == "grouped"
     assert conv.default_formulation(torch.empty(500, 8, 8, 8)) == "grouped-nhwc"  # small per-client work
     assert conv.default_formulation(torch.empty(500, 8, 280, 280)) == "loop"  # large
-    lstm = StackedLSTM(nn.LSTM(4, 8, batch_first=True))
+    lstm = ClientLSTM(nn.LSTM(4, 8, batch_first=True))
     assert lstm.default_formulation(torch.empty(2, 3, 4, device="meta")) == "bmm"
     assert lstm.default_formulation(torch.empty(2, 3, 4)) == "loop"
 
 
-# ------------------------------------------------------------------ what is not stacked
+# ------------------------------------------------------------------ what the layers engine does not compute
 class _Tied(nn.Module):
     sample_wise = True
 
@@ -218,20 +218,20 @@ class _WithGRU(nn.Module):
         (nn.LSTM(4, 8), "LSTM other than batch_first=True"),
     ],
 )
-def test_models_the_stacked_engine_leaves_to_vmap(model, why):
-    with pytest.raises(NotStackable, match=why):
-        StackedNet(model)
-    with pytest.raises(ValueError, match=f"the stacked engine cannot train .*{why}"):
-        client_loss(model, engine="stacked")
+def test_models_the_layers_engine_leaves_to_vmap(model, why):
+    with pytest.raises(UnsupportedModel, match=why):
+        LayersNet(model)
+    with pytest.raises(ValueError, match=f"the layers engine cannot train .*{why}"):
+        client_loss(model, engine="layers")
 
 
 def test_auto_falls_back_to_vmap_or_refuses_with_both_reasons():
-    assert isinstance(client_loss(build_model("char-transformer", (12,), 20, hidden=8)), ClientLoss)
-    assert isinstance(client_loss(build_model("char-lstm", (12,), 20, hidden=8)), StackedLoss)
+    assert isinstance(client_loss(build_model("char-transformer", (12,), 20, hidden=8)), VmapLoss)
+    assert isinstance(client_loss(build_model("char-lstm", (12,), 20, hidden=8)), LayersLoss)
     with pytest.raises(
         ValueError,
         match=r"vmap cannot batch the fused recurrent layer rnn \(GRU\).*"
-        r"the stacked engine cannot either: rnn \(GRU\) is not a layer it computes",
+        r"the layers engine cannot either: rnn \(GRU\) is not a layer it computes",
     ):
         client_loss(_WithGRU())
     with pytest.raises(ValueError, match="needs a BatchNorm- and buffer-free model"):
@@ -240,14 +240,22 @@ def test_auto_falls_back_to_vmap_or_refuses_with_both_reasons():
         client_loss(_Unknown(), engine="fast")
 
 
+def test_the_earlier_engine_name_still_works_and_warns():
+    model = build_model("cnn", (1, 8, 8), 10)
+    with pytest.warns(DeprecationWarning, match="engine='stacked' is engine='layers'"):
+        assert isinstance(client_loss(model, engine="stacked"), LayersLoss)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="the layers engine cannot train"):
+        client_loss(_WithGRU(), engine="stacked")  # the layers engine's refusal, not vmap's fallback
+
+
 def test_bad_formulations_are_refused_by_name():
     model = build_model("cnn", (1, 8, 8), 10)
     with pytest.raises(ValueError, match=r"features.0 \(Conv2d\) cannot run 'bmm': Conv2d has \('grouped', 'grouped-"):
-        StackedLoss(model, formulations={"Conv2d": "bmm"})
-    with pytest.raises(ValueError, match="no stacked layer is named or of type 'LSTM'"):
-        StackedLoss(model, formulations={"LSTM": "loop"})
+        LayersLoss(model, formulations={"Conv2d": "bmm"})
+    with pytest.raises(ValueError, match="no client layer is named or of type 'LSTM'"):
+        LayersLoss(model, formulations={"LSTM": "loop"})
     with pytest.raises(ValueError, match="order must be 'client' or 'batch'"):
-        StackedLoss(model, order="sample")
+        LayersLoss(model, order="sample")
 
 
 def test_an_initial_lstm_state_is_refused():
@@ -263,14 +271,14 @@ def test_an_initial_lstm_state_is_refused():
             h = torch.zeros(1, x.shape[0], 4)
             return self.fc(self.lstm(x, (h, h))[0][:, -1])
 
-    engine = StackedLoss(Stateful())
+    engine = LayersLoss(Stateful())
     stacked = [p.detach().unsqueeze(0).repeat(2, *([1] * p.dim())) for p in engine.model.parameters()]
     with pytest.raises(ValueError, match=r"initial state \(hx\) is not supported"):
         engine.grads(stacked, torch.randn(2, 3, 5, 3), torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3))
 
 
-def test_every_stacked_type_has_a_formulation_list():
-    from fedopt_kernels.sim.batched.stacked_types import _MAKERS
+def test_every_client_layer_type_has_a_formulation_list():
+    from fedopt_kernels.sim.batched.layer_types import _MAKERS
 
     assert {m.kind for m in _MAKERS.values()} == set(FORMULATIONS)
     assert all(FORMULATIONS[k] for k in FORMULATIONS)
@@ -279,7 +287,7 @@ def test_every_stacked_type_has_a_formulation_list():
 
 # ------------------------------------------------------------------ the simulator on it
 def test_char_lstm_trains_client_batched_as_sequentially():
-    """fedopt-sim --client-batched on the LSTM (vmap cannot batch it; the stacked engine does):
+    """fedopt-sim --client-batched on the LSTM (vmap cannot batch it; the layers engine does):
     the client-batched run stays within rounding of the sequential one (float64), fine-tuning included."""
     from fedopt_kernels.sim.config import SimConfig
     from fedopt_kernels.sim.data.clients import ClientData
@@ -332,7 +340,7 @@ def test_conv_options_same_padding_dilation_stride_groups(form):
     params, y, w = _perturbed_clients(model, x, 3)
     want, _ = _per_client(model, params, x, y, w)
     for order in ("client", "batch"):
-        _assert_stacked_equals(want, model, params, x, y, w, {"Conv2d": form}, order)
+        _assert_layers_engine_equals(want, model, params, x, y, w, {"Conv2d": form}, order)
 
 
 def test_grouped_runs_convert_once_per_run_and_stop_at_mixing_modules(monkeypatch):
@@ -364,7 +372,7 @@ def test_grouped_runs_convert_once_per_run_and_stop_at_mixing_modules(monkeypatc
     monkeypatch.setattr(layers, "_to_grouped_nhwc", lambda t, ctx: into.append(tuple(t.shape)) or to_grouped(t, ctx))
     for order in ("client", "batch"):
         into.clear()
-        _assert_stacked_equals(want, model, params, x, y, w, {"Conv2d": "grouped-nhwc"}, order)
+        _assert_layers_engine_equals(want, model, params, x, y, w, {"Conv2d": "grouped-nhwc"}, order)
         # forward: the input of each run (conv-relu-pool-conv, then conv-pool-pool); backward: the gradient
         # at each run's end
         assert into == [(C * B, 2, 8, 8), (C * B, 6, 7, 7), (C * B, 4, 2, 2), (C * B, 6, 7, 7)], into
@@ -397,7 +405,7 @@ def test_grouped_runs_end_at_convolutions_of_other_formulations(monkeypatch, ord
     to_grouped = layers._to_grouped_nhwc
     monkeypatch.setattr(layers, "_to_grouped_nhwc", lambda t, ctx: into.append(tuple(t.shape)) or to_grouped(t, ctx))
     forms = {"0": "grouped-nhwc", "2": "im2col", "4": "grouped-nhwc", "6": "loop-nhwc"}
-    _assert_stacked_equals(want, model, params, x, y, w, forms, order)
+    _assert_layers_engine_equals(want, model, params, x, y, w, forms, order)
     # forward: each run's input; backward: the gradient at each run's end, last run first
     assert into == [(C * B, 2, 8, 8), (C * B, 4, 8, 8), (C * B, 4, 4, 4), (C * B, 3, 8, 8)], into
 
@@ -434,7 +442,7 @@ def test_relu_then_max_pool_runs_pooled_first_with_the_same_gradients(monkeypatc
     monkeypatch.setattr(F, "relu", lambda t, inplace=False: relu_inputs.append(tuple(t.shape)) or relu(t, inplace))
     for order in ("client", "batch"):
         relu_inputs.clear()
-        _assert_stacked_equals(want, model, params, x, y, w, {"Conv2d": "grouped-nhwc"}, order)
+        _assert_layers_engine_equals(want, model, params, x, y, w, {"Conv2d": "grouped-nhwc"}, order)
         assert relu_inputs == [(B, C * 3, 4, 4), (B, C * 4, 5, 5)]  # pooled, grouped
 
 

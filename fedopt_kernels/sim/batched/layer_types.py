@@ -1,4 +1,4 @@
-"""The torch layers the stacked engine computes (``layers.py``, ``lstm.py``), and in which configurations."""
+"""The torch layers the layers engine computes (``layers.py``, ``lstm.py``), and in which configurations."""
 
 from __future__ import annotations
 
@@ -6,18 +6,18 @@ from typing import Optional
 
 from torch import nn
 
-from .layers import StackedConv2d, StackedEmbedding, StackedGroupNorm, StackedLayer, StackedLayerNorm, StackedLinear
-from .lstm import StackedLSTM
+from .layers import ClientConv2d, ClientEmbedding, ClientGroupNorm, ClientLayer, ClientLayerNorm, ClientLinear
+from .lstm import ClientLSTM
 
 
-def stacked_layer(m: nn.Module) -> Optional[StackedLayer]:
-    """The client-stacked form of ``m``, or None if ``m`` is not a layer this module stacks."""
+def client_layer(m: nn.Module) -> Optional[ClientLayer]:
+    """The client layer of ``m``, or None if ``m`` is not a layer the layers engine computes."""
     maker = _MAKERS.get(type(m))
     return None if maker is None else maker(m)
 
 
 def unsupported_reason(m: nn.Module) -> Optional[str]:
-    """Why a layer of a stacked type cannot be stacked in this configuration (None: it can)."""
+    """Why a layer of a client layer type cannot be computed in this configuration (None: it can)."""
     if isinstance(m, nn.Conv2d) and m.padding_mode != "zeros":
         return f"Conv2d with padding_mode={m.padding_mode!r}"
     if isinstance(m, nn.Embedding) and (
@@ -30,11 +30,11 @@ def unsupported_reason(m: nn.Module) -> Optional[str]:
 
 
 _MAKERS = {
-    nn.Linear: StackedLinear,
-    nn.Conv2d: StackedConv2d,
-    nn.GroupNorm: StackedGroupNorm,
-    nn.LayerNorm: StackedLayerNorm,
-    nn.Embedding: StackedEmbedding,
-    nn.LSTM: StackedLSTM,
+    nn.Linear: ClientLinear,
+    nn.Conv2d: ClientConv2d,
+    nn.GroupNorm: ClientGroupNorm,
+    nn.LayerNorm: ClientLayerNorm,
+    nn.Embedding: ClientEmbedding,
+    nn.LSTM: ClientLSTM,
 }
-STACKED_TYPES = tuple(_MAKERS)
+CLIENT_LAYER_TYPES = tuple(_MAKERS)
