@@ -2,7 +2,7 @@
 (tests/test_gpu_harness.py) that builds and runs every op through it on the reference and cpu
 backends: an op or hyperparameter this harness does not know fails on any machine, not first on a GPU.
 
-``op_args`` builds an op's arguments for a layout of parameters (per-client shape, dtype, batch),
+``op_args`` builds an op's arguments for a layout of parameters (per-client shape, dtype, row group),
 per-client or client-batched; ``HP`` holds one value for every hyperparameter column of every op
 (``core/ops.py``); ``same_roles`` compares two runs' role tensors and counters.
 """
@@ -48,20 +48,20 @@ MIXED: Layout = [
     ((17, 1025), F64, 0),
     ((2, 2), F32, 2),
 ]
-# more stacked tensors (65 float32 ones) and batches (20) than one kernel-argument table holds
+# more stacked tensors (65 float32 ones) and row groups (20) than one kernel-argument table holds
 MANY: Layout = [
     (((i * 37) % 300 + 1,) if i % 3 else (i % 5 + 1, 9), (F32, F32, BF16, F64)[i % 4], i % 20) for i in range(130)
 ]
 
 
-def hp_rows(spec: OpSpec, batches: int) -> torch.Tensor:
-    """``spec``'s hp rows on the host, float64 ``[batches, len(spec.hps)]``: ``HP``'s values, column 0
-    (every op's learning rate, or FedSAM's rho) 5% larger in each later batch."""
+def hp_rows(spec: OpSpec, groups: int) -> torch.Tensor:
+    """``spec``'s hp rows on the host, float64 ``[row groups, len(spec.hps)]``: ``HP``'s values, column 0
+    (every op's learning rate, or FedSAM's rho) 5% larger in each later row group."""
     missing = [h for h in spec.hps if h not in HP]
     if missing:
         raise KeyError(f"tests/op_harness.py HP has no value for op {spec.name!r}'s hyperparameters {missing}")
-    hp = torch.tensor([[HP[h] for h in spec.hps] for _ in range(batches)], dtype=torch.float64)
-    for b in range(batches):
+    hp = torch.tensor([[HP[h] for h in spec.hps] for _ in range(groups)], dtype=torch.float64)
+    for b in range(groups):
         hp[b, 0] *= 1 + 0.05 * b
     return hp
 
@@ -69,10 +69,10 @@ def hp_rows(spec: OpSpec, batches: int) -> torch.Tensor:
 def op_args(
     spec: OpSpec, layout: Layout, backend: str, device: str = "cuda", clients: int = 0, seed: int = 0
 ) -> List[Any]:
-    """Arguments of op ``spec``: ``layout`` lists (per-client shape, dtype, batch) per parameter.
-    Even batches carry every optional role, odd ones only PAdaMFed's D and acc. Batched
+    """Arguments of op ``spec``: ``layout`` lists (per-client shape, dtype, row group) per parameter.
+    Even row groups carry every optional role, odd ones only PAdaMFed's D and acc. Batched
     (``clients`` > 0): every tensor gets a leading client dimension, hp rows differ per client, k
-    is 0 for every third client (sgd's FRESH rule applies to it in batch 0) and every fourth client
+    is 0 for every third client (sgd's FRESH rule applies to it in row group 0) and every fourth client
     is inactive."""
     g = torch.Generator().manual_seed(seed)
     lead = (clients,) if clients else ()
@@ -100,19 +100,19 @@ def op_args(
                     ts.append(rnd(s, st if role.state_typed else dt))
         lists.append(ts)
     hp = hp_rows(spec, nb)
-    batch = [b for _, _, b in layout]
+    row_of = [b for _, _, b in layout]
     table = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, device=device)
     gs = torch.full((1,), 4.0, device=device)
     fi = torch.zeros(1, device=device)
     if not clients:
         k = torch.zeros(1, dtype=torch.int32, device=device)
-        return [*lists, batch, present, hp.to(device), k, table, 1, gs, fi, backend]
+        return [*lists, row_of, present, hp.to(device), k, table, 1, gs, fi, backend]
     hp = torch.stack([hp * (1 + 0.1 * (c % 7)) for c in range(clients)], 1).contiguous().to(device)
     k = torch.tensor([0 if c % 3 == 0 else 1 + c % 2 for c in range(clients)], dtype=torch.int32, device=device)
     active = torch.tensor([c % 4 != 3 for c in range(clients)], device=device)
     if spec.base == "sgd":
         present = [m | FRESH if b == 0 else m for b, m in enumerate(present)]
-    return [*lists, batch, present, hp, k, table, 1, gs, fi, active, backend]
+    return [*lists, row_of, present, hp, k, table, 1, gs, fi, active, backend]
 
 
 def tol(dtype: torch.dtype) -> float:

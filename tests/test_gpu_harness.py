@@ -24,8 +24,8 @@ from fedopt_kernels.core import ops as _ops
 from fedopt_kernels.core.ops import OPS, PER_CLIENT
 from fedopt_kernels.fl import algorithm, catalogue
 
-# the GPU tests' MIXED layout (its dtypes, batches and a zero-size tensor), each dimension cut to 7
-SMALL = [(tuple(min(d, 7) for d in shape), dtype, batch) for shape, dtype, batch in MIXED]
+# the GPU tests' MIXED layout (its dtypes, row groups and a zero-size tensor), each dimension cut to 7
+SMALL = [(tuple(min(d, 7) for d in shape), dtype, group) for shape, dtype, group in MIXED]
 
 
 def _run_every_backend(name: str) -> None:

@@ -3,7 +3,7 @@
 * a step captured in a CUDA graph and replayed gives the same bits as eager steps (every per-step
   scalar - lr_k, the norm, the clip / normalisation factor - lives on the device);
 * ``torch.cuda.set_sync_debug_mode("error")`` raises nothing inside ``step()``;
-* launches that split (more tensors or batches than one kernel-argument table holds) and mixed
+* launches that split (more tensors or row groups than one kernel-argument table holds) and mixed
   dtypes still match ``reference``;
 * a plan change that would copy from the host while a graph is captured is refused, not recorded;
 * the client-batched ops (one launch per pass and dtype over every client): each client equals the
@@ -265,7 +265,7 @@ def test_batched_client_is_bitwise_the_per_client_cuda_op(name):
     init = [[t.clone() for t in lst] for lst in args[:n]]
     k0 = args[n + 3].clone()
     _ops.torch_op(name)(*args)
-    batch, present, hp = args[n], args[n + 1], args[n + 2]
+    row_of, present, hp = args[n], args[n + 1], args[n + 2]
     for c in range(C):
         if not bool(args[n + 8][c]):
             continue
@@ -276,7 +276,7 @@ def test_batched_client_is_bitwise_the_per_client_cuda_op(name):
                 if m & FRESH:
                     hc[b, spec.hps.index("dampening")] = 0.0
         kc = k0[c : c + 1].clone()
-        _ops.torch_op(spec.base)(*lists, batch, [m & ~FRESH for m in present], hc, kc, *args[n + 4 : n + 8], "cuda")
+        _ops.torch_op(spec.base)(*lists, row_of, [m & ~FRESH for m in present], hc, kc, *args[n + 4 : n + 8], "cuda")
         for r, (want, got) in enumerate(zip(lists, args[:n])):
             for i, (a, b) in enumerate(zip(want, got)):
                 assert torch.equal(a, b[c]), f"client {c}: {spec.roles[r].name}[{i}] differs from the per-client op"

@@ -130,6 +130,45 @@ def test_built_extension_was_compiled_with_the_declared_layout(ext):
         mod.op_layout("adam")
 
 
+def bound_names(doc: str) -> list:
+    """The argument names of a pybind11 function, from the signature line of its docstring."""
+    args = doc.splitlines()[0].partition("(")[2].rpartition(")")[0]
+    depth, pieces, piece = 0, [], ""
+    for ch in args:  # split at the commas outside brackets (types such as list[int, str] hold some)
+        depth += 1 if ch in "[(" else -1 if ch in "])" else 0
+        if ch == "," and depth == 0:
+            pieces.append(piece)
+            piece = ""
+        else:
+            piece += ch
+    return [p.split(":")[0].strip() for p in pieces + [piece]]
+
+
+def schema_names(spec) -> list:
+    """The argument names of ``spec``'s torch.library schema after its tensor lists."""
+    args = spec.schema().partition("(")[2].rpartition(") ->")[0].split(", ")
+    return [a.rsplit(" ", 1)[1] for a in args[len(spec.roles) :]]
+
+
+@pytest.mark.parametrize("ext", ["_C_cpu", "_C_cuda"])
+def test_built_extension_names_its_arguments_as_the_schema_does(ext):
+    """The bindings' scalar arguments carry the schema's names (lists, then row_of, present, ...):
+    one name per idea from the op declaration down to the C++ entry point."""
+    try:
+        mod = importlib.import_module(f"fedopt_kernels.{ext}")
+    except ImportError as exc:
+        pytest.skip(f"{ext} not built here: {exc}")
+    for name, spec in OPS.items():
+        want = ["lists"] + [n for n in schema_names(spec) if n != "backend"] + ["scratch"]
+        assert bound_names(getattr(mod, name).__doc__) == want, name
+
+
+def test_the_argument_name_check_can_fail():
+    doc = "sgd(lists: list[list[int]], batch: list[int], present: list[int], scratch: object = None) -> None"
+    assert bound_names(doc) == ["lists", "batch", "present", "scratch"]
+    assert schema_names(OPS["sgd"])[0] == "row_of" != bound_names(doc)[1]
+
+
 def test_generator_refuses_what_cpp_cannot_name():
     sgd = OPS["sgd"]
     bad_role = replace(sgd, roles=sgd.roles[:2] + (Role("x-0", "x-0"),))

@@ -1,7 +1,7 @@
 """The ops as torch.library ops: one declaration (``fedopt_kernels/core/ops.py``) that every layer reads.
 
 * ``torch.library.opcheck`` on every op and backend (schema mutation annotations, fake tensors,
-  AOT dispatch) with batches that have every optional role and batches that have none;
+  AOT dispatch) with row groups that have every optional role and row groups that have none;
 * the Triton kernels' roles and hp columns come from it; the benchmark's traffic is computed from it
   (the C++ side is generated from it: tests/test_op_header.py);
 * ``torch.ops.fedopt.<op>`` computes what the optimizer's step computes;
@@ -26,8 +26,8 @@ SHAPES = [(5, 3), (7,), (2, 3, 2)]
 
 
 def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, clients=0):
-    """Arguments of ``spec``'s op: batch 0 has every optional role, batch 1 none of the optional ones
-    (PAdaMFed needs D and acc everywhere, so its batch 1 has those). ``clients``: the batched form."""
+    """Arguments of ``spec``'s op: row group 0 has every optional role, row group 1 none of the optional
+    ones (PAdaMFed needs D and acc everywhere, so its row group 1 has those). ``clients``: the batched form."""
     g = torch.Generator().manual_seed(0)
     lead = (clients,) if clients else ()
 
@@ -35,21 +35,21 @@ def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, cli
         return torch.randn(lead + tuple(shape), generator=g).to(dtype=dt, device=device)
 
     n = len(SHAPES)
-    batch = [0, 1, 0]
+    row_of = [0, 1, 0]
     always = {"D", "acc"}
     present = [(1 << len(spec.optional)) - 1, sum(1 << i for i, r in enumerate(spec.optional) if r.name in always)]
     lists = [[rnd(s) for s in SHAPES], [rnd(s) for s in SHAPES]]
     for i, role in enumerate(spec.optional):
         ts = []
         for j in range(n):
-            if present[batch[j]] >> i & 1:
+            if present[row_of[j]] >> i & 1:
                 if role.per_row:
                     ts.append((0.5 + torch.rand(lead + SHAPES[j][:1], generator=g)).to(device))
                 else:
                     ts.append(rnd(SHAPES[j], torch.float32 if role.state_typed else dtype))
         lists.append(ts)
     rows = []
-    for b in range(2):  # the GPU tests' values (tests/op_harness.py), ASAM in batch 0 only
+    for b in range(2):  # the GPU tests' values (tests/op_harness.py), ASAM in row group 0 only
         row = {**HP, "nesterov": 0.0, "rho": 0.5, "adaptive": float(b == 0)}
         rows.append([row[h] for h in spec.hps])
     hp = torch.tensor(rows, dtype=torch.float64, device=device)
@@ -58,13 +58,13 @@ def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, cli
     gs = torch.full((1,), 8.0, device=device) if amp else None
     fi = torch.zeros(1, device=device) if amp else None
     if not clients:
-        return (*lists, batch, present, hp, k, table, 1, gs, fi, backend)
+        return (*lists, row_of, present, hp, k, table, 1, gs, fi, backend)
     hp = torch.stack([hp * (1 + 0.1 * c) for c in range(clients)], 1).contiguous()  # per-client rows
     k = torch.tensor([0, 1, 0][:clients], dtype=torch.int32, device=device)
     active = torch.tensor([True, True, False][:clients], device=device)
     if spec.base == "sgd":
         present = [present[0] | FRESH, present[1]]
-    return (*lists, batch, present, hp, k, table, 1, gs, fi, active, backend)
+    return (*lists, row_of, present, hp, k, table, 1, gs, fi, active, backend)
 
 
 def _require_op(backend, device, name):
@@ -111,7 +111,7 @@ def test_batched_reference_op_is_the_per_client_op_client_by_client(name):
         lists = [[t[c].clone() for t in lst] for lst in _args(spec, "cpu", clients=3, amp=True)[:n]]
         ph = hp[:, c].clone()
         present = [m & ~FRESH for m in args[n + 1]]
-        if spec.base == "sgd" and c != 1:  # FRESH batch, client at k == 0: the first-step rule
+        if spec.base == "sgd" and c != 1:  # FRESH row group, client at k == 0: the first-step rule
             ph[0, spec.hps.index("dampening")] = 0.0
         kc = torch.tensor([[0, 1, 0][c]], dtype=torch.int32)
         if active[c]:
@@ -179,7 +179,7 @@ def test_optimizer_step_is_the_op_with_the_plan_s_arguments():
         [],
         [],
         [],
-        plan.batch,
+        plan.row_of,
         plan.present,
         plan.hp,
         k,

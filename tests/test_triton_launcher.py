@@ -330,7 +330,7 @@ def test_bitwise_deterministic_across_runs_and_plan_rebuilds(op, monkeypatch):
 # ---------------------------------------------------------------- client-batched ops
 def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0, amp: bool = True, found: float = 0.0):
     """Arguments of ``<name>_batched`` over stacked ``[C, *shape]`` tensors: even-indexed tensors in
-    batch 0 (every optional role; FRESH for sgd), odd ones in batch 1 (none but PAdaMFed's D/acc);
+    row group 0 (every optional role; FRESH for sgd), odd ones in row group 1 (none but PAdaMFed's D/acc);
     per-client hp rows, per-client k (0, 1, 2, 0, ...) and an active mask with clients 2, 5, ...
     off. ``dtype`` may be a list (one per shape)."""
     from fedopt_kernels.core.ops import FRESH, OPS
@@ -342,7 +342,7 @@ def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0,
     def rnd(shape, dt):
         return torch.randn((C,) + tuple(shape), generator=g).to(dtype=dt, device=DEVICE)
 
-    batch = [i % 2 for i in range(len(shapes))]
+    row_of = [i % 2 for i in range(len(shapes))]
     present = [
         (1 << len(spec.optional)) - 1,
         sum(1 << i for i, r in enumerate(spec.optional) if r.name in ("D", "acc")),
@@ -351,7 +351,7 @@ def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0,
     for i, role in enumerate(spec.optional):
         ts = []
         for j, (s, dt) in enumerate(zip(shapes, dts)):
-            if present[batch[j]] >> i & 1:
+            if present[row_of[j]] >> i & 1:
                 if role.per_row:
                     ts.append((0.5 + torch.rand((C,) + tuple(s[:1]), generator=g)).to(DEVICE))
                 else:
@@ -384,7 +384,7 @@ def _batched_args(name: str, shapes, C: int, dtype=torch.float32, seed: int = 0,
     table = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, device=DEVICE)
     gs = torch.full((1,), 4.0, device=DEVICE) if amp else None
     fi = torch.full((1,), found, device=DEVICE) if amp else None
-    return [*lists, batch, present, hp, k, table, 1, gs, fi, active]
+    return [*lists, row_of, present, hp, k, table, 1, gs, fi, active]
 
 
 def _run_batched(name: str, args, backend: str, steps: int = 2) -> List[torch.Tensor]:

@@ -79,7 +79,7 @@ def test_no_float_arguments_hyperparameters_come_from_hp_rows(kernel):
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
 def test_integer_sizes_are_not_specialised(kernel):
     """Unannotated non-pointer arguments are counts/offsets/rows: specialising on them (== 1, % 16)
-    would compile new variants when the tensor set, the schedule table or the batch changes."""
+    would compile new variants when the tensor set, the schedule table or the row groups change."""
     params = inspect.signature(kernel.fn).parameters
     ints = {name for name, p in params.items() if not _annotation(p) and not name.endswith("_ptr")}
     assert ints <= _do_not_specialize(kernel), (kernel.__name__, ints)

@@ -1,4 +1,4 @@
-"""Op "fednar" (FedNAR, docs/algorithms.md): the per-element math and the per-batch factor; the two passes
+"""Op "fednar" (FedNAR, docs/algorithms.md): the per-element math and the per-row-group factor; the two passes
 that run them are ``two_pass.py``'s.
 
     d    = g * inv_scale (+ wd * x) (+ corr) (+ prox_mu * (x - x0))     recomputed in both passes

@@ -157,12 +157,12 @@ class Launch:
     rows: int  # chunks per program (1 compiled)
     block: int  # elements per chunk
     n_tiles: int  # programs of an elementwise pass
-    group: int = 0  # hp row (batch) of the tensors (per-client launches)
+    group: int = 0  # hp row (row group) of the tensors (per-client launches)
     norm_programs: int = 0  # programs of a norm pass
     slot_base: int = 0  # first slot of this launch in LaunchPlan.partials
     batched: bool = False  # rows are client slices: meta is [T, NR + 2] (hp row, client)
     aligned: bool = True  # every role of every row is 16-byte aligned (the ROWS == 1 promise)
-    fresh: int = 0  # sgd_batched: the FRESH bit of this launch's batches
+    fresh: int = 0  # sgd_batched: the FRESH bit of this launch's row groups
     consts: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # op -> its constexprs
     bound: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # kernel -> Bound (``launch``)
     # where each table row's addresses come from (LaunchPlan.moved): its source tensor (an index into
@@ -187,7 +187,7 @@ class LaunchPlan:
     seg: Optional[torch.Tensor] = None  # batched norm: int32 [launches, C + 1], slot where client c begins
     factors: Optional[torch.Tensor] = None  # batched norm: float32 [B * C], each hp row's update factor
     role_names: Tuple[str, ...] = ()  # the pointer table's role columns, in order
-    sources: List[Tuple[int, int]] = field(default_factory=list)  # (batch, index in its lists) of each table tensor
+    sources: List[Tuple[int, int]] = field(default_factory=list)  # (row group, index in its lists) of each table tensor
     device: Optional[torch.device] = None
     columns: Dict[str, Tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)  # _column's
     bound: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # plan-wide launches' Bound
@@ -326,8 +326,8 @@ def get_plan(
     scale_role: Optional[str] = None,
     key: Optional[tuple] = None,
 ) -> LaunchPlan:
-    """The cached plan for these tensors (one dict role -> list per batch, ``rows[i]`` the hp row of
-    batch ``i``), building it on a miss.
+    """The cached plan for these tensors (one dict role -> list per row group, ``rows[i]`` the hp row of
+    row group ``i``), building it on a miss.
 
     ``role_names`` fixes the column order of the pointer table (the kernels' ROLE constants);
     ``written`` names the roles the op stores into; ``norm`` asks for partial slots;
@@ -351,7 +351,7 @@ def get_batched_plan(
     norm: bool,
     scale_role: Optional[str] = None,
 ) -> LaunchPlan:
-    """``get_plan`` for a client-batched op: every tensor is stacked ``[clients, *shape]``, batch
+    """``get_plan`` for a client-batched op: every tensor is stacked ``[clients, *shape]``, row group
     ``i`` uses hp rows ``rows[i] * clients + c`` of hp viewed as ``[hp_rows * clients, cols]``,
     and ``fresh[i]`` is its FRESH bit (``sgd_batched``)."""
     key = ("batched", clients, hp_rows, tuple(bool(f) for f in fresh)) + plan_key(
@@ -546,7 +546,7 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
 
 
 def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, device, norm, scale_role) -> LaunchPlan:
-    """Virtual tensors: client ``c``'s slice of stacked tensor ``i`` of batch ``g`` is one table row
+    """Virtual tensors: client ``c``'s slice of stacked tensor ``i`` of row group ``g`` is one table row
     (its address ``base + c * stride(0)``, hp row ``rows_of[g] * C + c``, client ``c``). Rows are
     grouped into launches by (roles present, dtypes, alignment, FRESH), client-major inside each
     launch, so a client's chunks are contiguous there (its norm slots form one range per launch).
@@ -558,7 +558,7 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
     nr = len(role_names) + 4
     staged: List[Tuple[int, str, int, torch.Tensor, bool]] = []
     entries = []
-    sources: List[Tuple[int, int]] = []  # (batch, index) of each entry
+    sources: List[Tuple[int, int]] = []  # (row group, index) of each entry
     for g, r in enumerate(roles):
         present = tuple(name for name in role_names if name in r)
         for i, x in enumerate(r[role_names[0]]):

@@ -1,4 +1,4 @@
-"""Op "padamfed" (PAdaMFed client step, docs/algorithms.md): the per-element math and the per-batch factor;
+"""Op "padamfed" (PAdaMFed client step, docs/algorithms.md): the per-element math and the per-row-group factor;
 the two passes that run them are ``two_pass.py``'s.
 
     G = g * inv_scale ;  v = beta * G + D       (variance reduction: v = (G + D) - (1 - beta) * H)

@@ -1,4 +1,4 @@
-"""Op "sam_ascent" (FedSAM's ascent, docs/algorithms.md): the per-element math and the per-batch factor;
+"""Op "sam_ascent" (FedSAM's ascent, docs/algorithms.md): the per-element math and the per-row-group factor;
 the two passes that run them are ``two_pass.py``'s.
 
     g' = g * inv_scale ;  w = |x| + eta (adaptive) or 1 ;  d = w * g'

@@ -1,4 +1,4 @@
-"""Op "sgd" (FedDecaySGD, NeuronLRSGD): one pass, one launch per batch and dtype signature.
+"""Op "sgd" (FedDecaySGD, NeuronLRSGD): one pass, one launch per row group and dtype signature.
 
 Per element, in float32 (``fedopt_kernels/core/reference/sgd.py`` is the contract, same order)::
 
@@ -7,7 +7,7 @@ Per element, in float32 (``fedopt_kernels/core/reference/sgd.py`` is the contrac
     buf  = momentum * buf + (1 - dampening) * d ;  d = d + momentum * buf (nesterov) or buf
     x   -= (lr_k * r[row]) * d        (r = per-neuron scale, or lr_k * d without one)
 
-Hyperparameters are read from the batch's float64 row of ``hp`` on the device; the constexprs are
+Hyperparameters are read from the row group's float64 row of ``hp`` on the device; the constexprs are
 dtypes, which tensors exist, whether GradScaler is in use, and the tile shape.
 
 The same kernel runs ``sgd_batched`` (``BATCHED``): each tensor of the table is one client's slice,
@@ -293,7 +293,7 @@ def launch(
     active: Optional[torch.Tensor] = None,
     step_key: Optional[tuple] = None,
 ) -> None:
-    """One update launch over ``lau``'s tensors: per-client, with its batch's row of ``hp``;
+    """One update launch over ``lau``'s tensors: per-client, with its row group's row of ``hp``;
     batched (``lau.batched``), with each table row's own hp row and client. ``step_key``: what of the
     other arguments may change between steps (``launcher.launch``)."""
     if launch_bound(lau.bound, "sgd", step_key):

@@ -8,7 +8,7 @@ Per-client ops (one global norm):
 * pass 1, ``norm_kernel``: ``min(tiles, MAX_NORM_PROGRAMS)`` programs per launch, program ``p``
   adds ``elem(PASS=0)`` over tiles ``p, p + P, ...`` in a fixed order into its float64 slot;
 * pass 2, ``update_kernel``: every program sums all slots in a fixed order (``norm.global_norm``),
-  forms its batch's ``factor`` and applies ``elem(PASS=1)`` to its tile. The last launch's program
+  forms its row group's ``factor`` and applies ``elem(PASS=1)`` to its tile. The last launch's program
   0 advances the step counter ``k``.
 
 Client-batched ops (``BATCHED``: one norm per client, over that client's slices of every tensor):

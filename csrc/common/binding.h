@@ -1,6 +1,6 @@
 // The one binding template both extensions use: every op of op_table.h (generated from
 // fedopt_kernels/core/ops.py) becomes a Python function
-// `_C_<device>.<op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, scratch=None)`,
+// `_C_<device>.<op>(lists, row_of, present, hp, k, table, decay_every, grad_scale, found_inf, scratch=None)`,
 // and its client-batched form `<op>_batched(..., active, scratch=None)`, that gathers the tensors, checks the scalars and
 // hands both to the device's kernels (`Dev::run(OpTag<spec::<op>, batched>{}, gathered, scalars, scratch)`).
 // `op_signature(op)` / `op_layout(op)` export each op's layout as the kernels index it, for the test
@@ -31,20 +31,20 @@ void check_device(const Gathered& gat, const at::Tensor& k) {
               c10::DeviceTypeName(Dev::kDevice), " tensor");
 }
 
-// clients > 0: the batched form (hp [batches, clients, cols], `active`). `scratch`: the device scratch
+// clients > 0: the batched form (hp [row groups, clients, cols], `active`). `scratch`: the device scratch
 // a previous step returned (a norm op's float64 buffer), reused when it is big enough; returned is the
 // scratch this step used (None where the device needs none), for the caller to hand back next time, so
 // a step allocates nothing: an allocation per step moves where the caching allocator puts the next
 // gradients, and a replayed step (fedopt_kernels/core/replay.py) needs them back at the same addresses.
 template <class Dev, class Op>
-c10::optional<at::Tensor> run_any(const RoleLists& lists, const std::vector<int64_t>& batch,
+c10::optional<at::Tensor> run_any(const RoleLists& lists, const std::vector<int64_t>& row_of,
                                   const std::vector<int64_t>& present, const at::Tensor& hp, const at::Tensor& k,
                                   const at::Tensor& table, int64_t decay_every,
                                   const c10::optional<at::Tensor>& grad_scale,
                                   const c10::optional<at::Tensor>& found_inf, int64_t clients,
                                   const c10::optional<at::Tensor>& active, const c10::optional<at::Tensor>& scratch) {
   const OpDesc& d = Op::desc();
-  Gathered gat = gather(lists, batch, present, d.slots, d.name, Dev::kName, clients);
+  Gathered gat = gather(lists, row_of, present, d.slots, d.name, Dev::kName, clients);
   if (gat.entries.empty()) gat.device = k.device();  // nothing to update: k still advances
   check_device<Dev>(gat, k);
   const StepScalars sc = check_scalars(d, gat, hp, k, table, decay_every, grad_scale, found_inf, Dev::kName,
@@ -56,19 +56,19 @@ c10::optional<at::Tensor> run_any(const RoleLists& lists, const std::vector<int6
 }
 
 template <class Dev, class Op>
-c10::optional<at::Tensor> run_op(const RoleLists& lists, const std::vector<int64_t>& batch,
+c10::optional<at::Tensor> run_op(const RoleLists& lists, const std::vector<int64_t>& row_of,
                                  const std::vector<int64_t>& present, const at::Tensor& hp, const at::Tensor& k,
                                  const at::Tensor& table, int64_t decay_every,
                                  const c10::optional<at::Tensor>& grad_scale,
                                  const c10::optional<at::Tensor>& found_inf,
                                  const c10::optional<at::Tensor>& scratch) {
-  return run_any<Dev, Op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, 0, c10::nullopt,
+  return run_any<Dev, Op>(lists, row_of, present, hp, k, table, decay_every, grad_scale, found_inf, 0, c10::nullopt,
                           scratch);
 }
 
 // the batched form: one more argument (active), and the client count from the hp tensor [B, C, cols]
 template <class Dev, class Op>
-c10::optional<at::Tensor> run_batched_op(const RoleLists& lists, const std::vector<int64_t>& batch,
+c10::optional<at::Tensor> run_batched_op(const RoleLists& lists, const std::vector<int64_t>& row_of,
                                          const std::vector<int64_t>& present, const at::Tensor& hp,
                                          const at::Tensor& k, const at::Tensor& table, int64_t decay_every,
                                          const c10::optional<at::Tensor>& grad_scale,
@@ -76,9 +76,9 @@ c10::optional<at::Tensor> run_batched_op(const RoleLists& lists, const std::vect
                                          const c10::optional<at::Tensor>& active,
                                          const c10::optional<at::Tensor>& scratch) {
   const OpDesc& d = Op::desc();
-  TORCH_CHECK(hp.dim() == 3, "fedopt_kernels ", Dev::kName, " ", d.name, ": hp must be [batches, clients, ",
+  TORCH_CHECK(hp.dim() == 3, "fedopt_kernels ", Dev::kName, " ", d.name, ": hp must be [row groups, clients, ",
               d.hps.size(), "], got ", hp.sizes());
-  return run_any<Dev, Op>(lists, batch, present, hp, k, table, decay_every, grad_scale, found_inf, hp.size(1), active,
+  return run_any<Dev, Op>(lists, row_of, present, hp, k, table, decay_every, grad_scale, found_inf, hp.size(1), active,
                           scratch);
 }
 
@@ -110,8 +110,8 @@ Layout layout_of() {
 template <class Dev, class Spec>
 void bind_op(pybind11::module& m) {
   namespace py = pybind11;
-  const auto args = std::make_tuple(py::arg("lists"), py::arg("batch"), py::arg("present"), py::arg("hp"), py::arg("k"),
-                                    py::arg("table"), py::arg("decay_every"), py::arg("grad_scale"),
+  const auto args = std::make_tuple(py::arg("lists"), py::arg("row_of"), py::arg("present"), py::arg("hp"),
+                                    py::arg("k"), py::arg("table"), py::arg("decay_every"), py::arg("grad_scale"),
                                     py::arg("found_inf"));
   std::apply([&](auto... a) {
     m.def(Spec::kName, &run_op<Dev, OpTag<Spec, false>>,

@@ -23,7 +23,7 @@ struct Entry {
   void* ptr[kMaxSlots];  // contiguous (or same-strided dense) storage; null when the slot is absent
   int64_t numel;         // > 0: zero-size tensors never become entries
   int64_t row_len;       // elements per neuron-scale row; numel when the tensor has no scale
-  int32_t group;         // the entry's hp row (batch b; b * C + c for client c of a batched op)
+  int32_t group;         // the entry's hp row (row group b; b * C + c for client c of a batched op)
   DType dtype;           // parameter dtype
   int32_t segment;       // the client it belongs to (0 for a per-client op): its norm, k and active flag
 };

@@ -31,7 +31,7 @@ void Gathered::finish() {
   keep_alive.clear();
 }
 
-Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
+Gathered gather(const RoleLists& lists, const std::vector<int64_t>& row_of, const std::vector<int64_t>& present,
                 const std::vector<SlotSpec>& slots, const char* op, const char* backend, int64_t clients) {
   Gathered out;
   const int nslots = static_cast<int>(slots.size());
@@ -39,27 +39,27 @@ Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const
   TORCH_CHECK(static_cast<int>(lists.size()) == nslots, "fedopt_kernels ", backend, " ", op, ": got ", lists.size(),
               " tensor lists, expected ", nslots);
   const size_t n = lists[0].size();
-  TORCH_CHECK(lists[1].size() == n && batch.size() == n, "fedopt_kernels ", backend, " ", op, ": ", n, " params but ",
-              lists[1].size(), " grads and ", batch.size(), " batch indices");
+  TORCH_CHECK(lists[1].size() == n && row_of.size() == n, "fedopt_kernels ", backend, " ", op, ": ", n, " params but ",
+              lists[1].size(), " grads and ", row_of.size(), " row indices (row_of)");
   const int64_t nb = static_cast<int64_t>(present.size());
   out.present.resize(present.size());
   for (size_t b = 0; b < present.size(); ++b) out.present[b] = static_cast<int32_t>(present[b]);
-  // each optional role's list is consumed in parameter order by the batches that have it
+  // each optional role's list is consumed in parameter order by the row groups that have it
   std::vector<size_t> cursor(nslots, 0);
   for (int s = 2; s < nslots; ++s) {
     size_t want = 0;
     for (size_t i = 0; i < n; ++i) {
-      TORCH_CHECK(batch[i] >= 0 && batch[i] < nb, "fedopt_kernels ", backend, " ", op, ": batch index ", batch[i],
+      TORCH_CHECK(row_of[i] >= 0 && row_of[i] < nb, "fedopt_kernels ", backend, " ", op, ": row index ", row_of[i],
                   " of parameter ", i, " is outside [0, ", nb, ")");
-      if (present[batch[i]] & slots[s].bit) ++want;
+      if (present[row_of[i]] & slots[s].bit) ++want;
     }
     TORCH_CHECK(lists[s].size() == want, "fedopt_kernels ", backend, " ", op, ": '", slots[s].name, "' has ",
-                lists[s].size(), " tensors but the batches' present masks ask for ", want);
+                lists[s].size(), " tensors but the row groups' present masks ask for ", want);
   }
   bool device_set = false;
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& x = lists[0][i];
-    const int64_t b = batch[i];
+    const int64_t b = row_of[i];
     // the dimension per-row roles index: the first, or the first after the client dimension
     const int64_t row_dim = clients > 0 ? 1 : 0;
     if (clients > 0)
@@ -79,7 +79,7 @@ Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const
     const at::ScalarType st = pt == at::kDouble ? at::kDouble : at::kFloat;
     out.any_f64 = out.any_f64 || pt == at::kDouble;
 
-    // this parameter's tensor in each slot (nullptr where its batch lacks the role)
+    // this parameter's tensor in each slot (nullptr where its row group lacks the role)
     const at::Tensor* mine[kMaxSlots] = {};
     for (int s = 0; s < nslots; ++s) {
       if (s < 2) mine[s] = &lists[s][i];

@@ -20,7 +20,7 @@ struct SlotSpec {
   SlotKind kind;     // dtype: the parameter's, or float32 (float64 for float64 parameters)
   bool written;      // the op stores into it
   bool per_row;      // one value per output unit ([shape[0]]), not one per element
-  int32_t bit;       // its bit of a batch's `present` mask; 0 for params and grads (every batch has them)
+  int32_t bit;       // its bit of a row group's `present` mask; 0 for params and grads (every row group has them)
 };
 
 // one list per slot: params, grads, then each optional role's compacted list
@@ -29,7 +29,7 @@ using RoleLists = std::vector<std::vector<at::Tensor>>;
 struct Gathered {
   std::vector<Entry> entries;      // non-empty parameters, in argument order
   std::vector<int64_t> rows;       // batched: per entry, M (per-row roles' length per client)
-  std::vector<int32_t> present;    // per batch: mask of optional roles
+  std::vector<int32_t> present;    // per row group: mask of optional roles
   at::Device device{at::kCPU};
   bool any_f64 = false;            // a float64 parameter: norms are *used* in float64 (as the reference)
   // temporaries the kernels write, to be copied back into the caller's tensors afterwards
@@ -44,7 +44,7 @@ struct Gathered {
 // batched form (every tensor [clients, *shape], per-row roles [clients, M]); each entry then
 // describes one stacked tensor (numel and row_len are per client) and `expand_clients` makes the
 // per-client entries.
-Gathered gather(const RoleLists& lists, const std::vector<int64_t>& batch, const std::vector<int64_t>& present,
+Gathered gather(const RoleLists& lists, const std::vector<int64_t>& row_of, const std::vector<int64_t>& present,
                 const std::vector<SlotSpec>& slots, const char* op, const char* backend, int64_t clients = 0);
 
 // The per-client entries of a batched op's stacked entries: client-major (all of client 0's tensors,

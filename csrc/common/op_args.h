@@ -3,7 +3,7 @@
 // rows, the step counter k, the schedule table, GradScaler's grad_scale / found_inf). The argument
 // layout is fedopt_kernels/core/ops.py's schema:
 //
-//   op(params, grads, <optional roles, compacted>..., batch, present, hp, k, table, decay_every,
+//   op(params, grads, <optional roles, compacted>..., row_of, present, hp, k, table, decay_every,
 //      grad_scale, found_inf)
 #pragma once
 
@@ -49,7 +49,7 @@ struct StepScalars {
   int64_t decay_every;
   const float* grad_scale; // nullable: gradients are divided by it
   const float* found_inf;  // nullable: non-zero skips the step
-  int64_t clients = 0;     // batched ops: C (hp is [batches, C, cols], k and active are [C])
+  int64_t clients = 0;     // batched ops: C (hp is [row groups, C, cols], k and active are [C])
   const bool* active = nullptr;  // batched ops, nullable: false leaves that client untouched
 };
 

@@ -133,7 +133,7 @@ class AlgorithmHooks(Optimizer):
     ) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
         """Optional-role tensors of ``p`` for its step, and per-tensor hp overrides (subclasses extend).
 
-        Parameters with the same roles and overrides in one group share a batch (an hp row).
+        Parameters with the same roles and overrides in one group share a row group (an hp row).
         """
         out = {}
         if group.get("prox_mu", 0.0) != 0.0:
@@ -151,7 +151,7 @@ class AlgorithmHooks(Optimizer):
         return out, {}
 
     def _extra_present(self, tensors: Dict[str, torch.Tensor]) -> int:
-        """Bits of a batch's ``present`` mask beyond its roles (the batched SGD's FRESH)."""
+        """Bits of a row group's ``present`` mask beyond its roles (the batched SGD's FRESH)."""
         return 0
 
     def _step_roles(self) -> Tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""An op's positional arguments (``ops.OpSpec.schema``) by name, and regrouped into uniform batches.
+"""An op's positional arguments (``ops.OpSpec.schema``) by name, and regrouped into row groups.
 
 The Python implementations (reference, triton) read their arguments through ``OpArgs``; the C++
 bindings parse the same layout themselves (``csrc/common/op_args.cpp``).
@@ -15,10 +15,10 @@ from .ops import OpSpec
 
 
 @dataclass
-class Batch:
+class RowGroup:
     """The parameters of one ``hp`` row: every tensor list is full (one tensor per parameter)."""
 
-    index: int  # row of hp
+    row: int  # row of hp
     tensors: Dict[str, List[torch.Tensor]]  # role name -> list aligned with tensors["params"]
 
 
@@ -26,7 +26,7 @@ class Batch:
 class OpArgs:
     spec: OpSpec
     lists: Dict[str, List[torch.Tensor]]
-    batch: List[int]
+    row_of: List[int]  # per parameter, its row group (row of hp)
     present: List[int]
     hp: torch.Tensor
     k: torch.Tensor
@@ -51,11 +51,11 @@ class OpArgs:
         }
         rest = list(args[n:])
         active = rest.pop(8) if spec.batched else None
-        batch, present, hp, k, table, decay_every, grad_scale, found_inf, backend = rest
+        row_of, present, hp, k, table, decay_every, grad_scale, found_inf, backend = rest
         out = cls(
             spec,
             lists,
-            list(batch),
+            list(row_of),
             list(present),
             hp,
             k,
@@ -71,17 +71,17 @@ class OpArgs:
         return out
 
     def check(self) -> None:
-        """Raise ValueError when the lists do not fit ``batch``/``present`` (bad direct op calls)."""
+        """Raise ValueError when the lists do not fit ``row_of``/``present`` (bad direct op calls)."""
         spec, n = self.spec, len(self.lists["params"])
-        if len(self.lists["grads"]) != n or len(self.batch) != n:
+        if len(self.lists["grads"]) != n or len(self.row_of) != n:
             raise ValueError(
                 f"fedopt::{spec.name}: {n} params but {len(self.lists['grads'])} grads and "
-                f"{len(self.batch)} batch indices"
+                f"{len(self.row_of)} row indices (row_of)"
             )
         dims = 3 if spec.batched else 2
         rows = self.hp.shape[0] if self.hp.dim() == dims else -1
         if self.hp.dim() != dims or self.hp.shape[-1] != len(spec.hps) or self.hp.dtype != torch.float64:
-            what = "[batches, clients, " if spec.batched else "[batches, "
+            what = "[row groups, clients, " if spec.batched else "[row groups, "
             raise ValueError(
                 f"fedopt::{spec.name}: hp must be float64 {what}{len(spec.hps)}] "
                 f"({', '.join(spec.hps)}), got {self.hp.dtype} {tuple(self.hp.shape)}"
@@ -104,39 +104,39 @@ class OpArgs:
                             f"fedopt::{spec.name}: every {name} tensor must have a leading client "
                             f"dimension of {C}, got shape {tuple(t.shape)}"
                         )
-        if len(self.present) != rows or any(not 0 <= b < rows for b in self.batch):
+        if len(self.present) != rows or any(not 0 <= b < rows for b in self.row_of):
             raise ValueError(
-                f"fedopt::{spec.name}: batch indices must lie in [0, {rows}) and present needs "
+                f"fedopt::{spec.name}: row indices (row_of) must lie in [0, {rows}) and present needs "
                 f"one mask per hp row ({rows}), got {len(self.present)}"
             )
         for i, role in enumerate(spec.optional):
-            want = sum(1 for b in self.batch if self.present[b] >> i & 1)
+            want = sum(1 for b in self.row_of if self.present[b] >> i & 1)
             if len(self.lists[role.name]) != want:
                 raise ValueError(
                     f"fedopt::{spec.name}: {role.name} has {len(self.lists[role.name])} tensors "
-                    f"but present/batch ask for {want}"
+                    f"but present/row_of ask for {want}"
                 )
         if self.decay_every < 1:
             raise ValueError(f"fedopt::{spec.name}: decay_every must be >= 1, got {self.decay_every}")
 
-    def batches(self) -> List[Batch]:
+    def row_groups(self) -> List[RowGroup]:
         """The parameters split by hp row, every optional role expanded, in first-seen row order. The
         lists may be the caller's own (one hp row): read them, never change them."""
-        spec, batch, present, lists = self.spec, self.batch, self.present, self.lists
+        spec, row_of, present, lists = self.spec, self.row_of, self.present, self.lists
         optional = [(j, r.name) for j, r in enumerate(spec.optional)]
-        if batch and all(b == batch[0] for b in batch):  # one hp row: every list is already that row's
-            mask = present[batch[0]]
+        if row_of and all(b == row_of[0] for b in row_of):  # one hp row: every list is already that row's
+            mask = present[row_of[0]]
             names = ["params", "grads"] + [name for j, name in optional if mask >> j & 1]
-            return [Batch(batch[0], {name: lists[name] for name in names})]
+            return [RowGroup(row_of[0], {name: lists[name] for name in names})]
         cursors = {name: 0 for _, name in optional}
-        out: Dict[int, Batch] = {}
-        for i, b in enumerate(batch):
-            bat = out.get(b)
+        out: Dict[int, RowGroup] = {}
+        for i, b in enumerate(row_of):
+            group = out.get(b)
             mask = present[b]
-            if bat is None:
+            if group is None:
                 names = ["params", "grads"] + [name for j, name in optional if mask >> j & 1]
-                bat = out[b] = Batch(b, {name: [] for name in names})
-            tensors = bat.tensors
+                group = out[b] = RowGroup(b, {name: [] for name in names})
+            tensors = group.tensors
             tensors["params"].append(lists["params"][i])
             tensors["grads"].append(lists["grads"][i])
             for j, name in optional:

@@ -233,7 +233,7 @@ def _owner(p: torch.Tensor) -> bool:
 class ShardedPlan(StepPlan):
     """The step plan of an optimizer whose parameters are DTensors: the kernels get local shards.
 
-    Built like ``StepPlan`` on the DTensors (so batches, hp rows and state are the same), then every
+    Built like ``StepPlan`` on the DTensors (so row groups, hp rows and state are the same), then every
     placement is checked and the argument lists are replaced by the local tensors. A norm op's
     implementation is wrapped so that its sums of squares are all-reduced between its passes.
     """
@@ -255,7 +255,7 @@ class ShardedPlan(StepPlan):
         for idx, p in zip(self.order, self.params, strict=True):
             check_placed_like("gradient", p.grad, p, names(idx))
         cursor = {name: 0 for name in self.lists}
-        for b, idx in zip(self.batch, self.order, strict=True):
+        for b, idx in zip(self.row_of, self.order, strict=True):
             p = self.all_params[idx]
             for role in spec.optional:
                 if role.name in self.step_roles or not self.present[b] & spec.bit(role.name):

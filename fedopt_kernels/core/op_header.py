@@ -7,7 +7,7 @@ never committed, so the C++ code cannot drift from the declaration. Per per-clie
 holds:
 
 * ``<op>_slot::<SHORT>``: each role's slot (tensor-list position), ``<op>_slot::COUNT``;
-* ``<op>_bit::<SHORT>``: each optional role's bit of a batch's ``present`` mask;
+* ``<op>_bit::<SHORT>``: each optional role's bit of a row group's ``present`` mask;
 * ``<op>_hp::<NAME>``: each hp column, ``<op>_hp::COUNT``;
 * ``spec::<op>``: names (the op's and its batched form's), role table (name, state-typed, written,
   per-row, present bit), hp names, ``kNorm`` / ``kSchedule``;
@@ -125,7 +125,7 @@ def render(ops: Optional[Mapping[str, OpSpec]] = None, fresh: int = FRESH) -> st
         "  bool state_typed;  // float32 storage (float64 for float64 parameters), not the parameter's dtype",
         "  bool written;      // the op stores into it",
         "  bool per_row;      // one value per output unit ([shape[0]]), not one per element",
-        "  int32_t bit;       // its bit of a batch's `present` mask (optional roles); 0: every batch has it",
+        "  int32_t bit;       // its bit of a row group's `present` mask (optional roles); 0: every row group has it",
         "};",
         "",
         "// bit of sgd_batched's present mask: the round started with fresh momentum buffers (ops.FRESH)",

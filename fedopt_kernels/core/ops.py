@@ -5,11 +5,12 @@ same for every backend and every caller (the optimizers, ``torch.ops.fedopt.<op>
 
 * one tensor list per *role* (``params``, ``grads``, then the op's optional roles such as
   ``momentum_buffer``). Optional role lists are *compacted*: they hold one tensor for each
-  parameter whose batch has that role, in parameter order (torch.compile cannot functionalize a
+  parameter whose row group has that role, in parameter order (torch.compile cannot functionalize a
   mutated list with ``None`` holes, so there are none);
-* ``batch``: per parameter, the row of ``hp`` it uses; ``present``: per batch, a bitmask of the
-  optional roles that batch has (bit ``i`` = ``spec.optional[i]``);
-* ``hp``: float64 ``[batches, len(spec.hps)]`` on the parameters' device. Values that change from
+* ``row_of``: per parameter, the row of ``hp`` it uses (the parameters sharing a row are a *row
+  group*); ``present``: per row group, a bitmask of the optional roles that row group has (bit
+  ``i`` = ``spec.optional[i]``);
+* ``hp``: float64 ``[row groups, len(spec.hps)]`` on the parameters' device. Values that change from
   step to step travel as tensor data, so a new learning rate recompiles and re-captures nothing;
 * ``k``: int32 ``[1]``, the within-round step counter; every op advances it by one on the device
   (by zero when ``found_inf`` is set). ``table``/``decay_every``: the within-round schedule
@@ -22,7 +23,7 @@ same for every backend and every caller (the optimizers, ``torch.ops.fedopt.<op>
 
 Every op also has a *client-batched* form ``<op>_batched`` (docs/client_batched.md): every tensor carries a
 leading client dimension ``[C, *shape]`` (FedNLR scales ``[C, M]``), ``hp`` is
-``[batches, C, len(spec.hps)]`` (per-client rows: each client's own lr, round decay, ...), ``k``
+``[row groups, C, len(spec.hps)]`` (per-client rows: each client's own lr, round decay, ...), ``k``
 is ``[C]`` and an optional bool ``active`` ``[C]`` leaves inactive clients' parameters, state and
 ``k`` untouched. Global norms are per client. Client ``c``'s result is what the op computes for
 client ``c`` alone. ``sgd_batched`` reads one more bit of ``present``: ``FRESH`` (the round
@@ -93,7 +94,7 @@ class OpSpec:
         raise KeyError(f"op {self.name!r} has no role {name!r}")
 
     def bit(self, name: str) -> int:
-        """The bit of optional role ``name`` in a batch's ``present`` mask."""
+        """The bit of optional role ``name`` in a row group's ``present`` mask."""
         for i, r in enumerate(self.optional):
             if r.name == name:
                 return 1 << i
@@ -108,7 +109,7 @@ class OpSpec:
         for r in self.roles:
             args.append(f"Tensor({next(alias)}!)[] {r.name}" if r.written else f"Tensor[] {r.name}")
         args += [
-            "int[] batch",
+            "int[] row_of",
             "int[] present",
             "Tensor hp",
             f"Tensor({next(alias)}!) k",

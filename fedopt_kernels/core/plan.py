@@ -2,9 +2,9 @@
 
 A plan is built from ``PlanInputs`` (``plan_inputs.py``), plain data the optimizer gathers with its
 hooks; it never calls back into the optimizer. It holds the op's argument lists (parameters with a
-gradient, their gradients and state tensors, split into uniform batches), the hyperparameter rows
-as a device tensor, the resolved implementation and a cache dict the implementation may keep
-per-tensor data in (pointer tables). Per step ``StepPlan.still_valid`` checks, cheaply, what can
+gradient, their gradients and state tensors, split into row groups: the parameters sharing one hp
+row), the hyperparameter rows as a device tensor, the resolved implementation and a cache dict the
+implementation may keep per-tensor data in (pointer tables). Per step ``StepPlan.still_valid`` checks, cheaply, what can
 change behind the optimizer's back:
 
 * a hyperparameter value of a param group: the plan names the groups whose values changed and the
@@ -20,7 +20,7 @@ the gradients' address set for the replay key; the plan holds no gradient betwee
 watch's docstring says why).
 
 Everything else that changes the plan goes through the optimizer (``add_param_group``,
-``load_state_dict``, ``start_round``, ``set_neuron_scales``), which drops it. A plan whose batches
+``load_state_dict``, ``start_round``, ``set_neuron_scales``), which drops it. A plan whose row groups
 include freshly created momentum buffers (first step of a round) lives for one step only.
 """
 
@@ -150,10 +150,10 @@ class StepPlan:
         self.hp_vals: List[tuple] = [g.values for g in self.group_inputs]
         self.hp_get = [_values_of(keys) for keys in self.hp_keys]
 
-        # batches: (group, present roles, hp overrides) in first-seen order
-        batch_of: Dict[tuple, int] = {}
-        self.batch_group: List[int] = []
-        self.batch_override: List[Dict[str, float]] = []
+        # row groups (one hp row each): (param group, present roles, hp overrides) in first-seen order
+        row_group_of: Dict[tuple, int] = {}
+        self.row_param_group: List[int] = []
+        self.row_override: List[Dict[str, float]] = []
         self.present: List[int] = []
         self.order: List[int] = []  # index into all_params of each kernel parameter
         members: List[list] = []
@@ -163,11 +163,11 @@ class StepPlan:
                 if role.name in m.tensors:
                     mask |= 1 << bit
             key = (m.group, mask, tuple(sorted(m.override.items())))
-            b = batch_of.get(key)
+            b = row_group_of.get(key)
             if b is None:
-                b = batch_of[key] = len(self.batch_group)
-                self.batch_group.append(m.group)
-                self.batch_override.append(m.override)
+                b = row_group_of[key] = len(self.row_param_group)
+                self.row_param_group.append(m.group)
+                self.row_override.append(m.override)
                 self.present.append(mask)
                 members.append([])
                 if m.override:
@@ -175,9 +175,9 @@ class StepPlan:
             members[b].append(m)
         self.device = inputs.device
 
-        # argument lists, batch by batch (the norm's summation order is this order: fixed)
+        # argument lists, row group by row group (the norm's summation order is this order: fixed)
         self.params: List[torch.Tensor] = []
-        self.batch: List[int] = []
+        self.row_of: List[int] = []
         self.lists: Dict[str, List[torch.Tensor]] = {r.name: [] for r in spec.optional}
         self.step_roles = inputs.step_roles
         self.step_order: Dict[str, List[int]] = {name: [] for name in self.step_roles}
@@ -185,7 +185,7 @@ class StepPlan:
             for m in mem:
                 self.order.append(m.index)
                 self.params.append(params[m.index])
-                self.batch.append(b)
+                self.row_of.append(b)
                 for name, t in m.tensors.items():
                     if name not in self.step_roles:  # per-step inputs are filled in at each step
                         self.lists[name].append(t)
@@ -203,15 +203,15 @@ class StepPlan:
         self.replay_layout: Optional[int] = None  # the replay key's id of this plan's layout
 
     def hp_rows(self, groups: Optional[List[GroupInputs]] = None) -> torch.Tensor:
-        """The op's hp tensor on the host: each batch's rows (one per client for a client-batched op)
+        """The op's hp tensor on the host: each row group's rows (one per client for a client-batched op)
         with its overrides applied, for ``groups`` (default: the plan's)."""
         groups = self.group_inputs if groups is None else groups
         H = len(self.spec.hps)
         batched = self.clients is not None
-        if not self.batch_group:
+        if not self.row_param_group:
             return torch.zeros((0, self.clients, H) if self.clients is not None else (0, H), dtype=torch.float64)
-        out: List[Any] = []  # per batch: a row, or one row per client
-        for gi, override in zip(self.batch_group, self.batch_override, strict=True):
+        out: List[Any] = []  # per row group: a row, or one row per client
+        for gi, override in zip(self.row_param_group, self.row_override, strict=True):
             g = groups[gi]
             if not override and g.lr_scale is None:  # the rows as gathered (the common case)
                 out.append(g.rows if batched else g.rows[0])
@@ -237,10 +237,10 @@ class StepPlan:
         for gi, g in enumerate(self.group_inputs):
             if g.lr is None:
                 continue
-            rows = [b for b, bg in enumerate(self.batch_group) if bg == gi]
+            rows = [b for b, bg in enumerate(self.row_param_group) if bg == gi]
             if not rows:
                 continue
-            lo, hi = rows[0], rows[-1] + 1  # a group's batches are consecutive (made group by group)
+            lo, hi = rows[0], rows[-1] + 1  # a param group's row groups are consecutive (made group by group)
             scale = None if g.lr_scale is None or all(v == 1.0 for v in g.lr_scale) else g.lr_scale
             # (lr * factor) * scale, in the order and rounding of the rows' own computation
             a, b = (
@@ -326,13 +326,13 @@ class StepPlan:
     ) -> tuple:
         """``fn``'s arguments for one launch, in the op's schema order (``ops.OpSpec.schema``):
         ``params`` (the plan's, or the tensors torch.compile hands over), the gradients read now,
-        one list per optional role from ``lists``, the plan's batches and hp, then the step's own."""
+        one list per optional role from ``lists``, the plan's row_of, present and hp, then the step's own."""
         spec = self.spec
         return (
             params,
             self.current_grads(),
             *[lists[r.name] for r in spec.optional],
-            self.batch,
+            self.row_of,
             self.present,
             self.hp,
             k,

@@ -231,7 +231,7 @@ class StepReplay:
                     plan.device,
                     _list_layout(plan.params),
                     lists,
-                    tuple(plan.batch),
+                    tuple(plan.row_of),
                     tuple(plan.present),
                 )
             )

@@ -80,11 +80,11 @@ def _wrap(fn, name: str, n_roles: int, backend: str, batched: bool):
         roles, rest = args[:n_roles], args[n_roles:]
         scratch = cache.get("scratch") if cache is not None else None
         if batched:
-            batch, present, hp, k, table, decay_every, grad_scale, found_inf, active, _backend = rest
-            used = fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, active, scratch)
+            row_of, present, hp, k, table, decay_every, grad_scale, found_inf, active, _backend = rest
+            used = fn(roles, row_of, present, hp, k, table, decay_every, grad_scale, found_inf, active, scratch)
         else:
-            batch, present, hp, k, table, decay_every, grad_scale, found_inf, _backend = rest
-            used = fn(roles, batch, present, hp, k, table, decay_every, grad_scale, found_inf, scratch)
+            row_of, present, hp, k, table, decay_every, grad_scale, found_inf, _backend = rest
+            used = fn(roles, row_of, present, hp, k, table, decay_every, grad_scale, found_inf, scratch)
         if cache is not None and used is not None:
             cache["scratch"] = used
 

@@ -3,7 +3,7 @@
 Runs on CUDA tensors; on CPU tensors only under ``TRITON_INTERPRET=1`` (the Triton interpreter,
 which is how the tests check the kernels on machines without a GPU). The kernels live in
 ``triton_kernels/`` (installed as ``fedopt_kernels.triton_kernels``); this module turns an op's
-arguments into per-batch role lists, asks the launcher for the plan (pointer tables, chunk maps)
+arguments into per-row-group role lists, asks the launcher for the plan (pointer tables, chunk maps)
 and launches on the tensors' device (``launcher.device_guard``). Nothing here reads a device value
 back to the host.
 
@@ -123,10 +123,10 @@ def _hp(a: OpArgs) -> torch.Tensor:
 
 
 def _roles(a: OpArgs):
-    """Per batch: role short name -> tensor list; and each batch's hp row."""
+    """Per row group: role short name -> tensor list; and each row group's hp row."""
     short = {r.name: r.short for r in a.spec.roles}
-    batches = a.batches()
-    return [{short[name]: ts for name, ts in b.tensors.items()} for b in batches], [b.index for b in batches]
+    groups = a.row_groups()
+    return [{short[name]: ts for name, ts in b.tensors.items()} for b in groups], [b.row for b in groups]
 
 
 def _per_step_ptrs(a: OpArgs, per_step: List[str], grad_set: Optional[int]) -> tuple:

@@ -65,7 +65,7 @@ class Amp:
 
 def add_terms(d: torch.Tensor, xf: torch.Tensor, t, i: int, weight_decay: float, prox_mu: float) -> torch.Tensor:
     """d + weight_decay * x + correction + prox_mu * (x - x0), each term only when present (the
-    order every fused kernel follows); ``t``: a batch's tensors, ``i``: the parameter's index."""
+    order every fused kernel follows); ``t``: a row group's tensors, ``i``: the parameter's index."""
     if weight_decay != 0:
         d = d + weight_decay * xf
     if "correction" in t:
@@ -86,16 +86,16 @@ Update = Callable[[List[torch.Tensor], List[torch.Tensor], List[float], torch.Te
 
 
 def norm_step(spec: OpSpec, args: tuple, direction: Direction, update: Update) -> None:
-    """A norm op's step: ``direction(batch tensors, i, hp row, amp)`` of every parameter, batch by
-    batch (pass 1), their global norm rounded as the kernels round it, then ``update(params, directions,
-    hp row, norm)`` per batch (pass 2); a step skipped by GradScaler changes nothing."""
+    """A norm op's step: ``direction(row group tensors, i, hp row, amp)`` of every parameter, row group
+    by row group (pass 1), their global norm rounded as the kernels round it, then ``update(params,
+    directions, hp row, norm)`` per row group (pass 2); a step skipped by GradScaler changes nothing."""
     a = OpArgs.parse(spec, args)
     amp = Amp(a)
     if not amp.skip and a.lists["params"]:
-        batches = a.batches()
-        rows = {b.index: a.hp[b.index].tolist() for b in batches}
-        ds = [[direction(b.tensors, i, rows[b.index], amp) for i in range(len(b.tensors["params"]))] for b in batches]
+        groups = a.row_groups()
+        rows = {b.row: a.hp[b.row].tolist() for b in groups}
+        ds = [[direction(b.tensors, i, rows[b.row], amp) for i in range(len(b.tensors["params"]))] for b in groups]
         norm = global_norm([d for per in ds for d in per], a.device).to(norm_dtype(a.lists["params"]))
-        for b, per in zip(batches, ds, strict=True):
-            update(b.tensors["params"], per, rows[b.index], norm)
+        for b, per in zip(groups, ds, strict=True):
+            update(b.tensors["params"], per, rows[b.row], norm)
     advance(a, amp)

@@ -37,7 +37,7 @@ def _per_client(name: str):
             lists = [[t[c] for t in a.lists[r.name]] for r in spec.roles]
             fn(
                 *lists,
-                a.batch,
+                a.row_of,
                 present,
                 hp,
                 a.k[c : c + 1],

@@ -2,11 +2,11 @@
 Regularization", Li et al., NeurIPS 2023, Eq. 3-4 and Alg. 2).
 
 hp row: step_lr (= lr * round_decay ** t, set by the optimizer), weight_decay, max_norm, eps,
-prox_mu. Over all batches together::
+prox_mu. Over all row groups together::
 
     d    = g + weight_decay * x + correction + prox_mu * (x - x0)
     s    = || all d ||_2                                   # squares summed in float64
-    coef = min(1, max_norm / (s + eps))                    # per batch (its own max_norm, eps)
+    coef = min(1, max_norm / (s + eps))                    # per row group (its own max_norm, eps)
     x   -= (step_lr * coef) * d
 
 NaN/inf in ``s`` propagate (``torch.clamp`` keeps NaN), as ``clip_grad_norm_`` does.
@@ -22,7 +22,7 @@ from ._math import Amp, add_terms, norm_step, up
 
 
 def fednar_direction(t, i: int, row, amp: Amp) -> torch.Tensor:
-    """d of parameter ``i`` of a batch's tensors ``t``, in its compute dtype."""
+    """d of parameter ``i`` of a row group's tensors ``t``, in its compute dtype."""
     _step_lr, wd, _max_norm, _eps, prox_mu = row
     return add_terms(amp.grad(t["grads"][i]), up(t["params"][i]), t, i, wd, prox_mu)
 

@@ -3,11 +3,11 @@ Alg. 1, Thm. 1-2).
 
 hp row: lr (eta), beta, eps. Per-tensor inputs: ``D`` (= beta*(c - c_i) + (1-beta)*m, fixed for
 the round), ``acc`` (running sum of raw gradients) and, for the VR variant, ``anchor_grad`` (H).
-Over all batches together::
+Over all row groups together::
 
     v    = beta * G + D                       (VR: v = G + D - (1 - beta) * H)
     acc += G
-    n    = max(|| all v ||_2, eps)            # squares summed in float64; eps of each batch
+    n    = max(|| all v ||_2, eps)            # squares summed in float64; eps of each row group
     x   -= v * (eta / n)                      # every step moves x by exactly eta
 """
 
@@ -21,7 +21,7 @@ from ._math import Amp, norm_step, up
 
 
 def padamfed_direction(t, i: int, beta: float, G: torch.Tensor) -> torch.Tensor:
-    """v of parameter ``i`` of a batch's tensors ``t`` given its unscaled gradient ``G``."""
+    """v of parameter ``i`` of a row group's tensors ``t`` given its unscaled gradient ``G``."""
     D = up(t["D"][i])
     if "anchor_grad" in t:
         return G + D - (1 - beta) * up(t["anchor_grad"][i])

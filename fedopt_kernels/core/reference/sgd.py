@@ -40,10 +40,10 @@ def sgd_step(*args, cache=None) -> None:
     amp = Amp(a)
     if not amp.skip:
         factor = lr_factor(a)
-        for bat in a.batches():
-            lr, momentum, dampening, wd, prox_mu, nesterov, maximize = a.hp[bat.index].tolist()
+        for group in a.row_groups():
+            lr, momentum, dampening, wd, prox_mu, nesterov, maximize = a.hp[group.row].tolist()
             lr_k = lr * factor
-            t = bat.tensors
+            t = group.tensors
             for i, (x, g) in enumerate(zip(t["params"], t["grads"], strict=True)):
                 xf = up(x)
                 d = amp.grad(g)
