@@ -222,7 +222,7 @@ def time_all(
                     ("baseline", baseline, {}),
                 ]
                 if sequential:  # the method's command with its clients one after another, as FL libraries train
-                    slices.append(("method, sequential", method, {"client_batched": 1, "cuda_graph": False}))
+                    slices.append(("method, sequential", method, {"client_batched": 1, "replay": False}))
                 for role, grid, change in slices:
                     label, own = grid[0]
                     argv = command(shared, own, label, name)

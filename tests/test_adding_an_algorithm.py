@@ -589,11 +589,11 @@ def test_a_second_op_and_two_gradients_run_in_the_simulator_and_on_flower(pushsg
     for emulate in (False, True):
         sim = Simulation(cfg, data=tiny_images(), model_fn=model_fn)
         if emulate:
-            sim.batched.graph_mode = "emulate"
+            sim.batched.replay_mode = "emulate"
         for t in range(cfg.rounds):
             sim.run_round(t)
         runs.append(sim)
-    g = runs[1].batched.trainer.graph
+    g = runs[1].batched.trainer.replay
     assert [after for after, *_ in g.recorded] == [False, True]  # the push, then (after the closure) the sgd op
     assert all(torch.equal(a, b) for a, b in zip(runs[0].global_params, runs[1].global_params))
 

@@ -390,17 +390,17 @@ def test_tf32_on_a_cpu_is_fp32_bit_for_bit_and_bf16_is_not(at_once):
         assert {t.dtype for st in opt.state.values() for t in st.values() if t.is_floating_point()} <= {torch.float32}
 
 
-def test_graph_bookkeeping_replays_bf16_steps_exactly():
-    """The CUDA-graph path (emulated on the CPU: a recorded step replayed) under bf16 equals the eager
+def test_replay_bookkeeping_replays_bf16_steps_exactly():
+    """The replay path (emulated on the CPU: a recorded step replayed) under bf16 equals the eager
     client-batched run bit for bit: the precision travels with the engine into the recorded step."""
     cfg = tiny(client_batched=2, precision="bf16", rounds=3, local_steps=4, finetune_steps=0)
     eager = _run(cfg)
-    graph = Simulation(cfg, data=tiny_data(), model_fn=_model)
-    graph.batched.graph_mode = "emulate"
+    replayed = Simulation(cfg, data=tiny_data(), model_fn=_model)
+    replayed.batched.replay_mode = "emulate"
     for t in range(cfg.rounds):
-        graph.run_round(t)
-    assert graph.batched.trainer.graph.recorded is not None
-    assert all(torch.equal(a, b) for a, b in zip(eager.global_params, graph.global_params))
+        replayed.run_round(t)
+    assert replayed.batched.trainer.replay.recorded is not None
+    assert all(torch.equal(a, b) for a, b in zip(eager.global_params, replayed.global_params))
 
 
 def test_validation_runs_at_fp32_and_says_so():

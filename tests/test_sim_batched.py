@@ -125,7 +125,7 @@ def _train(cfg, emulate: bool):
     sim = Simulation(cfg, data=tiny_images(), model_fn=model_fn)
     if emulate:
         assert sim.batched is not None  # the config trains client-batched
-        sim.batched.graph_mode = "emulate"
+        sim.batched.replay_mode = "emulate"
     for t in range(cfg.rounds):
         sim.run_round(t)
     return sim
@@ -134,24 +134,24 @@ def _train(cfg, emulate: bool):
 @pytest.mark.parametrize(
     "algorithm", ["feddecay", "fednlr", "fednar-scaffold", "padamfed-vr", "fedsam-scaffold", "fedasam"]
 )
-def test_graph_bookkeeping_replays_exactly(algorithm):
-    """The CUDA-graph path's state/hp handling, emulated on the CPU: the recorded optimizer calls
+def test_replay_bookkeeping_replays_exactly(algorithm):
+    """The replay path's state/hp handling, emulated on the CPU: the recorded optimizer calls
     replayed with the captured tensors over 3 rounds (round 0: 2 eager steps, capture, replays;
     later rounds: replays only) equal the eager client-batched run bit for bit. FedSAM's step is
     captured whole: ascent, the closure's second gradients, restore and descent."""
     cfg = tiny_config(algorithm, rounds=3, local_steps=4, clients_per_round=5, **EXTRA.get(algorithm, {}))
-    eager, graph = _train(cfg, False), _train(cfg, True)
-    g = graph.batched.trainer.graph
+    eager, replayed = _train(cfg, False), _train(cfg, True)
+    g = replayed.batched.trainer.replay
     assert g.plan is not None and g.recorded and g.eager_steps == 2
     closure_step = cfg.algo.closure_step
     assert len(g.recorded) == (3 if closure_step else 1)  # FedSAM: the ascent, the restore, the descent
     assert [after for after, *_ in g.recorded] == ([False, True, True] if closure_step else [False])
-    for a, b in zip(eager.global_params, graph.global_params):
+    for a, b in zip(eager.global_params, replayed.global_params):
         assert torch.equal(a, b)
-    assert [h["train_loss"] for h in eager.history] == [h["train_loss"] for h in graph.history]
+    assert [h["train_loss"] for h in eager.history] == [h["train_loss"] for h in replayed.history]
     if algorithm == "padamfed-vr":
         for cid, ci in eager.strategy.c_local.items():
-            assert all(torch.equal(x, y) for x, y in zip(ci, graph.strategy.c_local[cid]))
+            assert all(torch.equal(x, y) for x, y in zip(ci, replayed.strategy.c_local[cid]))
 
 
 # ------------------------------------------------------------------ unequal batches
@@ -384,8 +384,8 @@ SHORT = [
         (["--client-batched", "many"], "--client-batched"),
         (["--client-batched", "1.5"], "--client-batched"),
         (["--validate", "sequential"], "--client-batched"),
-        (["--cuda-graph"], "--cuda-graph"),
-        (["--client-batched", "2", "--cuda-graph", "--device", "cpu"], "--cuda-graph"),
+        (["--replay"], "--replay"),
+        (["--client-batched", "2", "--replay", "--device", "cpu"], "--replay"),
     ],
 )
 def test_bad_client_batched_input_exits_2_naming_it(args, names, capsys):
@@ -433,9 +433,9 @@ def test_validate_sequential_without_float64_kernels_checks_paths_and_kernels_ap
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("algorithm", ["feddecay", "fednar-scaffold", "padamfed-vr", "fedsam-scaffold"])
-def test_cuda_graph_matches_eager_on_gpu(algorithm, backend):
-    """The real capture: a fused batched backend on CUDA, graph replay vs eager (same backend); then
-    ``--validate sequential`` with the graph: in float64 on cuda; on triton (no float64 kernels) the
+def test_replay_matches_eager_on_gpu(algorithm, backend):
+    """The real capture: a fused batched backend on CUDA, replay vs eager (same backend); then
+    ``--validate sequential`` with replay: in float64 on cuda; on triton (no float64 kernels) the
     paths in float64 on cuda and triton's kernels against the reference on the client-batched path."""
     why = _registry.unavailable_reason(backend, torch.device("cuda"), _op(algorithm))
     if why is not None:
@@ -453,14 +453,14 @@ def test_cuda_graph_matches_eager_on_gpu(algorithm, backend):
         4,
     )
     eager = Simulation(cfg, data=data, model_fn=model_fn)
-    graph = Simulation(cfg.replace(cuda_graph=True), data=data, model_fn=model_fn)
+    replayed = Simulation(cfg.replace(replay=True), data=data, model_fn=model_fn)
     for t in range(cfg.rounds):
         eager.run_round(t)
-        graph.run_round(t)
-    assert graph.batched.trainer.graph.graph is not None
-    for a, b in zip(eager.global_params, graph.global_params):
+        replayed.run_round(t)
+    assert replayed.batched.trainer.replay.graph is not None
+    for a, b in zip(eager.global_params, replayed.global_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    seq = validate_client_batched(cfg.replace(cuda_graph=True), data=data, model_fn=model_fn)
+    seq = validate_client_batched(cfg.replace(replay=True), data=data, model_fn=model_fn)
     assert seq.passed, seq.report()
     assert math.isfinite(seq.max_rel)
     if backend == "cuda":

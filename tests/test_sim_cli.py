@@ -255,22 +255,26 @@ def test_client_batched_says_when_it_trains_another_number_of_clients(capsys):
     assert "--client-batched 2 trains" not in capsys.readouterr().err
 
 
-# an option's earlier spelling -> its name today: the earlier one still works and says it is deprecated
-RENAMED_OPTIONS = {"--client-parallel": ("--client-batched", "4")}
+# an option's earlier spelling -> (its name today, its value, the other options it needs): the earlier
+# spelling still works and says it is deprecated
+RENAMED_OPTIONS = {
+    "--client-parallel": ("--client-batched", ["4"], []),
+    "--cuda-graph": ("--replay", [], ["--client-batched", "2"]),
+}
 
 
 @pytest.mark.parametrize("earlier", list(RENAMED_OPTIONS))
 def test_an_earlier_option_name_works_and_says_once_what_to_use(earlier, capsys):
-    name, value = RENAMED_OPTIONS[earlier]
-    given = [value] if value else []
+    name, value, needs = RENAMED_OPTIONS[earlier]
     parser = fedopt_sim.build_parser()
-    new = parser.parse_args(SHORT + [name, *given])
+    new = parser.parse_args(SHORT + needs + [name, *value])
     assert capsys.readouterr().err == ""
-    old = fedopt_sim.build_parser().parse_args(SHORT + [earlier, *given, earlier, *given])
+    old = fedopt_sim.build_parser().parse_args(SHORT + needs + [earlier, *value, earlier, *value])
     err = capsys.readouterr().err
     assert err.count("deprecated") == 1 and f"{earlier} is deprecated, use {name}" in err, err
     assert fedopt_sim.config_from_args(old, 0) == fedopt_sim.config_from_args(new, 0)
-    assert fedopt_sim.config_from_args(new, 0) != fedopt_sim.config_from_args(parser.parse_args(SHORT), 0)
+    without = parser.parse_args(SHORT + needs)
+    assert fedopt_sim.config_from_args(new, 0) != fedopt_sim.config_from_args(without, 0)
 
 
 def test_a_resumed_run_reports_the_rounds_it_ran(tmp_path, monkeypatch, capsys):

@@ -261,7 +261,7 @@ class _Boom:
 
 
 # what checkpoints saved before the settings' renames hold instead of today's names
-EARLIER_SETTINGS = {"client_batched": "client_parallel"}
+EARLIER_SETTINGS = {"client_batched": "client_parallel", "replay": "cuda_graph"}
 
 
 def _as_saved_before_the_rename(folder) -> None:

@@ -29,7 +29,7 @@ round each; a mode's figure is its best round:
   formulations + ``BatchedFedNAR``: what the search is compared against;
 * ``batched-fused``: the same with the formulations chosen by measurement on this device
   (``sim.batched.choose``, ``--formulations``): the simulator's ``--client-batched`` step;
-* ``batched-fused-graph`` (CUDA): that step replayed from a CUDA graph (``--cuda-graph``);
+* ``batched-fused-replay`` (CUDA): that step replayed from a CUDA graph (``--replay``);
 * ``batched-fused-chunked``: the C clients in equal chunks through one trainer, the chunk size chosen
   by measurement among those that fit in memory (``--client-batched auto``), or ``--chunk``; not
   run when the chosen size is C itself.
@@ -107,7 +107,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         type=int,
         default=None,
         help=f"{CHUNKED}: for C above this, C clients in equal chunks of at most this many, one "
-        f"after another (--client-batched N; CUDA: graph replay) (default: the size the engine chooses "
+        f"after another (--client-batched N; CUDA: replayed from one CUDA graph) (default: the size the engine chooses "
         f"by measurement among those that fit in memory, as --client-batched auto)",
     )
     ap.add_argument(

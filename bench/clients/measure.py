@@ -26,7 +26,7 @@ from ..timing import error_text, median, sync, time_interleaved, time_rounds
 from .layers import layer_rows
 from .peak_memory import PeakMemory
 from .results import fmt_rate
-from .settings import CHUNKED, DEFAULTS, FUSED, GRAPH, HP, PLAIN, SEQ, SETTINGS, VMAP
+from .settings import CHUNKED, DEFAULTS, FUSED, HP, PLAIN, REPLAY, SEQ, SETTINGS, VMAP
 from .workload import (
     Workload,
     chunked_round,
@@ -92,7 +92,7 @@ def _modes(setup: _Setup, seq_at: List[int], rows: List[Row]) -> _Modes:
     wl, args, engine, default_engine = setup.wl, setup.args, setup.engine, setup.default_engine
     C, device = wl.clients, wl.device
     backend = fused_backend(device)
-    graph = "cuda" if device.type == "cuda" and backend != "reference" else None
+    replay = "cuda" if device.type == "cuda" and backend != "reference" else None
     m = _Modes()
     wanted = args.modes
     if SEQ in wanted:
@@ -124,11 +124,11 @@ def _modes(setup: _Setup, seq_at: List[int], rows: List[Row]) -> _Modes:
         m.builders[DEFAULTS] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, default_engine, None)))
     if FUSED in wanted:
         m.builders[FUSED] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, engine, None)))
-    if GRAPH in wanted and device.type == "cuda":
-        if graph is None:  # the reference batched ops read step counters on the host: not capturable
-            m.skipped[GRAPH] = "no fused client-batched backend to capture (reference)"
+    if REPLAY in wanted and device.type == "cuda":
+        if replay is None:  # the reference batched ops read step counters on the host: not capturable
+            m.skipped[REPLAY] = "no fused client-batched backend to capture (reference)"
         else:
-            m.builders[GRAPH] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, engine, graph)))
+            m.builders[REPLAY] = (backend, lambda: partial(fused_round, wl, fused_trainer(wl, engine, replay)))
     if CHUNKED in wanted and C > 1:
         if args.chunk is not None:
             m.chunk = math.ceil(C / math.ceil(C / args.chunk)) if C > args.chunk else None
@@ -147,7 +147,7 @@ def _modes(setup: _Setup, seq_at: List[int], rows: List[Row]) -> _Modes:
             per = m.chunk
             m.builders[CHUNKED] = (
                 backend,
-                lambda: partial(chunked_round, wl, fused_trainer(wl, chunk_engine, graph, per)),
+                lambda: partial(chunked_round, wl, fused_trainer(wl, chunk_engine, replay, per)),
             )
     return m
 

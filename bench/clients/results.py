@@ -10,7 +10,11 @@ from .settings import BATCHED, SEQ
 Result = Dict[str, Any]
 Row = Dict[str, Any]
 # the earlier names of parts and modes, in results saved before they were renamed
-EARLIER = {"grad stacked": "grad layers", "grad stacked default": "grad layers default"}
+EARLIER = {
+    "grad stacked": "grad layers",
+    "grad stacked default": "grad layers default",
+    "batched-fused-graph": "batched-fused-replay",
+}
 
 
 def named(label: Optional[str]) -> Optional[str]:

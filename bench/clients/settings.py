@@ -7,17 +7,17 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
 HP: Dict[str, Any] = dict(lr=0.05, weight_decay=5e-4, max_norm=10.0)  # FedNAR's, in every mode
-SEQ, VMAP, PLAIN, DEFAULTS, FUSED, GRAPH = (
+SEQ, VMAP, PLAIN, DEFAULTS, FUSED, REPLAY = (
     "sequential",
     "batched-vmap",
     "batched-plain-torch",
     "batched-fused-default",
     "batched-fused",
-    "batched-fused-graph",
+    "batched-fused-replay",
 )
 CHUNKED = "batched-fused-chunked"
-MODES = (SEQ, VMAP, PLAIN, DEFAULTS, FUSED, GRAPH, CHUNKED)
-BATCHED = (DEFAULTS, FUSED, GRAPH, CHUNKED)  # the simulator's client-batched step in its forms
+MODES = (SEQ, VMAP, PLAIN, DEFAULTS, FUSED, REPLAY, CHUNKED)
+BATCHED = (DEFAULTS, FUSED, REPLAY, CHUNKED)  # the simulator's client-batched step in its forms
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,9 @@ def plain_round(wl: Workload, loss, stacked: List[torch.Tensor]) -> None:
             plain_fednar_(stacked, list(grads), **HP)
 
 
-def fused_trainer(wl: Workload, loss, graph: Optional[str], clients: Optional[int] = None) -> BatchedTrainer:
+def fused_trainer(wl: Workload, loss, replay: Optional[str], clients: Optional[int] = None) -> BatchedTrainer:
     return BatchedTrainer(
-        loss, wl.glob, clients or wl.clients, lambda ps: BatchedFedNAR(ps, **HP), steps=wl.steps, graph=graph
+        loss, wl.glob, clients or wl.clients, lambda ps: BatchedFedNAR(ps, **HP), steps=wl.steps, replay=replay
     )
 
 
@@ -113,7 +113,7 @@ def chunked_round(wl: Workload, tr: BatchedTrainer) -> None:
     n = tr.clients
     for i in range(0, wl.clients, n):
         m = min(n, wl.clients - i)
-        active = torch.arange(n, device=wl.device) < m if m < n or tr.graph is not None else None
+        active = torch.arange(n, device=wl.device) < m if m < n or tr.replay is not None else None
         tr.load(wl.glob)
         tr.start_round(round_index=0)
         for k in range(wl.steps):

@@ -1,4 +1,4 @@
-"""For code that captures steps in a graph of its own and replays them (``sim/batched/step_graph.py``).
+"""For code that captures steps in a graph of its own and replays them (``sim/batched/trainer_replay.py``).
 
 Such a caller captures whole steps, keeps the plans the capture read, and replays the graph instead
 of calling ``step()``. Through these members it learns what a step launches (``step_plans``: every

@@ -179,7 +179,7 @@ class Prologue:
     """Work a step runs right before its op, in the same launch, so a recording holds both (FedSAM's
     restore of ``x`` before its descent). ``key``: what its launches bake in (its tensors' addresses,
     computed once), which joins the step's launch key; ``fn(*args)`` runs it, ``fn`` read when it
-    runs (a caller that records launches, sim/batched/step_graph.py, may stand in for it)."""
+    runs (a caller that records launches, sim/batched/trainer_replay.py, may stand in for it)."""
 
     __slots__ = ("key", "fn", "args")
 

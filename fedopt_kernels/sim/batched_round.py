@@ -8,7 +8,7 @@ chunk of clients at once, with the same inputs and the same server rules:
   the client's data with the received global model) and are stacked ``[C, ...]``; every client
   gets the global round index ``t`` (FedNAR's annealing) and the round's lr;
 * every client draws its K batches from its own ``BatchStream`` (``batched/batches.py``);
-* K batched steps (``BatchedTrainer``; ``--cuda-graph``: replayed from a CUDA graph);
+* K batched steps (``BatchedTrainer``; ``--replay``: replayed from a CUDA graph);
 * every client's result becomes the ``ClientUpdate`` that the strategy's own ``finish`` builds
   (the client's parameters are put into the simulation's model for it, and the optimizer is seen
   through a one-client view), so ``aggregate`` and the server state are untouched.
@@ -99,8 +99,8 @@ class BatchedClients:
         self._at_once: Optional[int] = None
         self._size: Optional[int] = None
         self._sample: Optional[Tuple[int, Any]] = None
-        # "cuda": replay each step from a CUDA graph; tests set "emulate" (batched/step_graph.py) before round 0
-        self.graph_mode = "cuda" if cfg.cuda_graph else None
+        # "cuda": replay each step from a CUDA graph; tests set "emulate" (batched/trainer_replay.py) before round 0
+        self.replay_mode = "cuda" if cfg.replay else None
         self._trainer: Optional[BatchedTrainer] = None  # built at the first round (after the strategy's setup)
 
     # ------------------------------------------------------------------ clients at once
@@ -214,7 +214,7 @@ class BatchedClients:
                 steps=self.cfg.local_steps,
                 clip_norm=clip,
                 anchor=self.anchor_model is not None,
-                graph=self.graph_mode,
+                replay=self.replay_mode,
             )
         return self._trainer
 
@@ -259,7 +259,7 @@ class BatchedClients:
         if self.anchor_model is not None and _is_random(self.anchor_model):
             anchor_x = apply_stage(self.anchor_model.preprocess, batches, True)  # its own random stream
         active = None
-        if m < self.size or self.graph_mode is not None:
+        if m < self.size or self.replay_mode is not None:
             active = torch.arange(self.size, device=sim.device) < m
 
         def pad(v: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,7 @@ class SimConfig(FLConfig):
     normalize: bool = True  # cifar/femnist: per-channel (x - mean) / std
     augment: bool = False  # cifar: random crop (padding 4) + horizontal flip in training
     client_batched: Any = 1  # clients trained at once, client-batched; "auto": as many as fit; 1: sequential
-    cuda_graph: bool = False  # client-batched on CUDA: replay each local step from a CUDA graph
+    replay: bool = False  # client-batched on CUDA: replay each local step from a CUDA graph
     # client-batched: how the layers engine's per-layer formulations are chosen (batched/choose.py):
     # "auto" measures on the device (reusing earlier choices), "measure" always, "default" never
     formulations: str = "auto"
@@ -201,20 +201,20 @@ class SimConfig(FLConfig):
             v = self.client_batched
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"client_batched must be an integer >= 1 or 'auto', got {v!r}")
-        if not isinstance(self.cuda_graph, bool):
-            raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
+        if not isinstance(self.replay, bool):
+            raise ValueError(f"replay must be True or False, got {self.replay!r}")
         check_choice("formulations", self.formulations, FORMULATION_MODES)
         if self.formulation_cache is not None and (
             not isinstance(self.formulation_cache, str) or not self.formulation_cache
         ):
             raise ValueError(f"formulation_cache must be a file path or None, got {self.formulation_cache!r}")
-        if self.cuda_graph and self.client_batched == 1:
+        if self.replay and self.client_batched == 1:
             raise ValueError(
-                "cuda_graph captures the client-batched local step: it needs client_batched "
+                "replay captures the client-batched local step: it needs client_batched "
                 "(--client-batched N or auto), not the sequential path (client_batched=1)"
             )
-        if self.cuda_graph and self.device == "cpu":
-            raise ValueError("cuda_graph needs device='cuda' (CUDA graphs do not exist on the CPU)")
+        if self.replay and self.device == "cpu":
+            raise ValueError("replay needs device='cuda' (CUDA graphs do not exist on the CPU)")
 
     @property
     def batched(self) -> bool:
@@ -226,6 +226,12 @@ class SimConfig(FLConfig):
         """Deprecated: the earlier name of ``client_batched`` (read-only)."""
         warnings.warn("SimConfig.client_parallel is SimConfig.client_batched", DeprecationWarning, stacklevel=2)
         return self.client_batched
+
+    @property
+    def cuda_graph(self) -> bool:
+        """Deprecated: the earlier name of ``replay`` (read-only)."""
+        warnings.warn("SimConfig.cuda_graph is SimConfig.replay", DeprecationWarning, stacklevel=2)
+        return self.replay
 
     # ------------------------------------------------------------------ defaults
     @property

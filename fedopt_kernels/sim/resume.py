@@ -47,7 +47,7 @@ class ResumableRun(RoundHost, Protocol):
 
 KIND = "fedopt-sim"
 # settings that checkpoints saved before their rename hold under the earlier name: compared as the new one
-RENAMED_SETTINGS = {"client_parallel": "client_batched"}
+RENAMED_SETTINGS = {"client_parallel": "client_batched", "cuda_graph": "replay"}
 # settings that cannot change a run's numbers (a download flag) are not compared on resume
 # nor how formulations are chosen: a resumed run takes the checkpoint's choice back (``batched``)
 _NOT_COMPARED = ("download", "formulations", "formulation_cache")

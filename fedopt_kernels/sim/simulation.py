@@ -48,12 +48,12 @@ def resolve_backend(cfg: SimConfig, device: torch.device) -> str:
     why = _registry.unavailable_reason(name, device, op)
     if why is not None:
         raise ValueError(f"backend={cfg.backend!r} cannot be used: {why}")
-    if cfg.cuda_graph:
+    if cfg.replay:
         if device.type != "cuda":
-            raise ValueError(f"cuda_graph needs a CUDA device, but the run is on {device}")
+            raise ValueError(f"replay needs a CUDA device, but the run is on {device}")
         if name == "reference":
             raise ValueError(
-                f"cuda_graph needs a fused client-batched backend (cuda or triton); backend="
+                f"replay needs a fused client-batched backend (cuda or triton); backend="
                 f"{cfg.backend!r} is 'reference' here, whose batched ops read step counters on the host"
             )
     return name

@@ -196,7 +196,7 @@ def validate_client_batched(
     if not cfg.batched:
         raise ValueError("validate_client_batched needs a client-batched config (client_batched != 1)")
     asked, cfg = cfg.precision, cfg.replace(precision="fp32")
-    seq_cfg = cfg.replace(client_batched=1, cuda_graph=False)
+    seq_cfg = cfg.replace(client_batched=1, replay=False)
     device = resolve_device(cfg.device)
     backends = (resolve_backend(seq_cfg, device), resolve_backend(cfg, device))
     if dtype is None and not all(b in FLOAT64_BACKENDS for b in backends):
@@ -236,11 +236,9 @@ def _paths_and_kernels(
     if all(_registry.unavailable_reason("cuda", device, op) is None for op in ops):
         paths_cfg = cfg.replace(backend="cuda")
     else:  # the reference's batched ops read step counters on the host: no CUDA graph there
-        paths_cfg = cfg.replace(backend="reference", cuda_graph=False)
+        paths_cfg = cfg.replace(backend="reference", replay=False)
     paths = validate_client_batched(paths_cfg, param_rtol, acc_tol, on_round, data, model_fn, dtype=torch.float64)
-    ref = Simulation(
-        cfg.replace(backend="reference", cuda_graph=False), data=data, model_fn=model_fn, dtype=torch.float32
-    )
+    ref = Simulation(cfg.replace(backend="reference", replay=False), data=data, model_fn=model_fn, dtype=torch.float32)
     free = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     synced = Simulation(cfg, data=ref.data, model_fn=model_fn, dtype=torch.float32)
     b = free.batched

@@ -2,6 +2,7 @@
 
 ``trainer`` (stacked clients and a batched optimizer), ``loss`` (the gradient engines: the layers
 engine, ``layers_engine``, the model's own code over all clients' samples with client layers from
-``layers``, else vmap), ``batches`` (padded per-client batches), ``step_graph`` (the step replayed
-from a CUDA graph), ``size`` (``--client-batched auto``). ``sim.batched_round`` runs a round on it.
+``layers``, else vmap), ``batches`` (padded per-client batches), ``trainer_replay`` (the step
+replayed from a CUDA graph, ``--replay``), ``size`` (``--client-batched auto``).
+``sim.batched_round`` runs a round on it.
 """

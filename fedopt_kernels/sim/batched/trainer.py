@@ -13,7 +13,7 @@ The step is taken as every front end takes one, through the optimizer's algorith
 closure that computes them again, at the parameters as the step's first part left them (the views
 share the stacked parameters' storage).
 
-``step_graph.StepGraph`` replays that step from a CUDA graph instead (``graph="cuda"``).
+``trainer_replay.TrainerReplay`` replays that step from a CUDA graph instead (``replay="cuda"``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch import nn
 
 from ...core.optimizer import FedOptimizer
 from ...fl import algorithm
-from .step_graph import StepGraph
+from .trainer_replay import TrainerReplay
 
 Tensors = List[torch.Tensor]
 Grads = Tuple[Tuple[torch.Tensor, ...], torch.Tensor]
@@ -58,7 +58,7 @@ class BatchedTrainer:
     """C stacked clients of one model and their batched optimizer.
 
     ``make_optimizer(stacked_params)`` builds the client-batched optimizer; ``clip_norm``: clip each
-    client's gradient first; ``anchor``: pass PAdaMFed-VR anchor gradients; ``graph``: None (eager),
+    client's gradient first; ``anchor``: pass PAdaMFed-VR anchor gradients; ``replay``: None (eager),
     ``"cuda"`` (CUDA-graph replay) or ``"emulate"`` (the same bookkeeping without CUDA, for tests).
     ``algo``: the optimizer's algorithm descriptor, which takes each step (``Algorithm.local_step``).
     ``precision``: the engine's (``precision.py``); the update is float32 at every precision.
@@ -73,7 +73,7 @@ class BatchedTrainer:
         steps: int,
         clip_norm: Optional[float] = None,
         anchor: bool = False,
-        graph: Optional[str] = None,
+        replay: Optional[str] = None,
     ):
         if clients < 1:
             raise ValueError(f"clients must be >= 1, got {clients}")
@@ -90,7 +90,7 @@ class BatchedTrainer:
         self.shared = [p.detach().clone() for p in like]  # the round's starting model (anchor gradients)
         self.opt = make_optimizer(self.stacked)
         self.algo = algorithm.of_optimizer(type(self.opt))
-        self.graph = None if graph is None else StepGraph(self, mode=graph)
+        self.replay = None if replay is None else TrainerReplay(self, mode=replay)
 
     @torch.no_grad()
     def load(self, params: Sequence[torch.Tensor]) -> None:
@@ -102,8 +102,8 @@ class BatchedTrainer:
     def start_round(self, **inputs) -> None:
         """``start_round`` of the batched optimizer (stacked round inputs, ``round_index``, ...)."""
         self.opt.start_round(**inputs)
-        if self.graph is not None:
-            self.graph.begin_round()
+        if self.replay is not None:
+            self.replay.begin_round()
 
     def gradients(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor]) -> tuple:
         """(per-client gradients, clipped; per-client loss [C]; anchor gradients or None)."""
@@ -124,8 +124,8 @@ class BatchedTrainer:
         active: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """One local step of every (active) client on ``x`` [C, B, ...]; returns the losses [C]."""
-        if self.graph is not None:
-            return self.graph.step(x, y, w, anchor_x, active)
+        if self.replay is not None:
+            return self.replay.step(x, y, w, anchor_x, active)
         grads, loss, anchors = self.gradients(x, y, w, anchor_x)
         for p, g in zip(self.stacked, grads, strict=True):
             p.grad = g

@@ -40,7 +40,7 @@ from ..config import (
 from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from .help_format import DefaultsHelpFormatter
-from .renamed import RenamedStore
+from .renamed import RenamedFlag, RenamedStore
 from .run_folder import (
     check_checkpoint_flags,
     checkpoint_folders,
@@ -194,10 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(docs/client_batched.md; --client-parallel: its earlier name, deprecated)",
     )
     g.add_argument(
+        "--replay",
         "--cuda-graph",
-        action="store_true",
+        action=RenamedFlag,
         help="with --client-batched on CUDA: capture the batched local step in a CUDA graph and "
-        "replay it (needs a fused backend)",
+        "replay it (needs a fused backend; --cuda-graph: its earlier name, deprecated)",
     )
     g.add_argument(
         "--formulations",
@@ -308,7 +309,7 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         seed=seed,
         eval_every=args.eval_every,
         client_batched=parse_client_batched(args.client_batched),
-        cuda_graph=args.cuda_graph,
+        replay=args.replay,
         formulations=args.formulations,
         formulation_cache=args.formulation_cache,
         precision=args.precision,
@@ -598,7 +599,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "validate='sequential' compares a client-batched run with the sequential one: "
                     "give --client-batched N (N >= 2) or auto"
                 )
-            resolve_backend(configs[0].replace(client_batched=1, cuda_graph=False), device)
+            resolve_backend(configs[0].replace(client_batched=1, replay=False), device)
         elif args.validate is not None:
             # "auto": whatever backend=auto would pick here (cuda > triton on GPU, cpu > reference on CPU)
             try:

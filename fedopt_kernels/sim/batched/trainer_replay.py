@@ -50,7 +50,7 @@ MODES = ("cuda", "emulate")
 
 
 class Trainer(Protocol):
-    """What a step graph uses of its trainer (``batched_trainer.BatchedTrainer``)."""
+    """What a trainer's replay uses of its trainer (``trainer.BatchedTrainer``)."""
 
     opt: FedOptimizer
     algo: Algorithm  # the optimizer's descriptor: it takes the step (Algorithm.local_step)
@@ -66,7 +66,10 @@ class Trainer(Protocol):
     ) -> tuple: ...
 
 
-class StepGraph:
+class TrainerReplay:
+    """``BatchedTrainer(replay=mode)``'s local step, captured once and replayed (module docstring);
+    ``mode``: ``"cuda"`` or ``"emulate"``, ``warmup``: eager steps before the capture."""
+
     def __init__(self, trainer: Trainer, mode: str = "cuda", warmup: int = 2):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
