@@ -54,7 +54,7 @@ class Stepper:
 
 
 @dataclass(frozen=True)
-class Algo:
+class BenchAlgo:
     name: str
     label: str
     config: catalogue.Config
@@ -95,9 +95,9 @@ class Algo:
         return Stepper(opt, self.step_kwargs(params))
 
 
-def _cases() -> Dict[str, Algo]:
+def _cases() -> Dict[str, BenchAlgo]:
     return {
-        case.name: Algo(
+        case.name: BenchAlgo(
             case.name, case.label, catalogue.config(a.name, case.option), {b.name: b for b in case.baselines}
         )
         for a in algorithm.ALGORITHMS.values()
@@ -105,10 +105,10 @@ def _cases() -> Dict[str, Algo]:
     }
 
 
-class _Cases(Mapping[str, Algo]):
+class _Cases(Mapping[str, BenchAlgo]):
     """Every algorithm's benchmark rows, from its descriptor, in registration order (read when asked)."""
 
-    def __getitem__(self, name: str) -> Algo:
+    def __getitem__(self, name: str) -> BenchAlgo:
         return _cases()[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -118,7 +118,7 @@ class _Cases(Mapping[str, Algo]):
         return len(_cases())
 
 
-ALGOS: Mapping[str, Algo] = _Cases()
+ALGOS: Mapping[str, BenchAlgo] = _Cases()
 
 
 def core_cases() -> List[str]:
@@ -146,7 +146,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def build_baseline(algo: Algo, params: List[torch.Tensor], which: str) -> Stepper:
+def build_baseline(algo: BenchAlgo, params: List[torch.Tensor], which: str) -> Stepper:
     """Baseline ``which`` of ``algo`` on ``params``, stepped as the fused row is (a closure where it takes one)."""
     opt = algo.baseline_of[which].build(params, algo.baseline_kwargs(which))
     closure = {"closure": _no_new_gradient} if "closure" in algo.step_kwargs(params) else {}
@@ -155,7 +155,7 @@ def build_baseline(algo: Algo, params: List[torch.Tensor], which: str) -> Steppe
 
 __all__ = [
     "ALGOS",
-    "Algo",
+    "BenchAlgo",
     "Stepper",
     "TORCH_FUSED",
     "TORCH_FOREACH",

@@ -53,7 +53,7 @@ def _dgrad_weight(w: torch.Tensor, C: int) -> torch.Tensor:
     return w.view(C, o, i, 3, 3).transpose(1, 2).flip(3, 4).reshape(C * i, o, 3, 3)
 
 
-class Case:
+class FloorCase:
     """One computation: named formulations of it, each a callable returning tensors (``used`` first), and
     the float64 result with its error bound to check them against."""
 
@@ -69,14 +69,14 @@ class Case:
         )
 
 
-def cases(C: int, B: int, seed: int = 0) -> List[Case]:
+def cases(C: int, B: int, seed: int = 0) -> List[FloorCase]:
     """The small CNN's operators at C clients of batch B (8x8 inputs, 8 and 16 channels, 10 classes)."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):
         return torch.randn(*shape, generator=g)
 
-    out: List[Case] = []
+    out: List[FloorCase] = []
     # second convolution: 8 -> 16 channels per client, grouped [B, C*Ch, 8, 8] in channels-last memory
     x = rnd(B, C * 8, 8, 8).contiguous(memory_format=CL)
     w = rnd(C * 16, 8, 3, 3)
@@ -86,7 +86,7 @@ def cases(C: int, B: int, seed: int = 0) -> List[Case]:
     dx64, dw64, _ = _conv_bwd(gy64, x64, w64, C, [True, True, False])
     adx, adw, _ = _conv_bwd(gy64.abs(), x64.abs(), w64.abs(), C, [True, True, False])
     out.append(
-        Case(
+        FloorCase(
             "2nd conv input gradient",
             {
                 "oneDNN backward (used)": lambda: (_conv_bwd(gy, x, wcl, C, [True, False, False])[0],),
@@ -106,7 +106,7 @@ def cases(C: int, B: int, seed: int = 0) -> List[Case]:
         return (F.conv2d(xi, k, None, 1, 1, 1, C).transpose(0, 1),)
 
     out.append(
-        Case(
+        FloorCase(
             "2nd conv weight gradient",
             {
                 "oneDNN backward (used)": lambda: (_conv_bwd(gy, x, wcl, C, [False, True, False])[1],),
@@ -135,7 +135,7 @@ def cases(C: int, B: int, seed: int = 0) -> List[Case]:
         return (y.reshape(B, 8, 8, C * 8).permute(0, 3, 1, 2),)
 
     out.append(
-        Case(
+        FloorCase(
             "1st conv forward",
             {
                 "oneDNN grouped (used)": lambda: (F.conv2d(x1, w1cl, b1, 1, 1, 1, C),),
@@ -172,7 +172,7 @@ def cases(C: int, B: int, seed: int = 0) -> List[Case]:
 
     ref_pool = pool_torch()  # pooling selects, it does not round: float32 max_pool2d is the exact result
     out.append(
-        Case(
+        FloorCase(
             "max-pool forward + backward",
             {
                 "max_pool2d (used)": pool_torch,
@@ -194,7 +194,7 @@ def cases(C: int, B: int, seed: int = 0) -> List[Case]:
     exact = [t.double() for t in (xh, wh, bh, gh)]
     absd = [t.abs() for t in exact]
     out.append(
-        Case(
+        FloorCase(
             "head: 3 batched matmuls",
             {
                 "bmm (used)": lambda: (
@@ -225,7 +225,7 @@ def cases(C: int, B: int, seed: int = 0) -> List[Case]:
     return out
 
 
-def time_cases(cs: List[Case], reps: int) -> List[Dict[str, Any]]:
+def time_cases(cs: List[FloorCase], reps: int) -> List[Dict[str, Any]]:
     """Every formulation of every case, ``reps`` rounds of one call each in a rotated order
     (``timing.time_rounds``); medians in us."""
     fns = {f"{c.name}: {name}": f for c in cs for name, f in c.forms.items()}

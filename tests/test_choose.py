@@ -17,7 +17,7 @@ from torch import nn
 
 from fedopt_kernels.sim.batched import choose
 from fedopt_kernels.sim.batched.choice_cache import ChoiceCache
-from fedopt_kernels.sim.batched.choose import Budget, Chooser, chunk_sizes, search
+from fedopt_kernels.sim.batched.choose import Chooser, SearchBudget, chunk_sizes, search
 from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 from fedopt_kernels.sim.models.build import build_model
 
@@ -65,7 +65,7 @@ def test_search_takes_the_fastest_candidate_of_every_layer(monkeypatch):
     model = _cnn()
     engine = LayersLoss(model)
     _clock(monkeypatch, {"features.0": {"loop": 0.1}, "features.2": {"grouped-nhwc": 0.2}, "head": {"loop": 0.3}})
-    choice = search(engine, *_inputs(model)(6), Budget())
+    choice = search(engine, *_inputs(model)(6), SearchBudget())
     assert choice.formulations == {"features.0": "loop", "features.2": "grouped-nhwc", "head": "loop"}
     assert all("measured fastest" in why for why in choice.why.values()), choice.why
     params, x, y, w = _inputs(model)(6)
@@ -82,7 +82,7 @@ def test_a_candidate_must_beat_the_default_by_the_margin(monkeypatch):
         other = "loop" if f != "loop" else "bmm" if p == "head" else "grouped"
         slow[p][other] = 0.99  # 1% faster: within the 5% margin, noise as far as the search knows
     _clock(monkeypatch, slow)
-    choice = search(engine, *_inputs(model)(6), Budget())
+    choice = search(engine, *_inputs(model)(6), SearchBudget())
     assert choice.formulations == default
     assert all("kept" in why for why in choice.why.values()), choice.why
 
@@ -95,12 +95,12 @@ def test_the_whole_step_overrules_the_layers_alone(monkeypatch):
     _clock(
         monkeypatch, {"features.0": {"loop": 0.1}}, step_extra=lambda forms, C: 5.0 * (forms["features.0"] == "loop")
     )
-    choice = search(engine, *_inputs(model)(6), Budget())
+    choice = search(engine, *_inputs(model)(6), SearchBudget())
     assert choice.formulations == default
     assert "whole step was not faster" in choice.why["features.0"], choice.why
     # without the penalty in the step, the same alone times choose loop
     _clock(monkeypatch, {"features.0": {"loop": 0.1}})
-    assert search(engine, *_inputs(model)(6), Budget()).formulations["features.0"] == "loop"
+    assert search(engine, *_inputs(model)(6), SearchBudget()).formulations["features.0"] == "loop"
 
 
 def test_layers_with_one_signature_share_one_measurement(monkeypatch):
@@ -113,7 +113,7 @@ def test_layers_with_one_signature_share_one_measurement(monkeypatch):
         params = [p.detach().unsqueeze(0).repeat(C, *([1] * p.dim())) for p in model.parameters()]
         return params, torch.randn(C, 3, 5), torch.randint(0, 3, (C, 3)), torch.full((C, 3), 1 / 3)
 
-    choice = search(engine, *inputs(4), Budget(rounds=1))
+    choice = search(engine, *inputs(4), SearchBudget(rounds=1))
     # 0 and 2: Linear(5, 5) on 5 features, one group; 4: Linear(5, 3), its own
     assert choice.formulations == {"0": "loop", "2": "loop", "4": "loop"}
     assert len(choice.times_s) == 2
@@ -124,7 +124,7 @@ def test_no_budget_left_keeps_the_defaults_and_says_why(monkeypatch):
     model = _cnn()
     engine = LayersLoss(model)
     trials = _clock(monkeypatch, {"features.0": {"loop": 0.01}})
-    choice = search(engine, *_inputs(model)(6), Budget(seconds=0.0))
+    choice = search(engine, *_inputs(model)(6), SearchBudget(seconds=0.0))
     assert not [t for t in trials if t[0] == "alone"]
     assert choice.formulations == choose.defaults(engine, *_inputs(model)(6)[:2])
     assert all("budget" in why for p, why in choice.why.items()), choice.why
@@ -142,7 +142,7 @@ def test_a_candidate_out_of_memory_is_dropped(monkeypatch):
         return fake(self, trial)
 
     monkeypatch.setattr(choose.Timer, "measure", measure)
-    choice = search(engine, *_inputs(model)(6), Budget(rounds=1))
+    choice = search(engine, *_inputs(model)(6), SearchBudget(rounds=1))
     assert choice.formulations["features.2"] != "loop"
     params, x, _, _ = _inputs(model)(6)
     layer_input = choose.layer_inputs(engine, params, x)["features.2"][0]
@@ -158,7 +158,7 @@ def test_another_error_is_not_swallowed(monkeypatch):
 
     monkeypatch.setattr(choose.Timer, "measure", measure)
     with pytest.raises(RuntimeError, match="a bug"):
-        search(engine, *_inputs(model)(6), Budget(rounds=1))
+        search(engine, *_inputs(model)(6), SearchBudget(rounds=1))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -168,7 +168,7 @@ def test_a_layer_alone_runs_its_forward_and_backward(precision):
     model = _cnn()
     engine = LayersLoss(model, precision=precision)
     params, x, y, w = _inputs(model)(5)
-    timer = choose.Timer(engine, params, x, y, w, Budget(rounds=1))
+    timer = choose.Timer(engine, params, x, y, w, SearchBudget(rounds=1))
     timer.inputs = choose.layer_inputs(engine, params, x)
     assert timer.inputs["features.0"][1] is False and timer.inputs["features.2"][1] is True
     for path, layer in engine.layers_net.layers.items():
@@ -366,11 +366,11 @@ def test_the_compiled_step_is_kept_only_when_faster(monkeypatch):
         return t * factor["compiled"] if isinstance(self.engine, CompiledLayersLoss) else t
 
     monkeypatch.setattr(choose.Timer, "measure", measure)
-    choice = search(LayersLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
+    choice = search(LayersLoss(model), *_inputs(model)(4), SearchBudget(rounds=1), compile_step=True)
     assert choice.compiled and "compiled with torch.compile" in choice.compile_note
     assert choice.step_s == pytest.approx(1.5)  # three layers at 1 s, halved
     factor["compiled"] = 0.97  # 3% faster: within the margin
-    choice = search(LayersLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
+    choice = search(LayersLoss(model), *_inputs(model)(4), SearchBudget(rounds=1), compile_step=True)
     assert not choice.compiled and "not 5% faster" in choice.compile_note
     assert trials
 
@@ -388,7 +388,7 @@ def test_a_step_that_does_not_compile_is_not_a_candidate(monkeypatch):
         return fake(self, trial)
 
     monkeypatch.setattr(choose.Timer, "measure", measure)
-    choice = search(LayersLoss(model), *_inputs(model)(4), Budget(rounds=1), compile_step=True)
+    choice = search(LayersLoss(model), *_inputs(model)(4), SearchBudget(rounds=1), compile_step=True)
     assert not choice.compiled and "stand-in failure" in choice.compile_note
 
 

@@ -42,3 +42,18 @@ def test_a_deprecation_from_elsewhere_is_only_reported(pytestconfig, module):
     """The check can fail: the filters single out the packages, not every module (third-party
     deprecations seen on one torch version only would otherwise turn a run red)."""
     assert not _raises_under_the_suites_filters(pytestconfig, module)
+
+
+def test_the_old_module_of_the_initial_controls_strategy_warns_at_the_importing_line():
+    pytest.importorskip("flwr")
+    import sys
+
+    from fedopt_kernels.flower.initial_controls import InitialControlsStrategy
+
+    sys.modules.pop("fedopt_kernels.flower.padamfed", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from fedopt_kernels.flower.padamfed import InitialControlsStrategy as old
+    assert old is InitialControlsStrategy
+    assert [w.category for w in caught] == [DeprecationWarning]
+    assert caught[0].filename == __file__ and "initial_controls" in str(caught[0].message)

@@ -15,8 +15,7 @@ import torch
 
 from fedopt_kernels import FedNAR
 from fedopt_kernels.batched import BatchedFedNAR
-from fedopt_kernels.sim.batched.choose import Budget as SearchBudget
-from fedopt_kernels.sim.batched.choose import Chooser
+from fedopt_kernels.sim.batched.choose import Chooser, SearchBudget
 from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 from fedopt_kernels.sim.batched.loss import VmapLoss
 from fedopt_kernels.sim.batched.precision import check_supported

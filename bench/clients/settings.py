@@ -21,7 +21,7 @@ BATCHED = (DEFAULTS, FUSED, REPLAY, CHUNKED)  # the simulator's client-batched s
 
 
 @dataclass(frozen=True)
-class Setting:
+class ModelSetting:
     """A model in a paper's setting: what the table states about it."""
 
     model: str  # build_model name
@@ -34,8 +34,8 @@ class Setting:
     kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
-SETTINGS: Dict[str, Setting] = {
-    "small-cnn": Setting(
+SETTINGS: Dict[str, ModelSetting] = {
+    "small-cnn": ModelSetting(
         "cnn",
         (1, 8, 8),
         10,
@@ -44,7 +44,7 @@ SETTINGS: Dict[str, Setting] = {
         "the simulator's toy (8x8 digits), K=10",
         {"cpu": [10, 50, 200], "cuda": [10, 50, 200, 1000]},
     ),
-    "fedavg-cnn": Setting(
+    "fedavg-cnn": ModelSetting(
         "fedavg-cnn",
         (1, 28, 28),
         10,
@@ -53,7 +53,7 @@ SETTINGS: Dict[str, Setting] = {
         "McMahan et al. 2017, MNIST CNN: B=10, E=5 (300 local steps); timed K=10",
         {"cpu": [5, 20], "cuda": [10, 100, 200]},
     ),
-    "char-lstm": Setting(
+    "char-lstm": ModelSetting(
         "char-lstm",
         (80,),
         80,
@@ -62,7 +62,7 @@ SETTINGS: Dict[str, Setting] = {
         "LEAF Shakespeare (Caldas et al. 2018): B=10, 1 local epoch; timed K=10",
         {"cpu": [5, 20], "cuda": [10, 200]},
     ),
-    "resnet18-gn": Setting(
+    "resnet18-gn": ModelSetting(
         "resnet18-gn",
         (3, 32, 32),
         10,

@@ -19,7 +19,7 @@ from fedopt_kernels.sim.batched.trainer import BatchedTrainer
 from fedopt_kernels.sim.batched_round import _pad_clients
 from fedopt_kernels.sim.models.build import build_model
 
-from .settings import HP, Setting
+from .settings import HP, ModelSetting
 
 
 class Workload:
@@ -28,7 +28,7 @@ class Workload:
 
     def __init__(
         self,
-        setting: Setting,
+        setting: ModelSetting,
         clients: int,
         steps: int,
         batch: int,
@@ -122,7 +122,7 @@ def chunked_round(wl: Workload, tr: BatchedTrainer) -> None:
 
 
 # ------------------------------------------------------------------ counting
-def client_step_flops(setting: Setting, batch: int, device: torch.device) -> float:
+def client_step_flops(setting: ModelSetting, batch: int, device: torch.device) -> float:
     """Model FLOPs of one client's local step (forward + backward) at ``batch``: the layers engine
     with one client, the LSTM written out (torch's fused LSTM kernel is invisible to the counter)."""
     wl = Workload(setting, 1, 1, batch, device)

@@ -35,7 +35,7 @@ from .averaging import AveragingStrategy
 from .base import ClientResult, FedOptStrategy, Rejection
 from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
-from .padamfed import INIT_MESSAGE_TYPE, InitialControlsStrategy
+from .initial_controls import INIT_MESSAGE_TYPE, InitialControlsStrategy
 from .records import BadUpdate, from_record, to_record
 
 __all__ = [

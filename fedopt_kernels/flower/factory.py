@@ -8,7 +8,7 @@ from ..fl.config import FLConfig
 from ..fl.server_rules import RULES
 from .averaging import AveragingStrategy
 from .base import FedOptStrategy
-from .padamfed import InitialControlsStrategy
+from .initial_controls import InitialControlsStrategy
 
 
 def strategy_for(cfg: FLConfig, **strategy_kw: Any) -> FedOptStrategy:

@@ -20,7 +20,7 @@ from ..fl.config import FLConfig
 from ..fl.server_rules import RULES
 from .averaging import AveragingStrategy
 from .base import FedOptStrategy
-from .padamfed import InitialControlsStrategy
+from .initial_controls import InitialControlsStrategy
 
 _STRATEGY_KEYWORDS = frozenset(inspect.signature(FedOptStrategy.__init__).parameters) - {"self", "cfg"}
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(FLConfig))

@@ -19,7 +19,7 @@ cuDNN's benchmark mode times its kernels, instead of trusting defaults chosen on
   few equal chunk sizes that fit the device's free memory, largest first, the formulations are
   chosen at that size and the round's time (chunks x step time) compared.
 
-The search spends at most ``Budget.seconds`` (``auto``: a share of the run's estimated training
+The search spends at most ``SearchBudget.seconds`` (``auto``: a share of the run's estimated training
 time; ``measure``: no limit); what it could not measure keeps its default, and ``Choice.why`` says
 so. A choice is kept for the process and, with a cache file (``choice_cache.py``), across runs: the
 same signature on the same device and torch then gets the same formulations, hence the same bits.
@@ -51,7 +51,7 @@ MIN_CALL_S = 0.05  # a candidate's timed calls last at least this long (more rou
 MAX_ROUNDS = 25
 
 
-class Budget:
+class SearchBudget:
     """How long the search may take (wall-clock seconds from its creation; None: no limit), and
     how it compares candidates: ``rounds`` timed calls each at least, ``margin`` to replace a choice."""
 
@@ -160,7 +160,7 @@ class Timer:
     """Times trials on fixed inputs: the whole step (``engine.grads``) under an assignment of
     formulations, or one layer alone (its forward and backward on its own input, as in the step)."""
 
-    def __init__(self, engine: LayersLoss, params: Sequence[torch.Tensor], x, y, w, budget: Budget):
+    def __init__(self, engine: LayersLoss, params: Sequence[torch.Tensor], x, y, w, budget: SearchBudget):
         self.engine, self.params, self.x, self.y, self.w = engine, list(params), x, y, w
         self.device = x.device
         self.budget = budget
@@ -250,7 +250,7 @@ def search(
     x: torch.Tensor,
     y: torch.Tensor,
     w: torch.Tensor,
-    budget: Budget,
+    budget: SearchBudget,
     compile_step: bool = False,
 ) -> Choice:
     """Formulations for the clients of ``x`` [C, B, ...] by measurement (module docstring);
@@ -308,7 +308,7 @@ def search(
     return choice
 
 
-def _try_compiled(engine: LayersLoss, params, x, y, w, budget: Budget, choice: Choice) -> None:
+def _try_compiled(engine: LayersLoss, params, x, y, w, budget: SearchBudget, choice: Choice) -> None:
     """The chosen step through ``torch.compile`` (its first run compiles), kept if ``margin`` faster."""
     assert choice.step_s is not None
     compiled = CompiledLayersLoss(
@@ -329,7 +329,7 @@ def _try_compiled(engine: LayersLoss, params, x, y, w, budget: Budget, choice: C
         choice.compile_note = f"not compiled: torch.compile's step {shown}, not {budget.margin:.0%} faster"
 
 
-def time_step(engine: LayersLoss, params, x, y, w, forms: Dict[str, str], budget: Budget) -> Optional[float]:
+def time_step(engine: LayersLoss, params, x, y, w, forms: Dict[str, str], budget: SearchBudget) -> Optional[float]:
     """The median step time with ``forms`` (None: out of memory)."""
     return Timer(engine, params, x, y, w, budget).steps({"step": forms}).get("step")
 
@@ -409,7 +409,7 @@ class Chooser:
             self.cache.reject(key, "names formulations this engine does not have")
         return choice
 
-    def at(self, clients: int, budget: Budget) -> Choice:
+    def at(self, clients: int, budget: SearchBudget) -> Choice:
         """The choice for ``clients`` at once: made before, the defaults (``default``), or measured."""
         choice = self.known(clients)
         if choice is None:
@@ -473,7 +473,7 @@ class Chooser:
         training time, of which ``auto`` spends at most ``AUTO_SHARE`` searching; ``budget_s``: a
         limit of the user's instead (seconds)."""
         sizes = [fixed] if fixed is not None else chunk_sizes(sampled, fit)
-        budget = Budget(budget_s)
+        budget = SearchBudget(budget_s)
         if self.mode == "default":
             return sizes[0], self.at(sizes[0], budget)
         if self.mode == "auto" and budget_s is None and any(self.known(n) is None for n in sizes):
