@@ -36,7 +36,7 @@ struct Gathered {
   std::vector<std::pair<at::Tensor, at::Tensor>> writeback;  // (caller's tensor, temporary)
   std::vector<at::Tensor> keep_alive;                        // read-only temporaries
 
-  int64_t nbatches() const { return static_cast<int64_t>(present.size()); }
+  int64_t ngroups() const { return static_cast<int64_t>(present.size()); }
   void finish();  // runs the writebacks
 };
 

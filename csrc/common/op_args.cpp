@@ -30,9 +30,9 @@ StepScalars check_scalars(const OpDesc& op, const Gathered& gat, const at::Tenso
   const int64_t cols = static_cast<int64_t>(op.hps.size());
   const bool hp_ok = clients > 0 ? (hp.dim() == 3 && hp.size(1) == clients && hp.size(2) == cols)
                                  : (hp.dim() == 2 && hp.size(1) == cols);
-  TORCH_CHECK(hp.scalar_type() == at::kDouble && hp_ok && hp.size(0) == gat.nbatches() && hp.is_contiguous() &&
+  TORCH_CHECK(hp.scalar_type() == at::kDouble && hp_ok && hp.size(0) == gat.ngroups() && hp.is_contiguous() &&
                   hp.device() == dev,
-              "fedopt_kernels ", backend, " ", op.name, ": hp must be a contiguous float64 tensor [", gat.nbatches(),
+              "fedopt_kernels ", backend, " ", op.name, ": hp must be a contiguous float64 tensor [", gat.ngroups(),
               clients > 0 ? ", clients" : "", ", ", cols, "] on ", dev, ", got ", dtype_name(hp.scalar_type()), " ",
               hp.sizes(), " on ", hp.device());
   const int64_t nk = clients > 0 ? clients : 1;

@@ -41,7 +41,7 @@ struct OpTag {
 // Pointers to the validated scalar arguments (host pointers for CPU tensors, device pointers for
 // CUDA tensors: the CUDA kernels read them on the device, so nothing is copied to the host).
 struct StepScalars {
-  const double* hp;        // [nbatches, hp_cols], row-major
+  const double* hp;        // [ngroups, hp_cols], row-major
   int64_t hp_cols;
   int32_t* k;              // within-round step counter, advanced by one unless found_inf
   const double* table;     // within-round schedule s(j)

@@ -45,7 +45,7 @@ struct SamKernel : TwoPass<SamKernel> {
   template <class T, class A = Acc<T>>
   static void update_tile(A* xo, const T* X, A s, const Entry& en, const SamHp& hp, int64_t off, int n,
                           TileBufs<A>& b) {
-    T* saved = static_cast<T*>(en.ptr[sam_ascent_slot::SAVED]);  // null where the batch has none
+    T* saved = static_cast<T*>(en.ptr[sam_ascent_slot::SAVED]);  // null where the row group has none
     if (saved) std::memcpy(saved + off, X, sizeof(T) * static_cast<size_t>(n));  // before xo (may be X) is written
     const A* x = load<A>(X, n, b.x);
     const A* g = sam_grad<T>(en, hp, off, n, b);

@@ -22,7 +22,7 @@ void sgd_pass(const std::vector<Entry>& entries, const std::vector<SgdHp>& hps, 
 }
 
 // SGD's rows and each row's lr_k from its client's counter. sgd_batched's first-step rule: in a
-// batch flagged FRESH (new momentum buffers this round), a client at k == 0 takes dampening 0
+// row group flagged FRESH (new momentum buffers this round), a client at k == 0 takes dampening 0
 // (buf = d), as the per-client optimizer does on its first step.
 void sgd_rows(const Gathered& gat, const StepScalars& sc, std::vector<SgdHp>& hps, std::vector<double>& lr) {
   hps = hp_rows<SgdHp>(gat, sc);

@@ -32,12 +32,12 @@ struct Cuda {
   static cudaStream_t stream(const at::Device& d) { return c10::cuda::getCurrentCUDAStream(d.index()).stream(); }
 
   // float64 scratch for the two-pass ops: per (client, chunk) partials, each client's norm, one
-  // factor per (batch, client). The caller's `given` one (a previous step's) when it is big enough: a
+  // factor per (row group, client). The caller's `given` one (a previous step's) when it is big enough: a
   // step that allocates moves the caching allocator's next gradients (core/replay.py).
   static at::Tensor scratch(const fo::Gathered& gat, const fo::cuda::DeviceScalars& ds,
                             const c10::optional<at::Tensor>& given) {
     const int64_t n = fo::cuda::two_pass_scratch(gat.entries.data(), static_cast<int>(gat.entries.size()),
-                                                 static_cast<int>(gat.nbatches()), ds.clients);
+                                                 static_cast<int>(gat.ngroups()), ds.clients);
     if (given.has_value() && given->defined() && given->device() == gat.device &&
         given->scalar_type() == at::kDouble && given->is_contiguous() && given->numel() >= n)
       return *given;
@@ -59,7 +59,7 @@ struct Cuda {
     }
     const at::Tensor buf = Spec::kNorm ? scratch(gat, ds, given) : at::Tensor();
     const fo::cuda::Launch launch{gat.entries.data(), static_cast<int>(gat.entries.size()), gat.present.data(),
-                                  static_cast<int>(gat.nbatches()), Batched, gat.any_f64, ds,
+                                  static_cast<int>(gat.ngroups()), Batched, gat.any_f64, ds,
                                   Spec::kNorm ? buf.data_ptr<double>() : nullptr, st};
     C10_CUDA_CHECK(fo::cuda::step<Spec>(launch));
     return buf;

@@ -16,7 +16,7 @@ namespace cuda {
 
 // Device pointers to an op's scalar arguments (common/op_args.h StepScalars, on the GPU).
 struct DeviceScalars {
-  const double* hp;        // [nbatches, clients, hp_cols]
+  const double* hp;        // [ngroups, clients, hp_cols]
   int64_t hp_cols;
   int32_t* k;              // advanced by one after the step (not when found_inf is set)
   const double* table;
@@ -24,7 +24,7 @@ struct DeviceScalars {
   int64_t decay_every;
   const float* grad_scale; // nullable
   const float* found_inf;  // nullable
-  int64_t clients;         // C of a batched op (hp [nbatches, C, hp_cols], k [C]); 1 for a per-client op
+  int64_t clients;         // C of a batched op (hp [ngroups, C, hp_cols], k [C]); 1 for a per-client op
   const bool* active;      // batched, nullable: [C], false leaves that client (and its k) untouched
 };
 
@@ -32,22 +32,22 @@ struct DeviceScalars {
 int64_t norm_slots(const Entry* entries, int n);
 
 // float64 scratch values a two-pass op needs: per (client, chunk) partials, each client's norm,
-// each (batch, client)'s factor.
-int64_t two_pass_scratch(const Entry* entries, int n, int nbatches, int64_t clients);
+// each (row group, client)'s factor.
+int64_t two_pass_scratch(const Entry* entries, int n, int ngroups, int64_t clients);
 
 // One step's launch of any op. Per-client ops take s.clients = 1 and entries of whole tensors; the
 // batched ops (docs/client_batched.md) take s.clients = C and one entry per stacked tensor
-// [C, *shape] (numel and row_len per client, group = batch). Both run the same kernels.
+// [C, *shape] (numel and row_len per client, group = row group). Both run the same kernels.
 struct Launch {
   const Entry* entries;
   int n;
-  const int32_t* present;  // [nbatches]: batch b's mask of optional roles (host memory: copied into the kernel tables)
-  int nbatches;
+  const int32_t* present;  // [ngroups]: row group b's optional roles (host memory: copied into the kernel tables)
+  int ngroups;
   bool batched;            // the client-batched form (the only one that reads op_table.h kFreshBit)
   bool norm_f64;           // a norm op uses its norm in float64 (some parameter is float64)
   DeviceScalars s;
   double* scratch;         // a norm op (spec kNorm): device float64 buffer of two_pass_scratch(entries, n,
-                           // nbatches, s.clients) values; null otherwise. Global norms are per client.
+                           // ngroups, s.clients) values; null otherwise. Global norms are per client.
   cudaStream_t stream;
 };
 

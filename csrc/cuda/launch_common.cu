@@ -23,8 +23,8 @@ int64_t norm_slots(const Entry* entries, int n) {
   return s;
 }
 
-int64_t two_pass_scratch(const Entry* entries, int n, int nbatches, int64_t clients) {
-  return clients * (norm_slots(entries, n) + 1 + nbatches);
+int64_t two_pass_scratch(const Entry* entries, int n, int ngroups, int64_t clients) {
+  return clients * (norm_slots(entries, n) + 1 + ngroups);
 }
 
 cudaError_t advance(const DeviceScalars& s, cudaStream_t stream) {

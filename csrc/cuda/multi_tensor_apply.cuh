@@ -2,7 +2,7 @@
 //
 // The launch's tensor table travels as a kernel argument (__grid_constant__: read in place from
 // the constant bank, never copied to local memory). It holds per tensor its pointers, size, the
-// index of its first block and of its first norm-partial slot, and per batch its mask of optional
+// index of its first block and of its first norm-partial slot, and per row group its mask of optional
 // roles and its row of the op's hp tensor (the hyperparameter *values* stay in device memory, so a
 // new learning rate changes no kernel argument: CUDA graphs replay with it).
 // A block finds its tensor by binary search over the first-block prefix, so a launch covers any
@@ -54,8 +54,8 @@ struct Table {
   int32_t ntensors;
   int32_t clients;              // C of a batched op, 1 for a per-client op
   int64_t client_slots;         // norm slots per client (S)
-  int32_t present[MaxGroups];   // the batch's mask of optional roles
-  int32_t group_id[MaxGroups];  // the batch's row of hp (and of per-batch device scalars)
+  int32_t present[MaxGroups];   // the row group's mask of optional roles
+  int32_t group_id[MaxGroups];  // the row group's row of hp (and of its device scalars)
 };
 
 // Where a block works: tensor `i` of the table, client `c`, elements [begin, begin + n) of the
@@ -103,7 +103,7 @@ inline int64_t chunks_of(const Entry& e) { return (e.numel + kChunk - 1) / kChun
 
 // Fill tables with the entries of dtype `dtype` (in entry order) and call
 // launch(table, nblocks) -> cudaError_t for each full table and for the last one.
-// present[b]: batch b's mask of optional roles; state_slot[d]: slot d holds state-typed data
+// present[b]: row group b's mask of optional roles; state_slot[d]: slot d holds state-typed data
 // (float32, or float64 for float64 parameters); clients: C (entries are stacked tensors, numel per
 // client), 1 for a per-client op.
 template <class TableT, class Launch>

@@ -28,7 +28,7 @@ struct SamOp : TwoPassOp<spec::sam_ascent, SamHp, 70> {
     const A inv = static_cast<A>(hp.inv_scale), eta = static_cast<A>(hp.eta);
     T* X = static_cast<T*>(tab.ptr[sam_ascent_slot::X][w.i]) + w.begin;
     const T* G = static_cast<const T*>(tab.ptr[sam_ascent_slot::G][w.i]) + w.begin;
-    T* S = static_cast<T*>(tab.ptr[sam_ascent_slot::SAVED][w.i]);  // null where the batch has none
+    T* S = static_cast<T*>(tab.ptr[sam_ascent_slot::SAVED][w.i]);  // null where the row group has none
     if (S) S += w.begin;
     double sq = 0.0;
     struct Regs {

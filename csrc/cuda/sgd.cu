@@ -1,5 +1,5 @@
 // Ops "sgd" and "sgd_batched" on CUDA (FedDecaySGD / NeuronLRSGD): one launch per parameter dtype
-// over all tensors of all batches (and all clients). The batch's hyperparameters and
+// over all tensors of all row groups (and all clients). The row group's hyperparameters and
 // lr_k = lr * table[min(k // decay_every, len - 1)] are read on the device (per client: its own hp
 // row and k[c]), so a step never syncs with the host and can be captured in a CUDA graph.
 // Operation order = fedopt_kernels/core/reference/sgd.py (compiled with --fmad=false: no contraction).
@@ -145,9 +145,9 @@ cudaError_t run(const Entry* entries, int n, const int32_t* present, const Devic
 template <>
 cudaError_t step<spec::sgd>(const Launch& l) {
   bool fresh = false;
-  for (int b = 0; !l.batched && b < l.nbatches; ++b) fresh = fresh || (l.present[b] & kFreshBit);
+  for (int b = 0; !l.batched && b < l.ngroups; ++b) fresh = fresh || (l.present[b] & kFreshBit);
   if (!fresh) return run(l.entries, l.n, l.present, l.s, l.stream);
-  std::vector<int32_t> plain(l.present, l.present + l.nbatches);
+  std::vector<int32_t> plain(l.present, l.present + l.ngroups);
   for (int32_t& p : plain) p &= ~kFreshBit;
   return run(l.entries, l.n, plain.data(), l.s, l.stream);
 }

@@ -21,9 +21,9 @@ __device__ __forceinline__ double inv_scale(const DeviceScalars& s) {
   return s.grad_scale ? inv_scale_of(*s.grad_scale) : 1.0;
 }
 
-// client c's row of the hp tensor for this batch: hp viewed as [nbatches * clients, cols]
-__device__ __forceinline__ const double* hp_row(const DeviceScalars& s, int batch, int c) {
-  return s.hp + (static_cast<int64_t>(batch) * s.clients + c) * s.hp_cols;
+// client c's row of the hp tensor for this row group: hp viewed as [ngroups * clients, cols]
+__device__ __forceinline__ const double* hp_row(const DeviceScalars& s, int group, int c) {
+  return s.hp + (static_cast<int64_t>(group) * s.clients + c) * s.hp_cols;
 }
 
 }  // namespace cuda

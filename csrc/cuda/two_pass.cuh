@@ -3,7 +3,7 @@
 //
 // An op is a struct (apex-style functor) deriving from TwoPassOp (two_pass_op.cuh), which gives
 //   TableT                     its tensor table (multi_tensor_apply.cuh)
-//   Hp                         its per-batch struct (common/<op>_hp.h: Hp::of(row, present, unscale,
+//   Hp                         its per-row-group struct (common/<op>_hp.h: Hp::of(row, present, unscale,
 //                              inv) from a row of hp, norm_factor(norm, hp, norm_f64) the factor)
 //   kStateSlot[]               which slots are state-typed (float32 / float64 storage)
 // and has
@@ -16,7 +16,7 @@
 //                              so a sum never depends on alignment
 // and this file runs: pass 1 over every dtype (one partial per (client, chunk) into its fixed
 // slot), one block per client adding its slots in a fixed order and forming each of its
-// (batch, client) factors, pass 2 over every dtype, then k[c] += 1. Deterministic (no atomics),
+// (row group, client) factors, pass 2 over every dtype, then k[c] += 1. Deterministic (no atomics),
 // no host sync, graph-capturable. Inactive clients' blocks return at once.
 #pragma once
 
@@ -40,7 +40,7 @@ constexpr int kFinalThreads = 512;
 struct TwoPassExtra {
   DeviceScalars s;
   double* partials;      // pass 1 writes one per (client, chunk)
-  const double* scales;  // pass 2 reads its (batch, client) factor
+  const double* scales;  // pass 2 reads its (row group, client) factor
 };
 
 template <class Op, class T, bool kUpdate>
@@ -50,11 +50,11 @@ __global__ void __launch_bounds__(kBlock) two_pass_kernel(const __grid_constant_
   const Where w = locate(tab);
   if (inactive(ex.s, w.c)) return;
   const int g = tab.group[w.i];
-  const int batch = tab.group_id[g];
+  const int group = tab.group_id[g];
   const typename Op::Hp hp =
-      Op::Hp::of(hp_row(ex.s, batch, w.c), tab.present[g], ex.s.grad_scale != nullptr, inv_scale(ex.s));
+      Op::Hp::of(hp_row(ex.s, group, w.c), tab.present[g], ex.s.grad_scale != nullptr, inv_scale(ex.s));
   using A = acc_t<T>;
-  const A scale = kUpdate ? static_cast<A>(ex.scales[static_cast<int64_t>(batch) * ex.s.clients + w.c]) : A(0);
+  const A scale = kUpdate ? static_cast<A>(ex.scales[static_cast<int64_t>(group) * ex.s.clients + w.c]) : A(0);
   const double sq = norm_chunk<Op, T, kUpdate>(tab, w, hp, scale);
   if (!kUpdate) {
     const double total = block_sum<kBlock>(sq);
@@ -64,11 +64,11 @@ __global__ void __launch_bounds__(kBlock) two_pass_kernel(const __grid_constant_
 
 // One block per client c (grid = clients): its norm from its `per_client` partials in a fixed
 // order (thread t adds slots t, t + 512, ..., then a fixed butterfly), and its factor for every
-// batch b into scales[b * clients + c]. A client's bits do not depend on the other clients.
+// row group b into scales[b * clients + c]. A client's bits do not depend on the other clients.
 template <class Op>
 __global__ void __launch_bounds__(kFinalThreads) finalize_kernel(const double* partials, int64_t per_client,
                                                                   double* norms, double* scales, const DeviceScalars s,
-                                                                  int32_t nbatches, int32_t norm_f64) {
+                                                                  int32_t ngroups, int32_t norm_f64) {
   const int c = static_cast<int>(blockIdx.x);
   if (skipped(s) || inactive(s, c)) return;
   __shared__ double norm;
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kFinalThreads) finalize_kernel(const double* p
     norms[c] = norm;
   }
   __syncthreads();
-  for (int b = threadIdx.x; b < nbatches; b += kFinalThreads)
+  for (int b = threadIdx.x; b < ngroups; b += kFinalThreads)
     scales[static_cast<int64_t>(b) * s.clients + c] =
         norm_factor(norm, Op::Hp::of(hp_row(s, b, c), 0, false, 1.0), norm_f64 != 0);
 }
@@ -113,9 +113,9 @@ cudaError_t two_pass_pass(const Entry* entries, int n, const int32_t* present, c
 }
 
 // scratch layout (cuda_ops.h two_pass_scratch): [partials: clients x slots][norms: clients]
-// [factors: nbatches x clients]
+// [factors: ngroups x clients]
 template <class Op>
-cudaError_t two_pass(const Entry* entries, int n, const int32_t* present, int nbatches, bool norm_f64,
+cudaError_t two_pass(const Entry* entries, int n, const int32_t* present, int ngroups, bool norm_f64,
                      const DeviceScalars& s, double* scratch, cudaStream_t stream) {
   if (s.clients < 1 || s.clients > INT_MAX) return cudaErrorInvalidValue;
   const int64_t slots = norm_slots(entries, n);  // per client
@@ -125,7 +125,7 @@ cudaError_t two_pass(const Entry* entries, int n, const int32_t* present, int nb
   cudaError_t err = two_pass_pass<Op, false>(entries, n, present, ex, stream);
   if (err == cudaSuccess) {
     finalize_kernel<Op><<<static_cast<unsigned>(s.clients), kFinalThreads, 0, stream>>>(
-        scratch, slots, norms, scales, s, nbatches, norm_f64 ? 1 : 0);
+        scratch, slots, norms, scales, s, ngroups, norm_f64 ? 1 : 0);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = two_pass_pass<Op, true>(entries, n, present, ex, stream);
@@ -143,7 +143,7 @@ cudaError_t two_pass(const Entry* entries, int n, const int32_t* present, int nb
   namespace cuda {                                                                                      \
   template <>                                                                                           \
   cudaError_t step<spec::NAME>(const Launch& l) {                                                       \
-    return two_pass<Op>(l.entries, l.n, l.present, l.nbatches, l.norm_f64, l.s, l.scratch, l.stream);   \
+    return two_pass<Op>(l.entries, l.n, l.present, l.ngroups, l.norm_f64, l.s, l.scratch, l.stream);   \
   }                                                                                                     \
   }                                                                                                     \
   }
