@@ -320,7 +320,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     cli.add_device(ap)
     ap.add_argument(
         "--client-batched",
-        "--client-parallel",
+        "--client-parallel",  # its earlier name, deprecated
         action=RenamedStore,
         default="auto",
         help="N or auto (as fedopt-sim; --client-parallel: its earlier name, deprecated)",

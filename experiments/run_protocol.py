@@ -1348,7 +1348,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where clients train (default cpu)")
     p.add_argument(
         "--client-batched",
-        "--client-parallel",
+        "--client-parallel",  # its earlier name, deprecated
         action=RenamedStore,
         type=int,
         default=1,

@@ -11,7 +11,7 @@ __all__ = ["INIT_MESSAGE_TYPE", "InitialControlsStrategy"]
 
 # stacklevel 2: warnings skips importlib's own frames, so this names the importing line
 _warnings.warn(
-    "fedopt_kernels.flower.padamfed is fedopt_kernels.flower.initial_controls",
+    "fedopt_kernels.flower.padamfed (deprecated) is fedopt_kernels.flower.initial_controls",
     DeprecationWarning,
     stacklevel=2,
 )

@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
         import warnings
 
         warnings.warn(
-            "fedopt_kernels.sim.validate_client_parallel is fedopt_kernels.sim.validate_client_batched",
+            "fedopt_kernels.sim.validate_client_parallel (deprecated) is fedopt_kernels.sim.validate_client_batched",
             DeprecationWarning,
             stacklevel=2,
         )

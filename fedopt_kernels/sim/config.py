@@ -222,13 +222,13 @@ class SimConfig(FLConfig):
         return self.client_batched != 1
 
     @property
-    def client_parallel(self) -> Any:
+    def client_parallel(self) -> Any:  # deprecated
         """Deprecated: the earlier name of ``client_batched`` (read-only)."""
         warnings.warn("SimConfig.client_parallel is SimConfig.client_batched", DeprecationWarning, stacklevel=2)
         return self.client_batched
 
     @property
-    def cuda_graph(self) -> bool:
+    def cuda_graph(self) -> bool:  # deprecated
         """Deprecated: the earlier name of ``replay`` (read-only)."""
         warnings.warn("SimConfig.cuda_graph is SimConfig.replay", DeprecationWarning, stacklevel=2)
         return self.replay

@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0], help="one run per seed (default 0)")
     g.add_argument(
         "--client-batched",
-        "--client-parallel",
+        "--client-parallel",  # its earlier name, deprecated
         action=RenamedStore,
         default="1",
         metavar="N|auto",
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--replay",
-        "--cuda-graph",
+        "--cuda-graph",  # its earlier name, deprecated
         action=RenamedFlag,
         help="with --client-batched on CUDA: capture the batched local step in a CUDA graph and "
         "replay it (needs a fused backend; --cuda-graph: its earlier name, deprecated)",
