@@ -217,9 +217,10 @@ if [ "$SKIP_BENCH" = 0 ]; then
     phase bench_loop "$L" "$PY" -m bench loop --device cuda --blocks 5 --per-block 15 --warmup 15 --out-dir "$RES"
   fi
   # client-batched training on the four models: sequential vs vmap vs the layers engine with its
-  # default and its measured formulations (+ CUDA graph, + chunks); two timed rounds per mode, every
-  # model's smallest C first (a deadline's SIGINT still writes the cases measured); the formulation
-  # search at most 8 s per model and C, its in-context times instead of the layers-alone table
+  # default and its measured formulations (+ replayed from a CUDA graph, + chunks); two timed rounds
+  # per mode, every model's smallest C first (a deadline's SIGINT still writes the cases measured);
+  # the formulation search at most 8 s per model and C, its in-context times instead of the
+  # layers-alone table
   CLIENTS_ARGS="--rounds 2 --search-budget 8 --no-layers"
   [ "$BENCH_MODE" = smoke ] && CLIENTS_ARGS="--smoke"
   # shellcheck disable=SC2086
