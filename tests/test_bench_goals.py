@@ -171,3 +171,47 @@ def test_other_processes_load_disturbs_cpu_figures_only():
     assert goal.judge([loaded, quiet], "cpu").verdict == "miss"  # a quiet miss outweighs a disturbed figure
     assert goal.judge([loaded], "cpu").verdict == "disturbed" and goal.judge([loaded], "cuda").verdict == "pass"
     assert goal.judge([], "cpu").reason == "none of its rows (rows) were run"
+
+
+def _choice_result(fused_times, default_times, chosen, default):
+    """The small CNN at C=50, K=10: both batched modes' interleaved rounds, and the search's choice."""
+
+    def mode(name, times):
+        rate = 500 / min(times)  # the report's rate: the best round
+        return dict(model="small-cnn", clients=50, steps=10, mode=name, round_times_s=times, client_steps_per_s=rate)
+
+    rows = [
+        dict(model="small-cnn", clients=50, choice={"formulations": chosen}, default_formulations=default),
+        mode("batched-fused", fused_times),
+        mode("batched-fused-default", default_times),
+    ]
+    meta = dict(device_type="cpu", models=["small-cnn"], clients={"small-cnn": [50]})
+    return {"meta": meta, "rows": rows, "models": {}, "peak": []}
+
+
+CHOSEN_GOAL = "small-cnn: chosen formulations >= the defaults at C=50 (median rounds; 1 where it kept the defaults)"
+
+
+def test_chosen_formulations_equal_to_the_defaults_are_the_same_computation():
+    """Kept defaults: exactly 1 (the same kernels), whatever a lucky best round of either mode says."""
+    from bench.clients.goals import judge
+
+    same = {"conv": "grouped-nhwc"}
+    goal = {g["goal"]: g for g in judge(_choice_result([0.15, 0.16, 0.15], [0.11, 0.16, 0.17], same, same))}
+    assert goal[CHOSEN_GOAL]["value"] == 1.0 and goal[CHOSEN_GOAL]["verdict"] == "pass"
+
+
+@pytest.mark.parametrize(
+    "fused,default,expected",
+    [
+        ([0.10, 0.11, 0.12], [0.13, 0.12, 0.14], "pass"),
+        ([0.13, 0.14, 0.10], [0.11, 0.12, 0.12], "miss"),  # a lucky best round does not hide a slower median
+    ],
+)
+def test_other_formulations_are_judged_on_median_rounds(fused, default, expected):
+    from bench.clients.goals import judge
+
+    result = _choice_result(fused, default, {"conv": "im2col"}, {"conv": "grouped-nhwc"})
+    goal = {g["goal"]: g for g in judge(result)}[CHOSEN_GOAL]
+    assert goal["verdict"] == expected
+    assert goal["value"] == pytest.approx(sorted(default)[1] / sorted(fused)[1])

@@ -97,10 +97,26 @@ def test_the_whole_step_overrules_the_layers_alone(monkeypatch):
     )
     choice = search(engine, *_inputs(model)(6), SearchBudget())
     assert choice.formulations == default
-    assert "whole step was not faster" in choice.why["features.0"], choice.why
+    assert "not in the whole step" in choice.why["features.0"], choice.why
     # without the penalty in the step, the same alone times choose loop
     _clock(monkeypatch, {"features.0": {"loop": 0.1}})
     assert search(engine, *_inputs(model)(6), SearchBudget()).formulations["features.0"] == "loop"
+
+
+def test_a_change_slower_in_the_step_does_not_take_the_others_down(monkeypatch):
+    """Two layers faster alone; together slower in the step because of one of them: the other is
+    kept, tried alone in the whole step (the larger gain alone first)."""
+    model = _cnn()
+    engine = LayersLoss(model)
+    default = choose.defaults(engine, *_inputs(model)(6)[:2])
+    alone = {"features.0": {"loop": 0.1}, "head": {"loop": 0.5}}  # features.0 gains 0.9 s alone, head 0.5 s
+    trials = _clock(monkeypatch, alone, step_extra=lambda forms, C: 5.0 * (forms["features.0"] == "loop"))
+    choice = search(engine, *_inputs(model)(6), SearchBudget())
+    assert choice.formulations == {**default, "head": "loop"}, choice.why
+    assert "not in the whole step" in choice.why["features.0"]
+    assert "and in the whole step" in choice.why["head"]
+    steps = [trial for trial in trials if trial[0] == "step"]
+    assert len({name for _, name in steps}) == 4  # together vs defaults, then each change with vs without
 
 
 def test_layers_with_one_signature_share_one_measurement(monkeypatch):

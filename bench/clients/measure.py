@@ -15,7 +15,8 @@ import torch
 
 from fedopt_kernels import FedNAR
 from fedopt_kernels.batched import BatchedFedNAR
-from fedopt_kernels.sim.batched.choose import Chooser, SearchBudget
+from fedopt_kernels.sim.batched.choose import Chooser, SearchBudget, defaults
+from fedopt_kernels.sim.batched.compiled import CompiledLayersLoss
 from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 from fedopt_kernels.sim.batched.loss import VmapLoss
 from fedopt_kernels.sim.batched.precision import check_supported
@@ -252,10 +253,14 @@ def measure(
         precision=wl.precision,
     )
     _, choice = chooser.plan(C, C, steps, fixed=C, budget_s=args.search_budget)
-    rows: List[Row] = [dict(base, choice=choice.to_json(), search_s=chooser.spent_s, source=choice.source)]
+    fixed = defaults(LayersLoss(wl.model, precision=wl.precision), *_choice_inputs(wl, C)[:2])
+    rows: List[Row] = [
+        dict(base, choice=choice.to_json(), default_formulations=fixed, search_s=chooser.spent_s, source=choice.source)
+    ]
     log(f"  {name} C={C:>5} formulations {choice.formulations} ({chooser.spent_s:.1f} s to choose)")
     forms = choice.formulations
-    engine = LayersLoss(wl.model, formulations=forms, precision=wl.precision)
+    engine_cls = CompiledLayersLoss if choice.compiled else LayersLoss  # the step as the simulator runs it
+    engine = engine_cls(wl.model, formulations=forms, precision=wl.precision)
     setup = _Setup(wl, args, name, base, chooser, forms, engine, LayersLoss(wl.model, precision=wl.precision))
     m = _modes(setup, seq_at, rows)
     rows += _time_modes(wl, m, args.rounds, base, log)

@@ -14,7 +14,9 @@ cuDNN's benchmark mode times its kernels, instead of trusting defaults chosen on
   on noise. A candidate that runs out of memory is dropped.
 * A layer alone leaves out what it shares with its neighbours (a grouped run's layout copies), so the
   whole step (forward and backward of the clients' loss, as training runs it) then decides: the
-  assembled choice is kept only if its step is not slower than the defaults' step, timed the same way.
+  assembled choice is kept if its step is not slower than the defaults' step, timed the same way;
+  else each change is tried alone in the whole step (the largest gain alone first) and kept if the
+  step with it is not slower than without.
 * The clients computed at once (``--client-batched auto``) are chosen by the step time too: for a
   few equal chunk sizes that fit the device's free memory, largest first, the formulations are
   chosen at that size and the round's time (chunks x step time) compared.
@@ -32,7 +34,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -265,6 +267,7 @@ def search(
     timer = Timer(engine, params, x, y, w, budget)
     timer.inputs = inputs
     times: Dict[str, Dict[str, float]] = {}
+    changes: List[Change] = []
     for paths in groups.values():
         for p in paths:
             why[p] = "the default; not measured: the search's time budget was spent"
@@ -279,6 +282,7 @@ def search(
         best, base = min(alone, key=lambda f: alone[f]), alone.get(current)
         if base is None or (best != current and alone[best] < base * (1 - budget.margin)):
             chosen, verdict = best, f"measured fastest (the layer alone: {_ms(alone)})"
+            changes.append(Change(math.inf if base is None else base - alone[best], paths, best, _ms(alone)))
         elif best == current:
             chosen, verdict = current, f"the default, measured fastest (the layer alone: {_ms(alone)})"
         else:
@@ -286,26 +290,62 @@ def search(
             verdict = f"the default, kept: no candidate {budget.margin:.0%} faster (the layer alone: {_ms(alone)})"
         for p in paths:
             forms[p], why[p] = chosen, verdict
-    # the layers alone leave out what neighbours share (a grouped run's layout copies): the whole
-    # step decides between the assembled choice and the defaults
-    step = timer.steps({"chosen": forms, "default": start} if forms != start else {"default": start})
-    step_s = step.get("chosen", step.get("default"))
-    if forms != start and (step.get("chosen") is None or step["chosen"] > step.get("default", math.inf)):
-        kept = (
-            f"the whole step was not faster ({_ms({'these': step['chosen'], 'defaults': step['default']})})"
-            if ("chosen" in step and "default" in step)
-            else "the whole step did not fit in memory"
-        )
-        for p in forms:
-            if forms[p] != start[p]:
-                why[p] = f"the default, kept: {kept} with {forms[p]} and the others chosen"
-        forms, step_s = dict(start), step.get("default")
+    forms, step_s = _whole_step(timer, start, forms, changes, why, budget)
     engine.layers_net.set_formulations(forms)
     choice = Choice(C, forms, why, step_s, "measured", time.perf_counter() - t0, times)
     if compile_step and step_s is not None:
         _try_compiled(engine, params, x, y, w, budget, choice)
         choice.spent_s = time.perf_counter() - t0
     return choice
+
+
+class Change(NamedTuple):
+    """A group's formulation that was faster alone than its default: what the whole step checks."""
+
+    gain: float  # seconds the layer alone saved
+    paths: List[str]
+    form: str
+    alone: str  # the candidates' times alone, for the reason
+
+
+def _whole_step(
+    timer: Timer,
+    start: Dict[str, str],
+    forms: Dict[str, str],
+    changes: List[Change],
+    why: Dict[str, str],
+    budget: SearchBudget,
+) -> Tuple[Dict[str, str], Optional[float]]:
+    """The layers alone leave out what neighbours share (a grouped run's layout copies), so the whole
+    step decides: the assembled choice ``forms`` is kept if its step is not slower than the defaults'
+    (``start``); if it is slower, the changes are tried one at a time in the whole step, the largest
+    gain alone first, each kept if the step with it is not slower than without. Returns the kept
+    formulations and their step's median time."""
+    if forms == start:
+        return forms, timer.steps({"default": start}).get("default")
+    step = timer.steps({"chosen": forms, "default": start})
+    if step.get("chosen") is not None and step["chosen"] <= step.get("default", math.inf):
+        return forms, step["chosen"]
+    together = "out of memory" if step.get("chosen") is None else f"{step['chosen'] * 1e3:.3g} ms"
+    kept, kept_s = dict(start), step.get("default")
+    for change in sorted(changes, key=lambda c: -c.gain):
+        head = f"{change.form} was fastest alone ({change.alone})"
+        if budget.left() <= 0:
+            reason = f"the default, kept: {head}; all such changes together were slower in the whole step "
+            reason += f"({together}), and the budget ended before this one was tried alone"
+        else:
+            trial = {**kept, **{p: change.form for p in change.paths}}
+            t = timer.steps({"with": trial, "without": kept})
+            if t.get("with") is not None and t["with"] <= t.get("without", math.inf):
+                kept, kept_s = trial, t["with"]
+                step_ms = _ms({"with it": t["with"], "without": t["without"]})
+                reason = f"measured fastest alone ({change.alone}) and in the whole step ({step_ms})"
+            else:
+                shown = "out of memory" if t.get("with") is None else _ms(t)
+                reason = f"the default, kept: {head} but not in the whole step ({shown})"
+        for p in change.paths:
+            why[p] = reason
+    return kept, kept_s
 
 
 def _try_compiled(engine: LayersLoss, params, x, y, w, budget: SearchBudget, choice: Choice) -> None:
