@@ -139,6 +139,8 @@ def _nonfinite_grads(params, kind):
     return grads
 
 
+# the Triton interpreter computes in numpy, which warns on inf * 0 and inf - inf; a GPU makes the same NaN silently
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("kind", ["nan", "inf"])
 @pytest.mark.parametrize("algo", list(ALGOS))
 @pytest.mark.parametrize("backend", FUSED_BACKENDS)

@@ -281,6 +281,8 @@ def test_old_state_dict_without_class_marker_is_checked_by_its_keys():
         catalogue.config("feddecay").build(_params(), "reference").load_state_dict(sd)
 
 
+# the Triton interpreter computes in numpy, which warns on inf * 0 and inf - inf; a GPU makes the same NaN silently
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("backend,device", cases(with_reference=False))
 def test_nonfinite_inputs_at_extreme_magnitudes_match_reference(backend, device, dtype):

@@ -436,7 +436,7 @@ def test_the_gradient_watch(watch_impl):
     assert watch.check() == -1
     ps[2].grad = None
     assert watch.check() >= 0
-    ps[1].grad = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (5,))
+    ps[1].grad = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (5,), check_invariants=True)
     assert watch.check() == -1  # not a gradient the kernels take as they took the last one
     ps[1].grad = torch.randn(5)
     assert watch.check() >= 0
