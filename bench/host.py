@@ -110,7 +110,7 @@ def replayed_step(algo: str, n: int, reps: int) -> Dict[str, Any]:
 
 def eager_triton_step(algo: str, n: int, reps: int) -> Dict[str, float]:
     import fedopt_kernels.core.backends.triton  # noqa: F401 - loads this checkout's kernels first
-    from fedopt_kernels.triton_kernels import launcher, sgd, two_pass
+    from fedopt_kernels.triton_kernels import launcher, sgd, two_pass_kernels
 
     class Compiled:  # what a compiled launch returns
         function, packed_metadata = 0, None
@@ -127,10 +127,10 @@ def eager_triton_step(algo: str, n: int, reps: int) -> Dict[str, float]:
 
     names = [
         (sgd, "sgd_kernel"),
-        (two_pass, "norm_kernel"),
-        (two_pass, "update_kernel"),
-        (two_pass, "advance_kernel"),
-        (two_pass, "finalize_kernel"),
+        (two_pass_kernels, "norm_kernel"),
+        (two_pass_kernels, "update_kernel"),
+        (two_pass_kernels, "advance_kernel"),
+        (two_pass_kernels, "finalize_kernel"),
     ]
     saved = [(mod, name, getattr(mod, name)) for mod, name in names]
     saved_stream = launcher._stream

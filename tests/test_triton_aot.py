@@ -32,10 +32,10 @@ def _variants():
     128-bit access)."""
     import triton.language as tl
 
-    from fedopt_kernels.triton_kernels import launcher, sgd, two_pass
+    from fedopt_kernels.triton_kernels import plans, sgd, two_pass, two_pass_kernels
 
     f32, f16, bf16 = tl.float32, tl.float16, tl.bfloat16
-    tile = dict(ROWS=1, BLOCK=launcher.GPU_BLOCK)
+    tile = dict(ROWS=1, BLOCK=plans.GPU_BLOCK)
 
     def sgd_c(dt, mom, x0, corr, scale, amp, batched=False, aligned=True):
         return dict(
@@ -97,27 +97,27 @@ def _variants():
             SKIPPABLE=True,
             HAS_ACTIVE=True,
             CLIENTS=1,
-            SLOT_BLOCK=launcher.SLOT_BLOCK,
+            SLOT_BLOCK=two_pass.SLOT_BLOCK,
         )
 
-    upd = dict(ADVANCE=True, SLOT_BLOCK=launcher.SLOT_BLOCK)
-    bupd = dict(ADVANCE=False, SLOT_BLOCK=launcher.SLOT_BLOCK)
+    upd = dict(ADVANCE=True, SLOT_BLOCK=two_pass.SLOT_BLOCK)
+    bupd = dict(ADVANCE=False, SLOT_BLOCK=two_pass.SLOT_BLOCK)
     return [
         ("sgd_plain_fp32", sgd.sgd_kernel, sgd_c(f32, False, False, False, False, False), True),
         ("sgd_full_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, False), True),
         ("sgd_full_amp_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, True), True),
         ("sgd_full_bf16", sgd.sgd_kernel, sgd_c(bf16, True, True, True, True, False), False),
         ("sgd_momentum_fp16", sgd.sgd_kernel, sgd_c(f16, True, False, False, False, False), False),
-        ("fednar_norm_fp32", two_pass.norm_kernel, two("fednar", f32), True),
-        ("fednar_norm_bf16", two_pass.norm_kernel, two("fednar", bf16), False),
-        ("fednar_update_fp32", two_pass.update_kernel, {**two("fednar", f32), **upd}, True),
-        ("fednar_update_amp_fp32", two_pass.update_kernel, {**two("fednar", f32, True), **upd}, True),
-        ("fednar_update_bf16", two_pass.update_kernel, {**two("fednar", bf16), **upd}, False),
-        ("padamfed_norm_fp32", two_pass.norm_kernel, two("padamfed", f32), True),
-        ("padamfed_norm_bf16", two_pass.norm_kernel, two("padamfed", bf16), False),
-        ("padamfed_update_fp32", two_pass.update_kernel, {**two("padamfed", f32), **upd}, True),
-        ("padamfed_update_bf16", two_pass.update_kernel, {**two("padamfed", bf16), **upd}, False),
-        ("advance", two_pass.advance_kernel, dict(SKIPPABLE=True, HAS_ACTIVE=False, BLOCK=1), False),
+        ("fednar_norm_fp32", two_pass_kernels.norm_kernel, two("fednar", f32), True),
+        ("fednar_norm_bf16", two_pass_kernels.norm_kernel, two("fednar", bf16), False),
+        ("fednar_update_fp32", two_pass_kernels.update_kernel, {**two("fednar", f32), **upd}, True),
+        ("fednar_update_amp_fp32", two_pass_kernels.update_kernel, {**two("fednar", f32, True), **upd}, True),
+        ("fednar_update_bf16", two_pass_kernels.update_kernel, {**two("fednar", bf16), **upd}, False),
+        ("padamfed_norm_fp32", two_pass_kernels.norm_kernel, two("padamfed", f32), True),
+        ("padamfed_norm_bf16", two_pass_kernels.norm_kernel, two("padamfed", bf16), False),
+        ("padamfed_update_fp32", two_pass_kernels.update_kernel, {**two("padamfed", f32), **upd}, True),
+        ("padamfed_update_bf16", two_pass_kernels.update_kernel, {**two("padamfed", bf16), **upd}, False),
+        ("advance", two_pass_kernels.advance_kernel, dict(SKIPPABLE=True, HAS_ACTIVE=False, BLOCK=1), False),
         # client-batched (active mask and GradScaler in use: the fullest variants)
         ("sgd_batched_full_amp_fp32", sgd.sgd_kernel, sgd_c(f32, True, True, True, True, True, True), True),
         (
@@ -126,22 +126,32 @@ def _variants():
             sgd_c(f32, True, True, True, True, True, True, False),
             False,
         ),
-        ("fednar_batched_norm_fp32", two_pass.norm_kernel, two("fednar", f32, True, True), True),
-        ("fednar_batched_update_fp32", two_pass.update_kernel, {**two("fednar", f32, True, True), **bupd}, True),
+        ("fednar_batched_norm_fp32", two_pass_kernels.norm_kernel, two("fednar", f32, True, True), True),
+        (
+            "fednar_batched_update_fp32",
+            two_pass_kernels.update_kernel,
+            {**two("fednar", f32, True, True), **bupd},
+            True,
+        ),
         (
             "fednar_batched_update_fp32_unaligned",
-            two_pass.update_kernel,
+            two_pass_kernels.update_kernel,
             {**two("fednar", f32, True, True, False), **bupd},
             False,
         ),
-        ("padamfed_batched_norm_fp32", two_pass.norm_kernel, two("padamfed", f32, True, True), True),
-        ("padamfed_batched_norm_bf16", two_pass.norm_kernel, two("padamfed", bf16, True, True), False),
-        ("padamfed_batched_update_fp32", two_pass.update_kernel, {**two("padamfed", f32, True, True), **bupd}, True),
-        ("fednar_finalize", two_pass.finalize_kernel, fin("fednar"), False),
-        ("padamfed_finalize", two_pass.finalize_kernel, fin("padamfed"), False),
+        ("padamfed_batched_norm_fp32", two_pass_kernels.norm_kernel, two("padamfed", f32, True, True), True),
+        ("padamfed_batched_norm_bf16", two_pass_kernels.norm_kernel, two("padamfed", bf16, True, True), False),
+        (
+            "padamfed_batched_update_fp32",
+            two_pass_kernels.update_kernel,
+            {**two("padamfed", f32, True, True), **bupd},
+            True,
+        ),
+        ("fednar_finalize", two_pass_kernels.finalize_kernel, fin("fednar"), False),
+        ("padamfed_finalize", two_pass_kernels.finalize_kernel, fin("padamfed"), False),
         (
             "advance_batched",
-            two_pass.advance_kernel,
+            two_pass_kernels.advance_kernel,
             dict(SKIPPABLE=True, HAS_ACTIVE=True, BLOCK=two_pass.ADVANCE_BLOCK),
             False,
         ),

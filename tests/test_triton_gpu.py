@@ -117,14 +117,14 @@ def _steps_never_sync(step, warm: int = 1) -> None:
 
 
 def _compiled_variants() -> int:
-    from fedopt_kernels.triton_kernels import sgd, two_pass
+    from fedopt_kernels.triton_kernels import sgd, two_pass_kernels
 
     kernels = [
         sgd.sgd_kernel,
-        two_pass.norm_kernel,
-        two_pass.update_kernel,
-        two_pass.finalize_kernel,
-        two_pass.advance_kernel,
+        two_pass_kernels.norm_kernel,
+        two_pass_kernels.update_kernel,
+        two_pass_kernels.finalize_kernel,
+        two_pass_kernels.advance_kernel,
     ]
     return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
 
@@ -237,11 +237,11 @@ def test_batched_step_never_synchronises_with_the_host(name):
 def test_gradients_at_new_addresses_never_synchronise_with_the_host(name):
     """zero_grad(set_to_none=True): each step's new gradients get the plan's tables with their column
     rewritten (a pinned, non-blocking copy), never a wait for the device."""
-    from fedopt_kernels.triton_kernels import launcher
+    from fedopt_kernels.triton_kernels import plans
 
     ps = _params()
     opt = _builders()[name](ps)
-    moved = launcher.stats["moved"]
+    moved = plans.stats["moved"]
 
     def step():
         for p in ps:  # new tensors, made on the device (a copy from the host would be a sync itself)
@@ -249,7 +249,7 @@ def test_gradients_at_new_addresses_never_synchronise_with_the_host(name):
         _step(opt, ps)
 
     _steps_never_sync(step, warm=2)
-    assert launcher.stats["moved"] > moved
+    assert plans.stats["moved"] > moved
 
 
 @needs_triton_cuda

@@ -24,9 +24,10 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 if _WHY is None:
     import triton.language as tl
 
-    from fedopt_kernels.triton_kernels import launcher, tiles
+    from fedopt_kernels.triton_kernels import launcher, plans, tiles
+    from fedopt_kernels.triton_kernels.jit_mode import interpreted
 
-INTERPRETED = _WHY is None and launcher.interpreted()
+INTERPRETED = _WHY is None and interpreted()
 interpreter_only = pytest.mark.skipif(not INTERPRETED, reason="monkeypatches the interpreter's tile choice")
 
 TOL = {torch.float32: (2e-5, 2e-6), torch.float16: (5e-3, 5e-3), torch.bfloat16: (3e-2, 3e-2)}
@@ -34,10 +35,10 @@ TOL = {torch.float32: (2e-5, 2e-6), torch.float16: (5e-3, 5e-3), torch.bfloat16:
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    launcher.clear_cache()
-    launcher.stats.update(builds=0, hits=0, moved=0)
+    plans.clear_cache()
+    plans.stats.update(builds=0, hits=0, moved=0)
     yield
-    launcher.clear_cache()
+    plans.clear_cache()
 
 
 def _params(shapes, dtype=torch.float32, seed=0) -> List[torch.nn.Parameter]:
@@ -105,7 +106,7 @@ def _assert_close(got, want, dtype):
 
 
 def _last_plan():
-    return next(reversed(launcher._CACHE.values()))
+    return next(reversed(plans._CACHE.values()))
 
 
 # ---------------------------------------------------------------- plan cache
@@ -118,39 +119,39 @@ def test_plan_is_reused_while_the_tensor_set_is_unchanged_and_rebuilt_when_it_ch
         p.grad = g
     opt.step()  # builds: momentum buffers are new
     opt.step()  # momentum buffers exist now, with new addresses -> one more build
-    builds = launcher.stats["builds"]
+    builds = plans.stats["builds"]
     plan = opt._plan.cache["plan"]
     for _ in range(3):
         for g, new in zip(grads, _grads(ps, 1)):
             g.copy_(new)  # same tensors, new values: no rebuild
         opt.step()
     # the optimizer's cache hands the same launcher plan back without re-keying every tensor
-    assert launcher.stats["builds"] == builds and opt._plan.cache["plan"] is plan
+    assert plans.stats["builds"] == builds and opt._plan.cache["plan"] is plan
 
     old = ps[1].grad
     ps[1].grad = old.clone()  # a new gradient tensor (old kept alive: the address differs)
     opt.step()
     # moved gradients: the plan's tables with the gradient column rewritten, nothing built
     moved = opt._plan.cache["plan"]
-    assert launcher.stats["builds"] == builds and launcher.stats["moved"] == 1 and moved is not plan
+    assert plans.stats["builds"] == builds and plans.stats["moved"] == 1 and moved is not plan
     g_col = launcher.spec_roles("sgd")[0].index("g")
     assert moved.launches[0].meta[:, g_col].tolist() == [g.data_ptr() for g in (ps[0].grad, ps[1].grad, ps[2].grad)]
     assert plan.launches[0].meta[:, g_col].tolist()[1] == old.data_ptr()  # the first plan is unchanged
     opt.step()
     ps[1].grad = old  # back to the first address set: its plan again
     opt.step()
-    assert opt._plan.cache["plan"] is plan and launcher.stats["moved"] == 1 and launcher.stats["builds"] == builds
+    assert opt._plan.cache["plan"] is plan and plans.stats["moved"] == 1 and plans.stats["builds"] == builds
     ps[1].grad = old.t().contiguous().t() if old.dim() > 1 else torch.randn(15, device=DEVICE)[1:8]  # misaligned
     assert ps[1].grad.data_ptr() % 16 != 0
     opt.step()  # another layout: staged, so a plan of its own
-    assert launcher.stats["builds"] == builds + 1 and launcher.stats["moved"] == 1
+    assert plans.stats["builds"] == builds + 1 and plans.stats["moved"] == 1
 
     with torch.no_grad():
         ps[2].data = torch.zeros(64, device=DEVICE)  # new shape
     ps[2].grad = torch.ones(64, device=DEVICE)
     opt.start_round()
     opt.step()
-    assert launcher.stats["builds"] >= builds + 2
+    assert plans.stats["builds"] >= builds + 2
 
 
 def test_one_launch_per_dtype_signature_and_zero_size_tensors_skipped():
@@ -201,7 +202,7 @@ def test_gradients_at_new_addresses_every_step_give_the_bits_of_fixed_ones(op, m
     made for them by rewriting the table (LaunchPlan.moved) must give the bits of gradients kept in
     place, with staged parameters and gradients (transposed, misaligned) among the tensors."""
     if INTERPRETED:
-        monkeypatch.setattr(launcher, "FORCE_TILE", (2, 64))
+        monkeypatch.setattr(plans, "FORCE_TILE", (2, 64))
     base = torch.randn(12, 10, device=DEVICE)
     params = [
         torch.nn.Parameter(base.t()),
@@ -239,10 +240,10 @@ def test_gradients_at_new_addresses_every_step_give_the_bits_of_fixed_ones(op, m
         return [p.detach().clone() for p in ps] + [t.clone() for t in state]
 
     fixed = run(moving=False)
-    builds, moved = launcher.stats["builds"], launcher.stats["moved"]
-    launcher.clear_cache()
+    builds, moved = plans.stats["builds"], plans.stats["moved"]
+    plans.clear_cache()
     moving = run(moving=True)
-    assert launcher.stats["moved"] - moved >= 3 and launcher.stats["builds"] - builds <= 2
+    assert plans.stats["moved"] - moved >= 3 and plans.stats["builds"] - builds <= 2
     for a, b in zip(moving, fixed):
         assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
@@ -255,7 +256,7 @@ def test_batched_gradients_at_new_addresses_give_the_bits_of_fixed_ones(op, monk
     from fedopt_kernels.core.ops import OPS
 
     if INTERPRETED:
-        monkeypatch.setattr(launcher, "FORCE_TILE", (1, 64))
+        monkeypatch.setattr(plans, "FORCE_TILE", (1, 64))
     spec = OPS[f"{op}_batched"]
     moving_lists = [1] + [2 + j for j, r in enumerate(spec.optional) if r.name == "anchor_grad"]
     args = _batched_args(op, BATCHED_SHAPES, 3, amp=False)
@@ -276,9 +277,9 @@ def test_batched_gradients_at_new_addresses_give_the_bits_of_fixed_ones(op, monk
         return [t for lst in lists for t in lst] + [rest[3]]
 
     fixed = run(moving=False)
-    moved = launcher.stats["moved"]
+    moved = plans.stats["moved"]
     moving = run(moving=True)
-    assert launcher.stats["moved"] - moved >= 3
+    assert plans.stats["moved"] - moved >= 3
     for a, b in zip(moving, fixed):
         assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
@@ -290,8 +291,8 @@ def test_batched_gradients_at_new_addresses_give_the_bits_of_fixed_ones(op, monk
 def test_one_chunk_per_program_path_matches_reference(op, dtype, monkeypatch):
     """ROWS == 1 is what runs on a GPU: full chunks take the unmasked branch, tails the masked
     one, norm programs loop over several chunks (few norm programs)."""
-    monkeypatch.setattr(launcher, "FORCE_TILE", (1, 64))
-    monkeypatch.setattr(launcher, "MAX_NORM_PROGRAMS", 3)
+    monkeypatch.setattr(plans, "FORCE_TILE", (1, 64))
+    monkeypatch.setattr(plans, "MAX_NORM_PROGRAMS", 3)
     params = _params([(64,), (65,), (1,), (0,), (5, 13), (130,), (3, 70)], dtype)
     want = _run(BUILDERS[op], params, "reference")
     got = _run(BUILDERS[op], params, "triton")
@@ -303,7 +304,7 @@ def test_one_chunk_per_program_path_matches_reference(op, dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_compiled_only_branches_match_reference(dtype, monkeypatch):
     """The compiled kernels' 32-bit per-neuron row arithmetic, run under the interpreter."""
-    monkeypatch.setattr(launcher, "FORCE_TILE", (1, 32))
+    monkeypatch.setattr(plans, "FORCE_TILE", (1, 32))
     monkeypatch.setattr(tiles, "INTERPRETED", tl.constexpr(False))
     params = _params([(7, 9), (40, 3), (33,), (2, 2, 17)], dtype)
     want = _run(_sgd, params, "reference", steps=2)
@@ -315,13 +316,13 @@ def test_compiled_only_branches_match_reference(dtype, monkeypatch):
 @pytest.mark.parametrize("op", sorted(BUILDERS))
 def test_bitwise_deterministic_across_runs_and_plan_rebuilds(op, monkeypatch):
     if INTERPRETED:  # several norm programs and slots, so the fixed-order reduction is exercised
-        monkeypatch.setattr(launcher, "FORCE_TILE", (2, 64))
-        monkeypatch.setattr(launcher, "MAX_NORM_PROGRAMS", 4)
+        monkeypatch.setattr(plans, "FORCE_TILE", (2, 64))
+        monkeypatch.setattr(plans, "MAX_NORM_PROGRAMS", 4)
     params = _params([(300,), (17, 5), (1,), (129,), (64, 8)], torch.float32, seed=3) + _params(
         [(200,)], torch.bfloat16, seed=4
     )
     first = _run(BUILDERS[op], params, "triton")
-    launcher.clear_cache()
+    plans.clear_cache()
     second = _run(BUILDERS[op], params, "triton")
     for a, b in zip(first, second):
         assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
@@ -409,7 +410,7 @@ def test_batched_one_chunk_per_program_path_matches_reference(op, monkeypatch):
     """The compiled kernels' 1-D path for the batched ops (float32; the dtype helpers are the
     per-client ones): client slices off 16-byte alignment ((65,): client 1) go to launches
     without the 128-bit promise; two steps, so FRESH applies to client 0's first one only."""
-    monkeypatch.setattr(launcher, "FORCE_TILE", (1, 64))
+    monkeypatch.setattr(plans, "FORCE_TILE", (1, 64))
     args = _batched_args(op, BATCHED_SHAPES, 3)
     want = _run_batched(op, args, "reference")
     got = _run_batched(op, args, "triton")
@@ -431,11 +432,11 @@ def test_batched_found_inf_skips_every_client(op):
 @pytest.mark.parametrize("op", sorted(BUILDERS))
 def test_batched_bitwise_deterministic_across_runs_and_plan_rebuilds(op, monkeypatch):
     if INTERPRETED:  # several chunks per tile and per client, two launches (dtypes) in each client's norm
-        monkeypatch.setattr(launcher, "FORCE_TILE", (2, 64))
+        monkeypatch.setattr(plans, "FORCE_TILE", (2, 64))
     shapes = [(130,), (17, 5), (1,), (64, 3)]
     args = _batched_args(op, shapes, 3, [torch.float32] * 3 + [torch.bfloat16], seed=3)
     first = _run_batched(op, args, "triton", steps=1)
-    launcher.clear_cache()
+    plans.clear_cache()
     second = _run_batched(op, args, "triton", steps=1)
     for a, b in zip(first, second):
         assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
@@ -503,8 +504,8 @@ def test_loop_bounds_need_no_lenient_scalar_conversion(op, tile, monkeypatch):
     """Every loop of the norm kernels (per-client norm programs over several tiles, the batched
     finalize over launches, slots and hp rows, the slot sums) with runtime bounds."""
     _strict_index(monkeypatch)
-    monkeypatch.setattr(launcher, "FORCE_TILE", tile)
-    monkeypatch.setattr(launcher, "MAX_NORM_PROGRAMS", 3)
+    monkeypatch.setattr(plans, "FORCE_TILE", tile)
+    monkeypatch.setattr(plans, "MAX_NORM_PROGRAMS", 3)
     params = _params([(64,), (65,), (1,), (5, 13), (130,)])
     _assert_close(_run(BUILDERS[op], params, "triton"), _run(BUILDERS[op], params, "reference"), torch.float32)
     args = _batched_args(op, BATCHED_SHAPES, 3)
@@ -621,16 +622,16 @@ def test_tables_come_from_a_pool_of_the_plans_own_device(monkeypatch, failure):
     fake = _FakeCuda(fail_make=failure == "make", fail_enter=failure == "enter")
     for name in ("MemPool", "device", "use_mem_pool"):
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
-    monkeypatch.setattr(launcher, "_POOLS", {})
-    with launcher._table_pool(torch.device("cuda", 1)):
+    monkeypatch.setattr(plans, "_POOLS", {})
+    with plans._table_pool(torch.device("cuda", 1)):
         pass
     with pytest.raises(ValueError):
-        with launcher._table_pool(torch.device("cuda", 1)):
+        with plans._table_pool(torch.device("cuda", 1)):
             raise ValueError("a failing build")
     if failure is None:
         assert fake.events == [("enter", 1), ("exit", 1)] * 2 and fake.current == 0
     else:
-        assert fake.events == [] and launcher._POOLS[1] is None
+        assert fake.events == [] and plans._POOLS[1] is None
 
 
 # ---------------------------------------------------------------- bound launches
@@ -685,15 +686,15 @@ def test_a_bound_launch_passes_what_the_first_launch_passed(op, monkeypatch):
     path again. (Interpreted launches return no compiled kernel: stand-ins here.)"""
     import triton
 
-    from fedopt_kernels.triton_kernels import sgd, two_pass
+    from fedopt_kernels.triton_kernels import sgd, two_pass_kernels
 
     log: list = []
     kernels = {}
     for mod, name in [
         (sgd, "sgd_kernel"),
-        (two_pass, "norm_kernel"),
-        (two_pass, "update_kernel"),
-        (two_pass, "advance_kernel"),
+        (two_pass_kernels, "norm_kernel"),
+        (two_pass_kernels, "update_kernel"),
+        (two_pass_kernels, "advance_kernel"),
     ]:
         kernels[name] = _KernelStandIn(getattr(mod, name), name, log)
         monkeypatch.setattr(mod, name, kernels[name])

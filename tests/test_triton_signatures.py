@@ -28,14 +28,14 @@ STRUCTURAL = re.compile(
 
 
 def _kernels():
-    from fedopt_kernels.triton_kernels import sgd, two_pass
+    from fedopt_kernels.triton_kernels import sgd, two_pass_kernels
 
     return [
         sgd.sgd_kernel,
-        two_pass.norm_kernel,
-        two_pass.update_kernel,
-        two_pass.finalize_kernel,
-        two_pass.advance_kernel,
+        two_pass_kernels.norm_kernel,
+        two_pass_kernels.update_kernel,
+        two_pass_kernels.finalize_kernel,
+        two_pass_kernels.advance_kernel,
     ]
 
 

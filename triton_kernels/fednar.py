@@ -1,5 +1,5 @@
 """Op "fednar" (FedNAR, docs/algorithms.md): the per-element math and the per-row-group factor; the two passes
-that run them are ``two_pass.py``'s.
+that run them are ``two_pass_kernels.py``'s.
 
     d    = g * inv_scale (+ wd * x) (+ corr) (+ prox_mu * (x - x0))     recomputed in both passes
     pass 1:  squares of d (float64)

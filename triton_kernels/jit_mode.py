@@ -9,7 +9,7 @@ Things the interpreter does differently, and how the kernels cope:
 * plain Python floats are passed through untyped (the ``tl.float32`` annotation only types the
   compiled argument): every hyperparameter is only ever combined with float32 tensors (or, for
   ``lr * s(j)``, with the float64 schedule value), where both modes promote the same way;
-* each program runs as Python over numpy lanes: few, wide programs (``launcher.pick_tile``);
+* each program runs as Python over numpy lanes: few, wide programs (``plans.pick_tile``);
 * 32-bit integer ops are overflow-checked (slow): wide integer math stays 64-bit there;
 * a runtime scalar (an argument, ``program_id``) is a one-element 1-d numpy array, which ``range``
   turns into an int through the interpreter's ``__index__``; Triton 3.6's (what torch 2.10 and 2.11

@@ -1,5 +1,5 @@
 """Op "padamfed" (PAdaMFed client step, docs/algorithms.md): the per-element math and the per-row-group factor;
-the two passes that run them are ``two_pass.py``'s.
+the two passes that run them are ``two_pass_kernels.py``'s.
 
     G = g * inv_scale ;  v = beta * G + D       (variance reduction: v = (G + D) - (1 - beta) * H)
     pass 1:  acc += G ; squares of v (float64)

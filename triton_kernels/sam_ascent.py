@@ -1,5 +1,5 @@
 """Op "sam_ascent" (FedSAM's ascent, docs/algorithms.md): the per-element math and the per-row-group factor;
-the two passes that run them are ``two_pass.py``'s.
+the two passes that run them are ``two_pass_kernels.py``'s.
 
     g' = g * inv_scale ;  w = |x| + eta (adaptive) or 1 ;  d = w * g'
     pass 1:  squares of d (float64)

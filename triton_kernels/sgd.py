@@ -25,8 +25,9 @@ import triton
 import triton.language as tl
 
 from .jit_mode import device_fn
-from .launcher import Launch, launch_bound, launch_options, spec_columns, spec_roles, spec_slots
 from .launcher import launch as run_launch
+from .launcher import launch_bound, launch_options, spec_columns, spec_roles, spec_slots
+from .plans import Launch
 from .tiles import (
     add_terms,
     chunk_of,

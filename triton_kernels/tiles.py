@@ -1,6 +1,6 @@
 """Device-side addressing shared by every kernel: where a program's elements are, and how to load them.
 
-A program covers a *tile*: ``ROWS`` chunks of ``BLOCK`` elements (see ``launcher.py``). With
+A program covers a *tile*: ``ROWS`` chunks of ``BLOCK`` elements (see ``plans.py``). With
 ``ROWS == 1`` (compiled) everything is 1-D and scalar per program: ``t`` (tensor index) and
 ``start`` are scalars, ``col = arange(BLOCK)``. With ``ROWS > 1`` (interpreter) ``t`` and
 ``start`` are ``[ROWS, 1]`` and ``col`` is ``[1, BLOCK]``; the same helpers serve both shapes.
@@ -42,7 +42,7 @@ def role_ptr(
     """Typed pointer to the first element of role ``ROLE`` of tensor ``t``."""
     ptr = tl.load(meta_ptr + t * NR + ROLE).to(tl.pointer_type(DTYPE))
     if ROWS == 1 and ALIGNED:
-        # the launcher stages (or, for client slices, launches apart) every tensor whose address
+        # the plan stages (or, for client slices, launches apart) every tensor whose address
         # is not 16-byte aligned: this promise is what lets the compiler emit 128-bit accesses on
         # the unmasked path
         ptr = tl.multiple_of(ptr, 16)
@@ -151,7 +151,7 @@ def tile_rows(
 def row_index(meta_ptr, t, start, col, NR: tl.constexpr):
     """Rows (first-dim index) of elements ``start + col`` of tensor ``t``, for per-neuron scales,
     as (64-bit base, offsets): one 64-bit division per program, then 32-bit divisions per
-    element (rows < 2**31 elements, checked by the launcher)."""
+    element (rows < 2**31 elements, checked when the plan is built)."""
     rowlen = tl.load(meta_ptr + t * NR + (NR - 1))
     if INTERPRETED:
         # 64-bit lanes: the interpreter checks every 32-bit op for overflow (slow on big tiles)

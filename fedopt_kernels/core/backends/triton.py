@@ -3,8 +3,8 @@
 Runs on CUDA tensors; on CPU tensors only under ``TRITON_INTERPRET=1`` (the Triton interpreter,
 which is how the tests check the kernels on machines without a GPU). The kernels live in
 ``triton_kernels/`` (installed as ``fedopt_kernels.triton_kernels``); this module turns an op's
-arguments into per-row-group role lists, asks the launcher for the plan (pointer tables, chunk maps)
-and launches on the tensors' device (``launcher.device_guard``). Nothing here reads a device value
+arguments into per-row-group role lists, asks ``plans`` for the launch plan (pointer tables, chunk
+maps) and launches on the tensors' device (``launcher.device_guard``). Nothing here reads a device value
 back to the host.
 
 With a ``cache`` from the optimizer, the plan is reused without re-reading every tensor's address:
@@ -13,7 +13,7 @@ Gradients at new addresses with the same layout get the cached plan with their p
 column rewritten (``LaunchPlan.moved``), not a plan built from scratch.
 
 The client-batched ops (``<op>_batched``) run the same kernels over client slices of stacked
-tensors (``launcher.get_batched_plan``; design in ``docs/triton_batched.md``).
+tensors (``plans.get_batched_plan``; design in ``docs/triton_batched.md``).
 """
 
 from __future__ import annotations
@@ -68,10 +68,12 @@ def _import_kernels():
 
 _import_kernels()
 from fedopt_kernels.triton_kernels import launcher as _launcher  # noqa: E402
+from fedopt_kernels.triton_kernels import plans as _plans  # noqa: E402
 from fedopt_kernels.triton_kernels import two_pass as _two_pass  # noqa: E402
+from fedopt_kernels.triton_kernels.jit_mode import interpreted as _interpreted  # noqa: E402
 
 # Whether the kernels above were created by the interpreter (decided when they were decorated).
-_INTERPRETED = _launcher.interpreted()
+_INTERPRETED = _interpreted()
 
 
 def _device_check(device: torch.device) -> Optional[str]:
@@ -198,7 +200,7 @@ def _refuse_new_tables(device: torch.device) -> None:
         )
 
 
-def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
+def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _plans.LaunchPlan:
     spec = a.spec
     names, written, scale_role, per_step, moving = _op_roles(spec.name)
     ptrs = _per_step_ptrs(a, per_step, cache.get("grad_set")) if cache is not None else None
@@ -208,10 +210,10 @@ def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
         known = cache["by_ptrs"]
         plan = known.get(ptrs)
         if plan is None and cache["layout"] == _per_step_layout(a, per_step):
-            # moved gradients: the cached plan with their table columns rewritten (launcher.LaunchPlan.moved)
+            # moved gradients: the cached plan with their table columns rewritten (plans.LaunchPlan.moved)
             _refuse_new_tables(a.device)
             plan = cache["plan"].moved(_roles(a)[0], moving)
-            _launcher.stats["moved"] += 1
+            _plans.stats["moved"] += 1
         if plan is not None:
             known[ptrs] = plan
             known.move_to_end(ptrs)
@@ -226,11 +228,11 @@ def _plan(a: OpArgs, cache: Optional[Dict[str, Any]]) -> _launcher.LaunchPlan:
                 _launcher.tl_dtype(t, role)
     if spec.batched:
         fresh = [bool(a.present[b] & FRESH) for b in rows]
-        plan = _launcher.get_batched_plan(
+        plan = _plans.get_batched_plan(
             spec.name, roles, rows, fresh, a.hp.shape[1], a.hp.shape[0], names, written, a.device, spec.norm, scale_role
         )
     else:
-        plan = _launcher.get_plan(spec.name, roles, rows, names, written, a.device, spec.norm, scale_role)
+        plan = _plans.get_plan(spec.name, roles, rows, names, written, a.device, spec.norm, scale_role)
     if cache is not None:
         cache["plan"], cache["ptrs"] = plan, ptrs
         cache["by_ptrs"] = OrderedDict([(ptrs, plan)])
