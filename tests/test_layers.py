@@ -56,6 +56,17 @@ def test_no_module_of_the_package_is_over_700_lines():
     assert long_modules(sorted(PKG.rglob("*.py"))) == []
 
 
+# the Triton sources (installed as fedopt_kernels.triton_kernels) and the benchmark suite, outside PKG
+OTHER_MODULE_FOLDERS = ("triton_kernels", "bench")
+
+
+def test_no_module_of_the_triton_kernels_or_the_benchmarks_is_over_700_lines():
+    paths = sorted(p for folder in OTHER_MODULE_FOLDERS for p in (ROOT / folder).rglob("*.py"))
+    read = {p.relative_to(ROOT).as_posix() for p in paths}
+    assert {"triton_kernels/launcher.py", "bench/host.py", "bench/clients/run.py"} <= read  # the folders were found
+    assert long_modules(paths) == []
+
+
 def test_the_module_length_check_can_fail(tmp_path):
     path = tmp_path / "long.py"
     path.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
