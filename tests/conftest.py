@@ -14,6 +14,10 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Ray (Flower's simulation engine) warns that it will stop overriding CUDA_VISIBLE_DEVICES for
+# actors that ask for no GPU; the tests opt into that behaviour now rather than hear the warning
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
 
 def _cores() -> int:
     try:

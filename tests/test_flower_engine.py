@@ -88,18 +88,14 @@ def suite(tmp_path_factory):
     # SuperLink process: one Ray start for all strategies. Ray gives its raylet a fixed 30 s to come
     # up, which a loaded 2-core machine can miss: the engine then fails to start (RuntimeError), and
     # one retry is allowed for that; errors of the apps themselves are raised as they are.
-    # Ray's opt-in to its future default (no FutureWarning): with no GPU asked for, it leaves
-    # CUDA_VISIBLE_DEVICES as it is
     for attempt in (1, 2):
         try:
-            with pytest.MonkeyPatch.context() as env:
-                env.setenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-                run_simulation(
-                    server_app(config),
-                    client_app(config),
-                    num_supernodes=5,
-                    backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}},
-                )
+            run_simulation(
+                server_app(config),
+                client_app(config),
+                num_supernodes=5,
+                backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}},
+            )
             break
         except RuntimeError as exc:
             if attempt == 2 or out.exists():

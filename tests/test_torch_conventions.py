@@ -514,7 +514,9 @@ def test_global_hooks_and_the_profilers_range(case):
     opt.register_step_post_hook(lambda o, a, k: calls.append("own_post"))
     try:
         case.start_round(opt, 0)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        # acc_events: one cycle either way; without it torch 2.10's profiler warns that it would clear
+        # the events of earlier cycles
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], acc_events=True) as prof:
             case.step(opt, params, 0)
     finally:
         for h in handles:
