@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedopt_kernels.sim.batched.layers import FORMULATIONS
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -103,7 +105,7 @@ def test_smoke_run_writes_valid_files(tmp_path, capsys):
     parts = {(r["model"], r["clients"], r["part"]) for r in rows if "part" in r}
     assert ("small-cnn", 4, "grad vmap") in parts and ("char-lstm", 4, "update fused") in parts
     layers = [r for r in rows if "layer" in r]
-    assert {r["formulation"] for r in layers if r["layer"] == "lstm"} == {"bmm", "bmm-fused", "loop"}
+    assert {r["formulation"] for r in layers if r["layer"] == "lstm"} == set(FORMULATIONS["LSTM"])
     # every parameterised layer is timed, the convolutions of a grouped run included
     assert {r["layer"] for r in layers if r["model"] == "small-cnn"} == {"features.0", "features.2", "head"}
     names = {(r["model"], r["layer"]) for r in layers}

@@ -23,6 +23,7 @@ from fedopt_kernels.sim.batched.layer_types import client_layer
 from fedopt_kernels.sim.batched.layers import FORMULATIONS, Clients
 from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 from fedopt_kernels.sim.batched.lstm_cell import _LSTMCell
+from fedopt_kernels.sim.batched.lstm_sequence import _LSTMSequence
 
 ROUNDING_RTOL = 1e6 * torch.finfo(torch.float64).eps
 C, B = 3, 2
@@ -216,6 +217,8 @@ def _perturbed(backward, index):
         (_Im2colConv, 2, "conv", "im2col"),  # the bias's
         (_LSTMCell, 0, "lstm-2-layers", "bmm-fused"),  # the gates'
         (_LSTMCell, 1, "lstm-no-bias", "bmm-fused"),  # the previous cell state's
+        (_LSTMSequence, 0, "lstm-2-layers", "bmm-sequence"),  # every step's gates'
+        (_LSTMSequence, 1, "lstm-no-bias", "bmm-sequence"),  # the recurrent weight's
     ],
 )
 def test_a_wrong_written_out_backward_is_caught(monkeypatch, fn, index, name, form):

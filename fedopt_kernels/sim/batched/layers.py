@@ -33,6 +33,9 @@ LSTM           ``bmm``             the recurrence written out: per time step one
                ``bmm-fused``       the same matmul per step, then the cell's pointwise part
                                    as one autograd node with a written-out backward
                                    (``lstm_cell.py``)
+               ``bmm-sequence``    the same forward; the whole sequence one autograd node
+                                   whose backward forms ``W_hh``'s gradient in one batched
+                                   matmul over all steps (``lstm_sequence.py``)
                ``loop``            the fused LSTM kernel once per client
 GroupNorm,     (one)               normalise every sample (statistics are per sample), then
 LayerNorm                          each client's affine
@@ -68,7 +71,7 @@ ORDERS = ("client", "batch")
 FORMULATIONS: Dict[str, Tuple[str, ...]] = {
     "Conv2d": ("grouped", "grouped-nhwc", "loop", "loop-nhwc", "im2col"),
     "Linear": ("bmm", "loop"),
-    "LSTM": ("bmm", "loop", "bmm-fused"),
+    "LSTM": ("bmm", "loop", "bmm-fused", "bmm-sequence"),
     "GroupNorm": ("one",),
     "LayerNorm": ("one",),
     "Embedding": ("one",),

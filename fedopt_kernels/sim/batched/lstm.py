@@ -1,11 +1,13 @@
 """The client layer of ``nn.LSTM``: its formulations (``layers.py``'s table).
 
-``loop`` runs torch's fused LSTM kernel once per client with that client's weights. ``bmm`` and
-``bmm-fused`` write torch's equations out for all clients at once: per layer one batched matmul
-computes every time step's input part of the gates ``x_t W_ih^T + b_ih + b_hh``; per time step one
-batched matmul adds ``h_{t-1} W_hh^T``, then the cell computes ``c_t`` and ``h_t``, as autograd's
-recording of the pointwise operations (``bmm``) or as one autograd node with a written-out
-backward (``bmm-fused``, ``lstm_cell.py``).
+``loop`` runs torch's fused LSTM kernel once per client with that client's weights. ``bmm``,
+``bmm-fused`` and ``bmm-sequence`` write torch's equations out for all clients at once: per layer
+one batched matmul computes every time step's input part of the gates ``x_t W_ih^T + b_ih + b_hh``;
+per time step one batched matmul adds ``h_{t-1} W_hh^T``, then the cell computes ``c_t`` and
+``h_t``, as autograd's recording of the pointwise operations (``bmm``), as one autograd node per
+step with a written-out backward (``bmm-fused``, ``lstm_cell.py``), or as one node for the whole
+sequence whose backward forms ``W_hh``'s gradient in one batched matmul over all steps
+(``bmm-sequence``, ``lstm_sequence.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch.func import functional_call
 
 from .layers import ClientLayer, stack_merge
 from .lstm_cell import lstm_cell
+from .lstm_sequence import lstm_sequence
 
 
 class ClientLSTM(ClientLayer):
@@ -53,11 +56,12 @@ class ClientLSTM(ClientLayer):
                 hs.append(h)
                 cs.append(cell)
             return stack_merge(ctx, outs), (stack_merge(ctx, hs, 1), stack_merge(ctx, cs, 1))
-        return self._recurrence(ctx.split(x), fused=self.last_formulation == "bmm-fused")
+        return self._recurrence(ctx.split(x), self.last_formulation)
 
-    def _recurrence(self, seq: torch.Tensor, fused: bool):
+    def _recurrence(self, seq: torch.Tensor, form: str):
         """``seq`` [C, B, T, I]: torch's LSTM equations (gates i, f, g, o), all clients per matmul; the
-        cell's pointwise part ``lstm_cell`` (one autograd node) if ``fused``, else written out."""
+        cell's pointwise part written out (``bmm``), one autograd node per step (``bmm-fused``) or the
+        whole sequence one node (``bmm-sequence``)."""
         ctx, H = self.ctx, self.hidden
         C, B, T = seq.shape[:3]
         h_last: List[torch.Tensor] = []
@@ -70,6 +74,11 @@ class ClientLSTM(ClientLayer):
                 gi = torch.baddbmm(bias, flat, w_ih.transpose(1, 2))
             else:
                 gi = torch.bmm(flat, w_ih.transpose(1, 2))
+            if form == "bmm-sequence":
+                seq, h, cell = lstm_sequence(gi.view(C, B, T, 4 * H), w_hh.transpose(1, 2))
+                h_last.append(h)
+                c_last.append(cell)
+                continue
             # unbind: one autograd node whose backward stacks the T step gradients (indexing gi[:, :, t]
             # would give each step's gradient as a zero-filled tensor of gi's full size, T of them)
             gis = gi.view(C, B, T, 4 * H).unbind(2)
@@ -78,7 +87,7 @@ class ClientLSTM(ClientLayer):
             cell = seq.new_zeros(C, B, H)
             outs = []
             for t in range(T):
-                if fused:
+                if form == "bmm-fused":
                     # at t = 0 the state is zero: the gates are the input's part alone
                     h, cell = lstm_cell(gis[t] if t == 0 else torch.baddbmm(gis[t], h, w_hh_t), cell)
                     outs.append(h)
