@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 from bench import loop as bench_loop  # noqa: E402
 from bench import profile as bench_profile  # noqa: E402
 from bench.timing import rotated  # noqa: E402
+from fedopt_kernels.fl import catalogue  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     "cpu" not in bench_loop.fused_backends(torch.device("cpu")), reason="the cpu backend is not built here"
@@ -275,18 +276,29 @@ def test_a_stopped_loop_keeps_the_models_it_timed(tmp_path, monkeypatch):
     assert "(**interrupted**)" in next(tmp_path.glob("loop-*.md")).read_text()
 
 
-def test_host_cost_runs_and_a_replayed_step_reads_no_tensor_per_parameter(capsys):
-    """``python -m bench host`` on this machine: a replayed step's tensor accesses from Python do not
-    grow with the tensor count (where the compiled GradWatch is built)."""
+@pytest.mark.parametrize("algo", list(catalogue.ALGOS))
+def test_host_cost_runs_and_a_replayed_step_reads_no_tensor_per_parameter(algo):
+    """``python -m bench host``'s replayed step of every algorithm (FedSAM: its two steps): its tensor
+    accesses and Python calls do not grow with the tensor count (where the compiled GradWatch is built)."""
     from bench import host
     from fedopt_kernels.core import grad_watch
 
     if grad_watch._native_module() is None:
         pytest.skip("no compiled extension with GradWatch here")
-    small, large = host.replayed_step("FedNAR", 6, 5), host.replayed_step("FedNAR", 62, 5)
+    small, large = host.replayed_step(algo, 6, 5), host.replayed_step(algo, 62, 5)
     assert small["tensor_accesses"] == large["tensor_accesses"] and small["python_calls"] == large["python_calls"]
-    assert host.main(["--what", "replay", "--tensors", "3", "--reps", "2"]) == 0
-    assert "replayed step" in capsys.readouterr().out
+
+
+def test_host_cost_command_runs(capsys):
+    """The command on this machine: both measurements, a closure step's (FedSAM) and another's, and a
+    name not in the catalogue refused."""
+    from bench import host
+
+    assert host.main(["--tensors", "3", "--reps", "2", "--algos", "fedsam", "fednar"]) == 0
+    out = capsys.readouterr().out
+    assert "FedSAM" in out and "FedNAR" in out and "replayed step" in out and "eager triton step" in out
+    with pytest.raises(SystemExit):
+        host.main(["--algos", "sgd"])
 
 
 def test_a_graphed_row_replays_the_iteration_it_captured(monkeypatch):
