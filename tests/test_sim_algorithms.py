@@ -204,10 +204,22 @@ def test_fednar_matches_hand(algorithm):
 def test_fednar_sees_global_round_index():
     """A client that sits out rounds must still anneal by the global round index t."""
     cfg = tiny_config("fednar", rounds=4, clients_per_round=1, weight_decay=0.1, round_decay=0.5)
-    sim = run_sim(cfg)
-    for cid, opt in sim.strategy.opts._opts.items():
-        last = max(r["round"] for r in sim.history if cid in r["clients"]) - 1
-        assert opt.round_index == last
+    sim = Simulation(cfg, data=tiny_data(), model_fn=lambda: nn.Linear(3, 2))
+    seen = []
+    begin = sim.strategy.opts.begin
+
+    def recording(cid, client, t, **inputs):
+        opt = begin(cid, client, t, **inputs)
+        seen.append((cid, t, opt.round_index))
+        return opt
+
+    sim.strategy.opts.begin = recording
+    for t in range(cfg.rounds):
+        sim.run_round(t)
+    assert [t for _, t, _ in seen] == list(range(cfg.rounds))
+    assert all(index == t for _, t, index in seen)
+    sat_out = [t for cid, t, _ in seen if t > 0 and all(c != cid for c, u, _ in seen if u < t)]
+    assert sat_out, "some client must first train after round 1 (the case this test is for)"
 
 
 # ---------------------------------------------------------------- PAdaMFed

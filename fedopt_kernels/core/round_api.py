@@ -32,7 +32,12 @@ class RoundAPI(PlanGather):
 
     @torch.no_grad()
     def start_round(
-        self, *, reset_state: bool = True, correction: Optional[Sequence[torch.Tensor]] = None, **inputs: Any
+        self,
+        *,
+        reset_state: bool = True,
+        correction: Optional[Sequence[torch.Tensor]] = None,
+        round_index: Optional[int] = None,
+        **inputs: Any,
     ) -> None:
         """Begin local training on a freshly received global model (docs/algorithms.md).
 
@@ -40,7 +45,13 @@ class RoundAPI(PlanGather):
         unless ``reset_state=False``, snapshots the FedProx anchor ``x0`` for groups with
         ``prox_mu > 0``, and stores the SCAFFOLD ``correction`` (``c - c_i``, one tensor per
         parameter in param-group order) that is added to every gradient of the round.
+        ``round_index``: the index t of the round this one is (default: the one after the last);
+        one optimizer can then train client after client, each at the global round.
         """
+        if round_index is not None and (
+            isinstance(round_index, bool) or not isinstance(round_index, int) or round_index < 0
+        ):
+            raise ValueError(f"round_index must be an integer >= 0, got {round_index!r}")
         params = self._params_flat
         if correction is not None:
             if not self._accepts_correction:
@@ -50,7 +61,7 @@ class RoundAPI(PlanGather):
         self._check_graph_round()
         # everything validated: from here on nothing raises
         self._retire_graph()
-        self._t += 1
+        self._t = self._t + 1 if round_index is None else round_index
         self._k_host = 0
         self._host_steps = 0
         if self._k_dev is not None:

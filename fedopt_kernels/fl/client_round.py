@@ -1,11 +1,11 @@
 """The client side of a round, shared by the simulator and the Flower clients: which optimizer a
 client trains with, how its round starts, and how a model is scored.
 
-Each client keeps ONE optimizer for the whole simulation (``ClientOptimizers``): the package's
-optimizers count rounds through ``start_round`` and FedNAR anneals its lr by that count, so a client
-that sat out some rounds is first advanced to the global round index (``advance_to_round``). All
-client optimizers act on the same model object, whose parameters the simulation overwrites with the
-global model before each client trains.
+ONE optimizer trains every client of a process in turn (``ClientOptimizers``), on the one model
+object whose parameters the simulation overwrites with the global model before each client trains:
+``start_round`` clears what a round keeps (momentum, anchors, controls) and takes the global round
+index (FedNAR anneals its lr by it), so what a client's optimizer holds never depends on the
+clients before it, and the population costs no optimizer state.
 """
 
 from __future__ import annotations
@@ -23,11 +23,7 @@ Optimizer = torch.optim.Optimizer
 
 def advance_to_round(opt: Any, t: int, **round_inputs: Any) -> None:
     """Call ``start_round`` so that the round it starts has index ``t`` (the global round)."""
-    if opt.round_index >= t:
-        raise RuntimeError(f"client optimizer is already at round {opt.round_index}, cannot start round {t}")
-    while opt.round_index < t - 1:  # rounds this client sat out
-        opt.start_round()
-    opt.start_round(**round_inputs)
+    opt.start_round(round_index=t, **round_inputs)
 
 
 class ClientOptimizers:
@@ -37,13 +33,13 @@ class ClientOptimizers:
     def __init__(self, cfg: FLConfig, hp: Dict[str, Any], model: nn.Module, backend: str):
         self.cfg, self.hp, self.model, self.backend = cfg, hp, model, backend
         self.algo, self.variant = cfg.algo, cfg.variant
-        self._opts: Dict[int, Optimizer] = {}
+        self._opt: Optional[Optimizer] = None
 
     def get(self, cid: int) -> Optimizer:
-        opt = self._opts.get(cid)
-        if opt is None:
-            opt = self._opts[cid] = self._build()
-        return opt
+        """The optimizer client ``cid`` trains with: the one every client shares (module docstring)."""
+        if self._opt is None:
+            self._opt = self._build()
+        return self._opt
 
     def _build(self) -> Optimizer:
         return self.build_on(list(self.model.parameters()))

@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .fold import Expected, Fold
+
 Tensors = List[torch.Tensor]
 
 __all__ = [
@@ -69,25 +71,17 @@ def weighted_average_step(
 
     ``delta_i = y_i - x`` is client i's model minus the global one and ``w_i`` its weight (its
     number of training samples). With the matching client optimizer this is the server of FedAvg,
-    FedSGD, FedDecay, FedProx, FedNLR, FedNAR and of SCAFFOLD's model update.
+    FedSGD, FedDecay, FedProx, FedNLR, FedNAR and of SCAFFOLD's model update. The list form of
+    ``ServerRule``'s fold (``fold.py``): the same operations, in the same order.
     """
     check_updates("deltas", deltas, x)
     if len(weights) != len(deltas):
         raise ValueError(f"weights has {len(weights)} entries for {len(deltas)} deltas")
-    if any(not math.isfinite(w) or w <= 0 for w in weights):
-        raise ValueError(f"weights must be finite and > 0, got {list(weights)}")
-    total = sum(weights)
-    if not math.isfinite(total):  # finite weights whose sum overflows: normalise by the largest first
-        top = max(weights)
-        weights = [w / top for w in weights]
-        total = sum(weights)
-    out = []
-    for j, xj in enumerate(x):
-        avg = torch.zeros_like(xj)
-        for d, w in zip(deltas, weights, strict=True):
-            avg.add_(d[j], alpha=w / total)
-        out.append(xj.clone().add_(avg, alpha=server_lr))
-    return out
+    hp = {"server_lr": server_lr}
+    fold = RULES["avg"].begin(list(x), {}, hp, len(deltas), 1, Expected.of(weights))
+    for d, w in zip(deltas, weights, strict=True):
+        fold.add(d, w)
+    return fold.finish()["x"]
 
 
 @torch.no_grad()
@@ -117,16 +111,21 @@ def scaffold_control_step(
     """SCAFFOLD's server control: ``c + sum_{i in S} (ci' - ci) / N`` with N all training clients.
 
     Dividing by N (not by the S sampled clients) keeps ``c`` the mean of every client's control
-    under partial participation (clients that never trained count with ``ci = 0``).
+    under partial participation (clients that never trained count with ``ci = 0``). The sum is
+    formed first, then added to ``c`` (as ``ScaffoldRule``'s fold does).
     """
     check_updates("dcs", dcs, c)
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    out = [cj.clone() for cj in c]
+    total = [torch.zeros_like(cj) for cj in c]
     for dc in dcs:
-        for cj, d in zip(out, dc, strict=True):
-            cj.add_(d, alpha=1.0 / num_clients)
-    return out
+        for s, d in zip(total, dc, strict=True):
+            s.add_(d, alpha=1.0 / num_clients)
+    return _plus(c, total)
+
+
+def _plus(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
+    return [x.clone().add_(y) for x, y in zip(a, b, strict=True)]
 
 
 # ---------------------------------------------------------------------------------------------- the rules
@@ -145,8 +144,15 @@ class ServerRule:
         return {key: [torch.zeros_like(v) for v in x] for key in self.state}
 
     def initial_state(self, controls: Sequence[Tensors], num_clients: int) -> Dict[str, Tensors]:
-        """With ``init_controls``: the server state from the clients' first controls."""
-        raise NotImplementedError
+        """With ``init_controls``: the server state from a list of the clients' first controls (the
+        list form of ``initial_fold``)."""
+        if len(controls) == 0:
+            raise ValueError("controls is empty: the initial round needs at least one client")
+        check_updates("controls", controls, controls[0])
+        fold = self.initial_fold(list(controls[0]), num_clients)
+        for ci in controls:
+            fold.add(ci)
+        return fold.finish()
 
     # ------------------------------------------------------------------ client side
     def client_inputs(self, got: Mapping[str, Tensors], kept: Optional[Tensors], x: Tensors) -> Dict[str, Any]:
@@ -168,7 +174,30 @@ class ServerRule:
         """After local training: the client's new kept tensors (None: nothing kept) and its reply tensors."""
         return None, {}
 
-    # ------------------------------------------------------------------ server side
+    # ------------------------------------------------------------------ server side: a fold (fold.py)
+    sums: Tuple[str, ...] = ("delta",)  # the running sums a round keeps, each shaped like the model
+
+    def begin(
+        self,
+        x: Tensors,
+        state: Mapping[str, Tensors],
+        hp: Mapping[str, Any],
+        num_clients: int,
+        local_steps: int,
+        expected: Expected,
+    ) -> Fold:
+        """A round's fold: zero sums, the model and state the round started from, what it expects."""
+        return Fold(self, x, state, hp, num_clients, local_steps, expected)
+
+    def add(self, fold: Fold, delta: Sequence[torch.Tensor], weight: float, reply: Mapping[str, Tensors]) -> None:
+        """Add one accepted update to ``fold``'s sums (``Fold.add`` counts it)."""
+        fold.accumulate("delta", delta, fold.share(weight))
+
+    def finish(self, fold: Fold) -> Dict[str, Tensors]:
+        """The new model ``"x"`` and server state from a fold's sums."""
+        avg = fold.weighted_mean("delta")
+        return {"x": [xj.clone().add_(a, alpha=fold.hp["server_lr"]) for xj, a in zip(fold.x, avg, strict=True)]}
+
     def step(
         self,
         x: Tensors,
@@ -180,8 +209,50 @@ class ServerRule:
         num_clients: int,
         local_steps: int,
     ) -> Dict[str, Tensors]:
-        """The new model ``"x"`` and server state from the accepted replies (in a fixed client order)."""
-        return {"x": weighted_average_step(x, deltas, weights, hp["server_lr"])}
+        """The fold over a list: the new model ``"x"`` and server state from the accepted replies (in
+        a fixed client order)."""
+        check_updates("deltas", deltas, x)
+        if not len(weights) == len(replies) == len(deltas):
+            raise ValueError(f"{len(deltas)} deltas, {len(weights)} weights and {len(replies)} replies")
+        fold = self.begin(x, state, hp, num_clients, local_steps, Expected.of(weights))
+        for d, w, r in zip(deltas, weights, replies, strict=True):
+            fold.add(d, w, r)
+        return fold.finish()
+
+    # the initial round (``init_controls``): every client's first control, folded as it is computed
+    def initial_fold(self, x: Tensors, num_clients: int) -> InitialFold:
+        return InitialFold(self, x, num_clients)
+
+    def initial_finish(self, fold: InitialFold) -> Dict[str, Tensors]:
+        """With ``init_controls``: the server state from the folded first controls."""
+        raise NotImplementedError
+
+
+class InitialFold:
+    """The sum ``sum_i ci / N`` of the clients' first controls, added one by one as they are computed
+    (client order); ``finish`` gives the server state (``ServerRule.initial_finish``)."""
+
+    def __init__(self, rule: ServerRule, x: Tensors, num_clients: int):
+        if num_clients < 1:
+            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        self.rule, self.num_clients = rule, num_clients
+        self.total = [torch.zeros_like(v) for v in x]
+        self.count = 0
+
+    def add(self, control: Sequence[torch.Tensor]) -> None:
+        for s, t in zip(self.total, control, strict=True):
+            s.add_(t, alpha=1.0 / self.num_clients)
+        self.count += 1
+
+    def merge(self, others: Sequence[InitialFold]) -> None:
+        """Add other folds' sums in the order given (the ranks of one run)."""
+        for other in others:
+            for s, t in zip(self.total, other.total, strict=True):
+                s.add_(t)
+            self.count += other.count
+
+    def finish(self) -> Dict[str, Tensors]:
+        return self.rule.initial_finish(self)
 
 
 class ScaffoldRule(ServerRule):
@@ -207,9 +278,15 @@ class ScaffoldRule(ServerRule):
         new_ci = scaffold_local_control(ci, c, delta, algo.lr_sum(opt, hp, t, steps))
         return new_ci, {"dc": [n - o for n, o in zip(new_ci, ci, strict=True)]}
 
-    def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
-        out = super().step(x, state, deltas, weights, replies, hp, num_clients, local_steps)
-        out["c"] = scaffold_control_step(state["c"], [r["dc"] for r in replies], num_clients)
+    sums = ("delta", "dc")
+
+    def add(self, fold, delta, weight, reply):
+        super().add(fold, delta, weight, reply)
+        fold.accumulate("dc", reply["dc"], 1.0 / fold.num_clients)
+
+    def finish(self, fold):
+        out = super().finish(fold)
+        out["c"] = _plus(fold.state["c"], fold.sums["dc"])  # scaffold_control_step's order
         return out
 
 

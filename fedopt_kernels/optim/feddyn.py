@@ -18,7 +18,7 @@ from ..core.optimizer import ROUND_KEY, check_number, check_tensor_list, round_e
 from ..core.schedules import DecaySchedule, ScheduleLike
 from ..fl import algorithm
 from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
-from ..fl.server_rules import ServerRule, check_like, check_updates, register_rule
+from ..fl.server_rules import RULES, ServerRule, check_like, check_updates, register_rule
 from .feddecay import FedDecaySGD
 from .sgd import SGDAlgorithm, SGDFamily
 
@@ -275,16 +275,10 @@ def feddyn_server_step(
             f"num_clients must be an integer >= the number of deltas ({len(deltas)}): it counts every "
             f"client of the federation, got {num_clients!r}"
         )
-    S = len(deltas)
-    x_out, h_out = [], []
-    for j, xj in enumerate(x):
-        total = torch.zeros_like(xj)
-        for d in deltas:  # the order given: deterministic sums
-            total.add_(d[j])
-        hj = h[j].clone().sub_(total, alpha=alpha / num_clients)
-        x_out.append(xj.clone().add_(total, alpha=1.0 / S).sub_(hj, alpha=1.0 / alpha))
-        h_out.append(hj)
-    return x_out, h_out
+    out = RULES["feddyn"].step(
+        list(x), {"h": h}, deltas, [1.0] * len(deltas), [{}] * len(deltas), {"dyn_alpha": alpha}, num_clients, 1
+    )
+    return out["x"], out["h"]
 
 
 class FedDynRule(ServerRule):
@@ -300,9 +294,18 @@ class FedDynRule(ServerRule):
     def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):
         return opt.dyn_grad(), {}  # the round was ended (end_round) before the client finishes
 
-    def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
-        new_x, h = feddyn_server_step(x, state["h"], deltas, hp["dyn_alpha"], num_clients)
-        return {"x": new_x, "h": h}
+    def add(self, fold, delta, weight, reply):
+        fold.accumulate("delta", delta)  # an unweighted sum
+
+    def finish(self, fold):
+        """``feddyn_server_step``'s formulas on the fold's sum."""
+        alpha, total = fold.hp["dyn_alpha"], fold.sums["delta"]
+        h = [hj.clone().sub_(s, alpha=alpha / fold.num_clients) for hj, s in zip(fold.state["h"], total, strict=True)]
+        x = [
+            xj.clone().add_(s, alpha=1.0 / fold.count).sub_(hj, alpha=1.0 / alpha)
+            for xj, s, hj in zip(fold.x, total, h, strict=True)
+        ]
+        return {"x": x, "h": h}
 
 
 class ProxSGD(torch.optim.SGD):

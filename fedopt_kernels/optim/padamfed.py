@@ -13,7 +13,7 @@ from ..core.ops import BATCHED, PADAMFED
 from ..core.optimizer import FedOptimizer, check_number, check_tensor_list, state_dtype
 from ..fl import algorithm
 from ..fl.algorithm import Algorithm, BenchCase, FlowerName, Variant
-from ..fl.server_rules import ServerRule, Tensors, check_like, check_updates, register_rule
+from ..fl.server_rules import RULES, ServerRule, Tensors, check_like, check_updates, register_rule
 
 
 class PAdaMFed(FedOptimizer):
@@ -229,15 +229,9 @@ def padamfed_init(local_controls: Sequence[Sequence[torch.Tensor]], num_clients:
     """
     if len(local_controls) == 0:
         raise ValueError("local_controls is empty: PAdaMFed's initialisation needs at least one client")
-    ref = local_controls[0]
-    check_updates("local_controls", local_controls, ref)
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    c = [torch.zeros_like(t) for t in ref]
-    for ci in local_controls:
-        for cj, t in zip(c, ci, strict=True):
-            cj.add_(t, alpha=1.0 / num_clients)
-    return c, [cj.clone() for cj in c]
+    check_updates("local_controls", local_controls, local_controls[0])
+    state = RULES["padamfed"].initial_state(local_controls, num_clients)
+    return state["c"], state["m"]
 
 
 @torch.no_grad()
@@ -273,19 +267,12 @@ def padamfed_step(
     check_like("m", m, x)
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    S = len(deltas)
-    scale = server_lr / (lr * local_steps) if lr > 0 else 0.0
-    x_out, c_out, m_out = [], [], []
-    for j, xj in enumerate(x):
-        mean_delta = torch.zeros_like(xj)
-        dc = torch.zeros_like(xj)
-        for d, dci in zip(deltas, dcs, strict=True):  # the order given: deterministic sums
-            mean_delta.add_(d[j], alpha=1.0 / S)
-            dc.add_(dci[j])
-        x_out.append(xj.clone().add_(mean_delta, alpha=scale))
-        m_out.append(m[j].clone().mul_(1 - beta).add_(dc / S + c[j], alpha=beta))  # uses the old c
-        c_out.append(c[j].clone().add_(dc, alpha=1.0 / num_clients))
-    return x_out, c_out, m_out
+    hp = {"lr": lr, "server_lr": server_lr, "beta": beta}
+    replies = [{"dc": dc} for dc in dcs]
+    out = RULES["padamfed"].step(
+        list(x), {"c": c, "m": m}, deltas, [1.0] * len(deltas), replies, hp, num_clients, local_steps
+    )
+    return out["x"], out["c"], out["m"]
 
 
 class PAdaMFedRule(ServerRule):
@@ -300,10 +287,10 @@ class PAdaMFedRule(ServerRule):
     reply = ("dc",)
     init_controls = True
 
-    def initial_state(self, controls: Sequence[Tensors], num_clients: int) -> Dict[str, Tensors]:
-        """``c`` and ``m`` from the clients' first controls (the mean of K gradients at the initial model)."""
-        c, m = padamfed_init(controls, num_clients)
-        return {"c": c, "m": m}
+    def initial_finish(self, fold):
+        """``c = sum_i ci / N`` from the clients' first controls (the mean of K gradients at the
+        initial model), ``m = c``."""
+        return {"c": fold.total, "m": [cj.clone() for cj in fold.total]}
 
     def client_inputs(self, got, kept, x):
         return {"global_control": got["c"], "local_control": kept, "momentum": got["m"]}
@@ -313,20 +300,25 @@ class PAdaMFedRule(ServerRule):
         ci = kept if kept is not None else [torch.zeros_like(d) for d in delta]
         return new_ci, {"dc": [n - o for n, o in zip(new_ci, ci, strict=True)]}
 
-    def step(self, x, state, deltas, weights, replies, hp, num_clients, local_steps):
-        new_x, c, m = padamfed_step(
-            x,
-            state["c"],
-            state["m"],
-            deltas,
-            [r["dc"] for r in replies],
-            num_clients=num_clients,
-            lr=hp["lr"],
-            local_steps=local_steps,
-            server_lr=hp["server_lr"],
-            beta=hp["beta"],
-        )
-        return {"x": new_x, "c": c, "m": m}
+    sums = ("delta", "dc")
+
+    def add(self, fold, delta, weight, reply):
+        fold.accumulate("delta", delta, 1.0 / fold.expected.count)  # unweighted: the paper's mean over S
+        fold.accumulate("dc", reply["dc"])
+
+    def finish(self, fold):
+        """``padamfed_step``'s formulas on the fold's sums."""
+        hp, S = fold.hp, fold.count
+        c, m = fold.state["c"], fold.state["m"]
+        scale = hp["server_lr"] / (hp["lr"] * fold.local_steps) if hp["lr"] > 0 else 0.0
+        beta = hp["beta"]
+        mean_delta, dc = fold.mean("delta"), fold.sums["dc"]
+        return {
+            "x": [xj.clone().add_(d, alpha=scale) for xj, d in zip(fold.x, mean_delta, strict=True)],
+            # m uses the old c
+            "m": [mj.clone().mul_(1 - beta).add_(d / S + cj, alpha=beta) for mj, d, cj in zip(m, dc, c, strict=True)],
+            "c": [cj.clone().add_(d, alpha=1.0 / fold.num_clients) for cj, d in zip(c, dc, strict=True)],
+        }
 
 
 class _PAdaMFed(Algorithm):
