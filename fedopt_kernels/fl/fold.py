@@ -5,14 +5,14 @@ the number of updates added and their weights' sum. A rule (``server_rules.Serve
 fold, adds each accepted update to it in client-id order, and finishes it into the new model and
 server state. The memory a round needs is then the sums, whatever its number of clients.
 
-Coefficients are fixed before the first update arrives: a rule that averages needs the round's
-total weight (FedAvg's ``w_i / sum_j w_j``) or its number of updates (FedDyn's and PAdaMFed's
-``1 / S``). ``Expected`` is what the round expects, the sampled clients' count and weights; each
-update is added with its final coefficient, so a round where every sampled client is accepted
-computes, operation for operation, what the list form of the same rule computes. A round where
-some are refused rescales the sum once at the end (a rounding apart).
+A weighted mean keeps ``sum_i w_i delta_i`` and ``sum_i w_i`` and divides once, at the end; a
+plain mean keeps ``sum_i delta_i`` and the count. So a round in which a client is refused (a
+dropout) computes bit for bit what it computes without that client, and no coefficient needs to
+be known before the first update arrives. The weights are first scaled by a power of two
+(``weight_exponent``: exact, so it changes no bit of the mean) that keeps ``w_i delta_i`` in
+range whatever the weights' size.
 
-Sums from several folds with the same ``Expected`` (the ranks of one run) combine by ``merge``:
+Sums from several folds with the same exponent (the ranks of one run) combine by ``merge``:
 added in the order given, so every process that merges the same folds in the same order holds
 the same bits.
 """
@@ -20,7 +20,6 @@ the same bits.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -28,29 +27,15 @@ import torch
 Tensors = List[torch.Tensor]
 
 
-@dataclass(frozen=True)
-class Expected:
-    """What a round expects to add: ``count`` updates whose weights sum to ``weight`` once divided by
-    ``norm`` (1, unless the plain sum overflows float64; then the largest weight)."""
+def weight_exponent(weights: Sequence[float]) -> int:
+    """``e`` with ``max(weights) / 2**e`` in [0.5, 1): the scale of a round's weights (``Fold``).
 
-    count: int
-    weight: float
-    norm: float = 1.0
-
-    @classmethod
-    def of(cls, weights: Sequence[float]) -> Expected:
-        """The expectation of updates with exactly these weights (the list form of a rule, or a round
-        that has sampled its clients)."""
-        if len(weights) == 0:
-            raise ValueError("weights is empty: a round expects at least one update")
-        if any(not math.isfinite(w) or w <= 0 for w in weights):
-            raise ValueError(f"weights must be finite and > 0, got {list(weights)}")
-        total = sum(weights)  # in the order given
-        norm = 1.0
-        if not math.isfinite(total):  # finite weights whose sum overflows: normalise by the largest first
-            norm = max(weights)
-            total = sum(w / norm for w in weights)
-        return cls(len(weights), total, norm)
+    ValueError naming ``weights`` unless every weight is finite and > 0."""
+    if len(weights) == 0:
+        raise ValueError("weights is empty: a round expects at least one update")
+    if any(not math.isfinite(w) or w <= 0 for w in weights):
+        raise ValueError(f"weights must be finite and > 0, got {list(weights)}")
+    return math.frexp(max(weights))[1]
 
 
 class Fold:
@@ -65,46 +50,33 @@ class Fold:
         hp: Mapping[str, Any],
         num_clients: int,
         local_steps: int,
-        expected: Expected,
+        exponent: int = 0,
     ):
         self.rule, self.x, self.state, self.hp = rule, x, state, hp
-        self.num_clients, self.local_steps, self.expected = num_clients, local_steps, expected
+        self.num_clients, self.local_steps, self.exponent = num_clients, local_steps, exponent
         self.sums: Dict[str, Tensors] = {name: [torch.zeros_like(v) for v in x] for name in rule.sums}
         self.count = 0
-        self.weight = 0.0  # the added updates' weights, divided by expected.norm
+        self.weight = 0.0  # the added updates' weights, each divided by 2**exponent
 
     def add(self, delta: Sequence[torch.Tensor], weight: float, reply: Optional[Mapping[str, Tensors]] = None) -> None:
         """Add one accepted update (its model change ``delta``, weight, reply tensors such as ``dc``)."""
         self.rule.add(self, delta, weight, reply or {})
         self.count += 1
-        self.weight += weight / self.expected.norm
+        self.weight += self.scaled(weight)
 
-    def share(self, weight: float) -> float:
-        """An update's coefficient in a weighted mean: its weight over the expected total."""
-        return (weight / self.expected.norm) / self.expected.weight
+    def scaled(self, weight: float) -> float:
+        """``weight / 2**exponent``: exact, so the weighted sum is ``sum_i w_i delta_i`` to the bit, scaled."""
+        return math.ldexp(weight, -self.exponent)
 
     def accumulate(self, name: str, tensors: Sequence[torch.Tensor], alpha: float = 1.0) -> None:
         """``sums[name] += alpha * tensors``, tensor by tensor."""
         for s, t in zip(self.sums[name], tensors, strict=True):
             s.add_(t, alpha=alpha)
 
-    def weighted_mean(self, name: str) -> Tensors:
-        """``sums[name]`` (added with ``share``) as the mean over the updates actually added."""
-        return self._rescaled(name, self.expected.weight, self.weight)
-
-    def mean(self, name: str) -> Tensors:
-        """``sums[name]`` (added with ``1 / expected.count``) as the mean over the updates actually added."""
-        return self._rescaled(name, float(self.expected.count), float(self.count))
-
-    def _rescaled(self, name: str, expected: float, got: float) -> Tensors:
-        if got == expected:
-            return self.sums[name]
-        return [s * (expected / got) for s in self.sums[name]]
-
     def merge(self, others: Sequence[Fold]) -> None:
         """Add the sums, counts and weights of ``others`` (folds of the same round) in the order given."""
         for other in others:
-            if other.expected != self.expected or set(other.sums) != set(self.sums):
+            if other.exponent != self.exponent or set(other.sums) != set(self.sums):
                 raise ValueError("folds of different rounds cannot be merged")
             for name, tensors in other.sums.items():
                 self.accumulate(name, tensors)

@@ -28,12 +28,11 @@ Each rule is registered by name (``RULES``, ``register_rule``); an algorithm's v
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .fold import Expected, Fold
+from .fold import Fold, weight_exponent
 
 Tensors = List[torch.Tensor]
 
@@ -78,7 +77,7 @@ def weighted_average_step(
     if len(weights) != len(deltas):
         raise ValueError(f"weights has {len(weights)} entries for {len(deltas)} deltas")
     hp = {"server_lr": server_lr}
-    fold = RULES["avg"].begin(list(x), {}, hp, len(deltas), 1, Expected.of(weights))
+    fold = RULES["avg"].begin(list(x), {}, hp, len(deltas), 1, weight_exponent(weights))
     for d, w in zip(deltas, weights, strict=True):
         fold.add(d, w)
     return fold.finish()["x"]
@@ -184,19 +183,20 @@ class ServerRule:
         hp: Mapping[str, Any],
         num_clients: int,
         local_steps: int,
-        expected: Expected,
+        exponent: int = 0,
     ) -> Fold:
-        """A round's fold: zero sums, the model and state the round started from, what it expects."""
-        return Fold(self, x, state, hp, num_clients, local_steps, expected)
+        """A round's fold: zero sums, the model and state the round started from, the power of two
+        its weights are divided by (``fold.weight_exponent`` of the round's weights)."""
+        return Fold(self, x, state, hp, num_clients, local_steps, exponent)
 
     def add(self, fold: Fold, delta: Sequence[torch.Tensor], weight: float, reply: Mapping[str, Tensors]) -> None:
         """Add one accepted update to ``fold``'s sums (``Fold.add`` counts it)."""
-        fold.accumulate("delta", delta, fold.share(weight))
+        fold.accumulate("delta", delta, fold.scaled(weight))
 
     def finish(self, fold: Fold) -> Dict[str, Tensors]:
         """The new model ``"x"`` and server state from a fold's sums."""
-        avg = fold.weighted_mean("delta")
-        return {"x": [xj.clone().add_(a, alpha=fold.hp["server_lr"]) for xj, a in zip(fold.x, avg, strict=True)]}
+        alpha = fold.hp["server_lr"] / fold.weight  # x + server_lr * (sum_i w_i delta_i) / sum_i w_i
+        return {"x": [xj.clone().add_(s, alpha=alpha) for xj, s in zip(fold.x, fold.sums["delta"], strict=True)]}
 
     def step(
         self,
@@ -214,7 +214,7 @@ class ServerRule:
         check_updates("deltas", deltas, x)
         if not len(weights) == len(replies) == len(deltas):
             raise ValueError(f"{len(deltas)} deltas, {len(weights)} weights and {len(replies)} replies")
-        fold = self.begin(x, state, hp, num_clients, local_steps, Expected.of(weights))
+        fold = self.begin(x, state, hp, num_clients, local_steps, weight_exponent(weights))
         for d, w, r in zip(deltas, weights, replies, strict=True):
             fold.add(d, w, r)
         return fold.finish()

@@ -303,7 +303,7 @@ class PAdaMFedRule(ServerRule):
     sums = ("delta", "dc")
 
     def add(self, fold, delta, weight, reply):
-        fold.accumulate("delta", delta, 1.0 / fold.expected.count)  # unweighted: the paper's mean over S
+        fold.accumulate("delta", delta)  # unweighted: the paper's mean over the S clients
         fold.accumulate("dc", reply["dc"])
 
     def finish(self, fold):
@@ -311,10 +311,9 @@ class PAdaMFedRule(ServerRule):
         hp, S = fold.hp, fold.count
         c, m = fold.state["c"], fold.state["m"]
         scale = hp["server_lr"] / (hp["lr"] * fold.local_steps) if hp["lr"] > 0 else 0.0
-        beta = hp["beta"]
-        mean_delta, dc = fold.mean("delta"), fold.sums["dc"]
+        beta, total, dc = hp["beta"], fold.sums["delta"], fold.sums["dc"]
         return {
-            "x": [xj.clone().add_(d, alpha=scale) for xj, d in zip(fold.x, mean_delta, strict=True)],
+            "x": [xj.clone().add_(d, alpha=scale / S) for xj, d in zip(fold.x, total, strict=True)],
             # m uses the old c
             "m": [mj.clone().mul_(1 - beta).add_(d / S + cj, alpha=beta) for mj, d, cj in zip(m, dc, c, strict=True)],
             "c": [cj.clone().add_(d, alpha=1.0 / fold.num_clients) for cj, d in zip(c, dc, strict=True)],

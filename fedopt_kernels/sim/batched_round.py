@@ -21,7 +21,7 @@ optimizers' active mask), so one trainer (and one CUDA graph) serves every chunk
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
@@ -219,15 +219,12 @@ class BatchedClients:
         return self._trainer
 
     # ------------------------------------------------------------------ one round
-    def train(self, sampled: Sequence[int], t: int) -> Tuple[List[ClientUpdate], List[float]]:
-        """Local training of ``sampled`` in round ``t``; their updates and mean losses, in that order."""
-        updates: List[ClientUpdate] = []
-        losses: List[float] = []
+    def train(self, sampled: Sequence[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:
+        """Local training of ``sampled`` in round ``t``: ``take(update, mean loss)`` for each client, in
+        that order, as soon as its chunk has trained (the update is dropped after it)."""
         for i in range(0, len(sampled), self.size):
-            chunk_updates, chunk_losses = self._chunk(list(sampled[i : i + self.size]), t)
-            updates += chunk_updates
-            losses += chunk_losses
-        return updates, losses
+            self.sim.strategy.kept.prefetch(sampled[i + self.size : i + 2 * self.size])  # the next chunk's state
+            self._chunk(list(sampled[i : i + self.size]), t, take)
 
     def _round_inputs(self, chunk: List[int], t: int, stacked: Sequence[torch.Tensor]) -> Dict[str, Any]:
         sim, per = self.sim, []
@@ -245,7 +242,7 @@ class BatchedClients:
                 out[key] = [torch.stack([d[key][j] for d in per]) for j in range(len(first))]
         return out
 
-    def _chunk(self, chunk: List[int], t: int) -> Tuple[List[ClientUpdate], List[float]]:
+    def _chunk(self, chunk: List[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:
         sim, cfg, tr = self.sim, self.cfg, self.trainer
         K, m = cfg.local_steps, len(chunk)
         sim.load_global()  # FedNLR's scales and PAdaMFed-VR's anchor copy read the global model
@@ -268,11 +265,10 @@ class BatchedClients:
         total = tr.run(pad(x), pad(batches.y), pad(batches.w), None if anchor_x is None else pad(anchor_x), active)
         end_round(tr.opt)
         outputs = {name: getattr(tr.opt, name)() for name in self.algo.round_outputs}
-        updates = []
         params = list(sim.model.parameters())
+        losses = [v / K for v in total[:m].tolist()]
         for c, cid in enumerate(chunk):
             with torch.no_grad():
                 for p, s in zip(params, tr.stacked, strict=True):
                     p.copy_(s[c])
-            updates.append(sim.strategy.finish(cid, _OneClient(tr.opt, c, outputs), t))
-        return updates, [v / K for v in total[:m].tolist()]
+            take(sim.strategy.finish(cid, _OneClient(tr.opt, c, outputs), t), losses[c])

@@ -3,10 +3,12 @@
 Everything the next round reads that is not rebuilt identically from the settings:
 
 * the global model, the server rule's state (SCAFFOLD's ``c``, PAdaMFed's ``c`` and ``m``,
-  FedDyn's ``h``) and every client's kept tensors (control variates, FedDyn's ``g_i``);
+  FedDyn's ``h``) and the position of the client-state store (which entries are current: the
+  store writes the entries that changed before the checkpoint names them, ``client_state.py``);
 * whether the rule's initial round ran (PAdaMFed's first controls);
-* every random generator: client sampling, each client's mini-batch stream (its generator and its
-  place in the current epoch), the augmentation generators of the model and of PAdaMFed-VR's anchor
+* every random generator: client sampling, each client's mini-batch stream that has been made
+  (its generator and its place in the current epoch; the others are at their start), the
+  augmentation generators of the model and of PAdaMFed-VR's anchor
   copy, and torch's (CPU, CUDA), numpy's and Python's global generators;
 * buffers of the model (a user model with BatchNorm keeps running statistics across rounds);
 * the per-round metrics so far.
@@ -43,6 +45,10 @@ class ResumableRun(RoundHost, Protocol):
     batched: Optional[Any]  # the client-batched round, or None
     initial_model_digest: str
     setup_done: bool  # the run's one-time setup (PAdaMFed's initial controls) ran
+    checkpoint: Optional[Any]  # its CheckpointDir (the client-state store's copy lives there)
+    streams: Any  # BatchStreams
+
+    def checkpoint_settings(self) -> Dict[str, Any]: ...
 
 
 KIND = "fedopt-sim"
@@ -123,13 +129,13 @@ def capture(sim: ResumableRun) -> Dict[str, Any]:
         "history": sim.history,
         "global": _cpu(sim.global_params),
         "server": {k: _cpu(v) for k, v in st.state.items()},
-        "kept": {int(cid): _cpu(v) for cid, v in st.kept.items()},
         "setup_done": bool(sim.setup_done),
         "sample_rng": sim.sample_rng.bit_generator.state,
         "streams": [
-            {"rng": s.rng.bit_generator.state, "order": list(s.pending)} for _, s in sorted(sim.streams.items())
+            {"rng": sim.streams[cid].rng.bit_generator.state, "order": list(sim.streams[cid].pending)}
+            for cid in sim.streams.made()
         ],
-        "stream_ids": sorted(sim.streams),
+        "stream_ids": sim.streams.made(),
         "generators": {k: _augment_generators(m) for k, m in models.items()},
         "buffers": {k: {n: b.detach() for n, b in m.named_buffers()} for k, m in models.items()},
         "rng": global_rng_state(),
@@ -157,11 +163,12 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
         raise ValueError(f"checkpoint's server state has {sorted(server)}, the rule keeps {sorted(st.state)}")
     for k, v in server.items():
         _check_like(f"server state {k!r}", v, st.state[k])
-    kept = {int(cid): [t.to(dev) for t in v] for cid, v in state["kept"].items()}
+    kept = {int(cid): [t.to(dev) for t in v] for cid, v in state.get("kept", {}).items()}  # before the store
     for cid in kept:
         if not 0 <= cid < sim.cfg.num_train_clients:
             raise ValueError(f"checkpoint keeps state of client {cid}, which this run does not have")
-    if state["stream_ids"] != sorted(sim.streams) or len(state["streams"]) != len(state["stream_ids"]):
+    ids = [int(i) for i in state["stream_ids"]]
+    if ids != sorted(set(ids)) or any(not 0 <= i < len(sim.streams) for i in ids) or len(state["streams"]) != len(ids):
         raise ValueError("checkpoint's batch streams are not this run's clients")
     models = {"model": sim.model, "anchor": st.anchor_model}
     for key, bufs in state["buffers"].items():
@@ -175,14 +182,22 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     if batched is not None and sim.batched is not None:
         if not isinstance(batched, dict) or not {"at_once", "size"} <= set(batched):
             raise ValueError("checkpoint's client-batched choice is not readable")
-    # from here on nothing raises
+    position = state.get("client_state")
+    if position is not None and st.rule.keeps and sim.checkpoint is not None:
+        # the last check (it raises before anything changes) and the first change
+        st.kept.load(sim.checkpoint.folder, sim.checkpoint_settings(), position)
+    # from here on nothing raises (but a full disk, writing a checkpoint of before the store)
     for p, v in zip(sim.global_params, state["global"], strict=True):
         p.copy_(v)
     st.state = server
-    st.kept = kept
+    if position is None:
+        st.kept.start()
+        for cid, v in sorted(kept.items()):
+            st.kept[cid] = v
     sim.setup_done = bool(state["setup_done"])
     sim.sample_rng.bit_generator.state = state["sample_rng"]
-    for cid, s in zip(state["stream_ids"], state["streams"], strict=True):
+    sim.streams.forget()
+    for cid, s in zip(ids, state["streams"], strict=True):
         stream = sim.streams[cid]
         stream.rng.bit_generator.state = s["rng"]
         stream.pending = [int(i) for i in s["order"]]

@@ -44,16 +44,23 @@ def refusal(update: ClientUpdate, like: Sequence[torch.Tensor]) -> str:
     return ""
 
 
+def screen(update: ClientUpdate, like: Sequence[torch.Tensor], t: int) -> str:
+    """Why ``update`` is left out of round ``t``'s aggregate, logged as a warning ("" when it is not)."""
+    why = refusal(update, like)
+    if why:
+        logger.warning("round %d: left client %d out of the aggregate (a dropout): %s", t + 1, update.client_id, why)
+    return why
+
+
 def screen_updates(
     updates: Sequence[ClientUpdate], like: Sequence[torch.Tensor], t: int
 ) -> Tuple[List[ClientUpdate], List[Tuple[int, str]]]:
     """(the updates to aggregate, [(client id, reason)] of the others, each logged as a warning)."""
     accepted, refused = [], []
     for u in updates:
-        why = refusal(u, like)
+        why = screen(u, like, t)
         if why:
             refused.append((u.client_id, why))
-            logger.warning("round %d: left client %d out of the aggregate (a dropout): %s", t + 1, u.client_id, why)
         else:
             accepted.append(u)
     return accepted, refused

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -21,13 +21,14 @@ from ..core import registry as _registry
 from ..fl.checkpoint import CheckpointDir
 from . import resume as _resume
 from .batched.precision import check_supported
+from .client_state_files import ClientStateFiles
 from .config import SimConfig
-from .data.clients import BatchStream, ClientData
+from .data.clients import BatchStream, BatchStreams, ClientData
 from .evaluate import EvalCost, evaluate_users, pooled_metrics
 from .federated_data import FederatedData, build_federated_data
 from .models.build import build_model
-from .screen import logger, screen_updates
-from .strategy import Strategy
+from .screen import logger, screen
+from .strategy import ClientUpdate, Strategy
 
 
 def resolve_device(name: str) -> torch.device:
@@ -69,6 +70,9 @@ class Simulation:
     ``checkpoint_dir``: ``run()`` checkpoints into this folder after every ``checkpoint_every``
     completed rounds and after the last one (``sim.resume`` and ``docs/checkpoints.md``);
     ``run(resume=True)`` first continues from the checkpoint found there, if any.
+
+    ``client_state_dir``: what clients keep between rounds (SCAFFOLD's, PAdaMFed's, FedDyn's) lives
+    in files in this folder instead of host memory (``sim/client_state_files.py``).
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class Simulation:
         dtype: Optional[torch.dtype] = None,
         checkpoint_dir: Optional[Union[str, os.PathLike]] = None,
         checkpoint_every: int = 5,
+        client_state_dir: Optional[Union[str, os.PathLike]] = None,
     ):
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
@@ -121,10 +126,7 @@ class Simulation:
         self.global_params: List[torch.Tensor] = [p.detach().clone() for p in self.model.parameters()]
         self.initial_model_digest = _resume.tensor_digest(self.global_params)
         self.sample_rng = np.random.default_rng(ss_sample)
-        self.streams = {
-            c.client_id: BatchStream(c.train_x, c.train_y, cfg.batch_size, np.random.default_rng(s))
-            for c, s in zip(self.train_clients, ss_batch.spawn(len(self.train_clients)), strict=True)
-        }
+        self.streams = BatchStreams(self.train_clients, cfg.batch_size, ss_batch)
         self._tune_seed = ss_tune
         self.strategy = Strategy(self)
         self.batched = None
@@ -132,6 +134,15 @@ class Simulation:
             from .batched_round import BatchedClients
 
             self.batched = BatchedClients(self)
+        self.client_state_dir = None if client_state_dir is None else Path(client_state_dir)
+        if self.client_state_dir is not None and self.strategy.rule.keeps:
+            self.strategy.kept = ClientStateFiles(
+                self.client_state_dir,
+                self.strategy.kept.layout,
+                cfg.num_train_clients,
+                self.checkpoint_settings(),
+                self.device,
+            )
         self.history: List[Dict[str, Any]] = []
         self.final_cost = EvalCost()
         self.eval_log: List[Dict[str, float]] = []  # per evaluated round: seconds and model FLOPs of the pass
@@ -164,33 +175,42 @@ class Simulation:
         return sorted(int(i) for i in picked)  # sorted: aggregation order does not depend on draw order
 
     def run_round(self, t: int) -> Dict[str, Any]:
-        """Round ``t`` (0-based): local training of the sampled clients, then aggregation."""
+        """Round ``t`` (0-based): local training of the sampled clients, each update screened and
+        folded into the aggregate as soon as it exists (``strategy.add``), then the server step."""
         start = time.perf_counter()
         if not self.setup_done:
             self.load_global()
             self.strategy.setup()
             self.setup_done = True
         sampled = self.sample_clients()
+        fold = self.strategy.begin_round(sampled, t)
+        refused: List[Tuple[int, str]] = []
+        kept: List[Tuple[float, float]] = []  # (weight, mean loss) of the accepted clients
+
+        def take(update: ClientUpdate, loss: float) -> None:
+            why = screen(update, self.global_params, t)
+            if why:
+                refused.append((update.client_id, why))
+            else:
+                self.strategy.add(fold, update)
+                kept.append((update.weight, loss))
+
         if self.batched is not None:
-            updates, losses = self.batched.train(sampled, t)
+            self.batched.train(sampled, t, take)
         else:
-            updates, losses = [], []
-            for cid in sampled:
+            for i, cid in enumerate(sampled):
+                self.strategy.kept.prefetch(sampled[i + 1 : i + 2])
                 self.load_global()
                 opt = self.strategy.begin(cid, t)
                 loss_sum = torch.zeros((), device=self.device)
                 for _ in range(self.cfg.local_steps):
                     loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
-                updates.append(self.strategy.finish(cid, opt, t))
-                losses.append(float(loss_sum) / self.cfg.local_steps)
-        accepted, refused = screen_updates(updates, self.global_params, t)
-        if accepted:
-            self.strategy.aggregate(accepted, t)
+                take(self.strategy.finish(cid, opt, t), float(loss_sum) / self.cfg.local_steps)
+        if fold.count:
+            self.strategy.end_round(fold)
         else:
             logger.warning("round %d: no usable client update; the global model and server state are unchanged", t + 1)
         self.load_global()
-        ok = {id(u) for u in accepted}
-        kept = [(u.weight, loss) for u, loss in zip(updates, losses, strict=True) if id(u) in ok]
         weights = np.array([w for w, _ in kept])
         train_loss = float(np.dot(weights, [v for _, v in kept]) / weights.sum()) if kept else float("nan")
         record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled}
@@ -241,7 +261,13 @@ class Simulation:
         """Checkpoint the run after its ``len(history)`` completed rounds; returns its bytes and seconds."""
         if self.checkpoint is None:
             raise ValueError("save_checkpoint needs checkpoint_dir (Simulation(..., checkpoint_dir=...))")
-        stats = self.checkpoint.save(len(self.history), self.checkpoint_settings(), _resume.capture(self))
+        state = _resume.capture(self)
+        kept = self.strategy.kept if self.strategy.rule.keeps else None
+        if kept is not None:  # the store's entries on disk, then the checkpoint that names them
+            state["client_state"] = kept.checkpoint(self.checkpoint.folder, self.checkpoint_settings())
+        stats = self.checkpoint.save(len(self.history), self.checkpoint_settings(), state)
+        if kept is not None:
+            kept.committed()
         self.checkpoint_stats.append(stats)
         return stats
 

@@ -1,16 +1,19 @@
 """An FL algorithm on the round loop: its client optimizer and its server rule, from their descriptors.
 
-A round (``Simulation.run_round``): sample clients; for each, load the global model, ``begin`` the
-client's round, take ``local_steps`` steps with ``local_step``, ``finish`` into a ``ClientUpdate``;
-then ``aggregate`` the updates into the global model. What differs between algorithms is in their
-descriptors (``fedopt_kernels.fl.algorithm``, ``fedopt_kernels.fl.server_rules``), not here.
+A round (``Simulation.run_round``): sample clients and ``begin_round`` (the server rule's fold,
+``fedopt_kernels.fl.fold``); for each client, load the global model, ``begin`` the client's round,
+take ``local_steps`` steps with ``local_step``, ``finish`` into a ``ClientUpdate`` and ``add`` it to
+the fold (its new kept state goes to the client-state store), then drop it; ``end_round`` puts the
+fold's result into the global model and server state. A round's memory is the fold's sums,
+whatever its number of clients. What differs between algorithms is in their descriptors
+(``fedopt_kernels.fl.algorithm``, ``fedopt_kernels.fl.server_rules``), not here.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Protocol, cast
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, cast
 
 import torch
 from torch import nn
@@ -18,8 +21,10 @@ from torch.nn import functional as F
 
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers
+from ..fl.fold import Fold, weight_exponent
 from ..fl.server_rules import RULES
 from .batched.precision import autocast_scope, precision_scope
+from .client_state import ClientState, Layout, MemoryClientState, entry_or_none
 from .config import SimConfig
 from .data.clients import Batch, BatchStream, ClientData
 
@@ -44,7 +49,7 @@ class RoundHost(Protocol):
 
     @property
     def streams(self) -> Mapping[int, BatchStream]:
-        """Each training client's batches, by client id."""
+        """Each training client's batches, by client id (``BatchStreams``)."""
 
     def load_global(self) -> None:
         """Copy the global model into ``model``."""
@@ -80,9 +85,10 @@ class Strategy:
 
     The server keeps the rule's state (SCAFFOLD's ``c``, PAdaMFed's ``c`` and ``m``, FedDyn's
     ``h``; readable as attributes, e.g. ``strategy.c``) and, for a rule whose clients keep tensors
-    between rounds, each client's (``kept``; ``c_local`` is the same dict): clients that never
-    trained have none. With FedAvg's rule this is FedAvg, FedSGD, FedDecay, FedProx, FedNLR and
-    FedNAR; with SCAFFOLD's, SCAFFOLD and FedNAR-SCAFFOLD; and so on for every registered variant.
+    between rounds, each client's in the client-state store (``kept``, a mapping client id ->
+    tensors; ``c_local`` is the same store; ``sim/client_state.py``): clients that never trained
+    have none. With FedAvg's rule this is FedAvg, FedSGD, FedDecay, FedProx, FedNLR and FedNAR;
+    with SCAFFOLD's, SCAFFOLD and FedNAR-SCAFFOLD; and so on for every registered variant.
     """
 
     def __init__(self, sim: RoundHost):
@@ -91,7 +97,10 @@ class Strategy:
         self.rule = RULES[sim.cfg.server_rule]
         self.opts = ClientOptimizers(sim.cfg, sim.hp, sim.model, sim.backend)
         self.state: Dict[str, Tensors] = self.rule.init_state(sim.global_params)
-        self.kept: Dict[int, Tensors] = {}  # only clients that trained (or were initialised)
+        # only clients that trained (or were initialised); Simulation may put a store in files here
+        self.kept: ClientState = MemoryClientState(
+            Layout(sim.global_params), sim.cfg.num_train_clients, sim.global_params[0].device
+        )
         # steps that also take the same batch's gradient at the round's starting model (PAdaMFed-VR)
         self.anchor_model = copy.deepcopy(sim.model) if self.opts.algo.needs_anchor(sim.cfg.variant) else None
 
@@ -102,19 +111,24 @@ class Strategy:
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     @property
-    def c_local(self) -> Dict[int, Tensors]:
+    def c_local(self) -> ClientState:
         return self.kept
 
     # ------------------------------------------------------------------ client side
     @torch.no_grad()
     def setup(self) -> None:
         """Once, before round 0, with the model holding the initial global weights."""
+        self.kept.start()
         if self.rule.init_controls:
-            # every training client: c_i from K stochastic gradients at the initial model (PAdaMFed Alg. 1, line 1)
+            # every training client: c_i from K stochastic gradients at the initial model (PAdaMFed
+            # Alg. 1, line 1), into the store and the server's sum as it is computed
             n = self.sim.cfg.num_train_clients
+            fold = self.rule.initial_fold(self.sim.global_params, n)
             for cid in range(n):
-                self.kept[cid] = self._mean_grad(cid)
-            self.state = self.rule.initial_state([self.kept[cid] for cid in range(n)], n)
+                ci = self._mean_grad(cid)
+                self.kept[cid] = ci
+                fold.add(ci)
+            self.state = fold.finish()
 
     @torch.no_grad()
     def _mean_grad(self, cid: int) -> Tensors:
@@ -137,7 +151,7 @@ class Strategy:
             with torch.no_grad():
                 for a, g in zip(self.anchor_model.parameters(), self.sim.global_params, strict=True):
                     a.copy_(g)
-        return self.rule.client_inputs(self._sent(), self.kept.get(cid), self.sim.global_params)
+        return self.rule.client_inputs(self._sent(), self._kept(cid), self.sim.global_params)
 
     def begin(self, cid: int, t: int) -> torch.optim.Optimizer:
         return self.opts.begin(cid, self.sim.train_clients[cid], t, **self.round_inputs(cid, t))
@@ -176,40 +190,61 @@ class Strategy:
         delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params, strict=True)]
         update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
         new_kept, reply = self.rule.client_finish(
-            opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps, self._sent(), self.kept.get(cid), delta
+            opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps, self._sent(), self._kept(cid), delta
         )
         update.extra.update(reply)
         if new_kept is not None:
             update.extra["new_kept"] = new_kept  # kept only if the server accepts the update
         return update
 
+    def _kept(self, cid: int) -> Optional[Tensors]:
+        """What client ``cid`` kept, on the run's device (None before its first round)."""
+        return entry_or_none(self.kept, cid) if self.rule.keeps else None
+
     # ------------------------------------------------------------------ server side
     def server_state(self) -> Dict[str, Any]:
-        """The server's tensors besides the global model (the rule's state, what clients kept)."""
-        return {**self.state, "kept": self.kept} if self.rule.keeps else dict(self.state)
+        """The server's tensors besides the global model (the rule's state, and a copy of what clients
+        kept, ``{client id: tensors}``: every entry of the store read, for validation and tests)."""
+        return {**self.state, "kept": dict(self.kept.items())} if self.rule.keeps else dict(self.state)
 
     def load_server_state(self, state: Dict[str, Any]) -> None:
         """Overwrite the server state with (copies of) ``state`` from another run of the same config."""
         self.state = {key: clone_all(state[key]) for key in self.state}
         if self.rule.keeps:
-            self.kept = {i: clone_all(v) for i, v in state["kept"].items()}
+            self.kept.copy_from(state["kept"])
 
-    @torch.no_grad()
-    def aggregate(self, updates: List[ClientUpdate], t: int) -> None:
-        # updates come in sorted client-id order, so the sums are deterministic
-        out = self.rule.step(
+    def begin_round(self, sampled: Sequence[int], t: int) -> Fold:
+        """Round ``t``'s fold over the ``sampled`` clients (in client-id order: deterministic sums)."""
+        weights = [float(self.sim.train_clients[cid].size) for cid in sampled]
+        return self.rule.begin(
             self.sim.global_params,
             self.state,
-            [u.delta for u in updates],
-            [u.weight for u in updates],
-            [u.extra for u in updates],
             self.hp,
             self.sim.cfg.num_train_clients,
             self.sim.cfg.local_steps,
+            weight_exponent(weights),
         )
+
+    @torch.no_grad()
+    def add(self, fold: Fold, update: ClientUpdate) -> None:
+        """Fold an accepted update into the round; what the client keeps goes to the store now."""
+        fold.add(update.delta, update.weight, update.extra)
+        new_kept = update.extra.get("new_kept")
+        if new_kept is not None:
+            self.kept[update.client_id] = new_kept
+
+    @torch.no_grad()
+    def end_round(self, fold: Fold) -> None:
+        """The fold's new model and server state, in place (whoever holds the tensors sees them)."""
+        out = fold.finish()
         copy_into(self.sim.global_params, out.pop("x"))
         for key, value in out.items():
             copy_into(self.state[key], value)
+
+    @torch.no_grad()
+    def aggregate(self, updates: Sequence[ClientUpdate], t: int) -> None:
+        """``begin_round``, ``add`` and ``end_round`` over a list of accepted updates (in client order)."""
+        fold = self.begin_round([u.client_id for u in updates], t)
         for u in updates:
-            if "new_kept" in u.extra:
-                self.kept[u.client_id] = u.extra["new_kept"]
+            self.add(fold, u)
+        self.end_round(fold)

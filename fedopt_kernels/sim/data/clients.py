@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, List, Tuple
+from typing import Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -56,3 +56,45 @@ class BatchStream:
     def __iter__(self) -> Iterator[Batch]:
         while True:
             yield self.next()
+
+
+class BatchStreams(Mapping[int, BatchStream]):
+    """Every training client's ``BatchStream``, by client id, each made when first asked for.
+
+    Client ``i``'s generator is child ``i`` of ``seed`` (what ``seed.spawn(len(clients))[i]`` gives),
+    so a run's batches do not depend on when, or whether, a stream was made, and a population of
+    100,000 clients costs nothing until its clients train. ``made()``: the ids of the streams that
+    exist (what a checkpoint saves; the others are still at their start).
+    """
+
+    def __init__(self, clients: Sequence[ClientData], batch_size: int, seed: np.random.SeedSequence):
+        self.clients, self.batch_size, self.seed = clients, batch_size, seed
+        self._made: Dict[int, BatchStream] = {}
+
+    def _rng(self, cid: int) -> np.random.Generator:
+        s = self.seed
+        return np.random.default_rng(
+            np.random.SeedSequence(s.entropy, spawn_key=(*s.spawn_key, cid), pool_size=s.pool_size)
+        )
+
+    def __getitem__(self, cid: int) -> BatchStream:
+        stream = self._made.get(cid)
+        if stream is None:
+            if not 0 <= cid < len(self.clients):
+                raise KeyError(cid)
+            c = self.clients[cid]
+            stream = self._made[cid] = BatchStream(c.train_x, c.train_y, self.batch_size, self._rng(cid))
+        return stream
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.clients)))
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    def made(self) -> List[int]:
+        return sorted(self._made)
+
+    def forget(self) -> None:
+        """Back to the start: every stream made anew when next asked for."""
+        self._made.clear()
