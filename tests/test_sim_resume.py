@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from fedopt_kernels.fl.checkpoint import MANIFEST, CheckpointDir, CheckpointError
+from fedopt_kernels.fl.server_rules import RULES
 from fedopt_kernels.sim.config import VARIANTS, SimConfig
 from fedopt_kernels.sim.data.clients import ClientData
 from fedopt_kernels.sim.federated_data import FederatedData
@@ -61,8 +62,15 @@ def tiny_config(algorithm: str, **kw) -> SimConfig:
     return SimConfig(**base)
 
 
-def make(cfg: SimConfig, folder=None, every: int = 1, data=None) -> Simulation:
-    return Simulation(cfg, data=data or tiny_images(), model_fn=model_fn, checkpoint_dir=folder, checkpoint_every=every)
+def make(cfg: SimConfig, folder=None, every: int = 1, data=None, store=None) -> Simulation:
+    return Simulation(
+        cfg,
+        data=data or tiny_images(),
+        model_fn=model_fn,
+        checkpoint_dir=folder,
+        checkpoint_every=every,
+        client_state_dir=store,
+    )
 
 
 def comparable(result: dict) -> dict:
@@ -129,6 +137,32 @@ def test_resumed_run_equals_uninterrupted(tmp_path, algorithm, mode):
     done = make(cfg, tmp_path)
     assert done.load_checkpoint() and len(done.history) == ROUNDS
     assert all(torch.equal(x, y) for x, y in zip(done.global_params, whole.global_params))
+
+
+KEEPING = [v for v in VARIANTS if RULES[VARIANTS[v].server].keeps]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("algorithm", KEEPING)
+def test_resumed_run_with_client_state_in_files_equals_uninterrupted(tmp_path, algorithm, mode):
+    """The clients' state in files (``client_state_dir``): the same run as in memory, resumed bitwise,
+    though the stopped run went on writing the store after its checkpoint."""
+    cfg = tiny_config(algorithm, **MODES[mode])
+    whole = make(cfg)
+    want = whole.run()
+    first = make(cfg, tmp_path / "ckpt", store=tmp_path / "state")
+    first.run_round(0)
+    first.save_checkpoint()
+    first.run_round(1)  # writes the store past the checkpoint, then is lost
+    del first
+    again = make(cfg, tmp_path / "ckpt", store=tmp_path / "state")
+    got = again.run(resume=True)
+    assert again.resumed_from == 1
+    assert_same_run(whole, want, again, got)
+    assert len(again.strategy.kept) > 0 and (tmp_path / "state" / "store.json").is_file()
+    # a checkpoint of the run in memory cannot continue in files, and the other way round
+    with pytest.raises(ValueError, match="client-state folder"):
+        make(cfg, tmp_path / "ckpt").load_checkpoint()
 
 
 def test_every_n_rounds_and_the_last(tmp_path):

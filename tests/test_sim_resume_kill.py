@@ -8,11 +8,13 @@ variates) is killed three times before it may finish:
 2. after the state file of round 4 is in place but before the manifest names it: round 3's counts;
 3. at whatever moment the process has reached once a checkpoint of round >= 6 exists;
 
-PAdaMFed-VR client-batched (the initial round of controls, momentum, the anchor copy) once, at
-the second point. Each finished run's metrics file and final checkpoint (model, server state, every client's
-kept state) must equal, bit for bit, those of an uninterrupted run with the same flags. Every
-algorithm of the registry is resumed in-process by ``test_sim_resume.py``; these tests show that
-it also holds across processes and kills.
+PAdaMFed-VR client-batched (the initial round of controls, momentum, the anchor copy) once, at the
+second point; SCAFFOLD client-batched with its clients' state in files (``--client-state-dir``)
+inside a state file's write and anywhere, the store's writes of the killed round included. Each
+finished run's metrics file and final checkpoint (model, server state, every client's kept state)
+must equal, bit for bit, those of an uninterrupted run with the same flags. Every algorithm of the
+registry is resumed in-process by ``test_sim_resume.py``; these tests show that it also holds across
+processes and kills.
 """
 
 import json
@@ -29,15 +31,29 @@ import torch
 
 from fedopt_kernels.fl.checkpoint import KILL_HOOK, MANIFEST, CheckpointDir
 from fedopt_kernels.sim.cli import fedopt_sim
+from fedopt_kernels.sim.client_state import MIRROR, Layout
+from fedopt_kernels.sim.client_state_files import ClientStateFiles
 
 ROUNDS = 10
 RUNS = {
     "scaffold": ["--algorithm", "scaffold", "--momentum", "0.5"],
     "padamfed-vr": ["--algorithm", "padamfed-vr", "--client-batched", "2"],
+    "scaffold-files": [
+        "--algorithm",
+        "scaffold",
+        "--client-batched",
+        "2",
+        "--clients-per-round",
+        "4",
+    ],  # + --client-state-dir
 }
 # where each run is killed before it may finish: inside a state file's write, between the state
 # file and the manifest (the testing hook), and wherever it is once round 6 is checkpointed
-KILLS = {"scaffold": ["2:payload", "4:commit", "anywhere"], "padamfed-vr": ["3:commit"]}
+KILLS = {
+    "scaffold": ["2:payload", "4:commit", "anywhere"],
+    "padamfed-vr": ["3:commit"],
+    "scaffold-files": ["3:payload", "anywhere"],
+}
 COMMON = [
     "--clients",
     "8",
@@ -89,10 +105,17 @@ def rounds_in_force(folder: Path) -> int:
     return json.loads((folder / MANIFEST).read_text())["rounds"]
 
 
-def final_state(folder: Path) -> dict:
+def final_state(folder: Path, store: Optional[Path] = None) -> dict:
+    """The final checkpoint's state, with ``"kept"``: every client's state, read from the store the
+    checkpoint names (its copy in the checkpoint folder, or ``store``) at the position it recorded."""
     ckpt = CheckpointDir(folder, "fedopt-sim")
-    rounds, state = ckpt.load(ckpt.manifest()["settings"])
+    settings = ckpt.manifest()["settings"]
+    rounds, state = ckpt.load(settings)
     assert rounds == ROUNDS
+    clients = state["client_state"]["current"].numel()  # the training clients
+    files = ClientStateFiles(store or folder / MIRROR, Layout(state["global"]), clients, settings, torch.device("cpu"))
+    files.load(folder, settings, state["client_state"])
+    state["kept"] = {cid: files[cid] for cid in files}
     return state
 
 
@@ -125,8 +148,11 @@ def kill(flags, out, cwd: Path, ckpt: Path, point: str) -> None:
 @pytest.mark.parametrize("name", list(RUNS))
 def test_killed_runs_resume_to_the_uninterrupted_result(tmp_path, name):
     flags = RUNS[name] + COMMON
-    assert fedopt_sim.main(flags + ["--out", str(tmp_path / "whole")]) == 0  # the uninterrupted run, in this process
-    out = ["--out", str(tmp_path / "killed")]
+    files = name.endswith("-files")
+    store = (lambda run: ["--client-state-dir", str(tmp_path / f"{run}-state")]) if files else (lambda run: [])
+    # the uninterrupted run, in this process
+    assert fedopt_sim.main(flags + store("whole") + ["--out", str(tmp_path / "whole")]) == 0
+    out = store("killed") + ["--out", str(tmp_path / "killed")]
     ckpt = tmp_path / "killed" / "checkpoints" / "seed3"
     for point in KILLS[name]:
         kill(flags, out, tmp_path, ckpt, point)
@@ -135,7 +161,10 @@ def test_killed_runs_resume_to_the_uninterrupted_result(tmp_path, name):
     want = json.loads((tmp_path / "whole" / "metrics_seed3.json").read_text())
     got = json.loads((tmp_path / "killed" / "metrics_seed3.json").read_text())
     assert without_times(got) == without_times(want)
-    a, b = final_state(ckpt), final_state(tmp_path / "whole" / "checkpoints" / "seed3")
+    where = (lambda run: tmp_path / f"{run}-state" / "seed3") if files else (lambda run: None)
+    a = final_state(ckpt, where("killed"))
+    b = final_state(tmp_path / "whole" / "checkpoints" / "seed3", where("whole"))
+    assert len(a["kept"]) > 0
     assert all(torch.equal(x, y) for x, y in zip(a["global"], b["global"]))
     assert a["server"].keys() == b["server"].keys() and a["kept"].keys() == b["kept"].keys()
     for key in a["server"]:

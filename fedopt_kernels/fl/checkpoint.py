@@ -140,18 +140,21 @@ def plain_settings(settings: Mapping[str, Any]) -> Dict[str, Any]:
     return json.loads(json.dumps(dict(settings), sort_keys=True))
 
 
-def settings_diff(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> List[str]:
+def settings_diff(
+    saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "", saved_in: str = "the checkpoint"
+) -> List[str]:
     """``"name: <saved> in the checkpoint, <current> now"`` for every setting that differs (a setting
-    that is itself a dict is compared key by key, named ``outer.inner``)."""
+    that is itself a dict is compared key by key, named ``outer.inner``; ``saved_in``: where the saved
+    settings come from)."""
     out = []
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key, "(not set)"), current.get(key, "(not set)")
         if isinstance(a, dict) and isinstance(b, dict):
-            out += settings_diff(a, b, f"{prefix}{key}.")
+            out += settings_diff(a, b, f"{prefix}{key}.", saved_in)
             continue
         same = a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
         if not same:
-            out.append(f"{prefix}{key}: {a!r} in the checkpoint, {b!r} now")
+            out.append(f"{prefix}{key}: {a!r} in {saved_in}, {b!r} now")
     return out
 
 

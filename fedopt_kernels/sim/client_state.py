@@ -177,7 +177,7 @@ class MemoryClientState(ClientState):
                 mirror[cid] = self._entries[cid]
             elif cid in mirror:
                 del mirror[cid]
-        position = mirror.checkpoint(folder, identity)
+        position = {**mirror.checkpoint(folder, identity), "kind": "memory"}
         self._mirror, self._mirror_pending = mirror, changed
         return position
 
@@ -190,6 +190,11 @@ class MemoryClientState(ClientState):
     def load(self, folder: Path, identity: Dict[str, Any], position: Dict[str, Any]) -> None:
         from .client_state_files import ClientStateFiles
 
+        if position.get("kind", "memory") != "memory":
+            raise ClientStateError(
+                f"the checkpoint in {folder} kept its clients' state in files ({position.get('folder')}); this "
+                f"run keeps it in host memory: resume with the same client-state folder"
+            )
         mirror = ClientStateFiles(folder / MIRROR, self.layout, self.num_clients, identity, torch.device("cpu"))
         mirror.load(folder, identity, position)  # ClientStateError before anything changes here
         entries = {cid: mirror[cid] for cid in mirror}

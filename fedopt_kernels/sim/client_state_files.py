@@ -84,7 +84,7 @@ class ClientStateFiles(ClientState):
             "format": FORMAT,
             "version": VERSION,
             "token": self.token,
-            "clients": self.num_clients,
+            "training clients": self.num_clients,
             "tensors": self.layout.describe(),
             "slot_bytes": self.slot_bytes,
             "block": BLOCK,
@@ -115,11 +115,11 @@ class ClientStateFiles(ClientState):
             return
         mine = self._header()
         diff = []
-        for key in ("clients", "tensors", "slot_bytes", "block"):
+        for key in ("training clients", "tensors", "slot_bytes", "block"):
             if head.get(key) != mine[key]:
                 diff.append(f"{key}: {head.get(key)!r} in the store, {mine[key]!r} now")
         saved = head.get("run") if isinstance(head.get("run"), dict) else {}
-        diff += settings_diff(saved, self.identity)
+        diff += settings_diff(saved, self.identity, saved_in="the store")
         if diff:
             raise ClientStateError(
                 f"the client state in {self.folder} belongs to another run; it cannot serve this one. "
@@ -286,7 +286,12 @@ class ClientStateFiles(ClientState):
 
     def checkpoint(self, folder: Path, identity: Dict[str, Any]) -> Dict[str, Any]:
         self.flush()
-        return {"token": self.token, "current": torch.from_numpy(self.current.copy())}
+        return {
+            "kind": "files",
+            "folder": str(self.folder),
+            "token": self.token,
+            "current": torch.from_numpy(self.current.copy()),
+        }
 
     def committed(self) -> None:
         self.pinned[:] = self.current
@@ -296,6 +301,11 @@ class ClientStateFiles(ClientState):
         head = self._read_header()
         current = position.get("current")
         token = position.get("token")
+        if position.get("kind") == "memory" and self.folder.name != "client-state":
+            raise ClientStateError(
+                f"the checkpoint in {folder} kept its clients' state in host memory; this run keeps it in "
+                f"{self.folder}: resume without a client-state folder"
+            )
         if head is None:
             raise ClientStateError(f"the checkpoint in {folder} names client state in {self.folder}, which holds none")
         if head.get("token") != token:
@@ -315,3 +325,11 @@ class ClientStateFiles(ClientState):
         self._dirty.clear()
         self._changed.clear()
         self._broken = None
+
+
+def clear(folder: Path) -> None:
+    """Delete the store in ``folder`` (its header and files, nothing else): a new run replaces it."""
+    folder = Path(folder)
+    for f in [folder / HEADER, *folder.glob("block-*.bin")]:
+        with contextlib.suppress(FileNotFoundError):
+            f.unlink()

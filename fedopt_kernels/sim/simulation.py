@@ -134,6 +134,7 @@ class Simulation:
             from .batched_round import BatchedClients
 
             self.batched = BatchedClients(self)
+        self._settings: Optional[Dict[str, Any]] = None
         self.client_state_dir = None if client_state_dir is None else Path(client_state_dir)
         if self.client_state_dir is not None and self.strategy.rule.keeps:
             self.strategy.kept = ClientStateFiles(
@@ -147,7 +148,6 @@ class Simulation:
         self.final_cost = EvalCost()
         self.eval_log: List[Dict[str, float]] = []  # per evaluated round: seconds and model FLOPs of the pass
         self.setup_done = False
-        self._settings: Optional[Dict[str, Any]] = None
 
     @property
     def train_clients(self) -> List[ClientData]:

@@ -46,6 +46,7 @@ from .run_folder import (
     checkpoint_folders,
     choose_out_dir,
     clear_earlier_run,
+    client_state_folders,
     refuse_earlier_checkpoints,
 )
 
@@ -255,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
         "without --out: sim_runs/<algorithm>-<dataset>), each seed from its last checkpoint "
         "(a seed without one starts at round 1); the settings must be the checkpoint's",
     )
+    g.add_argument(
+        "--client-state-dir",
+        metavar="DIR",
+        help="keep what clients keep between rounds (SCAFFOLD's and PAdaMFed's controls, FedDyn's g_i) "
+        "in files under DIR/seed<k> instead of host memory: a run's memory then does not grow with its "
+        'population (default: host memory; docs/simulator.md, "Memory")',
+    )
     g = p.add_argument_group("validation")
     g.add_argument(
         "--validate",
@@ -441,6 +449,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     out_dir = args.out_dir
     results: List[Dict[str, Any]] = []
     folders = dict(zip(args.seeds, args.checkpoint_folders, strict=True))
+    stores = dict(zip(args.seeds, args.client_state_folders, strict=True))
     if not args.quiet and not args.resume and args.checkpoint_folders[0] is not None:
         again = f"--out {out_dir} --resume" if args.checkpoint_dir is None else "--resume"
         print(
@@ -449,7 +458,16 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             file=sys.stderr,
         )
     for cfg in configs:
-        sim = Simulation(cfg, checkpoint_dir=folders[cfg.seed], checkpoint_every=max(args.checkpoint_every, 1))
+        if args.overwrite and stores[cfg.seed] is not None:
+            from ..client_state_files import clear
+
+            clear(stores[cfg.seed])  # --overwrite: this run's seed replaces the earlier run's store
+        sim = Simulation(
+            cfg,
+            checkpoint_dir=folders[cfg.seed],
+            checkpoint_every=max(args.checkpoint_every, 1),
+            client_state_dir=stores[cfg.seed],
+        )
         if args.resume:
             _resume_seed(sim, args.quiet)
         _say_batched(sim)
@@ -586,6 +604,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.out_dir, args.checkpoint_dir, 0 if args.validate is not None else args.checkpoint_every, args.seeds
         )
         refuse_earlier_checkpoints(args.checkpoint_folders, args.resume, args.overwrite)
+        args.client_state_folders = client_state_folders(
+            args.client_state_dir, args.seeds, args.resume, args.overwrite, args.validate
+        )
         from ..simulation import resolve_backend, resolve_device
 
         device = resolve_device(configs[0].device)
@@ -613,6 +634,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from ...core.extras import MissingExtra
     from ...fl.checkpoint import CheckpointError
     from ..batched.precision import UnsupportedPrecision
+    from ..client_state import ClientStateError
 
     try:
         if args.validate is not None:
@@ -620,7 +642,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _run(args, configs)
     except MissingExtra as exc:
         parser.exit(3, f"fedopt-sim: error: {exc}\n")
-    except CheckpointError as exc:  # --resume from a checkpoint of other settings, or a damaged one
+    except (CheckpointError, ClientStateError) as exc:  # other settings, a damaged file, a failed write
         parser.exit(2, f"fedopt-sim: error: {exc}\n")
     except UnsupportedPrecision as exc:  # found when the run builds its model (bf16 LSTM on this CPU)
         parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")

@@ -10,6 +10,8 @@
   run's too; ``--resume`` continues it instead of refusing it. ``--overwrite`` lets a new run
   replace the checkpoints of its own seeds (each by its first save); a checkpoint of a seed the new
   run does not have is left as it is (it still holds that seed's run, settings and all).
+* Client state in files (``--client-state-dir DIR``): ``DIR/seed<k>``. A folder holding a store is
+  an earlier run's: ``--resume`` continues it, ``--overwrite`` lets the new run start it anew.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from ...fl.checkpoint import MANIFEST
+from ..client_state_files import HEADER
 
 CHECKPOINTS = "checkpoints"
 # the files a run writes (fedopt_sim._run); only these make a folder "an earlier run's"
@@ -102,3 +105,27 @@ def refuse_earlier_checkpoints(folders: Sequence[Optional[Path]], resume: bool, 
                 f"({f / MANIFEST}); give --resume to continue that run, --overwrite to replace it, "
                 f"or another folder"
             )
+
+
+def client_state_folders(
+    root: Optional[str], seeds: Sequence[int], resume: bool, overwrite: bool, validate: Optional[str]
+) -> List[Optional[Path]]:
+    """Each seed's client-state folder (None for all: host memory). ValueError naming the option for
+    a folder that holds an earlier run's store, unless the run resumes or overwrites it."""
+    if root is None:
+        return [None] * len(seeds)
+    if validate is not None:
+        raise ValueError("--validate runs keep client state in host memory: drop --client-state-dir")
+    base = Path(root)
+    if base.exists() and not base.is_dir():
+        raise ValueError(f"client_state_dir (--client-state-dir) must be a folder, but {base} is a file")
+    folders = [base / f"seed{s}" for s in seeds]
+    if not (resume or overwrite):
+        for f in folders:
+            if (f / HEADER).is_file():
+                raise ValueError(
+                    f"client_state_dir (--client-state-dir) {base} already holds a run's client state "
+                    f"({f / HEADER}); give --resume to continue that run, --overwrite to replace it, or "
+                    f"another folder"
+                )
+    return folders
