@@ -227,19 +227,32 @@ class BatchedClients:
             self._chunk(list(sampled[i : i + self.size]), t, take)
 
     def _round_inputs(self, chunk: List[int], t: int, stacked: Sequence[torch.Tensor]) -> Dict[str, Any]:
-        sim, per = self.sim, []
-        for cid in chunk:
-            inputs = dict(self.sim.strategy.round_inputs(cid, t))
-            inputs.update(self.opts.calibrate(sim.train_clients[cid]))  # FedNLR: scales from the received model
-            per.append(inputs)
-        per += [per[0]] * (self.size - len(chunk))  # inactive slots: any valid inputs
+        """Every client's round inputs, stacked ``[C, ...]`` into tensors made at the first client and
+        filled client by client (one client's own inputs alive at a time, not C of them)."""
+        sim = self.sim
         index = {id(p): i for i, p in enumerate(sim.model.parameters())}
         out: Dict[str, Any] = {}
-        for key, first in per[0].items():
-            if isinstance(first, dict):  # {model parameter: [M]} -> {stacked parameter: [C, M]}
-                out[key] = {stacked[index[id(p)]]: torch.stack([d[key][p] for d in per]) for p in first}
-            else:
-                out[key] = [torch.stack([d[key][j] for d in per]) for j in range(len(first))]
+        slots: List[Tuple[torch.Tensor, Any]] = []  # (stacked tensor, how to get its row from a client's inputs)
+        for c, cid in enumerate(chunk):
+            inputs = dict(sim.strategy.round_inputs(cid, t))
+            inputs.update(self.opts.calibrate(sim.train_clients[cid]))  # FedNLR: scales from the received model
+            if c == 0:
+                for key, first in inputs.items():
+                    if isinstance(first, dict):  # {model parameter: [M]} -> {stacked parameter: [C, M]}
+                        out[key] = {}
+                        for p, v in first.items():
+                            out[key][stacked[index[id(p)]]] = t_ = v.new_empty((self.size, *v.shape))
+                            slots.append((t_, (key, p)))
+                    elif first is None:
+                        out[key] = None
+                    else:
+                        out[key] = [v.new_empty((self.size, *v.shape)) for v in first]
+                        slots += [(t_, (key, j)) for j, t_ in enumerate(out[key])]
+            for t_, (key, where) in slots:
+                t_[c].copy_(inputs[key][where])
+            del inputs
+        for t_, _ in slots:  # inactive slots: any valid inputs (the first client's)
+            t_[len(chunk) :].copy_(t_[:1].expand(self.size - len(chunk), *t_.shape[1:]))
         return out
 
     def _chunk(self, chunk: List[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:

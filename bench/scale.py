@@ -1,0 +1,255 @@
+"""``python -m bench scale``: a run's peak memory against its clients per round and its population.
+
+Each row is one ``fedopt-sim`` run in a process of its own (``bench/scale_run.py``), whose
+anonymous resident memory (``RssAnon`` of ``/proc/<pid>/status``: the process's own memory, not
+the page cache that a store in files goes through) is sampled every 0.1 s; the peak is reported
+with the run's set-up, round and evaluation seconds and, on a GPU, its peak device memory.
+Algorithms that keep client state run with it in files (``--client-state-dir``, a temporary folder
+under ``--store-dir``), and each group of rows has FedAvg, which keeps none, beside it.
+
+Parts (``--parts``):
+
+* ``clients``: FedProx Synthetic, the MLP at ``--hidden 2048`` (4.3M parameters), N = 1,000, one
+  round of 2 local steps, at 25 and 200 clients per round, one client after another and
+  ``--client-batched 20``: the peak should not grow with the clients per round.
+* ``population``: SCAFFOLD with 5,000 clients (250 a round, 8 rounds) and PAdaMFed with 3,000
+  (which computes every client's first control), the MLP at ``--hidden 1024``: their peak against
+  FedAvg's same run, while the store holds several GB.
+* ``setup``: FedAvg with 20 clients per round, 3 rounds, N = 1,000 and 100,000: set-up seconds,
+  a training round's seconds (the median of the rounds before the last, whose pooled evaluation
+  reads every client), and the peak.
+
+Results: ``scale-<device>-<date>.{json,md,png}`` in ``--out-dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from . import cli
+from .machine import loadavg, run_meta, utc_date
+from .report import publish, write_json
+
+SYNTHETIC = ["--dataset", "synthetic", "--model", "mlp", "--device", "cpu", "--threads", "1", "--quiet"]
+
+
+def rss_anon(pid: int) -> Optional[int]:
+    """Bytes of ``pid``'s anonymous resident memory (None where /proc does not say)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def measure(argv: List[str], timeout: float) -> Dict[str, Any]:
+    """Run ``bench.scale_run`` with ``argv``, sampling its memory; its figures and the peak."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.scale_run", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, rss_anon(proc.pid) or 0)
+        if time.perf_counter() - start > timeout:
+            proc.kill()
+            break
+        time.sleep(0.1)
+    out, err = proc.communicate()
+    row: Dict[str, Any] = {"argv": argv, "wall_s": time.perf_counter() - start, "peak_rss_anon": peak}
+    line = next((s for s in out.splitlines() if s.startswith("SCALE ")), None)
+    if proc.returncode != 0 or line is None:
+        row["error"] = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return row
+    row.update(json.loads(line[len("SCALE ") :]))
+    rounds = row["round_s"]
+    row["train_round_s"] = statistics.median(rounds[:-1]) if len(rounds) > 1 else rounds[0]
+    return row
+
+
+def _run(common: List[str], algorithm: str, extra: List[str], store: Path) -> List[str]:
+    return [*SYNTHETIC, *common, "--algorithm", algorithm, *extra, "--client-state-dir", str(store)]
+
+
+def plan(parts: List[str], store: Path, big: int) -> List[Tuple[str, Dict[str, Any], List[str]]]:
+    """(part, the row's labels, its fedopt-sim arguments) of every row."""
+    rows: List[Tuple[str, Dict[str, Any], List[str]]] = []
+    if "clients" in parts:
+        common = ["--hidden", "2048", "--clients", "1000", "--rounds", "1", "--local-steps", "2"]
+        common += ["--finetune-steps", "0", "--eval-every", "1000", "--no-final"]
+        for algo in ("fedavg", "scaffold", "feddyn", "padamfed"):
+            for mode in ("1", "20"):
+                for per_round in (25, 200):
+                    labels = {"algorithm": algo, "clients at once": mode, "per round": per_round, "N": 1000}
+                    extra = ["--clients-per-round", str(per_round), "--client-batched", mode]
+                    rows.append(("clients", labels, _run(common, algo, extra, store)))
+    if "population" in parts:
+        common = ["--hidden", "1024", "--local-steps", "2", "--finetune-steps", "0", "--eval-every", "1000"]
+        common += ["--no-final"]
+        for algo, n, per_round, rounds in (
+            ("fedavg", 5000, 250, 8),
+            ("scaffold", 5000, 250, 8),
+            ("fedavg", 3000, 20, 2),
+            ("padamfed", 3000, 20, 2),
+        ):
+            labels = {"algorithm": algo, "clients at once": "1", "per round": per_round, "N": n}
+            extra = ["--clients", str(n), "--clients-per-round", str(per_round), "--rounds", str(rounds)]
+            rows.append(("population", labels, _run(common, algo, extra, store)))
+    if "setup" in parts:
+        common = ["--clients-per-round", "20", "--rounds", "3", "--finetune-steps", "0", "--no-final"]
+        for n in (1000, big):
+            labels = {"algorithm": "fedavg", "clients at once": "1", "per round": 20, "N": n}
+            rows.append(("setup", labels, _run(common, "fedavg", ["--clients", str(n)], store)))
+    return rows
+
+
+def _gb(b: Optional[float]) -> str:
+    return "-" if b is None else f"{b / 1e9:.2f}"
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    m = result["meta"]
+    lines = [
+        f"# Peak memory against clients per round and population ({m['device']}, {m['date']})",
+        "",
+        f"`{m['command']}` at commit `{m['commit']}`, torch {m['torch']}; load average "
+        f"{result.get('load_before')} before, {result.get('load_after')} after. Peak: RssAnon of the run's "
+        "process, sampled every 0.1 s; keeping algorithms with their client state in files.",
+        "",
+        "| part | algorithm | N | per round | at once | peak GB | vs FedAvg | set-up s | round s | store GB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lab = r["labels"]
+        base = _fedavg_peak(result["rows"], r)
+        ratio = f"{r['peak_rss_anon'] / base:.2f}x" if base and lab["algorithm"] != "fedavg" else ""
+        if "error" in r:
+            lines.append(
+                f"| {r['part']} | {lab['algorithm']} | {lab['N']} | {lab['per round']} | "
+                f"{lab['clients at once']} | failed: {r['error']} | | | | |"
+            )
+            continue
+        lines.append(
+            f"| {r['part']} | {lab['algorithm']} | {lab['N']} | {lab['per round']} | {lab['clients at once']} | "
+            f"{_gb(r['peak_rss_anon'])} | {ratio} | {r['setup_s']:.1f} | {r['train_round_s']:.2f} | "
+            f"{_gb(r.get('store_bytes'))} |"
+        )
+    lines += ["", "Growth with the clients per round (peak at 200 / peak at 25, same algorithm and mode):", ""]
+    for key, ratio in growth(result["rows"]).items():
+        lines.append(f"- {key}: {ratio:.2f}x")
+    return "\n".join(lines) + "\n"
+
+
+def _fedavg_peak(rows: List[Dict[str, Any]], row: Dict[str, Any]) -> Optional[float]:
+    lab = row["labels"]
+    for r in rows:
+        other = r["labels"]
+        if (
+            r["part"] == row["part"]
+            and other["algorithm"] == "fedavg"
+            and "error" not in r
+            and all(other[k] == lab[k] for k in ("N", "per round", "clients at once"))
+        ):
+            return r["peak_rss_anon"]
+    return None
+
+
+def growth(rows: List[Dict[str, Any]]) -> Dict[str, float]:
+    out = {}
+    by = {
+        (r["labels"]["algorithm"], r["labels"]["clients at once"], r["labels"]["per round"]): r
+        for r in rows
+        if r["part"] == "clients" and "error" not in r
+    }
+    for (algo, mode, per_round), r in by.items():
+        small = by.get((algo, mode, 25))
+        if per_round == 200 and small is not None:
+            out[f"{algo}, {'sequential' if mode == '1' else 'client-batched ' + mode}"] = (
+                r["peak_rss_anon"] / small["peak_rss_anon"]
+            )
+    return out
+
+
+def chart(result: Dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in result["rows"] if r["part"] == "clients" and "error" not in r]
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for algo, mode in sorted({(r["labels"]["algorithm"], r["labels"]["clients at once"]) for r in rows}):
+        pts = sorted(
+            (r["labels"]["per round"], r["peak_rss_anon"] / 1e9)
+            for r in rows
+            if r["labels"]["algorithm"] == algo and r["labels"]["clients at once"] == mode
+        )
+        ax.plot(*zip(*pts), marker="o", label=f"{algo} ({'seq' if mode == '1' else 'batched ' + mode})")
+    ax.set_xlabel("clients per round")
+    ax.set_ylabel("peak RssAnon (GB)")
+    ax.set_title("Peak memory against clients per round (N = 1000, 4.3M-parameter MLP)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = cli.parser("scale", __doc__.split("\n\n")[0])
+    p.add_argument(
+        "--parts", nargs="+", default=["clients", "population", "setup"], choices=["clients", "population", "setup"]
+    )
+    p.add_argument("--big", type=int, default=100_000, help="the large population of the setup part")
+    p.add_argument("--store-dir", help="where the client-state folders go (default: the system's temporary folder)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds a row may take before it is stopped")
+    cli.add_output(p)
+    args = p.parse_args(argv)
+    device = torch.device("cpu")
+    result: Dict[str, Any] = {
+        "meta": run_meta(device, cli.command_line("scale", argv if argv is not None else sys.argv[1:])),
+        "load_before": loadavg(),
+        "rows": [],
+    }
+    out = cli.out_dir(args)
+    stem = f"scale-cpu-{utc_date()}"
+    with tempfile.TemporaryDirectory(dir=args.store_dir) as tmp:
+        for part, labels, run_argv in plan(args.parts, Path(tmp), args.big):
+            row = {"part": part, "labels": labels, **measure(run_argv, args.timeout)}
+            result["rows"].append(row)
+            print(
+                f"{part} {labels}: peak {_gb(row['peak_rss_anon'])} GB"
+                + (f", failed: {row['error']}" if "error" in row else f", set-up {row['setup_s']:.1f} s"),
+                file=sys.stderr,
+                flush=True,
+            )
+            if out is not None:
+                out.mkdir(parents=True, exist_ok=True)
+                write_json(result, out / f"{stem}.json")
+    result["load_after"] = loadavg()
+    publish(result, out, stem, markdown, chart, name="bench scale")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
