@@ -95,9 +95,10 @@ def plan(parts: List[str], store: Path, big: int) -> List[Tuple[str, Dict[str, A
         common += ["--finetune-steps", "0", "--eval-every", "1000", "--no-final"]
         for algo in ("fedavg", "scaffold", "feddyn", "padamfed"):
             for mode in ("1", "20"):
-                for per_round in (25, 200):
+                for per_round in (25, 40, 200) if mode != "1" else (25, 200):
                     labels = {"algorithm": algo, "clients at once": mode, "per round": per_round, "N": 1000}
                     extra = ["--clients-per-round", str(per_round), "--client-batched", mode]
+                    extra += ["--formulations", "default"]  # the search's own memory is not the round's
                     rows.append(("clients", labels, _run(common, algo, extra, store)))
     if "population" in parts:
         common = ["--hidden", "1024", "--local-steps", "2", "--finetune-steps", "0", "--eval-every", "1000"]
@@ -126,13 +127,14 @@ def _gb(b: Optional[float]) -> str:
 def markdown(result: Dict[str, Any]) -> str:
     m = result["meta"]
     lines = [
-        f"# Peak memory against clients per round and population ({m['device']}, {m['date']})",
+        f"# Peak memory against clients per round and population ({m['device_name']}, {m['date']})",
         "",
         f"`{m['command']}` at commit `{m['commit']}`, torch {m['torch']}; load average "
         f"{result.get('load_before')} before, {result.get('load_after')} after. Peak: RssAnon of the run's "
         "process, sampled every 0.1 s; keeping algorithms with their client state in files.",
         "",
-        "| part | algorithm | N | per round | at once | peak GB | vs FedAvg | set-up s | round s | store GB |",
+        "| part | algorithm | N | per round | --client-batched (trained at once) | peak GB | vs FedAvg | set-up s "
+        "| round s | store GB |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
@@ -146,8 +148,8 @@ def markdown(result: Dict[str, Any]) -> str:
             )
             continue
         lines.append(
-            f"| {r['part']} | {lab['algorithm']} | {lab['N']} | {lab['per round']} | {lab['clients at once']} | "
-            f"{_gb(r['peak_rss_anon'])} | {ratio} | {r['setup_s']:.1f} | {r['train_round_s']:.2f} | "
+            f"| {r['part']} | {lab['algorithm']} | {lab['N']} | {lab['per round']} | {lab['clients at once']} "
+            f"({r.get('trained_at_once', '?')}) | {_gb(r['peak_rss_anon'])} | {ratio} | {r['setup_s']:.1f} | {r['train_round_s']:.2f} | "
             f"{_gb(r.get('store_bytes'))} |"
         )
     lines += ["", "Growth with the clients per round (peak at 200 / peak at 25, same algorithm and mode):", ""]
@@ -232,7 +234,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "rows": [],
     }
     out = cli.out_dir(args)
-    stem = f"scale-cpu-{utc_date()}"
+    stem = f"scale-{result['meta']['device_slug']}-{utc_date()}"
     with tempfile.TemporaryDirectory(dir=args.store_dir) as tmp:
         for part, labels, run_argv in plan(args.parts, Path(tmp), args.big):
             row = {"part": part, "labels": labels, **measure(run_argv, args.timeout)}

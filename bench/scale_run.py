@@ -49,6 +49,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "device_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "store_bytes": _disk_bytes(folder) if folder else 0,
             "val_acc": sim.history[-1].get("val_acc"),
+            "trained_at_once": 1 if sim.batched is None else sim.batched.size,
         }
     print("SCALE " + json.dumps(out), flush=True)
     return 0
