@@ -149,8 +149,8 @@ def markdown(result: Dict[str, Any]) -> str:
             continue
         lines.append(
             f"| {r['part']} | {lab['algorithm']} | {lab['N']} | {lab['per round']} | {lab['clients at once']} "
-            f"({r.get('trained_at_once', '?')}) | {_gb(r['peak_rss_anon'])} | {ratio} | {r['setup_s']:.1f} | {r['train_round_s']:.2f} | "
-            f"{_gb(r.get('store_bytes'))} |"
+            f"({r.get('trained_at_once', '?')}) | {_gb(r['peak_rss_anon'])} | {ratio} | {r['setup_s']:.1f} | "
+            f"{r['train_round_s']:.2f} | {_gb(r.get('store_bytes'))} |"
         )
     lines += ["", "Growth with the clients per round (peak at 200 / peak at 25, same algorithm and mode):", ""]
     for key, ratio in growth(result["rows"]).items():
