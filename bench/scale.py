@@ -113,7 +113,8 @@ def plan(parts: List[str], store: Path, big: int) -> List[Tuple[str, Dict[str, A
             extra = ["--clients", str(n), "--clients-per-round", str(per_round), "--rounds", str(rounds)]
             rows.append(("population", labels, _run(common, algo, extra, store)))
     if "setup" in parts:
-        common = ["--clients-per-round", "20", "--rounds", "3", "--finetune-steps", "0", "--no-final"]
+        common = ["--clients-per-round", "20", "--rounds", "3", "--finetune-steps", "0", "--eval-every", "1000"]
+        common += ["--no-final"]
         for n in (1000, big):
             labels = {"algorithm": "fedavg", "clients at once": "1", "per round": 20, "N": n}
             rows.append(("setup", labels, _run(common, "fedavg", ["--clients", str(n)], store)))
