@@ -113,7 +113,9 @@ def final_state(folder: Path, store: Optional[Path] = None) -> dict:
     rounds, state = ckpt.load(settings)
     assert rounds == ROUNDS
     clients = state["client_state"]["current"].numel()  # the training clients
-    files = ClientStateFiles(store or folder / MIRROR, Layout(state["global"]), clients, settings, torch.device("cpu"))
+    files = ClientStateFiles(
+        store or folder / MIRROR, Layout(state["global"]), clients, settings, torch.device("cpu"), mirror=store is None
+    )
     files.load(folder, settings, state["client_state"])
     state["kept"] = {cid: files[cid] for cid in files}
     return state

@@ -125,7 +125,7 @@ class BatchedClients:
         return self.cfg.client_batched
 
     def _resolve(self) -> None:
-        cfg, S = self.cfg, self.cfg.sampled_per_round
+        cfg, S = self.cfg, self.sim.per_rank
         fixed = None if cfg.client_batched == "auto" else min(int(cfg.client_batched), S)
         if self.chooser is None:
             n = fixed if fixed is not None else self._fit(limit=True)
@@ -147,7 +147,7 @@ class BatchedClients:
         x, y = client.train_x[: cfg.batch_size], client.train_y[: cfg.batch_size]
         budget = free_bytes(self.sim.device)
         cap = MAX_AUTO if limit else None
-        return auto_clients_at_once(self.sim.model, x, y, state_copies(cfg), cfg.sampled_per_round, budget, cap)
+        return auto_clients_at_once(self.sim.model, x, y, state_copies(cfg), self.sim.per_rank, budget, cap)
 
     def _sample_inputs(self, C: int) -> Tuple[List[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
         """What the chooser times: the global model for C clients and one batch of the first training

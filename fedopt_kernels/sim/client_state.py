@@ -102,6 +102,10 @@ class ClientState(MutableMapping):
     def prefetch(self, cids: Sequence[int]) -> None:
         """Say that these clients' entries are read soon (the files store asks the OS to read them ahead)."""
 
+    def written_elsewhere(self, cids: Sequence[int]) -> None:
+        """Another process of the run wrote these clients' entries (a store every rank shares)."""
+        raise ClientStateError(f"{type(self).__name__} is not shared between processes")
+
     def copy_from(self, other: Mapping[int, Sequence[torch.Tensor]]) -> None:
         """Hold exactly ``other``'s entries (a validation run taking over its reference's state)."""
         self.start()
@@ -166,7 +170,7 @@ class MemoryClientState(ClientState):
         mirror = self._mirror
         if mirror is None or mirror.folder != folder / MIRROR:
             mirror = ClientStateFiles(
-                folder / MIRROR, self.layout, self.num_clients, identity, self.device, replace=True
+                folder / MIRROR, self.layout, self.num_clients, identity, self.device, mirror=True
             )
             mirror.start()
             changed = set(self._entries) | self._changed
@@ -195,7 +199,9 @@ class MemoryClientState(ClientState):
                 f"the checkpoint in {folder} kept its clients' state in files ({position.get('folder')}); this "
                 f"run keeps it in host memory: resume with the same client-state folder"
             )
-        mirror = ClientStateFiles(folder / MIRROR, self.layout, self.num_clients, identity, torch.device("cpu"))
+        mirror = ClientStateFiles(
+            folder / MIRROR, self.layout, self.num_clients, identity, torch.device("cpu"), mirror=True
+        )
         mirror.load(folder, identity, position)  # ClientStateError before anything changes here
         entries = {cid: mirror[cid] for cid in mirror}
         self._entries = entries

@@ -53,8 +53,8 @@ def _page_round(n: int) -> int:
 class ClientStateFiles(ClientState):
     """The store in ``folder`` (module docstring). ``identity``: the run's settings; a store whose header
     names other settings, another model or another number of clients is refused, naming the path and
-    each difference (not with ``replace``). Nothing is written until ``start`` (a new run) or
-    ``load`` (a resumed one)."""
+    each difference (not for ``mirror``, the memory store's copy beside a checkpoint). Nothing is
+    written until ``start`` (a new run) or ``load`` (a resumed one)."""
 
     def __init__(
         self,
@@ -63,7 +63,7 @@ class ClientStateFiles(ClientState):
         num_clients: int,
         identity: Dict[str, Any],
         device: torch.device,
-        replace: bool = False,
+        mirror: bool = False,
     ):
         super().__init__(layout, num_clients, device)
         self.folder = Path(folder)
@@ -75,7 +75,8 @@ class ClientStateFiles(ClientState):
         self._fds: Dict[int, int] = {}  # block -> open file (most recently used last)
         self._dirty: Set[int] = set()  # blocks written since the last flush
         self._broken: Optional[str] = None
-        if not replace:  # replace: a store that is only ever started anew (a checkpoint's own)
+        self.mirror = mirror  # the memory store's copy beside a checkpoint: started anew, not checked
+        if not mirror:
             self._check_header()
 
     # ------------------------------------------------------------------ the header
@@ -192,6 +193,25 @@ class ClientStateFiles(ClientState):
         self._changed.clear()
         self._broken = None
 
+    def join(self, token: str) -> None:
+        """Begin the run that another process of it has just ``start``-ed here (its token): the same
+        empty position, nothing written."""
+        self.close()
+        self.token = token
+        self.current[:] = -1
+        self.pinned[:] = -1
+        self._dirty.clear()
+        self._changed.clear()
+        self._broken = None
+
+    def written_elsewhere(self, cids: Sequence[int]) -> None:
+        """Another process wrote these clients' entries, each into the slot this one would have
+        chosen (``_target`` depends only on the position, which every process keeps the same)."""
+        for cid in cids:
+            cid = self._check_id(cid)
+            self.current[cid] = self._target(cid)
+            self._changed.add(cid)
+
     def _target(self, cid: int) -> int:
         cur, pin = int(self.current[cid]), int(self.pinned[cid])
         if pin < 0:
@@ -301,10 +321,12 @@ class ClientStateFiles(ClientState):
         head = self._read_header()
         current = position.get("current")
         token = position.get("token")
-        if position.get("kind") == "memory" and self.folder.name != "client-state":
+        if (position.get("kind") == "memory") != self.mirror:
             raise ClientStateError(
                 f"the checkpoint in {folder} kept its clients' state in host memory; this run keeps it in "
                 f"{self.folder}: resume without a client-state folder"
+                if not self.mirror
+                else f"the checkpoint in {folder} kept its clients' state in files, not in host memory"
             )
         if head is None:
             raise ClientStateError(f"the checkpoint in {folder} names client state in {self.folder}, which holds none")

@@ -376,6 +376,8 @@ def evaluate_users(
     at_once: Optional[int] = None,
     cost: Optional[EvalCost] = None,
     precision: str = "fp32",
+    share: Optional[Callable[[int], Tuple[int, int]]] = None,
+    gather: Optional[Callable[[Any], List[Any]]] = None,
 ) -> Dict[str, Dict]:
     """The per-user protocol for each group of users ("existing", "new").
 
@@ -384,6 +386,10 @@ def evaluate_users(
     ``at_once``: fine-tune and test that many users at a time, client-batched; None: one after
     another. ``cost`` adds up the seconds and FLOPs; ``precision``: what the passes compute in.
     ``model`` is used as scratch space and is left holding ``global_params``.
+
+    Several processes (``sim/ranks.py``): ``share(n)`` is this process's block ``[lo, hi)`` of a
+    group of n users, and ``gather(x)`` every process's ``x`` in order; each evaluates its blocks,
+    and every per-user number is put back in user order before the summaries.
     """
 
     def load() -> None:
@@ -391,23 +397,44 @@ def evaluate_users(
             for p, g in zip(model.parameters(), global_params, strict=True):
                 p.copy_(g)
 
-    out: Dict[str, Any] = {"global": {}, "finetuned": {}}
     tested = {name: [u for u in users if u.test_y.shape[0] > 0] for name, users in groups.items()}
-    everyone = [u for users in tested.values() for u in users]
+    blocks = {name: (share or (lambda n: (0, n)))(len(users)) for name, users in tested.items()}
+    mine = {name: users[blocks[name][0] : blocks[name][1]] for name, users in tested.items()}
+    everyone = [u for users in mine.values() for u in users]
     load()
     scores = split_scores(model, everyone, "test", cost, precision)  # the global model: one pass for all numbers
-    out["pooled_test_acc"] = scores.pooled()["acc"]
     before = scores.accuracy()
+    after: Dict[str, List[float]] = {}
+    k = 0
+    for name, users in mine.items():
+        if steps == 0:
+            after[name] = before[k : k + len(users)]
+        elif at_once is not None and at_once > 1 and users:
+            after[name] = _finetuned_batched(
+                model, users, global_params, steps, lr, make_stream, at_once, cost, precision
+            )
+        else:
+            after[name] = _finetuned_sequential(model, users, load, steps, lr, make_stream, cost, precision)
+        k += len(users)
+    load()
+    if gather is not None:  # every process's blocks, back in user order: group by group, rank by rank
+        mine_parts, k = {}, 0
+        for name, users in mine.items():
+            n = len(users)
+            cut = slice(k, k + n)
+            mine_parts[name] = (scores.loss[cut], scores.correct[cut], scores.count[cut], before[cut], after[name])
+            k += n
+        every = gather(mine_parts)
+        per = {name: [p[name] for p in every] for name in tested}
+        scores = Scores(
+            *(np.concatenate([q[i] for name in tested for q in per[name]]) for i in range(3))  # type: ignore[arg-type]
+        )
+        before = [a for name in tested for q in per[name] for a in q[3]]
+        after = {name: [a for q in per[name] for a in q[4]] for name in tested}
+    out: Dict[str, Any] = {"global": {}, "finetuned": {}, "pooled_test_acc": scores.pooled()["acc"]}
     k = 0
     for name, users in tested.items():
         out["global"][name] = user_summary(before[k : k + len(users)])
+        out["finetuned"][name] = user_summary(after[name])
         k += len(users)
-        if steps == 0:
-            after = before[k - len(users) : k]
-        elif at_once is not None and at_once > 1 and users:
-            after = _finetuned_batched(model, users, global_params, steps, lr, make_stream, at_once, cost, precision)
-        else:
-            after = _finetuned_sequential(model, users, load, steps, lr, make_stream, cost, precision)
-        out["finetuned"][name] = user_summary(after)
-    load()
     return out

@@ -84,7 +84,8 @@ def run_settings(sim: ResumableRun) -> Dict[str, Any]:
     out.update(
         {
             "resolved backend": sim.backend,
-            "resolved device": str(sim.device),
+            # several processes: each on its own GPU, named alike
+            "resolved device": str(sim.device) if sim.ranks.world == 1 else sim.device.type,
             "dtype": str(sim.global_params[0].dtype) if sim.global_params else "none",
             "model parameters": [f"{n} {tuple(p.shape)}" for n, p in sim.model.named_parameters()],
             "initial model sha256": sim.initial_model_digest,
@@ -92,6 +93,8 @@ def run_settings(sim: ResumableRun) -> Dict[str, Any]:
             "clients trained at once": sim.batched.setting() if sim.batched is not None else 1,
         }
     )
+    if sim.ranks.world > 1:  # a run's rounds are split by the number of processes
+        out["world size"] = sim.ranks.world
     return out
 
 

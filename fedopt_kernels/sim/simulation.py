@@ -24,9 +24,11 @@ from .batched.precision import check_supported
 from .client_state_files import ClientStateFiles
 from .config import SimConfig
 from .data.clients import BatchStream, BatchStreams, ClientData
-from .evaluate import EvalCost, evaluate_users, pooled_metrics
+from .evaluate import EvalCost, evaluate_users
 from .federated_data import FederatedData, build_federated_data
 from .models.build import build_model
+from .rank_round import RANK_CHECK_EVERY, check_ranks_agree, pooled_validation, share_round, spread_augmentation
+from .ranks import Ranks
 from .screen import logger, screen
 from .strategy import ClientUpdate, Strategy
 
@@ -73,6 +75,11 @@ class Simulation:
 
     ``client_state_dir``: what clients keep between rounds (SCAFFOLD's, PAdaMFed's, FedDyn's) lives
     in files in this folder instead of host memory (``sim/client_state_files.py``).
+
+    ``ranks``: the processes this run is split over (``sim/ranks.py``: ``Ranks.from_environment()``
+    under torchrun); each trains its share of a round, and all end every round with the same model
+    and server state. Rank 0 alone writes checkpoints. Client state is then in files every rank
+    reaches (``client_state_dir``).
     """
 
     def __init__(
@@ -84,6 +91,7 @@ class Simulation:
         checkpoint_dir: Optional[Union[str, os.PathLike]] = None,
         checkpoint_every: int = 5,
         client_state_dir: Optional[Union[str, os.PathLike]] = None,
+        ranks: Optional[Ranks] = None,
     ):
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
@@ -97,7 +105,8 @@ class Simulation:
         self.resumed_from = 0
         self.cfg = cfg.validate()
         self.hp = cfg.hparams()
-        self.device = resolve_device(cfg.device)
+        self.ranks = ranks if ranks is not None else Ranks.single()
+        self.device = self.ranks.device(resolve_device(cfg.device))
         self.backend = resolve_backend(cfg, self.device)
         ss_data, ss_init, ss_sample, ss_batch, ss_tune = np.random.SeedSequence(cfg.seed).spawn(5)
         self.data = data if data is not None else build_federated_data(cfg, np.random.default_rng(ss_data), self.device)
@@ -121,6 +130,8 @@ class Simulation:
                     cfg.context,
                 )
             )
+        if self.ranks.world > 1:
+            spread_augmentation(model, self.ranks.rank)
         self.model = model.to(self.device) if dtype is None else model.to(self.device, dtype)
         check_supported(self.model, cfg.precision, self.device)  # bf16 on a CPU without a kernel for a layer
         self.global_params: List[torch.Tensor] = [p.detach().clone() for p in self.model.parameters()]
@@ -136,6 +147,13 @@ class Simulation:
             self.batched = BatchedClients(self)
         self._settings: Optional[Dict[str, Any]] = None
         self.client_state_dir = None if client_state_dir is None else Path(client_state_dir)
+        if self.ranks.world > 1 and self.strategy.rule.keeps and self.client_state_dir is None:
+            raise ValueError(
+                f"algorithm={cfg.algorithm!r} keeps each client's state between rounds, and a run on "
+                f"{self.ranks.world} processes shares it through files: give client_state_dir, a folder "
+                f"every rank reaches"
+            )
+        self.rank_work = [[0, 0.0] for _ in range(self.ranks.world)]  # clients and work each rank trained
         if self.client_state_dir is not None and self.strategy.rule.keeps:
             self.strategy.kept = ClientStateFiles(
                 self.client_state_dir,
@@ -183,9 +201,11 @@ class Simulation:
             self.strategy.setup()
             self.setup_done = True
         sampled = self.sample_clients()
+        shares = self.ranks.split(sampled, self.work, t)
+        mine = shares[self.ranks.rank]
         fold = self.strategy.begin_round(sampled, t)
         refused: List[Tuple[int, str]] = []
-        kept: List[Tuple[float, float]] = []  # (weight, mean loss) of the accepted clients
+        kept: List[Tuple[int, float, float]] = []  # (client, weight, mean loss) of the accepted clients
 
         def take(update: ClientUpdate, loss: float) -> None:
             why = screen(update, self.global_params, t)
@@ -193,37 +213,54 @@ class Simulation:
                 refused.append((update.client_id, why))
             else:
                 self.strategy.add(fold, update)
-                kept.append((update.weight, loss))
+                kept.append((update.client_id, update.weight, loss))
 
         if self.batched is not None:
-            self.batched.train(sampled, t, take)
+            if mine:
+                self.batched.train(mine, t, take)
         else:
-            for i, cid in enumerate(sampled):
-                self.strategy.kept.prefetch(sampled[i + 1 : i + 2])
+            for i, cid in enumerate(mine):
+                self.strategy.kept.prefetch(mine[i + 1 : i + 2])
                 self.load_global()
                 opt = self.strategy.begin(cid, t)
                 loss_sum = torch.zeros((), device=self.device)
                 for _ in range(self.cfg.local_steps):
                     loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
                 take(self.strategy.finish(cid, opt, t), float(loss_sum) / self.cfg.local_steps)
+        for r, share in enumerate(shares):
+            self.rank_work[r][0] += len(share)
+            self.rank_work[r][1] += sum(self.work(c) for c in share)
+        if self.ranks.world > 1:
+            refused, kept = share_round(self, shares, fold, refused, kept)
         if fold.count:
             self.strategy.end_round(fold)
         else:
             logger.warning("round %d: no usable client update; the global model and server state are unchanged", t + 1)
         self.load_global()
-        weights = np.array([w for w, _ in kept])
-        train_loss = float(np.dot(weights, [v for _, v in kept]) / weights.sum()) if kept else float("nan")
+        weights = np.array([w for _, w, _ in kept])
+        train_loss = float(np.dot(weights, [v for _, _, v in kept]) / weights.sum()) if kept else float("nan")
         record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled}
         if refused:
             record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
         if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
             cost = EvalCost()
-            val = pooled_metrics(self.model, self.train_clients, "val", cost, self.cfg.precision)
-            record.update(val_loss=val["loss"], val_acc=val["acc"], eval_flops=cost.flops)
+            val, flops = pooled_validation(self, cost)
+            record.update(val_loss=val["loss"], val_acc=val["acc"], eval_flops=flops)
             self.eval_log.append({"round": t + 1, "seconds": cost.seconds, "flops": cost.flops})
         record["seconds"] = time.perf_counter() - start
         self.history.append(record)
+        if self.ranks.world > 1 and ((t + 1) % RANK_CHECK_EVERY == 0 or t + 1 == self.cfg.rounds):
+            check_ranks_agree(self, t)
         return record
+
+    def work(self, cid: int) -> float:
+        """A client's training work in a round: its local steps times its batches' samples."""
+        return float(self.cfg.local_steps * min(self.cfg.batch_size, self.train_clients[cid].size))
+
+    @property
+    def per_rank(self) -> int:
+        """The most clients of a round one rank trains."""
+        return -(-self.cfg.sampled_per_round // self.ranks.world)
 
     def final_evaluation(self) -> Dict[str, Any]:
         """The per-user protocol on existing and new users, plus pooled test accuracy of the global model.
@@ -248,6 +285,8 @@ class Simulation:
             at_once=None if self.batched is None else self.batched.at_once,
             cost=self.final_cost,
             precision=self.cfg.precision,
+            share=None if self.ranks.world == 1 else self.ranks.block,
+            gather=None if self.ranks.world == 1 else self.ranks.gather,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -261,11 +300,18 @@ class Simulation:
         """Checkpoint the run after its ``len(history)`` completed rounds; returns its bytes and seconds."""
         if self.checkpoint is None:
             raise ValueError("save_checkpoint needs checkpoint_dir (Simulation(..., checkpoint_dir=...))")
-        state = _resume.capture(self)
         kept = self.strategy.kept if self.strategy.rule.keeps else None
-        if kept is not None:  # the store's entries on disk, then the checkpoint that names them
-            state["client_state"] = kept.checkpoint(self.checkpoint.folder, self.checkpoint_settings())
-        stats = self.checkpoint.save(len(self.history), self.checkpoint_settings(), state)
+        position = None
+        if kept is not None:  # the store's entries on disk (every rank's), then the checkpoint that names them
+            position = kept.checkpoint(self.checkpoint.folder, self.checkpoint_settings())
+        self.ranks.barrier()
+        stats: Dict[str, float] = {"bytes": 0, "seconds": 0.0}
+        if self.ranks.main:
+            state = _resume.capture(self)
+            if position is not None:
+                state["client_state"] = position
+            stats = self.checkpoint.save(len(self.history), self.checkpoint_settings(), state)
+        self.ranks.barrier()
         if kept is not None:
             kept.committed()
         self.checkpoint_stats.append(stats)
@@ -326,4 +372,10 @@ class Simulation:
             "resumed_from_round": self.resumed_from,
             # what the client-batched engine ran: clients at once, each layer's formulation and why
             "client_batched": None if self.batched is None else self.batched.choice_state(),
+            # the processes the run was split over, and each one's share of the rounds' clients and work
+            "ranks": {
+                "world_size": self.ranks.world,
+                "clients": [int(c) for c, _ in self.rank_work],
+                "work": [w for _, w in self.rank_work],
+            },
         }

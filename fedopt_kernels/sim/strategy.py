@@ -51,6 +51,12 @@ class RoundHost(Protocol):
     def streams(self) -> Mapping[int, BatchStream]:
         """Each training client's batches, by client id (``BatchStreams``)."""
 
+    ranks: Any  # sim/ranks.py: the processes the run is split over
+
+    @property
+    def per_rank(self) -> int:
+        """The most clients of a round one process trains."""
+
     def load_global(self) -> None:
         """Copy the global model into ``model``."""
 
@@ -118,16 +124,31 @@ class Strategy:
     @torch.no_grad()
     def setup(self) -> None:
         """Once, before round 0, with the model holding the initial global weights."""
-        self.kept.start()
+        ranks = self.sim.ranks
+        if ranks.world == 1 or not self.rule.keeps:
+            self.kept.start()
+        else:  # one store for every rank: rank 0 starts it, the others join
+            if ranks.main:
+                self.kept.start()
+            token = ranks.broadcast(getattr(self.kept, "token", None))
+            if not ranks.main:
+                cast(Any, self.kept).join(token)
         if self.rule.init_controls:
             # every training client: c_i from K stochastic gradients at the initial model (PAdaMFed
-            # Alg. 1, line 1), into the store and the server's sum as it is computed
+            # Alg. 1, line 1), into the store and the server's sum as it is computed; each rank a block
             n = self.sim.cfg.num_train_clients
+            lo, hi = ranks.block(n)
             fold = self.rule.initial_fold(self.sim.global_params, n)
-            for cid in range(n):
+            for cid in range(lo, hi):
                 ci = self._mean_grad(cid)
                 self.kept[cid] = ci
                 fold.add(ci)
+            if ranks.world > 1:
+                others = [cid for cid in range(n) if not lo <= cid < hi]
+                for cid in others:
+                    self.sim.streams[cid].skip(self.sim.cfg.local_steps)
+                ranks.merge_initial(fold)
+                self.kept.written_elsewhere(others)
             self.state = fold.finish()
 
     @torch.no_grad()

@@ -23,9 +23,10 @@ import argparse
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...fl.config import algorithm_settings
+from ...fl.server_rules import RULES
 from ..config import (
     DATASETS,
     DEVICES,
@@ -39,6 +40,7 @@ from ..config import (
 )
 from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
+from . import ranks_cli
 from .help_format import DefaultsHelpFormatter
 from .renamed import RenamedFlag, RenamedStore
 from .run_folder import (
@@ -458,19 +460,22 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             file=sys.stderr,
         )
     for cfg in configs:
-        if args.overwrite and stores[cfg.seed] is not None:
+        if args.overwrite and stores[cfg.seed] is not None and args.ranks.main:
             from ..client_state_files import clear
 
             clear(stores[cfg.seed])  # --overwrite: this run's seed replaces the earlier run's store
+        args.ranks.barrier()
         sim = Simulation(
             cfg,
             checkpoint_dir=folders[cfg.seed],
             checkpoint_every=max(args.checkpoint_every, 1),
             client_state_dir=stores[cfg.seed],
+            ranks=args.ranks,
         )
         if args.resume:
             _resume_seed(sim, args.quiet)
-        _say_batched(sim)
+        if args.ranks.main:
+            _say_batched(sim)
         bar = _progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
         bar.update(len(sim.history))
 
@@ -487,11 +492,14 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         at_once = f", {sim.batched.size} clients at once" if sim.batched is not None else ""
         ran = cfg.rounds - result["resumed_from_round"]  # this process's rounds, not the checkpoint's
         which = f" ({result['resumed_from_round'] + 1}-{cfg.rounds}, resumed)" if result["resumed_from_round"] else ""
-        print(
-            f"seed {cfg.seed}: {ran} round{'s' * (ran != 1)}{which} in {result['train_seconds']:.1f} s "
-            f"(backend {result['backend']}, device {result['device']}{at_once})",
-            file=sys.stderr,
-        )
+        world = result["ranks"]["world_size"]
+        ranks = f", {world} processes" if world > 1 else ""
+        if args.ranks.main:
+            print(
+                f"seed {cfg.seed}: {ran} round{'s' * (ran != 1)}{which} in {result['train_seconds']:.1f} s "
+                f"(backend {result['backend']}, device {result['device']}{at_once}{ranks})",
+                file=sys.stderr,
+            )
     plotted = out_dir is not None and plot_curves(
         out_dir / "curves.png",
         {f"seed {r['config']['seed']}": r["history"] for r in results},
@@ -568,6 +576,23 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     return status
 
 
+def _folders(args: argparse.Namespace, cfg: SimConfig) -> Tuple[Any, List[Any], List[Any], Optional[str]]:
+    """Where the run writes: its result folder, each seed's checkpoint and client-state folders, and a
+    temporary folder made for the client state of a run on several processes (``ranks_cli``)."""
+    out_dir = (
+        None
+        if args.no_files or args.validate is not None
+        else choose_out_dir(args.out, f"sim_runs/{args.algorithm}-{args.dataset}", args.overwrite or args.resume)
+    )
+    checkpoints = checkpoint_folders(
+        out_dir, args.checkpoint_dir, 0 if args.validate is not None else args.checkpoint_every, args.seeds
+    )
+    refuse_earlier_checkpoints(checkpoints, args.resume, args.overwrite)
+    stores = client_state_folders(args.client_state_dir, args.seeds, args.resume, args.overwrite, args.validate)
+    stores, temporary = ranks_cli.shared_stores(args.ranks, RULES[cfg.server_rule].keeps, stores, checkpoints)
+    return out_dir, checkpoints, stores, temporary
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -593,20 +618,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_checkpoint_flags(
             args.resume, args.overwrite, args.checkpoint_every, args.checkpoint_dir, args.no_files, args.validate
         )
+        args.ranks = ranks_cli.join(args)  # one process, or torchrun's
         if args.resume and args.out is None:  # the folder a first run without --out writes to
             args.out = f"sim_runs/{args.algorithm}-{args.dataset}"
-        args.out_dir = (
-            None
-            if args.no_files or args.validate is not None
-            else choose_out_dir(args.out, f"sim_runs/{args.algorithm}-{args.dataset}", args.overwrite or args.resume)
+        args.out_dir, args.checkpoint_folders, args.client_state_folders, args.temporary = ranks_cli.agree(
+            args.ranks, lambda: _folders(args, configs[0])
         )
-        args.checkpoint_folders = checkpoint_folders(
-            args.out_dir, args.checkpoint_dir, 0 if args.validate is not None else args.checkpoint_every, args.seeds
-        )
-        refuse_earlier_checkpoints(args.checkpoint_folders, args.resume, args.overwrite)
-        args.client_state_folders = client_state_folders(
-            args.client_state_dir, args.seeds, args.resume, args.overwrite, args.validate
-        )
+        if not args.ranks.main:
+            args.out_dir = None  # rank 0 writes the run's files
         from ..simulation import resolve_backend, resolve_device
 
         device = resolve_device(configs[0].device)
@@ -639,7 +658,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.validate is not None:
             return _validate(args, configs)
-        return _run(args, configs)
+        status = _run(args, configs)
+        ranks_cli.remove(args.ranks, args.temporary)
+        args.ranks.close()
+        return status
     except MissingExtra as exc:
         parser.exit(3, f"fedopt-sim: error: {exc}\n")
     except (CheckpointError, ClientStateError) as exc:  # other settings, a damaged file, a failed write

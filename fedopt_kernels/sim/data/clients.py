@@ -49,6 +49,11 @@ class BatchStream:
         take, self.pending = self.pending[: self.batch_size], self.pending[self.batch_size :]
         return take
 
+    def skip(self, batches: int) -> None:
+        """Move on by ``batches`` batches without taking them (another process trained this client)."""
+        for _ in range(batches):
+            self.next_indices()
+
     def next(self) -> Batch:
         idx = torch.tensor(self.next_indices(), dtype=torch.long, device=self.y.device)
         return self.x[idx], self.y[idx]

@@ -1,0 +1,205 @@
+"""One simulation on several processes: torchrun's ranks, the split of a round, the combination of the sums.
+
+Under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` in the environment) every process
+builds the same run from the same settings: the same data, model, sampled clients and batch
+streams. A round's sampled clients are divided among the ranks (``split``: by their work, the
+same way on every rank), each rank trains its share and folds its updates, and the partial sums
+are combined in rank order (``merge``), so every rank finishes the round with the same global
+model and server state, bit for bit. ``Ranks.single()`` is the run on one process: nothing is
+sent and every method is the identity.
+
+Collectives go through ``torch.distributed``: gloo on CPUs, NCCL on GPUs (rank r on GPU
+``LOCAL_RANK``). Tensors are combined with ``all_gather`` (each rank receives every rank's partial
+sum and adds them in rank order itself: a reduction whose order is fixed); small Python data (which
+clients were refused, their losses) with ``all_gather_object``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from datetime import timedelta
+from typing import Any, Callable, List, Sequence, Tuple
+
+import torch
+
+from ..fl.fold import Fold
+from ..fl.server_rules import InitialFold
+
+ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+class RankMismatch(RuntimeError):
+    """The ranks of one run hold different models or server states: the run cannot go on."""
+
+
+class Ranks:
+    """The processes of one run (module docstring). ``rank``, ``world`` (their number), ``local``
+    (this process's index on its machine: its GPU)."""
+
+    def __init__(self, rank: int = 0, world: int = 1, local: int = 0, group: Any = None):
+        self.rank, self.world, self.local, self.group = rank, world, local, group
+
+    @classmethod
+    def single(cls) -> Ranks:
+        return cls()
+
+    @classmethod
+    def from_environment(cls, device: str = "auto", timeout_s: float = 1800.0) -> Ranks:
+        """torchrun's ranks, with the process group started (gloo, or NCCL for a CUDA run); one rank
+        when the environment names none."""
+        if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) <= 1:
+            return cls.single()
+        import torch.distributed as dist
+
+        missing = [k for k in ENV if k not in os.environ]
+        if missing:
+            raise ValueError(f"WORLD_SIZE is set but {', '.join(missing)} is not: start the run with torchrun")
+        rank, world, local = (int(os.environ[k]) for k in ENV)
+        cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+        if cuda:
+            torch.cuda.set_device(local)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+        return cls(rank, world, local, dist.group.WORLD)
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that writes files and prints."""
+        return self.rank == 0
+
+    def device(self, device: torch.device) -> torch.device:
+        """This rank's device: its own GPU (``LOCAL_RANK``) for a CUDA run."""
+        if self.world > 1 and device.type == "cuda":
+            return torch.device("cuda", self.local)
+        return device
+
+    # ------------------------------------------------------------------ dividing the work
+    def split(self, clients: Sequence[int], work: Callable[[int], float], t: int = 0) -> List[List[int]]:
+        """Each rank's share of round ``t``'s ``clients``, balanced by ``work``: the largest first, each
+        to the rank with the least so far (ties: the lower client id; among ranks, the first from rank
+        ``t % world`` on, so that no rank takes every round's odd client); a share is in client order.
+        Depends on nothing but its inputs, so every rank computes the same split."""
+        shares: List[List[int]] = [[] for _ in range(self.world)]
+        load = [0.0] * self.world
+        for cid in sorted(clients, key=lambda c: (-work(c), c)):
+            r = min(range(self.world), key=lambda i: (load[i], (i - t) % self.world))
+            shares[r].append(cid)
+            load[r] += work(cid)
+        return [sorted(s) for s in shares]
+
+    def block(self, n: int) -> Tuple[int, int]:
+        """This rank's contiguous block ``[lo, hi)`` of ``n`` items (the first ``n % world`` ranks one more)."""
+        base, extra = divmod(n, self.world)
+        lo = self.rank * base + min(self.rank, extra)
+        return lo, lo + base + (1 if self.rank < extra else 0)
+
+    # ------------------------------------------------------------------ combining
+    def gather(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj``, in rank order."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: List[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _gather_flat(self, flat: torch.Tensor) -> List[torch.Tensor]:
+        import torch.distributed as dist
+
+        out = [torch.empty_like(flat) for _ in range(self.world)]
+        dist.all_gather(out, flat.contiguous(), group=self.group)
+        return out
+
+    def merge(self, fold: Fold) -> None:
+        """Make ``fold`` hold every rank's sums, counts and weights, added in rank order."""
+        if self.world == 1:
+            return
+        names = sorted(fold.sums)
+        tensors = [t for name in names for t in fold.sums[name]]
+        if tensors:
+            parts = _by_dtype(tensors)
+            for idx in parts:
+                flat = torch.cat([tensors[i].reshape(-1) for i in idx])
+                total = _in_rank_order(self._gather_flat(flat))
+                _unflatten(total, [tensors[i] for i in idx])
+        counts = self.gather((fold.count, fold.weight))
+        fold.count = sum(c for c, _ in counts)
+        weight = 0.0
+        for _, w in counts:  # rank order
+            weight += w
+        fold.weight = weight
+
+    def merge_initial(self, fold: InitialFold) -> None:
+        """``merge`` for the sum of the clients' first controls."""
+        if self.world == 1:
+            return
+        for idx in _by_dtype(fold.total):
+            flat = torch.cat([fold.total[i].reshape(-1) for i in idx])
+            _unflatten(_in_rank_order(self._gather_flat(flat)), [fold.total[i] for i in idx])
+        fold.count = sum(self.gather(fold.count))
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+
+    def check_same(self, tensors: Sequence[torch.Tensor], what: str) -> str:
+        """The SHA-256 of ``tensors`` (their bytes, shapes and dtypes); ``RankMismatch`` naming the
+        ranks when another rank's differs."""
+        h = hashlib.sha256()
+        for t in tensors:
+            t = t.detach().to("cpu").contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            if t.numel():
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        mine = h.hexdigest()[:16]
+        every = self.gather(mine)
+        if len(set(every)) > 1:
+            listed = ", ".join(f"rank {r}: {d}" for r, d in enumerate(every))
+            raise RankMismatch(
+                f"the ranks of this run disagree on {what} ({listed}): they no longer compute the same "
+                f"run, so it stops (a rank with other settings, data or code, or a nondeterministic kernel)"
+            )
+        return mine
+
+    def close(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _by_dtype(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    return list(groups.values())
+
+
+def _in_rank_order(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total.add_(p)
+    return total
+
+
+def _unflatten(flat: torch.Tensor, into: Sequence[torch.Tensor]) -> None:
+    at = 0
+    for t in into:
+        n = t.numel()
+        t.copy_(flat[at : at + n].view_as(t))
+        at += n
