@@ -60,7 +60,20 @@ class Ranks:
         if cuda:
             torch.cuda.set_device(local)
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+            backend, timeout = "nccl" if cuda else "gloo", timedelta(seconds=timeout_s)
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+            if attempt is None:
+                dist.init_process_group(backend, timeout=timeout)
+            else:
+                # torchrun keeps its store across restarts of the workers: the addresses the ranks of an
+                # earlier attempt published there would be found again (a refused connection), so each
+                # attempt's group keeps its keys under a prefix of its own
+                agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+                store = dist.TCPStore(
+                    os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, not agent and rank == 0, timeout
+                )
+                prefixed = dist.PrefixStore(f"fedopt_kernels/attempt-{attempt}", store)
+                dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)
         return cls(rank, world, local, dist.group.WORLD)
 
     @property

@@ -479,7 +479,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         bar = _progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
         bar.update(len(sim.history))
 
-        result = sim.run(progress=_advance(bar, show_metrics=True))
+        result = sim.run(progress=ranks_cli.kill_hook(args.ranks, _advance(bar, show_metrics=True)))
         bar.close()
         results.append(result)
         if out_dir is not None:

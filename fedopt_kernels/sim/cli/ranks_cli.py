@@ -18,14 +18,17 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..ranks import Ranks
 
 RESTARTS = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun on every start of the workers (0 first)
+# testing hook: "<rank>:<round>": that rank kills itself (SIGKILL) once that round is done, on the first start
+KILL_RANK = "FEDOPT_TEST_KILL_RANK"
 SHARED = "shared-client-state"
 
 
@@ -84,3 +87,18 @@ def remove(ranks: Ranks, tmp: Optional[str]) -> None:
     ranks.barrier()
     if tmp is not None and ranks.main:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def kill_hook(ranks: Ranks, progress: Callable[[Dict[str, Any]], None]) -> Callable[[Dict[str, Any]], None]:
+    """``progress``, and the testing hook ``FEDOPT_TEST_KILL_RANK`` (a rank killed mid-run)."""
+    spec = os.environ.get(KILL_RANK)
+    if not spec or int(os.environ.get(RESTARTS, "0")) > 0:
+        return progress
+    rank, _, after = spec.partition(":")
+
+    def tick(record: Dict[str, Any]) -> None:
+        progress(record)
+        if int(rank) == ranks.rank and record["round"] == int(after):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return tick
