@@ -190,6 +190,7 @@ def growth(rows: List[Dict[str, Any]]) -> Dict[str, float]:
 
 
 def chart(result: Dict[str, Any], path: Path) -> bool:
+    """Peak memory of every row: the clients-per-round part as lines, the others as bars."""
     try:
         import matplotlib
 
@@ -197,21 +198,33 @@ def chart(result: Dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in result["rows"] if r["part"] == "clients" and "error" not in r]
+    rows = [r for r in result["rows"] if "error" not in r]
     if not rows:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for algo, mode in sorted({(r["labels"]["algorithm"], r["labels"]["clients at once"]) for r in rows}):
-        pts = sorted(
-            (r["labels"]["per round"], r["peak_rss_anon"] / 1e9)
-            for r in rows
-            if r["labels"]["algorithm"] == algo and r["labels"]["clients at once"] == mode
-        )
-        ax.plot(*zip(*pts), marker="o", label=f"{algo} ({'seq' if mode == '1' else 'batched ' + mode})")
-    ax.set_xlabel("clients per round")
-    ax.set_ylabel("peak RssAnon (GB)")
-    ax.set_title("Peak memory against clients per round (N = 1000, 4.3M-parameter MLP)")
-    ax.legend(fontsize=7)
+    lines = [r for r in rows if r["part"] == "clients"]
+    bars = [r for r in rows if r["part"] != "clients"]
+    fig, axes = plt.subplots(1, 1 + bool(lines and bars), figsize=(11 if lines and bars else 7, 4), squeeze=False)
+    ax = axes[0][0]
+    if lines:
+        for algo, mode in sorted({(r["labels"]["algorithm"], r["labels"]["clients at once"]) for r in lines}):
+            pts = sorted(
+                (r["labels"]["per round"], r["peak_rss_anon"] / 1e9)
+                for r in lines
+                if r["labels"]["algorithm"] == algo and r["labels"]["clients at once"] == mode
+            )
+            ax.plot(*zip(*pts), marker="o", label=f"{algo} ({'seq' if mode == '1' else 'batched ' + mode})")
+        ax.set_xlabel("clients per round")
+        ax.set_ylabel("peak RssAnon (GB)")
+        ax.set_title("N = 1000, 4.3M-parameter MLP", fontsize=9)
+        ax.legend(fontsize=7)
+        ax = axes[0][-1]
+    if bars:
+        names = [f"{r['labels']['algorithm']}\nN={r['labels']['N']}" for r in bars]
+        ax.bar(range(len(bars)), [r["peak_rss_anon"] / 1e9 for r in bars])
+        ax.set_xticks(range(len(bars)), names, fontsize=7)
+        ax.set_ylabel("peak RssAnon (GB)")
+        ax.set_title("population and set-up rows", fontsize=9)
+    fig.suptitle("Peak memory of a run (keeping algorithms: client state in files)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
