@@ -19,12 +19,19 @@ Parts (``--parts``):
   a training round's seconds (the median of the rounds before the last, whose pooled evaluation
   reads every client), and the peak.
 
+* ``ranks`` (not in the default parts): one run under torchrun on ``--world`` processes against the
+  same run on one (each at one thread; ``--repeats`` pairs, their order alternating): wall and
+  training seconds, each rank's peak, the final metrics. Default run: the 20-round FedAvg CNN on
+  Fashion-MNIST (100 clients, 20 a round; Debian's ``dataset-fashion-mnist``), ``--ranks-args``
+  to change it.
+
 Results: ``scale-<device>-<date>.{json,md,png}`` in ``--out-dir``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -40,6 +47,13 @@ from .machine import loadavg, run_meta, utc_date
 from .report import publish, write_json
 
 SYNTHETIC = ["--dataset", "synthetic", "--model", "mlp", "--device", "cpu", "--threads", "1", "--quiet"]
+# the ranks part: the 20-round FedAvg CNN run on Fashion-MNIST (Debian's dataset-fashion-mnist package)
+RANKS_RUN = [
+    "--dataset", "fmnist", "--data-dir", "/usr/share/datasets/fashion-mnist", "--model", "fedavg-cnn",
+    "--clients", "100", "--holdout-fraction", "0", "--clients-per-round", "20", "--local-steps", "210",
+    "--batch-size", "10", "--rounds", "20", "--threads", "1", "--device", "cpu", "--quiet",
+    "--checkpoint-every", "0",
+]  # fmt: skip
 
 
 def rss_anon(pid: int) -> Optional[int]:
@@ -80,6 +94,67 @@ def measure(argv: List[str], timeout: float) -> Dict[str, Any]:
     row.update(json.loads(line[len("SCALE ") :]))
     rounds = row["round_s"]
     row["train_round_s"] = statistics.median(rounds[:-1]) if len(rounds) > 1 else rounds[0]
+    return row
+
+
+def _descendants(pid: int) -> List[int]:
+    """The processes below ``pid`` (torchrun's ranks), from /proc."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def measure_ranks(sim_argv: List[str], world: int, out: Path, timeout: float) -> Dict[str, Any]:
+    """``fedopt-sim`` on ``world`` processes (torchrun; one process without it): wall time, the peak
+    RssAnon of each rank (the processes that import torch: torchrun's own agent is not counted), and
+    the run's final metrics."""
+    head = [sys.executable, "-m", "fedopt_kernels.sim.cli"]
+    if world > 1:
+        head = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
+        head += ["-m", "fedopt_kernels.sim.cli"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [*head, *sim_argv, "--out", str(out), "--overwrite"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    peaks: Dict[int, int] = {}
+    while proc.poll() is None:
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            peaks[pid] = max(peaks.get(pid, 0), rss_anon(pid) or 0)
+        if time.perf_counter() - start > timeout:
+            proc.kill()
+            break
+        time.sleep(0.1)
+    _, err = proc.communicate()
+    row: Dict[str, Any] = {"world_size": world, "wall_s": time.perf_counter() - start}
+    if proc.returncode != 0:
+        row["error"] = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return row
+    ranks = sorted((p for p in peaks.values() if p > 200 * 2**20), reverse=True)[:world]  # torch importers
+    result = json.loads((out / "metrics_seed0.json").read_text())
+    row.update(
+        peak_rss_anon_per_rank=ranks,
+        train_s=result["train_seconds"],
+        final=result["final"],
+        last_round={k: v for k, v in result["history"][-1].items() if k != "clients"},
+        ranks=result["ranks"],
+    )
     return row
 
 
@@ -156,6 +231,24 @@ def markdown(result: Dict[str, Any]) -> str:
     lines += ["", "Growth with the clients per round (peak at 200 / peak at 25, same algorithm and mode):", ""]
     for key, ratio in growth(result["rows"]).items():
         lines.append(f"- {key}: {ratio:.2f}x")
+    if result.get("ranks"):
+        lines += ["", "One run on several processes (torchrun, one thread each), in the order run:", ""]
+        lines += [
+            "| processes | wall s | training s | wall vs 1 process | peak GB per rank | pooled test acc "
+            "| last train loss |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        ones = [r["wall_s"] for r in result["ranks"] if r["world_size"] == 1 and "error" not in r]
+        for r in result["ranks"]:
+            if "error" in r:
+                lines.append(f"| {r['world_size']} | failed: {r['error']} | | | | | |")
+                continue
+            ratio = f"{r['wall_s'] / statistics.median(ones):.2f}x" if ones else ""
+            peaks = ", ".join(_gb(p) for p in r["peak_rss_anon_per_rank"])
+            lines.append(
+                f"| {r['world_size']} | {r['wall_s']:.1f} | {r['train_s']:.1f} | {ratio} | {peaks} | "
+                f"{r['final']['pooled_test_acc']:.4f} | {r['last_round']['train_loss']:.6f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -234,7 +327,17 @@ def chart(result: Dict[str, Any], path: Path) -> bool:
 def main(argv: Optional[List[str]] = None) -> int:
     p = cli.parser("scale", __doc__.split("\n\n")[0])
     p.add_argument(
-        "--parts", nargs="+", default=["clients", "population", "setup"], choices=["clients", "population", "setup"]
+        "--parts",
+        nargs="+",
+        default=["clients", "population", "setup"],
+        choices=["clients", "population", "setup", "ranks"],
+    )
+    p.add_argument("--world", type=int, default=2, help="processes of the ranks part (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=1, help="1-rank / N-rank pairs of the ranks part, order alternating")
+    p.add_argument(
+        "--ranks-args",
+        default=" ".join(RANKS_RUN),
+        help="the fedopt-sim arguments of the ranks part (default: %(default)s)",
     )
     p.add_argument("--big", type=int, default=100_000, help="the large population of the setup part")
     p.add_argument("--store-dir", help="where the client-state folders go (default: the system's temporary folder)")
@@ -262,6 +365,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             if out is not None:
                 out.mkdir(parents=True, exist_ok=True)
                 write_json(result, out / f"{stem}.json")
+        if "ranks" in args.parts:
+            result["ranks"] = []
+            for i in range(args.repeats):
+                for world in (1, args.world) if i % 2 == 0 else (args.world, 1):
+                    row = measure_ranks(args.ranks_args.split(), world, Path(tmp) / f"run-{world}", args.timeout)
+                    result["ranks"].append(row)
+                    print(
+                        f"ranks {world}: {row.get('wall_s', 0):.1f} s"
+                        + (f", failed: {row['error']}" if "error" in row else ""),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    if out is not None:
+                        out.mkdir(parents=True, exist_ok=True)
+                        write_json(result, out / f"{stem}.json")
     result["load_after"] = loadavg()
     publish(result, out, stem, markdown, chart, name="bench scale")
     return 0
