@@ -229,8 +229,8 @@ def markdown(result: Dict[str, Any]) -> str:
             f"{r['train_round_s']:.2f} | {_gb(r.get('store_bytes'))} |"
         )
     lines += ["", "Growth with the clients per round (peak at 200 / peak at 25, same algorithm and mode):", ""]
-    for key, ratio in growth(result["rows"]).items():
-        lines.append(f"- {key}: {ratio:.2f}x")
+    for key, grown in growth(result["rows"]).items():
+        lines.append(f"- {key}: {grown:.2f}x")
     if result.get("ranks"):
         lines += ["", "One run on several processes (torchrun, one thread each), in the order run:", ""]
         lines += [

@@ -145,6 +145,8 @@ _NAMED_ON_PURPOSE = {
     "fedopt_kernels/flower/runconfig.py": {"fedavg"},
     "bench/step_goals.py": {"feddecay", "fednar", "padamfed"},
     "bench/clients/workload.py": {"fednar"},
+    # the memory benchmark's rows: FedAvg beside each rule that keeps client state
+    "bench/scale.py": {"fedavg", "scaffold", "feddyn", "padamfed"},
 }
 
 

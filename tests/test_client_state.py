@@ -16,8 +16,9 @@ import textwrap
 import pytest
 import torch
 
-from fedopt_kernels.sim.client_state import MIRROR, ClientStateError, Layout, MemoryClientState
+from fedopt_kernels.sim.client_state import ClientStateError, Layout
 from fedopt_kernels.sim.client_state_files import BLOCK, HEADER, ClientStateFiles
+from fedopt_kernels.sim.client_state_memory import MIRROR, MemoryClientState
 
 CPU = torch.device("cpu")
 IDENTITY = {"algorithm": "scaffold", "seed": 0, "clients": 7}

@@ -31,8 +31,9 @@ import torch
 
 from fedopt_kernels.fl.checkpoint import KILL_HOOK, MANIFEST, CheckpointDir
 from fedopt_kernels.sim.cli import fedopt_sim
-from fedopt_kernels.sim.client_state import MIRROR, Layout
+from fedopt_kernels.sim.client_state import Layout
 from fedopt_kernels.sim.client_state_files import ClientStateFiles
+from fedopt_kernels.sim.client_state_memory import MIRROR
 
 ROUNDS = 10
 RUNS = {

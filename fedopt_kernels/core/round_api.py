@@ -36,7 +36,7 @@ class RoundAPI(PlanGather):
         *,
         reset_state: bool = True,
         correction: Optional[Sequence[torch.Tensor]] = None,
-        round_index: Optional[int] = None,
+        round_index: Any = None,
         **inputs: Any,
     ) -> None:
         """Begin local training on a freshly received global model (docs/algorithms.md).

@@ -276,7 +276,14 @@ def feddyn_server_step(
             f"client of the federation, got {num_clients!r}"
         )
     out = RULES["feddyn"].step(
-        list(x), {"h": h}, deltas, [1.0] * len(deltas), [{}] * len(deltas), {"dyn_alpha": alpha}, num_clients, 1
+        list(x),
+        {"h": list(h)},
+        [list(d) for d in deltas],
+        [1.0] * len(deltas),
+        [{}] * len(deltas),
+        {"dyn_alpha": alpha},
+        num_clients,
+        1,
     )
     return out["x"], out["h"]
 

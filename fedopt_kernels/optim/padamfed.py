@@ -230,7 +230,7 @@ def padamfed_init(local_controls: Sequence[Sequence[torch.Tensor]], num_clients:
     if len(local_controls) == 0:
         raise ValueError("local_controls is empty: PAdaMFed's initialisation needs at least one client")
     check_updates("local_controls", local_controls, local_controls[0])
-    state = RULES["padamfed"].initial_state(local_controls, num_clients)
+    state = RULES["padamfed"].initial_state([list(ci) for ci in local_controls], num_clients)
     return state["c"], state["m"]
 
 
@@ -268,9 +268,10 @@ def padamfed_step(
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     hp = {"lr": lr, "server_lr": server_lr, "beta": beta}
-    replies = [{"dc": dc} for dc in dcs]
+    replies = [{"dc": list(dc)} for dc in dcs]
+    state = {"c": list(c), "m": list(m)}
     out = RULES["padamfed"].step(
-        list(x), {"c": c, "m": m}, deltas, [1.0] * len(deltas), replies, hp, num_clients, local_steps
+        list(x), state, [list(d) for d in deltas], [1.0] * len(deltas), replies, hp, num_clients, local_steps
     )
     return out["x"], out["c"], out["m"]
 

@@ -119,7 +119,8 @@ class ClientStateFiles(ClientState):
         for key in ("training clients", "tensors", "slot_bytes", "block"):
             if head.get(key) != mine[key]:
                 diff.append(f"{key}: {head.get(key)!r} in the store, {mine[key]!r} now")
-        saved = head.get("run") if isinstance(head.get("run"), dict) else {}
+        run = head.get("run")
+        saved: Dict[str, Any] = run if isinstance(run, dict) else {}
         diff += settings_diff(saved, self.identity, saved_in="the store")
         if diff:
             raise ClientStateError(
@@ -224,7 +225,7 @@ class ClientStateFiles(ClientState):
         cid = self._check_id(cid)
         self._usable()
         self.layout.check(cid, tensors)
-        raw = memoryview(self.layout.pack(tensors))
+        raw = memoryview(self.layout.pack(tensors).data)
         slot = self._target(cid)
         block, offset = self._where(cid, slot)
         path = self._path(block)
@@ -276,7 +277,7 @@ class ClientStateFiles(ClientState):
         return int((self.current >= 0).sum())
 
     def __contains__(self, cid: object) -> bool:
-        return isinstance(cid, (int, np.integer)) and 0 <= cid < self.num_clients and self.current[cid] >= 0
+        return bool(isinstance(cid, (int, np.integer)) and 0 <= cid < self.num_clients and self.current[cid] >= 0)
 
     def prefetch(self, cids: Sequence[int]) -> None:
         advise = getattr(os, "posix_fadvise", None)

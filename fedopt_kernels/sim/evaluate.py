@@ -426,9 +426,7 @@ def evaluate_users(
             k += n
         every = gather(mine_parts)
         per = {name: [p[name] for p in every] for name in tested}
-        scores = Scores(
-            *(np.concatenate([q[i] for name in tested for q in per[name]]) for i in range(3))  # type: ignore[arg-type]
-        )
+        scores = Scores(*(np.concatenate([q[i] for name in tested for q in per[name]]) for i in range(3)))
         before = [a for name in tested for q in per[name] for a in q[3]]
         after = {name: [a for q in per[name] for a in q[4]] for name in tested}
     out: Dict[str, Any] = {"global": {}, "finetuned": {}, "pooled_test_acc": scores.pooled()["acc"]}

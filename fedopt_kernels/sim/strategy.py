@@ -24,7 +24,8 @@ from ..fl.client_round import ClientOptimizers
 from ..fl.fold import Fold, weight_exponent
 from ..fl.server_rules import RULES
 from .batched.precision import autocast_scope, precision_scope
-from .client_state import ClientState, Layout, MemoryClientState, entry_or_none
+from .client_state import ClientState, Layout, entry_or_none
+from .client_state_memory import MemoryClientState
 from .config import SimConfig
 from .data.clients import Batch, BatchStream, ClientData
 

@@ -119,10 +119,10 @@ def client_state_folders(
     base = Path(root)
     if base.exists() and not base.is_dir():
         raise ValueError(f"client_state_dir (--client-state-dir) must be a folder, but {base} is a file")
-    folders = [base / f"seed{s}" for s in seeds]
+    folders: List[Optional[Path]] = [base / f"seed{s}" for s in seeds]
     if not (resume or overwrite):
         for f in folders:
-            if (f / HEADER).is_file():
+            if f is not None and (f / HEADER).is_file():
                 raise ValueError(
                     f"client_state_dir (--client-state-dir) {base} already holds a run's client state "
                     f"({f / HEADER}); give --resume to continue that run, --overwrite to replace it, or "
