@@ -168,10 +168,10 @@ def test_optimizer_step_is_the_op_with_the_plan_s_arguments():
         p.grad = gr.clone()
     opt.step()
     opt.step()  # a steady plan
-    plan = opt._plan
+    plan = opt.step_plan
     b = [t.clone() for t in a]
     bufs = [t.clone() for t in plan.lists["momentum_buffer"]]
-    k = opt._k_dev.clone()
+    k = opt._stepper.k.clone()
     _ops.torch_op("sgd")(
         b,
         [p.grad for p in a],

@@ -44,6 +44,8 @@ class FedDecaySGD(SGDFamily):
             same (docs/replay.md); None: on unless ``FEDOPT_REPLAY=0``.
     """
 
+    schedule: DecaySchedule
+
     def __init__(
         self,
         params: Iterable,
@@ -72,13 +74,6 @@ class FedDecaySGD(SGDFamily):
             prox_mu=prox_mu,
         )
         super().__init__(params, defaults, backend, replay)
-
-    def _schedule(self) -> Optional[DecaySchedule]:
-        return self.schedule
-
-    def current_lr_factor(self) -> float:
-        """s(k // decay_every) for the next step."""
-        return self.schedule.factor(self.round_step)
 
 
 class BatchedFedDecaySGD(ClientBatched, FedDecaySGD):

@@ -97,8 +97,7 @@ class NeuronLRSGD(SGDFamily):
             self.state[p]["neuron_scale"] = _dtensor.row_scale(
                 p, r.detach().to(dtype=state_dtype(p)).contiguous().clone()
             )
-        self._retire_graph()  # new scale tensors: a CUDA graph of the old plan would read the old ones
-        self._plan = None
+        self._drop_plan()  # new scale tensors: a CUDA graph of the old plan would read the old ones
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
         scales = inputs.pop("neuron_scales", None)
