@@ -5,8 +5,8 @@ A ``FedOptimizer`` owns one ``FedStepper``, which owns the optimizer's ``Capture
 stepper reads its owner through ``Owner``: the param groups and state, and the hooks an algorithm
 overrides (docs/dispatch.md's table); it never imports the optimizer. A step checks its cached plan
 (``plan.py``) and rebuilds it only when something it depends on changed, then launches the op through
-``plan.fn``, the implementation ``core/registry.py``'s ``resolve`` picked for the op and backend
-(``core/reference/<op>.py`` for ``reference``). On a
+``plan.fn``, the implementation ``core/registry.py``'s ``resolve`` picked for the op and backend:
+for ``reference``, ``core/reference/<op>.py``, which runs its function of ``fedopt_kernels.functional``. On a
 GPU the launch is replayed from a recording when its inputs are the recorded ones (``replay.py``).
 Nothing here synchronises with the host once the plan is steady.
 
@@ -339,7 +339,8 @@ class FedStepper:
                 cache = None  # copies of the parameters: per-tensor caches would point at the originals
         if cache is not None and type(plan) is StepPlan:
             cache["grad_set"] = plan.grad_set  # the backend's own key of the gradients' addresses
-        # plan.fn: the backend's kernel for this op (reference: core/reference/<op>.py); a ShardedPlan wraps it
+        # plan.fn: the backend's kernel for this op (reference: core/reference/<op>.py, which calls
+        # fedopt_kernels.functional); a ShardedPlan wraps it
         args = plan.args(params, lists, k, table, every, grad_scale, found_inf, active)
         if pro is not None:
             self.prologue = None  # it runs first in the launch below (so a recording holds it)
