@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 if _WHY is None:
     import triton.language as tl
 
-    from fedopt_kernels.triton_kernels import launcher, plans, tiles
+    from fedopt_kernels.triton_kernels import declarations, launcher, plans, tiles
     from fedopt_kernels.triton_kernels.jit_mode import interpreted
 
 INTERPRETED = _WHY is None and interpreted()
@@ -134,7 +134,7 @@ def test_plan_is_reused_while_the_tensor_set_is_unchanged_and_rebuilt_when_it_ch
     # moved gradients: the plan's tables with the gradient column rewritten, nothing built
     moved = opt.step_plan.cache["plan"]
     assert plans.stats["builds"] == builds and plans.stats["moved"] == 1 and moved is not plan
-    g_col = launcher.spec_roles("sgd")[0].index("g")
+    g_col = declarations.spec_roles("sgd")[0].index("g")
     assert moved.launches[0].meta[:, g_col].tolist() == [g.data_ptr() for g in (ps[0].grad, ps[1].grad, ps[2].grad)]
     assert plan.launches[0].meta[:, g_col].tolist()[1] == old.data_ptr()  # the first plan is unchanged
     opt.step()
