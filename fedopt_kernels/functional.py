@@ -298,9 +298,9 @@ def sam_ascent(
         ds.append((_up(x).abs() + etas[i]) * gf if adaptives[i] else gf)
     norm = global_norm(ds, reduce).to(_norm_dtype(params))
     for i, (x, d) in enumerate(zip(params, ds, strict=True)):
-        scale = rhos[i] / (norm + epss[i])
+        factor = rhos[i] / (norm + epss[i])
         s = _at(saved, i)
         if s is not None:
             s.copy_(x)
         w_d = (_up(x).abs() + etas[i]) * d if adaptives[i] else d
-        x.copy_(_up(x) + scale.to(d.dtype) * w_d)
+        x.copy_(_up(x) + factor.to(d.dtype) * w_d)

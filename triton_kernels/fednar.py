@@ -41,7 +41,7 @@ def elem(
     at,
     r,
     inv,
-    scale,
+    factor,
     PASS: tl.constexpr,
     DT: tl.constexpr,
     HAS: tl.constexpr,
@@ -49,7 +49,7 @@ def elem(
     TILE: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    """Pass 0: squares of d at ``at``; pass 1: x -= scale * d there. ``DT``: each role's element type,
+    """Pass 0: squares of d at ``at``; pass 1: x -= factor * d there. ``DT``: each role's element type,
     by slot; ``HAS``: whether optional roles x0 and corr are there (``two_pass_kernels._elem``)."""
     X_DT, G_DT, X0_DT, CORR_DT, _ = DT
     HAS_X0, HAS_CORR, _ = HAS
@@ -62,6 +62,6 @@ def elem(
     if PASS == 0:
         out = squares(d, mask)
     else:
-        store_as(at, x - scale * d, _X, X_DT, TILE)
+        store_as(at, x - factor * d, _X, X_DT, TILE)
         out = 0.0
     return out

@@ -39,7 +39,7 @@ def elem(
     at,
     r,
     inv,
-    scale,
+    factor,
     PASS: tl.constexpr,
     DT: tl.constexpr,
     HAS: tl.constexpr,
@@ -47,7 +47,7 @@ def elem(
     TILE: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    """Pass 0: acc += G and the squares of v; pass 1: x -= v * scale. ``DT``: each role's element
+    """Pass 0: acc += G and the squares of v; pass 1: x -= v * factor. ``DT``: each role's element
     type, by slot; ``HAS``: whether the optional role H is there (``two_pass_kernels._elem``)."""
     X_DT, G_DT, D_DT, ACC_DT, H_DT = DT
     _, _, HAS_H = HAS
@@ -67,6 +67,6 @@ def elem(
         out = squares(v, mask)
     else:
         x = load_f32(at, _X, X_DT, TILE)
-        store_as(at, x - v * scale, _X, X_DT, TILE)
+        store_as(at, x - v * factor, _X, X_DT, TILE)
         out = 0.0
     return out

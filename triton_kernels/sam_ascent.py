@@ -37,7 +37,7 @@ def elem(
     at,
     r,
     inv,
-    scale,
+    factor,
     PASS: tl.constexpr,
     DT: tl.constexpr,
     HAS: tl.constexpr,
@@ -45,7 +45,7 @@ def elem(
     TILE: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    """Pass 0: squares of d at ``at``; pass 1: saved = x, x += scale * (w * d). ``DT``: each role's
+    """Pass 0: squares of d at ``at``; pass 1: saved = x, x += factor * (w * d). ``DT``: each role's
     element type, by slot; ``HAS``: whether the optional role saved is there (``two_pass_kernels._elem``)."""
     X_DT, G_DT, SAVED_DT, _, _ = DT
     HAS_SAVED, _, _ = HAS
@@ -62,6 +62,6 @@ def elem(
     else:
         if HAS_SAVED:  # the optimizer always gives it; a bare op call may not
             store_as(at, x, _SAVED, SAVED_DT, TILE)
-        store_as(at, x + scale * tl.where(adaptive, w * d, g), _X, X_DT, TILE)
+        store_as(at, x + factor * tl.where(adaptive, w * d, g), _X, X_DT, TILE)
         out = 0.0
     return out

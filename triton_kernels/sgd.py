@@ -202,7 +202,7 @@ def launch(
         table.numel(),
         int(decay_every),
         hp,
-        lau.group,
+        lau.row,
         lau.fresh,
         amp["scale"],
         amp["found"],

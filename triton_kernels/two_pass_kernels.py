@@ -53,7 +53,7 @@ def _elem(
     at,
     r,
     inv,
-    scale,
+    factor,
     PASS: tl.constexpr,
     DT: tl.constexpr,
     HAS: tl.constexpr,
@@ -65,11 +65,11 @@ def _elem(
     slot (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H; sam_ascent: x, g, saved), ``HAS``
     whether optional roles 2, 3, 4 are there."""
     if OP == 0:
-        out = fednar.elem(at, r, inv, scale, PASS, DT, HAS, UNSCALE, TILE, VEC)
+        out = fednar.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
     elif OP == 1:
-        out = padamfed.elem(at, r, inv, scale, PASS, DT, HAS, UNSCALE, TILE, VEC)
+        out = padamfed.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
     else:
-        out = sam_ascent.elem(at, r, inv, scale, PASS, DT, HAS, UNSCALE, TILE, VEC)
+        out = sam_ascent.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
     return out
 
 
@@ -205,15 +205,15 @@ def norm_kernel(
 
 
 @device_fn
-def _scale_of(
+def _factor_of(
     OP: tl.constexpr, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED: tl.constexpr, SLOT_BLOCK: tl.constexpr
 ):
     """The update's factor: from the global norm (per-client op), or the finalize pass's (batched)."""
     if BATCHED:
-        scale = tl.load(factors_ptr + hp_row)
+        factor = tl.load(factors_ptr + hp_row)
     else:
-        scale = _factor(OP, global_norm(partials_ptr, n_slots, SLOT_BLOCK), r)
-    return scale
+        factor = _factor(OP, global_norm(partials_ptr, n_slots, SLOT_BLOCK), r)
+    return factor
 
 
 @triton.jit(do_not_specialize=["n_chunks", "n_slots", "row"])
@@ -263,21 +263,21 @@ def update_kernel(
             hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
             if client_active(active_ptr, client, HAS_ACTIVE):
                 r = hp_ptr + hp_row * HPN
-                scale = _scale_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
+                factor = _factor_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
                 col = tl.arange(0, BLOCK)
                 if start + BLOCK <= n:
-                    _elem(OP, (meta_ptr, t, start, col, None), r, inv, scale, 1, DT, HAS, UNSCALE, TILE, False)
+                    _elem(OP, (meta_ptr, t, start, col, None), r, inv, factor, 1, DT, HAS, UNSCALE, TILE, False)
                 else:
                     _elem(
-                        OP, (meta_ptr, t, start, col, col < n - start), r, inv, scale, 1, DT, HAS, UNSCALE, TILE, False
+                        OP, (meta_ptr, t, start, col, col < n - start), r, inv, factor, 1, DT, HAS, UNSCALE, TILE, False
                     )
         else:
             t, start, col, mask, hp_row, client = tile_rows(
                 chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR, ROWS, BLOCK, BATCHED, HAS_ACTIVE
             )
             r = hp_ptr + hp_row * HPN
-            scale = _scale_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
-            _elem(OP, (meta_ptr, t, start, col, mask), r, inv, scale, 1, DT, HAS, UNSCALE, TILE, BATCHED)
+            factor = _factor_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
+            _elem(OP, (meta_ptr, t, start, col, mask), r, inv, factor, 1, DT, HAS, UNSCALE, TILE, BATCHED)
     if ADVANCE:
         if pid == 0:  # no kernel of a norm op reads k: advancing it here races with nothing
             tl.store(k_ptr, tl.load(k_ptr) + step_increment(found_ptr, SKIPPABLE))

@@ -172,7 +172,7 @@ class FedStepper:
         for gi in indexes:
             group = groups[gi]
             keys = tuple(k for k in group if k != "params")
-            rows, factor, scale = owner._group_rows(group)
+            rows, lr_factor, lr_scale = owner._group_rows(group)
             lr = group["lr"]
             out[gi] = GroupInputs(
                 group,
@@ -181,8 +181,8 @@ class FedStepper:
                 owner._structure(group),
                 rows,
                 lr if isinstance(lr, torch.Tensor) else None,
-                factor,
-                scale,
+                lr_factor,
+                lr_scale,
             )
         return out
 
