@@ -303,6 +303,10 @@ class FedDynRule(ServerRule):
         return {"x": new_x, "h": h}
 
 
+register_rule(FedDynRule())
+
+
+# ---------------------------------------------------------------------------- what a user writes instead
 class ProxSGD(torch.optim.SGD):
     """FedDyn as a user writes it with torch (the benchmark's baseline): ``grad += alpha * (x - x0) - g_i``
     with foreach ops, then ``SGD(fused=True)`` with the same momentum, dampening and weight decay."""
@@ -322,6 +326,7 @@ class ProxSGD(torch.optim.SGD):
         return super().step(closure)
 
 
+# ---------------------------------------------------------------------------- the descriptor
 class _FedDyn(SGDAlgorithm):
     def hparams(self, cfg, variant):
         return {**super().hparams(cfg, variant), "dyn_alpha": 0.01 if cfg.dyn_alpha is None else cfg.dyn_alpha}
@@ -347,7 +352,6 @@ class _FedDyn(SGDAlgorithm):
         return (("momentum_buffer",) if kwargs.get("momentum", 0) else ()) + ("x0", "correction")
 
 
-register_rule(FedDynRule())
 DESCRIPTOR = algorithm.register(
     _FedDyn(
         "feddyn",

@@ -221,6 +221,7 @@ class BatchedNeuronLRSGD(ClientBatched, NeuronLRSGD):
         return tuple(p.shape[:2]), f"shape {tuple(p.shape[:2])} ([clients, M])"
 
 
+# ---------------------------------------------------------------------------- the descriptor
 class _FedNLR(SGDAlgorithm):
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer

@@ -334,6 +334,10 @@ class PAdaMFedRule(ServerRule):
         return {"x": new_x, "c": c, "m": m}
 
 
+register_rule(PAdaMFedRule())
+
+
+# ---------------------------------------------------------------------------- the descriptor
 class _PAdaMFed(Algorithm):
     def hparams(self, cfg, variant):
         eta, gamma, beta = theory_hparams(
@@ -410,7 +414,6 @@ def strategy_keywords(
     return cfg, {"clients_per_round": clients_per_round, **strategy}
 
 
-register_rule(PAdaMFedRule())
 DESCRIPTOR = algorithm.register(
     _PAdaMFed(
         "padamfed",
