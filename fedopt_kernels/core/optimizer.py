@@ -227,8 +227,17 @@ class FedOptimizer(Optimizer):
 
     def _run_after(self, prologue: Optional[Prologue]) -> None:
         """A step of the optimizer's own op whose launch runs ``prologue`` first, in the same recording
-        (FedSAM's restore before its descent); run anyway when the step launches nothing."""
-        self._stepper.run_after(prologue)
+        (FedSAM's restore before its descent); run anyway when the step launches nothing (no
+        gradient now, or a refused step)."""
+        stepper = self._stepper
+        stepper.prologue = prologue
+        try:
+            stepper.run(None, _NO_STEP_INPUTS, None, None)
+        finally:
+            pro = stepper.prologue
+            if pro is not None:
+                stepper.prologue = None
+                pro.run()
 
     def _drop_plan(self) -> None:
         """The tensors a step reads changed outside ``start_round`` (new neuron scales, the end of a
@@ -399,7 +408,8 @@ class FedOptimizer(Optimizer):
         if self._step_input is None:
             per_step = _NO_STEP_INPUTS  # step() refused any: nothing to check (a call less per step)
         else:
-            per_step = self._per_step(step_inputs.get(self._step_input))
+            extra = step_inputs.get(self._step_input)
+            per_step = self._check_step_inputs(None if isinstance(extra, (list, tuple)) and not extra else extra)
         # what torch.no_grad() does, without the decorator's few microseconds of host time a step
         if torch.is_grad_enabled():
             _set_grad_enabled(False)

@@ -32,7 +32,6 @@ from .plan import HpCache, StepPlan, capturing, refuse_in_capture
 from .plan_inputs import GroupInputs, Member, PlanInputs
 from .schedules import DecaySchedule
 
-_NO_STEP_INPUTS: Dict[str, List[Optional[torch.Tensor]]] = {}  # never written: shared by every step
 _COUNTS = ("eager", "recorded", "replayed", "wasted")
 
 # (parameter, its group, its state entry, its flat index) -> (role tensors, hp overrides, extra present bits)
@@ -288,10 +287,13 @@ class FedStepper:
         capture = capturing(device)  # a CUDA graph of the caller's is being captured
         if capture:
             self.capture.enter(owner, plan, sched, device, self.k_bound)
+        table: Optional[torch.Tensor]
         if sched is not None:
             table, every = sched.table(device, self.k_bound), sched.decay_every
         else:
-            table, every = self.one(device), 1
+            table, every = self.ones.get(device), 1  # read here: a call less a step
+        if table is None:
+            table = self.one(device)
         active = owner._active_for(device) if owner._spec.batched else None
         rep = self.replay
         ok = plan.replayable  # decided once per plan
@@ -359,18 +361,6 @@ class FedStepper:
             rep.launch(key, device, launch, cache)  # type: ignore[union-attr]
         self.k_bound += 1
 
-    def run_after(self, prologue: Optional[_replay.Prologue]) -> None:
-        """A step whose launch runs ``prologue`` first (FedSAM's restore); a step that launches nothing
-        (no gradient now, or a refused one) runs it anyway."""
-        self.prologue = prologue
-        try:
-            self.run(None, _NO_STEP_INPUTS, None, None)
-        finally:
-            pro = self.prologue
-            if pro is not None:
-                self.prologue = None
-                pro.run()
-
     # ---------------------------------------------------------------- other ops
     def run_op(self, name: str, active: Optional[torch.Tensor], per_step: Mapping[str, Any]) -> StepPlan:
         """Run other op ``name`` once over every parameter with a gradient (``FedOptimizer._run_op``)."""
@@ -389,11 +379,14 @@ class FedStepper:
         if plan.params:
             device = plan.device
             inputs = self.check_op_inputs(name, plan, per_step) if per_step else per_step
+            one = self.ones.get(device)
+            if one is None:
+                one = self.one(device)
             grad = torch.is_grad_enabled()
             if grad:  # the op writes parameters in place: outside autograd, as a step runs its own
                 _set_grad_enabled(False)
             try:
-                runner.launch(plan, runner.counter(device, owner._clients()), self.one(device), active, inputs)
+                runner.launch(plan, runner.counter(device, owner._clients()), one, active, inputs)
             finally:
                 if grad:
                     _set_grad_enabled(True)
