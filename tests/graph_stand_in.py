@@ -30,11 +30,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from fedopt_kernels.core import caller_graph as _caller_graph
-from fedopt_kernels.core import dispatch as _dispatch
+from fedopt_kernels.core import capture as _capture
 from fedopt_kernels.core import op_runner as _op_runner
 from fedopt_kernels.core import plan as _plan
 from fedopt_kernels.core import registry as _registry
+from fedopt_kernels.core import stepper as _stepper
 
 _capturing_now: List[StandInGraph] = []
 
@@ -47,7 +47,7 @@ def capturing(device: Any = None) -> bool:
 def install(monkeypatch: Any) -> None:
     """Route the package's capture checks and kernel calls through the stand-in (for one test). Plans
     built before this call keep kernels that are never recorded: build optimizers after it."""
-    for module in (_plan, _dispatch, _caller_graph, _op_runner):  # every module of the package that asks
+    for module in (_plan, _stepper, _capture, _op_runner):  # every module of the package that asks
         monkeypatch.setattr(module, "capturing", capturing)
     try:  # loaded now, so that its own check is replaced before any plan of it runs
         triton_backend = importlib.import_module("fedopt_kernels.core.backends.triton")

@@ -574,4 +574,4 @@ def test_plain_tensors_keep_the_ordinary_plan():
     for opt in (fk.FedNAR([p], lr=0.1, weight_decay=0.0), fk.FedDecaySGD([p], lr=0.1, beta=0.5)):
         opt.step()
         opt.step()
-        assert type(opt._plan) is StepPlan
+        assert type(opt.step_plan) is StepPlan

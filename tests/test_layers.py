@@ -1,6 +1,7 @@
 """The package's folders are its layers, and every name the documentation gives still imports.
 
-Layers, lowest first (README, "Layout"; docs/dispatch.md): ``core`` (kernel dispatch, no FL concepts; the Triton
+Layers, lowest first (README, "Layout"; docs/dispatch.md): ``functional`` (the algorithms' math in plain
+torch, which imports nothing of the package), ``core`` (kernel dispatch, no FL concepts; the Triton
 sources installed as ``fedopt_kernels.triton_kernels`` belong to it), ``fl`` (descriptors, settings,
 server rules, the client round), ``batched`` (the client-batched mixin), ``optim`` (the optimizers),
 the package's ``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module
@@ -23,7 +24,18 @@ from test_import_graph import import_graph, package_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "fedopt_kernels"
-RANK = {"core": 0, "triton_kernels": 0, "fl": 1, "batched": 2, "optim": 3, "": 4, "sim": 5, "selfcheck": 5, "flower": 6}
+RANK = {
+    "functional": -1,
+    "core": 0,
+    "triton_kernels": 0,
+    "fl": 1,
+    "batched": 2,
+    "optim": 3,
+    "": 4,
+    "sim": 5,
+    "selfcheck": 5,
+    "flower": 6,
+}
 MAX_ROOT_MODULES = 10
 # "": the round loop, the modules of sim/ itself
 SIM_RANK = {"data": 0, "models": 1, "batched": 2, "": 3, "cli": 4}

@@ -310,7 +310,7 @@ def test_a_norm_ops_device_scratch_goes_back_through_the_optimizers_cache():
         for q in params:
             q.grad = torch.randn_like(q)
         opt.step()
-    assert "scratch" not in opt._plan.cache
+    assert "scratch" not in opt.step_plan.cache
 
 
 def test_available_backends_lists_cpu():

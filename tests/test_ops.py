@@ -127,7 +127,7 @@ def test_batched_reference_op_is_the_per_client_op_client_by_client(name):
 
 def test_triton_kernels_take_their_slots_and_columns_from_the_declaration(monkeypatch):
     require("triton")
-    from fedopt_kernels.triton_kernels import fednar, launcher, padamfed, sgd
+    from fedopt_kernels.triton_kernels import declarations, fednar, padamfed, sgd
 
     for mod, name in ((sgd, "sgd"), (fednar, "fednar"), (padamfed, "padamfed")):
         spec = OPS[name]
@@ -144,9 +144,9 @@ def test_triton_kernels_take_their_slots_and_columns_from_the_declaration(monkey
     )
     # the constants follow the declaration, whatever its order
     monkeypatch.setitem(_ops.OPS, "padamfed", replace(OPS["padamfed"], hps=("eps", "beta", "lr")))
-    assert [c.value for c in launcher.spec_columns("padamfed", "lr", "eps")] == [2, 0, 3]
+    assert [c.value for c in declarations.spec_columns("padamfed", "lr", "eps")] == [2, 0, 3]
     with pytest.raises(KeyError, match="no role"):
-        launcher.spec_slots("padamfed", "buf")
+        declarations.spec_slots("padamfed", "buf")
 
 
 def test_schema_marks_exactly_the_written_roles_as_mutated():
@@ -168,10 +168,10 @@ def test_optimizer_step_is_the_op_with_the_plan_s_arguments():
         p.grad = gr.clone()
     opt.step()
     opt.step()  # a steady plan
-    plan = opt._plan
+    plan = opt.step_plan
     b = [t.clone() for t in a]
     bufs = [t.clone() for t in plan.lists["momentum_buffer"]]
-    k = opt._k_dev.clone()
+    k = opt._stepper.k.clone()
     _ops.torch_op("sgd")(
         b,
         [p.grad for p in a],

@@ -59,10 +59,10 @@ class Pair:
 @pytest.mark.parametrize("backend,device", cases())
 def test_plan_is_reused_between_unchanged_steps(backend, device):
     run = Pair(backend, device, steps=2)  # the first step's fresh momentum buffers: a one-step plan
-    plan = run.ours._plan
+    plan = run.ours.step_plan
     for s in range(2, 5):
         run.step(s)
-        assert run.ours._plan is plan
+        assert run.ours.step_plan is plan
     run.check()
 
 
@@ -72,12 +72,12 @@ def test_lr_change_refreshes_values_without_rebuilding(backend, device):
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.5**e) for o in (run.ours, run.oracle)]
     run.step(0)
     run.step(1)
-    plan = run.ours._plan
+    plan = run.ours.step_plan
     for s in range(2, 6):
         for sched in scheds:
             sched.step()
         run.step(s)
-    assert run.ours._plan is plan
+    assert run.ours.step_plan is plan
     run.check()
 
 
@@ -138,7 +138,7 @@ def test_device_change_through_data():
     run.both(lambda _, ps: [setattr(p, "data", p.data.cuda()) for p in ps])
     run.step(1)
     run.check()
-    assert run.ours._plan.device.type == "cuda"
+    assert run.ours.step_plan.device.type == "cuda"
 
 
 @pytest.mark.parametrize("backend,device", cases())
@@ -258,8 +258,8 @@ def test_the_plan_is_built_from_data_alone(monkeypatch):
 
     run = Pair(steps=2)
     opt = run.ours
-    inputs = opt._plan_inputs()
-    new_lr = opt._group_inputs([0])
+    inputs = opt._stepper.plan_inputs()
+    new_lr = opt._stepper.group_inputs([0])
 
     def boom(*args, **kwargs):
         raise AssertionError("the plan called back into the optimizer")
@@ -276,16 +276,16 @@ def test_the_plan_is_built_from_data_alone(monkeypatch):
         "_check_grad",
         "_name_of",
         "_group_rows",
-        "_group_inputs",
-        "_plan_inputs",
         "_schedule",
         "_run",
     ):
         monkeypatch.setattr(opt, name, boom)
+    for name in ("group_inputs", "plan_inputs", "gather", "run"):  # the optimizer's stepper, which calls them
+        monkeypatch.setattr(opt._stepper, name, boom)
     plan = StepPlan(inputs)
-    assert torch.equal(plan.hp, opt._plan.hp) and plan.order == opt._plan.order
-    assert plan.lists.keys() == opt._plan.lists.keys()
-    assert all(x is y for r in plan.lists for x, y in zip(plan.lists[r], opt._plan.lists[r]))
+    assert torch.equal(plan.hp, opt.step_plan.hp) and plan.order == opt.step_plan.order
+    assert plan.lists.keys() == opt.step_plan.lists.keys()
+    assert all(x is y for r in plan.lists for x, y in zip(plan.lists[r], opt.step_plan.lists[r]))
     assert plan.still_valid(opt.param_groups) is True
     opt.param_groups[0]["lr"] = 0.05
     assert plan.still_valid(opt.param_groups) == [0]
@@ -303,7 +303,7 @@ def test_a_key_added_to_a_param_group_is_taken_once():
     p.grad = torch.randn(4)
     opt.step()
     opt.param_groups[0]["initial_lr"] = 0.1
-    plan = opt._plan
+    plan = opt.step_plan
     assert plan.still_valid(opt.param_groups) == [0]
-    assert plan.update_groups(opt._group_inputs([0]))
+    assert plan.update_groups(opt._stepper.group_inputs([0]))
     assert plan.still_valid(opt.param_groups) is True

@@ -165,7 +165,7 @@ def test_a_layout_is_one_int_in_the_key_shared_by_equal_layouts(monkeypatch):
     # a plan rebuilt with the same tensors keeps its id, so its recordings still match
     params, opt = _two_fednar_steps()
     first = _key_of(opt)
-    opt._plan = None  # rebuilt at the next step
+    opt._stepper.plan = None  # rebuilt at the next step
     opt.step()
     assert _key_of(opt)[0] == first[0] and isinstance(first[0], int)
 
@@ -176,13 +176,13 @@ def test_load_state_dict_drops_recordings_but_keeps_counts_and_off_reason():
     p = [torch.nn.Parameter(torch.zeros(3))]
     cfg = catalogue.config("feddecay", next(iter(catalogue.ALGOS["feddecay"].options)))
     opt = cfg.build(p, "reference")
-    rep = opt._replay
+    rep = opt._stepper.replay
     rep.stats["eager"] = 3
     rep.off_reason = "RuntimeError: not capturable"
     rep.recordings["k"] = object()
     rep.recent.append("k")
     opt.load_state_dict(opt.state_dict())
-    assert opt._replay is rep and not rep.recordings and not rep.recent
+    assert opt._stepper.replay is rep and not rep.recordings and not rep.recent
     stats = opt.replay_stats()
     assert stats["eager"] == 3 and not stats["on"] and stats["off_reason"] == "RuntimeError: not capturable"
 
@@ -200,9 +200,9 @@ def _two_fednar_steps():
 
 
 def _key_of(opt) -> tuple:
-    plan = opt._plan
-    k = opt._counter(plan.device)
-    return opt._replay.key(plan, [], plan.hp, k, opt._one(plan.device), 1, (False, False), None)
+    plan = opt.step_plan
+    k = opt._stepper.counter(plan.device)
+    return opt._stepper.replay.key(plan, [], plan.hp, k, opt._stepper.one(plan.device), 1, (False, False), None)
 
 
 def test_the_key_follows_addresses_not_values():
@@ -361,7 +361,9 @@ def _replayed_step_calls(n: int, algo: str) -> tuple:
         p.grad = torch.randn_like(p)
     for _k in range(4):
         opt.step(**inputs(0))
-    assert type(opt._plan.watch).__name__ == "GradWatch" and type(opt._plan.watch) is not _grad_watch.PyGradWatch
+    assert (
+        type(opt.step_plan.watch).__name__ == "GradWatch" and type(opt.step_plan.watch) is not _grad_watch.PyGradWatch
+    )
     calls = [0]
 
     def count(frame, event, arg):
@@ -563,21 +565,22 @@ def test_the_ascent_key_repeats_and_the_restore_is_in_the_descent_key(cpu_replay
     params, opt, _ = _fedsam_run(False, True, steps=4)
     ascent, restore, descent = opt.step_plans
     assert restore is opt._restore.prologue(None) and restore.key == opt._restore.key
-    runner = opt._runners["ascent"]
+    runner = opt._stepper.runners["ascent"]
     rep = runner.replay
 
     def key_of():
         k = runner.k[ascent.device]
-        return rep.key(ascent, (), ascent.hp, k, opt._one(ascent.device), 1, (False, False), None)
+        return rep.key(ascent, (), ascent.hp, k, opt._stepper.one(ascent.device), 1, (False, False), None)
 
     first = key_of()
     assert first in rep.recordings
     other = _replay.Prologue(_replay.tensors_id([params[0]], [torch.zeros_like(params[0])]), restore.fn, ())
-    k, one = opt._counter(descent.device), opt._one(descent.device)
+    k, one = opt._stepper.counter(descent.device), opt._stepper.one(descent.device)
     keys = [
-        opt._replay.key(descent, [], descent.hp, k, one, 1, (False, False), None, pro.key) for pro in (restore, other)
+        opt._stepper.replay.key(descent, [], descent.hp, k, one, 1, (False, False), None, pro.key)
+        for pro in (restore, other)
     ]
-    assert keys[0] != keys[1] and keys[0] in opt._replay.recordings
+    assert keys[0] != keys[1] and keys[0] in opt._stepper.replay.recordings
     opt.step(lambda: None)
     assert key_of() == first
 
@@ -725,12 +728,12 @@ opt = fk.FedDecaySGD(ps, lr=0.1, beta=1.0, backend={backend!r})
 for p in ps:
     p.grad = torch.randn_like(p)
 opt.step()  # eager: the plan and its caches are built
-real = opt._plan.fn
+real = opt.step_plan.fn
 def failing(*args, **kwargs):
     real(*args, **kwargs)
     if torch.cuda.is_current_stream_capturing():
         torch.cuda.synchronize()  # illegal inside a capture: the driver invalidates it
-opt._plan.fn = failing
+opt.step_plan.fn = failing
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for _ in range(5):

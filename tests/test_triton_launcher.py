@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 if _WHY is None:
     import triton.language as tl
 
-    from fedopt_kernels.triton_kernels import launcher, plans, tiles
+    from fedopt_kernels.triton_kernels import declarations, launcher, plans, tiles
     from fedopt_kernels.triton_kernels.jit_mode import interpreted
 
 INTERPRETED = _WHY is None and interpreted()
@@ -120,27 +120,27 @@ def test_plan_is_reused_while_the_tensor_set_is_unchanged_and_rebuilt_when_it_ch
     opt.step()  # builds: momentum buffers are new
     opt.step()  # momentum buffers exist now, with new addresses -> one more build
     builds = plans.stats["builds"]
-    plan = opt._plan.cache["plan"]
+    plan = opt.step_plan.cache["plan"]
     for _ in range(3):
         for g, new in zip(grads, _grads(ps, 1)):
             g.copy_(new)  # same tensors, new values: no rebuild
         opt.step()
     # the optimizer's cache hands the same launcher plan back without re-keying every tensor
-    assert plans.stats["builds"] == builds and opt._plan.cache["plan"] is plan
+    assert plans.stats["builds"] == builds and opt.step_plan.cache["plan"] is plan
 
     old = ps[1].grad
     ps[1].grad = old.clone()  # a new gradient tensor (old kept alive: the address differs)
     opt.step()
     # moved gradients: the plan's tables with the gradient column rewritten, nothing built
-    moved = opt._plan.cache["plan"]
+    moved = opt.step_plan.cache["plan"]
     assert plans.stats["builds"] == builds and plans.stats["moved"] == 1 and moved is not plan
-    g_col = launcher.spec_roles("sgd")[0].index("g")
+    g_col = declarations.spec_roles("sgd")[0].index("g")
     assert moved.launches[0].meta[:, g_col].tolist() == [g.data_ptr() for g in (ps[0].grad, ps[1].grad, ps[2].grad)]
     assert plan.launches[0].meta[:, g_col].tolist()[1] == old.data_ptr()  # the first plan is unchanged
     opt.step()
     ps[1].grad = old  # back to the first address set: its plan again
     opt.step()
-    assert opt._plan.cache["plan"] is plan and plans.stats["moved"] == 1 and plans.stats["builds"] == builds
+    assert opt.step_plan.cache["plan"] is plan and plans.stats["moved"] == 1 and plans.stats["builds"] == builds
     ps[1].grad = old.t().contiguous().t() if old.dim() > 1 else torch.randn(15, device=DEVICE)[1:8]  # misaligned
     assert ps[1].grad.data_ptr() % 16 != 0
     opt.step()  # another layout: staged, so a plan of its own

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import triton.language as tl
 
+from .declarations import spec_columns, spec_roles, spec_slots
 from .jit_mode import device_fn
-from .launcher import spec_columns, spec_roles, spec_slots
 from .norm import squares
 from .tiles import add_terms, hp_f32, load_f32, store_as
 
@@ -38,56 +38,30 @@ def factor(norm, r):
 
 @device_fn
 def elem(
-    meta_ptr,
-    t,
-    start,
-    col,
-    mask,
+    at,
     r,
     inv,
-    scale,
+    factor,
     PASS: tl.constexpr,
-    NR: tl.constexpr,
-    X_DT: tl.constexpr,
-    G_DT: tl.constexpr,
-    X0_DT: tl.constexpr,
-    CORR_DT: tl.constexpr,
-    HAS_X0: tl.constexpr,
-    HAS_CORR: tl.constexpr,
+    DT: tl.constexpr,
+    HAS: tl.constexpr,
     UNSCALE: tl.constexpr,
-    ROWS: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    TILE: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    """Pass 0: squares of d at ``start + col`` of tensor ``t``; pass 1: x -= scale * d there."""
-    x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DT, ROWS, ALIGNED)
-    d = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DT, ROWS, ALIGNED)
+    """Pass 0: squares of d at ``at``; pass 1: x -= factor * d there. ``DT``: each role's element type,
+    by slot; ``HAS``: whether optional roles x0 and corr are there (``two_pass_kernels._elem``)."""
+    X_DT, G_DT, X0_DT, CORR_DT, _ = DT
+    HAS_X0, HAS_CORR, _ = HAS
+    mask = at[4]
+    x = load_f32(at, _X, X_DT, TILE)
+    d = load_f32(at, _G, G_DT, TILE)
     if UNSCALE:
         d = d * inv
-    d = add_terms(
-        d,
-        x,
-        hp_f32(r, _WD),
-        hp_f32(r, _PROX),
-        meta_ptr,
-        t,
-        start,
-        col,
-        mask,
-        _CORR,
-        _X0,
-        NR,
-        CORR_DT,
-        X0_DT,
-        HAS_CORR,
-        HAS_X0,
-        ROWS,
-        ALIGNED,
-        VEC,
-    )
+    d = add_terms(d, x, hp_f32(r, _WD), hp_f32(r, _PROX), at, _CORR, CORR_DT, HAS_CORR, _X0, X0_DT, HAS_X0, TILE, VEC)
     if PASS == 0:
         out = squares(d, mask)
     else:
-        store_as(meta_ptr, t, start, col, mask, x - scale * d, _X, NR, X_DT, ROWS, ALIGNED)
+        store_as(at, x - factor * d, _X, X_DT, TILE)
         out = 0.0
     return out

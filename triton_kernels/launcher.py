@@ -3,11 +3,9 @@
 What a launch covers is its plan's (``plans.py``: pointer tables, chunk maps, tiles, staging, the plan
 cache, norm slots). This module holds what the launches of every op share besides:
 
-* **Op declarations as kernel constants.** ``spec_roles``, ``spec_slots`` and ``spec_columns`` give an
-  op's roles (the pointer table's columns) and hp columns, from its one declaration
-  (``fedopt_kernels/core/ops.py``), as ``tl.constexpr``. ``tl_dtype`` gives a tensor's element type,
-  a ``tl.constexpr`` too (so a plan launches once per dtype signature), and refuses other dtypes,
-  naming the role (``ROLE_NAMES``).
+* **Element types as kernel constants.** ``tl_dtype`` gives a tensor's element type as a
+  ``tl.constexpr`` (so a plan launches once per dtype signature), and refuses other dtypes, naming
+  the role (``ROLE_NAMES``); the op's role slots and hp columns are ``declarations.py``'s.
 * **Bound launches.** Triton's ``kernel[grid](*args, **kwargs)`` binds every argument, works out its
   specialisation and looks the compiled kernel up at each launch: most of an eager step's host time.
   ``launch`` does that once per launch of a plan and calls the compiled kernel directly afterwards,
@@ -27,32 +25,6 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 import triton
 import triton.language as tl
-
-
-def spec_roles(op: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """(role short names, written role short names) of ``op``, from its one declaration (``core/ops.py``)."""
-    from fedopt_kernels.core.ops import OPS
-
-    spec = OPS[op]
-    return tuple(r.short for r in spec.roles), tuple(r.short for r in spec.roles if r.written)
-
-
-def spec_slots(op: str, *shorts: str) -> Tuple[tl.constexpr, ...]:
-    """The role slots (tensor-list positions) of ``op``'s roles ``shorts``, as kernel constants."""
-    roles, _ = spec_roles(op)
-    missing = [s for s in shorts if s not in roles]
-    if missing:
-        raise KeyError(f"op {op!r} has no role {missing} (its roles: {roles})")
-    return tuple(tl.constexpr(roles.index(s)) for s in shorts)
-
-
-def spec_columns(op: str, *names: str) -> Tuple[tl.constexpr, ...]:
-    """The hp columns of ``op``'s hyperparameters ``names``, as kernel constants; then the column count."""
-    from fedopt_kernels.core.ops import OPS
-
-    spec = OPS[op]
-    return tuple(tl.constexpr(spec.hp_index(n)) for n in names) + (tl.constexpr(len(spec.hps)),)
-
 
 # Warps of a compiled program: 8 for ``plans.GPU_BLOCK``'s 2048 elements, 8 elements per thread.
 GPU_NUM_WARPS = 8

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import triton.language as tl
 
+from .declarations import spec_columns, spec_roles, spec_slots
 from .jit_mode import device_fn
-from .launcher import spec_columns, spec_roles, spec_slots
 from .norm import squares
 from .tiles import hp_f32, load_f32, store_as
 
@@ -36,42 +36,37 @@ def factor(norm, r):
 
 @device_fn
 def elem(
-    meta_ptr,
-    t,
-    start,
-    col,
-    mask,
+    at,
     r,
     inv,
-    scale,
+    factor,
     PASS: tl.constexpr,
-    NR: tl.constexpr,
-    X_DT: tl.constexpr,
-    G_DT: tl.constexpr,
-    D_DT: tl.constexpr,
-    ACC_DT: tl.constexpr,
-    H_DT: tl.constexpr,
-    HAS_H: tl.constexpr,
+    DT: tl.constexpr,
+    HAS: tl.constexpr,
     UNSCALE: tl.constexpr,
-    ROWS: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    TILE: tl.constexpr,
+    VEC: tl.constexpr,
 ):
-    """Pass 0: acc += G and the squares of v; pass 1: x -= v * scale."""
-    G = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DT, ROWS, ALIGNED)
+    """Pass 0: acc += G and the squares of v; pass 1: x -= v * factor. ``DT``: each role's element
+    type, by slot; ``HAS``: whether the optional role H is there (``two_pass_kernels._elem``)."""
+    X_DT, G_DT, D_DT, ACC_DT, H_DT = DT
+    _, _, HAS_H = HAS
+    mask = at[4]
+    G = load_f32(at, _G, G_DT, TILE)
     if UNSCALE:
         G = G * inv
-    D = load_f32(meta_ptr, t, start, col, mask, _D, NR, D_DT, ROWS, ALIGNED)
+    D = load_f32(at, _D, D_DT, TILE)
     if HAS_H:  # variance reduction
         one_minus_beta = (1.0 - tl.load(r + _BETA)).to(tl.float32)
-        v = G + D - one_minus_beta * load_f32(meta_ptr, t, start, col, mask, _H, NR, H_DT, ROWS, ALIGNED)
+        v = G + D - one_minus_beta * load_f32(at, _H, H_DT, TILE)
     else:
         v = hp_f32(r, _BETA) * G + D
     if PASS == 0:
-        acc = load_f32(meta_ptr, t, start, col, mask, _ACC, NR, ACC_DT, ROWS, ALIGNED)
-        store_as(meta_ptr, t, start, col, mask, acc + G, _ACC, NR, ACC_DT, ROWS, ALIGNED)
+        acc = load_f32(at, _ACC, ACC_DT, TILE)
+        store_as(at, acc + G, _ACC, ACC_DT, TILE)
         out = squares(v, mask)
     else:
-        x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DT, ROWS, ALIGNED)
-        store_as(meta_ptr, t, start, col, mask, x - v * scale, _X, NR, X_DT, ROWS, ALIGNED)
+        x = load_f32(at, _X, X_DT, TILE)
+        store_as(at, x - v * factor, _X, X_DT, TILE)
         out = 0.0
     return out

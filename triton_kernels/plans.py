@@ -100,7 +100,7 @@ class Launch:
     rows: int  # chunks per program (1 compiled)
     block: int  # elements per chunk
     n_tiles: int  # programs of an elementwise pass
-    group: int = 0  # hp row (row group) of the tensors (per-client launches)
+    row: int = 0  # the hp row (of its row group) of the tensors (per-client launches)
     norm_programs: int = 0  # programs of a norm pass
     slot_base: int = 0  # first slot of this launch in LaunchPlan.partials
     batched: bool = False  # rows are client slices: meta is [T, NR + 2] (hp row, client)
@@ -468,7 +468,7 @@ def _build(roles, rows_of, role_names, written, device, norm, scale_role) -> Lau
                     device,
                     interp,
                     list(range(first, len(sources))),
-                    group=int(rows_of[g]),
+                    row=int(rows_of[g]),
                 )
             )
     n_slots = 0
@@ -557,7 +557,7 @@ def _build_batched(roles, rows_of, fresh, C, hp_rows, role_names, written, devic
             interp,
             srcs,
             clients,
-            group=0,
+            row=0,
             batched=True,
             aligned=aligned,
             fresh=fr,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import triton.language as tl
 
+from .declarations import spec_columns, spec_roles, spec_slots
 from .jit_mode import device_fn
-from .launcher import spec_columns, spec_roles, spec_slots
 from .norm import squares
 from .tiles import hp_f32, load_f32, store_as
 
@@ -34,27 +34,24 @@ def factor(norm, r):
 
 @device_fn
 def elem(
-    meta_ptr,
-    t,
-    start,
-    col,
-    mask,
+    at,
     r,
     inv,
-    scale,
+    factor,
     PASS: tl.constexpr,
-    NR: tl.constexpr,
-    X_DT: tl.constexpr,
-    G_DT: tl.constexpr,
-    SAVED_DT: tl.constexpr,
-    HAS_SAVED: tl.constexpr,
+    DT: tl.constexpr,
+    HAS: tl.constexpr,
     UNSCALE: tl.constexpr,
-    ROWS: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    TILE: tl.constexpr,
+    VEC: tl.constexpr,
 ):
-    """Pass 0: squares of d at ``start + col`` of tensor ``t``; pass 1: saved = x, x += scale * (w * d)."""
-    x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DT, ROWS, ALIGNED)
-    g = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DT, ROWS, ALIGNED)
+    """Pass 0: squares of d at ``at``; pass 1: saved = x, x += factor * (w * d). ``DT``: each role's
+    element type, by slot; ``HAS``: whether the optional role saved is there (``two_pass_kernels._elem``)."""
+    X_DT, G_DT, SAVED_DT, _, _ = DT
+    HAS_SAVED, _, _ = HAS
+    mask = at[4]
+    x = load_f32(at, _X, X_DT, TILE)
+    g = load_f32(at, _G, G_DT, TILE)
     if UNSCALE:
         g = g * inv
     adaptive = tl.load(r + _ADAPTIVE) != 0.0
@@ -64,7 +61,7 @@ def elem(
         out = squares(d, mask)
     else:
         if HAS_SAVED:  # the optimizer always gives it; a bare op call may not
-            store_as(meta_ptr, t, start, col, mask, x, _SAVED, NR, SAVED_DT, ROWS, ALIGNED)
-        store_as(meta_ptr, t, start, col, mask, x + scale * tl.where(adaptive, w * d, g), _X, NR, X_DT, ROWS, ALIGNED)
+            store_as(at, x, _SAVED, SAVED_DT, TILE)
+        store_as(at, x + factor * tl.where(adaptive, w * d, g), _X, X_DT, TILE)
         out = 0.0
     return out

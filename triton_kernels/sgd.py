@@ -24,9 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .declarations import spec_columns, spec_roles, spec_slots
 from .jit_mode import device_fn
 from .launcher import launch as run_launch
-from .launcher import launch_bound, launch_options, spec_columns, spec_roles, spec_slots
+from .launcher import launch_bound, launch_options
 from .plans import Launch
 from .tiles import (
     add_terms,
@@ -68,37 +69,17 @@ def _sgd_hp(hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fr
 
 @device_fn
 def _sgd_tile(
-    meta_ptr,
-    t,
-    start,
-    col,
-    mask,
-    lr_k,
-    momentum,
-    damp1,
-    weight_decay,
-    gsign,
-    prox_mu,
-    nesterov,
-    inv,
-    NR: tl.constexpr,
-    X_DTYPE: tl.constexpr,
-    G_DTYPE: tl.constexpr,
-    BUF_DTYPE: tl.constexpr,
-    X0_DTYPE: tl.constexpr,
-    CORR_DTYPE: tl.constexpr,
-    HAS_MOMENTUM: tl.constexpr,
-    HAS_X0: tl.constexpr,
-    HAS_CORR: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    UNSCALE: tl.constexpr,
-    ROWS: tl.constexpr,
-    ALIGNED: tl.constexpr,
-    BATCHED: tl.constexpr,
+    at, hp, inv, DT: tl.constexpr, HAS: tl.constexpr, UNSCALE: tl.constexpr, TILE: tl.constexpr, BATCHED: tl.constexpr
 ):
+    """The SGD update at ``at`` (``tiles.py``'s bundles). ``hp``: ``_sgd_hp``'s factors; ``DT``: the
+    element types of x, g, buf, x0, corr; ``HAS``: whether buf, x0, corr and scale are there."""
+    lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov = hp
+    X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE = DT
+    HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE = HAS
+    NR, ROWS, ALIGNED = TILE
     VEC: tl.constexpr = BATCHED and ROWS > 1  # hyperparameters are [ROWS, 1]: selects instead of branches
-    x = load_f32(meta_ptr, t, start, col, mask, _X, NR, X_DTYPE, ROWS, ALIGNED)
-    d = load_f32(meta_ptr, t, start, col, mask, _G, NR, G_DTYPE, ROWS, ALIGNED)
+    x = load_f32(at, _X, X_DTYPE, TILE)
+    d = load_f32(at, _G, G_DTYPE, TILE)
     if UNSCALE:
         d = d * inv
     d = add_terms(
@@ -106,25 +87,19 @@ def _sgd_tile(
         x,
         weight_decay,
         prox_mu,
-        meta_ptr,
-        t,
-        start,
-        col,
-        mask,
+        at,
         _CORR,
-        _X0,
-        NR,
         CORR_DTYPE,
-        X0_DTYPE,
         HAS_CORR,
+        _X0,
+        X0_DTYPE,
         HAS_X0,
-        ROWS,
-        ALIGNED,
+        TILE,
         VEC,
     )
     if HAS_MOMENTUM:
-        b = load_f32(meta_ptr, t, start, col, mask, _BUF, NR, BUF_DTYPE, ROWS, ALIGNED) * momentum + damp1 * d
-        store_as(meta_ptr, t, start, col, mask, b, _BUF, NR, BUF_DTYPE, ROWS, ALIGNED)
+        b = load_f32(at, _BUF, BUF_DTYPE, TILE) * momentum + damp1 * d
+        store_as(at, b, _BUF, BUF_DTYPE, TILE)
         if VEC:
             d = tl.where(nesterov, d + momentum * b, b)
         else:
@@ -133,13 +108,16 @@ def _sgd_tile(
             else:
                 d = b
     if HAS_SCALE:
+        meta_ptr, t, start, col, mask = at
         row0, rows = row_index(meta_ptr, t, start, col, NR)
         # a client's slice of a [C, M] scale is aligned only when M is: never promised when batched
-        r = load_f32(meta_ptr, t, row0, rows, mask, _SCALE, NR, tl.float32, ROWS, ALIGNED and not BATCHED)
+        r = load_f32(
+            (meta_ptr, t, row0, rows, mask), _SCALE, tl.float32, tl.constexpr((NR, ROWS, ALIGNED and not BATCHED))
+        )
         step = (lr_k * r) * d
     else:
         step = lr_k * d
-    store_as(meta_ptr, t, start, col, mask, x - step, _X, NR, X_DTYPE, ROWS, ALIGNED)
+    store_as(at, x - step, _X, X_DTYPE, TILE)
 
 
 @triton.jit(do_not_specialize=["n_chunks", "table_len", "decay_every", "row", "fresh"])
@@ -175,6 +153,9 @@ def sgd_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    DT: tl.constexpr = tl.constexpr((X_DTYPE, G_DTYPE, BUF_DTYPE, X0_DTYPE, CORR_DTYPE))  # tiles.py's bundles
+    HAS: tl.constexpr = tl.constexpr((HAS_MOMENTUM, HAS_X0, HAS_CORR, HAS_SCALE))
+    TILE: tl.constexpr = tl.constexpr((NR, ROWS, ALIGNED))
     if live_step(found_ptr, SKIPPABLE):
         inv = inv_scale(scale_ptr, UNSCALE)
         pid = tl.program_id(0)
@@ -182,106 +163,18 @@ def sgd_kernel(
             t, start, n = chunk_of(chunks_ptr, meta_ptr, pid, NR, BLOCK)
             hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
             if client_active(active_ptr, client, HAS_ACTIVE):
-                lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov = _sgd_hp(
-                    hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED
-                )
+                hp = _sgd_hp(hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED)
                 col = tl.arange(0, BLOCK)
                 if start + BLOCK <= n:  # full chunk: unmasked, 128-bit accesses
-                    _sgd_tile(
-                        meta_ptr,
-                        t,
-                        start,
-                        col,
-                        None,
-                        lr_k,
-                        momentum,
-                        damp1,
-                        weight_decay,
-                        gsign,
-                        prox_mu,
-                        nesterov,
-                        inv,
-                        NR,
-                        X_DTYPE,
-                        G_DTYPE,
-                        BUF_DTYPE,
-                        X0_DTYPE,
-                        CORR_DTYPE,
-                        HAS_MOMENTUM,
-                        HAS_X0,
-                        HAS_CORR,
-                        HAS_SCALE,
-                        UNSCALE,
-                        ROWS,
-                        ALIGNED,
-                        BATCHED,
-                    )
+                    _sgd_tile((meta_ptr, t, start, col, None), hp, inv, DT, HAS, UNSCALE, TILE, BATCHED)
                 else:
-                    _sgd_tile(
-                        meta_ptr,
-                        t,
-                        start,
-                        col,
-                        col < n - start,
-                        lr_k,
-                        momentum,
-                        damp1,
-                        weight_decay,
-                        gsign,
-                        prox_mu,
-                        nesterov,
-                        inv,
-                        NR,
-                        X_DTYPE,
-                        G_DTYPE,
-                        BUF_DTYPE,
-                        X0_DTYPE,
-                        CORR_DTYPE,
-                        HAS_MOMENTUM,
-                        HAS_X0,
-                        HAS_CORR,
-                        HAS_SCALE,
-                        UNSCALE,
-                        ROWS,
-                        ALIGNED,
-                        BATCHED,
-                    )
+                    _sgd_tile((meta_ptr, t, start, col, col < n - start), hp, inv, DT, HAS, UNSCALE, TILE, BATCHED)
         else:
             t, start, col, mask, hp_row, client = tile_rows(
                 chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR, ROWS, BLOCK, BATCHED, HAS_ACTIVE
             )
-            lr_k, momentum, damp1, weight_decay, gsign, prox_mu, nesterov = _sgd_hp(
-                hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED
-            )
-            _sgd_tile(
-                meta_ptr,
-                t,
-                start,
-                col,
-                mask,
-                lr_k,
-                momentum,
-                damp1,
-                weight_decay,
-                gsign,
-                prox_mu,
-                nesterov,
-                inv,
-                NR,
-                X_DTYPE,
-                G_DTYPE,
-                BUF_DTYPE,
-                X0_DTYPE,
-                CORR_DTYPE,
-                HAS_MOMENTUM,
-                HAS_X0,
-                HAS_CORR,
-                HAS_SCALE,
-                UNSCALE,
-                ROWS,
-                ALIGNED,
-                BATCHED,
-            )
+            hp = _sgd_hp(hp_ptr, hp_row, k_ptr, client, table_ptr, table_len, decay_every, fresh, BATCHED)
+            _sgd_tile((meta_ptr, t, start, col, mask), hp, inv, DT, HAS, UNSCALE, TILE, BATCHED)
 
 
 def launch(
@@ -309,7 +202,7 @@ def launch(
         table.numel(),
         int(decay_every),
         hp,
-        lau.group,
+        lau.row,
         lau.fresh,
         amp["scale"],
         amp["found"],

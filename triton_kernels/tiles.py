@@ -9,6 +9,19 @@ Client-batched launches (``BATCHED``) address *virtual tensors*: one client's sl
 ``[C, *shape]`` tensor, with two more table columns, its hp row and its client (``row_client``).
 Their hyperparameters are then per tensor, i.e. per row of a 2-D tile: ``[ROWS, 1]`` vectors
 where the per-client kernels have scalars (the kernels' ``VEC`` switch).
+
+The device functions take what belongs together as one tuple, unpacked by name where it is read:
+
+* ``at = (meta_ptr, t, start, col, mask)``: where a tile's elements are: the pointer table, the
+  tensor, the first element, the lanes, the mask (None on the unmasked path);
+* ``TILE = (NR, ROWS, ALIGNED)``, a constexpr: the table's row width, the chunks per tile, and
+  whether the tensors are promised 16-byte aligned (``plans.py``);
+* ``DT`` and ``HAS``, constexprs: each role's element type by slot, and whether each optional role
+  is there (the two-pass kernels' ``_elem``).
+
+A constexpr bundle is made with ``tl.constexpr((...))`` and read by unpacking: a bare tuple of
+constexprs becomes a tuple of runtime values in the compiled kernels (its branches then no longer
+fold away), and an index into a constexpr tuple is one too.
 """
 
 import triton.language as tl
@@ -36,10 +49,9 @@ def f32_to_bf16(v):
 
 
 @device_fn
-def role_ptr(
-    meta_ptr, t, ROLE: tl.constexpr, NR: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, ALIGNED: tl.constexpr
-):
+def role_ptr(meta_ptr, t, ROLE: tl.constexpr, DTYPE: tl.constexpr, TILE: tl.constexpr):
     """Typed pointer to the first element of role ``ROLE`` of tensor ``t``."""
+    NR, ROWS, ALIGNED = TILE
     ptr = tl.load(meta_ptr + t * NR + ROLE).to(tl.pointer_type(DTYPE))
     if ROWS == 1 and ALIGNED:
         # the plan stages (or, for client slices, launches apart) every tensor whose address
@@ -50,26 +62,16 @@ def role_ptr(
 
 
 @device_fn
-def load_f32(
-    meta_ptr,
-    t,
-    start,
-    col,
-    mask,
-    ROLE: tl.constexpr,
-    NR: tl.constexpr,
-    DTYPE: tl.constexpr,
-    ROWS: tl.constexpr,
-    ALIGNED: tl.constexpr,
-):
-    """Elements ``start + col`` of role ``ROLE`` of tensor ``t`` as float32.
+def load_f32(at, ROLE: tl.constexpr, DTYPE: tl.constexpr, TILE: tl.constexpr):
+    """Elements ``start + col`` of role ``ROLE`` of tensor ``t`` (``at``) as float32.
 
     The 64-bit ``start`` is added to the base pointer once and the 32-bit ``col`` per element:
     that keeps per-element address math (and registers) small in the compiled kernels.
 
     Masked-off lanes are undefined (no ``other``: every use of them is masked again, and under
     the interpreter a float ``other`` costs a full-tile dtype conversion)."""
-    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS, ALIGNED) + start + col
+    meta_ptr, t, start, col, mask = at
+    p = role_ptr(meta_ptr, t, ROLE, DTYPE, TILE) + start + col
     v = tl.load(p, mask=mask)
     if INTERPRETED and DTYPE == tl.bfloat16:
         v = bf16_to_f32(v)
@@ -77,21 +79,10 @@ def load_f32(
 
 
 @device_fn
-def store_as(
-    meta_ptr,
-    t,
-    start,
-    col,
-    mask,
-    value,
-    ROLE: tl.constexpr,
-    NR: tl.constexpr,
-    DTYPE: tl.constexpr,
-    ROWS: tl.constexpr,
-    ALIGNED: tl.constexpr,
-):
-    """Round ``value`` to the role's storage dtype once and store it at ``start + col``."""
-    p = role_ptr(meta_ptr, t, ROLE, NR, DTYPE, ROWS, ALIGNED) + start + col
+def store_as(at, value, ROLE: tl.constexpr, DTYPE: tl.constexpr, TILE: tl.constexpr):
+    """Round ``value`` to the role's storage dtype once and store it at ``start + col`` (``at``)."""
+    meta_ptr, t, start, col, mask = at
+    p = role_ptr(meta_ptr, t, ROLE, DTYPE, TILE) + start + col
     if INTERPRETED and DTYPE == tl.bfloat16:
         tl.store(p, f32_to_bf16(value), mask=mask)
     else:
@@ -193,25 +184,20 @@ def add_terms(
     x,
     weight_decay,
     prox_mu,
-    meta_ptr,
-    t,
-    start,
-    col,
-    mask,
+    at,
     CORR: tl.constexpr,
-    X0: tl.constexpr,
-    NR: tl.constexpr,
     CORR_DT: tl.constexpr,
-    X0_DT: tl.constexpr,
     HAS_CORR: tl.constexpr,
+    X0: tl.constexpr,
+    X0_DT: tl.constexpr,
     HAS_X0: tl.constexpr,
-    ROWS: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    TILE: tl.constexpr,
     VEC: tl.constexpr,
 ):
     """d + weight_decay * x + correction + prox_mu * (x - x0), in the reference's order (SGD's and
-    FedNAR's terms); roles CORR and X0 are read only when present. ``VEC``: a batched 2-D tile,
-    whose hyperparameters are [ROWS, 1] (selects instead of branches)."""
+    FedNAR's terms, ``fedopt_kernels.functional.effective_grad``); roles ``CORR`` and ``X0`` (slots,
+    element types) are read only when present. ``VEC``: a batched 2-D tile, whose hyperparameters
+    are [ROWS, 1] (selects instead of branches)."""
     # wd == 0 must leave d alone: 0 * inf would turn into NaN
     if VEC:
         d = tl.where(weight_decay != 0.0, d + weight_decay * x, d)
@@ -219,9 +205,9 @@ def add_terms(
         if weight_decay != 0.0:
             d = d + weight_decay * x
     if HAS_CORR:
-        d = d + load_f32(meta_ptr, t, start, col, mask, CORR, NR, CORR_DT, ROWS, ALIGNED)
+        d = d + load_f32(at, CORR, CORR_DT, TILE)
     if HAS_X0:
-        d = d + prox_mu * (x - load_f32(meta_ptr, t, start, col, mask, X0, NR, X0_DT, ROWS, ALIGNED))
+        d = d + prox_mu * (x - load_f32(at, X0, X0_DT, TILE))
     return d
 
 

@@ -1,8 +1,8 @@
 """The two-pass driver's host side: the launch sequence of a norm op, and the step counter's advance.
 
 ``launch`` runs, over the launches of a plan (``plans.py``): pass 1 (``norm_kernel``) for each; for
-sharded parameters, the cross-rank reduction of the norm slots between the passes
-(``fedopt_kernels.core.between_passes``); for a client-batched plan, ``finalize_kernel`` once over
+sharded parameters, the cross-rank reduction of the norm slots between the passes (``reduce``,
+given by the backend); for a client-batched plan, ``finalize_kernel`` once over
 every client; then pass 2 (``update_kernel``) for each, whose last per-client launch advances ``k``.
 What each kernel computes, and why batched plans take a finalize pass, is ``two_pass_kernels.py``'s.
 Each launch goes through ``launcher.launch`` (bound after its first). ``advance`` (``advance_kernel``)
@@ -12,13 +12,10 @@ tensors to launch over.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import triton.language as tl
-
-# a per-client op calls _SHARDED.reduce(partials) between its passes, when set (sharded parameters)
-from fedopt_kernels.core.between_passes import current as _SHARDED
 
 from . import two_pass_kernels as kernels
 from .jit_mode import interpreted
@@ -74,10 +71,12 @@ def launch(
     amp: Dict[str, Any],
     active: Optional[torch.Tensor] = None,
     step_key: Optional[tuple] = None,
+    reduce: Optional[Callable[[torch.Tensor], None]] = None,
 ) -> None:
     """Both passes of ``op`` over every launch of ``plan`` and k += 1 (on the device); for a batched
     plan, the finalize pass between them (which advances each active client's k). ``step_key``: what
-    of the arguments besides the plan's may change between steps (``launcher.launch``)."""
+    of the arguments besides the plan's may change between steps (``launcher.launch``); ``reduce``:
+    rewrites this rank's float64 norm slots into every rank's, in place (sharded parameters)."""
     code, mod = kernels.OPS[op]
     act = active if active is not None else k
     flags = None
@@ -98,14 +97,13 @@ def launch(
                 plan.partials,
                 lau.slot_base,
                 hp,
-                lau.group,
+                lau.row,
                 amp["scale"],
                 amp["found"],
                 act,
             ),
             dict(OP=code, **_dtype_args(op, lau), **flags, **launch_options()),
         )
-    reduce = getattr(_SHARDED, "reduce", None)
     if reduce is not None:
         assert plan.partials is not None  # a two-pass op's plan is built with its norm slots
         reduce(plan.partials[: plan.n_slots])
@@ -159,7 +157,7 @@ def launch(
                 plan.n_slots,
                 factors,
                 hp,
-                lau.group,
+                lau.row,
                 amp["scale"],
                 amp["found"],
                 act,

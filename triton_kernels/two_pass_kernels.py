@@ -30,7 +30,7 @@ pass keeps its one extra load per program. The extra launch costs a few microsec
 Inactive clients (``active``) are skipped by all three (their slots, factors and ``k`` are not
 written); ``found_inf`` skips everything. Roles are addressed by position (role ``i`` of the op's
 spec); ``DTi`` is role ``i``'s element type and ``Pi`` whether optional role ``i`` exists in this
-launch.
+launch, handed to the ops' math bundled (``DT``, ``HAS``, ``TILE``: ``tiles.py``).
 """
 
 from __future__ import annotations
@@ -50,62 +50,26 @@ OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed), "sam_ascent": (2, sam_a
 @device_fn
 def _elem(
     OP: tl.constexpr,
-    meta_ptr,
-    t,
-    start,
-    col,
-    mask,
+    at,
     r,
     inv,
-    scale,
+    factor,
     PASS: tl.constexpr,
-    NR: tl.constexpr,
-    DT0: tl.constexpr,
-    DT1: tl.constexpr,
-    DT2: tl.constexpr,
-    DT3: tl.constexpr,
-    DT4: tl.constexpr,
-    P2: tl.constexpr,
-    P3: tl.constexpr,
-    P4: tl.constexpr,
+    DT: tl.constexpr,
+    HAS: tl.constexpr,
     UNSCALE: tl.constexpr,
-    ROWS: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    TILE: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    # DTi / Pi: role i of the op's declaration (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H;
-    # sam_ascent: x, g, saved)
+    """Op ``OP``'s ``elem`` at ``at`` (``tiles.py``'s bundles): ``DT`` is each role's element type by
+    slot (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H; sam_ascent: x, g, saved), ``HAS``
+    whether optional roles 2, 3, 4 are there."""
     if OP == 0:
-        out = fednar.elem(
-            meta_ptr,
-            t,
-            start,
-            col,
-            mask,
-            r,
-            inv,
-            scale,
-            PASS,
-            NR,
-            DT0,
-            DT1,
-            DT2,
-            DT3,
-            P2,
-            P3,
-            UNSCALE,
-            ROWS,
-            ALIGNED,
-            VEC,
-        )
+        out = fednar.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
     elif OP == 1:
-        out = padamfed.elem(
-            meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, DT3, DT4, P4, UNSCALE, ROWS, ALIGNED
-        )
+        out = padamfed.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
     else:
-        out = sam_ascent.elem(
-            meta_ptr, t, start, col, mask, r, inv, scale, PASS, NR, DT0, DT1, DT2, P2, UNSCALE, ROWS, ALIGNED
-        )
+        out = sam_ascent.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
     return out
 
 
@@ -151,6 +115,9 @@ def norm_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    DT: tl.constexpr = tl.constexpr((DT0, DT1, DT2, DT3, DT4))  # tiles.py's bundles
+    HAS: tl.constexpr = tl.constexpr((P2, P3, P4))
+    TILE: tl.constexpr = tl.constexpr((NR, ROWS, ALIGNED))
     pid = tl.program_id(0)
     inv = inv_scale(scale_ptr, UNSCALE)
     live = live_step(found_ptr, SKIPPABLE)
@@ -164,55 +131,19 @@ def norm_kernel(
                     r = hp_ptr + hp_row * HPN
                     col = tl.arange(0, BLOCK)
                     if start + BLOCK <= n:
-                        sq = _elem(
-                            OP,
-                            meta_ptr,
-                            t,
-                            start,
-                            col,
-                            None,
-                            r,
-                            inv,
-                            0.0,
-                            0,
-                            NR,
-                            DT0,
-                            DT1,
-                            DT2,
-                            DT3,
-                            DT4,
-                            P2,
-                            P3,
-                            P4,
-                            UNSCALE,
-                            ROWS,
-                            ALIGNED,
-                            False,
-                        )
+                        sq = _elem(OP, (meta_ptr, t, start, col, None), r, inv, 0.0, 0, DT, HAS, UNSCALE, TILE, False)
                     else:
                         sq = _elem(
                             OP,
-                            meta_ptr,
-                            t,
-                            start,
-                            col,
-                            col < n - start,
+                            (meta_ptr, t, start, col, col < n - start),
                             r,
                             inv,
                             0.0,
                             0,
-                            NR,
-                            DT0,
-                            DT1,
-                            DT2,
-                            DT3,
-                            DT4,
-                            P2,
-                            P3,
-                            P4,
+                            DT,
+                            HAS,
                             UNSCALE,
-                            ROWS,
-                            ALIGNED,
+                            TILE,
                             False,
                         )
                     tl.store(partials_ptr + slot_base + pid, tl.sum(sq, axis=0))
@@ -222,27 +153,15 @@ def norm_kernel(
                 )
                 sq = _elem(
                     OP,
-                    meta_ptr,
-                    t,
-                    start,
-                    col,
-                    mask,
+                    (meta_ptr, t, start, col, mask),
                     hp_ptr + hp_row * HPN,
                     inv,
                     0.0,
                     0,
-                    NR,
-                    DT0,
-                    DT1,
-                    DT2,
-                    DT3,
-                    DT4,
-                    P2,
-                    P3,
-                    P4,
+                    DT,
+                    HAS,
                     UNSCALE,
-                    ROWS,
-                    ALIGNED,
+                    TILE,
                     True,
                 )
                 c = pid * ROWS + tl.arange(0, ROWS)
@@ -260,55 +179,19 @@ def norm_kernel(
                     t, start, n = chunk_of(chunks_ptr, meta_ptr, c, NR, BLOCK)
                     col = tl.arange(0, BLOCK)
                     if start + BLOCK <= n:
-                        acc += _elem(
-                            OP,
-                            meta_ptr,
-                            t,
-                            start,
-                            col,
-                            None,
-                            r,
-                            inv,
-                            0.0,
-                            0,
-                            NR,
-                            DT0,
-                            DT1,
-                            DT2,
-                            DT3,
-                            DT4,
-                            P2,
-                            P3,
-                            P4,
-                            UNSCALE,
-                            ROWS,
-                            ALIGNED,
-                            False,
-                        )
+                        acc += _elem(OP, (meta_ptr, t, start, col, None), r, inv, 0.0, 0, DT, HAS, UNSCALE, TILE, False)
                     else:
                         acc += _elem(
                             OP,
-                            meta_ptr,
-                            t,
-                            start,
-                            col,
-                            col < n - start,
+                            (meta_ptr, t, start, col, col < n - start),
                             r,
                             inv,
                             0.0,
                             0,
-                            NR,
-                            DT0,
-                            DT1,
-                            DT2,
-                            DT3,
-                            DT4,
-                            P2,
-                            P3,
-                            P4,
+                            DT,
+                            HAS,
                             UNSCALE,
-                            ROWS,
-                            ALIGNED,
+                            TILE,
                             False,
                         )
             tl.store(partials_ptr + slot_base + pid, tl.sum(acc, axis=0))
@@ -317,44 +200,20 @@ def norm_kernel(
             if live:
                 for tile in range(loop_bound(pid), loop_bound(n_tiles), loop_bound(n_prog)):
                     t, start, col, mask = tile_of(chunks_ptr, meta_ptr, tile, n_chunks, NR, ROWS, BLOCK)
-                    acc2 += _elem(
-                        OP,
-                        meta_ptr,
-                        t,
-                        start,
-                        col,
-                        mask,
-                        r,
-                        inv,
-                        0.0,
-                        0,
-                        NR,
-                        DT0,
-                        DT1,
-                        DT2,
-                        DT3,
-                        DT4,
-                        P2,
-                        P3,
-                        P4,
-                        UNSCALE,
-                        ROWS,
-                        ALIGNED,
-                        False,
-                    )
+                    acc2 += _elem(OP, (meta_ptr, t, start, col, mask), r, inv, 0.0, 0, DT, HAS, UNSCALE, TILE, False)
             tl.store(partials_ptr + slot_base + pid, tl.sum(tl.sum(acc2, axis=1), axis=0))
 
 
 @device_fn
-def _scale_of(
+def _factor_of(
     OP: tl.constexpr, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED: tl.constexpr, SLOT_BLOCK: tl.constexpr
 ):
     """The update's factor: from the global norm (per-client op), or the finalize pass's (batched)."""
     if BATCHED:
-        scale = tl.load(factors_ptr + hp_row)
+        factor = tl.load(factors_ptr + hp_row)
     else:
-        scale = _factor(OP, global_norm(partials_ptr, n_slots, SLOT_BLOCK), r)
-    return scale
+        factor = _factor(OP, global_norm(partials_ptr, n_slots, SLOT_BLOCK), r)
+    return factor
 
 
 @triton.jit(do_not_specialize=["n_chunks", "n_slots", "row"])
@@ -392,6 +251,9 @@ def update_kernel(
     BLOCK: tl.constexpr,
     SLOT_BLOCK: tl.constexpr,
 ):
+    DT: tl.constexpr = tl.constexpr((DT0, DT1, DT2, DT3, DT4))  # tiles.py's bundles
+    HAS: tl.constexpr = tl.constexpr((P2, P3, P4))
+    TILE: tl.constexpr = tl.constexpr((NR, ROWS, ALIGNED))
     pid = tl.program_id(0)
     live = live_step(found_ptr, SKIPPABLE)
     if live:
@@ -401,91 +263,21 @@ def update_kernel(
             hp_row, client = row_client(meta_ptr, t, row, NR, BATCHED)
             if client_active(active_ptr, client, HAS_ACTIVE):
                 r = hp_ptr + hp_row * HPN
-                scale = _scale_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
+                factor = _factor_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
                 col = tl.arange(0, BLOCK)
                 if start + BLOCK <= n:
-                    _elem(
-                        OP,
-                        meta_ptr,
-                        t,
-                        start,
-                        col,
-                        None,
-                        r,
-                        inv,
-                        scale,
-                        1,
-                        NR,
-                        DT0,
-                        DT1,
-                        DT2,
-                        DT3,
-                        DT4,
-                        P2,
-                        P3,
-                        P4,
-                        UNSCALE,
-                        ROWS,
-                        ALIGNED,
-                        False,
-                    )
+                    _elem(OP, (meta_ptr, t, start, col, None), r, inv, factor, 1, DT, HAS, UNSCALE, TILE, False)
                 else:
                     _elem(
-                        OP,
-                        meta_ptr,
-                        t,
-                        start,
-                        col,
-                        col < n - start,
-                        r,
-                        inv,
-                        scale,
-                        1,
-                        NR,
-                        DT0,
-                        DT1,
-                        DT2,
-                        DT3,
-                        DT4,
-                        P2,
-                        P3,
-                        P4,
-                        UNSCALE,
-                        ROWS,
-                        ALIGNED,
-                        False,
+                        OP, (meta_ptr, t, start, col, col < n - start), r, inv, factor, 1, DT, HAS, UNSCALE, TILE, False
                     )
         else:
             t, start, col, mask, hp_row, client = tile_rows(
                 chunks_ptr, meta_ptr, active_ptr, pid, n_chunks, row, NR, ROWS, BLOCK, BATCHED, HAS_ACTIVE
             )
             r = hp_ptr + hp_row * HPN
-            scale = _scale_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
-            _elem(
-                OP,
-                meta_ptr,
-                t,
-                start,
-                col,
-                mask,
-                r,
-                inv,
-                scale,
-                1,
-                NR,
-                DT0,
-                DT1,
-                DT2,
-                DT3,
-                DT4,
-                P2,
-                P3,
-                P4,
-                UNSCALE,
-                ROWS,
-                ALIGNED,
-                BATCHED,
-            )
+            factor = _factor_of(OP, partials_ptr, n_slots, factors_ptr, hp_row, r, BATCHED, SLOT_BLOCK)
+            _elem(OP, (meta_ptr, t, start, col, mask), r, inv, factor, 1, DT, HAS, UNSCALE, TILE, BATCHED)
     if ADVANCE:
         if pid == 0:  # no kernel of a norm op reads k: advancing it here races with nothing
             tl.store(k_ptr, tl.load(k_ptr) + step_increment(found_ptr, SKIPPABLE))

@@ -15,7 +15,7 @@ struct FedNarHp {
   int32_t flags;
   FO_HD static FedNarHp of(const double* r, int32_t present, bool unscale, double inv);
 
-  // the factor (common/fo_hp.h norm_factor) in the norm dtype N: coef = clamp(max_norm / (s + eps),
+  // the factor (common/fo_hp.h factor) in the norm dtype N: coef = clamp(max_norm / (s + eps),
   // max=1), factor = step_lr * coef; `q > 1 ? 1 : q` keeps NaN, like torch.clamp
   template <class N>
   FO_HD N factor_in(double norm) const {

@@ -25,7 +25,7 @@ namespace fo {
 // from one float64 hp row (columns: op_table.h <op>_hp) by `of(row, present, unscale, inv)`, with
 // `present` the row group's mask of optional roles (op_table.h <op>_bit) and `inv` GradScaler's factor
 // when `unscale`. A norm op's struct adds `factor_in<N>(norm)`, its per-row-group factor in the dtype N
-// (norm_factor below).
+// (`factor` below).
 
 // GradScaler: gradients are multiplied by the float32 reciprocal of the scale, formed in double and
 // rounded once (torch.amp.GradScaler.unscale_: scale.double().reciprocal().float()).
@@ -36,7 +36,7 @@ FO_HD double inv_scale_of(float scale) { return static_cast<double>(static_cast<
 // float64, else float32, and each tensor rounds the factor to its compute type (torch's
 // `.to(d.dtype)`).
 template <class Hp>
-FO_HD double norm_factor(double norm, const Hp& hp, bool norm_f64) {
+FO_HD double factor(double norm, const Hp& hp, bool norm_f64) {
   return norm_f64 ? hp.template factor_in<double>(norm) : static_cast<double>(hp.template factor_in<float>(norm));
 }
 

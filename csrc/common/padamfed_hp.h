@@ -16,7 +16,7 @@ struct PAdamHp {
   int32_t flags;
   FO_HD static PAdamHp of(const double* r, int32_t present, bool unscale, double inv);
 
-  // the factor (common/fo_hp.h norm_factor) in the norm dtype N: n = clamp(||v||, min=eps),
+  // the factor (common/fo_hp.h factor) in the norm dtype N: n = clamp(||v||, min=eps),
   // factor = lr / n (NaN kept)
   template <class N>
   FO_HD N factor_in(double norm) const {

@@ -15,7 +15,7 @@ struct SamHp {
   int32_t flags;
   FO_HD static SamHp of(const double* r, int32_t present, bool unscale, double inv);
 
-  // the factor (common/fo_hp.h norm_factor) in the norm dtype N: rho / (s + eps), formed as torch
+  // the factor (common/fo_hp.h factor) in the norm dtype N: rho / (s + eps), formed as torch
   // forms `scalar / tensor` (reciprocal, then multiply)
   template <class N>
   FO_HD N factor_in(double norm) const {

@@ -187,14 +187,14 @@ struct TwoPass {
   }
 
   template <class T, class Hp>
-  static void update_chunk(const Entry& en, const Hp& hp, double scale, int64_t begin, int64_t end) {
+  static void update_chunk(const Entry& en, const Hp& hp, double factor, int64_t begin, int64_t end) {
     using A = Acc<T>;
     TileBufs<A> b;
     T* X = static_cast<T*>(en.ptr[kParamSlot]);
     for (int64_t off = begin; off < end; off += kTile) {
       const int n = static_cast<int>(std::min<int64_t>(kTile, end - off));
       A* xo = out_ptr<A>(X + off, b.x);
-      K::template update_tile<T>(xo, X + off, static_cast<A>(scale), en, hp, off, n, b);
+      K::template update_tile<T>(xo, X + off, static_cast<A>(factor), en, hp, off, n, b);
       commit<A>(X + off, xo, n);
     }
   }
@@ -210,9 +210,9 @@ struct TwoPass {
   template <class Hp>
   static void update_chunks(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi,
                             const std::vector<Entry>& entries, const std::vector<Hp>& hps,
-                            const std::vector<double>& scale) {
+                            const std::vector<double>& factors) {
     each_chunk(chunks, lo, hi, entries, [&](auto tag, int64_t, const Chunk& ch, const Entry& en) {
-      update_chunk<decltype(tag)>(en, hps[en.group], scale[en.group], ch.begin, ch.end);
+      update_chunk<decltype(tag)>(en, hps[en.group], factors[en.group], ch.begin, ch.end);
     });
   }
 };

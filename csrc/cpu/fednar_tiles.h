@@ -36,7 +36,7 @@ struct NarKernel : TwoPass<NarKernel> {
     return nar_direction<T>(en, hp, off, n, x, b);
   }
 
-  // pass 2: x -= scale * d
+  // pass 2: x -= factor * d
   template <class T, class A = Acc<T>>
   static void update_tile(A* xo, const T* X, A s, const Entry& en, const FedNarHp& hp, int64_t off, int n,
                           TileBufs<A>& b) {

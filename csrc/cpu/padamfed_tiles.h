@@ -41,7 +41,7 @@ struct PadKernel : TwoPass<PadKernel> {
     return v;
   }
 
-  // pass 2: x -= v * scale
+  // pass 2: x -= v * factor
   template <class T, class A = Acc<T>>
   static void update_tile(A* xo, const T* X, A s, const Entry& en, const PAdamHp& hp, int64_t off, int n,
                           TileBufs<A>& b) {

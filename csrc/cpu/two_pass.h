@@ -1,7 +1,7 @@
 // The driver both global-norm ops (FedNAR, PAdaMFed) share on the CPU: pass 1 writes one sum of
 // squares per fixed chunk, each segment's norm (a client of a batched op; the whole step of a
 // per-client op, which is the one-segment case) and each group's factor (common/<op>_hp.h
-// norm_factor) are formed from them in chunk order on this thread (so the result does not depend on
+// factor) are formed from them in chunk order on this thread (so the result does not depend on
 // the thread count), pass 2 applies the factors.
 #pragma once
 
@@ -29,7 +29,7 @@ void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>
     else Base::norm_chunks(chunks, lo, hi, entries, hps, partial.data());
   });
   // a group's entries all belong to one segment (hp row b * C + c is client c's); groups without
-  // entries get segment 0's norm, and their scale is never read
+  // entries get segment 0's norm, and their factor is never read
   std::vector<int32_t> segment_of(hps.size(), 0);
   int32_t segments = 1;
   for (const Entry& e : entries) {
@@ -40,11 +40,11 @@ void two_pass_norm_step(const std::vector<Entry>& entries, const std::vector<Hp>
   TORCH_CHECK(!hook.fn || segments == 1, "fedopt_kernels cpu: a cross-rank norm needs a per-client op");
   const std::vector<double> norm =
       hook.fn ? reduced_norm(chunks, entries.size(), partial, hook) : segment_norms(chunks, entries, partial, segments);
-  std::vector<double> scale(hps.size());
-  for (size_t g = 0; g < hps.size(); ++g) scale[g] = norm_factor(norm[segment_of[g]], hps[g], norm_f64);
+  std::vector<double> factors(hps.size());
+  for (size_t g = 0; g < hps.size(); ++g) factors[g] = factor(norm[segment_of[g]], hps[g], norm_f64);
   for_chunks(chunks, [&](int64_t lo, int64_t hi) {
-    if (avx2) Avx2::update_chunks(chunks, lo, hi, entries, hps, scale);
-    else Base::update_chunks(chunks, lo, hi, entries, hps, scale);
+    if (avx2) Avx2::update_chunks(chunks, lo, hi, entries, hps, factors);
+    else Base::update_chunks(chunks, lo, hi, entries, hps, factors);
   });
 }
 

@@ -25,7 +25,7 @@ __device__ __forceinline__ A nar_direction(int f, A inv, A wd, A mu, A x, A g, A
 
 struct NarOp : TwoPassOp<spec::fednar, FedNarHp, 60> {
   template <class T, bool kUpdate, bool kVector>
-  __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
+  __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> factor) {
     using A = acc_t<T>;
     const int f = hp.flags;
     const A inv = static_cast<A>(hp.inv_scale), wd = static_cast<A>(hp.weight_decay), mu = static_cast<A>(hp.prox_mu);
@@ -51,7 +51,7 @@ struct NarOp : TwoPassOp<spec::fednar, FedNarHp, 60> {
 #pragma unroll
           for (int q = 0; q < kVec; ++q) {
             const A d = nar_direction(f, inv, wd, mu, r.x[u][q], r.g[u][q], r.c[u][q], r.x0[u][q]);
-            if (kUpdate) r.x[u][q] = r.x[u][q] - scale * d;
+            if (kUpdate) r.x[u][q] = r.x[u][q] - factor * d;
             else sq += static_cast<double>(d) * static_cast<double>(d);
           }
           if (kUpdate) store4_any<kVector>(X + j, r.x[u]);
@@ -61,7 +61,7 @@ struct NarOp : TwoPassOp<spec::fednar, FedNarHp, 60> {
           const A c = (f & kNarCorrection) ? load1(C + j) : A(0);
           const A x0 = (f & kNarProx) ? load1(X0 + j) : A(0);
           const A d = nar_direction(f, inv, wd, mu, x, load1(G + j), c, x0);
-          if (kUpdate) store1(X + j, x - scale * d);
+          if (kUpdate) store1(X + j, x - factor * d);
           else sq += static_cast<double>(d) * static_cast<double>(d);
         });
     return sq;

@@ -11,12 +11,12 @@
 namespace fo {
 namespace cuda {
 
-// pass 1 (!kUpdate): this thread's float64 sum of squares; pass 2: applies `scale`, returns 0
+// pass 1 (!kUpdate): this thread's float64 sum of squares; pass 2: applies `factor`, returns 0
 template <class Op, class T, bool kUpdate>
 __device__ __forceinline__ double norm_chunk(const typename Op::TableT& tab, const Where& w, const typename Op::Hp& hp,
-                                             acc_t<T> scale) {
-  return w.aligned ? Op::template chunk<T, kUpdate, true>(tab, w, hp, scale)
-                   : Op::template chunk<T, kUpdate, false>(tab, w, hp, scale);
+                                             acc_t<T> factor) {
+  return w.aligned ? Op::template chunk<T, kUpdate, true>(tab, w, hp, factor)
+                   : Op::template chunk<T, kUpdate, false>(tab, w, hp, factor);
 }
 
 }  // namespace cuda

@@ -22,7 +22,7 @@ __device__ __forceinline__ A pad_direction(bool vr, A beta, A omb, A g, A D, A h
 struct PadOp : TwoPassOp<spec::padamfed, PAdamHp, 52> {
   // pass 1 reads G, D, acc, H and writes acc; pass 2 reads G, D, x, H and writes x
   template <class T, bool kUpdate, bool kVector>
-  __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
+  __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> factor) {
     using A = acc_t<T>;
     const bool vr = (hp.flags & kPadVarianceReduction) != 0;
     const bool unscale = (hp.flags & kPadUnscale) != 0;
@@ -53,7 +53,7 @@ struct PadOp : TwoPassOp<spec::padamfed, PAdamHp, 52> {
             const A gg = unscale ? r.g[u][q] * inv : r.g[u][q];
             const A vv = pad_direction(vr, beta, omb, gg, r.d[u][q], r.h[u][q]);
             if (kUpdate) {
-              r.y[u][q] = r.y[u][q] - vv * scale;
+              r.y[u][q] = r.y[u][q] - vv * factor;
             } else {
               sq += static_cast<double>(vv) * static_cast<double>(vv);
               r.y[u][q] = r.y[u][q] + gg;
@@ -67,7 +67,7 @@ struct PadOp : TwoPassOp<spec::padamfed, PAdamHp, 52> {
           const A g = unscale ? g0 * inv : g0;
           const A vv = pad_direction(vr, beta, omb, g, D[j], vr ? load1(H + j) : A(0));
           if (kUpdate) {
-            store1(X + j, load1(X + j) - vv * scale);
+            store1(X + j, load1(X + j) - vv * factor);
           } else {
             sq += static_cast<double>(vv) * static_cast<double>(vv);
             ACC[j] = ACC[j] + g;

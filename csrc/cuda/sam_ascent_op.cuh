@@ -21,7 +21,7 @@ __device__ __forceinline__ A sam_weight(bool adaptive, A eta, A x) {
 struct SamOp : TwoPassOp<spec::sam_ascent, SamHp, 70> {
   // pass 1 reads g (and x with ASAM); pass 2 reads x and g, writes the saved x and x
   template <class T, bool kUpdate, bool kVector>
-  __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> scale) {
+  __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> factor) {
     using A = acc_t<T>;
     const bool adaptive = (hp.flags & kSamAdaptive) != 0;
     const bool unscale = (hp.flags & kSamUnscale) != 0;
@@ -48,10 +48,10 @@ struct SamOp : TwoPassOp<spec::sam_ascent, SamHp, 70> {
             if (adaptive) {
               const A wt = sam_weight(true, eta, r.x[u][q]);
               const A d = wt * g;
-              if (kUpdate) r.x[u][q] = r.x[u][q] + scale * (wt * d);
+              if (kUpdate) r.x[u][q] = r.x[u][q] + factor * (wt * d);
               else sq += static_cast<double>(d) * static_cast<double>(d);
             } else {
-              if (kUpdate) r.x[u][q] = r.x[u][q] + scale * g;
+              if (kUpdate) r.x[u][q] = r.x[u][q] + factor * g;
               else sq += static_cast<double>(g) * static_cast<double>(g);
             }
           }
@@ -65,7 +65,7 @@ struct SamOp : TwoPassOp<spec::sam_ascent, SamHp, 70> {
           const A d = adaptive ? wt * g : g;
           if (kUpdate) {
             if (S) S[j] = X[j];
-            store1(X + j, adaptive ? x + scale * (wt * d) : x + scale * g);
+            store1(X + j, adaptive ? x + factor * (wt * d) : x + factor * g);
           } else {
             sq += static_cast<double>(d) * static_cast<double>(d);
           }

@@ -4,10 +4,10 @@
 // An op is a struct (apex-style functor) deriving from TwoPassOp (two_pass_op.cuh), which gives
 //   TableT                     its tensor table (multi_tensor_apply.cuh)
 //   Hp                         its per-row-group struct (common/<op>_hp.h: Hp::of(row, present, unscale,
-//                              inv) from a row of hp, norm_factor(norm, hp, norm_f64) the factor)
+//                              inv) from a row of hp, factor(norm, hp, norm_f64) the factor)
 //   kStateSlot[]               which slots are state-typed (float32 / float64 storage)
 // and has
-//   chunk<T, kUpdate, kVector>(tab, w, hp, scale) -> double
+//   chunk<T, kUpdate, kVector>(tab, w, hp, factor) -> double
 //                              one block's chunk: pass 1 returns this thread's float64 sum of
 //                              squares (and may write, e.g. acc), pass 2 applies the factor.
 //                              kVector only picks vector or scalar accesses (norm_chunk.cuh):
@@ -40,7 +40,7 @@ constexpr int kFinalThreads = 512;
 struct TwoPassExtra {
   DeviceScalars s;
   double* partials;      // pass 1 writes one per (client, chunk)
-  const double* scales;  // pass 2 reads its (row group, client) factor
+  const double* factors;  // pass 2 reads its (row group, client) factor
 };
 
 template <class Op, class T, bool kUpdate>
@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(kBlock) two_pass_kernel(const __grid_constant_
   const typename Op::Hp hp =
       Op::Hp::of(hp_row(ex.s, group, w.c), tab.present[g], ex.s.grad_scale != nullptr, inv_scale(ex.s));
   using A = acc_t<T>;
-  const A scale = kUpdate ? static_cast<A>(ex.scales[static_cast<int64_t>(group) * ex.s.clients + w.c]) : A(0);
-  const double sq = norm_chunk<Op, T, kUpdate>(tab, w, hp, scale);
+  const A factor = kUpdate ? static_cast<A>(ex.factors[static_cast<int64_t>(group) * ex.s.clients + w.c]) : A(0);
+  const double sq = norm_chunk<Op, T, kUpdate>(tab, w, hp, factor);
   if (!kUpdate) {
     const double total = block_sum<kBlock>(sq);
     if (threadIdx.x == 0) ex.partials[w.slot] = total;
@@ -64,10 +64,10 @@ __global__ void __launch_bounds__(kBlock) two_pass_kernel(const __grid_constant_
 
 // One block per client c (grid = clients): its norm from its `per_client` partials in a fixed
 // order (thread t adds slots t, t + 512, ..., then a fixed butterfly), and its factor for every
-// row group b into scales[b * clients + c]. A client's bits do not depend on the other clients.
+// row group b into factors[b * clients + c]. A client's bits do not depend on the other clients.
 template <class Op>
 __global__ void __launch_bounds__(kFinalThreads) finalize_kernel(const double* partials, int64_t per_client,
-                                                                  double* norms, double* scales, const DeviceScalars s,
+                                                                  double* norms, double* factors, const DeviceScalars s,
                                                                   int32_t ngroups, int32_t norm_f64) {
   const int c = static_cast<int>(blockIdx.x);
   if (skipped(s) || inactive(s, c)) return;
@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(kFinalThreads) finalize_kernel(const double* p
   }
   __syncthreads();
   for (int b = threadIdx.x; b < ngroups; b += kFinalThreads)
-    scales[static_cast<int64_t>(b) * s.clients + c] =
-        norm_factor(norm, Op::Hp::of(hp_row(s, b, c), 0, false, 1.0), norm_f64 != 0);
+    factors[static_cast<int64_t>(b) * s.clients + c] =
+        factor(norm, Op::Hp::of(hp_row(s, b, c), 0, false, 1.0), norm_f64 != 0);
 }
 
 template <class Op, class T, bool kUpdate>
@@ -120,12 +120,12 @@ cudaError_t two_pass(const Entry* entries, int n, const int32_t* present, int ng
   if (s.clients < 1 || s.clients > INT_MAX) return cudaErrorInvalidValue;
   const int64_t slots = norm_slots(entries, n);  // per client
   double* norms = scratch + s.clients * slots;
-  double* scales = norms + s.clients;
-  const TwoPassExtra ex{s, scratch, scales};
+  double* factors = norms + s.clients;
+  const TwoPassExtra ex{s, scratch, factors};
   cudaError_t err = two_pass_pass<Op, false>(entries, n, present, ex, stream);
   if (err == cudaSuccess) {
     finalize_kernel<Op><<<static_cast<unsigned>(s.clients), kFinalThreads, 0, stream>>>(
-        scratch, slots, norms, scales, s, ngroups, norm_f64 ? 1 : 0);
+        scratch, slots, norms, factors, s, ngroups, norm_f64 ? 1 : 0);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = two_pass_pass<Op, true>(entries, n, present, ex, stream);

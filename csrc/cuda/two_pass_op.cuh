@@ -1,5 +1,5 @@
 // What a two-pass op's struct (two_pass.cuh) takes from its generated spec (op_table.h spec::<op>:
-// roles, state-typed slots) and its hp struct (common/<op>_hp.h: Hp::of, norm_factor); the op adds
+// roles, state-typed slots) and its hp struct (common/<op>_hp.h: Hp::of, factor); the op adds
 // its chunk code, which walks its chunk with walk_chunk. MaxTensors sizes its table to the 4 KiB
 // kernel-argument limit.
 #pragma once

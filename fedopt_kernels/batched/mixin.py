@@ -16,7 +16,6 @@ import torch
 
 from ..core.ops import FRESH
 from ..core.optimizer import ROUND_KEY, FedOptimizer
-from ..core.plan import refuse_in_capture
 from ..core.plan_inputs import param_name
 
 
@@ -91,17 +90,13 @@ class ClientBatched(FedOptimizer):
     @property
     def round_step(self) -> List[int]:  # type: ignore[override]  # one k per client, where the base has one
         """k of every client: the steps each one took since the last start_round."""
-        if self._k_dev is not None:
-            return [int(v) for v in self._k_dev.tolist()]
-        k = self._k_host
+        k = self._k()
+        if isinstance(k, torch.Tensor):
+            return [int(v) for v in k.tolist()]
         return list(k) if isinstance(k, (list, tuple)) else [int(k)] * (self.num_clients or 0)
 
-    def _counter(self, device: torch.device) -> torch.Tensor:
-        k = self._k_dev
-        if k is None or k.device != device:
-            refuse_in_capture(device, "create its step counters on the device")
-            k = self._k_dev = torch.tensor(self.round_step, dtype=torch.int32, device=device)
-        return k
+    def _new_counter(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor(self.round_step, dtype=torch.int32, device=device)
 
     @torch.no_grad()
     def start_round(
@@ -128,7 +123,6 @@ class ClientBatched(FedOptimizer):
         super().start_round(reset_state=reset_state, correction=correction, **inputs)
         self._t_clients = t
         self._lr_scale = scale
-        self._k_host = [0] * C
         self._fresh_round = reset_state or not had_buffers
 
     @property

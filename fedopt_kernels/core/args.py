@@ -1,4 +1,5 @@
-"""An op's positional arguments (``ops.OpSpec.schema``) by name, and regrouped into row groups.
+"""An op's positional arguments (``ops.OpSpec.schema``) by name, regrouped into row groups, or one
+entry per tensor.
 
 The Python implementations (reference, triton) read their arguments through ``OpArgs``; the C++
 bindings parse the same layout themselves (``csrc/common/op_args.cpp``).
@@ -7,7 +8,7 @@ bindings parse the same layout themselves (``csrc/common/op_args.cpp``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -144,6 +145,24 @@ class OpArgs:
                     tensors[name].append(lists[name][cursors[name]])
                     cursors[name] += 1
         return list(out.values())
+
+    def per_tensor(self) -> Tuple[Dict[str, List[Optional[torch.Tensor]]], Dict[str, List[float]]]:
+        """The parameters one by one, row group by row group (``row_groups``' order): each role's
+        tensor (None where its row group lacks the role), and each hp column's value for each tensor
+        (read on the host)."""
+        lists: Dict[str, List[Optional[torch.Tensor]]] = {r.name: [] for r in self.spec.roles}
+        columns: Dict[str, List[float]] = {h: [] for h in self.spec.hps}
+        for group in self.row_groups():
+            n = len(group.tensors["params"])
+            for name, out in lists.items():
+                out += group.tensors.get(name, [None] * n)
+            for h, v in zip(self.spec.hps, self.hp[group.row].tolist(), strict=True):
+                columns[h] += [v] * n
+        return lists, columns
+
+    def found_inf_now(self) -> bool:
+        """GradScaler found an inf: ``found_inf`` read on the host (a host sync on a GPU)."""
+        return self.found_inf is not None and float(self.found_inf.reshape(-1)[0]) != 0.0
 
     @property
     def device(self) -> torch.device:

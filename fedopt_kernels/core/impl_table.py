@@ -14,6 +14,9 @@ from .ops import OPS as _SPECS
 
 BACKENDS = ("reference", "triton", "cuda", "cpu")
 OPS = tuple(_SPECS)
+# a caller that replays steps (replay.py) records a launch whose key was one of its last HISTORY
+# eager steps': what a backend keeps per address set (the triton backend's plans) covers as many
+HISTORY = 4
 
 # op name -> backend name -> implementation
 IMPLS: Dict[str, Dict[str, Callable]] = {op: {} for op in OPS}

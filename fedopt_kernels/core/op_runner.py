@@ -2,8 +2,8 @@
 
 An algorithm whose step runs another op besides its own (FedSAM: the ascent ``sam_ascent`` before
 its ``sgd`` descent) declares it in its class, ``_other_ops = (OtherOp(...),)``: which op, the roles
-it feeds and how a param group becomes its hp row. The base class (``other_ops.py``) gathers the
-op's plan inputs as it gathers its own op's, and this module's ``OpRunner`` keeps the op's plan,
+it feeds and how a param group becomes its hp row. The optimizer's stepper (``stepper.py``) gathers
+the op's plan inputs as it gathers its own op's, and this module's ``OpRunner`` keeps the op's plan,
 hp rows, step counters and launch replay, as the base keeps its own op's: built once, reused while
 nothing changes, so that an eager step allocates nothing on the device and a step at known
 addresses replays its recording (docs/replay.md).
@@ -130,7 +130,7 @@ class OpRunner:
         per_step: Mapping[str, Sequence[Optional[torch.Tensor]]],
     ) -> None:
         """The op over ``plan``: replayed, recorded or eager, as the optimizer's own op
-        (``dispatch.StepDispatch._run``). ``per_step``: role -> one tensor per parameter."""
+        (``stepper.Stepper.run``). ``per_step``: role -> one tensor per parameter."""
         device = plan.device
         rep = self.replay
         ok = plan.replayable  # decided once per plan

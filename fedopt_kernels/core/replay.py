@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 import torch
 from torch import _C as _torch_c
 
+from .impl_table import HISTORY
 from .plan import StepPlan
 
 ENV = "FEDOPT_REPLAY"
@@ -43,7 +44,7 @@ BACKENDS: Tuple[str, ...] = ("cuda", "triton")  # the fused backends that run on
 # where steps are recorded (the tests add "cpu", with a stand-in for the graph)
 DEVICE_TYPES: Tuple[str, ...] = ("cuda",)
 MAX_RECORDINGS = 2  # per optimizer: two alternating gradient address sets both replay
-HISTORY = 4  # eager keys remembered: a key seen again among them is recorded
+# HISTORY (impl_table.py): eager keys remembered; a key seen again among them is recorded
 WASTE_LIMIT = 2  # recordings never replayed, in a row, before backing off
 MAX_BACKOFF = 1 << 12  # steps
 

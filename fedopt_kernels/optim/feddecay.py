@@ -44,6 +44,8 @@ class FedDecaySGD(SGDFamily):
             same (docs/replay.md); None: on unless ``FEDOPT_REPLAY=0``.
     """
 
+    schedule: DecaySchedule
+
     def __init__(
         self,
         params: Iterable,
@@ -73,13 +75,6 @@ class FedDecaySGD(SGDFamily):
         )
         super().__init__(params, defaults, backend, replay)
 
-    def _schedule(self) -> Optional[DecaySchedule]:
-        return self.schedule
-
-    def current_lr_factor(self) -> float:
-        """s(k // decay_every) for the next step."""
-        return self.schedule.factor(self.round_step)
-
 
 class BatchedFedDecaySGD(ClientBatched, FedDecaySGD):
     """FedDecaySGD for ``C`` stacked clients: ``lr_k = lr * lr_scale[c] * s(k_c // decay_every)``
@@ -93,6 +88,47 @@ class BatchedFedDecaySGD(ClientBatched, FedDecaySGD):
         return [self.schedule.factor(k) for k in self.round_step]
 
 
+class WithinRoundDecay(LRScheduler):
+    """FedDecay's within-round schedule as an LR scheduler for any torch optimizer (Adam included).
+
+    Call ``start_round()`` when a round starts and ``step()`` after every ``optimizer.step()``;
+    the learning rate of every group is ``base_lr * s(k // decay_every)`` (docs/algorithms.md; FedDecay Eq. 4).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        beta: float,
+        schedule: ScheduleLike = "exponential",
+        decay_every: int = 1,
+        last_epoch: int = -1,
+    ):
+        self.schedule = DecaySchedule(beta, schedule, decay_every)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[Union[float, torch.Tensor]]:  # a tensor where the base lr is one
+        k = max(self.last_epoch, 0)
+        return [base * self.schedule.factor(k) for base in self.base_lrs]
+
+    def start_round(self) -> None:
+        """Reset k to 0: every group gets its base learning rate back."""
+        self.last_epoch = 0
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)  # in place, as torch's schedulers treat a tensor lr
+            else:
+                group["lr"] = lr
+        self._last_lr = [
+            group["lr"].clone() if isinstance(group["lr"], torch.Tensor) else group["lr"]
+            for group in self.optimizer.param_groups
+        ]
+
+    def state_dict(self) -> Dict[str, Any]:
+        # the schedule (possibly a user callable) is configuration, not state
+        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "schedule")}
+
+
+# ---------------------------------------------------------------------------- the descriptor
 class _FedDecay(SGDAlgorithm):
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer
@@ -162,43 +198,3 @@ DESCRIPTOR = algorithm.register(
         },
     )
 )
-
-
-class WithinRoundDecay(LRScheduler):
-    """FedDecay's within-round schedule as an LR scheduler for any torch optimizer (Adam included).
-
-    Call ``start_round()`` when a round starts and ``step()`` after every ``optimizer.step()``;
-    the learning rate of every group is ``base_lr * s(k // decay_every)`` (docs/algorithms.md; FedDecay Eq. 4).
-    """
-
-    def __init__(
-        self,
-        optimizer: Optimizer,
-        beta: float,
-        schedule: ScheduleLike = "exponential",
-        decay_every: int = 1,
-        last_epoch: int = -1,
-    ):
-        self.schedule = DecaySchedule(beta, schedule, decay_every)
-        super().__init__(optimizer, last_epoch)
-
-    def get_lr(self) -> List[Union[float, torch.Tensor]]:  # a tensor where the base lr is one
-        k = max(self.last_epoch, 0)
-        return [base * self.schedule.factor(k) for base in self.base_lrs]
-
-    def start_round(self) -> None:
-        """Reset k to 0: every group gets its base learning rate back."""
-        self.last_epoch = 0
-        for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(lr)  # in place, as torch's schedulers treat a tensor lr
-            else:
-                group["lr"] = lr
-        self._last_lr = [
-            group["lr"].clone() if isinstance(group["lr"], torch.Tensor) else group["lr"]
-            for group in self.optimizer.param_groups
-        ]
-
-    def state_dict(self) -> Dict[str, Any]:
-        # the schedule (possibly a user callable) is configuration, not state
-        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "schedule")}

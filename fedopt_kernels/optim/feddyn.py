@@ -19,7 +19,6 @@ from ..core.schedules import DecaySchedule, ScheduleLike
 from ..fl import algorithm
 from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
 from ..fl.server_rules import RULES, ServerRule, check_like, check_updates, register_rule
-from .feddecay import FedDecaySGD
 from .sgd import SGDAlgorithm, SGDFamily
 
 Tensors = List[torch.Tensor]
@@ -33,7 +32,7 @@ def _compute(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
 
 
-class FedDyn(FedDecaySGD):
+class FedDyn(SGDFamily):
     r"""Dynamic regularization: a per-client linear term and a proximal term (FedDyn).
 
     From "Federated Learning Based on Dynamic Regularization" (Durmus Alp Emre Acar, Yue Zhao,
@@ -66,6 +65,7 @@ class FedDyn(FedDecaySGD):
             same (docs/replay.md); None: on unless ``FEDOPT_REPLAY=0``.
     """
 
+    schedule: DecaySchedule
     _accepts_correction = False
     _state_keys: Tuple[str, ...] = ("momentum_buffer", "x0", _NEG_G)
     # the sgd op's FedProx column carries alpha: its math, prox_mu * (x - x0), is FedDyn's alpha term
@@ -105,8 +105,7 @@ class FedDyn(FedDecaySGD):
             weight_decay=weight_decay,
             maximize=maximize,
         )
-        # FedDecaySGD's constructor would add prox_mu to the groups: build from the SGD family directly
-        SGDFamily.__init__(self, params, defaults, backend, replay)
+        super().__init__(params, defaults, backend, replay)
 
     # ---------------------------------------------------------------- hyperparameters
     def _validate_group(self, group: Dict[str, Any]) -> None:
@@ -207,8 +206,7 @@ class FedDyn(FedDecaySGD):
             # -g_i + alpha * (x - x0) in the compute dtype, rounded once to the state's dtype
             neg.copy_(_compute(neg) + alpha * (_compute(p.detach()) - _compute(st["x0"])))
         self._round_ended = True
-        self._retire_graph()  # a CUDA graph's replay after end_round would step on
-        self._plan = None  # the next step() must see that the round is over
+        self._drop_plan()  # the next step() must see that the round is over (a graph's replay too)
 
     @torch.no_grad()
     def dyn_grad(self) -> Tensors:
@@ -315,6 +313,10 @@ class FedDynRule(ServerRule):
         return {"x": x, "h": h}
 
 
+register_rule(FedDynRule())
+
+
+# ---------------------------------------------------------------------------- what a user writes instead
 class ProxSGD(torch.optim.SGD):
     """FedDyn as a user writes it with torch (the benchmark's baseline): ``grad += alpha * (x - x0) - g_i``
     with foreach ops, then ``SGD(fused=True)`` with the same momentum, dampening and weight decay."""
@@ -334,6 +336,7 @@ class ProxSGD(torch.optim.SGD):
         return super().step(closure)
 
 
+# ---------------------------------------------------------------------------- the descriptor
 class _FedDyn(SGDAlgorithm):
     def hparams(self, cfg, variant):
         return {**super().hparams(cfg, variant), "dyn_alpha": 0.01 if cfg.dyn_alpha is None else cfg.dyn_alpha}
@@ -359,7 +362,6 @@ class _FedDyn(SGDAlgorithm):
         return (("momentum_buffer",) if kwargs.get("momentum", 0) else ()) + ("x0", "correction")
 
 
-register_rule(FedDynRule())
 DESCRIPTOR = algorithm.register(
     _FedDyn(
         "feddyn",

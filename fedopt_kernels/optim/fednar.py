@@ -79,6 +79,7 @@ class BatchedFedNAR(ClientBatched, FedNAR):
     _spec = BATCHED["fednar_batched"]
 
 
+# ---------------------------------------------------------------------------- what a user writes instead
 class ClipSGD(torch.optim.SGD):
     """FedNAR as a user writes it with torch (the benchmark's baseline): ``grad += weight_decay * x``,
     ``clip_grad_norm_(max_norm, foreach=True)``, then ``SGD(fused=True)``."""
@@ -95,6 +96,7 @@ class ClipSGD(torch.optim.SGD):
         return super().step(closure)
 
 
+# ---------------------------------------------------------------------------- the descriptor
 class _FedNAR(Algorithm):
     def hparams(self, cfg, variant):
         hp = super().hparams(cfg, variant)

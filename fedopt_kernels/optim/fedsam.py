@@ -15,11 +15,8 @@ import torch
 from torch._C import _set_grad_enabled
 
 from ..batched.mixin import ClientBatched
-from ..core import replay as _replay
-from ..core import step_op as _step_op
-from ..core.op_runner import OtherOp
 from ..core.ops import BATCHED, SAM_ASCENT
-from ..core.optimizer import ROUND_KEY, check_number, round_entry
+from ..core.optimizer import ROUND_KEY, OtherOp, Prologue, check_number, round_entry
 from ..fl import algorithm
 from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
 from .sam_steps import SAVED, Pending, Restore
@@ -112,7 +109,7 @@ class FedSAM(SGDFamily):
     ):
         self._pending: Optional[Pending] = None  # the last first_step(), until its second_step()
         self._restore: Optional[Restore] = None  # the last restore's tensors (reused while they hold)
-        self._restored: Optional[_replay.Prologue] = None  # the last descent's restore (step_plans)
+        self._restored: Optional[Prologue] = None  # the last descent's restore (step_plans)
         defaults = dict(
             lr=lr,
             rho=rho,
@@ -126,22 +123,17 @@ class FedSAM(SGDFamily):
             prox_mu=prox_mu,
         )
         super().__init__(params, defaults, backend, replay)
-        self._sam_handles = self._register_steps()
+        self._sam_ops = self._as_ops()
 
-    def _register_steps(self) -> Tuple[int, int]:
-        """Handles of the two steps as ``fedopt::optimizer_step`` runs them (what torch.compile sees)."""
-        return _step_op.register(self._first_op), _step_op.register(self._second_op)
+    def _as_ops(self) -> Tuple[Callable[[], None], Callable[[], None]]:
+        """The two steps as torch.compile sees them: each one opaque op whose body is the eager step."""
+        return self._opaque(self._first_op), self._opaque(self._second_op)
 
     def _first_op(self, params: Any, step_inputs: Any, grad_scale: Any, found_inf: Any) -> None:
         self.first_step()
 
     def _second_op(self, params: Any, step_inputs: Any, grad_scale: Any, found_inf: Any) -> None:
         self.second_step()
-
-    def _as_op(self, which: int) -> None:
-        """Under torch.compile a step is one opaque op (core/step_op.py) whose body is the eager step."""
-        params = self._params_flat
-        _step_op.OP(params, [p.grad for p in params], [], None, None, self._sam_handles[which])
 
     # ---------------------------------------------------------------- hyperparameters
     def _validate_group(self, group: Dict[str, Any]) -> None:
@@ -167,7 +159,7 @@ class FedSAM(SGDFamily):
         is for the other optimizers: compiled and eager steps compute the same bits."""
         if torch.compiler.is_compiling():
             with torch.no_grad():
-                return self._first(step_inputs) if step_inputs else self._as_op(0)
+                return self._first(step_inputs) if step_inputs else self._sam_ops[0]()
         _without_grad(self._first, step_inputs)
 
     def second_step(self) -> None:
@@ -176,7 +168,7 @@ class FedSAM(SGDFamily):
         ``first_step``."""
         if torch.compiler.is_compiling():
             with torch.no_grad():
-                return self._as_op(1)
+                return self._sam_ops[1]()
         _without_grad(self._second)
 
     def step(self, closure: Optional[Callable[[], Any]] = None, **step_inputs: Any) -> Any:
@@ -231,14 +223,8 @@ class FedSAM(SGDFamily):
         if pending is None:
             raise RuntimeError("second_step() without first_step(): " + _TWO_STEPS)
         self._pending = None
-        self._prologue = self._restored = self._restore_of(pending)
-        try:
-            self._descend(pending)
-        finally:
-            pro = self._prologue
-            if pro is not None:  # the descent launched nothing (no gradient now, or refused): restore anyway
-                self._prologue = None
-                pro.run()
+        self._restored = restore = self._restore_of(pending)
+        self._descend(pending, restore)  # the restore runs first in the descent's launch
 
     def _abandon(self) -> None:
         """The closure raised: ``x`` back to the saved ``x`` (active clients only) and the first step
@@ -250,7 +236,7 @@ class FedSAM(SGDFamily):
             if pro is not None:
                 pro.run()
 
-    def _restore_of(self, pending: Pending) -> Optional[_replay.Prologue]:
+    def _restore_of(self, pending: Pending) -> Optional[Prologue]:
         """The restore of what ``pending`` moved, as the descent's prologue."""
         r = self._restore
         if r is None or pending.plan is None or r.source is not pending.plan:
@@ -262,14 +248,14 @@ class FedSAM(SGDFamily):
             raise TypeError(f"{type(self).__name__} steps take no {sorted(step_inputs)}")
         return None
 
-    def _descend(self, pending: Pending) -> None:
-        self._run(None, None, None, None)
+    def _descend(self, pending: Pending, restore: Optional[Prologue]) -> None:
+        self._run_after(restore)
 
     # ---------------------------------------------------------------- captures
     @property
     def step_plans(self) -> Tuple[Any, ...]:
         """The ascent's plan, the restore (a ``Prologue``) and the descent's plan, once a step ran."""
-        plan, ascent, r, pro = self._plan, self._op_plan("ascent"), self._restore, self._restored
+        plan, ascent, r, pro = self.step_plan, self._op_plan("ascent"), self._restore, self._restored
         if plan is None or ascent is None or r is None or r.source is not ascent:
             return ()
         return (ascent, plan) if pro is None else (ascent, pro, plan)
@@ -302,12 +288,12 @@ class FedSAM(SGDFamily):
     def __getstate__(self) -> Dict[str, Any]:
         # the restore's tensors are worked out again, as the plans are
         state = super().__getstate__()
-        return {k: v for k, v in state.items() if k not in ("_restore", "_restored", "_sam_handles")}
+        return {k: v for k, v in state.items() if k not in ("_restore", "_restored", "_sam_ops")}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
         self._restore = self._restored = None
-        self._sam_handles = self._register_steps()
+        self._sam_ops = self._as_ops()
 
 
 class BatchedFedSAM(ClientBatched, FedSAM):
@@ -328,10 +314,10 @@ class BatchedFedSAM(ClientBatched, FedSAM):
             raise TypeError(f"{type(self).__name__} steps take no {sorted(step_inputs)}")
         return self.check_active(active)
 
-    def _descend(self, pending: Pending) -> None:
+    def _descend(self, pending: Pending, restore: Optional[Prologue]) -> None:
         self._active = pending.mask
         try:
-            self._run(None, None, None, None)
+            self._run_after(restore)
         finally:
             self._active = None
 

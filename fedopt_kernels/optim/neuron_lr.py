@@ -97,8 +97,7 @@ class NeuronLRSGD(SGDFamily):
             self.state[p]["neuron_scale"] = _dtensor.row_scale(
                 p, r.detach().to(dtype=state_dtype(p)).contiguous().clone()
             )
-        self._retire_graph()  # new scale tensors: a CUDA graph of the old plan would read the old ones
-        self._plan = None
+        self._drop_plan()  # new scale tensors: a CUDA graph of the old plan would read the old ones
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
         scales = inputs.pop("neuron_scales", None)
@@ -222,6 +221,7 @@ class BatchedNeuronLRSGD(ClientBatched, NeuronLRSGD):
         return tuple(p.shape[:2]), f"shape {tuple(p.shape[:2])} ([clients, M])"
 
 
+# ---------------------------------------------------------------------------- the descriptor
 class _FedNLR(SGDAlgorithm):
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer

@@ -150,11 +150,11 @@ class PAdaMFed(FedOptimizer):
     @torch.no_grad()
     def local_control(self) -> List[torch.Tensor]:
         """The client's new control ``c_i' = acc / K`` after the round's K steps, one per parameter."""
-        if self._host_steps == 0:
+        if self._k_bound() == 0:
             raise RuntimeError("local_control() needs at least one step() since start_round()")
-        k = self._k_dev
-        if k is None:
-            return [self.state[p]["acc"] / self._k_host for p in self._params_flat]
+        k = self._k()
+        if not isinstance(k, torch.Tensor):
+            return [self.state[p]["acc"] / k for p in self._params_flat]
         # K from the device counter (steps skipped by GradScaler do not count): no host sync
         return [_dtensor.divided(self.state[p]["acc"], k) for p in self._params_flat]
 
@@ -185,10 +185,15 @@ class BatchedPAdaMFed(ClientBatched, PAdaMFed):
         """Each client's new control ``acc / K_c`` (``K_c``: the steps client c took), stacked ``[C, ...]``;
         a client with ``K_c = 0`` keeps the local control it was given at start_round (zeros if none)."""
         out = []
+        counted = self._k()
         for p in self._params_flat:
             st = self.state[p]
             acc = st["acc"]
-            k = self._k_dev.to(acc.dtype) if self._k_dev is not None else torch.tensor(self.round_step, dtype=acc.dtype)
+            k = (
+                counted.to(acc.dtype)
+                if isinstance(counted, torch.Tensor)
+                else torch.tensor(self.round_step, dtype=acc.dtype)
+            )
             k = k.to(acc.device).view(-1, *([1] * (acc.dim() - 1)))
             given = st.get("local_control")
             kept = given if given is not None else torch.zeros_like(acc)
@@ -321,6 +326,10 @@ class PAdaMFedRule(ServerRule):
         }
 
 
+register_rule(PAdaMFedRule())
+
+
+# ---------------------------------------------------------------------------- the descriptor
 class _PAdaMFed(Algorithm):
     def hparams(self, cfg, variant):
         eta, gamma, beta = theory_hparams(
@@ -397,7 +406,6 @@ def strategy_keywords(
     return cfg, {"clients_per_round": clients_per_round, **strategy}
 
 
-register_rule(PAdaMFedRule())
 DESCRIPTOR = algorithm.register(
     _PAdaMFed(
         "padamfed",

@@ -1,6 +1,6 @@
 """FedSAM's restore of ``x`` and its pending first step, as ``optim/fedsam.py`` runs them (docs/replay.md).
 
-The ascent (op ``sam_ascent``) is one of the optimizer's other ops (``core/other_ops.py``): the base
+The ascent (op ``sam_ascent``) is one of the optimizer's other ops (``core/stepper.py``): the base
 class builds, keeps and replays its plan. The restore (``x = saved``, bit for bit) is the descent's
 ``Prologue``: it runs first in the descent's launch, so that one recording holds the restore and
 the descent.
@@ -13,8 +13,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 import torch
 
 from ..core import dtensor as _dtensor
-from ..core import replay as _replay
-from ..core.plan import StepPlan
+from ..core.optimizer import Prologue, StepPlan, tensors_id
 
 SAVED = "saved_x"  # per-parameter state: x before the ascent, restored bit for bit by the descent
 
@@ -51,11 +50,11 @@ class Restore:
         # element by element on the local tensors: a sharded parameter restores its own shard
         self.xs = [_dtensor.local(p) for p in ps]
         self.saved = [_dtensor.local(state[p][SAVED]) for p in ps]
-        self.key = _replay.tensors_id(self.xs, self.saved)
-        self._plain: Optional[_replay.Prologue] = None
-        self._masked: Optional[_replay.Prologue] = None
+        self.key = tensors_id(self.xs, self.saved)
+        self._plain: Optional[Prologue] = None
+        self._masked: Optional[Prologue] = None
 
-    def prologue(self, mask: Optional[torch.Tensor]) -> Optional[_replay.Prologue]:
+    def prologue(self, mask: Optional[torch.Tensor]) -> Optional[Prologue]:
         """The descent's prologue restoring every moved parameter, or only ``mask``'s clients (the
         mask's address is in the descent's key already, as its ``active``). None: nothing moved."""
         if not self.xs:
@@ -63,9 +62,9 @@ class Restore:
         if mask is None:
             pro = self._plain
             if pro is None:
-                pro = self._plain = _replay.Prologue(self.key, _copy_all, (self.xs, self.saved))
+                pro = self._plain = Prologue(self.key, _copy_all, (self.xs, self.saved))
             return pro
         pro = self._masked
         if pro is None or pro.args[2] is not mask:
-            pro = self._masked = _replay.Prologue(self.key, masked_restore, (self.xs, self.saved, mask))
+            pro = self._masked = Prologue(self.key, masked_restore, (self.xs, self.saved, mask))
         return pro

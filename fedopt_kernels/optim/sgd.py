@@ -8,6 +8,7 @@ import torch
 
 from ..core.ops import SGD
 from ..core.optimizer import FedOptimizer, check_number
+from ..core.schedules import DecaySchedule
 from ..fl.algorithm import Algorithm, Baseline, Variant
 from ..fl.server_rules import RULES
 
@@ -17,11 +18,21 @@ TORCH_FOREACH = "torch.SGD(foreach)"
 
 
 class SGDFamily(FedOptimizer):
-    """SGD with momentum/dampening/nesterov/weight decay/maximize plus FedProx and SCAFFOLD terms."""
+    """SGD with momentum/dampening/nesterov/weight decay/maximize plus FedProx and SCAFFOLD terms, and
+    a within-round learning-rate decay ``s(k // decay_every)`` where ``schedule`` is set (FedDecaySGD,
+    FedDyn; FedDecay, Eq. 4)."""
 
     _spec = SGD
     _round_state = ("momentum_buffer",)
     _state_keys: Tuple[str, ...] = ("momentum_buffer", "x0", "correction")
+    schedule: Optional[DecaySchedule] = None  # the within-round decay, or none (s = 1)
+
+    def _schedule(self) -> Optional[DecaySchedule]:
+        return self.schedule
+
+    def current_lr_factor(self) -> float:
+        """s(k // decay_every) for the next step (1.0 without a within-round schedule)."""
+        return 1.0 if self.schedule is None else self.schedule.factor(self.round_step)
 
     def _validate_group(self, group: Dict[str, Any]) -> None:
         super()._validate_group(group)

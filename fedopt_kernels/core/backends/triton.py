@@ -35,9 +35,9 @@ except ImportError as exc:  # the registry reports this text as the reason
     raise ImportError(f"triton is not installed ({exc}); pip install 'triton>=3.0'") from exc
 
 from ..args import OpArgs
-from ..impl_table import register, register_device_check
+from ..between_passes import current as _sharded
+from ..impl_table import HISTORY, register, register_device_check
 from ..ops import FRESH, OPS
-from ..replay import HISTORY
 
 
 def _import_kernels():
@@ -67,6 +67,9 @@ def _import_kernels():
 
 
 _import_kernels()
+from fedopt_kernels.triton_kernels import declarations as _declarations  # noqa: E402
+
+_declarations.declare(OPS)  # before any kernel module is imported: they make their constants from it
 from fedopt_kernels.triton_kernels import launcher as _launcher  # noqa: E402
 from fedopt_kernels.triton_kernels import plans as _plans  # noqa: E402
 from fedopt_kernels.triton_kernels import two_pass as _two_pass  # noqa: E402
@@ -308,8 +311,10 @@ def _norm_launches(
     a: OpArgs, plan, hp: torch.Tensor, amp: Dict[str, Any], active: Optional[torch.Tensor], step_key: tuple
 ) -> None:
     """A norm op (``fednar``/``padamfed``) and its batched form: norm pass, (batched: per-client
-    finalize), update pass, through the two-pass driver."""
-    _two_pass.launch(a.spec.base or a.spec.name, plan, hp, a.k, amp, active, step_key)
+    finalize), update pass, through the two-pass driver; sharded parameters' norm slots are reduced
+    over the ranks between the passes (``between_passes.reducing``)."""
+    reduce = getattr(_sharded, "reduce", None)
+    _two_pass.launch(a.spec.base or a.spec.name, plan, hp, a.k, amp, active, step_key, reduce)
 
 
 def _launches_of(spec) -> Any:

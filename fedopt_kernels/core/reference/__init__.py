@@ -1,9 +1,8 @@
-"""The ``reference`` backend: docs/algorithms.md in plain PyTorch, one tensor at a time.
+"""The ``reference`` backend: each op's arguments handed to its function of ``fedopt_kernels.functional``.
 
-It is the ground truth every fused backend is tested against. Math runs in float32 for
-float16/bfloat16/float32 parameters (float64 for float64), and each tensor is rounded to its
-storage dtype once, when it is written back: the fused kernels follow the same rule. Unlike the
-fused backends it reads its scalars (hp, k, found_inf) on the host, which synchronises on CUDA.
+It is the ground truth every fused backend is tested against: docs/algorithms.md in plain PyTorch,
+one tensor at a time (the rounding rules are ``functional``'s). Unlike the fused backends it reads
+its scalars (hp, k, found_inf) on the host, which synchronises on CUDA.
 """
 
 import importlib

@@ -1,40 +1,37 @@
-"""Reference FedNAR step (docs/algorithms.md; "FedNAR: Federated Optimization with Normalized Annealing
-Regularization", Li et al., NeurIPS 2023, Eq. 3-4 and Alg. 2).
+"""The reference ``fednar`` op: ``fedopt_kernels.functional.fednar`` over every row group at once
+(docs/algorithms.md; FedNAR, Li et al., NeurIPS 2023, Eq. 3-4 and Alg. 2).
 
-hp row: step_lr (= lr * round_decay ** t, set by the optimizer), weight_decay, max_norm, eps,
-prox_mu. Over all row groups together::
-
-    d    = g + weight_decay * x + correction + prox_mu * (x - x0)
-    s    = || all d ||_2                                   # squares summed in float64
-    coef = min(1, max_norm / (s + eps))                    # per row group (its own max_norm, eps)
-    x   -= (step_lr * coef) * d
-
-NaN/inf in ``s`` propagate (``torch.clamp`` keeps NaN), as ``clip_grad_norm_`` does.
+hp row: step_lr (``lr * round_decay ** t``, set by the optimizer), weight_decay, max_norm, eps,
+prox_mu, each row group's own; the global norm spans them all (sharded parameters: every rank's,
+through ``between_passes.reducing``).
 """
 
 from __future__ import annotations
 
-import torch
-
+from ... import functional
+from ..args import OpArgs
+from ..between_passes import current as _sharded
 from ..impl_table import register
 from ..ops import FEDNAR
-from ._math import Amp, add_terms, norm_step, up
-
-
-def fednar_direction(t, i: int, row, amp: Amp) -> torch.Tensor:
-    """d of parameter ``i`` of a row group's tensors ``t``, in its compute dtype."""
-    _step_lr, wd, _max_norm, _eps, prox_mu = row
-    return add_terms(amp.grad(t["grads"][i]), up(t["params"][i]), t, i, wd, prox_mu)
-
-
-def _clipped_update(xs, ds, row, s: torch.Tensor) -> None:
-    step_lr, _wd, max_norm, eps, _mu = row
-    coef = torch.clamp(max_norm / (s + eps), max=1.0)
-    for x, d in zip(xs, ds, strict=True):
-        scale = (step_lr * coef).to(d.dtype)
-        x.copy_(up(x) - scale * d)
 
 
 @register("fednar", "reference")
 def fednar_step(*args, cache=None) -> None:
-    norm_step(FEDNAR, args, fednar_direction, _clipped_update)
+    a = OpArgs.parse(FEDNAR, args)
+    if a.found_inf_now():
+        return  # GradScaler found an inf: nothing changes, k included
+    t, hp = a.per_tensor()
+    functional.fednar(
+        t["params"],  # type: ignore[arg-type]  # params and grads have no None entry
+        t["grads"],  # type: ignore[arg-type]
+        lr=hp["step_lr"],
+        weight_decay=hp["weight_decay"],
+        max_norm=hp["max_norm"],
+        eps=hp["eps"],
+        prox_mu=hp["prox_mu"],
+        x0s=t["x0"],
+        corrections=t["correction"],
+        grad_scale=a.grad_scale,
+        reduce=getattr(_sharded, "reduce", None),
+    )
+    a.k.add_(1)
