@@ -43,8 +43,10 @@ from fedopt_kernels.sim.batched.precision import (
     UnsupportedPrecision,
     autocast_inputs,
     autocast_scope,
+    backend_flags,
     check_precision,
     check_supported,
+    flags_now,
     precision_scope,
     tf32_enabled,
 )
@@ -105,11 +107,18 @@ def test_a_scope_restores_what_the_user_had_set(switches):
     assert [s.fp32_precision for s in SWITCHES] == before
 
 
-@pytest.mark.parametrize("precision,device", [("tf32", "cpu"), ("fp32", "cuda"), ("bf16", "cuda")])
-def test_the_switches_change_only_for_tf32_on_cuda(switches, precision, device):
-    """A CPU has no TF32: tf32 there changes nothing (and so computes fp32)."""
+@pytest.mark.parametrize(
+    "precision,device", [("tf32", "cpu"), ("fp32", "cpu"), ("bf16", "cpu"), ("fp32", "cuda"), ("bf16", "cuda")]
+)
+def test_every_other_precision_computes_ieee_float32(switches, precision, device):
+    """fp32 is IEEE float32 in every kernel (cuDNN's TF32 off, which torch's default leaves on); bf16's
+    float32 ops too; a CPU has no TF32, so tf32 there is fp32. Restored afterwards."""
     with precision_scope(precision, device):
-        assert [s.fp32_precision for s in SWITCHES] == switches
+        assert [s.fp32_precision for s in SWITCHES] == ["ieee"] * 3
+        assert set(flags_now().values()) == {"ieee"}
+        assert flags_now() == backend_flags(precision, device)
+        assert tf32_enabled() == {"matmul": False, "conv": False}  # torch's legacy getters read them too
+    assert [s.fp32_precision for s in SWITCHES] == switches
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
