@@ -126,7 +126,8 @@ class CompiledLayersLoss(LayersLoss):
         self._broken = f"torch.compile ({backend}) cannot compute {type(self.model).__name__}: {_reason(failure)}"
         if not self.fallback:
             raise NotCompilable(self._broken) from failure
-        self.fallback_reason = fallbacks.fall_back("the compiled step (torch.compile)", failure, "eager steps", 5).error
+        said = NotCompilable(self._broken)  # the compiler's failure arrives wrapped: name its root cause too
+        self.fallback_reason = fallbacks.fall_back("the compiled step (torch.compile)", said, "eager steps", 5).error
         return out
 
     def _eager_call(self, method: Callable[..., Grads], args: tuple) -> Grads:

@@ -19,7 +19,8 @@ address it had during capture and holds this step's values:
 
 The first ``warmup`` steps of the first rounds run eagerly on a side stream (lazy initialisation,
 the optimizer's plan and device counters are built there, as torch's CUDA-graph notes ask), the
-next step is captured, and from then on every step is a replay. The optimizer's host-side step
+next step whose plans exist (not a round's first, whose round start dropped them) is captured, and
+from then on every step is a replay. The optimizer's host-side step
 count, which replays do not advance, is advanced here (PAdaMFed's ``local_control`` checks it).
 
 A step that takes two gradients (FedSAM: ``Algorithm.closure_step``) is captured whole: the first
@@ -181,7 +182,9 @@ class TrainerReplay:
         self._set_inputs(x, y, w, anchor_x, active)
         opt = self.tr.opt
         if self.plan is None:
-            if self.eager_steps < self.warmup:
+            # a round's first step rebuilds the plans its round start dropped: a capture records
+            # only a step whose plans exist (building one copies from the host, refused in a capture)
+            if self.eager_steps < self.warmup or not opt.step_plans:
                 self._eager()
                 return self.loss
             return self.loss if self._try_capture() else None
