@@ -247,7 +247,9 @@ class Chooser:
         if self.mode == "auto" and budget_s is None:
             share = AUTO_SHARE * steps_per_run * math.ceil(sampled / sizes[0])  # the budget in step times
             if share < MIN_SHARE_STEPS:
-                return sizes[0], self._unsearched(sizes[0], steps_per_run, share)
+                choice = self._unsearched(sizes[0], steps_per_run, share)
+                self.spent_s = max(self.spent_s, budget.spent)
+                return sizes[0], choice
         best: Optional[Tuple[float, int]] = None
         errors: Dict[int, BaseException] = {}
         for n in sizes:

@@ -18,10 +18,11 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Se
 import torch
 
 from ...core import fallbacks
+from . import timing
 from .compiled import CompiledLayersLoss, NotCompilable
 from .layers import ClientLayer
 from .layers_engine import LayersLoss
-from .timing import CLOCK, Comparison, SearchBudget, Timer, out_of_memory
+from .timing import Comparison, SearchBudget, Timer, out_of_memory
 
 Dropped = Set[Tuple[str, str]]  # (layer signature, formulation) that failed in this run
 
@@ -252,7 +253,7 @@ def search(
     ``compile_step``: then also the step through ``torch.compile`` with them (``compiled``);
     ``dropped``: the (signature, formulation) pairs that failed earlier in the run (not tried, and
     those failing now are added)."""
-    t0 = CLOCK()
+    t0 = timing.CLOCK()
     C = x.shape[0]
     start = defaults(engine, params, x)
     forms = dict(start)
@@ -269,10 +270,10 @@ def search(
             changes.append(change)
     forms, step_s = run.whole_step(start, forms, changes, why)
     engine.layers_net.set_formulations(forms)
-    choice = Choice(C, forms, why, step_s, "measured", CLOCK() - t0, times, spread=run.spread)
+    choice = Choice(C, forms, why, step_s, "measured", timing.CLOCK() - t0, times, spread=run.spread)
     if compile_step and step_s is not None:
         _try_compiled(engine, params, x, y, w, budget, choice)
-        choice.spent_s = CLOCK() - t0
+        choice.spent_s = timing.CLOCK() - t0
     return choice
 
 

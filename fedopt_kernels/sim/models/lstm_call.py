@@ -23,10 +23,12 @@ HALF_RNN_AUTOCAST: Tuple[str, ...] = ("cuda",)
 def lstm_call(module: nn.Module, x: torch.Tensor, params: Optional[Dict[str, torch.Tensor]] = None) -> Any:
     """``module(x)`` for an ``nn.LSTM`` (with its own parameters, or ``params`` by name through
     ``torch.func.functional_call``): under a bfloat16 autocast on a device of ``HALF_RNN_AUTOCAST``,
-    with autocast off and the float32 input and weights cast to bfloat16; elsewhere plain."""
+    with autocast off and the float32 input and weights cast to bfloat16; elsewhere, and for a
+    module that stands in for the LSTM (the client-batched engine's, which casts its own), plain."""
     kind = x.device.type
     cast = (
-        kind in HALF_RNN_AUTOCAST
+        isinstance(module, nn.RNNBase)
+        and kind in HALF_RNN_AUTOCAST
         and torch.is_autocast_enabled(kind)
         and torch.get_autocast_dtype(kind) == torch.bfloat16
         and x.dtype == torch.float32
