@@ -37,8 +37,8 @@ def _writer(path: str, who: int, start, race: bool) -> None:
             time.sleep(0.005)
             return out
 
-        ChoiceCache._read = slow_read  # type: ignore[method-assign]
-        choice_cache.exclusive = lambda path: contextlib.nullcontext()  # type: ignore[assignment]
+        setattr(ChoiceCache, "_read", slow_read)  # noqa: B010 - the child process's own copy
+        setattr(choice_cache, "exclusive", lambda path: contextlib.nullcontext())  # noqa: B010
     cache = ChoiceCache(path)
     start.wait()
     for n in range(WRITES):

@@ -254,6 +254,7 @@ def _replayed_run(monkeypatch, fault: str):
 
         monkeypatch.setattr(TrainerReplay, "_capture", rebuilt)
     sim = make(_replay_config())
+    assert sim.batched is not None
     sim.batched.replay_mode = "emulate"
     return sim.run()
 
@@ -354,7 +355,9 @@ def test_a_bound_triton_launch_that_fails_takes_tritons_own_path(monkeypatch):
             p.grad = torch.zeros_like(p)
         for _ in range(3):
             for p in ps:
-                p.grad.copy_(torch.randn(p.shape, generator=g))
+                grad = p.grad
+                assert grad is not None
+                grad.copy_(torch.randn(p.shape, generator=g))
             opt.step()
         return [p.detach().clone() for p in ps]
 

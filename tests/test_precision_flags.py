@@ -56,7 +56,9 @@ class _Flags(TorchDispatchMode):
 def _case(name: str):
     shape, classes = ((1, 8, 8), 10) if name == "cnn" else ((12,), 20)
     torch.manual_seed(0)
-    model = build_model(name, shape, classes, **({"hidden": 8} if name.startswith("char") else {}))
+    model = (
+        build_model(name, shape, classes, hidden=8) if name.startswith("char") else build_model(name, shape, classes)
+    )
     C, B = 2, 3
     g = torch.Generator().manual_seed(1)
     params = [p.detach().unsqueeze(0).repeat(C, *([1] * p.dim())) for p in model.parameters()]
