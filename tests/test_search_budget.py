@@ -132,8 +132,8 @@ def test_a_long_enough_run_searches_within_its_budget_on_the_real_clock(one_thre
 
 def test_a_50_step_run_is_not_searched_and_says_so(monkeypatch):
     """50 local steps: 2% of them is one step time, too little for a search: plan() times nothing,
-    looks nothing up, takes the defaults, and the results say why; what it took is timed around it
-    and is under 2% of the run's wall time."""
+    looks nothing up, builds nothing, takes the defaults, and the results say why (and name the
+    defaults the layers took); what it took is timed around it and is under 2% of the run's wall time."""
     took: List[float] = []
     real = Chooser.plan
 
@@ -156,4 +156,6 @@ def test_a_50_step_run_is_not_searched_and_says_so(monkeypatch):
     got = result["client_batched"]
     assert "not searched" in got["search_note"] and "50 steps" in got["search_note"]
     assert all("not searched" in why for why in got["why"].values())
+    defaults = choose.defaults(LayersLoss(_cnn()), *_inputs(_cnn(), B=cfg.batch_size)(3)[:2])
+    assert got["formulations"] == defaults
     assert len(took) == 1 and took[0] <= AUTO_SHARE * wall, (took, wall)

@@ -203,7 +203,8 @@ class BatchedClients:
         backend switches its passes run under, and the fallbacks it took (``core/fallbacks.py``)."""
         out: Dict[str, Any] = {"at_once": self.at_once, "size": self.size}
         if self.choice is not None:
-            out["formulations"] = dict(self.choice.formulations)
+            # a skipped search names none: what the layers took (their defaults) at their first call
+            out["formulations"] = dict(self.choice.formulations or self.loss.layers_net.formulations())
             out["compiled"] = self.choice.compiled
             out["why"] = dict(self.choice.why)
             out["search_s"] = self.chooser.spent_s if self.chooser is not None else 0.0

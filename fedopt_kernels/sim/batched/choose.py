@@ -295,14 +295,14 @@ class Chooser:
         return choice.step_s
 
     def _unsearched(self, clients: int, steps: int, share: float) -> Choice:
-        """The defaults at ``clients``, measured and looked up nothing: a run too short to search."""
-        params, x, _, _ = self.inputs(clients)
-        forms = defaults(self.engine, params, x)
+        """The defaults at ``clients``, with nothing measured, looked up or even built (no sample inputs,
+        no forward pass): a run too short to search. Its ``formulations`` are empty: each layer takes
+        its default at its first call (``ClientLayer.pick``)."""
         note = (
             f"not searched: {AUTO_SHARE:.0%} of a run of {steps} steps is {share:.3g} step times, under the "
             f"{MIN_SHARE_STEPS} a search needs (formulations='measure' searches anyway)"
         )
-        choice = Choice(clients, forms, {p: f"the default; {note}" for p in forms}, note=note)
+        choice = Choice(clients, {}, {p: f"the default; {note}" for p in self.engine.layers_net.layers}, note=note)
         self.choices[clients] = choice
-        self.engine.layers_net.set_formulations(forms)
+        self.engine.layers_net.set_formulations(None)
         return choice

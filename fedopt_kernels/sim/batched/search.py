@@ -29,7 +29,8 @@ Dropped = Set[Tuple[str, str]]  # (layer signature, formulation) that failed in 
 
 @dataclass
 class Choice:
-    """The formulations chosen for C clients: module path -> formulation, and why each."""
+    """The formulations chosen for C clients: module path -> formulation (empty: every layer's default,
+    as it picks it at its first call: a search skipped), and why each."""
 
     clients: int
     formulations: Dict[str, str]
