@@ -14,6 +14,7 @@ from typing import List
 
 import pytest
 import torch
+from test_choose import _cnn, _inputs
 from test_sim_resume import comparable, make, same_floats, tiny_config
 
 from fedopt_kernels.core import fallbacks, graph_pools
@@ -22,29 +23,9 @@ from fedopt_kernels.sim.batched.choose import Chooser, SearchBudget
 from fedopt_kernels.sim.batched.compiled import CompiledLayersLoss
 from fedopt_kernels.sim.batched.layers_engine import LayersLoss
 from fedopt_kernels.sim.batched.trainer_replay import TrainerReplay
-from fedopt_kernels.sim.models.build import build_model
 
 CUDNN = "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."
 INDEX = "RuntimeError: Expected canUse32BitIndexMath(input) to be true, but got false."
-
-
-def _cnn():
-    torch.manual_seed(0)
-    return build_model("cnn", (1, 8, 8), 10)
-
-
-def _inputs(model, B: int = 4):
-    def make_inputs(C: int):
-        g = torch.Generator().manual_seed(C)
-        params = [p.detach().unsqueeze(0).repeat(C, *([1] * p.dim())) for p in model.parameters()]
-        return (
-            params,
-            torch.randn(C, B, 1, 8, 8, generator=g),
-            torch.randint(0, 10, (C, B), generator=g),
-            torch.full((C, B), 1.0 / B),
-        )
-
-    return make_inputs
 
 
 @pytest.fixture(autouse=True)

@@ -13,29 +13,13 @@ import time
 from typing import Dict, List, Tuple
 
 import pytest
-import torch
+from test_choose import _cnn, _inputs
 from test_sim_resume import make, tiny_config
 
 from fedopt_kernels.sim.batched import choose, timing
 from fedopt_kernels.sim.batched.choose import AUTO_SHARE, MIN_SHARE_STEPS, Chooser
 from fedopt_kernels.sim.batched.layers import FORMULATIONS
 from fedopt_kernels.sim.batched.layers_engine import LayersLoss
-from fedopt_kernels.sim.models.build import build_model
-
-
-def _cnn():
-    torch.manual_seed(0)
-    return build_model("cnn", (1, 8, 8), 10)
-
-
-def _inputs(model, B: int = 4):
-    def make_inputs(C: int):
-        g = torch.Generator().manual_seed(C)
-        params = [p.detach().unsqueeze(0).repeat(C, *([1] * p.dim())) for p in model.parameters()]
-        x = torch.randn(C, B, 1, 8, 8, generator=g)
-        return params, x, torch.randint(0, 10, (C, B), generator=g), torch.full((C, B), 1.0 / B)
-
-    return make_inputs
 
 
 @pytest.fixture(autouse=True)
