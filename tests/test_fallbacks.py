@@ -154,6 +154,27 @@ def test_a_chunk_size_that_fails_is_dropped_for_a_smaller_one(monkeypatch):
         Chooser(engine, _inputs(model), mode="measure").plan(12, 12, steps_per_run=10, fixed=12)
 
 
+def test_auto_takes_a_smaller_size_when_the_largest_runs_out_of_memory(monkeypatch):
+    """auto sizes its budget from the defaults' step at the largest size: out of memory there is that
+    size's outcome (silent), and the budget comes from the next size instead of being unlimited."""
+    model = _cnn()
+    _clock(monkeypatch, {})
+    timed = timing.Timer.measure
+
+    def measure(self, trial):
+        if self.x.shape[0] == 12:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+        return timed(self, trial)
+
+    monkeypatch.setattr(timing.Timer, "measure", measure)
+    chooser = Chooser(LayersLoss(model), _inputs(model), mode="auto")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        n, _ = chooser.plan(12, 12, steps_per_run=10**5)
+    assert n < 12 and not _warnings(record)
+    assert chooser.budget_s is not None and chooser.budget_s < float("inf")
+
+
 def test_a_compiled_step_that_fails_when_timed_is_not_taken(monkeypatch):
     """Not NotCompilable (the compiler's "cannot"), a cuBLAS error of the compiled step's timed call:
     the eager step stays, with one warning."""

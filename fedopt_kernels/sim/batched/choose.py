@@ -285,9 +285,10 @@ class Chooser:
         if share is not None and budget.seconds is None and self.known(n) is None:
             params, x, y, w = self.inputs(n)
             t = probe_step(self.engine, params, x, y, w, defaults(self.engine, params, x), budget)
-            if t is not None:  # the run's estimated training time, at this size
-                budget.step_s = t
-                budget.seconds = AUTO_SHARE * t * math.ceil(sampled / n) * steps
+            if t is None:  # the probe knows no budget: only out of memory stops it
+                raise torch.OutOfMemoryError(f"{n} clients at once: the defaults' step ran out of memory")
+            budget.step_s = t  # the run's estimated training time, at this size
+            budget.seconds = AUTO_SHARE * t * math.ceil(sampled / n) * steps
         choice = self.at(n, budget)
         if choice.step_s is None and timed:  # not timed (nothing to choose, or not reached)
             params, x, y, w = self.inputs(n)
