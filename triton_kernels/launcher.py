@@ -106,8 +106,9 @@ class Bound:
 
 # the first and last triton (major, minor) whose compiled kernels' ``run`` was read to take
 # (grid x, y, z, stream, function, packed metadata, launch metadata, enter hook, exit hook, *every
-# argument in parameter order): a bound launch calls it so; any other triton takes its own path
-BIND_CHECKED = ((3, 2), (3, 8))
+# argument in parameter order) and whose launch hooks are ``triton.knobs.runtime``'s: a bound launch
+# calls it so; any other triton takes its own path
+BIND_CHECKED = ((3, 6), (3, 8))
 
 
 def _version(text: str) -> Tuple[int, int]:
@@ -119,6 +120,8 @@ def bind_allowed(version: Optional[str] = None) -> bool:
     """``FEDOPT_TRITON_BIND`` is not off and this triton is one whose ``run`` was read (``BIND_CHECKED``)."""
     if os.environ.get("FEDOPT_TRITON_BIND", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
+    if getattr(getattr(triton, "knobs", None), "runtime", None) is None:  # where _hooks reads the hooks
+        return False
     return BIND_CHECKED[0] <= _version(triton.__version__ if version is None else version) <= BIND_CHECKED[1]
 
 
@@ -128,7 +131,7 @@ _BIND = bind_allowed()
 def _hooks() -> bool:
     """Launch hooks (a profiler such as proton) are set: they need triton's own launch path. Triton
     3.6 keeps them in a ``HookChain``, present and empty when none is set (a triton without
-    ``knobs`` is not bound at all)."""
+    ``triton.knobs`` is not bound at all: ``bind_allowed``)."""
     rt = triton.knobs.runtime
     for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
