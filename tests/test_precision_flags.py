@@ -1,17 +1,19 @@
 """The formulation search changes speed only: every formulation computes under the same backend flags.
 
 Under ``fp32`` every matmul, convolution and recurrent kernel of every formulation runs with the
-backend switches ``backend_flags`` names (IEEE float32: cuDNN's TF32 off, which torch's default
-leaves on); under ``tf32`` all of them alike; under ``bf16`` none in float16. What each kernel ran
-under is read at the kernel (a dispatch mode), for every formulation of every client layer, and a
-run records the flags it set whichever formulations it chose. ``nn.LSTM`` under a bfloat16 autocast
-runs through ``models/lstm_call.py``: on a device whose autocast would cast it to float16, with
-autocast off and bfloat16 inputs (exercised here by naming the CPU such a device).
+backend switches ``backend_flags`` names (IEEE float32; on CUDA cuDNN's TF32 off, which torch's
+default leaves on); under ``tf32`` all of them alike; under ``bf16`` none in float16. On this CPU
+the switches are oneDNN's (on CUDA cuBLAS's and cuDNN's, which the same scope sets: see
+test_precision.py). What each kernel ran under is read at the kernel (a dispatch mode), for every
+formulation of every client layer, and a run records the flags it set whichever formulations it
+chose. ``nn.LSTM`` under a bfloat16 autocast runs through ``models/lstm_call.py``: on a device
+whose autocast would cast it to float16, with autocast off and bfloat16 inputs (exercised here by
+naming the CPU such a device).
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import pytest
 import torch
@@ -48,7 +50,7 @@ class _Flags(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         if name in KERNELS or any(r in name for r in RNN):
-            self.states.add(tuple(sorted(flags_now().items())))
+            self.states.add(tuple(sorted(flags_now("cpu").items())))
             self.dtypes |= {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
         return func(*args, **(kwargs or {}))
 
@@ -102,9 +104,9 @@ def test_every_formulation_runs_under_the_precisions_flags(precision):
 
 
 def test_the_flags_check_can_fail(monkeypatch):
-    """A formulation that turned cuDNN's TF32 on inside itself would be seen at its kernels."""
+    """A formulation that turned oneDNN's convolutions to TF32 inside itself would be seen at its kernels."""
     real = layers.im2col_conv2d
-    conv = torch.backends.cudnn.conv
+    conv: Any = torch.backends.mkldnn.conv
 
     def tf32_inside(*args, **kwargs):
         saved = conv.fp32_precision

@@ -212,7 +212,7 @@ class LayersLoss:
         leaves = [p.detach().requires_grad_() for p in params]
         with torch.enable_grad(), precision_scope(self.precision, x.device):
             if self.flags_seen is None:
-                self.flags_seen = flags_now()
+                self.flags_seen = flags_now(x.device)
             with autocast_scope(self.precision, x.device):
                 loss = self._loss(leaves, x, y, w)
             grads = torch.autograd.grad(loss.sum(), leaves)

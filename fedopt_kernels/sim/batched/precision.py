@@ -53,11 +53,13 @@ Device = Union[torch.device, str]
 _CUBLAS: Any = torch.backends.cuda.matmul  # Any: torch's type stubs lack the fp32_precision settings
 _CUDNN: Any = torch.backends.cudnn
 _MKLDNN: Any = torch.backends.mkldnn
-_GPU_SWITCHES = {"cuda.matmul": _CUBLAS, "cudnn.conv": _CUDNN.conv, "cudnn.rnn": _CUDNN.rnn}
-_CPU_SWITCHES = {
-    f"mkldnn.{name}": getattr(_MKLDNN, name) for name in ("matmul", "conv", "rnn") if hasattr(_MKLDNN, name)
+# device type -> the switches its kernels read. torch reads a switch left at "none" as its nearest
+# parent's value (oneDNN's or cuDNN's own, then the global one), and all at "none" is its default,
+# "ieee" (torch's default for cuDNN's conv and rnn is an explicit "tf32")
+_DEVICE_SWITCHES: Dict[str, Dict[str, Any]] = {
+    "cuda": {"cuda.matmul": _CUBLAS, "cudnn.conv": _CUDNN.conv, "cudnn.rnn": _CUDNN.rnn},
+    "cpu": {f"mkldnn.{name}": getattr(_MKLDNN, name) for name in ("matmul", "conv", "rnn") if hasattr(_MKLDNN, name)},
 }
-_SWITCHES = {**_GPU_SWITCHES, **_CPU_SWITCHES}
 
 
 class UnsupportedPrecision(ValueError):
@@ -72,42 +74,54 @@ def check_precision(value: object, name: str = "precision") -> str:
 
 
 def _device_type(device: Device) -> str:
-    return torch.device(device).type
+    return device.type if isinstance(device, torch.device) else torch.device(device).type
+
+
+def _switches(device: Device) -> Dict[str, Any]:
+    return _DEVICE_SWITCHES.get(_device_type(device), {})
+
+
+def _effective(switch: Any) -> str:
+    """What ``switch`` computes in (torch resolves an inherited value; "none" throughout is "ieee")."""
+    value = switch.fp32_precision
+    return "ieee" if value == "none" else value
 
 
 def backend_flags(precision: str, device: Device) -> Dict[str, str]:
-    """The backend switches (``fp32_precision`` of cuBLAS, cuDNN's conv and rnn, and oneDNN's) a pass
-    of ``precision`` on ``device`` runs under: ``"tf32"`` for cuBLAS and cuDNN under ``tf32`` on CUDA,
-    ``"ieee"`` for every other switch and precision (a CPU has no TF32; under ``bf16`` what autocast
-    leaves in float32)."""
+    """The backend switches (``fp32_precision``) the kernels of ``device`` read during a pass of
+    ``precision``: on CUDA cuBLAS's and cuDNN's conv and rnn, ``"tf32"`` under ``tf32`` and ``"ieee"``
+    otherwise; on a CPU oneDNN's, ``"ieee"`` at every precision (a CPU has no TF32; under ``bf16``
+    what autocast leaves in float32)."""
     check_precision(precision)
-    gpu = "tf32" if precision == "tf32" and _device_type(device) == "cuda" else "ieee"
-    return {name: gpu if name in _GPU_SWITCHES else "ieee" for name in _SWITCHES}
+    value = "tf32" if precision == "tf32" and _device_type(device) == "cuda" else "ieee"
+    return {name: value for name in _switches(device)}
 
 
-def flags_now() -> Dict[str, str]:
-    """The switches ``backend_flags`` names, as they are now."""
-    return {name: switch.fp32_precision for name, switch in _SWITCHES.items()}
+def flags_now(device: Device) -> Dict[str, str]:
+    """The switches ``backend_flags`` names for ``device``, as its kernels would read them now."""
+    return {name: _effective(switch) for name, switch in _switches(device).items()}
 
 
 @contextlib.contextmanager
 def precision_scope(precision: str, device: Device) -> Iterator[None]:
-    """What a forward and backward pass run under: the backend switches set to ``backend_flags``
-    (``fp32``: IEEE float32 everywhere, cuDNN's TF32 off; ``tf32`` on CUDA: TF32 matmuls, cuDNN
-    convolutions and recurrent layers), restored afterwards.
+    """What a forward and backward pass run under: the backend switches of ``device`` at
+    ``backend_flags`` (``fp32``: IEEE float32, cuDNN's TF32 off; ``tf32`` on CUDA: TF32 matmuls, cuDNN
+    convolutions and recurrent layers), those not there already set, and restored afterwards.
 
     The switches are process-wide while the scope lasts (torch has no per-thread ones). Inside it,
-    read them as ``fp32_precision`` or with ``tf32_enabled``: torch's legacy getters
+    read them as ``fp32_precision`` (``flags_now``) or with ``tf32_enabled``: torch's legacy getters
     (``torch.backends.cuda.matmul.allow_tf32``, ``torch.get_float32_matmul_precision``) refuse to
     read some mixes of switches set the new way."""
-    wanted = backend_flags(precision, device)
+    check_precision(precision)
+    kind = _device_type(device)
+    value = "tf32" if precision == "tf32" and kind == "cuda" else "ieee"  # backend_flags, read once a pass
     saved = []
     try:
-        for name, switch in _SWITCHES.items():
-            value = switch.fp32_precision
-            if value != wanted[name]:
-                saved.append((switch, value))
-                switch.fp32_precision = wanted[name]
+        for switch in _DEVICE_SWITCHES.get(kind, {}).values():
+            now = switch.fp32_precision
+            if (now if now != "none" else "ieee") != value:
+                saved.append((switch, now))
+                switch.fp32_precision = value
         yield
     finally:
         for switch, value in reversed(saved):
