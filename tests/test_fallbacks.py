@@ -9,6 +9,7 @@ results record it, and that an error of the proven path (the user's) still raise
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import List
 
@@ -224,6 +225,12 @@ def _replay_config():
     return tiny_config("fedavg", client_batched=3, formulations="default", rounds=2, local_steps=3)
 
 
+@functools.lru_cache(maxsize=1)
+def _eager_run() -> dict:
+    """The run the replayed runs must equal: the same, with every step eager (deterministic)."""
+    return make(_replay_config()).run()
+
+
 def _replayed_run(monkeypatch, fault: str):
     """A client-batched FedAvg run whose step is emulated-replayed, with ``fault`` injected."""
     if fault == "cuda-capture":  # the "cuda" path on CPU tensors: the driver refuses the capture
@@ -266,7 +273,7 @@ def test_a_capture_that_fails_leaves_the_run_on_eager_steps(monkeypatch, fault):
     """The simulator's captured step: a capture that raises (on the CUDA path, before it ran, or after
     an emulated capture took the step) turns replay off for the run with one warning; every step is
     taken exactly once, so the run is bitwise the eager one, and its results say why."""
-    eager = make(_replay_config()).run()
+    eager = _eager_run()
     with pytest.warns(RuntimeWarning, match="captured in a CUDA graph") as record:
         got = _replayed_run(monkeypatch, fault)
     assert len(_warnings(record)) == 1
@@ -284,7 +291,7 @@ def test_the_capture_fallback_check_can_fail(monkeypatch):
         return False  # "the step is still to take": wrong after an emulated capture ran it
 
     monkeypatch.setattr(TrainerReplay, "_try_capture", twice)
-    eager = make(_replay_config()).run()
+    eager = _eager_run()
     with pytest.warns(RuntimeWarning):
         got = _replayed_run(monkeypatch, "after-the-step")
     assert not same_floats(comparable(got), comparable(eager))
