@@ -167,7 +167,7 @@ def test_check_supported_names_the_precision_when_a_layer_has_no_kernel(monkeypa
     monkeypatch.setattr(nn.LSTM, "forward", refuse)
     with pytest.raises(UnsupportedPrecision, match=r"precision='bf16' cannot run lstm \(LSTM\) on this CPU.*fp32"):
         check_supported(lstm, "bf16", "cpu")
-    check_supported(lstm, "bf16", "cuda")  # torch's CUDA autocast keeps nn.LSTM in float32: not tried
+    check_supported(lstm, "bf16", "cuda")  # only a CPU kernel is tried (on CUDA, models/lstm_call.py runs it in bf16)
 
 
 # ------------------------------------------------------------------ dtypes in the engines
