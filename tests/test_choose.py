@@ -246,14 +246,14 @@ def test_auto_spends_a_share_of_the_runs_estimated_time(monkeypatch):
     budgets: List[float] = []
     real = choose.search
 
-    def spy(engine, params, x, y, w, budget, compile_step=False):
+    def spy(engine, params, x, y, w, budget, *rest):
         budgets.append(budget.seconds)
-        return real(engine, params, x, y, w, budget, compile_step)
+        return real(engine, params, x, y, w, budget, *rest)
 
     monkeypatch.setattr(choose, "search", spy)
-    Chooser(engine, _inputs(model), mode="auto").plan(10, 10, steps_per_run=500, fixed=10)
-    # one round of 1 chunk, 500 steps of 3 s: 2% of 1,500 s
-    assert budgets == [pytest.approx(choose.AUTO_SHARE * 3.0 * 500)]
+    Chooser(engine, _inputs(model), mode="auto").plan(10, 10, steps_per_run=5000, fixed=10)
+    # one round of 1 chunk, 5000 steps of 3 s: 2% of 15,000 s
+    assert budgets == [pytest.approx(choose.AUTO_SHARE * 3.0 * 5000)]
     assert calls
 
 

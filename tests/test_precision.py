@@ -43,8 +43,10 @@ from fedopt_kernels.sim.batched.precision import (
     UnsupportedPrecision,
     autocast_inputs,
     autocast_scope,
+    backend_flags,
     check_precision,
     check_supported,
+    flags_now,
     precision_scope,
     tf32_enabled,
 )
@@ -105,11 +107,35 @@ def test_a_scope_restores_what_the_user_had_set(switches):
     assert [s.fp32_precision for s in SWITCHES] == before
 
 
-@pytest.mark.parametrize("precision,device", [("tf32", "cpu"), ("fp32", "cuda"), ("bf16", "cuda")])
-def test_the_switches_change_only_for_tf32_on_cuda(switches, precision, device):
-    """A CPU has no TF32: tf32 there changes nothing (and so computes fp32)."""
+@pytest.mark.parametrize(
+    "precision,device", [("tf32", "cpu"), ("fp32", "cpu"), ("bf16", "cpu"), ("fp32", "cuda"), ("bf16", "cuda")]
+)
+def test_every_other_precision_computes_ieee_float32(switches, precision, device):
+    """fp32 is IEEE float32 in every kernel (cuDNN's TF32 off, which torch's default leaves on); bf16's
+    float32 ops too; a CPU has no TF32, so tf32 there is fp32. Restored afterwards."""
     with precision_scope(precision, device):
-        assert [s.fp32_precision for s in SWITCHES] == switches
+        assert flags_now(device) == backend_flags(precision, device) and set(flags_now(device).values()) == {"ieee"}
+        if device == "cuda":  # torch's own default has cuDNN's in TF32: the scope turned it off
+            assert CUDNN.conv.fp32_precision == CUDNN.rnn.fp32_precision == "ieee"
+            assert tf32_enabled() == {"matmul": False, "conv": False}  # torch's legacy getters read them too
+    assert [s.fp32_precision for s in SWITCHES] == switches
+
+
+def test_a_switch_left_to_inherit_counts_as_its_parents_value(switches):
+    """A switch at "none" computes as its parent (oneDNN's own switch, then the global one): a scope
+    sets what does not already compute as asked, overriding a parent set to TF32, and puts back what
+    it computed in (torch reads a "none" switch as its parent's value, so that is what comes back)."""
+    mkldnn: Any = torch.backends.mkldnn
+    saved = (mkldnn.fp32_precision, mkldnn.conv.fp32_precision)
+    try:
+        mkldnn.conv.fp32_precision = "none"
+        mkldnn.fp32_precision = "tf32"  # a user's choice for every oneDNN kernel
+        assert flags_now("cpu")["mkldnn.conv"] == "tf32"
+        with precision_scope("fp32", "cpu"):
+            assert flags_now("cpu")["mkldnn.conv"] == "ieee" and mkldnn.conv.fp32_precision == "ieee"
+        assert flags_now("cpu")["mkldnn.conv"] == "tf32"
+    finally:
+        mkldnn.fp32_precision, mkldnn.conv.fp32_precision = saved
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -141,7 +167,7 @@ def test_check_supported_names_the_precision_when_a_layer_has_no_kernel(monkeypa
     monkeypatch.setattr(nn.LSTM, "forward", refuse)
     with pytest.raises(UnsupportedPrecision, match=r"precision='bf16' cannot run lstm \(LSTM\) on this CPU.*fp32"):
         check_supported(lstm, "bf16", "cpu")
-    check_supported(lstm, "bf16", "cuda")  # torch's CUDA autocast keeps nn.LSTM in float32: not tried
+    check_supported(lstm, "bf16", "cuda")  # only a CPU kernel is tried (on CUDA, models/lstm_call.py runs it in bf16)
 
 
 # ------------------------------------------------------------------ dtypes in the engines

@@ -537,9 +537,17 @@ def test_a_tensor_lr_stepped_by_a_scheduler_between_replays_reaches_them(backend
     assert_same(runs[0], runs[1], f"tensor lr and LambdaLR on {backend}")
 
 
+# two compiles of tens of seconds each on a GPU per case: the step's two forms (one launch, FedSAM's
+# two) run in bench/gpu_check.sh's test phase, the other algorithms after the benchmarks (long_compile)
+COMPILED_FIRST = ("feddecay", "fedsam")
+COMPILED_ALGOS = [
+    a if a in COMPILED_FIRST else pytest.param(a, marks=[pytest.mark.long_compile, pytest.mark.slow]) for a in ALGOS
+]
+
+
 @gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", COMPILED_ALGOS)
 def test_reduce_overhead_compile_of_the_whole_step_takes_the_eager_steps(algo, backend):
     """``torch.compile(train, mode="reduce-overhead")`` of forward, loss, backward and step, against the
     same model compiled alone with the step eager (inductor's model kernels are not the eager ones, so

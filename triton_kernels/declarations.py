@@ -10,7 +10,8 @@ is given, so a test that edits it is seen by the next constant made.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+import warnings
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 import triton.language as tl
 
@@ -19,10 +20,25 @@ import triton.language as tl
 _DECLARED: Optional[Mapping[str, Any]] = None
 
 
-def declare(ops: Mapping[str, Any]) -> None:
-    """The declarations of every op (``fedopt_kernels.core.ops.OPS``), before a kernel module is imported."""
-    global _DECLARED
+# how a failed kernel-side path is reported: core/fallbacks.py's fall_back (record, warn once), given
+# by the backend; a plain warning until then
+_FALL_BACK: Optional[Callable[[str, BaseException, str, int], Any]] = None
+
+
+def declare(ops: Mapping[str, Any], fall_back: Optional[Callable[[str, BaseException, str, int], Any]] = None) -> None:
+    """The declarations of every op (``fedopt_kernels.core.ops.OPS``), before a kernel module is
+    imported, and the package's fallback record (``fedopt_kernels.core.fallbacks.fall_back``)."""
+    global _DECLARED, _FALL_BACK
     _DECLARED = ops
+    _FALL_BACK = fall_back
+
+
+def fall_back(choice: str, exc: BaseException, instead: str, stacklevel: int = 3) -> None:
+    """``choice`` failed with ``exc``: ``instead`` runs from now on; recorded and warned once."""
+    if _FALL_BACK is not None:
+        _FALL_BACK(choice, exc, instead, stacklevel + 1)
+        return
+    warnings.warn(f"{choice} failed ({type(exc).__name__}: {exc}); {instead} from now on", RuntimeWarning, stacklevel)
 
 
 def _spec(op: str) -> Any:

@@ -11,7 +11,11 @@ cache, norm slots). This module holds what the launches of every op share beside
   ``launch`` does that once per launch of a plan and calls the compiled kernel directly afterwards,
   with the arguments it bound (addresses as integers), while the step's own inputs (``step_key``:
   the addresses of hp, k, the schedule table and the AMP tensors, the scalars, the flags) are the
-  ones it was bound with.
+  ones it was bound with. That call is triton's private positional ``run``: it is made only on the
+  triton versions whose ``run`` was read (``BIND_CHECKED``), and a call (or a binding) that fails
+  turns binding off for the process with one warning (the package's ``core/fallbacks.py``, handed
+  over as ``declarations.fall_back``) and the launch goes through triton's own path, then and from
+  then on.
 * **Device and options.** ``device_guard`` makes the tensors' GPU current for a step;
   ``launch_options`` are the compile options of every launch.
 """
@@ -20,11 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import triton
 import triton.language as tl
+
+from . import declarations
 
 # Warps of a compiled program: 8 for ``plans.GPU_BLOCK``'s 2048 elements, 8 elements per thread.
 GPU_NUM_WARPS = 8
@@ -70,17 +77,49 @@ class Bound:
         self.step_key = step_key
 
 
-_BIND = os.environ.get("FEDOPT_TRITON_BIND", "1").strip().lower() not in ("0", "false", "no", "off")
+# the first and last triton (major, minor) whose compiled kernels' ``run`` was read to take
+# (grid x, y, z, stream, function, packed metadata, launch metadata, enter hook, exit hook, *every
+# argument in parameter order) and whose launch hooks are ``triton.knobs.runtime``'s: a bound launch
+# calls it so; any other triton takes its own path
+BIND_CHECKED = ((3, 6), (3, 8))
+
+
+def _version(text: str) -> Tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def bind_allowed(version: Optional[str] = None) -> bool:
+    """``FEDOPT_TRITON_BIND`` is not off and this triton is one whose ``run`` was read (``BIND_CHECKED``)."""
+    if os.environ.get("FEDOPT_TRITON_BIND", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if getattr(getattr(triton, "knobs", None), "runtime", None) is None:  # where _hooks reads the hooks
+        return False
+    return BIND_CHECKED[0] <= _version(triton.__version__ if version is None else version) <= BIND_CHECKED[1]
+
+
+_BIND = bind_allowed()
 
 
 def _hooks() -> bool:
     """Launch hooks (a profiler such as proton) are set: they need triton's own launch path. Triton
-    3.6 keeps them in a ``HookChain``, present and empty when none is set."""
+    3.6 keeps them in a ``HookChain``, present and empty when none is set (a triton without
+    ``triton.knobs`` is not bound at all: ``bind_allowed``)."""
     rt = triton.knobs.runtime
     for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
             return True
     return False
+
+
+def _unbind(store: Dict[str, Any], exc: BaseException) -> None:
+    """A bound launch (or its binding) failed: triton's own launch path from now on, for every plan."""
+    global _BIND
+    _BIND = False
+    store.clear()
+    declarations.fall_back(
+        "a bound Triton launch (its compiled kernel called directly)", exc, "triton's own launch path", 4
+    )
 
 
 def _stream() -> int:
@@ -96,7 +135,11 @@ def launch_bound(store: Dict[str, Any], slot: str, step_key: Optional[tuple]) ->
     if b is None or b.step_key != step_key or step_key is None or not _BIND or _hooks():
         return False
     g = b.grid
-    b.run(g[0], g[1], g[2], _stream(), b.function, b.packed, None, None, None, *b.args)
+    try:
+        b.run(g[0], g[1], g[2], _stream(), b.function, b.packed, None, None, None, *b.args)
+    except Exception as exc:  # noqa: BLE001 - a refused call launched nothing: the caller takes triton's path
+        _unbind(store, exc)
+        return False
     return True
 
 
@@ -125,8 +168,11 @@ def launch(
         values = [args[i] if i < given else kwargs[name] for i, name in enumerate(names)]
     except KeyError:  # a parameter with a default we did not pass: leave it to triton's path
         return
-    bound = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
-    store[slot] = Bound(compiled, tuple(grid), bound, step_key)
+    try:
+        bound = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
+        store[slot] = Bound(compiled, tuple(grid), bound, step_key)
+    except Exception as exc:  # noqa: BLE001 - a compiled kernel not as BIND_CHECKED's: triton's path
+        _unbind(store, exc)
 
 
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager:

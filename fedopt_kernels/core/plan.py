@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 
 from . import grad_watch as _grad_watch
+from . import graph_pools
 from . import registry as _registry
 from .plan_inputs import GroupInputs, PlanInputs, check_grad, name_of
 
@@ -54,11 +55,8 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-# torch.cuda.is_current_stream_capturing's own C call (one Python call less a step)
-try:
-    from torch._C import _cuda_isCurrentStreamCapturing as _stream_capturing
-except ImportError:  # a torch built without CUDA
-    _stream_capturing = torch.cuda.is_current_stream_capturing
+# torch.cuda.is_current_stream_capturing's own C call where checked (one Python call less a step)
+_stream_capturing = graph_pools.stream_capturing()
 
 
 def capturing(device: torch.device) -> bool:

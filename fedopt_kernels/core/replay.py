@@ -34,8 +34,8 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
-from torch import _C as _torch_c
 
+from . import fallbacks, graph_pools
 from .impl_table import HISTORY
 from .plan import StepPlan
 
@@ -95,28 +95,14 @@ def tensors_id(*lists: Sequence[torch.Tensor]) -> int:
     return _intern(tuple([_list_layout(ts) for ts in lists]))
 
 
-def _end_pool(index: int, pool: Any) -> bool:
-    """Tell the caching allocator that nothing more is captured into ``pool``; False when it knew."""
-    try:
-        _torch_c._cuda_endAllocateToPool(index, pool)
-    except RuntimeError:  # "not currently recording to mempool_id": this torch ended it itself
-        return False
-    return True
-
-
-def _release_pool(index: int, pool: Any) -> None:
-    """Drop the capture's reference to ``pool``, so that its memory can be freed."""
-    _torch_c._cuda_releasePool(index, pool)
-
-
 def capture(
     graph: Any,
     pool: Any,
     index: int,
     run: Callable[[], None],
     still_capturing: Callable[[], bool],
-    end_pool: Callable[[int, Any], bool] = _end_pool,
-    release_pool: Callable[[int, Any], None] = _release_pool,
+    end_pool: Callable[[int, Any], bool] = graph_pools.end_pool,
+    release_pool: Callable[[int, Any], None] = graph_pools.release_pool,
 ) -> Optional[BaseException]:
     """Record ``run()`` into ``graph`` on the current stream, the graph's memory in ``pool`` (on device
     ``index``). None when the graph holds the launch; else what went wrong, and then no capture is
@@ -361,6 +347,7 @@ class StepReplay:
         if failure is None:
             return graph
         self.off_reason = f"{type(failure).__name__}: {failure}"
+        fallbacks.record("a step recorded in a CUDA graph", failure, "eager steps")
         failure.__traceback__ = None  # its frames hold the step's tensors (gradients)
         warnings.warn(
             f"fedopt_kernels: a step could not be recorded in a CUDA graph ({self.off_reason}); "
@@ -380,7 +367,7 @@ class StepReplay:
         stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
         index = device.index if device.index is not None else torch.cuda.current_device()
-        pool = torch.cuda.graph_pool_handle()
+        pool = graph_pools.new_pool()
         with torch.cuda.stream(stream):
             failure = capture(graph, pool, index, run, torch.cuda.is_current_stream_capturing)
         current.wait_stream(stream)

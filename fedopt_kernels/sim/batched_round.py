@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
+from ..core import fallbacks
 from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
 from .batched.batches import BatchPool, apply_stage
@@ -34,6 +35,7 @@ from .batched.compiled import CompiledLayersLoss
 from .batched.host_memory import keep_freed_memory
 from .batched.layers_engine import LayersLoss
 from .batched.loss import client_loss
+from .batched.precision import backend_flags
 from .batched.size import MAX_AUTO, auto_clients_at_once, free_bytes, state_copies
 from .batched.trainer import BatchedTrainer
 from .data.image_input import ImageClassifier
@@ -80,6 +82,7 @@ class BatchedClients:
         self.sim = sim
         cfg = sim.cfg
         self.cfg = cfg
+        self._fallbacks_from = fallbacks.mark()  # the run's fallbacks are those recorded from here on
         # ValueError naming what neither engine can batch
         self.loss = client_loss(sim.model, precision=cfg.precision)
         if sim.device.type == "cpu":
@@ -173,7 +176,11 @@ class BatchedClients:
         gradients of PAdaMFed-VR, another graph to compile)."""
         if choice.compiled and self.anchor_model is None and isinstance(self.loss, LayersLoss):
             self.loss = CompiledLayersLoss(
-                self.sim.model, formulations=choice.formulations, order=self.loss.order, precision=self.loss.precision
+                self.sim.model,
+                formulations=choice.formulations,
+                order=self.loss.order,
+                precision=self.loss.precision,
+                fallback=True,  # a step that fails compiled runs eagerly, with a warning
             )
 
     def adopt(self, saved: Dict[str, Any]) -> None:
@@ -192,13 +199,21 @@ class BatchedClients:
         self._at_once, self._size = at_once, size
 
     def choice_state(self) -> Dict[str, Any]:
-        """The clients at once and the formulations this run uses (checkpointed, reported)."""
+        """The clients at once and the formulations this run uses (checkpointed, reported), the
+        backend switches its passes run under, and the fallbacks it took (``core/fallbacks.py``)."""
         out: Dict[str, Any] = {"at_once": self.at_once, "size": self.size}
         if self.choice is not None:
-            out["formulations"] = dict(self.choice.formulations)
+            # a skipped search names none: what the layers took (their defaults) at their first call
+            out["formulations"] = dict(self.choice.formulations or self.loss.layers_net.formulations())
             out["compiled"] = self.choice.compiled
             out["why"] = dict(self.choice.why)
             out["search_s"] = self.chooser.spent_s if self.chooser is not None else 0.0
+            out["search_budget_s"] = self.chooser.budget_s if self.chooser is not None else None
+            out["search_note"] = self.choice.note
+        # as the first gradient pass saw them (the layers engine's), else as the precision sets them
+        seen = getattr(self.loss, "flags_seen", None)
+        out["precision_flags"] = dict(seen) if seen else backend_flags(self.cfg.precision, self.sim.device)
+        out["fallbacks"] = fallbacks.taken(self._fallbacks_from)
         return out
 
     @property

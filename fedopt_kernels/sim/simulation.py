@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..core import fallbacks
 from ..core import registry as _registry
 from ..fl.checkpoint import CheckpointDir
 from . import resume as _resume
@@ -106,6 +107,7 @@ class Simulation:
         self.cfg = cfg.validate()
         self.hp = cfg.hparams()
         self.ranks = ranks if ranks is not None else Ranks.single()
+        self._fallbacks_from = fallbacks.mark()  # the GPU-only paths this run gave up (core/fallbacks.py)
         self.device = self.ranks.device(resolve_device(cfg.device))
         self.backend = resolve_backend(cfg, self.device)
         ss_data, ss_init, ss_sample, ss_batch, ss_tune = np.random.SeedSequence(cfg.seed).spawn(5)
@@ -372,6 +374,8 @@ class Simulation:
             "resumed_from_round": self.resumed_from,
             # what the client-batched engine ran: clients at once, each layer's formulation and why
             "client_batched": None if self.batched is None else self.batched.choice_state(),
+            # every GPU-only path the run gave up and what ran instead (captures, bound launches, ...)
+            "fallbacks": fallbacks.taken(self._fallbacks_from),
             # the processes the run was split over, and each one's share of the rounds' clients and work
             "ranks": {
                 "world_size": self.ranks.world,

@@ -34,6 +34,7 @@ try:
 except ImportError as exc:  # the registry reports this text as the reason
     raise ImportError(f"triton is not installed ({exc}); pip install 'triton>=3.0'") from exc
 
+from .. import fallbacks
 from ..args import OpArgs
 from ..between_passes import current as _sharded
 from ..impl_table import HISTORY, register, register_device_check
@@ -69,7 +70,8 @@ def _import_kernels():
 _import_kernels()
 from fedopt_kernels.triton_kernels import declarations as _declarations  # noqa: E402
 
-_declarations.declare(OPS)  # before any kernel module is imported: they make their constants from it
+# before any kernel module is imported: they make their constants from it
+_declarations.declare(OPS, fallbacks.fall_back)
 from fedopt_kernels.triton_kernels import launcher as _launcher  # noqa: E402
 from fedopt_kernels.triton_kernels import plans as _plans  # noqa: E402
 from fedopt_kernels.triton_kernels import two_pass as _two_pass  # noqa: E402

@@ -1,15 +1,18 @@
 """The formulation choices of earlier runs, kept in a JSON file (``--formulation-cache PATH``).
 
 An entry is keyed by everything the choice depends on: the device's name (and, on a CPU, the
-threads torch uses), torch's version, this package's version, the precision, the clients and batch
-per step, the sample order and every client layer's signature and candidate formulations. The key
-is stored beside the choice and compared whole on reading (the file name of an entry is only its
-hash), so an entry measured elsewhere, or for other shapes, is never used.
+threads torch uses), torch's, CUDA's and cuDNN's versions, this package's version, the precision
+and the backend switches it sets (``precision.backend_flags``), the clients and batch per step, the
+sample order and every client layer's signature and candidate formulations. The key is stored
+beside the choice and compared whole on reading (the file name of an entry is only its hash), so an
+entry measured elsewhere, with other libraries, or for other shapes, is never used.
 
-The file is plain data: JSON, never unpickled or executed. It is written whole to a temporary file
-in the same folder and renamed over the old one, so a reader sees either version, never half of
-one. A file or entry that does not parse, or does not match, is ignored (once, with a warning) and
-the choice is measured again; the next write replaces it.
+The file is plain data: JSON, never unpickled or executed. Runs may share it, at once: a write
+holds an exclusive lock on ``PATH.lock`` (a lock file beside it, ``file_lock.py``) while it reads
+the file, adds its entry and writes the whole file to a temporary file in the same folder renamed
+over the old one, so no process's entry is lost, and a reader (who takes no lock) sees either
+version, never half of one. A file or entry that does not parse, or does not match, is ignored
+(once, with a warning) and the choice is measured again; the next write replaces it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
+
+from .file_lock import exclusive
+from .precision import backend_flags
 
 FORMAT = 1
 
@@ -50,11 +56,15 @@ def step_key(
     """(hash, key): the key of one step's choice (module docstring) and its SHA-256."""
     from ... import __version__
 
+    cuda = device.type == "cuda"
     described = {
         "device": device_name(device),
         "torch": str(torch.__version__),
+        "cuda": torch.version.cuda if cuda else None,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
         "fedopt_kernels": __version__,
         "precision": precision,
+        "flags": backend_flags(precision, device),
         "clients": clients,
         "batch": batch,
         "order": order,
@@ -110,19 +120,21 @@ class ChoiceCache:
         return entry["choice"]
 
     def put(self, key: str, described: Dict[str, Any], choice: Dict[str, Any]) -> None:
-        """Add (or replace) an entry, writing the whole file atomically; a failure to write warns."""
-        entries = self._read()
-        entries[key] = {"key": described, "choice": choice}
-        text = json.dumps({"format": FORMAT, "entries": entries}, indent=1, sort_keys=True)
+        """Add (or replace) an entry: under the file's lock, read it, add the entry, write the whole
+        file atomically; a failure to write warns."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(text)
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            with exclusive(self.path.with_name(self.path.name + ".lock")):
+                entries = self._read()
+                entries[key] = {"key": described, "choice": choice}
+                text = json.dumps({"format": FORMAT, "entries": entries}, indent=1, sort_keys=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+                try:
+                    with os.fdopen(fd, "w", encoding="utf-8") as f:
+                        f.write(text)
+                    os.replace(tmp, self.path)
+                except BaseException:
+                    os.unlink(tmp)
+                    raise
         except OSError as exc:
             warnings.warn(f"formulation cache {self.path}: cannot be written ({exc})", RuntimeWarning, stacklevel=2)

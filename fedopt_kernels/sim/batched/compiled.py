@@ -18,6 +18,10 @@ compiled forward and backward. ``logits`` (evaluation) runs eagerly.
 - Compiled code is specialised: new shapes (another number of clients) or other formulations compile
   again (Dynamo's guards), at most ``torch._dynamo.config.recompile_limit`` times for one engine; past
   that the call raises ``NotCompilable`` rather than silently running eagerly.
+- Built with ``fallback=True`` (the engine a run trains through), a step that cannot be compiled
+  or whose compiled code fails runs eagerly instead, then and for the rest of the run, with one
+  warning naming the error (``core/fallbacks.py``; ``fallback_reason`` keeps it). An error of the
+  inputs still raises, as the eager engine raises it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ...core import fallbacks
 from .layers_engine import LayersLoss
 
 Grads = Tuple[Tuple[torch.Tensor, ...], torch.Tensor]
@@ -72,8 +77,11 @@ class CompiledLayersLoss(LayersLoss):
         backend: Any = "inductor",
         fullgraph: bool = True,
         precision: str = "fp32",
+        fallback: bool = False,
     ):
         super().__init__(model, formulations, order, precision)
+        self.fallback = fallback
+        self.fallback_reason: Optional[str] = None  # fallback=True: why the steps now run eagerly
         self.backend = backend
         self._first = fullgraph
         self.fullgraph: Optional[bool] = None  # what the compiled step was built with (None: not built yet)
@@ -99,6 +107,8 @@ class CompiledLayersLoss(LayersLoss):
 
     def _run(self, method: Callable[..., Grads], *args: Any) -> Grads:
         if self._broken is not None:
+            if self.fallback:
+                return self._eager_call(method, args)
             raise NotCompilable(self._broken)
         try:
             return method(*args)
@@ -110,15 +120,22 @@ class CompiledLayersLoss(LayersLoss):
                 return method(*args)
             except Exception as exc:  # noqa: BLE001
                 failure = exc
-        self._eager = True
-        try:
-            method(*args)  # raises what the eager engine raises if the inputs are at fault
-        finally:
-            self._eager = False
+        out = self._eager_call(method, args)  # raises what the eager engine raises if the inputs are at fault
         self._compiled = None
         backend = getattr(self.backend, "__name__", self.backend)
         self._broken = f"torch.compile ({backend}) cannot compute {type(self.model).__name__}: {_reason(failure)}"
-        raise NotCompilable(self._broken) from failure
+        if not self.fallback:
+            raise NotCompilable(self._broken) from failure
+        said = NotCompilable(self._broken)  # the compiler's failure arrives wrapped: name its root cause too
+        self.fallback_reason = fallbacks.fall_back("the compiled step (torch.compile)", said, "eager steps", 5).error
+        return out
+
+    def _eager_call(self, method: Callable[..., Grads], args: tuple) -> Grads:
+        self._eager = True
+        try:
+            return method(*args)
+        finally:
+            self._eager = False
 
     def grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Grads:
         """``LayersLoss.grads`` through the compiled step; ``NotCompilable`` if it cannot be compiled."""

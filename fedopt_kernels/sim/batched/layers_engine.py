@@ -35,7 +35,7 @@ from ..data.image_input import ImageClassifier
 from .grouped_runs import PER_CHANNEL, GroupedSequential
 from .layer_types import CLIENT_LAYER_TYPES, client_layer, unsupported_reason
 from .layers import ClientLayer, Clients
-from .precision import autocast_scope, check_precision, precision_scope
+from .precision import autocast_scope, check_precision, flags_now, precision_scope
 from .trainable import check_trainable
 
 # parameter-free modules whose forward treats dim 0 as independent samples, and torch's containers
@@ -187,6 +187,7 @@ class LayersLoss:
         if order is not None and order not in ("client", "batch"):
             raise ValueError(f"order must be 'client' or 'batch', got {order!r}")
         self.order = order
+        self.flags_seen: Optional[Dict[str, str]] = None  # the backend switches of its first gradient pass
 
     def context(self, clients: int, batch: int, device: torch.device) -> Clients:
         order = self.order or ("client" if device.type == "cpu" else "batch")
@@ -210,6 +211,8 @@ class LayersLoss:
         """Every client's gradient (``[C, *shape]`` each) and loss (``[C]``) on ``x`` [C, B, ...]."""
         leaves = [p.detach().requires_grad_() for p in params]
         with torch.enable_grad(), precision_scope(self.precision, x.device):
+            if self.flags_seen is None:
+                self.flags_seen = flags_now(x.device)
             with autocast_scope(self.precision, x.device):
                 loss = self._loss(leaves, x, y, w)
             grads = torch.autograd.grad(loss.sum(), leaves)

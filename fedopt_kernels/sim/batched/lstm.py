@@ -1,6 +1,7 @@
 """The client layer of ``nn.LSTM``: its formulations (``layers.py``'s table).
 
-``loop`` runs torch's fused LSTM kernel once per client with that client's weights. ``bmm``,
+``loop`` runs torch's fused LSTM kernel once per client with that client's weights (under a bfloat16
+autocast in bfloat16: ``models/lstm_call.py``). ``bmm``,
 ``bmm-fused`` and ``bmm-sequence`` write torch's equations out for all clients at once: per layer
 one batched matmul computes every time step's input part of the gates ``x_t W_ih^T + b_ih + b_hh``;
 per time step one batched matmul adds ``h_{t-1} W_hh^T``, then the cell computes ``c_t`` and
@@ -16,8 +17,8 @@ from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
+from ..models.lstm_call import lstm_call
 from .layers import ClientLayer, stack_merge
 from .lstm_cell import lstm_cell
 from .lstm_sequence import lstm_sequence
@@ -51,7 +52,7 @@ class ClientLSTM(ClientLayer):
             per_client = zip(*[self.params[n].unbind(0) for n in self.names], strict=True)
             outs, hs, cs = [], [], []
             for xc, ps in zip(xs, per_client, strict=True):
-                out, (h, cell) = functional_call(self.module[0], dict(zip(self.names, ps, strict=True)), (xc,))
+                out, (h, cell) = lstm_call(self.module[0], xc, dict(zip(self.names, ps, strict=True)))
                 outs.append(out)
                 hs.append(h)
                 cs.append(cell)

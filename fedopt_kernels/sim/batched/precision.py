@@ -1,23 +1,31 @@
 """The precision a run computes its forward and backward passes in: ``fp32``, ``tf32`` or ``bf16``.
 
 =========  ==================================================================================
-``fp32``   torch's defaults, unchanged. On CUDA these already let cuDNN use TF32 for float32
-           convolutions (``torch.backends.cudnn.conv.fp32_precision == "tf32"``); matmuls are
-           full float32.
+``fp32``   IEEE float32 in every kernel: cuBLAS's matmuls and cuDNN's convolutions and recurrent
+           layers with TF32 off (torch's default lets cuDNN use TF32 for float32 convolutions;
+           a run at ``fp32`` does not), and oneDNN's on a CPU in IEEE float32 too. So which
+           formulation of a layer runs (``choose.py``) changes speed, never the arithmetic.
 ``tf32``   CUDA: matmuls (cuBLAS) and cuDNN's convolutions and recurrent layers in TF32 (10-bit
-           mantissa inputs, float32 accumulation). A CPU has no TF32: there it is ``fp32``.
+           mantissa inputs, float32 accumulation), whichever formulation. A CPU has no TF32:
+           there it is ``fp32``.
 ``bf16``   the forward pass under ``torch.autocast(device_type, dtype=torch.bfloat16)``: the
            matmuls and convolutions take bfloat16 inputs and give bfloat16 outputs (float32
-           accumulation), and their backward runs in the same dtypes. Parameters, the gradients
-           handed to the optimizer, optimizer state and the fused step stay float32.
+           accumulation), and their backward runs in the same dtypes; what autocast leaves in
+           float32 is IEEE float32, as under ``fp32``. Never float16: torch's autocast casts
+           cuDNN's LSTM to float16 whatever its dtype, so an ``nn.LSTM`` runs through
+           ``models/lstm_call.py`` (bfloat16, autocast off around it). Parameters, the gradients handed to
+           the optimizer, optimizer state and the fused step stay float32.
 =========  ==================================================================================
 
-Both settings act on float32 tensors only: autocast leaves float64 alone, and TF32 is a float32
-mode, so a run cast to float64 (the validations) computes the same at every precision.
+``backend_flags(precision, device)`` says what the switches are during a pass; a run records it
+(its results' ``client_batched`` entry), and the same precision gives the same flags whichever
+formulations run. Both settings act on float32 tensors only: autocast leaves float64 alone, and
+TF32 is a float32 mode, so a run cast to float64 (the validations) computes the same at every
+precision.
 
 A pass runs as::
 
-    with precision_scope(precision, device):        # TF32 switches, forward and backward
+    with precision_scope(precision, device):        # the backend switches, forward and backward
         with autocast_scope(precision, device):     # bf16 autocast, the forward pass only
             loss = loss_fn(model(x), y)
         loss.backward()
@@ -38,13 +46,20 @@ from torch import nn
 PRECISIONS = ("fp32", "tf32", "bf16")
 Device = Union[torch.device, str]
 
-# the switches ``tf32`` turns on: torch >= 2.9's per-backend settings. They are the same switches as
+# the switches a pass sets: torch >= 2.9's per-backend settings. They are the switches behind
 # torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32, but restorable exactly:
 # resetting a legacy flag leaves "ieee" where "none" (inherit) was, and reading a legacy flag after
-# a new-style setting raises
+# a new-style setting raises (cuDNN's conv and rnn are always set alike, so that it reads)
 _CUBLAS: Any = torch.backends.cuda.matmul  # Any: torch's type stubs lack the fp32_precision settings
 _CUDNN: Any = torch.backends.cudnn
-_TF32_SWITCHES = (_CUBLAS, _CUDNN.conv, _CUDNN.rnn)
+_MKLDNN: Any = torch.backends.mkldnn
+# device type -> the switches its kernels read. torch reads a switch left at "none" as its nearest
+# parent's value (oneDNN's or cuDNN's own, then the global one), and all at "none" is its default,
+# "ieee" (torch's default for cuDNN's conv and rnn is an explicit "tf32")
+_DEVICE_SWITCHES: Dict[str, Dict[str, Any]] = {
+    "cuda": {"cuda.matmul": _CUBLAS, "cudnn.conv": _CUDNN.conv, "cudnn.rnn": _CUDNN.rnn},
+    "cpu": {f"mkldnn.{name}": getattr(_MKLDNN, name) for name in ("matmul", "conv", "rnn") if hasattr(_MKLDNN, name)},
+}
 
 
 class UnsupportedPrecision(ValueError):
@@ -59,29 +74,57 @@ def check_precision(value: object, name: str = "precision") -> str:
 
 
 def _device_type(device: Device) -> str:
-    return torch.device(device).type
+    return device.type if isinstance(device, torch.device) else torch.device(device).type
+
+
+def _switches(device: Device) -> Dict[str, Any]:
+    return _DEVICE_SWITCHES.get(_device_type(device), {})
+
+
+def _effective(switch: Any) -> str:
+    """What ``switch`` computes in (torch resolves an inherited value; "none" throughout is "ieee")."""
+    value = switch.fp32_precision
+    return "ieee" if value == "none" else value
+
+
+def backend_flags(precision: str, device: Device) -> Dict[str, str]:
+    """The backend switches (``fp32_precision``) the kernels of ``device`` read during a pass of
+    ``precision``: on CUDA cuBLAS's and cuDNN's conv and rnn, ``"tf32"`` under ``tf32`` and ``"ieee"``
+    otherwise; on a CPU oneDNN's, ``"ieee"`` at every precision (a CPU has no TF32; under ``bf16``
+    what autocast leaves in float32)."""
+    check_precision(precision)
+    value = "tf32" if precision == "tf32" and _device_type(device) == "cuda" else "ieee"
+    return {name: value for name in _switches(device)}
+
+
+def flags_now(device: Device) -> Dict[str, str]:
+    """The switches ``backend_flags`` names for ``device``, as its kernels would read them now."""
+    return {name: _effective(switch) for name, switch in _switches(device).items()}
 
 
 @contextlib.contextmanager
 def precision_scope(precision: str, device: Device) -> Iterator[None]:
-    """What a forward and backward pass run under: for ``tf32`` on a CUDA device, TF32 matmuls and
-    cuDNN convolutions (and recurrent layers), restored afterwards; otherwise nothing.
+    """What a forward and backward pass run under: the backend switches of ``device`` at
+    ``backend_flags`` (``fp32``: IEEE float32, cuDNN's TF32 off; ``tf32`` on CUDA: TF32 matmuls, cuDNN
+    convolutions and recurrent layers), those not there already set, and restored afterwards.
 
     The switches are process-wide while the scope lasts (torch has no per-thread ones). Inside it,
-    read them as ``fp32_precision`` or with ``tf32_enabled``: torch's legacy getters
+    read them as ``fp32_precision`` (``flags_now``) or with ``tf32_enabled``: torch's legacy getters
     (``torch.backends.cuda.matmul.allow_tf32``, ``torch.get_float32_matmul_precision``) refuse to
-    read a switch set the new way."""
+    read some mixes of switches set the new way."""
     check_precision(precision)
-    if precision != "tf32" or _device_type(device) != "cuda":
-        yield
-        return
-    saved = [(switch, switch.fp32_precision) for switch in _TF32_SWITCHES]
+    kind = _device_type(device)
+    value = "tf32" if precision == "tf32" and kind == "cuda" else "ieee"  # backend_flags, read once a pass
+    saved = []
     try:
-        for switch, _ in saved:
-            switch.fp32_precision = "tf32"
+        for switch in _DEVICE_SWITCHES.get(kind, {}).values():
+            now = switch.fp32_precision
+            if (now if now != "none" else "ieee") != value:
+                saved.append((switch, now))
+                switch.fp32_precision = value
         yield
     finally:
-        for switch, value in saved:
+        for switch, value in reversed(saved):
             switch.fp32_precision = value
 
 
@@ -149,7 +192,7 @@ def check_supported(model: nn.Module, precision: str, device: Device) -> None:
 def summary(precision: str) -> str:
     """One line for a run's report: what ``precision`` computes in."""
     return {
-        "fp32": "fp32 (torch's defaults)",
+        "fp32": "fp32 (IEEE float32 in every kernel: cuDNN's TF32 off, as cuBLAS's)",
         "tf32": "tf32 (CUDA matmuls and convolutions in TF32; a CPU computes fp32)",
         "bf16": "bf16 (autocast: bfloat16 matmuls and convolutions, forward and backward; parameters, "
         "gradients and optimizer in float32)",

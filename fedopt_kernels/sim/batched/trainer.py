@@ -13,7 +13,8 @@ The step is taken as every front end takes one, through the optimizer's algorith
 closure that computes them again, at the parameters as the step's first part left them (the views
 share the stacked parameters' storage).
 
-``trainer_replay.TrainerReplay`` replays that step from a CUDA graph instead (``replay="cuda"``).
+``trainer_replay.TrainerReplay`` replays that step from a CUDA graph instead (``replay="cuda"``);
+where the capture fails, the trainer takes that step and every later one eagerly.
 """
 
 from __future__ import annotations
@@ -125,7 +126,10 @@ class BatchedTrainer:
     ) -> torch.Tensor:
         """One local step of every (active) client on ``x`` [C, B, ...]; returns the losses [C]."""
         if self.replay is not None:
-            return self.replay.step(x, y, w, anchor_x, active)
+            replayed = self.replay.step(x, y, w, anchor_x, active)
+            if replayed is not None:
+                return replayed
+            self.replay = None  # its capture failed (it warned, trainer_replay.py): eager from this step on
         grads, loss, anchors = self.gradients(x, y, w, anchor_x)
         for p, g in zip(self.stacked, grads, strict=True):
             p.grad = g

@@ -19,7 +19,8 @@ address it had during capture and holds this step's values:
 
 The first ``warmup`` steps of the first rounds run eagerly on a side stream (lazy initialisation,
 the optimizer's plan and device counters are built there, as torch's CUDA-graph notes ask), the
-next step is captured, and from then on every step is a replay. The optimizer's host-side step
+next step whose plans exist (not a round's first, whose round start dropped them) is captured, and
+from then on every step is a replay. The optimizer's host-side step
 count, which replays do not advance, is advanced here (PAdaMFed's ``local_control`` checks it).
 
 A step that takes two gradients (FedSAM: ``Algorithm.closure_step``) is captured whole: the first
@@ -33,16 +34,25 @@ with the same tensors, so the state and hp handling above is tested on a CPU.
 
 It keeps the plans the capture read and tells the optimizer about replays through
 ``FedOptimizer.step_plans``, ``reinstate_plans`` and ``note_replayed_steps``.
+
+A capture that fails (a torch or driver that refuses it, an illegal call inside it) never reaches
+the caller: ``core/replay.capture`` leaves no capture open and no pool behind, the replay is off
+for the run (``off_reason``, with one warning, ``core/fallbacks.py``), and ``step`` returns None for
+that step, which a CUDA capture did not take (it records kernels, it runs none): the trainer then
+takes it, and every later one, eagerly. The optimizer's host-side step count then counts that step
+twice, which it may: it is an upper bound of the within-round step (``_host_steps``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
+from ...core import fallbacks, graph_pools
 from ...core.optimizer import FedOptimizer
 from ...core.plan import StepPlan
+from ...core.replay import capture
 from ...fl.algorithm import Algorithm
 from ...optim.sgd import SGDFamily
 
@@ -81,12 +91,14 @@ class TrainerReplay:
         self.device = device
         self.warmup = warmup
         self.eager_steps = 0
+        self.off_reason: Optional[str] = None  # why the capture failed (then no replay in this run)
         self.graph: Optional[Any] = None
         self.plan: Optional[StepPlan] = None  # the optimizer's step plan the graph was captured with
         self.plans: Tuple[Any, ...] = ()  # everything the captured step launched (FedOptimizer.step_plans)
         # emulate: the captured step's launches, (after the closure?, fn, args, kwargs) each
         self.recorded: Optional[List[Tuple[bool, Any, tuple, dict]]] = None
         self._in_closure = False
+        self._body_done = False  # an emulated capture ran its step (and so took it)
         self.state: Dict[Tuple[int, str], torch.Tensor] = {}
         opt = trainer.opt
         # static gradients: the optimizer sees the same tensors every step
@@ -162,15 +174,20 @@ class TrainerReplay:
         self._in_closure = False
         self.tr.algo.local_step(self.tr.opt, self._closure, active=self.active, **kwargs)
 
-    def step(self, x, y, w, anchor_x=None, active=None) -> torch.Tensor:
+    def step(self, x, y, w, anchor_x=None, active=None) -> Optional[torch.Tensor]:
+        """The step's losses [C] (a buffer every step rewrites), or None when the capture failed and
+        did not take this step (the module docstring): the caller takes it eagerly."""
+        if self.off_reason is not None:
+            return None
         self._set_inputs(x, y, w, anchor_x, active)
         opt = self.tr.opt
         if self.plan is None:
-            if self.eager_steps < self.warmup:
+            # a round's first step rebuilds the plans its round start dropped: a capture records
+            # only a step whose plans exist (building one copies from the host, refused in a capture)
+            if self.eager_steps < self.warmup or not opt.step_plans:
                 self._eager()
-            else:
-                self._capture()
-            return self.loss
+                return self.loss
+            return self.loss if self._try_capture() else None
         if self.mode == "cuda":
             assert self.graph is not None  # captured along with the plan
             self.graph.replay()
@@ -188,7 +205,7 @@ class TrainerReplay:
         return self.loss
 
     def _eager(self) -> None:
-        if self.mode == "cuda":
+        if self.device.type == "cuda":
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
@@ -198,14 +215,28 @@ class TrainerReplay:
             self._body()
         self.eager_steps += 1
 
+    def _try_capture(self) -> bool:
+        """``_capture``, or on its failure replay off for the run (one warning): whether it took the step."""
+        self._body_done = False
+        try:
+            self._capture()
+        except Exception as exc:  # noqa: BLE001 - a refused capture is a fallback, never the caller's error
+            self.off_reason = fallbacks.fall_back(
+                "the client-batched step captured in a CUDA graph", exc, "eager steps", stacklevel=5
+            ).error
+            self.graph, self.recorded = None, None
+            exc.__traceback__ = None  # its frames hold the step's tensors
+            # a CUDA capture runs no kernel: the step is still to take; an emulated one ran it
+            return self.mode == "emulate" and self._body_done
+        return True
+
     def _capture(self) -> None:
         opt = self.tr.opt
         opt.prepare_capture(self.tr.steps + 1)  # a decay table must cover every step of a round before capture
         if self.mode == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self._body()
+            self.graph, failure = capture_graph(self.device, self._body)
+            if failure is not None:
+                raise failure
             self.plan, self.plans = opt.step_plan, opt.step_plans
             self.graph.replay()  # capture records; this replay takes the step
             return
@@ -225,6 +256,7 @@ class TrainerReplay:
             p.fn = recorder(fn)
         try:
             self._body()
+            self._body_done = True
         finally:
             for p, fn in zip(plans, fns, strict=True):
                 p.fn = fn
@@ -233,3 +265,18 @@ class TrainerReplay:
         if len(recorded) != len(plans) or not same:
             raise RuntimeError("the optimizer rebuilt its step plans during capture; take more warm-up steps")
         self.recorded, self.plan, self.plans = recorded, opt.step_plan, plans
+
+
+def capture_graph(device: torch.device, body: Callable[[], None]) -> Tuple[Any, Optional[BaseException]]:
+    """``body()`` captured in a new CUDA graph on a side stream of ``device``, its memory in a pool of
+    its own (``core/replay.capture``: on a failure no capture is left open, no pool behind); the
+    graph and None, or what went wrong."""
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    side, current = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        failure = capture(graph, graph_pools.new_pool(), index, body, torch.cuda.is_current_stream_capturing)
+    current.wait_stream(side)
+    return graph, failure

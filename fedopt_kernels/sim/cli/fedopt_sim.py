@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.precision,
         choices=PRECISIONS,
         help="what forward and backward passes compute in (training, fine-tuning, evaluation): fp32, "
-        "torch's defaults (on CUDA these already let cuDNN run float32 convolutions in TF32); tf32, CUDA "
+        "IEEE float32 in every kernel (cuDNN's TF32 off, as cuBLAS's); tf32, CUDA "
         "matmuls and convolutions in TF32 (a CPU has no TF32: there it is fp32); bf16, autocast to "
         "bfloat16 (parameters, gradients, optimizer state and step stay float32; --validate compares "
         "at fp32, docs/simulator.md) (default %(default)s)",

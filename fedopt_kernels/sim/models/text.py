@@ -24,6 +24,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .lstm_call import lstm_call
+
 
 class CharLSTM(nn.Module):
     """Embedding(embed) -> LSTM(hidden, layers) -> Linear(vocab) of the last step's output."""
@@ -37,7 +39,7 @@ class CharLSTM(nn.Module):
         self.head = nn.Linear(hidden, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(self.embed(x))
+        out, _ = lstm_call(self.lstm, self.embed(x))  # bfloat16, not float16, under a bf16 autocast
         return self.head(out[:, -1])
 
 
