@@ -40,7 +40,7 @@ the caller: ``core/replay.capture`` leaves no capture open and no pool behind, t
 for the run (``off_reason``, with one warning, ``core/fallbacks.py``), and ``step`` returns None for
 that step, which a CUDA capture did not take (it records kernels, it runs none): the trainer then
 takes it, and every later one, eagerly. The optimizer's host-side step count then counts that step
-twice, which it may: it is an upper bound of the within-round step (``_host_steps``).
+twice, which it may: it is an upper bound of the within-round step (the stepper's ``k_bound``).
 """
 
 from __future__ import annotations
