@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import List, Sequence, Tuple
+from typing import Sequence
 
 import torch
 
@@ -50,17 +50,3 @@ def screen(update: ClientUpdate, like: Sequence[torch.Tensor], t: int) -> str:
     if why:
         logger.warning("round %d: left client %d out of the aggregate (a dropout): %s", t + 1, update.client_id, why)
     return why
-
-
-def screen_updates(
-    updates: Sequence[ClientUpdate], like: Sequence[torch.Tensor], t: int
-) -> Tuple[List[ClientUpdate], List[Tuple[int, str]]]:
-    """(the updates to aggregate, [(client id, reason)] of the others, each logged as a warning)."""
-    accepted, refused = [], []
-    for u in updates:
-        why = screen(u, like, t)
-        if why:
-            refused.append((u.client_id, why))
-        else:
-            accepted.append(u)
-    return accepted, refused

@@ -262,11 +262,3 @@ class Strategy:
         copy_into(self.sim.global_params, out.pop("x"))
         for key, value in out.items():
             copy_into(self.state[key], value)
-
-    @torch.no_grad()
-    def aggregate(self, updates: Sequence[ClientUpdate], t: int) -> None:
-        """``begin_round``, ``add`` and ``end_round`` over a list of accepted updates (in client order)."""
-        fold = self.begin_round([u.client_id for u in updates], t)
-        for u in updates:
-            self.add(fold, u)
-        self.end_round(fold)
