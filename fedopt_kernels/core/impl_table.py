@@ -15,6 +15,13 @@ from .ops import OPS as _SPECS
 BACKENDS = ("reference", "triton", "cuda", "cpu")
 OPS = tuple(_SPECS)
 
+
+class AbsentHere(ImportError):
+    """Raised by a backend module that this machine lacks for an expected reason (CUDA code where no
+    GPU is visible, an optional package not installed). Its message is the whole reason, which the
+    registry shows as it is: an expected absence, not a load failure."""
+
+
 # op name -> backend name -> implementation
 IMPLS: Dict[str, Dict[str, Callable]] = {op: {} for op in OPS}
 # backend name -> predicate "can this backend run on tensors of this device?"
