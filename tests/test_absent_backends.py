@@ -78,7 +78,8 @@ def test_with_a_gpu_a_missing_extension_is_a_failure(monkeypatch):
 def test_triton_not_installed_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ModuleNotFoundError
     why = _reload(monkeypatch, TRITON, "triton")
-    assert why == "backend 'triton' not installed: the triton package is an extra (pip install 'fedopt_kernels[triton]')"
+    extra = "pip install 'fedopt_kernels[triton]'"
+    assert why == f"backend 'triton' not installed: the triton package is an extra ({extra})", why
 
 
 @pytest.mark.parametrize("absent", [False, True], ids=["failure", "expected"])
