@@ -33,45 +33,40 @@ def _reload(monkeypatch, module: str, backend: str) -> str:
     return fk.available_backends("cpu").missing[backend]
 
 
-def _extension_missing(monkeypatch, story: str) -> None:
+def _cuda_reason(monkeypatch, story: str, gpu: bool, torch_cuda="13.0") -> str:
+    """The registry's reason for cuda when its extension is missing with ``story``, on a machine with
+    or without a GPU, with a CUDA build of torch (or, ``torch_cuda=None``, a CPU-only one)."""
+
     def missing(ext):
         raise ImportError(story)
 
     monkeypatch.setattr(_native, "load_extension", missing)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    return _reload(monkeypatch, CUDA, "cuda")
 
 
 def test_no_gpu_reads_as_expected_in_one_line(monkeypatch):
-    _extension_missing(monkeypatch, NO_GPU_STORY)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch.version, "cuda", "13.0")
-    why = _reload(monkeypatch, CUDA, "cuda")
+    why = _cuda_reason(monkeypatch, NO_GPU_STORY, gpu=False)
     assert why.startswith("backend 'cuda' not built here: no GPU is visible, as expected"), why
-    assert "\n" not in why and "failed" not in why and "(" in why and why.count("(") == 1, why
+    assert "\n" not in why and "failed" not in why and why.count("(") == 1, why
     assert "FEDOPT_BUILD_CUDA=1" in why
 
 
 def test_cpu_only_torch_reads_as_expected(monkeypatch):
-    _extension_missing(monkeypatch, "fedopt_kernels._C_cuda is missing: torch 2.13.0+cpu is a CPU-only build")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch.version, "cuda", None)
-    why = _reload(monkeypatch, CUDA, "cuda")
+    story = "fedopt_kernels._C_cuda is missing: torch 2.13.0+cpu is a CPU-only build"
+    why = _cuda_reason(monkeypatch, story, gpu=False, torch_cuda=None)
     assert why.startswith("backend 'cuda' not built here: torch ") and "CPU-only build" in why, why
     assert "failed" not in why
 
 
 def test_a_failed_build_keeps_its_whole_story(monkeypatch):
-    _extension_missing(monkeypatch, FAILED_STORY)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch.version, "cuda", "13.0")
-    why = _reload(monkeypatch, CUDA, "cuda")
+    why = _cuda_reason(monkeypatch, FAILED_STORY, gpu=False)
     assert why == f"backend 'cuda' failed to load (ImportError: {FAILED_STORY})", why
 
 
 def test_with_a_gpu_a_missing_extension_is_a_failure(monkeypatch):
-    _extension_missing(monkeypatch, NO_GPU_STORY)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.version, "cuda", "13.0")
-    why = _reload(monkeypatch, CUDA, "cuda")
+    why = _cuda_reason(monkeypatch, NO_GPU_STORY, gpu=True)
     assert why.startswith("backend 'cuda' failed to load (ImportError: fedopt_kernels._C_cuda is missing"), why
 
 
@@ -84,9 +79,6 @@ def test_triton_not_installed_names_the_extra(monkeypatch):
 
 @pytest.mark.parametrize("absent", [False, True], ids=["failure", "expected"])
 def test_an_unusable_backend_is_refused_by_name_either_way(monkeypatch, absent):
-    _extension_missing(monkeypatch, NO_GPU_STORY)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: not absent)
-    monkeypatch.setattr(torch.version, "cuda", "13.0")
-    _reload(monkeypatch, CUDA, "cuda")
+    _cuda_reason(monkeypatch, NO_GPU_STORY, gpu=not absent)
     with pytest.raises(RuntimeError, match=r"backend='cuda' is not available: backend 'cuda' "):
         _registry.resolve("fednar", "cuda", torch.device("cuda"))
