@@ -94,6 +94,7 @@ SLOW_FILES = frozenset(
         "test_cuda_build.py",
         "test_cuda_chunk_order.py",
         "test_dtensor.py",
+        "test_experiments_protocol.py",
         "test_flower_engine.py",
         "test_flower_resume.py",
         "test_flower_strategies.py",
@@ -122,6 +123,13 @@ SLOW_FILES = frozenset(
         "test_triton_launcher.py",
     }
 )
+
+
+def pytest_ignore_collect(collection_path, config):
+    # the fast tier does not even import the files it leaves out (Flower's, for one, take seconds)
+    if config.getoption("markexpr", "").split() == ["not", "slow"] and collection_path.name in SLOW_FILES:
+        return True
+    return None
 
 
 def _slow(item) -> bool:
