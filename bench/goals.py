@@ -21,6 +21,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .contention import DISTURBED
 
+# what a verdict is, said above every Goals table: a miss is a figure about this machine, not a failure
+INFORMATION = (
+    "The project's speed targets, judged on this run's timings: information about this machine, not a test. "
+    "A **miss** fails nothing, and the benchmark exits 0 whatever the verdicts (the self-check and the test "
+    "suite check correctness)."
+)
+
 
 @dataclass(frozen=True)
 class Figure:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib.util
 import os
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -189,6 +190,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--reps", type=int, default=1000, help="steps per timed block (7 blocks)")
     ap.add_argument("--algos", nargs="+", help="the catalogue's names (default: every algorithm)")
     args = ap.parse_args(argv)
+    if "triton" in args.what and importlib.util.find_spec("triton") is None:  # e.g. torch's CPU wheel
+        print("bench host: no eager triton step: the triton package is an extra (pip install 'fedopt_kernels[triton]')")
+        args.what = [w for w in args.what if w != "triton"]
     if "triton" in args.what:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
     from fedopt_kernels.fl import catalogue

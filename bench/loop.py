@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from . import cli
-from .goals import Figure, Goal
+from .goals import INFORMATION, Figure, Goal
 from .loop_rows import (
     BASELINE,
     BATCH,
@@ -299,6 +299,8 @@ def markdown(result: Dict[str, Any]) -> str:
         "iteration is one CUDA graph, replayed after the batch is copied into its input (docs/replay.md).",
         "",
         "## Goals",
+        "",
+        INFORMATION,
         "",
         "| goal | row | value | verdict |",
         "|---|---|---|---|",

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from .contention import DISTURBED
+from .goals import INFORMATION
 from .report import rerender
 from .step_goals import GOALS, step_goals
 
@@ -98,6 +99,8 @@ def markdown(result: Dict[str, Any]) -> str:
         ),
         "",
         "## Goals",
+        "",
+        INFORMATION,
         "",
         *(
             [

@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import types
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -112,6 +113,21 @@ def _missing_message(missing: List[str]) -> str:
 
 def _warn(msg: str) -> None:
     print(f"fedopt_kernels build: WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+def _note(msg: str) -> None:
+    print(f"fedopt_kernels build: {msg}", file=sys.stderr, flush=True)
+
+
+def compile_plan(name: str, sources: List[str], ninja: bool) -> str:
+    """What the build of extension ``name`` is about to compile, and how, in one line."""
+    folders = sorted({os.path.dirname(s) for s in sources})
+    how = (
+        "in parallel (ninja; MAX_JOBS caps the jobs), recompiling only what changed since the last build"
+        if ninja
+        else "one file at a time, as ninja is not installed (pip install ninja compiles them in parallel)"
+    )
+    return f"compiling {name} from {len(sources)} source files in {', '.join(folders)}, {how}"
 
 
 def _switch(name: str) -> Optional[bool]:
@@ -427,6 +443,9 @@ def _make_build_ext(base):
         def build_extension(self, ext) -> None:
             if getattr(ext, "_fedopt_skip", None) or ext.name in getattr(self, "_fedopt_failed", {}):
                 return
+            # pip shows these lines, and the compiler's, with pip install -v
+            _note(compile_plan(ext.name, ext.sources, bool(getattr(self, "use_ninja", False))))
+            started = time.perf_counter()
             try:
                 super().build_extension(ext)
             except Exception as exc:
@@ -436,6 +455,7 @@ def _make_build_ext(base):
                     f"build log: pip install -v ...)",
                 )
             else:
+                _note(f"{ext.name} built in {time.perf_counter() - started:.0f} s")
                 path = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), _status_name(ext))
                 if os.path.exists(path):
                     os.remove(path)

@@ -6,6 +6,8 @@ this file runs before any test module.
 """
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -17,6 +19,49 @@ if not HAS_CUDA:
 # Ray (Flower's simulation engine) warns that it will stop overriding CUDA_VISIBLE_DEVICES for
 # actors that ask for no GPU; the tests opt into that behaviour now rather than hear the warning
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+# Every temporary file of a run - the tests' tmp_path folders, the files the processes they start
+# make with tempfile, Ray's session folders (which Ray keeps after it stops), Flower's home (~/.flwr
+# otherwise) - goes into one folder, which the first pytest process makes and removes at the end of
+# a run that passed; a run that did not pass keeps it to look at and says where. xdist's workers and
+# every process a test starts inherit TMPDIR and use the same folder.
+SCRATCH_VAR = "FEDOPT_TESTS_SCRATCH"
+_OWNER = SCRATCH_VAR not in os.environ
+if _OWNER:
+    os.environ[SCRATCH_VAR] = tempfile.mkdtemp(prefix="fedopt-tests-")
+SCRATCH = os.environ[SCRATCH_VAR]
+os.environ["TMPDIR"] = SCRATCH
+tempfile.tempdir = SCRATCH  # this process's tempfile has already read TMPDIR (pytest's capture asked it)
+os.environ.setdefault("FLWR_HOME", os.path.join(SCRATCH, "flwr-home"))
+_EXIT = {"status": None}
+
+
+# Caches worth keeping between runs (torch.compile's and Triton's compiled kernels, matplotlib's font
+# list) go to pytest's cache folder inside the clone (.pytest_cache, git-ignored; --cache-clear
+# empties it) rather than /tmp or the home folder; to the run's folder where pytest has no cache.
+CACHES = {"TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton", "MPLCONFIGDIR": "matplotlib"}
+
+
+def pytest_configure(config):
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    for var, name in CACHES.items():
+        if var not in os.environ:  # the user's, or set by the process that started this one
+            folder = cache.mkdir(f"fedopt-{name}") if cache is not None else os.path.join(SCRATCH, name)
+            os.environ[var] = str(folder)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT["status"] = int(exitstatus)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus):
+    if _OWNER and int(exitstatus) != 0:
+        terminalreporter.write_line(f"temporary files of this run kept in {SCRATCH}")
+
+
+def pytest_unconfigure(config):
+    if _OWNER and _EXIT["status"] == 0:
+        shutil.rmtree(SCRATCH, ignore_errors=True)
 
 
 def _cores() -> int:
@@ -49,10 +94,12 @@ SLOW_FILES = frozenset(
         "test_cuda_build.py",
         "test_cuda_chunk_order.py",
         "test_dtensor.py",
+        "test_experiments_protocol.py",
         "test_flower_engine.py",
         "test_flower_resume.py",
         "test_flower_strategies.py",
         "test_hardening.py",
+        "test_leaves_nothing.py",
         "test_native_build_rules.py",
         "test_newcomer_bench.py",
         "test_newcomer_docs.py",
@@ -76,6 +123,13 @@ SLOW_FILES = frozenset(
         "test_triton_launcher.py",
     }
 )
+
+
+def pytest_ignore_collect(collection_path, config):
+    # the fast tier does not even import the files it leaves out (Flower's, for one, take seconds)
+    if config.getoption("markexpr", "").split() == ["not", "slow"] and collection_path.name in SLOW_FILES:
+        return True
+    return None
 
 
 def _slow(item) -> bool:

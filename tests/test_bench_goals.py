@@ -215,3 +215,19 @@ def test_other_formulations_are_judged_on_median_rounds(fused, default, expected
     goal = {g["goal"]: g for g in judge(result)}[CHOSEN_GOAL]
     assert goal["verdict"] == expected
     assert goal["value"] == pytest.approx(sorted(default)[1] / sorted(fused)[1])
+
+
+def test_a_missed_goal_reads_as_information():
+    """The main job runs the quick benchmark: a miss there is a figure about the machine, and the report
+    says so above the verdicts."""
+    import json
+
+    from bench.goals import INFORMATION
+    from bench.step_report import markdown
+
+    result = json.loads((ROOT / "bench" / "results" / "cpu-amd-epyc-2c-2026-11-26-quick.json").read_text())
+    result["goals"] = [dict(g, verdict="miss") for g in judge_rows(result["rows"], "cpu")]
+    goals = markdown(result).split("## Goals", 1)[1]
+    assert "**miss**" in goals
+    assert goals.index(INFORMATION) < goals.index("**miss**")
+    assert "not a test" in INFORMATION and "exits 0" in INFORMATION

@@ -6,6 +6,7 @@ events (on made-up events: this machine records none) are checked directly.
 """
 
 import contextlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -289,14 +290,21 @@ def test_host_cost_runs_and_a_replayed_step_reads_no_tensor_per_parameter(algo):
     assert small["tensor_accesses"] == large["tensor_accesses"] and small["python_calls"] == large["python_calls"]
 
 
-def test_host_cost_command_runs(capsys):
+@pytest.mark.parametrize("triton", ["as installed", "hidden"])
+def test_host_cost_command_runs(capsys, monkeypatch, triton):
     """The command on this machine: both measurements, a closure step's (FedSAM) and another's, and a
-    name not in the catalogue refused."""
+    name not in the catalogue refused; without triton (torch's CPU wheel has none) the replayed step
+    alone, saying why."""
     from bench import host
 
+    if triton == "hidden":
+        monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed
     assert host.main(["--tensors", "3", "--reps", "2", "--algos", "fedsam", "fednar"]) == 0
     out = capsys.readouterr().out
-    assert "FedSAM" in out and "FedNAR" in out and "replayed step" in out and "eager triton step" in out
+    assert "FedSAM" in out and "FedNAR" in out and "replayed step" in out
+    has_triton = importlib.util.find_spec("triton") is not None
+    assert ("eager triton step, launches stubbed" in out) == has_triton, out
+    assert ("no eager triton step: the triton package is an extra" in out) == (not has_triton), out
     with pytest.raises(SystemExit):
         host.main(["--algos", "sgd"])
 

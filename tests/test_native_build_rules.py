@@ -122,3 +122,13 @@ def test_a_second_install_of_unchanged_sources_compiles_nothing(tmp_path):
     (tmp_path / "probe.cpp").write_text('extern "C" int fedopt_probe() { return 2; }\n')
     _build_ext(tmp_path, 3)
     assert objects[0].stat().st_mtime_ns != first, "changed source not recompiled"
+
+
+def test_the_build_says_what_it_compiles_and_how(build):
+    """The line the build prints before compiling an extension (pip shows it with -v): its files, and
+    whether they compile in parallel; without ninja, how to get it."""
+    line = build.compile_plan("fedopt_kernels._C_cpu", build.CPU_SOURCES, ninja=True)
+    assert f"fedopt_kernels._C_cpu from {len(build.CPU_SOURCES)} source files" in line
+    assert "csrc/cpu" in line and "csrc/common" in line and "in parallel" in line
+    slow = build.compile_plan("fedopt_kernels._C_cpu", build.CPU_SOURCES, ninja=False)
+    assert "one file at a time" in slow and "pip install ninja" in slow

@@ -2,9 +2,13 @@
 document names), documents every algorithm with its paper, and the README's two commands are safe
 to paste into an interactive shell and are what CI runs."""
 
+import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +129,41 @@ def test_each_document_has_one_title_and_no_diary():
 def test_the_document_checks_can_fail():
     assert len([h for h in _headings("# A\n\n```bash\n# a comment\n```\n\n# B\n") if h.startswith("# ")]) == 2
     assert _diary("measured at commit `b018500` (load average 6.5)") == ["`b018500`", "load average"]
+
+
+def _section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    return README[start : README.index("\n## ", start + 1)]
+
+
+CPU_WHEEL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_a_cpu_only_user_reads_how_to_keep_cuda_off_at_the_commands():
+    """The CPU wheel's command stands in "The two commands", before the first of them, and each
+    command's install asks for torch without a version, so that it keeps the torch it finds."""
+    section = _section("The two commands")
+    assert CPU_WHEEL in section and section.index(CPU_WHEEL) < section.index("```bash"), section[:600]
+    for title in ("Main job", "Tests"):
+        first = shlex.split(_command(title).split("&&")[0])
+        assert first[:3] == ["pip", "install", "torch"], first  # "torch" alone: no pin that replaces a CPU wheel
+
+
+def test_the_install_keeps_the_installed_torch_and_adds_no_cuda_libraries(tmp_path):
+    """What the words promise, without a download: pip, asked (offline, as a dry run) for the README's
+    editable install with the test extra in this environment, would install the package alone - no
+    other torch, no nvidia-* or CUDA package."""
+    install = shlex.split(_command("Tests").split("&&")[1])
+    assert install[:3] == ["pip", "install", "-e"], install
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", *install[1:], "--dry-run", "--no-index", "--report", str(report), "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = [item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]]
+    assert names == ["fedopt_kernels"] or names == ["fedopt-kernels"], names

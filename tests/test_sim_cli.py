@@ -255,6 +255,17 @@ def test_client_batched_says_when_it_trains_another_number_of_clients(capsys):
     assert "--client-batched 2 trains" not in capsys.readouterr().err
 
 
+def test_client_batched_verdict_line_says_why_its_count_differs(capsys):
+    """The PASS line of --validate sequential, the only line --quiet leaves, explains its own client count."""
+    for asked in ("10", "2"):
+        assert fedopt_sim.main(SHORT + ["--client-batched", asked, "--validate", "sequential"]) == 0
+    verdicts = [ln for ln in capsys.readouterr().out.splitlines() if "PASS" in ln]
+    assert len(verdicts) == 2, verdicts
+    assert "client-batched 2 [" in verdicts[0], verdicts[0]
+    assert "seed 0; --client-batched 10, but a round samples 2 clients)" in verdicts[0], verdicts[0]
+    assert "--client-batched" not in verdicts[1], verdicts[1]  # asked for 2, and 2 it is
+
+
 # an option's earlier spelling -> (its name today, its value, the other options it needs): the earlier
 # spelling still works and says it is deprecated
 RENAMED_OPTIONS = {

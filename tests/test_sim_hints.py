@@ -59,3 +59,21 @@ def test_the_hint_check_can_fail():
     with pytest.raises(AssertionError, match="does not parse"):
         check_hint("or pass --data_dir DIR", "cifar10")
     check_hint("or pass --data-dir DIR (see docs/data.md)", "cifar10")  # the right spelling passes
+
+
+def _extras() -> dict:
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    return tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+
+
+@pytest.mark.parametrize("dataset", FOLDER_DATASETS)
+def test_a_torchvision_hint_names_the_extra_that_installs_it(dataset, capsys):
+    err = _hint(capsys, ["--dataset", dataset, "--data-dir", "/nonexistent/fedopt-sim-data"])
+    if "torchvision" not in err:
+        pytest.skip(f"{dataset}'s hint does not suggest torchvision")
+    named = re.findall(r'pip install "fedopt_kernels\[(\w+)\]"', err)
+    assert named, err
+    assert all(any(dep.startswith("torchvision") for dep in _extras()[extra]) for extra in named), (named, err)

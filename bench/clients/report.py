@@ -10,6 +10,7 @@ from typing import Any, Dict, List
 from fedopt_kernels.sim.batched.precision import summary
 
 from ..contention import DISTURBED
+from ..goals import INFORMATION
 from ..report import rerender, save
 from .results import device_flops, div, fmt_bytes, fmt_rate, fmt_x, named, part_time, rate, seq_rate
 from .settings import MODES, SEQ
@@ -44,6 +45,8 @@ def markdown(result: Dict[str, Any]) -> str:
         + (f"; the table uses {peak / 1e9:,.1f} G" if peak else ""),
         "",
         "## Goals",
+        "",
+        INFORMATION,
         "",
         "| goal | value | verdict |",
         "|---|---|---|",

@@ -18,6 +18,13 @@ OPS = tuple(_SPECS)
 # eager steps': what a backend keeps per address set (the triton backend's plans) covers as many
 HISTORY = 4
 
+
+class AbsentHere(ImportError):
+    """Raised by a backend module that this machine lacks for an expected reason (CUDA code where no
+    GPU is visible, an optional package not installed). Its message is the whole reason, which the
+    registry shows as it is: an expected absence, not a load failure."""
+
+
 # op name -> backend name -> implementation
 IMPLS: Dict[str, Dict[str, Callable]] = {op: {} for op in OPS}
 # backend name -> predicate "can this backend run on tensors of this device?"

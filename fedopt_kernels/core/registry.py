@@ -21,10 +21,19 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from .impl_table import BACKENDS, DEVICE_OK, IMPLS, OPS, has, register, register_device_check  # noqa: F401
+from .impl_table import (  # noqa: F401
+    BACKENDS,
+    DEVICE_OK,
+    IMPLS,
+    OPS,
+    AbsentHere,
+    has,
+    register,
+    register_device_check,
+)
 from .ops import NAMESPACE
 
-# backend name -> None when loaded fine, else the reason it is not usable
+# backend name -> None when loaded fine, else why it is not usable (a clause after "backend 'x' ")
 _LOAD_ERRORS: Dict[str, Optional[str]] = {}
 
 
@@ -43,8 +52,10 @@ def _load(backend: str) -> Optional[str]:
     try:
         importlib.import_module(f"fedopt_kernels.core.backends.{backend}")
         _LOAD_ERRORS[backend] = None
+    except AbsentHere as exc:  # expected on this machine (no GPU, an extra not installed): said as it is
+        _LOAD_ERRORS[backend] = str(exc)
     except Exception as exc:  # any failure means "not usable here"; keep the reason for the user
-        _LOAD_ERRORS[backend] = f"{type(exc).__name__}: {exc}"
+        _LOAD_ERRORS[backend] = f"failed to load ({type(exc).__name__}: {exc})"
     return _LOAD_ERRORS[backend]
 
 
@@ -54,7 +65,7 @@ def unavailable_reason(backend: str, device: Optional[torch.device] = None, op: 
         return f"unknown backend {backend!r}; choose one of {('auto',) + BACKENDS}"
     err = _load(backend)
     if err is not None:
-        return f"backend {backend!r} failed to load ({err})"
+        return f"backend {backend!r} {err}"
     if op is not None and backend not in IMPLS[op]:
         return f"backend {backend!r} has no implementation of op {op!r}"
     if device is not None and backend in DEVICE_OK:

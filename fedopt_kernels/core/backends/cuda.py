@@ -13,10 +13,27 @@ from typing import Dict, Optional
 
 import torch
 
-from ..impl_table import register_device_check
+from ..impl_table import AbsentHere, register_device_check
 from ._native import load_extension, register_extension
 
-_C = load_extension("_C_cuda")
+
+def _no_use_here() -> Optional[str]:
+    """Why this machine has no use for CUDA kernels, or None where a GPU is visible."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build, as installed for a machine without a GPU"
+    if not torch.cuda.is_available():
+        return "no GPU is visible, as expected on a CPU-only machine (FEDOPT_BUILD_CUDA=1 at install builds it anyway)"
+    return None
+
+
+try:
+    _C = load_extension("_C_cuda")
+except ImportError as exc:
+    # without a GPU a missing extension is the expected outcome, unless a build of it was tried and failed
+    _why = _no_use_here()
+    if _why is None or "build failed" in str(exc) or "configuration failed" in str(exc):
+        raise
+    raise AbsentHere(f"not built here: {_why}") from exc
 _checked: Dict[int, Optional[str]] = {}
 
 

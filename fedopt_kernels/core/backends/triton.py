@@ -29,15 +29,19 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
+from ..impl_table import AbsentHere, register, register_device_check
+
 try:
     import triton  # noqa: F401
-except ImportError as exc:  # the registry reports this text as the reason
-    raise ImportError(f"triton is not installed ({exc}); pip install 'triton>=3.0'") from exc
+except ModuleNotFoundError as exc:  # an optional extra, not a failure; a broken triton says why as it is
+    if exc.name != "triton":
+        raise
+    raise AbsentHere("not installed: the triton package is an extra (pip install 'fedopt_kernels[triton]')") from exc
 
 from .. import fallbacks
 from ..args import OpArgs
 from ..between_passes import current as _sharded
-from ..impl_table import HISTORY, register, register_device_check
+from ..impl_table import HISTORY
 from ..ops import FRESH, OPS
 
 

@@ -569,8 +569,17 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         else:
             v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol, on_round=_advance(bar))
         bar.close()
-        # the verdict line names the run: the main job's four --quiet runs in a row stay readable
-        print(f"seed {cfg.seed}: {v.report(name=f'{cfg.algorithm} ({v.reference} vs {v.backend}, seed {cfg.seed})')}")
+        # the verdict line names the run, so the main job's --quiet runs in a row stay readable, and says
+        # why its client count is not the one --client-batched asked for
+        asked, S = cfg.client_batched, cfg.sampled_per_round
+        why = ""
+        if asked == "auto":
+            why = "; --client-batched auto"
+        elif cfg.batched and asked > S:
+            why = f"; --client-batched {asked}, but a round samples {S} clients"
+        print(
+            f"seed {cfg.seed}: {v.report(name=f'{cfg.algorithm} ({v.reference} vs {v.backend}, seed {cfg.seed}{why})')}"
+        )
         if not v.passed:
             status = 1
     return status

@@ -70,9 +70,9 @@ def how_to_get(name: str, data_dir: Optional[str] = None) -> str:
     return (
         f"{lay['title']} is expected as {root}/{lay['folder']}/ holding {', '.join(lay['train'] + lay['test'])} and "
         f"{lay['meta']} (the python version of the data set): unpack {lay['archive']} from "
-        f"https://www.cs.toronto.edu/~kriz/cifar.html into {root}, or run "
-        f"`python -c \"import torchvision; torchvision.datasets.{lay['tv']}('{root}', download=True)\"`, "
-        f'or pass --download (needs torchvision: pip install "fedopt_kernels[data]").'
+        f"https://www.cs.toronto.edu/~kriz/cifar.html into {root}; or, with torchvision (the [data] extra: "
+        f'pip install "fedopt_kernels[data]"), pass --download, or run '
+        f"`python -c \"import torchvision; torchvision.datasets.{lay['tv']}('{root}', download=True)\"`."
     )
 
 

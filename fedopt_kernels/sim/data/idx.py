@@ -45,7 +45,8 @@ def _layout(title: str, sub: Tuple[str, ...], where: str, get: str, download: st
         title=title,
         sub=sub,
         how=(
-            f"{title} is expected as the four IDX files {_IDX_NAMES} (raw or .gz) in {where}: {get}, or "
+            f"{title} is expected as the four IDX files {_IDX_NAMES} (raw or .gz) in {where}: {get}, or, with "
+            f'torchvision (the [data] extra: pip install "fedopt_kernels[data]"), '
             f"`python -c \"import torchvision; torchvision.datasets.{download}('DIR', download=True)\"` "
             f"(see docs/data.md)."
         ),
