@@ -21,6 +21,7 @@ def test_the_plan_has_fedavg_beside_every_keeping_algorithm(tmp_path):
             assert twin, (part, labels)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="RssAnon is read from /proc")
 def test_a_measured_run_reports_its_peak_and_phases(tmp_path):
     argv = [*scale.SYNTHETIC, "--algorithm", "scaffold", "--clients", "20", "--clients-per-round", "4"]

@@ -1,7 +1,7 @@
 """One run on several processes (torchrun; fedopt_kernels.sim.ranks): every rank ends each round with
 the same model and server state, and the run equals the one-process run to rounding.
 
-The split and the merge alone; then real ``torchrun`` launches on this machine's CPU (gloo): every
+Real ``torchrun`` launches (the split alone: test_ranks_split.py) on this machine's CPU (gloo): every
 registered algorithm variant, one client after another and client-batched, on 2 processes against
 1; ``fedopt-sim`` under torchrun twice (the same files but for times), on two "machines" (two
 launches with ``--nnodes 2``), and with one rank killed mid-run and restarted by torchrun.
@@ -20,35 +20,10 @@ from pathlib import Path
 import pytest
 
 from fedopt_kernels.sim.config import VARIANTS
-from fedopt_kernels.sim.ranks import Ranks
 
 HERE = Path(__file__).resolve().parent
 TORCHRUN = shutil.which("torchrun")
 needs_torchrun = pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed")
-
-
-def test_the_split_is_balanced_complete_and_the_same_on_every_rank():
-    work = {c: float(1 + (c * 7) % 5) for c in range(40)}
-    sampled = sorted(range(0, 40, 2))
-    for t in range(4):
-        shares = [Ranks(r, 3).split(sampled, work.__getitem__, t) for r in range(3)]
-        assert shares[0] == shares[1] == shares[2]  # every rank computes the same split
-        split = shares[0]
-        assert sorted(c for s in split for c in s) == sampled and all(s == sorted(s) for s in split)
-        loads = [sum(work[c] for c in s) for s in split]
-        assert max(loads) - min(loads) <= max(work.values())  # greedy: within one client's work
-    # equal work, an odd count: the extra client goes to another rank each round
-    takers = [max(range(2), key=lambda r: len(Ranks(0, 2).split([1, 2, 3], lambda c: 1.0, t)[r])) for t in range(4)]
-    assert takers == [0, 1, 0, 1]
-
-
-def test_blocks_cover_every_item_once():
-    for n in (0, 1, 5, 16):
-        for world in (1, 2, 3, 7):
-            blocks = [Ranks(r, world).block(n) for r in range(world)]
-            assert blocks[0][0] == 0 and blocks[-1][1] == n
-            assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
-            assert max(h - lo for lo, h in blocks) - min(h - lo for lo, h in blocks) <= 1
 
 
 def _free_port() -> int:
@@ -116,7 +91,7 @@ def test_every_algorithm_on_two_processes_agrees_with_one(tmp_path):
 
 @needs_torchrun
 def test_two_algorithms_on_two_processes_agree_with_one(tmp_path):
-    """The fast tier's share of the test above: SCAFFOLD's and PAdaMFed's client state in shared files."""
+    """A short share of the test above: SCAFFOLD's and PAdaMFed's client state in shared files."""
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()
