@@ -202,6 +202,7 @@ def test_a_folder_that_cannot_be_written_is_a_named_error(tmp_path):
         files(tmp_path / "damaged")
 
 
+@pytest.mark.slow
 def test_a_full_disk_raises_and_keeps_what_was_saved(tmp_path):
     """A real failed write (the file-size limit stands in for a full disk; the kernel refuses the
     write): a named error, and the checkpointed entries read back in a new process."""
