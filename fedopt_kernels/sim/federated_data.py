@@ -161,14 +161,20 @@ def _user_datasets(cfg: SimConfig, rng: np.random.Generator) -> List[ArrayDatase
 
 def build_federated_data(cfg: SimConfig, rng: np.random.Generator, device: torch.device) -> FederatedData:
     """Users of ``cfg`` on ``device``; a pure function of ``rng``'s seed."""
-    users = _user_datasets(cfg, rng)
+    users: List[Optional[ArrayDataset]] = list(_user_datasets(cfg, rng))
+    first = users[0]
+    assert first is not None
+    shape, classes, spec = tuple(first.x.shape[1:]), first.num_classes, input_spec_for(cfg, users)  # type: ignore[arg-type]
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
     built = []
-    for uid, ds in enumerate(users):
+    for uid in range(len(users)):
+        ds = users[uid]
+        assert ds is not None
+        users[uid] = None  # its samples now live in the splits below: one copy of the data at a time
         tr, va, te = split_train_val_test(np.arange(len(ds)), cfg.split, rng)
-
-        def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
-
         built.append((uid, t(ds.x[tr]), t(ds.y[tr]), t(ds.x[va]), t(ds.y[va]), t(ds.x[te]), t(ds.y[te])))
     holdout = set(rng.choice(len(built), size=cfg.num_holdout, replace=False).tolist())
     train = [b for b in built if b[0] not in holdout]
@@ -176,6 +182,4 @@ def build_federated_data(cfg: SimConfig, rng: np.random.Generator, device: torch
     # training clients are renumbered 0..N-1 (their index in every per-client table)
     train_clients = [ClientData(i, *b[1:]) for i, b in enumerate(train)]
     new_clients = [ClientData(len(train) + i, *b[1:]) for i, b in enumerate(new)]
-    return FederatedData(
-        train_clients, new_clients, tuple(users[0].x.shape[1:]), users[0].num_classes, input_spec_for(cfg, users)
-    )
+    return FederatedData(train_clients, new_clients, shape, classes, spec)
