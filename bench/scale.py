@@ -16,8 +16,8 @@ Parts (``--parts``):
   (which computes every client's first control), the MLP at ``--hidden 1024``: their peak against
   FedAvg's same run, while the store holds several GB.
 * ``setup``: FedAvg with 20 clients per round, 3 rounds, N = 1,000 and 100,000: set-up seconds,
-  a training round's seconds (the median of the rounds before the last, whose pooled evaluation
-  reads every client), and the peak.
+  a training round's seconds (``training_round``: the rounds between the first and the last), and
+  the peak.
 
 * ``ranks`` (not in the default parts): one run under torchrun on ``--world`` processes against the
   same run on one (each at one thread; ``--repeats`` pairs, their order alternating): wall and
@@ -92,9 +92,15 @@ def measure(argv: List[str], timeout: float) -> Dict[str, Any]:
         row["error"] = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return row
     row.update(json.loads(line[len("SCALE ") :]))
-    rounds = row["round_s"]
-    row["train_round_s"] = statistics.median(rounds[:-1]) if len(rounds) > 1 else rounds[0]
+    row["train_round_s"] = training_round(row["round_s"])
     return row
+
+
+def training_round(rounds: List[float]) -> float:
+    """A training round's seconds: the median of the rounds between the first (warm-up: the kernels'
+    first calls, a rule's initial round) and the last (whose pooled evaluation reads every client)."""
+    inner = rounds[1:-1] or rounds[:-1] or rounds
+    return statistics.median(inner)
 
 
 def _descendants(pid: int) -> List[int]:
@@ -226,7 +232,7 @@ def markdown(result: Dict[str, Any]) -> str:
         lines.append(
             f"| {r['part']} | {lab['algorithm']} | {lab['N']} | {lab['per round']} | {lab['clients at once']} "
             f"({r.get('trained_at_once', '?')}) | {_gb(r['peak_rss_anon'])} | {ratio} | {r['setup_s']:.1f} | "
-            f"{r['train_round_s']:.2f} | {_gb(r.get('store_bytes'))} |"
+            f"{training_round(r['round_s']):.2f} | {_gb(r.get('store_bytes'))} |"
         )
     lines += ["", "Growth with the clients per round (peak at 200 / peak at 25, same algorithm and mode):", ""]
     for key, grown in growth(result["rows"]).items():
