@@ -12,6 +12,14 @@ be known before the first update arrives. The weights are first scaled by a powe
 (``weight_exponent``: exact, so it changes no bit of the mean) that keeps ``w_i delta_i`` in
 range whatever the weights' size.
 
+The sums are kept in float64 (``sum_dtype``) and rounded to the model's dtype once, when the fold
+finishes: ``w_i delta_i`` of float32 or narrower values is then exact, and the few roundings of the
+sum are 2**-29 of a float32 unit, so the mean hardly depends on the order the updates were added
+in. One process adding a round's clients one by one and several ranks each adding theirs, then
+merging, round to the same model but on the rare element whose exact mean lies that close to a
+float32 rounding boundary; summed in float32, every element would differ by a unit or so each
+round, which many rounds of training grow into a different run.
+
 Sums from several folds with the same exponent (the ranks of one run) combine by ``merge``:
 added in the order given, so every process that merges the same folds in the same order holds
 the same bits.
@@ -25,6 +33,23 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import torch
 
 Tensors = List[torch.Tensor]
+
+
+def sum_dtype(like: torch.Tensor) -> torch.dtype:
+    """The dtype of a running sum of tensors like ``like``: float64 for floating-point values (module
+    docstring), except on a device without float64 (Apple's MPS), which keeps ``like``'s."""
+    if like.is_floating_point() and like.device.type != "mps":
+        return torch.float64
+    return like.dtype
+
+
+def finished(out: Dict[str, Tensors], like: Mapping[str, Tensors]) -> Dict[str, Tensors]:
+    """``out`` with each list in the dtypes of ``like``'s list of the same name (the model, the server
+    state): the one rounding of a fold's float64 sums."""
+    return {
+        name: [t.to(r.dtype) for t, r in zip(tensors, like[name], strict=True)] if name in like else tensors
+        for name, tensors in out.items()
+    }
 
 
 def weight_exponent(weights: Sequence[float]) -> int:
@@ -54,7 +79,9 @@ class Fold:
     ):
         self.rule, self.x, self.state, self.hp = rule, x, state, hp
         self.num_clients, self.local_steps, self.exponent = num_clients, local_steps, exponent
-        self.sums: Dict[str, Tensors] = {name: [torch.zeros_like(v) for v in x] for name in rule.sums}
+        self.sums: Dict[str, Tensors] = {
+            name: [torch.zeros_like(v, dtype=sum_dtype(v)) for v in x] for name in rule.sums
+        }
         self.count = 0
         self.weight = 0.0  # the added updates' weights, each divided by 2**exponent
 
@@ -87,4 +114,4 @@ class Fold:
         """The new model ``"x"`` and server state (``ServerRule.finish``); needs at least one update."""
         if self.count == 0:
             raise ValueError("a fold with no update has nothing to finish: the round keeps the model")
-        return self.rule.finish(self)
+        return finished(self.rule.finish(self), {**self.state, "x": self.x})

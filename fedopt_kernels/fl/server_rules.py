@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .fold import Fold, weight_exponent
+from .fold import Fold, finished, sum_dtype, weight_exponent
 
 Tensors = List[torch.Tensor]
 
@@ -116,11 +116,11 @@ def scaffold_control_step(
     check_updates("dcs", dcs, c)
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    total = [torch.zeros_like(cj) for cj in c]
+    total = [torch.zeros_like(cj, dtype=sum_dtype(cj)) for cj in c]  # float64, rounded once (fold.py)
     for dc in dcs:
         for s, d in zip(total, dc, strict=True):
             s.add_(d, alpha=1.0 / num_clients)
-    return _plus(c, total)
+    return [v.to(cj.dtype) for v, cj in zip(_plus(c, total), c, strict=True)]
 
 
 def _plus(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
@@ -235,8 +235,8 @@ class InitialFold:
     def __init__(self, rule: ServerRule, x: Tensors, num_clients: int):
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        self.rule, self.num_clients = rule, num_clients
-        self.total = [torch.zeros_like(v) for v in x]
+        self.rule, self.num_clients, self.x = rule, num_clients, x
+        self.total = [torch.zeros_like(v, dtype=sum_dtype(v)) for v in x]  # rounded once, by finish
         self.count = 0
 
     def add(self, control: Sequence[torch.Tensor]) -> None:
@@ -252,7 +252,8 @@ class InitialFold:
             self.count += other.count
 
     def finish(self) -> Dict[str, Tensors]:
-        return self.rule.initial_finish(self)
+        out = self.rule.initial_finish(self)
+        return finished(out, {name: self.x for name in out})  # the server state is shaped like the model
 
 
 class ScaffoldRule(ServerRule):
