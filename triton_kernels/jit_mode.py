@@ -14,12 +14,16 @@ Things the interpreter does differently, and how the kernels cope:
 * a runtime scalar (an argument, ``program_id``) is a one-element 1-d numpy array, which ``range``
   turns into an int through the interpreter's ``__index__``; Triton 3.6's (what torch 2.10 and 2.11
   install) calls ``int()`` on the array, which NumPy >= 2.4 refuses for arrays that are not 0-d:
-  every ``range`` bound that is not a constexpr goes through ``loop_bound``.
+  every ``range`` bound that is not a constexpr goes through ``loop_bound``;
+* a constexpr tuple (a kernel's named bundle of element types or flags, ``DT``, ``HAS``, ``TILE``)
+  reaches a helper as one ``tl.constexpr``, which Triton 3.6's interpreter cannot unpack (3.8's
+  can): ``device_fn`` passes its items instead.
 """
 
 from __future__ import annotations
 
 import triton
+import triton.language as tl
 
 
 def interpreted() -> bool:
@@ -41,6 +45,14 @@ def _interpreted_bound(x):
 # ``x`` as a ``range`` bound: compiled, the value itself (inlined, nothing emitted); interpreted, its
 # Python int, whatever the interpreter's own conversion accepts. Fixed at import, like the kernels.
 loop_bound = _interpreted_bound if interpreted() else _same
+
+
+def _items(arg):
+    """A constexpr tuple as a tuple of constexprs (module docstring); anything else as it is."""
+    value = getattr(arg, "value", None) if isinstance(arg, tl.constexpr) else None
+    if isinstance(value, tuple):
+        return tuple(v if isinstance(v, tl.constexpr) else tl.constexpr(v) for v in value)
+    return arg
 
 
 def device_fn(fn):
@@ -67,6 +79,6 @@ def device_fn(fn):
         def __call__(self, *args, **kwargs):
             if self._fn is None:
                 self._fn = rewrite()
-            return self._fn(*args, **kwargs)
+            return self._fn(*map(_items, args), **{k: _items(v) for k, v in kwargs.items()})
 
     return _Direct()
