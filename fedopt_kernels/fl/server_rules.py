@@ -120,7 +120,7 @@ def scaffold_control_step(
     for dc in dcs:
         for s, d in zip(total, dc, strict=True):
             s.add_(d, alpha=1.0 / num_clients)
-    return [v.to(cj.dtype) for v, cj in zip(_plus(c, total), c, strict=True)]
+    return _plus(c, total)  # added into a clone of c: the one rounding, into c's dtype
 
 
 def _plus(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
