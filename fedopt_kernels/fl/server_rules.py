@@ -1,6 +1,7 @@
 """The server-side rules several algorithms share (FedAvg's and SCAFFOLD's), as pure functions on
 lists of tensors, and what every rule is (``ServerRule``). A rule that only one algorithm uses lives
-in that algorithm's module (``optim/padamfed.py``, ``optim/feddyn.py``) and registers itself here.
+with that algorithm's descriptor (``fl/algorithms/padamfed.py``, ``fl/algorithms/feddyn.py``) and
+registers itself here.
 
 One implementation of each rule, used by both front ends: the simulator's strategies
 (``fedopt_kernels.sim``) and the Flower strategies (``fedopt_kernels.flower``). That is what lets
