@@ -4,9 +4,10 @@ Layers, lowest first (README, "Layout"; docs/dispatch.md): ``functional`` (the a
 torch, which imports nothing of the package), ``core`` (kernel dispatch, no FL concepts; the Triton
 sources installed as ``fedopt_kernels.triton_kernels`` belong to it), ``batched`` (the client-batched
 mixin), ``optim`` (the optimizers, ``torch.optim`` classes that know no FL), ``fl`` (the algorithms'
-descriptors on those optimizers, settings, server rules, the client round), the package's ``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module
-imports only from its own layer or lower ones: every import counts, late and ``TYPE_CHECKING`` ones
-included (the graph of tests/test_import_graph.py). ``sim`` has layers of its own (its
+descriptors on those optimizers, settings, server rules, the client round), the package's
+``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module imports only
+from its own layer or lower ones: every import counts, late and ``TYPE_CHECKING`` ones included
+(the graph of tests/test_import_graph.py). ``sim`` has layers of its own (its
 ``__init__``): ``data``, ``models``, ``batched``, the round loop (the modules of ``sim`` itself),
 ``cli``.
 """
