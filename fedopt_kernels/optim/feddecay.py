@@ -124,4 +124,3 @@ class WithinRoundDecay(LRScheduler):
     def state_dict(self) -> Dict[str, Any]:
         # the schedule (possibly a user callable) is configuration, not state
         return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "schedule")}
-

@@ -237,4 +237,3 @@ class BatchedFedDyn(ClientBatched, FedDyn):
     def current_lr_factor(self) -> List[float]:  # type: ignore[override]  # one factor per client
         """s(k_c // decay_every) of each client's next step."""
         return [self.schedule.factor(k) for k in self.round_step]
-

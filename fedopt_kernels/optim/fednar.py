@@ -72,4 +72,3 @@ class BatchedFedNAR(ClientBatched, FedNAR):
     (over all of that client's tensors), with ``l_t = lr * lr_scale[c] * round_decay ** t_c``."""
 
     _spec = BATCHED["fednar_batched"]
-

@@ -330,4 +330,3 @@ class BatchedFedSAM(ClientBatched, FedSAM):
     def _loaded_mask(self, rnd: Dict[str, Any]) -> Optional[torch.Tensor]:
         mask = rnd.get("sam_active")
         return None if mask is None else self.check_active(torch.tensor(mask, dtype=torch.bool))
-

@@ -217,4 +217,3 @@ class BatchedNeuronLRSGD(ClientBatched, NeuronLRSGD):
         if p.dim() < 2:
             return None, "no scale (no output dimension)"
         return tuple(p.shape[:2]), f"shape {tuple(p.shape[:2])} ([clients, M])"
-

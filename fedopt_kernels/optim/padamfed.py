@@ -218,4 +218,3 @@ def theory_hparams(S: int, K: int, T: int, variance_reduction: bool = False) -> 
         gamma = (S * K) ** 0.25 / T**0.75
         beta = min(1.0, math.sqrt(S * K / T))
     return eta, gamma, beta
-
