@@ -296,7 +296,7 @@ RULES: Dict[str, ServerRule] = {}
 
 
 def register_rule(rule: ServerRule) -> ServerRule:
-    """Add ``rule`` under ``rule.name`` (an algorithm's module registers a rule of its own with it)."""
+    """Add ``rule`` under ``rule.name`` (an algorithm's descriptor module registers a rule of its own with it)."""
     if rule.name in RULES:
         raise ValueError(f"server rule {rule.name!r} is registered twice")
     RULES[rule.name] = rule
