@@ -2,10 +2,10 @@
 
 Every case is an option set of ``fedopt_kernels.fl.catalogue`` (the configurations the tests check),
 set up the way a client would before its first step (round inputs, per-step inputs); its memory
-traffic comes from the op's declaration (``bench.traffic``). Each algorithm's descriptor declares its
-rows (``BenchCase``) and, beside each, the torch code a user would write for the same work
-(``Baseline``: ``torch.optim.SGD`` fused / foreach, clip_grad_norm_ + SGD, ...). Everything here is
-read from the descriptors when asked for, so an algorithm registered at any time has its rows.
+traffic comes from the op's declaration (``bench.traffic``). ``bench/cases.py`` declares each
+algorithm's rows (``BenchCase``) and, beside each, the torch code a user would write for the same
+work (``Baseline``: ``torch.optim.SGD`` fused / foreach, clip_grad_norm_ + SGD, ...). Everything here
+is read from the registry and those rows when asked for, so an algorithm registered at any time has its rows.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import torch
 
 from fedopt_kernels.core import replay
 from fedopt_kernels.fl import algorithm, catalogue
-from fedopt_kernels.optim.sgd import TORCH_FOREACH, TORCH_FUSED
 
+from . import cases
+from .cases import TORCH_FOREACH, TORCH_FUSED, Baseline, BenchCase
 from .traffic import Traffic
 
-# Backend names of torch.optim.SGD's rows (optim/sgd.py); each descriptor names its other baselines.
+# Backend names of torch.optim.SGD's rows (bench/cases.py), which names the other baselines too.
 # On a GPU the fused backends replay recorded steps by default (docs/replay.md); each also gets a
 # row with replay=False, named "<backend> eager".
 REPLAYING = replay.BACKENDS
@@ -58,7 +59,8 @@ class BenchAlgo:
     name: str
     label: str
     config: catalogue.Config
-    baseline_of: Mapping[str, algorithm.Baseline] = field(default_factory=dict)  # row name -> baseline
+    baseline_of: Mapping[str, Baseline] = field(default_factory=dict)  # row name -> baseline
+    case: Optional[BenchCase] = None  # its declaration (what its step moves besides its op)
 
     def baselines(self) -> List[str]:
         """The torch baselines that do this case's work."""
@@ -71,7 +73,7 @@ class BenchAlgo:
 
     @property
     def traffic(self) -> Traffic:
-        also, streams = algorithm.of_optimizer(self.config.cls).more_traffic(self.config.kwargs)
+        also, streams = (self.case.also, self.case.streams) if self.case is not None else ((), 0)
         return Traffic(self.config.spec.name, self.config.present(), also, streams)
 
     def baseline_traffic(self, name: str) -> Traffic:
@@ -98,15 +100,15 @@ class BenchAlgo:
 def _cases() -> Dict[str, BenchAlgo]:
     return {
         case.name: BenchAlgo(
-            case.name, case.label, catalogue.config(a.name, case.option), {b.name: b for b in case.baselines}
+            case.name, case.label, catalogue.config(a.name, case.option), {b.name: b for b in case.baselines}, case
         )
         for a in algorithm.ALGORITHMS.values()
-        for case in a.bench
+        for case in cases.of(a.name)
     }
 
 
 class _Cases(Mapping[str, BenchAlgo]):
-    """Every algorithm's benchmark rows, from its descriptor, in registration order (read when asked)."""
+    """Every algorithm's benchmark rows (``bench/cases.py``), in registration order (read when asked)."""
 
     def __getitem__(self, name: str) -> BenchAlgo:
         return _cases()[name]
@@ -123,7 +125,7 @@ ALGOS: Mapping[str, BenchAlgo] = _Cases()
 
 def core_cases() -> List[str]:
     """Each algorithm's paper configuration (the default table)."""
-    return [case.name for a in algorithm.ALGORITHMS.values() for case in a.bench if case.core]
+    return [case.name for a in algorithm.ALGORITHMS.values() for case in cases.of(a.name) if case.core]
 
 
 def all_cases() -> List[str]:

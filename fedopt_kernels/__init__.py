@@ -5,17 +5,13 @@ PAdaMFed, theory_hparams, FedDyn, FedSAM, available_backends.
 """
 
 from .core.registry import available_backends
-
-# each algorithm's module registers its descriptor (fedopt_kernels.fl.algorithm) on import, in this order
-# (the order of fedopt_kernels.fl.algorithm.ALGORITHMS and of the simulator's choices): not sorted
-# isort: off
+from .fl import algorithms as _algorithms  # noqa: F401  (each algorithm's FL descriptor registers on import)
 from .optim.feddecay import FedDecaySGD, WithinRoundDecay
-from .optim.neuron_lr import NeuronLRSGD, neuron_lr_scales
-from .optim.fednar import FedNAR
-from .optim.padamfed import PAdaMFed, theory_hparams
 from .optim.feddyn import FedDyn
+from .optim.fednar import FedNAR
 from .optim.fedsam import FedSAM
-# isort: on
+from .optim.neuron_lr import NeuronLRSGD, neuron_lr_scales
+from .optim.padamfed import PAdaMFed, theory_hparams
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,8 @@
 """docs/dispatch.md's "Adding an algorithm" checklist, as a test: every registered algorithm is wired
 into every layer that should pick it up from its descriptor, and a descriptor that misses one is named;
-an algorithm on an existing op, written as one module, reaches the command line, Flower, the catalogue
-and the benchmark with nothing else but its export and its docs section (the checklist's three files).
+an algorithm on an existing op, written out of the package as one module (its optimizer, its descriptor,
+its benchmark rows and its Flower name, each registered with its layer), reaches the command line,
+Flower, the catalogue and the benchmark with nothing else but its export and its docs section.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from harness import TOLERANCE
 
 import fedopt_kernels
 import fedopt_kernels.batched
+from bench import cases as bench_cases
 from fedopt_kernels.batched.mixin import ClientBatched
 from fedopt_kernels.core import ops as _ops
 from fedopt_kernels.core import registry as _registry
@@ -56,7 +58,7 @@ def missing_registrations(a: Algorithm) -> List[str]:
             out.append(f"reference: no implementation of op {op!r}")
     if a.name not in catalogue.ALGOS or a.full not in catalogue.ALGOS[a.name].options:
         out.append("catalogue: its option sets")
-    if not any(case.core for case in a.bench):
+    if not any(case.core for case in bench_cases.of(a.name)):
         out.append("bench: no core benchmark row")
     if not a.variants:
         out.append("simulator/Flower: no variant (fedopt-sim --algorithm name)")
@@ -130,16 +132,23 @@ def test_registering_a_name_twice_is_refused():
         algorithm.register(a)
 
 
-# where an algorithm's name may stand as a string: its own module (optim/), the kernels, the shared
-# server rules (SCAFFOLD's rule is called "scaffold", as its variant), and these few places that name
+# where an algorithm's name may stand as a string: its own modules (optim/, fl/algorithms/), the
+# kernels, the shared server rules (SCAFFOLD's rule is called "scaffold", as its variant), the Flower
+# names and the benchmark rows declared by algorithm or variant name, and these few places that name
 # one on purpose (a default, the benchmark's goals and its client-batched workload)
 _NAME_FOLDERS = (
     "fedopt_kernels/optim/",
+    "fedopt_kernels/fl/algorithms/",
     "fedopt_kernels/core/reference/",
     "fedopt_kernels/core/backends/",
     "triton_kernels/",
 )
-_NAME_HOMES = {"fedopt_kernels/core/ops.py", "fedopt_kernels/fl/server_rules.py"}
+_NAME_HOMES = {
+    "fedopt_kernels/core/ops.py",
+    "fedopt_kernels/fl/server_rules.py",
+    "fedopt_kernels/flower/paper_names.py",
+    "bench/cases.py",
+}
 _NAMED_ON_PURPOSE = {
     "fedopt_kernels/fl/config.py": {"fedavg"},
     "fedopt_kernels/flower/runconfig.py": {"fedavg"},
@@ -240,12 +249,14 @@ ONE_MODULE = '''
 """HeavyBallSGD: SGD with momentum 0.9 unless told otherwise, on the round API (a test's algorithm)."""
 import torch
 
+from bench import cases
+from bench.cases import Baseline, BenchCase
 from fedopt_kernels.batched.mixin import ClientBatched
 from fedopt_kernels.core.ops import BATCHED
 from fedopt_kernels.fl import algorithm
-from fedopt_kernels.fl.algorithm import Baseline, BenchCase, FlowerName, Variant
+from fedopt_kernels.fl.algorithm import Variant
+from fedopt_kernels.fl.algorithms.sgd import SGDAlgorithm
 from fedopt_kernels.optim.feddecay import FedDecaySGD
-from fedopt_kernels.optim.sgd import SGDAlgorithm
 
 
 class HeavyBallSGD(FedDecaySGD):
@@ -274,19 +285,24 @@ DESCRIPTOR = algorithm.register(_HeavyBall(
     "heavyball", HeavyBallSGD, BatchedHeavyBallSGD, title="A heavy ball for a test",
     settings=("momentum", "weight_decay", "round_decay"),
     variants=(Variant("heavyball", "avg"), Variant("heavyball-scaffold", "scaffold")),
-    flower=(FlowerName("HeavyBallStrategy", "heavyball"),),
     full="momentum_wd",
-    bench=(BenchCase("heavyball", "HeavyBallSGD", "plain", core=True,
-                     baselines=(Baseline("torch.SGD(foreach) by hand", plain_sgd),)),),
     options={"plain": dict(lr=0.1, momentum=0.9), "momentum_wd": dict(lr=0.05, momentum=0.5, weight_decay=0.01,
                                                                       correction=True)},
 ))
+cases.add("heavyball", BenchCase("heavyball", "HeavyBallSGD", "plain", core=True,
+                                 baselines=(Baseline("torch.SGD(foreach) by hand", plain_sgd),)))
+try:  # its Flower name, where Flower is installed
+    from fedopt_kernels.flower.naming import FlowerName, declare
+except ImportError:
+    pass
+else:
+    declare(FlowerName("HeavyBallStrategy", "heavyball"))
 '''
 
 
-def _one_module(tmp_path, name: str, text: str):
-    """Import ``text`` as module ``name`` from a file of its own (it registers its algorithm ``name``);
-    unregistered afterwards."""
+def _one_module(tmp_path, name: str, text: str, flower_name: str):
+    """Import ``text`` as module ``name`` from a file of its own (it registers its algorithm ``name``,
+    its benchmark rows and, with Flower, its strategy ``flower_name``); all withdrawn afterwards."""
     import importlib.util
     import sys
 
@@ -301,12 +317,16 @@ def _one_module(tmp_path, name: str, text: str):
         yield mod
     finally:
         algorithm.unregister(name)
+        bench_cases.withdraw(name)
+        naming = sys.modules.get("fedopt_kernels.flower.naming")
+        if naming is not None:
+            naming.withdraw(flower_name)
         del sys.modules[name]
 
 
 @pytest.fixture
 def heavyball(tmp_path):
-    yield from _one_module(tmp_path, "heavyball", ONE_MODULE)
+    yield from _one_module(tmp_path, "heavyball", ONE_MODULE, "HeavyBallStrategy")
 
 
 def test_an_algorithm_on_an_existing_op_is_one_module(heavyball, tmp_path):
@@ -364,13 +384,16 @@ TWO_GRADIENTS = '''
 """PushSGD: SGD from a pushed point (a test's algorithm: a second op and two gradients per step)."""
 import torch
 
+from bench import cases
+from bench.cases import Baseline, BenchCase
 from fedopt_kernels.batched.mixin import ClientBatched
 from fedopt_kernels.core.op_runner import OtherOp
 from fedopt_kernels.core.ops import BATCHED, SAM_ASCENT
 from fedopt_kernels.core.optimizer import FedOptimizer, check_number
 from fedopt_kernels.fl import algorithm
-from fedopt_kernels.fl.algorithm import Baseline, BenchCase, FlowerName, Variant
-from fedopt_kernels.optim.sgd import SGDAlgorithm, SGDFamily
+from fedopt_kernels.fl.algorithm import Variant
+from fedopt_kernels.fl.algorithms.sgd import SGDAlgorithm
+from fedopt_kernels.optim.sgd import SGDFamily
 
 
 class PushSGD(SGDFamily):
@@ -429,9 +452,6 @@ class _Push(SGDAlgorithm):
     def state_copies(self, cfg, variant):
         return super().state_copies(cfg, variant) + 1  # pushed_from
 
-    def more_traffic(self, kwargs):
-        return (("sam_ascent", ("saved_x",)),), 0
-
 
 def plain_sgd(params, kwargs):
     return torch.optim.SGD(params, lr=kwargs["lr"], momentum=kwargs.get("momentum", 0.0), foreach=True)
@@ -441,20 +461,26 @@ DESCRIPTOR = algorithm.register(_Push(
     "pushsgd", PushSGD, BatchedPushSGD, title="A pushed point for a test",
     settings=("momentum", "weight_decay", "round_decay"),
     variants=(Variant("pushsgd", "avg"), Variant("pushsgd-scaffold", "scaffold")),
-    flower=(FlowerName("PushSGDStrategy", "pushsgd"),),
     full="momentum_wd",
-    bench=(BenchCase("pushsgd", "PushSGD", "plain", core=True,
-                     baselines=(Baseline("torch.SGD(foreach) by hand", plain_sgd),)),),
     options={"plain": dict(lr=0.1, rho=0.05),
              "momentum_wd": dict(lr=0.05, rho=0.2, momentum=0.5, weight_decay=0.01, correction=True),
              "groups": dict(lr=0.1, rho=0.05, groups=dict(lr=0.03, rho=0.5))},
 ))
+cases.add("pushsgd", BenchCase("pushsgd", "PushSGD", "plain", core=True,
+                               baselines=(Baseline("torch.SGD(foreach) by hand", plain_sgd),),
+                               also=(("sam_ascent", ("saved_x",)),)))  # the push
+try:  # its Flower name, where Flower is installed
+    from fedopt_kernels.flower.naming import FlowerName, declare
+except ImportError:
+    pass
+else:
+    declare(FlowerName("PushSGDStrategy", "pushsgd"))
 '''
 
 
 @pytest.fixture
 def pushsgd(tmp_path):
-    yield from _one_module(tmp_path, "pushsgd", TWO_GRADIENTS)
+    yield from _one_module(tmp_path, "pushsgd", TWO_GRADIENTS, "PushSGDStrategy")
 
 
 def _push_oracle(x0, g0, b, lr, rho, eps, wd):
@@ -655,12 +681,33 @@ INDEX_FILES = ("docs/algorithms.md", "README.md")
 BEGIN, END = "<!-- algorithms: generated from the descriptors", "<!-- /algorithms -->"
 
 
+def index_markdown() -> str:
+    """The table of algorithms docs/algorithms.md and README.md show, one row per registered algorithm:
+    its optimizer, what it does (the first line of the optimizer's docstring), its ``fedopt-sim``
+    names, its Flower strategies and its paper."""
+    from fedopt_kernels.flower import naming
+
+    flower = naming.declared().values()
+    rows = [
+        "| optimizer | what it does | `fedopt-sim --algorithm` | Flower strategy | paper |",
+        "|---|---|---|---|---|",
+    ]
+    for a in algorithm.ALGORITHMS.values():
+        doc = (a.optimizer.__doc__ or "").strip().splitlines()
+        what = doc[0].rstrip(".") if doc else ""
+        names = ", ".join(f"`{v.name}`" for v in a.variants)
+        strategies = ", ".join(f"`{f.name}`" for f in flower if f.algorithm == a.name) or "via `strategy_for`"
+        rows.append(f"| `{a.optimizer.__name__}` | {what} | {names} | {strategies} | *{a.title}* |")
+    return "\n".join(rows) + "\n"
+
+
 def test_the_algorithm_index_is_generated_from_the_descriptors():
-    """docs/algorithms.md's and README.md's tables of algorithms are ``algorithm.index_markdown()``;
-    FEDOPT_WRITE_INDEX=1 rewrites them."""
+    """docs/algorithms.md's and README.md's tables of algorithms are ``index_markdown()`` (its Flower
+    column needs Flower); FEDOPT_WRITE_INDEX=1 rewrites them."""
     import os
 
-    want = algorithm.index_markdown()
+    pytest.importorskip("flwr")
+    want = index_markdown()
     stale = []
     for rel in INDEX_FILES:
         path = ROOT / rel

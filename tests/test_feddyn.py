@@ -23,8 +23,9 @@ from harness import (
 
 from fedopt_kernels import FedDecaySGD
 from fedopt_kernels.fl import catalogue
+from fedopt_kernels.fl.algorithms.feddyn import feddyn_server_step
 from fedopt_kernels.fl.server_rules import weighted_average_step
-from fedopt_kernels.optim.feddyn import BatchedFedDyn, FedDyn, feddyn_server_step
+from fedopt_kernels.optim.feddyn import BatchedFedDyn, FedDyn
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402

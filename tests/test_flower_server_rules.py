@@ -8,8 +8,8 @@ end to end, these pin each rule alone, its purity and its bad-input errors. No F
 import pytest
 import torch
 
+from fedopt_kernels.fl.algorithms.padamfed import padamfed_init, padamfed_step  # noqa: E402
 from fedopt_kernels.fl.server_rules import scaffold_control_step, scaffold_local_control, weighted_average_step
-from fedopt_kernels.optim.padamfed import padamfed_init, padamfed_step  # noqa: E402
 
 
 def tensors(*shapes, seed=0):

@@ -26,6 +26,7 @@ from flwr.app import Array, ConfigRecord, MessageType  # noqa: E402
 from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 
 from fedopt_kernels.fl.algorithm import VARIANTS  # noqa: E402
+from fedopt_kernels.fl.algorithms.padamfed import padamfed_init, padamfed_step  # noqa: E402
 from fedopt_kernels.fl.server_rules import (  # noqa: E402
     RULES,
     scaffold_control_step,
@@ -44,7 +45,6 @@ from fedopt_kernels.flower.inprocess import InProcessGrid  # noqa: E402
 from fedopt_kernels.flower.records import from_record, to_record  # noqa: E402
 from fedopt_kernels.flower.runconfig import sim_configs  # noqa: E402
 from fedopt_kernels.flower.simdata import simulation_for  # noqa: E402
-from fedopt_kernels.optim.padamfed import padamfed_init, padamfed_step  # noqa: E402
 from fedopt_kernels.sim import Simulation  # noqa: E402
 from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence  # noqa: E402
 

@@ -2,11 +2,12 @@
 
 Layers, lowest first (README, "Layout"; docs/dispatch.md): ``functional`` (the algorithms' math in plain
 torch, which imports nothing of the package), ``core`` (kernel dispatch, no FL concepts; the Triton
-sources installed as ``fedopt_kernels.triton_kernels`` belong to it), ``fl`` (descriptors, settings,
-server rules, the client round), ``batched`` (the client-batched mixin), ``optim`` (the optimizers),
-the package's ``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module
-imports only from its own layer or lower ones: every import counts, late and ``TYPE_CHECKING`` ones
-included (the graph of tests/test_import_graph.py). ``sim`` has layers of its own (its
+sources installed as ``fedopt_kernels.triton_kernels`` belong to it), ``batched`` (the client-batched
+mixin), ``optim`` (the optimizers, ``torch.optim`` classes that know no FL), ``fl`` (the algorithms'
+descriptors on those optimizers, settings, server rules, the client round), the package's
+``__init__``, then the front ends ``sim``, ``selfcheck`` and ``flower``. A module imports only
+from its own layer or lower ones: every import counts, late and ``TYPE_CHECKING`` ones included
+(the graph of tests/test_import_graph.py). ``sim`` has layers of its own (its
 ``__init__``): ``data``, ``models``, ``batched``, the round loop (the modules of ``sim`` itself),
 ``cli``.
 """
@@ -28,9 +29,9 @@ RANK = {
     "functional": -1,
     "core": 0,
     "triton_kernels": 0,
-    "fl": 1,
-    "batched": 2,
-    "optim": 3,
+    "batched": 1,
+    "optim": 2,
+    "fl": 3,
     "": 4,
     "sim": 5,
     "selfcheck": 5,
@@ -97,7 +98,7 @@ def test_imports_only_go_down_the_layers():
 def test_the_layer_check_can_fail(monkeypatch):
     import test_layers
 
-    monkeypatch.setitem(test_layers.RANK, "fl", 9)  # fl above everyone: the optimizers' imports of it go up
+    monkeypatch.setitem(test_layers.RANK, "optim", 9)  # optim above everyone: the descriptors' imports of it go up
     with pytest.raises(AssertionError, match="optim"):
         test_imports_only_go_down_the_layers()
 

@@ -13,19 +13,26 @@ what the package's per-client optimizer computes for client ``c`` alone::
         ... p.grad = per-client gradients [C, *shape] (e.g. torch.func.vmap(torch.func.grad(loss)))
         opt.step(active=steps_left > step)                              # clients with fewer steps sit out
 
-Each algorithm's module defines its client-batched class beside the per-client one and registers
-both in its descriptor; this package names them all (``Batched<Optimizer>``).
+Each optimizer's module defines its client-batched class beside the per-client one; this package
+names every class made with the mixin (``Batched<Optimizer>``), an algorithm's added later too.
 """
 
 from __future__ import annotations
 
 from typing import Any, List
 
+from .mixin import ClientBatched
+
 
 def _forms() -> dict:
-    from ..fl import algorithm
-
-    return {a.batched.__name__: a.batched for a in algorithm.ALGORITHMS.values()}
+    """Every class made with the mixin by its name (the first made where two share one)."""
+    out: dict = {}
+    todo = [ClientBatched]
+    while todo:
+        for sub in todo.pop(0).__subclasses__():
+            out.setdefault(sub.__name__, sub)
+            todo.append(sub)
+    return out
 
 
 def __getattr__(name: str) -> Any:

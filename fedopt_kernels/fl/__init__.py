@@ -1,6 +1,7 @@
-"""FL concepts every front end shares: algorithm descriptors, a run's settings, the server rules
-with their arithmetic, the client round, the catalogue of configurations and checkpoints.
+"""FL concepts every front end shares: algorithm descriptors (``algorithm.py``, each algorithm's in
+``algorithms/``), a run's settings, the server rules with their arithmetic, the client round, the
+catalogue of configurations and checkpoints.
 
-Imports only the ``core`` layer (tests/test_layers.py); the optimizers (``optim``) register their
-descriptors here when they are imported.
+Imports the layers below it, ``core``, ``batched`` and ``optim`` (tests/test_layers.py): a
+descriptor names the optimizer classes it builds, which know nothing of FL.
 """

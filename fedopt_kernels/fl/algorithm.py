@@ -1,22 +1,22 @@
 """One descriptor per algorithm, registered once, read by every layer (docs/dispatch.md).
 
-An ``Algorithm`` holds what the package knows about one local-step algorithm: the op it runs on,
+An ``Algorithm`` holds what the FL layer knows about one local-step algorithm: the op it runs on,
 its per-client optimizer class and client-batched form, its catalogue option sets (what the tests,
 the self-check and the benchmark run), the FL variants the simulator and the Flower strategies
 offer on it (``fedavg``, ``fedprox``, ``scaffold``, ... each with its server rule), its own run
 settings (``Setting``: fields of ``FLConfig`` and ``fedopt-sim`` options), which shared settings
-apply to it and their defaults, its benchmark rows with the code a user would write by hand for the
-same work (``BenchCase``, ``Baseline``), the names of its Flower strategies (``FlowerName``), and
-its client side of a round: how a client builds the optimizer from a run's settings, starts a
-round, takes a local step, clips, and what it hands back.
+apply to it and their defaults, and its client side of a round: how a client builds the optimizer
+from a run's settings, starts a round, takes a local step, clips, and what it hands back.
 
-Each algorithm's module (``optim/<name>.py``) declares all of it and registers the descriptor when
+Each algorithm's descriptor module (``fl/algorithms/<name>.py``) declares it and registers it when
 it is imported (``register``); everything else reads ``ALGORITHMS`` / ``VARIANTS`` when it needs
 them (the command line, the catalogue, the benchmark and the Flower strategies are generated from
-them), so no layer keeps its own list of algorithm names. The descriptor reads run settings through
-``RunSettings``, the fields it needs of ``fedopt_kernels.fl.config.FLConfig`` (the simulator's
-``SimConfig`` is one): ``config.py`` imports this module to validate a run's algorithm, so this one
-names the settings by their shape and imports neither it, the simulator nor Flower.
+them), so no layer keeps its own list of algorithm names. The benchmark's rows and the Flower
+strategy names are declared in those layers (``bench/cases.py``, ``fedopt_kernels/flower/paper_names.py``),
+by algorithm or variant name. The descriptor reads run settings through ``RunSettings``, the fields
+it needs of ``fedopt_kernels.fl.config.FLConfig`` (the simulator's ``SimConfig`` is one):
+``config.py`` imports this module to validate a run's algorithm, so this one names the settings by
+their shape and imports neither it, the simulator nor Flower.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from typing import (
     Sequence,
     Tuple,
     Type,
-    Union,
 )
 
 import torch
@@ -117,69 +116,6 @@ class Setting:
     choices: Optional[Tuple[Any, ...]] = None
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """What a user would write by hand with torch for one benchmark row's work, timed beside the fused
-    step (``python -m bench``).
-
-    ``build(params, kwargs)`` returns a ``torch.optim.Optimizer`` whose ``step(closure=None)`` does that
-    work (its gradients are already in ``p.grad``); ``kwargs`` are the row's option set's constructor
-    keywords, or ``kwargs`` given here. ``traffic``:
-    ``(op, optional roles)`` whose bytes per element the row is counted at (None: the algorithm's
-    own; torch's SGD counts at plain SGD's). ``by_hand``: the row's "x by hand" speedup is over this
-    one (torch's SGD is the step a user has today, shown in columns of its own).
-    """
-
-    name: str
-    build: Callable[[List[torch.Tensor], Mapping[str, Any]], torch.optim.Optimizer]
-    kwargs: Optional[Mapping[str, Any]] = None
-    traffic: Optional[Tuple[str, Tuple[str, ...]]] = None
-    by_hand: bool = True
-
-
-@dataclass(frozen=True)
-class BenchCase:
-    """One benchmark row of an algorithm (``python -m bench``): catalogue option set ``option``.
-
-    ``core``: in the default table (the paper configuration); ``baselines``: the torch code that
-    does the same work (``Baseline``), timed beside it.
-    """
-
-    name: str
-    label: str
-    option: str
-    core: bool = False
-    baselines: Tuple[Baseline, ...] = ()
-
-
-# (FLConfig keywords, strategy keywords) from a Flower strategy constructor's keywords
-StrategyKeywords = Callable[..., Tuple[Dict[str, Any], Dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class FlowerName:
-    """A paper-named Flower strategy (``fedopt_kernels.flower.<name>``), generated from this declaration.
-
-    ``variant``: the variant it runs, or ``{value of keyword choose: variant}`` (FedNAR's
-    ``backbone``); ``positional``: keywords that may also be given by position; ``aliases``:
-    constructor keyword -> ``FLConfig`` field (FedNAR's ``max_norm`` is ``clip_norm``). Other
-    keywords go to ``FLConfig`` or to the strategy (sampling, evaluation, ``seed``, ...). ``keywords``:
-    a function that maps the constructor's keywords itself, returning ``(FLConfig keywords, strategy
-    keywords)`` (PAdaMFed: the theory step sizes need the round and client counts).
-    """
-
-    name: str
-    variant: Union[str, Mapping[Any, str]]
-    choose: str = ""
-    positional: Tuple[str, ...] = ()
-    aliases: Mapping[str, str] = field(default_factory=dict)
-    keywords: Optional[StrategyKeywords] = None
-    doc: str = ""
-
-    def variants(self) -> Tuple[str, ...]:
-        return (self.variant,) if isinstance(self.variant, str) else tuple(self.variant.values())
-
-
 class Algorithm:
     """The descriptor of one algorithm; subclasses override the client-side hooks that differ.
 
@@ -194,9 +130,8 @@ class Algorithm:
     ``variants``, ``settings`` (the run settings that only some algorithms take, ``FLConfig``'s
     fields marked ``some``, that this one takes; another one given to a run is refused, with
     ``refusals[setting]`` as the reason where one is given), ``round_outputs`` (optimizer methods a
-    client calls after training for what it hands back, e.g. PAdaMFed's ``local_control``), ``bench``
-    (its benchmark rows), ``run_settings`` (its own ``Setting`` declarations), ``flower`` (its
-    Flower strategy names, ``FlowerName``).
+    client calls after training for what it hands back, e.g. PAdaMFed's ``local_control``),
+    ``run_settings`` (its own ``Setting`` declarations).
     """
 
     closure_step = False
@@ -214,27 +149,18 @@ class Algorithm:
         refusals: Optional[Mapping[str, str]] = None,
         round_outputs: Sequence[str] = (),
         title: str = "",
-        bench: Sequence[BenchCase] = (),
         run_settings: Sequence[Setting] = (),
-        flower: Sequence[FlowerName] = (),
     ):
-        for opt in [full] + [b.option for b in bench]:
-            if opt not in options:
-                raise ValueError(f"algorithm {name!r}: option {opt!r} is not one of its options {tuple(options)}")
+        if full not in options:
+            raise ValueError(f"algorithm {name!r}: option {full!r} is not one of its options {tuple(options)}")
         self.name, self.optimizer, self.batched = name, optimizer, batched
         self.options, self.full = dict(options), full
         self.variants = tuple(Variant(**{**v.__dict__, "algorithm": name}) for v in variants)
         self.run_settings = tuple(run_settings)
         self.settings = tuple(settings) + tuple(s.name for s in run_settings if s.name not in settings)
-        own = {v.name for v in self.variants}
-        for f in flower:
-            if not set(f.variants()) <= own:
-                raise ValueError(f"algorithm {name!r}: Flower strategy {f.name} names variants {f.variants()}")
-        self.flower = tuple(flower)
         self.refusals = dict(refusals or {})
         self.round_outputs = tuple(round_outputs)
         self.title = title
-        self.bench = tuple(bench)
 
     @property
     def op(self) -> OpSpec:
@@ -331,12 +257,6 @@ class Algorithm:
         ``params``, from ``seed`` (PAdaMFed-VR's anchor gradients; a closure where a step takes one)."""
         return {}
 
-    def more_traffic(self, kwargs: Mapping[str, Any]) -> Tuple[Tuple[Tuple[str, Tuple[str, ...]], ...], int]:
-        """What a step moves besides its op's traffic (the benchmark's bytes per step): other ops it
-        runs with their optional roles, and element streams in the parameters' dtype (FedSAM: its
-        ascent op, and the restore of x, a read and a write)."""
-        return (), 0
-
     def present(self, kwargs: Mapping[str, Any], correction: bool, scales: Any) -> Tuple[str, ...]:
         """The optional roles of the op a catalogue option set's steps use (traffic figures)."""
         names = []
@@ -391,10 +311,6 @@ def register(algo: Algorithm) -> Algorithm:
             f"algorithm {algo.name!r} declares run settings {late} after FLConfig was made: register an "
             f"algorithm with run settings of its own before fedopt_kernels.fl.config is first imported"
         )
-    names = [f.name for a in ALGORITHMS.values() for f in a.flower]
-    clash = [f.name for f in algo.flower if f.name in names]
-    if clash:
-        raise ValueError(f"algorithm {algo.name!r}: Flower strategy names {clash} are taken")
     ALGORITHMS[algo.name] = algo
     for v in algo.variants:
         VARIANTS[v.name] = v
@@ -415,28 +331,6 @@ def settings_for_config() -> List[Setting]:
     ``fl/config.py``, when it makes the class: later registrations may not add settings)."""
     _config_fields[:] = list(SETTINGS)
     return list(SETTINGS.values())
-
-
-def flower_names() -> Dict[str, FlowerName]:
-    """Every declared Flower strategy name -> its declaration, in registration order."""
-    return {f.name: f for a in ALGORITHMS.values() for f in a.flower}
-
-
-def index_markdown() -> str:
-    """The table of algorithms docs/algorithms.md and README.md show, one row per registered algorithm:
-    its optimizer, what it does (the first line of the optimizer's docstring), its ``fedopt-sim``
-    names, its Flower strategies and its paper (tests/test_adding_an_algorithm.py keeps both in step)."""
-    rows = [
-        "| optimizer | what it does | `fedopt-sim --algorithm` | Flower strategy | paper |",
-        "|---|---|---|---|---|",
-    ]
-    for a in ALGORITHMS.values():
-        doc = (a.optimizer.__doc__ or "").strip().splitlines()
-        what = doc[0].rstrip(".") if doc else ""
-        names = ", ".join(f"`{v.name}`" for v in a.variants)
-        flower = ", ".join(f"`{f.name}`" for f in a.flower) or "via `strategy_for`"
-        rows.append(f"| `{a.optimizer.__name__}` | {what} | {names} | {flower} | *{a.title}* |")
-    return "\n".join(rows) + "\n"
 
 
 def variant(name: str) -> Variant:

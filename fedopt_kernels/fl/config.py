@@ -3,7 +3,7 @@
 ``FLConfig`` holds what decides the algorithm's arithmetic: its name (a registered variant such as
 ``fedavg``, ``scaffold`` or ``fednar``), the sampling sizes PAdaMFed's theory step sizes read, the
 client and server hyperparameters several algorithms share, and every registered algorithm's own
-settings (``Setting``, declared in the algorithm's module: FedDyn's ``dyn_alpha``, ...), which are
+settings (``Setting``, declared in the algorithm's descriptor module: FedDyn's ``dyn_alpha``, ...), which are
 fields of the class as much as the shared ones. The simulator's ``SimConfig`` extends it with data,
 model and execution settings; a Flower strategy needs only this.
 """
@@ -86,7 +86,7 @@ _Class = TypeVar("_Class", bound=type)
 @dataclass_transform(field_specifiers=(field,))
 def _with_algorithm_settings(cls: _Class) -> _Class:
     """``cls`` as a dataclass whose fields are its own and then every registered algorithm's own
-    settings (``algorithm.Setting``, declared in the algorithm's module), each made by ``_setting``
+    settings (``algorithm.Setting``, declared in the algorithm's descriptor module), each made by ``_setting``
     with ``some=True``: only the algorithms that take it accept it."""
     annotations = dict(cls.__dict__.get("__annotations__", {}))
     for s in _algorithm.settings_for_config():

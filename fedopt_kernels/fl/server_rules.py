@@ -1,6 +1,7 @@
 """The server-side rules several algorithms share (FedAvg's and SCAFFOLD's), as pure functions on
 lists of tensors, and what every rule is (``ServerRule``). A rule that only one algorithm uses lives
-in that algorithm's module (``optim/padamfed.py``, ``optim/feddyn.py``) and registers itself here.
+with that algorithm's descriptor (``fl/algorithms/padamfed.py``, ``fl/algorithms/feddyn.py``) and
+registers itself here.
 
 One implementation of each rule, used by both front ends: the simulator's strategies
 (``fedopt_kernels.sim``) and the Flower strategies (``fedopt_kernels.flower``). That is what lets
@@ -295,7 +296,7 @@ RULES: Dict[str, ServerRule] = {}
 
 
 def register_rule(rule: ServerRule) -> ServerRule:
-    """Add ``rule`` under ``rule.name`` (an algorithm's module registers a rule of its own with it)."""
+    """Add ``rule`` under ``rule.name`` (an algorithm's descriptor module registers a rule of its own with it)."""
     if rule.name in RULES:
         raise ValueError(f"server rule {rule.name!r} is registered twice")
     RULES[rule.name] = rule

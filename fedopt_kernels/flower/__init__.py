@@ -1,8 +1,8 @@
 """The package's FL algorithms on Flower (``pip install "fedopt_kernels[flower]"``), Message API.
 
 Strategies (server side, ``flwr.serverapp.strategy.Strategy`` subclasses), named apart from the
-optimizers they drive and generated from the algorithms' descriptors (``named.py``): one per
-``FlowerName`` an algorithm's module declares (``FedDecayStrategy``, ``ScaffoldStrategy``,
+optimizers they drive and generated from their declarations (``named.py``): one per
+``FlowerName`` of ``paper_names.py`` (``FedDecayStrategy``, ``ScaffoldStrategy``,
 ``FedNLRStrategy``, ``FedNARStrategy`` with backbone fedavg / fedprox / scaffold,
 ``PAdaMFedStrategy`` and ``variance_reduction=True``, ``FedDynStrategy``, ``FedSAMStrategy``, ...;
 ``named.names()`` lists them), or ``strategy_for(FLConfig(...))`` for any ``fedopt-sim`` algorithm

@@ -3,7 +3,7 @@ variate on the server, ``c_i`` on each client.
 
 Before the first round every client computes its initial control (the mean of K stochastic
 gradients at the initial model) in a ``"train.init_controls"`` message and keeps it; the server
-averages the replies into ``c`` and ``m`` (``fedopt_kernels.optim.padamfed.padamfed_init``). Each round sends
+averages the replies into ``c`` and ``m`` (``fedopt_kernels.fl.algorithms.padamfed.padamfed_init``). Each round sends
 ``c`` and ``m`` with the model; the server step is ``padamfed_step`` there.
 """
 
@@ -26,8 +26,8 @@ class InitialControlsStrategy(FedOptStrategy):
         c' = c + sum_i dc_i / N                        (dc_i = c_i' - c_i, sent by client i)
 
     Built from an ``FLConfig`` (a PAdaMFed variant); ``PAdaMFedStrategy`` (generated from its
-    descriptor, ``named.py``) is the keyword constructor with the theory step sizes as defaults. The
-    initial round, the server tensors and their update are the rule's (``optim/padamfed.py``), as in
+    declaration, ``named.py``) is the keyword constructor with the theory step sizes as defaults. The
+    initial round, the server tensors and their update are the rule's (``fl/algorithms/padamfed.py``), as in
     the simulator.
     """
 

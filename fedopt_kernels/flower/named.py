@@ -1,6 +1,6 @@
-"""The paper-named strategies (``FedNARStrategy``, ``FedDynStrategy``, ...), generated from the
-algorithms' descriptors (``fedopt_kernels.fl.algorithm.FlowerName``, declared in each algorithm's
-module): keyword constructors for ``strategy_for``'s strategies.
+"""The paper-named strategies (``FedNARStrategy``, ``FedDynStrategy``, ...), generated from their
+declarations (``naming.FlowerName``; the package's are ``paper_names.py``): keyword constructors
+for ``strategy_for``'s strategies.
 
 A named strategy's keywords are its variant chooser (``backbone=`` for FedNAR), the ``FLConfig``
 fields (``lr``, ``local_steps``, the algorithm's own settings; its aliases, e.g. FedNAR's
@@ -18,15 +18,17 @@ from typing import Any, Dict, Tuple
 from ..fl import algorithm
 from ..fl.config import FLConfig
 from ..fl.server_rules import RULES
+from . import paper_names  # noqa: F401  (the package's declarations, made on import)
 from .averaging import AveragingStrategy
 from .base import FedOptStrategy
 from .initial_controls import InitialControlsStrategy
+from .naming import FlowerName, declared
 
 _STRATEGY_KEYWORDS = frozenset(inspect.signature(FedOptStrategy.__init__).parameters) - {"self", "cfg"}
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(FLConfig))
 
 
-def split_keywords(decl: algorithm.FlowerName, args: Tuple[Any, ...], kw: Dict[str, Any]) -> Tuple[Dict, Dict]:
+def split_keywords(decl: FlowerName, args: Tuple[Any, ...], kw: Dict[str, Any]) -> Tuple[Dict, Dict]:
     """``(FLConfig keywords, strategy keywords)`` of a call of the strategy ``decl`` declares."""
     if len(args) > len(decl.positional):
         raise TypeError(f"{decl.name} takes {len(decl.positional)} positional arguments, got {len(args)}")
@@ -58,7 +60,7 @@ def split_keywords(decl: algorithm.FlowerName, args: Tuple[Any, ...], kw: Dict[s
     return cfg, strategy
 
 
-def strategy_class(decl: algorithm.FlowerName) -> type:
+def strategy_class(decl: FlowerName) -> type:
     """The strategy class ``decl`` names: an ``AveragingStrategy`` or, for a rule with an initial
     round of client controls, an ``InitialControlsStrategy``."""
     rules = {RULES[algorithm.variant(v).server].init_controls for v in decl.variants()}
@@ -80,17 +82,17 @@ def strategy_class(decl: algorithm.FlowerName) -> type:
         + (", ".join(decl.positional) + " (also by position); " if decl.positional else "")
         + ("; ".join(f"{k} is {v}" for k, v in decl.aliases.items()) + "; " if decl.aliases else "")
         + "``FLConfig`` fields and ``FedOptStrategy``'s (sampling, evaluation, seed, ...). Generated from "
-        "the algorithm's descriptor (``fedopt_kernels.flower.named``)."
+        "its declaration (``fedopt_kernels.flower.paper_names``)."
     )
     return type(decl.name, (base,), {"__init__": __init__, "__doc__": doc, "__module__": "fedopt_kernels.flower"})
 
 
-_made: Dict[str, Tuple[algorithm.FlowerName, type]] = {}
+_made: Dict[str, Tuple[FlowerName, type]] = {}
 
 
 def named_strategy(name: str) -> type:
-    """The strategy class called ``name`` (KeyError when no descriptor declares it)."""
-    decl = algorithm.flower_names()[name]
+    """The strategy class called ``name`` (KeyError when none is declared)."""
+    decl = declared()[name]
     made = _made.get(name)
     if made is None or made[0] is not decl:
         made = _made[name] = (decl, strategy_class(decl))
@@ -98,5 +100,5 @@ def named_strategy(name: str) -> type:
 
 
 def names() -> Tuple[str, ...]:
-    """Every declared strategy name, in registration order."""
-    return tuple(algorithm.flower_names())
+    """Every declared strategy name, in declaration order."""
+    return tuple(declared())

@@ -11,9 +11,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED
 from ..core.schedules import DecaySchedule, ScheduleLike
-from ..fl import algorithm
-from ..fl.algorithm import BenchCase, FlowerName, Variant
-from .sgd import SGDAlgorithm, SGDFamily, torch_sgd
+from .sgd import SGDFamily
 
 
 class FedDecaySGD(SGDFamily):
@@ -126,75 +124,3 @@ class WithinRoundDecay(LRScheduler):
     def state_dict(self) -> Dict[str, Any]:
         # the schedule (possibly a user callable) is configuration, not state
         return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "schedule")}
-
-
-# ---------------------------------------------------------------------------- the descriptor
-class _FedDecay(SGDAlgorithm):
-    def make(self, params, cfg, variant, hp, backend, batched=False):
-        cls = self.batched if batched else self.optimizer
-        return cls(
-            params,
-            lr=hp["lr"],
-            beta=hp["beta"],
-            schedule=cfg.decay_schedule,
-            decay_every=cfg.decay_every,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            prox_mu=hp["prox_mu"],
-            backend=backend,
-        )
-
-    def lr_sum(self, opt, hp, t, steps):
-        # exact under within-round decay: lr_t * sum_k s(k // decay_every)
-        return opt.param_groups[0]["lr"] * sum(opt.schedule.factor(k) for k in range(steps))
-
-
-DESCRIPTOR = algorithm.register(
-    _FedDecay(
-        "feddecay",
-        FedDecaySGD,
-        BatchedFedDecaySGD,
-        title="FedDecay: Adapting to Data Heterogeneity in Federated Learning with Gradient Decay",
-        settings=("beta", "momentum", "weight_decay", "clip_norm", "round_decay"),
-        # fedsgd is FedDecay with beta = 0: only the first of the local steps moves (the others have lr 0)
-        variants=(
-            Variant("fedavg", "avg", beta=1.0),
-            Variant("fedsgd", "avg", beta=0.0),
-            Variant("feddecay", "avg", defaults={"beta": 0.5}),
-            Variant("fedprox", "avg", prox=True),
-            Variant("scaffold", "scaffold"),
-        ),
-        flower=(
-            FlowerName(
-                "FedDecayStrategy",
-                "feddecay",
-                positional=("beta",),
-                doc="Within-round learning-rate decay lr_k = lr * s(k // decay_every) on FedAvg (beta=1: FedAvg).",
-            ),
-            FlowerName("ScaffoldStrategy", "scaffold", doc="SCAFFOLD (option II controls) on FedDecaySGD's SGD steps."),
-        ),
-        full="prox_correction",
-        bench=(
-            BenchCase(
-                "feddecay",
-                "FedDecaySGD momentum=0.9 wd",
-                "momentum_wd",
-                core=True,
-                baselines=torch_sgd(lr=0.05, momentum=0.9, weight_decay=5e-4),
-            ),
-            BenchCase("feddecay_plain", "FedDecaySGD no momentum", "plain", baselines=torch_sgd(lr=0.1)),
-            BenchCase("feddecay_scaffold_prox", "FedDecaySGD momentum + SCAFFOLD + FedProx", "prox_correction"),
-        ),
-        options={
-            "plain": dict(lr=0.1, beta=0.5),
-            "momentum": dict(lr=0.05, beta=0.8, momentum=0.9, dampening=0.1),
-            "nesterov": dict(lr=0.05, beta=0.7, momentum=0.9, nesterov=True, weight_decay=0.01),
-            "wd_maximize": dict(lr=0.1, beta=0.9, weight_decay=0.05, maximize=True),
-            "prox_correction": dict(lr=0.1, beta=0.6, prox_mu=0.5, correction=True, momentum=0.5),
-            "linear_every2": dict(lr=0.1, beta=0.4, schedule="linear", decay_every=2, momentum=0.3),
-            "fedsgd_beta0": dict(lr=0.1, beta=0.0),
-            "momentum_wd": dict(lr=0.05, beta=0.9, momentum=0.9, weight_decay=5e-4),
-            "groups": dict(lr=0.1, beta=0.5, momentum=0.9, groups=dict(lr=0.03, weight_decay=0.1)),
-        },
-    )
-)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional
-
-import torch
+from typing import Any, Dict, Iterable, List, Optional
 
 from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED, FEDNAR
 from ..core.optimizer import FedOptimizer, check_number
-from ..fl import algorithm
-from ..fl.algorithm import Algorithm, Baseline, BenchCase, FlowerName, Variant
-from ..fl.server_rules import RULES
 
 
 class FedNAR(FedOptimizer):
@@ -77,94 +72,3 @@ class BatchedFedNAR(ClientBatched, FedNAR):
     (over all of that client's tensors), with ``l_t = lr * lr_scale[c] * round_decay ** t_c``."""
 
     _spec = BATCHED["fednar_batched"]
-
-
-# ---------------------------------------------------------------------------- what a user writes instead
-class ClipSGD(torch.optim.SGD):
-    """FedNAR as a user writes it with torch (the benchmark's baseline): ``grad += weight_decay * x``,
-    ``clip_grad_norm_(max_norm, foreach=True)``, then ``SGD(fused=True)``."""
-
-    def __init__(self, params: List[torch.Tensor], kwargs: Mapping[str, Any]):
-        super().__init__(params, lr=kwargs["lr"], fused=True)
-        self.params = list(params)
-        self.wd, self.max_norm = kwargs["weight_decay"], kwargs["max_norm"]
-
-    def step(self, closure=None):
-        grads = [p.grad for p in self.params]
-        torch._foreach_add_(grads, self.params, alpha=self.wd)
-        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm, foreach=True)
-        return super().step(closure)
-
-
-# ---------------------------------------------------------------------------- the descriptor
-class _FedNAR(Algorithm):
-    def hparams(self, cfg, variant):
-        hp = super().hparams(cfg, variant)
-        hp["clip_norm"] = 10.0 if cfg.clip_norm is None else cfg.clip_norm
-        hp["round_decay"] = 0.998 if cfg.round_decay is None else cfg.round_decay
-        return hp
-
-    def make(self, params, cfg, variant, hp, backend, batched=False):
-        cls = self.batched if batched else self.optimizer
-        return cls(
-            params,
-            lr=hp["lr"],
-            weight_decay=cfg.weight_decay,
-            max_norm=hp["clip_norm"],
-            round_decay=hp["round_decay"],
-            prox_mu=hp["prox_mu"],
-            backend=backend,
-        )
-
-    def lr_sum(self, opt, hp, t, steps):
-        # K * lr * round_decay ** t; the clip coefficient is a device-side value and not included
-        return steps * hp["lr"] * hp["round_decay"] ** t
-
-    def state_copies(self, cfg, variant):
-        return int(RULES[variant.server].keeps) + int(variant.prox)
-
-
-DESCRIPTOR = algorithm.register(
-    _FedNAR(
-        "fednar",
-        FedNAR,
-        BatchedFedNAR,
-        title="FedNAR: Federated Optimization with Normalized Annealing Regularization",
-        settings=("weight_decay", "clip_norm", "round_decay"),
-        refusals={"momentum": "its optimizer has none"},
-        variants=(
-            Variant("fednar", "avg"),
-            Variant("fednar-fedprox", "avg", prox=True),
-            Variant("fednar-scaffold", "scaffold"),
-        ),
-        flower=(
-            FlowerName(
-                "FedNARStrategy",
-                {"fedavg": "fednar", "fedprox": "fednar-fedprox", "scaffold": "fednar-scaffold"},
-                choose="backbone",
-                aliases={"max_norm": "clip_norm"},
-                doc="Co-clipping of gradient and weight decay on FedAvg, FedProx (prox_mu) or SCAFFOLD.",
-            ),
-        ),
-        full="prox_correction",
-        bench=(
-            BenchCase(
-                "fednar",
-                "FedNAR wd max_norm=10",
-                "wd",
-                core=True,
-                baselines=(Baseline("torch clip+SGD(fused)", ClipSGD),),
-            ),
-            BenchCase("fednar_scaffold_prox", "FedNAR + SCAFFOLD + FedProx", "prox_correction"),
-        ),
-        options={
-            "unclipped": dict(lr=0.1, weight_decay=0.01, max_norm=1e6),
-            "wd": dict(lr=0.1, weight_decay=5e-4, max_norm=10.0),
-            "clipped": dict(lr=0.1, weight_decay=0.1, max_norm=0.5, round_decay=0.9),
-            "prox_correction": dict(lr=0.1, weight_decay=0.05, max_norm=2.0, prox_mu=0.3, correction=True),
-            "groups": dict(
-                lr=0.1, weight_decay=0.01, max_norm=1.0, groups=dict(lr=0.5, max_norm=3.0, weight_decay=0.0)
-            ),
-        },
-    )
-)

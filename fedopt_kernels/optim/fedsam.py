@@ -1,15 +1,14 @@
 """FedSAM: sharpness-aware local steps (docs/algorithms.md), an ascent op and the ``sgd`` op's descent.
 
-Everything the package knows about FedSAM is here: the optimizer and its client-batched form, the
-run settings (``sam_rho``, ``sam_eta``), the variants on FedAvg and SCAFFOLD (and ASAM's adaptive
-form), the Flower strategy names, the benchmark row and the plain two-pass SAM a user would write
-instead. A step has two gradients, so its descriptor's ``local_step`` hands the step a closure that
-computes the second one.
+The optimizer and its client-batched form; its FL descriptor (run settings ``sam_rho``, ``sam_eta``,
+the variants on FedAvg and SCAFFOLD and ASAM's adaptive form) is ``fl/algorithms/fedsam.py``. A step
+has two gradients, so the descriptor's ``local_step`` hands the step a closure that computes the
+second one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 from torch._C import _set_grad_enabled
@@ -17,10 +16,8 @@ from torch._C import _set_grad_enabled
 from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED, SAM_ASCENT
 from ..core.optimizer import ROUND_KEY, OtherOp, Prologue, check_number, round_entry
-from ..fl import algorithm
-from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
 from .sam_steps import SAVED, Pending, Restore
-from .sgd import SGDAlgorithm, SGDFamily
+from .sgd import SGDFamily
 
 _TWO_STEPS = (
     "FedSAM takes two gradients per step: call step(closure), whose closure re-evaluates the loss and "
@@ -333,119 +330,3 @@ class BatchedFedSAM(ClientBatched, FedSAM):
     def _loaded_mask(self, rnd: Dict[str, Any]) -> Optional[torch.Tensor]:
         mask = rnd.get("sam_active")
         return None if mask is None else self.check_active(torch.tensor(mask, dtype=torch.bool))
-
-
-# ---------------------------------------------------------------------------- what a user writes instead
-class PlainSAM(torch.optim.SGD):
-    """SAM as a user writes it with torch (the benchmark's baseline; the usual two-pass implementation):
-    ``e = rho * g / (||g|| + eps)`` by foreach ops, ``x += e``, the closure, ``x -= e``, then
-    ``SGD(fused=True)`` with the same momentum and weight decay."""
-
-    def __init__(self, params: List[torch.Tensor], kwargs: Mapping[str, Any]):
-        sgd = {k: kwargs[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov") if k in kwargs}
-        super().__init__(params, **sgd, fused=True)
-        self.params, self.rho = list(params), kwargs.get("rho", 0.05)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        grads = [p.grad for p in self.params]
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        e = torch._foreach_mul(grads, self.rho / (norm + 1e-12))
-        torch._foreach_add_(self.params, e)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        torch._foreach_sub_(self.params, e)
-        super().step()  # torch's wrapper around SGD.step: hooks, no grad
-        return loss
-
-
-# ---------------------------------------------------------------------------- the descriptor
-class _FedSAM(SGDAlgorithm):
-    closure_step = True  # two gradients per step: step(closure)
-
-    def hparams(self, cfg, variant):
-        return {
-            **super().hparams(cfg, variant),
-            "sam_rho": 0.05 if cfg.sam_rho is None else cfg.sam_rho,
-            "sam_eta": 0.01 if cfg.sam_eta is None else cfg.sam_eta,
-        }
-
-    def make(self, params, cfg, variant, hp, backend, batched=False):
-        cls = self.batched if batched else self.optimizer
-        return cls(
-            params,
-            lr=hp["lr"],
-            rho=hp["sam_rho"],
-            eta=hp["sam_eta"],
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            prox_mu=hp["prox_mu"],
-            backend=backend,
-            **variant.options,
-        )
-
-    def lr_sum(self, opt, hp, t, steps):
-        return steps * opt.param_groups[0]["lr"]  # the descent's lr, K times (SCAFFOLD option II)
-
-    def state_copies(self, cfg, variant):
-        return super().state_copies(cfg, variant) + 1  # the saved x
-
-    def more_traffic(self, kwargs):
-        return (("sam_ascent", ("saved_x",)),), 2  # the ascent, and the restore (read saved x, write x)
-
-
-DESCRIPTOR = algorithm.register(
-    _FedSAM(
-        "fedsam",
-        FedSAM,
-        BatchedFedSAM,
-        title="Improving Generalization in Federated Learning by Seeking Flat Minima",
-        settings=("momentum", "weight_decay", "round_decay"),
-        run_settings=(
-            Setting("sam_rho", float, None, "FedSAM's ascent radius rho (default 0.05)"),
-            Setting("sam_eta", float, None, "FedASAM's eta in w = |x| + eta (default 0.01)"),
-        ),
-        refusals={"clip_norm": "its ascent is normalized; clip before step(closure) yourself if you must"},
-        variants=(
-            Variant("fedsam", "avg"),
-            Variant("fedasam", "avg", options={"adaptive": True}),
-            Variant("fedsam-scaffold", "scaffold"),
-        ),
-        flower=(
-            FlowerName(
-                "FedSAMStrategy",
-                {"fedavg": "fedsam", "scaffold": "fedsam-scaffold"},
-                choose="backbone",
-                aliases={"rho": "sam_rho"},
-                doc="Sharpness-aware local steps on FedAvg or SCAFFOLD.",
-            ),
-            FlowerName(
-                "FedASAMStrategy",
-                "fedasam",
-                aliases={"rho": "sam_rho", "eta": "sam_eta"},
-                doc="Adaptive (scale-invariant) sharpness-aware local steps on FedAvg.",
-            ),
-        ),
-        full="prox_correction",
-        bench=(
-            BenchCase(
-                "fedsam",
-                "FedSAM rho=0.05 momentum=0.9 wd (ascent + descent)",
-                "momentum_wd",
-                core=True,
-                baselines=(Baseline("torch SAM(two-pass)+SGD(fused)", PlainSAM),),
-            ),
-        ),
-        options={
-            "plain": dict(lr=0.1, rho=0.05),
-            "rho0": dict(lr=0.1, rho=0.0, momentum=0.9),
-            "adaptive": dict(lr=0.05, rho=0.5, adaptive=True, eta=0.01, weight_decay=0.01),
-            "momentum_wd": dict(lr=0.05, rho=0.05, momentum=0.9, weight_decay=5e-4),
-            "nesterov": dict(lr=0.05, rho=0.1, momentum=0.9, nesterov=True, dampening=0.0),
-            "prox_correction": dict(lr=0.1, rho=0.2, prox_mu=0.3, correction=True, momentum=0.5, dampening=0.1),
-            "groups": dict(lr=0.1, rho=0.05, momentum=0.9, groups=dict(lr=0.03, rho=0.3, adaptive=True)),
-        },
-    )
-)

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from ..core.ops import SGD
 from ..core.optimizer import FedOptimizer, check_number
 from ..core.schedules import DecaySchedule
-from ..fl.algorithm import Algorithm, Baseline, Variant
-from ..fl.server_rules import RULES
-
-# the benchmark's rows of torch.optim.SGD: the step a user has today
-TORCH_FUSED = "torch.SGD(fused)"
-TORCH_FOREACH = "torch.SGD(foreach)"
 
 
 class SGDFamily(FedOptimizer):
@@ -57,35 +51,3 @@ class SGDFamily(FedOptimizer):
                 override["dampening"] = 0.0
             tensors["momentum_buffer"] = buf
         return tensors, override
-
-
-class SGDAlgorithm(Algorithm):
-    """The client side of the SGD-family algorithms: the round's lr is set by the run
-    (``lr * round_decay ** t``) and ``clip_norm`` clips gradients before the step."""
-
-    def round_lr(self, hp: Mapping[str, Any], t: int) -> Optional[float]:
-        return hp["lr"] * hp["round_decay"] ** t
-
-    def clip_norm(self, hp: Mapping[str, Any]) -> Optional[float]:
-        return hp["clip_norm"]
-
-    def state_copies(self, cfg: Any, variant: Variant) -> int:
-        # momentum buffer, a correction from what the client keeps (SCAFFOLD), FedProx anchor
-        return int(cfg.momentum != 0) + int(RULES[variant.server].keeps) + int(variant.prox)
-
-
-def _torch_sgd(flag: str):
-    def build(params: List[torch.Tensor], kwargs: Mapping[str, Any]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, **kwargs, **{flag: True})
-
-    return build
-
-
-def torch_sgd(**kwargs: Any) -> Tuple[Baseline, ...]:
-    """``torch.optim.SGD(fused=True)`` and ``(foreach=True)`` with ``kwargs``: benchmark baselines for a
-    row whose work plain SGD does too (counted at plain SGD's bytes per element)."""
-    traffic = ("sgd", ("momentum_buffer",) if kwargs.get("momentum", 0) else ())
-    return tuple(
-        Baseline(name, _torch_sgd(flag), kwargs=dict(kwargs), traffic=traffic, by_hand=False)
-        for name, flag in ((TORCH_FUSED, "fused"), (TORCH_FOREACH, "foreach"))
-    )
