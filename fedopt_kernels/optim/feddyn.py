@@ -18,6 +18,7 @@ from ..core.optimizer import ROUND_KEY, check_number, check_tensor_list, round_e
 from ..core.schedules import DecaySchedule, ScheduleLike
 from ..fl import algorithm
 from ..fl.algorithm import Baseline, BenchCase, FlowerName, Setting, Variant
+from ..fl.fold import sum_dtype
 from ..fl.server_rules import RULES, ServerRule, check_like, check_updates, register_rule
 from .sgd import SGDAlgorithm, SGDFamily
 
@@ -311,6 +312,10 @@ class FedDynRule(ServerRule):
             for xj, s, hj in zip(fold.x, total, h, strict=True)
         ]
         return {"x": x, "h": h}
+
+    def aggregate(self, fold, new_x):
+        """``Δ`` for a server optimizer: the rule's new model minus the old, ``mean_i delta_i - h'/alpha``."""
+        return [n.to(sum_dtype(n)) - o for n, o in zip(new_x, fold.x, strict=True)]
 
 
 register_rule(FedDynRule())
