@@ -43,6 +43,7 @@ from typing import (
 import torch
 
 from ..core.ops import OpSpec
+from . import server_rules, server_step
 
 if TYPE_CHECKING:  # for the annotations only: core.optimizer's imports are not needed here at run time
     from ..core.optimizer import FedOptimizer
@@ -425,7 +426,8 @@ def flower_names() -> Dict[str, FlowerName]:
 def index_markdown() -> str:
     """The table of algorithms docs/algorithms.md and README.md show, one row per registered algorithm:
     its optimizer, what it does (the first line of the optimizer's docstring), its ``fedopt-sim``
-    names, its Flower strategies and its paper (tests/test_adding_an_algorithm.py keeps both in step)."""
+    names, its Flower strategies and its paper (tests/test_adding_an_algorithm.py keeps both in step);
+    then one row per server optimizer (``server_step.INDEX``), which runs with any of them."""
     rows = [
         "| optimizer | what it does | `fedopt-sim --algorithm` | Flower strategy | paper |",
         "|---|---|---|---|---|",
@@ -436,6 +438,13 @@ def index_markdown() -> str:
         names = ", ".join(f"`{v.name}`" for v in a.variants)
         flower = ", ".join(f"`{f.name}`" for f in a.flower) or "via `strategy_for`"
         rows.append(f"| `{a.optimizer.__name__}` | {what} | {names} | {flower} | *{a.title}* |")
+    for name, (cls, what, title) in server_step.INDEX.items():  # a server optimizer composes with them
+        refused = [v.name for a in ALGORITHMS.values() for v in a.variants if not server_rules.RULES[v.server].takes_server_optimizer]
+        but = f" (all but {', '.join(f'`{r}`' for r in refused)})" if refused else ""
+        rows.append(
+            f"| `{cls}` | {what} | any, with `--server-optimizer {name}`{but} | any, run config "
+            f"`server-optimizer = \"{name}\"` | *{title}* |"
+        )
     return "\n".join(rows) + "\n"
 
 

@@ -20,7 +20,7 @@ the optimizer steps the model only.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -48,6 +48,28 @@ DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "yogi": {"server_lr": 1e-2, "server_beta1": 0.9, "server_beta2": 0.99, "server_tau": 1e-3},
     "adagrad": {"server_lr": 1e-2, "server_beta1": 0.9, "server_tau": 1e-3},
     "exp": {"server_eps": 1e-3},
+}
+
+
+# for the docs' table of algorithms (``algorithm.index_markdown``): class, what it does, paper
+INDEX: Mapping[str, Tuple[str, str, str]] = {
+    "avgm": (
+        "FedAvgM",
+        "Server optimizer: SGD with momentum on the round's aggregate (FedAvgM)",
+        "Measuring the Effects of Non-Identical Data Distribution for Federated Visual Classification",
+    ),
+    "adam": ("FedAdam", "Server optimizer: Adam on the round's aggregate (FedAdam)", "Adaptive Federated Optimization"),
+    "yogi": ("FedYogi", "Server optimizer: Yogi on the round's aggregate (FedYogi)", "Adaptive Federated Optimization"),
+    "adagrad": (
+        "FedAdagrad",
+        "Server optimizer: Adagrad with momentum on the round's aggregate (FedAdagrad)",
+        "Adaptive Federated Optimization",
+    ),
+    "exp": (
+        "FedExP",
+        "Server optimizer: an extrapolated step, sized each round from the clients' updates (FedExP)",
+        "FedExP: Speeding Up Federated Averaging via Extrapolation",
+    ),
 }
 
 
