@@ -1,7 +1,8 @@
 """fedopt_kernels: fused optimizer kernels for federated learning, as torch.optim classes.
 
 Public names (docs/algorithms.md): FedDecaySGD, WithinRoundDecay, NeuronLRSGD, neuron_lr_scales, FedNAR,
-PAdaMFed, theory_hparams, FedDyn, FedSAM, available_backends.
+PAdaMFed, theory_hparams, FedDyn, FedSAM, available_backends; the server optimizers FedAvgM, FedAdam,
+FedYogi, FedAdagrad, FedExP.
 """
 
 from .core.registry import available_backends
@@ -15,7 +16,11 @@ from .optim.fednar import FedNAR
 from .optim.padamfed import PAdaMFed, theory_hparams
 from .optim.feddyn import FedDyn
 from .optim.fedsam import FedSAM
+
 # isort: on
+from .optim.fedadam import FedAdagrad, FedAdam, FedYogi
+from .optim.fedavgm import FedAvgM
+from .optim.fedexp import FedExP
 
 __version__ = "0.1.0"
 
@@ -29,5 +34,10 @@ __all__ = [
     "theory_hparams",
     "FedDyn",
     "FedSAM",
+    "FedAvgM",
+    "FedAdam",
+    "FedYogi",
+    "FedAdagrad",
+    "FedExP",
     "available_backends",
 ]
