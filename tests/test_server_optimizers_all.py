@@ -24,14 +24,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
-import fedopt_kernels
-from fedopt_kernels.fl.algorithm import VARIANTS
-from fedopt_kernels.fl.server_rules import RULES
-from fedopt_kernels.fl.server_step import NAMES, optimizer_options
-from fedopt_kernels.sim.cli import fedopt_sim
-from fedopt_kernels.sim.server_optimizer import CLASSES
-from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence, validate_client_batched
 from test_server_optimizers_sim import (
     ROUNDING_RTOL,
     ROUNDS,
@@ -42,6 +34,13 @@ from test_server_optimizers_sim import (
     tiny_config,
     tiny_images,
 )
+
+from fedopt_kernels.fl.algorithm import VARIANTS
+from fedopt_kernels.fl.server_rules import RULES
+from fedopt_kernels.fl.server_step import NAMES, optimizer_options
+from fedopt_kernels.sim.cli import fedopt_sim
+from fedopt_kernels.sim.server_optimizer import CLASSES
+from fedopt_kernels.sim.validate import PARAM_RTOL, param_divergence, validate_client_batched
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -66,7 +65,7 @@ def test_every_algorithm_runs_three_rounds_on_every_server_optimizer(algorithm, 
     twin = None
     if server not in ("sgd", "exp") and VARIANTS[algorithm].server != "feddyn":  # FedDyn: a rule's own aggregate
         twin = [p.clone() for p in x0]
-        opt = getattr(fedopt_kernels, CLASSES[server])(twin, **optimizer_options(cfg), backend=cfg.backend)
+        opt = CLASSES[server](twin, **optimizer_options(cfg), backend=cfg.backend)
     for t in range(ROUNDS):
         sim.run_round(t)
         if twin is not None:
@@ -113,7 +112,8 @@ def test_two_ranks_equal_one_process(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- kill -9
 def test_a_killed_run_with_fedadam_resumes_bitwise(tmp_path):
-    from test_sim_resume_kill import COMMON, ROUNDS as KILL_ROUNDS, final_state, finish, kill, start, without_times
+    from test_sim_resume_kill import COMMON, final_state, finish, kill, start, without_times
+    from test_sim_resume_kill import ROUNDS as KILL_ROUNDS
 
     flags = ["--algorithm", "scaffold", "--server-optimizer", "adam", "--server-bias-correction"] + COMMON
     assert fedopt_sim.main(flags + ["--out", str(tmp_path / "whole")]) == 0
@@ -209,7 +209,10 @@ def test_flowers_fedadam_is_the_anchor():
     replies = []
     for i, (y, n) in enumerate(zip(ys, counts)):
         sent = grid.create_message(RecordDict({"config": ConfigRecord({})}), "train", 2**63 - 2 + i, "1")
-        content = {"arrays": ArrayRecord({k: Array(v) for k, v in y.items()}), "metrics": MetricRecord({"num-examples": n})}
+        content = {
+            "arrays": ArrayRecord({k: Array(v) for k, v in y.items()}),
+            "metrics": MetricRecord({"num-examples": n}),
+        }
         replies.append(Message(RecordDict(content), reply_to=sent))
     theirs, _ = flower.aggregate_train(1, replies)
 

@@ -439,11 +439,16 @@ def index_markdown() -> str:
         flower = ", ".join(f"`{f.name}`" for f in a.flower) or "via `strategy_for`"
         rows.append(f"| `{a.optimizer.__name__}` | {what} | {names} | {flower} | *{a.title}* |")
     for name, (cls, what, title) in server_step.INDEX.items():  # a server optimizer composes with them
-        refused = [v.name for a in ALGORITHMS.values() for v in a.variants if not server_rules.RULES[v.server].takes_server_optimizer]
+        refused = [
+            v.name
+            for a in ALGORITHMS.values()
+            for v in a.variants
+            if not server_rules.RULES[v.server].takes_server_optimizer
+        ]
         but = f" (all but {', '.join(f'`{r}`' for r in refused)})" if refused else ""
         rows.append(
             f"| `{cls}` | {what} | any, with `--server-optimizer {name}`{but} | any, run config "
-            f"`server-optimizer = \"{name}\"` | *{title}* |"
+            f'`server-optimizer = "{name}"` | *{title}* |'
         )
     return "\n".join(rows) + "\n"
 

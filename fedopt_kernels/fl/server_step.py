@@ -152,8 +152,8 @@ class ServerStep:
                 p.copy_(x0)
             p.grad = d.neg().to(p.dtype)  # one rounding of the float64 aggregate
         if self.norms:
-            total = fold.sums["sq_norm"][0] / fold.weight  # both scaled by 2**-exponent
-            self.optimizer.step(mean_sq_norm=total.to(torch.float32))
+            step: Any = self.optimizer.step  # FedExP's step(*, mean_sq_norm)
+            step(mean_sq_norm=fold.sums["sq_norm"][0] / fold.weight)  # both scaled by 2**-exponent
         else:
             self.optimizer.step()
         for p in self.x:

@@ -226,7 +226,12 @@ class FedOptStrategy(Strategy):
         """The new server state from the sorted accepted results: {"x": ..., other server tensors}."""
         weights = [r.weight for r in results]
         fold = self.rule.begin(
-            self.global_params, self.state, self.hp, self._client_count(), self.cfg.local_steps, weight_exponent(weights)
+            self.global_params,
+            self.state,
+            self.hp,
+            self._client_count(),
+            self.cfg.local_steps,
+            weight_exponent(weights),
         )
         fold = self.server.begin(fold)
         for r in results:

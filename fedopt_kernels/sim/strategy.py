@@ -27,8 +27,8 @@ from .batched.precision import autocast_scope, precision_scope
 from .client_state import ClientState, Layout, entry_or_none
 from .client_state_memory import MemoryClientState
 from .config import SimConfig
-from .server_optimizer import build as build_server_step
 from .data.clients import Batch, BatchStream, ClientData
+from .server_optimizer import build as build_server_step
 
 Tensors = List[torch.Tensor]
 
