@@ -286,3 +286,24 @@ def test_the_python_settings_name_the_field():
     assert set(NAMES) == {"sgd", *CLASSES}
     for name, cls in CLASSES.items():  # the docs' table names the classes the package exports
         assert getattr(fedopt_kernels, INDEX[name][0]) is cls
+
+
+def test_the_documented_commands_are_ones_fedopt_sim_accepts():
+    """docs/algorithms.md's server optimizers (the FedNAR paper's six backbones) and docs/simulator.md's."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    algorithms = (root / "docs" / "algorithms.md").read_text().split("## Server optimizers", 1)[1].split("\n## ", 1)[0]
+    simulator = (root / "docs" / "simulator.md").read_text()
+    lines = re.findall(r"^fedopt-sim .*$", algorithms, re.M)
+    assert sum("--algorithm fednar" in line for line in lines) == 6
+    lines += re.findall(r"^fedopt-sim .*--server-optimizer.*$", simulator, re.M)
+    for line in lines:
+        args = fedopt_sim.build_parser().parse_args(shlex.split(line)[1:])
+        cfg = fedopt_sim.config_from_args(args, 0)  # validates every setting
+        assert cfg.server_optimizer in NAMES
+    assert {"exp", "adam", "avgm"} <= {
+        fedopt_sim.build_parser().parse_args(shlex.split(x)[1:]).server_optimizer for x in lines
+    }

@@ -96,7 +96,8 @@ class Strategy:
     between rounds, each client's in the client-state store (``kept``, a mapping client id ->
     tensors; ``c_local`` is the same store; ``sim/client_state.py``): clients that never trained
     have none. With FedAvg's rule this is FedAvg, FedSGD, FedDecay, FedProx, FedNLR and FedNAR;
-    with SCAFFOLD's, SCAFFOLD and FedNAR-SCAFFOLD; and so on for every registered variant.
+    with SCAFFOLD's, SCAFFOLD and FedNAR-SCAFFOLD; and so on for every registered variant. The
+    model step is the run's server optimizer's (``server``, ``fl/server_step.py``; ``sgd``: the rule's).
     """
 
     def __init__(self, sim: RoundHost):
