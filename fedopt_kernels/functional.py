@@ -317,9 +317,11 @@ def bias_corrections(beta1: float, beta2: float, step: int, rule: str, bias_corr
     correction; Adagrad's v takes none: its second factor is always 1.0)."""
     if not bias_correction:
         return 1.0, 1.0
-    c1 = 1.0 / (1.0 - beta1**step)
-    c2 = 1.0 if rule == "adagrad" else 1.0 / math.sqrt(1.0 - beta2**step)
-    return c1, c2
+    # IEEE results where Python raises (the kernels' too; the optimizers refuse betas outside [0, 1))
+    d1, d2 = 1.0 - beta1**step, 1.0 - beta2**step
+    c1 = 1.0 / d1 if d1 != 0 else math.copysign(math.inf, d1)
+    c2 = 1.0 / math.sqrt(d2) if d2 > 0 else (math.inf if d2 == 0 else math.nan)
+    return c1, 1.0 if rule == "adagrad" else c2
 
 
 @torch.no_grad()

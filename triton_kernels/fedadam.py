@@ -50,10 +50,10 @@ def _adam_hp(hp_ptr, hp_row, k_ptr, client):
     t = (tl.load(k_ptr + client) + 1).to(tl.float64)
     b1 = tl.load(r + _B1)
     b2 = tl.load(r + _B2)
-    rule = tl.load(r + _RULE)
+    rule = tl.load(r + _RULE).to(tl.int32)  # truncated, as the reference and the C++ kernels read it
     bc = tl.load(r + _BC) != 0.0
     c1 = tl.where(bc, 1.0 / (1.0 - _power(b1, t)), 1.0)
-    c2 = tl.where(bc & (rule != 2.0), 1.0 / tl.sqrt(1.0 - _power(b2, t)), 1.0)
+    c2 = tl.where(bc & (rule != 2), 1.0 / tl.sqrt(1.0 - _power(b2, t)), 1.0)
     step = (tl.load(r + _LR) * c1).to(tl.float32)
     return (
         step,
@@ -81,8 +81,8 @@ def _adam_tile(at, hp, inv, DT: tl.constexpr, UNSCALE: tl.constexpr, TILE: tl.co
     m = load_f32(at, _M, M_DTYPE, TILE) * b1 + omb1 * g
     v = load_f32(at, _V, V_DTYPE, TILE)
     diff = v - g2
-    sign = tl.where(diff > 0.0, 1.0, tl.where(diff < 0.0, -1.0, tl.where(diff == 0.0, 0.0, diff)))
-    v_new = tl.where(rule == 0.0, v * b2 + omb2 * g2, tl.where(rule == 1.0, v - omb2 * g2 * sign, v + g2))
+    sign = tl.where(diff > 0.0, 1.0, tl.where(diff < 0.0, -1.0, 0.0))  # torch.sign: 0 for 0 (and NaN)
+    v_new = tl.where(rule == 0, v * b2 + omb2 * g2, tl.where(rule == 1, v - omb2 * g2 * sign, v + g2))
     store_as(at, m, _M, M_DTYPE, TILE)
     store_as(at, v_new, _V, V_DTYPE, TILE)
     store_as(at, x - step * tl.math.div_rn(m, tl.sqrt_rn(v_new) * c2 + tau), _X, X_DTYPE, TILE)
