@@ -18,7 +18,8 @@ several param groups share one norm, each with its group's values.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Union
+import math
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -304,3 +305,119 @@ def sam_ascent(
             s.copy_(x)
         w_d = (_up(x).abs() + etas[i]) * d if adaptives[i] else d
         x.copy_(_up(x) + factor.to(d.dtype) * w_d)
+
+
+# ------------------------------------------------------------------------------- the server optimizers
+# FedAdam / FedYogi / FedAdagrad's second-moment rules, as the fedadam op's "rule" column numbers them
+ADAPTIVE_RULES = ("adam", "yogi", "adagrad")
+
+
+def bias_corrections(beta1: float, beta2: float, step: int, rule: str, bias_correction: bool) -> Tuple[float, float]:
+    """``(1 / (1 - beta1^t), 1 / sqrt(1 - beta2^t))`` in float64 for step ``t`` (both 1.0 without bias
+    correction; Adagrad's v takes none: its second factor is always 1.0)."""
+    if not bias_correction:
+        return 1.0, 1.0
+    # IEEE results where Python raises (the kernels' too; the optimizers refuse betas outside [0, 1))
+    d1, d2 = 1.0 - beta1**step, 1.0 - beta2**step
+    c1 = 1.0 / d1 if d1 != 0 else math.copysign(math.inf, d1)
+    c2 = 1.0 / math.sqrt(d2) if d2 > 0 else (math.inf if d2 == 0 else math.nan)
+    return c1, 1.0 if rule == "adagrad" else c2
+
+
+@torch.no_grad()
+def fedadam(
+    params: Tensors,
+    grads: Tensors,
+    exp_avgs: Tensors,
+    exp_avg_sqs: Tensors,
+    *,
+    lr: Number,
+    beta1: Number = 0.9,
+    beta2: Number = 0.99,
+    tau: Number = 1e-3,
+    rule: Union[str, Sequence[str]] = "adam",
+    step: int = 1,
+    bias_correction: Union[bool, Sequence[bool]] = False,
+    grad_scale: Optional[torch.Tensor] = None,
+    found_inf: Optional[torch.Tensor] = None,
+) -> None:
+    r"""One server step of FedAdam, FedYogi or FedAdagrad on the pseudo-gradient ``g = -Delta``.
+
+    From "Adaptive Federated Optimization" (Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar,
+    McMahan; ICLR 2021), Algorithm 2::
+
+        m  = beta1 m + (1 - beta1) g
+        v  = v + g^2                                  (rule "adagrad")
+        v  = v - (1 - beta2) g^2 sign(v - g^2)        (rule "yogi")
+        v  = beta2 v + (1 - beta2) g^2                (rule "adam")
+        x -= (lr c1) m / (sqrt(v) c2 + tau)
+
+    with ``c1, c2 = bias_corrections(beta1, beta2, step, rule, bias_correction)`` (1 without bias
+    correction; with it, torch.optim.Adam's ``1 / (1 - beta1^t)`` and ``1 / sqrt(1 - beta2^t)``,
+    ``t = step``; Adagrad corrects m only). ``exp_avgs`` / ``exp_avg_sqs`` (m, v) are updated in place.
+    """
+    if _skipped(found_inf) or not params:
+        return
+    n = len(params)
+    lrs, b1s, b2s, taus = (_each(k, v, n) for k, v in (("lr", lr), ("beta1", beta1), ("beta2", beta2), ("tau", tau)))
+    rules = [rule] * n if isinstance(rule, str) else list(rule)
+    bcs = [bias_correction] * n if isinstance(bias_correction, bool) else [bool(b) for b in bias_correction]
+    unscaled = _unscaler(grad_scale)
+    for i, (x, g, m_t, v_t) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)):
+        if rules[i] not in ADAPTIVE_RULES:
+            raise ValueError(f"rule must be one of {ADAPTIVE_RULES}, got {rules[i]!r}")
+        gf = unscaled(g)
+        g2 = gf * gf
+        m = _up(m_t) * b1s[i] + (1.0 - b1s[i]) * gf
+        v = _up(v_t)
+        if rules[i] == "adam":
+            v = v * b2s[i] + (1.0 - b2s[i]) * g2
+        elif rules[i] == "yogi":
+            v = v - (1.0 - b2s[i]) * g2 * torch.sign(v - g2)
+        else:
+            v = v + g2
+        c1, c2 = bias_corrections(b1s[i], b2s[i], step, rules[i], bcs[i])
+        m_t.copy_(m)
+        v_t.copy_(v)
+        x.copy_(_up(x) - (lrs[i] * c1) * (m / (v.sqrt() * c2 + taus[i])))
+
+
+def fedexp_step_size(norm: torch.Tensor, mean_sq_norm: float, eps: float, lr: float = 1.0) -> torch.Tensor:
+    """FedExP's ``lr * eta_g``, ``eta_g = max(1, mean_sq_norm / (2 (norm^2 + eps)))``, in float64 from
+    the float64 global norm (NaN propagates, as torch.clamp keeps it)."""
+    q = mean_sq_norm / (2.0 * (norm.double() * norm.double() + eps))
+    return lr * torch.clamp(q, min=1.0)
+
+
+@torch.no_grad()
+def fedexp(
+    params: Tensors,
+    grads: Tensors,
+    *,
+    mean_sq_norm: Number,
+    eps: Number = 1e-3,
+    lr: Number = 1.0,
+    grad_scale: Optional[torch.Tensor] = None,
+    found_inf: Optional[torch.Tensor] = None,
+    reduce: Optional[Reduce] = None,
+) -> None:
+    r"""One FedExP server step on the pseudo-gradient ``g = -Delta``.
+
+    From "FedExP: Speeding Up Federated Averaging via Extrapolation" (Jhunjhunwala, Wang, Joshi;
+    ICLR 2023). ``mean_sq_norm`` is the weighted mean over the round's clients of ``||Delta_i||^2``::
+
+        s     = || all g ||_2                                       (global_norm, float64)
+        eta_g = max(1, mean_sq_norm / (2 (s^2 + eps)))               (float64, then the norm dtype)
+        x    -= (lr * eta_g) * g                                     (x + eta_g Delta for lr = 1)
+    """
+    if _skipped(found_inf) or not params:
+        return
+    n = len(params)
+    lrs, epss, msns = (_each(k, v, n) for k, v in (("lr", lr), ("eps", eps), ("mean_sq_norm", mean_sq_norm)))
+    unscaled = _unscaler(grad_scale)
+    ds = [unscaled(g) for g in grads]
+    norm = global_norm(ds, reduce)
+    dtype = _norm_dtype(params)
+    for i, (x, d) in enumerate(zip(params, ds, strict=True)):
+        factor = fedexp_step_size(norm, msns[i], epss[i], lrs[i]).to(dtype)
+        x.copy_(_up(x) - factor.to(d.dtype) * d)

@@ -110,6 +110,7 @@ SLOW_FILES = frozenset(
         "test_ops.py",
         "test_properties.py",
         "test_replay.py",
+        "test_server_optimizers_all.py",
         "test_sim_batched.py",
         "test_sim_cli.py",
         "test_sim_data_cifar.py",

@@ -34,7 +34,18 @@ HP: Dict[str, float] = {
     "rho": 0.3,
     "eta": 0.01,
     "adaptive": 1.0,  # ASAM's w = |x| + eta: the form that reads x in both passes
+    "beta1": 0.5,  # the batched rows scale every column by up to 1.6: betas stay below 1
+    "beta2": 0.6,
+    "tau": 1e-3,
+    "rule": 1.0,  # FedYogi: the sign(v - g^2) rule
+    "bias_correction": 1.0,
+    "mean_sq_norm": 50.0,
 }
+
+# optional roles every row group carries (PAdaMFed's D and acc; the server optimizers' moments);
+# second moments are sums of squares: never negative
+ALWAYS = {"D", "acc", "exp_avg", "exp_avg_sq"}
+NON_NEGATIVE = {"exp_avg_sq"}
 
 # per-client shapes: two chunks per client (16384 + 4619 elements; 21003 is odd, so every other
 # client's slice is misaligned), 5 (misaligned), aligned ones, a one-element tensor, a zero-size one
@@ -70,18 +81,17 @@ def op_args(
     spec: OpSpec, layout: Layout, backend: str, device: str = "cuda", clients: int = 0, seed: int = 0
 ) -> List[Any]:
     """Arguments of op ``spec``: ``layout`` lists (per-client shape, dtype, row group) per parameter.
-    Even row groups carry every optional role, odd ones only PAdaMFed's D and acc. Batched
+    Even row groups carry every optional role, odd ones only those of ``ALWAYS``. Batched
     (``clients`` > 0): every tensor gets a leading client dimension, hp rows differ per client, k
     is 0 for every third client (sgd's FRESH rule applies to it in row group 0) and every fourth client
     is inactive."""
     g = torch.Generator().manual_seed(seed)
     lead = (clients,) if clients else ()
     nb = 1 + max(b for _, _, b in layout)
-    always = {"D", "acc"}
     present = [
         (1 << len(spec.optional)) - 1
         if b % 2 == 0
-        else sum(1 << i for i, r in enumerate(spec.optional) if r.name in always)
+        else sum(1 << i for i, r in enumerate(spec.optional) if r.name in ALWAYS)
         for b in range(nb)
     ]
 
@@ -97,7 +107,8 @@ def op_args(
                 if role.per_row:
                     ts.append((0.5 + torch.rand(lead + tuple(s[:1]), generator=g)).to(dtype=st, device=device))
                 else:
-                    ts.append(rnd(s, st if role.state_typed else dt))
+                    t = rnd(s, st if role.state_typed else dt)
+                    ts.append(t.abs() if role.name in NON_NEGATIVE else t)
         lists.append(ts)
     hp = hp_rows(spec, nb)
     row_of = [b for _, _, b in layout]

@@ -1,7 +1,8 @@
 """Run every algorithm variant, one client after another and client-batched, on this process's rank of
 a torchrun group (or on one process without torchrun), and write each run's result as JSON.
 
-``python tests/ranks_child.py OUT_DIR [VARIANT ...]``: rank 0 writes ``OUT_DIR/<variant>-<mode>.json``
+``python tests/ranks_child.py OUT_DIR [VARIANT[:SERVER_OPTIMIZER] ...]``: rank 0 writes
+``OUT_DIR/<variant>[:<server optimizer>]-<mode>.json``
 (the per-round records without their times, the final evaluation, the final model's and server
 state's digest). tests/test_sim_ranks.py starts it under ``torchrun --nproc-per-node 2`` and alone,
 and compares.
@@ -24,8 +25,10 @@ MODES = {"sequential": 1, "client-batched": 3}
 
 
 def config(variant: str, batched: int) -> SimConfig:
+    variant, _, server = variant.partition(":")
     return SimConfig(
         algorithm=variant,
+        server_optimizer=server or "sgd",
         dataset="synthetic",
         model="mlp",
         hidden=16,
@@ -54,6 +57,7 @@ def main() -> int:
             sim = Simulation(config(variant, batched), client_state_dir=store, ranks=ranks)
             result = sim.run()
             state = [t for key in sorted(sim.strategy.state) for t in sim.strategy.state[key]]
+            state += sim.strategy.server.tensors()
             if ranks.main:
                 record = {
                     "history": [{k: v for k, v in r.items() if k != "seconds"} for r in result["history"]],

@@ -22,7 +22,7 @@ from fedopt_kernels.batched.mixin import ClientBatched
 from fedopt_kernels.core import ops as _ops
 from fedopt_kernels.core import registry as _registry
 from fedopt_kernels.core.optimizer import FedOptimizer
-from fedopt_kernels.fl import algorithm, catalogue
+from fedopt_kernels.fl import algorithm, catalogue, server_step
 from fedopt_kernels.fl.algorithm import Algorithm, Variant
 from fedopt_kernels.fl.config import FLConfig, algorithm_settings
 from fedopt_kernels.fl.server_rules import RULES
@@ -698,6 +698,15 @@ def index_markdown() -> str:
         names = ", ".join(f"`{v.name}`" for v in a.variants)
         strategies = ", ".join(f"`{f.name}`" for f in flower if f.algorithm == a.name) or "via `strategy_for`"
         rows.append(f"| `{a.optimizer.__name__}` | {what} | {names} | {strategies} | *{a.title}* |")
+    refused = [
+        v.name for a in algorithm.ALGORITHMS.values() for v in a.variants if not RULES[v.server].takes_server_optimizer
+    ]
+    but = f" (all but {', '.join(f'`{r}`' for r in refused)})" if refused else ""
+    for name, (cls, what, title) in server_step.INDEX.items():  # a server optimizer composes with any of them
+        rows.append(
+            f"| `{cls}` | {what} | any, with `--server-optimizer {name}`{but} | any, run config "
+            f'`server-optimizer = "{name}"` | *{title}* |'
+        )
     return "\n".join(rows) + "\n"
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 from backends import cases, require
-from op_harness import HP
+from op_harness import ALWAYS, HP, NON_NEGATIVE
 
 import fedopt_kernels as fk
 from fedopt_kernels.core import ops as _ops
@@ -26,8 +26,8 @@ SHAPES = [(5, 3), (7,), (2, 3, 2)]
 
 
 def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, clients=0):
-    """Arguments of ``spec``'s op: row group 0 has every optional role, row group 1 none of the optional
-    ones (PAdaMFed needs D and acc everywhere, so its row group 1 has those). ``clients``: the batched form."""
+    """Arguments of ``spec``'s op: row group 0 has every optional role, row group 1 only those every row
+    group has (op_harness.ALWAYS: PAdaMFed's D and acc, the moments). ``clients``: the batched form."""
     g = torch.Generator().manual_seed(0)
     lead = (clients,) if clients else ()
 
@@ -36,8 +36,7 @@ def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, cli
 
     n = len(SHAPES)
     row_of = [0, 1, 0]
-    always = {"D", "acc"}
-    present = [(1 << len(spec.optional)) - 1, sum(1 << i for i, r in enumerate(spec.optional) if r.name in always)]
+    present = [(1 << len(spec.optional)) - 1, sum(1 << i for i, r in enumerate(spec.optional) if r.name in ALWAYS)]
     lists = [[rnd(s) for s in SHAPES], [rnd(s) for s in SHAPES]]
     for i, role in enumerate(spec.optional):
         ts = []
@@ -46,7 +45,8 @@ def _args(spec, device, dtype=torch.float32, backend="reference", amp=False, cli
                 if role.per_row:
                     ts.append((0.5 + torch.rand(lead + SHAPES[j][:1], generator=g)).to(device))
                 else:
-                    ts.append(rnd(SHAPES[j], torch.float32 if role.state_typed else dtype))
+                    t = rnd(SHAPES[j], torch.float32 if role.state_typed else dtype)
+                    ts.append(t.abs() if role.name in NON_NEGATIVE else t)
         lists.append(ts)
     rows = []
     for b in range(2):  # the GPU tests' values (tests/op_harness.py), ASAM in row group 0 only

@@ -38,13 +38,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import fednar, padamfed, sam_ascent
+from . import fedexp, fednar, padamfed, sam_ascent
 from .jit_mode import device_fn, loop_bound
 from .norm import global_norm
 from .tiles import chunk_of, client_active, inv_scale, live_step, row_client, step_increment, tile_of, tile_rows
 
 # each norm op's OP index (the branches of _elem and _factor) and the module of its math
-OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed), "sam_ascent": (2, sam_ascent)}
+OPS = {"fednar": (0, fednar), "padamfed": (1, padamfed), "sam_ascent": (2, sam_ascent), "fedexp": (3, fedexp)}
 
 
 @device_fn
@@ -62,14 +62,16 @@ def _elem(
     VEC: tl.constexpr,
 ):
     """Op ``OP``'s ``elem`` at ``at`` (``tiles.py``'s bundles): ``DT`` is each role's element type by
-    slot (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H; sam_ascent: x, g, saved), ``HAS``
+    slot (fednar: x, g, x0, corr; padamfed: x, g, D, acc, H; sam_ascent: x, g, saved; fedexp: x, g), ``HAS``
     whether optional roles 2, 3, 4 are there."""
     if OP == 0:
         out = fednar.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
     elif OP == 1:
         out = padamfed.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
-    else:
+    elif OP == 2:
         out = sam_ascent.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
+    else:
+        out = fedexp.elem(at, r, inv, factor, PASS, DT, HAS, UNSCALE, TILE, VEC)
     return out
 
 
@@ -79,8 +81,10 @@ def _factor(OP: tl.constexpr, norm, r):
         f = fednar.factor(norm, r)
     elif OP == 1:
         f = padamfed.factor(norm, r)
-    else:
+    elif OP == 2:
         f = sam_ascent.factor(norm, r)
+    else:
+        f = fedexp.factor(norm, r)
     return f
 
 

@@ -196,10 +196,42 @@ SAM_ASCENT = OpSpec(
     doc="FedSAM's ascent: w = |x| + eta (adaptive) or 1; saved = x; x += rho * w^2 * g / (||w * g|| + eps)",
 )
 
+# ---- the server optimizers' ops (SPEC: server optimizers; FedAvgM runs the sgd op)
+# FedAdagrad / FedYogi / FedAdam (Reddi et al., Algorithm 2), told apart by the "rule" column
+# (0 Adam, 1 Yogi, 2 Adagrad); the step count t = k + 1 of the bias correction is the op's k
+FEDADAM = OpSpec(
+    "fedadam",
+    roles=(
+        Role("params", "x", written=True, reads=1, writes=1),
+        Role("grads", "g"),
+        Role("exp_avg", "m", written=True, state_typed=True, reads=1, writes=1),
+        Role("exp_avg_sq", "v", written=True, state_typed=True, reads=1, writes=1),
+    ),
+    hps=("lr", "beta1", "beta2", "tau", "rule", "bias_correction"),
+    norm=False,
+    schedule=False,
+    doc="FedAdam/FedYogi/FedAdagrad: m = b1 m + (1-b1) g; v by the rule; x -= lr m / (sqrt(v) + tau)",
+)
+
+# FedExP: pass 1 reads g (its global norm), pass 2 reads x and g and writes x: 16 bytes per element
+FEDEXP = OpSpec(
+    "fedexp",
+    roles=(
+        Role("params", "x", written=True, reads=1, writes=1),
+        Role("grads", "g", reads=2),
+    ),
+    hps=("lr", "eps", "mean_sq_norm"),
+    norm=True,
+    schedule=False,
+    doc="FedExP: x -= lr * max(1, mean_sq_norm / (2 (||g||^2 + eps))) * g",
+)
+SERVER_OPS = (FEDADAM, FEDEXP)
+# ---- end of the server optimizers' ops
+
 # bit of sgd_batched's present mask: the round started with fresh momentum buffers
 FRESH = 1 << 16
 
-PER_CLIENT: Dict[str, OpSpec] = {s.name: s for s in (SGD, FEDNAR, PADAMFED, SAM_ASCENT)}
+PER_CLIENT: Dict[str, OpSpec] = {s.name: s for s in (SGD, FEDNAR, PADAMFED, SAM_ASCENT, *SERVER_OPS)}
 BATCHED: Dict[str, OpSpec] = {
     f"{n}_batched": replace(s, name=f"{n}_batched", batched=True, base=n) for n, s in PER_CLIENT.items()
 }

@@ -22,6 +22,7 @@ else:  # torch depends on typing_extensions
     from typing_extensions import dataclass_transform
 
 from . import algorithm as _algorithm
+from . import server_step as _server_step
 
 
 def check_choice(name: str, value: Any, options) -> None:
@@ -130,7 +131,10 @@ class FLConfig:
         1.0, float, "multiply the client lr (default %(default)s; for lr-robustness sweeps)", low_open=True
     )
     server_lr: Optional[float] = _setting(
-        None, float, "server learning rate (default 1; PAdaMFed: gamma from theory)", low_open=True
+        None,
+        float,
+        "server learning rate (default 1; adam, yogi, adagrad: 1e-2; PAdaMFed: gamma from theory)",
+        low_open=True,
     )
     beta: Optional[float] = _setting(
         None,
@@ -155,6 +159,32 @@ class FLConfig:
         high=1.0,
         low_open=True,
         some=True,
+    )
+    # the server optimizer on each round's aggregate (fl/server_step.py; docs/algorithms.md)
+    server_optimizer: str = _setting(
+        "sgd",
+        str,
+        "the server's optimizer on the round's aggregate: sgd (x += server_lr * aggregate), avgm (FedAvgM), "
+        "adam, yogi, adagrad (Reddi et al.), exp (FedExP)",
+        choices=_server_step.NAMES,
+    )
+    server_momentum: Optional[float] = _setting(None, float, "avgm: momentum (default 0.9)", high=1.0, high_open=True)
+    server_nesterov: bool = _setting(False, bool, "avgm: Nesterov momentum")
+    server_beta1: Optional[float] = _setting(
+        None, float, "adam, yogi, adagrad: first-moment decay (default 0.9)", high=1.0, high_open=True
+    )
+    server_beta2: Optional[float] = _setting(
+        None, float, "adam, yogi: second-moment decay (default 0.99)", high=1.0, high_open=True
+    )
+    server_tau: Optional[float] = _setting(
+        None, float, "adam, yogi, adagrad: adaptivity tau, added to sqrt(v) (default 1e-3)", low_open=True
+    )
+    server_initial_accumulator: Optional[float] = _setting(
+        None, float, "adam, yogi, adagrad: v's value before the first round (default tau**2)"
+    )
+    server_bias_correction: bool = _setting(False, bool, "adam, yogi, adagrad: divide m and v by 1 - beta**t")
+    server_eps: Optional[float] = _setting(
+        None, float, "exp: epsilon of FedExP's step size (default 1e-3)", low_open=True
     )
     backend: str = "auto"
     seed: int = 0
@@ -226,20 +256,28 @@ class FLConfig:
                 continue
             if f.metadata["choices"]:
                 check_choice(f.name, value, f.metadata["choices"])
+            elif f.metadata["type"] is bool:
+                if not isinstance(value, bool):
+                    raise ValueError(f"{f.name} must be True or False, got {value!r}")
             elif f.metadata["type"] is int:
                 check_integer(f.name, value, int(f.metadata["range"][0]))
             else:
                 low, high, low_open, high_open = f.metadata["range"]
                 check_real(f.name, value, low, high, low_open=low_open, high_open=high_open)
         self.algo.check(self, self.variant)
+        _server_step.check(self)
         if not isinstance(self.backend, str):
             raise ValueError(f"backend must be a string, got {self.backend!r}")
         check_integer("seed", self.seed, 0)
 
     # ------------------------------------------------------------------ defaults
     def hparams(self) -> Dict[str, Any]:
-        """Client lr, server lr, beta, prox_mu, clip_norm, round_decay (+ the algorithm's own) with defaults."""
-        return self.algo.hparams(self, self.variant)
+        """Client lr, server lr, beta, prox_mu, clip_norm, round_decay (+ the algorithm's own) with defaults
+        (``server_lr``: the server optimizer's, ``server_step.DEFAULTS``, where it has one)."""
+        hp = self.algo.hparams(self, self.variant)
+        if self.server_lr is None and "server_lr" in _server_step.DEFAULTS.get(self.server_optimizer, {}):
+            hp["server_lr"] = _server_step.setting(self, "server_lr")
+        return hp
 
     def replace(self: _Config, **changes: Any) -> _Config:
         """A copy with ``changes`` (of the same class: a SimConfig's is a SimConfig)."""

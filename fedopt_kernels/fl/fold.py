@@ -20,6 +20,10 @@ merging, round to the same model but on the rare element whose exact mean lies t
 float32 rounding boundary; summed in float32, every element would differ by a unit or so each
 round, which many rounds of training grow into a different run.
 
+A server optimizer that reads the clients' squared update norms (FedExP's, ``server_step.py``) has
+the fold also keep ``sums["sq_norm"]``, one float64 scalar ``sum_i w_i ||delta_i||^2`` (weights
+scaled as above), added per update and merged like the other sums (``keep_sq_norms``).
+
 Sums from several folds with the same exponent (the ranks of one run) combine by ``merge``:
 added in the order given, so every process that merges the same folds in the same order holds
 the same bits.
@@ -50,6 +54,12 @@ def finished(out: Dict[str, Tensors], like: Mapping[str, Tensors]) -> Dict[str, 
         name: [t.to(r.dtype) for t, r in zip(tensors, like[name], strict=True)] if name in like else tensors
         for name, tensors in out.items()
     }
+
+
+def sq_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``sum_j ||tensors[j]||^2`` as a 0-d tensor in the sums' dtype (float64: exact squares), on the device."""
+    dt = sum_dtype(tensors[0])
+    return torch.stack([t.to(dt).square().sum() for t in tensors]).sum()
 
 
 def weight_exponent(weights: Sequence[float]) -> int:
@@ -88,8 +98,15 @@ class Fold:
     def add(self, delta: Sequence[torch.Tensor], weight: float, reply: Optional[Mapping[str, Tensors]] = None) -> None:
         """Add one accepted update (its model change ``delta``, weight, reply tensors such as ``dc``)."""
         self.rule.add(self, delta, weight, reply or {})
+        if "sq_norm" in self.sums:
+            self.sums["sq_norm"][0].add_(sq_norm(delta), alpha=self.scaled(weight))
         self.count += 1
         self.weight += self.scaled(weight)
+
+    def keep_sq_norms(self) -> None:
+        """Also sum ``w_i ||delta_i||^2`` over the updates (module docstring); before the first ``add``."""
+        like = self.x[0]
+        self.sums["sq_norm"] = [torch.zeros((), dtype=sum_dtype(like), device=like.device)]
 
     def scaled(self, weight: float) -> float:
         """``weight / 2**exponent``: exact, so the weighted sum is ``sum_i w_i delta_i`` to the bit, scaled."""

@@ -22,7 +22,9 @@ an algorithm's server is written once, it says how a round uses the arithmetic:
 * ``keeps``: each client keeps one tensor list between rounds (SCAFFOLD's and PAdaMFed's ``c_i``,
   FedDyn's ``g_i``), zero (or None) before its first round;
 * ``reply``: tensor lists a client's reply carries besides its model change ``delta`` ("dc": the
-  change of its control).
+  change of its control);
+* ``takes_server_optimizer``: the model step may be a server optimizer's on the round's aggregate
+  (``aggregate``, ``server_step.py``); False where the rule's server step is its own (PAdaMFed's).
 
 Each rule is registered by name (``RULES``, ``register_rule``); an algorithm's variants name the rule they use.
 """
@@ -138,6 +140,7 @@ class ServerRule:
     keeps = False
     reply: Tuple[str, ...] = ()
     init_controls = False
+    takes_server_optimizer = True
 
     def init_state(self, x: Sequence[torch.Tensor]) -> Dict[str, Tensors]:
         """The server tensors before the first round (before the initial round with ``init_controls``)."""
@@ -198,6 +201,13 @@ class ServerRule:
         """The new model ``"x"`` and server state from a fold's sums."""
         alpha = fold.hp["server_lr"] / fold.weight  # x + server_lr * (sum_i w_i delta_i) / sum_i w_i
         return {"x": [xj.clone().add_(s, alpha=alpha) for xj, s in zip(fold.x, fold.sums["delta"], strict=True)]}
+
+    def aggregate(self, fold: Fold, new_x: Tensors) -> Tensors:
+        """The round's aggregate ``Δ`` that a server optimizer steps on as ``g = -Δ`` (``server_step.py``),
+        in the sums' dtype (unrounded): FedAvg's ``sum_i w_i delta_i / sum_i w_i``. ``new_x`` is what
+        ``finish`` gave; a rule whose ``finish`` moves the model otherwise overrides this (FedDyn:
+        ``new_x - x``)."""
+        return [s / fold.weight for s in fold.sums["delta"]]
 
     def step(
         self,

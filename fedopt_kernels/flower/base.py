@@ -4,7 +4,9 @@ A round: ``configure_train`` samples clients (seeded, reproducible) and sends ea
 the algorithm's config (``settings.round_config``) and the server-side extras of the algorithm
 (control variate, momentum); ``aggregate_train`` checks every reply, leaves out the bad ones (and
 logs which client and why), sorts the good ones by client id and applies the algorithm's server
-rule from ``fedopt_kernels.fl.server_rules``, the same functions the simulator calls.
+rule from ``fedopt_kernels.fl.server_rules``, the same functions the simulator calls, and the run's
+server optimizer (``server-optimizer``; ``fl/server_step.py``), whose state is part of the
+strategy's checkpoint.
 
 A reply is left out when the client failed (an error reply), did not answer (dropped out or timed
 out), was not sampled or answered twice, answers another round (its group id, which Flower copies
@@ -17,6 +19,7 @@ Every left-out reply is appended to ``strategy.rejections`` as well as logged.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import math
@@ -34,7 +37,10 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ..fl.checkpoint import CheckpointDir, plain_settings
 from ..fl.config import FLConfig
+from ..fl.fold import weight_exponent
 from ..fl.server_rules import RULES, ServerRule
+from ..fl.server_step import ServerStep
+from ..sim.server_optimizer import build as build_server_step
 from .records import BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric, to_record
 from .resume import metric_dicts
 from .settings import CHECKPOINTED, RESUMED_AT, round_config
@@ -143,6 +149,7 @@ class FedOptStrategy(Strategy):
             )
         self.server_rule = cfg.server_rule
         self.state: Dict[str, Tensors] = {}
+        self.server = ServerStep("sgd")  # the run's server optimizer, over a copy of the model (first round)
         _check_fraction("fraction_train", fraction_train, allow_zero=False)
         _check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
         check_count("clients_per_round", clients_per_round)
@@ -217,25 +224,37 @@ class FedOptStrategy(Strategy):
 
     def _server_step(self, results: List[ClientResult]) -> Dict[str, Tensors]:
         """The new server state from the sorted accepted results: {"x": ..., other server tensors}."""
-        replies = [{"dc": r.dc} if r.dc is not None else {} for r in results]
-        return self.rule.step(
+        weights = [r.weight for r in results]
+        fold = self.rule.begin(
             self.global_params,
             self.state,
-            [r.delta for r in results],
-            [r.weight for r in results],
-            replies,
             self.hp,
             self._client_count(),
             self.cfg.local_steps,
+            weight_exponent(weights),
         )
+        fold = self.server.begin(fold)
+        for r in results:
+            fold.add(r.delta, r.weight, {"dc": r.dc} if r.dc is not None else {})
+        out = fold.finish()
+        if self.server.optimizer is not None and all(all_finite(v) for v in out.values()):
+            before = copy.deepcopy(self.server.state_dict())
+            out["x"] = [t.clone() for t in self.server.step(fold, out["x"])]
+            if not all_finite(out["x"]):  # the round is skipped (aggregate_train): so is the optimizer's step
+                self.server.load_state_dict(before)
+        return out
 
     def _commit(self, state: Dict[str, Tensors]) -> None:
         self.global_params = state["x"]
         self.state = {key: v for key, v in state.items() if key != "x"}
 
     def server_state(self) -> Dict[str, Tensors]:
-        """The server's tensors besides the global model (empty for FedAvg-style rules)."""
-        return dict(self.state)
+        """The server's tensors besides the global model (empty for FedAvg-style rules with ``sgd``): the
+        rule's, and the server optimizer's as ``"server_optimizer"`` where the run has one."""
+        out = dict(self.state)
+        if self.server.optimizer is not None:
+            out["server_optimizer"] = self.server.tensors()
+        return out
 
     @property
     def uses_controls(self) -> bool:
@@ -271,6 +290,7 @@ class FedOptStrategy(Strategy):
             "names": list(self.names),
             "global": [t.detach().cpu().clone() for t in self.global_params],
             "state": {k: [t.detach().cpu().clone() for t in v] for k, v in self.state.items()},
+            "server_optimizer": copy.deepcopy(self.server.state_dict()),
             "num_clients": self.num_clients,
             "setup_done": self._setup_done,
             "train_rng": self._train_rng.bit_generator.state,
@@ -283,6 +303,8 @@ class FedOptStrategy(Strategy):
         self.names = list(saved["names"])
         self.global_params = list(saved["global"])
         self.state = {k: list(v) for k, v in saved["state"].items()}
+        self._make_server_step()
+        self.server.load_state_dict(saved.get("server_optimizer", {}))
         self.num_clients = saved["num_clients"]
         self._setup_done = bool(saved["setup_done"])
         self._train_rng.bit_generator.state = saved["train_rng"]
@@ -417,6 +439,12 @@ class FedOptStrategy(Strategy):
     def _init_server_tensors(self) -> None:
         """Server tensors before the first round (zeros; a rule's initial round may replace them)."""
         self.state = self.rule.init_state(self.global_params)
+        self._make_server_step()
+
+    def _make_server_step(self) -> None:
+        """The run's server optimizer, over its own copy of the global model (``global_params`` is
+        replaced by each round's arrays)."""
+        self.server = build_server_step(self.cfg, [t.detach().clone() for t in self.global_params], self.cfg.backend)
 
     def _nodes(self, grid: Grid) -> List[int]:
         while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:

@@ -62,10 +62,12 @@ def pooled_validation(sim: Any, cost: EvalCost) -> Tuple[Dict[str, float], float
 
 
 def check_ranks_agree(sim: Any, t: int) -> None:
-    """``RankMismatch`` unless every rank holds the same global model, server state and store position."""
+    """``RankMismatch`` unless every rank holds the same global model, server state (the server
+    optimizer's too) and store position."""
     tensors = list(sim.global_params)
     for key in sorted(sim.strategy.state):
         tensors += sim.strategy.state[key]
+    tensors += sim.strategy.server.tensors()
     position = getattr(sim.strategy.kept, "current", None)
     if position is not None and sim.strategy.rule.keeps:
         import torch

@@ -3,7 +3,8 @@
 Everything the next round reads that is not rebuilt identically from the settings:
 
 * the global model, the server rule's state (SCAFFOLD's ``c``, PAdaMFed's ``c`` and ``m``,
-  FedDyn's ``h``) and the position of the client-state store (which entries are current: the
+  FedDyn's ``h``), the server optimizer's (its ``state_dict``: moments and step count) and the
+  position of the client-state store (which entries are current: the
   store writes the entries that changed before the checkpoint names them, ``client_state.py``);
 * whether the rule's initial round ran (PAdaMFed's first controls);
 * every random generator: client sampling, each client's mini-batch stream that has been made
@@ -32,6 +33,7 @@ import torch
 from ..fl.checkpoint import global_rng_state, set_global_rng_state
 from .data.image_input import ImageClassifier
 from .federated_data import FederatedData
+from .server_optimizer import build as build_server_step
 from .strategy import RoundHost
 
 
@@ -132,6 +134,7 @@ def capture(sim: ResumableRun) -> Dict[str, Any]:
         "history": sim.history,
         "global": _cpu(sim.global_params),
         "server": {k: _cpu(v) for k, v in st.state.items()},
+        "server_optimizer": st.server.state_dict(),
         "setup_done": bool(sim.setup_done),
         "sample_rng": sim.sample_rng.bit_generator.state,
         "streams": [
@@ -185,6 +188,10 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     if batched is not None and sim.batched is not None:
         if not isinstance(batched, dict) or not {"at_once", "size"} <= set(batched):
             raise ValueError("checkpoint's client-batched choice is not readable")
+    # the server optimizer's state, taken into a twin over the same tensors: the checks of load_state_dict,
+    # nothing of the run changed yet (the settings' server_optimizer was compared with the checkpoint's)
+    server_step = build_server_step(sim.cfg, sim.global_params, sim.cfg.backend)
+    server_step.load_state_dict(state.get("server_optimizer", {}))
     position = state.get("client_state")
     if position is not None and st.rule.keeps and sim.checkpoint is not None:
         # the last check (it raises before anything changes) and the first change
@@ -193,6 +200,7 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     for p, v in zip(sim.global_params, state["global"], strict=True):
         p.copy_(v)
     st.state = server
+    st.server = server_step
     if position is None:
         st.kept.start()
         for cid, v in sorted(kept.items()):

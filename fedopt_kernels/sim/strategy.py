@@ -28,6 +28,7 @@ from .client_state import ClientState, Layout, entry_or_none
 from .client_state_memory import MemoryClientState
 from .config import SimConfig
 from .data.clients import Batch, BatchStream, ClientData
+from .server_optimizer import build as build_server_step
 
 Tensors = List[torch.Tensor]
 
@@ -95,7 +96,8 @@ class Strategy:
     between rounds, each client's in the client-state store (``kept``, a mapping client id ->
     tensors; ``c_local`` is the same store; ``sim/client_state.py``): clients that never trained
     have none. With FedAvg's rule this is FedAvg, FedSGD, FedDecay, FedProx, FedNLR and FedNAR;
-    with SCAFFOLD's, SCAFFOLD and FedNAR-SCAFFOLD; and so on for every registered variant.
+    with SCAFFOLD's, SCAFFOLD and FedNAR-SCAFFOLD; and so on for every registered variant. The
+    model step is the run's server optimizer's (``server``, ``fl/server_step.py``; ``sgd``: the rule's).
     """
 
     def __init__(self, sim: RoundHost):
@@ -104,6 +106,8 @@ class Strategy:
         self.rule = RULES[sim.cfg.server_rule]
         self.opts = ClientOptimizers(sim.cfg, sim.hp, sim.model, sim.backend)
         self.state: Dict[str, Tensors] = self.rule.init_state(sim.global_params)
+        # the server optimizer on each round's aggregate (sgd: the rule's own step), over the global model
+        self.server = build_server_step(sim.cfg, sim.global_params, sim.cfg.backend)
         # only clients that trained (or were initialised); Simulation may put a store in files here
         self.kept: ClientState = MemoryClientState(
             Layout(sim.global_params), sim.cfg.num_train_clients, sim.global_params[0].device
@@ -225,12 +229,21 @@ class Strategy:
 
     # ------------------------------------------------------------------ server side
     def server_state(self) -> Dict[str, Any]:
-        """The server's tensors besides the global model (the rule's state, and a copy of what clients
-        kept, ``{client id: tensors}``: every entry of the store read, for validation and tests)."""
-        return {**self.state, "kept": dict(self.kept.items())} if self.rule.keeps else dict(self.state)
+        """The server's tensors besides the global model (the rule's state, the server optimizer's as
+        ``"server_optimizer"`` where the run has one, and a copy of what clients kept, ``{client id:
+        tensors}``: every entry of the store read, for validation and tests)."""
+        out: Dict[str, Any] = dict(self.state)
+        if self.server.optimizer is not None:
+            out["server_optimizer"] = self.server.tensors()
+        if self.rule.keeps:
+            out["kept"] = dict(self.kept.items())
+        return out
 
     def load_server_state(self, state: Dict[str, Any]) -> None:
-        """Overwrite the server state with (copies of) ``state`` from another run of the same config."""
+        """Overwrite the server state with (copies of) ``state`` from another run of the same config
+        (after as many rounds)."""
+        if self.server.optimizer is not None:
+            self.server.load_tensors(state["server_optimizer"])
         self.state = {key: clone_all(state[key]) for key in self.state}
         if self.rule.keeps:
             self.kept.copy_from(state["kept"])
@@ -238,7 +251,7 @@ class Strategy:
     def begin_round(self, sampled: Sequence[int], t: int) -> Fold:
         """Round ``t``'s fold over the ``sampled`` clients (in client-id order: deterministic sums)."""
         weights = [float(self.sim.train_clients[cid].size) for cid in sampled]
-        return self.rule.begin(
+        fold = self.rule.begin(
             self.sim.global_params,
             self.state,
             self.hp,
@@ -246,6 +259,7 @@ class Strategy:
             self.sim.cfg.local_steps,
             weight_exponent(weights),
         )
+        return self.server.begin(fold)
 
     @torch.no_grad()
     def add(self, fold: Fold, update: ClientUpdate) -> None:
@@ -257,8 +271,11 @@ class Strategy:
 
     @torch.no_grad()
     def end_round(self, fold: Fold) -> None:
-        """The fold's new model and server state, in place (whoever holds the tensors sees them)."""
+        """The fold's new model and server state, in place (whoever holds the tensors sees them); the
+        model through the server optimizer, which steps the global model's tensors themselves."""
         out = fold.finish()
-        copy_into(self.sim.global_params, out.pop("x"))
+        x = self.server.step(fold, out.pop("x"))
+        if x is not self.server.x:
+            copy_into(self.sim.global_params, x)
         for key, value in out.items():
             copy_into(self.state[key], value)

@@ -10,6 +10,7 @@ import torch
 from ...optim.feddyn import BatchedFedDyn, FedDyn
 from .. import algorithm
 from ..algorithm import Setting, Variant
+from ..fold import sum_dtype
 from ..server_rules import RULES, ServerRule, check_like, check_updates, register_rule
 from .sgd import SGDAlgorithm
 
@@ -84,6 +85,10 @@ class FedDynRule(ServerRule):
             for xj, s, hj in zip(fold.x, total, h, strict=True)
         ]
         return {"x": x, "h": h}
+
+    def aggregate(self, fold, new_x):
+        """``Δ`` for a server optimizer: the rule's new model minus the old, ``mean_i delta_i - h'/alpha``."""
+        return [n.to(sum_dtype(n)) - o for n, o in zip(new_x, fold.x, strict=True)]
 
 
 register_rule(FedDynRule())

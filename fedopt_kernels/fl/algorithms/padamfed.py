@@ -82,6 +82,7 @@ class PAdaMFedRule(ServerRule):
     keeps = True
     reply = ("dc",)
     init_controls = True
+    takes_server_optimizer = False  # its x, m and c step is its own
 
     def initial_finish(self, fold):
         """``c = sum_i ci / N`` from the clients' first controls (the mean of K gradients at the

@@ -6,6 +6,7 @@ Examples::
     fedopt-sim --algorithm scaffold --partition shards --clients 20 --out sim_runs/scaffold
     fedopt-sim --algorithm fedsam --sam-rho 0.1 --momentum 0.9 --rounds 20
     fedopt-sim --algorithm fednar --rounds 5 --validate cpu
+    fedopt-sim --algorithm fednar --server-optimizer adam --server-lr 0.01 --rounds 50
     fedopt-sim --algorithm fednar-scaffold --clients 20 --rounds 5 --validate auto
     fedopt-sim --algorithm fednar --clients 100 --sample-rate 0.5 --client-batched auto
     fedopt-sim --algorithm scaffold --rounds 5 --client-batched 10 --validate sequential
@@ -80,8 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for f in algorithm_settings(SimConfig):  # the algorithms' own settings, declared with their fields
         kind = f.metadata["type"]
+        flag = "--" + f.name.replace("_", "-")
+        if kind is bool:  # a switch: given is True
+            g.add_argument(flag, action="store_true", default=f.default, help=f.metadata["cli"])
+            continue
         g.add_argument(
-            "--" + f.name.replace("_", "-"),
+            flag,
             type=kind,
             default=f.default,
             help=f.metadata["cli"],
