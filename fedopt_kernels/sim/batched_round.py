@@ -249,8 +249,7 @@ class BatchedClients:
         out: Dict[str, Any] = {}
         slots: List[Tuple[torch.Tensor, Any]] = []  # (stacked tensor, how to get its row from a client's inputs)
         for c, cid in enumerate(chunk):
-            inputs = dict(sim.strategy.round_inputs(cid, t))
-            inputs.update(self.opts.calibrate(sim.train_clients[cid]))  # FedNLR: scales from the received model
+            inputs = sim.strategy.round_inputs(cid)  # FedNLR's scales: from the received model
             if c == 0:
                 for key, first in inputs.items():
                     if isinstance(first, dict):  # {model parameter: [M]} -> {stacked parameter: [C, M]}
