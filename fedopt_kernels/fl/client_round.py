@@ -108,19 +108,6 @@ class ClientOptimizers:
         self.start(opt, t, **round_inputs)
         return opt
 
-    def step(self, opt: Optimizer, recompute: Callable[[], Any], **step_inputs: Any) -> None:
-        """One local step of ``opt`` as the algorithm takes it (``Algorithm.local_step``): ``recompute()``
-        computes the loss and gradients again on the same batch (the closure of a step that takes
-        two gradients), clipped like the first ones; ``step_inputs``: the step's keywords
-        (PAdaMFed-VR's ``anchor_grads``)."""
-
-        def again() -> Any:
-            loss = recompute()
-            self.clip()
-            return loss
-
-        self.algo.local_step(opt, again, **step_inputs)
-
     def clip(self) -> None:
         """Gradient clipping before the step where the algorithm has it (the SGD baselines with clip_norm)."""
         norm = self.algo.clip_norm(self.hp)
