@@ -11,7 +11,7 @@ its client-batched engine and the Flower client each supply only where the steps
     step:     g = grads(); clip; H = anchor grads (PAdaMFed-VR); Algorithm.local_step(opt, recompute)
               (FedSAM's closure recomputes g, clipped, at the moved parameters), K_i times
     finish:   end_round; delta = y - x; rule.client_finish -> new kept tensors, reply tensors, and
-              per-client scalars for the server (``ClientResult``)
+              per-client scalars for the server (``LocalResult``)
     initial_control: c_i = mean of K gradients at the initial model (PAdaMFed's initial round)
 
 What an engine supplies: the forward/backward of a batch (``grads``), how gradients are clipped
@@ -152,7 +152,7 @@ def take_step(
 
 
 @dataclass
-class ClientResult:
+class LocalResult:
     """What one client's round gives the server (``ClientRound.finish``).
 
     ``delta``: ``y_i - x``, its model minus the received one; ``reply``: the server rule's reply
@@ -280,7 +280,7 @@ class ClientRound:
         x: Tensors,
         got: Mapping[str, Tensors],
         kept: Optional[Tensors],
-    ) -> ClientResult:
+    ) -> LocalResult:
         """Client's result after ``steps`` local steps of round ``t``: ``opt`` (its optimizer, or a
         view of one client of a batched one) ends the round, ``delta = params - x``, and the rule's
         ``client_finish`` gives what it keeps and replies (``got``, ``kept``: as ``inputs`` had them).
@@ -288,7 +288,7 @@ class ClientRound:
         end_round(opt)
         delta = [p.detach() - g for p, g in zip(params, x, strict=True)]
         new_kept, reply = self.rule.client_finish(opt, self.algo, self.hp, t, steps, got, kept, delta)
-        return ClientResult(delta, dict(reply), new_kept)
+        return LocalResult(delta, dict(reply), new_kept)
 
     # ------------------------------------------------------------------ the initial round
     @torch.no_grad()
