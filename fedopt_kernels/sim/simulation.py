@@ -221,14 +221,10 @@ class Simulation:
             if mine:
                 self.batched.train(mine, t, take)
         else:
-            for i, cid in enumerate(mine):
+            for i, cid in enumerate(mine):  # one client at a time on the one model (Strategy.train)
                 self.strategy.kept.prefetch(mine[i + 1 : i + 2])
                 self.load_global()
-                opt = self.strategy.begin(cid, t)
-                loss_sum = torch.zeros((), device=self.device)
-                for _ in range(self.cfg.local_steps):
-                    loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
-                take(self.strategy.finish(cid, opt, t), float(loss_sum) / self.cfg.local_steps)
+                take(*self.strategy.train(cid, t))
         for r, share in enumerate(shares):
             self.rank_work[r][0] += len(share)
             self.rank_work[r][1] += sum(self.work(c) for c in share)
