@@ -234,8 +234,11 @@ class Simulation:
             self.rank_work[r][1] += sum(self.work(c) for c in share)
         if self.ranks.world > 1:
             refused, kept = share_round(self, shares, fold, refused, kept)
+        not_kept = None
         if fold.count:
-            self.strategy.end_round(fold)
+            not_kept = self.strategy.end_round(fold)
+            if not_kept is not None:
+                logger.warning("round %d: %s", t + 1, not_kept)
         else:
             logger.warning("round %d: no usable client update; the global model and server state are unchanged", t + 1)
         self.load_global()
@@ -244,6 +247,8 @@ class Simulation:
         record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled}
         if refused:
             record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
+        if not_kept is not None:
+            record["refused"] = not_kept
         if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
             cost = EvalCost()
             val, flops = pooled_validation(self, cost)

@@ -28,6 +28,7 @@ from .client_state import ClientState, Layout, entry_or_none
 from .client_state_memory import MemoryClientState
 from .config import SimConfig
 from .data.clients import Batch, BatchStream, ClientData
+from .round_result import not_finite
 
 Tensors = List[torch.Tensor]
 
@@ -256,9 +257,14 @@ class Strategy:
             self.kept[update.client_id] = new_kept
 
     @torch.no_grad()
-    def end_round(self, fold: Fold) -> None:
-        """The fold's new model and server state, in place (whoever holds the tensors sees them)."""
+    def end_round(self, fold: Fold) -> Optional[str]:
+        """The fold's new model and server state, in place (whoever holds the tensors sees them); or,
+        when they are not finite, nothing changed and the reason returned (``round_result.py``)."""
         out = fold.finish()
+        refused = not_finite(out)
+        if refused is not None:
+            return refused
         copy_into(self.sim.global_params, out.pop("x"))
         for key, value in out.items():
             copy_into(self.state[key], value)
+        return None
