@@ -8,10 +8,10 @@ whose server step overflows float32.
 
 import pytest
 import torch
+from test_sim_streamed import config
 
 from fedopt_kernels.sim.round_result import not_finite
 from fedopt_kernels.sim.simulation import Simulation
-from test_sim_streamed import config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -28,7 +28,14 @@ from .data.clients import BatchStream, BatchStreams, ClientData
 from .evaluate import EvalCost, evaluate_users
 from .federated_data import FederatedData, build_federated_data
 from .models.build import build_model
-from .rank_round import RANK_CHECK_EVERY, check_ranks_agree, pooled_validation, share_round, spread_augmentation
+from .rank_round import (
+    RANK_CHECK_EVERY,
+    check_ranks_agree,
+    check_start,
+    pooled_validation,
+    share_round,
+    spread_augmentation,
+)
 from .ranks import Ranks
 from .screen import logger, screen
 from .strategy import ClientUpdate, Strategy
@@ -168,6 +175,8 @@ class Simulation:
         self.final_cost = EvalCost()
         self.eval_log: List[Dict[str, float]] = []  # per evaluated round: seconds and model FLOPs of the pass
         self.setup_done = False
+        if self.ranks.world > 1:
+            check_start(self)
 
     @property
     def train_clients(self) -> List[ClientData]:
