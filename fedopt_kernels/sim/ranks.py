@@ -28,6 +28,9 @@ from ..fl.fold import Fold
 from ..fl.server_rules import InitialFold
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# the merge's chunks per rank: its extra memory is about (2 world + 1) / (CHUNKS_PER_RANK world) of
+# the sums (Ranks._sum_in_rank_order), more collectives for less memory
+CHUNKS_PER_RANK = 4
 
 
 class RankMismatch(RuntimeError):
@@ -122,9 +125,10 @@ class Ranks:
     def _sum_in_rank_order(self, tensors: Sequence[torch.Tensor]) -> None:
         """Replace each of ``tensors`` by its sum over the ranks, added in rank order (``p_0 + p_1 + ...``,
         element by element, the same on every rank), in place. The tensors of one dtype are taken as
-        one flat sequence of ``n`` numbers in ``world`` chunks of ``ceil(n / world)``: each chunk is
-        gathered from every rank and added, so the extra memory is the ``world`` gathered chunks and
-        the chunk sent, ``n (1 + 1 / world)`` numbers at most, whatever the number of ranks."""
+        one flat sequence of ``n`` numbers in chunks of ``c = ceil(n / (4 world))``: each chunk is
+        gathered from every rank and added, so the extra memory is the chunk sent, the ``world``
+        chunks received and gloo's flat copy of them, ``(2 world + 1) c``: about ``n / 2`` numbers,
+        whatever the number of ranks (bench/scale_merge.py measures it)."""
         import torch.distributed as dist
 
         for idx in _by_dtype(tensors):
@@ -132,7 +136,7 @@ class Ranks:
             n = sum(t.numel() for t in group)
             if n == 0:
                 continue
-            chunk = -(-n // self.world)
+            chunk = -(-n // (CHUNKS_PER_RANK * self.world))
             send = torch.zeros(chunk, dtype=group[0].dtype, device=group[0].device)
             got = [torch.empty_like(send) for _ in range(self.world)]
             for lo in range(0, n, chunk):
