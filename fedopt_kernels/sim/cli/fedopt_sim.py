@@ -236,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="let --out replace an earlier run's files there (refused without it)"
     )
     g.add_argument("--no-files", action="store_true", help="write no files")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument(
+        "--quiet", action="store_true", help="no progress bar; --validate: a passing run prints its PASS line alone"
+    )
     g = p.add_argument_group("checkpoints (docs/checkpoints.md)")
     g.add_argument(
         "--checkpoint-every",
@@ -580,9 +582,10 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             why = "; --client-batched auto"
         elif cfg.batched and asked > S:
             why = f"; --client-batched {asked}, but a round samples {S} clients"
-        print(
-            f"seed {cfg.seed}: {v.report(name=f'{cfg.algorithm} ({v.reference} vs {v.backend}, seed {cfg.seed}{why})')}"
-        )
+        report = v.report(name=f"{cfg.algorithm} ({v.reference} vs {v.backend}, seed {cfg.seed}{why})")
+        if args.quiet and v.passed:  # the verdict alone (the main job runs seven): a FAIL keeps its tables
+            report = report.splitlines()[-1].strip()
+        print(f"seed {cfg.seed}: {report}")
         if not v.passed:
             status = 1
     return status
