@@ -60,15 +60,21 @@ def main() -> int:
     ranks = Ranks.from_environment("cpu")
     half = n // 2
     sums = [torch.rand(half, dtype=torch.float64), torch.rand(n - half, dtype=torch.float64)]
-    ways = {
+
+    def all_reduce() -> None:
+        for t in sums:
+            dist.all_reduce(t)
+
+    ways: Dict[str, Callable[[], None]] = {
         "merge (chunked, rank order)": lambda: ranks._sum_in_rank_order(sums),
         "whole sums gathered (before)": lambda: _gather_all(ranks, sums),
-        "all_reduce": lambda: [dist.all_reduce(t) for t in sums] and None,
+        "all_reduce": all_reduce,
     }
-    record = {"world": ranks.world, "sums_bytes": n * 8, "extra_bytes": {}}
+    extra: Dict[str, int] = {}
     for name, run in ways.items():
         ranks.barrier()
-        record["extra_bytes"][name] = _extra(run)
+        extra[name] = _extra(run)
+    record = {"world": ranks.world, "sums_bytes": n * 8, "extra_bytes": extra}
     (out / f"rank{ranks.rank}.json").write_text(json.dumps(record))
     ranks.barrier()
     ranks.close()

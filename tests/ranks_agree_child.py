@@ -30,7 +30,7 @@ SIZES = [0, 1, 7, 65, 3]  # odd sizes, an empty tensor
 
 
 def config(**kw: Any) -> SimConfig:
-    base = dict(
+    base: Dict[str, Any] = dict(
         algorithm="fedavg",
         dataset="synthetic",
         model="mlp",
@@ -101,7 +101,7 @@ def run_case(ranks: Ranks, case: str, folder: Path) -> Dict[str, Any]:
                     u.delta = [torch.full_like(x, 3e38) for x in u.delta]
                 return u
 
-            sim.strategy.finish = huge
+            sim.strategy.finish = huge  # type: ignore[method-assign]
         result = sim.run()
         return {
             "mismatch": None,
