@@ -16,15 +16,15 @@ import torch
 # torch.backends.cudnn.allow_tf32, but restorable exactly: resetting a legacy flag leaves "ieee"
 # where "none" (inherit) was, and reading a legacy flag after a new-style setting raises (cuDNN's
 # conv and rnn are always set alike, so that it reads)
-_CUBLAS: Any = torch.backends.cuda.matmul  # Any: torch's type stubs lack the fp32_precision settings
-_CUDNN: Any = torch.backends.cudnn
-_MKLDNN: Any = torch.backends.mkldnn
+CUBLAS: Any = torch.backends.cuda.matmul  # Any: torch's type stubs lack the fp32_precision settings
+CUDNN: Any = torch.backends.cudnn
+MKLDNN: Any = torch.backends.mkldnn
 # device type -> the switches its kernels read. torch reads a switch left at "none" as its nearest
 # parent's value (oneDNN's or cuDNN's own, then the global one), and all at "none" is its default,
 # "ieee" (torch's default for cuDNN's conv and rnn is an explicit "tf32")
 DEVICE_SWITCHES: Dict[str, Dict[str, Any]] = {
-    "cuda": {"cuda.matmul": _CUBLAS, "cudnn.conv": _CUDNN.conv, "cudnn.rnn": _CUDNN.rnn},
-    "cpu": {f"mkldnn.{name}": getattr(_MKLDNN, name) for name in ("matmul", "conv", "rnn") if hasattr(_MKLDNN, name)},
+    "cuda": {"cuda.matmul": CUBLAS, "cudnn.conv": CUDNN.conv, "cudnn.rnn": CUDNN.rnn},
+    "cpu": {f"mkldnn.{name}": getattr(MKLDNN, name) for name in ("matmul", "conv", "rnn") if hasattr(MKLDNN, name)},
 }
 
 

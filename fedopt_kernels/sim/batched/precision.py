@@ -43,13 +43,10 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ...core.float32_switches import _CUBLAS, _CUDNN, DEVICE_SWITCHES, float32_switches
+from ...core.float32_switches import CUBLAS, CUDNN, DEVICE_SWITCHES, float32_switches
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 Device = Union[torch.device, str]
-
-# the switches a pass sets, per device type (core/float32_switches.py)
-_DEVICE_SWITCHES = DEVICE_SWITCHES
 
 
 class UnsupportedPrecision(ValueError):
@@ -68,7 +65,7 @@ def _device_type(device: Device) -> str:
 
 
 def _switches(device: Device) -> Dict[str, Any]:
-    return _DEVICE_SWITCHES.get(_device_type(device), {})
+    return DEVICE_SWITCHES.get(_device_type(device), {})
 
 
 def _effective(switch: Any) -> str:
@@ -120,7 +117,7 @@ def autocast_scope(precision: str, device: Device) -> contextlib.AbstractContext
 def tf32_enabled() -> Dict[str, bool]:
     """Whether CUDA matmuls and cuDNN convolutions take float32 inputs in TF32 now."""
     out = {}
-    for name, legacy, switch in (("matmul", _CUBLAS, _CUBLAS), ("conv", _CUDNN, _CUDNN.conv)):
+    for name, legacy, switch in (("matmul", CUBLAS, CUBLAS), ("conv", CUDNN, CUDNN.conv)):
         try:
             out[name] = bool(legacy.allow_tf32)  # resolves "none" (inherit) to the effective value
         except RuntimeError:  # set through the new settings (precision_scope): read those
