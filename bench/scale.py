@@ -25,6 +25,11 @@ Parts (``--parts``):
   Fashion-MNIST (100 clients, 20 a round; Debian's ``dataset-fashion-mnist``), ``--ranks-args``
   to change it.
 
+* ``merge`` (not in the default parts): the extra memory of combining the ranks' sums, per rank, at
+  each of ``--merge-worlds`` processes (``bench/scale_merge.py`` under torchrun: sums of
+  ``--merge-numbers`` float64 numbers combined by the simulator's chunked merge, by gathering every
+  rank's whole sums as the merge did before, and by ``all_reduce``), as a multiple of the sums.
+
 Results: ``scale-<device>-<date>.{json,md,png}`` in ``--out-dir``.
 """
 
@@ -164,6 +169,23 @@ def measure_ranks(sim_argv: List[str], world: int, out: Path, timeout: float) ->
     return row
 
 
+def measure_merge(world: int, numbers: int, out: Path, timeout: float) -> Dict[str, Any]:
+    """``bench/scale_merge.py`` on ``world`` processes: each rank's extra bytes for each way to combine."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
+    cmd += [str(Path(__file__).with_name("scale_merge.py")), str(out), str(numbers)]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    row: Dict[str, Any] = {"world_size": world, "sums_bytes": numbers * 8}
+    if done.returncode != 0:
+        row["error"] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return row
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    row["extra_bytes_per_rank"] = {name: [r["extra_bytes"][name] for r in ranks] for name in ranks[0]["extra_bytes"]}
+    return row
+
+
 def _run(common: List[str], algorithm: str, extra: List[str], store: Path) -> List[str]:
     return [*SYNTHETIC, *common, "--algorithm", algorithm, *extra, "--client-state-dir", str(store)]
 
@@ -255,7 +277,29 @@ def markdown(result: Dict[str, Any]) -> str:
                 f"| {r['world_size']} | {r['wall_s']:.1f} | {r['train_s']:.1f} | {ratio} | {peaks} | "
                 f"{r['final']['pooled_test_acc']:.4f} | {r['last_round']['train_loss']:.6f} |"
             )
+    if result.get("merge"):
+        lines += merge_markdown(result["merge"])
     return "\n".join(lines) + "\n"
+
+
+def merge_markdown(rows: List[Dict[str, Any]]) -> List[str]:
+    """The merge part's table: each way's extra memory per rank, as a multiple of the sums."""
+    names = next((list(r["extra_bytes_per_rank"]) for r in rows if "error" not in r), [])
+    lines = [
+        "",
+        "Combining the ranks' sums: the extra memory of each rank (peak resident set during it minus the "
+        "one before), as a multiple of the sums (float64):",
+        "",
+        "| processes | sums GB | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['world_size']} | failed: {r['error']} |" + " |" * len(names))
+            continue
+        cells = [", ".join(f"{b / r['sums_bytes']:.2f}x" for b in r["extra_bytes_per_rank"][name]) for name in names]
+        lines.append(f"| {r['world_size']} | {_gb(r['sums_bytes'])} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _fedavg_peak(rows: List[Dict[str, Any]], row: Dict[str, Any]) -> Optional[float]:
@@ -336,8 +380,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--parts",
         nargs="+",
         default=["clients", "population", "setup"],
-        choices=["clients", "population", "setup", "ranks"],
+        choices=["clients", "population", "setup", "ranks", "merge"],
     )
+    p.add_argument("--merge-worlds", type=int, nargs="+", default=[2, 4], help="processes of the merge part")
+    p.add_argument("--merge-numbers", type=int, default=2**24, help="float64 numbers of the merge part's sums")
     p.add_argument("--world", type=int, default=2, help="processes of the ranks part (default %(default)s)")
     p.add_argument("--repeats", type=int, default=1, help="1-rank / N-rank pairs of the ranks part, order alternating")
     p.add_argument(
@@ -386,6 +432,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                     if out is not None:
                         out.mkdir(parents=True, exist_ok=True)
                         write_json(result, out / f"{stem}.json")
+        if "merge" in args.parts:
+            result["merge"] = []
+            for world in args.merge_worlds:
+                row = measure_merge(world, args.merge_numbers, Path(tmp) / f"merge-{world}", args.timeout)
+                result["merge"].append(row)
+                print(f"merge {world}: " + row.get("error", "done"), file=sys.stderr, flush=True)
     result["load_after"] = loadavg()
     publish(result, out, stem, markdown, chart, name="bench scale")
     return 0

@@ -119,6 +119,7 @@ SLOW_FILES = frozenset(
         "test_sim_data_shakespeare.py",
         "test_sim_dropouts.py",
         "test_sim_evaluate.py",
+        "test_sim_rank_agreement.py",
         "test_sim_ranks.py",
         "test_sim_resume.py",
         "test_sim_resume_kill.py",

@@ -239,6 +239,48 @@ def test_default_mode_measures_nothing(monkeypatch):
     assert chooser.spent_s == 0.0
 
 
+def test_default_mode_takes_the_next_size_when_one_runs_out_of_memory_and_records_it(monkeypatch):
+    from fedopt_kernels.core import fallbacks
+
+    model = _cnn()
+    engine = LayersLoss(model)
+    real = engine.grads
+    tried: List[int] = []
+
+    def grads(params, x, y, w):
+        tried.append(x.shape[0])
+        if x.shape[0] > 8:
+            raise torch.OutOfMemoryError(f"out of memory at {x.shape[0]} clients")
+        return real(params, x, y, w)
+
+    monkeypatch.setattr(engine, "grads", grads)
+    since = fallbacks.mark()
+    n, choice = Chooser(engine, _inputs(model), mode="default").plan(40, 16, steps_per_run=1000)
+    assert tried == [14, 7] and n == 7 == choice.clients  # 40 in 3 chunks of 14, then in 6 of 7
+    [taken] = fallbacks.taken(since)
+    assert taken["choice"] == "14 clients at once" and "out of memory at 14 clients" in taken["error"]
+
+
+def test_an_out_of_memory_while_sizes_are_searched_is_recorded(monkeypatch):
+    from fedopt_kernels.core import fallbacks
+
+    model = _cnn()
+    engine = LayersLoss(model)
+    _clock(monkeypatch, {})
+    real = choose.Chooser._size
+
+    def size(self, n, *rest):
+        if n == 100:
+            raise torch.OutOfMemoryError("out of memory at 100 clients")
+        return real(self, n, *rest)
+
+    monkeypatch.setattr(choose.Chooser, "_size", size)
+    since = fallbacks.mark()
+    n, _ = Chooser(engine, _inputs(model), mode="measure").plan(100, 100, steps_per_run=10)
+    assert n != 100
+    assert [t["choice"] for t in fallbacks.taken(since)] == ["100 clients at once"]
+
+
 def test_auto_spends_a_share_of_the_runs_estimated_time(monkeypatch):
     model = _cnn()
     engine = LayersLoss(model)

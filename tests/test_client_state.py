@@ -121,6 +121,26 @@ def test_a_checkpointed_position_survives_later_writes_and_a_failed_one(tmp_path
     assert bits_equal(again[5], entry(5)) and bits_equal(again[70], entry(70))
 
 
+def test_a_pinned_entry_deleted_then_written_goes_to_its_own_other_slot(tmp_path):
+    """After a checkpoint, deleting a client's entry and writing it again leaves its neighbours' and
+    the checkpoint's entries intact (client 0 included: its slot is at the start of the file)."""
+    store = files(tmp_path)
+    store.start()
+    for cid in (0, 4, 5):
+        store[cid] = entry(cid)
+    position = store.checkpoint(tmp_path, IDENTITY)
+    store.committed()
+    store[4] = entry(44)
+    for cid in (5, 0):
+        del store[cid]
+        store[cid] = entry(100 + cid)
+    assert bits_equal(store[4], entry(44))
+    assert bits_equal(store[5], entry(105)) and bits_equal(store[0], entry(100))
+    again = files(tmp_path)  # the checkpoint's entries are intact
+    again.load(tmp_path, IDENTITY, position)
+    assert all(bits_equal(again[cid], entry(cid)) for cid in (0, 4, 5))
+
+
 def test_without_checkpoints_a_write_never_covers_the_entry_it_replaces(tmp_path):
     store = files(tmp_path)
     store.start()
@@ -220,15 +240,33 @@ def test_a_full_disk_raises_and_keeps_what_was_saved(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         size = (store.folder / "block-000000.bin").stat().st_size
         resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+        real = os.pwrite
+        def pwrite(*args):
+            try:
+                return real(*args)
+            except OSError as exc:
+                print("PWRITE", exc.errno)
+                raise
+        os.pwrite = pwrite
         try:
             store[BLOCK_ID] = entry(1)
         except ClientStateError as exc:
             print("REFUSED", exc)
+        store.close()
+        opened = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                opened.append(os.readlink(f"/proc/self/fd/{{fd}}"))
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
+        print("OPEN", sum(str(store.folder) in p for p in opened))
         """
     ).replace("BLOCK_ID", str(BLOCK))  # a new block file, past the limit
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", "import os\n" + script], capture_output=True, text=True, timeout=120)
     assert "REFUSED writing client 64's state to" in done.stdout, done.stdout + done.stderr
     assert "block-000001.bin failed" in done.stdout
+    assert f"PWRITE {errno.EFBIG}" in done.stdout  # the write itself failed, as on a full disk
+    assert "OPEN 0" in done.stdout  # and no descriptor of the store's files is left open
     back = files(tmp_path)
     back.load(tmp_path, IDENTITY, torch.load(tmp_path / "pos.pt", weights_only=True))
     assert list(back) == [0] and bits_equal(back[0], entry(0))

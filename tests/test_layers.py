@@ -18,7 +18,7 @@ import ast
 import importlib
 import re
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 import pytest
 from test_import_graph import import_graph, package_modules
@@ -412,10 +412,11 @@ def _docstrings_and_comments(path: Path) -> List[tuple]:
     return out
 
 
-def stale_names(modules: Dict[str, Path]) -> List[str]:
+def stale_names(modules: Dict[str, Path], absent: Optional[List[str]] = None) -> List[str]:
     """What the package's docstrings and comments name that is not there any more: a file path that
     exists nowhere in the tree; ``_mod.NAME`` where ``_mod`` is no module but ``mod`` is (a module
-    renamed to its public name); a ``fedopt_kernels.…`` name that does not import."""
+    renamed to its public name); a ``fedopt_kernels.…`` name that does not import. A name whose
+    module is there but does not load on this machine goes to ``absent`` (``absent_here``)."""
     short = {m.rsplit(".", 1)[-1] for m in modules}
     found = []
     for _module, path in modules.items():
@@ -432,17 +433,67 @@ def stale_names(modules: Dict[str, Path]) -> List[str]:
                 if name.startswith(("fedopt_kernels._C_", "fedopt_kernels.flower")):
                     continue  # the compiled extensions may be absent; Flower is an extra
                 try:
-                    resolve(name.rstrip("."))
+                    why = absent_here(name.rstrip("."))
                 except (ModuleNotFoundError, AttributeError):
                     found.append(f"{where}:{line}: {name}")
+                    continue
+                if why is not None and absent is not None:
+                    absent.append(f"{where}:{line}: {name} ({why})")
     return found
+
+
+def absent_here(name: str) -> Optional[str]:
+    """None when ``name`` resolves (``resolve``); the reason when its module is in the tree but does
+    not load on this machine (a backend raising ``AbsentHere`` without triton or CUDA, a missing
+    optional package): information about the machine, not a stale name. A name that is in no module
+    raises ModuleNotFoundError or AttributeError, as ``resolve`` does."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or ""
+            if missing.startswith("fedopt_kernels") or not missing:
+                continue  # the module (or a package above it) is not in the tree: try a shorter prefix
+            return f"{module} needs {missing}, not installed here"
+        except ImportError as exc:  # AbsentHere, or another refusal to load on this machine
+            return f"{module} does not load here: {exc}"
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return None
+    raise ModuleNotFoundError(name)
 
 
 def test_docstrings_and_comments_name_what_exists():
     from test_import_graph import package_modules
 
-    found = stale_names(package_modules())
+    absent: List[str] = []
+    found = stale_names(package_modules(), absent)
     assert not found, "stale names in docstrings and comments:\n" + "\n".join(found)
+    if absent:  # information: what this machine lacks (triton, CUDA), named in the test's output
+        print("named but not loadable here:\n" + "\n".join(absent))
+
+
+def test_a_backend_absent_here_is_information_not_a_stale_name(tmp_path, monkeypatch):
+    """Without triton (torch's CPU build), the triton backend raises AbsentHere on import; without an
+    optional package, a module raises ModuleNotFoundError naming it: neither is a stale name."""
+    import sys
+
+    from fedopt_kernels.core.impl_table import AbsentHere
+
+    pkg = tmp_path / "fedopt_kernels_absent_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "refuses.py").write_text(f"from {AbsentHere.__module__} import AbsentHere\nraise AbsentHere('no triton')\n")
+    (pkg / "needs.py").write_text("import no_such_optional_package_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    assert "no triton" in str(absent_here("fedopt_kernels_absent_probe.refuses.Thing"))
+    assert "no_such_optional_package_here" in str(absent_here("fedopt_kernels_absent_probe.needs"))
+    assert absent_here("fedopt_kernels.core.impl_table.AbsentHere") is None
+    with pytest.raises(AttributeError):
+        absent_here("fedopt_kernels.core.impl_table.NoSuchName")
 
 
 def test_the_stale_name_check_can_fail(tmp_path):

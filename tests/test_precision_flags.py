@@ -186,3 +186,22 @@ def test_the_sequential_char_lstm_takes_the_same_path(monkeypatch):
         except RuntimeError as exc:
             pytest.skip(f"torch's CPU bfloat16 LSTM is not available here: {str(exc).splitlines()[0][:120]}")
     assert seen == [torch.bfloat16] and out.dtype == torch.bfloat16
+
+
+def test_fednlr_calibration_runs_in_ieee_float32_whatever_the_callers_switches():
+    """FedNLR's scales come from a forward pass outside the round's precision scope: it sets IEEE
+    float32 itself (a caller at TF32 or oneDNN's bf16 included), and gives the switches back."""
+    import fedopt_kernels as fk
+
+    net = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    seen: List[Dict[str, str]] = []
+    net[0].register_forward_pre_hook(lambda *_: seen.append(flags_now("cpu")))
+    switch: Any = torch.backends.mkldnn.matmul
+    before = switch.fp32_precision
+    switch.fp32_precision = "bf16"  # what a caller might have left
+    try:
+        fk.neuron_lr_scales(net, [torch.randn(4, 6), torch.randn(3, 6)], max_batches=1)
+        assert switch.fp32_precision == "bf16"  # given back
+    finally:
+        switch.fp32_precision = before
+    assert seen and all(set(flags.values()) == {"ieee"} for flags in seen), seen

@@ -79,9 +79,21 @@ def test_a_bad_update_is_a_logged_dropout(algorithm, fault, caplog):
     for a, b in zip(sim.global_params, twin.global_params):
         assert torch.isfinite(a).all()
         assert torch.equal(a, b)
-    for key, value in sim.strategy.server_state().items():
-        for a, b in zip(value if isinstance(value, list) else [], twin.strategy.server_state()[key]):
+    state, twins = sim.strategy.server_state(), twin.strategy.server_state()
+    assert state.keys() == twins.keys()
+    for key, value in state.items():
+        if isinstance(
+            value, dict
+        ):  # the client-state store, {client id: tensors}: the left-out client kept nothing new
+            assert value.keys() == twins[key].keys(), key
+            pairs = [(a, b) for cid in value for a, b in zip(value[cid], twins[key][cid], strict=True)]
+        else:
+            pairs = list(zip(value, twins[key], strict=True))
+        assert pairs or not value, key
+        for a, b in pairs:
             assert torch.equal(a, b), key
+    if sim.strategy.rule.keeps:
+        assert state["kept"], "the store was compared"
     assert rec["train_loss"] == rec["train_loss"]  # not NaN
 
 

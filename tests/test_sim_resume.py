@@ -453,8 +453,14 @@ def test_cli_resume_and_refusals(tmp_path, monkeypatch, capsys):
     # ... nor resume them with other settings: exit 2 naming the setting
     code, err = _exit_code(CLI + ["--no-files", "--checkpoint-dir", "ck", "--resume", "--lr", "0.2"], capsys)
     assert code == 2 and "lr: " in err, err
-    # the same settings resume (here: a finished run, so nothing is left to train)
+    # the same settings resume (here: a finished run, so nothing is left to train, and it says so)
+    capsys.readouterr()
     assert fedopt_sim.main(CLI + ["--no-files", "--checkpoint-dir", "ck", "--resume", "--seeds", "0", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "seed 1: no round left to run (its checkpoint holds all 2)" in err and "0 rounds" not in err, err
+    # --resume where there is no checkpoint (a mistyped --out) says so, --quiet or not
+    assert fedopt_sim.main(CLI + ["--out", "mistyped", "--resume"]) == 0
+    assert "seed 0: --resume found no checkpoint in " in capsys.readouterr().err
     # --checkpoint-every 0: no checkpoints beside the results
     assert fedopt_sim.main(CLI + ["--out", "plain", "--checkpoint-every", "0"]) == 0
     assert not (tmp_path / "plain" / "checkpoints").exists()

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..batched.mixin import ClientBatched
 from ..core import dtensor as _dtensor
+from ..core.float32_switches import float32_switches
 from ..core.ops import BATCHED
 from ..core.optimizer import state_dtype
 from .sgd import SGDFamily
@@ -139,7 +140,9 @@ def neuron_lr_scales(
 
     A degenerate layer (``max - min < 1e-12`` or ``mu_l <= 1``) gets ``r = 1``. ``batches`` is
     anything a DataLoader yields: inputs, or tuples whose first item is the input. The model runs
-    in eval mode (no dropout noise, no BatchNorm statistics update) and its mode is restored.
+    in eval mode (no dropout noise, no BatchNorm statistics update) and its mode is restored; its
+    float32 matmuls and convolutions run in IEEE float32 whatever the caller's switches (cuDNN's
+    TF32 off, as a run at ``fp32`` promises; core/float32_switches.py).
     Returns ``{weight: r, bias: r}`` for every calibrated layer (float32; float64 for float64 models).
     """
     candidates = list(layers) if layers is not None else _default_layers(model)
@@ -160,24 +163,26 @@ def neuron_lr_scales(
     handles = [m.register_forward_hook(hook) for m in candidates]
     was_training = model.training
     model.eval()
+    first = next(iter(candidates[0].parameters()), None)
     try:
-        n_batches = 0
-        for batch in batches:
-            if max_batches is not None and n_batches >= max_batches:
-                break
-            x = batch[0] if isinstance(batch, (tuple, list)) else batch
-            outputs.clear()
-            model(x)
-            n_batches += 1
-            for mid, raw in outputs.items():
-                # (N, M, *spatial) -> per-unit sums over samples and positions
-                o = raw.detach().double().transpose(0, 1).reshape(raw.shape[1], -1)
-                outputs[mid] = o
-            last = id(order[-1]) if order else None
-            for mid, o in outputs.items():
-                act = o if mid == last else torch.relu(o)
-                sums[mid] += act.sum(dim=1)
-                counts[mid] += o.shape[1]
+        with float32_switches("ieee", first.device if first is not None else "cpu"):
+            n_batches = 0
+            for batch in batches:
+                if max_batches is not None and n_batches >= max_batches:
+                    break
+                x = batch[0] if isinstance(batch, (tuple, list)) else batch
+                outputs.clear()
+                model(x)
+                n_batches += 1
+                for mid, raw in outputs.items():
+                    # (N, M, *spatial) -> per-unit sums over samples and positions
+                    o = raw.detach().double().transpose(0, 1).reshape(raw.shape[1], -1)
+                    outputs[mid] = o
+                last = id(order[-1]) if order else None
+                for mid, o in outputs.items():
+                    act = o if mid == last else torch.relu(o)
+                    sums[mid] += act.sum(dim=1)
+                    counts[mid] += o.shape[1]
     finally:
         for h in handles:
             h.remove()

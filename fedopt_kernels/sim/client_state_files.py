@@ -135,23 +135,23 @@ class ClientStateFiles(ClientState):
     def _fd(self, block: int, create: bool) -> Optional[int]:
         fd = self._fds.pop(block, None)
         if fd is None:
-            path = self._path(block)
-            size = BLOCK * 2 * self.slot_bytes
+            while len(self._fds) >= _OPEN_FILES:  # room first: a failure below leaves no descriptor open
+                old_block, old = next(iter(self._fds.items()))
+                del self._fds[old_block]
+                try:
+                    if old_block in self._dirty:
+                        os.fsync(old)
+                        self._dirty.discard(old_block)
+                finally:
+                    os.close(old)
+            # no ftruncate to the block's size: a write past the end extends the file (sparse: the
+            # slots before it take no disk space), so a full disk or a size limit fails the write itself
             try:
-                fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
-                if os.fstat(fd).st_size < size:
-                    os.ftruncate(fd, size)  # sparse: no disk space until a slot is written
+                fd = os.open(self._path(block), os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
             except FileNotFoundError:
                 if create:
                     raise
                 return None
-            while len(self._fds) >= _OPEN_FILES:
-                old_block, old = next(iter(self._fds.items()))
-                del self._fds[old_block]
-                if old_block in self._dirty:
-                    os.fsync(old)
-                    self._dirty.discard(old_block)
-                os.close(old)
         self._fds[block] = fd  # most recently used last
         return fd
 
@@ -217,7 +217,7 @@ class ClientStateFiles(ClientState):
         cur, pin = int(self.current[cid]), int(self.pinned[cid])
         if pin < 0:
             return 1 if cur == 0 else 0  # never over the current entry
-        if cur == pin:
+        if cur < 0 or cur == pin:  # deleted since the checkpoint, or not written since: the other slot
             return 1 - pin
         return cur  # written since the checkpoint: its slot again, the checkpoint's stays
 

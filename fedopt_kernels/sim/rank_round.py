@@ -9,18 +9,25 @@ After a round's training every rank holds its share's updates folded into partia
 * every rank advances the batch streams of the clients the others trained (the same draws, no
   samples gathered): a client's next batches do not depend on which rank trains it;
 * every rank marks the store entries the others wrote (the store's files are shared).
+
+At the start the ranks compare their settings, clients and initial model (``check_start``), and
+every ``RANK_CHECK_EVERY`` rounds their model, state and draws (``check_ranks_agree``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
+import torch
 from torch import nn
 
 from ..fl.fold import Fold
 from .data.image_input import ImageClassifier
 from .evaluate import EvalCost, Scores, split_scores
+from .ranks import digest
 
 RANK_CHECK_EVERY = 10  # rounds between the checks that every rank holds the same model and state
 
@@ -61,19 +68,41 @@ def pooled_validation(sim: Any, cost: EvalCost) -> Tuple[Dict[str, float], float
     return whole.pooled(), float(sum(p[3] for p in parts))
 
 
+def check_start(sim: Any) -> None:
+    """``RankMismatch`` unless every rank starts the same run: the same settings, the same clients
+    (their sizes, and a digest of every client's samples and labels: each rank's view of the
+    partition) and the same initial model. Ranks that differ in these would split rounds differently
+    (the split reads the clients' sizes), train a client twice or never, or average other data."""
+    settings = dict(sim.checkpoint_settings())
+    data, model = settings.pop("data sha256"), settings.pop("initial model sha256")
+    sizes = [len(c.train_y) for c in sim.data.train_clients] + [len(c.train_y) for c in sim.data.new_clients]
+    parts = {"settings": settings, "client sizes": sizes, "data (every client's samples and labels)": data}
+    sim.ranks.check_same({**parts, "the initial model": model}, "at the start")
+
+
 def check_ranks_agree(sim: Any, t: int) -> None:
     """``RankMismatch`` unless every rank holds the same global model, server state (the server
-    optimizer's too) and store position."""
-    tensors = list(sim.global_params)
+    optimizer's too) and store position, and has drawn the same: the sampling generator and every
+    client's batch stream. The model and state come from the same merged sums on every rank; the
+    draws are each rank's own
+    (a rank advances the streams of the clients others trained itself), so a rank whose inputs went
+    another way is found here even when the merged model still agrees."""
+    state = list(sim.global_params)
     for key in sorted(sim.strategy.state):
-        tensors += sim.strategy.state[key]
-    tensors += sim.strategy.server.tensors()
+        state += sim.strategy.state[key]
+    state += sim.strategy.server.tensors()
+    parts = {"the global model and server state": digest(state)}
     position = getattr(sim.strategy.kept, "current", None)
     if position is not None and sim.strategy.rule.keeps:
-        import torch
-
-        tensors.append(torch.from_numpy(position.copy()))
-    sim.ranks.check_same(tensors, f"the global model and server state after round {t + 1}")
+        parts["the client-state store's position"] = digest([torch.from_numpy(position.copy())])
+    h = hashlib.sha256(json.dumps(sim.sample_rng.bit_generator.state, sort_keys=True).encode())
+    parts["client sampling"] = h.hexdigest()[:16]
+    h = hashlib.sha256()
+    for cid in sim.streams.made():
+        stream = sim.streams[cid]
+        h.update(json.dumps([cid, stream.rng.bit_generator.state, stream.pending], sort_keys=True).encode())
+    parts["the clients' batch streams"] = h.hexdigest()[:16]
+    sim.ranks.check_same(parts, f"after round {t + 1}")
 
 
 def spread_augmentation(model: nn.Module, rank: int) -> None:

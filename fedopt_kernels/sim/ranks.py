@@ -9,9 +9,10 @@ model and server state, bit for bit. ``Ranks.single()`` is the run on one proces
 sent and every method is the identity.
 
 Collectives go through ``torch.distributed``: gloo on CPUs, NCCL on GPUs (rank r on GPU
-``LOCAL_RANK``). Tensors are combined with ``all_gather`` (each rank receives every rank's partial
-sum and adds them in rank order itself: a reduction whose order is fixed); small Python data (which
-clients were refused, their losses) with ``all_gather_object``.
+``LOCAL_RANK``). Tensors are combined with ``all_gather``, one chunk of the sums at a time (each rank
+receives every rank's part of the chunk and adds them in rank order itself: a reduction whose order
+is fixed, whose memory does not grow with the ranks); small Python data (which clients were refused,
+their losses) with ``all_gather_object``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from datetime import timedelta
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -27,6 +28,9 @@ from ..fl.fold import Fold
 from ..fl.server_rules import InitialFold
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# the merge's chunks per rank: its extra memory is about (2 world + 1) / (CHUNKS_PER_RANK world) of
+# the sums (Ranks._sum_in_rank_order), more collectives for less memory
+CHUNKS_PER_RANK = 4
 
 
 class RankMismatch(RuntimeError):
@@ -118,25 +122,37 @@ class Ranks:
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
-    def _gather_flat(self, flat: torch.Tensor) -> List[torch.Tensor]:
+    def _sum_in_rank_order(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Replace each of ``tensors`` by its sum over the ranks, added in rank order (``p_0 + p_1 + ...``,
+        element by element, the same on every rank), in place. The tensors of one dtype are taken as
+        one flat sequence of ``n`` numbers in chunks of ``c = ceil(n / (4 world))``: each chunk is
+        gathered from every rank and added, so the extra memory is the chunk sent, the ``world``
+        chunks received and gloo's flat copy of them, ``(2 world + 1) c``: about ``n / 2`` numbers,
+        whatever the number of ranks (bench/scale_merge.py measures it)."""
         import torch.distributed as dist
 
-        out = [torch.empty_like(flat) for _ in range(self.world)]
-        dist.all_gather(out, flat.contiguous(), group=self.group)
-        return out
+        for idx in _by_dtype(tensors):
+            group = [tensors[i] for i in idx]
+            n = sum(t.numel() for t in group)
+            if n == 0:
+                continue
+            chunk = -(-n // (CHUNKS_PER_RANK * self.world))
+            send = torch.zeros(chunk, dtype=group[0].dtype, device=group[0].device)
+            got = [torch.empty_like(send) for _ in range(self.world)]
+            for lo in range(0, n, chunk):
+                m = min(chunk, n - lo)
+                _copy_span(group, lo, send[:m], out=True)
+                dist.all_gather(got, send, group=self.group)
+                send.copy_(got[0])
+                for part in got[1:]:  # rank order
+                    send.add_(part)
+                _copy_span(group, lo, send[:m], out=False)
 
     def merge(self, fold: Fold) -> None:
         """Make ``fold`` hold every rank's sums, counts and weights, added in rank order."""
         if self.world == 1:
             return
-        names = sorted(fold.sums)
-        tensors = [t for name in names for t in fold.sums[name]]
-        if tensors:
-            parts = _by_dtype(tensors)
-            for idx in parts:
-                flat = torch.cat([tensors[i].reshape(-1) for i in idx])
-                total = _in_rank_order(self._gather_flat(flat))
-                _unflatten(total, [tensors[i] for i in idx])
+        self._sum_in_rank_order([t for name in sorted(fold.sums) for t in fold.sums[name]])
         counts = self.gather((fold.count, fold.weight))
         fold.count = sum(c for c, _ in counts)
         weight = 0.0
@@ -148,9 +164,7 @@ class Ranks:
         """``merge`` for the sum of the clients' first controls."""
         if self.world == 1:
             return
-        for idx in _by_dtype(fold.total):
-            flat = torch.cat([fold.total[i].reshape(-1) for i in idx])
-            _unflatten(_in_rank_order(self._gather_flat(flat)), [fold.total[i] for i in idx])
+        self._sum_in_rank_order(fold.total)
         fold.count = sum(self.gather(fold.count))
 
     def broadcast(self, obj: Any) -> Any:
@@ -169,24 +183,21 @@ class Ranks:
 
             dist.barrier(group=self.group)
 
-    def check_same(self, tensors: Sequence[torch.Tensor], what: str) -> str:
-        """The SHA-256 of ``tensors`` (their bytes, shapes and dtypes); ``RankMismatch`` naming the
-        ranks when another rank's differs."""
-        h = hashlib.sha256()
-        for t in tensors:
-            t = t.detach().to("cpu").contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            if t.numel():
-                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        mine = h.hexdigest()[:16]
-        every = self.gather(mine)
-        if len(set(every)) > 1:
-            listed = ", ".join(f"rank {r}: {d}" for r, d in enumerate(every))
+    def check_same(self, parts: Dict[str, Any], when: str) -> None:
+        """``RankMismatch`` unless every rank's ``parts`` (name -> a digest, or small plain data such
+        as a list of client sizes or a dict of settings) equal rank 0's; its message names each rank
+        that differs, each part, and for a list or a dict the first item or the keys that differ."""
+        every = self.gather(parts)
+        lines = []
+        for r, theirs in enumerate(every[1:], start=1):
+            for name, mine in every[0].items():
+                if theirs.get(name) != mine:
+                    lines.append(f"rank {r} differs from rank 0 in {name}{_difference(mine, theirs.get(name))}")
+        if lines:
             raise RankMismatch(
-                f"the ranks of this run disagree on {what} ({listed}): they no longer compute the same "
-                f"run, so it stops (a rank with other settings, data or code, or a nondeterministic kernel)"
+                f"the ranks of this run disagree {when}: " + "; ".join(lines) + ". They would not compute "
+                "the same run, so it stops (a rank with other settings, data or code, or a nondeterministic kernel)"
             )
-        return mine
 
     def close(self) -> None:
         if self.world > 1:
@@ -196,6 +207,29 @@ class Ranks:
                 dist.destroy_process_group()
 
 
+def digest(tensors: Sequence[torch.Tensor]) -> str:
+    """The SHA-256 of ``tensors`` (their bytes, shapes and dtypes), 16 hex digits."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _difference(mine: Any, theirs: Any) -> str:
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        return " (" + ", ".join(f"{k}: {mine.get(k)!r} on rank 0, {theirs.get(k)!r} there" for k in keys[:5]) + ")"
+    if isinstance(mine, list) and isinstance(theirs, list):
+        if len(mine) != len(theirs):
+            return f" ({len(mine)} on rank 0, {len(theirs)} there)"
+        i = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
+        return f" (first at index {i}: {mine[i]!r} on rank 0, {theirs[i]!r} there)"
+    return f" ({mine} on rank 0, {theirs} there)"
+
+
 def _by_dtype(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
     groups: dict = {}
     for i, t in enumerate(tensors):
@@ -203,16 +237,19 @@ def _by_dtype(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
     return list(groups.values())
 
 
-def _in_rank_order(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    total = parts[0].clone()
-    for p in parts[1:]:
-        total.add_(p)
-    return total
-
-
-def _unflatten(flat: torch.Tensor, into: Sequence[torch.Tensor]) -> None:
-    at = 0
-    for t in into:
+def _copy_span(tensors: Sequence[torch.Tensor], start: int, flat: torch.Tensor, out: bool) -> None:
+    """Numbers ``[start, start + len(flat))`` of ``tensors`` taken as one flat sequence: copied into
+    ``flat`` (``out``) or from it."""
+    at, done = 0, 0
+    for t in tensors:
         n = t.numel()
-        t.copy_(flat[at : at + n].view_as(t))
+        if at + n > start + done and done < flat.numel():
+            lo = start + done - at
+            k = min(n - lo, flat.numel() - done)
+            view = t.view(-1)[lo : lo + k]  # every sum tensor is contiguous: a view, written through
+            if out:
+                flat[done : done + k].copy_(view)
+            else:
+                view.copy_(flat[done : done + k])
+            done += k
         at += n

@@ -28,7 +28,14 @@ from .data.clients import BatchStream, BatchStreams, ClientData
 from .evaluate import EvalCost, evaluate_users
 from .federated_data import FederatedData, build_federated_data
 from .models.build import build_model
-from .rank_round import RANK_CHECK_EVERY, check_ranks_agree, pooled_validation, share_round, spread_augmentation
+from .rank_round import (
+    RANK_CHECK_EVERY,
+    check_ranks_agree,
+    check_start,
+    pooled_validation,
+    share_round,
+    spread_augmentation,
+)
 from .ranks import Ranks
 from .screen import logger, screen
 from .strategy import ClientUpdate, Strategy
@@ -168,6 +175,8 @@ class Simulation:
         self.final_cost = EvalCost()
         self.eval_log: List[Dict[str, float]] = []  # per evaluated round: seconds and model FLOPs of the pass
         self.setup_done = False
+        if self.ranks.world > 1:
+            check_start(self)
 
     @property
     def train_clients(self) -> List[ClientData]:
@@ -230,8 +239,11 @@ class Simulation:
             self.rank_work[r][1] += sum(self.work(c) for c in share)
         if self.ranks.world > 1:
             refused, kept = share_round(self, shares, fold, refused, kept)
+        not_kept = None
         if fold.count:
-            self.strategy.end_round(fold)
+            not_kept = self.strategy.end_round(fold)
+            if not_kept is not None:
+                logger.warning("round %d: %s", t + 1, not_kept)
         else:
             logger.warning("round %d: no usable client update; the global model and server state are unchanged", t + 1)
         self.load_global()
@@ -240,6 +252,8 @@ class Simulation:
         record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled}
         if refused:
             record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
+        if not_kept is not None:
+            record["refused"] = not_kept
         if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
             cost = EvalCost()
             val, flops = pooled_validation(self, cost)

@@ -29,6 +29,7 @@ from .client_state import ClientState, Layout, entry_or_none
 from .client_state_memory import MemoryClientState
 from .config import SimConfig
 from .data.clients import Batch, BatchStream, ClientData
+from .round_result import not_finite
 from .server_optimizer import build as build_server_step
 
 Tensors = List[torch.Tensor]
@@ -280,12 +281,27 @@ class Strategy:
             self.kept[update.client_id] = new_kept
 
     @torch.no_grad()
-    def end_round(self, fold: Fold) -> None:
+    def end_round(self, fold: Fold) -> Optional[str]:
         """The fold's new model and server state, in place (whoever holds the tensors sees them); the
-        model through the server optimizer, which steps the global model's tensors themselves."""
+        model through the server optimizer, which steps the global model's tensors themselves. When
+        the result is not finite, nothing is changed (the server optimizer's state included) and the
+        reason is returned (``round_result.py``)."""
         out = fold.finish()
-        x = self.server.step(fold, out.pop("x"))
-        if x is not self.server.x:
-            copy_into(self.sim.global_params, x)
+        refused = not_finite(out)
+        if refused is not None:
+            return refused
+        if self.server.optimizer is None:
+            copy_into(self.sim.global_params, out.pop("x"))
+        else:  # it steps in place: keep what a refused step must restore
+            before = clone_all(self.sim.global_params), copy.deepcopy(self.server.state_dict())
+            x = self.server.step(fold, out.pop("x"))
+            if x is not self.server.x:
+                copy_into(self.sim.global_params, x)
+            refused = not_finite({"x": self.sim.global_params})
+            if refused is not None:
+                copy_into(self.sim.global_params, before[0])
+                self.server.load_state_dict(before[1])
+                return refused
         for key, value in out.items():
             copy_into(self.state[key], value)
+        return None

@@ -37,7 +37,8 @@ path's error (the default formulation's, the defaults' step at the only size) is
 A choice is kept for the process and, with a cache file (``choice_cache.py``), across runs: the same
 signature on the same device, libraries and precision then gets the same formulations, hence the
 same bits; a choice whose times spread as on a shared device (``timing.SHARED_SPREAD``) is not
-cached. ``default`` skips the search: the fixed defaults, what the search is compared against.
+cached. ``default`` skips the search: the fixed defaults, what the search is compared against, at
+the largest chunk size whose step runs (one untimed step per size, an out-of-memory recorded).
 """
 
 from __future__ import annotations
@@ -242,7 +243,8 @@ class Chooser:
         sizes = [fixed] if fixed is not None else chunk_sizes(sampled, fit)
         budget = SearchBudget(budget_s)
         if self.mode == "default":
-            return sizes[0], self.at(sizes[0], budget)
+            n = self._first_that_runs(sizes)
+            return n, self.at(n, budget)
         share = None
         if self.mode == "auto" and budget_s is None:
             share = AUTO_SHARE * steps_per_run * math.ceil(sampled / sizes[0])  # the budget in step times
@@ -261,7 +263,9 @@ class Chooser:
                 if len(sizes) == 1:
                     raise
                 errors[n] = exc
-                if not out_of_memory(exc):
+                if out_of_memory(exc):  # expected while sizes are tried: recorded in the run's results, no warning
+                    fallbacks.record(f"{n} clients at once", exc, "fewer clients at once")
+                else:
                     fallbacks.fall_back(f"{n} clients at once", exc, "fewer clients at once", stacklevel=4)
                 exc.__traceback__ = None
                 continue
@@ -276,6 +280,25 @@ class Chooser:
             raise errors[sizes[0]]
         n = ok[0] if best is None else best[1]
         return n, self.at(n, budget)
+
+    def _first_that_runs(self, sizes: List[int]) -> int:
+        """``default``'s clients at once: the largest of ``sizes`` whose step with the defaults runs
+        (one untimed step each, largest first; one that runs out of memory is recorded in the run's
+        fallbacks and the next taken). The smallest is not tried: nothing is left to fall back to."""
+        for n in sizes[:-1]:
+            try:
+                params, x, y, w = self.inputs(n)
+                self.engine.layers_net.set_formulations(defaults(self.engine, params, x))
+                self.engine.grads(params, x, y, w)
+                return n
+            except Exception as exc:  # noqa: BLE001 - out of memory is this size's; another error is raised
+                if not out_of_memory(exc):
+                    raise
+                fallbacks.record(f"{n} clients at once", exc, "fewer clients at once")
+                exc.__traceback__ = None
+            finally:
+                self.engine.layers_net.set_formulations(None)
+        return sizes[-1]
 
     def _size(
         self, n: int, budget: SearchBudget, share: Optional[float], sampled: int, steps: int, timed: bool

@@ -43,23 +43,10 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from ...core.float32_switches import CUBLAS, CUDNN, DEVICE_SWITCHES, float32_switches
+
 PRECISIONS = ("fp32", "tf32", "bf16")
 Device = Union[torch.device, str]
-
-# the switches a pass sets: torch >= 2.9's per-backend settings. They are the switches behind
-# torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32, but restorable exactly:
-# resetting a legacy flag leaves "ieee" where "none" (inherit) was, and reading a legacy flag after
-# a new-style setting raises (cuDNN's conv and rnn are always set alike, so that it reads)
-_CUBLAS: Any = torch.backends.cuda.matmul  # Any: torch's type stubs lack the fp32_precision settings
-_CUDNN: Any = torch.backends.cudnn
-_MKLDNN: Any = torch.backends.mkldnn
-# device type -> the switches its kernels read. torch reads a switch left at "none" as its nearest
-# parent's value (oneDNN's or cuDNN's own, then the global one), and all at "none" is its default,
-# "ieee" (torch's default for cuDNN's conv and rnn is an explicit "tf32")
-_DEVICE_SWITCHES: Dict[str, Dict[str, Any]] = {
-    "cuda": {"cuda.matmul": _CUBLAS, "cudnn.conv": _CUDNN.conv, "cudnn.rnn": _CUDNN.rnn},
-    "cpu": {f"mkldnn.{name}": getattr(_MKLDNN, name) for name in ("matmul", "conv", "rnn") if hasattr(_MKLDNN, name)},
-}
 
 
 class UnsupportedPrecision(ValueError):
@@ -78,7 +65,7 @@ def _device_type(device: Device) -> str:
 
 
 def _switches(device: Device) -> Dict[str, Any]:
-    return _DEVICE_SWITCHES.get(_device_type(device), {})
+    return DEVICE_SWITCHES.get(_device_type(device), {})
 
 
 def _effective(switch: Any) -> str:
@@ -113,19 +100,9 @@ def precision_scope(precision: str, device: Device) -> Iterator[None]:
     (``torch.backends.cuda.matmul.allow_tf32``, ``torch.get_float32_matmul_precision``) refuse to
     read some mixes of switches set the new way."""
     check_precision(precision)
-    kind = _device_type(device)
-    value = "tf32" if precision == "tf32" and kind == "cuda" else "ieee"  # backend_flags, read once a pass
-    saved = []
-    try:
-        for switch in _DEVICE_SWITCHES.get(kind, {}).values():
-            now = switch.fp32_precision
-            if (now if now != "none" else "ieee") != value:
-                saved.append((switch, now))
-                switch.fp32_precision = value
+    value = "tf32" if precision == "tf32" and _device_type(device) == "cuda" else "ieee"  # backend_flags
+    with float32_switches(value, device):
         yield
-    finally:
-        for switch, value in reversed(saved):
-            switch.fp32_precision = value
 
 
 def autocast_scope(precision: str, device: Device) -> contextlib.AbstractContextManager:
@@ -140,7 +117,7 @@ def autocast_scope(precision: str, device: Device) -> contextlib.AbstractContext
 def tf32_enabled() -> Dict[str, bool]:
     """Whether CUDA matmuls and cuDNN convolutions take float32 inputs in TF32 now."""
     out = {}
-    for name, legacy, switch in (("matmul", _CUBLAS, _CUBLAS), ("conv", _CUDNN, _CUDNN.conv)):
+    for name, legacy, switch in (("matmul", CUBLAS, CUBLAS), ("conv", CUDNN, CUDNN.conv)):
         try:
             out[name] = bool(legacy.allow_tf32)  # resolves "none" (inherit) to the effective value
         except RuntimeError:  # set through the new settings (precision_scope): read those

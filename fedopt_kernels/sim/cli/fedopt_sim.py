@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--algorithm",
         default=d.algorithm,
+        type=str.lower,  # the class names' spelling (FedNAR, SCAFFOLD) is taken too
         metavar="NAME",
-        help=f"the FL algorithm, one of: {', '.join(VARIANTS)} (default %(default)s)",
+        help=f"the FL algorithm, one of: {', '.join(VARIANTS)}, in any case (default %(default)s)",
     )
     for f in algorithm_settings(SimConfig):  # the algorithms' own settings, declared with their fields
         kind = f.metadata["type"]
@@ -240,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="let --out replace an earlier run's files there (refused without it)"
     )
     g.add_argument("--no-files", action="store_true", help="write no files")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument(
+        "--quiet", action="store_true", help="no progress bar; --validate: a passing run prints its PASS line alone"
+    )
     g = p.add_argument_group("checkpoints (docs/checkpoints.md)")
     g.add_argument(
         "--checkpoint-every",
@@ -499,10 +502,12 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
         which = f" ({result['resumed_from_round'] + 1}-{cfg.rounds}, resumed)" if result["resumed_from_round"] else ""
         world = result["ranks"]["world_size"]
         ranks = f", {world} processes" if world > 1 else ""
+        done = f"{ran} round{'s' * (ran != 1)}{which} in {result['train_seconds']:.1f} s"
+        if ran == 0:  # resumed from the last round's checkpoint: only the final evaluation ran again
+            done = f"no round left to run (its checkpoint holds all {cfg.rounds}): the final evaluation only"
         if args.ranks.main:
             print(
-                f"seed {cfg.seed}: {ran} round{'s' * (ran != 1)}{which} in {result['train_seconds']:.1f} s "
-                f"(backend {result['backend']}, device {result['device']}{at_once}{ranks})",
+                f"seed {cfg.seed}: {done} (backend {result['backend']}, device {result['device']}{at_once}{ranks})",
                 file=sys.stderr,
             )
     plotted = out_dir is not None and plot_curves(
@@ -557,8 +562,8 @@ def _resume_seed(sim: Any, quiet: bool) -> None:
                 f"seed {seed}: resumed after round {sim.resumed_from} of {sim.cfg.rounds} from {folder}",
                 file=sys.stderr,
             )
-    elif not quiet:
-        print(f"seed {seed}: no checkpoint in {folder}: starting at round 1", file=sys.stderr)
+    elif sim.ranks.main:  # also under --quiet: a mistyped --out must not start a new run unnoticed
+        print(f"seed {seed}: --resume found no checkpoint in {folder}: starting at round 1", file=sys.stderr)
 
 
 def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
@@ -582,9 +587,10 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             why = "; --client-batched auto"
         elif cfg.batched and asked > S:
             why = f"; --client-batched {asked}, but a round samples {S} clients"
-        print(
-            f"seed {cfg.seed}: {v.report(name=f'{cfg.algorithm} ({v.reference} vs {v.backend}, seed {cfg.seed}{why})')}"
-        )
+        report = v.report(name=f"{cfg.algorithm} ({v.reference} vs {v.backend}, seed {cfg.seed}{why})")
+        if args.quiet and v.passed:  # the verdict alone (the main job runs seven): a FAIL keeps its tables
+            report = report.splitlines()[-1].strip()
+        print(f"seed {cfg.seed}: {report}")
         if not v.passed:
             status = 1
     return status
@@ -658,9 +664,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             # "auto": whatever backend=auto would pick here (cuda > triton on GPU, cpu > reference on CPU)
             try:
                 args.validate = resolve_backend(configs[0].replace(backend=args.validate), device)
-            except ValueError as exc:  # the backend --validate names, not --backend
+            except ValueError as exc:  # the backend --validate names, not --backend; and its other choice
                 raise ValueError(
-                    str(exc).replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1)
+                    str(exc)
+                    .replace(f"backend={args.validate!r}", f"validate={args.validate!r}", 1)
+                    .replace(
+                        "choose one of (",
+                        f"choose {SEQUENTIAL!r} (a client-batched run against the sequential one) or one of (",
+                        1,
+                    )
                 ) from exc
     except ValueError as exc:  # bad input: name the option, exit 2 (like argparse)
         parser.exit(2, f"fedopt-sim: error: {name_flags(str(exc), parser)}\n")
