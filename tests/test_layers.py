@@ -29,6 +29,7 @@ RANK = {
     "core": 0,
     "triton_kernels": 0,
     "fl": 1,
+    "privacy": 1,
     "batched": 2,
     "optim": 3,
     "": 4,
