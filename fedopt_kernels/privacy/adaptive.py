@@ -23,8 +23,8 @@ def update_noise_multiplier(z: float, sigma_b: float) -> float:
     if not rest > 0:
         raise ValueError(
             f"dp_noise_multiplier={z:g} leaves no noise for the updates under adaptive clipping: the clip "
-            f"count's noise sigma_b={sigma_b:g} needs 2 sigma_b > z; lower the noise multiplier, or sample more "
-            f"clients per round (sigma_b is expected clients / 20)"
+            f"count's noise sigma_b={sigma_b:g} needs 2 sigma_b > z; lower the noise multiplier (or raise "
+            f"dp_target_epsilon), or sample more clients per round (sigma_b is the expected clients / 20)"
         )
     return rest**-0.5
 

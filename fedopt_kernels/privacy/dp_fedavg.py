@@ -116,8 +116,15 @@ class DPFedAvg:
         the seed and the round, so no generator state)."""
         return {"clip": self.clip_norm, "rounds": self.accountant.rounds}
 
+    @staticmethod
+    def check_state(state: Any) -> None:
+        """ValueError unless ``state`` is a ``state_dict`` (a checkpoint's is checked before anything changes)."""
+        ok = isinstance(state, Mapping) and set(state) == {"clip", "rounds"}
+        c, r = (state["clip"], state["rounds"]) if ok else (None, None)
+        if not (ok and isinstance(c, float) and math.isfinite(c) and c > 0 and isinstance(r, int) and r >= 0):
+            raise ValueError(f"checkpoint's differential-privacy state is not readable: {state!r}")
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.check_state(state)
         c, r = state["clip"], state["rounds"]
-        if not (isinstance(c, float) and c > 0 and isinstance(r, int) and r >= 0):
-            raise ValueError(f"checkpoint's differential-privacy state is not readable: {dict(state)}")
         self.clip_norm, self.accountant.rounds, self.below = c, r, 0

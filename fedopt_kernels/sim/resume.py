@@ -46,6 +46,7 @@ class ResumableRun(RoundHost, Protocol):
     initial_model_digest: str
     setup_done: bool  # the run's one-time setup (PAdaMFed's initial controls) ran
     checkpoint: Optional[Any]  # its CheckpointDir (the client-state store's copy lives there)
+    privacy: Optional[Any]  # user-level DP's DPFedAvg, or None
     streams: Any  # BatchStreams
 
     def checkpoint_settings(self) -> Dict[str, Any]: ...
@@ -55,8 +56,9 @@ KIND = "fedopt-sim"
 # settings that checkpoints saved before their rename hold under the earlier name: compared as the new one
 RENAMED_SETTINGS = {"client_parallel": "client_batched", "cuda_graph": "replay"}
 # settings that cannot change a run's numbers (a download flag) are not compared on resume
-# nor how formulations are chosen: a resumed run takes the checkpoint's choice back (``batched``)
-_NOT_COMPARED = ("download", "formulations", "formulation_cache")
+# nor how formulations are chosen: a resumed run takes the checkpoint's choice back (``batched``),
+# nor the privacy budget (a run stopped by dp_max_epsilon goes on with a larger one)
+_NOT_COMPARED = ("download", "formulations", "formulation_cache", "dp_max_epsilon")
 
 
 def tensor_digest(tensors: List[torch.Tensor]) -> str:
@@ -144,6 +146,8 @@ def capture(sim: ResumableRun) -> Dict[str, Any]:
         "rng": global_rng_state(),
         # the client-batched engine's clients at once and formulations, chosen by measurement
         "batched": None if sim.batched is None else sim.batched.choice_state(),
+        # user-level DP: the clip norm and the accountant's position (the noise is named by seed and round)
+        "privacy": None if sim.privacy is None else sim.privacy.state_dict(),
     }
 
 
@@ -185,6 +189,11 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     if batched is not None and sim.batched is not None:
         if not isinstance(batched, dict) or not {"at_once", "size"} <= set(batched):
             raise ValueError("checkpoint's client-batched choice is not readable")
+    privacy = state.get("privacy")
+    if (privacy is None) != (sim.privacy is None):
+        raise ValueError("checkpoint's differential-privacy state does not match the run's dp_clip")
+    if privacy is not None:
+        sim.privacy.check_state(privacy)
     position = state.get("client_state")
     if position is not None and st.rule.keeps and sim.checkpoint is not None:
         # the last check (it raises before anything changes) and the first change
@@ -216,5 +225,7 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     set_global_rng_state(state["rng"])
     if batched is not None and sim.batched is not None:
         sim.batched.adopt(batched)
+    if privacy is not None:
+        sim.privacy.load_state_dict(privacy)
     sim.history = list(state["history"])
     sim.load_global()
