@@ -174,3 +174,42 @@ def test_dp_without_the_extra_names_it(monkeypatch):
     with pytest.raises(ValueError, match=r"fedopt_kernels\[privacy\]"):
         dp_config().validate()
     SimConfig().validate()  # a run without DP needs no extra
+
+
+# ------------------------------------------------------------------------------ fedopt-sim, ranks
+DP_ARGS = ["--algorithm", "scaffold", "--dp-clip", "0.3", "--dp-noise-multiplier", "0.05", "--sampling", "poisson"]
+DP_ARGS += ["--dp-adaptive-quantile", "0.5", "--dp-delta", "1e-3", "--client-batched", "2"]
+
+
+def test_fedopt_sim_twice_and_on_two_ranks_writes_the_same_dp_run(tmp_path):
+    """The same seed twice: the same files but for times; on two ranks (torchrun): the noise is added
+    once after the merge, identically, so the run equals one process's to rounding, twice bitwise."""
+    import subprocess
+
+    from test_sim_ranks import SIM, TORCHRUN, _env, _torchrun, _without_times
+
+    for name in ("one-a", "one-b"):
+        done = subprocess.run(
+            [sys.executable, *SIM, *DP_ARGS, "--out", str(tmp_path / name)],
+            cwd=tmp_path,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "epsilon" in done.stderr  # the summary line says what the run spent
+    one_a, one_b = (_without_times(tmp_path / n / "metrics_seed0.json") for n in ("one-a", "one-b"))
+    assert one_a == one_b
+    assert one_a["privacy"]["rounds"] == 6 and all("dp_epsilon" in r for r in one_a["history"])
+    if TORCHRUN is None:
+        pytest.skip("torchrun is not installed")
+    for name in ("two-a", "two-b"):
+        _torchrun(["--standalone", *SIM, *DP_ARGS, "--out", str(tmp_path / name)], tmp_path)
+    two_a, two_b = (_without_times(tmp_path / n / "metrics_seed0.json") for n in ("two-a", "two-b"))
+    assert two_a == two_b and two_a["ranks"]["world_size"] == 2
+    for a, b in zip(one_a["history"], two_a["history"], strict=True):
+        assert a["clients"] == b["clients"] and a["dp_epsilon"] == b["dp_epsilon"]
+        assert a["dp_clip"] == pytest.approx(b["dp_clip"], rel=1e-9)
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    assert one_a["privacy"]["epsilon"] == two_a["privacy"]["epsilon"]
