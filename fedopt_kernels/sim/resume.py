@@ -46,7 +46,7 @@ class ResumableRun(RoundHost, Protocol):
     initial_model_digest: str
     setup_done: bool  # the run's one-time setup (PAdaMFed's initial controls) ran
     checkpoint: Optional[Any]  # its CheckpointDir (the client-state store's copy lives there)
-    privacy: Optional[Any]  # user-level DP's DPFedAvg, or None
+    privacy: Any  # user-level DP's DPFedAvg, or None
     streams: Any  # BatchStreams
 
     def checkpoint_settings(self) -> Dict[str, Any]: ...

@@ -191,6 +191,8 @@ class Simulation:
         for mine, theirs in zip(self.global_params, other.global_params, strict=True):
             mine.copy_(theirs)
         self.strategy.load_server_state(other.strategy.server_state())
+        if self.privacy is not None and other.privacy is not None:  # the adaptive clip norm
+            self.privacy.load_state_dict(other.privacy.state_dict())
         self.setup_done = other.setup_done
 
     def sample_clients(self) -> List[int]:
