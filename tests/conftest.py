@@ -107,6 +107,7 @@ SLOW_FILES = frozenset(
         "test_newcomer_jit.py",
         "test_newcomer_packaging.py",
         "test_paper_commands.py",
+        "test_privacy_runs.py",
         "test_ops.py",
         "test_properties.py",
         "test_replay.py",

@@ -32,6 +32,7 @@ RANK = {
     "batched": 1,
     "optim": 2,
     "fl": 3,
+    "privacy": 3,
     "": 4,
     "sim": 5,
     "selfcheck": 5,

@@ -13,6 +13,7 @@ from ..fl.algorithm import VARIANTS
 from ..fl.config import FLConfig, check_choice, check_integer, check_real
 from .batched.choose import MODES as FORMULATION_MODES
 from .batched.precision import PRECISIONS
+from .dp_round import check as dp_check
 from .models.build import MODELS, TEXT_MODELS
 
 # What ``--algorithm`` names is a *variant* (fedavg, fedprox, scaffold, ... each an algorithm's
@@ -84,6 +85,17 @@ class SimConfig(FLConfig):
     formulations: str = "auto"
     formulation_cache: Optional[str] = None  # a JSON file keeping measured choices across runs
     precision: str = "fp32"  # forward and backward passes: fp32, tf32 or bf16 (sim/batched/precision.py)
+    # client sampling: "fixed" (sampled_per_round of N) or "poisson" (each client with the sample rate)
+    sampling: str = "fixed"
+    # user-level differential privacy (docs/privacy.md, sim/dp_round.py): off unless dp_clip is given
+    dp_clip: Optional[float] = None  # C: each reply's global L2 norm bound (the initial one, adaptive)
+    dp_noise_multiplier: Optional[float] = None  # z; or dp_target_epsilon, which calibrates it
+    dp_target_epsilon: Optional[float] = None
+    dp_delta: Optional[float] = None  # default 1 / N**1.1
+    dp_adaptive_quantile: Optional[float] = None  # gamma: adaptive clipping toward this quantile of the norms
+    dp_clip_lr: float = 0.2  # eta_C of adaptive clipping
+    dp_accountant: str = "rdp"  # or "pld"
+    dp_max_epsilon: Optional[float] = None  # stop before a round that would spend more
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -194,6 +206,7 @@ class SimConfig(FLConfig):
         number("finetune_lr", self.finetune_lr, 0.0)
         integer("eval_every", self.eval_every, 1)
         self._validate_client_batched()
+        dp_check(self)
         return self
 
     def _validate_client_batched(self) -> None:

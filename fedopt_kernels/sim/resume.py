@@ -48,6 +48,7 @@ class ResumableRun(RoundHost, Protocol):
     initial_model_digest: str
     setup_done: bool  # the run's one-time setup (PAdaMFed's initial controls) ran
     checkpoint: Optional[Any]  # its CheckpointDir (the client-state store's copy lives there)
+    privacy: Any  # user-level DP's DPFedAvg, or None
     streams: Any  # BatchStreams
 
     def checkpoint_settings(self) -> Dict[str, Any]: ...
@@ -57,8 +58,9 @@ KIND = "fedopt-sim"
 # settings that checkpoints saved before their rename hold under the earlier name: compared as the new one
 RENAMED_SETTINGS = {"client_parallel": "client_batched", "cuda_graph": "replay"}
 # settings that cannot change a run's numbers (a download flag) are not compared on resume
-# nor how formulations are chosen: a resumed run takes the checkpoint's choice back (``batched``)
-_NOT_COMPARED = ("download", "formulations", "formulation_cache")
+# nor how formulations are chosen: a resumed run takes the checkpoint's choice back (``batched``),
+# nor the privacy budget (a run stopped by dp_max_epsilon goes on with a larger one)
+_NOT_COMPARED = ("download", "formulations", "formulation_cache", "dp_max_epsilon")
 
 
 def tensor_digest(tensors: List[torch.Tensor]) -> str:
@@ -147,6 +149,8 @@ def capture(sim: ResumableRun) -> Dict[str, Any]:
         "rng": global_rng_state(),
         # the client-batched engine's clients at once and formulations, chosen by measurement
         "batched": None if sim.batched is None else sim.batched.choice_state(),
+        # user-level DP: the clip norm and the accountant's position (the noise is named by seed and round)
+        "privacy": None if sim.privacy is None else sim.privacy.state_dict(),
     }
 
 
@@ -192,6 +196,11 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     # nothing of the run changed yet (the settings' server_optimizer was compared with the checkpoint's)
     server_step = build_server_step(sim.cfg, sim.global_params, sim.cfg.backend)
     server_step.load_state_dict(state.get("server_optimizer", {}))
+    privacy = state.get("privacy")
+    if (privacy is None) != (sim.privacy is None):
+        raise ValueError("checkpoint's differential-privacy state does not match the run's dp_clip")
+    if privacy is not None:
+        sim.privacy.check_state(privacy)
     position = state.get("client_state")
     if position is not None and st.rule.keeps and sim.checkpoint is not None:
         # the last check (it raises before anything changes) and the first change
@@ -224,5 +233,7 @@ def restore(sim: ResumableRun, state: Dict[str, Any]) -> None:
     set_global_rng_state(state["rng"])
     if batched is not None and sim.batched is not None:
         sim.batched.adopt(batched)
+    if privacy is not None:
+        sim.privacy.load_state_dict(privacy)
     sim.history = list(state["history"])
     sim.load_global()

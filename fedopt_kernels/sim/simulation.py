@@ -20,6 +20,7 @@ from torch import nn
 from ..core import fallbacks
 from ..core import registry as _registry
 from ..fl.checkpoint import CheckpointDir
+from . import dp_round
 from . import resume as _resume
 from .batched.precision import check_supported
 from .client_state_files import ClientStateFiles
@@ -149,6 +150,8 @@ class Simulation:
         self.streams = BatchStreams(self.train_clients, cfg.batch_size, ss_batch)
         self._tune_seed = ss_tune
         self.strategy = Strategy(self)
+        self.privacy = dp_round.build(cfg)  # user-level DP (sim/dp_round.py); None: off
+        self.dp_stopped: Optional[str] = None
         self.batched = None
         if cfg.batched:  # --client-batched: the sampled clients train N at a time (batched_round.py)
             from .batched_round import BatchedClients
@@ -197,9 +200,13 @@ class Simulation:
         for mine, theirs in zip(self.global_params, other.global_params, strict=True):
             mine.copy_(theirs)
         self.strategy.load_server_state(other.strategy.server_state())
+        if self.privacy is not None and other.privacy is not None:  # the adaptive clip norm
+            self.privacy.load_state_dict(other.privacy.state_dict())
         self.setup_done = other.setup_done
 
     def sample_clients(self) -> List[int]:
+        if self.cfg.sampling == "poisson":  # each client joins with probability q
+            return dp_round.poisson_sample(self.sample_rng, dp_round.sampling_of(self.cfg))
         picked = self.sample_rng.choice(self.cfg.num_train_clients, size=self.cfg.sampled_per_round, replace=False)
         return sorted(int(i) for i in picked)  # sorted: aggregation order does not depend on draw order
 
@@ -223,6 +230,11 @@ class Simulation:
             if why:
                 refused.append((update.client_id, why))
             else:
+                if self.privacy is not None:  # clipped as one vector, weight uniform (docs/privacy.md)
+                    update.delta, update.extra = self.privacy.clip_reply(
+                        update.delta, update.extra, self.strategy.rule.reply
+                    )
+                    update.weight = 1.0
                 self.strategy.add(fold, update)
                 kept.append((update.client_id, update.weight, loss))
 
@@ -239,6 +251,7 @@ class Simulation:
             self.rank_work[r][1] += sum(self.work(c) for c in share)
         if self.ranks.world > 1:
             refused, kept = share_round(self, shares, fold, refused, kept)
+        private = dp_round.finish(self, fold, t) if self.privacy is not None else {}  # noise once, after the merge
         not_kept = None
         if fold.count:
             not_kept = self.strategy.end_round(fold)
@@ -249,7 +262,7 @@ class Simulation:
         self.load_global()
         weights = np.array([w for _, w, _ in kept])
         train_loss = float(np.dot(weights, [v for _, _, v in kept]) / weights.sum()) if kept else float("nan")
-        record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled}
+        record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled, **private}
         if refused:
             record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
         if not_kept is not None:
@@ -359,6 +372,12 @@ class Simulation:
             self.load_checkpoint()
         start = time.perf_counter()
         for t in range(len(self.history), self.cfg.rounds):
+            self.dp_stopped = dp_round.over_budget(self, t)
+            if self.dp_stopped is not None:  # checkpointed first: a larger dp_max_epsilon resumes it
+                if self.checkpoint is not None and not self._checkpoint_due(t):
+                    self.save_checkpoint()
+                dp_round.say_stopped(self.dp_stopped)
+                break
             record = self.run_round(t)
             if self._checkpoint_due(t + 1):
                 self.save_checkpoint()
@@ -382,6 +401,8 @@ class Simulation:
             "train_seconds": train_seconds,
             "total_seconds": time.perf_counter() - start,
             "resumed_from_round": self.resumed_from,
+            # user-level DP: epsilon at delta after the rounds run, the noise, the clip, why it stopped
+            "privacy": dp_round.summary(self, self.dp_stopped),
             # what the client-batched engine ran: clients at once, each layer's formulation and why
             "client_batched": None if self.batched is None else self.batched.choice_state(),
             # every GPU-only path the run gave up and what ran instead (captures, bound launches, ...)

@@ -261,7 +261,7 @@ class Strategy:
 
     def begin_round(self, sampled: Sequence[int], t: int) -> Fold:
         """Round ``t``'s fold over the ``sampled`` clients (in client-id order: deterministic sums)."""
-        weights = [float(self.sim.train_clients[cid].size) for cid in sampled]
+        weights = [float(self.sim.train_clients[cid].size) for cid in sampled] or [1.0]  # none: Poisson
         fold = self.rule.begin(
             self.sim.global_params,
             self.state,

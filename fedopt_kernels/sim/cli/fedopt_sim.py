@@ -43,6 +43,7 @@ from ..models.build import MODELS
 from ..validate import ACC_TOL, PARAM_RTOL
 from . import ranks_cli
 from .help_format import DefaultsHelpFormatter
+from .privacy_options import add_privacy_options, epsilon_text, privacy_settings, say_noise
 from .renamed import RenamedFlag, RenamedStore
 from .run_folder import (
     check_checkpoint_flags,
@@ -273,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         "in files under DIR/seed<k> instead of host memory: a run's memory then does not grow with its "
         'population (default: host memory; docs/simulator.md, "Memory")',
     )
+    add_privacy_options(p)
     g = p.add_argument_group("validation")
     g.add_argument(
         "--validate",
@@ -332,6 +334,7 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         formulation_cache=args.formulation_cache,
         precision=args.precision,
         **{f.name: getattr(args, f.name) for f in algorithm_settings(SimConfig)},
+        **privacy_settings(args),
     ).validate()
 
 
@@ -413,8 +416,9 @@ def _advance(bar: Any, show_metrics: bool = False) -> Callable[[Dict[str, Any]],
 
     def tick(rec: Dict[str, Any]) -> None:
         bar.update(1)
+        eps = {"eps": f"{rec['dp_epsilon']:.3g}"} if "dp_epsilon" in rec else {}
         if show_metrics and "val_acc" in rec:
-            bar.set_postfix(loss=f"{rec['train_loss']:.3f}", val_acc=f"{rec['val_acc']:.3f}")
+            bar.set_postfix(loss=f"{rec['train_loss']:.3f}", val_acc=f"{rec['val_acc']:.3f}", **eps)
 
     return tick
 
@@ -507,7 +511,8 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             done = f"no round left to run (its checkpoint holds all {cfg.rounds}): the final evaluation only"
         if args.ranks.main:
             print(
-                f"seed {cfg.seed}: {done} (backend {result['backend']}, device {result['device']}{at_once}{ranks})",
+                f"seed {cfg.seed}: {done} (backend {result['backend']}, device {result['device']}{at_once}{ranks})"
+                + epsilon_text(result["privacy"]),
                 file=sys.stderr,
             )
     plotted = out_dir is not None and plot_curves(
@@ -634,6 +639,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 )
         resolve_writer_fraction(args)
         configs = [config_from_args(args, s) for s in args.seeds]
+        say_noise(configs[0])  # --dp-target-epsilon: calibrated (or refused) before anything starts
         _prepare_environment(args)
         check_checkpoint_flags(
             args.resume, args.overwrite, args.checkpoint_every, args.checkpoint_dir, args.no_files, args.validate
