@@ -16,18 +16,26 @@ chunk of clients at once, with the same inputs and the same server rules:
 The sampled clients are split into equal chunks of at most N; the last chunk may be one client
 short, and its empty slot is filled with a copy of its first client, inactive (the batched
 optimizers' active mask), so one trainer (and one CUDA graph) serves every chunk.
+
+Clients that differ in their work (``fl/work.py``): a chunk runs its largest step count K, and
+client c is inactive after its own K_c steps, so it ends where it would alone. The clients are
+put into chunks by their step counts, the largest first (ties by client id; equal counts keep the
+order of client ids), so that a chunk's clients take about as many steps as each other and few
+slot-steps are idle; an augmenting model keeps client-id order (its draws follow the clients'
+order, as sequentially). ``slot_steps`` and ``client_steps`` count the steps run and needed.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 import torch
 
 from ..core import fallbacks
 from ..core.optimizer import FedOptimizer
 from ..fl.algorithm import end_round
+from ..fl.work import WorkPlan
 from .batched.batches import BatchPool, apply_stage
 from .batched.choice_cache import ChoiceCache
 from .batched.choose import Choice, Chooser
@@ -105,6 +113,8 @@ class BatchedClients:
         # "cuda": replay each step from a CUDA graph; tests set "emulate" (batched/trainer_replay.py) before round 0
         self.replay_mode = "cuda" if cfg.replay else None
         self._trainer: Optional[BatchedTrainer] = None  # built at the first round (after the strategy's setup)
+        self.slot_steps = 0  # trainer slots x steps run, this process (the work done, idle slots included)
+        self.client_steps = 0  # the clients' own steps among them (the work needed)
 
     # ------------------------------------------------------------------ clients at once
     @property
@@ -214,6 +224,7 @@ class BatchedClients:
         seen = getattr(self.loss, "flags_seen", None)
         out["precision_flags"] = dict(seen) if seen else backend_flags(self.cfg.precision, self.sim.device)
         out["fallbacks"] = fallbacks.taken(self._fallbacks_from)
+        out["slot_steps"], out["client_steps"] = self.slot_steps, self.client_steps
         return out
 
     @property
@@ -226,7 +237,7 @@ class BatchedClients:
                 self.size,
                 # a client-batched optimizer is a FedOptimizer (Algorithm.make's annotation is torch's class)
                 lambda params: cast(FedOptimizer, self.opts.build_on(params, batched=True)),
-                steps=self.cfg.local_steps,
+                steps=WorkPlan(self.cfg, [c.size for c in self.sim.train_clients]).most(),  # a client's most
                 clip_norm=clip,
                 anchor=self.anchor_model is not None,
                 replay=self.replay_mode,
@@ -234,12 +245,24 @@ class BatchedClients:
         return self._trainer
 
     # ------------------------------------------------------------------ one round
-    def train(self, sampled: Sequence[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:
-        """Local training of ``sampled`` in round ``t``: ``take(update, mean loss)`` for each client, in
-        that order, as soon as its chunk has trained (the update is dropped after it)."""
-        for i in range(0, len(sampled), self.size):
-            self.sim.strategy.kept.prefetch(sampled[i + self.size : i + 2 * self.size])  # the next chunk's state
-            self._chunk(list(sampled[i : i + self.size]), t, take)
+    def train(
+        self,
+        sampled: Sequence[int],
+        t: int,
+        take: Callable[[ClientUpdate, float], None],
+        steps: Optional[Mapping[int, int]] = None,
+    ) -> None:
+        """Local training of ``sampled`` in round ``t``: ``take(update, mean loss)`` for each client as
+        soon as its chunk has trained (the update is dropped after it), chunk by chunk (the module
+        docstring); ``steps``: each client's local steps (``local_steps`` for all where not given)."""
+        own = {cid: self.cfg.local_steps for cid in sampled} if steps is None else steps
+        order = list(sampled)
+        if not _is_random(self.sim.model):
+            order.sort(key=lambda cid: (-own[cid], cid))
+        for i in range(0, len(order), self.size):
+            self.sim.strategy.kept.prefetch(order[i + self.size : i + 2 * self.size])  # the next chunk's state
+            chunk = order[i : i + self.size]
+            self._chunk(chunk, t, take, [own[cid] for cid in chunk])
 
     def _round_inputs(self, chunk: List[int], t: int, stacked: Sequence[torch.Tensor]) -> Dict[str, Any]:
         """Every client's round inputs, stacked ``[C, ...]`` into tensors made at the first client and
@@ -270,15 +293,17 @@ class BatchedClients:
             t_[len(chunk) :].copy_(t_[:1].expand(self.size - len(chunk), *t_.shape[1:]))
         return out
 
-    def _chunk(self, chunk: List[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:
-        sim, cfg, tr = self.sim, self.cfg, self.trainer
-        K, m = cfg.local_steps, len(chunk)
+    def _chunk(self, chunk: List[int], t: int, take: Callable[[ClientUpdate, float], None], ks: List[int]) -> None:
+        sim, tr = self.sim, self.trainer
+        K, m = max(ks), len(chunk)
+        self.slot_steps += K * self.size
+        self.client_steps += sum(ks)
         sim.load_global()  # FedNLR's scales and PAdaMFed-VR's anchor copy read the global model
         inputs = self._round_inputs(chunk, t, tr.stacked)
         tr.load(sim.global_params)
         self.opts.set_round_lr(tr.opt, t)
         tr.start_round(round_index=t, **inputs)
-        batches = self.pool.draw(sim.streams, chunk, K)
+        batches = self.pool.draw(sim.streams, chunk, ks)
         x = apply_stage(self.loss.input_stage, batches, _is_random(sim.model))
         anchor_x = None
         if self.anchor_model is not None and _is_random(self.anchor_model):
@@ -290,13 +315,18 @@ class BatchedClients:
         def pad(v: torch.Tensor) -> torch.Tensor:
             return _pad_clients(v, self.size)
 
-        total = tr.run(pad(x), pad(batches.y), pad(batches.w), None if anchor_x is None else pad(anchor_x), active)
+        own = None  # each slot's steps where they differ (the idle slots' 0: inactive throughout)
+        if min(ks) < K:
+            own = torch.tensor(ks + [0] * (self.size - m), device=sim.device)
+        total = tr.run(
+            pad(x), pad(batches.y), pad(batches.w), None if anchor_x is None else pad(anchor_x), active, steps=own
+        )
         end_round(tr.opt)
         outputs = {name: getattr(tr.opt, name)() for name in self.algo.round_outputs}
         params = list(sim.model.parameters())
-        losses = [v / K for v in total[:m].tolist()]
+        losses = [v / k for v, k in zip(total[:m].tolist(), ks, strict=True)]
         for c, cid in enumerate(chunk):
             with torch.no_grad():
                 for p, s in zip(params, tr.stacked, strict=True):
                     p.copy_(s[c])
-            take(sim.strategy.finish(cid, _OneClient(tr.opt, c, outputs), t), losses[c])
+            take(sim.strategy.finish(cid, _OneClient(tr.opt, c, outputs), t, ks[c]), losses[c])

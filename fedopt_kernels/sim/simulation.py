@@ -20,6 +20,7 @@ from torch import nn
 from ..core import fallbacks
 from ..core import registry as _registry
 from ..fl.checkpoint import CheckpointDir
+from ..fl.work import WorkPlan, histogram
 from . import resume as _resume
 from .batched.precision import check_supported
 from .client_state_files import ClientStateFiles
@@ -118,6 +119,7 @@ class Simulation:
             raise ValueError(
                 f"data has {len(self.data.train_clients)} training clients, config expects {cfg.num_train_clients}"
             )
+        self.work_plan = WorkPlan(cfg, [c.size for c in self.data.train_clients])  # each client's steps
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(ss_init.generate_state(1)[0]))
             model = (
@@ -203,7 +205,8 @@ class Simulation:
             self.strategy.setup()
             self.setup_done = True
         sampled = self.sample_clients()
-        shares = self.ranks.split(sampled, self.work, t)
+        steps = self.work_plan.steps(t, sampled)  # each client's local steps this round
+        shares = self.ranks.split(sampled, lambda c: self.work(c, steps[c]), t)
         mine = shares[self.ranks.rank]
         fold = self.strategy.begin_round(sampled, t)
         refused: List[Tuple[int, str]] = []
@@ -219,21 +222,21 @@ class Simulation:
 
         if self.batched is not None:
             if mine:
-                self.batched.train(mine, t, take)
+                self.batched.train(mine, t, take, steps)
         else:
             for i, cid in enumerate(mine):
                 self.strategy.kept.prefetch(mine[i + 1 : i + 2])
                 self.load_global()
                 opt = self.strategy.begin(cid, t)
                 loss_sum = torch.zeros((), device=self.device)
-                for _ in range(self.cfg.local_steps):
+                for _ in range(steps[cid]):
                     loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
-                take(self.strategy.finish(cid, opt, t), float(loss_sum) / self.cfg.local_steps)
+                take(self.strategy.finish(cid, opt, t, steps[cid]), float(loss_sum) / steps[cid])
         for r, share in enumerate(shares):
             self.rank_work[r][0] += len(share)
-            self.rank_work[r][1] += sum(self.work(c) for c in share)
+            self.rank_work[r][1] += sum(self.work(c, steps[c]) for c in share)
         if self.ranks.world > 1:
-            refused, kept = share_round(self, shares, fold, refused, kept)
+            refused, kept = share_round(self, shares, fold, refused, kept, steps)
         if fold.count:
             self.strategy.end_round(fold)
         else:
@@ -242,6 +245,8 @@ class Simulation:
         weights = np.array([w for _, w, _ in kept])
         train_loss = float(np.dot(weights, [v for _, _, v in kept]) / weights.sum()) if kept else float("nan")
         record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled}
+        if self.work_plan.uneven:  # how many clients took how many local steps
+            record["steps"] = histogram(steps.values())
         if refused:
             record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
         if (t + 1) % self.cfg.eval_every == 0 or t + 1 == self.cfg.rounds:
@@ -255,9 +260,11 @@ class Simulation:
             check_ranks_agree(self, t)
         return record
 
-    def work(self, cid: int) -> float:
-        """A client's training work in a round: its local steps times its batches' samples."""
-        return float(self.cfg.local_steps * min(self.cfg.batch_size, self.train_clients[cid].size))
+    def work(self, cid: int, steps: Optional[int] = None) -> float:
+        """A client's training work in a round: its local steps (``local_steps`` unless given) times
+        its batches' samples."""
+        k = self.cfg.local_steps if steps is None else steps
+        return float(k * min(self.cfg.batch_size, self.train_clients[cid].size))
 
     @property
     def per_rank(self) -> int:

@@ -205,14 +205,22 @@ class Strategy:
         return loss
 
     @torch.no_grad()
-    def finish(self, cid: int, opt: Any, t: int) -> ClientUpdate:
+    def finish(self, cid: int, opt: Any, t: int, steps: Optional[int] = None) -> ClientUpdate:
         """Client ``cid``'s update after round ``t``; ``opt``: its optimizer, or what stands in for
-        it (the client-batched round's view of one client of the batched optimizer)."""
+        it (the client-batched round's view of one client of the batched optimizer); ``steps``: the
+        local steps it took (``local_steps`` where not given)."""
         end_round(opt)
         delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params, strict=True)]
         update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
         new_kept, reply = self.rule.client_finish(
-            opt, self.opts.algo, self.hp, t, self.sim.cfg.local_steps, self._sent(), self._kept(cid), delta
+            opt,
+            self.opts.algo,
+            self.hp,
+            t,
+            self.sim.cfg.local_steps if steps is None else steps,
+            self._sent(),
+            self._kept(cid),
+            delta,
         )
         update.extra.update(reply)
         if new_kept is not None:

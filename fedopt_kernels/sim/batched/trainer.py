@@ -152,10 +152,17 @@ class BatchedTrainer:
         w: torch.Tensor,
         anchor_x: Optional[torch.Tensor] = None,
         active: Optional[torch.Tensor] = None,
+        steps: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """All ``x.shape[0]`` local steps (inputs ``[K, C, B, ...]``); returns each client's summed loss [C]."""
+        """All ``x.shape[0]`` local steps (inputs ``[K, C, B, ...]``); returns each client's summed loss [C].
+
+        ``steps`` [C] (integers): client c takes only its first ``steps[c]`` steps; in the later ones
+        it is inactive (the optimizer's active mask), so it ends as after its own last step."""
         total = torch.zeros(self.clients, device=x.device)
         for k in range(x.shape[0]):
-            loss = self.step(x[k], y[k], w[k], None if anchor_x is None else anchor_x[k], active)
-            total += loss.detach()
+            mask = active
+            if steps is not None:
+                mask = steps > k if active is None else active & (steps > k)
+            loss = self.step(x[k], y[k], w[k], None if anchor_x is None else anchor_x[k], mask)
+            total += loss.detach() if steps is None else torch.where(mask, loss.detach(), 0.0)
         return total

@@ -155,7 +155,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--context", type=int, help="char-transformer: read only the last N characters of each window")
     g.add_argument("--rounds", type=int, default=d.rounds)
-    g.add_argument("--local-steps", type=int, default=d.local_steps)
+    g.add_argument("--local-steps", type=int, help=f"local steps of every client in a round (default {d.local_steps})")
+    g.add_argument(
+        "--local-epochs",
+        type=int,
+        metavar="E",
+        help="instead of --local-steps: client i takes E * ceil(n_i / batch size) steps, E passes over its "
+        'n_i samples (docs/simulator.md, "Clients that differ in their work")',
+    )
+    g.add_argument(
+        "--local-steps-range",
+        type=int,
+        nargs=2,
+        metavar=("A", "B"),
+        help="instead of --local-steps: each client's steps drawn per round uniformly from A..B, from the seed",
+    )
+    g.add_argument(
+        "--stragglers",
+        type=float,
+        default=d.stragglers,
+        metavar="F",
+        help="this fraction of each round's clients, drawn from the seed, stops after a uniform fraction "
+        "of its steps (at least 1), in [0, 1) (default %(default)s)",
+    )
     g.add_argument("--batch-size", type=int, default=d.batch_size)
     g.add_argument(
         "--sample-rate",
@@ -308,7 +330,10 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         download=args.download,
         normalize=args.normalize,
         augment=args.augment,
-        local_steps=args.local_steps,
+        local_steps=local_steps(args),
+        local_epochs=args.local_epochs,
+        local_steps_range=None if args.local_steps_range is None else tuple(args.local_steps_range),
+        stragglers=args.stragglers,
         batch_size=args.batch_size,
         sample_rate=args.sample_rate,
         clients_per_round=args.clients_per_round,
@@ -325,6 +350,17 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         precision=args.precision,
         **{f.name: getattr(args, f.name) for f in algorithm_settings(SimConfig)},
     ).validate()
+
+
+def local_steps(args: argparse.Namespace) -> int:
+    """``--local-steps`` (its default where not given); ValueError when another option sets the steps too."""
+    if args.local_steps is None:
+        return SimConfig.local_steps
+    for name in ("local_epochs", "local_steps_range"):
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"give local_steps (--local-steps) or {name} ({flag}), not both: both set the local steps")
+    return args.local_steps
 
 
 def parse_client_batched(text: str) -> Any:
@@ -508,7 +544,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     hp = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results[0]["hparams"].items())
     print(
         f"{args.algorithm} on {args.dataset} ({configs[0].resolved_partition}), {configs[0].clients} clients, "
-        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps, "
+        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {_steps_text(configs[0])}, "
         f"precision {configs[0].precision}; {hp}"
     )
     print(format_final_table(results))
@@ -519,6 +555,17 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
 
             print(f"note: curves.png not drawn: matplotlib is not installed ({hint('matplotlib')})")
     return 0
+
+
+def _steps_text(cfg: SimConfig) -> str:
+    """The local steps of a run's clients in words (the summary line)."""
+    if cfg.local_epochs is not None:
+        text = f"{cfg.local_epochs} local epoch{'s' * (cfg.local_epochs != 1)}"
+    elif cfg.local_steps_range is not None:
+        text = f"{cfg.local_steps_range[0]}-{cfg.local_steps_range[1]} steps"
+    else:
+        text = f"{cfg.local_steps} steps"
+    return text + (f", {cfg.stragglers:g} stragglers" if cfg.stragglers else "")
 
 
 def _say_batched(sim: Any) -> None:
