@@ -21,7 +21,7 @@ an algorithm's server is written once, it says how a round uses the arithmetic:
 * ``keeps``: each client keeps one tensor list between rounds (SCAFFOLD's and PAdaMFed's ``c_i``,
   FedDyn's ``g_i``), zero (or None) before its first round;
 * ``reply``: tensor lists a client's reply carries besides its model change ``delta`` ("dc": the
-  change of its control).
+  change of its control); ``scalars``: numbers it carries (FedNova's ``nova_a``, ``fl/fednova.py``).
 
 Each rule is registered by name (``RULES``, ``register_rule``); an algorithm's variants name the rule they use.
 """
@@ -136,6 +136,7 @@ class ServerRule:
     sent: Mapping[str, str] = {}
     keeps = False
     reply: Tuple[str, ...] = ()
+    scalars: Tuple[str, ...] = ()  # numbers > 0 a client's reply carries besides its tensors (FedNova's a_i)
     init_controls = False
 
     def init_state(self, x: Sequence[torch.Tensor]) -> Dict[str, Tensors]:

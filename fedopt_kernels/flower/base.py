@@ -22,7 +22,7 @@ import hashlib
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -59,6 +59,7 @@ class ClientResult:
     delta: Tensors
     dc: Optional[Tensors] = None
     train_loss: Optional[float] = None
+    scalars: Dict[str, float] = field(default_factory=dict)  # the rule's numbers (FedNova's nova_a)
 
 
 @dataclass
@@ -217,7 +218,7 @@ class FedOptStrategy(Strategy):
 
     def _server_step(self, results: List[ClientResult]) -> Dict[str, Tensors]:
         """The new server state from the sorted accepted results: {"x": ..., other server tensors}."""
-        replies = [{"dc": r.dc} if r.dc is not None else {} for r in results]
+        replies = [{**({"dc": r.dc} if r.dc is not None else {}), **r.scalars} for r in results]
         return self.rule.step(
             self.global_params,
             self.state,
@@ -541,7 +542,11 @@ class FedOptStrategy(Strategy):
         loss = None
         if "metrics" in content and "train-loss" in content["metrics"]:
             loss = metric(content, "train-loss")
-        return ClientResult(node, _client_id_of(content), weight, delta, dc, loss)
+        scalars = {name: metric(content, name.replace("_", "-")) for name in self.rule.scalars}
+        for name, v in scalars.items():
+            if not v > 0:
+                raise BadUpdate(f"metrics: {name.replace('_', '-')!r} must be > 0, got {v!r}")
+        return ClientResult(node, _client_id_of(content), weight, delta, dc, loss, scalars)
 
     # ------------------------------------------------------------------ Strategy API: training
     def configure_train(

@@ -7,8 +7,9 @@ takes the round's local steps and returns the reply content the strategies expec
 
 * ``"delta"`` (ArrayRecord): the trained model minus the received one;
 * the server rule's reply tensors (``"dc"``, SCAFFOLD and PAdaMFed: the change of the client's control variate);
-* ``"metrics"`` (MetricRecord): ``num-examples`` (the aggregation weight), ``train-loss`` and,
-  when given, ``client-id`` (the strategy sums clients in this order, as the simulator does).
+* ``"metrics"`` (MetricRecord): ``num-examples`` (the aggregation weight), ``train-loss``, the
+  server rule's numbers (FedNova's ``nova-a``) and, when given, ``client-id`` (the strategy sums
+  clients in this order, as the simulator does).
 
 What the client keeps between rounds (its control variate ``c_i``, FedDyn's ``g_i``) never leaves
 the client: it lives in ``context.state`` under ``"<state-tag>.control"``. A non-finite new control
@@ -139,11 +140,12 @@ def train_round(
         delta = [p.detach() - g for p, g in zip(params, x, strict=True)]
         out["delta"] = to_record(names, delta)
         new_kept, reply = rule.client_finish(opt, opts.algo, hp, t, K, got, kept, delta)
+        scalars = {name: reply.pop(name) for name in rule.scalars}  # numbers go with the metrics
         for name, tensors in reply.items():
             out[name] = to_record(names, tensors)
         if new_kept is not None:
             _store_control(state, tag, names, new_kept)
-    out["metrics"] = _metrics(num_examples, client_id, train_loss=float(loss_sum) / K)
+    out["metrics"] = _metrics(num_examples, client_id, train_loss=float(loss_sum) / K, **scalars)
     return out
 
 

@@ -12,6 +12,7 @@ from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED
 from ..core.schedules import DecaySchedule, ScheduleLike
 from ..fl import algorithm
+from ..fl import fednova as _fednova  # noqa: F401  (registers FedNova's server rule)
 from ..fl.algorithm import BenchCase, FlowerName, Variant
 from .sgd import SGDAlgorithm, SGDFamily, torch_sgd
 
@@ -163,6 +164,9 @@ DESCRIPTOR = algorithm.register(
             Variant("feddecay", "avg", defaults={"beta": 0.5}),
             Variant("fedprox", "avg", prox=True),
             Variant("scaffold", "scaffold"),
+            # FedNova's server (fl/fednova.py) on FedAvg's and FedProx's clients
+            Variant("fednova", "fednova", beta=1.0),
+            Variant("fednova-fedprox", "fednova", prox=True, beta=1.0),
         ),
         flower=(
             FlowerName(
