@@ -43,7 +43,7 @@ def random_round(seed: int, clients: int):
 def nova(x, deltas, weights, a, server_lr=1.0):
     replies = [{"nova_a": ai} for ai in a]
     hp = {"server_lr": server_lr}
-    return RULES["fednova"].step(x, {}, deltas, weights, replies, hp, 10, 1)["x"]
+    return RULES["nova"].step(x, {}, deltas, weights, replies, hp, 10, 1)["x"]
 
 
 def nova_float64(x, deltas, weights, a, server_lr=1.0):
@@ -108,7 +108,7 @@ def test_uneven_work_equals_the_float64_formula(seed):
 def test_folds_merged_in_rank_order_equal_one_fold():
     x, deltas, weights = random_round(3, 8)
     a = [float(k) for k in (1, 4, 9, 2, 2, 30, 5, 11)]
-    rule, hp = RULES["fednova"], {"server_lr": 1.0}
+    rule, hp = RULES["nova"], {"server_lr": 1.0}
     e = weight_exponent(weights)
     one = rule.begin(x, {}, hp, 8, 1, e)
     parts = [rule.begin(x, {}, hp, 8, 1, e) for _ in range(3)]

@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
+from fedopt_kernels.fl.server_rules import RULES
 from fedopt_kernels.fl.work import WorkPlan, histogram
 from fedopt_kernels.sim.cli import fedopt_sim
 from fedopt_kernels.sim.config import VARIANTS, SimConfig
@@ -152,7 +153,7 @@ def test_the_sequential_engine_takes_each_clients_own_steps(monkeypatch):
 
 FAST = ("fedavg", "fednova", "scaffold", "feddyn")  # the others in the slow tier
 UNEVEN_VARIANTS = [
-    v if v in FAST else pytest.param(v, marks=pytest.mark.slow) for v, d in VARIANTS.items() if d.server != "padamfed"
+    v if v in FAST else pytest.param(v, marks=pytest.mark.slow) for v, d in VARIANTS.items() if RULES[d.server].uneven
 ]
 
 

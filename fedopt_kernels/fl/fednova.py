@@ -69,7 +69,7 @@ def normalizer(
 class FedNovaRule(ServerRule):
     """FedNova's server (module docstring): each client replies ``a_i`` (``"nova_a"``) beside its update."""
 
-    name = "fednova"
+    name = "nova"
     scalars = ("nova_a",)
 
     def client_finish(self, opt, algo, hp, t, steps, got, kept, delta):

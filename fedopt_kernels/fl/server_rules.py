@@ -138,6 +138,7 @@ class ServerRule:
     reply: Tuple[str, ...] = ()
     scalars: Tuple[str, ...] = ()  # numbers > 0 a client's reply carries besides its tensors (FedNova's a_i)
     init_controls = False
+    uneven = True  # takes clients whose local step counts differ (False: its step reads the one K)
 
     def init_state(self, x: Sequence[torch.Tensor]) -> Dict[str, Tensors]:
         """The server tensors before the first round (before the initial round with ``init_controls``)."""

@@ -24,6 +24,8 @@ from typing import Any, Dict, Iterable, Optional, Sequence
 
 import numpy as np
 
+from .server_rules import RULES
+
 WORK_STREAM = 0x776F726B  # "work": the plan's spawn key, far from the simulator's streams (0..4)
 
 __all__ = ["WorkPlan", "check_work_options", "histogram", "is_uneven"]
@@ -56,7 +58,7 @@ def check_work_options(cfg: Any) -> None:
             "local_epochs (--local-epochs) and local_steps_range (--local-steps-range) contradict each other: "
             "give one of them"
         )
-    if is_uneven(cfg) and cfg.variant.server == "padamfed":
+    if is_uneven(cfg) and not RULES[cfg.variant.server].uneven:
         raise ValueError(
             f"local_epochs (--local-epochs), local_steps_range (--local-steps-range) and stragglers "
             f"(--stragglers) do not apply to algorithm={cfg.algorithm!r}: "

@@ -165,8 +165,8 @@ DESCRIPTOR = algorithm.register(
             Variant("fedprox", "avg", prox=True),
             Variant("scaffold", "scaffold"),
             # FedNova's server (fl/fednova.py) on FedAvg's and FedProx's clients
-            Variant("fednova", "fednova", beta=1.0),
-            Variant("fednova-fedprox", "fednova", prox=True, beta=1.0),
+            Variant("fednova", "nova", beta=1.0),
+            Variant("fednova-fedprox", "nova", prox=True, beta=1.0),
         ),
         flower=(
             FlowerName(

@@ -22,7 +22,10 @@ client c is inactive after its own K_c steps, so it ends where it would alone. T
 put into chunks by their step counts, the largest first (ties by client id; equal counts keep the
 order of client ids), so that a chunk's clients take about as many steps as each other and few
 slot-steps are idle; an augmenting model keeps client-id order (its draws follow the clients'
-order, as sequentially). ``slot_steps`` and ``client_steps`` count the steps run and needed.
+order, as sequentially). A chunk so sorted has its active clients first at every step, and the
+trainer computes only theirs (``BatchedTrainer.run``): a round's gradient work is then its
+clients' own steps, not the chunk's largest count for every slot. ``slot_steps`` and
+``client_steps`` count the slot-steps run (idle ones included) and the clients' own steps.
 """
 
 from __future__ import annotations
@@ -317,7 +320,7 @@ class BatchedClients:
 
         own = None  # each slot's steps where they differ (the idle slots' 0: inactive throughout)
         if min(ks) < K:
-            own = torch.tensor(ks + [0] * (self.size - m), device=sim.device)
+            own = ks + [0] * (self.size - m)
         total = tr.run(
             pad(x), pad(batches.y), pad(batches.w), None if anchor_x is None else pad(anchor_x), active, steps=own
         )
@@ -329,4 +332,4 @@ class BatchedClients:
             with torch.no_grad():
                 for p, s in zip(params, tr.stacked, strict=True):
                     p.copy_(s[c])
-            take(sim.strategy.finish(cid, _OneClient(tr.opt, c, outputs), t, ks[c]), losses[c])
+            take(sim.strategy.finish(cid, _OneClient(tr.opt, c, outputs), t), losses[c])

@@ -206,6 +206,7 @@ class Simulation:
             self.setup_done = True
         sampled = self.sample_clients()
         steps = self.work_plan.steps(t, sampled)  # each client's local steps this round
+        self.strategy.round_steps = steps
         shares = self.ranks.split(sampled, lambda c: self.work(c, steps[c]), t)
         mine = shares[self.ranks.rank]
         fold = self.strategy.begin_round(sampled, t)
@@ -231,7 +232,7 @@ class Simulation:
                 loss_sum = torch.zeros((), device=self.device)
                 for _ in range(steps[cid]):
                     loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
-                take(self.strategy.finish(cid, opt, t, steps[cid]), float(loss_sum) / steps[cid])
+                take(self.strategy.finish(cid, opt, t), float(loss_sum) / steps[cid])
         for r, share in enumerate(shares):
             self.rank_work[r][0] += len(share)
             self.rank_work[r][1] += sum(self.work(c, steps[c]) for c in share)

@@ -104,6 +104,7 @@ class Strategy:
         self.rule = RULES[sim.cfg.server_rule]
         self.opts = ClientOptimizers(sim.cfg, sim.hp, sim.model, sim.backend)
         self.state: Dict[str, Tensors] = self.rule.init_state(sim.global_params)
+        self.round_steps: Dict[int, int] = {}  # each client's local steps this round (Simulation sets it)
         # only clients that trained (or were initialised); Simulation may put a store in files here
         self.kept: ClientState = MemoryClientState(
             Layout(sim.global_params), sim.cfg.num_train_clients, sim.global_params[0].device
@@ -205,10 +206,10 @@ class Strategy:
         return loss
 
     @torch.no_grad()
-    def finish(self, cid: int, opt: Any, t: int, steps: Optional[int] = None) -> ClientUpdate:
+    def finish(self, cid: int, opt: Any, t: int) -> ClientUpdate:
         """Client ``cid``'s update after round ``t``; ``opt``: its optimizer, or what stands in for
-        it (the client-batched round's view of one client of the batched optimizer); ``steps``: the
-        local steps it took (``local_steps`` where not given)."""
+        it (the client-batched round's view of one client of the batched optimizer). The local
+        steps it took: ``round_steps[cid]``, the round's plan (``local_steps`` where it has none)."""
         end_round(opt)
         delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params, strict=True)]
         update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
@@ -217,7 +218,7 @@ class Strategy:
             self.opts.algo,
             self.hp,
             t,
-            self.sim.cfg.local_steps if steps is None else steps,
+            self.round_steps.get(cid, self.sim.cfg.local_steps),
             self._sent(),
             self._kept(cid),
             delta,

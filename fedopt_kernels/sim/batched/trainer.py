@@ -55,6 +55,13 @@ def clip_per_client_(grads: Sequence[torch.Tensor], max_norm: float) -> None:
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
 
 
+def _padded(t: torch.Tensor, clients: int) -> torch.Tensor:
+    """``t`` [n, ...] with zeros after it up to ``clients`` rows."""
+    out = t.new_zeros((clients, *t.shape[1:]))
+    out[: t.shape[0]] = t
+    return out
+
+
 class BatchedTrainer:
     """C stacked clients of one model and their batched optimizer.
 
@@ -106,14 +113,33 @@ class BatchedTrainer:
         if self.replay is not None:
             self.replay.begin_round()
 
-    def gradients(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor]) -> tuple:
-        """(per-client gradients, clipped; per-client loss [C]; anchor gradients or None)."""
-        grads, loss = self.loss.grads(self.views, x, y, w)
+    def gradients(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        w: torch.Tensor,
+        anchor_x: Optional[torch.Tensor],
+        live: Optional[int] = None,
+    ) -> tuple:
+        """(per-client gradients, clipped; per-client loss [C]; anchor gradients or None).
+
+        ``live``: only the first ``live`` clients are active; the others' gradients and losses are
+        zeros, not computed (the work of a step is then that of its active clients)."""
+        n = self.clients if live is None else live
+        views, shared = self.views, self.shared
+        if n < self.clients:
+            views = [v[:n] for v in self.views]
+            x, y, w, anchor_x = x[:n], y[:n], w[:n], None if anchor_x is None else anchor_x[:n]
+        grads, loss = self.loss.grads(views, x, y, w)
         if self.clip_norm is not None:
             clip_per_client_(grads, self.clip_norm)
         anchors = None
         if self.anchor:
-            anchors, _ = self.loss.grads_at(self.shared, x if anchor_x is None else anchor_x, y, w)
+            anchors, _ = self.loss.grads_at(shared, x if anchor_x is None else anchor_x, y, w)
+        if n < self.clients:
+            grads = tuple(_padded(g, self.clients) for g in grads)
+            anchors = None if anchors is None else tuple(_padded(h, self.clients) for h in anchors)
+            loss = _padded(loss, self.clients)
         return grads, loss, anchors
 
     def step(
@@ -123,20 +149,22 @@ class BatchedTrainer:
         w: torch.Tensor,
         anchor_x: Optional[torch.Tensor] = None,
         active: Optional[torch.Tensor] = None,
+        live: Optional[int] = None,
     ) -> torch.Tensor:
-        """One local step of every (active) client on ``x`` [C, B, ...]; returns the losses [C]."""
+        """One local step of every (active) client on ``x`` [C, B, ...]; returns the losses [C].
+        ``live``: the active clients are the first ``live`` (``gradients``), the rest inactive."""
         if self.replay is not None:
             replayed = self.replay.step(x, y, w, anchor_x, active)
             if replayed is not None:
                 return replayed
             self.replay = None  # its capture failed (it warned, trainer_replay.py): eager from this step on
-        grads, loss, anchors = self.gradients(x, y, w, anchor_x)
+        grads, loss, anchors = self.gradients(x, y, w, anchor_x, live)
         for p, g in zip(self.stacked, grads, strict=True):
             p.grad = g
         kwargs: Dict[str, Any] = {"anchor_grads": list(anchors)} if anchors is not None else {}
 
         def recompute() -> None:  # a step that takes two gradients (FedSAM) calls it where it moved to
-            self._set_grads(self.gradients(x, y, w, anchor_x)[0])
+            self._set_grads(self.gradients(x, y, w, anchor_x, live)[0])
 
         self.algo.local_step(self.opt, recompute, active=active, **kwargs)
         return loss
@@ -152,17 +180,29 @@ class BatchedTrainer:
         w: torch.Tensor,
         anchor_x: Optional[torch.Tensor] = None,
         active: Optional[torch.Tensor] = None,
-        steps: Optional[torch.Tensor] = None,
+        steps: Optional[Sequence[int]] = None,
     ) -> torch.Tensor:
         """All ``x.shape[0]`` local steps (inputs ``[K, C, B, ...]``); returns each client's summed loss [C].
 
-        ``steps`` [C] (integers): client c takes only its first ``steps[c]`` steps; in the later ones
-        it is inactive (the optimizer's active mask), so it ends as after its own last step."""
+        ``steps`` (C integers): client c takes only its first ``steps[c]`` steps; in the later ones
+        it is inactive (the optimizer's active mask), so it ends as after its own last step. Where
+        they do not increase from slot to slot, a step's active clients are the first ones, and
+        only theirs are computed (``gradients``' ``live``; not under replay, whose graph is of C,
+        nor through ``torch.compile``, which would compile each count anew)."""
         total = torch.zeros(self.clients, device=x.device)
+        if steps is None:
+            for k in range(x.shape[0]):
+                loss = self.step(x[k], y[k], w[k], None if anchor_x is None else anchor_x[k], active)
+                total += loss.detach()
+            return total
+        own = torch.tensor(list(steps), device=x.device)
+        if active is not None:
+            own = torch.where(active, own, 0)
+        prefix = self.replay is None and getattr(self.loss, "engine", "") != "layers-compiled"
+        prefix = prefix and all(a >= b for a, b in zip(steps, list(steps)[1:]))
         for k in range(x.shape[0]):
-            mask = active
-            if steps is not None:
-                mask = steps > k if active is None else active & (steps > k)
-            loss = self.step(x[k], y[k], w[k], None if anchor_x is None else anchor_x[k], mask)
-            total += loss.detach() if steps is None else torch.where(mask, loss.detach(), 0.0)
+            mask = own > k
+            live = sum(1 for s in steps if s > k) if prefix else None
+            loss = self.step(x[k], y[k], w[k], None if anchor_x is None else anchor_x[k], mask, live)
+            total += torch.where(mask, loss.detach(), 0.0)
         return total
