@@ -3,7 +3,8 @@ a torchrun group (or on one process without torchrun), and write each run's resu
 
 ``python tests/ranks_child.py OUT_DIR [VARIANT ...]``: rank 0 writes ``OUT_DIR/<variant>-<mode>.json``
 (the per-round records without their times, the final evaluation, the final model's and server
-state's digest); with ``FEDOPT_TEST_UNEVEN=1`` in the environment, the clients' steps differ. tests/test_sim_ranks.py starts it under ``torchrun --nproc-per-node 2`` and alone,
+state's digest); with ``FEDOPT_TEST_UNEVEN=1`` in the environment,
+the clients' steps differ. tests/test_sim_ranks.py starts it under ``torchrun --nproc-per-node 2`` and alone,
 and compares.
 """
 
@@ -13,6 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any, Dict
 
 import torch
 
@@ -23,7 +25,9 @@ from fedopt_kernels.sim.simulation import Simulation
 
 MODES = {"sequential": 1, "client-batched": 3}
 # FEDOPT_TEST_UNEVEN=1: clients that differ in their work (each rank's share balanced by its steps)
-UNEVEN = dict(local_steps_range=(1, 6), stragglers=0.4) if os.environ.get("FEDOPT_TEST_UNEVEN") == "1" else {}
+UNEVEN: Dict[str, Any] = {}
+if os.environ.get("FEDOPT_TEST_UNEVEN") == "1":
+    UNEVEN.update(local_steps_range=(1, 6), stragglers=0.4)
 
 
 def config(variant: str, batched: int) -> SimConfig:

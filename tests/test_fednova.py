@@ -7,7 +7,7 @@ most one unit in the last place (a value that close to a rounding boundary), nev
 
 import math
 import random
-from typing import List
+from typing import Any, Dict, List
 
 import pytest
 import torch
@@ -131,7 +131,7 @@ def test_a_bad_normalizer_is_refused_by_name():
 
 # ------------------------------------------------------------------ in the simulator
 def tiny(algorithm: str, **kw) -> SimConfig:
-    base = dict(
+    base: Dict[str, Any] = dict(
         algorithm=algorithm,
         dataset="synthetic",
         model="mlp",
@@ -175,7 +175,7 @@ def test_a_simulated_round_with_uneven_steps_is_the_formula_on_its_clients_updat
     steps = sim.work_plan.steps(0, rec["clients"])
     assert len(set(steps.values())) > 1 and rec["steps"]
     mu = sim.hp["prox_mu"]
-    for (w, _, a), cid in zip(seen, rec["clients"]):
+    for (_, _, a), cid in zip(seen, rec["clients"], strict=True):
         assert a == normalizer(steps[cid], 0.05, 0.5, mu)
     want = nova_float64(x, [d for _, d, _ in seen], [w for w, _, _ in seen], [a for _, _, a in seen])
     assert within_one_ulp(sim.global_params, want)

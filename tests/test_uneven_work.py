@@ -3,9 +3,13 @@ engine training each client for exactly its own steps (sequential, client-batche
 
 import math
 from collections import Counter
+from typing import Any, Dict
 
 import pytest
 import torch
+from test_sim_batched import EXTRA, ROUNDING_RTOL, model_fn, tiny_config, tiny_images
+from test_sim_resume import assert_same_run, make
+from test_sim_resume import tiny_config as resume_config
 
 from fedopt_kernels.fl.server_rules import RULES
 from fedopt_kernels.fl.work import WorkPlan, histogram
@@ -16,9 +20,6 @@ from fedopt_kernels.sim.federated_data import FederatedData
 from fedopt_kernels.sim.simulation import Simulation
 from fedopt_kernels.sim.strategy import Strategy
 from fedopt_kernels.sim.validate import PARAM_RTOL, validate_client_batched
-from test_sim_batched import EXTRA, ROUNDING_RTOL, model_fn, tiny_config, tiny_images
-from test_sim_resume import assert_same_run, make
-from test_sim_resume import tiny_config as resume_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,7 +27,8 @@ UNEVEN = dict(local_steps_range=(1, 5), stragglers=0.25)
 
 
 def plan(**kw) -> WorkPlan:
-    base = dict(algorithm="fedavg", clients=40, holdout_fraction=0.0, local_steps=6, batch_size=4, seed=3)
+    base: Dict[str, Any] = dict(algorithm="fedavg", clients=40, holdout_fraction=0.0, local_steps=6, seed=3)
+    base["batch_size"] = 4
     base.update(kw)
     cfg = SimConfig(**base).validate()
     return WorkPlan(cfg, [1 + (7 * i) % 23 for i in range(cfg.num_train_clients)])

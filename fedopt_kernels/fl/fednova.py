@@ -112,5 +112,4 @@ class FedNovaRule(ServerRule):
         return {"x": [xj.clone().add_(s * coef) for xj, s in zip(fold.x, fold.sums["delta"], strict=True)]}
 
 
-
 register_rule(FedNovaRule())

@@ -171,8 +171,9 @@ class ServerRule:
         got: Mapping[str, Tensors],
         kept: Optional[Tensors],
         delta: Tensors,
-    ) -> Tuple[Optional[Tensors], Dict[str, Tensors]]:
-        """After local training: the client's new kept tensors (None: nothing kept) and its reply tensors."""
+    ) -> Tuple[Optional[Tensors], Dict[str, Any]]:
+        """After local training: the client's new kept tensors (None: nothing kept) and its reply: tensor
+        lists (``reply``) and numbers (``scalars``)."""
         return None, {}
 
     # ------------------------------------------------------------------ server side: a fold (fold.py)
@@ -206,7 +207,7 @@ class ServerRule:
         state: Mapping[str, Tensors],
         deltas: Sequence[Tensors],
         weights: Sequence[float],
-        replies: Sequence[Mapping[str, Tensors]],
+        replies: Sequence[Mapping[str, Any]],
         hp: Mapping[str, Any],
         num_clients: int,
         local_steps: int,

@@ -127,4 +127,3 @@ def histogram(steps: Iterable[int]) -> Dict[str, int]:
     for k in steps:
         counts[int(k)] = counts.get(int(k), 0) + 1
     return {str(k): counts[k] for k in sorted(counts)}
-

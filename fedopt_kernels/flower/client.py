@@ -140,7 +140,7 @@ def train_round(
         delta = [p.detach() - g for p, g in zip(params, x, strict=True)]
         out["delta"] = to_record(names, delta)
         new_kept, reply = rule.client_finish(opt, opts.algo, hp, t, K, got, kept, delta)
-        scalars = {name: reply.pop(name) for name in rule.scalars}  # numbers go with the metrics
+        scalars = {name: float(reply.pop(name)) for name in rule.scalars}  # numbers go with the metrics
         for name, tensors in reply.items():
             out[name] = to_record(names, tensors)
         if new_kept is not None:

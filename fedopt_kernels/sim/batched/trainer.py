@@ -199,7 +199,7 @@ class BatchedTrainer:
         if active is not None:
             own = torch.where(active, own, 0)
         prefix = self.replay is None and getattr(self.loss, "engine", "") != "layers-compiled"
-        prefix = prefix and all(a >= b for a, b in zip(steps, list(steps)[1:]))
+        prefix = prefix and all(a >= b for a, b in zip(steps, list(steps)[1:], strict=False))
         for k in range(x.shape[0]):
             mask = own > k
             live = sum(1 for s in steps if s > k) if prefix else None
