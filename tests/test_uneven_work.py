@@ -223,3 +223,33 @@ def test_uneven_steps_change_the_run_and_defaults_draw_nothing():
         runs[name] = [p.clone() for p in sim.global_params]
     assert all(torch.equal(a, b) for a, b in zip(runs["default"], runs["explicit"]))
     assert not all(torch.equal(a, b) for a, b in zip(runs["default"], runs["uneven"]))
+
+
+# ------------------------------------------------------------------ Flower
+@pytest.mark.parametrize(
+    "algorithm,work",
+    [
+        ("fednova", {"local-steps-range": [1, 5], "stragglers": 0.5}),
+        ("scaffold", {"local-epochs": 1, "stragglers": 0.3, "batch-size": 8}),
+    ],
+)
+def test_flower_clients_take_the_simulators_steps(algorithm, work):
+    """A Flower run (in-process grid) whose clients differ in their work: each node gets its own
+    step count (or fraction) in the round's config and ends where the simulator's client does."""
+    pytest.importorskip("flwr")
+    from test_flower_strategies import run_config
+
+    from fedopt_kernels.flower.apps import client_app, run_algorithm
+    from fedopt_kernels.flower.inprocess import InProcessGrid
+    from fedopt_kernels.flower.runconfig import sim_configs
+    from fedopt_kernels.sim.validate import param_divergence
+
+    rc = run_config(algorithm, rounds=2, **work)
+    cfg = sim_configs(rc)[0]
+    out = run_algorithm(InProcessGrid(client_app(), cfg.num_train_clients, rc), cfg, tag="uneven")
+    assert out["rejections"] == []
+    sim = Simulation(cfg)
+    for t in range(cfg.rounds):
+        rec = sim.run_round(t)
+        assert len(rec["steps"]) > 1  # the clients' steps differ
+        assert param_divergence(sim.global_params, out["history"][t + 1]["params"])["rel"] <= PARAM_RTOL

@@ -20,7 +20,7 @@ every rank of a run, a resumed run and a Flower strategy compute the same plan w
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from .server_rules import RULES
 
 WORK_STREAM = 0x776F726B  # "work": the plan's spawn key, far from the simulator's streams (0..4)
 
-__all__ = ["WorkPlan", "check_work_options", "histogram", "is_uneven"]
+__all__ = ["WorkPlan", "check_work_options", "histogram", "is_uneven", "own_steps"]
 
 
 def is_uneven(cfg: Any) -> bool:
@@ -72,7 +72,7 @@ class WorkPlan:
 
     ValueError naming ``local_epochs`` when a client has no training data under it (it would take 0 steps)."""
 
-    def __init__(self, cfg: Any, sizes: Sequence[int]):
+    def __init__(self, cfg: Any, sizes: Sequence[int] = ()):
         self.local_steps, self.batch_size, self.seed = cfg.local_steps, cfg.batch_size, cfg.seed
         self.epochs: Optional[int] = cfg.local_epochs
         r = cfg.local_steps_range
@@ -91,33 +91,65 @@ class WorkPlan:
     def _rng(self, t: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(WORK_STREAM, t)))
 
+    def draw(self, t: int, count: int) -> Tuple[Optional[List[int]], Dict[int, float]]:
+        """Round ``t``'s draws for its ``count`` sampled clients, by position: each one's steps from
+        ``local_steps_range`` (None without it) and each straggler's fraction u (``stop_early``). What
+        a Flower strategy sends its clients, which know their own data size."""
+        rng = self._rng(t)
+        drawn = None
+        if self.range is not None:
+            drawn = [int(k) for k in rng.integers(self.range[0], self.range[1] + 1, size=count)]
+        late: Dict[int, float] = {}
+        if self.stragglers > 0:
+            u = rng.random(count)
+            for j in sorted(int(i) for i in rng.permutation(count)[: math.floor(self.stragglers * count + 0.5)]):
+                late[j] = float(u[j])
+        return drawn, late
+
     def steps(self, t: int, sampled: Sequence[int]) -> Dict[int, int]:
         """Client id -> its local steps in round ``t`` for round t's ``sampled`` clients (in the order
         they are given: the simulator gives them sorted, so the draws do not depend on the draw order)."""
         if not self.uneven:
             return {cid: self.local_steps for cid in sampled}
-        rng = self._rng(t)
+        drawn, late = self.draw(t, len(sampled))
         if self.epochs is not None:
-            nominal = [self.epochs * -(-self.sizes[cid] // self.batch_size) for cid in sampled]
-        elif self.range is not None:
-            a, b = self.range
-            nominal = [int(k) for k in rng.integers(a, b + 1, size=len(sampled))]
+            nominal = [epoch_steps(self.epochs, self.sizes[cid], self.batch_size) for cid in sampled]
         else:
-            nominal = [self.local_steps] * len(sampled)
-        if self.stragglers > 0:
-            late = math.floor(self.stragglers * len(sampled) + 0.5)
-            u = rng.random(len(sampled))
-            for j in sorted(int(i) for i in rng.permutation(len(sampled))[:late]):
-                nominal[j] = max(1, math.floor(u[j] * nominal[j]))
+            nominal = drawn if drawn is not None else [self.local_steps] * len(sampled)
+        for j, u in late.items():
+            nominal[j] = stop_early(nominal[j], u)
         return dict(zip(sampled, nominal, strict=True))
 
     def most(self) -> int:
         """An upper bound of any client's steps in a round (a memory or time estimate's K)."""
         if self.epochs is not None:
-            return self.epochs * -(-max(self.sizes, default=1) // self.batch_size)
+            return epoch_steps(self.epochs, max(self.sizes, default=1), self.batch_size)
         if self.range is not None:
             return self.range[1]
         return self.local_steps
+
+
+def epoch_steps(epochs: int, samples: int, batch_size: int) -> int:
+    """``epochs * ceil(samples / batch_size)``: the steps of ``epochs`` passes over ``samples``."""
+    return epochs * -(-samples // batch_size)
+
+
+def stop_early(steps: int, u: float) -> int:
+    """A straggler's steps: ``max(1, floor(u * steps))`` of its ``steps``, u in [0, 1)."""
+    return max(1, math.floor(u * steps))
+
+
+def own_steps(cfg: Any, samples: int, fraction: Optional[float] = None) -> int:
+    """A client's steps where the server sent its ``local_steps`` (a Flower client): ``local_epochs``
+    passes over its ``samples`` when set, else ``cfg.local_steps``; a straggler (``fraction`` u)
+    stops early. ValueError naming ``local_epochs`` for a client without samples under it."""
+    if cfg.local_epochs is not None:
+        if samples < 1:
+            raise ValueError("local_epochs gives a client local_epochs * ceil(n / batch_size) steps; here n = 0")
+        k = epoch_steps(cfg.local_epochs, samples, cfg.batch_size)
+    else:
+        k = cfg.local_steps
+    return k if fraction is None else stop_early(k, fraction)
 
 
 def histogram(steps: Iterable[int]) -> Dict[str, int]:

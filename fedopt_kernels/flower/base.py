@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -35,9 +35,10 @@ from flwr.serverapp.strategy import Result, Strategy
 from ..fl.checkpoint import CheckpointDir, plain_settings
 from ..fl.config import FLConfig
 from ..fl.server_rules import RULES, ServerRule
+from ..fl.work import WorkPlan
 from .records import BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric, to_record
 from .resume import metric_dicts
-from .settings import CHECKPOINTED, RESUMED_AT, round_config
+from .settings import CHECKPOINTED, RESUMED_AT, WORK_FRACTION, round_config
 
 if TYPE_CHECKING:
     from flwr.app import MetricRecordValues
@@ -170,6 +171,7 @@ class FedOptStrategy(Strategy):
         self.client_sampler = client_sampler
         self._node_of: Dict[int, int] = {}  # client id -> node id (with a client_sampler)
         self._mapped_nodes: List[int] = []
+        self._work = WorkPlan(cfg)  # each client's steps, where they differ (the round's draws)
 
     # ------------------------------------------------------------------ the server rule
     @classmethod
@@ -573,7 +575,25 @@ class FedOptStrategy(Strategy):
                 **self._round_records(),
             }
         )
+        if self._work.uneven:
+            return self._work_messages(content, sampled, server_round)
         return self._messages(content, sampled, MessageType.TRAIN, server_round)
+
+    def _work_messages(self, content: RecordDict, nodes: Sequence[int], server_round: int) -> List[Message]:
+        """Clients that differ in their work (``fl/work.py``): each sampled node's message with its own
+        ``local_steps`` (drawn from ``local_steps_range``) and, for a straggler, the fraction of its
+        steps it takes (``work-fraction``); a client under ``local_epochs`` counts its own steps."""
+        drawn, late = self._work.draw(server_round - 1, len(nodes))
+        out: List[Message] = []
+        for j, node in enumerate(nodes):
+            config = ConfigRecord(dict(cast(ConfigRecord, content["config"])))
+            if drawn is not None:
+                config["local_steps"] = drawn[j]
+            if j in late:
+                config[WORK_FRACTION] = late[j]
+            own = RecordDict({**{k: v for k, v in content.items() if k != "config"}, "config": config})
+            out += self._messages(own, [node], MessageType.TRAIN, server_round)
+        return out
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

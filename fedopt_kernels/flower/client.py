@@ -30,8 +30,9 @@ from torch.nn import functional as F
 from ..fl.algorithm import end_round
 from ..fl.client_round import ClientOptimizers, loss_and_correct
 from ..fl.server_rules import RULES
+from ..fl.work import own_steps
 from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
-from .settings import read_round_config
+from .settings import WORK_FRACTION, read_round_config
 
 if TYPE_CHECKING:
     from flwr.app import MetricRecordValues
@@ -99,9 +100,12 @@ def train_round(
     neuron scales on (the simulator uses the whole training split); other algorithms ignore it.
     ``state`` is ``context.state``: it keeps the control variate between rounds.
     """
-    cfg, hp, t, tag = read_round_config(config_dict(content))
+    config = config_dict(content)
+    cfg, hp, t, tag = read_round_config(config)
     names, params, x = _load_global(model, content)
-    rule, K = RULES[cfg.server_rule], cfg.local_steps
+    # its own steps: the round's local_steps (the strategy drew it), or its epochs; a straggler's fewer
+    fraction = config.get(WORK_FRACTION)
+    rule, K = RULES[cfg.server_rule], own_steps(cfg, num_examples, None if fraction is None else float(fraction))
     got = {
         key: from_record(get_record(content, rec, ArrayRecord, "message"), names, params, rec)
         for rec, key in rule.sent.items()
