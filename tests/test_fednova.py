@@ -166,7 +166,7 @@ def test_a_simulated_round_with_uneven_steps_is_the_formula_on_its_clients_updat
     add = type(sim.strategy).add
 
     def record(self, fold, update):
-        seen.append((update.weight, [d.clone() for d in update.delta], update.extra["nova_a"]))
+        seen.append((update.weight, [d.clone() for d in update.delta], update.scalars["nova_a"]))
         add(self, fold, update)
 
     monkeypatch.setattr(type(sim.strategy), "add", record)

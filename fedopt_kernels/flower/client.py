@@ -1,9 +1,11 @@
 """The client side: one round of local training with this package's optimizers, from a received message.
 
 ``train_round`` is what a ``ClientApp``'s train function calls: it loads the global model from the
-message, builds the algorithm's optimizer exactly as ``fedopt-sim`` does (``ClientOptimizers``, from
-the algorithm's descriptor: same class, hyperparameters, per-round lr, FedNLR scales, round index),
-takes the round's local steps and returns the reply content the strategies expect:
+message and runs the round as ``fedopt-sim`` does, through the one client round
+(``fedopt_kernels.fl.client_round.ClientRound``: the algorithm's optimizer, hyperparameters,
+per-round lr, FedNLR scales, round index, local steps, the update and what the client keeps and
+replies); this module supplies the message, the client's state and the forward/backward, and
+returns the reply content the strategies expect:
 
 * ``"delta"`` (ArrayRecord): the trained model minus the received one;
 * the server rule's reply tensors (``"dc"``, SCAFFOLD and PAdaMFed: the change of the client's control variate);
@@ -20,16 +22,14 @@ from __future__ import annotations
 
 import copy
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from ..fl.algorithm import end_round
-from ..fl.client_round import ClientOptimizers, loss_and_correct
-from ..fl.server_rules import RULES
+from ..fl.client_round import ClientRound, loss_and_correct
 from ..fl.work import own_steps
 from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
 from .settings import WORK_FRACTION, read_round_config
@@ -81,6 +81,20 @@ def _metrics(num_examples: int, client_id: Optional[int], **values: float) -> Me
     return MetricRecord(m)
 
 
+def _gradients(model: nn.Module, loss_fn: LossFn, batch: Batch) -> torch.Tensor:
+    """Forward/backward of ``batch`` on ``model``: its gradients in ``.grad``; the (detached) loss."""
+    bx, by = batch
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(model(bx), by)
+    loss.backward()
+    return loss.detach()
+
+
+def _grads_at(model: nn.Module, loss_fn: LossFn, batch: Batch) -> List[torch.Tensor]:
+    _gradients(model, loss_fn, batch)
+    return [cast(torch.Tensor, p.grad) for p in model.parameters()]
+
+
 def train_round(
     model: nn.Module,
     next_batch: Callable[[], Batch],
@@ -103,53 +117,36 @@ def train_round(
     config = config_dict(content)
     cfg, hp, t, tag = read_round_config(config)
     names, params, x = _load_global(model, content)
+    # a fresh client round (and optimizer) per round, advanced to round t: its per-round state restarts anyway
+    rnd = ClientRound(cfg, hp, model, backend)
     # its own steps: the round's local_steps (the strategy drew it), or its epochs; a straggler's fewer
     fraction = config.get(WORK_FRACTION)
-    rule, K = RULES[cfg.server_rule], own_steps(cfg, num_examples, None if fraction is None else float(fraction))
-    got = {
+    rnd.plan(t, {client_id: own_steps(cfg, num_examples, None if fraction is None else float(cast(float, fraction)))})
+    got: Mapping[str, Tensors] = {
         key: from_record(get_record(content, rec, ArrayRecord, "message"), names, params, rec)
-        for rec, key in rule.sent.items()
+        for rec, key in rnd.rule.sent.items()
     }
-    kept = _stored_control(state, tag, names, params) if rule.keeps else None
-    inputs = rule.client_inputs(got, kept, x)
-
-    opts = ClientOptimizers(cfg, hp, model, backend)
+    kept = _stored_control(state, tag, names, params) if rnd.rule.keeps else None
     client = SimpleNamespace(train_x=calibration[0], train_y=calibration[1]) if calibration is not None else None
-    # a fresh optimizer per round, advanced to round t: all its per-round state restarts anyway
-    opt = opts.begin(0, client, t, **inputs)
-    anchor = copy.deepcopy(model) if opts.algo.needs_anchor(cfg.variant) else None
-    loss_sum = torch.zeros((), device=params[0].device)
-    for _ in range(K):
-        bx, by = next_batch()
+    anchor = copy.deepcopy(model) if rnd.needs_anchor else None
+    opt = rnd.begin(0, t, got, kept, x, client, anchor)
 
-        def loss_and_grad(bx: torch.Tensor = bx, by: torch.Tensor = by) -> torch.Tensor:
-            model.zero_grad(set_to_none=True)
-            loss = loss_fn(model(bx), by)
-            loss.backward()
-            return loss.detach()
+    def step() -> torch.Tensor:
+        batch = next_batch()
+        # PAdaMFed-VR: the same batch's gradient at the round's starting model
+        anchor_grads = None if anchor is None else (lambda: _grads_at(anchor, loss_fn, batch))
+        return rnd.step(opt, lambda: _gradients(model, loss_fn, batch), anchor_grads)
 
-        loss_sum += loss_and_grad()
-        opts.clip()
-        step_inputs: Dict[str, Any] = {}
-        if anchor is not None:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
-            anchor.zero_grad(set_to_none=True)
-            loss_fn(anchor(bx), by).backward()
-            step_inputs["anchor_grads"] = [p.grad for p in anchor.parameters()]
-        # recompute: a step that takes two gradients (FedSAM) calls it at the parameters it moved to
-        opts.step(opt, loss_and_grad, **step_inputs)
-
+    K = rnd.steps(client_id, t)
+    loss = rnd.train(step, K, params[0].device)
+    result = rnd.finish(opt, t, K, params, x, got, kept)
     out = RecordDict()
-    with torch.no_grad():
-        end_round(opt)
-        delta = [p.detach() - g for p, g in zip(params, x, strict=True)]
-        out["delta"] = to_record(names, delta)
-        new_kept, reply = rule.client_finish(opt, opts.algo, hp, t, K, got, kept, delta)
-        scalars = {name: float(reply.pop(name)) for name in rule.scalars}  # numbers go with the metrics
-        for name, tensors in reply.items():
-            out[name] = to_record(names, tensors)
-        if new_kept is not None:
-            _store_control(state, tag, names, new_kept)
-    out["metrics"] = _metrics(num_examples, client_id, train_loss=float(loss_sum) / K, **scalars)
+    out["delta"] = to_record(names, result.delta)
+    for name, tensors in result.reply.items():
+        out[name] = to_record(names, tensors)
+    if result.new_kept is not None:
+        _store_control(state, tag, names, result.new_kept)
+    out["metrics"] = _metrics(num_examples, client_id, train_loss=loss, **result.scalars)
     return out
 
 
@@ -164,22 +161,14 @@ def init_controls_round(
     loss_fn: LossFn = F.cross_entropy,
 ) -> RecordDict:
     """The initial round of a rule with initial controls (PAdaMFed's): ``c_i`` = mean of K stochastic
-    gradients at the received model, for the ``INIT_MESSAGE_TYPE`` message.
+    gradients at the received model (``ClientRound.initial_control``), for the ``INIT_MESSAGE_TYPE`` message.
 
     Kept in ``state`` and returned as ``"control"`` (the server averages them into ``c`` and ``m``).
     """
-    cfg, _, _, tag = read_round_config(config_dict(content))
-    names, params, x = _load_global(model, content)
-    K = cfg.local_steps
-    acc = [torch.zeros_like(g) for g in x]
-    for _ in range(K):
-        bx, by = next_batch()
-        model.zero_grad(set_to_none=True)
-        loss_fn(model(bx), by).backward()
-        with torch.no_grad():
-            for a, p in zip(acc, params, strict=True):
-                a.add_(cast(torch.Tensor, p.grad))  # backward() just gave every parameter one
-    ci = [a / K for a in acc]
+    cfg, hp, _, tag = read_round_config(config_dict(content))
+    names, params, _ = _load_global(model, content)
+    rnd = ClientRound(cfg, hp, model, "auto")
+    ci = rnd.initial_control(lambda: _gradients(model, loss_fn, next_batch()), params, rnd.initial_steps(client_id))
     _store_control(state, tag, names, ci)
     return RecordDict({"control": to_record(names, ci), "metrics": _metrics(num_examples, client_id)})
 

@@ -1,17 +1,21 @@
 """The client-batched round (``--client-batched N``): the sampled clients' local training, N at a time.
 
-What the sequential loop of ``Simulation.run_round`` does client by client happens here for a
-chunk of clients at once, with the same inputs and the same server rules:
+The client side of a round is ``fedopt_kernels.fl.client_round.ClientRound``'s, as in the sequential
+loop and the Flower client; this engine supplies where the steps run, a chunk of stacked clients:
 
-* every client's round inputs come from the strategy as sequentially (``strategy.round_inputs``:
-  SCAFFOLD corrections, PAdaMFed controls and momentum; FedNLR scales from ``neuron_lr_scales`` on
-  the client's data with the received global model) and are stacked ``[C, ...]``; every client
-  gets the global round index ``t`` (FedNAR's annealing) and the round's lr;
-* every client draws its K batches from its own ``BatchStream`` (``batched/batches.py``);
-* K batched steps (``BatchedTrainer``; ``--replay``: replayed from a CUDA graph);
-* every client's result becomes the ``ClientUpdate`` that the strategy's own ``finish`` builds
-  (the client's parameters are put into the simulation's model for it, and the optimizer is seen
-  through a one-client view), so ``aggregate`` and the server state are untouched.
+* every client's round inputs come from the strategy as sequentially (``strategy.round_inputs``,
+  i.e. ``ClientRound.inputs``: SCAFFOLD corrections, PAdaMFed controls and momentum; FedNLR scales
+  on the client's data with the received global model) and are stacked ``[C, ...]``; the chunk's
+  batched optimizer starts the round once (``ClientRound.start``: the round's lr, the global round
+  index ``t``);
+* every client draws its batches from its own ``BatchStream`` (``batched/batches.py``), for the
+  chunk's largest step count (``ClientRound.steps``; every client's today);
+* the batched steps (``BatchedTrainer``, each one ``client_round.take_step``; ``--replay``: replayed
+  from a CUDA graph);
+* the chunk's optimizer ends the round once (``ClientRound.end``: its round outputs), and every
+  client's ``ClientUpdate`` is the strategy's own ``finish`` (``ClientRound.finish``: the client's
+  parameters are put into the simulation's model for it, and the optimizer is seen through a
+  one-client view), so the fold and the server state are untouched.
 
 The sampled clients are split into equal chunks of at most N; the last chunk may be one client
 short, and its empty slot is filled with a copy of its first client, inactive (the batched
@@ -31,14 +35,12 @@ clients' own steps, not the chunk's largest count for every slot. ``slot_steps``
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
 from ..core import fallbacks
 from ..core.optimizer import FedOptimizer
-from ..fl.algorithm import end_round
-from ..fl.work import WorkPlan
 from .batched.batches import BatchPool, apply_stage
 from .batched.choice_cache import ChoiceCache
 from .batched.choose import Choice, Chooser
@@ -98,8 +100,9 @@ class BatchedClients:
         self.loss = client_loss(sim.model, precision=cfg.precision)
         if sim.device.type == "cpu":
             keep_freed_memory()  # [C, ...] tensors are past malloc's mmap ceiling (batched/host_memory.py)
-        self.opts = sim.strategy.opts
-        self.algo = self.opts.algo
+        self.client = sim.strategy.client
+        self.opts = self.client.opts
+        self.algo = self.client.algo
         self.anchor_model = getattr(sim.strategy, "anchor_model", None)
         self.pool = BatchPool(sim.train_clients, cfg.batch_size, dtype=sim.global_params[0].dtype)
         # the layers engine's formulations (and, for "auto", the clients at once) are chosen at the
@@ -149,7 +152,7 @@ class BatchedClients:
         else:
             even = None if fixed is None else math.ceil(S / math.ceil(S / fixed))
             size, self.choice = self.chooser.plan(
-                S, self._fit(limit=False) if fixed is None else S, cfg.rounds * cfg.local_steps, even
+                S, self._fit(limit=False) if fixed is None else S, cfg.rounds * self.client.max_steps, even
             )
             n = fixed if fixed is not None else size
             self._use_compiled(self.choice)
@@ -233,39 +236,30 @@ class BatchedClients:
     @property
     def trainer(self) -> BatchedTrainer:
         if self._trainer is None:
-            clip = self.algo.clip_norm(self.sim.hp)  # as ClientOptimizers.clip
             self._trainer = BatchedTrainer(
                 self.loss,
                 self.sim.global_params,
                 self.size,
                 # a client-batched optimizer is a FedOptimizer (Algorithm.make's annotation is torch's class)
                 lambda params: cast(FedOptimizer, self.opts.build_on(params, batched=True)),
-                steps=WorkPlan(self.cfg, [c.size for c in self.sim.train_clients]).most(),  # a client's most
-                clip_norm=clip,
+                steps=self.client.max_steps,
+                clip_norm=self.client.clip_norm,
                 anchor=self.anchor_model is not None,
                 replay=self.replay_mode,
             )
         return self._trainer
 
     # ------------------------------------------------------------------ one round
-    def train(
-        self,
-        sampled: Sequence[int],
-        t: int,
-        take: Callable[[ClientUpdate, float], None],
-        steps: Optional[Mapping[int, int]] = None,
-    ) -> None:
+    def train(self, sampled: Sequence[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:
         """Local training of ``sampled`` in round ``t``: ``take(update, mean loss)`` for each client as
-        soon as its chunk has trained (the update is dropped after it), chunk by chunk (the module
-        docstring); ``steps``: each client's local steps (``local_steps`` for all where not given)."""
-        own = {cid: self.cfg.local_steps for cid in sampled} if steps is None else steps
+        soon as its chunk has trained (the update is dropped after it), chunk by chunk, the clients
+        sorted by their step counts (``ClientRound.steps``; the module docstring)."""
         order = list(sampled)
         if not _is_random(self.sim.model):
-            order.sort(key=lambda cid: (-own[cid], cid))
+            order.sort(key=lambda cid: (-self.client.steps(cid, t), cid))
         for i in range(0, len(order), self.size):
             self.sim.strategy.kept.prefetch(order[i + self.size : i + 2 * self.size])  # the next chunk's state
-            chunk = order[i : i + self.size]
-            self._chunk(chunk, t, take, [own[cid] for cid in chunk])
+            self._chunk(order[i : i + self.size], t, take)
 
     def _round_inputs(self, chunk: List[int], t: int, stacked: Sequence[torch.Tensor]) -> Dict[str, Any]:
         """Every client's round inputs, stacked ``[C, ...]`` into tensors made at the first client and
@@ -275,8 +269,7 @@ class BatchedClients:
         out: Dict[str, Any] = {}
         slots: List[Tuple[torch.Tensor, Any]] = []  # (stacked tensor, how to get its row from a client's inputs)
         for c, cid in enumerate(chunk):
-            inputs = dict(sim.strategy.round_inputs(cid, t))
-            inputs.update(self.opts.calibrate(sim.train_clients[cid]))  # FedNLR: scales from the received model
+            inputs = sim.strategy.round_inputs(cid)  # FedNLR's scales: from the received model
             if c == 0:
                 for key, first in inputs.items():
                     if isinstance(first, dict):  # {model parameter: [M]} -> {stacked parameter: [C, M]}
@@ -296,16 +289,16 @@ class BatchedClients:
             t_[len(chunk) :].copy_(t_[:1].expand(self.size - len(chunk), *t_.shape[1:]))
         return out
 
-    def _chunk(self, chunk: List[int], t: int, take: Callable[[ClientUpdate, float], None], ks: List[int]) -> None:
-        sim, tr = self.sim, self.trainer
-        K, m = max(ks), len(chunk)
+    def _chunk(self, chunk: List[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:
+        sim, tr, m = self.sim, self.trainer, len(chunk)
+        ks = [self.client.steps(cid, t) for cid in chunk]  # each client's own (ClientRound.steps)
+        K = max(ks)  # the chunk runs for its largest count; the others are inactive after their own
         self.slot_steps += K * self.size
         self.client_steps += sum(ks)
-        sim.load_global()  # FedNLR's scales and PAdaMFed-VR's anchor copy read the global model
+        sim.load_global()  # FedNLR's scales read the global model
         inputs = self._round_inputs(chunk, t, tr.stacked)
         tr.load(sim.global_params)
-        self.opts.set_round_lr(tr.opt, t)
-        tr.start_round(round_index=t, **inputs)
+        self.client.start(tr.opt, t, inputs, start=tr.start_round)
         batches = self.pool.draw(sim.streams, chunk, ks)
         x = apply_stage(self.loss.input_stage, batches, _is_random(sim.model))
         anchor_x = None
@@ -324,8 +317,7 @@ class BatchedClients:
         total = tr.run(
             pad(x), pad(batches.y), pad(batches.w), None if anchor_x is None else pad(anchor_x), active, steps=own
         )
-        end_round(tr.opt)
-        outputs = {name: getattr(tr.opt, name)() for name in self.algo.round_outputs}
+        outputs = self.client.end(tr.opt)
         params = list(sim.model.parameters())
         losses = [v / k for v, k in zip(total[:m].tolist(), ks, strict=True)]
         for c, cid in enumerate(chunk):

@@ -144,6 +144,7 @@ class Simulation:
         self.streams = BatchStreams(self.train_clients, cfg.batch_size, ss_batch)
         self._tune_seed = ss_tune
         self.strategy = Strategy(self)
+        self.strategy.client.work = self.work_plan
         self.batched = None
         if cfg.batched:  # --client-batched: the sampled clients train N at a time (batched_round.py)
             from .batched_round import BatchedClients
@@ -206,7 +207,7 @@ class Simulation:
             self.setup_done = True
         sampled = self.sample_clients()
         steps = self.work_plan.steps(t, sampled)  # each client's local steps this round
-        self.strategy.round_steps = steps
+        self.strategy.client.plan(t, steps)  # every engine reads a client's steps there
         shares = self.ranks.split(sampled, lambda c: self.work(c, steps[c]), t)
         mine = shares[self.ranks.rank]
         fold = self.strategy.begin_round(sampled, t)
@@ -223,16 +224,12 @@ class Simulation:
 
         if self.batched is not None:
             if mine:
-                self.batched.train(mine, t, take, steps)
+                self.batched.train(mine, t, take)
         else:
-            for i, cid in enumerate(mine):
+            for i, cid in enumerate(mine):  # one client at a time on the one model (Strategy.train)
                 self.strategy.kept.prefetch(mine[i + 1 : i + 2])
                 self.load_global()
-                opt = self.strategy.begin(cid, t)
-                loss_sum = torch.zeros((), device=self.device)
-                for _ in range(steps[cid]):
-                    loss_sum += self.strategy.local_step(cid, opt, self.streams[cid].next())
-                take(self.strategy.finish(cid, opt, t), float(loss_sum) / steps[cid])
+                take(*self.strategy.train(cid, t))
         for r, share in enumerate(shares):
             self.rank_work[r][0] += len(share)
             self.rank_work[r][1] += sum(self.work(c, steps[c]) for c in share)

@@ -1,11 +1,13 @@
-"""An FL algorithm on the round loop: its client optimizer and its server rule, from their descriptors.
+"""An FL algorithm on the round loop: its client round and its server rule, from their descriptors.
 
 A round (``Simulation.run_round``): sample clients and ``begin_round`` (the server rule's fold,
 ``fedopt_kernels.fl.fold``); for each client, load the global model, ``begin`` the client's round,
-take ``local_steps`` steps with ``local_step``, ``finish`` into a ``ClientUpdate`` and ``add`` it to
-the fold (its new kept state goes to the client-state store), then drop it; ``end_round`` puts the
-fold's result into the global model and server state. A round's memory is the fold's sums,
-whatever its number of clients. What differs between algorithms is in their descriptors
+take its steps with ``local_step``, ``finish`` into a ``ClientUpdate`` and ``add`` it to the fold
+(its new kept state goes to the client-state store), then drop it; ``end_round`` puts the fold's
+result into the global model and server state. A round's memory is the fold's sums, whatever its
+number of clients. The client side is ``fedopt_kernels.fl.client_round.ClientRound``'s, the one
+every engine runs (this module supplies the one model, the server state it sends and the store of
+what clients keep); what differs between algorithms is in their descriptors
 (``fedopt_kernels.fl.algorithm``, ``fedopt_kernels.fl.server_rules``), not here.
 """
 
@@ -13,14 +15,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, cast
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..fl.algorithm import end_round
-from ..fl.client_round import ClientOptimizers
+from ..fl.client_round import ClientRound
 from ..fl.fold import Fold, weight_exponent
 from ..fl.server_rules import RULES
 from .batched.precision import autocast_scope, precision_scope
@@ -64,12 +65,15 @@ class RoundHost(Protocol):
 
 @dataclass
 class ClientUpdate:
-    """What a client sends back: ``delta = y_i - x`` (its model minus the global one) and extras."""
+    """What a client sends back: ``delta = y_i - x`` (its model minus the global one) and extras
+    (the rule's reply tensors; ``"new_kept"``); ``scalars``: the per-client numbers of its
+    ``ClientResult``."""
 
     client_id: int
     weight: float
     delta: Tensors
     extra: Dict[str, Any] = field(default_factory=dict)
+    scalars: Dict[str, float] = field(default_factory=dict)
 
 
 def zeros_like_all(tensors: Tensors) -> Tensors:
@@ -87,8 +91,8 @@ def copy_into(dst: Tensors, src: Tensors) -> None:
 
 
 class Strategy:
-    """The round loop's algorithm: the run's client optimizer (``ClientOptimizers``, from the
-    algorithm descriptor) and its server rule (``fedopt_kernels.fl.server_rules``).
+    """The round loop's algorithm: the run's client round (``ClientRound``, ``client``; its
+    optimizers are ``opts``) and its server rule (``fedopt_kernels.fl.server_rules``).
 
     The server keeps the rule's state (SCAFFOLD's ``c``, PAdaMFed's ``c`` and ``m``, FedDyn's
     ``h``; readable as attributes, e.g. ``strategy.c``) and, for a rule whose clients keep tensors
@@ -102,15 +106,15 @@ class Strategy:
         self.sim = sim
         self.hp = sim.hp
         self.rule = RULES[sim.cfg.server_rule]
-        self.opts = ClientOptimizers(sim.cfg, sim.hp, sim.model, sim.backend)
+        self.client = ClientRound(sim.cfg, sim.hp, sim.model, sim.backend)
+        self.opts = self.client.opts
         self.state: Dict[str, Tensors] = self.rule.init_state(sim.global_params)
-        self.round_steps: Dict[int, int] = {}  # each client's local steps this round (Simulation sets it)
         # only clients that trained (or were initialised); Simulation may put a store in files here
         self.kept: ClientState = MemoryClientState(
             Layout(sim.global_params), sim.cfg.num_train_clients, sim.global_params[0].device
         )
         # steps that also take the same batch's gradient at the round's starting model (PAdaMFed-VR)
-        self.anchor_model = copy.deepcopy(sim.model) if self.opts.algo.needs_anchor(sim.cfg.variant) else None
+        self.anchor_model = copy.deepcopy(sim.model) if self.client.needs_anchor else None
 
     def __getattr__(self, name: str) -> Any:  # the rule's server tensors: strategy.c, strategy.m, ...
         state = self.__dict__.get("state", {})
@@ -142,42 +146,38 @@ class Strategy:
             lo, hi = ranks.block(n)
             fold = self.rule.initial_fold(self.sim.global_params, n)
             for cid in range(lo, hi):
-                ci = self._mean_grad(cid)
+                ci = self._initial_control(cid)
                 self.kept[cid] = ci
                 fold.add(ci)
             if ranks.world > 1:
                 others = [cid for cid in range(n) if not lo <= cid < hi]
                 for cid in others:
-                    self.sim.streams[cid].skip(self.sim.cfg.local_steps)
+                    self.sim.streams[cid].skip(self.client.initial_steps(cid))
                 ranks.merge_initial(fold)
                 self.kept.written_elsewhere(others)
             self.state = fold.finish()
 
-    @torch.no_grad()
-    def _mean_grad(self, cid: int) -> Tensors:
+    def _initial_control(self, cid: int) -> Tensors:
         stream = self.sim.streams[cid]
-        acc = [torch.zeros_like(x) for x in self.sim.global_params]
-        K = self.sim.cfg.local_steps
-        for _ in range(K):
-            with torch.enable_grad():
-                self.loss_and_grad(stream.next())
-            for a, p in zip(acc, self.sim.model.parameters(), strict=True):
-                a.add_(cast(torch.Tensor, p.grad))  # backward() just gave every parameter one
-        return [a / K for a in acc]
+        params = list(self.sim.model.parameters())
+        return self.client.initial_control(
+            lambda: self.loss_and_grad(stream.next()), params, self.client.initial_steps(cid)
+        )
 
     def _sent(self) -> Dict[str, Tensors]:
         return {key: self.state[key] for key in self.rule.sent.values()}
 
-    def round_inputs(self, cid: int, t: int) -> Dict[str, Any]:
-        """Client ``cid``'s ``start_round`` inputs from the server state and what it kept."""
-        if self.anchor_model is not None:
-            with torch.no_grad():
-                for a, g in zip(self.anchor_model.parameters(), self.sim.global_params, strict=True):
-                    a.copy_(g)
-        return self.rule.client_inputs(self._sent(), self._kept(cid), self.sim.global_params)
+    def round_inputs(self, cid: int) -> Dict[str, Any]:
+        """Client ``cid``'s ``start_round`` inputs (``ClientRound.inputs``) from the server state, what it
+        kept and the global model (which the model holds: calibration reads it)."""
+        return self.client.inputs(self._sent(), self._kept(cid), self.sim.global_params, self.sim.train_clients[cid])
 
     def begin(self, cid: int, t: int) -> torch.optim.Optimizer:
-        return self.opts.begin(cid, self.sim.train_clients[cid], t, **self.round_inputs(cid, t))
+        """Start client ``cid``'s round ``t`` on the model (which holds the global weights); its optimizer."""
+        sim = self.sim
+        return self.client.begin(
+            cid, t, self._sent(), self._kept(cid), sim.global_params, sim.train_clients[cid], self.anchor_model
+        )
 
     def loss_and_grad(self, batch: Batch) -> torch.Tensor:
         """Forward/backward of one mini-batch on the local model, in the run's precision; returns the
@@ -194,38 +194,39 @@ class Strategy:
             loss.backward()
         return loss.detach()
 
-    def local_step(self, cid: int, opt: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
-        loss = self.loss_and_grad(batch)
-        self.opts.clip()
-        inputs: Dict[str, Any] = {}
-        if self.anchor_model is not None:  # PAdaMFed-VR: the same batch's gradient at the round's starting model
-            self._forward_backward(self.anchor_model, batch)
-            inputs["anchor_grads"] = [p.grad for p in self.anchor_model.parameters()]
-        # recompute: a step that takes two gradients (FedSAM) calls it at the parameters it moved to
-        self.opts.step(opt, lambda: self.loss_and_grad(batch), **inputs)
-        return loss
+    def _grads_at(self, model: nn.Module, batch: Batch) -> Tensors:
+        self._forward_backward(model, batch)
+        return [cast(torch.Tensor, p.grad) for p in model.parameters()]
 
-    @torch.no_grad()
-    def finish(self, cid: int, opt: Any, t: int) -> ClientUpdate:
-        """Client ``cid``'s update after round ``t``; ``opt``: its optimizer, or what stands in for
-        it (the client-batched round's view of one client of the batched optimizer). The local
-        steps it took: ``round_steps[cid]``, the round's plan (``local_steps`` where it has none)."""
-        end_round(opt)
-        delta = [p.detach() - g for p, g in zip(self.sim.model.parameters(), self.sim.global_params, strict=True)]
-        update = ClientUpdate(cid, float(self.sim.train_clients[cid].size), delta)
-        new_kept, reply = self.rule.client_finish(
-            opt,
-            self.opts.algo,
-            self.hp,
-            t,
-            self.round_steps.get(cid, self.sim.cfg.local_steps),
-            self._sent(),
-            self._kept(cid),
-            delta,
+    def local_step(self, cid: int, opt: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
+        """One local step of client ``cid`` on ``batch`` (``ClientRound.step``); returns its loss."""
+        anchor = self.anchor_model
+        # PAdaMFed-VR: the same batch's gradient at the round's starting model
+        anchor_grads = None if anchor is None else (lambda: self._grads_at(anchor, batch))
+        return self.client.step(opt, lambda: self.loss_and_grad(batch), anchor_grads)
+
+    def train(self, cid: int, t: int) -> Tuple[ClientUpdate, float]:
+        """Client ``cid``'s round ``t`` on the model: begin, its local steps, finish; the update and
+        the mean loss."""
+        opt = self.begin(cid, t)
+        stream = self.sim.streams[cid]
+        loss = self.client.train(
+            lambda: self.local_step(cid, opt, stream.next()), self.client.steps(cid, t), self.sim.device
         )
-        update.extra.update(reply)
-        if new_kept is not None:
-            update.extra["new_kept"] = new_kept  # kept only if the server accepts the update
+        return self.finish(cid, opt, t), loss
+
+    def finish(self, cid: int, opt: Any, t: int) -> ClientUpdate:
+        """Client ``cid``'s update after round ``t`` (``ClientRound.finish``; the model holds its
+        parameters); ``opt``: its optimizer, or what stands in for it (the client-batched round's
+        view of one client of the batched optimizer)."""
+        sim = self.sim
+        steps = self.client.steps(cid, t)
+        out = self.client.finish(
+            opt, t, steps, sim.model.parameters(), sim.global_params, self._sent(), self._kept(cid)
+        )
+        update = ClientUpdate(cid, float(sim.train_clients[cid].size), out.delta, dict(out.reply), dict(out.scalars))
+        if out.new_kept is not None:
+            update.extra["new_kept"] = out.new_kept  # kept only if the server accepts the update
         return update
 
     def _kept(self, cid: int) -> Optional[Tensors]:
@@ -259,7 +260,9 @@ class Strategy:
     @torch.no_grad()
     def add(self, fold: Fold, update: ClientUpdate) -> None:
         """Fold an accepted update into the round; what the client keeps goes to the store now."""
-        fold.add(update.delta, update.weight, update.extra)
+        reply: Dict[str, Any] = dict(update.extra)
+        reply.update(update.scalars)  # the rule's numbers (FedNova's a_i) beside its tensors
+        fold.add(update.delta, update.weight, reply)
         new_kept = update.extra.get("new_kept")
         if new_kept is not None:
             self.kept[update.client_id] = new_kept

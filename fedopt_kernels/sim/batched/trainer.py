@@ -8,10 +8,10 @@ client-batched optimizer over them (``fedopt_kernels.batched``). A local step of
     H_c         = grad of the same batch at the round's starting model           (PAdaMFed-VR only)
     optimizer.step(anchor_grads=H, active=mask)                                   (one op for all clients)
 
-The step is taken as every front end takes one, through the optimizer's algorithm descriptor
-(``Algorithm.local_step``): a step that takes two gradients (FedSAM's, ``closure_step``) gets a
-closure that computes them again, at the parameters as the step's first part left them (the views
-share the stacked parameters' storage).
+The step is the one every engine takes (``fedopt_kernels.fl.client_round.take_step``, through the
+optimizer's algorithm descriptor, ``Algorithm.local_step``): a step that takes two gradients
+(FedSAM's, ``closure_step``) gets a closure that computes them again, clipped, at the parameters as
+the step's first part left them (the views share the stacked parameters' storage).
 
 ``trainer_replay.TrainerReplay`` replays that step from a CUDA graph instead (``replay="cuda"``);
 where the capture fails, the trainer takes that step and every later one eagerly.
@@ -19,13 +19,14 @@ where the capture fails, the trainer takes that step and every later one eagerly
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, List, Optional, Protocol, Sequence, Tuple, cast
 
 import torch
 from torch import nn
 
 from ...core.optimizer import FedOptimizer
 from ...fl import algorithm
+from ...fl.client_round import take_step
 from .trainer_replay import TrainerReplay
 
 Tensors = List[torch.Tensor]
@@ -56,7 +57,9 @@ def clip_per_client_(grads: Sequence[torch.Tensor], max_norm: float) -> None:
 
 
 def _padded(t: torch.Tensor, clients: int) -> torch.Tensor:
-    """``t`` [n, ...] with zeros after it up to ``clients`` rows."""
+    """``t`` [n, ...] with zeros after it up to ``clients`` rows (``t`` itself when n is all)."""
+    if t.shape[0] == clients:
+        return t
     out = t.new_zeros((clients, *t.shape[1:]))
     out[: t.shape[0]] = t
     return out
@@ -113,34 +116,18 @@ class BatchedTrainer:
         if self.replay is not None:
             self.replay.begin_round()
 
-    def gradients(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        w: torch.Tensor,
-        anchor_x: Optional[torch.Tensor],
-        live: Optional[int] = None,
-    ) -> tuple:
-        """(per-client gradients, clipped; per-client loss [C]; anchor gradients or None).
+    def gradients(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor]) -> tuple:
+        """(per-client gradients, clipped; per-client loss [C]; anchor gradients or None)."""
+        grads, loss = self.loss.grads(self.views, x, y, w)
+        self._clip(grads)
+        return grads, loss, self._anchors(x, y, w, anchor_x) if self.anchor else None
 
-        ``live``: only the first ``live`` clients are active; the others' gradients and losses are
-        zeros, not computed (the work of a step is then that of its active clients)."""
-        n = self.clients if live is None else live
-        views, shared = self.views, self.shared
-        if n < self.clients:
-            views = [v[:n] for v in self.views]
-            x, y, w, anchor_x = x[:n], y[:n], w[:n], None if anchor_x is None else anchor_x[:n]
-        grads, loss = self.loss.grads(views, x, y, w)
+    def _clip(self, grads: Sequence[torch.Tensor]) -> None:
         if self.clip_norm is not None:
             clip_per_client_(grads, self.clip_norm)
-        anchors = None
-        if self.anchor:
-            anchors, _ = self.loss.grads_at(shared, x if anchor_x is None else anchor_x, y, w)
-        if n < self.clients:
-            grads = tuple(_padded(g, self.clients) for g in grads)
-            anchors = None if anchors is None else tuple(_padded(h, self.clients) for h in anchors)
-            loss = _padded(loss, self.clients)
-        return grads, loss, anchors
+
+    def _anchors(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor]) -> tuple:
+        return self.loss.grads_at(self.shared, x if anchor_x is None else anchor_x, y, w)[0]
 
     def step(
         self,
@@ -158,16 +145,25 @@ class BatchedTrainer:
             if replayed is not None:
                 return replayed
             self.replay = None  # its capture failed (it warned, trainer_replay.py): eager from this step on
-        grads, loss, anchors = self.gradients(x, y, w, anchor_x, live)
-        for p, g in zip(self.stacked, grads, strict=True):
-            p.grad = g
-        kwargs: Dict[str, Any] = {"anchor_grads": list(anchors)} if anchors is not None else {}
+        # live: only the first n clients are active; the others' gradients are zeros, not computed
+        n = self.clients if live is None else live
+        if n < self.clients:
+            x, y, w, anchor_x = x[:n], y[:n], w[:n], None if anchor_x is None else anchor_x[:n]
+        views = self.views if n == self.clients else [v[:n] for v in self.views]
 
-        def recompute() -> None:  # a step that takes two gradients (FedSAM) calls it where it moved to
-            self._set_grads(self.gradients(x, y, w, anchor_x, live)[0])
+        def grads() -> torch.Tensor:
+            g, loss = self.loss.grads(views, x, y, w)
+            self._set_grads([_padded(t, self.clients) for t in g])
+            return _padded(loss, self.clients)
 
-        self.algo.local_step(self.opt, recompute, active=active, **kwargs)
-        return loss
+        def clip() -> None:
+            self._clip([cast(torch.Tensor, p.grad) for p in self.stacked])  # grads() just set every one
+
+        def anchors() -> tuple:
+            return tuple(_padded(h, self.clients) for h in self._anchors(x, y, w, anchor_x))
+
+        # the step every engine takes (fl/client_round.py): a second gradient (FedSAM) comes from grads again
+        return take_step(self.algo, self.opt, grads, clip, anchors if self.anchor else None, active=active)
 
     def _set_grads(self, grads: Sequence[torch.Tensor]) -> None:
         for p, g in zip(self.stacked, grads, strict=True):
@@ -187,7 +183,7 @@ class BatchedTrainer:
         ``steps`` (C integers): client c takes only its first ``steps[c]`` steps; in the later ones
         it is inactive (the optimizer's active mask), so it ends as after its own last step. Where
         they do not increase from slot to slot, a step's active clients are the first ones, and
-        only theirs are computed (``gradients``' ``live``; not under replay, whose graph is of C,
+        only theirs are computed (``step``'s ``live``; not under replay, whose graph is of C,
         nor through ``torch.compile``, which would compile each count anew)."""
         total = torch.zeros(self.clients, device=x.device)
         if steps is None:
