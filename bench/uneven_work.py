@@ -43,8 +43,7 @@ def _simulation(rounds: int, seed: int, **kw: Any):
     from fedopt_kernels.sim.config import SimConfig
     from fedopt_kernels.sim.simulation import Simulation
 
-    cfg = SimConfig(
-        algorithm="fedavg",
+    cfg = SimConfig(  # FedAvg, the default algorithm
         dataset="digits",
         model="cnn",
         clients=50,

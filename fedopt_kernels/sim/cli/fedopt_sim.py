@@ -51,6 +51,7 @@ from .run_folder import (
     client_state_folders,
     refuse_earlier_checkpoints,
 )
+from .work_options import add_work_options, local_steps, steps_text
 
 SEQUENTIAL = "sequential"  # --validate sequential: the client-batched run against the sequential one
 # on the default run one checkpoint costs 12-15% of a round (four fsyncs dominate a 37 KiB state), so
@@ -155,29 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--context", type=int, help="char-transformer: read only the last N characters of each window")
     g.add_argument("--rounds", type=int, default=d.rounds)
-    g.add_argument("--local-steps", type=int, help=f"local steps of every client in a round (default {d.local_steps})")
-    g.add_argument(
-        "--local-epochs",
-        type=int,
-        metavar="E",
-        help="instead of --local-steps: client i takes E * ceil(n_i / batch size) steps, E passes over its "
-        'n_i samples (docs/simulator.md, "Clients that differ in their work")',
-    )
-    g.add_argument(
-        "--local-steps-range",
-        type=int,
-        nargs=2,
-        metavar=("A", "B"),
-        help="instead of --local-steps: each client's steps drawn per round uniformly from A..B, from the seed",
-    )
-    g.add_argument(
-        "--stragglers",
-        type=float,
-        default=d.stragglers,
-        metavar="F",
-        help="this fraction of each round's clients, drawn from the seed, stops after a uniform fraction "
-        "of its steps (at least 1), in [0, 1) (default %(default)s)",
-    )
+    add_work_options(g, d)
     g.add_argument("--batch-size", type=int, default=d.batch_size)
     g.add_argument(
         "--sample-rate",
@@ -350,17 +329,6 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         precision=args.precision,
         **{f.name: getattr(args, f.name) for f in algorithm_settings(SimConfig)},
     ).validate()
-
-
-def local_steps(args: argparse.Namespace) -> int:
-    """``--local-steps`` (its default where not given); ValueError when another option sets the steps too."""
-    if args.local_steps is None:
-        return SimConfig.local_steps
-    for name in ("local_epochs", "local_steps_range"):
-        if getattr(args, name) is not None:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(f"give local_steps (--local-steps) or {name} ({flag}), not both: both set the local steps")
-    return args.local_steps
 
 
 def parse_client_batched(text: str) -> Any:
@@ -544,7 +512,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     hp = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results[0]["hparams"].items())
     print(
         f"{args.algorithm} on {args.dataset} ({configs[0].resolved_partition}), {configs[0].clients} clients, "
-        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {_steps_text(configs[0])}, "
+        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {steps_text(configs[0])}, "
         f"precision {configs[0].precision}; {hp}"
     )
     print(format_final_table(results))
@@ -555,17 +523,6 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
 
             print(f"note: curves.png not drawn: matplotlib is not installed ({hint('matplotlib')})")
     return 0
-
-
-def _steps_text(cfg: SimConfig) -> str:
-    """The local steps of a run's clients in words (the summary line)."""
-    if cfg.local_epochs is not None:
-        text = f"{cfg.local_epochs} local epoch{'s' * (cfg.local_epochs != 1)}"
-    elif cfg.local_steps_range is not None:
-        text = f"{cfg.local_steps_range[0]}-{cfg.local_steps_range[1]} steps"
-    else:
-        text = f"{cfg.local_steps} steps"
-    return text + (f", {cfg.stragglers:g} stragglers" if cfg.stragglers else "")
 
 
 def _say_batched(sim: Any) -> None:
