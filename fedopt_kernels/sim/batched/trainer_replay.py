@@ -54,6 +54,7 @@ from ...core.optimizer import FedOptimizer
 from ...core.plan import StepPlan
 from ...core.replay import capture
 from ...fl.algorithm import Algorithm
+from ...fl.client_round import take_step
 from ...optim.sgd import SGDFamily
 
 MODES = ("cuda", "emulate")
@@ -74,6 +75,10 @@ class Trainer(Protocol):
     def gradients(
         self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, anchor_x: Optional[torch.Tensor]
     ) -> tuple: ...
+
+
+def _clipped() -> None:
+    """Nothing: ``_gradients`` clips as it computes (``BatchedTrainer.gradients``)."""
 
 
 class TrainerReplay:
@@ -169,10 +174,23 @@ class TrainerReplay:
         self._gradients(second=True)
 
     def _body(self) -> None:
-        self._gradients()
-        kwargs: Dict[str, Any] = {"anchor_grads": self.anchors} if self.anchors is not None else {}
+        """The step every engine takes (``client_round.take_step``), on the static buffers: its first
+        gradients call ``_gradients`` (clipped, anchors too), a second one (FedSAM's) the closure's."""
         self._in_closure = False
-        self.tr.algo.local_step(self.tr.opt, self._closure, active=self.active, **kwargs)
+        first = True
+
+        def grads() -> None:
+            nonlocal first
+            if first:
+                first = False
+                self._gradients()
+            else:
+                self._closure()
+
+        anchors = self.anchors
+        take_step(
+            self.tr.algo, self.tr.opt, grads, _clipped, None if anchors is None else lambda: anchors, active=self.active
+        )
 
     def step(self, x, y, w, anchor_x=None, active=None) -> Optional[torch.Tensor]:
         """The step's losses [C] (a buffer every step rewrites), or None when the capture failed and
