@@ -179,3 +179,12 @@ def test_a_simulated_round_with_uneven_steps_is_the_formula_on_its_clients_updat
         assert a == normalizer(steps[cid], 0.05, 0.5, mu)
     want = nova_float64(x, [d for _, d, _ in seen], [w for w, _, _ in seen], [a for _, _, a in seen])
     assert within_one_ulp(sim.global_params, want)
+
+
+def test_the_flower_strategy_names_its_backbones():
+    pytest.importorskip("flwr")
+    from fedopt_kernels.flower import FedNovaStrategy
+
+    assert FedNovaStrategy().cfg.algorithm == "fednova"
+    s = FedNovaStrategy(backbone="fedprox", prox_mu=0.1, local_steps_range=(2, 4))
+    assert s.cfg.algorithm == "fednova-fedprox" and s.rule.scalars == ("nova_a",) and s._work.uneven

@@ -176,6 +176,13 @@ DESCRIPTOR = algorithm.register(
                 doc="Within-round learning-rate decay lr_k = lr * s(k // decay_every) on FedAvg (beta=1: FedAvg).",
             ),
             FlowerName("ScaffoldStrategy", "scaffold", doc="SCAFFOLD (option II controls) on FedDecaySGD's SGD steps."),
+            FlowerName(
+                "FedNovaStrategy",
+                {"fedavg": "fednova", "fedprox": "fednova-fedprox"},
+                choose="backbone",
+                doc="FedNova's normalized averaging (each update divided by its clients' step weights a_i) "
+                "on FedAvg's or FedProx's clients.",
+            ),
         ),
         full="prox_correction",
         bench=(
