@@ -7,11 +7,12 @@ its client-batched engine and the Flower client each supply only where the steps
     K_i     = steps(i, t)                                  the one place a client's step count comes from
     inputs  = rule.client_inputs(sent, kept_i, x)          + the algorithm's calibration on the received
                                                              model (FedNLR's neuron scales)
-    begin:    round lr (ClientOptimizers.start, its one caller), start_round(round_index=t, **inputs)
+    begin:    the round's lr, start_round(round_index=t, **inputs) (ClientOptimizers.start: the one
+              place the round's lr is set, for every engine)
     step:     g = grads(); clip; H = anchor grads (PAdaMFed-VR); Algorithm.local_step(opt, recompute)
               (FedSAM's closure recomputes g, clipped, at the moved parameters), K_i times
     finish:   end_round; delta = y - x; rule.client_finish -> new kept tensors, reply tensors, and
-              per-client scalars for the server (``ClientResult``)
+              per-client scalars for the server (``LocalResult``)
     initial_control: c_i = mean of K gradients at the initial model (PAdaMFed's initial round)
 
 What an engine supplies: the forward/backward of a batch (``grads``), how gradients are clipped
@@ -19,8 +20,10 @@ where there are several clients at once (``clip``), and where what it sent, kept
 lives. The sequential loop (``sim/strategy.py``) and the Flower client (``flower/client.py``) run
 it on one model (``begin``, ``train``, ``finish``); the client-batched engine
 (``sim/batched_round.py``) runs a chunk of stacked clients: their ``inputs`` stacked, one ``start``,
-``take_step`` on the batched optimizer, ``end`` once, and ``finish`` for each client through a
-one-client view of the batched optimizer. A per-client feature added here reaches all three.
+``take_step`` on the batched optimizer (also the step its CUDA-graph replay captures), ``end``
+once, and ``finish`` for each client through a one-client view of the batched optimizer. A
+per-client feature added here (a step count in ``steps``, a transform of the reply or a scalar in
+``finish``) reaches all three.
 
 ONE optimizer trains every client of a process in turn (``ClientOptimizers``), on the one model
 object whose parameters the simulation overwrites with the global model before each client trains:
@@ -153,7 +156,7 @@ def take_step(
 
 
 @dataclass
-class ClientResult:
+class LocalResult:
     """What one client's round gives the server (``ClientRound.finish``).
 
     ``delta``: ``y_i - x``, its model minus the received one; ``reply``: the server rule's reply
@@ -289,7 +292,7 @@ class ClientRound:
         x: Tensors,
         got: Mapping[str, Tensors],
         kept: Optional[Tensors],
-    ) -> ClientResult:
+    ) -> LocalResult:
         """Client's result after ``steps`` local steps of round ``t``: ``opt`` (its optimizer, or a
         view of one client of a batched one) ends the round, ``delta = params - x``, and the rule's
         ``client_finish`` gives what it keeps and replies (``got``, ``kept``: as ``inputs`` had them).
@@ -298,7 +301,7 @@ class ClientRound:
         delta = [p.detach() - g for p, g in zip(params, x, strict=True)]
         new_kept, reply = self.rule.client_finish(opt, self.algo, self.hp, t, steps, got, kept, delta)
         scalars = {name: float(reply.pop(name)) for name in self.rule.scalars}  # FedNova's a_i
-        return ClientResult(delta, dict(reply), new_kept, scalars)
+        return LocalResult(delta, dict(reply), new_kept, scalars)
 
     # ------------------------------------------------------------------ the initial round
     @torch.no_grad()

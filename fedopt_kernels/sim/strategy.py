@@ -67,7 +67,7 @@ class RoundHost(Protocol):
 class ClientUpdate:
     """What a client sends back: ``delta = y_i - x`` (its model minus the global one) and extras
     (the rule's reply tensors; ``"new_kept"``); ``scalars``: the per-client numbers of its
-    ``ClientResult``."""
+    ``LocalResult``."""
 
     client_id: int
     weight: float
