@@ -4,15 +4,18 @@ a torchrun group (or on one process without torchrun), and write each run's resu
 ``python tests/ranks_child.py OUT_DIR [VARIANT[:SERVER_OPTIMIZER] ...]``: rank 0 writes
 ``OUT_DIR/<variant>[:<server optimizer>]-<mode>.json``
 (the per-round records without their times, the final evaluation, the final model's and server
-state's digest). tests/test_sim_ranks.py starts it under ``torchrun --nproc-per-node 2`` and alone,
+state's digest); with ``FEDOPT_TEST_UNEVEN=1`` in the environment,
+the clients' steps differ. tests/test_sim_ranks.py starts it under ``torchrun --nproc-per-node 2`` and alone,
 and compares.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any, Dict
 
 import torch
 
@@ -22,6 +25,10 @@ from fedopt_kernels.sim.resume import tensor_digest
 from fedopt_kernels.sim.simulation import Simulation
 
 MODES = {"sequential": 1, "client-batched": 3}
+# FEDOPT_TEST_UNEVEN=1: clients that differ in their work (each rank's share balanced by its steps)
+UNEVEN: Dict[str, Any] = {}
+if os.environ.get("FEDOPT_TEST_UNEVEN") == "1":
+    UNEVEN.update(local_steps_range=(1, 6), stragglers=0.4)
 
 
 def config(variant: str, batched: int) -> SimConfig:
@@ -43,6 +50,7 @@ def config(variant: str, batched: int) -> SimConfig:
         backend="auto",
         client_batched=batched,
         formulations="default",
+        **UNEVEN,
     )
 
 

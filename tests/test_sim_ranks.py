@@ -104,6 +104,24 @@ def test_two_algorithms_on_two_processes_agree_with_one(tmp_path):
         _assert_same_to_rounding(a, b, name)
 
 
+@needs_torchrun
+@pytest.mark.slow
+def test_uneven_work_on_two_processes_agrees_with_one(tmp_path):
+    """Clients with 1..6 steps and stragglers: each rank's share balanced by its clients' steps."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    env = {**_env(), "FEDOPT_TEST_UNEVEN": "1"}
+    variants = ["fedavg", "fednova", "scaffold"]
+    _torchrun(["--standalone", str(HERE / "ranks_child.py"), str(two), *variants], tmp_path, env=env)
+    subprocess.run([sys.executable, str(HERE / "ranks_child.py"), str(one), *variants], check=True, env=env)
+    for name in [f"{v}-{m}" for v in variants for m in ("sequential", "client-batched")]:
+        a, b = (json.loads((d / f"{name}.json").read_text()) for d in (one, two))
+        assert all("steps" in r for r in b["history"]) and a["history"][0]["steps"] == b["history"][0]["steps"]
+        assert min(b["ranks"]["clients"]) > 0
+        _assert_same_to_rounding(a, b, name)
+
+
 SIM = ["-m", "fedopt_kernels.sim.cli", "--dataset", "synthetic", "--clients", "16", "--rounds", "6"]
 SIM += ["--clients-per-round", "5", "--local-steps", "3", "--finetune-steps", "1", "--quiet", "--checkpoint-every", "2"]
 

@@ -44,6 +44,7 @@ from torch.nn import functional as F
 from .algorithm import Algorithm, end_round
 from .config import FLConfig
 from .server_rules import RULES
+from .work import WorkPlan
 
 Optimizer = torch.optim.Optimizer
 Tensors = List[torch.Tensor]
@@ -161,8 +162,8 @@ class LocalResult:
     ``delta``: ``y_i - x``, its model minus the received one; ``reply``: the server rule's reply
     tensors (``"dc"``: the change of its control variate); ``new_kept``: what it keeps for its next
     round, stored only once the server accepts the update (None: nothing kept); ``scalars``:
-    per-client numbers the server may need besides the tensors (none today; the place for a
-    reply's norm, FedNova's ``a_i``, FedExP's ``||delta||^2``).
+    per-client numbers the server needs besides the tensors (the rule's ``scalars``: FedNova's
+    ``nova_a``; the place for a reply's norm, FedExP's ``||delta||^2``).
     """
 
     delta: Tensors
@@ -186,16 +187,24 @@ class ClientRound:
         self.algo = self.opts.algo
         self.rule = RULES[cfg.server_rule]
         self.needs_anchor = self.algo.needs_anchor(cfg.variant)
+        self.work: Optional[WorkPlan] = None  # the run's plan of work (the simulator's; ``max_steps``)
+        self._plan: Tuple[int, Dict[Optional[int], int]] = (-1, {})  # (round, each client's steps)
 
     # ------------------------------------------------------------------ how much work a client does
+    def plan(self, t: int, steps: Mapping[Any, int]) -> None:
+        """Round ``t``'s step count of each client (``fl/work.py``: the simulator's ``WorkPlan``, a
+        Flower client's own count); ``steps`` reads it."""
+        self._plan = (t, dict(steps))
+
     def steps(self, cid: Optional[int], t: int) -> int:
         """K_i: the local steps client ``cid`` takes in round ``t`` (``cid`` None: a Flower client that
         does not know its id). Every engine reads a client's step count here: the sequential loop
         and the Flower client take that many steps, the client-batched engine runs a chunk for its
         largest and would mask each client's later steps off with the per-step ``active`` mask
-        where they differ; ``finish`` hands it to the server rule (SCAFFOLD's lr sum). Today every
-        client takes ``cfg.local_steps``."""
-        return self.cfg.local_steps
+        where they differ; ``finish`` hands it to the server rule (SCAFFOLD's lr sum). The round's
+        ``plan``, or ``cfg.local_steps`` for a client it does not name."""
+        t_plan, steps = self._plan
+        return steps.get(cid, self.cfg.local_steps) if t_plan == t else self.cfg.local_steps
 
     def initial_steps(self, cid: Optional[int]) -> int:
         """K of client ``cid``'s initial control (``initial_control``): ``cfg.local_steps``."""
@@ -204,7 +213,7 @@ class ClientRound:
     @property
     def max_steps(self) -> int:
         """The most local steps any client takes in a round (what a client-batched trainer is sized for)."""
-        return self.cfg.local_steps
+        return self.cfg.local_steps if self.work is None else self.work.most()
 
     @property
     def clip_norm(self) -> Optional[float]:
@@ -291,7 +300,8 @@ class ClientRound:
         end_round(opt)
         delta = [p.detach() - g for p, g in zip(params, x, strict=True)]
         new_kept, reply = self.rule.client_finish(opt, self.algo, self.hp, t, steps, got, kept, delta)
-        return LocalResult(delta, dict(reply), new_kept)
+        scalars = {name: float(reply.pop(name)) for name in self.rule.scalars}  # FedNova's a_i
+        return LocalResult(delta, dict(reply), new_kept, scalars)
 
     # ------------------------------------------------------------------ the initial round
     @torch.no_grad()

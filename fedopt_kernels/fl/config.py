@@ -14,7 +14,7 @@ import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, TypeVar, cast
+from typing import Any, Dict, List, Optional, Tuple, TypeVar, cast
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
@@ -23,6 +23,7 @@ else:  # torch depends on typing_extensions
 
 from . import algorithm as _algorithm
 from . import server_step as _server_step
+from .work import check_work_options
 
 
 def check_choice(name: str, value: Any, options) -> None:
@@ -124,6 +125,10 @@ class FLConfig:
     batch_size: int = 10
     sample_rate: float = 0.2  # fraction of the training clients sampled per round
     clients_per_round: Optional[int] = None  # overrides sample_rate
+    # clients that differ in their work (fl/work.py): each client's local steps in a round
+    local_epochs: Optional[int] = None  # client i: local_epochs * ceil(n_i / batch_size) steps
+    local_steps_range: Optional[Tuple[int, int]] = None  # (a, b): drawn per client and round from a..b
+    stragglers: float = 0.0  # this fraction of a round's clients stops after a uniform fraction of its steps
     lr: Optional[float] = _setting(
         None, float, "client learning rate (default 0.05; PAdaMFed: eta from theory_hparams)"
     )
@@ -250,6 +255,7 @@ class FLConfig:
                     f"{self.num_train_clients} training clients ({self.clients} clients, "
                     f"{self.num_holdout} held out as new users)"
                 )
+        check_work_options(self)
         for f in algorithm_settings(type(self)):
             value = getattr(self, f.name)
             if value is None and f.default is None:

@@ -22,7 +22,7 @@ an algorithm's server is written once, it says how a round uses the arithmetic:
 * ``keeps``: each client keeps one tensor list between rounds (SCAFFOLD's and PAdaMFed's ``c_i``,
   FedDyn's ``g_i``), zero (or None) before its first round;
 * ``reply``: tensor lists a client's reply carries besides its model change ``delta`` ("dc": the
-  change of its control);
+  change of its control); ``scalars``: numbers it carries (FedNova's ``nova_a``, ``fl/fednova.py``);
 * ``takes_server_optimizer``: the model step may be a server optimizer's on the round's aggregate
   (``aggregate``, ``server_step.py``); False where the rule's server step is its own (PAdaMFed's).
 
@@ -139,8 +139,10 @@ class ServerRule:
     sent: Mapping[str, str] = {}
     keeps = False
     reply: Tuple[str, ...] = ()
+    scalars: Tuple[str, ...] = ()  # numbers > 0 a client's reply carries besides its tensors (FedNova's a_i)
     init_controls = False
     takes_server_optimizer = True
+    uneven = True  # takes clients whose local step counts differ (False: its step reads the one K)
 
     def init_state(self, x: Sequence[torch.Tensor]) -> Dict[str, Tensors]:
         """The server tensors before the first round (before the initial round with ``init_controls``)."""
@@ -173,8 +175,9 @@ class ServerRule:
         got: Mapping[str, Tensors],
         kept: Optional[Tensors],
         delta: Tensors,
-    ) -> Tuple[Optional[Tensors], Dict[str, Tensors]]:
-        """After local training: the client's new kept tensors (None: nothing kept) and its reply tensors."""
+    ) -> Tuple[Optional[Tensors], Dict[str, Any]]:
+        """After local training: the client's new kept tensors (None: nothing kept) and its reply: tensor
+        lists (``reply``) and numbers (``scalars``)."""
         return None, {}
 
     # ------------------------------------------------------------------ server side: a fold (fold.py)
@@ -215,7 +218,7 @@ class ServerRule:
         state: Mapping[str, Tensors],
         deltas: Sequence[Tensors],
         weights: Sequence[float],
-        replies: Sequence[Mapping[str, Tensors]],
+        replies: Sequence[Mapping[str, Any]],
         hp: Mapping[str, Any],
         num_clients: int,
         local_steps: int,

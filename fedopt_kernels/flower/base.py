@@ -25,9 +25,9 @@ import hashlib
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -40,10 +40,11 @@ from ..fl.config import FLConfig
 from ..fl.fold import weight_exponent
 from ..fl.server_rules import RULES, ServerRule
 from ..fl.server_step import ServerStep
+from ..fl.work import WorkPlan
 from ..sim.server_optimizer import build as build_server_step
 from .records import BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric, to_record
 from .resume import metric_dicts
-from .settings import CHECKPOINTED, RESUMED_AT, round_config
+from .settings import CHECKPOINTED, RESUMED_AT, WORK_FRACTION, round_config
 
 if TYPE_CHECKING:
     from flwr.app import MetricRecordValues
@@ -65,6 +66,7 @@ class ClientResult:
     delta: Tensors
     dc: Optional[Tensors] = None
     train_loss: Optional[float] = None
+    scalars: Dict[str, float] = field(default_factory=dict)  # the rule's numbers (FedNova's nova_a)
 
 
 @dataclass
@@ -176,6 +178,7 @@ class FedOptStrategy(Strategy):
         self.client_sampler = client_sampler
         self._node_of: Dict[int, int] = {}  # client id -> node id (with a client_sampler)
         self._mapped_nodes: List[int] = []
+        self._work = WorkPlan(cfg)  # each client's steps, where they differ (the round's draws)
 
     # ------------------------------------------------------------------ the server rule
     @classmethod
@@ -235,7 +238,7 @@ class FedOptStrategy(Strategy):
         )
         fold = self.server.begin(fold)
         for r in results:
-            fold.add(r.delta, r.weight, {"dc": r.dc} if r.dc is not None else {})
+            fold.add(r.delta, r.weight, {**({"dc": r.dc} if r.dc is not None else {}), **r.scalars})
         out = fold.finish()
         if self.server.optimizer is not None and all(all_finite(v) for v in out.values()):
             before = copy.deepcopy(self.server.state_dict())
@@ -569,7 +572,11 @@ class FedOptStrategy(Strategy):
         loss = None
         if "metrics" in content and "train-loss" in content["metrics"]:
             loss = metric(content, "train-loss")
-        return ClientResult(node, _client_id_of(content), weight, delta, dc, loss)
+        scalars = {name: metric(content, name.replace("_", "-")) for name in self.rule.scalars}
+        for name, v in scalars.items():
+            if not v > 0:
+                raise BadUpdate(f"metrics: {name.replace('_', '-')!r} must be > 0, got {v!r}")
+        return ClientResult(node, _client_id_of(content), weight, delta, dc, loss, scalars)
 
     # ------------------------------------------------------------------ Strategy API: training
     def configure_train(
@@ -596,7 +603,25 @@ class FedOptStrategy(Strategy):
                 **self._round_records(),
             }
         )
+        if self._work.uneven:
+            return self._work_messages(content, sampled, server_round)
         return self._messages(content, sampled, MessageType.TRAIN, server_round)
+
+    def _work_messages(self, content: RecordDict, nodes: Sequence[int], server_round: int) -> List[Message]:
+        """Clients that differ in their work (``fl/work.py``): each sampled node's message with its own
+        ``local_steps`` (drawn from ``local_steps_range``) and, for a straggler, the fraction of its
+        steps it takes (``work-fraction``); a client under ``local_epochs`` counts its own steps."""
+        drawn, late = self._work.draw(server_round - 1, len(nodes))
+        out: List[Message] = []
+        for j, node in enumerate(nodes):
+            config = ConfigRecord(dict(cast(ConfigRecord, content["config"])))
+            if drawn is not None:
+                config["local_steps"] = drawn[j]
+            if j in late:
+                config[WORK_FRACTION] = late[j]
+            own = RecordDict({**{k: v for k, v in content.items() if k != "config"}, "config": config})
+            out += self._messages(own, [node], MessageType.TRAIN, server_round)
+        return out
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -9,8 +9,9 @@ returns the reply content the strategies expect:
 
 * ``"delta"`` (ArrayRecord): the trained model minus the received one;
 * the server rule's reply tensors (``"dc"``, SCAFFOLD and PAdaMFed: the change of the client's control variate);
-* ``"metrics"`` (MetricRecord): ``num-examples`` (the aggregation weight), ``train-loss`` and,
-  when given, ``client-id`` (the strategy sums clients in this order, as the simulator does).
+* ``"metrics"`` (MetricRecord): ``num-examples`` (the aggregation weight), ``train-loss``, the
+  server rule's numbers (FedNova's ``nova-a``) and, when given, ``client-id`` (the strategy sums
+  clients in this order, as the simulator does).
 
 What the client keeps between rounds (its control variate ``c_i``, FedDyn's ``g_i``) never leaves
 the client: it lives in ``context.state`` under ``"<state-tag>.control"``. A non-finite new control
@@ -29,8 +30,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..fl.client_round import ClientRound, loss_and_correct
+from ..fl.work import own_steps
 from .records import Tensors, all_finite, config_dict, from_record, get_record, to_record
-from .settings import read_round_config
+from .settings import WORK_FRACTION, read_round_config
 
 if TYPE_CHECKING:
     from flwr.app import MetricRecordValues
@@ -112,10 +114,14 @@ def train_round(
     neuron scales on (the simulator uses the whole training split); other algorithms ignore it.
     ``state`` is ``context.state``: it keeps the control variate between rounds.
     """
-    cfg, hp, t, tag = read_round_config(config_dict(content))
+    config = config_dict(content)
+    cfg, hp, t, tag = read_round_config(config)
     names, params, x = _load_global(model, content)
     # a fresh client round (and optimizer) per round, advanced to round t: its per-round state restarts anyway
     rnd = ClientRound(cfg, hp, model, backend)
+    # its own steps: the round's local_steps (the strategy drew it), or its epochs; a straggler's fewer
+    fraction = config.get(WORK_FRACTION)
+    rnd.plan(t, {client_id: own_steps(cfg, num_examples, None if fraction is None else float(cast(float, fraction)))})
     got: Mapping[str, Tensors] = {
         key: from_record(get_record(content, rec, ArrayRecord, "message"), names, params, rec)
         for rec, key in rnd.rule.sent.items()

@@ -58,6 +58,15 @@ declare(
 declare(FlowerName("ScaffoldStrategy", "scaffold", doc="SCAFFOLD (option II controls) on FedDecaySGD's SGD steps."))
 declare(
     FlowerName(
+        "FedNovaStrategy",
+        {"fedavg": "fednova", "fedprox": "fednova-fedprox"},
+        choose="backbone",
+        doc="FedNova's normalized averaging (each update divided by its clients' step weights a_i) "
+        "on FedAvg's or FedProx's clients.",
+    )
+)
+declare(
+    FlowerName(
         "FedNLRStrategy",
         "fednlr",
         aliases={"mu0": "nlr_mu0", "c1": "nlr_c1", "c2": "nlr_c2"},

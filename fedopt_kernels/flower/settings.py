@@ -23,6 +23,8 @@ STATE_TAG = "state-tag"  # client state keys are prefixed by it (several algorit
 # checkpointing servers (flower/resume.py): rounds completed when the server (re)started, and the
 # rounds of its newest checkpoint; clients keep their state files by them
 RESUMED_AT = "resumed-at-round"
+# clients that differ in their work (fl/work.py): a straggler's fraction u of its steps
+WORK_FRACTION = "work-fraction"
 CHECKPOINTED = "checkpointed-round"
 _FIELDS = tuple(f.name for f in dataclasses.fields(FLConfig))
 
@@ -34,6 +36,7 @@ def round_config(cfg: FLConfig, hp: Mapping[str, Any], t: int, tag: str) -> Conf
     ``FLConfig`` names (those the hparams resolve, e.g. ``lr``, are not sent twice).
     """
     out: Dict[str, Any] = {f: getattr(cfg, f) for f in _FIELDS if f not in hp and getattr(cfg, f) is not None}
+    out.update({k: list(v) for k, v in out.items() if isinstance(v, tuple)})  # a ConfigRecord holds lists
     out.update({k: v for k, v in hp.items() if v is not None})
     out[ROUND_INDEX] = int(t)
     out[STATE_TAG] = tag

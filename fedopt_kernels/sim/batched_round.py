@@ -20,6 +20,16 @@ loop and the Flower client; this engine supplies where the steps run, a chunk of
 The sampled clients are split into equal chunks of at most N; the last chunk may be one client
 short, and its empty slot is filled with a copy of its first client, inactive (the batched
 optimizers' active mask), so one trainer (and one CUDA graph) serves every chunk.
+
+Clients that differ in their work (``fl/work.py``): a chunk runs its largest step count K, and
+client c is inactive after its own K_c steps, so it ends where it would alone. The clients are
+put into chunks by their step counts, the largest first (ties by client id; equal counts keep the
+order of client ids), so that a chunk's clients take about as many steps as each other and few
+slot-steps are idle; an augmenting model keeps client-id order (its draws follow the clients'
+order, as sequentially). A chunk so sorted has its active clients first at every step, and the
+trainer computes only theirs (``BatchedTrainer.run``): a round's gradient work is then its
+clients' own steps, not the chunk's largest count for every slot. ``slot_steps`` and
+``client_steps`` count the slot-steps run (idle ones included) and the clients' own steps.
 """
 
 from __future__ import annotations
@@ -109,6 +119,8 @@ class BatchedClients:
         # "cuda": replay each step from a CUDA graph; tests set "emulate" (batched/trainer_replay.py) before round 0
         self.replay_mode = "cuda" if cfg.replay else None
         self._trainer: Optional[BatchedTrainer] = None  # built at the first round (after the strategy's setup)
+        self.slot_steps = 0  # trainer slots x steps run, this process (the work done, idle slots included)
+        self.client_steps = 0  # the clients' own steps among them (the work needed)
 
     # ------------------------------------------------------------------ clients at once
     @property
@@ -218,6 +230,7 @@ class BatchedClients:
         seen = getattr(self.loss, "flags_seen", None)
         out["precision_flags"] = dict(seen) if seen else backend_flags(self.cfg.precision, self.sim.device)
         out["fallbacks"] = fallbacks.taken(self._fallbacks_from)
+        out["slot_steps"], out["client_steps"] = self.slot_steps, self.client_steps
         return out
 
     @property
@@ -238,11 +251,15 @@ class BatchedClients:
 
     # ------------------------------------------------------------------ one round
     def train(self, sampled: Sequence[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:
-        """Local training of ``sampled`` in round ``t``: ``take(update, mean loss)`` for each client, in
-        that order, as soon as its chunk has trained (the update is dropped after it)."""
-        for i in range(0, len(sampled), self.size):
-            self.sim.strategy.kept.prefetch(sampled[i + self.size : i + 2 * self.size])  # the next chunk's state
-            self._chunk(list(sampled[i : i + self.size]), t, take)
+        """Local training of ``sampled`` in round ``t``: ``take(update, mean loss)`` for each client as
+        soon as its chunk has trained (the update is dropped after it), chunk by chunk, the clients
+        sorted by their step counts (``ClientRound.steps``; the module docstring)."""
+        order = list(sampled)
+        if not _is_random(self.sim.model):
+            order.sort(key=lambda cid: (-self.client.steps(cid, t), cid))
+        for i in range(0, len(order), self.size):
+            self.sim.strategy.kept.prefetch(order[i + self.size : i + 2 * self.size])  # the next chunk's state
+            self._chunk(order[i : i + self.size], t, take)
 
     def _round_inputs(self, chunk: List[int], t: int, stacked: Sequence[torch.Tensor]) -> Dict[str, Any]:
         """Every client's round inputs, stacked ``[C, ...]`` into tensors made at the first client and
@@ -274,15 +291,15 @@ class BatchedClients:
 
     def _chunk(self, chunk: List[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:
         sim, tr, m = self.sim, self.trainer, len(chunk)
-        steps = [self.client.steps(cid, t) for cid in chunk]
-        # the chunk runs for its largest step count; uneven counts would switch each client off after
-        # its own with the per-step ``active`` mask (today every client takes the same)
-        K = max(steps)
+        ks = [self.client.steps(cid, t) for cid in chunk]  # each client's own (ClientRound.steps)
+        K = max(ks)  # the chunk runs for its largest count; the others are inactive after their own
+        self.slot_steps += K * self.size
+        self.client_steps += sum(ks)
         sim.load_global()  # FedNLR's scales read the global model
         inputs = self._round_inputs(chunk, t, tr.stacked)
         tr.load(sim.global_params)
         self.client.start(tr.opt, t, inputs, start=tr.start_round)
-        batches = self.pool.draw(sim.streams, chunk, K)
+        batches = self.pool.draw(sim.streams, chunk, ks)
         x = apply_stage(self.loss.input_stage, batches, _is_random(sim.model))
         anchor_x = None
         if self.anchor_model is not None and _is_random(self.anchor_model):
@@ -294,10 +311,15 @@ class BatchedClients:
         def pad(v: torch.Tensor) -> torch.Tensor:
             return _pad_clients(v, self.size)
 
-        total = tr.run(pad(x), pad(batches.y), pad(batches.w), None if anchor_x is None else pad(anchor_x), active)
+        own = None  # each slot's steps where they differ (the idle slots' 0: inactive throughout)
+        if min(ks) < K:
+            own = ks + [0] * (self.size - m)
+        total = tr.run(
+            pad(x), pad(batches.y), pad(batches.w), None if anchor_x is None else pad(anchor_x), active, steps=own
+        )
         outputs = self.client.end(tr.opt)
         params = list(sim.model.parameters())
-        losses = [v / k for v, k in zip(total[:m].tolist(), steps, strict=True)]
+        losses = [v / k for v, k in zip(total[:m].tolist(), ks, strict=True)]
         for c, cid in enumerate(chunk):
             with torch.no_grad():
                 for p, s in zip(params, tr.stacked, strict=True):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -38,14 +38,16 @@ def share_round(
     fold: Fold,
     refused: List[Tuple[int, str]],
     kept: List[Tuple[int, float, float]],
+    steps: Optional[Mapping[int, int]] = None,
 ) -> Tuple[List[Tuple[int, str]], List[Tuple[int, float, float]]]:
-    """Combine the ranks' round (module docstring); every rank's refused and accepted clients, in client order."""
-    ranks, K = sim.ranks, sim.cfg.local_steps
+    """Combine the ranks' round (module docstring); every rank's refused and accepted clients, in client
+    order. ``steps``: each client's local steps this round (``local_steps`` for all where not given)."""
+    ranks = sim.ranks
     mine = set(shares[ranks.rank])
     for r, share in enumerate(shares):
         if r != ranks.rank:
             for cid in share:
-                sim.streams[cid].skip(K)
+                sim.streams[cid].skip(sim.cfg.local_steps if steps is None else steps[cid])
     ranks.merge(fold)
     every = ranks.gather((refused, kept))
     all_refused = sorted(x for rr, _ in every for x in rr)

@@ -32,6 +32,9 @@ def refusal(update: ClientUpdate, like: Sequence[torch.Tensor]) -> str:
         or not 1 <= w <= MAX_EXAMPLES
     ):
         return f"weight (number of examples) must be an integer in [1, 2**53], got {w!r}"
+    for k, v in update.scalars.items():  # a number the rule reads (FedNova's a_i)
+        if not (math.isfinite(v) and v > 0):
+            return f"{k} must be a finite number > 0, got {v!r}"
     parts = [("delta", update.delta)] + [(k, v) for k, v in update.extra.items() if isinstance(v, list)]
     for name, tensors in parts:
         if len(tensors) != len(like):

@@ -20,6 +20,7 @@ from torch import nn
 from ..core import fallbacks
 from ..core import registry as _registry
 from ..fl.checkpoint import CheckpointDir
+from ..fl.work import WorkPlan, histogram
 from . import dp_round
 from . import resume as _resume
 from .batched.precision import check_supported
@@ -126,6 +127,7 @@ class Simulation:
             raise ValueError(
                 f"data has {len(self.data.train_clients)} training clients, config expects {cfg.num_train_clients}"
             )
+        self.work_plan = WorkPlan(cfg, [c.size for c in self.data.train_clients])  # each client's steps
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(ss_init.generate_state(1)[0]))
             model = (
@@ -152,6 +154,7 @@ class Simulation:
         self.strategy = Strategy(self)
         self.privacy = dp_round.build(cfg)  # user-level DP (sim/dp_round.py); None: off
         self.dp_stopped: Optional[str] = None
+        self.strategy.client.work = self.work_plan
         self.batched = None
         if cfg.batched:  # --client-batched: the sampled clients train N at a time (batched_round.py)
             from .batched_round import BatchedClients
@@ -219,7 +222,9 @@ class Simulation:
             self.strategy.setup()
             self.setup_done = True
         sampled = self.sample_clients()
-        shares = self.ranks.split(sampled, self.work, t)
+        steps = self.work_plan.steps(t, sampled)  # each client's local steps this round
+        self.strategy.client.plan(t, steps)  # every engine reads a client's steps there
+        shares = self.ranks.split(sampled, lambda c: self.work(c, steps[c]), t)
         mine = shares[self.ranks.rank]
         fold = self.strategy.begin_round(sampled, t)
         refused: List[Tuple[int, str]] = []
@@ -248,9 +253,9 @@ class Simulation:
                 take(*self.strategy.train(cid, t))
         for r, share in enumerate(shares):
             self.rank_work[r][0] += len(share)
-            self.rank_work[r][1] += sum(self.work(c) for c in share)
+            self.rank_work[r][1] += sum(self.work(c, steps[c]) for c in share)
         if self.ranks.world > 1:
-            refused, kept = share_round(self, shares, fold, refused, kept)
+            refused, kept = share_round(self, shares, fold, refused, kept, steps)
         private = dp_round.finish(self, fold, t) if self.privacy is not None else {}  # noise once, after the merge
         not_kept = None
         if fold.count:
@@ -263,6 +268,8 @@ class Simulation:
         weights = np.array([w for _, w, _ in kept])
         train_loss = float(np.dot(weights, [v for _, _, v in kept]) / weights.sum()) if kept else float("nan")
         record: Dict[str, Any] = {"round": t + 1, "train_loss": train_loss, "clients": sampled, **private}
+        if self.work_plan.uneven:  # how many clients took how many local steps
+            record["steps"] = histogram(steps.values())
         if refused:
             record["left_out"] = [{"client": cid, "reason": why} for cid, why in refused]
         if not_kept is not None:
@@ -278,9 +285,11 @@ class Simulation:
             check_ranks_agree(self, t)
         return record
 
-    def work(self, cid: int) -> float:
-        """A client's training work in a round: its local steps times its batches' samples."""
-        return float(self.cfg.local_steps * min(self.cfg.batch_size, self.train_clients[cid].size))
+    def work(self, cid: int, steps: Optional[int] = None) -> float:
+        """A client's training work in a round: its local steps (``local_steps`` unless given) times
+        its batches' samples."""
+        k = self.cfg.local_steps if steps is None else steps
+        return float(k * min(self.cfg.batch_size, self.train_clients[cid].size))
 
     @property
     def per_rank(self) -> int:

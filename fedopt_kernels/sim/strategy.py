@@ -275,7 +275,9 @@ class Strategy:
     @torch.no_grad()
     def add(self, fold: Fold, update: ClientUpdate) -> None:
         """Fold an accepted update into the round; what the client keeps goes to the store now."""
-        fold.add(update.delta, update.weight, update.extra)
+        reply: Dict[str, Any] = dict(update.extra)
+        reply.update(update.scalars)  # the rule's numbers (FedNova's a_i) beside its tensors
+        fold.add(update.delta, update.weight, reply)
         new_kept = update.extra.get("new_kept")
         if new_kept is not None:
             self.kept[update.client_id] = new_kept

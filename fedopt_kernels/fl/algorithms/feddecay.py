@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...optim.feddecay import BatchedFedDecaySGD, FedDecaySGD
 from .. import algorithm
+from .. import fednova as _fednova  # noqa: F401  (registers FedNova's server rule)
 from ..algorithm import Variant
 from .sgd import SGDAlgorithm
 
@@ -42,6 +43,9 @@ DESCRIPTOR = algorithm.register(
             Variant("feddecay", "avg", defaults={"beta": 0.5}),
             Variant("fedprox", "avg", prox=True),
             Variant("scaffold", "scaffold"),
+            # FedNova's server (fl/fednova.py) on FedAvg's and FedProx's clients
+            Variant("fednova", "nova", beta=1.0),
+            Variant("fednova-fedprox", "nova", prox=True, beta=1.0),
         ),
         full="prox_correction",
         options={

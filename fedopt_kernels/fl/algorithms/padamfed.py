@@ -77,6 +77,7 @@ class PAdaMFedRule(ServerRule):
     ``c_i`` and computes the first one before round 1 (``padamfed_init``)."""
 
     name = "padamfed"
+    uneven = False  # its server step divides by the one K of every client
     state = ("c", "m")
     sent = {"control": "c", "momentum": "m"}
     keeps = True

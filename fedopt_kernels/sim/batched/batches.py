@@ -8,6 +8,10 @@ are ``1/n`` on the ``n`` real samples and 0 on the copies, so the weighted loss 
 the real samples, as ``F.cross_entropy`` computes it sequentially. All clients' training data sit
 in one pooled tensor, so a round's ``[K, C, B, ...]`` inputs come from one gather.
 
+Clients whose step counts differ (``K_c``, K their largest) draw exactly their own ``K_c`` batches;
+their steps after ``K_c`` repeat their last batch (valid inputs for a step in which they are
+inactive, never drawn from their stream).
+
 A random input stage (augmentation) must draw the same random numbers as sequentially: it is then
 applied batch by batch, client after client, on the real samples only; a deterministic stage runs
 once on the whole gathered tensor.
@@ -16,7 +20,7 @@ once on the whole gathered tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -35,6 +39,7 @@ class RoundBatches:
     w: torch.Tensor
     counts: torch.Tensor  # [K, C] real samples per batch (host, int64)
     anchor_x: Optional[torch.Tensor] = None  # PAdaMFed-VR: the anchor model's own view of the batches
+    steps: Optional[List[int]] = None  # each client's own step count K_c where they differ (else K for all)
 
 
 class BatchPool:
@@ -54,19 +59,27 @@ class BatchPool:
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         self.start: Dict[int, int] = {c.client_id: int(s) for c, s in zip(clients, starts, strict=True)}
 
-    def draw(self, streams: Mapping[int, BatchStream], cids: Sequence[int], steps: int) -> RoundBatches:
-        """The next ``steps`` batches of every client in ``cids`` from its stream, padded and gathered."""
+    def draw(
+        self, streams: Mapping[int, BatchStream], cids: Sequence[int], steps: Union[int, Sequence[int]]
+    ) -> RoundBatches:
+        """The next ``steps`` batches of every client in ``cids`` from its stream, padded and gathered;
+        ``steps``: one count for all, or each client's own (the module docstring: the shorter repeat
+        their last batch up to the largest)."""
+        own = [steps] * len(cids) if isinstance(steps, int) else [int(k) for k in steps]
+        steps = max(own)
         B, C = self.batch_size, len(cids)
         idx = np.empty((steps, C, B), dtype=np.int64)
         counts = np.empty((steps, C), dtype=np.int64)
         for c, cid in enumerate(cids):
             stream = streams[cid]
-            for k in range(steps):
+            for k in range(own[c]):
                 take = stream.next_indices()
                 n = len(take)
                 idx[k, c, :n] = take
                 idx[k, c, n:] = take[0]  # padding: copies of a real sample (finite activations)
                 counts[k, c] = n
+            idx[own[c] :, c] = idx[own[c] - 1, c]
+            counts[own[c] :, c] = counts[own[c] - 1, c]
         idx += np.array([self.start[cid] for cid in cids], dtype=np.int64)[None, :, None]
         device = self.y.device
         flat = torch.from_numpy(idx).to(device).view(-1)
@@ -75,7 +88,7 @@ class BatchPool:
         sizes = torch.from_numpy(counts)
         real = torch.arange(B)[None, None, :] < sizes[..., None]
         w = (real.to(self.dtype) / sizes[..., None].to(self.dtype)).to(device)
-        return RoundBatches(x, y, w, sizes)
+        return RoundBatches(x, y, w, sizes, steps=None if min(own) == steps else own)
 
 
 def apply_stage(stage: Optional[Stage], batches: RoundBatches, random: bool, train: bool = True) -> torch.Tensor:
@@ -93,8 +106,13 @@ def apply_stage(stage: Optional[Stage], batches: RoundBatches, random: bool, tra
         return flat.view(K, C, B, *flat.shape[1:])
     out: Optional[torch.Tensor] = None
     counts = batches.counts.tolist()
+    own = batches.steps or [K] * C
     for c in range(C):
         for k in range(K):
+            if k >= own[c]:  # a step after the client's last: inactive, its inputs a copy (no draw)
+                assert out is not None  # set at the client's first step
+                out[k, c] = out[own[c] - 1, c]
+                continue
             n = counts[k][c]
             part = stage(x[k, c, :n], train)
             if out is None:

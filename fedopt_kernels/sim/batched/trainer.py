@@ -56,6 +56,15 @@ def clip_per_client_(grads: Sequence[torch.Tensor], max_norm: float) -> None:
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
 
 
+def _padded(t: torch.Tensor, clients: int) -> torch.Tensor:
+    """``t`` [n, ...] with zeros after it up to ``clients`` rows (``t`` itself when n is all)."""
+    if t.shape[0] == clients:
+        return t
+    out = t.new_zeros((clients, *t.shape[1:]))
+    out[: t.shape[0]] = t
+    return out
+
+
 class BatchedTrainer:
     """C stacked clients of one model and their batched optimizer.
 
@@ -127,24 +136,31 @@ class BatchedTrainer:
         w: torch.Tensor,
         anchor_x: Optional[torch.Tensor] = None,
         active: Optional[torch.Tensor] = None,
+        live: Optional[int] = None,
     ) -> torch.Tensor:
-        """One local step of every (active) client on ``x`` [C, B, ...]; returns the losses [C]."""
+        """One local step of every (active) client on ``x`` [C, B, ...]; returns the losses [C].
+        ``live``: the active clients are the first ``live`` (``gradients``), the rest inactive."""
         if self.replay is not None:
             replayed = self.replay.step(x, y, w, anchor_x, active)
             if replayed is not None:
                 return replayed
             self.replay = None  # its capture failed (it warned, trainer_replay.py): eager from this step on
+        # live: only the first n clients are active; the others' gradients are zeros, not computed
+        n = self.clients if live is None else live
+        if n < self.clients:
+            x, y, w, anchor_x = x[:n], y[:n], w[:n], None if anchor_x is None else anchor_x[:n]
+        views = self.views if n == self.clients else [v[:n] for v in self.views]
 
         def grads() -> torch.Tensor:
-            g, loss = self.loss.grads(self.views, x, y, w)
-            self._set_grads(g)
-            return loss
+            g, loss = self.loss.grads(views, x, y, w)
+            self._set_grads([_padded(t, self.clients) for t in g])
+            return _padded(loss, self.clients)
 
         def clip() -> None:
             self._clip([cast(torch.Tensor, p.grad) for p in self.stacked])  # grads() just set every one
 
         def anchors() -> tuple:
-            return self._anchors(x, y, w, anchor_x)
+            return tuple(_padded(h, self.clients) for h in self._anchors(x, y, w, anchor_x))
 
         # the step every engine takes (fl/client_round.py): a second gradient (FedSAM) comes from grads again
         return take_step(self.algo, self.opt, grads, clip, anchors if self.anchor else None, active=active)
@@ -160,10 +176,29 @@ class BatchedTrainer:
         w: torch.Tensor,
         anchor_x: Optional[torch.Tensor] = None,
         active: Optional[torch.Tensor] = None,
+        steps: Optional[Sequence[int]] = None,
     ) -> torch.Tensor:
-        """All ``x.shape[0]`` local steps (inputs ``[K, C, B, ...]``); returns each client's summed loss [C]."""
+        """All ``x.shape[0]`` local steps (inputs ``[K, C, B, ...]``); returns each client's summed loss [C].
+
+        ``steps`` (C integers): client c takes only its first ``steps[c]`` steps; in the later ones
+        it is inactive (the optimizer's active mask), so it ends as after its own last step. Where
+        they do not increase from slot to slot, a step's active clients are the first ones, and
+        only theirs are computed (``step``'s ``live``; not under replay, whose graph is of C,
+        nor through ``torch.compile``, which would compile each count anew)."""
         total = torch.zeros(self.clients, device=x.device)
+        if steps is None:
+            for k in range(x.shape[0]):
+                loss = self.step(x[k], y[k], w[k], None if anchor_x is None else anchor_x[k], active)
+                total += loss.detach()
+            return total
+        own = torch.tensor(list(steps), device=x.device)
+        if active is not None:
+            own = torch.where(active, own, 0)
+        prefix = self.replay is None and getattr(self.loss, "engine", "") != "layers-compiled"
+        prefix = prefix and all(a >= b for a, b in zip(steps, list(steps)[1:], strict=False))
         for k in range(x.shape[0]):
-            loss = self.step(x[k], y[k], w[k], None if anchor_x is None else anchor_x[k], active)
-            total += loss.detach()
+            mask = own > k
+            live = sum(1 for s in steps if s > k) if prefix else None
+            loss = self.step(x[k], y[k], w[k], None if anchor_x is None else anchor_x[k], mask, live)
+            total += torch.where(mask, loss.detach(), 0.0)
         return total

@@ -53,6 +53,7 @@ from .run_folder import (
     client_state_folders,
     refuse_earlier_checkpoints,
 )
+from .work_options import add_work_options, local_steps, steps_text
 
 SEQUENTIAL = "sequential"  # --validate sequential: the client-batched run against the sequential one
 # on the default run one checkpoint costs 12-15% of a round (four fsyncs dominate a 37 KiB state), so
@@ -162,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--context", type=int, help="char-transformer: read only the last N characters of each window")
     g.add_argument("--rounds", type=int, default=d.rounds)
-    g.add_argument("--local-steps", type=int, default=d.local_steps)
+    add_work_options(g, d)
     g.add_argument("--batch-size", type=int, default=d.batch_size)
     g.add_argument(
         "--sample-rate",
@@ -318,7 +319,10 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         download=args.download,
         normalize=args.normalize,
         augment=args.augment,
-        local_steps=args.local_steps,
+        local_steps=local_steps(args),
+        local_epochs=args.local_epochs,
+        local_steps_range=None if args.local_steps_range is None else tuple(args.local_steps_range),
+        stragglers=args.stragglers,
         batch_size=args.batch_size,
         sample_rate=args.sample_rate,
         clients_per_round=args.clients_per_round,
@@ -523,7 +527,7 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     hp = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results[0]["hparams"].items())
     print(
         f"{args.algorithm} on {args.dataset} ({configs[0].resolved_partition}), {configs[0].clients} clients, "
-        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {configs[0].local_steps} steps, "
+        f"{configs[0].sampled_per_round} per round, {configs[0].rounds} rounds x {steps_text(configs[0])}, "
         f"precision {configs[0].precision}; {hp}"
     )
     print(format_final_table(results))
