@@ -24,7 +24,7 @@ import argparse
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...fl.config import algorithm_settings
 from ...fl.server_rules import RULES
@@ -44,6 +44,7 @@ from ..validate import ACC_TOL, PARAM_RTOL
 from . import ranks_cli
 from .help_format import DefaultsHelpFormatter
 from .privacy_options import add_privacy_options, epsilon_text, privacy_settings, say_noise
+from .progress import advance, progress_bar
 from .renamed import RenamedFlag, RenamedStore
 from .run_folder import (
     check_checkpoint_flags,
@@ -401,44 +402,6 @@ def resolve_writer_fraction(args: argparse.Namespace) -> None:
     args.clients = max(1, int(round(f * count_writers(args.data_dir))))
 
 
-class _NoBar:
-    """Stands in for a tqdm bar when there is none to draw (--quiet, no terminal, tqdm missing)."""
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _advance(bar: Any, show_metrics: bool = False) -> Callable[[Dict[str, Any]], None]:
-    """The per-round callback that moves ``bar`` on by one round (and shows the round's loss and
-    validation accuracy where it has them, with ``show_metrics``)."""
-
-    def tick(rec: Dict[str, Any]) -> None:
-        bar.update(1)
-        eps = {"eps": f"{rec['dp_epsilon']:.3g}"} if "dp_epsilon" in rec else {}
-        if show_metrics and "val_acc" in rec:
-            bar.set_postfix(loss=f"{rec['train_loss']:.3f}", val_acc=f"{rec['val_acc']:.3f}", **eps)
-
-    return tick
-
-
-def _progress_bar(total: int, desc: str, quiet: bool):
-    if quiet or not sys.stderr.isatty():
-        return _NoBar()  # tqdm is not even imported: --quiet runs need no [sim] extra for it
-    from ...core.extras import hint, optional
-
-    tqdm = optional("tqdm")
-    if tqdm is None:
-        print(f"fedopt-sim: no progress bar: tqdm is not installed ({hint('tqdm')})", file=sys.stderr)
-        return _NoBar()
-    return tqdm.tqdm(total=total, desc=desc, leave=False)
-
-
 def _prepare_environment(args: argparse.Namespace) -> None:
     import torch
 
@@ -492,10 +455,10 @@ def _run(args: argparse.Namespace, configs: List[SimConfig]) -> int:
             _resume_seed(sim, args.quiet)
         if args.ranks.main:
             _say_batched(sim)
-        bar = _progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
+        bar = progress_bar(cfg.rounds, f"{cfg.algorithm} seed {cfg.seed} [{sim.backend}]", args.quiet)
         bar.update(len(sim.history))
 
-        result = sim.run(progress=ranks_cli.kill_hook(args.ranks, _advance(bar, show_metrics=True)))
+        result = sim.run(progress=ranks_cli.kill_hook(args.ranks, advance(bar, show_metrics=True)))
         bar.close()
         results.append(result)
         if out_dir is not None:
@@ -582,11 +545,11 @@ def _validate(args: argparse.Namespace, configs: List[SimConfig]) -> int:
     if args.validate == "reference":
         print("note: no fused backend is available for this device; comparing reference with itself")
     for cfg in configs:
-        bar = _progress_bar(cfg.rounds, f"validate {args.validate} seed {cfg.seed}", args.quiet)
+        bar = progress_bar(cfg.rounds, f"validate {args.validate} seed {cfg.seed}", args.quiet)
         if args.validate == SEQUENTIAL:
-            v = validate_client_batched(cfg, args.param_rtol, args.acc_tol, on_round=_advance(bar))
+            v = validate_client_batched(cfg, args.param_rtol, args.acc_tol, on_round=advance(bar))
         else:
-            v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol, on_round=_advance(bar))
+            v = validate_backend(cfg, args.validate, args.param_rtol, args.acc_tol, on_round=advance(bar))
         bar.close()
         # the verdict line names the run, so the main job's --quiet runs in a row stay readable, and says
         # why its client count is not the one --client-batched asked for
