@@ -55,21 +55,7 @@ class FedNAR(FedOptimizer):
         super()._validate_group(group)
         check_number("weight_decay", group["weight_decay"], low=0.0)
         check_number("max_norm", group["max_norm"], low=0.0, low_open=True)
-        check_number("round_decay", group["round_decay"], low=0.0, high=1.0, low_open=True)
         check_number("eps", group["eps"], low=0.0)
-
-    def _lr_factor(self, group: Dict[str, Any], t: Optional[int] = None) -> float:
-        return group["round_decay"] ** max(self._t if t is None else t, 0)
-
-    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
-        step_lr = group["lr"] * self._lr_factor(group, t)
-        return [
-            float(step_lr),
-            float(group["weight_decay"]),
-            float(group["max_norm"]),
-            float(group["eps"]),
-            float(group["prox_mu"]),
-        ]
 
 
 class BatchedFedNAR(ClientBatched, FedNAR):

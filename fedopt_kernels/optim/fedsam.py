@@ -79,6 +79,7 @@ class FedSAM(SGDFamily):
         momentum, dampening, nesterov, weight_decay: as ``torch.optim.SGD``.
         eps: added to the norm (>= 0).
         prox_mu: FedProx coefficient (anchor taken at ``start_round``).
+        round_decay: the descent's learning rate of round ``t`` is ``lr * round_decay ** t`` (default 1).
         backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
         replay: record both steps on a GPU in CUDA graphs (docs/replay.md); None: on unless
             ``FEDOPT_REPLAY=0``.
@@ -104,6 +105,7 @@ class FedSAM(SGDFamily):
         nesterov: bool = False,
         eps: float = 1e-12,
         prox_mu: float = 0.0,
+        round_decay: float = 1.0,
         backend: str = "auto",
         replay: Optional[bool] = None,
     ):
@@ -121,6 +123,7 @@ class FedSAM(SGDFamily):
             nesterov=nesterov,
             eps=eps,
             prox_mu=prox_mu,
+            round_decay=round_decay,
         )
         super().__init__(params, defaults, backend, replay)
         self._sam_ops = self._as_ops()
@@ -382,12 +385,14 @@ class _FedSAM(SGDAlgorithm):
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
             prox_mu=hp["prox_mu"],
+            round_decay=hp["round_decay"],
             backend=backend,
             **variant.options,
         )
 
     def lr_sum(self, opt, hp, t, steps):
-        return steps * opt.param_groups[0]["lr"]  # the descent's lr, K times (SCAFFOLD option II)
+        # the descent's lr of round t, lr * round_decay ** t, K times (SCAFFOLD option II)
+        return steps * (opt.param_groups[0]["lr"] * hp["round_decay"] ** t)
 
     def state_copies(self, cfg, variant):
         return super().state_copies(cfg, variant) + 1  # the saved x

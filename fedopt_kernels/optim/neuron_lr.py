@@ -29,7 +29,7 @@ class NeuronLRSGD(SGDFamily):
     where ``buf`` is ``d = g + weight_decay * x + correction + prox_mu * (x - x0)`` or its momentum
     buffer, with ``torch.optim.SGD`` semantics. Scales come from ``neuron_lr_scales`` and are set
     with ``set_neuron_scales`` or ``start_round(neuron_scales=...)``; they persist across rounds
-    until replaced.
+    until replaced. ``round_decay``: ``lr`` of round ``t`` is ``lr * round_decay ** t`` (default 1).
     """
 
     def __init__(
@@ -43,6 +43,7 @@ class NeuronLRSGD(SGDFamily):
         maximize: bool = False,
         prox_mu: float = 0.0,
         neuron_scales: Optional[Mapping[torch.Tensor, torch.Tensor]] = None,
+        round_decay: float = 1.0,
         backend: str = "auto",
         replay: Optional[bool] = None,
     ):
@@ -54,6 +55,7 @@ class NeuronLRSGD(SGDFamily):
             weight_decay=weight_decay,
             maximize=maximize,
             prox_mu=prox_mu,
+            round_decay=round_decay,
         )
         super().__init__(params, defaults, backend, replay)
         if neuron_scales is not None:
@@ -225,7 +227,14 @@ class BatchedNeuronLRSGD(ClientBatched, NeuronLRSGD):
 class _FedNLR(SGDAlgorithm):
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer
-        return cls(params, lr=hp["lr"], momentum=cfg.momentum, weight_decay=cfg.weight_decay, backend=backend)
+        return cls(
+            params,
+            lr=hp["lr"],
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            round_decay=hp["round_decay"],
+            backend=backend,
+        )
 
     def calibrate(self, model, data, cfg):
         if data is None:
