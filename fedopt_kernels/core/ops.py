@@ -37,7 +37,7 @@ table and the optimizers read; adding an op means adding one ``OpSpec`` here (do
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -74,29 +74,37 @@ class Role:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One op's declaration. ``lr``: the hp column that holds the learning rate, or None for an op
-    without one (FedSAM's ascent). That column, and no other, is what the optimizers scale: by the
-    round decay (``lr * round_decay ** t``), by a client's ``lr_scale`` (client-batched), and where
-    a tensor lr is copied on the device; every backend reads it by this name."""
+    """One op's declaration. ``lr``: the hp column that holds the learning rate (default: the one
+    named ``lr``), or None for an op without one (FedSAM's ascent). That column, and no other, is
+    what the optimizers scale: by the round decay (``lr * round_decay ** t``), by a client's
+    ``lr_scale`` (client-batched), and where a tensor lr is copied on the device; every backend
+    reads it by this name."""
 
     name: str
     roles: Tuple[Role, ...]  # params, grads, then the optional roles
     hps: Tuple[str, ...]  # columns of the hp tensor (float64)
     norm: bool  # two passes: a global L2 norm, then the update
     schedule: bool  # lr_k from the within-round schedule table
-    lr: Optional[str]  # the learning-rate column (docstring)
+    lr: Optional[str] = "lr"  # the learning-rate column (docstring); None: the op has none
     doc: str = ""
     batched: bool = False  # the client-batched form (module docstring)
     base: str = ""  # for a batched op: the per-client op it batches
-    optional: Tuple[Role, ...] = field(init=False, repr=False)  # roles[2:]: the optional roles
-    lr_column: Optional[int] = field(init=False, repr=False)  # index of ``lr`` in ``hps``, or None
 
     def __post_init__(self) -> None:
         if self.lr is not None and self.lr not in self.hps:
-            raise ValueError(f"op {self.name!r}: its lr column {self.lr!r} is not one of its hps {self.hps}")
-        # plain fields, not properties: a step reads them without a call
-        object.__setattr__(self, "optional", self.roles[2:])
-        object.__setattr__(self, "lr_column", None if self.lr is None else self.hps.index(self.lr))
+            raise ValueError(
+                f"op {self.name!r}: its lr column {self.lr!r} is not one of its hps {self.hps} "
+                f"(declare lr=None for an op without a learning rate)"
+            )
+
+    @property
+    def optional(self) -> Tuple[Role, ...]:
+        return self.roles[2:]
+
+    @property
+    def lr_column(self) -> Optional[int]:
+        """The index of the ``lr`` column in ``hps``, or None for an op without one."""
+        return None if self.lr is None else self.hps.index(self.lr)
 
     def role(self, name: str) -> Role:
         for r in self.roles:
