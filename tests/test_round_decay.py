@@ -6,6 +6,8 @@ picks the round. Its step must equal, bit for bit, the same optimizer built with
 param groups), on the reference backend and the compiled cpu one.
 """
 
+from typing import List
+
 import pytest
 import torch
 
@@ -27,7 +29,7 @@ def _run(algo: str, backend: str, batched: bool, **kwargs):
     """Three steps of round ``T`` of ``algo``'s first option set with ``kwargs`` on seeded inputs."""
     entry = catalogue.ALGOS[algo]
     cfg = entry.options[next(iter(entry.options))]
-    params = [torch.nn.Parameter(t) for t in _params(batched)]
+    params: List[torch.Tensor] = [torch.nn.Parameter(t) for t in _params(batched)]
     cls = algorithm.of_optimizer(cfg.cls).batched if batched else cfg.cls
     opt = cls(params, backend=backend, **{**cfg.kwargs, **kwargs})
     if batched:
