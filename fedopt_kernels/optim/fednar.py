@@ -19,7 +19,8 @@ class FedNAR(FedOptimizer):
 
     From "FedNAR: Federated Optimization with Normalized Annealing Regularization" (Junbo Li, Ang Li,
     Chong Tian, Qirong Ho, Eric P. Xing, Hongyi Wang; NeurIPS 2023), Eq. 3-4 and Alg. 2. With ``t``
-    the round index::
+    the round index (``start_round(round_index=t)``; ``l_t`` is the round decay every optimizer of
+    the package takes, here with the paper's default 0.998)::
 
         l_t  = lr * round_decay ** t
         d    = g + weight_decay * x + correction + prox_mu * (x - x0)
