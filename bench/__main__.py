@@ -12,6 +12,7 @@
 - ``checkpoints``: bytes and seconds of a simulator checkpoint;
 - ``scale``: a simulator run's peak memory against its clients per round and population;
 - ``privacy``: a round with user-level DP against the same round without, and the clip by hand.
+- ``calls``: the files and functions one ``step()`` runs, per optimizer (what a reader follows).
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
@@ -60,6 +61,7 @@ COMMANDS = {
     "checkpoints": "bench.checkpoints",
     "scale": "bench.scale",
     "privacy": "bench.privacy",
+    "calls": "bench.calls",
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -27,7 +27,6 @@ HP: Dict[str, float] = {
     "prox_mu": 0.2,
     "nesterov": 1.0,
     "maximize": 0.0,
-    "step_lr": 0.1,
     "max_norm": 1.0,
     "eps": 1e-6,
     "beta": 0.5,

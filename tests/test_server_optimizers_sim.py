@@ -166,8 +166,11 @@ def test_every_rules_aggregate_is_its_own_model_step(rule):
     weights = [3.0, 11.0, 6.0]
     fold = r.begin(x, state, hp, 9, 2, weight_exponent(weights))
     for w in weights:
+        numbers = {name: 1.0 + 9.0 * float(torch.rand((), generator=g)) for name in r.scalars}  # FedNova's a_i
         fold.add(
-            [torch.randn(v.shape, generator=g) for v in x], w, {"dc": [torch.randn(v.shape, generator=g) for v in x]}
+            [torch.randn(v.shape, generator=g) for v in x],
+            w,
+            {"dc": [torch.randn(v.shape, generator=g) for v in x], **numbers},
         )
     new_x = fold.finish()["x"]
     for a, n, o in zip(r.aggregate(fold, new_x), new_x, x):

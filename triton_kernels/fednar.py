@@ -3,7 +3,7 @@ that run them are ``two_pass_kernels.py``'s.
 
     d    = g * inv_scale (+ wd * x) (+ corr) (+ prox_mu * (x - x0))     recomputed in both passes
     pass 1:  squares of d (float64)
-    pass 2:  coef = min(1, max_norm * (1 / (s + eps)));  x -= (step_lr * coef) * d
+    pass 2:  coef = min(1, max_norm * (1 / (s + eps)));  x -= (lr * coef) * d
 
 ``coef`` is formed as the reference forms it (torch evaluates ``a / t`` as ``reciprocal(t) * a``)
 and clamps with a comparison so a NaN norm stays NaN (clip_grad_norm_ semantics). Bytes per
@@ -22,18 +22,16 @@ from .tiles import add_terms, hp_f32, load_f32, store_as
 # role slots and hp columns, from the op's declaration (fedopt_kernels/core/ops.py)
 ROLES, WRITTEN = spec_roles("fednar")
 _X, _G, _X0, _CORR = spec_slots("fednar", "x", "g", "x0", "corr")
-_STEP_LR, _WD, _MAX_NORM, _EPS, _PROX, HPN = spec_columns(
-    "fednar", "step_lr", "weight_decay", "max_norm", "eps", "prox_mu"
-)
+_LR, _WD, _MAX_NORM, _EPS, _PROX, HPN = spec_columns("fednar", "lr", "weight_decay", "max_norm", "eps", "prox_mu")
 
 
 @device_fn
 def factor(norm, r):
-    """step_lr * min(1, max_norm / (norm + eps)) in float32 from the float64 norm (NaN kept)."""
+    """lr * min(1, max_norm / (norm + eps)) in float32 from the float64 norm (NaN kept)."""
     s = norm.to(tl.float32)
     coef = tl.math.div_rn(1.0, s + hp_f32(r, _EPS)) * hp_f32(r, _MAX_NORM)
     coef = tl.where(coef > 1.0, 1.0, coef)  # min(coef, 1) that keeps NaN
-    return hp_f32(r, _STEP_LR) * coef
+    return hp_f32(r, _LR) * coef
 
 
 @device_fn

@@ -171,7 +171,7 @@ inline void each_chunk(const std::vector<Chunk>& chunks, int64_t lo, int64_t hi,
 // The chunk loops of a two-pass op (two_pass.h), for its tile code K (CRTP: struct K : TwoPass<K>):
 //   K::norm_tile<T>(en, hp, off, n, bufs) -> const A*   pass 1: the n values whose squares form
 //                                                the norm (and the pass's writes, e.g. acc)
-//   K::update_tile<T>(xo, X, s, en, hp, off, n, bufs)  pass 2: the moved parameters into xo
+//   K::update_tile<T>(xo, X, factor, en, hp, off, n, bufs)  pass 2: the moved parameters into xo
 //                                                (out_ptr of X) from the stored X and factor s
 template <class K>
 struct TwoPass {

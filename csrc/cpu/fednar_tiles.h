@@ -38,10 +38,10 @@ struct NarKernel : TwoPass<NarKernel> {
 
   // pass 2: x -= factor * d
   template <class T, class A = Acc<T>>
-  static void update_tile(A* xo, const T* X, A s, const Entry& en, const FedNarHp& hp, int64_t off, int n,
+  static void update_tile(A* xo, const T* X, A factor, const Entry& en, const FedNarHp& hp, int64_t off, int n,
                           TileBufs<A>& b) {
     const A* x = load<A>(X, n, b.x);
-    sub_scaled(xo, x, s, nar_direction<T>(en, hp, off, n, x, b), n);
+    sub_scaled(xo, x, factor, nar_direction<T>(en, hp, off, n, x, b), n);
   }
 };
 

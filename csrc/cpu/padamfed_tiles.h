@@ -43,10 +43,10 @@ struct PadKernel : TwoPass<PadKernel> {
 
   // pass 2: x -= v * factor
   template <class T, class A = Acc<T>>
-  static void update_tile(A* xo, const T* X, A s, const Entry& en, const PAdamHp& hp, int64_t off, int n,
+  static void update_tile(A* xo, const T* X, A factor, const Entry& en, const PAdamHp& hp, int64_t off, int n,
                           TileBufs<A>& b) {
     const A* v = pad_direction<T>(en, hp, off, n, pad_grad<T>(en, hp, off, n, b), b);
-    sub_times(xo, load<A>(X, n, b.x), v, s, n);
+    sub_times(xo, load<A>(X, n, b.x), v, factor, n);
   }
 };
 

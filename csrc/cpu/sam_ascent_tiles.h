@@ -41,9 +41,9 @@ struct SamKernel : TwoPass<SamKernel> {
     return b.d;
   }
 
-  // pass 2: saved = x (the stored bits), then x += s * (w * d)
+  // pass 2: saved = x (the stored bits), then x += factor * (w * d)
   template <class T, class A = Acc<T>>
-  static void update_tile(A* xo, const T* X, A s, const Entry& en, const SamHp& hp, int64_t off, int n,
+  static void update_tile(A* xo, const T* X, A factor, const Entry& en, const SamHp& hp, int64_t off, int n,
                           TileBufs<A>& b) {
     T* saved = static_cast<T*>(en.ptr[sam_ascent_slot::SAVED]);  // null where the row group has none
     if (saved) std::memcpy(saved + off, X, sizeof(T) * static_cast<size_t>(n));  // before xo (may be X) is written
@@ -52,9 +52,9 @@ struct SamKernel : TwoPass<SamKernel> {
     if (hp.flags & kSamAdaptive) {
       sam_weight(b.t, x, static_cast<A>(hp.eta), n);
       FO_IVDEP for (int i = 0; i < n; ++i) b.d[i] = b.t[i] * g[i];
-      add_scaled_product(xo, x, s, b.t, b.d, n);
+      add_scaled_product(xo, x, factor, b.t, b.d, n);
     } else {
-      add_scaled(xo, x, s, g, n);
+      add_scaled(xo, x, factor, g, n);
     }
   }
 };

@@ -165,8 +165,8 @@ class ClientBatched(FedOptimizer):
         return self.num_clients
 
     def _group_rows(self, group: Dict[str, Any]):
-        # client c's row is the per-client optimizer's row for its round, column 0 (every op's
-        # learning rate) times lr_scale[c]; a tensor lr becomes (lr * factor of c's round) * lr_scale[c]
+        # client c's row is the per-client optimizer's row for its round, its lr column (OpSpec.lr)
+        # times lr_scale[c]; a tensor lr becomes (lr * round decay of c's round) * lr_scale[c]
         C = self._num_clients()
         ts = self._t_clients or [max(self._t, 0)] * C
         rows = tuple(tuple(self._row_of(group, t)) for t in ts)

@@ -12,17 +12,20 @@ step runs a second op, declares it (``_other_ops``) and calls ``_run_op``.
 
 from __future__ import annotations
 
+import functools
+from itertools import chain
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch._C import _set_grad_enabled
+from torch.autograd import profiler
 from torch.optim import Optimizer
+from torch.optim import optimizer as _torch_optimizer
 
 from . import dtensor as _dtensor
 from . import hp_columns
 from . import registry as _registry
 from . import replay as _replay
-from . import step_hooks as _step_hooks
 from . import step_op as _step_op
 from .checks import check_lr_tensor, check_number, check_tensor_list
 from .hp_columns import Column
@@ -93,7 +96,8 @@ class FedOptimizer(Optimizer):
         self._t = -1
         self._params_flat = []
         self._handle = _step_op.register(self._run)
-        self._hp_names = tuple(defaults)
+        # round_decay is optional in a loaded state_dict: saved before the classes took it, it is 1
+        self._hp_names = tuple(k for k in defaults if k != "round_decay")
         self._lr_checked = []
         super().__init__(params, defaults)
 
@@ -111,6 +115,8 @@ class FedOptimizer(Optimizer):
             check_number("lr", group["lr"], low=0.0)
         if "prox_mu" in group:
             check_number("prox_mu", group["prox_mu"], low=0.0)
+        if "round_decay" in group:
+            check_number("round_decay", group["round_decay"], low=0.0, high=1.0, low_open=True)
 
     def _check_lr(self, group: Dict[str, Any], read_value: Optional[bool]) -> None:
         """Check a group's tensor lr. Its value is read when ``read_value``; when None (inside
@@ -132,19 +138,28 @@ class FedOptimizer(Optimizer):
 
     def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
         """This group's row of the op's hp tensor, in ``_spec.hps`` order, for round ``t`` (default:
-        the current round): ``_hp_columns``' values (``hp_columns.py``); subclasses derive values,
-        e.g. FedNAR's annealed step size."""
+        the current round), before the round decay: ``_hp_columns``' values (``hp_columns.py``)."""
         return hp_columns.row(self._spec, self._hp_columns, group)
 
     def _lr_factor(self, group: Dict[str, Any], t: Optional[int] = None) -> float:
-        """What ``_hp_row`` multiplies the learning rate by (FedNAR: its round annealing)."""
-        return 1.0
+        """The round decay: what the learning rate is multiplied by in round ``t`` (default: the
+        current round), ``round_decay ** t`` (1 for a group without ``round_decay``)."""
+        decay = group.get("round_decay", 1.0)
+        return 1.0 if decay == 1.0 else decay ** max(self._t if t is None else t, 0)
 
     def _row_of(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
-        """``_hp_row`` without reading a tensor lr (its column is filled on the device, ``plan.py``)."""
-        if isinstance(group["lr"], torch.Tensor):
-            group = dict(group, lr=0.0)
-        return self._hp_row(group, t)
+        """The hp row the op reads in round ``t``: ``_hp_row`` with its learning-rate column (the op's
+        declared ``lr``) times ``_lr_factor``, ``lr * round_decay ** t`` in float64 on the host. A
+        tensor lr is not read: its column is 0 here and filled on the device (``plan.py``)."""
+        lr = group["lr"]
+        tensor_lr = isinstance(lr, torch.Tensor)
+        row = self._hp_row(dict(group, lr=0.0) if tensor_lr else group, t)
+        col = self._spec.lr_column
+        if col is not None and not tensor_lr:
+            f = self._lr_factor(group, t)
+            if f != 1.0:
+                row[col] = lr * f
+        return row
 
     def _group_rows(self, group: Dict[str, Any]) -> Tuple[tuple, Any, Optional[Tuple[float, ...]]]:
         """A validated group's (hp rows, one per client; the factor on a tensor lr, None for exactly 1;
@@ -370,7 +385,7 @@ class FedOptimizer(Optimizer):
         """torch.optim's ``zero_grad``. With ``set_to_none`` (the default), outside a profiler and
         torch.compile, the gradients are dropped in a plain loop: torch's enters its profiler range
         and checks each gradient first, several times the cost, in every iteration of a loop."""
-        if not set_to_none or _step_hooks.profiling() or torch.compiler.is_compiling():
+        if not set_to_none or profiling() or torch.compiler.is_compiling():
             super().zero_grad(set_to_none)
             return
         for group in self.param_groups:
@@ -382,7 +397,7 @@ class FedOptimizer(Optimizer):
         self._zero_grad_profile_name = f"Optimizer.zero_grad#{type(self).__name__}.zero_grad"
         cls = type(self)
         if not getattr(cls.step, "hooked", None):
-            cls.step = _step_hooks.hooked_step(cls.step)  # type: ignore[method-assign]
+            cls.step = hooked_step(cls.step)  # type: ignore[method-assign]
 
     def step(  # type: ignore[override]  # per-step input keywords beyond torch's closure
         self, closure: Optional[Callable[[], float]] = None, **step_inputs: Any
@@ -552,7 +567,58 @@ class FedOptimizer(Optimizer):
         live = "_stepper" in self.__dict__ and "_stepper" not in state
         super().__setstate__(state)
         self.__dict__.setdefault("_lr_checked", [])
+        if "round_decay" in self.defaults:  # a state_dict saved before the class took round_decay
+            for group in self.param_groups:
+                group.setdefault("round_decay", 1.0)
         if live:
             self._stepper.reload()
         self._handle = _step_op.register(self._run)
         self._params_flat = [p for g in self.param_groups for p in g["params"]]
+
+
+# ---------------------------------------------------------------- torch.optim's step hooks
+# torch.optim wraps ``step`` so that it enters a ``record_function`` range named
+# ``Optimizer.step#<Class>.step`` and runs the global and per-optimizer pre and post hooks. Entering
+# the range costs a dispatcher call even when no profiler records, a few microseconds of host time
+# per step, which is most of a replayed step (docs/replay.md). ``hooked_step`` runs the same hooks in
+# the same order and enters the same range, but only while a profiler is running.
+def hooked_step(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` (a class's ``step``) wrapped with torch.optim's hooks and profiler range."""
+
+    @functools.wraps(func)
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        if profiler._is_profiler_enabled:
+            with torch.autograd.profiler.record_function(f"Optimizer.step#{type(self).__name__}.step"):
+                return _with_hooks(func, self, args, kwargs)
+        return _with_hooks(func, self, args, kwargs)
+
+    step.hooked = True  # type: ignore[attr-defined]
+    return step
+
+
+def profiling() -> bool:
+    """Is a torch profiler recording (then torch's own ranges are entered)?"""
+    return bool(profiler._is_profiler_enabled)
+
+
+def _with_hooks(func: Callable[..., Any], self: Any, args: tuple, kwargs: dict) -> Any:
+    pre = self._optimizer_step_pre_hooks
+    if pre or _torch_optimizer._global_optimizer_pre_hooks:
+        full = (self,) + args
+        for hook in chain(_torch_optimizer._global_optimizer_pre_hooks.values(), pre.values()):
+            result = hook(self, full, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(
+                        f"{func} must return None or a tuple of (new_args, new_kwargs), but got {result}."
+                    )
+                full, kwargs = result
+        args = tuple(full[1:])
+    out = func(self, *args, **kwargs)
+    self._optimizer_step_code()
+    post = self._optimizer_step_post_hooks
+    if post or _torch_optimizer._global_optimizer_post_hooks:
+        full = (self,) + args
+        for hook in chain(post.values(), _torch_optimizer._global_optimizer_post_hooks.values()):
+            hook(self, full, kwargs)
+    return out

@@ -220,7 +220,7 @@ class StepPlan:
                 for name, v in override.items():
                     row[self.spec.hp_index(name)] = float(v)
                 if g.lr_scale is not None:
-                    row[0] *= g.lr_scale[c]  # column 0 is every op's learning rate
+                    row[self.spec.lr_column] *= g.lr_scale[c]  # type: ignore[index]  # an op with a lr
                 per_client.append(row)
             out.append(per_client if batched else per_client[0])
         return torch.tensor(out, dtype=torch.float64)
@@ -245,7 +245,8 @@ class StepPlan:
                 None if f is None else to_device(torch.tensor([f] * (hi - lo), dtype=torch.float64), self.device)
                 for f in (g.lr_factor, scale)
             )
-            self.tensor_lrs.append((g.lr.detach().reshape(()), self.hp[lo:hi, ..., 0], a, b))
+            col = self.spec.lr_column  # the op's declared lr column (ops.py)
+            self.tensor_lrs.append((g.lr.detach().reshape(()), self.hp[lo:hi, ..., col], a, b))
 
     def load_lrs(self) -> None:
         """Copy every tensor lr into hp (tensor to tensor: no host sync for a device lr)."""

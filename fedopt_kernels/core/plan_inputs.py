@@ -23,7 +23,7 @@ class GroupInputs(NamedTuple):
 
     ``rows``: its hp row per client (one row for a per-client optimizer), a tensor lr read as 0;
     ``lr_factor``: what a tensor lr is multiplied by in the lr column (None: exactly 1);
-    ``lr_scale``: per-client factor on column 0 of every row and on a tensor lr (None: none).
+    ``lr_scale``: per-client factor on the lr column (``OpSpec.lr``) of every row and on a tensor lr (None: none).
     ``keys``/``values``: its hyperparameters as gathered, compared with the group at every step.
     (A named tuple, as ``Member``: one is made per changed group at a step that edits hyperparameters.)
     """

@@ -229,10 +229,6 @@ class Algorithm:
             return opt.step(recompute, **step_inputs)
         return opt.step(**step_inputs)
 
-    def round_lr(self, hp: Mapping[str, Any], t: int) -> Optional[float]:
-        """The lr a client's param groups get at round ``t``; None: the optimizer anneals by itself."""
-        return None
-
     def calibrate(
         self, model: torch.nn.Module, data: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]], cfg: RunSettings
     ) -> Dict[str, Any]:

@@ -7,8 +7,8 @@ its client-batched engine and the Flower client each supply only where the steps
     K_i     = steps(i, t)                                  the one place a client's step count comes from
     inputs  = rule.client_inputs(sent, kept_i, x)          + the algorithm's calibration on the received
                                                              model (FedNLR's neuron scales)
-    begin:    the round's lr, start_round(round_index=t, **inputs) (ClientOptimizers.start: the one
-              place the round's lr is set, for every engine)
+    begin:    start_round(round_index=t, **inputs) (ClientOptimizers.start, for every engine: the
+              optimizer decays its own lr by the round index, ``lr * round_decay ** t``)
     step:     g = grads(); clip; H = anchor grads (PAdaMFed-VR); Algorithm.local_step(opt, recompute)
               (FedSAM's closure recomputes g, clipped, at the moved parameters), K_i times
     finish:   end_round; delta = y - x; rule.client_finish -> new kept tensors, reply tensors, and
@@ -28,7 +28,7 @@ per-client feature added here (a step count in ``steps``, a transform of the rep
 ONE optimizer trains every client of a process in turn (``ClientOptimizers``), on the one model
 object whose parameters the simulation overwrites with the global model before each client trains:
 ``start_round`` clears what a round keeps (momentum, anchors, controls) and takes the global round
-index (FedNAR anneals its lr by it), so what a client's optimizer holds never depends on the
+index (every optimizer decays its lr by it), so what a client's optimizer holds never depends on the
 clients before it, and the population costs no optimizer state.
 """
 
@@ -77,16 +77,6 @@ class ClientOptimizers:
         """This run's client optimizer on ``params`` (its client-batched form with ``batched``)."""
         return self.algo.make(params, self.cfg, self.variant, self.hp, self.backend, batched=batched)
 
-    def round_lr(self, t: int) -> Optional[float]:
-        """The lr of round ``t`` the run sets on the optimizer (None: it anneals by itself)."""
-        return self.algo.round_lr(self.hp, t)
-
-    def set_round_lr(self, opt: Any, t: int) -> None:
-        lr = self.round_lr(t)
-        if lr is not None:
-            for group in opt.param_groups:
-                group["lr"] = lr
-
     def calibrate(self, client: Any) -> Dict[str, Any]:
         """Round inputs the client computes from the received model on its data (FedNLR's scales).
 
@@ -95,10 +85,10 @@ class ClientOptimizers:
         return self.algo.calibrate(self.model, data, self.cfg)
 
     def start(self, opt: Any, t: int, start: Optional[Callable[..., None]] = None, **round_inputs: Any) -> None:
-        """Start round ``t`` on ``opt`` (one client's optimizer or a chunk's client-batched one): the
-        round's lr, then ``start_round(round_index=t, **round_inputs)`` (through ``start`` where the
-        engine wraps it). Every engine starts a round here, and only here."""
-        self.set_round_lr(opt, t)
+        """Start round ``t`` on ``opt`` (one client's optimizer or a chunk's client-batched one):
+        ``start_round(round_index=t, **round_inputs)`` (through ``start`` where the engine wraps it);
+        the optimizer decays its lr by the round index itself (``round_decay``). Every engine starts a
+        round here, and only here."""
         if start is None:
             advance_to_round(opt, t, **round_inputs)
         else:

@@ -76,7 +76,7 @@ class FedNovaRule(ServerRule):
         group = opt.param_groups[0]
         a = normalizer(
             steps,
-            lr=float(group["lr"]),
+            lr=float(group["lr"]) * float(group.get("round_decay", 1.0)) ** t,  # the round's lr
             momentum=float(group.get("momentum", 0.0) or 0.0),
             prox_mu=float(hp.get("prox_mu", 0.0) or 0.0),
             dampening=float(group.get("dampening", 0.0) or 0.0),

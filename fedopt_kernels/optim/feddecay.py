@@ -37,6 +37,8 @@ class FedDecaySGD(SGDFamily):
         decay_every: steps per decay period ``j`` (steps per local epoch for per-epoch decay).
         momentum, dampening, nesterov, weight_decay, maximize: as ``torch.optim.SGD``.
         prox_mu: FedProx coefficient (anchor taken at ``start_round``).
+        round_decay: the learning rate of round ``t`` is ``lr * round_decay ** t`` (default 1: none;
+            ``t`` is ``start_round``'s ``round_index``, docs/algorithms.md).
         backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
         replay: record a GPU step in a CUDA graph and replay it while its launch inputs stay the
             same (docs/replay.md); None: on unless ``FEDOPT_REPLAY=0``.
@@ -58,6 +60,7 @@ class FedDecaySGD(SGDFamily):
         weight_decay: float = 0.0,
         maximize: bool = False,
         prox_mu: float = 0.0,
+        round_decay: float = 1.0,
         backend: str = "auto",
         replay: Optional[bool] = None,
     ):
@@ -70,6 +73,7 @@ class FedDecaySGD(SGDFamily):
             weight_decay=weight_decay,
             maximize=maximize,
             prox_mu=prox_mu,
+            round_decay=round_decay,
         )
         super().__init__(params, defaults, backend, replay)
 

@@ -56,6 +56,7 @@ class FedDyn(SGDFamily):
         alpha: the dynamic regularization coefficient, > 0 (keyword, required; per param group).
         beta, schedule, decay_every: FedDecaySGD's within-round decay (default: none).
         momentum, dampening, nesterov, weight_decay, maximize: as ``torch.optim.SGD``.
+        round_decay: the learning rate of round ``t`` is ``lr * round_decay ** t`` (default 1: none).
         backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
         replay: record a GPU step in a CUDA graph and replay it while its launch inputs stay the
             same (docs/replay.md); None: on unless ``FEDOPT_REPLAY=0``.
@@ -81,6 +82,7 @@ class FedDyn(SGDFamily):
         nesterov: bool = False,
         weight_decay: float = 0.0,
         maximize: bool = False,
+        round_decay: float = 1.0,
         backend: str = "auto",
         replay: Optional[bool] = None,
         **unsupported: Any,
@@ -100,6 +102,7 @@ class FedDyn(SGDFamily):
             nesterov=nesterov,
             weight_decay=weight_decay,
             maximize=maximize,
+            round_decay=round_decay,
         )
         super().__init__(params, defaults, backend, replay)
 

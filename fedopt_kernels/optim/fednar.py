@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, Optional
 
 from ..batched.mixin import ClientBatched
 from ..core.ops import BATCHED, FEDNAR
@@ -14,7 +14,8 @@ class FedNAR(FedOptimizer):
 
     From "FedNAR: Federated Optimization with Normalized Annealing Regularization" (Junbo Li, Ang Li,
     Chong Tian, Qirong Ho, Eric P. Xing, Hongyi Wang; NeurIPS 2023), Eq. 3-4 and Alg. 2. With ``t``
-    the round index::
+    the round index (``start_round(round_index=t)``; ``l_t`` is the round decay every optimizer of
+    the package takes, here with the paper's default 0.998)::
 
         l_t  = lr * round_decay ** t
         d    = g + weight_decay * x + correction + prox_mu * (x - x0)
@@ -50,21 +51,7 @@ class FedNAR(FedOptimizer):
         super()._validate_group(group)
         check_number("weight_decay", group["weight_decay"], low=0.0)
         check_number("max_norm", group["max_norm"], low=0.0, low_open=True)
-        check_number("round_decay", group["round_decay"], low=0.0, high=1.0, low_open=True)
         check_number("eps", group["eps"], low=0.0)
-
-    def _lr_factor(self, group: Dict[str, Any], t: Optional[int] = None) -> float:
-        return group["round_decay"] ** max(self._t if t is None else t, 0)
-
-    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
-        step_lr = group["lr"] * self._lr_factor(group, t)
-        return [
-            float(step_lr),
-            float(group["weight_decay"]),
-            float(group["max_norm"]),
-            float(group["eps"]),
-            float(group["prox_mu"]),
-        ]
 
 
 class BatchedFedNAR(ClientBatched, FedNAR):

@@ -76,6 +76,7 @@ class FedSAM(SGDFamily):
         momentum, dampening, nesterov, weight_decay: as ``torch.optim.SGD``.
         eps: added to the norm (>= 0).
         prox_mu: FedProx coefficient (anchor taken at ``start_round``).
+        round_decay: the descent's learning rate of round ``t`` is ``lr * round_decay ** t`` (default 1).
         backend: "auto", "reference", "triton", "cuda" or "cpu" (docs/backends.md).
         replay: record both steps on a GPU in CUDA graphs (docs/replay.md); None: on unless
             ``FEDOPT_REPLAY=0``.
@@ -101,6 +102,7 @@ class FedSAM(SGDFamily):
         nesterov: bool = False,
         eps: float = 1e-12,
         prox_mu: float = 0.0,
+        round_decay: float = 1.0,
         backend: str = "auto",
         replay: Optional[bool] = None,
     ):
@@ -118,6 +120,7 @@ class FedSAM(SGDFamily):
             nesterov=nesterov,
             eps=eps,
             prox_mu=prox_mu,
+            round_decay=round_decay,
         )
         super().__init__(params, defaults, backend, replay)
         self._sam_ops = self._as_ops()

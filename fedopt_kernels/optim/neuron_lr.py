@@ -28,7 +28,7 @@ class NeuronLRSGD(SGDFamily):
     where ``buf`` is ``d = g + weight_decay * x + correction + prox_mu * (x - x0)`` or its momentum
     buffer, with ``torch.optim.SGD`` semantics. Scales come from ``neuron_lr_scales`` and are set
     with ``set_neuron_scales`` or ``start_round(neuron_scales=...)``; they persist across rounds
-    until replaced.
+    until replaced. ``round_decay``: ``lr`` of round ``t`` is ``lr * round_decay ** t`` (default 1).
     """
 
     def __init__(
@@ -42,6 +42,7 @@ class NeuronLRSGD(SGDFamily):
         maximize: bool = False,
         prox_mu: float = 0.0,
         neuron_scales: Optional[Mapping[torch.Tensor, torch.Tensor]] = None,
+        round_decay: float = 1.0,
         backend: str = "auto",
         replay: Optional[bool] = None,
     ):
@@ -53,6 +54,7 @@ class NeuronLRSGD(SGDFamily):
             weight_decay=weight_decay,
             maximize=maximize,
             prox_mu=prox_mu,
+            round_decay=round_decay,
         )
         super().__init__(params, defaults, backend, replay)
         if neuron_scales is not None:

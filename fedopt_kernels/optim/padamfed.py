@@ -31,7 +31,8 @@ class PAdaMFed(FedOptimizer):
 
     ``H`` is the gradient of the same mini-batch at the round's starting model, passed as
     ``step(anchor_grads=[...])``. After the round, ``local_control()`` returns ``acc / K``, the
-    client's new ``c_i``. ``lr`` is ``eta``; ``theory_hparams`` gives eta, gamma and beta.
+    client's new ``c_i``. ``lr`` is ``eta`` (round ``t``'s: ``lr * round_decay ** t``, default
+    ``round_decay`` 1); ``theory_hparams`` gives eta, gamma and beta.
     D and acc are kept in float32 (float64 for float64 parameters).
     """
 
@@ -48,10 +49,11 @@ class PAdaMFed(FedOptimizer):
         beta: float,
         variance_reduction: bool = False,
         eps: float = 1e-12,
+        round_decay: float = 1.0,
         backend: str = "auto",
         replay: Optional[bool] = None,
     ):
-        defaults = dict(lr=lr, beta=beta, variance_reduction=bool(variance_reduction), eps=eps)
+        defaults = dict(lr=lr, beta=beta, variance_reduction=bool(variance_reduction), eps=eps, round_decay=round_decay)
         super().__init__(params, defaults, backend, replay)
 
     def _validate_group(self, group: Dict[str, Any]) -> None:
@@ -61,9 +63,6 @@ class PAdaMFed(FedOptimizer):
 
     def _structure(self, group: Dict[str, Any]) -> tuple:
         return super()._structure(group) + (bool(group["variance_reduction"]),)
-
-    def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
-        return [float(group["lr"]), float(group["beta"]), float(group["eps"])]
 
     def _check_round_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
         names_in = ("global_control", "local_control", "momentum")

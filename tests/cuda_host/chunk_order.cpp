@@ -116,7 +116,7 @@ int main() {
   // full chunk
   const int sizes[] = {1, 2, 3, 5, 7, 1023, 1025, 4097, 9999, 16383, static_cast<int>(kChunk)};
   FedNarHp nar{};
-  nar.step_lr = 0.1;
+  nar.lr = 0.1;
   nar.weight_decay = 0.01;
   nar.max_norm = 1.0;
   nar.eps = 1e-6;

@@ -39,10 +39,9 @@ except ModuleNotFoundError as exc:  # an optional extra, not a failure; a broken
     raise AbsentHere("not installed: the triton package is an extra (pip install 'fedopt_kernels[triton]')") from exc
 
 from .. import fallbacks
-from ..args import OpArgs
 from ..between_passes import current as _sharded
 from ..impl_table import HISTORY
-from ..ops import FRESH, OPS
+from ..ops import FRESH, OPS, OpArgs
 
 
 def _import_kernels():

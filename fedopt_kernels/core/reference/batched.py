@@ -10,9 +10,8 @@ which is how the per-client op's first step is formed.
 
 from __future__ import annotations
 
-from ..args import OpArgs
 from ..impl_table import register, registered
-from ..ops import BATCHED, FRESH, PER_CLIENT
+from ..ops import BATCHED, FRESH, PER_CLIENT, OpArgs
 
 
 def _per_client(name: str):

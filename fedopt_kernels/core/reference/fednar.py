@@ -1,18 +1,17 @@
 """The reference ``fednar`` op: ``fedopt_kernels.functional.fednar`` over every row group at once
 (docs/algorithms.md; FedNAR, Li et al., NeurIPS 2023, Eq. 3-4 and Alg. 2).
 
-hp row: step_lr (``lr * round_decay ** t``, set by the optimizer), weight_decay, max_norm, eps,
-prox_mu, each row group's own; the global norm spans them all (sharded parameters: every rank's,
+hp row: lr (the round's, ``lr * round_decay ** t``: the optimizer's round decay), weight_decay,
+max_norm, eps, prox_mu, each row group's own; the global norm spans them all (sharded parameters: every rank's,
 through ``between_passes.reducing``).
 """
 
 from __future__ import annotations
 
 from ... import functional
-from ..args import OpArgs
 from ..between_passes import current as _sharded
 from ..impl_table import register
-from ..ops import FEDNAR
+from ..ops import FEDNAR, OpArgs
 
 
 @register("fednar", "reference")
@@ -24,7 +23,7 @@ def fednar_step(*args, cache=None) -> None:
     functional.fednar(
         t["params"],  # type: ignore[arg-type]  # params and grads have no None entry
         t["grads"],  # type: ignore[arg-type]
-        lr=hp["step_lr"],
+        lr=hp["lr"],
         weight_decay=hp["weight_decay"],
         max_norm=hp["max_norm"],
         eps=hp["eps"],

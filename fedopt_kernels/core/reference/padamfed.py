@@ -8,10 +8,9 @@ parameters: every rank's, through ``between_passes.reducing``).
 from __future__ import annotations
 
 from ... import functional
-from ..args import OpArgs
 from ..between_passes import current as _sharded
 from ..impl_table import register
-from ..ops import PADAMFED
+from ..ops import PADAMFED, OpArgs
 
 
 @register("padamfed", "reference")

@@ -9,10 +9,9 @@ The ``saved_x`` role (the optimizer always gives it; a bare op call may not) rec
 from __future__ import annotations
 
 from ... import functional
-from ..args import OpArgs
 from ..between_passes import current as _sharded
 from ..impl_table import register
-from ..ops import SAM_ASCENT
+from ..ops import SAM_ASCENT, OpArgs
 
 
 @register("sam_ascent", "reference")

@@ -10,9 +10,8 @@ the first step exactly as torch does.
 from __future__ import annotations
 
 from ... import functional
-from ..args import OpArgs
 from ..impl_table import register
-from ..ops import SGD
+from ..ops import SGD, OpArgs
 
 
 @register("sgd", "reference")

@@ -21,12 +21,14 @@ class _FedDecay(SGDAlgorithm):
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
             prox_mu=hp["prox_mu"],
+            round_decay=hp["round_decay"],
             backend=backend,
         )
 
     def lr_sum(self, opt, hp, t, steps):
-        # exact under within-round decay: lr_t * sum_k s(k // decay_every)
-        return opt.param_groups[0]["lr"] * sum(opt.schedule.factor(k) for k in range(steps))
+        # exact under within-round decay: lr_t * sum_k s(k // decay_every), lr_t = lr * round_decay ** t
+        lr_t = opt.param_groups[0]["lr"] * hp["round_decay"] ** t
+        return lr_t * sum(opt.schedule.factor(k) for k in range(steps))
 
 
 DESCRIPTOR = algorithm.register(

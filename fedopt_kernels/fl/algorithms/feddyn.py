@@ -110,6 +110,7 @@ class _FedDyn(SGDAlgorithm):
             decay_every=cfg.decay_every,
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
+            round_decay=hp["round_decay"],
             backend=backend,
         )
 

@@ -29,12 +29,14 @@ class _FedSAM(SGDAlgorithm):
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
             prox_mu=hp["prox_mu"],
+            round_decay=hp["round_decay"],
             backend=backend,
             **variant.options,
         )
 
     def lr_sum(self, opt, hp, t, steps):
-        return steps * opt.param_groups[0]["lr"]  # the descent's lr, K times (SCAFFOLD option II)
+        # the descent's lr of round t, lr * round_decay ** t, K times (SCAFFOLD option II)
+        return steps * (opt.param_groups[0]["lr"] * hp["round_decay"] ** t)
 
     def state_copies(self, cfg, variant):
         return super().state_copies(cfg, variant) + 1  # the saved x

@@ -11,7 +11,14 @@ from .sgd import SGDAlgorithm
 class _FedNLR(SGDAlgorithm):
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer
-        return cls(params, lr=hp["lr"], momentum=cfg.momentum, weight_decay=cfg.weight_decay, backend=backend)
+        return cls(
+            params,
+            lr=hp["lr"],
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            round_decay=hp["round_decay"],
+            backend=backend,
+        )
 
     def calibrate(self, model, data, cfg):
         if data is None:

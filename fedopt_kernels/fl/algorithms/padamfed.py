@@ -141,7 +141,9 @@ class _PAdaMFed(Algorithm):
 
     def make(self, params, cfg, variant, hp, backend, batched=False):
         cls = self.batched if batched else self.optimizer
-        return cls(params, lr=hp["lr"], beta=hp["beta"], backend=backend, **variant.options)
+        return cls(
+            params, lr=hp["lr"], beta=hp["beta"], round_decay=hp["round_decay"], backend=backend, **variant.options
+        )
 
     def state_copies(self, cfg, variant):
         # D, acc, the given local control (+ anchor gradients)

@@ -9,11 +9,9 @@ from ..server_rules import RULES
 
 
 class SGDAlgorithm(Algorithm):
-    """The client side of the SGD-family algorithms: the round's lr is set by the run
-    (``lr * round_decay ** t``) and ``clip_norm`` clips gradients before the step."""
-
-    def round_lr(self, hp: Mapping[str, Any], t: int) -> Optional[float]:
-        return hp["lr"] * hp["round_decay"] ** t
+    """The client side of the SGD-family algorithms: ``clip_norm`` clips gradients before the step
+    (the round's lr, ``lr * round_decay ** t``, is the optimizer's own: ``make`` passes
+    ``round_decay``)."""
 
     def clip_norm(self, hp: Mapping[str, Any]) -> Optional[float]:
         return hp["clip_norm"]

@@ -1,0 +1,60 @@
+"""How far a reader goes through one ``step()``: the files and functions it runs stay few.
+
+``bench/calls.py`` records every Python call of one step (``python -m bench calls`` prints them for
+every optimizer). Structural, not timing: FedNAR's reference step, cached and first, stays within
+its file budget, runs its math in ``functional.fednar`` from the reference op, and the learning
+rate reaches the kernels under one name, in the column each op declares.
+"""
+
+import os
+
+import torch
+
+import fedopt_kernels as fk
+from bench import calls
+from fedopt_kernels.core.ops import OPS
+
+# files of the package one step runs: optimizer, stepper, plan, the op's arguments (ops.py), its
+# reference function and its math (functional.py)
+CACHED_FILES = 6
+# a new optimizer's first step in a process that stepped before (the backends are loaded): the
+# above plus its checks, state and replay decisions (bench calls prints the fresh-process figure)
+FIRST_FILES = 15
+
+
+def _warm() -> None:
+    """One step of a throwaway optimizer: what the package loads once per process is loaded."""
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.ones(2)
+    fk.FedNAR([p], lr=0.1, weight_decay=0.0, backend="reference").step()
+
+
+def test_fednar_reference_step_stays_within_its_files():
+    _warm()
+    first, cached = calls.optimizer_steps("fednar")
+    short = cached.short_files()
+    assert len(cached.files) <= CACHED_FILES, short
+    assert len(first.files) <= FIRST_FILES, first.short_files()
+    # the cached step is the class, the plan and the math: nothing is rebuilt or re-checked
+    assert os.path.join("fedopt_kernels", "functional.py") in short
+    assert os.path.join("fedopt_kernels", "core", "reference", "fednar.py") in short
+    names = {name for _, name in cached.functions}
+    assert "fednar" in names and "fednar_step" in names
+    assert not {"plan_inputs", "group_inputs", "gather"} & {n.rsplit(".", 1)[-1] for n in names}
+
+
+def test_the_recorder_sees_what_a_step_calls():
+    """Not vacuous: a first step (the plan built) runs more files and functions than a cached one."""
+    _warm()
+    first, cached = calls.optimizer_steps("fednar")
+    assert set(cached.files) < set(first.files)
+    assert len(first.functions) > len(cached.functions) > 10
+
+
+def test_every_op_declares_its_learning_rate_column():
+    """The lr column is declared (``OpSpec.lr``) and named ``lr`` in every op that has one."""
+    for spec in OPS.values():
+        if spec.base == "sam_ascent" or spec.name == "sam_ascent":
+            assert spec.lr is None and spec.lr_column is None
+        else:
+            assert spec.lr == "lr" and spec.hps[spec.lr_column] == "lr", spec.name
