@@ -9,9 +9,8 @@ the host).
 from __future__ import annotations
 
 from ... import functional
-from ..args import OpArgs
 from ..impl_table import register
-from ..ops import FEDADAM
+from ..ops import FEDADAM, OpArgs
 
 
 @register("fedadam", "reference")

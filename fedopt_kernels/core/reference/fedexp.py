@@ -9,10 +9,9 @@ the optimizer writes into the column before each step); the global norm spans ev
 from __future__ import annotations
 
 from ... import functional
-from ..args import OpArgs
 from ..between_passes import current as _sharded
 from ..impl_table import register
-from ..ops import FEDEXP
+from ..ops import FEDEXP, OpArgs
 
 
 @register("fedexp", "reference")
