@@ -4,6 +4,7 @@ rounds under DP (bound, reproducibility, resume, bad input, the budget stop)."""
 
 import importlib.util
 import math
+import re
 
 import numpy as np
 import pytest
@@ -236,3 +237,19 @@ def test_epsilon_after_each_round_equals_dp_accounting():
         event = dp.PoissonSampledDpEvent(0.03, dp.GaussianDpEvent(1.1))
         want = dp.rdp.RdpAccountant().compose(dp.SelfComposedDpEvent(event, rounds)).get_epsilon(1e-6)
         assert acc.step() == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"algorithm": "fednova"}, "nova_a"),  # the server weighs updates by each client's a_i
+        ({"algorithm": "fedavg", "server_optimizer": "exp"}, "server_optimizer='exp'"),  # its mean squared norm
+    ],
+)
+def test_dp_refuses_a_server_that_reads_what_the_noise_does_not_cover(settings, named):
+    from fedopt_kernels.sim.config import SimConfig
+
+    cfg = SimConfig(dp_clip=1.0, dp_noise_multiplier=1.0, **settings)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        cfg.validate()
+    SimConfig(dp_clip=1.0, dp_noise_multiplier=1.0, algorithm="fedavg", server_optimizer="adam").validate()

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from ..core.extras import MissingExtra
 from ..fl.fold import Fold
+from ..fl.server_rules import RULES
 from ..privacy.accounting import ACCOUNTANTS, SAMPLINGS, Sampling, calibrate, dp_accounting
 from ..privacy.dp_fedavg import DPFedAvg
 
@@ -65,6 +66,17 @@ def check(cfg: Any) -> None:
         raise ValueError(f"dp_clip: {exc}") from None
 
     real("dp_clip", 0.0, low_open=True)
+    if cfg.server_optimizer == "exp":
+        raise ValueError(
+            "dp_clip does not compose with server_optimizer='exp': FedExP's step reads the clients' mean "
+            "squared update norm, a statistic of their data that the noise does not cover"
+        )
+    scalars = RULES[cfg.server_rule].scalars
+    if scalars:
+        raise ValueError(
+            f"dp_clip does not apply to algorithm={cfg.algorithm!r}: its server weighs each update by numbers "
+            f"the client reports ({', '.join(scalars)}), which the clip and the noise do not cover"
+        )
     if (cfg.dp_noise_multiplier is None) == (cfg.dp_target_epsilon is None):
         raise ValueError(
             "dp_clip needs exactly one of dp_noise_multiplier (--dp-noise-multiplier) and dp_target_epsilon "
