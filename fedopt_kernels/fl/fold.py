@@ -95,8 +95,9 @@ class Fold:
         self.count = 0
         self.weight = 0.0  # the added updates' weights, each divided by 2**exponent
 
-    def add(self, delta: Sequence[torch.Tensor], weight: float, reply: Optional[Mapping[str, Tensors]] = None) -> None:
-        """Add one accepted update (its model change ``delta``, weight, reply tensors such as ``dc``)."""
+    def add(self, delta: Sequence[torch.Tensor], weight: float, reply: Optional[Mapping[str, Any]] = None) -> None:
+        """Add one accepted update (its model change ``delta``, weight, reply tensors such as ``dc`` and
+        numbers such as FedNova's ``nova_a``)."""
         self.rule.add(self, delta, weight, reply or {})
         if "sq_norm" in self.sums:
             self.sums["sq_norm"][0].add_(sq_norm(delta), alpha=self.scaled(weight))

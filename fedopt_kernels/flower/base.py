@@ -238,7 +238,10 @@ class FedOptStrategy(Strategy):
         )
         fold = self.server.begin(fold)
         for r in results:
-            fold.add(r.delta, r.weight, {**({"dc": r.dc} if r.dc is not None else {}), **r.scalars})
+            reply: Dict[str, Any] = dict(r.scalars)  # the rule's numbers (FedNova's a_i) beside its tensors
+            if r.dc is not None:
+                reply["dc"] = r.dc
+            fold.add(r.delta, r.weight, reply)
         out = fold.finish()
         if self.server.optimizer is not None and all(all_finite(v) for v in out.values()):
             before = copy.deepcopy(self.server.state_dict())
