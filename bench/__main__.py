@@ -10,7 +10,8 @@
 - ``host``: the host side of a replayed and of an eager triton step, on any machine;
 - ``cpu-floor``: the small CNN's layers-engine CPU step per operator, beside alternatives;
 - ``checkpoints``: bytes and seconds of a simulator checkpoint;
-- ``scale``: a simulator run's peak memory against its clients per round and population.
+- ``scale``: a simulator run's peak memory against its clients per round and population;
+- ``server``: one server step of each server optimizer beside torch's Adam / SGD and a NumPy step.
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
@@ -58,6 +59,7 @@ COMMANDS = {
     "cpu-floor": "bench.cpu_floor",
     "checkpoints": "bench.checkpoints",
     "scale": "bench.scale",
+    "server": "bench.server",
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
