@@ -98,16 +98,16 @@ def _numpy_fedadam(shapes, lr=1e-2, b1=0.9, b2=0.99, tau=1e-3) -> Callable[[], N
     return step
 
 
-def _copy(shapes, device) -> Callable[[], None]:
+def _copy(shapes, device) -> Callable[[], Any]:
     n = sum(int(np.prod(s)) for s in shapes) * BYTES["FedAdam"] // 8  # float32: read n*4, write n*4
     src = torch.randn(max(1, n), device=device)
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
 
 
-def cases(shapes, device, backend: str) -> Dict[str, Callable[[], None]]:
+def cases(shapes, device, backend: str) -> Dict[str, Callable[[], Any]]:
     msn = torch.tensor(50.0, device=device)
-    out: Dict[str, Callable[[], None]] = {
+    out: Dict[str, Callable[[], Any]] = {
         "FedAvgM": _torch_step(shapes, device, lambda p: fk.FedAvgM(p, lr=1.0, momentum=0.9, backend=backend)),
         "FedAdam": _torch_step(shapes, device, lambda p: fk.FedAdam(p, backend=backend)),
         "FedYogi": _torch_step(shapes, device, lambda p: fk.FedYogi(p, backend=backend)),

@@ -18,7 +18,7 @@ import torch
 import fedopt_kernels as fk
 from fedopt_kernels.core import registry as _registry
 
-CLASSES = {
+CLASSES: Dict[str, Dict[str, Any]] = {
     "FedAvgM": dict(lr=0.5, momentum=0.9),
     "FedAdam": dict(lr=0.05, bias_correction=True),
     "FedYogi": dict(lr=0.05, betas=(0.8, 0.95)),
