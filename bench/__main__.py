@@ -13,6 +13,7 @@
 - ``scale``: a simulator run's peak memory against its clients per round and population;
 - ``privacy``: a round with user-level DP against the same round without, and the clip by hand.
 - ``calls``: the files and functions one ``step()`` runs, per optimizer (what a reader follows).
+- ``server``: one server step of each server optimizer beside torch's Adam / SGD and a NumPy step.
 
 Modes: default (full: every size, every configuration, ~1 s per case), ``--quick`` (the core
 algorithms; on CPU without the 100M list; shorter timing: the README's main-job command) and
@@ -62,6 +63,7 @@ COMMANDS = {
     "scale": "bench.scale",
     "privacy": "bench.privacy",
     "calls": "bench.calls",
+    "server": "bench.server",
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -278,8 +278,10 @@ def cpu_flags() -> Tuple[List[str], List[str]]:
     import torch
 
     # no FMA contraction: same bits as the reference on any CPU; -g0: no debug info (build time, size)
-    # -fvisibility=hidden: our symbols (fo::*) stay private to each extension module
-    cflags = ["-O3", "-g0", "-ffp-contract=off", "-fvisibility=hidden"]
+    # -fvisibility=hidden: our symbols (fo::*) stay private to each extension module;
+    # -fno-math-errno: no kernel reads errno, and without it a loop calling sqrt vectorises (the IEEE
+    # root either way: the same bits)
+    cflags = ["-O3", "-g0", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden"]
     lflags: List[str] = []
     if "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux"):
         cflags.append("-fopenmp")  # at::parallel_for is inline: OpenMP must be on in our objects too

@@ -312,6 +312,12 @@ def sam_ascent(
 ADAPTIVE_RULES = ("adam", "yogi", "adagrad")
 
 
+def _sqrt_rn(v: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root (IEEE, as the kernels' sqrt): torch's float32 sqrt on a CPU may
+    be an ulp off; through float64 it is exact (a float64 root rounded to float32 is the float32 root)."""
+    return v.double().sqrt().float() if v.dtype == torch.float32 else v.sqrt()
+
+
 def bias_corrections(beta1: float, beta2: float, step: int, rule: str, bias_correction: bool) -> Tuple[float, float]:
     """``(1 / (1 - beta1^t), 1 / sqrt(1 - beta2^t))`` in float64 for step ``t`` (both 1.0 without bias
     correction; Adagrad's v takes none: its second factor is always 1.0)."""
@@ -379,7 +385,7 @@ def fedadam(
         c1, c2 = bias_corrections(b1s[i], b2s[i], step, rules[i], bcs[i])
         m_t.copy_(m)
         v_t.copy_(v)
-        x.copy_(_up(x) - (lrs[i] * c1) * (m / (v.sqrt() * c2 + taus[i])))
+        x.copy_(_up(x) - (lrs[i] * c1) * (m / (_sqrt_rn(v) * c2 + taus[i])))
 
 
 def fedexp_step_size(norm: torch.Tensor, mean_sq_norm: float, eps: float, lr: float = 1.0) -> torch.Tensor:

@@ -290,3 +290,59 @@ def test_start_round_is_refused():
     for cls in (fk.FedAvgM, fk.FedAdam, fk.FedYogi, fk.FedAdagrad, fk.FedExP):
         with pytest.raises(TypeError, match="server optimizer"):
             cls(_small()).start_round()
+
+
+# ------------------------------------------------------------------------------ properties
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_BETA = st.floats(0.0, 0.999)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(["FedAdam", "FedYogi", "FedAdagrad", "FedExP", "FedAvgM"]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    sizes=st.lists(st.integers(0, 70), min_size=1, max_size=6),
+    lr=st.floats(1e-4, 1.0),
+    b1=_BETA,
+    b2=_BETA,
+    tau=st.floats(1e-6, 1.0),
+    v0=st.one_of(st.none(), st.floats(0.0, 2.0)),
+    bc=st.booleans(),
+    msn=st.floats(0.0, 1e4),
+    steps=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_cpu_backend_is_bitwise_the_reference(name, dtype, sizes, lr, b1, b2, tau, v0, bc, msn, steps, seed):
+    """The cpu kernels run the reference's float32 operations in its order (its square root correctly
+    rounded, as IEEE's): the same bits for any hyperparameters and sizes."""
+    require("cpu", "cpu")
+    if _registry.unavailable_reason("cpu", torch.device("cpu"), getattr(fk, name).op_spec().name) is not None:
+        pytest.skip("the cpu backend lacks the op")
+    kw: Dict[str, Any] = {
+        "FedAdam": dict(lr=lr, betas=(b1, b2), tau=tau, initial_accumulator_value=v0, bias_correction=bc),
+        "FedYogi": dict(lr=lr, betas=(b1, b2), tau=tau, initial_accumulator_value=v0, bias_correction=bc),
+        "FedAdagrad": dict(lr=lr, beta1=b1, tau=tau, initial_accumulator_value=v0, bias_correction=bc),
+        "FedExP": dict(lr=lr, eps=tau),
+        "FedAvgM": dict(lr=lr, momentum=b1, nesterov=bc and b1 > 0),
+    }[name]
+    g = torch.Generator().manual_seed(seed)
+    base = [torch.randn(n, generator=g).to(dtype) for n in sizes]
+    runs = {}
+    for backend in ("reference", "cpu"):
+        ps = [b.clone() for b in base]
+        opt = getattr(fk, name)(ps, backend=backend, **kw)
+        gg = torch.Generator().manual_seed(seed + 1)
+        for _ in range(steps):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=gg).to(dtype)
+            opt.step(mean_sq_norm=msn) if name == "FedExP" else opt.step()
+        runs[backend] = (ps, _state_of(opt))
+    for a, b in zip(runs["reference"][0] + runs["reference"][1], runs["cpu"][0] + runs["cpu"][1], strict=True):
+        assert torch.equal(a, b)
+
+
+def _state_of(opt) -> List[torch.Tensor]:
+    return [t for st_ in opt.state.values() for t in st_.values() if isinstance(t, torch.Tensor)]

@@ -6,13 +6,6 @@
 
 #include "../common/fedadam_hp.h"
 
-// sqrt never sees a negative v here (v >= 0 by construction), so errno is never set: without the
-// errno side effect the compiler vectorises the loop (vsqrtps; still IEEE correctly rounded)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC optimize("no-math-errno")
-#endif
-
 namespace fo {
 namespace cpu {
 namespace FO_CPU_ISA {
@@ -62,7 +55,3 @@ struct FedAdamKernel {
 }  // namespace FO_CPU_ISA
 }  // namespace cpu
 }  // namespace fo
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
