@@ -6,11 +6,13 @@ its file budget, runs its math in ``functional.fednar`` from the reference op, a
 rate reaches the kernels under one name, in the column each op declares.
 """
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Tuple
 
-import torch
-
-import fedopt_kernels as fk
 from bench import calls
 from fedopt_kernels.core.ops import OPS
 
@@ -22,16 +24,30 @@ CACHED_FILES = 6
 FIRST_FILES = 15
 
 
-def _warm() -> None:
-    """One step of a throwaway optimizer: what the package loads once per process is loaded."""
-    p = torch.nn.Parameter(torch.ones(2))
-    p.grad = torch.ones(2)
-    fk.FedNAR([p], lr=0.1, weight_decay=0.0, backend="reference").step()
+def _steps() -> Tuple[calls.Calls, calls.Calls]:
+    """FedNAR's first and cached steps, recorded in a new process after one step of a throwaway
+    optimizer (what the package loads once per process is loaded): what another test left in this
+    process (caches, loaded backends) cannot change the count."""
+    code = (
+        "import json, sys, torch; import fedopt_kernels as fk; from bench import calls; "
+        "p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.ones(2); "
+        "fk.FedNAR([p], lr=0.1, weight_decay=0.0, backend='reference').step(); "
+        "first, cached = calls.optimizer_steps('fednar'); "
+        "json.dump([[c.files, c.functions] for c in (first, cached)], sys.stdout)"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, check=True)
+    (f_files, f_funcs), (c_files, c_funcs) = json.loads(out.stdout)
+    as_calls = calls.Calls
+    return (
+        as_calls(tuple(f_files), tuple(tuple(f) for f in f_funcs)),
+        as_calls(tuple(c_files), tuple(tuple(f) for f in c_funcs)),
+    )
 
 
 def test_fednar_reference_step_stays_within_its_files():
-    _warm()
-    first, cached = calls.optimizer_steps("fednar")
+    first, cached = _steps()
     short = cached.short_files()
     assert len(cached.files) <= CACHED_FILES, short
     assert len(first.files) <= FIRST_FILES, first.short_files()
@@ -45,8 +61,7 @@ def test_fednar_reference_step_stays_within_its_files():
 
 def test_the_recorder_sees_what_a_step_calls():
     """Not vacuous: a first step (the plan built) runs more files and functions than a cached one."""
-    _warm()
-    first, cached = calls.optimizer_steps("fednar")
+    first, cached = _steps()
     assert set(cached.files) < set(first.files)
     assert len(first.functions) > len(cached.functions) > 10
 
