@@ -12,7 +12,7 @@
 namespace fo {
 namespace cuda {
 
-struct ExpOp : TwoPassOp<spec::fedexp, FedExpHp, 60> {
+struct ExpOp : TwoPassOp<spec::fedexp, FedExpHp, 88> {  // two roles: 88 tensors fill the 4 KiB
   template <class T, bool kUpdate, bool kVector>
   __device__ static double chunk(const TableT& tab, const Where& w, const Hp& hp, acc_t<T> factor) {
     using A = acc_t<T>;
