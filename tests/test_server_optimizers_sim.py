@@ -304,7 +304,8 @@ def test_the_documented_commands_are_ones_fedopt_sim_accepts():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    algorithms = (root / "docs" / "algorithms.md").read_text().split("## Server optimizers in a run", 1)[1].split("\n## ", 1)[0]
+    text = (root / "docs" / "algorithms.md").read_text()
+    algorithms = text.split("## Server optimizers in a run", 1)[1].split("\n## ", 1)[0]
     simulator = (root / "docs" / "simulator.md").read_text()
     lines = re.findall(r"^fedopt-sim .*$", algorithms, re.M)
     assert sum("--algorithm fednar" in line for line in lines) == 6
