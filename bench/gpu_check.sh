@@ -20,6 +20,8 @@
 #   --wide-args ARGS    what to test with the time left after the benchmarks (default: the long_compile
 #                       tests, then those sweeps' GPU cases; "" skips the phase)
 #   --budget SECONDS    total wall-time budget (default 540; the lent machine's limit is 600)
+#   --results-dir DIR   the results folder instead of the dated one above (two dry runs at once, as
+#                       parallel tests run them, must not share a folder)
 # Phases, in this order so that a run cut short still measures: install, tests, bench
 # (python -m bench, fused backends and torch's alternatives), bench_loop (python -m bench loop),
 # bench_clients (python -m bench clients), clients_sim (python -m bench clients-sim, stand-in
@@ -35,7 +37,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
-NO_GPU=0; SKIP_INSTALL=0; SKIP_TESTS=0; SKIP_BENCH=0; BENCH_MODE=quick; BUDGET=540
+NO_GPU=0; SKIP_INSTALL=0; SKIP_TESTS=0; SKIP_BENCH=0; BENCH_MODE=quick; BUDGET=540; RESULTS_DIR=
 # the wide sweeps: on an H200 they hold most of the selection's cases and time (2,600 cases of the
 # rest ran in 86 s with 14 workers; the whole selection needs about 500 s)
 WIDE_FILES="tests/test_equivalence.py tests/test_batched.py tests/test_compile.py"
@@ -55,7 +57,8 @@ while [ $# -gt 0 ]; do
     --pytest-args) PYTEST_ARGS="$2"; shift ;;
     --wide-args) WIDE_ARGS="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --results-dir) RESULTS_DIR="$2"; shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -95,6 +98,7 @@ NAME="$PREFIX-$SLUG-$DATE"
 RES="bench/results/$NAME"
 # dry runs go to the git-ignored tmp folder: they are checks of this script, not results
 [ "$NO_GPU" = 1 ] && RES="bench/results/tmp/$NAME"
+[ -n "$RESULTS_DIR" ] && RES="$RESULTS_DIR"
 rm -rf "$RES"; mkdir -p "$RES"
 if [ -n "${FEDOPT_COMMIT:-}" ]; then
   COMMIT=$FEDOPT_COMMIT

@@ -99,12 +99,13 @@ def test_sim_default_output_is_git_ignored():
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and timeout")
-def test_gpu_check_dry_run_with_its_install_phase():
+def test_gpu_check_dry_run_with_its_install_phase(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable)
     env.pop("OUT", None)
+    res = tmp_path / "dry-run"  # a folder of its own: another test runs the script at the same time
     # the benchmark phase is left out: tests/test_bench_smoke.py runs the same --smoke benchmark
     proc = subprocess.run(
-        ["bash", "bench/gpu_check.sh", "--no-gpu", "--skip-tests", "--skip-bench"],
+        ["bash", "bench/gpu_check.sh", "--no-gpu", "--skip-tests", "--skip-bench", "--results-dir", str(res)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -115,7 +116,6 @@ def test_gpu_check_dry_run_with_its_install_phase():
     assert "| install | 0 |" in summary, summary[-3000:] + proc.stderr[-2000:]
     assert "| bench | skipped" in summary, summary[-3000:]
     assert proc.returncode == 0, summary[-3000:] + proc.stderr[-2000:]
-    res = next(p for p in (ROOT / "bench" / "results" / "tmp").glob("cpu-dryrun-*") if p.is_dir())
     log = (res / "install.log").read_text()
     assert "Would install" in log, log[-2000:]  # pip resolved the install, changed nothing
 
@@ -128,8 +128,9 @@ def test_gpu_check_installs_the_package_alone_when_an_extra_is_not_to_be_had(tmp
     pins.write_text("flwr==0.0.0\n")
     env = dict(os.environ, PYTHON=sys.executable, PIP_CONSTRAINT=str(pins))
     env.pop("OUT", None)
+    res = tmp_path / "dry-run"
     proc = subprocess.run(
-        ["bash", "bench/gpu_check.sh", "--no-gpu", "--skip-tests", "--skip-bench"],
+        ["bash", "bench/gpu_check.sh", "--no-gpu", "--skip-tests", "--skip-bench", "--results-dir", str(res)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -139,7 +140,6 @@ def test_gpu_check_installs_the_package_alone_when_an_extra_is_not_to_be_had(tmp
     summary = proc.stdout
     assert "| install | 0 |" in summary, summary[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, summary[-3000:] + proc.stderr[-2000:]
-    res = next(p for p in (ROOT / "bench" / "results" / "tmp").glob("cpu-dryrun-*") if p.is_dir())
     log = (res / "install.log").read_text()
     assert "== offline, the package alone" in log, log[-2000:]
     assert "Would install" in log.split("== offline, the package alone")[1], log[-2000:]
