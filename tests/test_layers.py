@@ -448,6 +448,13 @@ def absent_here(name: str) -> Optional[str]:
     not load on this machine (a backend raising ``AbsentHere`` without triton or CUDA, a missing
     optional package): information about the machine, not a stale name. A name that is in no module
     raises ModuleNotFoundError or AttributeError, as ``resolve`` does."""
+    if name.startswith("fedopt_kernels.triton_kernels"):
+        # the triton backend names the checkout's kernels so when it loads (an editable install
+        # elsewhere, or none, does not map the name): load it as a user's first triton step does
+        try:
+            importlib.import_module("fedopt_kernels.core.backends.triton")
+        except ImportError as exc:
+            return f"fedopt_kernels.core.backends.triton does not load here: {exc}"
     parts = name.split(".")
     for cut in range(len(parts), 0, -1):
         module = ".".join(parts[:cut])
