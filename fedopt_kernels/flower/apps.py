@@ -33,6 +33,7 @@ from ..sim.evaluate import pooled_metrics
 from ..sim.simulation import Simulation
 from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
+from .privacy import DPFedAvgStrategy
 from .records import as_int, from_record, logger, to_record
 from .resume import client_folder, restore_client_state, save_client_state, server_folder
 from .runconfig import sim_configs
@@ -67,6 +68,8 @@ def run_algorithm(
         timeout=timeout,
         client_sampler=sampler.sample_clients,
     )
+    # user-level DP as fedopt-sim runs it (the run config's dp-* keys; flower/privacy.py)
+    runner = strategy if cfg.dp_clip is None else DPFedAvgStrategy.from_config(strategy, cfg)
     history = []
 
     def evaluate(server_round: int, arrays) -> Optional[MetricRecord]:
@@ -99,7 +102,7 @@ def run_algorithm(
         )
     )
     start = time.perf_counter()
-    result = strategy.start(
+    result = runner.start(
         grid,
         to_record(names, sim.global_params),
         num_rounds=cfg.rounds,
