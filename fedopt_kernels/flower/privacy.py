@@ -102,8 +102,6 @@ class DPFedAvgStrategy(Strategy):
         check_count("num_clients", n, optional=False)
         if strategy.num_clients not in (None, n):
             raise ValueError(f"num_clients={n} differs from the strategy's num_clients={strategy.num_clients}")
-        if dp_target_epsilon is not None:
-            check_count("rounds", rounds, optional=False)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         fixed = strategy.clients_per_round or max(1, int(round(strategy.fraction_train * n)))
@@ -132,6 +130,8 @@ class DPFedAvgStrategy(Strategy):
             dp_max_epsilon=None,
         )
         dp_round.check(settings)
+        if dp_target_epsilon is not None:  # z is calibrated for the rounds planned
+            check_count("rounds", rounds, optional=False)
         dp = dp_round.build(settings)
         assert dp is not None  # dp_clip is given
         self.dp: DPFedAvg = dp
