@@ -15,6 +15,9 @@ clients): the server checkpoints after every ``checkpoint-every`` rounds (defaul
 ``<folder>/<tag>/server``, each client its kept state after each round it trains into
 ``<folder>/<tag>/clients/client<id>``, and the same run started again with the same folder
 continues after the last checkpointed round (``flower/resume.py``, ``docs/checkpoints.md``).
+
+With ``dp-clip`` (and the other ``dp-*`` keys, ``sampling``) the strategy runs under user-level
+differential privacy, as ``fedopt-sim`` does with the same options (``flower/privacy.py``).
 """
 
 from __future__ import annotations

@@ -154,6 +154,8 @@ class DPFedAvgStrategy(Strategy):
     def from_config(cls, strategy: FedOptStrategy, cfg: SimConfig) -> DPFedAvgStrategy:
         """``strategy`` under the ``dp_*`` settings of a simulator config (``cfg.dp_clip`` given): the
         privacy ``fedopt-sim`` runs ``cfg`` with. ``dp_max_epsilon`` is the simulator's alone."""
+        if cfg.dp_clip is None:
+            raise ValueError("dp_clip must be a number > 0 (each reply's norm bound), got None: the config has no DP")
         if cfg.dp_max_epsilon is not None:
             raise ValueError(
                 "dp_max_epsilon stops fedopt-sim's runs; a Flower run states its rounds instead (num_rounds): leave "
@@ -161,7 +163,7 @@ class DPFedAvgStrategy(Strategy):
             )
         return cls(
             strategy,
-            dp_clip=cfg.dp_clip,  # type: ignore[arg-type]  (None is refused with its name)
+            dp_clip=cfg.dp_clip,
             dp_noise_multiplier=cfg.dp_noise_multiplier,
             dp_target_epsilon=cfg.dp_target_epsilon,
             rounds=cfg.rounds,
