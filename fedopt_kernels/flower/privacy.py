@@ -183,7 +183,9 @@ class DPFedAvgStrategy(Strategy):
         s = self.dp.sampling
         if s.kind == "poisson":
             return [node for node, u in zip(nodes, rng.random(len(nodes)), strict=True) if u < s.rate]
-        return self.strategy._sample(nodes, s.per_round, rng)
+        if s.per_round >= len(nodes):
+            return list(nodes)
+        return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=s.per_round, replace=False))
 
     def clip(self, result: ClientResult) -> ClientResult:
         """``result`` with its update and reply tensors clipped as one vector (``DPFedAvg.clip_reply``), weight 1."""
