@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from flwr.app import MetricRecord  # noqa: E402
 from one_thread import one_thread  # noqa: E402,F401  (autouse: one torch thread per test)
 from test_flower_resume import Stopped, StoppingGrid  # noqa: E402
+from test_flower_resume import run_config as resume_config  # noqa: E402
 
 from fedopt_kernels.fl.checkpoint import CheckpointError  # noqa: E402
 from fedopt_kernels.fl.config import FLConfig  # noqa: E402
@@ -38,23 +39,9 @@ DP_METRICS = {"dp-epsilon": "dp_epsilon", "dp-clip": "dp_clip", "dp-next-clip": 
 
 
 def run_config(algorithm, **kw):
-    rc = {
-        "algorithm": algorithm,
-        "clients": 5,
-        "holdout-fraction": 0.0,
-        "rounds": 3,
-        "local-steps": 2,
-        "model": "mlp",
-        "sample-rate": 0.6,
-        "seed": 3,
-        "backend": "reference",
-        "device": "cpu",
-        "dp-clip": 0.05,
-        "dp-noise-multiplier": 0.1,
-        "dp-delta": 1e-3,
-    }
-    rc.update(kw)
-    return rc
+    """test_flower_resume's run (5 clients, 2 local steps, mlp), 3 rounds, without checkpoints, under DP."""
+    dp = {"rounds": 3, "dp-clip": 0.05, "dp-noise-multiplier": 0.1, "dp-delta": 1e-3}
+    return resume_config(algorithm, "", **{**dp, **kw})
 
 
 def flower_run(rc, tag="dp", **kw):

@@ -195,15 +195,8 @@ class DPFedAvgStrategy(Strategy):
 
     def finish(self, fold: Fold, server_round: int) -> None:
         """Round ``server_round``'s noise, divisor, clip update and epsilon (``DPFedAvg.finish_round``; the
-        simulator's round ``t = server_round - 1``)."""
+        simulator's round ``t = server_round - 1``); Flower logs them with the round's metrics."""
         self._record = self.dp.finish_round(fold, server_round - 1, self.strategy.rule.reply)
-        logger.info(
-            "round %d: epsilon %.4g at delta %.3g, clip %.4g",
-            server_round,
-            self._record["dp_epsilon"],
-            self.dp.accountant.delta,
-            self._record["dp_clip"],
-        )
 
     def metrics(self) -> Dict[str, float]:
         return {METRICS[k]: float(v) for k, v in self._record.items()}
@@ -250,6 +243,9 @@ class DPFedAvgStrategy(Strategy):
 
     def summary(self) -> None:
         self.strategy.summary()
+        self._say_settings()
+
+    def _say_settings(self) -> None:
         s = self.dp.sampling
         logger.info(
             "\t└── user-level DP: clip %g%s, noise multiplier %.4g, delta %.3g, %s sampling (expected %g of %d), %s",
@@ -265,4 +261,5 @@ class DPFedAvgStrategy(Strategy):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
         """The wrapped strategy's ``start`` (Flower's, or with ``checkpoint_dir`` the resumable one)."""
+        self._say_settings()  # the wrapped start logs the strategy's own summary
         return self.strategy.start(grid, initial_arrays, *args, **kwargs)
