@@ -96,6 +96,7 @@ SLOW_FILES = frozenset(
         "test_dtensor.py",
         "test_experiments_protocol.py",
         "test_flower_engine.py",
+        "test_flower_privacy.py",
         "test_flower_resume.py",
         "test_flower_strategies.py",
         "test_hardening.py",

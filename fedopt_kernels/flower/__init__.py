@@ -8,7 +8,9 @@ optimizers they drive and generated from their declarations (``named.py``): one 
 ``named.names()`` lists them), or ``strategy_for(FLConfig(...))`` for any ``fedopt-sim`` algorithm
 (a simulator ``SimConfig`` works too): an ``AveragingStrategy`` or, for a rule with an initial round
 of client controls, an ``InitialControlsStrategy``. Their server rules are
-``fedopt_kernels.fl.server_rules``'s, shared with the simulator. Client side: ``train_round`` /
+``fedopt_kernels.fl.server_rules``'s, shared with the simulator. ``DPFedAvgStrategy(strategy, dp_clip=...)``
+puts any of them under user-level differential privacy as ``fedopt-sim --dp-clip`` does
+(docs/privacy.md). Client side: ``train_round`` /
 ``init_controls_round`` / ``evaluate_round`` run a round with this package's optimizers from a
 received message. ``apps`` holds a ready ServerApp/ClientApp pair on the simulator's data sets
 (see ``examples/flower-digits``).
@@ -36,6 +38,7 @@ from .base import ClientResult, FedOptStrategy, Rejection
 from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
 from .initial_controls import INIT_MESSAGE_TYPE, InitialControlsStrategy
+from .privacy import DPFedAvgStrategy
 from .records import BadUpdate, from_record, to_record
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "InitialControlsStrategy",
     *_named.names(),  # the paper-named strategies the descriptors declare
     "FedOptStrategy",
+    "DPFedAvgStrategy",
     "ClientResult",
     "Rejection",
     "BadUpdate",

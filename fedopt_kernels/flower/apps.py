@@ -15,6 +15,9 @@ clients): the server checkpoints after every ``checkpoint-every`` rounds (defaul
 ``<folder>/<tag>/server``, each client its kept state after each round it trains into
 ``<folder>/<tag>/clients/client<id>``, and the same run started again with the same folder
 continues after the last checkpointed round (``flower/resume.py``, ``docs/checkpoints.md``).
+
+With ``dp-clip`` (and the other ``dp-*`` keys, ``sampling``) the strategy runs under user-level
+differential privacy, as ``fedopt-sim`` does with the same options (``flower/privacy.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ..sim.evaluate import pooled_metrics
 from ..sim.simulation import Simulation
 from .client import evaluate_round, init_controls_round, train_round
 from .factory import strategy_for
+from .privacy import DPFedAvgStrategy
 from .records import as_int, from_record, logger, to_record
 from .resume import client_folder, restore_client_state, save_client_state, server_folder
 from .runconfig import sim_configs
@@ -67,6 +71,8 @@ def run_algorithm(
         timeout=timeout,
         client_sampler=sampler.sample_clients,
     )
+    # user-level DP as fedopt-sim runs it (the run config's dp-* keys; flower/privacy.py)
+    runner = strategy if cfg.dp_clip is None else DPFedAvgStrategy.from_config(strategy, cfg)
     history = []
 
     def evaluate(server_round: int, arrays) -> Optional[MetricRecord]:
@@ -99,7 +105,7 @@ def run_algorithm(
         )
     )
     start = time.perf_counter()
-    result = strategy.start(
+    result = runner.start(
         grid,
         to_record(names, sim.global_params),
         num_rounds=cfg.rounds,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from ..fl.server_rules import RULES, ServerRule
 from ..fl.server_step import ServerStep
 from ..fl.work import WorkPlan
 from ..sim.server_optimizer import build as build_server_step
+from .arguments import check_count, check_fraction
 from .records import BadUpdate, Tensors, all_finite, example_count, from_record, get_record, logger, metric, to_record
 from .resume import metric_dicts
 from .settings import CHECKPOINTED, RESUMED_AT, WORK_FRACTION, round_config
@@ -78,20 +78,6 @@ class Rejection:
     node_id: int
     client_id: Optional[int]
     reason: str
-
-
-def _check_fraction(name: str, value: float, allow_zero: bool) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value > 1 or value < 0 or (value == 0 and not allow_zero):
-        lo = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a number {lo} and <= 1, got {value!r}")
-
-
-def check_count(name: str, value: Optional[int], optional: bool = True) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1{' or None' if optional else ''}, got {value!r}")
 
 
 def _client_id_of(content: Optional[RecordDict]) -> Optional[int]:
@@ -152,8 +138,8 @@ class FedOptStrategy(Strategy):
         self.server_rule = cfg.server_rule
         self.state: Dict[str, Tensors] = {}
         self.server = ServerStep("sgd")  # the run's server optimizer, over a copy of the model (first round)
-        _check_fraction("fraction_train", fraction_train, allow_zero=False)
-        _check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
+        check_fraction("fraction_train", fraction_train, allow_zero=False)
+        check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
         check_count("clients_per_round", clients_per_round)
         check_count("min_available_nodes", min_available_nodes, optional=False)
         check_count("num_clients", num_clients)
@@ -179,6 +165,7 @@ class FedOptStrategy(Strategy):
         self._node_of: Dict[int, int] = {}  # client id -> node id (with a client_sampler)
         self._mapped_nodes: List[int] = []
         self._work = WorkPlan(cfg)  # each client's steps, where they differ (the round's draws)
+        self.privacy: Optional[Any] = None  # user-level DP: set by DPFedAvgStrategy (flower/privacy.py)
 
     # ------------------------------------------------------------------ the server rule
     @classmethod
@@ -225,9 +212,9 @@ class FedOptStrategy(Strategy):
         """Server tensors sent with the model (control variate, momentum)."""
         return {rec: to_record(self.names, self.state[key]) for rec, key in self.rule.sent.items()}
 
-    def _server_step(self, results: List[ClientResult]) -> Dict[str, Tensors]:
+    def _server_step(self, results: List[ClientResult], server_round: int) -> Dict[str, Tensors]:
         """The new server state from the sorted accepted results: {"x": ..., other server tensors}."""
-        weights = [r.weight for r in results]
+        weights = [r.weight for r in results] or [1.0]  # none: a DP round of noise alone
         fold = self.rule.begin(
             self.global_params,
             self.state,
@@ -242,6 +229,8 @@ class FedOptStrategy(Strategy):
             if r.dc is not None:
                 reply["dc"] = r.dc
             fold.add(r.delta, r.weight, reply)
+        if self.privacy is not None:  # noise once, divide by the expected count, count the round
+            self.privacy.finish(fold, server_round)
         out = fold.finish()
         if self.server.optimizer is not None and all(all_finite(v) for v in out.values()):
             before = copy.deepcopy(self.server.state_dict())
@@ -287,6 +276,7 @@ class FedOptStrategy(Strategy):
                 "state_tag": self.state_tag,
                 "initial arrays sha256": h.hexdigest()[:16],
                 "client sampler": self.client_sampler is not None,
+                **({} if self.privacy is None else {"privacy": self.privacy.checkpoint_settings()}),
             }
         )
 
@@ -302,6 +292,7 @@ class FedOptStrategy(Strategy):
             "train_rng": self._train_rng.bit_generator.state,
             "eval_rng": self._eval_rng.bit_generator.state,
             "rejections": [vars(r) for r in self.rejections],
+            "privacy": None if self.privacy is None else self.privacy.state_dict(),
         }
 
     def load_checkpoint_state(self, saved: Dict[str, Any]) -> None:
@@ -316,6 +307,8 @@ class FedOptStrategy(Strategy):
         self._train_rng.bit_generator.state = saved["train_rng"]
         self._eval_rng.bit_generator.state = saved["eval_rng"]
         self.rejections = [Rejection(**r) for r in saved["rejections"]]
+        if self.privacy is not None:
+            self.privacy.load_state_dict(saved["privacy"])
 
     def start(
         self,
@@ -498,6 +491,8 @@ class FedOptStrategy(Strategy):
 
     def _sample_train(self, grid: Grid, nodes: List[int], server_round: int) -> List[int]:
         if self.client_sampler is None:
+            if self.privacy is not None:  # DP's sampling: Poisson, or the accountant's fixed count
+                return self.privacy.sample(nodes, self._train_rng)
             count = (
                 self.clients_per_round
                 if self.clients_per_round is not None
@@ -631,14 +626,16 @@ class FedOptStrategy(Strategy):
     ) -> Tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         results: List[ClientResult] = self._check_replies(replies, server_round, "train", self._parse_train)
         left_out = sum(1 for r in self.rejections if r.server_round == server_round and r.phase == "train")
-        if not results:
+        if self.privacy is not None:  # each reply clipped as one vector, weight 1 (flower/privacy.py)
+            results = [self.privacy.clip(r) for r in results]
+        if not results and self.privacy is None:
             logger.warning(
                 "round %d: no usable client update; the global model and server state are unchanged", server_round
             )
             return to_record(self.names, self.global_params), MetricRecord(
                 {"clients-used": 0, "clients-left-out": left_out}
             )
-        state = self._server_step(results)
+        state = self._server_step(results, server_round)
         if not all(all_finite(v) for v in state.values()):
             logger.error(
                 "round %d: the aggregate is not finite (overflow?); round skipped, state unchanged", server_round
@@ -651,6 +648,8 @@ class FedOptStrategy(Strategy):
         if with_loss:
             total = sum(w for w, _ in with_loss)
             metrics["train-loss"] = sum(w * loss for w, loss in with_loss) / total
+        if self.privacy is not None:
+            metrics.update(self.privacy.metrics())
         return to_record(self.names, self.global_params), MetricRecord(metrics)
 
     # ------------------------------------------------------------------ Strategy API: evaluation
