@@ -139,12 +139,12 @@ def test_registering_a_name_twice_is_refused():
 _NAME_FOLDERS = (
     "fedopt_kernels/optim/",
     "fedopt_kernels/fl/algorithms/",
-    "fedopt_kernels/core/reference/",
     "fedopt_kernels/core/backends/",
     "triton_kernels/",
 )
 _NAME_HOMES = {
     "fedopt_kernels/core/ops.py",
+    "fedopt_kernels/core/reference.py",
     "fedopt_kernels/fl/server_rules.py",
     "fedopt_kernels/flower/paper_names.py",
     "bench/cases.py",
