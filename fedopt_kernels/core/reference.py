@@ -22,7 +22,7 @@ import torch
 
 from .. import functional
 from .between_passes import current as _sharded
-from .impl_table import register, registered
+from .impl_table import IMPLS, register
 from .ops import BATCHED, FEDADAM, FEDEXP, FEDNAR, FRESH, PADAMFED, PER_CLIENT, SAM_ASCENT, SGD, OpSpec
 
 
@@ -358,7 +358,7 @@ def _per_client(name: str):
 
     def step(*args, cache=None) -> None:
         a = OpArgs.parse(spec, args)
-        fn = registered(base.name, "reference")
+        fn = IMPLS[base.name]["reference"]  # read at each call: the per-client function registered now
         active = None if a.active is None else a.active.tolist()
         ks = a.k.tolist()
         damp = base.hps.index("dampening") if "dampening" in base.hps else None
