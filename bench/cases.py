@@ -3,8 +3,10 @@ code a user would write for the same work beside it (``Baseline``), by algorithm
 
 Each row runs an option set of the algorithm's descriptor (``fedopt_kernels.fl.catalogue``); its
 bytes per step come from the op's declaration (``bench.traffic``), plus what a row declares its step
-moves besides (FedSAM's ascent op and its restore of x). An algorithm registered later adds its rows
-with ``add``; ``bench.algorithms`` reads them when asked.
+moves besides (FedSAM's ascent op and its restore of x). An algorithm that declares no rows has one,
+its first option set (the paper configuration) in the default table, with no baseline; one that
+has torch code to be timed against, more option sets or traffic of its own declares its rows with
+``add``. ``bench.algorithms`` reads them when asked.
 """
 
 from __future__ import annotations
@@ -155,8 +157,25 @@ def withdraw(algorithm: str) -> None:
 
 
 def of(algorithm: str) -> Tuple[BenchCase, ...]:
-    """The rows of ``algorithm`` (none when it declares none)."""
-    return _CASES.get(algorithm, ())
+    """The rows of ``algorithm``: those it declared, else its default row (``default_case``); none for
+    a name no algorithm registered."""
+    declared = _CASES.get(algorithm)
+    if declared is not None:
+        return declared
+    default = default_case(algorithm)
+    return () if default is None else (default,)
+
+
+def default_case(algorithm: str) -> Optional[BenchCase]:
+    """The row of registered algorithm ``algorithm`` that declares none: its first option set (the
+    paper configuration), in the default table; None for a name no algorithm registered."""
+    from fedopt_kernels.fl.algorithm import ALGORITHMS
+
+    a = ALGORITHMS.get(algorithm)
+    if a is None or not a.options:
+        return None
+    option = next(iter(a.options))
+    return BenchCase(a.name, f"{a.optimizer.__name__} ({option})", option, core=True)
 
 
 add(

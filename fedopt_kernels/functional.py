@@ -2,7 +2,7 @@
 
 The counterpart of ``torch.optim``'s functional ``sgd()``: each function takes the tensors of one
 step and updates them in place, one tensor at a time. Each optimizer class of the package runs
-exactly this on its ``reference`` backend (``core/reference/<op>.py`` hands the op's arguments
+exactly this on its ``reference`` backend (``core/reference.py`` hands the op's arguments
 over), and every fused backend is tested against it; a user can call it from a loop of their own.
 
 Math runs in float32 for float16/bfloat16/float32 tensors (float64 for float64) and each tensor is

@@ -139,12 +139,12 @@ def test_registering_a_name_twice_is_refused():
 _NAME_FOLDERS = (
     "fedopt_kernels/optim/",
     "fedopt_kernels/fl/algorithms/",
-    "fedopt_kernels/core/reference/",
     "fedopt_kernels/core/backends/",
     "triton_kernels/",
 )
 _NAME_HOMES = {
     "fedopt_kernels/core/ops.py",
+    "fedopt_kernels/core/reference.py",
     "fedopt_kernels/fl/server_rules.py",
     "fedopt_kernels/flower/paper_names.py",
     "bench/cases.py",
@@ -361,6 +361,36 @@ def test_an_algorithm_on_an_existing_op_is_one_module(heavyball, tmp_path):
     params[0].grad = torch.randn(6)
     case.build(params, "reference").step()
     bench_algorithms.build_baseline(case, params, case.by_hand).step()
+
+
+def test_an_algorithm_without_benchmark_rows_gets_its_default_row():
+    """A descriptor that declares no rows is benchmarked on its first option set (the paper
+    configuration), in the default table and without a baseline; an unregistered name has none."""
+    import bench.algorithms as bench_algorithms
+
+    feddecay = algorithm.ALGORITHMS["feddecay"]
+    algorithm.register(
+        type(feddecay)(
+            "norows",
+            fedopt_kernels.FedDecaySGD,
+            fedopt_kernels.batched.BatchedFedDecaySGD,
+            options={"first": dict(lr=0.1, beta=0.5), "second": dict(lr=0.05, beta=0.9, momentum=0.9)},
+            full="second",
+            variants=(Variant("norows", "avg"),),
+        )
+    )
+    try:
+        (case,) = bench_cases.of("norows")
+        assert (case.name, case.option, case.core, case.baselines) == ("norows", "first", True, ())
+        assert "norows" in bench_algorithms.core_cases()
+        params = [torch.nn.Parameter(torch.randn(6))]
+        params[0].grad = torch.randn(6)
+        before = params[0].detach().clone()
+        bench_algorithms.ALGOS["norows"].build(params, "reference").step()
+        assert not torch.equal(before, params[0].detach())
+    finally:
+        algorithm.unregister("norows")
+    assert bench_cases.of("norows") == ()
 
 
 def test_an_algorithm_from_one_module_gets_its_flower_strategy(heavyball):

@@ -152,7 +152,7 @@ def test_params_without_grad_are_skipped():
 def test_selfcheck_catches_a_wrong_backend(monkeypatch, capsys):
     """The install smoke test must fail when a backend computes something else than reference."""
     from fedopt_kernels import selfcheck
-    from fedopt_kernels.core.reference.sgd import sgd_step
+    from fedopt_kernels.core.reference import sgd_step
 
     def off_by_a_bit(*args, cache=None):
         sgd_step(*args)

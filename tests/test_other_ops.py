@@ -9,11 +9,13 @@ refused with their names, changing nothing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from backends import cases, require
 
-from fedopt_kernels.core import hp_columns
+from fedopt_kernels.core import plan_inputs
 from fedopt_kernels.core.op_runner import OtherOp
 from fedopt_kernels.core.ops import SAM_ASCENT, SGD
 from fedopt_kernels.optim.sgd import SGDFamily
@@ -106,7 +108,7 @@ def test_a_plan_is_listed_and_reinstated_with_the_steps_own():
         (lambda: OtherOp("x", SAM_ASCENT, state={"saved_x": "s"}, step_roles=("saved_x",)), ["twice"]),
         (lambda: OtherOp("x", SGD, state={"neuron_scale": "r"}), ["per-row", "neuron_scale"]),
         (lambda: OtherOp("x", SAM_ASCENT, columns={"rh0": "rho"}), ["rh0"]),
-        (lambda: OtherOp("x", SAM_ASCENT.__class__(**{**SAM_ASCENT.__dict__, "batched": True})), ["per-client"]),
+        (lambda: OtherOp("x", dataclasses.replace(SAM_ASCENT, batched=True)), ["per-client"]),
     ],
 )
 def test_a_bad_declaration_is_refused_naming_what(make, words):
@@ -133,5 +135,5 @@ def test_bad_launch_inputs_are_refused_naming_them_and_change_nothing():
 def test_a_tensor_in_an_hp_column_is_refused_naming_it():
     group = {"rho": torch.tensor(0.5), "eta": 0.0, "eps": 0.0, "adaptive": False}
     with pytest.raises(TypeError, match="'rho'"):
-        hp_columns.row(SAM_ASCENT, {}, group)
-    assert hp_columns.row(SAM_ASCENT, {"rho": 0.25}, group) == [0.25, 0.0, 0.0, 0.0]
+        plan_inputs.row(SAM_ASCENT, {}, group)
+    assert plan_inputs.row(SAM_ASCENT, {"rho": 0.25}, group) == [0.25, 0.0, 0.0, 0.0]

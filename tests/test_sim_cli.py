@@ -76,7 +76,7 @@ def test_validation_verdicts():
 def _fake_cpu_backend(monkeypatch, perturb):
     """Register reference-sgd-plus-``perturb`` as the "cpu" backend for this test only."""
     from fedopt_kernels.core import registry as _registry
-    from fedopt_kernels.core.reference.sgd import sgd_step
+    from fedopt_kernels.core.reference import sgd_step
 
     def fake(*args, cache=None):
         sgd_step(*args)

@@ -1,7 +1,7 @@
 """Op "fedadam" (FedAdam, FedYogi, FedAdagrad; Reddi et al., Algorithm 2): one pass, one launch per
 row group and dtype signature.
 
-Per element, in float32 (``fedopt_kernels/core/reference/fedadam.py`` is the contract, same order)::
+Per element, in float32 (``fedopt_kernels/core/reference.py``'s ``fedadam_step`` is the contract, same order)::
 
     t    = k + 1 ;  c1 = 1 / (1 - beta1^t), c2 = 1 / sqrt(1 - beta2^t)  (float64; 1 without bias
                                                                         correction, c2 = 1 for Adagrad)

@@ -1,6 +1,6 @@
 """Op "sgd" (FedDecaySGD, NeuronLRSGD): one pass, one launch per row group and dtype signature.
 
-Per element, in float32 (``fedopt_kernels/core/reference/sgd.py`` is the contract, same order)::
+Per element, in float32 (``fedopt_kernels/core/reference.py``'s ``sgd_step`` is the contract, same order)::
 
     lr_k = lr * s(min(k // decay_every, len(table) - 1))       # read on the device
     d    = g * inv_scale (GradScaler) ; d = -d (maximize) (+ wd * x) (+ corr) (+ prox_mu * (x - x0))

@@ -29,6 +29,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .backends._native import torch_release
+
 _GRAD = operator.attrgetter("grad")
 _DATA_PTR = torch.Tensor.data_ptr
 _STRIDE = torch.Tensor.stride
@@ -121,6 +123,8 @@ class PyGradWatch:
 
 # --------------------------------------------------------------------------- which one
 _native: Any = False  # not looked for yet
+# the release an extension built for this torch records (the running torch cannot change)
+_THIS_TORCH = torch_release()
 
 
 def _native_module() -> Any:
@@ -128,8 +132,6 @@ def _native_module() -> Any:
     global _native
     if _native is False:
         _native = None
-        from .backends._native import torch_release
-
         for name in ("fedopt_kernels._C_cuda", "fedopt_kernels._C_cpu"):
             mod = sys.modules.get(name)
             if mod is None and name.endswith("_C_cpu"):
@@ -137,11 +139,7 @@ def _native_module() -> Any:
                     mod = importlib.import_module(name)
                 except ImportError:
                     mod = None
-            if (
-                mod is not None
-                and hasattr(mod, "GradWatch")
-                and getattr(mod, "built_for_torch", None) == torch_release()
-            ):
+            if mod is not None and hasattr(mod, "GradWatch") and getattr(mod, "built_for_torch", None) == _THIS_TORCH:
                 _native = mod
                 break
     return _native

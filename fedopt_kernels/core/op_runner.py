@@ -16,12 +16,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from . import hp_columns
+from . import plan_inputs
 from . import replay as _replay
-from .hp_columns import Column
 from .ops import OPS, OpSpec
 from .plan import HpCache, StepPlan, capturing, refuse_in_capture
-from .plan_inputs import GroupInputs
+from .plan_inputs import Column, GroupInputs
 
 _NO_AMP = (False, False)
 
@@ -35,7 +34,7 @@ class OtherOp:
     optional role -> the per-parameter state key that feeds it, made (zeros, in the role's dtype)
     where it is missing or no longer matches the parameter; ``step_roles``: optional roles given at
     each launch, ``self._run_op(name, role=[one tensor per parameter])``; ``columns``: its hp row
-    (``hp_columns.py``: by default column ``c`` holds the group's ``c``). Roles named in neither
+    (``plan_inputs.row``: by default column ``c`` holds the group's ``c``). Roles named in neither
     are absent. The op's step counter is its own and its schedule table is ``[1.0]``.
     """
 
@@ -61,7 +60,7 @@ class OtherOp:
             raise ValueError(
                 f"{what}: per-row roles {per_row} cannot be made from the parameter's shape: feed them per step"
             )
-        hp_columns.check_columns(self.spec, self.columns, what)
+        plan_inputs.check_columns(self.spec, self.columns, what)
 
     def spec_for(self, clients: Optional[int]) -> OpSpec:
         """The op a per-client (``clients`` None) or client-batched optimizer runs."""
@@ -69,7 +68,7 @@ class OtherOp:
 
     def row(self, group: Dict[str, Any]) -> Tuple[float, ...]:
         """``group``'s row of this op's hp tensor."""
-        return tuple(hp_columns.row(self.spec, self.columns, group))
+        return tuple(plan_inputs.row(self.spec, self.columns, group))
 
     def state_tensors(self, p: torch.Tensor, state: Dict[str, Any]) -> Dict[str, torch.Tensor]:
         """``p``'s tensors of the state-fed roles, made in ``state`` where missing or stale."""
@@ -133,9 +132,9 @@ class OpRunner:
         (``stepper.Stepper.run``). ``per_step``: role -> one tensor per parameter."""
         device = plan.device
         rep = self.replay
-        ok = plan.replayable  # decided once per plan
+        ok = plan.replayable  # decided once per plan (replay.replayable): never where steps are not recorded
         if ok is None:
-            ok = _replay.replayable(plan)
+            ok = plan.replayable = plan.device.type in _replay.DEVICE_TYPES and _replay.replayable(plan)
         if rep is not None and (not ok or capturing(device)):
             rep = None
         elif rep is not None and rep.off_reason is not None:

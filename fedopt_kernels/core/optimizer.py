@@ -23,17 +23,23 @@ from torch.optim import Optimizer
 from torch.optim import optimizer as _torch_optimizer
 
 from . import dtensor as _dtensor
-from . import hp_columns
+from . import plan_inputs
 from . import registry as _registry
 from . import replay as _replay
 from . import step_op as _step_op
-from .checks import check_lr_tensor, check_number, check_tensor_list
-from .hp_columns import Column
+from .checks import (
+    check_backend_runs,
+    check_lr_tensor,
+    check_new_params,
+    check_no_overlap,
+    check_number,
+    check_tensor_list,
+    normalized_group,
+)
 from .op_runner import OtherOp
 from .ops import OpSpec, state_dtype
-from .param_checks import check_backend_runs, check_new_params, check_no_overlap, normalized_group
 from .plan import StepPlan
-from .plan_inputs import check_grad, name_of
+from .plan_inputs import Column, check_grad, name_of
 from .replay import Prologue, replayable, tensors_id
 from .schedules import DecaySchedule
 from .state_format import ROUND_KEY, check_foreign, round_entry, set_aside, with_round
@@ -138,8 +144,8 @@ class FedOptimizer(Optimizer):
 
     def _hp_row(self, group: Dict[str, Any], t: Optional[int] = None) -> List[float]:
         """This group's row of the op's hp tensor, in ``_spec.hps`` order, for round ``t`` (default:
-        the current round), before the round decay: ``_hp_columns``' values (``hp_columns.py``)."""
-        return hp_columns.row(self._spec, self._hp_columns, group)
+        the current round), before the round decay: ``_hp_columns``' values (``plan_inputs.row``)."""
+        return plan_inputs.row(self._spec, self._hp_columns, group)
 
     def _lr_factor(self, group: Dict[str, Any], t: Optional[int] = None) -> float:
         """The round decay: what the learning rate is multiplied by in round ``t`` (default: the
@@ -295,7 +301,7 @@ class FedOptimizer(Optimizer):
         self._stepper.drop_plan()
 
     def _check_new_params(self, params: List[torch.Tensor], gi: int) -> None:
-        """Refuse parameters a fused step could not update as the reference does (``param_checks.py``)."""
+        """Refuse parameters a fused step could not update as the reference does (``checks.py``)."""
         check_new_params(params, self._params_flat, type(self).__name__, gi)
         self._check_no_overlap(list(self._params_flat) + list(params))
         check_backend_runs(self.backend, self._spec.name, params, gi)

@@ -6,9 +6,9 @@ stepper reads its owner through ``Owner``: the param groups and state, and the h
 overrides (docs/dispatch.md's table); it never imports the optimizer. A step checks its cached plan
 (``plan.py``) and rebuilds it only when something it depends on changed, then launches the op through
 ``plan.fn``, the implementation ``core/registry.py``'s ``resolve`` picked for the op and backend:
-for ``reference``, ``core/reference/<op>.py``, which runs its function of ``fedopt_kernels.functional``. On a
-GPU the launch is replayed from a recording when its inputs are the recorded ones (``replay.py``).
-Nothing here synchronises with the host once the plan is steady.
+for ``reference``, the op's function in ``core/reference.py``, which runs its math in
+``fedopt_kernels.functional``. On a GPU the launch is replayed from a recording when its inputs are
+the recorded ones (``replay.py``). Nothing here synchronises with the host once the plan is steady.
 
 The step count ``k`` has three forms: ``k``, the device tensor the kernels read and advance (made at
 the first step, authoritative from then on); ``k_host``, its value until then (0 after a round
@@ -296,9 +296,9 @@ class FedStepper:
             table = self.one(device)
         active = owner._active_for(device) if owner._spec.batched else None
         rep = self.replay
-        ok = plan.replayable  # decided once per plan
+        ok = plan.replayable  # decided once per plan (replay.replayable): never where steps are not recorded
         if ok is None:
-            ok = _replay.replayable(plan)
+            ok = plan.replayable = plan.device.type in _replay.DEVICE_TYPES and _replay.replayable(plan)
         if rep is not None and (params_given is not None or not ok or capture):
             rep = None  # this step runs eagerly (docs/replay.md)
         elif rep is not None and rep.off_reason is not None:
@@ -341,8 +341,8 @@ class FedStepper:
                 cache = None  # copies of the parameters: per-tensor caches would point at the originals
         if cache is not None and type(plan) is StepPlan:
             cache["grad_set"] = plan.grad_set  # the backend's own key of the gradients' addresses
-        # plan.fn: the backend's kernel for this op (reference: core/reference/<op>.py, which calls
-        # fedopt_kernels.functional); a ShardedPlan wraps it
+        # plan.fn: the backend's kernel for this op (reference: its function in core/reference.py, which
+        # calls fedopt_kernels.functional); a ShardedPlan wraps it
         args = plan.args(params, lists, k, table, every, grad_scale, found_inf, active)
         if pro is not None:
             self.prologue = None  # it runs first in the launch below (so a recording holds it)

@@ -41,7 +41,8 @@ except ModuleNotFoundError as exc:  # an optional extra, not a failure; a broken
 from .. import fallbacks
 from ..between_passes import current as _sharded
 from ..impl_table import HISTORY
-from ..ops import FRESH, OPS, OpArgs
+from ..ops import FRESH, OPS
+from ..reference import OpArgs
 
 
 def _import_kernels():
