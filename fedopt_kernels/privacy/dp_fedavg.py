@@ -12,6 +12,7 @@ import torch
 from ..fl.fold import Fold
 from .accounting import Accountant, Sampling
 from .adaptive import next_clip, update_noise_multiplier
+from .batched_clip import clip_sum_batched
 from .clip import clip
 from .noise import gaussian_like, round_generator
 
@@ -23,8 +24,9 @@ class DPFedAvg:
     clipping (Andrew, Thakkar, McMahan, Ramaswamy; NeurIPS 2021) when ``quantile`` is given.
 
     A round: ``clip_reply`` each accepted reply (``delta`` and the rule's reply tensors, one vector)
-    before it is added to the fold with weight 1; then ``finish_round``: the fold's sums get
-    ``N(0, (z_Delta C)^2)`` per coordinate, added through the rule's own ``add`` as one more reply of
+    before it is added to the fold with weight 1, or ``clip_sum`` a chunk of them stacked (the
+    client-batched engine: one op for the chunk, its sum added by ``Fold.add_sum``); then
+    ``finish_round``: the fold's sums get ``N(0, (z_Delta C)^2)`` per coordinate, added through the rule's own ``add`` as one more reply of
     weight 1 that is not counted (so every sum gets the noise its reply coordinates carry: SCAFFOLD's
     ``dc`` sum its ``1/N`` share), the fold then divides by ``expected`` instead of the clients that
     replied, C moves (adaptive) and the accountant counts the round.
@@ -85,6 +87,29 @@ class DPFedAvg:
             out.append(clipped[at : at + len(part)])
             at += len(part)
         return out[0], {**reply, **dict(zip(names, out[1:], strict=True))}
+
+    def clip_sum(
+        self,
+        delta: Sequence[torch.Tensor],
+        reply: Mapping[str, Tensors],
+        names: Sequence[str],
+        backend: str = "auto",
+    ) -> Tuple[Tensors, Dict[str, Tensors]]:
+        """A chunk's replies, each tensor stacked ``[C, *shape]`` (row c: client c), each client's
+        ``delta`` and ``reply[name]`` for ``name`` in ``names`` scaled as one vector by
+        ``min(1, C / ||.||)`` and summed over the clients in order, in one op
+        (``clip_sum_batched``); counts the chunk's ``b_i``. Returns the float64 sums of ``delta``
+        and of each reply entry: what ``Fold.add_sum`` adds for the chunk's clients."""
+        parts = [list(delta)] + [list(reply[n]) for n in names]
+        flat = [t for part in parts for t in part]
+        _, _, below, sums = clip_sum_batched(flat, self.clip_norm, backend=backend)
+        if self.quantile is not None:
+            self.below += int(below.sum())  # one read per chunk
+        out, at = [], 0
+        for part in parts:
+            out.append(sums[at : at + len(part)])
+            at += len(part)
+        return out[0], dict(zip(names, out[1:], strict=True))
 
     @torch.no_grad()
     def finish_round(self, fold: Fold, t: int, names: Sequence[str], below: Optional[int] = None) -> Dict[str, Any]:
