@@ -109,7 +109,8 @@ std::vector<at::Tensor> clip_sum(const std::vector<at::Tensor>& tensors, double 
     const at::Tensor& t = tensors[j];
     TORCH_CHECK(t.device().is_cpu() && t.dim() >= 1 && t.size(0) == C,
                 "fedopt_kernels cpu clip_sum: tensors[", j, "] must be a CPU tensor [C, *shape] with C = ", C);
-    const int64_t n = C > 0 ? t.numel() / C : 0;
+    int64_t n = 1;  // per row (also when C is 0)
+    for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
     TORCH_CHECK(C == 0 || t.select(0, 0).is_contiguous(), "fedopt_kernels cpu clip_sum: tensors[", j,
                 "] rows must be contiguous");
     const at::Tensor& o = out[j];

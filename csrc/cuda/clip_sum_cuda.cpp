@@ -46,7 +46,8 @@ std::vector<at::Tensor> clip_sum(const std::vector<at::Tensor>& tensors, double 
                 j, "] must be [C, *shape] on ", x0.device(), " with C = ", C);
     TORCH_CHECK(C == 0 || t.select(0, 0).is_contiguous(), "fedopt_kernels cuda clip_sum: tensors[", j,
                 "] rows must be contiguous");
-    const int64_t n = C > 0 ? t.numel() / C : 0;
+    int64_t n = 1;  // per row (also when C is 0)
+    for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
     const at::Tensor& o = out[j];
     TORCH_CHECK(o.device() == x0.device() && o.scalar_type() == at::kDouble && o.is_contiguous() && o.numel() == n,
                 "fedopt_kernels cuda clip_sum: out[", j, "] must be a contiguous float64 tensor of ", n,
