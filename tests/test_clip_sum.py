@@ -257,9 +257,7 @@ st = pytest.importorskip("hypothesis.strategies")
     bound=st.floats(1e-3, 1e3),
     seed=st.integers(0, 2**16),
 )
-def test_random_chunks_on_cpu_equal_the_oracle_and_stay_within_the_bound(
-    clients, sizes, dtype, log_scale, bound, seed
-):
+def test_random_chunks_on_cpu_equal_the_oracle_and_stay_within_the_bound(clients, sizes, dtype, log_scale, bound, seed):
     backend = "cpu" if cs.backends_with_kernel(torch.device("cpu"))["cpu"] is None else "reference"
     g = torch.Generator().manual_seed(seed)
     scale = 2.0**log_scale if dtype in (torch.float32, torch.float64) else 1.0  # float16 overflows at 65504

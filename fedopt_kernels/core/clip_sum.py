@@ -108,7 +108,7 @@ def _compiled(backend: str) -> Callable:
     if backend == "triton":
         return importlib.import_module("fedopt_kernels.triton_kernels.clip_sum").clip_sum
     module = importlib.import_module(f"fedopt_kernels.core.backends.{backend}")
-    ext = getattr(module, "extension", None) or getattr(module, "_C")
+    ext = getattr(module, "extension", None) or module._C
     return ext.clip_sum  # an extension built before this op has none: the caller falls back
 
 
@@ -149,7 +149,11 @@ def clip_sum(
     check(tensors, max_norm, active, out)
     device = tensors[0].device
     name = choose(device, backend)
-    sums = [torch.zeros(t.shape[1:], dtype=sum_dtype(device), device=device) for t in tensors] if out is None else list(out)
+    sums = (
+        [torch.zeros(t.shape[1:], dtype=sum_dtype(device), device=device) for t in tensors]
+        if out is None
+        else list(out)
+    )
     if name == "reference":
         return ClipSum(*clip_sum_reference(tensors, float(max_norm), active, sums), sums)
     try:

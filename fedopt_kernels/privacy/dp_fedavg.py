@@ -26,10 +26,11 @@ class DPFedAvg:
     A round: ``clip_reply`` each accepted reply (``delta`` and the rule's reply tensors, one vector)
     before it is added to the fold with weight 1, or ``clip_sum`` a chunk of them stacked (the
     client-batched engine: one op for the chunk, its sum added by ``Fold.add_sum``); then
-    ``finish_round``: the fold's sums get ``N(0, (z_Delta C)^2)`` per coordinate, added through the rule's own ``add`` as one more reply of
-    weight 1 that is not counted (so every sum gets the noise its reply coordinates carry: SCAFFOLD's
-    ``dc`` sum its ``1/N`` share), the fold then divides by ``expected`` instead of the clients that
-    replied, C moves (adaptive) and the accountant counts the round.
+    ``finish_round``: the fold's sums get ``N(0, (z_Delta C)^2)`` per coordinate, added through the
+    rule's own ``add`` as one more reply of weight 1 that is not counted (so every sum gets the noise
+    its reply coordinates carry: SCAFFOLD's ``dc`` sum its ``1/N`` share), the fold then divides by
+    ``expected`` instead of the clients that replied, C moves (adaptive) and the accountant counts
+    the round.
 
     ``noise_multiplier`` z is the whole mechanism's (what the accountant counts); with adaptive
     clipping the replies get ``z_Delta`` and the clip count ``sigma_b`` (default ``expected / 20``).

@@ -59,5 +59,7 @@ class ChunkClip:
         for n in self.lengths:
             parts.append(rows[at : at + n])
             at += n
-        delta, reply = self.dp.clip_sum(parts[0], dict(zip(self.names, parts[1:], strict=True)), self.names, self.backend)
+        delta, reply = self.dp.clip_sum(
+            parts[0], dict(zip(self.names, parts[1:], strict=True)), self.names, self.backend
+        )
         fold.add_sum(delta, m, reply)
