@@ -54,6 +54,11 @@ def _config(batched: int, dp: bool, rounds: int) -> SimConfig:
     ).validate()
 
 
+def _no_chunk() -> Any:
+    """No chunk clip: the client-batched engine then clips reply by reply, as the sequential one."""
+    return None
+
+
 def time_rounds(rounds: int) -> Dict[str, Any]:
     cases = {
         f"{engine} {'DP' if dp else 'no DP'}": Simulation(_config(batched, dp, rounds + 1))
@@ -61,7 +66,7 @@ def time_rounds(rounds: int) -> Dict[str, Any]:
         for dp in (False, True)
     }
     by_reply = Simulation(_config(CLIENTS, True, rounds + 1))
-    by_reply._dp_chunk = lambda: None  # type: ignore[method-assign]  # each reply clipped as it comes
+    by_reply._dp_chunk = _no_chunk  # type: ignore[method-assign]  # each reply clipped as it comes
     cases["client-batched DP, reply by reply"] = by_reply
     for sim in cases.values():  # warm-up round (client-batched: its first round chooses formulations)
         sim.run_round(0)

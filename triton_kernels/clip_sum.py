@@ -93,16 +93,16 @@ def clip_sum(
     contiguous: ``clip_sum.clip_sum`` prepares them)."""
     x0 = tensors[0]
     C, device = x0.shape[0], x0.device
-    f64 = dict(dtype=torch.float64, device=device)
-    norms, factors = torch.empty(C, **f64), torch.empty(C, **f64)
+    f64 = torch.float64
+    norms, factors = torch.empty(C, dtype=f64, device=device), torch.empty(C, dtype=f64, device=device)
     below = torch.empty(C, dtype=torch.bool, device=device)
     if C == 0:
         return norms, factors, below
     sizes = [t.numel() // C for t in tensors]
     chunks = [triton.cdiv(n, BLOCK) for n in sizes]
     per_client = sum(chunks)
-    partial = torch.empty(max(C * per_client, 1), **f64)
-    bound = torch.full((1,), max_norm, **f64)  # a fill on the device: no copy from the host
+    partial = torch.empty(max(C * per_client, 1), dtype=f64, device=device)
+    bound = torch.full((1,), max_norm, dtype=f64, device=device)  # a fill on the device: no copy from the host
     act = active if active is not None else below  # never read without HAS_ACTIVE
     opts = launch_options()
     with device_guard(device):

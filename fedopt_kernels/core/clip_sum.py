@@ -108,8 +108,7 @@ def _compiled(backend: str) -> Callable:
     if backend == "triton":
         return importlib.import_module("fedopt_kernels.triton_kernels.clip_sum").clip_sum
     module = importlib.import_module(f"fedopt_kernels.core.backends.{backend}")
-    ext = getattr(module, "extension", None) or module._C
-    return ext.clip_sum  # an extension built before this op has none: the caller falls back
+    return module.extension.clip_sum  # an extension built before this op has none: the caller falls back
 
 
 def choose(device: torch.device, backend: str = "auto") -> str:
