@@ -270,3 +270,19 @@ def test_random_chunks_on_cpu_equal_the_oracle_and_stay_within_the_bound(clients
         f = float(result.factors[c])
         assert 0.0 <= f <= 1.0
         assert f * float(result.norms[c]) <= bound * (1 + (n + 4) * U)
+
+
+def test_the_torch_library_op_is_the_same_op():
+    g = torch.Generator().manual_seed(4)
+    tensors = chunk(torch.float32, 3, g, shapes=((5,), (2, 3)))
+    active = torch.tensor([True, False, True])
+    out = [torch.zeros(t.shape[1:], dtype=torch.float64) for t in tensors]
+    norms, factors, below = torch.ops.fedopt.clip_sum(tensors, 0.5, active, out, "auto")
+    want = clip_sum(tensors, 0.5, active)
+    assert torch.equal(norms, want.norms) and torch.equal(factors, want.factors) and torch.equal(below, want.below)
+    assert all(torch.equal(a, b) for a, b in zip(out, want.sums))
+    with pytest.raises(ValueError, match="max_norm"):
+        torch.ops.fedopt.clip_sum(tensors, -1.0, None, out, "auto")
+    # its schema, fake (meta) shapes and torch.compile's dispatch, as PyTorch checks a custom op
+    checks = torch.library.opcheck(torch.ops.fedopt.clip_sum.default, (tensors, 0.5, active, out, "auto"))
+    assert set(checks.values()) == {"SUCCESS"}, checks

@@ -24,6 +24,8 @@ Backends (``backend``), as for the optimizer ops (``registry.auto_backend``):
   reduce in a fixed order too. A failure of either (a driver, a compiler) is recorded and warned
   about once (``fallbacks``), and the reference runs instead, for the rest of the process.
 
+``torch.ops.fedopt.clip_sum`` is the same op declared with ``torch.library`` (its sums given).
+
 The sums round every term once and add it (no fused multiply-add) on every backend, so with the
 same factors every backend's sums are the reference's bit for bit; the norms differ by the order
 of their float64 additions only.
@@ -32,7 +34,7 @@ of their float64 additions only.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Set
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -192,3 +194,21 @@ def backends_with_kernel(device: torch.device) -> Dict[str, Optional[str]]:
                 why = f"backend {name!r} has no clip_sum kernel in this build ({exc})"
         out[name] = why
     return out
+
+
+# ------------------------------------------------------------------------------- torch.library
+@torch.library.custom_op("fedopt::clip_sum", mutates_args=("out",))
+def _clip_sum_op(
+    tensors: List[torch.Tensor], max_norm: float, active: Optional[torch.Tensor], out: List[torch.Tensor], backend: str
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.ops.fedopt.clip_sum(tensors, max_norm, active, out, backend) -> (norms, factors, below)``:
+    ``clip_sum`` as a PyTorch operator (one opaque node under ``torch.compile``), ``out`` added into."""
+    norms, factors, below, _ = clip_sum(tensors, max_norm, active, out, backend)
+    return norms, factors, below
+
+
+@_clip_sum_op.register_fake
+def _clip_sum_shapes(tensors, max_norm, active, out, backend):
+    C, device = tensors[0].shape[0], tensors[0].device
+    f64 = torch.empty(C, dtype=torch.float64, device=device)
+    return f64, torch.empty_like(f64), torch.empty(C, dtype=torch.bool, device=device)
