@@ -286,3 +286,20 @@ def test_the_torch_library_op_is_the_same_op():
     # its schema, fake (meta) shapes and torch.compile's dispatch, as PyTorch checks a custom op
     checks = torch.library.opcheck(torch.ops.fedopt.clip_sum.default, (tensors, 0.5, active, out, "auto"))
     assert set(checks.values()) == {"SUCCESS"}, checks
+
+
+def test_the_cuda_extension_binds_the_op_where_it_is_built():
+    """Without a GPU the CUDA kernels only compile (tests/test_cuda_build.py checks their code for
+    sm_86 and sm_90, spills and local memory); the built extension must bind the entry point."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("fedopt_kernels._C_cuda") is None:
+        pytest.skip("fedopt_kernels._C_cuda is not built here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = "import fedopt_kernels._C_cuda as m; print(m.clip_sum.__doc__)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert proc.returncode == 0 and "clip_sum(tensors" in proc.stdout, proc.stderr[-2000:]

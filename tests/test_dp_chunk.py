@@ -127,3 +127,18 @@ def test_a_screened_reply_stays_out_of_the_chunk(monkeypatch):
     assert sum(counts) == len(record["clients"]) - 1 and counts[0] == 1  # its chunk clipped its other client
     assert all(bool(torch.isfinite(p).all()) for p in sim.global_params)
     assert all(bool(torch.isfinite(c).all()) for c in sim.strategy.c)
+
+
+@pytest.mark.parametrize("algorithm, clip", [("fedavg", 0.18), ("scaffold", 0.92)])
+def test_client_batched_dp_equals_the_sequential_run_to_rounding(algorithm, clip):
+    """The two engines train alike in float64 (``validate``) and clip the same replies (one op per
+    chunk against reply by reply); the noise is the same draws. They differ by float64 rounding only:
+    the bound of tests/test_sim_batched.py's rounding-only comparisons."""
+    from test_sim_batched import ROUNDING_RTOL
+
+    from fedopt_kernels.sim.validate import validate_client_batched
+
+    # z < 2 sigma_b = expected / 10: adaptive clipping leaves noise for the updates
+    cfg = config(algorithm, dp_clip=clip, dp_noise_multiplier=0.1, rounds=3)
+    v = validate_client_batched(cfg, data=tiny_images(), model_fn=model_fn)
+    assert v.passed and v.dtype == "float64" and v.max_rel <= ROUNDING_RTOL, v.report()
