@@ -67,7 +67,21 @@ class DPFedAvg:
             raise ValueError(f"the clip count's noise must be > 0, got {self.count_std!r}")
         self.update_z = self.z if quantile is None else update_noise_multiplier(self.z, self.count_std)
         self.accountant = Accountant(sampling, self.z, delta, accountant)
-        self.below = 0  # this round's b_i so far (a host count: the clip factor is read once per reply)
+        self._below = 0  # this round's b_i so far, on the host (``below``)
+        self._pending: Optional[torch.Tensor] = None  # chunks' counts on the device, not yet read
+
+    @property
+    def below(self) -> int:
+        """This round's ``sum_i b_i`` so far: the replies' (read once per reply) and the chunks' (summed
+        on the device and read here, once a round)."""
+        if self._pending is not None:
+            self._below += int(self._pending)
+            self._pending = None
+        return self._below
+
+    @below.setter
+    def below(self, value: int) -> None:
+        self._below, self._pending = value, None
 
     @property
     def rounds(self) -> int:
@@ -104,8 +118,9 @@ class DPFedAvg:
         parts = [list(delta)] + [list(reply[n]) for n in names]
         flat = [t for part in parts for t in part]
         _, _, below, sums = clip_sum_batched(flat, self.clip_norm, backend=backend)
-        if self.quantile is not None:
-            self.below += int(below.sum())  # one read per chunk
+        if self.quantile is not None:  # counted on the device: no read until the round's end
+            count = below.sum()
+            self._pending = count if self._pending is None else self._pending + count
         out, at = [], 0
         for part in parts:
             out.append(sums[at : at + len(part)])
