@@ -75,14 +75,15 @@ def clip_add_kernel(
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     s = tl.load(out_ptr + offs, mask=mask, other=0.0)
-    stride = row_stride.to(tl.int64)
+    row = x_ptr + offs  # client c's row: advanced by the stride (a 64-bit pointer, never an int32 product)
     for c in range(0, loop_bound(clients)):
         f = tl.load(factors_ptr + c)
         m = mask
         if HAS_ACTIVE:
             m = mask & (tl.load(active_ptr + c) != 0)  # an inactive row is never read (f is 0 there)
-        x = tl.load(x_ptr + c * stride + offs, mask=m, other=0.0).to(tl.float64)
+        x = tl.load(row, mask=m, other=0.0).to(tl.float64)
         s = s + f * x
+        row += row_stride
     tl.store(out_ptr + offs, s, mask=mask)
 
 

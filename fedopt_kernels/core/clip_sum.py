@@ -172,8 +172,11 @@ def clip_sum(
             raise
         _DROPPED.add(name)  # dropped for the process, said once
         fallbacks.fall_back(f"the {name} clip_sum kernel", exc, "the reference clip_sum runs")
-        for s, b in zip(sums, before if before is not None else [None] * len(sums), strict=True):
-            s.copy_(b) if b is not None else s.zero_()
+        for j, s in enumerate(sums):
+            if before is None:
+                s.zero_()
+            else:
+                s.copy_(before[j])
         return ClipSum(*clip_sum_reference(tensors, float(max_norm), active, sums), sums)
     for s, d in zip(sums, dense, strict=True):
         if s is not d:
