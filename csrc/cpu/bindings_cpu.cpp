@@ -72,5 +72,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("reduce"), py::arg("body"));
   m.attr("chunk_elements") = fo::cpu::kChunk;
   m.def("clip_sum", &fo::cpu::clip_sum, "a chunk of replies clipped and summed (fedopt_kernels/core/clip_sum.py)",
-        py::arg("tensors"), py::arg("max_norm"), py::arg("active"), py::arg("out"));
+        py::arg("tensors"), py::arg("bound"), py::arg("active"), py::arg("out"));
 }

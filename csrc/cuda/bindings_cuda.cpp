@@ -88,5 +88,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fo::bind_ops<Cuda>(m);
   m.def("device_unsupported", &device_unsupported, py::arg("index"));
   m.def("clip_sum", &fo::cuda::clip_sum, "a chunk of replies clipped and summed (fedopt_kernels/core/clip_sum.py)",
-        py::arg("tensors"), py::arg("max_norm"), py::arg("active"), py::arg("out"));
+        py::arg("tensors"), py::arg("bound"), py::arg("active"), py::arg("out"));
 }
