@@ -5,12 +5,15 @@ from other processes falls on all of them alike:
 
 * **rounds**: the same simulator round (digits, the small CNN, 50 clients per round, all of them
   sampled, 10 local steps) without DP and with DP (clip, noise, adaptive clip, accounting),
-  sequential and client-batched (50 at once); median seconds per round, ratio DP / no DP.
+  sequential (each reply clipped as it comes) and client-batched (50 at once: the chunk's replies
+  clipped and summed by one ``clip_sum`` call), and client-batched with the reply-by-reply clip
+  beside it; median seconds per round, ratio DP / no DP.
 * **server side alone**: 50 clients' updates of the small CNN clipped and summed, then noised:
-  the package's per-reply clip added to a float64 fold (what a DP round runs per reply), the
-  batched call ``clip_sum_batched`` on the stacked ``[50, *shape]`` updates, and the loop a user
-  writes: each client's update copied into ``.grad``, ``torch.nn.utils.clip_grad_norm_``, summed,
-  then ``torch.normal`` noise per tensor. Median milliseconds.
+  the package's per-reply clip added to a float64 fold (what a sequential DP round runs per
+  reply), the fused op ``clip_sum`` on the stacked ``[50, *shape]`` updates (the C++ kernel, and
+  the PyTorch reference), and the loop a user writes: each client's update copied into ``.grad``,
+  ``torch.nn.utils.clip_grad_norm_``, summed, then ``torch.normal`` noise per tensor. Median
+  milliseconds.
 
 Results: ``privacy-<device>-<date>.{json,md}`` in ``--out-dir`` (default ``bench_runs/``).
 """
@@ -25,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, cast
 
 import torch
 
+from fedopt_kernels.core.clip_sum import backends_with_kernel
 from fedopt_kernels.fl.fold import sum_dtype
 from fedopt_kernels.privacy import add_noise, clip, clip_sum_batched, round_generator
 from fedopt_kernels.sim.config import SimConfig
@@ -50,12 +54,20 @@ def _config(batched: int, dp: bool, rounds: int) -> SimConfig:
     ).validate()
 
 
+def _no_chunk() -> Any:
+    """No chunk clip: the client-batched engine then clips reply by reply, as the sequential one."""
+    return None
+
+
 def time_rounds(rounds: int) -> Dict[str, Any]:
     cases = {
         f"{engine} {'DP' if dp else 'no DP'}": Simulation(_config(batched, dp, rounds + 1))
         for engine, batched in (("sequential", 1), ("client-batched", CLIENTS))
         for dp in (False, True)
     }
+    by_reply = Simulation(_config(CLIENTS, True, rounds + 1))
+    by_reply._dp_chunk = _no_chunk  # type: ignore[method-assign]  # each reply clipped as it comes
+    cases["client-batched DP, reply by reply"] = by_reply
     for sim in cases.values():  # warm-up round (client-batched: its first round chooses formulations)
         sim.run_round(0)
     times: Dict[str, List[float]] = {name: [] for name in cases}
@@ -67,6 +79,9 @@ def time_rounds(rounds: int) -> Dict[str, Any]:
     out: Dict[str, Any] = {name: {"median_s": median(ts), "rounds_s": ts} for name, ts in times.items()}
     for engine in ("sequential", "client-batched"):
         out[f"{engine} ratio"] = median(times[f"{engine} DP"]) / median(times[f"{engine} no DP"])
+    out["client-batched reply-by-reply ratio"] = median(times["client-batched DP, reply by reply"]) / median(
+        times["client-batched no DP"]
+    )
     return out
 
 
@@ -85,9 +100,12 @@ def time_server(repeats: int) -> Dict[str, Any]:
                 s.add_(x)
         add_noise(sums, std, round_generator(0, 0))
 
-    def batched() -> None:
-        _, _, _, sums = clip_sum_batched(stacked, C)
-        add_noise(sums, std, round_generator(0, 0))
+    def fused(backend: str) -> Callable[[], None]:
+        def run() -> None:
+            _, _, _, sums = clip_sum_batched(stacked, C, backend=backend)
+            add_noise(sums, std, round_generator(0, 0))
+
+        return run
 
     def by_hand() -> None:  # what a user writes with torch alone
         sums = [torch.zeros_like(p) for p in params]
@@ -101,8 +119,9 @@ def time_server(repeats: int) -> Dict[str, Any]:
             s.add_(torch.normal(0.0, std, s.shape))
 
     cases: Dict[str, Callable[[], None]] = {
-        "package clip + fold": ours,
-        "clip_sum_batched": batched,
+        "package clip + fold, reply by reply": ours,
+        "clip_sum, one op (cpu)": fused("cpu" if backends_with_kernel(torch.device("cpu"))["cpu"] is None else "auto"),
+        "clip_sum, one op (reference)": fused("reference"),
         "by hand": by_hand,
     }
     for fn in cases.values():
@@ -125,6 +144,8 @@ def markdown(meta: Dict[str, Any], rounds: Dict[str, Any], server: Dict[str, Any
         "",
         "Digits, the small CNN, 50 clients per round (all sampled), 10 local steps at batch 10; DP: clip 0.5,",
         "z 1, adaptive clip toward the median, RDP accounting. Median seconds per round, rounds interleaved.",
+        "Client-batched DP clips and sums a chunk's replies with one `clip_sum` call; the last row clips",
+        "them reply by reply instead (the sequential engine's way), for comparison.",
         "",
         "| engine | no DP (s) | DP (s) | DP / no DP (ratio of medians) |",
         "|---|---|---|---|",
@@ -132,6 +153,9 @@ def markdown(meta: Dict[str, Any], rounds: Dict[str, Any], server: Dict[str, Any
     for engine in ("sequential", "client-batched"):
         a, b = rounds[f"{engine} no DP"]["median_s"], rounds[f"{engine} DP"]["median_s"]
         lines.append(f"| {engine} | {a:.3f} | {b:.3f} | {rounds[f'{engine} ratio']:.3f} |")
+    a, b = rounds["client-batched no DP"]["median_s"], rounds["client-batched DP, reply by reply"]["median_s"]
+    ratio = rounds["client-batched reply-by-reply ratio"]
+    lines.append(f"| client-batched, reply-by-reply clip | {a:.3f} | {b:.3f} | {ratio:.3f} |")
     lines += [
         "",
         "Server side alone: 50 updates of the small CNN clipped, summed and noised (median ms):",

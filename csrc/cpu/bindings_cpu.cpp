@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../common/binding.h"
+#include "clip_sum_cpu.h"
 #include "cpu_common.h"
 #include "cpu_ops.h"
 #include "step_rows.h"
@@ -70,4 +71,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "call body() with reduce(per-entry sums of squares) -> total between the passes of its norm",
         py::arg("reduce"), py::arg("body"));
   m.attr("chunk_elements") = fo::cpu::kChunk;
+  m.def("clip_sum", &fo::cpu::clip_sum, "a chunk of replies clipped and summed (fedopt_kernels/core/clip_sum.py)",
+        py::arg("tensors"), py::arg("bound"), py::arg("active"), py::arg("out"));
 }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "../common/binding.h"
+#include "clip_sum_cuda.h"
 #include "cuda_ops.h"
 
 namespace {
@@ -86,4 +87,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fedopt_kernels CUDA kernels (see csrc/cuda)";
   fo::bind_ops<Cuda>(m);
   m.def("device_unsupported", &device_unsupported, py::arg("index"));
+  m.def("clip_sum", &fo::cuda::clip_sum, "a chunk of replies clipped and summed (fedopt_kernels/core/clip_sum.py)",
+        py::arg("tensors"), py::arg("bound"), py::arg("active"), py::arg("out"));
 }

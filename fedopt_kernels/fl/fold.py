@@ -104,6 +104,17 @@ class Fold:
         self.count += 1
         self.weight += self.scaled(weight)
 
+    def add_sum(self, delta: Sequence[torch.Tensor], count: int, reply: Optional[Mapping[str, Any]] = None) -> None:
+        """Add ``count`` updates of weight 1 at once by their sums (``delta``, and ``reply``'s tensor
+        lists): a chunk's clipped replies summed by one op (``privacy.DPFedAvg.clip_sum``). A rule's
+        ``add`` is linear in the update, so this is ``count`` calls of ``add`` up to the order of the
+        float64 additions. A fold that keeps each update's squared norm (FedExP's) refuses it."""
+        if "sq_norm" in self.sums:
+            raise ValueError("this fold sums each update's squared norm: add the updates one by one")
+        self.rule.add(self, delta, 1.0, reply or {})
+        self.count += count
+        self.weight += count * self.scaled(1.0)  # exact: a power of two times a count
+
     def keep_sq_norms(self) -> None:
         """Also sum ``w_i ||delta_i||^2`` over the updates (module docstring); before the first ``add``."""
         like = self.x[0]

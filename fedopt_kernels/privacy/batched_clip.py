@@ -6,15 +6,15 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..fl.fold import sum_dtype
+from ..core.clip_sum import clip_sum
 
 
-@torch.no_grad()
 def clip_sum_batched(
     tensors: Sequence[torch.Tensor],
     max_norm: float,
     active: Optional[torch.Tensor] = None,
     out: Optional[Sequence[torch.Tensor]] = None,
+    backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[torch.Tensor]]:
     """``(norms, factors, below, sums)`` of a chunk of C clients' replies, each tensor ``[C, *shape]``:
 
@@ -26,31 +26,9 @@ def clip_sum_batched(
 
     ``out``: float64 sums (one ``[*shape]`` per tensor) to add into; new zeros when None.
     ``active``: bool ``[C]`` (None: all). Views and non-contiguous tensors are read as they are.
-    The reference of the fused op (DP-FedAvg's clip, McMahan et al., ICLR 2018): norms and factors
-    for the whole chunk at once, no host read-back.
+    DP-FedAvg's clip (McMahan, Ramage, Talwar, Zhang; ICLR 2018) for the whole chunk as one
+    multi-tensor op (``fedopt_kernels.core.clip_sum``: reference, cpu, cuda and triton kernels;
+    ``backend`` picks one, ``"auto"`` the tensors' best), no host read-back.
     """
-    if not max_norm > 0:
-        raise ValueError(f"dp_clip must be > 0, got {max_norm!r}")
-    if len(tensors) == 0:
-        raise ValueError("tensors is empty: a chunk's reply has at least one tensor")
-    C, device = tensors[0].shape[0], tensors[0].device
-    if any(t.dim() < 1 or t.shape[0] != C for t in tensors):
-        raise ValueError(f"every tensor must be [C, *shape] with one C; got {[tuple(t.shape) for t in tensors]}")
-    if active is not None and (active.dtype != torch.bool or tuple(active.shape) != (C,)):
-        raise ValueError(f"active must be a bool tensor of shape ({C},), got {active.dtype} {tuple(active.shape)}")
-    squares = torch.zeros(C, dtype=torch.float64, device=device)
-    for t in tensors:
-        t64 = t.to(torch.float64)
-        squares += (t64 * t64).reshape(C, -1).sum(dim=1)  # per client, then across tensors in order
-    norms = squares.sqrt()
-    factors = torch.clamp(max_norm / norms, max=1.0)
-    below = norms <= max_norm
-    if active is not None:
-        factors = torch.where(active, factors, torch.zeros_like(factors))
-        below = below & active
-    sums = [torch.zeros(t.shape[1:], dtype=sum_dtype(t), device=device) for t in tensors] if out is None else list(out)
-    for s, t in zip(sums, tensors, strict=True):
-        for c in range(C):  # client order, as a fold adds them
-            term = t[c].to(s.dtype) * factors[c]
-            s.add_(term if active is None else torch.where(active[c], term, torch.zeros_like(term)))
+    norms, factors, below, sums = clip_sum(tensors, max_norm, active, out, backend)
     return norms, factors, below, sums

@@ -12,6 +12,7 @@ import torch
 from ..fl.fold import Fold
 from .accounting import Accountant, Sampling
 from .adaptive import next_clip, update_noise_multiplier
+from .batched_clip import clip_sum_batched
 from .clip import clip
 from .noise import gaussian_like, round_generator
 
@@ -23,11 +24,13 @@ class DPFedAvg:
     clipping (Andrew, Thakkar, McMahan, Ramaswamy; NeurIPS 2021) when ``quantile`` is given.
 
     A round: ``clip_reply`` each accepted reply (``delta`` and the rule's reply tensors, one vector)
-    before it is added to the fold with weight 1; then ``finish_round``: the fold's sums get
-    ``N(0, (z_Delta C)^2)`` per coordinate, added through the rule's own ``add`` as one more reply of
-    weight 1 that is not counted (so every sum gets the noise its reply coordinates carry: SCAFFOLD's
-    ``dc`` sum its ``1/N`` share), the fold then divides by ``expected`` instead of the clients that
-    replied, C moves (adaptive) and the accountant counts the round.
+    before it is added to the fold with weight 1, or ``clip_sum`` a chunk of them stacked (the
+    client-batched engine: one op for the chunk, its sum added by ``Fold.add_sum``); then
+    ``finish_round``: the fold's sums get ``N(0, (z_Delta C)^2)`` per coordinate, added through the
+    rule's own ``add`` as one more reply of weight 1 that is not counted (so every sum gets the noise
+    its reply coordinates carry: SCAFFOLD's ``dc`` sum its ``1/N`` share), the fold then divides by
+    ``expected`` instead of the clients that replied, C moves (adaptive) and the accountant counts
+    the round.
 
     ``noise_multiplier`` z is the whole mechanism's (what the accountant counts); with adaptive
     clipping the replies get ``z_Delta`` and the clip count ``sigma_b`` (default ``expected / 20``).
@@ -64,7 +67,21 @@ class DPFedAvg:
             raise ValueError(f"the clip count's noise must be > 0, got {self.count_std!r}")
         self.update_z = self.z if quantile is None else update_noise_multiplier(self.z, self.count_std)
         self.accountant = Accountant(sampling, self.z, delta, accountant)
-        self.below = 0  # this round's b_i so far (a host count: the clip factor is read once per reply)
+        self._below = 0  # this round's b_i so far, on the host (``below``)
+        self._pending: Optional[torch.Tensor] = None  # chunks' counts on the device, not yet read
+
+    @property
+    def below(self) -> int:
+        """This round's ``sum_i b_i`` so far: the replies' (read once per reply) and the chunks' (summed
+        on the device and read here, once a round)."""
+        if self._pending is not None:
+            self._below += int(self._pending)
+            self._pending = None
+        return self._below
+
+    @below.setter
+    def below(self, value: int) -> None:
+        self._below, self._pending = value, None
 
     @property
     def rounds(self) -> int:
@@ -85,6 +102,30 @@ class DPFedAvg:
             out.append(clipped[at : at + len(part)])
             at += len(part)
         return out[0], {**reply, **dict(zip(names, out[1:], strict=True))}
+
+    def clip_sum(
+        self,
+        delta: Sequence[torch.Tensor],
+        reply: Mapping[str, Tensors],
+        names: Sequence[str],
+        backend: str = "auto",
+    ) -> Tuple[Tensors, Dict[str, Tensors]]:
+        """A chunk's replies, each tensor stacked ``[C, *shape]`` (row c: client c), each client's
+        ``delta`` and ``reply[name]`` for ``name`` in ``names`` scaled as one vector by
+        ``min(1, C / ||.||)`` and summed over the clients in order, in one op
+        (``clip_sum_batched``); counts the chunk's ``b_i``. Returns the float64 sums of ``delta``
+        and of each reply entry: what ``Fold.add_sum`` adds for the chunk's clients."""
+        parts = [list(delta)] + [list(reply[n]) for n in names]
+        flat = [t for part in parts for t in part]
+        _, _, below, sums = clip_sum_batched(flat, self.clip_norm, backend=backend)
+        if self.quantile is not None:  # counted on the device: no read until the round's end
+            count = below.sum()
+            self._pending = count if self._pending is None else self._pending + count
+        out, at = [], 0
+        for part in parts:
+            out.append(sums[at : at + len(part)])
+            at += len(part)
+        return out[0], dict(zip(names, out[1:], strict=True))
 
     @torch.no_grad()
     def finish_round(self, fold: Fold, t: int, names: Sequence[str], below: Optional[int] = None) -> Dict[str, Any]:

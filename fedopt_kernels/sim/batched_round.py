@@ -250,16 +250,25 @@ class BatchedClients:
         return self._trainer
 
     # ------------------------------------------------------------------ one round
-    def train(self, sampled: Sequence[int], t: int, take: Callable[[ClientUpdate, float], None]) -> None:
+    def train(
+        self,
+        sampled: Sequence[int],
+        t: int,
+        take: Callable[[ClientUpdate, float], None],
+        chunk_done: Optional[Callable[[], None]] = None,
+    ) -> None:
         """Local training of ``sampled`` in round ``t``: ``take(update, mean loss)`` for each client as
         soon as its chunk has trained (the update is dropped after it), chunk by chunk, the clients
-        sorted by their step counts (``ClientRound.steps``; the module docstring)."""
+        sorted by their step counts (``ClientRound.steps``; the module docstring); ``chunk_done()``
+        after each chunk's last ``take`` (DP clips a chunk's replies at once: ``dp_chunk.py``)."""
         order = list(sampled)
         if not _is_random(self.sim.model):
             order.sort(key=lambda cid: (-self.client.steps(cid, t), cid))
         for i in range(0, len(order), self.size):
             self.sim.strategy.kept.prefetch(order[i + self.size : i + 2 * self.size])  # the next chunk's state
             self._chunk(order[i : i + self.size], t, take)
+            if chunk_done is not None:
+                chunk_done()
 
     def _round_inputs(self, chunk: List[int], t: int, stacked: Sequence[torch.Tensor]) -> Dict[str, Any]:
         """Every client's round inputs, stacked ``[C, ...]`` into tensors made at the first client and

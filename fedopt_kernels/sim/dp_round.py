@@ -1,10 +1,11 @@
 """User-level differential privacy in the simulator: its settings' checks, the run's ``DPFedAvg``, and
 what a round and a run add under it (docs/privacy.md).
 
-The server clips each accepted reply before the fold adds it (``take`` in ``Simulation.run_round``,
-the sequential and the client-batched engines alike), adds the round's noise to the fold's sums
-after the ranks' merge (so every rank adds the same noise to the same sums), divides by the
-expected number of clients, moves the adaptive clip and counts the round's privacy.
+The server clips each accepted reply before the fold adds it (``take`` in ``Simulation.run_round``:
+the sequential engine reply by reply, the client-batched engine a chunk's replies at once with one
+op, ``dp_chunk.py``), adds the round's noise to the fold's sums after the ranks' merge (so every
+rank adds the same noise to the same sums), divides by the expected number of clients, moves the
+adaptive clip and counts the round's privacy.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from .batched.precision import check_supported
 from .client_state_files import ClientStateFiles
 from .config import SimConfig
 from .data.clients import BatchStream, BatchStreams, ClientData
+from .dp_chunk import ChunkClip
 from .evaluate import EvalCost, evaluate_users
 from .federated_data import FederatedData, build_federated_data
 from .models.build import build_model
@@ -154,6 +155,7 @@ class Simulation:
         self.strategy = Strategy(self)
         self.privacy = dp_round.build(cfg)  # user-level DP (sim/dp_round.py); None: off
         self.dp_stopped: Optional[str] = None
+        self._chunk_clip: Optional[ChunkClip] = None
         self.strategy.client.work = self.work_plan
         self.batched = None
         if cfg.batched:  # --client-batched: the sampled clients train N at a time (batched_round.py)
@@ -229,6 +231,7 @@ class Simulation:
         fold = self.strategy.begin_round(sampled, t)
         refused: List[Tuple[int, str]] = []
         kept: List[Tuple[int, float, float]] = []  # (client, weight, mean loss) of the accepted clients
+        chunk = self._dp_chunk() if self.privacy is not None and self.batched is not None else None
 
         def take(update: ClientUpdate, loss: float) -> None:
             why = screen(update, self.global_params, t)
@@ -236,16 +239,23 @@ class Simulation:
                 refused.append((update.client_id, why))
             else:
                 if self.privacy is not None:  # clipped as one vector, weight uniform (docs/privacy.md)
-                    update.delta, update.extra = self.privacy.clip_reply(
-                        update.delta, update.extra, self.strategy.rule.reply
-                    )
                     update.weight = 1.0
-                self.strategy.add(fold, update)
+                if chunk is not None:  # client-batched DP: clipped and folded with its chunk (dp_chunk.py)
+                    assert self.batched is not None
+                    chunk.take(update, self.batched.size)
+                    self.strategy.keep(update)
+                else:
+                    if self.privacy is not None:
+                        update.delta, update.extra = self.privacy.clip_reply(
+                            update.delta, update.extra, self.strategy.rule.reply
+                        )
+                    self.strategy.add(fold, update)
                 kept.append((update.client_id, update.weight, loss))
 
         if self.batched is not None:
             if mine:
-                self.batched.train(mine, t, take)
+                done = None if chunk is None else (lambda: chunk.flush(fold))
+                self.batched.train(mine, t, take, done)
         else:
             for i, cid in enumerate(mine):  # one client at a time on the one model (Strategy.train)
                 self.strategy.kept.prefetch(mine[i + 1 : i + 2])
@@ -284,6 +294,13 @@ class Simulation:
         if self.ranks.world > 1 and ((t + 1) % RANK_CHECK_EVERY == 0 or t + 1 == self.cfg.rounds):
             check_ranks_agree(self, t)
         return record
+
+    def _dp_chunk(self) -> ChunkClip:
+        """The client-batched engine's DP clip of a chunk at once, its buffers kept for the run."""
+        if self._chunk_clip is None:
+            assert self.privacy is not None
+            self._chunk_clip = ChunkClip(self.privacy, self.strategy.rule.reply, self.backend)
+        return self._chunk_clip
 
     def work(self, cid: int, steps: Optional[int] = None) -> float:
         """A client's training work in a round: its local steps (``local_steps`` unless given) times

@@ -278,6 +278,11 @@ class Strategy:
         reply: Dict[str, Any] = dict(update.extra)
         reply.update(update.scalars)  # the rule's numbers (FedNova's a_i) beside its tensors
         fold.add(update.delta, update.weight, reply)
+        self.keep(update)
+
+    def keep(self, update: ClientUpdate) -> None:
+        """What an accepted update's client keeps goes to the store now (``add``; the client-batched
+        DP path, whose fold adds a chunk's sum at once)."""
         new_kept = update.extra.get("new_kept")
         if new_kept is not None:
             self.kept[update.client_id] = new_kept

@@ -34,6 +34,7 @@ except ImportError as exc:
     if _why is None or "build failed" in str(exc) or "configuration failed" in str(exc):
         raise
     raise AbsentHere(f"not built here: {_why}") from exc
+extension = _C  # the compiled module, as the cpu backend names it (core/clip_sum.py calls clip_sum)
 _checked: Dict[int, Optional[str]] = {}
 
 

@@ -29,13 +29,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ...fl.server_rules import RULES
+
 _CPU_FALLBACK = 4 << 30
 MAX_AUTO = 256
 
 
 def state_copies(cfg) -> int:
-    """Optimizer state tensors per parameter, per client, for the run's client optimizer."""
-    return cfg.algo.state_copies(cfg, cfg.variant)
+    """Optimizer state tensors per parameter, per client, for the run's client optimizer; under
+    user-level DP also the chunk's stacked replies (``sim/dp_chunk.py``: the update and the rule's
+    reply tensors, one copy each)."""
+    dp = 1 + len(RULES[cfg.server_rule].reply) if cfg.dp_clip is not None else 0
+    return cfg.algo.state_copies(cfg, cfg.variant) + dp
 
 
 def activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
