@@ -212,8 +212,11 @@ class FedOptStrategy(Strategy):
         """Server tensors sent with the model (control variate, momentum)."""
         return {rec: to_record(self.names, self.state[key]) for rec, key in self.rule.sent.items()}
 
-    def _server_step(self, results: List[ClientResult], server_round: int) -> Dict[str, Tensors]:
-        """The new server state from the sorted accepted results: {"x": ..., other server tensors}."""
+    def _server_step(self, results: List[ClientResult], server_round: Optional[int] = None) -> Dict[str, Tensors]:
+        """The new server state from the sorted accepted results: {"x": ..., other server tensors}.
+        ``server_round``: Flower's round number, which names the round's noise under DP."""
+        if self.privacy is not None and server_round is None:
+            raise ValueError("server_round is needed under differential privacy: it names the round's noise")
         weights = [r.weight for r in results] or [1.0]  # none: a DP round of noise alone
         fold = self.rule.begin(
             self.global_params,
@@ -230,6 +233,7 @@ class FedOptStrategy(Strategy):
                 reply["dc"] = r.dc
             fold.add(r.delta, r.weight, reply)
         if self.privacy is not None:  # noise once, divide by the expected count, count the round
+            assert server_round is not None  # refused above
             self.privacy.finish(fold, server_round)
         out = fold.finish()
         if self.server.optimizer is not None and all(all_finite(v) for v in out.values()):
