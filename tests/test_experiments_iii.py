@@ -1,0 +1,94 @@
+"""experiments/run_iii.py: the third round's grids (experiments/protocol_iii.md), a one-round smoke
+run of every experiment on the built-in digits, and FedNova's one-round aggregate with equal steps."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+r3 = _load("run_iii")
+EXPS = r3.experiments("digits", None)
+PILOT = {"max_norm": 1.5}
+
+
+def test_the_experiments_and_their_order():
+    assert list(EXPS) == ["iii-fednar-a0.3", "iii-fednova", "iii-dp", "iii-fednar-a10"]
+    assert [EXPS[f"iii-fednar-a{a}"].base["dirichlet_alpha"] for a in ("0.3", "10")] == [0.3, 10.0]
+
+
+@pytest.mark.parametrize("name", sorted(EXPS))
+def test_one_point_per_method_and_paired_configs(name):
+    """A fixed lr for every method: each comparison's two runs differ only in the method's settings."""
+    exp = EXPS[name]
+    methods = exp.methods(PILOT)
+    assert all(len(g) == 1 for g in methods.values())
+    shared = {"lr", "weight_decay", "rounds", "local_steps", "batch_size", "round_decay", "dirichlet_alpha"}
+    for method, baseline, sign, how in exp.comparisons:
+        assert sign == +1 and how == "select"
+        a = dict(exp.base, **next(iter(methods[method].values())))
+        b = dict(exp.base, **next(iter(methods[baseline].values())))
+        assert {k: a.get(k) for k in shared} == {k: b.get(k) for k in shared}
+        assert a["algorithm"] != b["algorithm"]
+        for key in ("server_optimizer", "sampling", "dp_target_epsilon", "local_steps_range", "stragglers"):
+            assert a.get(key) == b.get(key), key
+    assert exp.base["client_batched"] == 20 and exp.base["formulations"] == "default"
+
+
+def test_table_a_clips_every_run_at_the_pilots_max_norm():
+    methods = EXPS["iii-fednar-a0.3"].methods(PILOT)
+    assert len(methods) == 6 * 2 * 2
+    points = [cfg for g in methods.values() for cfg in g.values()]
+    assert {cfg["clip_norm"] for cfg in points} == {1.5}
+    assert {cfg.get("server_optimizer") for cfg in points} == {None, "exp", "adam", "avgm"}
+    assert {cfg["weight_decay"] for cfg in points} == set(r3.WDS)
+    assert r3.paper_cell("FedAvg", 0.3) == "87.64 vs 85.19" and r3.paper_cell("FedAvgM", 10.0) == "91.15 vs 92.19"
+
+
+def test_dp_epsilons_and_the_no_dp_point():
+    methods = EXPS["iii-dp"].methods(PILOT)
+    eps = {k: cfg.get("dp_target_epsilon") for g in methods.values() for k, cfg in g.items()}
+    assert sorted(v for v in eps.values() if v is not None) == [1.0, 1.0, 4.0, 4.0, 8.0, 8.0]
+    assert all("dp_clip" not in cfg for cfg in methods["FedAvg eps=inf"].values())
+    assert EXPS["iii-dp"].base["sampling"] == "poisson" and EXPS["iii-dp"].base["clients_per_round"] is None
+
+
+def test_smoke_run_of_every_experiment(tmp_path):
+    r3.main(["all", "--quick", "--dataset", "digits", "--out", str(tmp_path)])
+    pilot = json.loads((tmp_path / "pilot.json").read_text())
+    assert pilot["max_norm"] > 0 and set(pilot["clipping"]) == {
+        "FedNAR wd=0.01 a=0.3",
+        "FedNAR wd=0.1 a=0.3",
+        "FedNAR wd=0.01 a=10",
+        "FedAvg wd=0.01 a=0.3",
+    }
+    assert all(0.0 <= c["clipped_fraction"] <= 1.0 for c in pilot["clipping"].values())
+    for name in EXPS:
+        payload = json.loads((tmp_path / f"{name}.json").read_text())
+        assert len(payload["summary"]["comparisons"]) == len(EXPS[name].comparisons)
+        for path in (tmp_path / name / "runs").glob("*.json"):
+            run = json.loads(path.read_text())
+            assert run["provenance"]["command"].startswith("python experiments/run_iii.py all")
+            assert ("privacy" in run) == ("dp_clip" in run["config"])
+    for path in (tmp_path / "iii-dp" / "runs").glob("*_eps1__s0.json"):
+        assert math.isclose(json.loads(path.read_text())["privacy"]["epsilon"], 1.0, rel_tol=1e-3)
+    # FedNova's round with equal steps is FedAvg's: a_i = K for every client, tau_eff = K, and
+    # K * sum p_i Delta_i / K rounds to the same float32 values (the fold sums in float64)
+    one = json.loads((tmp_path / "iii-fednova" / "one_round.json").read_text())
+    assert one["max_abs_update"] > 0 and one["max_diff_in_eps32_x"] <= 1.0
