@@ -29,8 +29,14 @@ PILOT = {"max_norm": 1.5}
 
 
 def test_the_experiments_and_their_order():
-    assert list(EXPS) == ["iii-fednar-a0.3", "iii-fednova", "iii-dp", "iii-fednar-a10"]
-    assert [EXPS[f"iii-fednar-a{a}"].base["dirichlet_alpha"] for a in ("0.3", "10")] == [0.3, 10.0]
+    assert list(EXPS) == ["iii-fednar-a0.3", "iii-fednova", "iii-dp", "iii-fednar-a10", "iii-fednar-a10-wd0.1"]
+    table_a = ("iii-fednar-a0.3", "iii-fednar-a10", "iii-fednar-a10-wd0.1")
+    assert [EXPS[n].base["dirichlet_alpha"] for n in table_a] == [0.3, 10.0, 10.0]
+    assert [len(EXPS[n].comparisons) for n in table_a] == [
+        12,
+        6,
+        6,
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(EXPS))
