@@ -24,6 +24,7 @@ def _load(name):
 
 
 r3 = _load("run_iii")
+rep = _load("report_iii")
 EXPS = r3.experiments("digits", None)
 PILOT = {"max_norm": 1.5}
 
@@ -73,10 +74,41 @@ def test_dp_epsilons_and_the_no_dp_point():
     assert sorted(v for v in eps.values() if v is not None) == [1.0, 1.0, 4.0, 4.0, 8.0, 8.0]
     assert all("dp_clip" not in cfg for cfg in methods["FedAvg eps=inf"].values())
     assert EXPS["iii-dp"].base["sampling"] == "poisson" and EXPS["iii-dp"].base["clients_per_round"] is None
+    adaptive = {k: "dp_adaptive_quantile" in cfg for g in methods.values() for k, cfg in g.items() if "dp_clip" in cfg}
+    assert adaptive == {
+        "fedavg_eps1": False,
+        "fednar_eps1": False,
+        **{f"{a}_eps{e}": True for a in ("fedavg", "fednar") for e in (4, 8)},
+    }
 
 
-def test_smoke_run_of_every_experiment(tmp_path):
-    r3.main(["all", "--quick", "--dataset", "digits", "--out", str(tmp_path)])
+def test_every_dp_setting_is_one_the_package_accepts():
+    """At the real scale (100 clients, 20 expected a round, 40 rounds): epsilon 1 needs z = 3.18, which
+    adaptive clipping refuses (2 sigma_b > z, sigma_b = 1); its fixed clip is accepted, as is every other point."""
+    from fedopt_kernels.sim import SimConfig
+    from fedopt_kernels.sim.dp_round import build
+
+    base = dict(r3.experiments("fmnist", "/nonexistent")["iii-dp"].base)
+    for cfg in (c for g in r3.dp_methods(PILOT).values() for c in g.values() if "dp_clip" in c):
+        dp = build(SimConfig(**dict(base, **cfg)))
+        assert dp is not None and dp.z > 0
+        if "dp_adaptive_quantile" not in cfg:
+            assert dp.z > 2 * dp.count_std  # what adaptive clipping would refuse
+            with pytest.raises(ValueError, match="adaptive clipping"):
+                build(SimConfig(**dict(base, **cfg, dp_adaptive_quantile=0.5)))
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One smoke run of every experiment (1 seed, 1 round, 3 local steps) on the built-in digits."""
+    out = tmp_path_factory.mktemp("iii")
+    r3.main(["all", "--quick", "--dataset", "digits", "--out", str(out)])
+    return out
+
+
+@pytest.mark.slow
+def test_smoke_run_of_every_experiment(smoke):
+    tmp_path = smoke
     pilot = json.loads((tmp_path / "pilot.json").read_text())
     assert pilot["max_norm"] > 0 and set(pilot["clipping"]) == {
         "FedNAR wd=0.01 a=0.3",
@@ -98,3 +130,14 @@ def test_smoke_run_of_every_experiment(tmp_path):
     # K * sum p_i Delta_i / K rounds to the same float32 values (the fold sums in float64)
     one = json.loads((tmp_path / "iii-fednova" / "one_round.json").read_text())
     assert one["max_abs_update"] > 0 and one["max_diff_in_eps32_x"] <= 1.0
+
+
+@pytest.mark.slow
+def test_the_report_renders_from_run_files(smoke):
+    """The page's code on a smoke run's files: every section, one seed, nothing decided."""
+    page = rep.render(smoke)
+    for heading in ("## Pilot", "## Table A", "## Table B", "## Figure C", "## Deviations", "## Compute"):
+        assert heading in page
+    assert "reproduced" not in page.split("## Table A")[1].split("## Table B")[0].replace("**reproduced**", "")
+    assert page.count("| not resolved |") >= 24 and "FedNova's global model and FedAvg's are bitwise equal" in page
+    assert "fewer than 5 complete seeds" in page  # one seed: the cut rule's wording
