@@ -160,29 +160,28 @@ def figure_c(out: Path, exp: rp.Experiment, pilot: Dict[str, Any]) -> Tuple[List
         "(min-max over both methods' runs); z: the noise multiplier calibrated for the target. "
         "FedNAR − FedAvg is descriptive (no paper claim); the rule's outcome is shown as which is higher.",
         "",
-        "| target ε | clip | accountant ε | δ | z | final clip C (median) | FedAvg | FedNAR "
+        "| target ε | clip | accountant ε | δ | z | final clip C (median, FedAvg / FedNAR) | FedAvg | FedNAR "
         "| FedNAR − FedAvg: d̄ ± SE (per seed; p) | rule |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     words = {"reproduced": "FedNAR higher", "contradicted": "FedAvg higher", "not resolved": "not resolved"}
     for eps in r3.EPSILONS:
         e = r3._fmt(eps)
-        privs: List[Dict[str, Any]] = [
-            runs[k][s].get("privacy") or {}
-            for m in (f"FedAvg eps={e}", f"FedNAR eps={e}")
-            for k in methods[m]
-            for s in seeds
-        ]
+        by_method: Dict[str, List[Dict[str, Any]]] = {
+            m: [runs[k][s].get("privacy") or {} for k in methods[f"{m} eps={e}"] for s in seeds]
+            for m in ("FedAvg", "FedNAR")
+        }
+        privs = by_method["FedAvg"] + by_method["FedNAR"]
         cfg = next(iter(methods[f"FedAvg eps={e}"].values()))
         how = "-" if "dp_clip" not in cfg else "adaptive" if "dp_adaptive_quantile" in cfg else "fixed"
         if eps == math.inf:
             acct, delta, z, clip = "∞ (no DP)", "-", "-", "-"
         else:
             es = [q["epsilon"] for q in privs]
-            acct = f"{min(es):.4g}-{max(es):.4g}"
+            acct = f"{min(es):.4f} to {max(es):.4f}"
             delta = f"{privs[0]['delta']:.3g}"
             z = f"{np.median([q['noise_multiplier'] for q in privs]):.3g}"
-            clip = f"{np.median([q['clip'] for q in privs]):.3g}"
+            clip = " / ".join(f"{np.median([q['clip'] for q in by_method[m]]):.3g}" for m in ("FedAvg", "FedNAR"))
         c = comps[(f"FedNAR eps={e}", f"FedAvg eps={e}")]
         mean, per, p = _diff(c)
         avg, nar = (_pct(summary["methods"][f"{m} eps={e}"]["select"]) for m in ("FedAvg", "FedNAR"))
@@ -228,7 +227,9 @@ DEVIATIONS = [
     "partition of the package deals clients equal sizes (560 samples each here), so local epochs give every "
     "client the same 18 steps.",
     "**Amended before their runs**: α = 10 split into two experiments, weight decay 0.01 first (the machine's "
-    "load left these runs about half a core at first); ε = 1 runs with a fixed clip C = 1.0 instead of adaptive "
+    "load left these runs about half a core at first; the first command, `all`, was stopped after 8 of its runs "
+    "had ended, 2 in flight were discarded, and `iii-fednar-a0.3` resumed from the 8, same configurations and "
+    "commit); ε = 1 runs with a fixed clip C = 1.0 instead of adaptive "
     "clipping, which the package refuses there (adaptive clipping needs 2σ_b > z with σ_b = expected clients / 20 "
     "= 1, and ε = 1 in 40 rounds needs z = 3.18; docs/privacy.md): the first attempt at `iii-dp` stopped on "
     "that refusal before any of its runs ended.",
@@ -282,6 +283,7 @@ def render(out: Path) -> str:
         "",
     ]
     verdicts: List[Tuple[str, Dict]] = []
+    summary_at = lines.index("## Pilot: the max norm")  # the summary goes before it, once every table is known
     for alpha in r3.ALPHAS:
         block, comps = table_a(out, [exps[n] for n, a, _ in r3.TABLE_A if a == alpha], pilot, alpha)
         lines += block
@@ -296,31 +298,43 @@ def render(out: Path) -> str:
             + ".",
             "",
         ]
-    block, _ = table_b(out, exps["iii-fednova"])
+    block, nova = table_b(out, exps["iii-fednova"])
     lines += ["## Table B — FedNova against FedAvg and FedProx", "", *block]
     lines += [
         "What this cannot show: the package's uneven work (steps drawn per round, stragglers) is re-drawn every "
         "round, so no client works more than another on average; FedNova's objective inconsistency comes "
         "from persistent differences (clients with more data training more epochs every round), which the "
-        "package's equal-size partitions cannot produce on Fashion-MNIST.",
+        "package's equal-size partitions cannot produce on Fashion-MNIST. And the one lr (0.1) is FedAvg's pick "
+        "from protocol.md §3: FedNova rescales client i's update by τ_eff/τ_i (about 10x for a client that takes "
+        "2 of a mean 21 steps, more for a straggler that stops after one), so at a fixed lr its server step is "
+        "larger than FedAvg's; whether a lr tuned for FedNova changes the sign is not tested here.",
         "",
     ]
-    block, _ = figure_c(out, exps["iii-dp"], pilot)
+    block, dp = figure_c(out, exps["iii-dp"], pilot)
     lines += ["## Figure C — the privacy-utility curve", "", *block]
     lines += [
-        "What this cannot show: with 100 clients, 20 expected a round, the noise per coordinate (z·C/20) is "
-        "large beside the mean update; user-level DP at these ε needs thousands of clients a round.",
+        "The clipping differs between ε = 1 (fixed C = 1) and ε = 4, 8 (adaptive: C follows the median reply "
+        "norm, and the noise's std is z·C), so accuracy need not rise with ε across that boundary; the final C "
+        "column shows where the adaptive clip went. What this cannot show: with 100 clients, 20 expected a "
+        "round, the noise per coordinate (z·C/20) is large beside the mean update; user-level DP at these ε "
+        "needs thousands of clients a round.",
         "",
         "## Deviations from the protocol",
         "",
     ]
     lines += [f"- {d}" for d in DEVIATIONS]
     incomplete = [n for n, e in exps.items() if len(load(out, e, pilot)[2]) < len(rp.SEEDS)]
+    sources = {
+        n: {source_key(r) for per in load(out, e, pilot)[1].values() for r in per.values()} for n, e in exps.items()
+    }
+    one_clean = all(len(v) == 1 and not next(iter(v)).endswith("+dirty") for v in sources.values())
+    commits = sorted({c[:12] for v in sources.values() for c in v})
     lines.append(
         "- **At run time**: "
         + (
-            "none: every run the protocol names completed, from one clean commit."
-            if not incomplete
+            f"none: every run the protocol names completed, each experiment from one clean commit "
+            f"({', '.join(commits)}: the protocol's and its two amendments')."
+            if not incomplete and one_clean
             else "the cut rule left " + ", ".join(incomplete) + " with fewer than 5 complete seeds (see the table)."
         )
     )
@@ -339,7 +353,33 @@ def render(out: Path) -> str:
         "so a run's wall time is an upper bound on its CPU time.",
         "",
     ]
+    lines[summary_at:summary_at] = _summary(verdicts, nova, dp)
     return "\n".join(lines)
+
+
+def _summary(table_a: List[Tuple[str, Dict]], nova: List[Dict], dp: List[Dict]) -> List[str]:
+    """The page's verdicts in a few lines, counted from the tables below."""
+
+    def count(comps: Sequence[Dict]) -> str:
+        n: Dict[str, int] = {}
+        for c in comps:
+            n[c["verdict"]] = n.get(c["verdict"], 0) + 1
+        return ", ".join(f"{k} {w}" for w, k in sorted(n.items())) or "not run"
+
+    out = ["## Summary", ""]
+    for alpha in r3.ALPHAS:
+        comps = [c for a, c in table_a if a == str(alpha)]
+        out.append(f"- Table A, α = {r3._fmt(alpha)} (FedNAR − backbone, 12 comparisons): {count(comps)}.")
+    for c in nova:
+        work, base = c["method"].split()[-1], c["baseline"].split()[0]
+        out.append(
+            f"- Table B, {work} steps, FedNova − {base}: {100 * c['mean']:+.2f} ± {100 * c['se']:.2f} points, "
+            f"{c['verdict']}" + (" (they must tie)." if (work, base) == ("equal", "FedAvg") else ".")
+        )
+    if dp:
+        gaps = "; ".join(f"ε = {c['method'].split('=')[1]}: {100 * c['mean']:+.2f}" for c in dp)
+        out.append(f"- Figure C, FedNAR − FedAvg (points, descriptive): {gaps}.")
+    return out + [""]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -136,8 +136,29 @@ def test_smoke_run_of_every_experiment(smoke):
 def test_the_report_renders_from_run_files(smoke):
     """The page's code on a smoke run's files: every section, one seed, nothing decided."""
     page = rep.render(smoke)
-    for heading in ("## Pilot", "## Table A", "## Table B", "## Figure C", "## Deviations", "## Compute"):
+    for heading in ("## Summary", "## Pilot", "## Table A", "## Table B", "## Figure C", "## Deviations", "## Compute"):
         assert heading in page
     assert "reproduced" not in page.split("## Table A")[1].split("## Table B")[0].replace("**reproduced**", "")
     assert page.count("| not resolved |") >= 24 and "FedNova's global model and FedAvg's are bitwise equal" in page
     assert "fewer than 5 complete seeds" in page  # one seed: the cut rule's wording
+
+
+def test_the_page_matches_the_run_files():
+    """Every number on experiments/results_iii.md is what report_iii.py computes from the run files."""
+    assert (r3.OUT / "pilot.json").exists() and rep.PAGE.exists()
+    assert rep.render(r3.OUT) == rep.PAGE.read_text()
+
+
+def test_every_run_file_says_where_it_came_from():
+    files = sorted(r3.OUT.glob("*/runs/*.json"))
+    assert len(files) >= 200
+    for path in files:
+        assert path.stat().st_size < 8192, path  # small: committed, and read by the test above
+        run = json.loads(path.read_text())
+        prov = run["provenance"]
+        assert len(prov["commit"]) == 40 and prov["dirty"] is False, path
+        assert prov["started_utc"] <= prov["ended_utc"] and prov["torch"] and prov["device_name"], path
+        # the experiment's own command, or `all` (the first runs, before the amendment split the commands)
+        words = prov["command"].split()
+        assert words[:2] == ["python", "experiments/run_iii.py"] and words[2] in ("all", path.parent.parent.name)
+        assert run["config"]["seed"] == int(path.stem.rsplit("__s", 1)[1]), path
