@@ -133,6 +133,10 @@ def measure(kind: str, cfg: Dict[str, Any], pilot: Dict[str, Any]) -> Dict[str, 
     out["val_acc"] = sim.history[-1].get("val_acc")
     out["train_loss"] = sim.history[-1]["train_loss"]
     out["val_score"] = out["val_acc"]
+    if getattr(sim, "privacy", None) is not None:  # the accountant's epsilon for the run as run
+        from fedopt_kernels.sim import dp_round
+
+        out["privacy"] = dp_round.summary(sim, sim.dp_stopped)
     if kind == "newusers":
         out["new_finetuned_test"] = final["finetuned"]["new"]["mean"]
         out["new_global_test"] = final["global"]["new"]["mean"]
@@ -1034,7 +1038,8 @@ def run_experiment(exp: Experiment, args: argparse.Namespace) -> Dict[str, Any]:
     start = time.perf_counter()
     args.runs_done = 0
     load_before = os.getloadavg()
-    prov = provenance(args.device, args.argv, exclude=[out_dir], script="experiments/run_protocol.py")
+    script = getattr(args, "script", "experiments/run_protocol.py")  # the command that declares the experiment
+    prov = provenance(args.device, args.argv, exclude=[out_dir], script=script)
     seeds = args.seeds if args.seeds is not None else list(exp.seeds or SEEDS)
     if args.quick:
         seeds = seeds[:1]
