@@ -172,6 +172,14 @@ def test_wrapping_other_strategies_or_twice_is_refused():
         DPFedAvgStrategy.from_config(strategy(), sim_configs(run_config("fedavg", **{"dp-max-epsilon": 5.0}))[0])
 
 
+def test_a_server_step_under_dp_without_its_round_is_refused():
+    """The round number names the round's noise: without it the step is refused before anything moves."""
+    wrapped = DPFedAvgStrategy(strategy(), dp_clip=1.0, dp_noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="server_round"):
+        wrapped.strategy._server_step([])
+    assert wrapped.dp.rounds == 0
+
+
 def test_target_epsilon_is_met_after_the_planned_rounds():
     wrapped = DPFedAvgStrategy(
         strategy(clients_per_round=3), dp_clip=1.0, dp_target_epsilon=4.0, rounds=20, dp_delta=1e-3, sampling="poisson"
